@@ -1,0 +1,66 @@
+"""KV page accounting: the one book of which pages a request owns.
+
+The scheduler allocates pages when it schedules a row, keeps them while the request is PENDING on a
+peer (handoff-resume depends on that), and frees them at finish, abort or preemption. The engine never
+allocates: it reads `Request.pages` as the page table. Page 0 is reserved as the null page that padded
+CUDA-graph rows write into, so it is never handed out.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+NULL_PAGE = 0
+
+
+class KVPool:
+    """Fixed-size pool of KV pages of `page_size` tokens each.
+
+    Invariant: every page id in 1..num_pages-1 is either in the free list or in exactly one request's
+    page list; `num_free + sum(len(r.pages)) == num_pages - 1`.
+    """
+
+    __slots__ = ("_free", "num_pages", "page_size")
+
+    def __init__(self, num_pages: int, page_size: int) -> None:
+        if num_pages < 2:
+            raise ValueError(f"a KV pool needs at least 2 pages (one is the reserved null page), got {num_pages}")
+        if page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {page_size}")
+        self.num_pages = num_pages
+        self.page_size = page_size
+        self._free: deque[int] = deque(range(1, num_pages))
+
+    @classmethod
+    def from_budget(cls, budget_bytes: int, kv_bytes_per_token: int, page_size: int) -> KVPool:
+        """Size the pool from a byte budget, as a shared-GPU deployment gives each engine."""
+        return cls(max(2, budget_bytes // (kv_bytes_per_token * page_size)), page_size)
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def capacity_tokens(self) -> int:
+        """Tokens one request could hold if it had the whole pool."""
+        return (self.num_pages - 1) * self.page_size
+
+    def pages_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.page_size)
+
+    def extra_pages(self, pages: list[int], num_tokens: int) -> int:
+        """Pages to add so that `pages` covers `num_tokens` tokens."""
+        return max(0, self.pages_for(num_tokens) - len(pages))
+
+    def grow(self, pages: list[int], num_tokens: int) -> bool:
+        """Extend `pages` in place to cover `num_tokens`; all-or-nothing, False when the pool is short."""
+        need = self.extra_pages(pages, num_tokens)
+        if need > len(self._free):
+            return False
+        pages.extend(self._free.popleft() for _ in range(need))
+        return True
+
+    def release(self, pages: list[int]) -> None:
+        """Return every page of `pages` to the pool and empty the list."""
+        self._free.extend(pages)
+        pages.clear()
