@@ -23,9 +23,13 @@ class BatchRow:
     version: int = 0
     # std-serving baseline: the row is a hop that arrived as a new request and re-matches its prefix.
     rematch: bool = False
+    # Overlap: the fed token is the one the previous in-flight step samples for this request; the
+    # executor takes it from that step's device output instead of `input_ids`.
+    from_prev: bool = False
 
     @property
     def input_ids(self) -> list[int]:
+        """Tokens to feed; for a `from_prev` row the token is not known on the host yet."""
         return self.req.token_ids[self.start : self.start + self.num_tokens]
 
     @property

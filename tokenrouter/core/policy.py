@@ -1,0 +1,136 @@
+"""Batching policies: when a subserver may launch its ready requests.
+
+Asynchronous policies decide from local state alone:
+- `eager`: launch whatever is ready (B_i = 1);
+- `delayed`: launch when at least B_i requests are ready; B may be a table keyed by the live system-wide
+  concurrency N, and is clamped so the deadlock guard sum_i (B_i - 1) < N always holds;
+- `std-serving`: eager, but every hop arrives as a new request that re-matches its prefix (the
+  standard one-server-per-model baseline; the cost model charges the bookkeeping).
+
+Synchronous baselines need a `SyncGate` shared by all subservers of a deployment:
+- `step-sync`: rounds with a global barrier; a round starts when nothing runs and no message is in
+  flight, every model with ready requests launches once, and the next round waits for all of them;
+- `model-sync`: one model at a time, round-robin over models that have work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+POLICIES = ("step-sync", "model-sync", "eager", "delayed", "std-serving")
+SYNC_POLICIES = ("step-sync", "model-sync")
+
+
+def guard_holds(thresholds: Sequence[int], concurrency: int) -> bool:
+    """The deadlock guard: if all N live requests waited below their thresholds, sum_i k_i <= sum_i (B_i-1)."""
+    return sum(b - 1 for b in thresholds) < concurrency
+
+
+def clamp_thresholds(thresholds: Sequence[int], concurrency: int) -> tuple[int, ...]:
+    """Lower the largest thresholds (last index first on ties) until the guard holds for `concurrency`.
+
+    Deterministic, so every subserver derives the same B from the same N.
+    """
+    b = [max(1, int(x)) for x in thresholds]
+    n = max(1, concurrency)
+    while not guard_holds(b, n):
+        top = max(b)
+        i = len(b) - 1 - b[::-1].index(top)
+        b[i] -= 1
+    return tuple(b)
+
+
+@dataclass(slots=True)
+class Policy:
+    """Batching policy of a deployment. Thresholds are per model (index = model id).
+
+    `table` maps a concurrency N to thresholds; the entry with the largest key <= live N is used (the
+    smallest key if N is below all keys). `max_wait` (seconds, same clock as `now`) lets a delayed
+    subserver launch under its threshold once its oldest ready request has waited that long.
+    """
+
+    kind: str = "eager"
+    thresholds: tuple[int, ...] = ()
+    table: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
+    max_wait: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in POLICIES:
+            raise ValueError(f"unknown policy {self.kind!r}; choose one of {', '.join(POLICIES)}")
+        for b in (self.thresholds, *self.table.values()):
+            if any(int(x) < 1 for x in b):
+                raise ValueError(f"thresholds must be >= 1, got {tuple(b)}")
+        for n, b in self.table.items():
+            if not guard_holds(b, n):
+                raise ValueError(f"thresholds {tuple(b)} for N={n} violate the deadlock guard sum(B_i - 1) < N")
+        if self.max_wait is not None and self.max_wait < 0:
+            raise ValueError(f"max_wait must be >= 0, got {self.max_wait}")
+
+    @property
+    def is_sync(self) -> bool:
+        return self.kind in SYNC_POLICIES
+
+    def thresholds_for(self, concurrency: int, num_models: int) -> tuple[int, ...]:
+        if self.kind != "delayed":
+            return (1,) * num_models
+        base: Sequence[int] = self.thresholds or (1,) * num_models
+        if self.table:
+            keys = sorted(self.table)
+            below = [k for k in keys if k <= concurrency]
+            base = self.table[below[-1] if below else keys[0]]
+        if len(base) != num_models:
+            raise ValueError(f"policy has {len(base)} thresholds for {num_models} models")
+        return clamp_thresholds(base, concurrency)
+
+
+class SyncGate:
+    """Global launch gate for the synchronous baselines, shared by every subserver of one deployment.
+
+    Subservers report launches, completions, messages sent and received; the gate decides from that
+    bookkeeping alone, so it is as pure as the schedulers. `ready` returns a model's ready count.
+    """
+
+    def __init__(self, kind: str, num_models: int) -> None:
+        if kind not in SYNC_POLICIES:
+            raise ValueError(f"SyncGate is for {SYNC_POLICIES}, not {kind!r}")
+        self.kind = kind
+        self.num_models = num_models
+        self.in_flight = [0] * num_models
+        self.running: set[int] = set()
+        self.round: set[int] = set()
+        self.turn = 0
+        self._ready: list[Callable[[], int]] = [lambda: 0] * num_models
+
+    def attach(self, model: int, ready: Callable[[], int]) -> None:
+        self._ready[model] = ready
+
+    def note_sent(self, dst: int) -> None:
+        self.in_flight[dst] += 1
+
+    def note_arrived(self, dst: int) -> None:
+        self.in_flight[dst] = max(0, self.in_flight[dst] - 1)
+
+    def _quiet(self) -> bool:
+        return not self.running and not any(self.in_flight)
+
+    def may_launch(self, model: int) -> bool:
+        if self.kind == "step-sync":
+            if self._quiet() and not self.round:
+                self.round = {m for m in range(self.num_models) if self._ready[m]() > 0}
+            return model in self.round
+        if self.running:
+            return False
+        for k in range(self.num_models):
+            m = (self.turn + k) % self.num_models
+            if self._ready[m]() > 0 or self.in_flight[m] > 0:
+                return m == model and self.in_flight[m] == 0
+        return False
+
+    def on_launch(self, model: int) -> None:
+        self.running.add(model)
+        self.round.discard(model)
+
+    def on_complete(self, model: int) -> None:
+        self.running.discard(model)
+        self.turn = (model + 1) % self.num_models

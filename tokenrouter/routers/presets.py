@@ -1,0 +1,66 @@
+"""Algorithm presets: the hand-back semantics of each routing algorithm, with a synthetic hop signal.
+
+| preset | small -> large | large does | hands back |
+| r2r, citer, co-llm | hop w.p. p, small token dropped | regenerates one token (committed) | after 1 token |
+| r-stitch | hop w.p. p, small token dropped | keeps writing (committed) | w.p. q per token (geometric run) |
+| markov | as r-stitch with p = 1/mean_small_run, q = 1/mean_large_run |
+| me | every token visits models 0..M-1 in turn; only the last commits (it combines the logits) |
+
+The learned signals (R2R's MLP, CITER's confidence, Co-LLM's deferral head, R-Stitch's entropy) replace
+the synthetic draw later; the semantics here stay.
+"""
+
+from __future__ import annotations
+
+from tokenrouter.routers.synthetic import ProbRouter
+
+PRESETS = ("r2r", "citer", "co-llm", "r-stitch", "markov", "me")
+
+
+def _check_prob(name: str, x: float) -> float:
+    if not 0.0 <= x <= 1.0:
+        raise ValueError(f"{name} must be in [0, 1], got {x}")
+    return float(x)
+
+
+def one_token_handback(p: float, seed: int = 0) -> ProbRouter:
+    p = _check_prob("hop rate", p)
+    return ProbRouter([[1 - p, p], [1.0, 0.0]], [[True, False], [True, True]], seed)
+
+
+def geometric_run(p: float, q: float, seed: int = 0) -> ProbRouter:
+    p, q = _check_prob("hop rate", p), _check_prob("return probability", q)
+    return ProbRouter([[1 - p, p], [q, 1 - q]], [[True, False], [True, True]], seed)
+
+
+def ensemble(num_models: int, seed: int = 0) -> ProbRouter:
+    if num_models < 2:
+        raise ValueError(f"an ensemble needs at least 2 models, got {num_models}")
+    m = num_models
+    P = [[1.0 if j == (i + 1) % m else 0.0 for j in range(m)] for i in range(m)]
+    keep = [[i == m - 1 for _ in range(m)] for i in range(m)]
+    return ProbRouter(P, keep, seed)
+
+
+def make_preset(
+    name: str,
+    *,
+    hop_rate: float = 0.1,
+    return_prob: float = 1.0,
+    mean_small_run: float | None = None,
+    mean_large_run: float | None = None,
+    num_models: int = 2,
+    seed: int = 0,
+) -> ProbRouter:
+    key = name.lower()
+    if key in ("r2r", "citer", "co-llm", "hop-rate"):
+        return one_token_handback(hop_rate, seed)
+    if key == "r-stitch":
+        return geometric_run(hop_rate, return_prob, seed)
+    if key == "markov":
+        if not mean_small_run or not mean_large_run or mean_small_run < 1 or mean_large_run < 1:
+            raise ValueError("markov router needs mean run lengths >= 1 on both models")
+        return geometric_run(1.0 / mean_small_run, 1.0 / mean_large_run, seed)
+    if key == "me":
+        return ensemble(num_models, seed)
+    raise ValueError(f"unknown router {name!r}; choose one of {', '.join((*PRESETS, 'trace'))}")

@@ -1,0 +1,92 @@
+"""Synthetic routers: hop decisions drawn from a known process instead of a learned signal.
+
+They exist so the simulator and the runtime can be driven with a controlled hop pattern, and so the
+simulator can be checked against the Markov model, whose P and C matrices they take directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from tokenrouter.core.batch import Batch, StepResult
+from tokenrouter.core.request import Request
+from tokenrouter.core.router import Router
+
+
+class ProbRouter(Router):
+    """Row from model i goes to model j with probability P[i][j]; on a hop i->j the sampled token is
+    committed iff keep[i][j] (the Markov model's C). Every subserver seeds its own generator from
+    (seed, model), so runs are reproducible whatever the event order between subservers.
+    """
+
+    name = "prob"
+
+    def __init__(self, P: Sequence[Sequence[float]], keep: Sequence[Sequence[bool]], seed: int = 0) -> None:
+        m = len(P)
+        P_arr = np.asarray(P, dtype=float)
+        if P_arr.shape != (m, m) or np.asarray(keep).shape != (m, m):
+            raise ValueError(f"P and keep must be square {m}x{m} matrices")
+        if (P_arr < 0).any() or not np.allclose(P_arr.sum(axis=1), 1.0):
+            raise ValueError("each row of P must be probabilities summing to 1")
+        super().__init__(0, m)
+        self.P = P_arr
+        self.keep = [[bool(x) for x in row] for row in keep]
+        self.seed = seed
+        self._cum = np.cumsum(P_arr, axis=1)
+        self._rng = np.random.default_rng([seed, 0])
+
+    def bind(self, model: int, num_models: int) -> Router:
+        if num_models != len(self.P):
+            raise ValueError(f"router has {len(self.P)} models, deployment has {num_models}")
+        super().bind(model, num_models)
+        self._rng = np.random.default_rng([self.seed, model])
+        return self
+
+    def route(self, batch: Batch, result: StepResult) -> Sequence[int]:
+        cum = self._cum[self.model]
+        u = self._rng.random(len(batch.rows))
+        return np.minimum(np.searchsorted(cum, u, side="right"), self.num_models - 1).tolist()
+
+    def keep_token(self, req: Request, dst: int) -> bool:
+        return self.keep[self.model][dst]
+
+
+class TraceRouter(Router):
+    """Replays recorded hops: `runs[rid]` lists (model, n_tokens) runs of committed output tokens.
+
+    On model m, the token just sampled is output index c. If its writer is another model the row hops
+    there and the token is dropped (it is regenerated there); if m wrote it, it is committed and the row
+    hops on when the writer of c+1 differs. Output past the end of a trace is written by model 0.
+    """
+
+    name = "trace"
+
+    def __init__(self, runs: Mapping[str, Sequence[tuple[int, int]]]) -> None:
+        super().__init__()
+        self._writers: dict[str, np.ndarray] = {}
+        for rid, rr in runs.items():
+            seq = [int(m) for m, n in rr for _ in range(int(n))]
+            self._writers[rid] = np.asarray(seq, dtype=np.int64)
+
+    def bind(self, model: int, num_models: int) -> Router:
+        for rid, w in self._writers.items():
+            if len(w) and int(w.max()) >= num_models:
+                raise ValueError(f"trace {rid!r} names model {int(w.max())} but the deployment has {num_models}")
+        return super().bind(model, num_models)
+
+    def writer(self, rid: str, index: int) -> int:
+        w = self._writers.get(rid)
+        return int(w[index]) if w is not None and 0 <= index < len(w) else 0
+
+    def route(self, batch: Batch, result: StepResult) -> Sequence[int]:
+        out = []
+        for row in batch.rows:
+            c = row.req.num_output  # index of the token this step sampled
+            w = self.writer(row.req.rid, c)
+            out.append(w if w != self.model else self.writer(row.req.rid, c + 1))
+        return out
+
+    def keep_token(self, req: Request, dst: int) -> bool:
+        return self.writer(req.rid, req.num_output - 1) == self.model
