@@ -1,0 +1,57 @@
+"""Profiles (schema, load/save), the cost model the simulator runs on, and the analytic profile generator.
+
+Import as `tokenrouter.calibration` (the `calibration/` folder is mapped into the namespace). No torch here:
+the simulator installs light.
+"""
+
+from .cost import (
+    PLACEMENTS,
+    ConstantCost,
+    ConstantModelCost,
+    CostModel,
+    ModelCost,
+    ModelStepCost,
+    Placement,
+    StepCost,
+    batch_summary,
+)
+from .profile import (
+    DEFAULT_PROFILE,
+    SCHEMA_VERSION,
+    GpuInfo,
+    LinkInfo,
+    ModelProfile,
+    MpsInfo,
+    Profile,
+    ProfileError,
+    StdServingInfo,
+    StepCoeffs,
+    StepModes,
+    bundled_profile_names,
+    load_profile,
+)
+
+__all__ = [
+    "DEFAULT_PROFILE",
+    "PLACEMENTS",
+    "SCHEMA_VERSION",
+    "ConstantCost",
+    "ConstantModelCost",
+    "CostModel",
+    "GpuInfo",
+    "LinkInfo",
+    "ModelCost",
+    "ModelProfile",
+    "ModelStepCost",
+    "MpsInfo",
+    "Placement",
+    "Profile",
+    "ProfileError",
+    "StdServingInfo",
+    "StepCoeffs",
+    "StepCost",
+    "StepModes",
+    "batch_summary",
+    "bundled_profile_names",
+    "load_profile",
+]

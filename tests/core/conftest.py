@@ -39,14 +39,29 @@ def token_for(model: int, row_index: int, pos: int) -> int:
 
 
 class Cluster:
-    def __init__(self, num_models: int = 2, *, pages: int = 64, page_size: int = 4, policy: Policy | None = None,
-                 router_script: dict | None = None, overlap: bool = False) -> None:
+    def __init__(
+        self,
+        num_models: int = 2,
+        *,
+        pages: int = 64,
+        page_size: int = 4,
+        policy: Policy | None = None,
+        router_script: dict | None = None,
+        overlap: bool = False,
+    ) -> None:
         policy = policy or Policy()
         gate = SyncGate(policy.kind, num_models) if policy.is_sync else None
         script = router_script if router_script is not None else {}
         self.scheds = [
-            Scheduler(m, num_models, kv=KVPool(pages, page_size), router=ScriptedRouter(script), policy=policy,
-                      gate=gate, overlap=overlap)
+            Scheduler(
+                m,
+                num_models,
+                kv=KVPool(pages, page_size),
+                router=ScriptedRouter(script),
+                policy=policy,
+                gate=gate,
+                overlap=overlap,
+            )
             for m in range(num_models)
         ]
         self.emitted: dict[str, list[tuple[int, int, int]]] = {}
@@ -55,8 +70,13 @@ class Cluster:
         self.now = 0.0
 
     def submit(self, rid: str, prompt: list[int], max_tokens: int) -> Request:
-        req = Request(rid, list(prompt), len(prompt), SamplingParams(max_tokens=max_tokens, ignore_eos=True),
-                      num_models=len(self.scheds))
+        req = Request(
+            rid,
+            list(prompt),
+            len(prompt),
+            SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+            num_models=len(self.scheds),
+        )
         self.scheds[0].add(req, self.now)
         return req
 

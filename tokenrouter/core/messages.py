@@ -66,6 +66,7 @@ class Finish:
     rid: str
     reason: str
     num_output: int
+    num_hops: int = 0
 
 
 Action = Send | Emit | Finish

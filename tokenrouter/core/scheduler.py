@@ -261,7 +261,8 @@ class Scheduler:
 
     def _hand_off(self, req: Request, dst: int, actions: list[Action]) -> None:
         req.seen[self.model] = len(req.token_ids)
-        req.num_hops += 1
+        if dst != self.entry:  # a hop is a visit away from the entry model; the way back is not another
+            req.num_hops += 1
         req.version += 1
         req.status = ReqStatus.PENDING
         req.extras["_inflight"] = 0
@@ -279,7 +280,7 @@ class Scheduler:
         self.kv.release(req.pages)
         self.router.on_finish(req)
         self.reqs.pop(req.rid, None)
-        actions: list[Action] = [Finish(req.rid, reason, req.num_output)]
+        actions: list[Action] = [Finish(req.rid, reason, req.num_output, req.num_hops)]
         if self.is_entry:
             self.active -= 1
             self.epoch += 1

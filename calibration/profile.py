@@ -1,0 +1,283 @@
+"""Profile schema (version 1): what the cost model knows about one GPU and the models run on it.
+
+A profile is versioned JSON, written by `tr calibrate` (kind "measured") or by `analytic.py` (kind
+"analytic"). Units everywhere: milliseconds (ms) for times, bytes for sizes, GB/s = 1e9 B/s for memory
+bandwidth, TFLOP/s = 1e12 FLOP/s, GB = 1e9 B for memory and KV budgets, and Gbit/s = 1e9 bit/s for the
+cross-host link (network convention: `link.bandwidth_gbps`).
+
+Step time of one model (see `StepCoeffs`), for a batch of B rows feeding T tokens of which E belong to
+extend/prefill rows, attending C context tokens in total:
+
+    step_ms = max(c0 + c_row*B + c_ctx*C + c_tok*T + c_ext*E, floor_ms)
+
+The linear part is what a calibrator fits by least squares; `floor_ms` is a host-side floor (the CPU
+cannot issue an eager step's kernels faster than this, while the GPU works behind it), 0 when unused.
+
+Invariants enforced on load: schema_version == 1, every coefficient >= 0, bandwidths/TFLOP/s > 0,
+slowdowns >= 1, tp >= 1, at least one model, MPS pairs name known models. Any violation raises
+`ProfileError` (a ValueError) whose one-line message names the file and the problem.
+"""
+
+from __future__ import annotations
+
+from datetime import date, datetime
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+SCHEMA_VERSION = 1
+DEFAULT_PROFILE = "h200"
+
+NonNeg = Annotated[float, msgspec.Meta(ge=0.0)]
+Positive = Annotated[float, msgspec.Meta(gt=0.0)]
+Slowdown = Annotated[float, msgspec.Meta(ge=1.0)]
+
+
+class ProfileError(ValueError):
+    """A profile that cannot be used. The message is one line: `<file>: <problem>`."""
+
+
+class _S(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Base: immutable, keyword-only, and strict (a misspelt field is an error, not silently ignored)."""
+
+
+class StepCoeffs(_S):
+    """step_ms = max(c0 + c_row*B + c_ctx*C + c_tok*T + c_ext*E, floor_ms), all in ms.
+
+    c0: per step (weight streaming + launch); c_row: per batch row (sampling, LM-head row, metadata);
+    c_ctx: per context token attended (KV read); c_tok: per fed token (matmul compute); c_ext: extra per
+    token of extend/prefill rows (prefill attention compute); floor_ms: host-side issue floor.
+    """
+
+    c0: NonNeg
+    c_row: NonNeg = 0.0
+    c_ctx: NonNeg = 0.0
+    c_tok: NonNeg = 0.0
+    c_ext: NonNeg = 0.0
+    floor_ms: NonNeg = 0.0
+
+    def at(self, batch_size: int, num_tokens: int, extend_tokens: int, context_tokens: int) -> float:
+        """Step time in ms (reference implementation; the cost model inlines the same formula)."""
+        t = (
+            self.c0
+            + self.c_row * batch_size
+            + self.c_ctx * context_tokens
+            + self.c_tok * num_tokens
+            + self.c_ext * extend_tokens
+        )
+        return max(t, self.floor_ms)
+
+
+class StepModes(_S):
+    """Coefficients with CUDA graphs (`graph`) and without (`eager`)."""
+
+    graph: StepCoeffs
+    eager: StepCoeffs
+
+
+class ModelProfile(_S, kw_only=True):
+    """One model on this GPU. `weight_bytes`: all weights (every TP shard together); `kv_bytes_per_token`:
+    K and V of one token over all layers. `step` coefficients are for this `tp` degree.
+
+    `router_ms` / `kv_budget_gb`, when not null, override the profile-wide defaults for this model.
+    """
+
+    weight_bytes: Annotated[int, msgspec.Meta(ge=0)]
+    kv_bytes_per_token: Annotated[int, msgspec.Meta(gt=0)]
+    tp: Annotated[int, msgspec.Meta(ge=1)] = 1
+    step: StepModes
+    router_ms: NonNeg | None = None
+    kv_budget_gb: NonNeg | None = None
+
+
+class GpuInfo(_S):
+    """mem_bw_gbs: measured device copy bandwidth (GB/s); matmul_tflops: measured dense bf16 GEMM."""
+
+    name: str
+    mem_bw_gbs: Positive
+    matmul_tflops: Positive
+    memory_gb: Positive
+
+
+class LinkInfo(_S):
+    """Cross-host peer link: one message costs latency_ms + bytes / (bandwidth_gbps * 1e9 / 8 B/s)."""
+
+    latency_ms: NonNeg
+    bandwidth_gbps: Positive
+
+
+class MpsInfo(_S):
+    """Co-location under CUDA MPS: `pairs["a|b"]` is the slowdown factor of model a's step while b runs."""
+
+    default_slowdown: Slowdown
+    pairs: dict[str, Slowdown] = msgspec.field(default_factory=dict)
+
+
+class StdServingInfo(_S):
+    """Standard-serving baseline: bookkeeping per re-matched row (prefix match, radix insert, locks).
+
+    cost per rematch row = hop_overhead_ms + hop_overhead_ms_per_ktok * prefix_tokens / 1000.
+    """
+
+    hop_overhead_ms: NonNeg
+    hop_overhead_ms_per_ktok: NonNeg
+
+
+class Profile(_S):
+    """A whole profile. Load with `Profile.load(path)` / `load_profile(name_or_path)`; write with `save`."""
+
+    schema_version: int
+    kind: Literal["analytic", "measured"]
+    gpu: GpuInfo
+    created: str
+    source: str
+    models: dict[str, ModelProfile]
+    router_ms: NonNeg
+    sched_ms: NonNeg
+    ipc_ms: NonNeg
+    link: LinkInfo
+    mps: MpsInfo
+    std_serving: StdServingInfo
+    kv_budget_gb: NonNeg
+    notes: dict[str, Any] = msgspec.field(default_factory=dict)
+
+    # -- lookups -------------------------------------------------------------------------------------
+
+    def model(self, name: str) -> ModelProfile:
+        """The entry for `name` (case-insensitive; `Qwen/Qwen3-8B` accepted). ProfileError lists known ones."""
+        return self.models[self.resolve_name(name)]
+
+    def resolve_name(self, name: str) -> str:
+        if name in self.models:
+            return name
+        key = str(name).lower().split("/")[-1]
+        if key in self.models:
+            return key
+        raise ProfileError(
+            f"profile {self.gpu.name} ({self.kind}) has no model {name!r}; known: {', '.join(self.models)}"
+        )
+
+    def router_ms_for(self, name: str) -> float:
+        m = self.model(name)
+        return self.router_ms if m.router_ms is None else m.router_ms
+
+    def kv_budget_gb_for(self, name: str) -> float:
+        m = self.model(name)
+        return self.kv_budget_gb if m.kv_budget_gb is None else m.kv_budget_gb
+
+    def mps_slowdown(self, model: str, other: str) -> float:
+        """Slowdown factor of `model`'s step while `other` runs on the same GPU (default when unmeasured)."""
+        a, b = self.resolve_name(model), self.resolve_name(other)
+        return self.mps.pairs.get(f"{a}|{b}", self.mps.default_slowdown)
+
+    # -- I/O -----------------------------------------------------------------------------------------
+
+    def to_json(self) -> bytes:
+        """Deterministic, indented JSON (field order as declared, model order as inserted), newline-ended."""
+        return msgspec.json.format(msgspec.json.encode(self), indent=2) + b"\n"
+
+    def save(self, path: str | Path) -> Path:
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(self.to_json())
+        return p
+
+    @classmethod
+    def load(cls, path: str | Path) -> Profile:
+        p = Path(path)
+        try:
+            data = p.read_bytes()
+        except OSError as e:
+            raise ProfileError(f"{p}: cannot read profile ({e.strerror or e})") from None
+        return cls.from_json(data, source=str(p))
+
+    @classmethod
+    def from_json(cls, data: bytes | str, *, source: str = "<profile>") -> Profile:
+        """Decode and validate. `source` names the file in error messages."""
+        try:
+            raw = msgspec.json.decode(data)
+        except msgspec.DecodeError as e:
+            raise ProfileError(_one_line(f"{source}: not valid JSON ({e})")) from None
+        return cls.from_dict(raw, source=source)
+
+    @classmethod
+    def from_dict(cls, raw: Any, *, source: str = "<profile>") -> Profile:
+        if not isinstance(raw, dict):
+            raise ProfileError(f"{source}: top level must be a JSON object, got {type(raw).__name__}")
+        # Check the version before the shape: a future schema would otherwise fail with a confusing field error.
+        if "schema_version" not in raw:
+            raise ProfileError(f"{source}: missing required field `schema_version`")
+        ver = raw["schema_version"]
+        if type(ver) is not int or ver != SCHEMA_VERSION:
+            raise ProfileError(f"{source}: unsupported schema_version {ver!r} (this version reads {SCHEMA_VERSION})")
+        try:
+            prof = msgspec.convert(raw, cls)
+        except msgspec.ValidationError as e:
+            raise ProfileError(_one_line(f"{source}: {_name_model(str(e), raw)}")) from None
+        prof._check(source)
+        return prof
+
+    def _check(self, source: str) -> None:
+        """Cross-field invariants msgspec's per-field constraints cannot express."""
+        if not self.models:
+            raise ProfileError(f"{source}: `models` is empty")
+        try:
+            (date if len(self.created) <= 10 else datetime).fromisoformat(self.created)
+        except ValueError:
+            raise ProfileError(f"{source}: `created` is not an ISO date: {self.created!r}") from None
+        for key in self.mps.pairs:
+            parts = key.split("|")
+            if len(parts) != 2 or not all(parts):
+                raise ProfileError(f"{source}: mps.pairs key {key!r} must look like 'small|large'")
+            unknown = [m for m in parts if m not in self.models]
+            if unknown:
+                raise ProfileError(f"{source}: mps.pairs key {key!r} names unknown model {unknown[0]!r}")
+
+
+def _name_model(msg: str, raw: dict[str, Any]) -> str:
+    """msgspec writes dict keys as `[...]`; name the offending model so the user can find it."""
+    models = raw.get("models")
+    if "$.models[...]" not in msg or not isinstance(models, dict):
+        return msg
+    for name, entry in models.items():
+        try:
+            msgspec.convert(entry, ModelProfile)
+        except msgspec.ValidationError:
+            return msg.replace("$.models[...]", f"$.models[{name!r}]")
+    return msg
+
+
+def _one_line(msg: str) -> str:
+    return " ".join(msg.split())
+
+
+def bundled_profile_dir() -> Path:
+    return Path(str(resources.files("tokenrouter.calibration").joinpath("profiles")))
+
+
+def bundled_profile_names() -> list[str]:
+    d = bundled_profile_dir()
+    return sorted(p.stem for p in d.glob("*.json")) if d.is_dir() else []
+
+
+def load_profile(name_or_path: str | Path = DEFAULT_PROFILE) -> Profile:
+    """A bundled profile by name or a path to a JSON file.
+
+    Name lookup for `NAME`: `NAME.json`, then `NAME-measured.json`, then `NAME-analytic.json` in the bundled
+    folder, so "h200" means the measured H200 profile once one is bundled and the analytic one until then.
+    """
+    p = Path(name_or_path)
+    if p.suffix == ".json" or p.is_file() or len(p.parts) > 1:
+        if not p.exists():
+            raise ProfileError(f"{p}: profile file not found")
+        return Profile.load(p)
+    name = str(name_or_path).lower()
+    d = bundled_profile_dir()
+    for stem in (name, f"{name}-measured", f"{name}-analytic"):
+        f = d / f"{stem}.json"
+        if f.is_file():
+            return Profile.load(f)
+    names = ", ".join(bundled_profile_names()) or "(none)"
+    raise ProfileError(f"{name_or_path}: unknown profile; bundled: {names} (or pass a path to a .json file)")

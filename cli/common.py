@@ -1,0 +1,93 @@
+"""Shared CLI plumbing: one-line errors with exit code 2, list parsing, deployment from flags."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+import click
+import typer
+
+from tokenrouter.core.config import DeploymentConfig, ModelConfig, PlacementConfig, PolicyConfig, RouterConfig
+
+
+class CliError(ValueError):
+    """A user error: printed as one line, exit code 2."""
+
+
+def fail(prog: str, msg: str) -> NoReturn:
+    print(f"{prog}: error: {msg.splitlines()[0] if msg else 'invalid input'}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def run_app(app: typer.Typer, prog: str, argv: list[str] | None = None) -> None:
+    """Run a typer app so every user error is one line on stderr with exit code 2, never a traceback.
+
+    click's usage errors (unknown flag, non-number) and our ValueErrors (bad probability, malformed
+    profile or trace, unknown workload) all land here.
+    """
+    try:
+        rc = app(args=argv, prog_name=prog, standalone_mode=False)
+    except click.exceptions.UsageError as e:
+        fail(prog, e.format_message())
+    except click.exceptions.Abort:
+        fail(prog, "aborted")
+    except (ValueError, OSError, KeyError) as e:
+        fail(prog, str(e) or type(e).__name__)
+    raise SystemExit(rc if isinstance(rc, int) else 0)
+
+
+def parse_list(text: str, conv: Callable[[str], Any], what: str) -> list[Any]:
+    items = [t.strip() for t in str(text).split(",") if t.strip()]
+    if not items:
+        raise CliError(f"{what}: expected a value or a comma-separated list, got {text!r}")
+    try:
+        return [conv(t) for t in items]
+    except ValueError:
+        raise CliError(f"{what}: cannot parse {text!r}") from None
+
+
+def check_prob(x: float, what: str) -> float:
+    if not 0.0 <= x <= 1.0:
+        raise CliError(f"{what} must be in [0, 1], got {x}")
+    return x
+
+
+def build_deployment(
+    *,
+    models: list[str],
+    placement: str,
+    policy: str,
+    thresholds: list[int] | None,
+    router: str,
+    hop_rate: float,
+    return_prob: float,
+    trace: str | None,
+    profile: str,
+    graphs: bool,
+    overlap: bool,
+    page_size: int,
+    max_batch_size: int,
+    max_batch_tokens: int,
+) -> DeploymentConfig:
+    """A deployment from CLI flags: mps puts every model on GPU 0, otherwise model i gets GPU i."""
+    check_prob(hop_rate, "--hop-rate")
+    check_prob(return_prob, "--return-prob")
+    gpus = [[0] if placement == "mps" else [i] for i in range(len(models))]
+    return DeploymentConfig(
+        models=[ModelConfig(name=m, gpus=g, cuda_graphs=graphs) for m, g in zip(models, gpus, strict=True)],
+        placement=PlacementConfig(mode=placement),
+        policy=PolicyConfig(kind=policy, thresholds=list(thresholds or [])),
+        router=RouterConfig(name=router, hop_rate=hop_rate, return_prob=return_prob, trace=trace),
+        profile=profile,
+        scheduler=_sched(page_size, max_batch_size, max_batch_tokens, overlap),
+    )
+
+
+def _sched(page_size: int, max_batch_size: int, max_batch_tokens: int, overlap: bool):
+    from tokenrouter.core.config import SchedulerConfig
+
+    return SchedulerConfig(
+        page_size=page_size, max_batch_size=max_batch_size, max_batch_tokens=max_batch_tokens, overlap=overlap
+    )

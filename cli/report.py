@@ -1,0 +1,106 @@
+"""Human-readable output of a simulation: one rich table, plus JSON/CSV for machines."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from tokenrouter.sim.run import SimResult
+
+
+def _f(x: float, nd: int = 1) -> str:
+    return "nan" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:,.{nd}f}"
+
+
+def result_record(res: SimResult) -> dict[str, Any]:
+    """Flat dict of the run's settings and metrics (one CSV row / one JSON object)."""
+    cfg, dep = res.config, res.config.deployment
+    rec: dict[str, Any] = {
+        "models": ",".join(m.name for m in dep.models),
+        "router": dep.router.name,
+        "hop_rate": dep.router.hop_rate,
+        "policy": dep.policy.kind,
+        "thresholds": ",".join(map(str, res.thresholds)),
+        "placement": dep.placement.mode,
+        "workload": cfg.workload,
+        "num_requests": cfg.num_requests,
+        "concurrency": cfg.concurrency,
+        "arrival_rate": cfg.arrival_rate,
+        "seed": cfg.seed,
+        "profile": dep.profile,
+        "profile_kind": "analytic" if res.analytic else "measured",
+        "cuda_graphs": all(m.cuda_graphs for m in dep.models),
+        "async": dep.scheduler.overlap,
+        "preemptions": res.preemptions,
+        "wall_s": round(res.wall_s, 3),
+    }
+    rec.update(res.summary)
+    return rec
+
+
+def print_result(res: SimResult, console: Console | None = None) -> None:
+    console = console or Console()
+    s, dep = res.summary, res.config.deployment
+    names = [m.name for m in dep.models]
+    title = (
+        f"trsim: {' + '.join(names)}, router {dep.router.name} (hop rate {dep.router.hop_rate}), "
+        f"policy {dep.policy.kind}, placement {dep.placement.mode}"
+    )
+    t = Table(title=title, title_justify="left")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    t.add_column("p50", justify="right")
+    t.add_column("p99", justify="right")
+    steady = s.get("steady_output_throughput_tok_s")
+    t.add_row("output throughput (tok/s)", _f(s["output_throughput_tok_s"]), "", "")
+    if steady is not None:
+        t.add_row("steady throughput (tok/s), all N live", _f(steady), "", "")
+    t.add_row("requests completed", f"{int(s['requests_completed'])}", "", "")
+    for key, label in (("ttft", "TTFT (ms)"), ("tpot", "TPOT (ms)"), ("itl", "ITL (ms)"), ("e2e", "E2E (ms)")):
+        t.add_row(label + " mean", _f(s[f"{key}_ms_mean"], 2), _f(s[f"{key}_ms_p50"], 2), _f(s[f"{key}_ms_p99"], 2))
+    t.add_row("hops per request", _f(s["hops_mean"], 2), "", "")
+    for i, n in enumerate(names):
+        t.add_row(
+            f"[{i}] {n}: tokens (share)", f"{int(s[f'tokens_model{i}']):,} ({s[f'token_frac_model{i}']:.1%})", "", ""
+        )
+        t.add_row(f"[{i}] {n}: busy fraction", f"{s[f'busy_frac_model{i}']:.1%}", "", "")
+        t.add_row(
+            f"[{i}] {n}: batch size mean",
+            _f(s[f"batch_mean_model{i}"], 2),
+            _f(s[f"batch_p50_model{i}"], 0),
+            _f(s[f"batch_p99_model{i}"], 0),
+        )
+    t.add_row("thresholds B used", ",".join(map(str, res.thresholds)) + _thr_note(res), "", "")
+    t.add_row("KV capacity (tokens/model)", ", ".join(f"{c:,}" for c in res.kv_tokens), "", "")
+    if res.preemptions:
+        t.add_row("KV preemptions", str(res.preemptions), "", "")
+    console.print(t)
+    src = "ANALYTIC profile (bytes over bandwidth, not measured)" if res.analytic else "measured profile"
+    console.print(
+        f"profile: {dep.profile} ({src}); simulated {s['duration_s']:.2f} s in {res.wall_s:.2f} s wall; seed "
+        f"{res.config.seed}"
+    )
+
+
+def _thr_note(res: SimResult) -> str:
+    if res.config.deployment.policy.kind != "delayed":
+        return f" ({res.config.deployment.policy.kind}: no delay)"
+    return res.extra.get("thresholds_note", "")
+
+
+def write_json(res: SimResult, path: str) -> None:
+    text = json.dumps(_clean(result_record(res)), indent=2)
+    if path == "-":
+        print(text)
+    else:
+        Path(path).write_text(text + "\n")
+
+
+def _clean(rec: dict[str, Any]) -> dict[str, Any]:
+    """NaN is not JSON: write null instead."""
+    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in rec.items()}

@@ -1,0 +1,137 @@
+"""`trsim sweep`: run a grid of simulations (any axis given as a comma list) to CSV + PNG."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from tokenrouter.cli.common import parse_list
+from tokenrouter.cli.report import result_record
+from tokenrouter.cli.run_cmd import sim_config_from_flags, simulate
+
+# axis name -> (converter, list separator). Thresholds are lists themselves, so they split on ';'.
+AXES: dict[str, tuple[Any, str]] = {
+    "hop_rate": (float, ","),
+    "concurrency": (int, ","),
+    "policy": (str, ","),
+    "thresholds": (str, ";"),
+    "placement": (str, ","),
+    "workload": (str, ","),
+    "router": (str, ","),
+    "small": (str, ","),
+    "large": (str, ","),
+    "seed": (int, ","),
+    "return_prob": (float, ","),
+}
+
+
+def _axis(name: str, text: str) -> list[Any]:
+    conv, sep = AXES[name]
+    if sep == ";":
+        return [t.strip() for t in text.split(";") if t.strip()] or ["auto"]
+    return parse_list(text, conv, f"--{name.replace('_', '-')}")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("sweep")
+    def sweep(
+        out: Annotated[Path, typer.Option("--out", "-o", help="CSV file (one row per run).")] = Path("sweep.csv"),
+        plot: Annotated[Path | None, typer.Option(help="PNG of throughput over the first numeric axis.")] = None,
+        hop_rate: Annotated[str, typer.Option("--hop-rate", "-p", help="e.g. 0.05,0.1,0.2")] = "0.1",
+        concurrency: Annotated[str, typer.Option("--concurrency", "-n", help="e.g. 1,4,8,16")] = "8",
+        policy: Annotated[str, typer.Option(help="e.g. eager,delayed,std-serving")] = "delayed",
+        thresholds: Annotated[str, typer.Option(help="';'-separated: 'auto;1,1;1,3'")] = "auto",
+        placement: Annotated[str, typer.Option(help="e.g. mps,separate")] = "mps",
+        workload: Annotated[str, typer.Option(help="e.g. low-effort,high-effort")] = "low-effort",
+        router: Annotated[str, typer.Option(help="e.g. r2r,r-stitch")] = "r2r",
+        small: Annotated[str, typer.Option(help="Small models")] = "qwen3-0.6b",
+        large: Annotated[str, typer.Option(help="Large models")] = "qwen3-32b",
+        seed: Annotated[str, typer.Option(help="Seeds, e.g. 0,1,2")] = "0",
+        return_prob: Annotated[str, typer.Option(help="r-stitch return probabilities")] = "1.0",
+        num_requests: Annotated[int, typer.Option(help="Requests per run.")] = 64,
+        profile: Annotated[str, typer.Option(help="Profile name or file.")] = "h200",
+        max_output: Annotated[int | None, typer.Option(help="Cap output lengths.")] = None,
+        graphs: Annotated[bool, typer.Option("--graphs/--no-graphs")] = True,
+        overlap: Annotated[bool, typer.Option("--async/--no-async")] = True,
+    ) -> None:
+        """Run every combination of the list-valued flags; write one CSV row per run (and a plot)."""
+        given = {
+            "hop_rate": hop_rate,
+            "concurrency": concurrency,
+            "policy": policy,
+            "thresholds": thresholds,
+            "placement": placement,
+            "workload": workload,
+            "router": router,
+            "small": small,
+            "large": large,
+            "seed": seed,
+            "return_prob": return_prob,
+        }
+        axes = {k: _axis(k, v) for k, v in given.items()}
+        grid = [dict(zip(axes, combo, strict=True)) for combo in itertools.product(*axes.values())]
+        # Validate every point before spending minutes on the first ones.
+        configs = [_config(p, num_requests, profile, max_output, graphs, overlap) for p in grid]
+        rows = []
+        console = Console(stderr=True)
+        cols = (TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*cols, console=console, transient=False) as bar:
+            task = bar.add_task("sweep", total=len(grid))
+            for point, (cfg, auto) in zip(grid, configs, strict=True):
+                res = simulate(cfg, auto)
+                rows.append({**{f"arg_{k}": v for k, v in point.items()}, **result_record(res)})
+                bar.advance(task)
+        import pandas as pd
+
+        df = pd.DataFrame(rows)
+        df.to_csv(out, index=False)
+        varying = [k for k, v in axes.items() if len(v) > 1]
+        console.print(f"wrote {len(df)} rows to {out}")
+        if plot:
+            from tokenrouter.sim.plots import plot_sweep
+
+            numeric = [k for k in varying if AXES[k][0] in (int, float)]
+            x = numeric[0] if numeric else (varying[0] if varying else "concurrency")
+            hue = next((k for k in varying if k != x), None)
+            y = (
+                "steady_output_throughput_tok_s"
+                if df.get("steady_output_throughput_tok_s") is not None
+                else ("output_throughput_tok_s")
+            )
+            plot_sweep(df, f"arg_{x}", y, f"arg_{hue}" if hue else None, plot, title=f"trsim sweep: {y}")
+            console.print(f"wrote {plot}")
+
+
+def _config(
+    point: dict[str, Any], num_requests: int, profile: str, max_output: int | None, graphs: bool, overlap: bool
+):
+    return sim_config_from_flags(
+        hop_rate=point["hop_rate"],
+        concurrency=point["concurrency"],
+        small=point["small"],
+        large=point["large"],
+        models=None,
+        policy=point["policy"],
+        thresholds=point["thresholds"],
+        placement=point["placement"],
+        workload=point["workload"],
+        num_requests=num_requests,
+        router=point["router"],
+        return_prob=point["return_prob"],
+        trace=None,
+        profile=profile,
+        seed=point["seed"],
+        arrival_rate=None,
+        max_output=max_output,
+        graphs=graphs,
+        overlap=overlap,
+        page_size=16,
+        max_batch_size=256,
+        max_batch_tokens=16384,
+        config=None,
+    )

@@ -1,0 +1,28 @@
+"""`trsim`: the co-design simulator's command line (CPU only)."""
+
+from __future__ import annotations
+
+import typer
+
+from tokenrouter.cli import model_cmd, run_cmd, sweep_cmd, tune_cmd
+from tokenrouter.cli.common import run_app
+
+app = typer.Typer(
+    name="trsim",
+    help="Simulate token-level routing deployments (small + large model subservers) on a GPU profile.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+run_cmd.register(app)
+sweep_cmd.register(app)
+tune_cmd.register(app)
+model_cmd.register(app)
+
+
+def main(argv: list[str] | None = None) -> None:
+    run_app(app, "trsim", argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,323 @@
+"""Benchmark workloads: request length distributions, user JSONL files and hop traces.
+
+Only lengths matter for throughput studies (requests run with ``ignore_eos``, so each produces exactly
+``output_len`` tokens); real prompt text is optional. Every synthetic workload is seeded and
+*prefix-stable*: the first k requests of an n-request workload equal the k-request workload with the same
+seed, so sweeps over ``num_requests`` compare like with like. Prompt lengths, output lengths and arrival
+gaps come from three independent streams, ``numpy.random.default_rng([seed, stream])``, so adding
+``arrival_rate`` never changes the lengths.
+
+Synthetic workloads (lengths are rounded to int, then clipped; "lognormal(median m, sigma s)" means
+``exp(normal(ln m, s))``)::
+
+    name         prompt tokens                          output tokens
+    low-effort   normal(100, 20)     clip [16, 256]     lognormal(median 700,  sigma 0.6) clip [32, 2048]
+    high-effort  normal(150, 30)     clip [32, 512]     lognormal(median 3000, sigma 0.6) clip [64, 8192]
+    agentic      normal(8192, 1024)  clip [2048, 16384] lognormal(median 300,  sigma 0.6) clip [16, 1024]
+    fixed:P,O    every request P prompt tokens, O output tokens
+
+With sigma 0.6 about 4% (low-effort), 5% (high-effort) and 2% (agentic) of outputs sit at the cap, like
+real reasoning traces that hit ``max_tokens``.
+
+Arrivals: ``arrival_rate=None`` leaves ``arrival`` as None (closed loop: the client pool submits a request
+whenever a worker is free). ``arrival_rate=r`` (req/s) gives a Poisson process: exponential gaps with mean
+1/r, the first request at t = 0 (as bench_serving sends its first request at once); this replaces any
+arrival times in a file.
+
+Request JSONL (one JSON object per line; blank lines and lines starting with ``#`` are skipped)::
+
+    {"id": "q1", "prompt_len": 120, "output_len": 900, "arrival": 0.25}
+    {"prompt": "Explain the CAP theorem", "max_tokens": 512}
+    {"prompt_ids": [151644, 872, 198], "output_len": 64}
+
+Keys: ``prompt_len`` | ``prompt`` (length = round(1.3 * whitespace words), at least 1) | ``prompt_ids``;
+``output_len`` | ``max_tokens``; optional ``arrival`` (seconds, >= 0; on every line or on none; the
+requests are then sorted by arrival, stably), ``id`` (default ``r<line index>``, must be unique) and
+``runs``. Unknown keys are errors, so a typo such as ``output_length`` cannot silently fall back to a
+default. ``num_requests`` caps a file: the first ``num_requests`` requests are used, or all of them if the
+file has fewer (no cycling, so no request is duplicated).
+
+Hop trace (the same JSONL with ``runs`` on every line; read by ``load_hop_trace``)::
+
+    {"id": "r0", "prompt_len": 100, "runs": [[0, 37], [1, 1], [0, 120]]}
+
+means the committed output tokens are written by model 0 (37 tokens), then model 1 (1 token), then model 0
+(120 tokens). ``output_len`` defaults to the sum of run lengths and, if given, must equal it. Model indices
+are ints >= 0, run lengths ints >= 1; consecutive runs on the same model are merged (a trace cut and
+re-joined stays valid). ``max_output`` truncates the runs to the capped length.
+
+Every file error is a ``WorkloadError`` whose one-line message starts with ``file:line:``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["WORKLOADS", "RequestSpec", "WorkloadError", "load_hop_trace", "load_jsonl", "make_workload"]
+
+
+class WorkloadError(ValueError):
+    """A workload name, argument or file that cannot be used; the message is one line."""
+
+
+@dataclass(slots=True)
+class RequestSpec:
+    """One benchmark request. Lengths in tokens, ``arrival`` in seconds (None: closed loop)."""
+
+    rid: str
+    prompt_len: int
+    output_len: int
+    arrival: float | None
+    prompt_ids: list[int] | None = None
+    # Hop trace: (model, n_tokens) runs of committed output tokens, summing to output_len.
+    runs: list[tuple[int, int]] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Synthetic:
+    prompt_mean: float
+    prompt_std: float
+    prompt_lo: int
+    prompt_hi: int
+    output_median: float
+    output_sigma: float
+    output_lo: int
+    output_hi: int
+
+
+_SYNTHETIC: dict[str, _Synthetic] = {
+    "low-effort": _Synthetic(100, 20, 16, 256, 700, 0.6, 32, 2048),
+    "high-effort": _Synthetic(150, 30, 32, 512, 3000, 0.6, 64, 8192),
+    "agentic": _Synthetic(8192, 1024, 2048, 16384, 300, 0.6, 16, 1024),
+}
+
+WORKLOADS: tuple[str, ...] = (*_SYNTHETIC, "fixed:P,O")
+
+# Independent random streams per quantity keep workloads prefix-stable and lengths independent of arrivals.
+_PROMPT_STREAM, _OUTPUT_STREAM, _ARRIVAL_STREAM = 0, 1, 2
+_WORDS_TO_TOKENS = 1.3
+_KEYS = frozenset({"id", "prompt_len", "prompt", "prompt_ids", "output_len", "max_tokens", "arrival", "runs"})
+
+
+def make_workload(
+    name_or_path: str,
+    num_requests: int,
+    seed: int = 0,
+    *,
+    arrival_rate: float | None = None,
+    max_output: int | None = None,
+) -> list[RequestSpec]:
+    """Build ``num_requests`` requests from a workload name (see ``WORKLOADS``) or a JSONL path.
+
+    ``arrival_rate`` (req/s) assigns Poisson arrivals; ``max_output`` caps every output length. A file
+    yields at most ``num_requests`` requests (fewer if it is shorter).
+    """
+    if isinstance(num_requests, bool) or not isinstance(num_requests, int) or num_requests < 1:
+        raise WorkloadError(f"num_requests must be an int >= 1, got {num_requests!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise WorkloadError(f"seed must be an int >= 0, got {seed!r}")
+    if arrival_rate is not None and not (math.isfinite(arrival_rate) and arrival_rate > 0):
+        raise WorkloadError(f"arrival_rate must be a finite number > 0 req/s, got {arrival_rate!r}")
+    if max_output is not None and (isinstance(max_output, bool) or not isinstance(max_output, int) or max_output < 1):
+        raise WorkloadError(f"max_output must be an int >= 1, got {max_output!r}")
+
+    if name_or_path in _SYNTHETIC:
+        specs = _synthetic(_SYNTHETIC[name_or_path], num_requests, seed)
+    elif name_or_path.startswith("fixed:"):
+        p, o = _parse_fixed(name_or_path)
+        specs = [RequestSpec(f"r{i}", p, o, None) for i in range(num_requests)]
+    elif os.path.isfile(name_or_path):
+        specs = load_jsonl(name_or_path)[:num_requests]
+    else:
+        choices = ", ".join(WORKLOADS)
+        raise WorkloadError(f"unknown workload {name_or_path!r}: not one of {choices}, and no such file")
+
+    if max_output is not None:
+        for s in specs:
+            _cap_output(s, max_output)
+    if arrival_rate is not None:
+        for s, t in zip(specs, poisson_arrivals(len(specs), arrival_rate, seed), strict=True):
+            s.arrival = float(t)
+    return specs
+
+
+def poisson_arrivals(n: int, rate: float, seed: int = 0) -> np.ndarray:
+    """Arrival times (s) of a Poisson process of ``rate`` req/s: first at 0, then exponential gaps."""
+    rng = np.random.default_rng([seed, _ARRIVAL_STREAM])
+    gaps = rng.exponential(1.0 / rate, size=max(n - 1, 0))
+    return np.concatenate(([0.0], np.cumsum(gaps)))[:n]
+
+
+def _synthetic(w: _Synthetic, n: int, seed: int) -> list[RequestSpec]:
+    prompts = np.random.default_rng([seed, _PROMPT_STREAM]).normal(w.prompt_mean, w.prompt_std, size=n)
+    outputs = np.random.default_rng([seed, _OUTPUT_STREAM]).lognormal(math.log(w.output_median), w.output_sigma, n)
+    prompts = np.clip(np.rint(prompts), w.prompt_lo, w.prompt_hi).astype(np.int64)
+    outputs = np.clip(np.rint(outputs), w.output_lo, w.output_hi).astype(np.int64)
+    return [RequestSpec(f"r{i}", int(p), int(o), None) for i, (p, o) in enumerate(zip(prompts, outputs, strict=True))]
+
+
+def _parse_fixed(name: str) -> tuple[int, int]:
+    try:
+        p_str, o_str = name.removeprefix("fixed:").split(",")
+        p, o = int(p_str), int(o_str)
+    except ValueError:
+        raise WorkloadError(f"bad workload {name!r}: expected fixed:PROMPT,OUTPUT, e.g. fixed:128,512") from None
+    if p < 1 or o < 1:
+        raise WorkloadError(f"bad workload {name!r}: lengths must be >= 1")
+    return p, o
+
+
+def _cap_output(spec: RequestSpec, cap: int) -> None:
+    if spec.output_len <= cap:
+        return
+    spec.output_len = cap
+    if spec.runs is not None:
+        runs, left = [], cap
+        for model, n in spec.runs:
+            if left == 0:
+                break
+            runs.append((model, min(n, left)))
+            left -= runs[-1][1]
+        spec.runs = runs
+
+
+def load_hop_trace(path: str | os.PathLike[str]) -> list[RequestSpec]:
+    """Read a hop-trace JSONL (module docstring): like ``load_jsonl`` but every line must carry ``runs``."""
+    return load_jsonl(path, require_runs=True)
+
+
+def load_jsonl(path: str | os.PathLike[str], *, require_runs: bool = False) -> list[RequestSpec]:
+    """Read a request JSONL file (format in the module docstring); raises ``WorkloadError`` on bad input."""
+    name = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise WorkloadError(f"{name}: cannot read: {e}") from None
+    specs: list[RequestSpec] = []
+    seen: dict[str, int] = {}
+    timed: bool | None = None  # whether lines carry `arrival`; must agree across the file
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        where = f"{name}:{lineno}"
+        spec = _parse_line(stripped, where, len(specs), require_runs)
+        if spec.rid in seen:
+            raise WorkloadError(f"{where}: duplicate id {spec.rid!r} (first on line {seen[spec.rid]})")
+        seen[spec.rid] = lineno
+        has_arrival = spec.arrival is not None
+        if timed is None:
+            timed = has_arrival
+        elif timed != has_arrival:
+            raise WorkloadError(f"{where}: 'arrival' must be given on every line or on none")
+        specs.append(spec)
+    if not specs:
+        raise WorkloadError(f"{name}: no requests in file")
+    if timed:
+        specs.sort(key=lambda s: s.arrival)  # stable: ties keep file order
+    return specs
+
+
+def _parse_line(line: str, where: str, index: int, require_runs: bool) -> RequestSpec:
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise WorkloadError(f"{where}: invalid JSON: {e.msg} at column {e.colno}") from None
+    if not isinstance(obj, dict):
+        raise WorkloadError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    unknown = sorted(set(obj) - _KEYS)
+    if unknown:
+        raise WorkloadError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(_KEYS))}")
+
+    rid = obj.get("id", f"r{index}")
+    if not isinstance(rid, str | int) or isinstance(rid, bool):
+        raise WorkloadError(f"{where}: 'id' must be a string or int")
+    prompt_ids = _prompt_ids(obj, where)
+    prompt_len = _prompt_len(obj, prompt_ids, where)
+    runs = _runs(obj["runs"], where) if "runs" in obj else None
+    if require_runs and runs is None:
+        raise WorkloadError(f"{where}: hop trace line lacks 'runs'")
+    output_len = _output_len(obj, runs, where)
+    arrival = obj.get("arrival")
+    if arrival is not None and (
+        isinstance(arrival, bool) or not isinstance(arrival, int | float) or not math.isfinite(arrival) or arrival < 0
+    ):
+        raise WorkloadError(f"{where}: 'arrival' must be a finite number of seconds >= 0, got {arrival!r}")
+    return RequestSpec(
+        str(rid), prompt_len, output_len, None if arrival is None else float(arrival), prompt_ids=prompt_ids, runs=runs
+    )
+
+
+def _int_field(obj: dict[str, Any], key: str, where: str, minimum: int) -> int:
+    v = obj[key]
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise WorkloadError(f"{where}: {key!r} must be an int >= {minimum}, got {v!r}")
+    return v
+
+
+def _prompt_ids(obj: dict[str, Any], where: str) -> list[int] | None:
+    if "prompt_ids" not in obj:
+        return None
+    ids = obj["prompt_ids"]
+    if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        raise WorkloadError(f"{where}: 'prompt_ids' must be a non-empty list of ints")
+    if any(t < 0 for t in ids):
+        raise WorkloadError(f"{where}: 'prompt_ids' must be >= 0")
+    return ids
+
+
+def _prompt_len(obj: dict[str, Any], prompt_ids: list[int] | None, where: str) -> int:
+    if "prompt_len" in obj:
+        n = _int_field(obj, "prompt_len", where, 1)
+        if prompt_ids is not None and n != len(prompt_ids):
+            raise WorkloadError(f"{where}: 'prompt_len' {n} != len(prompt_ids) {len(prompt_ids)}")
+        return n
+    if prompt_ids is not None:
+        return len(prompt_ids)
+    if "prompt" in obj:
+        if not isinstance(obj["prompt"], str):
+            raise WorkloadError(f"{where}: 'prompt' must be a string")
+        # No tokenizer here: ~1.3 tokens per English word is the usual BPE rule of thumb.
+        return max(1, round(len(obj["prompt"].split()) * _WORDS_TO_TOKENS))
+    raise WorkloadError(f"{where}: missing prompt length: give 'prompt_len', 'prompt' or 'prompt_ids'")
+
+
+def _output_len(obj: dict[str, Any], runs: list[tuple[int, int]] | None, where: str) -> int:
+    if "output_len" in obj and "max_tokens" in obj:
+        raise WorkloadError(f"{where}: give 'output_len' or 'max_tokens', not both")
+    key = "output_len" if "output_len" in obj else "max_tokens" if "max_tokens" in obj else None
+    total = sum(n for _, n in runs) if runs is not None else None
+    if key is None:
+        if total is None:
+            raise WorkloadError(f"{where}: missing output length: give 'output_len' or 'max_tokens'")
+        return total
+    n = _int_field(obj, key, where, 1)
+    if total is not None and n != total:
+        raise WorkloadError(f"{where}: {key!r} {n} != sum of run lengths {total}")
+    return n
+
+
+def _runs(raw: Any, where: str) -> list[tuple[int, int]]:
+    if not isinstance(raw, list) or not raw:
+        raise WorkloadError(f"{where}: 'runs' must be a non-empty list of [model, n_tokens] pairs")
+    runs: list[tuple[int, int]] = []
+    for k, pair in enumerate(raw):
+        ok = isinstance(pair, list) and len(pair) == 2
+        ok = ok and all(isinstance(v, int) and not isinstance(v, bool) for v in pair)
+        if not ok:
+            raise WorkloadError(f"{where}: runs[{k}] must be a [model, n_tokens] pair of ints, got {pair!r}")
+        model, n = pair
+        if model < 0 or n < 1:
+            raise WorkloadError(f"{where}: runs[{k}] = {pair!r}: model must be >= 0 and n_tokens >= 1")
+        if runs and runs[-1][0] == model:
+            runs[-1] = (model, runs[-1][1] + n)  # same model twice in a row is one run
+        else:
+            runs.append((model, n))
+    return runs
