@@ -12,6 +12,22 @@ import typer
 from tokenrouter.core.config import DeploymentConfig, ModelConfig, PlacementConfig, PolicyConfig, RouterConfig
 
 
+def _click_classes(name: str) -> tuple[type[Exception], ...]:
+    """The click exception class `name` from click and from the copy newer typer releases vendor."""
+    found = [getattr(click.exceptions, name)]
+    try:
+        from typer._click import exceptions as vendored  # newer typer releases ship their own click
+    except ImportError:
+        vendored = None
+    if vendored is not None and hasattr(vendored, name):
+        found.append(getattr(vendored, name))
+    return tuple(found)
+
+
+_USAGE_ERRORS = _click_classes("UsageError")
+_ABORTS = (*_click_classes("Abort"), typer.Abort)
+
+
 class CliError(ValueError):
     """A user error: printed as one line, exit code 2."""
 
@@ -29,9 +45,9 @@ def run_app(app: typer.Typer, prog: str, argv: list[str] | None = None) -> None:
     """
     try:
         rc = app(args=argv, prog_name=prog, standalone_mode=False)
-    except click.exceptions.UsageError as e:
+    except _USAGE_ERRORS as e:
         fail(prog, e.format_message())
-    except click.exceptions.Abort:
+    except _ABORTS:
         fail(prog, "aborted")
     except (ValueError, OSError, KeyError) as e:
         fail(prog, str(e) or type(e).__name__)

@@ -47,43 +47,39 @@ def print_result(res: SimResult, console: Console | None = None) -> None:
     console = console or Console()
     s, dep = res.summary, res.config.deployment
     names = [m.name for m in dep.models]
-    title = (
-        f"trsim: {' + '.join(names)}, router {dep.router.name} (hop rate {dep.router.hop_rate}), "
-        f"policy {dep.policy.kind}, placement {dep.placement.mode}"
-    )
-    t = Table(title=title, title_justify="left")
-    t.add_column("metric")
-    t.add_column("value", justify="right")
-    t.add_column("p50", justify="right")
-    t.add_column("p99", justify="right")
+    t = Table(title=f"trsim run: {' + '.join(names)}", title_justify="left")
+    for col, just in (("metric", "left"), ("mean", "right"), ("p50", "right"), ("p99", "right")):
+        t.add_column(col, justify=just)  # type: ignore[arg-type]
+    t.add_row("output throughput tok/s", _f(s["output_throughput_tok_s"]), "", "")
     steady = s.get("steady_output_throughput_tok_s")
-    t.add_row("output throughput (tok/s)", _f(s["output_throughput_tok_s"]), "", "")
     if steady is not None:
-        t.add_row("steady throughput (tok/s), all N live", _f(steady), "", "")
+        t.add_row("steady throughput tok/s", _f(steady), "", "")
     t.add_row("requests completed", f"{int(s['requests_completed'])}", "", "")
-    for key, label in (("ttft", "TTFT (ms)"), ("tpot", "TPOT (ms)"), ("itl", "ITL (ms)"), ("e2e", "E2E (ms)")):
-        t.add_row(label + " mean", _f(s[f"{key}_ms_mean"], 2), _f(s[f"{key}_ms_p50"], 2), _f(s[f"{key}_ms_p99"], 2))
+    for key, label in (("ttft", "TTFT ms"), ("tpot", "TPOT ms"), ("itl", "ITL ms"), ("e2e", "E2E ms")):
+        t.add_row(label, _f(s[f"{key}_ms_mean"], 2), _f(s[f"{key}_ms_p50"], 2), _f(s[f"{key}_ms_p99"], 2))
     t.add_row("hops per request", _f(s["hops_mean"], 2), "", "")
     for i, n in enumerate(names):
+        t.add_row(f"{n} tokens (share)", f"{int(s[f'tokens_model{i}']):,} ({s[f'token_frac_model{i}']:.1%})", "", "")
+        t.add_row(f"{n} busy", f"{s[f'busy_frac_model{i}']:.1%}", "", "")
         t.add_row(
-            f"[{i}] {n}: tokens (share)", f"{int(s[f'tokens_model{i}']):,} ({s[f'token_frac_model{i}']:.1%})", "", ""
-        )
-        t.add_row(f"[{i}] {n}: busy fraction", f"{s[f'busy_frac_model{i}']:.1%}", "", "")
-        t.add_row(
-            f"[{i}] {n}: batch size mean",
+            f"{n} batch size",
             _f(s[f"batch_mean_model{i}"], 2),
             _f(s[f"batch_p50_model{i}"], 0),
             _f(s[f"batch_p99_model{i}"], 0),
         )
-    t.add_row("thresholds B used", ",".join(map(str, res.thresholds)) + _thr_note(res), "", "")
-    t.add_row("KV capacity (tokens/model)", ", ".join(f"{c:,}" for c in res.kv_tokens), "", "")
-    if res.preemptions:
-        t.add_row("KV preemptions", str(res.preemptions), "", "")
     console.print(t)
-    src = "ANALYTIC profile (bytes over bandwidth, not measured)" if res.analytic else "measured profile"
+    rc = dep.router
     console.print(
-        f"profile: {dep.profile} ({src}); simulated {s['duration_s']:.2f} s in {res.wall_s:.2f} s wall; seed "
-        f"{res.config.seed}"
+        f"router {rc.name} (hop rate {rc.hop_rate}), policy {dep.policy.kind}, thresholds B = "
+        f"{','.join(map(str, res.thresholds))}{_thr_note(res)}, placement {dep.placement.mode}, "
+        f"{res.config.workload} x {res.config.num_requests}, N = {res.config.concurrency}"
+    )
+    kv = ", ".join(f"{c:,}" for c in res.kv_tokens)
+    console.print(f"KV capacity per model: {kv} tokens; preemptions: {res.preemptions}")
+    src = "ANALYTIC (bytes over bandwidth, not measured)" if res.analytic else "measured"
+    console.print(
+        f"profile {dep.profile}: {src}; simulated {s['duration_s']:.2f} s in {res.wall_s:.2f} s wall; "
+        f"seed {res.config.seed}"
     )
 
 

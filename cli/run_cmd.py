@@ -10,6 +10,7 @@ import typer
 from tokenrouter.cli.common import CliError, build_deployment, parse_list
 from tokenrouter.cli.report import print_result, result_record, write_json
 from tokenrouter.core.config import load_config
+from tokenrouter.core.policy import guard_holds
 from tokenrouter.sim.run import SimConfig, SimResult, run_sim
 
 HopRate = Annotated[
@@ -60,6 +61,11 @@ def sim_config_from_flags(
         thr = None if auto or not thresholds.strip() else parse_list(thresholds, int, "--thresholds")
         if thr is not None and len(thr) != len(names):
             raise CliError(f"--thresholds needs one value per model ({len(names)}), got {thresholds!r}")
+        if thr is not None and policy == "delayed" and not guard_holds(thr, concurrency):
+            raise CliError(
+                f"--thresholds {thresholds} infeasible for concurrency {concurrency}: the deadlock "
+                f"guard needs sum(B_i - 1) < N"
+            )
         dep = build_deployment(
             models=names,
             placement=placement,

@@ -34,7 +34,16 @@ def _axis(name: str, text: str) -> list[Any]:
     conv, sep = AXES[name]
     if sep == ";":
         return [t.strip() for t in text.split(";") if t.strip()] or ["auto"]
-    return parse_list(text, conv, f"--{name.replace('_', '-')}")
+    items = parse_list(text, conv, f"--{name.replace('_', '-')}")
+    if name == "workload":  # fixed:P,O carries its own comma: glue the output length back on
+        glued: list[Any] = []
+        for it in items:
+            if glued and it.isdigit() and str(glued[-1]).startswith("fixed:") and "," not in glued[-1]:
+                glued[-1] = f"{glued[-1]},{it}"
+            else:
+                glued.append(it)
+        items = glued
+    return items
 
 
 def register(app: typer.Typer) -> None:

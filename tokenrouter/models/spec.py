@@ -90,7 +90,7 @@ class ModelSpec:
                 intermediate_size=int(cfg["intermediate_size"]),
                 vocab_size=int(cfg["vocab_size"]),
                 tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                rope_theta=float(cfg.get("rope_theta", 10000.0)),
+                rope_theta=_rope_theta(cfg),
                 rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
                 max_position_embeddings=int(cfg.get("max_position_embeddings", 32768)),
                 qk_norm=arch == "Qwen3ForCausalLM",
@@ -99,6 +99,12 @@ class ModelSpec:
             )
         except KeyError as e:
             raise ValueError(f"config is missing required field {e.args[0]!r}") from None
+
+
+def _rope_theta(cfg: dict[str, Any]) -> float:
+    """transformers 5 writes the RoPE base under `rope_parameters`; older configs have `rope_theta`."""
+    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    return float(cfg.get("rope_theta") or (params.get("rope_theta") if isinstance(params, dict) else None) or 10000.0)
 
 
 def bundled_model_names() -> list[str]:

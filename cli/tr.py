@@ -1,0 +1,65 @@
+"""`tr`: the serving side's command line. Today: inspect bundled models and check deployment configs
+(`tr serve` and `tr calibrate` arrive with the runtime and the profiler).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from tokenrouter.cli.common import run_app
+from tokenrouter.core.config import load_config
+from tokenrouter.models import bundled_model_names, load_spec
+
+app = typer.Typer(
+    name="tr",
+    help="TokenRouter serving tools.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+@app.command("models")
+def models() -> None:
+    """List the bundled model shapes: parameters, weight bytes, KV bytes per token."""
+    t = Table(title="bundled model configs (bf16)")
+    for col in ("model", "params", "weights GB", "KV KiB/token", "layers", "heads q/kv", "tied"):
+        t.add_column(col, justify="left" if col == "model" else "right")
+    for name in bundled_model_names():
+        s = load_spec(name)
+        t.add_row(
+            name,
+            f"{s.num_params / 1e9:.2f}B",
+            f"{s.weight_bytes / 1e9:.2f}",
+            f"{s.kv_bytes_per_token / 1024:.0f}",
+            str(s.num_layers),
+            f"{s.num_heads}/{s.num_kv_heads}",
+            "yes" if s.tie_word_embeddings else "no",
+        )
+    Console().print(t)
+
+
+@app.command("check-config")
+def check_config(path: Annotated[Path, typer.Argument(help="Deployment YAML (from `trsim tune`).")]) -> None:
+    """Validate a deployment config and print what it deploys."""
+    cfg = load_config(path)
+    for m in cfg.models:
+        load_spec(m.path or m.name)
+    c = Console()
+    c.print(f"{path}: ok")
+    c.print(f"models: {', '.join(f'{m.name} on GPU {m.gpus}' for m in cfg.models)}; placement {cfg.placement.mode}")
+    pol = cfg.policy
+    c.print(f"policy: {pol.kind} thresholds {pol.thresholds or '-'} table {pol.table or '-'}; router {cfg.router.name}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    run_app(app, "tr", argv)
+
+
+if __name__ == "__main__":
+    main()

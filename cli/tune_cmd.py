@@ -1,0 +1,121 @@
+"""`trsim tune`: choose delayed-batching thresholds per concurrency and write a deployment config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from tokenrouter.cli.common import parse_list
+from tokenrouter.cli.run_cmd import sim_config_from_flags
+from tokenrouter.sim.tune import tune_point
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("tune")
+    def tune(
+        out: Annotated[Path, typer.Option("--out", "-o", help="Deployment YAML to write.")] = Path("serve.yaml"),
+        hop_rate: Annotated[float, typer.Option("--hop-rate", "-p", help="Expected hop rate.")] = 0.1,
+        concurrency: Annotated[
+            str, typer.Option("--concurrency", "-n", help="Concurrencies to tune, e.g. 1,2,4,8,16")
+        ] = "1,2,4,8,16",
+        small: Annotated[str, typer.Option(help="Small (entry) model.")] = "qwen3-0.6b",
+        large: Annotated[str, typer.Option(help="Large model.")] = "qwen3-32b",
+        placement: Annotated[str, typer.Option(help="mps | separate | cross-host")] = "mps",
+        workload: Annotated[str, typer.Option(help="Workload the check runs.")] = "low-effort",
+        num_requests: Annotated[int, typer.Option(help="Requests per simulator check (default 4N, >= 32).")] = 0,
+        router: Annotated[str, typer.Option(help="r2r | citer | co-llm | r-stitch | markov")] = "r2r",
+        return_prob: Annotated[float, typer.Option(help="r-stitch return probability.")] = 1.0,
+        profile: Annotated[str, typer.Option(help="Profile name or JSON file.")] = "h200",
+        top: Annotated[int, typer.Option(help="Markov candidates checked in the simulator per N.")] = 3,
+        seed: Annotated[int, typer.Option(help="Seed.")] = 0,
+        max_output: Annotated[int | None, typer.Option(help="Cap output lengths.")] = None,
+    ) -> None:
+        """For each N: B* from the Markov model, the top candidates checked in the simulator; the measured best
+        goes into the config's B(N) table, which `tr serve --config` follows as live concurrency changes."""
+        ns = sorted(set(parse_list(concurrency, int, "--concurrency")))
+        if ns[0] < 1:
+            raise ValueError("--concurrency values must be >= 1")
+        console = Console(stderr=True)
+        points = []
+        cols = (TextColumn("tune N={task.fields[n]}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        cfg = None
+        with Progress(*cols, console=console) as bar:
+            task = bar.add_task("tune", total=len(ns), n=ns[0])
+            for n in ns:
+                bar.update(task, n=n)
+                cfg, _ = sim_config_from_flags(
+                    hop_rate=hop_rate,
+                    concurrency=n,
+                    small=small,
+                    large=large,
+                    models=None,
+                    policy="delayed",
+                    thresholds="1,1",
+                    placement=placement,
+                    workload=workload,
+                    num_requests=num_requests or max(32, 4 * n),
+                    router=router,
+                    return_prob=return_prob,
+                    trace=None,
+                    profile=profile,
+                    seed=seed,
+                    arrival_rate=None,
+                    max_output=max_output,
+                    graphs=True,
+                    overlap=True,
+                    page_size=16,
+                    max_batch_size=256,
+                    max_batch_tokens=16384,
+                    config=None,
+                )
+                points.append(tune_point(cfg, n, top=top))
+                bar.advance(task)
+        assert cfg is not None
+        dep = cfg.deployment
+        dep.policy.table = {p.concurrency: list(p.best) for p in points}
+        dep.policy.thresholds = list(points[-1].best)
+        buckets = sorted({1, 2, 4, 8, 16, 24, 32, 48, 64} | {b for b in (ns[-1],)})
+        for m in dep.models:
+            m.graph_buckets = [b for b in buckets if b <= max(8, 2 * ns[-1])]
+        dep.notes = {
+            "tuned_by": "trsim tune",
+            "hop_rate": hop_rate,
+            "workload": workload,
+            "profile": profile,
+            "points": [
+                {
+                    "N": p.concurrency,
+                    "markov_B": list(p.prediction.thresholds),
+                    "markov_tok_s": round(p.prediction.throughput, 1),
+                    "chosen_B": list(p.best),
+                    "sim_tok_s": round(p.best_throughput, 1),
+                }
+                for p in points
+            ],
+        }
+        dep.save(out)
+        t = Table(title=f"trsim tune: {small} + {large}, hop rate {hop_rate}, {placement}, {workload}")
+        for col in ("N", "Markov B*", "Markov tok/s", "sim tok/s @B*", "chosen B", "sim tok/s", "eager tok/s"):
+            t.add_column(col, justify="right")
+        eager = (1, 1)
+        for p in points:
+            t.add_row(
+                str(p.concurrency),
+                _b(p.prediction.thresholds),
+                f"{p.prediction.throughput:,.0f}",
+                f"{p.simulated[p.prediction.thresholds]:,.0f}",
+                _b(p.best),
+                f"{p.best_throughput:,.0f}",
+                f"{p.simulated.get(eager, float('nan')):,.0f}",
+            )
+        Console().print(t)
+        Console().print(f"wrote {out}")
+
+
+def _b(b: tuple[int, ...]) -> str:
+    return ",".join(map(str, b))

@@ -1,0 +1,113 @@
+"""Threshold tuning: the Markov model proposes B per concurrency, the simulator checks it.
+
+The Markov model (core/markov.py) assumes geometric hops and a step time that depends on batch size only;
+here that L_i(b) comes from the deployment's cost model at the workload's mean context, so a prediction
+is cheap. The simulator then runs the top candidates with the real length distributions, context growth,
+prefills, message latency and MPS interference, and the measured best wins.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tokenrouter.calibration.cost import CostModel
+from tokenrouter.calibration.profile import load_profile
+from tokenrouter.core.markov import MarkovModel, r2r_preset, rstitch_preset
+from tokenrouter.sim.run import SimConfig, SimResult, run_sim
+from tokenrouter.workloads import make_workload
+
+DELTA_MS = 0.1
+
+
+@dataclass(slots=True)
+class Prediction:
+    thresholds: tuple[int, ...]
+    throughput: float  # tok/s, Markov model
+    ranked: list[tuple[tuple[int, ...], float]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class TunePoint:
+    concurrency: int
+    prediction: Prediction
+    simulated: dict[tuple[int, ...], float]  # thresholds -> steady throughput in the DES
+    best: tuple[int, ...]
+
+    @property
+    def best_throughput(self) -> float:
+        return self.simulated[self.best]
+
+
+def routing_matrices(cfg: SimConfig) -> tuple[np.ndarray, np.ndarray]:
+    rc = cfg.deployment.router
+    if len(cfg.deployment.models) != 2:
+        raise ValueError("automatic thresholds model two models (small, large); pass --thresholds for more")
+    if rc.name in ("r2r", "citer", "co-llm", "hop-rate"):
+        return r2r_preset(rc.hop_rate)
+    if rc.name == "r-stitch":
+        return rstitch_preset(rc.hop_rate, rc.return_prob)
+    if rc.name == "markov" and rc.mean_small_run and rc.mean_large_run:
+        return rstitch_preset(1.0 / rc.mean_small_run, 1.0 / rc.mean_large_run)
+    raise ValueError(
+        f"automatic thresholds need a geometric router (r2r, citer, co-llm, r-stitch, markov), "
+        f"not {rc.name!r}: pass --thresholds"
+    )
+
+
+def step_time_fns(cfg: SimConfig) -> list[Callable[[int], float]]:
+    """L_i(b) in ms: b decode rows at the workload's mean context, plus router/scheduler overheads and, when
+    the models share a GPU, the MPS slowdown (they run concurrently most of the time)."""
+    dep = cfg.deployment
+    names = [m.name for m in dep.models]
+    cost = cfg.cost if cfg.cost is not None else CostModel(load_profile(dep.profile), dep.placement.mode, models=names)
+    specs = make_workload(cfg.workload, min(cfg.num_requests, 256), cfg.seed, max_output=cfg.max_output)
+    ctx = float(np.mean([s.prompt_len + s.output_len / 2 for s in specs]))
+    corun = dep.placement.mode == "mps"
+    fns = []
+    for i, mc in enumerate(dep.models):
+        mcost = cost.for_model(i)
+        extra = cost.router_ms(i) + (0.0 if dep.scheduler.overlap else cost.sched_ms(i))
+
+        def f(b: int, _c=mcost, _x=extra, _g=mc.cuda_graphs) -> float:
+            return _c.step_ms_from(b, b, 0, int(b * ctx), graph=_g, corunning=corun) + _x
+
+        fns.append(f)
+    return fns
+
+
+def predict_thresholds(cfg: SimConfig, concurrency: int | None = None) -> Prediction:
+    n = concurrency or cfg.concurrency
+    P, C = routing_matrices(cfg)
+    model = MarkovModel.create(step_time_fns(cfg), P, C, n, delta_ms=DELTA_MS)
+    search = model.best_thresholds()
+    ranked = [(r.thresholds, r.throughput_tok_s) for r in search.ranked()]
+    return Prediction(tuple(search.best), float(search.best_throughput_tok_s), ranked)
+
+
+def simulate_thresholds(cfg: SimConfig, thresholds: tuple[int, ...]) -> SimResult:
+    c = copy.copy(cfg)
+    c.deployment = copy.deepcopy(cfg.deployment)
+    c.deployment.policy.kind = "delayed"
+    c.deployment.policy.thresholds = list(thresholds)
+    return run_sim(c)
+
+
+def tune_point(cfg: SimConfig, concurrency: int, top: int = 3) -> TunePoint:
+    """B* for one concurrency: Markov top-k plus eager (1,..,1), each checked in the simulator."""
+    c = copy.copy(cfg)
+    c.concurrency = concurrency
+    pred = predict_thresholds(c)
+    cands = [b for b, _ in pred.ranked[:top]]
+    eager = (1,) * len(cfg.deployment.models)
+    if eager not in cands:
+        cands.append(eager)
+    simulated = {}
+    for b in cands:
+        s = simulate_thresholds(c, b).summary
+        simulated[b] = s.get("steady_output_throughput_tok_s", s["output_throughput_tok_s"])
+    best = max(simulated, key=lambda b: (simulated[b], b == pred.thresholds))
+    return TunePoint(concurrency, pred, simulated, best)

@@ -1,0 +1,170 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tokenrouter.cli import tr, trsim
+
+FAST = ["--workload", "fixed:16,40", "--num-requests", "8", "--concurrency", "4"]
+
+
+def call(main, argv: list[str], capsys) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    out = capsys.readouterr()
+    return int(e.value.code or 0), out.out, out.err
+
+
+def assert_one_line_error(rc: int, err: str, needle: str) -> None:
+    assert rc == 2
+    assert "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1, err
+    assert needle in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["run", "--hop-rate", "1.5"], "--hop-rate must be in [0, 1]"),
+        (["run", "--hop-rate", "-0.1"], "--hop-rate must be in [0, 1]"),
+        (["run", "--thresholds", "4,5", "--concurrency", "4"], "infeasible"),
+        (["run", "--thresholds", "1,2,3"], "one value per model"),
+        (["run", "--workload", "medium-effort"], "medium-effort"),
+        (["run", "--policy", "fastest"], "fastest"),
+        (["run", "--placement", "moon"], "moon"),
+        (["run", "--concurrency", "0"], "concurrency"),
+        (["run", "--hop-rate", "abc"], "--hop-rate"),
+        (["run", "--no-such-flag"], "no-such-flag"),
+        (["model", "--step-ms", "6,27.9", "--hop-prob", "2", "--concurrency", "4"], "error"),
+        (["model", "--step-ms", "6,27.9", "--hop-prob", "0.3", "--concurrency", "4", "--thresholds", "4,4"], "error"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(argv, needle, capsys):
+    rc, _, err = call(trsim.main, argv, capsys)
+    assert_one_line_error(rc, err, needle)
+
+
+def test_malformed_profile_file(tmp_path: Path, capsys):
+    bad = tmp_path / "broken.json"
+    bad.write_text('{"schema_version": 1, "kind": "measured"')
+    rc, _, err = call(trsim.main, ["run", "--profile", str(bad), *FAST], capsys)
+    assert_one_line_error(rc, err, "broken.json")
+
+
+def test_malformed_trace_file(tmp_path: Path, capsys):
+    bad = tmp_path / "hops.jsonl"
+    bad.write_text(
+        '{"id": "a", "prompt_len": 10, "runs": [[0, 3]]}\n{"id": "b", "prompt_len": 10, "runs": [[0, -2]]}\n'
+    )
+    rc, _, err = call(trsim.main, ["run", "--router", "trace", "--workload", str(bad), "--thresholds", "1,1"], capsys)
+    assert_one_line_error(rc, err, "hops.jsonl:2")
+
+
+def test_run_prints_table_and_writes_json_csv_plot(tmp_path: Path, capsys):
+    j, c, p = tmp_path / "r.json", tmp_path / "r.csv", tmp_path / "r.png"
+    rc, out, _ = call(trsim.main, ["run", *FAST, "--json", str(j), "--csv", str(c), "--plot", str(p)], capsys)
+    assert rc == 0
+    assert "output throughput tok/s" in out and "ANALYTIC" in out and "thresholds B" in out
+    rec = json.loads(j.read_text())
+    assert rec["requests_completed"] == 8 and rec["total_output_tokens"] == 8 * 40
+    assert rec["profile_kind"] == "analytic"
+    assert len(c.read_text().strip().splitlines()) == 9
+    assert p.stat().st_size > 10_000
+
+
+def test_run_json_to_stdout_is_pure_json(capsys):
+    rc, out, _ = call(trsim.main, ["run", *FAST, "--thresholds", "1,2", "--json", "-"], capsys)
+    assert rc == 0 and json.loads(out)["thresholds"] == "1,2"
+
+
+def test_model_prints_number_last(capsys):
+    argv = [
+        "model",
+        "--step-ms",
+        "6.0,27.9",
+        "--hop-prob",
+        "0.35",
+        "--concurrency",
+        "4",
+        "--thresholds",
+        "1,3",
+        "--delta-ms",
+        "0.1",
+    ]
+    rc, out, _ = call(trsim.main, argv, capsys)
+    assert rc == 0 and float(out.strip().splitlines()[-1]) > 0
+
+
+def test_sweep_writes_grid(tmp_path: Path, capsys):
+    out_csv, png = tmp_path / "s.csv", tmp_path / "s.png"
+    argv = [
+        "sweep",
+        "-o",
+        str(out_csv),
+        "--plot",
+        str(png),
+        "--hop-rate",
+        "0.05,0.2",
+        "--policy",
+        "eager,delayed",
+        "--thresholds",
+        "1,2",
+        "--workload",
+        "fixed:16,30",
+        "--num-requests",
+        "8",
+        "--concurrency",
+        "4",
+    ]
+    rc, _, _ = call(trsim.main, argv, capsys)
+    assert rc == 0
+    import pandas as pd
+
+    df = pd.read_csv(out_csv)
+    assert len(df) == 4 and set(df["arg_policy"]) == {"eager", "delayed"}
+    assert png.stat().st_size > 10_000
+
+
+def test_tune_writes_config_that_tr_accepts_and_trsim_runs(tmp_path: Path, capsys):
+    cfg = tmp_path / "serve.yaml"
+    argv = [
+        "tune",
+        "-o",
+        str(cfg),
+        "--concurrency",
+        "2,4",
+        "--workload",
+        "fixed:16,60",
+        "--num-requests",
+        "16",
+        "--top",
+        "2",
+    ]
+    rc, out, _ = call(trsim.main, argv, capsys)
+    assert rc == 0 and "chosen B" in out
+    data = yaml.safe_load(cfg.read_text())
+    assert set(data["policy"]["table"]) == {2, 4}
+    assert all(sum(b - 1 for b in bs) < n for n, bs in data["policy"]["table"].items())
+    rc, out, _ = call(tr.main, ["check-config", str(cfg)], capsys)
+    assert rc == 0 and "ok" in out
+    rc, out, _ = call(trsim.main, ["run", "--config", str(cfg), *FAST], capsys)
+    assert rc == 0 and "delayed" in out
+
+
+def test_tr_check_config_rejects_bad_yaml(tmp_path: Path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("models: [{name: qwen3-0.6b}]\nplacement: {mode: moon}\n")
+    rc, _, err = call(tr.main, ["check-config", str(bad)], capsys)
+    assert_one_line_error(rc, err, "moon")
+
+
+def test_console_scripts_installed():
+    out = subprocess.run(
+        [sys.executable, "-m", "tokenrouter.cli.trsim", "run", "--hop-rate", "7"], capture_output=True, text=True
+    )
+    assert out.returncode == 2 and "Traceback" not in out.stderr

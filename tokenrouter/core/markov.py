@@ -1,0 +1,355 @@
+"""Markov-chain throughput model of delayed batching (DESIGN section 9; TokenRouter paper, appendix D).
+
+Closed loop: N requests circulate among M models forever. Model i runs a batch in L_i(b) ms; when a batch of b
+requests completes, each request independently moves to model j with probability p_ij (j = i re-enters i's
+queue) and c_ij tokens are committed per request routed i -> j. Model i launches only when idle, only at a
+completion instant, and only when at least B_i requests wait; it then takes *all* waiting requests. At one
+instant all completions are routed first, then launches happen. Start: all N requests waiting at model 0.
+
+Time is quantized: d_i(b) = max(1, round(L_i(b) / delta)) quanta (round half up). Step times that are
+multiples of delta are therefore exact; otherwise each step is off by at most delta/2 (reported as
+`max_step_error_ms`). The gcd g of all d_i(b) is factored out (quantum delta * g): exact, since every event time
+is an integer combination of step times, so the order of events is unchanged and only the state count shrinks.
+
+Throughput (DESIGN): T(B) = sum_s pi(s) sum_{i in A(s)} sum_j b_i c_ij p_ij / sum_s pi(s) tau(s), with pi the
+stationary distribution of the embedded chain at completion epochs; computed here on the equivalent
+pre-completion chain described in `markov_search`. If the reachable chain has several closed classes (only
+possible with degenerate routing), results are the long-run averages expected from the start state: each
+class's ratio weighted by its absorption probability.
+
+Feasible thresholds: B in {1..N}^M with sum_i (B_i - 1) < N, so that some model can always launch (deadlock
+guard). `tokenrouter.core` stays pure: numpy and scipy only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+
+from tokenrouter.core.markov_search import (
+    DEFAULT_MAX_STATES,
+    ExploredChains,
+    class_distributions,
+    explore,
+    stationary_distribution,
+)
+
+StepSpec = float | Sequence[float] | Callable[[int], float]
+"""Step time of one model in ms: a constant, L(b) for b = 1..N as a sequence (index b - 1), or a callable."""
+
+_ROW_TOL = 1e-9
+
+
+@dataclass(slots=True, frozen=True)
+class StepQuanta:
+    """Quantized step times. `quanta[i, b]` = d_i(b) / g for b = 1..N (column 0 unused, 0)."""
+
+    quanta: np.ndarray
+    delta_ms: float
+    gcd: int
+    max_step_error_ms: float
+
+    @property
+    def delta_eff_ms(self) -> float:
+        """Effective (exact) quantum after factoring out the gcd."""
+        return self.delta_ms * self.gcd
+
+
+@dataclass(slots=True)
+class ThroughputResult:
+    """Long-run metrics of one threshold vector. Per-model tuples are indexed by model.
+
+    `mean_batch`: mean size of launched batches (0 if the model never runs); `busy_fraction`: fraction of time
+    a batch is running; `mean_queue` / `mean_running`: time-average waiting / running requests;
+    `batches_per_s`: completion rate.
+    """
+
+    thresholds: tuple[int, ...]
+    throughput_tok_s: float
+    mean_batch: tuple[float, ...]
+    busy_fraction: tuple[float, ...]
+    mean_queue: tuple[float, ...]
+    mean_running: tuple[float, ...]
+    batches_per_s: tuple[float, ...]
+    n_states: int
+    delta_eff_ms: float
+
+
+@dataclass(slots=True)
+class ThresholdSearch:
+    """B* = argmax T(B) over the feasible set; `results` lists every feasible B in lexicographic order."""
+
+    best: tuple[int, ...]
+    best_throughput_tok_s: float
+    results: list[ThroughputResult]
+
+    def ranked(self) -> list[ThroughputResult]:
+        """Results by decreasing throughput, ties by B (lexicographic)."""
+        return sorted(self.results, key=lambda res: (-res.throughput_tok_s, res.thresholds))
+
+
+@dataclass(slots=True)
+class MarkovChain:
+    """The embedded (pre-completion) chain of one threshold vector, for inspection and tests.
+
+    Rows of `transition` sum to 1; `pi` is a stationary distribution (sums to 1, nonnegative); `k`, `b`, `r`
+    are the states (r in quanta of `delta_eff_ms`, relative to the completion instant).
+    """
+
+    transition: sp.csr_matrix
+    pi: np.ndarray
+    start: int
+    k: np.ndarray
+    b: np.ndarray
+    r: np.ndarray
+    result: ThroughputResult
+
+
+def r2r_preset(hop_prob: float) -> tuple[np.ndarray, np.ndarray]:
+    """(P, C) for R2R-like routing: model 0 small, model 1 large.
+
+    After a small-model step the request hops with probability p; the small token is then dropped
+    (c_01 = 0), the large model regenerates it and hands back after one token, committed on return
+    (p_10 = 1, c_10 = 1). Without a hop the small token is committed (c_00 = 1).
+    """
+    p = _probability(hop_prob, "hop probability")
+    return np.array([[1 - p, p], [1.0, 0.0]]), np.array([[1.0, 0.0], [1.0, 0.0]])
+
+
+def rstitch_preset(hop_prob: float, return_prob: float) -> tuple[np.ndarray, np.ndarray]:
+    """(P, C) for R-Stitch-like routing: a geometric run on the large model.
+
+    Small model 0 hops with probability p and its token is dropped (c_01 = 0). The large model commits every
+    token it writes (c_10 = c_11 = 1) and hands back after each step with probability q, so its run length
+    is Geometric(q) with mean 1/q. q = 1 is R2R.
+    """
+    p = _probability(hop_prob, "hop probability")
+    q = _probability(return_prob, "return probability")
+    return np.array([[1 - p, p], [q, 1 - q]]), np.array([[1.0, 0.0], [1.0, 1.0]])
+
+
+def _probability(x: float, name: str) -> float:
+    x = float(x)
+    if not 0.0 <= x <= 1.0:
+        raise ValueError(f"{name} must be in [0, 1], got {x}")
+    return x
+
+
+def quantize_steps(step_ms: Sequence[StepSpec], concurrency: int, delta_ms: float = 0.1) -> StepQuanta:
+    """Round every L_i(b), b = 1..N, to d_i(b) = max(1, round(L_i(b) / delta)) and factor out their gcd."""
+    if not (math.isfinite(delta_ms) and delta_ms > 0):
+        raise ValueError(f"delta must be a positive number of ms, got {delta_ms}")
+    n = _check_concurrency(concurrency)
+    table = np.array([_step_table(spec, n, i) for i, spec in enumerate(step_ms)], dtype=float).reshape(-1, n)
+    d = np.maximum(1, np.floor(table / delta_ms + 0.5)).astype(np.int64)
+    g = int(np.gcd.reduce(d.ravel()))
+    quanta = np.zeros((len(table), n + 1), dtype=np.int64)
+    quanta[:, 1:] = d // g
+    err = float(np.abs(d * delta_ms - table).max())
+    # Float noise (27.9 / 0.1 = 278.99999999999994) is not a rounding error worth reporting.
+    return StepQuanta(quanta, float(delta_ms), g, err if err > 1e-9 * float(table.max()) else 0.0)
+
+
+def _step_table(spec: StepSpec, n: int, i: int) -> np.ndarray:
+    if callable(spec):
+        values = np.array([float(spec(b)) for b in range(1, n + 1)])
+    elif np.ndim(spec) == 0:
+        values = np.full(n, float(spec))  # type: ignore[arg-type]
+    else:
+        values = np.asarray(spec, dtype=float).ravel()
+        if len(values) < n:
+            raise ValueError(f"step times of model {i} give {len(values)} batch sizes, need {n} (b = 1..N)")
+        values = values[:n]
+    if not (np.isfinite(values).all() and (values > 0).all()):
+        raise ValueError(f"step times of model {i} must be positive and finite")
+    return values
+
+
+def _check_concurrency(concurrency: int) -> int:
+    if isinstance(concurrency, bool) or int(concurrency) != concurrency or concurrency < 1:
+        raise ValueError(f"concurrency must be a positive integer, got {concurrency}")
+    return int(concurrency)
+
+
+def feasible_thresholds(num_models: int, concurrency: int) -> list[tuple[int, ...]]:
+    """All B in {1..N}^M with sum_i (B_i - 1) < N, in lexicographic order."""
+    n = _check_concurrency(concurrency)
+
+    def rec(left: int, budget: int) -> Iterator[tuple[int, ...]]:
+        # budget = how much sum_i (B_i - 1) may still grow while staying < N
+        if left == 0:
+            yield ()
+            return
+        for extra in range(min(budget, n - 1) + 1):
+            for rest in rec(left - 1, budget - extra):
+                yield (1 + extra, *rest)
+
+    return list(rec(num_models, n - 1))
+
+
+@dataclass(slots=True, frozen=True)
+class MarkovModel:
+    """Validated model inputs; build with `MarkovModel.create`."""
+
+    step: StepQuanta
+    routing: np.ndarray
+    commit: np.ndarray
+    concurrency: int
+
+    @classmethod
+    def create(
+        cls,
+        step_ms: Sequence[StepSpec],
+        routing: np.ndarray | Sequence[Sequence[float]],
+        commit: np.ndarray | Sequence[Sequence[float]],
+        concurrency: int,
+        delta_ms: float = 0.1,
+    ) -> MarkovModel:
+        p = np.asarray(routing, dtype=float)
+        c = np.asarray(commit, dtype=float)
+        m = len(step_ms)
+        if m < 1 or p.shape != (m, m) or c.shape != (m, m):
+            raise ValueError(f"routing and commit must be {m}x{m} for {m} step times, got {p.shape} and {c.shape}")
+        if not (np.isfinite(p).all() and (p >= 0).all() and np.allclose(p.sum(axis=1), 1.0, atol=_ROW_TOL)):
+            raise ValueError("routing rows must be nonnegative and sum to 1")
+        if not (np.isfinite(c).all() and (c >= 0).all()):
+            raise ValueError("commit matrix must be nonnegative and finite")
+        step = quantize_steps(step_ms, concurrency, delta_ms)
+        return cls(step, p / p.sum(axis=1, keepdims=True), c, int(concurrency))
+
+    @property
+    def num_models(self) -> int:
+        return self.routing.shape[0]
+
+    def check_thresholds(self, thresholds: Sequence[int]) -> tuple[int, ...]:
+        """Validate B (length M, integers in 1..N, sum_i (B_i - 1) < N); raise ValueError otherwise."""
+        n, m = self.concurrency, self.num_models
+        if len(thresholds) != m:
+            raise ValueError(f"need {m} thresholds, got {len(thresholds)}")
+        if any(isinstance(x, bool) or int(x) != x or not 1 <= x <= n for x in thresholds):
+            raise ValueError(f"thresholds must be integers in 1..{n}, got {tuple(thresholds)}")
+        b = tuple(int(x) for x in thresholds)
+        if sum(x - 1 for x in b) >= n:
+            raise ValueError(f"thresholds {b} can deadlock: need sum(B_i - 1) < N = {n}")
+        return b
+
+    def evaluate(
+        self, thresholds: Sequence[Sequence[int]], max_states: int = DEFAULT_MAX_STATES
+    ) -> list[ThroughputResult]:
+        """Results for several threshold vectors, explored together (faster than one by one)."""
+        return [ch.result for ch in self._chains(thresholds, max_states, keep=False)]
+
+    def throughput(self, thresholds: Sequence[int], max_states: int = DEFAULT_MAX_STATES) -> ThroughputResult:
+        return self.evaluate([thresholds], max_states)[0]
+
+    def chain(self, thresholds: Sequence[int], max_states: int = DEFAULT_MAX_STATES) -> MarkovChain:
+        return self._chains([thresholds], max_states, keep=True)[0]
+
+    def best_thresholds(self, chunk: int = 256, max_states: int = DEFAULT_MAX_STATES) -> ThresholdSearch:
+        """Evaluate the whole feasible set (in chunks of `chunk` threshold vectors) and pick B*.
+
+        Ties (within a relative 1e-9) go to the lexicographically smallest B.
+        """
+        cands = feasible_thresholds(self.num_models, self.concurrency)
+        results: list[ThroughputResult] = []
+        for lo in range(0, len(cands), chunk):
+            results.extend(self.evaluate(cands[lo : lo + chunk], max_states))
+        top = max(res.throughput_tok_s for res in results)
+        best = next(res for res in results if res.throughput_tok_s >= top * (1 - 1e-9))
+        return ThresholdSearch(best.thresholds, best.throughput_tok_s, results)
+
+    def _chains(self, thresholds: Sequence[Sequence[int]], max_states: int, keep: bool) -> list[MarkovChain]:
+        thr = [self.check_thresholds(b) for b in thresholds]
+        commit_mean = (self.commit * self.routing).sum(axis=1)
+        ex = explore(self.step.quanta, self.routing, commit_mean, self.concurrency, np.array(thr), max_states)
+        order = np.argsort(ex.src, kind="stable")  # edges grouped by source, hence by block
+        src, dst, prob = ex.src[order], ex.dst[order], ex.prob[order]
+        edge_off = np.searchsorted(src, ex.offsets)
+        out = []
+        for g, b in enumerate(thr):
+            lo, hi = int(ex.offsets[g]), int(ex.offsets[g + 1])
+            e = slice(edge_off[g], edge_off[g + 1])
+            n = hi - lo
+            t = sp.csr_matrix((prob[e], (src[e] - lo, dst[e] - lo)), shape=(n, n))
+            weights = class_distributions(t, int(ex.start[g]) - lo)
+            result = self._metrics(b, ex, lo, hi, weights)
+            pi = sum(w * p for w, p in weights) if keep else np.empty(0)
+            blk = slice(lo, hi)
+            out.append(MarkovChain(t, pi, int(ex.start[g]) - lo, ex.k[blk], ex.b[blk], ex.r[blk], result))
+        return out
+
+    def _metrics(
+        self, b: tuple[int, ...], ex: ExploredChains, lo: int, hi: int, weights: list[tuple[float, np.ndarray]]
+    ) -> ThroughputResult:
+        """Renewal-reward ratios (reward per unit time) per closed class, mixed by absorption probability."""
+        blk = slice(lo, hi)
+        rewards = [ex.busy[blk], ex.queue[blk], ex.running[blk], ex.done[blk], ex.done_size[blk]]
+        tokens = 0.0
+        rates = np.zeros((len(rewards), self.num_models))  # per quantum of time
+        for w, pi in weights:
+            time = pi @ ex.tau[blk]
+            tokens += w * (pi @ ex.tokens[blk]) / time
+            rates += w * np.array([pi @ rew for rew in rewards]) / time
+        busy, queue, running, done, done_size = rates
+        # Mean launched batch = rate of requests completed / rate of batches completed (0 if never launched).
+        mean_batch = np.divide(done_size, done, out=np.zeros_like(done), where=done > 0)
+        per_s = 1000.0 / self.step.delta_eff_ms  # rates per quantum -> per second
+
+        def tup(x: np.ndarray) -> tuple[float, ...]:
+            return tuple(float(v) for v in x)
+
+        return ThroughputResult(
+            thresholds=b,
+            throughput_tok_s=float(tokens * per_s),
+            mean_batch=tup(mean_batch),
+            busy_fraction=tup(busy),
+            mean_queue=tup(queue),
+            mean_running=tup(running),
+            batches_per_s=tup(done * per_s),
+            n_states=hi - lo,
+            delta_eff_ms=self.step.delta_eff_ms,
+        )
+
+
+def throughput(
+    step_ms: Sequence[StepSpec],
+    routing: np.ndarray | Sequence[Sequence[float]],
+    commit: np.ndarray | Sequence[Sequence[float]],
+    thresholds: Sequence[int],
+    concurrency: int,
+    delta_ms: float = 0.1,
+) -> ThroughputResult:
+    """T(B) and extras for one threshold vector; see the module docstring for the semantics."""
+    return MarkovModel.create(step_ms, routing, commit, concurrency, delta_ms).throughput(thresholds)
+
+
+def best_thresholds(
+    step_ms: Sequence[StepSpec],
+    routing: np.ndarray | Sequence[Sequence[float]],
+    commit: np.ndarray | Sequence[Sequence[float]],
+    concurrency: int,
+    delta_ms: float = 0.1,
+) -> ThresholdSearch:
+    """B* = argmax T(B) over the feasible set, with the full table."""
+    return MarkovModel.create(step_ms, routing, commit, concurrency, delta_ms).best_thresholds()
+
+
+__all__ = [
+    "MarkovChain",
+    "MarkovModel",
+    "StepQuanta",
+    "StepSpec",
+    "ThresholdSearch",
+    "ThroughputResult",
+    "best_thresholds",
+    "feasible_thresholds",
+    "quantize_steps",
+    "r2r_preset",
+    "rstitch_preset",
+    "stationary_distribution",
+    "throughput",
+]

@@ -1,0 +1,373 @@
+"""Reachable-state search and stationary solve for the Markov throughput model (DESIGN section 9).
+
+This module is the vectorized engine behind `markov.throughput` / `markov.best_thresholds` (see `markov.py`
+for the model's semantics). It works on plain integer arrays and knows nothing about milliseconds or presets.
+
+Embedded chain. States are taken at batch-completion instants, *just before* the completing batches are
+routed ("pre-completion" states). Per model i a state holds (k_i waiting, b_i running, r_i residual) with the
+residuals shifted so that the completing models have r_i = 0 (relabelling relative to the minimum). One
+transition = route every completing batch (independent multinomials), then launch every idle model whose
+queue reached its threshold (it takes all waiting requests, residual d_i(b_i)), then advance time to the next
+completion (tau = min running residual) and shift residuals by tau.
+
+This is the DESIGN's post-launch chain composed with a deterministic map (post-launch state s ->
+advance(s)); renewal-reward gives the same long-run throughput, but it is smaller: a lone running model's
+residual is forgotten once it is the only thing left to happen. Holding times are attached to transitions
+(tau of the post-launch state in between), and every per-state "reward" below is an expectation over the
+state's outgoing transitions.
+
+All thresholds of a search are explored together in one level-synchronous BFS (the threshold index is part of
+the state key), so numpy's per-call overhead is paid once per BFS level instead of once per level and per B.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+import scipy.sparse.linalg as spla
+from scipy.sparse.csgraph import connected_components
+from scipy.special import gammaln
+
+# States beyond this many in one exploration most likely mean the quantum is far too fine for the horizon.
+DEFAULT_MAX_STATES = 2_000_000
+_DENSE_LIMIT = 400  # below this many states a dense solve beats SuperLU's setup cost
+_INT_KEY_LIMIT = 2.0**62  # states pack into one int64 key while the mixed radix stays below this
+
+
+@dataclass(slots=True)
+class ExploredChains:
+    """Reachable pre-completion states and transitions for a list of threshold vectors (block-diagonal).
+
+    States are numbered so that the states of threshold vector g occupy `offsets[g]:offsets[g+1]`.
+    Invariants: every state has at least one completing model (a running model with residual 0); `src`
+    rows' probabilities sum to 1 per state (duplicates (src, dst) are possible and must be summed).
+    Per-state rewards are expectations over the next transition, in quanta and requests:
+    `tokens` committed by the completions, `tau` time to the next completion, `done` batches completed and
+    `done_size` requests in them, and time integrals `busy`, `queue`, `running` (per model) over that interval.
+    """
+
+    k: np.ndarray  # (n, M) waiting requests
+    b: np.ndarray  # (n, M) running batch size (0 = idle)
+    r: np.ndarray  # (n, M) residual in quanta, relative to this completion instant
+    offsets: np.ndarray  # (G+1,) state blocks per threshold vector
+    start: np.ndarray  # (G,) global id of the first embedded state of each block
+    src: np.ndarray  # (E,) transition sources (global ids)
+    dst: np.ndarray  # (E,)
+    prob: np.ndarray  # (E,)
+    tokens: np.ndarray  # (n,)
+    tau: np.ndarray  # (n,)
+    done: np.ndarray  # (n, M)
+    done_size: np.ndarray  # (n, M)
+    busy: np.ndarray  # (n, M)
+    queue: np.ndarray  # (n, M)
+    running: np.ndarray  # (n, M)
+
+
+def multinomial_outcomes(routing: np.ndarray, n_max: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Tables of Multinomial(b; p_i.) outcomes for every model i and batch size b = 0..n_max.
+
+    Returns (counts, probs, start, count): flat outcome table `counts` (E, M) / `probs` (E,) and, per (i, b),
+    the first row `start[i, b]` and number `count[i, b]` of its outcomes. Only destinations with p_ij > 0
+    appear, so zero-probability outcomes never create states. Row 0 of the table is the null outcome
+    (no requests, probability 1), used for models that are not completing.
+    """
+    m = routing.shape[0]
+    counts: list[np.ndarray] = [np.zeros((1, m), dtype=np.int64)]
+    probs: list[np.ndarray] = [np.ones(1)]
+    start = np.zeros((m, n_max + 1), dtype=np.int64)
+    count = np.zeros((m, n_max + 1), dtype=np.int64)
+    row = 1
+    for i in range(m):
+        support = np.flatnonzero(routing[i] > 0)
+        logp = np.log(routing[i, support])
+        for b in range(n_max + 1):
+            comp = _compositions(b, len(support))
+            full = np.zeros((len(comp), m), dtype=np.int64)
+            full[:, support] = comp
+            logpmf = gammaln(b + 1) - gammaln(comp + 1).sum(axis=1) + (comp * logp).sum(axis=1)
+            counts.append(full)
+            probs.append(np.exp(logpmf))
+            start[i, b], count[i, b] = row, len(comp)
+            row += len(comp)
+    return np.concatenate(counts), np.concatenate(probs), start, count
+
+
+def _compositions(total: int, parts: int) -> np.ndarray:
+    """All nonnegative integer vectors of length `parts` summing to `total`, one per row."""
+    if parts == 1:
+        return np.array([[total]], dtype=np.int64)
+    rows = [
+        np.column_stack([np.full(len(sub), first), sub])
+        for first in range(total, -1, -1)
+        for sub in [_compositions(total - first, parts - 1)]
+    ]
+    return np.concatenate(rows)
+
+
+class _KeyIndex:
+    """Maps state rows (threshold index, k[M], b[M], r[M]) to dense ids, in discovery order.
+
+    Rows are packed into one int64 when the mixed radix fits, else hashed as tuples (slower, any size).
+    """
+
+    def __init__(self, m: int, n: int, d_max: int, n_groups: int) -> None:
+        radix = [n_groups] + [n + 1] * (2 * m) + [d_max + 1] * m
+        self.weights: np.ndarray | None = None
+        if float(np.prod(np.array(radix, dtype=float))) < _INT_KEY_LIMIT:
+            w = np.cumprod([1, *radix[:0:-1]])[::-1]  # weight of each column, last column fastest
+            self.weights = np.asarray(w, dtype=np.int64)
+        self.ids: dict = {}
+
+    def keys(self, rows: np.ndarray) -> list:
+        return [tuple(r) for r in rows.tolist()]
+
+    def lookup_or_add(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Ids for `rows` (new states get the next ids); returns (ids, row indices of the new states)."""
+        if self.weights is None:
+            pos: dict = {}
+            first_l: list[int] = []
+            inverse = np.empty(len(rows), dtype=np.int64)
+            for j, key in enumerate(self.keys(rows)):
+                u = pos.get(key)
+                if u is None:
+                    u = pos[key] = len(pos)
+                    first_l.append(j)
+                inverse[j] = u
+            uniq, first = list(pos), np.array(first_l, dtype=np.int64)
+        else:
+            # Dedupe in C first: a BFS level reaches the same child from many parents.
+            uniq_arr, first, inverse = np.unique(rows @ self.weights, return_index=True, return_inverse=True)
+            uniq = uniq_arr.tolist()
+        table = self.ids
+        got = np.array([table.get(key, -1) for key in uniq], dtype=np.int64)
+        fresh = np.flatnonzero(got < 0)
+        got[fresh] = np.arange(len(table), len(table) + len(fresh))
+        table.update(zip([uniq[j] for j in fresh.tolist()], got[fresh].tolist(), strict=True))
+        return got[inverse], first[fresh]
+
+
+def explore(
+    quanta: np.ndarray,
+    routing: np.ndarray,
+    commit_mean: np.ndarray,
+    concurrency: int,
+    thresholds: np.ndarray,
+    max_states: int = DEFAULT_MAX_STATES,
+) -> ExploredChains:
+    """BFS over reachable pre-completion states, for every row of `thresholds` (G, M) at once.
+
+    `quanta[i, b]` is model i's step time in quanta for batch size b (column 0 unused); `commit_mean[i]` is
+    sum_j c_ij p_ij, the expected tokens committed per request completing on i. Start: all `concurrency`
+    requests waiting at model 0, launch rule applied, time advanced to the first completion.
+    Thresholds must be feasible (sum_i (B_i - 1) < N), which guarantees some model is always running.
+    """
+    m, n = routing.shape[0], concurrency
+    thr = np.asarray(thresholds, dtype=np.int64).reshape(-1, m)
+    n_groups = len(thr)
+    out_counts, out_probs, out_start, out_count = multinomial_outcomes(routing, n)
+    index = _KeyIndex(m, n, int(quanta.max()), n_groups)
+
+    # Start states: (N, 0, ..) waiting, nothing running; the launch rule then advances to the first completion.
+    k0 = np.zeros((n_groups, m), dtype=np.int64)
+    k0[:, 0] = n
+    g0 = np.arange(n_groups)
+    zeros = np.zeros_like(k0)
+    # The start-up interval is transient and carries no reward, hence its tau is dropped.
+    k, b, r, _, g = _launch_and_advance(k0, zeros, zeros, g0, thr, quanta)
+    rows = np.column_stack([g, k, b, r])
+    start, first = index.lookup_or_add(rows)
+    rows = rows[first]
+    # Invariant: the frontier holds the newest states, ids len(index.ids) - len(front) .. len(index.ids) - 1.
+    all_rows = [rows]
+    src_l: list[np.ndarray] = []
+    dst_l: list[np.ndarray] = []
+    prob_l: list[np.ndarray] = []
+    rew_l: list[np.ndarray] = []
+    front = rows
+    while len(front):
+        lo = len(index.ids) - len(front)
+        g, k, b, r = front[:, 0], front[:, 1 : 1 + m], front[:, 1 + m : 1 + 2 * m], front[:, 1 + 2 * m :]
+        completing = (b > 0) & (r == 0)
+        done_size = np.where(completing, b, 0)
+        # Route every completing batch: expand each state by the product of its models' outcome sets.
+        parent = np.arange(len(front))
+        arrivals = np.zeros((len(front), m), dtype=np.int64)
+        prob = np.ones(len(front))
+        for i in range(m):
+            ci = completing[parent, i]
+            if not ci.any():
+                continue
+            reps = np.where(ci, out_count[i, b[parent, i]], 1)
+            first_out = np.where(ci, out_start[i, b[parent, i]], 0)
+            expand = np.repeat(np.arange(len(parent)), reps)
+            local = np.arange(len(expand)) - np.repeat(np.cumsum(reps) - reps, reps)  # rank inside its group
+            outcome = np.where(ci[expand], first_out[expand] + local, 0)
+            parent = parent[expand]
+            arrivals = arrivals[expand] + out_counts[outcome]
+            prob = prob[expand] * out_probs[outcome]
+        ck, cb, cr, ctau, cg = _launch_and_advance(
+            k[parent] + arrivals, np.where(completing, 0, b)[parent], r[parent], g[parent], thr, quanta
+        )
+        child_rows = np.column_stack([cg, ck, cb, cr])
+        ids, new = index.lookup_or_add(child_rows)
+        if len(index.ids) > max_states:
+            raise RuntimeError(f"Markov state space exceeds {max_states} states; use a coarser delta or fewer requests")
+        # Per-source expected rewards. (ck, cb) is the post-launch state, constant until the next completion.
+        w = prob * ctau
+        nf = len(front)
+        cols = [np.bincount(parent, weights=w, minlength=nf)]
+        for arr in (cb > 0, ck, cb):
+            cols.extend(np.bincount(parent, weights=w * arr[:, i], minlength=nf) for i in range(m))
+        tokens = (done_size * commit_mean).sum(axis=1)
+        rew_l.append(np.column_stack([tokens, *cols, completing.astype(float), done_size.astype(float)]))
+        src_l.append(lo + parent)
+        dst_l.append(ids)
+        prob_l.append(prob)
+        front = child_rows[new]
+        all_rows.append(front)
+
+    states = np.concatenate(all_rows)
+    rew = np.concatenate(rew_l)
+    src, dst, prob = np.concatenate(src_l), np.concatenate(dst_l), np.concatenate(prob_l)
+    # Renumber: each threshold vector's states contiguous, and inside a block by increasing total residual
+    # (then the slowest model's residual, ...). Time only flows down residuals between launches, so in this
+    # order (I - T) is close to triangular and sparse LU with the natural ordering has little fill-in.
+    slow_first = np.argsort(-quanta.max(axis=1), kind="stable")
+    keys = [states[:, 1 : 1 + 2 * m][:, ::-1].T, states[:, 1 + 2 * m :][:, slow_first[::-1]].T]
+    order = np.lexsort(np.vstack([*keys, states[:, 1 + 2 * m :].sum(axis=1), states[:, 0]]))
+    new_id = np.empty_like(order)
+    new_id[order] = np.arange(len(order))
+    states, rew = states[order], rew[order]
+    offsets = np.searchsorted(states[:, 0], np.arange(n_groups + 1))
+    # Reward columns, as appended above: tokens, tau, busy[M], queue[M], running[M], done[M], done_size[M].
+    per_model = [rew[:, 2 + j * m : 2 + (j + 1) * m] for j in range(5)]
+    return ExploredChains(
+        k=states[:, 1 : 1 + m],
+        b=states[:, 1 + m : 1 + 2 * m],
+        r=states[:, 1 + 2 * m :],
+        offsets=offsets,
+        start=new_id[start],
+        src=new_id[src],
+        dst=new_id[dst],
+        prob=prob,
+        tokens=rew[:, 0],
+        tau=rew[:, 1],
+        busy=per_model[0],
+        queue=per_model[1],
+        running=per_model[2],
+        done=per_model[3],
+        done_size=per_model[4],
+    )
+
+
+def _launch_and_advance(
+    k: np.ndarray, b: np.ndarray, r: np.ndarray, g: np.ndarray, thr: np.ndarray, quanta: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Launch rule then advance to the next completion. Rows are states right after routing.
+
+    Every idle model with k_i >= B_i takes all k_i waiting requests (residual quanta[i, k_i]); then
+    tau = min running residual and all running residuals drop by tau. Returns (k, b, r, tau, g).
+    """
+    launch = (b == 0) & (k >= thr[g]) & (k > 0)
+    b = np.where(launch, k, b)
+    r = np.where(launch, quanta[np.arange(k.shape[1]), k], r)
+    k = np.where(launch, 0, k)
+    running = b > 0
+    big = np.iinfo(np.int64).max
+    tau = np.where(running, r, big).min(axis=1)
+    if (tau == big).any() or (tau <= 0).any():  # feasibility guard violated or corrupt residuals
+        raise AssertionError("no running model after the launch rule: thresholds are not feasible")
+    r = np.where(running, r - tau[:, None], 0)
+    return k, b, r, tau, g
+
+
+def class_distributions(t: sp.csr_matrix, start: int) -> list[tuple[float, np.ndarray]]:
+    """Stationary distribution of each closed class reachable from `start`, with its absorption probability.
+
+    Usually there is one closed class (weight 1). Transient states get probability 0.
+    """
+    n = t.shape[0]
+    n_comp, lab = connected_components(t, directed=True, connection="strong")
+    if n_comp == 1:
+        return [(1.0, stationary_distribution(t, natural_order=True))]
+    coo = t.tocoo()
+    has_exit = np.zeros(n_comp, dtype=bool)
+    has_exit[lab[coo.row[lab[coo.row] != lab[coo.col]]]] = True
+    closed = np.flatnonzero(~has_exit)
+    transient = np.isin(lab, closed, invert=True)
+    if len(closed) == 1:
+        absorb = np.ones(1)
+    elif not transient[start]:
+        absorb = (closed == lab[start]).astype(float)
+    else:
+        # Expected visits y to transient states from start: (I - Q)^T y = e_start; then the mass y T flowing
+        # out of transient states, summed per closed class.
+        tr = np.flatnonzero(transient)
+        e = np.zeros(len(tr))
+        e[np.searchsorted(tr, start)] = 1.0
+        y = spla.spsolve((sp.identity(len(tr), format="csc") - t[tr][:, tr]).T.tocsc(), e)
+        flow = t[tr].T @ y
+        absorb = np.array([flow[lab == c].sum() for c in closed])
+    out = []
+    for c, a in zip(closed, absorb, strict=True):
+        if a <= 0:
+            continue
+        idx = np.flatnonzero(lab == c)
+        pi = np.zeros(n)
+        pi[idx] = stationary_distribution(t[idx][:, idx], natural_order=True)
+        out.append((float(a / absorb.sum()), pi))
+    return out
+
+
+def stationary_distribution(t: sp.spmatrix, natural_order: bool = False) -> np.ndarray:
+    """pi with pi T = pi, sum 1, for an irreducible stochastic matrix (periodic chains are fine).
+
+    Direct solve: fix pi_ref = 1 for a state that a few lazy power steps suggest is likely, and solve the
+    other equations of (I - T)^T pi = 0; this stays sparse (unlike replacing an equation by a dense row of ones)
+    and is a nonsingular M-matrix, so LU needs no pivoting. `natural_order=True` keeps the given state order
+    for the factorization (use it when states are numbered along time, as `explore` does); otherwise SuperLU
+    orders by minimum degree. Falls back to power iteration on the lazy chain (I + T) / 2 (same pi,
+    aperiodic) if the direct solution is not accurate.
+    """
+    n = t.shape[0]
+    if n == 1:
+        return np.ones(1)
+    t = sp.csr_matrix(t)
+    tt = t.T.tocsr()
+    guess = np.full(n, 1.0 / n)
+    for _ in range(8):
+        guess = 0.5 * (guess + tt @ guess)
+    ref = int(np.argmax(guess))
+    keep = np.flatnonzero(np.arange(n) != ref)
+    a = (sp.identity(n, format="csr") - tt)[keep][:, keep]
+    rhs = tt[keep, ref].toarray().ravel()
+    try:
+        if n <= _DENSE_LIMIT:
+            x = np.linalg.solve(a.toarray(), rhs)
+        else:
+            perm = "NATURAL" if natural_order else "MMD_AT_PLUS_A"
+            lu = spla.splu(a.tocsc(), permc_spec=perm, diag_pivot_thresh=0.0, options={"SymmetricMode": True})
+            x = lu.solve(rhs)
+        pi = np.empty(n)
+        pi[keep], pi[ref] = x, 1.0
+    except (np.linalg.LinAlgError, RuntimeError):
+        pi = np.full(n, np.nan)
+    if np.isfinite(pi).all() and pi.min() >= -1e-9 * pi.max():
+        pi = np.clip(pi, 0.0, None)
+        pi /= pi.sum()
+        if np.abs(tt @ pi - pi).sum() < 1e-9:
+            return pi
+    return _power_iteration(t)
+
+
+def _power_iteration(t: sp.csr_matrix, tol: float = 1e-13, max_iter: int = 200_000) -> np.ndarray:
+    tt = t.T.tocsr()
+    pi = np.full(t.shape[0], 1.0 / t.shape[0])
+    for _ in range(max_iter):
+        nxt = 0.5 * (pi + tt @ pi)
+        if np.abs(nxt - pi).sum() < tol:
+            return nxt / nxt.sum()
+        pi = nxt
+    raise RuntimeError("stationary distribution did not converge")

@@ -1,0 +1,95 @@
+"""Paged attention for the engine: KV store, decode and extend/prefill, with a torch oracle and Triton kernels.
+
+KV layout (fixed contract with the model code): per layer `k_cache`, `v_cache` of shape
+`[num_pages, page_size, num_kv_heads, head_dim]`; token `pos` of a request lives in page
+`block_table[pos // page_size]` at offset `pos % page_size`; page 0 is the null page padded rows write to.
+
+Backends: "torch" (reference, runs anywhere, not graph-capturable), "triton" (GPU, or the CPU interpreter
+when TRITON_INTERPRET=1 was set before the kernels were imported), "auto" (triton for CUDA tensors,
+otherwise torch unless TRITON_INTERPRET=1). The Triton modules are imported lazily so CPU-only installs
+without triton work. `python -m tokenrouter.engine.attention.aot_check` compiles the kernels for sm_90 on a
+machine without a GPU (registers, spills, pipelining).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Literal
+
+import torch
+
+from tokenrouter.engine.attention.kv_store import store_kv
+from tokenrouter.engine.attention.reference import decode_attention_torch, extend_attention_torch
+
+Backend = Literal["auto", "torch", "triton"]
+
+__all__ = ["Backend", "decode_attention", "extend_attention", "resolve_backend", "store_kv"]
+
+
+def resolve_backend(backend: Backend, device: torch.device) -> Literal["torch", "triton"]:
+    """Map "auto" to a concrete backend for tensors on `device`."""
+    if backend in ("torch", "triton"):
+        return backend
+    if backend != "auto":
+        raise ValueError(f"unknown attention backend {backend!r}; expected 'auto', 'torch' or 'triton'")
+    if importlib.util.find_spec("triton") is None:
+        return "torch"
+    if device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        return "triton"
+    return "torch"
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    *,
+    out: torch.Tensor | None = None,
+    num_splits: int | None = None,
+    backend: Backend = "auto",
+) -> torch.Tensor:
+    """One new query per row. q `[B, Hq, D]`, block_tables `[B, max_pages]` int32, seq_lens `[B]` int32 = KV
+    length including the token being decoded (its KV already stored). Returns `[B, Hq, D]` (into `out` if
+    given). Hq must be a multiple of Hkv (query head h reads KV head h // (Hq // Hkv)). `num_splits` only
+    affects the Triton backend; None picks one from (B, Hkv, max_pages)."""
+    if resolve_backend(backend, q.device) == "torch":
+        return decode_attention_torch(q, k_cache, v_cache, block_tables, seq_lens, scale, out=out)
+    from tokenrouter.engine.attention.triton_decode import decode_attention_triton
+
+    return decode_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, scale, out=out, num_splits=num_splits)
+
+
+def extend_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    *,
+    max_q_len: int | None = None,
+    out: torch.Tensor | None = None,
+    num_splits: int | None = None,
+    backend: Backend = "auto",
+) -> torch.Tensor:
+    """Causal attention for packed new tokens of B rows (prefill, extend after a prefix, or a mix).
+
+    q `[T, Hq, D]`; row b owns tokens `cu_seqlens_q[b]:cu_seqlens_q[b+1]` (int32 `[B+1]`); seq_lens `[B]` is
+    the row's total KV length (prefix + new, new KV already stored). Query i of row b sits at position
+    `seq_lens[b] - q_len_b + i` and attends to keys 0..that position. Pass `max_q_len` (an upper bound on
+    q_len_b) to avoid a host sync, as CUDA-graph capture requires. Output rows not covered by
+    `cu_seqlens_q` are unspecified.
+    """
+    if resolve_backend(backend, q.device) == "torch":
+        return extend_attention_torch(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, out=out)
+    from tokenrouter.engine.attention.triton_extend import extend_attention_triton
+
+    return extend_attention_triton(
+        q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale,
+        max_q_len=max_q_len, out=out, num_splits=num_splits,
+    )  # fmt: skip

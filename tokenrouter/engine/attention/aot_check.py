@@ -1,0 +1,143 @@
+"""Compile the Triton attention kernels for Hopper (sm_90) on a machine without a GPU.
+
+    python -m tokenrouter.engine.attention.aot_check [--quick]
+
+The CPU interpreter checks kernel semantics but not that the code compiles for a GPU, nor whether it
+spills registers or loses software pipelining. This lowers the production variants (bf16, Qwen3 head
+shapes, the same constexprs `launch_paged_attention` would use) through Triton's real pipeline to PTX and
+runs the ptxas bundled with the Triton wheel to read register and spill counts. Exit status 1 if a
+variant fails to compile, spills, or (forward kernel) no longer uses cp.async.
+
+Run it in a fresh process: Triton 3.6's interpreter leaves `triton.language` patched after a kernel calls
+a nested @triton.jit helper, which breaks later real compilation in the same process. Relies on
+`triton.compiler.ASTSource` / `GPUTarget`, the same entry points as `triton.tools.compile`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from tokenrouter.engine.attention import triton_kernels
+from tokenrouter.engine.attention.triton_common import (
+    DECODE_CONFIG,
+    EXTEND_CONFIG,
+    MIN_DOT_DIM,
+    fwd_constexprs,
+    reduce_constexprs,
+)
+from tokenrouter.engine.attention.triton_extend import extend_tiling
+
+FWD_POINTERS = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "Out": "*bf16", "BlockTables": "*i32",
+                "SeqLens": "*i32", "CuSeqlensQ": "*i32", "MidO": "*fp32", "MidLse": "*fp32"}  # fmt: skip
+REDUCE_POINTERS = {"MidO": "*fp32", "MidLse": "*fp32", "Out": "*bf16"}
+
+
+@dataclass(frozen=True)
+class Variant:
+    label: str
+    kernel: str
+    constexprs: dict
+    num_warps: int
+    num_stages: int
+
+
+@dataclass(frozen=True)
+class Report:
+    label: str
+    registers: int
+    spill_bytes: int
+    pipelined: bool
+    seconds: float
+
+
+def variants(quick: bool) -> list[Variant]:
+    page, dim = 16, 128
+    out: list[Variant] = []
+    for group in (4,) if quick else (4, 2):  # Qwen3-8B (32/8) and Qwen3-0.6B (16/8)
+        dec = {"group": group, "group_pad": max(MIN_DOT_DIM, triton.next_power_of_2(group)), "block_q": 1,
+               "block_n": DECODE_CONFIG.block_n, "head_dim": dim, "page_size": page, "is_decode": True,
+               "dtype": torch.bfloat16}  # fmt: skip
+        for single in (False,) if quick else (False, True):
+            out.append(Variant(f"decode G={group} single={single}", "paged_attention_fwd_kernel",
+                               fwd_constexprs(**dec, single_split=single), DECODE_CONFIG.num_warps,
+                               DECODE_CONFIG.num_stages))  # fmt: skip
+        for max_q, single in ((2048, True),) if quick else ((2048, True), (8, False), (1, False)):
+            block_q, group_pad = extend_tiling(max_q, group, EXTEND_CONFIG)
+            ext = fwd_constexprs(group=group, group_pad=group_pad, block_q=block_q, block_n=EXTEND_CONFIG.block_n,
+                                 head_dim=dim, page_size=page, is_decode=False, single_split=single,
+                                 dtype=torch.bfloat16)  # fmt: skip
+            out.append(Variant(f"extend G={group} max_q={max_q} single={single}", "paged_attention_fwd_kernel",
+                               ext, EXTEND_CONFIG.num_warps, EXTEND_CONFIG.num_stages))  # fmt: skip
+    out.append(Variant("reduce S<=32", "split_reduce_kernel", reduce_constexprs(32, dim), 4, 1))
+    return out
+
+
+def _ptxas_path() -> str:
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+
+
+def compile_variant(v: Variant) -> Report:
+    fn = getattr(triton_kernels, v.kernel)
+    pointers = FWD_POINTERS if v.kernel == "paged_attention_fwd_kernel" else REDUCE_POINTERS
+    scalars = {"scale_log2": "fp32"}
+    sig = {n: "constexpr" if n in v.constexprs else pointers.get(n, scalars.get(n, "i32")) for n in fn.arg_names}
+    # What the JIT's specialization gives real launches: 16-byte aligned pointers, strides divisible by 16
+    # (true for head_dim 128 layouts).
+    attrs = {
+        (i,): [["tt.divisibility", 16]]
+        for i, name in enumerate(fn.arg_names)
+        if sig[name].startswith("*") or name.startswith("stride")
+    }
+    t0 = time.perf_counter()
+    kernel = triton.compile(
+        ASTSource(fn, sig, v.constexprs, attrs),
+        target=GPUTarget("cuda", 90, 32),
+        options={"num_warps": v.num_warps, "num_stages": v.num_stages},
+    )
+    seconds = time.perf_counter() - t0
+    ptx = kernel.asm["ptx"]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.ptx")
+        with open(path, "w") as f:
+            f.write(ptx)
+        info = subprocess.run([_ptxas_path(), "-v", "--gpu-name", "sm_90a", path, "-o", os.devnull],
+                              capture_output=True, text=True, check=True).stderr  # fmt: skip
+    regs = int(re.search(r"Used (\d+) registers", info).group(1))
+    spills = re.search(r"(\d+) bytes spill stores", info)
+    return Report(v.label, regs, int(spills.group(1)) if spills else 0, "cp.async" in ptx, seconds)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="only one decode, one prefill and the reduce")
+    args = parser.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        print("unset TRITON_INTERPRET: interpreted kernels cannot be compiled", file=sys.stderr)
+        return 2
+    if not os.path.exists(_ptxas_path()):
+        print("this triton build has no bundled ptxas", file=sys.stderr)
+        return 2
+    ok = True
+    for v in variants(args.quick):
+        r = compile_variant(v)
+        bad = r.spill_bytes > 0 or (v.kernel == "paged_attention_fwd_kernel" and not r.pipelined)
+        ok &= not bad
+        print(f"{'FAIL' if bad else 'ok  '} {r.label:36s} regs={r.registers:3d} spill={r.spill_bytes:4d}B "
+              f"cp.async={r.pipelined} {r.seconds:.1f}s")  # fmt: skip
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

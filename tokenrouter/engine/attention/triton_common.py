@@ -1,0 +1,168 @@
+"""Host side of the Triton paged-attention kernels: tile configuration, split heuristic, launch.
+
+Everything here depends only on tensor shapes/dtypes and explicit arguments, never on tensor values, so
+a launch can be captured in a CUDA graph and replayed with different `seq_lens`/`block_tables` contents.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from tokenrouter.engine.attention.triton_kernels import paged_attention_fwd_kernel, split_reduce_kernel
+
+# Nominal SM count when there is no CUDA device (interpreter runs); H200 has 132.
+DEFAULT_NUM_SMS = 132
+# tl.dot needs every dimension >= 16.
+MIN_DOT_DIM = 16
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Tile sizes and launch knobs. `block_m` is the target number of (query token x group head) rows of an
+    extend tile; decode always uses one token and the group padded to >= 16 rows."""
+
+    block_n: int = 64
+    block_m: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+DECODE_CONFIG = KernelConfig(block_n=64, num_warps=4, num_stages=2)
+EXTEND_CONFIG = KernelConfig(block_n=64, block_m=64, num_warps=4, num_stages=2)
+
+
+def num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return DEFAULT_NUM_SMS
+
+
+def choose_num_splits(
+    num_programs: int, max_kv_len: int, sm_count: int, *, min_split_tokens: int = 256, max_splits: int = 64
+) -> int:
+    """Number of KV splits so that the grid has about 4 programs per SM, without slicing any row's KV
+    finer than `min_split_tokens` (each split costs a partial write and a share of the reduce).
+
+    `num_programs` is the grid size without splits (rows x KV heads x query blocks) and `max_kv_len` the
+    static KV capacity of a row (block-table width x page size): both are shapes, so the choice is
+    stable across CUDA-graph replays.
+    """
+    if max_kv_len <= min_split_tokens or num_programs <= 0:
+        return 1
+    wanted = math.ceil(4 * sm_count / num_programs)
+    useful = math.ceil(max_kv_len / min_split_tokens)
+    return max(1, min(wanted, useful, max_splits))
+
+
+def block_d(head_dim: int) -> int:
+    return max(MIN_DOT_DIM, triton.next_power_of_2(head_dim))
+
+
+def fwd_constexprs(
+    *,
+    group: int,
+    group_pad: int,
+    block_q: int,
+    block_n: int,
+    head_dim: int,
+    page_size: int,
+    is_decode: bool,
+    single_split: bool,
+    dtype: torch.dtype,
+) -> dict[str, int | bool | str]:
+    """Compile-time parameters of `paged_attention_fwd_kernel`, shared by launches and `aot_check`."""
+    return {
+        "GROUP": group,
+        "GROUP_PAD": group_pad,
+        "BLOCK_Q": block_q,
+        "BLOCK_M": block_q * group_pad,
+        "BLOCK_N": max(MIN_DOT_DIM, block_n),
+        "HEAD_DIM": head_dim,
+        "BLOCK_D": block_d(head_dim),
+        "PAGE_SIZE": page_size,
+        "IS_DECODE": is_decode,
+        "SINGLE_SPLIT": single_split,
+        # fp32 caches (CPU tests, debugging) get exact fp32 products instead of TF32; ignored for bf16.
+        "DOT_PRECISION": "ieee" if dtype == torch.float32 else "tf32",
+    }
+
+
+def reduce_constexprs(num_splits: int, head_dim: int) -> dict[str, int]:
+    return {"SPLITS_PAD": triton.next_power_of_2(num_splits), "HEAD_DIM": head_dim, "BLOCK_D": block_d(head_dim)}
+
+
+def _check_inputs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor) -> None:
+    if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise ValueError(f"expected q [T, Hq, D] and caches [P, page, Hkv, D], got {q.shape}, {k_cache.shape}")
+    if q.shape[2] != k_cache.shape[3] or q.shape[1] % k_cache.shape[2]:
+        raise ValueError(f"q {tuple(q.shape)} does not fit cache {tuple(k_cache.shape)} (D equal, Hq % Hkv == 0)")
+    if q.dtype != k_cache.dtype or v_cache.dtype != k_cache.dtype:
+        raise ValueError(f"q and caches must share a dtype, got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
+    if q.stride(2) != 1 or k_cache.stride(3) != 1 or v_cache.stride(3) != 1:
+        raise ValueError("head_dim must be the contiguous (stride 1) dimension of q and the caches")
+    page_size = k_cache.shape[1]
+    if page_size & (page_size - 1):
+        raise ValueError(f"page_size must be a power of two, got {page_size}")
+    if block_tables.dtype not in (torch.int32, torch.int64) or block_tables.stride(1) != 1:
+        raise ValueError("block_tables must be an int32/int64 tensor with contiguous rows")
+
+
+def launch_paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    cu_seqlens_q: torch.Tensor | None,
+    scale: float,
+    out: torch.Tensor,
+    *,
+    num_rows: int,
+    block_q: int,
+    group_pad: int,
+    num_q_blocks: int,
+    num_splits: int,
+    config: KernelConfig,
+) -> torch.Tensor:
+    """Launch the forward kernel (and the reduce when `num_splits > 1`). `cu_seqlens_q is None` = decode."""
+    _check_inputs(q, k_cache, v_cache, block_tables)
+    if out.shape != q.shape or out.stride(2) != 1:
+        raise ValueError(f"out must be {tuple(q.shape)} with a contiguous last dim")
+    num_tokens, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    if num_rows == 0 or num_tokens == 0:
+        return out
+    single = num_splits == 1
+    if single:
+        # Never read: the SINGLE_SPLIT branch writes `out` directly. Any tensor serves as a placeholder.
+        mid_o, mid_lse = out, out
+        m_strides, l_strides = (0, 0, 0), (0, 0)
+    else:
+        mid_o = torch.empty((num_tokens, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device)
+        mid_lse = torch.empty((num_tokens, num_heads, num_splits), dtype=torch.float32, device=q.device)
+        m_strides, l_strides = mid_o.stride()[:3], mid_lse.stride()[:2]
+    is_decode = cu_seqlens_q is None
+    meta = fwd_constexprs(
+        group=num_heads // num_kv_heads, group_pad=group_pad, block_q=block_q, block_n=config.block_n,
+        head_dim=head_dim, page_size=k_cache.shape[1], is_decode=is_decode, single_split=single, dtype=q.dtype,
+    )  # fmt: skip
+    grid = (num_rows, num_kv_heads * num_q_blocks, num_splits)
+    paged_attention_fwd_kernel[grid](
+        q, k_cache, v_cache, block_tables, seq_lens, seq_lens if is_decode else cu_seqlens_q, out, mid_o, mid_lse,
+        scale * math.log2(math.e), num_splits, num_q_blocks,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        block_tables.stride(0), out.stride(0), out.stride(1), *m_strides, *l_strides,
+        **meta, num_warps=config.num_warps, num_stages=config.num_stages,
+    )  # fmt: skip
+    if not single:
+        split_reduce_kernel[(num_tokens, num_heads)](
+            mid_o, mid_lse, out, num_splits, *m_strides, *l_strides, out.stride(0), out.stride(1),
+            **reduce_constexprs(num_splits, head_dim), num_warps=4 if head_dim >= 128 else 2,
+        )  # fmt: skip
+    return out

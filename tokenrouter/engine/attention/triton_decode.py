@@ -1,0 +1,62 @@
+"""Split-KV ("flash-decoding") paged decode attention in Triton.
+
+Grid (B, Hkv, num_splits): each program takes one request, one KV head and one slice of that request's
+KV, and computes all G = Hq / Hkv query heads of the group at once (padded to 16 rows for tl.dot), so K/V
+are read once per group. A small reduce kernel merges the slices by their log-sum-exp.
+
+CUDA-graph contract: nothing here reads a device tensor on the host. The grid and `num_splits` depend only
+on (B, Hkv, block-table width), so a graph captured for a batch-size bucket replays with any `seq_lens`
+(0 <= seq_lens[b] <= block_tables.shape[1] * page_size) and any block-table contents.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from tokenrouter.engine.attention.triton_common import (
+    DECODE_CONFIG,
+    MIN_DOT_DIM,
+    KernelConfig,
+    choose_num_splits,
+    launch_paged_attention,
+    num_sms,
+)
+
+
+def decode_num_splits(batch: int, num_kv_heads: int, max_pages: int, page_size: int, device: torch.device) -> int:
+    """The split count `decode_attention_triton` uses when none is given (exposed for benchmarks/graphs)."""
+    return choose_num_splits(batch * num_kv_heads, max_pages * page_size, num_sms(device))
+
+
+def decode_attention_triton(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    *,
+    out: torch.Tensor | None = None,
+    num_splits: int | None = None,
+    config: KernelConfig = DECODE_CONFIG,
+) -> torch.Tensor:
+    """q `[B, Hq, D]` at position `seq_lens[b] - 1` of row b; its own KV must already be in the cache."""
+    batch, num_heads, _ = q.shape
+    num_kv_heads, page_size = k_cache.shape[2], k_cache.shape[1]
+    if block_tables.shape[0] != batch or seq_lens.shape != (batch,):
+        raise ValueError(
+            f"block_tables {tuple(block_tables.shape)} / seq_lens {tuple(seq_lens.shape)} do not match batch {batch}"
+        )
+    if num_splits is None:
+        num_splits = decode_num_splits(batch, num_kv_heads, block_tables.shape[1], page_size, q.device)
+    if num_splits < 1:
+        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+    if out is None:
+        out = torch.empty_like(q)
+    group = num_heads // max(num_kv_heads, 1)
+    return launch_paged_attention(
+        q, k_cache, v_cache, block_tables, seq_lens, None, scale, out,
+        num_rows=batch, block_q=1, group_pad=max(MIN_DOT_DIM, triton.next_power_of_2(group)),
+        num_q_blocks=1, num_splits=num_splits, config=config,
+    )  # fmt: skip

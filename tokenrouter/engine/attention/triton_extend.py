@@ -1,0 +1,88 @@
+"""Paged extend/prefill attention in Triton (causal, packed variable-length queries).
+
+A program owns (row, KV head, query block, KV split). Its tile rows are BLOCK_Q query tokens x the G
+query heads of the KV head, so a 1-8 token extend (a peer model's tokens returning to a long prefix)
+still fills >= 16 tensor-core rows and reads each K/V tile once per group; a 2k-token prefill gets
+ordinary 64-row flash tiles. Keys below the block's first query position are processed without a causal
+mask; only the diagonal band is masked. When the grid is small (few rows, few new tokens) the KV range is
+split as in decode, which is what keeps a short extend on an 8k prefix from running on 8 SMs.
+
+Why not `torch.nn.attention.varlen.varlen_attn` (torch 2.11)? It takes dense packed K/V (`cu_seq_k`), has
+no block table, and aligns causal masking on its own terms (`window_size=(-1, 0)`; bottom-right alignment
+for q shorter than k must be checked). Using it would mean gathering each row's whole KV out of the pages
+into a dense buffer every step: an extra read+write of all context KV, which for short extends on long
+prefixes costs more than the attention itself, plus a host-side `max_k`. It could serve long fresh
+prefills (prefix 0, where the gather is just the new tokens); we do not depend on it.
+
+CUDA-graph contract: pass `max_q_len` (the bucket's maximum tokens per row) so no host sync happens;
+grid and splits then depend only on shapes and `max_q_len`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from tokenrouter.engine.attention.triton_common import (
+    EXTEND_CONFIG,
+    MIN_DOT_DIM,
+    KernelConfig,
+    choose_num_splits,
+    launch_paged_attention,
+    num_sms,
+)
+
+
+def extend_tiling(max_q_len: int, group: int, config: KernelConfig) -> tuple[int, int]:
+    """(BLOCK_Q, GROUP_PAD): query tokens per tile and the padded group, with BLOCK_Q * GROUP_PAD >= 16.
+
+    BLOCK_Q shrinks to the largest row's token count so a short extend does not pay for empty rows.
+    """
+    group_pad = triton.next_power_of_2(group)
+    min_q = max(1, MIN_DOT_DIM // group_pad)
+    block_q = max(min_q, min(max(1, config.block_m // group_pad), triton.next_power_of_2(max(1, max_q_len))))
+    return block_q, group_pad
+
+
+def extend_attention_triton(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    *,
+    max_q_len: int | None = None,
+    out: torch.Tensor | None = None,
+    num_splits: int | None = None,
+    config: KernelConfig = EXTEND_CONFIG,
+) -> torch.Tensor:
+    """Packed q `[T, Hq, D]`; row b owns tokens `cu_seqlens_q[b]:cu_seqlens_q[b+1]`, the last of which sits at
+    position `seq_lens[b] - 1`. Tokens outside every row are left unspecified in `out`."""
+    num_rows = seq_lens.shape[0]
+    num_heads, num_kv_heads = q.shape[1], k_cache.shape[2]
+    if cu_seqlens_q.shape != (num_rows + 1,) or block_tables.shape[0] != num_rows:
+        raise ValueError(
+            f"cu_seqlens_q {tuple(cu_seqlens_q.shape)} / block_tables {tuple(block_tables.shape)} "
+            f"do not match {num_rows} rows"
+        )
+    if max_q_len is None:
+        # Host sync: fine eagerly, not under graph capture (callers capturing pass the bucket's value).
+        max_q_len = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max()) if num_rows else 0
+    if out is None:
+        out = torch.empty_like(q)
+    if max_q_len <= 0:
+        return out
+    block_q, group_pad = extend_tiling(max_q_len, num_heads // max(num_kv_heads, 1), config)
+    num_q_blocks = triton.cdiv(max_q_len, block_q)
+    if num_splits is None:
+        max_kv_len = block_tables.shape[1] * k_cache.shape[1]
+        num_splits = choose_num_splits(num_rows * num_kv_heads * num_q_blocks, max_kv_len, num_sms(q.device))
+    if num_splits < 1:
+        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+    return launch_paged_attention(
+        q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale, out,
+        num_rows=num_rows, block_q=block_q, group_pad=group_pad,
+        num_q_blocks=num_q_blocks, num_splits=num_splits, config=config,
+    )  # fmt: skip

@@ -1,0 +1,244 @@
+"""Triton kernels shared by paged decode and extend attention.
+
+One forward kernel serves both: a program owns one (row, KV head, query block, KV split). Its M rows are
+`BLOCK_Q` query tokens x `GROUP_PAD` query heads that share the KV head (row r is token r // GROUP_PAD,
+head r % GROUP_PAD), so each K/V tile is loaded once for the whole GQA group and QK^T / PV are `tl.dot`s
+on tensor cores. Decode is the case BLOCK_Q = 1 with the group padded to 16 rows (tl.dot's minimum).
+
+Split-KV ("flash-decoding"): the KV range a query block can see is cut into `num_splits` slices, sized
+in-kernel from the device-side `seq_lens`, so the grid depends only on shapes and a CUDA graph replays
+with any lengths. Every program writes its partial output and log-sum-exp (base 2) even when its slice
+is empty (lse = -inf, output 0), so the reduce kernel never reads unwritten memory for a real token.
+With a single split the forward kernel normalizes and writes the final output itself.
+
+Interpreter note: `for ... in range(lo, hi)` with runtime bounds breaks Triton 3.6's CPU interpreter under
+numpy >= 2.4 (triton-lang/triton#9171); the tests patch the interpreter rather than the kernels, since
+GPU software pipelining needs `for` loops.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _attend_tile(
+    acc,
+    m_i,
+    l_i,
+    q,
+    start,
+    hi,
+    q_pos,
+    bt_row,
+    K,
+    V,
+    kvh,
+    stride_kp,
+    stride_ks,
+    stride_kh,
+    stride_vp,
+    stride_vs,
+    stride_vh,
+    scale_log2,
+    offs_d,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    MASKED: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """One online-softmax step over keys `start .. start + BLOCK_N - 1` (base-2 exponent domain).
+
+    MASKED tiles apply the causal mask and the split end `hi`; unmasked tiles are known to lie entirely
+    below every query's position and inside the split, so they skip both (and the page-table bound).
+    """
+    offs_n = start + tl.arange(0, BLOCK_N)
+    if MASKED:
+        n_ok = offs_n < hi
+        # Out-of-range keys read the null page instead of past the end of the block table.
+        page = tl.load(bt_row + offs_n // PAGE_SIZE, mask=n_ok, other=0)
+    else:
+        page = tl.load(bt_row + offs_n // PAGE_SIZE)
+    # int64: page * stride overflows int32 once a per-layer cache passes 2^31 elements.
+    page = page.to(tl.int64)
+    tok = offs_n % PAGE_SIZE
+    k_off = page * stride_kp + tok * stride_ks + kvh * stride_kh
+    v_off = page * stride_vp + tok * stride_vs + kvh * stride_vh
+    if MASKED:
+        # Masked loads, not just masked scores: the null page may hold NaN/inf garbage and 0 * NaN = NaN.
+        kv_mask = n_ok[:, None] & (offs_d < HEAD_DIM)[None, :]
+        k = tl.load(K + k_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(V + v_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+    elif HEAD_DIM == BLOCK_D:
+        k = tl.load(K + k_off[:, None] + offs_d[None, :])
+        v = tl.load(V + v_off[:, None] + offs_d[None, :])
+    else:
+        d_mask = (offs_d < HEAD_DIM)[None, :]
+        k = tl.load(K + k_off[:, None] + offs_d[None, :], mask=d_mask, other=0.0)
+        v = tl.load(V + v_off[:, None] + offs_d[None, :], mask=d_mask, other=0.0)
+
+    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
+    if MASKED:
+        visible = (offs_n[None, :] <= q_pos[:, None]) & n_ok[None, :]
+        qk = tl.where(visible, qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    # A row may have seen no key yet (padding row, or a query below this split): keep it at exactly 0
+    # instead of exp2(-inf - -inf) = NaN.
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(qk - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def paged_attention_fwd_kernel(
+    Q,
+    K,
+    V,
+    BlockTables,
+    SeqLens,
+    CuSeqlensQ,
+    Out,
+    MidO,
+    MidLse,
+    scale_log2,
+    num_splits,
+    num_q_blocks,
+    stride_qt,
+    stride_qh,
+    stride_kp,
+    stride_ks,
+    stride_kh,
+    stride_vp,
+    stride_vs,
+    stride_vh,
+    stride_bt,
+    stride_ot,
+    stride_oh,
+    stride_mt,
+    stride_mh,
+    stride_ms,
+    stride_lt,
+    stride_lh,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    IS_DECODE: tl.constexpr,
+    SINGLE_SPLIT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Grid (rows, Hkv * num_q_blocks, num_splits). Q/Out are `[T, Hq, D]`, MidO `[T, Hq, S, D]` fp32,
+    MidLse `[T, Hq, S]` fp32; head_dim strides are 1. Decode passes IS_DECODE (token index = row)."""
+    row = tl.program_id(0)
+    pid1 = tl.program_id(1)
+    split = tl.program_id(2)
+    kvh = pid1 // num_q_blocks
+    q_blk = pid1 % num_q_blocks
+
+    seq_len = tl.load(SeqLens + row)
+    if IS_DECODE:
+        tok0 = row
+        q_len = 1
+    else:
+        tok0 = tl.load(CuSeqlensQ + row)
+        q_len = tl.load(CuSeqlensQ + row + 1) - tok0
+    q_begin = q_blk * BLOCK_Q
+    if q_begin >= q_len:
+        # This row has fewer queries than the grid's max_q_len: nothing of it maps to this program.
+        return
+
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    qi = q_begin + offs_m // GROUP_PAD
+    g = offs_m % GROUP_PAD
+    row_ok = (qi < q_len) & (g < GROUP)
+    head = kvh * GROUP + g
+    tok = tok0 + qi
+    q_pos = seq_len - q_len + qi
+    io_mask = row_ok[:, None] & (offs_d < HEAD_DIM)[None, :]
+    q = tl.load(Q + tok[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :], mask=io_mask, other=0.0)
+
+    # Keys this query block can see end at its last query's position; slice that range into splits.
+    kv_end = seq_len - q_len + tl.minimum(q_len, q_begin + BLOCK_Q)
+    split_len = tl.cdiv(tl.cdiv(kv_end, num_splits), BLOCK_N) * BLOCK_N
+    lo = split * split_len
+    hi = tl.minimum(lo + split_len, kv_end)
+    # Whole tiles below the block's first query position need no causal mask. Clamped to >= lo so the
+    # floor division only ever sees non-negative values (GPU truncates, the interpreter floors).
+    full_hi = tl.maximum(tl.minimum(hi, seq_len - q_len + q_begin + 1), lo)
+    full_end = lo + ((full_hi - lo) // BLOCK_N) * BLOCK_N
+
+    bt_row = BlockTables + row.to(tl.int64) * stride_bt
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for start in range(lo, full_end, BLOCK_N):
+        acc, m_i, l_i = _attend_tile(
+            acc, m_i, l_i, q, start, hi, q_pos, bt_row, K, V, kvh,
+            stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, scale_log2, offs_d,
+            PAGE_SIZE, BLOCK_N, HEAD_DIM, BLOCK_D, False, DOT_PRECISION,
+        )  # fmt: skip
+    for start in range(full_end, hi, BLOCK_N):
+        acc, m_i, l_i = _attend_tile(
+            acc, m_i, l_i, q, start, hi, q_pos, bt_row, K, V, kvh,
+            stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, scale_log2, offs_d,
+            PAGE_SIZE, BLOCK_N, HEAD_DIM, BLOCK_D, True, DOT_PRECISION,
+        )  # fmt: skip
+
+    # l_i == 0 means no visible key in this slice (or seq_len == 0): output 0, lse -inf (a neutral partial).
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    o = acc / l_safe[:, None]
+    if SINGLE_SPLIT:
+        out_ptrs = Out + tok[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
+        tl.store(out_ptrs, o.to(Out.dtype.element_ty), mask=io_mask)
+    else:
+        lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(l_safe))
+        mid_ptrs = MidO + tok[:, None] * stride_mt + head[:, None] * stride_mh + split * stride_ms + offs_d[None, :]
+        tl.store(mid_ptrs, o, mask=io_mask)
+        tl.store(MidLse + tok * stride_lt + head * stride_lh + split, lse, mask=row_ok)
+
+
+@triton.jit
+def split_reduce_kernel(
+    MidO,
+    MidLse,
+    Out,
+    num_splits,
+    stride_mt,
+    stride_mh,
+    stride_ms,
+    stride_lt,
+    stride_lh,
+    stride_ot,
+    stride_oh,
+    SPLITS_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """Grid (T, Hq): out = sum_s 2^(lse_s - m) o_s / sum_s 2^(lse_s - m). Empty splits (lse -inf) weigh 0;
+    a token with no visible key at all (seq_len 0) gets 0, not NaN."""
+    tok = tl.program_id(0)
+    head = tl.program_id(1)
+    offs_s = tl.arange(0, SPLITS_PAD)
+    offs_d = tl.arange(0, BLOCK_D)
+    s_ok = offs_s < num_splits
+    lse = tl.load(MidLse + tok * stride_lt + head * stride_lh + offs_s, mask=s_ok, other=float("-inf"))
+    m = tl.max(lse, 0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp2(lse - m_safe)
+    denom = tl.sum(w, 0)
+    denom = tl.where(denom == 0.0, 1.0, denom)
+    o_ptrs = MidO + tok * stride_mt + head * stride_mh + offs_s[:, None] * stride_ms + offs_d[None, :]
+    o = tl.load(o_ptrs, mask=s_ok[:, None] & (offs_d < HEAD_DIM)[None, :], other=0.0)
+    res = tl.sum(o * w[:, None], 0) / denom
+    tl.store(Out + tok * stride_ot + head * stride_oh + offs_d, res.to(Out.dtype.element_ty), mask=offs_d < HEAD_DIM)

@@ -1,0 +1,139 @@
+"""Engine configuration (`EngineConfig`) and the architecture facts the modules need beyond `ModelSpec`.
+
+One `EngineConfig` describes one engine; nothing here is process-global, so two engines with different
+models and settings can live in one process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from tokenrouter.engine.errors import ModelLoadError
+from tokenrouter.models.spec import ModelSpec
+
+# Token buckets for CUDA graphs. A decode row counts one token, a small extend row (a peer return) counts its
+# tokens; a batch runs in the smallest bucket that holds all its tokens.
+DEFAULT_GRAPH_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256)
+
+_DTYPES = {
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float": torch.float32,
+}
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    """Settings of one engine.
+
+    KV sizing: exactly one of `kv_cache_bytes` (an explicit byte budget, as a shared GPU hands out) and
+    `num_pages`, unless a `KVPool` is passed to the engine, which then fixes the page count and size.
+    `max_context_len` fixes the block-table width (pages per row) that graphs are captured with; it defaults
+    to the smaller of the model's `max_position_embeddings` and what the pool can hold.
+    """
+
+    model: str  # bundled spec name ("qwen3-8b", dummy weights only) or a local HF directory
+    load_format: str = "auto"  # "auto": safetensors when `model` is a directory, else dummy | "safetensors" | "dummy"
+    dtype: str = "auto"  # "auto": bfloat16 on CUDA, float32 on CPU
+    device: str = "auto"  # "auto": cuda if available | "cpu" | "cuda" | "cuda:N"
+    seed: int = 0  # dummy weights and the generator of requests without a sampling seed
+    page_size: int = 16
+    kv_cache_bytes: int | None = None
+    num_pages: int | None = None
+    max_context_len: int | None = None
+    max_batch_size: int = 256  # rows per step
+    attention_backend: str = "auto"  # "auto" | "triton" | "torch" (see tokenrouter.engine.attention)
+    decode_num_splits: int | None = None  # split-KV factor for decode attention; None lets the kernel choose
+    # RMSNorm / q-k-norm+RoPE+KV-store / SwiGLU: "auto" = Triton kernels on CUDA, torch ops on CPU.
+    ops_backend: str = "auto"
+    cuda_graphs: bool = True  # capture decode/small-extend graphs (CUDA only)
+    graph_buckets: tuple[int, ...] = DEFAULT_GRAPH_BUCKETS  # token buckets; the largest bounds graph batches
+    graph_max_row_tokens: int = 8  # extend rows up to this many tokens still run in a graph
+    # Run the padded static-buffer (graph) path eagerly when graphs cannot be captured, e.g. on CPU: tests use
+    # it to check bucket padding and buffer preparation without a GPU.
+    graph_emulation: bool = False
+
+    def __post_init__(self) -> None:
+        if self.load_format not in ("auto", "safetensors", "dummy"):
+            raise ValueError(f"load_format must be auto, safetensors or dummy, got {self.load_format!r}")
+        if self.dtype != "auto" and self.dtype not in _DTYPES:
+            raise ValueError(f"unknown dtype {self.dtype!r}; use auto or one of {', '.join(_DTYPES)}")
+        if self.ops_backend not in ("auto", "triton", "torch"):
+            raise ValueError(f"ops_backend must be auto, triton or torch, got {self.ops_backend!r}")
+        if self.page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {self.page_size}")
+        if self.max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
+        if self.graph_max_row_tokens < 1:
+            raise ValueError(f"graph_max_row_tokens must be >= 1, got {self.graph_max_row_tokens}")
+        self.graph_buckets = tuple(sorted({int(b) for b in self.graph_buckets}))
+        if self.graph_buckets and self.graph_buckets[0] < 1:
+            raise ValueError(f"graph buckets must be >= 1, got {self.graph_buckets}")
+
+    def torch_device(self) -> torch.device:
+        dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if self.device == "auto" else self.device)
+        if dev.type == "cuda" and dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        return dev
+
+    def use_triton_ops(self, device: torch.device) -> bool:
+        return self.ops_backend == "triton" or (self.ops_backend == "auto" and device.type == "cuda")
+
+    def torch_dtype(self, device: torch.device) -> torch.dtype:
+        if self.dtype == "auto":
+            return torch.bfloat16 if device.type == "cuda" else torch.float32
+        return _DTYPES[self.dtype]
+
+
+@dataclass(frozen=True, slots=True)
+class ArchConfig:
+    """Per-architecture switches (Qwen3 is the base; Qwen2 and Llama are small deltas)."""
+
+    qkv_bias: bool
+    o_bias: bool
+    qk_norm: bool
+    rope_theta: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def arch_config(spec: ModelSpec) -> ArchConfig:
+    """Read the switches from the spec and its raw config; refuse features the modules do not implement."""
+    raw = spec.raw or {}
+    name = spec.name or spec.architecture
+
+    def unsupported(what: str) -> ModelLoadError:
+        return ModelLoadError(f"{name}: unsupported {what} for {spec.architecture}")
+
+    act = raw.get("hidden_act", "silu")
+    if act != "silu":
+        raise unsupported(f"hidden_act {act!r}")
+    if raw.get("mlp_bias"):
+        raise unsupported("mlp_bias=true")
+    if raw.get("use_sliding_window"):
+        raise unsupported("sliding-window attention")
+    # transformers 5 writes `rope_parameters` ({"rope_type", "rope_theta"}); 4.x wrote `rope_theta` and
+    # `rope_scaling`. Only plain RoPE is implemented.
+    rope = raw.get("rope_parameters") or {}
+    scaling = raw.get("rope_scaling") or {}
+    for params in (rope, scaling):
+        kind = params.get("rope_type", params.get("type", "default"))
+        if kind not in ("default", None):
+            raise unsupported(f"rope type {kind!r}")
+        if params.get("partial_rotary_factor", 1.0) != 1.0:
+            raise unsupported("partial rotary embedding")
+    theta = float(rope.get("rope_theta", raw.get("rope_theta", spec.rope_theta)))
+    if spec.num_heads % spec.num_kv_heads:
+        raise ModelLoadError(f"{name}: {spec.num_heads} attention heads not a multiple of {spec.num_kv_heads} kv heads")
+    arch = spec.architecture
+    if arch == "Qwen2ForCausalLM":  # HF Qwen2 always has q/k/v bias and no o_proj bias
+        return ArchConfig(qkv_bias=True, o_bias=False, qk_norm=False, rope_theta=theta)
+    bias = bool(raw.get("attention_bias", False))
+    return ArchConfig(qkv_bias=bias, o_bias=bias, qk_norm=arch == "Qwen3ForCausalLM", rope_theta=theta)

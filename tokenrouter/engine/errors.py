@@ -1,0 +1,12 @@
+"""Engine exceptions. Each carries a one-line message that names the file, tensor or field at fault."""
+
+from __future__ import annotations
+
+
+class ModelLoadError(ValueError):
+    """The model cannot be built: bad or missing directory, config, weights, tensor names or shapes, or an
+    architecture/feature this engine does not implement."""
+
+
+class BatchError(ValueError):
+    """A batch the engine cannot run as given (empty, too many rows, pages that do not cover the context)."""

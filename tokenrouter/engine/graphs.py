@@ -1,0 +1,126 @@
+"""CUDA-graph runner: static buffers and one captured graph per token bucket.
+
+A graph batch is a batch of decode rows and small extend rows (peer returns) with at most `max(buckets)`
+tokens; it runs in the smallest bucket that holds its tokens, padded as `inputs.prepare_step` describes
+(padding reads and writes only the null page 0). Per step the host does one H2D copy of the packed inputs
+into the static buffer and one replay; outputs land in static buffers that the engine copies out before
+the next replay can overwrite them.
+
+Everything is per instance: the graph memory pool, the capture stream (the engine's) and the buffers, so
+two engines in one process never share graph state. With `capture=False` the same padded path runs
+eagerly (CPU tests, debugging), exercising exactly the buffer preparation and bucket logic.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from tokenrouter.engine.inputs import Layout
+
+
+@dataclass(slots=True)
+class GraphOutputs:
+    hidden: torch.Tensor  # [max_bucket, hidden] final-norm hidden of each logit row
+    logits: torch.Tensor  # [max_bucket, vocab] model dtype
+    greedy: torch.Tensor  # [max_bucket] int64 argmax of logits
+
+
+# forward(packed_int32_device, layout, outputs) runs the model and writes its results into `outputs`
+ForwardFn = Callable[[torch.Tensor, Layout, GraphOutputs], None]
+
+
+class GraphRunner:
+    def __init__(
+        self,
+        forward: ForwardFn,
+        buckets: tuple[int, ...],
+        width: int,
+        *,
+        hidden_size: int,
+        vocab_size: int,
+        device: torch.device,
+        dtype: torch.dtype,
+        stream: torch.cuda.Stream | None,
+        capture: bool,
+    ) -> None:
+        if not buckets:
+            raise ValueError("graph runner needs at least one bucket")
+        self.forward = forward
+        self.buckets = tuple(sorted(buckets))
+        self.width = width
+        self.device = device
+        self.stream = stream
+        self.capture_enabled = capture
+        self.layouts = {b: Layout(b, b, b, width, extend=False) for b in self.buckets}
+        top = self.buckets[-1]
+        self.packed = torch.zeros(self.layouts[top].size, dtype=torch.int32, device=device)
+        self.out = GraphOutputs(
+            hidden=torch.zeros(top, hidden_size, device=device, dtype=dtype),
+            logits=torch.zeros(top, vocab_size, device=device, dtype=dtype),
+            greedy=torch.zeros(top, dtype=torch.int64, device=device),
+        )
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.pool = None
+
+    @property
+    def max_tokens(self) -> int:
+        return self.buckets[-1]
+
+    def bucket_for(self, num_tokens: int) -> int | None:
+        i = bisect.bisect_left(self.buckets, num_tokens)
+        return self.buckets[i] if i < len(self.buckets) else None
+
+    def input_ids(self, bucket: int) -> torch.Tensor:
+        """The static input-id slice of `bucket` (the engine patches from_prev tokens into it)."""
+        off, n = self.layouts[bucket].offsets()["input_ids"]
+        return self.packed[off : off + n]
+
+    def _fill_padding(self, bucket: int) -> None:
+        """Make the static inputs an all-padding batch: every token in the null page, seq_len 1."""
+        self.packed.zero_()
+        off, n = self.layouts[bucket].offsets()["seq_lens"]
+        self.packed[off : off + n] = 1
+
+    def _run_eager(self, bucket: int) -> None:
+        layout = self.layouts[bucket]
+        self.forward(self.packed[: layout.size], layout, self.out)
+
+    @torch.no_grad()
+    def capture_all(self) -> None:
+        """Capture every bucket, largest first so smaller graphs reuse the pool's memory."""
+        if not self.capture_enabled:
+            return
+        assert self.stream is not None
+        self.pool = torch.cuda.graph_pool_handle()
+        with torch.cuda.stream(self.stream):
+            for bucket in reversed(self.buckets):
+                self._fill_padding(bucket)
+                for _ in range(2):  # JIT-compile kernels and let cuBLAS pick algorithms before capture
+                    self._run_eager(bucket)
+                self.stream.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
+                    self._run_eager(bucket)
+                self.graphs[bucket] = graph
+            self._fill_padding(self.buckets[0])
+        self.stream.synchronize()
+
+    def load(self, packed_host: torch.Tensor, bucket: int) -> None:
+        """Upload one prepared step (int32, bucket layout) into the static buffer (async from pinned memory)."""
+        n = self.layouts[bucket].size
+        self.packed[:n].copy_(packed_host[:n], non_blocking=self.device.type == "cuda")
+
+    def run(self, bucket: int) -> None:
+        graph = self.graphs.get(bucket)
+        if graph is not None:
+            graph.replay()
+        else:
+            self._run_eager(bucket)
+
+    def close(self) -> None:
+        self.graphs.clear()
+        self.pool = None

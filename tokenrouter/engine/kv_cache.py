@@ -1,0 +1,39 @@
+"""Paged KV storage of one engine, sized from an explicit byte budget.
+
+Layout: one allocation [num_layers, 2, num_pages, page_size, num_kv_heads, head_dim]; layer l uses
+`k = kv[l, 0]`, `v = kv[l, 1]` (each contiguous). Position p of a request lives in page
+`req.pages[p // page_size]` at offset `p % page_size`. Page ids are handed out by the shared `KVPool` (the
+scheduler's book); this class only owns the memory. Page 0 is the null page that padded graph rows write.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tokenrouter.core.kv import KVPool
+from tokenrouter.models.spec import ModelSpec
+
+
+def kv_bytes_per_page(spec: ModelSpec, page_size: int, dtype: torch.dtype) -> int:
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return 2 * spec.num_layers * page_size * spec.num_kv_heads * spec.head_dim * itemsize
+
+
+def num_pages_for_budget(spec: ModelSpec, budget_bytes: int, page_size: int, dtype: torch.dtype) -> int:
+    """Pages that fit in `budget_bytes` (at least 2: the null page and one usable page)."""
+    return max(2, budget_bytes // kv_bytes_per_page(spec, page_size, dtype))
+
+
+class KVCache:
+    """K/V pages for every layer; zero-filled so a kernel that reads a whole page never sees NaN garbage."""
+
+    def __init__(self, spec: ModelSpec, pool: KVPool, *, device: torch.device, dtype: torch.dtype) -> None:
+        self.num_pages = pool.num_pages
+        self.page_size = pool.page_size
+        shape = (spec.num_layers, 2, pool.num_pages, pool.page_size, spec.num_kv_heads, spec.head_dim)
+        self.kv = torch.zeros(shape, device=device, dtype=dtype)
+        self.layers: list[tuple[torch.Tensor, torch.Tensor]] = [(self.kv[i, 0], self.kv[i, 1]) for i in range(shape[0])]
+
+    @property
+    def nbytes(self) -> int:
+        return self.kv.numel() * self.kv.element_size()

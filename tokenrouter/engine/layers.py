@@ -1,0 +1,129 @@
+"""Building blocks of the decoder: RMSNorm, rotary embedding, fused linear layers, SwiGLU.
+
+Parameters are allocated uninitialized, directly on the target device and dtype (a 32B model must not be
+built on the host first); the loader or the dummy initializer fills them. The torch paths follow HF
+transformers op for op (RMSNorm in float32, cos/sin computed in float32 and cast to the activation dtype),
+so fp32 outputs match HF to rounding. With `use_triton` (the CUDA default) the small elementwise stages run
+as single Triton kernels (`triton_ops`), with the same rounding points.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def empty_param(*shape: int, device: torch.device, dtype: torch.dtype) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape, device=device, dtype=dtype), requires_grad=False)
+
+
+def triton_ops_module(use_triton: bool) -> ModuleType | None:
+    """The Triton kernels module, imported only when used (its decorators read TRITON_INTERPRET at import)."""
+    return importlib.import_module("tokenrouter.engine.triton_ops") if use_triton else None
+
+
+def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF's RMSNorm: normalize in float32, cast back, then multiply by the weight in the input dtype."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm over the last dim, optionally fused with the residual add that precedes it."""
+
+    def __init__(self, dim: int, eps: float, *, device: torch.device, dtype: torch.dtype, use_triton: bool) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = empty_param(dim, device=device, dtype=dtype)
+        self._ops = triton_ops_module(use_triton)
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(RMSNorm(x + residual), x + residual); without `residual`: (RMSNorm(x), None). x: [T, dim]."""
+        if self._ops is not None:
+            return self._ops.rms_norm(x, self.weight, self.eps, residual)
+        if residual is not None:
+            x = x + residual
+            residual = x
+        return rms_norm_ref(x, self.weight, self.eps), residual
+
+
+class MergedLinear(nn.Module):
+    """Several projections that read the same input, stored as one [sum(out), in] weight: one matmul.
+
+    `shards` names the checkpoint projections in output order (e.g. q, k, v) with their output sizes, so the
+    loader can copy each HF tensor into its row slice.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        shards: list[tuple[str, int]],
+        *,
+        bias: bool,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> None:
+        super().__init__()
+        self.shards = shards
+        self.out_features = sum(n for _, n in shards)
+        self.weight = empty_param(self.out_features, in_features, device=device, dtype=dtype)
+        self.bias = empty_param(self.out_features, device=device, dtype=dtype) if bias else None
+
+    def shard_slices(self) -> dict[str, slice]:
+        out, off = {}, 0
+        for name, n in self.shards:
+            out[name] = slice(off, off + n)
+            off += n
+        return out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class RotaryEmbedding(nn.Module):
+    """NeoX-style RoPE (rotate halves) with a cos/sin table for positions 0..max_positions-1.
+
+    The table is float32 [max_positions, head_dim] (cos | sin halves) so a step only gathers rows by position.
+    """
+
+    def __init__(self, head_dim: int, theta: float, max_positions: int, *, device: torch.device) -> None:
+        super().__init__()
+        # Same expression as HF (int64 arange cast to float) so fp32 tables agree to the last bit.
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim))
+        freqs = torch.arange(max_positions, device=device, dtype=torch.float32)[:, None] * inv_freq[None, :]
+        self.register_buffer("cos_sin", torch.cat([freqs.cos(), freqs.sin()], dim=-1), persistent=False)
+        self.half = head_dim // 2
+        self.max_positions = max_positions
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate q [T, Hq, D] and k [T, Hkv, D] by their token positions [T]."""
+        cs = self.cos_sin.index_select(0, positions).to(q.dtype)
+        cos, sin = cs[:, None, : self.half], cs[:, None, self.half :]
+        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class SiluAndMul(nn.Module):
+    """SwiGLU activation on a fused gate|up projection: SiLU(x[:, :N]) * x[:, N:]."""
+
+    def __init__(self, use_triton: bool) -> None:
+        super().__init__()
+        self._ops = triton_ops_module(use_triton)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._ops is not None:
+            return self._ops.silu_and_mul(x)
+        n = x.shape[-1] // 2
+        return F.silu(x[:, :n]) * x[:, n:]

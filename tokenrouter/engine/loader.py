@@ -1,0 +1,133 @@
+"""Model loading: spec resolution, HF safetensors checkpoints (single file or sharded), dummy weights.
+
+Every failure that is the model directory's fault raises `ModelLoadError` with one line naming the culprit.
+Weights land in the fused parameters of `CausalLM` (q|k|v and gate|up are copied into row slices), so the
+checkpoint layout and the runtime layout are decoupled by `CausalLM.checkpoint_params()` alone.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from tokenrouter.engine.errors import ModelLoadError
+from tokenrouter.engine.model import CausalLM
+from tokenrouter.models.spec import ModelSpec, load_spec
+
+INDEX_FILE = "model.safetensors.index.json"
+# Tensors some checkpoints carry that the model does not need.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def resolve_spec(model: str) -> tuple[ModelSpec, Path | None]:
+    """(spec, checkpoint directory or None for a bundled spec name)."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        cfg_file = path / "config.json"
+        if not cfg_file.is_file():
+            raise ModelLoadError(f"{path}: no config.json in the model directory")
+        try:
+            cfg = json.loads(cfg_file.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ModelLoadError(f"{cfg_file}: cannot read config ({e})") from None
+        if not isinstance(cfg, dict):
+            raise ModelLoadError(f"{cfg_file}: config is not a JSON object")
+        try:
+            return ModelSpec.from_hf_config(cfg, name=path.name), path
+        except ValueError as e:
+            raise ModelLoadError(f"{path}: {e}") from None
+    if path.exists() or "/" in model.strip("/").removeprefix("Qwen/"):
+        raise ModelLoadError(f"{model}: not a model directory")
+    try:
+        return load_spec(model), None
+    except ValueError as e:
+        raise ModelLoadError(str(e)) from None
+
+
+def checkpoint_files(directory: Path) -> dict[Path, list[str] | None]:
+    """Safetensors files to read -> the tensor names the index assigns them (None: read all of it)."""
+    index = directory / INDEX_FILE
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
+            raise ModelLoadError(f"{index}: bad safetensors index ({e})") from None
+        files: dict[Path, list[str] | None] = {}
+        for name, fname in weight_map.items():
+            names = files.setdefault(directory / fname, [])
+            assert names is not None
+            names.append(name)
+        for f in files:
+            if not f.is_file():
+                raise ModelLoadError(f"{index}: shard {f.name} is missing")
+        return files
+    single = directory / "model.safetensors"
+    if single.is_file():
+        return {single: None}
+    found = sorted(directory.glob("*.safetensors"))
+    if not found:
+        others = sorted(p.name for p in directory.glob("*.bin"))
+        hint = f" (found {others[0]}; only safetensors is supported)" if others else ""
+        raise ModelLoadError(f"{directory}: no safetensors weights{hint}")
+    return dict.fromkeys(found)
+
+
+@torch.no_grad()
+def load_safetensors(model: CausalLM, directory: Path) -> None:
+    """Copy every checkpoint tensor into its (slice of a) parameter; all expected tensors must be present."""
+    from safetensors import SafetensorError, safe_open
+
+    params = model.checkpoint_params()
+    seen: set[str] = set()
+    for file, names in checkpoint_files(directory).items():
+        try:
+            with safe_open(str(file), framework="pt", device="cpu") as f:
+                keys = set(f.keys())
+                for name in names if names is not None else sorted(keys):
+                    if name not in keys:
+                        raise ModelLoadError(f"{file.name}: tensor {name} listed in the index is not in the file")
+                    tied_head = name == "lm_head.weight" and model.spec.tie_word_embeddings
+                    if tied_head or name.endswith(_IGNORED_SUFFIXES):
+                        continue
+                    if name not in params:
+                        raise ModelLoadError(f"{file.name}: unexpected tensor {name} for {model.spec.architecture}")
+                    param, rows = params[name]
+                    dst = param.data if rows is None else param.data[rows]
+                    tensor = f.get_tensor(name)
+                    if tuple(tensor.shape) != tuple(dst.shape):
+                        raise ModelLoadError(
+                            f"{file.name}: tensor {name} has shape {tuple(tensor.shape)}, expected {tuple(dst.shape)}"
+                        )
+                    dst.copy_(tensor)
+                    seen.add(name)
+        except SafetensorError as e:
+            raise ModelLoadError(f"{file}: unreadable safetensors file ({e})") from None
+    missing = [n for n in params if n not in seen]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise ModelLoadError(f"{directory}: checkpoint is missing tensor {missing[0]}{more}")
+
+
+@torch.no_grad()
+def init_dummy_weights(model: CausalLM, seed: int) -> None:
+    """Random weights at the real shapes, generated on the model's device (no host copy of a large model).
+
+    Matrices ~ N(0, 1/fan_in) keep every projection's output at unit scale, norms are 1 and biases small,
+    so activations stay finite in bf16 through any depth and logits have O(1) spread.
+    """
+    device = model.embed_tokens.device
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    done: set[int] = set()
+    for name, (param, _) in model.checkpoint_params().items():
+        if id(param) in done:
+            continue
+        done.add(id(param))
+        if name.endswith("norm.weight"):
+            param.fill_(1.0)
+        elif param.dim() == 1:
+            param.normal_(0.0, 0.02, generator=gen)
+        else:
+            param.normal_(0.0, param.shape[1] ** -0.5, generator=gen)

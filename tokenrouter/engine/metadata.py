@@ -1,0 +1,32 @@
+"""`AttentionMetadata`: what every attention layer of one step needs, passed explicitly (no global context).
+
+Two layouts:
+- decode (`cu_seqlens_q is None`): one query per attention row; row i attends to `seq_lens[i]` tokens of
+  `block_tables[i]`. The graph path also runs small extend rows this way, one attention row per token
+  ("virtual decode" rows: same page table, `seq_len = position + 1`), which keeps every graph on the
+  graph-safe decode kernel.
+- extend (`cu_seqlens_q` set): packed variable-length queries, causal; query i of row b sits at position
+  `seq_lens[b] - q_len_b + i`.
+In both, the step's own K/V are stored through `slot_mapping` before attention reads the cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # [T] int64: page * page_size + offset for every fed token (0 for padding)
+    block_tables: torch.Tensor  # [R, W] int32 page table per attention row (unused tail: page 0)
+    seq_lens: torch.Tensor  # [R] int32 KV length per attention row, including this step's tokens
+    cu_seqlens_q: torch.Tensor | None = None  # [R+1] int32 (extend layout) or None (decode layout)
+    max_q_len: int = 1
+    num_splits: int | None = None
+    backend: str = "auto"
+
+    @property
+    def is_decode(self) -> bool:
+        return self.cu_seqlens_q is None

@@ -1,0 +1,196 @@
+"""Decoder-only causal LM: Qwen3 dense, with Qwen2 and Llama as configuration variants.
+
+Layer: x -> RMSNorm -> fused qkv -> (q/k RMSNorm, Qwen3) -> RoPE -> store K/V in the paged cache ->
+paged attention -> o_proj -> +residual -> RMSNorm -> fused gate|up -> SiLU(gate)*up -> down -> +residual.
+Each residual add is fused into the RMSNorm that follows it; on CUDA q/k-norm + RoPE + KV store is one
+kernel (`triton_ops`), so a layer is ~10 launches: 4 GEMMs, 2 norms, 1 rope/store, attention, SwiGLU.
+
+Invariants: every tensor of a forward is packed over the step's tokens ([T, ...]); the forward never syncs
+with the host and never allocates depending on tensor values, so the same code runs eagerly and under
+CUDA-graph capture. The LM head is applied only to the rows a step samples (`compute_logits`).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tokenrouter.engine import attention
+from tokenrouter.engine.config import ArchConfig
+from tokenrouter.engine.layers import (
+    MergedLinear,
+    RMSNorm,
+    RotaryEmbedding,
+    SiluAndMul,
+    empty_param,
+    rms_norm_ref,
+    triton_ops_module,
+)
+from tokenrouter.engine.metadata import AttentionMetadata
+from tokenrouter.models.spec import ModelSpec
+
+KVLayer = tuple[torch.Tensor, torch.Tensor]  # (k_cache, v_cache), each [num_pages, page_size, Hkv, D]
+
+
+class DecoderAttention(nn.Module):
+    def __init__(self, spec: ModelSpec, arch: ArchConfig, rope: RotaryEmbedding, *, device, dtype, use_triton) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.scale = self.head_dim**-0.5
+        self.eps = spec.rms_norm_eps
+        kw = {"device": device, "dtype": dtype}
+        self.qkv_proj = MergedLinear(
+            spec.hidden_size,
+            [("q_proj", self.q_size), ("k_proj", self.kv_size), ("v_proj", self.kv_size)],
+            bias=arch.qkv_bias,
+            **kw,
+        )
+        self.o_proj = MergedLinear(self.q_size, [("o_proj", spec.hidden_size)], bias=arch.o_bias, **kw)
+        # Qwen3 q_norm | k_norm weights side by side ([2 * head_dim]) so one kernel reads both.
+        self.qk_norm_weight = empty_param(2 * self.head_dim, **kw) if arch.qk_norm else None
+        self.rope = rope
+        self._ops = triton_ops_module(use_triton)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, kv: KVLayer) -> torch.Tensor:
+        t = x.shape[0]
+        qkv = self.qkv_proj(x)
+        k_cache, v_cache = kv
+        if self._ops is not None:
+            norm_w = None if self.qk_norm_weight is None else self.qk_norm_weight.view(2, self.head_dim)
+            q = self._ops.qk_norm_rope_store(
+                qkv, positions, self.rope.cos_sin, norm_w, self.eps, k_cache, v_cache, meta.slot_mapping,
+                self.num_heads, self.num_kv_heads, self.head_dim,
+            )  # fmt: skip
+        else:
+            q = qkv[:, : self.q_size].view(t, self.num_heads, self.head_dim)
+            k = qkv[:, self.q_size : self.q_size + self.kv_size].view(t, self.num_kv_heads, self.head_dim)
+            v = qkv[:, self.q_size + self.kv_size :].view(t, self.num_kv_heads, self.head_dim)
+            if self.qk_norm_weight is not None:
+                q = rms_norm_ref(q, self.qk_norm_weight[: self.head_dim], self.eps)
+                k = rms_norm_ref(k, self.qk_norm_weight[self.head_dim :], self.eps)
+            q, k = self.rope(positions, q, k)
+            attention.store_kv(k, v.contiguous(), k_cache, v_cache, meta.slot_mapping)
+        if meta.is_decode:
+            o = attention.decode_attention(
+                q, k_cache, v_cache, meta.block_tables, meta.seq_lens, self.scale,
+                num_splits=meta.num_splits, backend=meta.backend,
+            )  # fmt: skip
+        else:
+            o = attention.extend_attention(
+                q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.seq_lens, self.scale,
+                max_q_len=meta.max_q_len, backend=meta.backend,
+            )  # fmt: skip
+        return self.o_proj(o.reshape(t, self.q_size))
+
+
+class DecoderMLP(nn.Module):
+    def __init__(self, spec: ModelSpec, *, device, dtype, use_triton) -> None:
+        super().__init__()
+        inter = spec.intermediate_size
+        kw = {"device": device, "dtype": dtype}
+        self.gate_up_proj = MergedLinear(spec.hidden_size, [("gate_proj", inter), ("up_proj", inter)], bias=False, **kw)
+        self.act = SiluAndMul(use_triton)
+        self.down_proj = MergedLinear(inter, [("down_proj", spec.hidden_size)], bias=False, **kw)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_up_proj(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, spec: ModelSpec, arch: ArchConfig, rope: RotaryEmbedding, *, device, dtype, use_triton) -> None:
+        super().__init__()
+        kw = {"device": device, "dtype": dtype, "use_triton": use_triton}
+        self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, **kw)
+        self.self_attn = DecoderAttention(spec, arch, rope, **kw)
+        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, **kw)
+        self.mlp = DecoderMLP(spec, **kw)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv: KVLayer,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(layer output, residual stream): the residual add is fused into the next norm, so the stream after
+        this layer is `output + residual` (None on entry to the first layer: the stream is the embedding)."""
+        if residual is None:
+            h, _ = self.input_layernorm(x)
+            residual = x
+        else:
+            h, residual = self.input_layernorm(x, residual)
+        h = self.self_attn(h, positions, meta, kv)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h), residual
+
+
+class CausalLM(nn.Module):
+    """Qwen3ForCausalLM / Qwen2ForCausalLM / LlamaForCausalLM, selected by `ArchConfig` switches."""
+
+    def __init__(
+        self, spec: ModelSpec, arch: ArchConfig, max_positions: int, *, device, dtype, use_triton: bool = False
+    ) -> None:
+        super().__init__()
+        self.spec, self.arch = spec, arch
+        kw = {"device": device, "dtype": dtype}
+        self.rope = RotaryEmbedding(spec.head_dim, arch.rope_theta, max_positions, device=device)
+        self.embed_tokens = empty_param(spec.vocab_size, spec.hidden_size, **kw)
+        self.layers = nn.ModuleList(
+            DecoderLayer(spec, arch, self.rope, **kw, use_triton=use_triton) for _ in range(spec.num_layers)
+        )
+        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, **kw, use_triton=use_triton)
+        # Tied models read the embedding table as the LM head: one tensor, no copy.
+        tied = spec.tie_word_embeddings
+        self.lm_head = self.embed_tokens if tied else empty_param(spec.vocab_size, spec.hidden_size, **kw)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_layers: list[KVLayer],
+    ) -> torch.Tensor:
+        """Residual stream after the last layer (before the final norm), [T, hidden]."""
+        x = F.embedding(input_ids, self.embed_tokens)
+        residual = None
+        for layer, kv in zip(self.layers, kv_layers, strict=True):
+            x, residual = layer(x, residual, positions, meta, kv)
+        return x + residual
+
+    def compute_logits(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(final-norm hidden, logits in the model dtype) for the selected rows [R, hidden]."""
+        h, _ = self.norm(hidden)
+        return h, F.linear(h, self.lm_head)
+
+    def checkpoint_params(self) -> dict[str, tuple[nn.Parameter, slice | None]]:
+        """HF checkpoint tensor name -> (our parameter, row slice inside it or None for the whole tensor)."""
+        out: dict[str, tuple[nn.Parameter, slice | None]] = {"model.embed_tokens.weight": (self.embed_tokens, None)}
+        for i, layer in enumerate(self.layers):
+            p = f"model.layers.{i}."
+            out[p + "input_layernorm.weight"] = (layer.input_layernorm.weight, None)
+            out[p + "post_attention_layernorm.weight"] = (layer.post_attention_layernorm.weight, None)
+            attn = layer.self_attn
+            merged = {"self_attn.": (attn.qkv_proj, attn.o_proj), "mlp.": (layer.mlp.gate_up_proj, layer.mlp.down_proj)}
+            for prefix, mods in merged.items():
+                for mod in mods:
+                    _add_merged(out, p + prefix, mod)
+            if attn.qk_norm_weight is not None:
+                d = attn.head_dim
+                out[p + "self_attn.q_norm.weight"] = (attn.qk_norm_weight, slice(0, d))
+                out[p + "self_attn.k_norm.weight"] = (attn.qk_norm_weight, slice(d, 2 * d))
+        out["model.norm.weight"] = (self.norm.weight, None)
+        if not self.spec.tie_word_embeddings:
+            out["lm_head.weight"] = (self.lm_head, None)
+        return out
+
+
+def _add_merged(out: dict, prefix: str, mod: MergedLinear) -> None:
+    single = len(mod.shards) == 1
+    for name, sl in mod.shard_slices().items():
+        out[f"{prefix}{name}.weight"] = (mod.weight, None if single else sl)
+        if mod.bias is not None:
+            out[f"{prefix}{name}.bias"] = (mod.bias, None if single else sl)

@@ -1,0 +1,171 @@
+"""Triton kernels for the decoder's small elementwise stages (CUDA path).
+
+Why: a decode step of a small batch is a chain of tiny kernels; in a CUDA graph each still costs a few
+microseconds, and the torch versions of RMSNorm (8 ops), q/k-norm + RoPE (~30 ops) and SwiGLU (3 ops) would
+add ~60 launches per layer. These kernels make it one launch per stage:
+- `rms_norm`: (optional residual add) + RMSNorm, one program per token row.
+- `qk_norm_rope_store`: per-head q/k RMSNorm (Qwen3), NeoX RoPE, and the K/V write into the paged cache
+  (the cache layout contract of `tokenrouter.engine.attention`), one program per (token, head).
+- `silu_and_mul`: SiLU(gate) * up over a fused gate|up row.
+Rounding follows HF transformers (round to the activation dtype where HF does) so bf16 results stay close
+to HF's. Launch parameters depend only on shapes, never on tensor values: graph-capturable.
+
+Import this module only where kernels will run (CUDA, or TRITON_INTERPRET=1 tests): the decorators read
+the interpreter switch at import time.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rms_norm_kernel(
+    X, R, W, Y, RO,
+    stride_x, stride_r, stride_y, stride_ro,
+    n_cols, eps,
+    HAS_RES: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    if HAS_RES:
+        r = tl.load(R + row * stride_r + cols, mask=mask, other=0.0).to(tl.float32)
+        s = (x + r).to(RO.dtype.element_ty)  # the residual stream is rounded like HF's `residual + x`
+        tl.store(RO + row * stride_ro + cols, s, mask=mask)
+        x = s.to(tl.float32)
+    inv = tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + eps)
+    w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+    y = (x * inv).to(Y.dtype.element_ty).to(tl.float32) * w
+    tl.store(Y + row * stride_y + cols, y.to(Y.dtype.element_ty), mask=mask)
+
+
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """y = RMSNorm(x [+ residual]); returns (y, x + residual or None). x, residual: [T, N], last dim contiguous."""
+    t, n = x.shape
+    y = torch.empty_like(x)
+    res_out = torch.empty_like(x) if residual is not None else None
+    if t == 0:
+        return y, res_out
+    block = triton.next_power_of_2(n)
+    r = residual if residual is not None else x
+    ro = res_out if res_out is not None else y
+    _rms_norm_kernel[(t,)](
+        x, r, weight, y, ro,
+        x.stride(0), r.stride(0), y.stride(0), ro.stride(0),
+        n, eps,
+        HAS_RES=residual is not None, BLOCK=block, num_warps=min(16, max(1, block // 256)),
+    )  # fmt: skip
+    return y, res_out
+
+
+@triton.jit
+def _qk_norm_rope_store_kernel(
+    QKV, Pos, CosSin, NormW, Q, KC, VC, Slots,
+    stride_qkv, stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_cs,
+    eps,
+    NUM_Q: tl.constexpr, NUM_KV: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr,
+    BLOCK_H: tl.constexpr, HAS_NORM: tl.constexpr,
+):  # fmt: skip
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    offs = tl.arange(0, BLOCK_H)
+    m = offs < HALF
+    dt = Q.dtype.element_ty
+    src = QKV + t * stride_qkv + h * HEAD_DIM
+    x1 = tl.load(src + offs, mask=m, other=0.0).to(tl.float32)
+    x2 = tl.load(src + HALF + offs, mask=m, other=0.0).to(tl.float32)
+    if HAS_NORM:
+        w_off = (h >= NUM_Q).to(tl.int32) * HEAD_DIM  # row 0: q_norm, row 1: k_norm
+        inv = tl.rsqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / HEAD_DIM + eps)
+        w1 = tl.load(NormW + w_off + offs, mask=m, other=0.0).to(tl.float32)
+        w2 = tl.load(NormW + w_off + HALF + offs, mask=m, other=0.0).to(tl.float32)
+        x1 = ((x1 * inv).to(dt).to(tl.float32) * w1).to(dt).to(tl.float32)
+        x2 = ((x2 * inv).to(dt).to(tl.float32) * w2).to(dt).to(tl.float32)
+    pos = tl.load(Pos + t).to(tl.int64)
+    cos = tl.load(CosSin + pos * stride_cs + offs, mask=m, other=0.0).to(dt).to(tl.float32)
+    sin = tl.load(CosSin + pos * stride_cs + HALF + offs, mask=m, other=0.0).to(dt).to(tl.float32)
+    o1 = (x1 * cos - x2 * sin).to(dt)
+    o2 = (x2 * cos + x1 * sin).to(dt)
+    if h < NUM_Q:
+        dst = Q + t * stride_qt + h * stride_qh
+        tl.store(dst + offs, o1, mask=m)
+        tl.store(dst + HALF + offs, o2, mask=m)
+    else:
+        j = h - NUM_Q
+        slot = tl.load(Slots + t).to(tl.int64)
+        kd = KC + slot * stride_ks + j * stride_kh
+        tl.store(kd + offs, o1, mask=m)
+        tl.store(kd + HALF + offs, o2, mask=m)
+        vs = QKV + t * stride_qkv + (NUM_Q + NUM_KV + j) * HEAD_DIM
+        vd = VC + slot * stride_vs + j * stride_vh
+        tl.store(vd + offs, tl.load(vs + offs, mask=m, other=0.0), mask=m)
+        tl.store(vd + HALF + offs, tl.load(vs + HALF + offs, mask=m, other=0.0), mask=m)
+
+
+def qk_norm_rope_store(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin: torch.Tensor,
+    norm_weight: torch.Tensor | None,
+    eps: float,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+) -> torch.Tensor:
+    """From fused qkv [T, (Hq + 2 Hkv) * D]: return rotated (and q-normed) q [T, Hq, D]; write rotated
+    (k-normed) k and v into the paged caches at `slot_mapping`. `norm_weight` is [2, D] (q_norm; k_norm)
+    or None (no q/k norm). `cos_sin` is the float32 [max_pos, D] table (cos | sin halves)."""
+    t = qkv.shape[0]
+    if head_dim % 2:
+        raise ValueError(f"RoPE needs an even head_dim, got {head_dim}")
+    if qkv.stride(1) != 1 or k_cache.stride(3) != 1 or v_cache.stride(3) != 1:
+        raise ValueError("qkv rows and cache head_dim must be contiguous")
+    if any(c.stride(0) != c.shape[1] * c.stride(1) for c in (k_cache, v_cache)):
+        raise ValueError("KV cache pages must be laid out back to back (slot = page * page_size + offset)")
+    q = torch.empty(t, num_heads, head_dim, device=qkv.device, dtype=qkv.dtype)
+    if t == 0:
+        return q
+    half = head_dim // 2
+    nw = norm_weight if norm_weight is not None else qkv
+    _qk_norm_rope_store_kernel[(t, num_heads + num_kv_heads)](
+        qkv, positions, cos_sin, nw, q, k_cache, v_cache, slot_mapping,
+        qkv.stride(0), q.stride(0), q.stride(1), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(1), v_cache.stride(2), cos_sin.stride(0),
+        eps,
+        NUM_Q=num_heads, NUM_KV=num_kv_heads, HEAD_DIM=head_dim, HALF=half,
+        BLOCK_H=triton.next_power_of_2(half), HAS_NORM=norm_weight is not None, num_warps=1,
+    )  # fmt: skip
+    return q
+
+
+@triton.jit
+def _silu_and_mul_kernel(X, Y, stride_x, stride_y, n_cols, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    g = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(X + row * stride_x + n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+    dt = Y.dtype.element_ty
+    s = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)  # HF: silu(gate) rounded, then * up
+    tl.store(Y + row * stride_y + cols, (s * u).to(dt), mask=mask)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """SiLU(x[:, :N]) * x[:, N:] for x [T, 2N] -> [T, N]."""
+    t, n2 = x.shape
+    n = n2 // 2
+    y = torch.empty(t, n, device=x.device, dtype=x.dtype)
+    if t == 0:
+        return y
+    block = 1024
+    _silu_and_mul_kernel[(t, triton.cdiv(n, block))](x, y, x.stride(0), y.stride(0), n, BLOCK=block, num_warps=4)
+    return y
