@@ -30,8 +30,8 @@ def models() -> None:
     t = Table(title="bundled model configs (bf16)")
     for col in ("model", "params", "weights GB", "KV KiB/token", "layers", "heads q/kv", "tied"):
         t.add_column(col, justify="left" if col == "model" else "right")
-    for name in bundled_model_names():
-        s = load_spec(name)
+    for s in sorted((load_spec(n) for n in bundled_model_names()), key=lambda s: s.num_params):
+        name = s.name
         t.add_row(
             name,
             f"{s.num_params / 1e9:.2f}B",

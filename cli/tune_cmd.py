@@ -79,9 +79,6 @@ def register(app: typer.Typer) -> None:
         dep = cfg.deployment
         dep.policy.table = {p.concurrency: list(p.best) for p in points}
         dep.policy.thresholds = list(points[-1].best)
-        buckets = sorted({1, 2, 4, 8, 16, 24, 32, 48, 64} | {b for b in (ns[-1],)})
-        for m in dep.models:
-            m.graph_buckets = [b for b in buckets if b <= max(8, 2 * ns[-1])]
         dep.notes = {
             "tuned_by": "trsim tune",
             "hop_rate": hop_rate,

@@ -30,8 +30,6 @@ from tokenrouter.sim.metrics import MetricsCollector
 from tokenrouter.sim.subserver import SimSubserver
 from tokenrouter.workloads import RequestSpec, load_hop_trace, make_workload
 
-# Rows longer than this (prefills) run eagerly; decode and short peer returns are captured in graphs.
-GRAPH_MAX_ROW_TOKENS = 8
 # Fraction of GPU memory an engine may use (weights + KV), as serving engines leave headroom.
 MEM_FRACTION = 0.9
 
@@ -151,9 +149,11 @@ def run_sim(cfg: SimConfig) -> SimResult:
         overhead = cost.router_ms(i) + (0.0 if dep.scheduler.overlap else cost.sched_ms(i))
         max_bucket = max(mc.graph_buckets) if mc.cuda_graphs else 0
 
-        def step_ms(batch: Batch, corunning: bool, _c=mcost, _mb=max_bucket) -> float:
+        def step_ms(batch: Batch, corunning: bool, _c=mcost, _mb=max_bucket, _mt=mc.graph_max_row_tokens) -> float:
+            # As the engine does: a step runs in a graph when its rows, each unrolled into one decode row
+            # per token, fit the largest bucket and no row is longer than graph_max_row_tokens.
             rows = batch.rows
-            graph = len(rows) <= _mb and all(r.num_tokens <= GRAPH_MAX_ROW_TOKENS for r in rows)
+            graph = batch.num_tokens <= _mb and all(r.num_tokens <= _mt for r in rows)
             return _c.step_ms(batch, graph=graph, corunning=corunning)
 
         subs.append(SimSubserver(env, sched, step_ms=step_ms, overhead_ms=overhead, metrics=metrics))

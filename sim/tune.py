@@ -58,22 +58,38 @@ def routing_matrices(cfg: SimConfig) -> tuple[np.ndarray, np.ndarray]:
     )
 
 
-def step_time_fns(cfg: SimConfig) -> list[Callable[[int], float]]:
-    """L_i(b) in ms: b decode rows at the workload's mean context, plus router/scheduler overheads and, when
-    the models share a GPU, the MPS slowdown (they run concurrently most of the time)."""
+def tokens_per_row(P: np.ndarray) -> list[float]:
+    """Mean tokens a row feeds on each of two models: the first step of a visit feeds what the peer wrote
+    in its run (about its run length r_j = 1/(1 - P_jj) tokens), the other r_i - 1 steps feed one each."""
+    r = [1.0 / max(1e-9, 1.0 - float(P[i][i])) for i in range(2)]
+    return [(r[1 - i] + r[i] - 1.0) / r[i] for i in range(2)]
+
+
+def step_time_fns(cfg: SimConfig, corun: list[float] | None = None) -> list[Callable[[int], float]]:
+    """L_i(b) in ms: b decode rows at the workload's mean context, plus router/scheduler overheads. When the
+    models share a GPU, model i's step is slowed by MPS for the fraction `corun[i]` of time its peer runs."""
     dep = cfg.deployment
     names = [m.name for m in dep.models]
     cost = cfg.cost if cfg.cost is not None else CostModel(load_profile(dep.profile), dep.placement.mode, models=names)
     specs = make_workload(cfg.workload, min(cfg.num_requests, 256), cfg.seed, max_output=cfg.max_output)
     ctx = float(np.mean([s.prompt_len + s.output_len / 2 for s in specs]))
-    corun = dep.placement.mode == "mps"
+    shared = dep.placement.mode == "mps"
+    tpr = tokens_per_row(routing_matrices(cfg)[0])
     fns = []
     for i, mc in enumerate(dep.models):
         mcost = cost.for_model(i)
         extra = cost.router_ms(i) + (0.0 if dep.scheduler.overlap else cost.sched_ms(i))
+        u = corun[i] if shared and corun is not None else 0.0
+        t = tpr[i]
+        max_bucket = max(mc.graph_buckets) if mc.cuda_graphs else 0
 
-        def f(b: int, _c=mcost, _x=extra, _g=mc.cuda_graphs) -> float:
-            return _c.step_ms_from(b, b, 0, int(b * ctx), graph=_g, corunning=corun) + _x
+        def f(b: int, _c=mcost, _x=extra, _u=u, _t=t, _mb=max_bucket, _mt=mc.graph_max_row_tokens) -> float:
+            toks = round(b * _t)
+            ext = toks if _t > 1 else 0
+            graph = toks <= _mb and _t <= _mt
+            alone = _c.step_ms_from(b, toks, ext, int(b * ctx), graph=graph, corunning=False)
+            slow = _c.step_ms_from(b, toks, ext, int(b * ctx), graph=graph, corunning=True) if _u else alone
+            return (1 - _u) * alone + _u * slow + _x
 
         fns.append(f)
     return fns
@@ -82,8 +98,12 @@ def step_time_fns(cfg: SimConfig) -> list[Callable[[int], float]]:
 def predict_thresholds(cfg: SimConfig, concurrency: int | None = None) -> Prediction:
     n = concurrency or cfg.concurrency
     P, C = routing_matrices(cfg)
-    model = MarkovModel.create(step_time_fns(cfg), P, C, n, delta_ms=DELTA_MS)
-    search = model.best_thresholds()
+    search = MarkovModel.create(step_time_fns(cfg), P, C, n, delta_ms=DELTA_MS).best_thresholds()
+    if cfg.deployment.placement.mode == "mps" and n > 1:
+        # Second pass: slow each model down for the share of time its peer was busy at the first pass's B*.
+        busy = dict((r.thresholds, r.busy_fraction) for r in search.results)[tuple(search.best)]
+        corun = [max(busy[j] for j in range(len(busy)) if j != i) for i in range(len(busy))]
+        search = MarkovModel.create(step_time_fns(cfg, corun), P, C, n, delta_ms=DELTA_MS).best_thresholds()
     ranked = [(r.thresholds, r.throughput_tok_s) for r in search.ranked()]
     return Prediction(tuple(search.best), float(search.best_throughput_tok_s), ranked)
 

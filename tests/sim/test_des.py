@@ -134,3 +134,15 @@ def test_trace_router_replays_hops():
     df = res.metrics.to_frame().set_index("rid")
     assert df.loc["t0", "output_len"] == 10 and df.loc["t1", "output_len"] == 4
     assert res.summary["tokens_model1"] == 2
+
+
+def test_tune_token_per_row_estimate_matches_r2r_and_rstitch():
+    import numpy as np
+
+    from tokenrouter.sim.tune import tokens_per_row
+
+    p = 0.1
+    assert tokens_per_row(np.array([[1 - p, p], [1.0, 0.0]])) == pytest.approx([1.0, 1 / p])
+    q = 0.25  # r-stitch: the large runs 4 steps, the small's first step after it feeds 4 tokens
+    small, large = tokens_per_row(np.array([[1 - p, p], [q, 1 - q]]))
+    assert small == pytest.approx((4 + 10 - 1) / 10) and large == pytest.approx((10 + 4 - 1) / 4)

@@ -30,8 +30,9 @@ def test_des_matches_markov_within_2_percent(hop, n, b, ret):
         policy=PolicyConfig("delayed", list(b)),
         router=RouterConfig(router, hop_rate=hop, return_prob=ret),
     )
-    res = run_sim(SimConfig(dep, workload="fixed:16,400", num_requests=40 * n, concurrency=n, seed=3,
-                            cost=ConstantCost(STEP_MS)))
+    res = run_sim(
+        SimConfig(dep, workload="fixed:16,400", num_requests=40 * n, concurrency=n, seed=3, cost=ConstantCost(STEP_MS))
+    )
     P, C = r2r_preset(hop) if ret == 1.0 else rstitch_preset(hop, ret)
     predicted = throughput(STEP_MS, P, C, b, n, delta_ms=0.1).throughput_tok_s
     assert res.summary["steady_output_throughput_tok_s"] == pytest.approx(predicted, rel=0.02)

@@ -31,7 +31,12 @@ class ModelConfig:
     tp: int = 1
     kv_budget_gb: float | None = None  # None -> joint budget (same token capacity for every model)
     cuda_graphs: bool = True
-    graph_buckets: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 24, 32, 48, 64])
+    # Token buckets captured as CUDA graphs (the engine's default set); a step runs in a graph when its
+    # token count fits the largest.
+    graph_buckets: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256])
+    # Rows up to this many tokens run inside the graphs (as one decode row per token); a peer return
+    # after a geometric run with hop rate p carries ~1/p tokens, so 8 would send most of them eager.
+    graph_max_row_tokens: int = 32
     host: str | None = None  # cross-host: where this subserver runs
 
 
@@ -117,8 +122,8 @@ def validate(cfg: DeploymentConfig) -> None:
     for mc in cfg.models:
         if mc.tp < 1 or not mc.gpus or any(g < 0 for g in mc.gpus):
             raise ConfigError(f"model {mc.name}: tp must be >= 1 and gpus a non-empty list of indices")
-        if any(b < 1 for b in mc.graph_buckets):
-            raise ConfigError(f"model {mc.name}: graph buckets must be >= 1")
+        if any(b < 1 for b in mc.graph_buckets) or mc.graph_max_row_tokens < 1:
+            raise ConfigError(f"model {mc.name}: graph buckets and graph_max_row_tokens must be >= 1")
     if cfg.scheduler.page_size < 1 or cfg.scheduler.max_batch_size < 1 or cfg.scheduler.max_batch_tokens < 1:
         raise ConfigError("scheduler page_size, max_batch_size and max_batch_tokens must be >= 1")
     try:
