@@ -49,7 +49,7 @@ def run_app(app: typer.Typer, prog: str, argv: list[str] | None = None) -> None:
         fail(prog, e.format_message())
     except _ABORTS:
         fail(prog, "aborted")
-    except (ValueError, OSError, KeyError) as e:
+    except (ValueError, OSError) as e:
         fail(prog, str(e) or type(e).__name__)
     raise SystemExit(rc if isinstance(rc, int) else 0)
 

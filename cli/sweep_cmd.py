@@ -1,4 +1,8 @@
-"""`trsim sweep`: run a grid of simulations (any axis given as a comma list) to CSV + PNG."""
+"""`trsim sweep`: run a grid of simulations (any axis given as a comma list) to CSV + PNG.
+
+Every simulation flag of `trsim run` is an axis here, except the ones that name files or shapes of the
+scheduler (trace, config, page and batch sizes).
+"""
 
 from __future__ import annotations
 
@@ -14,6 +18,21 @@ from tokenrouter.cli.common import parse_list
 from tokenrouter.cli.report import result_record
 from tokenrouter.cli.run_cmd import sim_config_from_flags, simulate
 
+
+def _opt_int(t: str) -> int | None:
+    return None if t.lower() == "none" else int(t)
+
+
+def _opt_float(t: str) -> float | None:
+    return None if t.lower() == "none" else float(t)
+
+
+def _on_off(t: str) -> bool:
+    if t.lower() not in ("on", "off"):
+        raise ValueError(t)
+    return t.lower() == "on"
+
+
 # axis name -> (converter, list separator). Thresholds are lists themselves, so they split on ';'.
 AXES: dict[str, tuple[Any, str]] = {
     "hop_rate": (float, ","),
@@ -27,6 +46,12 @@ AXES: dict[str, tuple[Any, str]] = {
     "large": (str, ","),
     "seed": (int, ","),
     "return_prob": (float, ","),
+    "num_requests": (int, ","),
+    "max_output": (_opt_int, ","),
+    "arrival_rate": (_opt_float, ","),
+    "graphs": (_on_off, ","),
+    "overlap": (_on_off, ","),
+    "profile": (str, ","),
 }
 
 
@@ -62,11 +87,12 @@ def register(app: typer.Typer) -> None:
         large: Annotated[str, typer.Option(help="Large models")] = "qwen3-32b",
         seed: Annotated[str, typer.Option(help="Seeds, e.g. 0,1,2")] = "0",
         return_prob: Annotated[str, typer.Option(help="r-stitch return probabilities")] = "1.0",
-        num_requests: Annotated[int, typer.Option(help="Requests per run.")] = 64,
-        profile: Annotated[str, typer.Option(help="Profile name or file.")] = "h200",
-        max_output: Annotated[int | None, typer.Option(help="Cap output lengths.")] = None,
-        graphs: Annotated[bool, typer.Option("--graphs/--no-graphs")] = True,
-        overlap: Annotated[bool, typer.Option("--async/--no-async")] = True,
+        num_requests: Annotated[str, typer.Option(help="Requests per run, e.g. 64,256")] = "64",
+        profile: Annotated[str, typer.Option(help="Profile names or files.")] = "h200",
+        max_output: Annotated[str, typer.Option(help="Output caps, e.g. none,2048,8192")] = "none",
+        arrival_rate: Annotated[str, typer.Option(help="Open-loop rates (req/s) or none (closed loop)")] = "none",
+        graphs: Annotated[str, typer.Option(help="CUDA graphs: on,off")] = "on",
+        overlap: Annotated[str, typer.Option("--async", help="Async CPU/GPU overlap: on,off")] = "on",
     ) -> None:
         """Run every combination of the list-valued flags; write one CSV row per run (and a plot)."""
         given = {
@@ -81,11 +107,17 @@ def register(app: typer.Typer) -> None:
             "large": large,
             "seed": seed,
             "return_prob": return_prob,
+            "num_requests": num_requests,
+            "max_output": max_output,
+            "arrival_rate": arrival_rate,
+            "graphs": graphs,
+            "overlap": overlap,
+            "profile": profile,
         }
         axes = {k: _axis(k, v) for k, v in given.items()}
         grid = [dict(zip(axes, combo, strict=True)) for combo in itertools.product(*axes.values())]
         # Validate every point before spending minutes on the first ones.
-        configs = [_config(p, num_requests, profile, max_output, graphs, overlap) for p in grid]
+        configs = [_config(p) for p in grid]
         rows = []
         console = Console(stderr=True)
         cols = (TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -116,9 +148,7 @@ def register(app: typer.Typer) -> None:
             console.print(f"wrote {plot}")
 
 
-def _config(
-    point: dict[str, Any], num_requests: int, profile: str, max_output: int | None, graphs: bool, overlap: bool
-):
+def _config(point: dict[str, Any]):
     return sim_config_from_flags(
         hop_rate=point["hop_rate"],
         concurrency=point["concurrency"],
@@ -129,16 +159,16 @@ def _config(
         thresholds=point["thresholds"],
         placement=point["placement"],
         workload=point["workload"],
-        num_requests=num_requests,
+        num_requests=point["num_requests"],
         router=point["router"],
         return_prob=point["return_prob"],
         trace=None,
-        profile=profile,
+        profile=point["profile"],
         seed=point["seed"],
-        arrival_rate=None,
-        max_output=max_output,
-        graphs=graphs,
-        overlap=overlap,
+        arrival_rate=point["arrival_rate"],
+        max_output=point["max_output"],
+        graphs=point["graphs"],
+        overlap=point["overlap"],
         page_size=16,
         max_batch_size=256,
         max_batch_tokens=16384,
