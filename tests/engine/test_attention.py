@@ -19,7 +19,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tokenrouter.engine.attention import decode_attention, extend_attention, resolve_backend, store_kv
+from tokenrouter.engine.attention import (
+    decode_attention,
+    extend_attention,
+    resolve_backend,
+    split_counters,
+    store_kv,
+)
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
@@ -209,6 +215,77 @@ def test_triton_decode_matches_reference(tri, page_size, num_heads, num_kv_heads
     assert not out.isnan().any()
     assert rel_err(out, ref) < 1e-4
     assert rel_err(out, oracle(q, case, [1] * len(lens), scale)) < 1e-4
+
+
+class _NoReduce:
+    """Stands in for the split reduce kernel where the fused merge must not launch it."""
+
+    def __getitem__(self, grid):
+        raise AssertionError("split_reduce_kernel launched although the splits merge in the forward kernel")
+
+
+@needs_triton
+@pytest.mark.parametrize(
+    ("page_size", "num_heads", "num_kv_heads", "head_dim", "num_splits", "small", "merge_elems"),
+    [
+        (4, 4, 2, 16, 3, True, 8192),  # all active splits merged in one chunk
+        (4, 4, 2, 16, 5, True, 64),  # 2 splits per chunk: several merge rounds, a partial last chunk
+        (16, 6, 2, 32, 5, True, 96),  # group 3 padded to 4, one split per chunk
+        (16, 8, 1, 16, 7, True, 8192),  # group 8, a single KV head
+        (4, 4, 2, 16, None, False, 8192),  # heuristic split count, default tiles
+    ],
+)
+def test_triton_decode_fused_merge(
+    tri, monkeypatch, page_size, num_heads, num_kv_heads, head_dim, num_splits, small, merge_elems
+) -> None:
+    """Splits merged by the last program of each (row, KV head): one launch, same result as the reduce
+    kernel, every output element written, counters back to zero so a second launch (graph replay) works."""
+    lens = [37, 1, 20, 0, 64]  # long rows, a 1-token row (empty splits), a zero-length padding row
+    case = make_case(lens, num_kv_heads, head_dim, page_size, seed=13)
+    gen = torch.Generator().manual_seed(14)
+    scale = head_dim**-0.5
+    cfg = tri.common.KernelConfig(**(SMALL if small else {}), merge_elems=merge_elems)
+    counters = split_counters(len(lens) + 3, num_kv_heads, "cpu")  # larger than needed: only a prefix is used
+    monkeypatch.setattr(tri.common, "split_reduce_kernel", _NoReduce())
+    for _ in range(2):
+        q = torch.randn(len(lens), num_heads, head_dim, generator=gen)
+        args = (q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens, scale)
+        out = tri.decode.decode_attention_triton(
+            *args, out=nan_like(q), num_splits=num_splits, config=cfg, counters=counters
+        )
+        assert not out.isnan().any()
+        assert out[3].eq(0).all()
+        assert rel_err(out, oracle(q, case, [1] * len(lens), scale)) < 1e-4
+        assert counters.eq(0).all()
+
+
+@needs_triton
+def test_fused_merge_falls_back_to_reduce_kernel(tri) -> None:
+    """Counters too small for the batch, or one split: the reduce-kernel / single-pass paths, same result."""
+    case = make_case([30, 9], 2, 16, 4, seed=15)
+    q = torch.randn(2, 4, 16, generator=torch.Generator().manual_seed(16))
+    args = (q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens, 0.25)
+    ref = decode_attention(*args, backend="torch")
+    small = split_counters(1, 2, "cpu")
+    cfg = tri.common.KernelConfig(**SMALL)
+    for splits, counters in ((3, small), (1, split_counters(2, 2, "cpu"))):
+        out = tri.decode.decode_attention_triton(
+            *args, out=nan_like(q), num_splits=splits, config=cfg, counters=counters
+        )
+        assert rel_err(out, ref) < 1e-4 and counters.eq(0).all()
+    # The package entry point passes counters through.
+    out = decode_attention(*args, num_splits=2, backend="triton", counters=split_counters(2, 2, "cpu"))
+    assert rel_err(out, ref) < 1e-4
+
+
+@needs_triton
+def test_merge_chunk_sizes(tri) -> None:
+    chunk = tri.common.merge_chunk
+    cfg = tri.common.DECODE_CONFIG
+    assert chunk(33, 4, 128, cfg) == 16  # Qwen3-8B: 4 heads x 16 splits x 128 dims = 8192 fp32
+    assert chunk(33, 2, 128, cfg) == 32 and chunk(33, 8, 128, cfg) == 8
+    assert chunk(3, 2, 128, cfg) == 4  # never more than the (padded) split count
+    assert chunk(9, 16, 256, cfg) == 2 and chunk(9, 64, 256, cfg) == 1
 
 
 @needs_triton

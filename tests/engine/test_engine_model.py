@@ -8,6 +8,7 @@ from engine_testlib import PLAN, Scenario, check_against_hf, make_hf_checkpoint,
 
 from tokenrouter.core.batch import Batch, BatchRow
 from tokenrouter.core.request import Request
+from tokenrouter.engine.config import BASELINE_SWITCHES, EngineConfig
 
 
 @pytest.fixture(scope="module")
@@ -89,3 +90,22 @@ def test_step_outputs_without_host_sync_are_tensors(qwen3_ckpt):
     res = eng.step(Batch(0, 0, [BatchRow(req, 0, 3)]))
     assert isinstance(res.next_token_ids, torch.Tensor) and res.next_token_ids.dtype == torch.int64
     assert res.logits is None and res.hidden is None
+
+
+@pytest.mark.parametrize("switches", ["baseline", "step_fusion", "default"])
+@pytest.mark.parametrize("graph_emulation", [False, True], ids=["eager", "graph-path"])
+def test_launch_switches_match_hf(qwen3_ckpt, switches, graph_emulation):
+    """The launch-overhead switches change how the step is launched, never what it computes: the torch path
+    (embedding, final add + gather + norm, in-place graph outputs) matches HF under each of them."""
+    hf, path = qwen3_ckpt
+    kw = {"baseline": BASELINE_SWITCHES, "step_fusion": {**BASELINE_SWITCHES, "fuse_step_ops": True}, "default": {}}
+    eng = tiny_engine(path, graph_emulation=graph_emulation, **kw[switches])
+    scn = Scenario(eng, seed=3)
+    scn.finish()
+    check_against_hf(scn, hf)
+
+
+def test_switch_defaults_and_baseline_keys():
+    cfg = EngineConfig("qwen3-0.6b")
+    assert cfg.decode_fused_reduce and cfg.triton_pdl and cfg.fuse_step_ops
+    assert all(hasattr(cfg, k) and getattr(cfg, k) != v for k, v in BASELINE_SWITCHES.items())

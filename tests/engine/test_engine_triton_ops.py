@@ -1,5 +1,6 @@
-"""The engine's Triton elementwise kernels (RMSNorm, q/k-norm + RoPE + KV store, SwiGLU) against the torch
-paths in Triton's CPU interpreter, the whole model on the Triton-ops path against HF, and an ahead-of-time
+"""The engine's Triton elementwise kernels (RMSNorm with residual/gather, q/k-norm + RoPE + KV store, SwiGLU)
+against the torch paths in Triton's CPU interpreter, the whole model on the Triton path (elementwise ops and
+attention) against HF under every launch-overhead switch, kernel launches per layer, and an ahead-of-time
 sm_90 compile of the kernels (catches GPU-only compile errors). Both run this file as a script in a fresh
 process (see `_run_self`)."""
 
@@ -31,8 +32,9 @@ def _run_self(flag: str, interpret: bool) -> None:
 
 
 def test_triton_ops_match_torch_in_interpreter():
-    """RMSNorm (+residual), q/k-norm + RoPE + KV store, SwiGLU vs the torch paths; then the whole model on the
-    Triton-ops path (the CUDA code path) against HF, with the padded graph path, on CPU."""
+    """RMSNorm (+residual, +row gather), q/k-norm + RoPE + KV store, SwiGLU vs the torch paths; then the whole
+    model on the Triton path (the CUDA code path) against HF, with the padded graph path, on CPU, for the
+    baseline and the default launch-overhead switches, and the kernels each launches per layer."""
     _run_self("--interpret", interpret=True)
 
 
@@ -61,6 +63,27 @@ def _check_rms_norm(tops, dtype, n):
     # The interpreter rounds fp32 -> bf16 toward zero (GPUs round to nearest): allow one bf16 ulp.
     _close(res, x + r, 0 if dtype == torch.float32 else 1e-2)
     _close(y, rms_norm_ref(x + r, w, 1e-6), tol)
+
+
+def _check_rms_norm_gather(tops, dtype):
+    """Row gather (embedding lookup into the first norm; final add + logit-row gather + norm into a buffer)."""
+    from tokenrouter.engine.layers import rms_norm_ref
+
+    g = torch.Generator().manual_seed(3)
+    n = 48
+    table = torch.randn(10, n, generator=g).to(dtype)
+    r = torch.randn(10, n, generator=g).to(dtype)
+    w = (1 + 0.1 * torch.randn(n, generator=g)).to(dtype)
+    idx = torch.tensor([7, 0, 7, 3], dtype=torch.int32)
+    # bf16: the interpreter truncates the rounded residual sum where torch rounds to nearest (one ulp).
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    y, s = tops.rms_norm(table, w, 1e-6, index=idx, store_sum=True)
+    assert torch.equal(s, table[idx.long()])
+    _close(y, rms_norm_ref(table[idx.long()], w, 1e-6), tol)
+    out = torch.full((4, n), float("nan"), dtype=dtype)
+    y, none = tops.rms_norm(table, w, 1e-6, r, index=idx.long(), store_sum=False, out=out)
+    assert none is None and y is out
+    _close(out, rms_norm_ref((table + r)[idx.long()], w, 1e-6), tol)
 
 
 def _check_qk_norm_rope_store(tops, dtype, head_dim, qk_norm):
@@ -114,6 +137,53 @@ def _check_model_matches_hf(tops):
         check_against_hf(scn, hf, tol=1e-4)
 
 
+def _check_switches_match_hf_and_count_kernels(tops):
+    """Triton elementwise ops + Triton attention (forced 3-way KV split) on the padded graph path: baseline
+    and default switches match HF over the whole scenario (each switch alone is a subset of the default), and
+    a decode step's graph body launches 10 kernels per layer in the baseline, 9 with the fused split merge,
+    with 10 (baseline) or 3 (step fusion) launches outside the layers."""
+    import tempfile
+    from pathlib import Path
+
+    from engine_testlib import Scenario, check_against_hf, make_hf_checkpoint, tiny_engine
+
+    from tokenrouter.core.batch import Batch, BatchRow
+    from tokenrouter.core.request import Request
+    from tokenrouter.engine.config import BASELINE_SWITCHES
+    from tokenrouter.engine.launch_count import count_graph_body_launches
+
+    variants = {
+        "baseline": (BASELINE_SWITCHES, 10, 10),
+        "fused_reduce": ({**BASELINE_SWITCHES, "decode_fused_reduce": True}, 9, 10),
+        "step_fusion": ({**BASELINE_SWITCHES, "fuse_step_ops": True}, 10, 3),
+        "pdl": ({**BASELINE_SWITCHES, "triton_pdl": True}, 10, 10),  # PDL is CUDA-only: a no-op here
+        "default": ({}, 9, 3),
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        hf = make_hf_checkpoint(Path(tmp), seed=13)
+        for name, (switches, per_layer, step) in variants.items():
+            eng = tiny_engine(
+                tmp, ops_backend="triton", attention_backend="triton", graph_emulation=True, decode_num_splits=3,
+                **switches,
+            )  # fmt: skip
+            assert eng.pdl is False
+            assert (eng._split_counters is not None) == eng.config.decode_fused_reduce, name
+            if name in ("baseline", "default"):
+                scn = Scenario(eng, seed=13)
+                scn.finish()
+                check_against_hf(scn, hf, tol=1e-4)
+            req = Request("x", list(range(1, 21)), 20)
+            assert eng.kv_pool.grow(req.pages, 21)
+            eng.step(Batch(0, 0, [BatchRow(req, 0, 20)]))
+            req.num_computed = 20
+            req.token_ids.append(5)
+            lc = count_graph_body_launches(eng, Batch(0, 1, [BatchRow(req, 20, 1)]))
+            got = (lc.per_layer(), len(lc.sections["step"]))
+            assert got == ([per_layer] * 2, step), f"{name}: {got} {lc.sections}"
+            if eng._split_counters is not None:
+                assert eng._split_counters.eq(0).all()
+
+
 def _interpret() -> int:
     from triton.runtime.interpreter import InterpretedFunction
 
@@ -122,7 +192,14 @@ def _interpret() -> int:
     if not isinstance(tops._rms_norm_kernel, InterpretedFunction):
         print("TRITON_INTERPRET=1 did not take effect", file=sys.stderr)
         return 2
+    # Runtime-bound loops of the attention kernels under numpy >= 2.4 (see test_attention.py).
+    import triton.runtime.interpreter as interpreter
+    from test_attention import _patched_patch_lang_tensor
+
+    if hasattr(interpreter, "_patch_lang_tensor"):
+        interpreter._patch_lang_tensor = _patched_patch_lang_tensor(interpreter._patch_lang_tensor)
     checks = [(_check_rms_norm, (d, n)) for d in (torch.float32, torch.bfloat16) for n in (64, 48)]
+    checks += [(_check_rms_norm_gather, (d,)) for d in (torch.float32, torch.bfloat16)]
     checks += [
         (_check_qk_norm_rope_store, (d, hd, norm))
         for d in (torch.float32, torch.bfloat16)
@@ -130,6 +207,7 @@ def _interpret() -> int:
     ]
     checks += [(_check_silu_and_mul, (d,)) for d in (torch.float32, torch.bfloat16)]
     checks.append((_check_model_matches_hf, ()))
+    checks.append((_check_switches_match_hf_and_count_kernels, ()))
     failed = 0
     for fn, args in checks:
         try:
@@ -154,25 +232,32 @@ def _aot_compile() -> int:
         print("this triton build has no bundled ptxas", file=sys.stderr)
         return 2
     ptr = dict.fromkeys(["X", "R", "W", "Y", "RO", "QKV", "NormW", "Q", "KC", "VC"], "*bf16")
-    ptr.update(Pos="*i32", CosSin="*fp32", Slots="*i64")
+    ptr.update(Pos="*i32", CosSin="*fp32", Slots="*i64", Idx="*i32")
+    norm = {"HAS_RES": True, "STORE_SUM": True, "GATHER": False, "BLOCK": 4096, "USE_PDL": False}
+    rope = {"NUM_Q": 32, "NUM_KV": 8, "HEAD_DIM": 128, "HALF": 64, "BLOCK_H": 64, "HAS_NORM": True}
     cases = [
-        (T._rms_norm_kernel, {"HAS_RES": True, "BLOCK": 4096}, 16),
-        (T._rms_norm_kernel, {"HAS_RES": False, "BLOCK": 8192}, 16),
-        (
-            T._qk_norm_rope_store_kernel,
-            {"NUM_Q": 32, "NUM_KV": 8, "HEAD_DIM": 128, "HALF": 64, "BLOCK_H": 64, "HAS_NORM": True},
-            1,
-        ),
-        (T._silu_and_mul_kernel, {"BLOCK": 1024}, 4),
+        (T._rms_norm_kernel, norm, 16),
+        (T._rms_norm_kernel, {**norm, "HAS_RES": False, "STORE_SUM": False, "BLOCK": 8192}, 16),
+        # embedding gather into the first norm; last residual add + logit-row gather + final norm; with PDL
+        (T._rms_norm_kernel, {**norm, "HAS_RES": False, "GATHER": True, "USE_PDL": True}, 16),
+        (T._rms_norm_kernel, {**norm, "STORE_SUM": False, "GATHER": True, "USE_PDL": True}, 16),
+        (T._qk_norm_rope_store_kernel, {**rope, "USE_PDL": False}, 1),
+        (T._qk_norm_rope_store_kernel, {**rope, "USE_PDL": True}, 1),
+        (T._silu_and_mul_kernel, {"BLOCK": 1024, "USE_PDL": False}, 4),
+        (T._silu_and_mul_kernel, {"BLOCK": 1024, "USE_PDL": True}, 4),
     ]
     for fn, constexprs, warps in cases:
         sig = {n: "constexpr" if n in constexprs else ptr.get(n, "fp32" if n == "eps" else "i32") for n in fn.arg_names}
         kernel = triton.compile(
             ASTSource(fn, sig, constexprs), target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}
         )
+        ptx = kernel.asm["ptx"]
+        if constexprs["USE_PDL"] != ("griddepcontrol.wait" in ptx):
+            print(f"{fn.__name__} {constexprs}: griddepcontrol.wait misplaced", file=sys.stderr)
+            return 1
         path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"tr_{fn.__name__}.ptx")
         with open(path, "w") as f:
-            f.write(kernel.asm["ptx"])
+            f.write(ptx)
         subprocess.run([ptxas, "--gpu-name", "sm_90a", path, "-o", os.devnull], check=True)
         print("ok", fn.__name__, constexprs)
     return 0

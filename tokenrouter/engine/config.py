@@ -60,6 +60,15 @@ class EngineConfig:
     # Run the padded static-buffer (graph) path eagerly when graphs cannot be captured, e.g. on CPU: tests use
     # it to check bucket padding and buffer preparation without a GPU.
     graph_emulation: bool = False
+    # Per-layer launch overhead (studies/engine/perf_probe.py times each against `BASELINE_SWITCHES`):
+    # split-KV decode attention merges its splits in the attention kernel (Triton backend): no reduce launch.
+    decode_fused_reduce: bool = True
+    # Programmatic dependent launch for the Triton kernels (CUDA, sm_90+): a kernel's launch overlaps the end
+    # of the previous one. Graph capture retries without it if capture fails.
+    triton_pdl: bool = True
+    # Step-level fusion: embedding lookup inside the first norm, last residual add + logit-row gather + final
+    # norm in one kernel, graph outputs written in place (no copies), no int64 cast of slot indices.
+    fuse_step_ops: bool = True
 
     def __post_init__(self) -> None:
         if self.load_format not in ("auto", "safetensors", "dummy"):
@@ -91,6 +100,10 @@ class EngineConfig:
         if self.dtype == "auto":
             return torch.bfloat16 if device.type == "cuda" else torch.float32
         return _DTYPES[self.dtype]
+
+
+# The engine as first measured on the H200 (2026-11-29): every launch-overhead switch off.
+BASELINE_SWITCHES: dict[str, bool] = {"decode_fused_reduce": False, "triton_pdl": False, "fuse_step_ops": False}
 
 
 @dataclass(frozen=True, slots=True)

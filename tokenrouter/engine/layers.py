@@ -34,24 +34,44 @@ def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Ten
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm over the last dim, optionally fused with the residual add that precedes it."""
+    """RMSNorm over the last dim, optionally fused with the residual add that precedes it and with a row
+    gather (embedding lookup, logit-row selection) before it."""
 
     def __init__(self, dim: int, eps: float, *, device: torch.device, dtype: torch.dtype, use_triton: bool) -> None:
         super().__init__()
         self.eps = eps
         self.weight = empty_param(dim, device=device, dtype=dtype)
         self._ops = triton_ops_module(use_triton)
+        self.pdl = False  # programmatic dependent launch of the Triton kernel (set by the engine)
 
     def forward(
-        self, x: torch.Tensor, residual: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None = None,
+        *,
+        index: torch.Tensor | None = None,
+        store_sum: bool | None = None,
+        out: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(RMSNorm(x + residual), x + residual); without `residual`: (RMSNorm(x), None). x: [T, dim]."""
+        """(RMSNorm(s), s) with s = x + residual; without `residual`: (RMSNorm(x), None). x: [T, dim].
+
+        `index`: gather rows first (s = x[index] + residual[index]); `store_sum`: return s even without a
+        residual (True) or drop it (False); `out`: buffer for the normed rows. One launch on the Triton path."""
         if self._ops is not None:
-            return self._ops.rms_norm(x, self.weight, self.eps, residual)
+            return self._ops.rms_norm(
+                x, self.weight, self.eps, residual, index=index, store_sum=store_sum, out=out, pdl=self.pdl
+            )
+        store = residual is not None if store_sum is None else store_sum
+        if index is not None:
+            x = x.index_select(0, index)
+            residual = residual.index_select(0, index) if residual is not None else None
         if residual is not None:
             x = x + residual
-            residual = x
-        return rms_norm_ref(x, self.weight, self.eps), residual
+        y = rms_norm_ref(x, self.weight, self.eps)
+        if out is not None:
+            out.copy_(y)
+            y = out
+        return y, (x if store else None)
 
 
 class MergedLinear(nn.Module):
@@ -121,9 +141,10 @@ class SiluAndMul(nn.Module):
     def __init__(self, use_triton: bool) -> None:
         super().__init__()
         self._ops = triton_ops_module(use_triton)
+        self.pdl = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._ops is not None:
-            return self._ops.silu_and_mul(x)
+            return self._ops.silu_and_mul(x, pdl=self.pdl)
         n = x.shape[-1] // 2
         return F.silu(x[:, :n]) * x[:, n:]

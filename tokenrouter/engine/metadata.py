@@ -19,13 +19,16 @@ import torch
 
 @dataclass(slots=True)
 class AttentionMetadata:
-    slot_mapping: torch.Tensor  # [T] int64: page * page_size + offset for every fed token (0 for padding)
+    slot_mapping: torch.Tensor  # [T] int32/int64: page * page_size + offset for every fed token (0 for padding)
     block_tables: torch.Tensor  # [R, W] int32 page table per attention row (unused tail: page 0)
     seq_lens: torch.Tensor  # [R] int32 KV length per attention row, including this step's tokens
     cu_seqlens_q: torch.Tensor | None = None  # [R+1] int32 (extend layout) or None (decode layout)
     max_q_len: int = 1
     num_splits: int | None = None
     backend: str = "auto"
+    # Triton decode: zeroed per-engine arrival counters ([rows * Hkv] int32) turn on the fused split merge.
+    split_counters: torch.Tensor | None = None
+    pdl: bool = False  # Triton attention launches with programmatic dependent launch
 
     @property
     def is_decode(self) -> bool:

@@ -3,7 +3,10 @@
 Layer: x -> RMSNorm -> fused qkv -> (q/k RMSNorm, Qwen3) -> RoPE -> store K/V in the paged cache ->
 paged attention -> o_proj -> +residual -> RMSNorm -> fused gate|up -> SiLU(gate)*up -> down -> +residual.
 Each residual add is fused into the RMSNorm that follows it; on CUDA q/k-norm + RoPE + KV store is one
-kernel (`triton_ops`), so a layer is ~10 launches: 4 GEMMs, 2 norms, 1 rope/store, attention, SwiGLU.
+kernel (`triton_ops`), so a decode layer is 9 launches: 4 GEMMs, 2 norms, 1 rope/store, 1 attention (splits
+merged in-kernel; 10 with the separate split reduce), 1 SwiGLU. With `forward_stream` + `compute_logits(
+hidden, residual, index)` the embedding lookup rides in the first layer's norm and the last residual add,
+the logit-row gather and the final norm are one kernel.
 
 Invariants: every tensor of a forward is packed over the step's tokens ([T, ...]); the forward never syncs
 with the host and never allocates depending on tensor values, so the same code runs eagerly and under
@@ -53,6 +56,7 @@ class DecoderAttention(nn.Module):
         self.qk_norm_weight = empty_param(2 * self.head_dim, **kw) if arch.qk_norm else None
         self.rope = rope
         self._ops = triton_ops_module(use_triton)
+        self.pdl = False
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, kv: KVLayer) -> torch.Tensor:
         t = x.shape[0]
@@ -62,7 +66,7 @@ class DecoderAttention(nn.Module):
             norm_w = None if self.qk_norm_weight is None else self.qk_norm_weight.view(2, self.head_dim)
             q = self._ops.qk_norm_rope_store(
                 qkv, positions, self.rope.cos_sin, norm_w, self.eps, k_cache, v_cache, meta.slot_mapping,
-                self.num_heads, self.num_kv_heads, self.head_dim,
+                self.num_heads, self.num_kv_heads, self.head_dim, pdl=self.pdl,
             )  # fmt: skip
         else:
             q = qkv[:, : self.q_size].view(t, self.num_heads, self.head_dim)
@@ -76,12 +80,12 @@ class DecoderAttention(nn.Module):
         if meta.is_decode:
             o = attention.decode_attention(
                 q, k_cache, v_cache, meta.block_tables, meta.seq_lens, self.scale,
-                num_splits=meta.num_splits, backend=meta.backend,
+                num_splits=meta.num_splits, backend=meta.backend, counters=meta.split_counters, pdl=meta.pdl,
             )  # fmt: skip
         else:
             o = attention.extend_attention(
                 q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.seq_lens, self.scale,
-                max_q_len=meta.max_q_len, backend=meta.backend,
+                max_q_len=meta.max_q_len, backend=meta.backend, pdl=meta.pdl,
             )  # fmt: skip
         return self.o_proj(o.reshape(t, self.q_size))
 
@@ -115,10 +119,14 @@ class DecoderLayer(nn.Module):
         positions: torch.Tensor,
         meta: AttentionMetadata,
         kv: KVLayer,
+        index: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(layer output, residual stream): the residual add is fused into the next norm, so the stream after
-        this layer is `output + residual` (None on entry to the first layer: the stream is the embedding)."""
-        if residual is None:
+        this layer is `output + residual` (None on entry to the first layer: the stream is the embedding).
+        First layer only: with `index`, `x` is the embedding table and the norm gathers the rows itself."""
+        if index is not None:
+            h, residual = self.input_layernorm(x, index=index, store_sum=True)
+        elif residual is None:
             h, _ = self.input_layernorm(x)
             residual = x
         else:
@@ -155,16 +163,57 @@ class CausalLM(nn.Module):
         kv_layers: list[KVLayer],
     ) -> torch.Tensor:
         """Residual stream after the last layer (before the final norm), [T, hidden]."""
-        x = F.embedding(input_ids, self.embed_tokens)
-        residual = None
-        for layer, kv in zip(self.layers, kv_layers, strict=True):
-            x, residual = layer(x, residual, positions, meta, kv)
+        x, residual = self.forward_stream(input_ids, positions, meta, kv_layers)
         return x + residual
 
-    def compute_logits(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(final-norm hidden, logits in the model dtype) for the selected rows [R, hidden]."""
-        h, _ = self.norm(hidden)
-        return h, F.linear(h, self.lm_head)
+    def forward_stream(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_layers: list[KVLayer],
+        *,
+        fuse_embedding: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(last layer output, residual stream before it): the stream after the last layer is their sum, which
+        `compute_logits(x, residual, index)` forms inside the final norm. `fuse_embedding`: the first layer's
+        norm gathers the embedding rows (no separate lookup launch)."""
+        if fuse_embedding:
+            x, index = self.embed_tokens, input_ids
+        else:
+            x, index = F.embedding(input_ids, self.embed_tokens), None
+        residual = None
+        for layer, kv in zip(self.layers, kv_layers, strict=True):
+            x, residual = layer(x, residual, positions, meta, kv, index)
+            index = None
+        assert residual is not None
+        return x, residual
+
+    def compute_logits(
+        self,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None = None,
+        index: torch.Tensor | None = None,
+        *,
+        out_hidden: torch.Tensor | None = None,
+        out_logits: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(final-norm hidden, logits in the model dtype) of rows [R, hidden].
+
+        `hidden` is the residual stream, or with `residual` the last layer's output to add to it; `index`
+        selects the rows (gathered inside the norm). `out_hidden` [R, hidden] / `out_logits` [R, vocab]:
+        buffers to write into (a CUDA graph's static outputs) instead of new tensors."""
+        h, _ = self.norm(hidden, residual, index=index, store_sum=False, out=out_hidden)
+        if out_logits is None:
+            return h, F.linear(h, self.lm_head)
+        torch.mm(h, self.lm_head.t(), out=out_logits)
+        return h, out_logits
+
+    def set_pdl(self, enabled: bool) -> None:
+        """Programmatic dependent launch for every Triton elementwise kernel of the model."""
+        for m in self.modules():
+            if hasattr(m, "pdl"):
+                m.pdl = enabled
 
     def checkpoint_params(self) -> dict[str, tuple[nn.Parameter, slice | None]]:
         """HF checkpoint tensor name -> (our parameter, row slice inside it or None for the whole tensor)."""

@@ -20,6 +20,7 @@ import torch
 
 from tokenrouter.core.batch import Batch, BatchRow, StepResult
 from tokenrouter.core.kv import KVPool
+from tokenrouter.engine.attention import resolve_backend, split_counters
 from tokenrouter.engine.base import ModelRunner
 from tokenrouter.engine.config import EngineConfig, arch_config
 from tokenrouter.engine.errors import BatchError, ModelLoadError
@@ -102,7 +103,17 @@ class Engine(ModelRunner):
         # Runtime switch (ablations, benchmarks): False sends every batch down the eager path.
         self.use_graphs = True
         self.graph_error: str | None = None
+        self.pdl_error: str | None = None  # why programmatic dependent launch was turned off, if it was
         self.graphs: GraphRunner | None = None
+        self._use_triton_ops = config.use_triton_ops(self.device)
+        triton_attn = resolve_backend(config.attention_backend, self.device) == "triton"  # type: ignore[arg-type]
+        self.pdl = (
+            config.triton_pdl
+            and self.device.type == "cuda"
+            and (self._use_triton_ops or triton_attn)
+            and torch.cuda.get_device_capability(self.device) >= (9, 0)
+        )
+        self._fuse_step = config.fuse_step_ops
         # All device work, construction included, runs on the engine's stream; the syncs order it against
         # whatever the process did before on other streams.
         self._sync()
@@ -113,7 +124,16 @@ class Engine(ModelRunner):
                 self._max_context_len,
                 device=self.device,
                 dtype=self.dtype,
-                use_triton=config.use_triton_ops(self.device),
+                use_triton=self._use_triton_ops,
+            )
+            self.model.set_pdl(self.pdl)
+            # Arrival counters of the fused split-KV merge: one per (attention row, KV head), per engine so
+            # that engines on other streams never share them.
+            rows = max(config.max_batch_size, max(config.graph_buckets, default=1))
+            self._split_counters = (
+                split_counters(rows, self.spec.num_kv_heads, self.device)
+                if config.decode_fused_reduce and triton_attn
+                else None
             )
             if fmt == "dummy":
                 init_dummy_weights(self.model, config.seed)
@@ -143,10 +163,26 @@ class Engine(ModelRunner):
             self._sync()
             self.graphs.capture_all()
         except Exception as e:  # a kernel that cannot be captured must not take the engine down
-            self.graph_error = f"{type(e).__name__}: {e}".splitlines()[0]
-            log.warning("CUDA graph capture failed, running eagerly: %s", self.graph_error)
+            error = f"{type(e).__name__}: {e}".splitlines()[0]
             self.graphs.close()
             self.graphs = None
+            if self.pdl:  # retry once without programmatic dependent launch
+                log.warning("CUDA graph capture failed with PDL, retrying without it: %s", error)
+                self.pdl_error = error
+                self.set_pdl(False)
+                self._build_graphs()
+                return
+            self.graph_error = error
+            log.warning("CUDA graph capture failed, running eagerly: %s", self.graph_error)
+
+    def set_pdl(self, enabled: bool) -> None:
+        """Turn programmatic dependent launch on/off for later eager steps and graph captures (already captured
+        graphs keep what they were captured with)."""
+        self._sync()
+        self.pdl = enabled
+        self.model.set_pdl(enabled)
+        if self._split_counters is not None:
+            self._split_counters.zero_()  # a failed capture may have left a launch half-recorded
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -294,24 +330,50 @@ class Engine(ModelRunner):
         self._patch_from_prev(host, packed[off : off + cnt])
         return host, self._forward(packed, host.layout, host.max_q_len)
 
-    def _forward(self, packed: torch.Tensor, layout: Layout, max_q_len: int) -> _Outputs:
-        """Model forward over a packed int32 device buffer -> (final-norm hidden, logits, greedy tokens)."""
+    def _forward(
+        self, packed: torch.Tensor, layout: Layout, max_q_len: int, out: GraphOutputs | None = None
+    ) -> _Outputs:
+        """Model forward over a packed int32 device buffer -> (final-norm hidden, logits, greedy tokens).
+
+        With `fuse_step_ops`, `out` (a graph's static outputs) receives the results directly."""
         v = {name: packed[off : off + n] for name, (off, n) in layout.offsets().items()}
+        fuse = self._fuse_step
+        slots = v["slot_mapping"]
         meta = AttentionMetadata(
-            slot_mapping=v["slot_mapping"].long(),
+            # The Triton KV-store kernel reads int32 slots; the torch path wants int64 for index_copy_.
+            slot_mapping=slots if fuse and self._use_triton_ops else slots.long(),
             block_tables=v["block_tables"].view(layout.num_attn_rows, layout.width),
             seq_lens=v["seq_lens"],
             cu_seqlens_q=v.get("cu_seqlens_q"),
             max_q_len=max_q_len,
             num_splits=self.config.decode_num_splits,
             backend=self.config.attention_backend,
+            split_counters=self._split_counters,
+            pdl=self.pdl,
         )
-        hidden = self.model(v["input_ids"], v["positions"], meta, self.kv_cache.layers)
-        h, logits = self.model.compute_logits(hidden.index_select(0, v["logits_indices"]))
-        return h, logits, logits.argmax(dim=-1)
+        if not fuse:
+            hidden = self.model(v["input_ids"], v["positions"], meta, self.kv_cache.layers)
+            h, logits = self.model.compute_logits(hidden.index_select(0, v["logits_indices"]))
+            return h, logits, logits.argmax(dim=-1)
+        x, residual = self.model.forward_stream(
+            v["input_ids"], v["positions"], meta, self.kv_cache.layers, fuse_embedding=self._use_triton_ops
+        )
+        n = layout.num_logit_rows
+        h, logits = self.model.compute_logits(
+            x,
+            residual,
+            v["logits_indices"],
+            out_hidden=out.hidden[:n] if out is not None else None,
+            out_logits=out.logits[:n] if out is not None else None,
+        )
+        greedy = torch.argmax(logits, dim=-1, out=out.greedy[:n]) if out is not None else logits.argmax(dim=-1)
+        return h, logits, greedy
 
     def _forward_into(self, packed: torch.Tensor, layout: Layout, out: GraphOutputs) -> None:
         """Graph body: the forward writing into the runner's static outputs."""
+        if self._fuse_step:
+            self._forward(packed, layout, 1, out)
+            return
         h, logits, greedy = self._forward(packed, layout, 1)
         n = layout.num_logit_rows
         out.hidden[:n].copy_(h)

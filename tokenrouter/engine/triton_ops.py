@@ -3,12 +3,19 @@
 Why: a decode step of a small batch is a chain of tiny kernels; in a CUDA graph each still costs a few
 microseconds, and the torch versions of RMSNorm (8 ops), q/k-norm + RoPE (~30 ops) and SwiGLU (3 ops) would
 add ~60 launches per layer. These kernels make it one launch per stage:
-- `rms_norm`: (optional residual add) + RMSNorm, one program per token row.
+- `rms_norm`: (optional residual add) + RMSNorm, one program per token row; optionally gathering its rows
+  through an index (the embedding lookup of the first layer, the logit rows of the final norm), so those
+  gathers cost no launch of their own.
 - `qk_norm_rope_store`: per-head q/k RMSNorm (Qwen3), NeoX RoPE, and the K/V write into the paged cache
   (the cache layout contract of `tokenrouter.engine.attention`), one program per (token, head).
 - `silu_and_mul`: SiLU(gate) * up over a fused gate|up row.
 Rounding follows HF transformers (round to the activation dtype where HF does) so bf16 results stay close
 to HF's. Launch parameters depend only on shapes, never on tensor values: graph-capturable.
+
+`pdl=True` launches with programmatic dependent launch (Hopper+): the kernel may be scheduled while the
+previous kernel in the stream is still finishing, and waits (`griddepcontrol.wait`) before its first memory
+access, so only the launch latency overlaps, never data. Every kernel also signals its own dependents at
+entry. Without PDL both instructions are no-ops (and the interpreter never sees them: USE_PDL=False).
 
 Import this module only where kernels will run (CUDA, or TRITON_INTERPRET=1 tests): the decorators read
 the interpreter switch at import time.
@@ -19,24 +26,38 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+
+def pdl_kwargs(pdl: bool) -> dict[str, bool]:
+    """Extra launch options for a kernel launched with programmatic dependent launch."""
+    return {"launch_pdl": True} if pdl else {}
 
 
 @triton.jit
 def _rms_norm_kernel(
-    X, R, W, Y, RO,
+    X, R, W, Y, RO, Idx,
     stride_x, stride_r, stride_y, stride_ro,
     n_cols, eps,
-    HAS_RES: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_RES: tl.constexpr, STORE_SUM: tl.constexpr, GATHER: tl.constexpr, BLOCK: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):  # fmt: skip
+    if USE_PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
+    if GATHER:  # noqa: SIM108 - a constexpr branch, kept as a statement for Triton
+        src = tl.load(Idx + row).to(tl.int64)
+    else:
+        src = row
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
-    x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(X + src * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
     if HAS_RES:
-        r = tl.load(R + row * stride_r + cols, mask=mask, other=0.0).to(tl.float32)
-        s = (x + r).to(RO.dtype.element_ty)  # the residual stream is rounded like HF's `residual + x`
-        tl.store(RO + row * stride_ro + cols, s, mask=mask)
-        x = s.to(tl.float32)
+        r = tl.load(R + src * stride_r + cols, mask=mask, other=0.0).to(tl.float32)
+        x = (x + r).to(RO.dtype.element_ty).to(tl.float32)  # the residual stream is rounded like HF's `residual + x`
+    if STORE_SUM:
+        tl.store(RO + row * stride_ro + cols, x.to(RO.dtype.element_ty), mask=mask)
     inv = tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + eps)
     w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
     y = (x * inv).to(Y.dtype.element_ty).to(tl.float32) * w
@@ -44,22 +65,40 @@ def _rms_norm_kernel(
 
 
 def rms_norm(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None = None,
+    *,
+    index: torch.Tensor | None = None,
+    store_sum: bool | None = None,
+    out: torch.Tensor | None = None,
+    pdl: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """y = RMSNorm(x [+ residual]); returns (y, x + residual or None). x, residual: [T, N], last dim contiguous."""
-    t, n = x.shape
-    y = torch.empty_like(x)
-    res_out = torch.empty_like(x) if residual is not None else None
-    if t == 0:
+    """y = RMSNorm(s) with s = x [+ residual]; returns (y, s), s only when `store_sum` (default: when a
+    residual is given), else (y, None). x, residual: [T, N], last dim contiguous.
+
+    `index` ([R] int32/int64): rows are gathered first, s[r] = x[index[r]] [+ residual[index[r]]], and y, s
+    have R rows (an embedding lookup is `rms_norm(table, w, eps, index=ids, store_sum=True)`). `out`: where
+    to write y ([R, N], last dim contiguous)."""
+    store = residual is not None if store_sum is None else store_sum
+    rows = x.shape[0] if index is None else index.shape[0]
+    n = x.shape[1]
+    y = torch.empty(rows, n, device=x.device, dtype=x.dtype) if out is None else out
+    if y.shape != (rows, n) or y.stride(1) != 1:
+        raise ValueError(f"out must be [{rows}, {n}] with a contiguous last dim, got {tuple(y.shape)}")
+    res_out = torch.empty(rows, n, device=x.device, dtype=x.dtype) if store else None
+    if rows == 0:
         return y, res_out
     block = triton.next_power_of_2(n)
     r = residual if residual is not None else x
     ro = res_out if res_out is not None else y
-    _rms_norm_kernel[(t,)](
-        x, r, weight, y, ro,
+    _rms_norm_kernel[(rows,)](
+        x, r, weight, y, ro, index if index is not None else x,
         x.stride(0), r.stride(0), y.stride(0), ro.stride(0),
         n, eps,
-        HAS_RES=residual is not None, BLOCK=block, num_warps=min(16, max(1, block // 256)),
+        HAS_RES=residual is not None, STORE_SUM=store, GATHER=index is not None, BLOCK=block, USE_PDL=pdl,
+        num_warps=min(16, max(1, block // 256)), **pdl_kwargs(pdl),
     )  # fmt: skip
     return y, res_out
 
@@ -70,8 +109,11 @@ def _qk_norm_rope_store_kernel(
     stride_qkv, stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_cs,
     eps,
     NUM_Q: tl.constexpr, NUM_KV: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr,
-    BLOCK_H: tl.constexpr, HAS_NORM: tl.constexpr,
+    BLOCK_H: tl.constexpr, HAS_NORM: tl.constexpr, USE_PDL: tl.constexpr,
 ):  # fmt: skip
+    if USE_PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     offs = tl.arange(0, BLOCK_H)
@@ -120,10 +162,13 @@ def qk_norm_rope_store(
     num_heads: int,
     num_kv_heads: int,
     head_dim: int,
+    *,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """From fused qkv [T, (Hq + 2 Hkv) * D]: return rotated (and q-normed) q [T, Hq, D]; write rotated
     (k-normed) k and v into the paged caches at `slot_mapping`. `norm_weight` is [2, D] (q_norm; k_norm)
-    or None (no q/k norm). `cos_sin` is the float32 [max_pos, D] table (cos | sin halves)."""
+    or None (no q/k norm). `cos_sin` is the float32 [max_pos, D] table (cos | sin halves). `slot_mapping` may
+    be int32 or int64."""
     t = qkv.shape[0]
     if head_dim % 2:
         raise ValueError(f"RoPE needs an even head_dim, got {head_dim}")
@@ -142,13 +187,17 @@ def qk_norm_rope_store(
         v_cache.stride(1), v_cache.stride(2), cos_sin.stride(0),
         eps,
         NUM_Q=num_heads, NUM_KV=num_kv_heads, HEAD_DIM=head_dim, HALF=half,
-        BLOCK_H=triton.next_power_of_2(half), HAS_NORM=norm_weight is not None, num_warps=1,
+        BLOCK_H=triton.next_power_of_2(half), HAS_NORM=norm_weight is not None, USE_PDL=pdl,
+        num_warps=1, **pdl_kwargs(pdl),
     )  # fmt: skip
     return q
 
 
 @triton.jit
-def _silu_and_mul_kernel(X, Y, stride_x, stride_y, n_cols, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(X, Y, stride_x, stride_y, n_cols, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+    if USE_PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -159,7 +208,7 @@ def _silu_and_mul_kernel(X, Y, stride_x, stride_y, n_cols, BLOCK: tl.constexpr):
     tl.store(Y + row * stride_y + cols, (s * u).to(dt), mask=mask)
 
 
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+def silu_and_mul(x: torch.Tensor, *, pdl: bool = False) -> torch.Tensor:
     """SiLU(x[:, :N]) * x[:, N:] for x [T, 2N] -> [T, N]."""
     t, n2 = x.shape
     n = n2 // 2
@@ -167,5 +216,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if t == 0:
         return y
     block = 1024
-    _silu_and_mul_kernel[(t, triton.cdiv(n, block))](x, y, x.stride(0), y.stride(0), n, BLOCK=block, num_warps=4)
+    _silu_and_mul_kernel[(t, triton.cdiv(n, block))](
+        x, y, x.stride(0), y.stride(0), n, BLOCK=block, USE_PDL=pdl, num_warps=4, **pdl_kwargs(pdl)
+    )
     return y

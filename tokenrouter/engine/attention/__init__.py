@@ -24,7 +24,15 @@ from tokenrouter.engine.attention.reference import decode_attention_torch, exten
 
 Backend = Literal["auto", "torch", "triton"]
 
-__all__ = ["Backend", "decode_attention", "extend_attention", "resolve_backend", "store_kv"]
+__all__ = ["Backend", "decode_attention", "extend_attention", "resolve_backend", "split_counters", "store_kv"]
+
+
+def split_counters(num_rows: int, num_kv_heads: int, device: torch.device | str) -> torch.Tensor:
+    """Zeroed arrival counters for the fused split-KV decode merge of up to `num_rows` rows (one int32 per row
+    and KV head), to pass as `decode_attention(..., counters=)`. A buffer may be shared by launches that run
+    one after another (all layers of a step on one stream), never by launches that can overlap (two streams,
+    two engines): the kernel leaves it all zero again when it ends."""
+    return torch.zeros(num_rows * num_kv_heads, dtype=torch.int32, device=device)
 
 
 def resolve_backend(backend: Backend, device: torch.device) -> Literal["torch", "triton"]:
@@ -51,16 +59,22 @@ def decode_attention(
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
     backend: Backend = "auto",
+    counters: torch.Tensor | None = None,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """One new query per row. q `[B, Hq, D]`, block_tables `[B, max_pages]` int32, seq_lens `[B]` int32 = KV
     length including the token being decoded (its KV already stored). Returns `[B, Hq, D]` (into `out` if
     given). Hq must be a multiple of Hkv (query head h reads KV head h // (Hq // Hkv)). `num_splits` only
-    affects the Triton backend; None picks one from (B, Hkv, max_pages)."""
+    affects the Triton backend; None picks one from (B, Hkv, max_pages). Triton only: `counters` (zeroed int32,
+    >= B * Hkv entries) merges the KV splits inside the attention kernel instead of a second launch; `pdl`
+    launches with programmatic dependent launch."""
     if resolve_backend(backend, q.device) == "torch":
         return decode_attention_torch(q, k_cache, v_cache, block_tables, seq_lens, scale, out=out)
     from tokenrouter.engine.attention.triton_decode import decode_attention_triton
 
-    return decode_attention_triton(q, k_cache, v_cache, block_tables, seq_lens, scale, out=out, num_splits=num_splits)
+    return decode_attention_triton(
+        q, k_cache, v_cache, block_tables, seq_lens, scale, out=out, num_splits=num_splits, counters=counters, pdl=pdl
+    )
 
 
 def extend_attention(
@@ -76,6 +90,7 @@ def extend_attention(
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
     backend: Backend = "auto",
+    pdl: bool = False,
 ) -> torch.Tensor:
     """Causal attention for packed new tokens of B rows (prefill, extend after a prefix, or a mix).
 
@@ -91,5 +106,5 @@ def extend_attention(
 
     return extend_attention_triton(
         q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale,
-        max_q_len=max_q_len, out=out, num_splits=num_splits,
+        max_q_len=max_q_len, out=out, num_splits=num_splits, pdl=pdl,
     )  # fmt: skip

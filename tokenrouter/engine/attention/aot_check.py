@@ -35,12 +35,14 @@ from tokenrouter.engine.attention.triton_common import (
     EXTEND_CONFIG,
     MIN_DOT_DIM,
     fwd_constexprs,
+    merge_chunk,
     reduce_constexprs,
 )
 from tokenrouter.engine.attention.triton_extend import extend_tiling
 
 FWD_POINTERS = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "Out": "*bf16", "BlockTables": "*i32",
-                "SeqLens": "*i32", "CuSeqlensQ": "*i32", "MidO": "*fp32", "MidLse": "*fp32"}  # fmt: skip
+                "SeqLens": "*i32", "CuSeqlensQ": "*i32", "MidO": "*fp32", "MidLse": "*fp32",
+                "Counters": "*i32"}  # fmt: skip
 REDUCE_POINTERS = {"MidO": "*fp32", "MidLse": "*fp32", "Out": "*bf16"}
 
 
@@ -60,6 +62,7 @@ class Report:
     spill_bytes: int
     pipelined: bool
     seconds: float
+    fused_ok: bool = True  # fused-merge variants: acq_rel GPU-scope atomic, bar.sync and L2-only (.cg) loads
 
 
 def variants(quick: bool) -> list[Variant]:
@@ -73,6 +76,11 @@ def variants(quick: bool) -> list[Variant]:
             out.append(Variant(f"decode G={group} single={single}", "paged_attention_fwd_kernel",
                                fwd_constexprs(**dec, single_split=single), DECODE_CONFIG.num_warps,
                                DECODE_CONFIG.num_stages))  # fmt: skip
+        # Fused split merge (+ PDL) at the splits a batch-1 step of an 8k-context engine uses (33).
+        fused = fwd_constexprs(**dec, single_split=False, fused_reduce=True, use_pdl=True,
+                               merge_chunk=merge_chunk(33, group, dim, DECODE_CONFIG))  # fmt: skip
+        out.append(Variant(f"decode G={group} fused+pdl", "paged_attention_fwd_kernel", fused,
+                           DECODE_CONFIG.num_warps, DECODE_CONFIG.num_stages))  # fmt: skip
         for max_q, single in ((2048, True),) if quick else ((2048, True), (8, False), (1, False)):
             block_q, group_pad = extend_tiling(max_q, group, EXTEND_CONFIG)
             ext = fwd_constexprs(group=group, group_pad=group_pad, block_q=block_q, block_n=EXTEND_CONFIG.block_n,
@@ -81,6 +89,7 @@ def variants(quick: bool) -> list[Variant]:
             out.append(Variant(f"extend G={group} max_q={max_q} single={single}", "paged_attention_fwd_kernel",
                                ext, EXTEND_CONFIG.num_warps, EXTEND_CONFIG.num_stages))  # fmt: skip
     out.append(Variant("reduce S<=32", "split_reduce_kernel", reduce_constexprs(32, dim), 4, 1))
+    out.append(Variant("reduce S<=32 pdl", "split_reduce_kernel", reduce_constexprs(32, dim, True), 4, 1))
     return out
 
 
@@ -116,7 +125,13 @@ def compile_variant(v: Variant) -> Report:
                               capture_output=True, text=True, check=True).stderr  # fmt: skip
     regs = int(re.search(r"Used (\d+) registers", info).group(1))
     spills = re.search(r"(\d+) bytes spill stores", info)
-    return Report(v.label, regs, int(spills.group(1)) if spills else 0, "cp.async" in ptx, seconds)
+    fused_ok = True
+    if v.constexprs.get("FUSED_REDUCE"):
+        fused_ok = bool(re.search(r"atom\.[a-z.]*acq_rel[a-z.]*gpu|atom\.[a-z.]*gpu[a-z.]*acq_rel", ptx))
+        fused_ok &= "bar.sync" in ptx and "ld.global.cg" in ptx
+    if v.constexprs.get("USE_PDL"):
+        fused_ok &= "griddepcontrol.wait" in ptx
+    return Report(v.label, regs, int(spills.group(1)) if spills else 0, "cp.async" in ptx, seconds, fused_ok)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -132,10 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     ok = True
     for v in variants(args.quick):
         r = compile_variant(v)
-        bad = r.spill_bytes > 0 or (v.kernel == "paged_attention_fwd_kernel" and not r.pipelined)
+        bad = r.spill_bytes > 0 or (v.kernel == "paged_attention_fwd_kernel" and not r.pipelined) or not r.fused_ok
         ok &= not bad
         print(f"{'FAIL' if bad else 'ok  '} {r.label:36s} regs={r.registers:3d} spill={r.spill_bytes:4d}B "
-              f"cp.async={r.pipelined} {r.seconds:.1f}s")  # fmt: skip
+              f"cp.async={r.pipelined} sync={r.fused_ok} {r.seconds:.1f}s")  # fmt: skip
     return 0 if ok else 1
 
 

@@ -29,6 +29,8 @@ class KernelConfig:
     block_m: int = 64
     num_warps: int = 4
     num_stages: int = 2
+    # Fused decode merge: fp32 elements of partial output loaded at once ([group, splits, head_dim] chunk).
+    merge_elems: int = 8192
 
 
 DECODE_CONFIG = KernelConfig(block_n=64, num_warps=4, num_stages=2)
@@ -73,6 +75,9 @@ def fwd_constexprs(
     is_decode: bool,
     single_split: bool,
     dtype: torch.dtype,
+    fused_reduce: bool = False,
+    merge_chunk: int = 1,
+    use_pdl: bool = False,
 ) -> dict[str, int | bool | str]:
     """Compile-time parameters of `paged_attention_fwd_kernel`, shared by launches and `aot_check`."""
     return {
@@ -88,11 +93,27 @@ def fwd_constexprs(
         "SINGLE_SPLIT": single_split,
         # fp32 caches (CPU tests, debugging) get exact fp32 products instead of TF32; ignored for bf16.
         "DOT_PRECISION": "ieee" if dtype == torch.float32 else "tf32",
+        "FUSED_REDUCE": fused_reduce,
+        "GROUP_P2": triton.next_power_of_2(group),
+        "MERGE_CHUNK": merge_chunk,
+        "USE_PDL": use_pdl,
     }
 
 
-def reduce_constexprs(num_splits: int, head_dim: int) -> dict[str, int]:
-    return {"SPLITS_PAD": triton.next_power_of_2(num_splits), "HEAD_DIM": head_dim, "BLOCK_D": block_d(head_dim)}
+def merge_chunk(num_splits: int, group: int, head_dim: int, config: KernelConfig) -> int:
+    """Splits merged per load by the fused decode merge: a power of two, at most the split count, sized so a
+    [group, chunk, head_dim] fp32 tile holds about `config.merge_elems` elements."""
+    per_split = triton.next_power_of_2(group) * block_d(head_dim)
+    return max(1, min(triton.next_power_of_2(num_splits), config.merge_elems // per_split))
+
+
+def reduce_constexprs(num_splits: int, head_dim: int, use_pdl: bool = False) -> dict[str, int | bool]:
+    return {
+        "SPLITS_PAD": triton.next_power_of_2(num_splits),
+        "HEAD_DIM": head_dim,
+        "BLOCK_D": block_d(head_dim),
+        "USE_PDL": use_pdl,
+    }
 
 
 def _check_inputs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor) -> None:
@@ -127,8 +148,15 @@ def launch_paged_attention(
     num_q_blocks: int,
     num_splits: int,
     config: KernelConfig,
+    counters: torch.Tensor | None = None,
+    pdl: bool = False,
 ) -> torch.Tensor:
-    """Launch the forward kernel (and the reduce when `num_splits > 1`). `cu_seqlens_q is None` = decode."""
+    """Launch the forward kernel (and the reduce when `num_splits > 1`). `cu_seqlens_q is None` = decode.
+
+    `counters` (decode only, see `tokenrouter.engine.attention.split_counters`): with `num_splits > 1` the
+    forward kernel merges the splits itself and no reduce kernel is launched; ignored for extend or when it
+    has fewer than rows x Hkv entries.
+    `pdl`: programmatic dependent launch (CUDA, sm_90+)."""
     _check_inputs(q, k_cache, v_cache, block_tables)
     if out.shape != q.shape or out.stride(2) != 1:
         raise ValueError(f"out must be {tuple(q.shape)} with a contiguous last dim")
@@ -146,23 +174,35 @@ def launch_paged_attention(
         mid_lse = torch.empty((num_tokens, num_heads, num_splits), dtype=torch.float32, device=q.device)
         m_strides, l_strides = mid_o.stride()[:3], mid_lse.stride()[:2]
     is_decode = cu_seqlens_q is None
+    group = num_heads // num_kv_heads
+    fused = (
+        not single
+        and is_decode
+        and counters is not None
+        and counters.dtype == torch.int32
+        and counters.numel() >= num_rows * num_kv_heads * num_q_blocks
+    )
     meta = fwd_constexprs(
-        group=num_heads // num_kv_heads, group_pad=group_pad, block_q=block_q, block_n=config.block_n,
+        group=group, group_pad=group_pad, block_q=block_q, block_n=config.block_n,
         head_dim=head_dim, page_size=k_cache.shape[1], is_decode=is_decode, single_split=single, dtype=q.dtype,
+        fused_reduce=fused, merge_chunk=merge_chunk(num_splits, group, head_dim, config) if fused else 1,
+        use_pdl=pdl,
     )  # fmt: skip
     grid = (num_rows, num_kv_heads * num_q_blocks, num_splits)
+    launch = {"num_warps": config.num_warps, "num_stages": config.num_stages, **({"launch_pdl": True} if pdl else {})}
     paged_attention_fwd_kernel[grid](
         q, k_cache, v_cache, block_tables, seq_lens, seq_lens if is_decode else cu_seqlens_q, out, mid_o, mid_lse,
-        scale * math.log2(math.e), num_splits, num_q_blocks,
+        counters if fused else seq_lens, scale * math.log2(math.e), num_splits, num_q_blocks,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1), *m_strides, *l_strides,
-        **meta, num_warps=config.num_warps, num_stages=config.num_stages,
+        **meta, **launch,
     )  # fmt: skip
-    if not single:
+    if not single and not fused:
         split_reduce_kernel[(num_tokens, num_heads)](
             mid_o, mid_lse, out, num_splits, *m_strides, *l_strides, out.stride(0), out.stride(1),
-            **reduce_constexprs(num_splits, head_dim), num_warps=4 if head_dim >= 128 else 2,
+            **reduce_constexprs(num_splits, head_dim, pdl), num_warps=4 if head_dim >= 128 else 2,
+            **({"launch_pdl": True} if pdl else {}),
         )  # fmt: skip
     return out

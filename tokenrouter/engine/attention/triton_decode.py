@@ -2,7 +2,9 @@
 
 Grid (B, Hkv, num_splits): each program takes one request, one KV head and one slice of that request's
 KV, and computes all G = Hq / Hkv query heads of the group at once (padded to 16 rows for tl.dot), so K/V
-are read once per group. A small reduce kernel merges the slices by their log-sum-exp.
+are read once per group. The slices are merged by their log-sum-exp: by the last program of each
+(row, KV head) to finish when arrival `counters` are given (one launch per call), else by a small reduce
+kernel (two launches).
 
 CUDA-graph contract: nothing here reads a device tensor on the host. The grid and `num_splits` depend only
 on (B, Hkv, block-table width), so a graph captured for a batch-size bucket replays with any `seq_lens`
@@ -40,8 +42,13 @@ def decode_attention_triton(
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
     config: KernelConfig = DECODE_CONFIG,
+    counters: torch.Tensor | None = None,
+    pdl: bool = False,
 ) -> torch.Tensor:
-    """q `[B, Hq, D]` at position `seq_lens[b] - 1` of row b; its own KV must already be in the cache."""
+    """q `[B, Hq, D]` at position `seq_lens[b] - 1` of row b; its own KV must already be in the cache.
+
+    `counters`: a zeroed int32 buffer of >= B * Hkv entries (`tokenrouter.engine.attention.split_counters`) turns on the
+    fused merge; it is zero again when the kernel ends. `pdl`: programmatic dependent launch."""
     batch, num_heads, _ = q.shape
     num_kv_heads, page_size = k_cache.shape[2], k_cache.shape[1]
     if block_tables.shape[0] != batch or seq_lens.shape != (batch,):
@@ -58,5 +65,5 @@ def decode_attention_triton(
     return launch_paged_attention(
         q, k_cache, v_cache, block_tables, seq_lens, None, scale, out,
         num_rows=batch, block_q=1, group_pad=max(MIN_DOT_DIM, triton.next_power_of_2(group)),
-        num_q_blocks=1, num_splits=num_splits, config=config,
+        num_q_blocks=1, num_splits=num_splits, config=config, counters=counters, pdl=pdl,
     )  # fmt: skip

@@ -57,6 +57,7 @@ def extend_attention_triton(
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
     config: KernelConfig = EXTEND_CONFIG,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """Packed q `[T, Hq, D]`; row b owns tokens `cu_seqlens_q[b]:cu_seqlens_q[b+1]`, the last of which sits at
     position `seq_lens[b] - 1`. Tokens outside every row are left unspecified in `out`."""
@@ -84,5 +85,5 @@ def extend_attention_triton(
     return launch_paged_attention(
         q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale, out,
         num_rows=num_rows, block_q=block_q, group_pad=group_pad,
-        num_q_blocks=num_q_blocks, num_splits=num_splits, config=config,
+        num_q_blocks=num_q_blocks, num_splits=num_splits, config=config, pdl=pdl,
     )  # fmt: skip

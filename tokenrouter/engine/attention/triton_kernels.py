@@ -11,6 +11,17 @@ with any lengths. Every program writes its partial output and log-sum-exp (base 
 is empty (lse = -inf, output 0), so the reduce kernel never reads unwritten memory for a real token.
 With a single split the forward kernel normalizes and writes the final output itself.
 
+Fused merge (decode, FUSED_REDUCE): instead of a second kernel, the last program of each (row, KV head) to
+finish merges that group's partials. Each program stores its partial, passes a CTA barrier and increments a
+per-(row, KV head) arrival counter (an acq_rel, GPU-scope atomic); the one that sees `num_splits - 1`
+arrivals before it reads every partial (L1-bypassing loads) and writes the output, then resets the counter
+to 0 so the next launch (or graph replay) starts clean. Counters live in a per-engine int32 buffer that must
+be all zeros before a launch and is all zeros again after it. Only splits that hold keys (`n_active`,
+known from `seq_lens`) are merged, in chunks of MERGE_CHUNK splits at a time.
+
+PDL (USE_PDL): programmatic dependent launch; the kernel waits for its predecessor before any memory access
+(see `tokenrouter.engine.triton_ops`).
+
 Interpreter note: `for ... in range(lo, hi)` with runtime bounds breaks Triton 3.6's CPU interpreter under
 numpy >= 2.4 (triton-lang/triton#9171); the tests patch the interpreter rather than the kernels, since
 GPU software pipelining needs `for` loops.
@@ -20,6 +31,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
 @triton.jit
@@ -96,6 +108,65 @@ def _attend_tile(
 
 
 @triton.jit
+def _merge_group_splits(
+    MidO,
+    MidLse,
+    Out,
+    tok,
+    kvh,
+    n_active,
+    stride_mt,
+    stride_mh,
+    stride_ms,
+    stride_lt,
+    stride_lh,
+    stride_ot,
+    stride_oh,
+    GROUP: tl.constexpr,
+    GROUP_P2: tl.constexpr,
+    MERGE_CHUNK: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """out[tok, h] = sum_s 2^lse_s o_s / sum_s 2^lse_s over splits 0..n_active-1 for the GROUP query heads of
+    KV head `kvh` (same math as `split_reduce_kernel`), MERGE_CHUNK splits per [GROUP_P2, CHUNK, D] load."""
+    offs_g = tl.arange(0, GROUP_P2)
+    offs_c = tl.arange(0, MERGE_CHUNK)
+    offs_d = tl.arange(0, BLOCK_D)
+    g_ok = offs_g < GROUP
+    d_ok = offs_d < HEAD_DIM
+    head = kvh * GROUP + offs_g
+    tok64 = tok.to(tl.int64)
+    lse_base = MidLse + tok64 * stride_lt + head[:, None] * stride_lh
+    o_base = MidO + tok64 * stride_mt + head[:, None, None] * stride_mh + offs_d[None, None, :]
+    m_run = tl.full([GROUP_P2], float("-inf"), tl.float32)
+    l_run = tl.zeros([GROUP_P2], tl.float32)
+    acc = tl.zeros([GROUP_P2, BLOCK_D], tl.float32)
+    for s0 in range(0, n_active, MERGE_CHUNK):
+        s = s0 + offs_c
+        ok = g_ok[:, None] & (s < n_active)[None, :]
+        # .cg: read from L2, never from a stale L1 line; other SMs wrote these partials.
+        lse = tl.load(lse_base + s[None, :], mask=ok, other=float("-inf"), cache_modifier=".cg")
+        o = tl.load(
+            o_base + s[None, :, None] * stride_ms,
+            mask=ok[:, :, None] & d_ok[None, None, :],
+            other=0.0,
+            cache_modifier=".cg",
+        )
+        m_new = tl.maximum(m_run, tl.max(lse, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_run - m_safe)
+        w = tl.exp2(lse - m_safe[:, None])
+        l_run = l_run * alpha + tl.sum(w, 1)
+        acc = acc * alpha[:, None] + tl.sum(o * w[:, :, None], 1)
+        m_run = m_new
+    l_safe = tl.where(l_run == 0.0, 1.0, l_run)
+    res = acc / l_safe[:, None]
+    out_ptrs = Out + tok64 * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
+    tl.store(out_ptrs, res.to(Out.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
 def paged_attention_fwd_kernel(
     Q,
     K,
@@ -106,6 +177,7 @@ def paged_attention_fwd_kernel(
     Out,
     MidO,
     MidLse,
+    Counters,
     scale_log2,
     num_splits,
     num_q_blocks,
@@ -136,9 +208,17 @@ def paged_attention_fwd_kernel(
     IS_DECODE: tl.constexpr,
     SINGLE_SPLIT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    FUSED_REDUCE: tl.constexpr,
+    GROUP_P2: tl.constexpr,
+    MERGE_CHUNK: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """Grid (rows, Hkv * num_q_blocks, num_splits). Q/Out are `[T, Hq, D]`, MidO `[T, Hq, S, D]` fp32,
-    MidLse `[T, Hq, S]` fp32; head_dim strides are 1. Decode passes IS_DECODE (token index = row)."""
+    MidLse `[T, Hq, S]` fp32; head_dim strides are 1. Decode passes IS_DECODE (token index = row).
+    FUSED_REDUCE (decode with splits only): Counters is int32 `[rows * Hkv]`, all zero on entry and exit."""
+    if USE_PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     row = tl.program_id(0)
     pid1 = tl.program_id(1)
     split = tl.program_id(2)
@@ -206,6 +286,21 @@ def paged_attention_fwd_kernel(
         mid_ptrs = MidO + tok[:, None] * stride_mt + head[:, None] * stride_mh + split * stride_ms + offs_d[None, :]
         tl.store(mid_ptrs, o, mask=io_mask)
         tl.store(MidLse + tok * stride_lt + head * stride_lh + split, lse, mask=row_ok)
+        if FUSED_REDUCE:
+            # Every thread's partial stores happen before this program's arrival is published (barrier +
+            # release); the last arrival's acquire then sees all of them.
+            tl.debug_barrier()
+            counter = Counters + row * tl.num_programs(1) + pid1
+            arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+            if arrived == num_splits - 1:
+                tl.debug_barrier()
+                tl.store(counter, 0)
+                n_active = tl.where(split_len > 0, tl.cdiv(kv_end, tl.maximum(split_len, 1)), 0)
+                _merge_group_splits(
+                    MidO, MidLse, Out, tok0, kvh, tl.minimum(n_active, num_splits),
+                    stride_mt, stride_mh, stride_ms, stride_lt, stride_lh, stride_ot, stride_oh,
+                    GROUP, GROUP_P2, MERGE_CHUNK, HEAD_DIM, BLOCK_D,
+                )  # fmt: skip
 
 
 @triton.jit
@@ -224,9 +319,13 @@ def split_reduce_kernel(
     SPLITS_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """Grid (T, Hq): out = sum_s 2^(lse_s - m) o_s / sum_s 2^(lse_s - m). Empty splits (lse -inf) weigh 0;
     a token with no visible key at all (seq_len 0) gets 0, not NaN."""
+    if USE_PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     tok = tl.program_id(0)
     head = tl.program_id(1)
     offs_s = tl.arange(0, SPLITS_PAD)
