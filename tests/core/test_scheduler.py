@@ -249,3 +249,18 @@ def test_peer_message_wire_carries_only_unseen_suffix():
     assert to_large[0].loc == 0 and to_large[0].sampling is not None
     assert to_large[1].loc > 0 and to_large[1].sampling is None
     assert to_large[1].loc == to_large[0].loc + len(to_large[0].tokens) + 1  # + the large's own token
+
+
+def test_max_wait_launches_under_threshold_after_the_deadline():
+    c = Cluster(policy=Policy("delayed", thresholds=(1, 3), max_wait=0.5), router_script={(0, r): [1] for r in "ab"})
+    for r in "abcd":
+        c.submit(r, [1], max_tokens=4)
+    small, large = c.scheds
+    b = small.schedule(0.0)
+    c.now = 1.0
+    c.deliver(small.complete(b, c.result_for(b), 1.0))  # a and b hop; c and d stay
+    assert len(large.waiting) == 2 and large.thresholds() == (1, 3)
+    assert large.schedule(1.2) is None
+    assert large.next_deadline() == pytest.approx(1.5)
+    batch = large.schedule(1.5)
+    assert batch is not None and len(batch) == 2
