@@ -108,4 +108,9 @@ def test_launch_switches_match_hf(qwen3_ckpt, switches, graph_emulation):
 def test_switch_defaults_and_baseline_keys():
     cfg = EngineConfig("qwen3-0.6b")
     assert cfg.decode_fused_reduce and cfg.triton_pdl and cfg.fuse_step_ops
-    assert all(hasattr(cfg, k) and getattr(cfg, k) != v for k, v in BASELINE_SWITCHES.items())
+    assert cfg.triton_gemv and cfg.gemv_max_rows == 8  # on since the H200 measurement of 2026-11-30
+    # The baseline turns every switch off, each differing from its (on) default.
+    assert all(hasattr(cfg, k) and v is False for k, v in BASELINE_SWITCHES.items())
+    assert all(getattr(cfg, k) for k in BASELINE_SWITCHES)
+    with pytest.raises(ValueError, match="gemv_max_rows"):
+        EngineConfig("qwen3-0.6b", gemv_max_rows=17)

@@ -4,12 +4,14 @@ Parameters are allocated uninitialized, directly on the target device and dtype 
 built on the host first); the loader or the dummy initializer fills them. The torch paths follow HF
 transformers op for op (RMSNorm in float32, cos/sin computed in float32 and cast to the activation dtype),
 so fp32 outputs match HF to rounding. With `use_triton` (the CUDA default) the small elementwise stages run
-as single Triton kernels (`triton_ops`), with the same rounding points.
+as single Triton kernels (`triton_ops`), with the same rounding points. With a `GemvState` attached (engine
+switch `triton_gemv`), the linear layers of small graph steps run as the Triton skinny GEMM (`triton_gemv`).
 """
 
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 from types import ModuleType
 
 import torch
@@ -74,6 +76,37 @@ class RMSNorm(nn.Module):
         return y, (x if store else None)
 
 
+@dataclass(slots=True)
+class GemvState:
+    """Shared by every linear layer of one model: whether and for which inputs the Triton skinny GEMM replaces
+    cuBLAS. `active` is set only while a CUDA-graph body (or its emulation) runs, so eager steps keep cuBLAS;
+    inside, inputs of 1..max_rows rows use the kernel. `counters`: the engine's split-K arrival counters."""
+
+    ops: ModuleType  # tokenrouter.engine.triton_gemv
+    counters: torch.Tensor
+    enabled: bool = False
+    max_rows: int = 8
+    pdl: bool = False
+    # L2 prefetch of the first weight bytes before the PDL wait: measured slower on the H200 (b=1 0.6B 0.927 vs
+    # 0.901 ms without, 8B 4.601 vs 4.547, 32B 16.93 vs 16.77), so off by default.
+    prefetch: bool = False
+    active: bool = False
+    # Fold SiLU(gate)*up into the down projection only up to this intermediate size: on the H200 the fold
+    # won at K=3072 (8.8 -> 5.7 us) and lost at 12288 and 25600 (31.9 -> 36.5, 71 -> 81-113 us).
+    silu_fold_max_k: int = 4096
+
+    def applies(self, x: torch.Tensor) -> bool:
+        return self.enabled and self.active and 0 < x.shape[0] <= self.max_rows
+
+    def folds_silu(self, gate_up: torch.Tensor) -> bool:
+        return self.applies(gate_up) and gate_up.shape[1] // 2 <= self.silu_fold_max_k
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, silu: bool = False):
+        return self.ops.skinny_gemm(
+            x, weight, bias, silu=silu, counters=self.counters, pdl=self.pdl, prefetch=self.prefetch
+        )
+
+
 class MergedLinear(nn.Module):
     """Several projections that read the same input, stored as one [sum(out), in] weight: one matmul.
 
@@ -95,6 +128,7 @@ class MergedLinear(nn.Module):
         self.out_features = sum(n for _, n in shards)
         self.weight = empty_param(self.out_features, in_features, device=device, dtype=dtype)
         self.bias = empty_param(self.out_features, device=device, dtype=dtype) if bias else None
+        self.gemv: GemvState | None = None  # set by CausalLM.attach_gemv
 
     def shard_slices(self) -> dict[str, slice]:
         out, off = {}, 0
@@ -103,8 +137,20 @@ class MergedLinear(nn.Module):
             off += n
         return out
 
+    def uses_gemv(self, x: torch.Tensor) -> bool:
+        return self.gemv is not None and self.gemv.applies(x)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.uses_gemv(x):
+            assert self.gemv is not None
+            return self.gemv.linear(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
+
+    def forward_silu(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """This layer applied to SiLU(gate) * up of a fused gate|up activation [T, 2 * in_features], in one
+        skinny GEMM launch (only where `uses_gemv(gate_up)`)."""
+        assert self.gemv is not None and self.gemv.folds_silu(gate_up)
+        return self.gemv.linear(gate_up, self.weight, self.bias, silu=True)
 
 
 class RotaryEmbedding(nn.Module):

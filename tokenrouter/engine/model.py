@@ -4,7 +4,8 @@ Layer: x -> RMSNorm -> fused qkv -> (q/k RMSNorm, Qwen3) -> RoPE -> store K/V in
 paged attention -> o_proj -> +residual -> RMSNorm -> fused gate|up -> SiLU(gate)*up -> down -> +residual.
 Each residual add is fused into the RMSNorm that follows it; on CUDA q/k-norm + RoPE + KV store is one
 kernel (`triton_ops`), so a decode layer is 9 launches: 4 GEMMs, 2 norms, 1 rope/store, 1 attention (splits
-merged in-kernel; 10 with the separate split reduce), 1 SwiGLU. With `forward_stream` + `compute_logits(
+merged in-kernel; 10 with the separate split reduce), 1 SwiGLU; with the skinny GEMM (`attach_gemv`, graph
+bodies only) SwiGLU rides in the down projection: 8. With `forward_stream` + `compute_logits(
 hidden, residual, index)` the embedding lookup rides in the first layer's norm and the last residual add,
 the logit-row gather and the final norm are one kernel.
 
@@ -15,6 +16,9 @@ CUDA-graph capture. The LM head is applied only to the rows a step samples (`com
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -22,6 +26,7 @@ from torch import nn
 from tokenrouter.engine import attention
 from tokenrouter.engine.config import ArchConfig
 from tokenrouter.engine.layers import (
+    GemvState,
     MergedLinear,
     RMSNorm,
     RotaryEmbedding,
@@ -100,7 +105,11 @@ class DecoderMLP(nn.Module):
         self.down_proj = MergedLinear(inter, [("down_proj", spec.hidden_size)], bias=False, **kw)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_up_proj(x)))
+        gate_up = self.gate_up_proj(x)
+        gemv = self.down_proj.gemv
+        if gemv is not None and gemv.folds_silu(gate_up):  # skinny GEMM, SiLU(gate) * up applied while loading x
+            return self.down_proj.forward_silu(gate_up)
+        return self.down_proj(self.act(gate_up))
 
 
 class DecoderLayer(nn.Module):
@@ -154,6 +163,7 @@ class CausalLM(nn.Module):
         # Tied models read the embedding table as the LM head: one tensor, no copy.
         tied = spec.tie_word_embeddings
         self.lm_head = self.embed_tokens if tied else empty_param(spec.vocab_size, spec.hidden_size, **kw)
+        self.gemv: GemvState | None = None  # Triton skinny GEMM of small graph steps (attach_gemv)
 
     def forward(
         self,
@@ -214,6 +224,28 @@ class CausalLM(nn.Module):
         for m in self.modules():
             if hasattr(m, "pdl"):
                 m.pdl = enabled
+        if self.gemv is not None:
+            self.gemv.pdl = enabled
+
+    def attach_gemv(self, state: GemvState) -> None:
+        """Let every linear layer use the Triton skinny GEMM under `state`'s conditions (see `GemvState`)."""
+        self.gemv = state
+        for m in self.modules():
+            if isinstance(m, MergedLinear):
+                m.gemv = state
+
+    @contextlib.contextmanager
+    def gemv_scope(self) -> Iterator[None]:
+        """Inside: linear layers of small inputs use the skinny GEMM (if attached and enabled). The engine wraps
+        its CUDA-graph body in this; eager steps run outside it."""
+        if self.gemv is None:
+            yield
+            return
+        prev, self.gemv.active = self.gemv.active, True
+        try:
+            yield
+        finally:
+            self.gemv.active = prev
 
     def checkpoint_params(self) -> dict[str, tuple[nn.Parameter, slice | None]]:
         """HF checkpoint tensor name -> (our parameter, row slice inside it or None for the whole tensor)."""

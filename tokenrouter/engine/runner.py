@@ -13,6 +13,7 @@ stream is made to wait for it before outputs are handed over (a device-side wait
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import random
 
@@ -127,6 +128,7 @@ class Engine(ModelRunner):
                 use_triton=self._use_triton_ops,
             )
             self.model.set_pdl(self.pdl)
+            self._attach_gemv()
             # Arrival counters of the fused split-KV merge: one per (attention row, KV head), per engine so
             # that engines on other streams never share them.
             rows = max(config.max_batch_size, max(config.graph_buckets, default=1))
@@ -140,6 +142,48 @@ class Engine(ModelRunner):
             else:
                 load_safetensors(self.model, ckpt_dir)
             self.kv_cache = KVCache(self.spec, self._pool, device=self.device, dtype=self.dtype)
+            self._build_graphs()
+        self._sync()
+
+    def _attach_gemv(self) -> None:
+        """The Triton skinny GEMM state for graph steps (CUDA with the Triton ops; interpreter tests with
+        ops_backend="triton"); `triton_gemv` only decides whether it starts enabled (`set_triton_gemv`)."""
+        if not self._use_triton_ops:
+            return
+        from tokenrouter.engine.layers import GemvState
+
+        c = self.config
+        ops = importlib.import_module("tokenrouter.engine.triton_gemv")
+        max_n = max(self.spec.hidden_size, self.model.layers[0].self_attn.qkv_proj.out_features,
+                    2 * self.spec.intermediate_size) if len(self.model.layers) else 1  # fmt: skip
+        state = GemvState(ops=ops, counters=ops.arrival_counters(max_n, self.device), enabled=c.triton_gemv,
+                          max_rows=c.gemv_max_rows, pdl=self.pdl)  # fmt: skip
+        self.model.attach_gemv(state)
+
+    @property
+    def gemv_enabled(self) -> bool:
+        """Whether graph steps of up to `config.gemv_max_rows` tokens use the Triton skinny GEMM."""
+        return self.model.gemv is not None and self.model.gemv.enabled
+
+    def set_triton_gemv(self, enabled: bool, *, max_rows: int | None = None, prefetch: bool | None = None) -> None:
+        """Ablations and benchmarks: switch the skinny GEMM of graph steps on/off (and its row limit, its L2
+        prefetch before the PDL wait) and recapture the graphs, reusing the weights. Raises if the engine has no
+        Triton ops (then the switch cannot apply)."""
+        g = self.model.gemv
+        if g is None:
+            raise ValueError("the skinny GEMM needs the Triton ops (CUDA, or ops_backend='triton')")
+        self._sync()
+        g.enabled = enabled
+        if max_rows is not None:
+            if not 1 <= max_rows <= g.ops.MAX_ROWS:
+                raise ValueError(f"max_rows must be in 1..{g.ops.MAX_ROWS}, got {max_rows}")
+            g.max_rows = max_rows
+        if prefetch is not None:
+            g.prefetch = prefetch
+        if self.graphs is not None:
+            self.graphs.close()
+            self.graphs = None
+        with torch.no_grad(), self._on_stream():
             self._build_graphs()
         self._sync()
 
@@ -370,7 +414,12 @@ class Engine(ModelRunner):
         return h, logits, greedy
 
     def _forward_into(self, packed: torch.Tensor, layout: Layout, out: GraphOutputs) -> None:
-        """Graph body: the forward writing into the runner's static outputs."""
+        """Graph body: the forward writing into the runner's static outputs; the only place where the Triton
+        skinny GEMM may replace cuBLAS (small buckets, `triton_gemv`)."""
+        with self.model.gemv_scope():
+            self._forward_body(packed, layout, out)
+
+    def _forward_body(self, packed: torch.Tensor, layout: Layout, out: GraphOutputs) -> None:
         if self._fuse_step:
             self._forward(packed, layout, 1, out)
             return

@@ -1,0 +1,297 @@
+"""The Triton skinny GEMM (`tokenrouter.engine.triton_gemv`): the kernel against a float64 matmul in Triton's
+CPU interpreter (both inner products, split-K, N and K tails, bias, the SiLU fold), the engine with
+`triton_gemv` on against HF on the padded graph path, its launch count, and an ahead-of-time sm_90 compile of
+the production configs (16-byte loads, tensor cores, no spills, L2 prefetch before the PDL wait). Kernels run
+in a fresh process (see test_engine_triton_ops._run_self)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import pytest
+import torch
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+
+# Qwen3 layer shapes (N, K): qkv, o, gate_up, down.
+QWEN3_SHAPES = {
+    "qwen3-0.6b": [(4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072)],
+    "qwen3-8b": [(6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288)],
+    "qwen3-32b": [(10240, 5120), (5120, 8192), (51200, 5120), (5120, 25600)],
+}
+
+
+def _run_self(flag: str, interpret: bool) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    if interpret:
+        env["TRITON_INTERPRET"] = "1"
+    proc = subprocess.run([sys.executable, __file__, flag], capture_output=True, text=True, env=env, timeout=600)
+    if proc.returncode == 2:
+        pytest.skip(proc.stderr.strip())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_skinny_gemm_and_engine_in_interpreter():
+    _run_self("--interpret", interpret=True)
+
+
+def test_skinny_gemm_compiles_for_sm90():
+    _run_self("--aot", interpret=False)
+
+
+def test_configs_for_qwen3_shapes():
+    """Shape-only configs: FMA for 1-2 rows, tensor cores above; every split a whole number of K tiles (no K
+    masks on real shapes), and enough programs to cover the H200's 132 SMs unless the split cap is hit."""
+    from tokenrouter.engine import triton_gemv as G
+
+    for shapes in QWEN3_SHAPES.values():
+        for n, k in shapes:
+            for m in (1, 2, 3, 8, 16):
+                cfg = G.gemv_config(m, n, k, 132)
+                assert cfg.dot == (m > G.FMA_MAX_ROWS)
+                assert k % (cfg.split_k * cfg.block_k) == 0, (m, n, k, cfg)
+                programs = -(-n // cfg.block_n) * cfg.split_k
+                assert programs >= 128 or cfg.split_k == 8, (m, n, k, cfg)
+                if not cfg.dot:
+                    assert (n, k) not in G.FMA_TABLE or (cfg.block_n, cfg.block_k) == G.FMA_TABLE[(n, k)]
+                else:
+                    assert cfg.block_n >= 64 and G.prefetch_lines_per_row(k, cfg, 2) >= 1
+    # tiny shapes clamp the tiles
+    cfg = G.gemv_config(1, 24, 40)
+    assert cfg.block_k == 64 and cfg.block_n <= 16
+    assert G.num_counters(51200) * G.MIN_BLOCK_N >= 51200
+
+
+# ---- interpreter checks (run in the subprocess) ---------------------------------------------------------------
+def _ref(x, w, b, silu):
+    if silu:
+        k = w.shape[1]
+        x = torch.nn.functional.silu(x[:, :k]) * x[:, k:]
+    y = x.double() @ w.double().T
+    return y if b is None else y + b.double()
+
+
+def _check_kernel(G, cfg, m, n, k, silu, bias, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, 2 * k if silu else k, generator=g)
+    w = torch.randn(n, k, generator=g)
+    b = torch.randn(n, generator=g) if bias else None
+    counters = torch.zeros(G.num_counters(n), dtype=torch.int32)
+    y = torch.full((m, n), float("nan"))
+    out = G.skinny_gemm(x, w, b, silu=silu, config=cfg, counters=counters, out=y)
+    assert out is y and not y.isnan().any(), f"unwritten outputs {cfg} m={m} n={n} k={k}"
+    ref = _ref(x, w, b, silu)
+    err = float((y.double() - ref).abs().max() / ref.abs().max())
+    assert err < 1e-5, f"{cfg} m={m} n={n} k={k} silu={silu} bias={bias}: rel err {err:.2e}"
+    assert counters.eq(0).all(), "split-K arrival counters not reset"
+
+
+def _check_kernels(G):
+    """fp32, M in 1..4 (and 16), non-power-of-two N (tails), K not a multiple of the tile or the split (masks),
+    each inner product with and without split-K, bias, and the SiLU fold; plus the heuristic configs."""
+    C = G.GemvConfig
+    cases = [
+        (C(dot=False, block_n=4, block_k=32), (1, 2)),  # FMA, 1 and 2 rows; K 80 -> masked last tile
+        (C(dot=False, block_n=8, block_k=16, split_k=3), (1, 2, 3)),  # FMA + split-K (uneven splits)
+        (C(dot=True, block_n=16, block_k=16), (1, 3, 4)),  # tensor-core path, rows padded to 16
+        (C(dot=True, block_n=32, block_k=32, split_k=2), (2, 4, 16)),
+    ]
+    shapes = [(40, 64), (24, 80), (20, 48)]  # N 40/24/20 not multiples of every tile, K 80/48 tails
+    seed = 0
+    for cfg, ms in cases:
+        for m in ms:
+            for i, (n, k) in enumerate(shapes):
+                seed += 1
+                _check_kernel(G, cfg, m, n, k, silu=i == 1, bias=i != 0, seed=seed)
+    for m in (1, 2, 4):  # heuristic configs on small shapes
+        for n, k in ((48, 64), (36, 96)):
+            seed += 1
+            _check_kernel(G, None, m, n, k, silu=m == 2, bias=False, seed=seed)
+    # bf16 plumbing on the FMA path (the interpreter truncates where GPUs round: loose tolerance). The
+    # interpreter's tl.dot multiplies bf16 as raw uint16 (it stores bf16 that way), so the tensor-core path is
+    # checked in fp32 here and in bf16 on the GPU (studies/engine/gemv_probe.py).
+    for m in range(1, G.FMA_MAX_ROWS + 1):
+        x = torch.randn(m, 64, generator=torch.Generator().manual_seed(9)).bfloat16()
+        w = torch.randn(40, 64, generator=torch.Generator().manual_seed(10)).bfloat16()
+        y = G.skinny_gemm(x, w)
+        assert y.dtype == torch.bfloat16 and not G.gemv_config(m, 40, 64).dot
+        ref = x.double() @ w.double().T
+        assert float((y.double() - ref).abs().max() / ref.abs().max()) < 2e-2
+    for bad in (lambda: G.skinny_gemm(torch.randn(17, 64), torch.randn(8, 64)),
+                lambda: G.skinny_gemm(torch.randn(2, 63), torch.randn(8, 64)),
+                lambda: G.skinny_gemm(torch.randn(2, 64), torch.randn(8, 64), silu=True)):  # fmt: skip
+        with pytest.raises(ValueError):
+            bad()
+
+
+def _check_engine_matches_hf(G):
+    """The engine with `triton_gemv` on (graph path emulated on CPU, Triton elementwise ops) matches HF over the
+    whole scenario, launching the skinny GEMM only in graph steps of <= gemv_max_rows tokens (eager steps and
+    larger buckets keep cuBLAS); SwiGLU folded into the down projection saves one launch per layer."""
+    from pathlib import Path
+
+    from engine_testlib import PLAN, Scenario, check_against_hf, make_hf_checkpoint, tiny_engine
+
+    from tokenrouter.core.batch import Batch, BatchRow
+    from tokenrouter.core.request import Request
+    from tokenrouter.engine.launch_count import LaunchCounter, count_graph_body_launches
+
+    with tempfile.TemporaryDirectory() as tmp:
+        hf = make_hf_checkpoint(Path(tmp), seed=14)
+        # torch attention keeps the interpreter run short; only the projections change here
+        eng = tiny_engine(tmp, ops_backend="triton", graph_emulation=True, triton_gemv=True, gemv_max_rows=4)
+        assert eng.gemv_enabled and eng.model.gemv.ops is G
+        calls: list[int] = []
+        real = G.skinny_gemm
+
+        def spy(x, *a, **kw):
+            calls.append(x.shape[0])
+            return real(x, *a, **kw)
+
+        # graph buckets 1 and 2 (FMA path), 4 with a padding row and a 2-token extend row (tensor-core path)
+        plan = [
+            *PLAN[:4],
+            [("a", 1, True, [])],
+            [("b", 1, True, []), ("c", 1, True, [])],
+            [("d", 1, True, []), ("a", 1, True, []), ("b", 1, True, [])],
+            [("c", None, True, [7]), ("d", 1, True, [])],
+            [("a", 1, True, []), ("b", 1, True, []), ("c", 1, True, []), ("d", None, True, [1, 2, 3, 4, 5, 6])],
+        ]
+        G.skinny_gemm = spy
+        try:
+            scn = Scenario(eng, seed=14)
+            for _ in scn.run(plan):
+                pass
+        finally:
+            G.skinny_gemm = real
+        check_against_hf(scn, hf, tol=1e-4)
+        assert calls and set(calls) == {1, 2, 4}, sorted(set(calls))  # graph buckets <= gemv_max_rows only
+
+        req = Request("x", list(range(1, 21)), 20)
+        assert eng.kv_pool.grow(req.pages, 22)
+        with LaunchCounter(eng.model) as lc:  # eager prefill: cuBLAS (torch.mm) only
+            eng.step(Batch(0, 0, [BatchRow(req, 0, 20)]))
+        assert not any("skinny" in name for _, name in lc.events), lc.events
+        # One b=1 decode graph body: 4 skinny GEMMs and no SwiGLU kernel; switched off (graphs re-built), cuBLAS
+        # and SwiGLU again: one launch more per layer (with Triton attention: 8 vs 9, test_engine_triton_ops).
+        req.num_computed = 20
+        req.token_ids.append(5)
+        lc_on = count_graph_body_launches(eng, Batch(0, 1, [BatchRow(req, 20, 1)]))
+        on = lc_on.layer_kernels(1)
+        assert sum("skinny_gemm" in k for k in on) == 4 and not any("silu" in k for k in on), on
+        eng.set_triton_gemv(False)
+        assert not eng.gemv_enabled
+        req.num_computed = 21
+        req.token_ids.append(6)
+        lc_off = count_graph_body_launches(eng, Batch(0, 2, [BatchRow(req, 21, 1)]))
+        off = lc_off.layer_kernels(1)
+        assert not any("skinny" in k for k in off) and sum("silu" in k for k in off) == 1, off
+        assert [n - 1 for n in lc_off.per_layer()] == lc_on.per_layer(), (lc_on.sections, lc_off.sections)
+        assert eng.model.gemv.counters.eq(0).all()
+
+
+def _interpret() -> int:
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from tokenrouter.engine import triton_gemv as G
+
+    if not isinstance(G.skinny_gemm_kernel, InterpretedFunction):
+        print("TRITON_INTERPRET=1 did not take effect", file=sys.stderr)
+        return 2
+    import triton.runtime.interpreter as interpreter
+    from test_attention import _patched_patch_lang_tensor
+
+    if hasattr(interpreter, "_patch_lang_tensor"):  # runtime-bound loops under numpy >= 2.4 (test_attention.py)
+        interpreter._patch_lang_tensor = _patched_patch_lang_tensor(interpreter._patch_lang_tensor)
+    failed = 0
+    for fn in (_check_kernels, _check_engine_matches_hf):
+        try:
+            fn(G)
+            print("ok  ", fn.__name__)
+        except Exception as e:
+            failed += 1
+            print("FAIL", fn.__name__, f"{type(e).__name__}: {e}")
+    return 1 if failed else 0
+
+
+# ---- ahead-of-time sm_90 compile -------------------------------------------------------------------------------
+def aot_variants():
+    """(label, m, n, k, silu, pdl): one of each distinct kernel the engine compiles for Qwen3 (FMA tiles at 1 and
+    2 rows, tensor-core tiles with and without split-K, the SiLU fold, PDL + L2 prefetch)."""
+    return [
+        ("0.6b qkv M=1", 1, 4096, 1024, False, False),
+        ("8b gate_up M=1 pdl", 1, 24576, 4096, False, True),
+        ("8b down+silu M=1 pdl", 1, 4096, 12288, True, True),
+        ("8b qkv M=2 pdl", 2, 6144, 4096, False, True),
+        ("32b down+silu M=2 pdl", 2, 5120, 25600, True, True),
+        ("8b o M=8 (split-K)", 8, 4096, 4096, False, False),
+        ("32b gate_up M=16 pdl", 16, 51200, 5120, False, True),
+        ("0.6b down+silu M=8 pdl (split-K)", 8, 1024, 3072, True, True),
+    ]
+
+
+def _aot_compile() -> int:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from tokenrouter.engine import triton_gemv as G
+
+    bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    ptxas, cuobjdump = os.path.join(bindir, "ptxas"), os.path.join(bindir, "cuobjdump")
+    if not (os.path.exists(ptxas) and os.path.exists(cuobjdump)):
+        print("this triton build has no bundled ptxas/cuobjdump", file=sys.stderr)
+        return 2
+    fn = G.skinny_gemm_kernel
+    ptr = {"X": "*bf16", "W": "*bf16", "Bias": "*bf16", "Y": "*bf16", "Part": "*fp32", "Counters": "*i32"}
+    divisible = {"N", "K", "K_SPLIT", "stride_xm", "stride_wn", "stride_ym"}  # what the JIT sees on Qwen3 shapes
+    bad = 0
+    for label, m, n, k, silu, pdl in aot_variants():
+        cfg = G.gemv_config(m, n, k, 132)
+        pf = G.prefetch_lines_per_row(k, cfg, 2) if pdl else 0
+        consts, _ = G.kernel_constexprs(m, n, k, cfg, silu=silu, bias=False, dtype=torch.bfloat16, pdl=pdl,
+                                        prefetch_lines=pf)  # fmt: skip
+        sig = {a: "constexpr" if a in consts else ptr.get(a, "i32") for a in fn.arg_names}
+        attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
+                 if sig[a].startswith("*") or a in divisible}  # fmt: skip
+        kernel = triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
+                                options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})  # fmt: skip
+        with tempfile.TemporaryDirectory() as d:
+            src, cubin = os.path.join(d, "k.ptx"), os.path.join(d, "k.cubin")
+            with open(src, "w") as f:
+                f.write(kernel.asm["ptx"])
+            info = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", src, "-o", cubin],
+                                  capture_output=True, text=True, check=True).stderr  # fmt: skip
+            sass = subprocess.run([cuobjdump, "-sass", cubin], capture_output=True, text=True, check=True).stdout
+        regs = int(re.search(r"Used (\d+) registers", info).group(1))
+        spill = re.search(r"(\d+) bytes spill stores", info)
+        spill = int(spill.group(1)) if spill else 0
+        wide = len(re.findall(r"LDGSTS\.E\.BYPASS\.128|LDG\.E\.128", sass))
+        problems = []
+        if spill:
+            problems.append(f"{spill} B spilled")
+        if not wide:
+            problems.append("no 16-byte weight loads")
+        if cfg.dot and "HGMMA" not in sass:
+            problems.append("no wgmma")
+        if pdl:
+            wait = sass.find("ACQBULK")  # griddepcontrol.wait
+            if wait < 0:
+                problems.append("no griddepcontrol.wait")
+            elif pf and not 0 <= sass.find("CCTL.E.PF2") < wait:
+                problems.append("L2 prefetch missing or after the wait")
+        bad += bool(problems)
+        print(f"{'FAIL' if problems else 'ok  '} {label:34s} {cfg} regs={regs} 16B-loads={wide} "
+              f"prefetch_lines={pf} {'; '.join(problems)}")  # fmt: skip
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    sys.exit(_interpret() if sys.argv[1:] == ["--interpret"] else _aot_compile())

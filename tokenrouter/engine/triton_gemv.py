@@ -1,0 +1,345 @@
+"""Triton skinny GEMM for the linear layers of small decode steps: y[M, N] = x[M, K] @ W[N, K]^T (+ bias).
+
+Why: at decode (a few tokens per step) the four projections of a layer stream their weights once per step,
+and cuBLAS reached 2.6-4.0 TB/s on them on the H200 (copy ceiling 4.24 TB/s), while a plain Triton GEMV was
+faster on every batch-1 Qwen3 shape (studies/engine/perf_probe.py [d]). Owning the kernel also lets the
+SwiGLU activation ride in the down projection (`silu=True`: one launch less per layer) and lets every
+projection use programmatic dependent launch like our other kernels.
+
+Design (one launch per projection, graph-safe: the grid and every constexpr depend only on shapes):
+- Grid (cdiv(N, BLOCK_N), split_k). A program owns BLOCK_N weight rows and a K slice; it loads each weight
+  tile once (16-byte vector loads along K, software-pipelined by Triton) and applies it to all M <= 16 input
+  rows, so every weight byte is read once per call whatever M is. Accumulation in fp32.
+- Two inner products (`GemvConfig.dot`):
+  * FMA (M <= FMA_MAX_ROWS, i.e. M = 1): CUDA-core multiply-adds into a register tile ([BLOCK_N, BLOCK_K] per row),
+    reduced over K once at the end: the GEMV of the perf probe, which beat cuBLAS at M = 1.
+  * DOT (more rows): `tl.dot(W_tile, x_tile^T)` on tensor cores with the token rows padded to 16 (tl.dot's
+    minimum; padding rows are masked, never loaded), so FMA issue rate never limits larger M.
+- split_k > 1 (tall K, few N tiles): each program stores its fp32 partial [M, BLOCK_N] to a workspace,
+  passes a CTA barrier and bumps the tile's int32 arrival counter (acq_rel, GPU scope); the last arrival sums
+  the partials in split order (deterministic), adds the bias, writes y and resets the counter to 0. Counters
+  must be zero before a launch and are zero again after it (a per-engine buffer, like the attention merge's).
+- `silu=True`: x is a fused gate|up output [M, 2K]; the kernel loads gate and up and forms
+  SiLU(gate) * up with HF's rounding points (the `silu_and_mul` kernel's), so the SwiGLU launch disappears.
+- `pdl=True` (sm_90+): programmatic dependent launch. Weights do not depend on the previous kernel, so with
+  `prefetch` each program first asks L2 for the first bytes of its weight rows (`prefetch.global.L2`, one
+  128-byte line per address, up to 32 KB per program), then waits (`griddepcontrol.wait`) before touching
+  x, the workspace or the counters: the weight stream starts while the previous kernel drains.
+
+Configs: `gemv_config(M, N, K)` picks one from a small table keyed by (N, K) (Qwen3 shapes measured on the
+H200) or a shape rule; no autotuning at run time (graph capture must see fixed kernels).
+
+Import this module only where kernels will run (CUDA, or TRITON_INTERPRET=1 tests).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from tokenrouter.engine.triton_ops import pdl_kwargs
+
+MAX_ROWS = 16  # largest M the kernel takes (the DOT path pads rows to 16)
+FMA_MAX_ROWS = 1  # rows up to this use CUDA-core FMAs, more use tensor cores (H200: dot won at M=2)
+DOT_ROWS = 16  # token rows of a DOT-path tile (tl.dot needs >= 16)
+DEFAULT_NUM_SMS = 132  # H200; used without a CUDA device (interpreter)
+PREFETCH_BYTES_PER_PROGRAM = 32 * 1024  # L2 prefetch per program before the PDL wait
+MIN_BLOCK_N = 4  # smallest tile of any config: sizes the arrival-counter buffer
+
+
+@dataclass(frozen=True, slots=True)
+class GemvConfig:
+    dot: bool  # tensor-core inner product (rows padded to 16) instead of CUDA-core FMAs
+    block_n: int
+    block_k: int
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+# Measured winners (H200, 2026-11-29, perf_probe [d], M = 1) of the FMA tile (block_n, block_k) per (N, K):
+# Qwen3-8B qkv/o/gate_up/down, then Qwen3-0.6B. Shapes not listed follow `_fma_rule`, which reproduces them.
+FMA_TABLE: dict[tuple[int, int], tuple[int, int]] = {
+    (6144, 4096): (16, 512),
+    (4096, 4096): (4, 1024),
+    (24576, 4096): (16, 512),
+    (4096, 12288): (4, 1024),
+    (4096, 1024): (4, 1024),
+    (1024, 2048): (4, 1024),
+    (6144, 1024): (16, 512),
+    (1024, 3072): (4, 1024),
+}
+# Tensor-core tiles per (N, K) once measured (gemv_probe sweep); until then `dot_config`'s rule.
+DOT_TABLE: dict[tuple[int, int], GemvConfig] = {}
+
+
+def _fma_rule(n: int, k: int) -> tuple[int, int]:
+    """Wide tiles (16 rows x 512) when that still gives >= 384 programs, else 4 rows x 1024."""
+    return (16, 512) if n // 16 >= 384 else (4, 1024)
+
+
+def _pow2_floor(x: int) -> int:
+    return 1 << (max(int(x), 1).bit_length() - 1)
+
+
+def choose_split_k(n_tiles: int, k: int, block_k: int, num_sms: int, max_split: int = 8) -> int:
+    """Smallest power-of-two split so that the grid covers the SMs once, keeping every split a whole number
+    of >= 2 K tiles (so the K loop needs no masks); 1 when the N tiles alone fill the chip."""
+    split = 1
+    while n_tiles * split < num_sms and split < max_split and k % (2 * split * block_k) == 0:
+        if k // (2 * split) < 2 * block_k:
+            break
+        split *= 2
+    return split
+
+
+def gemv_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS) -> GemvConfig:
+    """The launch configuration for M rows against an [N, K] weight (shape-only, graph-stable)."""
+    if m <= FMA_MAX_ROWS:
+        bn, bk = FMA_TABLE.get((n, k)) or _fma_rule(n, k)
+        bk = min(bk, max(16, triton.next_power_of_2(k)))
+        bn = min(bn, max(MIN_BLOCK_N, _pow2_floor(n)))
+        return GemvConfig(dot=False, block_n=bn, block_k=bk, split_k=1, num_warps=4, num_stages=3)
+    if (n, k) in DOT_TABLE:
+        return DOT_TABLE[(n, k)]
+    return dot_config(n, k, num_sms)
+
+
+def dot_config(n: int, k: int, num_sms: int = DEFAULT_NUM_SMS, block_n: int = 64, block_k: int = 128,
+               num_stages: int = 4) -> GemvConfig:  # fmt: skip
+    """Tensor-core tile (one warpgroup: 64 weight rows x 16 token rows) with split-K up to one wave."""
+    bk = min(block_k, max(16, triton.next_power_of_2(k)))
+    bn = min(block_n, max(16, triton.next_power_of_2(n)))
+    split = choose_split_k(triton.cdiv(n, bn), k, bk, num_sms)
+    return GemvConfig(dot=True, block_n=bn, block_k=bk, split_k=split, num_warps=4, num_stages=num_stages)
+
+
+def num_counters(max_n: int) -> int:
+    """Arrival counters that cover any config of a weight with at most `max_n` rows."""
+    return triton.cdiv(max_n, MIN_BLOCK_N)
+
+
+def arrival_counters(max_n: int, device: torch.device | str) -> torch.Tensor:
+    """Zeroed int32 split-K arrival counters for weights of up to `max_n` rows. Share a buffer only between
+    launches that run one after another (one stream); the kernel leaves it all zero."""
+    return torch.zeros(num_counters(max_n), dtype=torch.int32, device=device)
+
+
+# ---- kernel ------------------------------------------------------------------------------------------------
+@triton.jit
+def _prefetch_l2(ptrs):
+    """Ask L2 for the 128-byte line of each address (`prefetch.global.L2`: no result, the thread never waits)."""
+    tl.inline_asm_elementwise(
+        "prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs.to(tl.int64)], dtype=tl.int32, is_pure=False, pack=1
+    )
+
+
+@triton.jit
+def _load_x(ptrs, mask, K, SILU: tl.constexpr, MASKED: tl.constexpr):
+    """x at `ptrs` in X's dtype (masked loads only with MASKED); with SILU, X holds gate | up (2K columns) and
+    the result is SiLU(gate) * up rounded like HF (silu rounded to the dtype, then the product)."""
+    dt = ptrs.dtype.element_ty
+    if MASKED:  # noqa: SIM108 - a constexpr branch, kept as a statement for Triton
+        g = tl.load(ptrs, mask=mask, other=0.0)
+    else:
+        g = tl.load(ptrs)
+    if SILU:
+        if MASKED:  # noqa: SIM108 - a constexpr branch
+            u = tl.load(ptrs + K, mask=mask, other=0.0).to(tl.float32)
+        else:
+            u = tl.load(ptrs + K).to(tl.float32)
+        gf = g.to(tl.float32)
+        s = (gf / (1.0 + tl.exp(-gf))).to(dt).to(tl.float32)
+        x = (s * u).to(dt)
+    else:
+        x = g
+    return x
+
+
+@triton.jit
+def skinny_gemm_kernel(
+    X, W, Bias, Y, Part, Counters,
+    M, N, K, K_SPLIT,
+    stride_xm, stride_wn, stride_ym,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    USE_DOT: tl.constexpr, SILU: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr,
+):  # fmt: skip
+    """y[:M, n-tile] = x[:M] @ W[n-tile]^T over this program's K slice [k_lo, k_lo + K_SPLIT) (see module doc).
+
+    BLOCK_M: token rows of the tile (DOT: 16; FMA: next power of two >= M). SPLIT: split_k > 1 (Part is fp32
+    [split_k, M, N], Counters int32 with one zero entry per N tile). EVEN_K: K is a multiple of K_SPLIT and
+    K_SPLIT of BLOCK_K (no K masks)."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows_w = tl.minimum(offs_n, N - 1).to(tl.int64)  # clamped: weight loads need no N mask (stores are masked)
+    k_lo = pid_k * K_SPLIT
+    k_hi = tl.minimum(K, k_lo + K_SPLIT)
+    if USE_PDL:
+        if PREFETCH_LINES > 0:  # weights never depend on the previous kernel: start streaming them now
+            line = 128 * 8 // W.dtype.element_ty.primitive_bitwidth  # elements per 128-byte line
+            cols = k_lo + tl.arange(0, PREFETCH_LINES) * line
+            _prefetch_l2(W + rows_w[:, None] * stride_wn + cols[None, :])
+        gdc_wait()
+        gdc_launch_dependents()
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_m = tl.arange(0, BLOCK_M)
+    m_mask = offs_m < M
+    w_ptrs = W + rows_w[:, None] * stride_wn + (k_lo + offs_k)[None, :]
+    n_iter = tl.cdiv(tl.maximum(k_hi - k_lo, 0), BLOCK_K)
+
+    if USE_DOT:
+        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    elif BLOCK_M == 1:
+        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for i in range(0, n_iter):
+        kk = k_lo + i * BLOCK_K + offs_k
+        k_mask = kk < k_hi
+        if EVEN_K:
+            w = tl.load(w_ptrs)
+            x_mask = m_mask[:, None]  # no K mask: x loads stay 16-byte vectors
+        else:
+            w = tl.load(w_ptrs, mask=k_mask[None, :], other=0.0)
+            x_mask = m_mask[:, None] & k_mask[None, :]
+        if USE_DOT:
+            x_ptrs = X + offs_m[:, None] * stride_xm + kk[None, :]
+            x = _load_x(x_ptrs, x_mask, K, SILU, True)
+            acc = tl.dot(w, tl.trans(x), acc, input_precision=DOT_PRECISION)
+        elif BLOCK_M == 1:
+            x = _load_x(X + kk, k_mask, K, SILU, not EVEN_K)
+            acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+        else:
+            x_ptrs = X + offs_m[:, None] * stride_xm + kk[None, :]
+            x = _load_x(x_ptrs, x_mask, K, SILU, True)
+            acc += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+        w_ptrs += BLOCK_K
+
+    if USE_DOT:
+        out = tl.trans(acc)  # [BLOCK_M, BLOCK_N]
+    elif BLOCK_M == 1:
+        out = tl.sum(acc, axis=1)[None, :]
+    else:
+        out = tl.sum(acc, axis=2)
+    n_mask = offs_n < N
+    io_mask = m_mask[:, None] & n_mask[None, :]
+    if SPLIT:
+        part = Part + (pid_k * M + offs_m)[:, None].to(tl.int64) * N + offs_n[None, :]
+        tl.store(part, out, mask=io_mask)
+        # Every thread's partial is stored before this program's arrival is published (barrier + release);
+        # the last arrival's acquire then sees all partials of the tile.
+        tl.debug_barrier()
+        counter = Counters + pid_n
+        arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+        if arrived == tl.num_programs(1) - 1:
+            tl.debug_barrier()
+            total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for s in range(0, tl.num_programs(1)):
+                p = Part + (s * M + offs_m)[:, None].to(tl.int64) * N + offs_n[None, :]
+                total += tl.load(p, mask=io_mask, other=0.0, cache_modifier=".cg")
+            if HAS_BIAS:
+                total += tl.load(Bias + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+            tl.store(Y + offs_m[:, None] * stride_ym + offs_n[None, :], total.to(Y.dtype.element_ty), mask=io_mask)
+            tl.store(counter, 0)
+    else:
+        if HAS_BIAS:
+            out += tl.load(Bias + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        tl.store(Y + offs_m[:, None] * stride_ym + offs_n[None, :], out.to(Y.dtype.element_ty), mask=io_mask)
+
+
+# ---- host side ---------------------------------------------------------------------------------------------
+def kernel_constexprs(m: int, n: int, k: int, cfg: GemvConfig, *, silu: bool, bias: bool, dtype: torch.dtype,
+                      pdl: bool, prefetch_lines: int) -> tuple[dict, int]:  # fmt: skip
+    """(constexprs of `skinny_gemm_kernel`, K elements per split) for one launch."""
+    k_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
+    even_k = k % cfg.split_k == 0 and (k // cfg.split_k) % cfg.block_k == 0
+    consts = {
+        "BLOCK_M": DOT_ROWS if cfg.dot else triton.next_power_of_2(m),
+        "BLOCK_N": cfg.block_n,
+        "BLOCK_K": cfg.block_k,
+        "USE_DOT": cfg.dot,
+        "SILU": silu,
+        "HAS_BIAS": bias,
+        "SPLIT": cfg.split_k > 1,
+        "EVEN_K": even_k,
+        "DOT_PRECISION": "ieee" if dtype == torch.float32 else "tf32",
+        "USE_PDL": pdl,
+        "PREFETCH_LINES": prefetch_lines if pdl else 0,
+    }
+    return consts, k_split
+
+
+def prefetch_lines_per_row(k: int, cfg: GemvConfig, elem_size: int) -> int:
+    """128-byte lines per weight row to prefetch into L2 before the PDL wait: this program's first K elements,
+    PREFETCH_BYTES_PER_PROGRAM per program at most (a power of two, >= 1 unless the split is under a line)."""
+    lines = min(k // cfg.split_k * elem_size, PREFETCH_BYTES_PER_PROGRAM // cfg.block_n) // 128
+    return _pow2_floor(lines) if lines >= 1 else 0
+
+
+def skinny_gemm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    silu: bool = False,
+    counters: torch.Tensor | None = None,
+    config: GemvConfig | None = None,
+    out: torch.Tensor | None = None,
+    pdl: bool = False,
+    prefetch: bool = True,
+    num_sms: int | None = None,
+) -> torch.Tensor:
+    """y = x @ weight.T (+ bias) for x [M, K] with M <= 16, weight [N, K] (rows contiguous), fp32 accumulation.
+
+    `silu`: x is a fused gate|up activation [M, 2K] and y = (SiLU(gate) * up) @ weight.T. `counters`: zeroed
+    int32 split-K arrival counters (`arrival_counters`), needed when the config splits K (else a zeroed buffer
+    is allocated: one memset launch). `config`: override `gemv_config`. `pdl`: programmatic dependent launch
+    (+ L2 prefetch of the first weight bytes before the wait, with `prefetch`)."""
+    m = x.shape[0]
+    n, k = weight.shape
+    if x.dim() != 2 or x.shape[1] != (2 * k if silu else k):
+        raise ValueError(f"x {tuple(x.shape)} does not match weight {tuple(weight.shape)} (silu={silu})")
+    if m > MAX_ROWS:
+        raise ValueError(f"skinny_gemm takes at most {MAX_ROWS} rows, got {m}")
+    if x.stride(1) != 1 or weight.stride(1) != 1:
+        raise ValueError("x and weight need a contiguous last dim")
+    y = torch.empty(m, n, device=x.device, dtype=x.dtype) if out is None else out
+    if y.shape != (m, n) or y.stride(1) != 1:
+        raise ValueError(f"out must be [{m}, {n}] with a contiguous last dim")
+    if m == 0:
+        return y
+    if config is None:
+        if num_sms is None:
+            num_sms = (
+                torch.cuda.get_device_properties(x.device).multi_processor_count
+                if x.device.type == "cuda"
+                else DEFAULT_NUM_SMS
+            )
+        config = gemv_config(m, n, k, num_sms)
+    cfg = config
+    tiles = triton.cdiv(n, cfg.block_n)
+    if cfg.split_k > 1:
+        if counters is None:
+            counters = torch.zeros(tiles, dtype=torch.int32, device=x.device)
+        if counters.numel() < tiles or counters.dtype != torch.int32:
+            raise ValueError(f"need >= {tiles} int32 arrival counters, got {counters.numel()} {counters.dtype}")
+        part = torch.empty(cfg.split_k, m, n, device=x.device, dtype=torch.float32)
+    else:
+        part = y
+        counters = counters if counters is not None else y
+    pf = prefetch_lines_per_row(k, cfg, weight.element_size()) if (pdl and prefetch) else 0
+    consts, k_split = kernel_constexprs(m, n, k, cfg, silu=silu, bias=bias is not None, dtype=weight.dtype, pdl=pdl,
+                                        prefetch_lines=pf)  # fmt: skip
+    skinny_gemm_kernel[(tiles, cfg.split_k)](
+        x, weight, bias if bias is not None else weight, y, part, counters,
+        m, n, k, k_split,
+        x.stride(0), weight.stride(0), y.stride(0),
+        **consts, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_kwargs(pdl),
+    )  # fmt: skip
+    return y
