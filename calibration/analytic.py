@@ -42,6 +42,7 @@ re-matched request with `std_ref_ctx` prefix tokens. Two conditions fix the two 
 2,048 output tokens) the step is 1/(1 - 0.58) times longer (the low end: the high end needs super-linear
 effects such as cache eviction, which a linear cost cannot express). See `std_serving_from`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -155,11 +156,14 @@ def model_profile(
     graph = StepCoeffs(c0=_r(weights_ms + kernels_ms + comm_ms + a.graph_launch_ms), **per_token)
     host_ops = layers * (small + a.gemms_per_layer) + a.kernels_fixed
     eager = StepCoeffs(
-        c0=_r(weights_ms + kernels_ms + comm_ms + a.eager_fixed_ms), floor_ms=_r(host_ops * a.eager_op_us / 1e3),
+        c0=_r(weights_ms + kernels_ms + comm_ms + a.eager_fixed_ms),
+        floor_ms=_r(host_ops * a.eager_op_us / 1e3),
         **per_token,
     )
     return ModelProfile(
-        weight_bytes=spec.weight_bytes, kv_bytes_per_token=spec.kv_bytes_per_token, tp=tp,
+        weight_bytes=spec.weight_bytes,
+        kv_bytes_per_token=spec.kv_bytes_per_token,
+        tp=tp,
         step=StepModes(graph=graph, eager=eager),
     )
 
@@ -253,7 +257,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--matmul-tflops", type=float, default=H200.matmul_tflops, help="dense bf16, TFLOP/s")
     ap.add_argument("--memory-gb", type=float, default=H200.memory_gb)
     ap.add_argument(
-        "--small-kernels-per-layer", type=int, default=Assumptions().small_kernels_per_layer,
+        "--small-kernels-per-layer",
+        type=int,
+        default=Assumptions().small_kernels_per_layer,
         help="non-GEMM kernels per decoder layer (engine as written: %(default)s; fused engine: ~6)",
     )
     ap.add_argument("--tp", action="append", default=[], metavar="MODEL=N", help="tensor-parallel degree")
@@ -261,7 +267,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         tp = {k.lower(): int(v) for k, v in (item.split("=", 1) for item in args.tp)}
         gpu = GpuInfo(
-            name=args.gpu_name, mem_bw_gbs=args.mem_bw_gbs, matmul_tflops=args.matmul_tflops,
+            name=args.gpu_name,
+            mem_bw_gbs=args.mem_bw_gbs,
+            matmul_tflops=args.matmul_tflops,
             memory_gb=args.memory_gb,
         )
         a = Assumptions(small_kernels_per_layer=args.small_kernels_per_layer)

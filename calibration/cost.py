@@ -42,7 +42,11 @@ def batch_summary(batch: Any) -> tuple[int, int, int, int, int, int]:
     rows = getattr(batch, "rows", None)
     if rows is None:
         return (
-            batch.size, batch.num_tokens, batch.num_extend_tokens, batch.context_tokens, batch.num_rematch,
+            batch.size,
+            batch.num_tokens,
+            batch.num_extend_tokens,
+            batch.context_tokens,
+            batch.num_rematch,
             batch.rematch_context_tokens,
         )
     tok = ext = ctx = rm = rm_ctx = 0
@@ -69,8 +73,15 @@ class ModelStepCost(Protocol):
     def step_ms(self, batch: Any, *, graph: bool | None = None, corunning: bool = False) -> float: ...
 
     def step_ms_from(
-        self, batch_size: int, num_tokens: int, extend_tokens: int, context_tokens: int, rematch: int = 0,
-        rematch_ctx: int = 0, graph: bool | None = None, corunning: bool = False,
+        self,
+        batch_size: int,
+        num_tokens: int,
+        extend_tokens: int,
+        context_tokens: int,
+        rematch: int = 0,
+        rematch_ctx: int = 0,
+        graph: bool | None = None,
+        corunning: bool = False,
     ) -> float: ...
 
 
@@ -83,8 +94,16 @@ class StepCost(Protocol):
     def step_ms(self, model: ModelKey, batch: Any, *, graph: bool | None = None, corunning: bool = False) -> float: ...
 
     def step_ms_from(
-        self, model: ModelKey, batch_size: int, num_tokens: int, extend_tokens: int, context_tokens: int,
-        rematch: int = 0, rematch_ctx: int = 0, graph: bool | None = None, corunning: bool = False,
+        self,
+        model: ModelKey,
+        batch_size: int,
+        num_tokens: int,
+        extend_tokens: int,
+        context_tokens: int,
+        rematch: int = 0,
+        rematch_ctx: int = 0,
+        graph: bool | None = None,
+        corunning: bool = False,
     ) -> float: ...
 
     def message_ms(self, nbytes: int = 0) -> float: ...
@@ -125,8 +144,15 @@ class ModelCost:
         return self.step_ms_from(b, t, e, c, rm, rc, graph, corunning)
 
     def step_ms_from(
-        self, batch_size: int, num_tokens: int, extend_tokens: int, context_tokens: int, rematch: int = 0,
-        rematch_ctx: int = 0, graph: bool | None = None, corunning: bool = False,
+        self,
+        batch_size: int,
+        num_tokens: int,
+        extend_tokens: int,
+        context_tokens: int,
+        rematch: int = 0,
+        rematch_ctx: int = 0,
+        graph: bool | None = None,
+        corunning: bool = False,
     ) -> float:
         """Step time (ms) from the batch's summary numbers (see the module docstring for the formula)."""
         if batch_size <= 0:
@@ -227,8 +253,16 @@ class CostModel:
         return self.for_model(model).step_ms(batch, graph=graph, corunning=corunning)
 
     def step_ms_from(
-        self, model: ModelKey, batch_size: int, num_tokens: int, extend_tokens: int, context_tokens: int,
-        rematch: int = 0, rematch_ctx: int = 0, graph: bool | None = None, corunning: bool = False,
+        self,
+        model: ModelKey,
+        batch_size: int,
+        num_tokens: int,
+        extend_tokens: int,
+        context_tokens: int,
+        rematch: int = 0,
+        rematch_ctx: int = 0,
+        graph: bool | None = None,
+        corunning: bool = False,
     ) -> float:
         return self.for_model(model).step_ms_from(
             batch_size, num_tokens, extend_tokens, context_tokens, rematch, rematch_ctx, graph, corunning
@@ -254,8 +288,12 @@ class CostModel:
 
 def _unpack(prefix: str, c: StepCoeffs) -> dict[str, float]:
     return {
-        f"{prefix}0": c.c0, f"{prefix}row": c.c_row, f"{prefix}ctx": c.c_ctx, f"{prefix}tok": c.c_tok,
-        f"{prefix}ext": c.c_ext, f"{prefix}floor": c.floor_ms,
+        f"{prefix}0": c.c0,
+        f"{prefix}row": c.c_row,
+        f"{prefix}ctx": c.c_ctx,
+        f"{prefix}tok": c.c_tok,
+        f"{prefix}ext": c.c_ext,
+        f"{prefix}floor": c.floor_ms,
     }
 
 
@@ -298,8 +336,15 @@ class ConstantModelCost:
         return self.at(batch.size) if batch.size > 0 else 0.0
 
     def step_ms_from(
-        self, batch_size: int, num_tokens: int = 0, extend_tokens: int = 0, context_tokens: int = 0,
-        rematch: int = 0, rematch_ctx: int = 0, graph: bool | None = None, corunning: bool = False,
+        self,
+        batch_size: int,
+        num_tokens: int = 0,
+        extend_tokens: int = 0,
+        context_tokens: int = 0,
+        rematch: int = 0,
+        rematch_ctx: int = 0,
+        graph: bool | None = None,
+        corunning: bool = False,
     ) -> float:
         return self.at(batch_size) if batch_size > 0 else 0.0
 
@@ -329,8 +374,16 @@ class ConstantCost:
         return self.for_model(model).step_ms(batch)
 
     def step_ms_from(
-        self, model: ModelKey, batch_size: int, num_tokens: int = 0, extend_tokens: int = 0, context_tokens: int = 0,
-        rematch: int = 0, rematch_ctx: int = 0, graph: bool | None = None, corunning: bool = False,
+        self,
+        model: ModelKey,
+        batch_size: int,
+        num_tokens: int = 0,
+        extend_tokens: int = 0,
+        context_tokens: int = 0,
+        rematch: int = 0,
+        rematch_ctx: int = 0,
+        graph: bool | None = None,
+        corunning: bool = False,
     ) -> float:
         return self.for_model(model).step_ms_from(batch_size)
 
