@@ -451,20 +451,6 @@ def write_csv(path: str, rows: list[dict]) -> None:
             writer.writerow({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in row.items()})
 
 
-def _patch_interpreter_for_numpy24() -> None:
-    """Smoke mode only: Triton 3.6's interpreter cannot index with 1-element arrays under numpy >= 2.4
-    (triton-lang/triton#9171); a one-shot script may patch it for its own process."""
-    import triton.runtime.interpreter as interpreter
-
-    original = interpreter._patch_lang_tensor
-
-    def patched(tensor, scope):
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(())))
-
-    interpreter._patch_lang_tensor = patched
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="directory for attention_bench.csv")
@@ -475,7 +461,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         if os.environ.get("TRITON_INTERPRET") != "1":
             parser.error("--smoke runs the Triton kernels in the CPU interpreter: set TRITON_INTERPRET=1")
-        _patch_interpreter_for_numpy24()
+        from tokenrouter.engine.triton_compat import patch_interpreter_for_numpy24
+
+        patch_interpreter_for_numpy24()
         plan = SMOKE_PLAN
     else:
         if not torch.cuda.is_available():

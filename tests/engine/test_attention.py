@@ -26,6 +26,7 @@ from tokenrouter.engine.attention import (
     split_counters,
     store_kv,
 )
+from tokenrouter.engine.triton_compat import squeeze_index
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
@@ -157,17 +158,6 @@ def test_auto_backend_is_torch_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
 # ------------------------------------------------------------------------------ Triton, CPU interpreter
 
 
-def _patched_patch_lang_tensor(original):
-    """Triton 3.6's interpreter converts size-1 arrays with int(), which numpy >= 2.4 rejects for 1-D arrays,
-    breaking `range()` over runtime bounds (triton-lang/triton#9171). Wrap its tensor patching to squeeze."""
-
-    def patched(tensor, scope):
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(())))
-
-    return patched
-
-
 @pytest.fixture(scope="module")
 def tri():
     """The Triton attention modules, decorated in interpreter mode; env and patch are undone afterwards so
@@ -181,7 +171,7 @@ def tri():
         import triton.runtime.interpreter as interpreter
 
         if hasattr(interpreter, "_patch_lang_tensor"):
-            mp.setattr(interpreter, "_patch_lang_tensor", _patched_patch_lang_tensor(interpreter._patch_lang_tensor))
+            mp.setattr(interpreter, "_patch_lang_tensor", squeeze_index(interpreter._patch_lang_tensor))
         from tokenrouter.engine.attention import triton_common, triton_decode, triton_extend, triton_kernels
 
         if not isinstance(triton_kernels.paged_attention_fwd_kernel, interpreter.InterpretedFunction):
