@@ -117,7 +117,7 @@ def register(app: typer.Typer) -> None:
         axes = {k: _axis(k, v) for k, v in given.items()}
         grid = [dict(zip(axes, combo, strict=True)) for combo in itertools.product(*axes.values())]
         # Validate every point before spending minutes on the first ones.
-        configs = [_config(p) for p in grid]
+        configs = [sim_config_from_flags(**p) for p in grid]  # axis names are run's flag names
         rows = []
         console = Console(stderr=True)
         cols = (TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -146,31 +146,3 @@ def register(app: typer.Typer) -> None:
             )
             plot_sweep(df, f"arg_{x}", y, f"arg_{hue}" if hue else None, plot, title=f"trsim sweep: {y}")
             console.print(f"wrote {plot}")
-
-
-def _config(point: dict[str, Any]):
-    return sim_config_from_flags(
-        hop_rate=point["hop_rate"],
-        concurrency=point["concurrency"],
-        small=point["small"],
-        large=point["large"],
-        models=None,
-        policy=point["policy"],
-        thresholds=point["thresholds"],
-        placement=point["placement"],
-        workload=point["workload"],
-        num_requests=point["num_requests"],
-        router=point["router"],
-        return_prob=point["return_prob"],
-        trace=None,
-        profile=point["profile"],
-        seed=point["seed"],
-        arrival_rate=point["arrival_rate"],
-        max_output=point["max_output"],
-        graphs=point["graphs"],
-        overlap=point["overlap"],
-        page_size=16,
-        max_batch_size=256,
-        max_batch_tokens=16384,
-        config=None,
-    )
