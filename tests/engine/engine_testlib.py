@@ -7,10 +7,14 @@ row's last position, so a test can compare them with one full-sequence HF forwar
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
 import torch
 
 from tokenrouter.core.batch import Batch, BatchRow
@@ -174,3 +178,16 @@ def check_against_hf(scn: Scenario, hf_model: torch.nn.Module, tol: float = 1e-4
         if scn.sampling.temperature == 0:
             assert rec.token == int(logits[rec.pos].argmax()), f"greedy token {where}"
     return len(scn.records)
+
+
+def run_self(script: str, flag: str, interpret: bool) -> None:
+    """Run a test file as a script in a fresh process: Triton decides interpreter vs compiled per @jit at
+    import time, so interpreter and ahead-of-time runs must not share a process with code that imported triton
+    the other way. Exit code 2 means "cannot run here" and skips."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    if interpret:
+        env["TRITON_INTERPRET"] = "1"
+    proc = subprocess.run([sys.executable, script, flag], capture_output=True, text=True, env=env, timeout=600)
+    if proc.returncode == 2:
+        pytest.skip(proc.stderr.strip())
+    assert proc.returncode == 0, proc.stdout + proc.stderr

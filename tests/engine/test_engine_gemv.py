@@ -28,13 +28,9 @@ QWEN3_SHAPES = {
 
 
 def _run_self(flag: str, interpret: bool) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    if interpret:
-        env["TRITON_INTERPRET"] = "1"
-    proc = subprocess.run([sys.executable, __file__, flag], capture_output=True, text=True, env=env, timeout=600)
-    if proc.returncode == 2:
-        pytest.skip(proc.stderr.strip())
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    from engine_testlib import run_self  # lazily: importing the engine early would fix Triton's mode here
+
+    run_self(__file__, flag, interpret)
 
 
 def test_skinny_gemm_and_engine_in_interpreter():
@@ -204,11 +200,9 @@ def _interpret() -> int:
     if not isinstance(G.skinny_gemm_kernel, InterpretedFunction):
         print("TRITON_INTERPRET=1 did not take effect", file=sys.stderr)
         return 2
-    import triton.runtime.interpreter as interpreter
-    from test_attention import _patched_patch_lang_tensor
+    from tokenrouter.engine.triton_compat import patch_interpreter_for_numpy24
 
-    if hasattr(interpreter, "_patch_lang_tensor"):  # runtime-bound loops under numpy >= 2.4 (test_attention.py)
-        interpreter._patch_lang_tensor = _patched_patch_lang_tensor(interpreter._patch_lang_tensor)
+    patch_interpreter_for_numpy24()  # runtime-bound loops under numpy >= 2.4
     failed = 0
     for fn in (_check_kernels, _check_engine_matches_hf):
         try:

@@ -19,16 +19,9 @@ pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed"
 
 
 def _run_self(flag: str, interpret: bool) -> None:
-    """Run this file as a script in a fresh process: Triton decides interpreter vs compiled per @jit at import
-    time (its own tl.sum/tl.max included), so interpreter and AOT runs must not share a process with code
-    that imported triton the other way."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    if interpret:
-        env["TRITON_INTERPRET"] = "1"
-    proc = subprocess.run([sys.executable, __file__, flag], capture_output=True, text=True, env=env, timeout=600)
-    if proc.returncode == 2:
-        pytest.skip(proc.stderr.strip())
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    from engine_testlib import run_self  # lazily: importing the engine early would fix Triton's mode here
+
+    run_self(__file__, flag, interpret)
 
 
 def test_triton_ops_match_torch_in_interpreter():
@@ -202,11 +195,9 @@ def _interpret() -> int:
         print("TRITON_INTERPRET=1 did not take effect", file=sys.stderr)
         return 2
     # Runtime-bound loops of the attention kernels under numpy >= 2.4 (see test_attention.py).
-    import triton.runtime.interpreter as interpreter
-    from test_attention import _patched_patch_lang_tensor
+    from tokenrouter.engine.triton_compat import patch_interpreter_for_numpy24
 
-    if hasattr(interpreter, "_patch_lang_tensor"):
-        interpreter._patch_lang_tensor = _patched_patch_lang_tensor(interpreter._patch_lang_tensor)
+    patch_interpreter_for_numpy24()  # runtime-bound loops under numpy >= 2.4
     checks = [(_check_rms_norm, (d, n)) for d in (torch.float32, torch.bfloat16) for n in (64, 48)]
     checks += [(_check_rms_norm_gather, (d,)) for d in (torch.float32, torch.bfloat16)]
     checks += [
