@@ -43,23 +43,32 @@ FP32_REF = {"dtype": "float32", "attention_backend": "torch", "ops_backend": "to
             "graph_emulation": False}  # fmt: skip
 
 
-class Bench:
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.args = args
-        self.cuda = torch.cuda.is_available() and not args.cpu
-        self.device = torch.device("cuda" if self.cuda else "cpu")
-        self.t0 = time.perf_counter()
-        self.out: dict[str, Any] = {"env": env_info(self.device), "errors": [], "correctness": [], "timing": []}
-        self.tmp = Path(tempfile.mkdtemp(prefix="engine_bench_"))
+class Harness:
+    """What every study script here shares: elapsed time, logging, recorded errors, device sync and freeing.
+    Subclasses set `t0`, `cuda` and `out` (a dict with an "errors" list)."""
 
-    # ---- helpers ---------------------------------------------------------------------------------------
+    t0: float
+    cuda: bool
+    out: dict[str, Any]
+
+    def start(self, args: argparse.Namespace, cuda: bool, prefix: str) -> None:
+        """Common state: the arguments, the device, the clock, and a scratch directory."""
+        self.args = args
+        self.cuda = cuda
+        self.device = torch.device("cuda" if cuda else "cpu")
+        self.t0 = time.perf_counter()
+        self.tmp = Path(tempfile.mkdtemp(prefix=prefix))
+
     def elapsed(self) -> float:
         return time.perf_counter() - self.t0
+
+    def log(self, msg: str) -> None:
+        print(f"[{self.elapsed():6.1f}s] {msg}", flush=True)
 
     def error(self, where: str, e: BaseException) -> None:
         line = f"{where}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         print("ERROR", line, flush=True)
-        traceback.print_exc(limit=4)
+        traceback.print_exc(limit=5)
         self.out["errors"].append(line)
 
     def sync(self) -> None:
@@ -71,6 +80,37 @@ class Bench:
         if self.cuda:
             torch.cuda.empty_cache()
 
+    def write_outputs(self, json_name: str, tables: dict[str, list[dict[str, Any]]]) -> None:
+        """`self.out` as JSON plus one CSV per non-empty table (columns: the union of the rows' scalar keys)."""
+        out = Path(self.args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        self.out["elapsed_s"] = self.elapsed()
+        (out / json_name).write_text(json.dumps(self.out, indent=1, default=str))
+        for fname, rows in tables.items():
+            if rows:
+                cols = list(dict.fromkeys(k for r in rows for k in r if not isinstance(r[k], list)))
+                with open(out / fname, "w", newline="") as f:
+                    w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
+                    w.writeheader()
+                    w.writerows(rows)
+
+    def guarded(self, where: str, fn, *a, **kw):
+        """fn(*a, **kw), or None with the error recorded; device memory freed either way."""
+        try:
+            return fn(*a, **kw)
+        except Exception as e:
+            self.error(where, e)
+            return None
+        finally:
+            self.free()
+
+
+class Bench(Harness):
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.start(args, torch.cuda.is_available() and not args.cpu, "engine_bench_")
+        self.out: dict[str, Any] = {"env": env_info(self.device), "errors": [], "correctness": [], "timing": []}
+
+    # ---- helpers ---------------------------------------------------------------------------------------
     def engine(self, model: str, **kw: Any) -> Engine:
         cfg = {"model": model, "device": str(self.device), "page_size": 16, "seed": 0}
         if not self.cuda:
@@ -372,18 +412,9 @@ class Bench:
 
     # ---- output ---------------------------------------------------------------------------------------------------
     def write(self) -> None:
-        out = Path(self.args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        self.out["elapsed_s"] = self.elapsed()
-        (out / "engine_bench.json").write_text(json.dumps(self.out, indent=1))
-        for key, fname in (("timing", "timing.csv"), ("correctness", "correctness.csv")):
-            rows = self.out[key]
-            if rows:
-                cols = list(dict.fromkeys(k for r in rows for k in r))
-                with open(out / fname, "w", newline="") as f:
-                    w = csv.DictWriter(f, fieldnames=cols)
-                    w.writeheader()
-                    w.writerows(rows)
+        self.write_outputs(
+            "engine_bench.json", {"timing.csv": self.out["timing"], "correctness.csv": self.out["correctness"]}
+        )
 
     def summary(self) -> None:
         """At most ~45 lines: decode step times pivoted by batch size, extends and prefill condensed."""
@@ -470,28 +501,39 @@ def release(eng: Engine, reqs: list[Request]) -> None:
         eng.kv_pool.release(r.pages)
 
 
-def drive(engines: list[Engine], seed: int, long_prompts: bool = False) -> dict[str, Any]:
-    """Run the same batches on several engines (teacher-forced with engine 0's greedy tokens): prefill of mixed
-    lengths, decodes, 4-token peer-return extends, and a mixed prefill-chunk + decode step. Returns each
-    engine's per-row logits and the final sequences."""
+Plan = list[
+    list[tuple[str, int | None, list[int]]]
+]  # per step: (rid, tokens to feed or None = all new, appended first)
+
+
+def correctness_plan(vocab: int, seed: int, long_prompts: bool) -> tuple[dict[str, list[int]], Plan]:
+    """Prompts and steps of the correctness scenario: prefill of mixed lengths, decodes, 3-token peer-return
+    extends, and a late prefill batched with decodes."""
     g = torch.Generator().manual_seed(seed)
-    vocab = engines[0].spec.vocab_size
     lens = [300, 17, 1000, 64] if long_prompts else [9, 3, 14, 5]
     prompts = {f"q{i}": torch.randint(0, vocab, (n,), generator=g).tolist() for i, n in enumerate(lens)}
-    per = [{rid: Request(rid, list(p), len(p)) for rid, p in prompts.items()} for _ in engines]
-    logs: list[list[tuple[str, int, torch.Tensor]]] = [[] for _ in engines]
-    plan: list[list[tuple[str, int | None, list[int]]]] = [[(rid, None, []) for rid in prompts]]
-    plan += [[(rid, 1, []) for rid in prompts] for _ in range(4)]
-    plan += [[(rid, None, torch.randint(0, vocab, (3,), generator=g).tolist()) for rid in prompts]]
-    plan += [[(rid, 1, []) for rid in prompts] for _ in range(2)]
-    late = torch.randint(0, vocab, (20,), generator=g).tolist()
-    for reqs in per:
-        reqs["late"] = Request("late", list(late), len(late))
-    plan += [[("late", None, [])] + [(rid, 1, []) for rid in prompts]]
-    plan += [[(rid, 1, []) for rid in [*prompts, "late"]] for _ in range(2)]
-    for step_i, step in enumerate(plan):
-        toks = None
-        for k, (eng, reqs) in enumerate(zip(engines, per, strict=True)):
+    first = list(prompts)
+    plan: Plan = [[(rid, None, []) for rid in first]]
+    plan += [[(rid, 1, []) for rid in first] for _ in range(4)]
+    plan += [[(rid, None, torch.randint(0, vocab, (3,), generator=g).tolist()) for rid in first]]
+    plan += [[(rid, 1, []) for rid in first] for _ in range(2)]
+    prompts["late"] = torch.randint(0, vocab, (20,), generator=g).tolist()
+    plan += [[("late", None, [])] + [(rid, 1, []) for rid in first]]
+    plan += [[(rid, 1, []) for rid in [*first, "late"]] for _ in range(2)]
+    return prompts, plan
+
+
+def run_plan(
+    eng: Engine, prompts: dict[str, list[int]], plan: Plan, forced: dict | None = None, what: str = "correctness"
+) -> dict[str, Any]:
+    """Run `plan` on `eng` (pages grown through its KVPool, as a scheduler would). After each step the engine's
+    greedy tokens are appended, or `forced`'s (another run's, so two engines see identical sequences). Returns
+    each row's last-position logits, the appended tokens and the final sequences; frees the pages."""
+    reqs = {rid: Request(rid, list(p), len(p)) for rid, p in prompts.items()}
+    logs: list[tuple[str, int, torch.Tensor]] = []
+    tokens: list[list[int]] = []
+    try:
+        for i, step in enumerate(plan):
             rows = []
             for rid, n, extra in step:
                 req = reqs[rid]
@@ -499,19 +541,27 @@ def drive(engines: list[Engine], seed: int, long_prompts: bool = False) -> dict[
                 start = req.num_computed
                 n = req.num_tokens - start if n is None else n
                 if not eng.kv_pool.grow(req.pages, start + n):
-                    raise RuntimeError("KV pool too small for the correctness scenario")
+                    raise RuntimeError(f"KV pool too small for the {what} scenario")
                 rows.append(BatchRow(req, start, n))
-            res = eng.step(Batch(0, step_i, rows), return_logits=True)
-            if toks is None:
-                toks = res.next_token_ids.tolist()
-            for row, lg in zip(rows, res.logits, strict=True):
-                logs[k].append((row.req.rid, row.start + row.num_tokens - 1, lg.detach().float().cpu()))
+            res = eng.step(Batch(0, i, rows), return_logits=True)
+            toks = forced["tokens"][i] if forced is not None else res.next_token_ids.tolist()
+            tokens.append(toks)
+            for row, lg, t in zip(rows, res.logits, toks, strict=True):
+                logs.append((row.req.rid, row.start + row.num_tokens - 1, lg.detach().float().cpu()))
                 row.req.num_computed = row.start + row.num_tokens
-            for row, t in zip(rows, toks, strict=True):
                 row.req.token_ids.append(t)
-    for eng, reqs in zip(engines, per, strict=True):
+    finally:
         release(eng, list(reqs.values()))
-    return {"logits": logs, "seqs": {rid: r.token_ids for rid, r in per[0].items()}}
+    return {"logits": logs, "tokens": tokens, "seqs": {rid: r.token_ids for rid, r in reqs.items()}}
+
+
+def drive(engines: list[Engine], seed: int, long_prompts: bool = False) -> dict[str, Any]:
+    """The correctness scenario on several engines, teacher-forced with engine 0's greedy tokens. Returns each
+    engine's per-row logits and the final sequences."""
+    prompts, plan = correctness_plan(engines[0].spec.vocab_size, seed, long_prompts)
+    first = run_plan(engines[0], prompts, plan)
+    runs = [first] + [run_plan(e, prompts, plan, forced=first) for e in engines[1:]]
+    return {"logits": [r["logits"] for r in runs], "seqs": first["seqs"]}
 
 
 def describe(eng: Engine) -> str:

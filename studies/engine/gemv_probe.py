@@ -30,16 +30,12 @@ Every part is guarded: a failure is recorded and the run goes on. Models are loa
 from __future__ import annotations
 
 import argparse
-import csv
-import gc
 import json
 import math
 import os
 import statistics
 import sys
-import tempfile
 import time
-import traceback
 import zlib
 from pathlib import Path
 from types import SimpleNamespace
@@ -54,7 +50,6 @@ import engine_bench as eb
 import perf_probe as pp
 
 from tokenrouter.core.batch import Batch, BatchRow
-from tokenrouter.core.request import Request
 from tokenrouter.engine.launch_count import count_graph_body_launches
 from tokenrouter.models.spec import load_spec
 
@@ -93,13 +88,9 @@ def cfg_name(cfg) -> str:
     return kind + (f"/k{cfg.split_k}" if cfg.split_k > 1 else "")
 
 
-class GemvProbe:
+class GemvProbe(eb.Harness):
     def __init__(self, args: argparse.Namespace) -> None:
-        self.args = args
-        self.cuda = torch.cuda.is_available() and not args.smoke
-        self.device = torch.device("cuda" if self.cuda else "cpu")
-        self.t0 = time.perf_counter()
-        self.tmp = Path(tempfile.mkdtemp(prefix="gemv_probe_"))
+        self.start(args, torch.cuda.is_available() and not args.smoke, "gemv_probe_")
         self.out: dict[str, Any] = {"env": eb.env_info(self.device), "errors": [], "kernels": [], "engine": [],
                                     "sweep": [], "skipped": [], "noise": []}  # fmt: skip
         # perf_probe's engine helpers: engine construction, decode timing, graph timing, KV page count.
@@ -110,33 +101,6 @@ class GemvProbe:
         self.G, self.T = triton_gemv, triton_ops
         self.dtype = torch.bfloat16 if self.cuda else torch.float32
         self.ctx = CTX if self.cuda else 40
-
-    # ---- plumbing -------------------------------------------------------------------------------------------
-    def elapsed(self) -> float:
-        return time.perf_counter() - self.t0
-
-    def log(self, msg: str) -> None:
-        print(f"[{self.elapsed():6.1f}s] {msg}", flush=True)
-
-    def error(self, where: str, e: BaseException) -> None:
-        line = f"{where}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        print("ERROR", line, flush=True)
-        traceback.print_exc(limit=5)
-        self.out["errors"].append(line)
-
-    def free(self) -> None:
-        gc.collect()
-        if self.cuda:
-            torch.cuda.empty_cache()
-
-    def guarded(self, where: str, fn, *a, **kw):
-        try:
-            return fn(*a, **kw)
-        except Exception as e:
-            self.error(where, e)
-            return None
-        finally:
-            self.free()
 
     def models(self) -> list[str]:
         if self.args.smoke:
@@ -420,18 +384,8 @@ class GemvProbe:
 
     # ---- output ---------------------------------------------------------------------------------------------
     def write(self) -> None:
-        out = Path(self.args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        self.out["elapsed_s"] = self.elapsed()
-        (out / "gemv_probe.json").write_text(json.dumps(self.out, indent=1, default=str))
-        for key, fname in (("kernels", "kernels.csv"), ("engine", "engine.csv")):
-            rows = self.out[key] + (self.out["sweep"] if key == "kernels" else [])
-            if rows:
-                cols = list(dict.fromkeys(k for r in rows for k in r))
-                with open(out / fname, "w", newline="") as f:
-                    w = csv.DictWriter(f, fieldnames=cols)
-                    w.writeheader()
-                    w.writerows(rows)
+        o = self.out
+        self.write_outputs("gemv_probe.json", {"kernels.csv": o["kernels"] + o["sweep"], "engine.csv": o["engine"]})
 
     def summary(self) -> list[str]:
         """At most 29 lines (3 models): header, 15 kernel lines, sweep, 7 engine lines, 3 error lines."""
@@ -508,47 +462,9 @@ def few_rows_scenario(eng, seed: int, long_prompts: bool, forced: dict | None = 
     g = torch.Generator().manual_seed(seed + 1)
     vocab = eng.spec.vocab_size
     lens = [700, 90] if long_prompts else [11, 6]
-    reqs = {f"s{i}": Request(f"s{i}", torch.randint(0, vocab, (n,), generator=g).tolist(), n)
-            for i, n in enumerate(lens)}  # fmt: skip
+    prompts = {f"s{i}": torch.randint(0, vocab, (n,), generator=g).tolist() for i, n in enumerate(lens)}
     plan = [[("s0", None), ("s1", None)]] + [[("s0", 1)]] * 4 + [[("s0", 1), ("s1", 1)]] * 4
-    logs: list[tuple[str, int, torch.Tensor]] = []
-    tokens: list[list[int]] = []
-    try:
-        for i, step in enumerate(plan):
-            rows = []
-            for rid, n in step:
-                req = reqs[rid]
-                start = req.num_computed
-                n = req.num_tokens - start if n is None else n
-                if not eng.kv_pool.grow(req.pages, start + n):
-                    raise RuntimeError("KV pool too small for the few-rows scenario")
-                rows.append(BatchRow(req, start, n))
-            res = eng.step(Batch(0, i, rows), return_logits=True)
-            toks = forced["tokens"][i] if forced is not None else res.next_token_ids.tolist()
-            tokens.append(toks)
-            for row, lg, t in zip(rows, res.logits, toks, strict=True):
-                logs.append((row.req.rid, row.start + row.num_tokens - 1, lg.detach().float().cpu()))
-                row.req.num_computed = row.start + row.num_tokens
-                row.req.token_ids.append(t)
-    finally:
-        eb.release(eng, list(reqs.values()))
-    return {"logits": logs, "tokens": tokens}
-
-
-def _interpreter_patch() -> None:
-    """CPU smoke: runtime-bound loops under numpy >= 2.4 in Triton 3.6's interpreter (tests/engine/
-    test_attention.py explains; triton-lang/triton#9171)."""
-    import triton.runtime.interpreter as interpreter
-
-    if not hasattr(interpreter, "_patch_lang_tensor"):
-        return
-    original = interpreter._patch_lang_tensor
-
-    def patched(tensor, scope):
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(())))
-
-    interpreter._patch_lang_tensor = patched
+    return eb.run_plan(eng, prompts, [[(rid, n, []) for rid, n in step] for step in plan], forced, "few-rows")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -567,7 +483,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke or not torch.cuda.is_available():
         if os.environ.get("TRITON_INTERPRET") != "1":  # triton.language must be imported in interpreter mode
             os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, "TRITON_INTERPRET": "1"})
-        _interpreter_patch()
+        from tokenrouter.engine.triton_compat import patch_interpreter_for_numpy24
+
+        patch_interpreter_for_numpy24()
     probe = GemvProbe(args)
     print(f"gemv probe on {probe.out['env']}", flush=True)
     probe.guarded("environment", probe.environment)

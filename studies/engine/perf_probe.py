@@ -30,14 +30,11 @@ from __future__ import annotations
 
 import argparse
 import csv
-import gc
 import json
 import math
 import statistics
 import sys
-import tempfile
 import time
-import traceback
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -51,7 +48,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import engine_bench as eb
 
 from tokenrouter.core.batch import Batch, BatchRow
-from tokenrouter.core.request import Request
 from tokenrouter.engine.config import BASELINE_SWITCHES, EngineConfig
 from tokenrouter.engine.launch_count import count_graph_body_launches
 from tokenrouter.engine.runner import Engine
@@ -196,48 +192,14 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 # ---- the probe -----------------------------------------------------------------------------------------------
-class Probe:
+class Probe(eb.Harness):
     def __init__(self, args: argparse.Namespace) -> None:
-        self.args = args
-        self.cuda = torch.cuda.is_available() and not args.smoke
-        self.device = torch.device("cuda" if self.cuda else "cpu")
-        self.t0 = time.perf_counter()
-        self.tmp = Path(tempfile.mkdtemp(prefix="perf_probe_"))
+        self.start(args, torch.cuda.is_available() and not args.smoke, "perf_probe_")
         self.out: dict[str, Any] = {
             "env": eb.env_info(self.device), "errors": [], "variants": [], "profiles": {}, "noise": [],
             "attention": {}, "skipped": [],
         }  # fmt: skip
         self.bench = eb.Bench(SimpleNamespace(cpu=not self.cuda))  # for its tiny checkpoint and helpers
-
-    def elapsed(self) -> float:
-        return time.perf_counter() - self.t0
-
-    def log(self, msg: str) -> None:
-        print(f"[{self.elapsed():6.1f}s] {msg}", flush=True)
-
-    def error(self, where: str, e: BaseException) -> None:
-        line = f"{where}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        print("ERROR", line, flush=True)
-        traceback.print_exc(limit=5)
-        self.out["errors"].append(line)
-
-    def sync(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize()
-
-    def free(self) -> None:
-        gc.collect()
-        if self.cuda:
-            torch.cuda.empty_cache()
-
-    def guarded(self, where: str, fn, *a, **kw):
-        try:
-            return fn(*a, **kw)
-        except Exception as e:
-            self.error(where, e)
-            return None
-        finally:
-            self.free()
 
     def engine(self, model: str, **kw: Any) -> Engine:
         cfg: dict[str, Any] = {"model": model, "device": str(self.device), "page_size": 16, "seed": 0}
@@ -672,18 +634,7 @@ class Probe:
 
     # ---- output -----------------------------------------------------------------------------------------------
     def write(self) -> None:
-        out = Path(self.args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        self.out["elapsed_s"] = self.elapsed()
-        (out / "perf_probe.json").write_text(json.dumps(self.out, indent=1, default=str))
-        for key, fname in (("variants", "variants.csv"), ("noise", "noise.csv")):
-            rows = self.out[key]
-            if rows:
-                cols = list(dict.fromkeys(k for r in rows for k in r if not isinstance(r[k], list)))
-                with open(out / fname, "w", newline="") as f:
-                    w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
-                    w.writeheader()
-                    w.writerows(rows)
+        self.write_outputs("perf_probe.json", {"variants.csv": self.out["variants"], "noise.csv": self.out["noise"]})
 
     def summary(self) -> None:
         o, env = self.out, self.out["env"]
@@ -809,45 +760,8 @@ def _one(kernel, x, w, n, k, bn, bk) -> torch.Tensor:
 
 # ---- scenario (engine_bench.drive for one engine, optionally teacher-forced) ------------------------------------
 def scenario(eng: Engine, seed: int, long_prompts: bool, forced: dict | None = None) -> dict[str, Any]:
-    """engine_bench.drive's plan (prefill of mixed lengths, decodes, 3-token peer-return extends, a mixed
-    prefill + decode step) on one engine. The tokens appended after each step are `forced`'s (a previous run's,
-    so two engines see identical sequences) or the engine's own greedy picks."""
-    g = torch.Generator().manual_seed(seed)
-    vocab = eng.spec.vocab_size
-    lens = [300, 17, 1000, 64] if long_prompts else [9, 3, 14, 5]
-    prompts = {f"q{i}": torch.randint(0, vocab, (n,), generator=g).tolist() for i, n in enumerate(lens)}
-    reqs = {rid: Request(rid, list(p), len(p)) for rid, p in prompts.items()}
-    plan: list[list[tuple[str, int | None, list[int]]]] = [[(rid, None, []) for rid in prompts]]
-    plan += [[(rid, 1, []) for rid in prompts] for _ in range(4)]
-    plan += [[(rid, None, torch.randint(0, vocab, (3,), generator=g).tolist()) for rid in prompts]]
-    plan += [[(rid, 1, []) for rid in prompts] for _ in range(2)]
-    late = torch.randint(0, vocab, (20,), generator=g).tolist()
-    reqs["late"] = Request("late", list(late), len(late))
-    plan += [[("late", None, [])] + [(rid, 1, []) for rid in prompts]]
-    plan += [[(rid, 1, []) for rid in [*prompts, "late"]] for _ in range(2)]
-    logs: list[tuple[str, int, torch.Tensor]] = []
-    tokens: list[list[int]] = []
-    try:
-        for i, step in enumerate(plan):
-            rows = []
-            for rid, n, extra in step:
-                req = reqs[rid]
-                req.token_ids.extend(extra)
-                start = req.num_computed
-                n = req.num_tokens - start if n is None else n
-                if not eng.kv_pool.grow(req.pages, start + n):
-                    raise RuntimeError("KV pool too small for the correctness scenario")
-                rows.append(BatchRow(req, start, n))
-            res = eng.step(Batch(0, i, rows), return_logits=True)
-            toks = forced["tokens"][i] if forced is not None else res.next_token_ids.tolist()
-            tokens.append(toks)
-            for row, lg, t in zip(rows, res.logits, toks, strict=True):
-                logs.append((row.req.rid, row.start + row.num_tokens - 1, lg.detach().float().cpu()))
-                row.req.num_computed = row.start + row.num_tokens
-                row.req.token_ids.append(t)
-    finally:
-        eb.release(eng, list(reqs.values()))
-    return {"logits": logs, "tokens": tokens, "seqs": {rid: r.token_ids for rid, r in reqs.items()}}
+    """engine_bench's correctness scenario on one engine, optionally teacher-forced by an earlier run."""
+    return eb.run_plan(eng, *eb.correctness_plan(eng.spec.vocab_size, seed, long_prompts), forced)
 
 
 def main(argv: list[str] | None = None) -> int:
