@@ -2,25 +2,33 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-import click
 import typer
 
 from tokenrouter.core.config import DeploymentConfig, ModelConfig, PlacementConfig, PolicyConfig, RouterConfig
 
 
 def _click_classes(name: str) -> tuple[type[Exception], ...]:
-    """The click exception class `name` from click and from the copy newer typer releases vendor."""
-    found = [getattr(click.exceptions, name)]
-    try:
-        from typer._click import exceptions as vendored  # newer typer releases ship their own click
-    except ImportError:
-        vendored = None
-    if vendored is not None and hasattr(vendored, name):
-        found.append(getattr(vendored, name))
+    """The click exception class `name` as the installed typer raises it.
+
+    typer >= 0.2x vendors click as `typer._click` and no longer depends on click; older releases depend on
+    click itself. Import whichever this typer uses (both, when both are importable), so the base install
+    needs nothing typer does not bring.
+    """
+    found: list[type[Exception]] = []
+    for module in ("typer._click.exceptions", "click.exceptions"):
+        try:
+            exc = importlib.import_module(module)
+        except ImportError:
+            continue
+        if hasattr(exc, name):
+            found.append(getattr(exc, name))
+    if not found:
+        raise ImportError(f"neither typer._click nor click provides {name}")
     return tuple(found)
 
 

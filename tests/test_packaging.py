@@ -1,8 +1,13 @@
-"""Every package folder must be listed in pyproject, or a non-editable install silently drops it."""
+"""Packaging: every package folder is listed in pyproject (or a non-editable install silently drops it), and
+every third-party import is a declared dependency."""
 
 from __future__ import annotations
 
+import ast
+import re
+import sys
 import tomllib
+from importlib.metadata import packages_distributions
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,3 +25,47 @@ def test_all_package_dirs_are_installed():
             continue
         found.add(".".join([mapping[top], *rel.parts[1:]]))
     assert found == listed
+
+
+# Which optional extra covers the imports of a subpackage (beyond the base dependencies).
+EXTRA_FOR = {"tokenrouter.engine": "engine"}
+
+
+def _requirement_name(req: str) -> str:
+    return re.split(r"[\s<>=!~;\[]", req, maxsplit=1)[0].lower().replace("_", "-")
+
+
+def _imports(path: Path) -> set[str]:
+    roots: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            roots.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+def test_every_third_party_import_is_a_declared_dependency():
+    """A module the base install imports must come from a declared dependency (not from something another
+    package happens to bring in): a fresh `pip install -e .` must run the quick start."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    base = {_requirement_name(r) for r in project["dependencies"]}
+    extras = {k: {_requirement_name(r) for r in v} for k, v in project["optional-dependencies"].items()}
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    dist_of = {m: [d.lower().replace("_", "-") for d in ds] for m, ds in packages_distributions().items()}
+    problems = []
+    for pkg, folder in cfg["package-dir"].items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            rel = path.relative_to(ROOT / folder).with_suffix("")
+            module = ".".join([pkg, *rel.parts])
+            allowed = set(base)
+            for prefix, extra in EXTRA_FOR.items():
+                if module.startswith(prefix):
+                    allowed |= extras[extra]
+            for root in _imports(path) - set(sys.stdlib_module_names) - {"tokenrouter", "__future__"}:
+                dists = dist_of.get(root)
+                if dists is None:
+                    problems.append(f"{module}: imports {root}, which no installed distribution provides")
+                elif not allowed & set(dists):
+                    problems.append(f"{module}: imports {root} (from {dists[0]}), not a declared dependency")
+    assert not problems, "\n".join(problems)

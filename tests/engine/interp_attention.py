@@ -1,0 +1,188 @@
+"""Triton attention kernels vs the torch reference in Triton's CPU interpreter. Run by
+test_attention.py::test_triton_kernels_in_interpreter in a child process with TRITON_INTERPRET=1 (the file name
+keeps pytest from collecting it in the main run, where the interpreter's patches would leak into real GPU
+compilation); `TRITON_INTERPRET=1 python -m pytest tests/engine/interp_attention.py` runs it directly."""
+
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+
+import pytest
+import torch
+from attention_cases import cu_seqlens, make_case, nan_like, oracle, rel_err
+
+from tokenrouter.engine.attention import decode_attention, extend_attention, split_counters
+from tokenrouter.engine.triton_compat import squeeze_index
+
+
+@pytest.fixture(scope="module")
+def tri():
+    """The Triton attention modules, decorated in interpreter mode (this process is the interpreter's alone)."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.fail("run with TRITON_INTERPRET=1 (test_attention.py does)")
+    import triton.runtime.interpreter as interpreter
+
+    if hasattr(interpreter, "_patch_lang_tensor"):
+        interpreter._patch_lang_tensor = squeeze_index(interpreter._patch_lang_tensor)
+    from tokenrouter.engine.attention import triton_common, triton_decode, triton_extend, triton_kernels
+
+    assert isinstance(triton_kernels.paged_attention_fwd_kernel, interpreter.InterpretedFunction)
+    return SimpleNamespace(common=triton_common, decode=triton_decode, extend=triton_extend)
+
+
+SMALL = {"block_n": 16, "block_m": 16}  # several KV tiles and query blocks even on ~40-token rows
+
+
+@pytest.mark.parametrize(
+    ("page_size", "num_heads", "num_kv_heads", "head_dim", "num_splits", "small"),
+    [
+        (4, 4, 2, 16, 1, True),  # single split writes out directly; unmasked + masked tiles
+        (4, 4, 2, 16, 3, True),  # splits; row with seq_len 1 has empty splits
+        (16, 6, 2, 32, 5, True),  # non-power-of-two group padded to 16 rows; many empty splits
+        (16, 4, 2, 32, 2, False),  # default 64-key tiles
+        (4, 4, 2, 16, None, False),  # heuristic split count
+    ],
+)
+def test_triton_decode_matches_reference(tri, page_size, num_heads, num_kv_heads, head_dim, num_splits, small) -> None:
+    lens = [37, 1, 20]
+    case = make_case(lens, num_kv_heads, head_dim, page_size, seed=5)
+    q = torch.randn(len(lens), num_heads, head_dim, generator=torch.Generator().manual_seed(6))
+    scale = head_dim**-0.5
+    args = (q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens, scale)
+    ref = decode_attention(*args, backend="torch")
+    config = tri.common.KernelConfig(**SMALL) if small else tri.common.DECODE_CONFIG
+    out = tri.decode.decode_attention_triton(*args, out=nan_like(q), num_splits=num_splits, config=config)
+    assert not out.isnan().any()
+    assert rel_err(out, ref) < 1e-4
+    assert rel_err(out, oracle(q, case, [1] * len(lens), scale)) < 1e-4
+
+
+class _NoReduce:
+    """Stands in for the split reduce kernel where the fused merge must not launch it."""
+
+    def __getitem__(self, grid):
+        raise AssertionError("split_reduce_kernel launched although the splits merge in the forward kernel")
+
+
+@pytest.mark.parametrize(
+    ("page_size", "num_heads", "num_kv_heads", "head_dim", "num_splits", "small", "merge_elems"),
+    [
+        (4, 4, 2, 16, 3, True, 8192),  # all active splits merged in one chunk
+        (4, 4, 2, 16, 5, True, 64),  # 2 splits per chunk: several merge rounds, a partial last chunk
+        (16, 6, 2, 32, 5, True, 96),  # group 3 padded to 4, one split per chunk
+        (16, 8, 1, 16, 7, True, 8192),  # group 8, a single KV head
+        (4, 4, 2, 16, None, False, 8192),  # heuristic split count, default tiles
+    ],
+)
+def test_triton_decode_fused_merge(
+    tri, monkeypatch, page_size, num_heads, num_kv_heads, head_dim, num_splits, small, merge_elems
+) -> None:
+    """Splits merged by the last program of each (row, KV head): one launch, same result as the reduce
+    kernel, every output element written, counters back to zero so a second launch (graph replay) works."""
+    lens = [37, 1, 20, 0, 64]  # long rows, a 1-token row (empty splits), a zero-length padding row
+    case = make_case(lens, num_kv_heads, head_dim, page_size, seed=13)
+    gen = torch.Generator().manual_seed(14)
+    scale = head_dim**-0.5
+    cfg = tri.common.KernelConfig(**(SMALL if small else {}), merge_elems=merge_elems)
+    counters = split_counters(len(lens) + 3, num_kv_heads, "cpu")  # larger than needed: only a prefix is used
+    monkeypatch.setattr(tri.common, "split_reduce_kernel", _NoReduce())
+    for _ in range(2):
+        q = torch.randn(len(lens), num_heads, head_dim, generator=gen)
+        args = (q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens, scale)
+        out = tri.decode.decode_attention_triton(
+            *args, out=nan_like(q), num_splits=num_splits, config=cfg, counters=counters
+        )
+        assert not out.isnan().any()
+        assert out[3].eq(0).all()
+        assert rel_err(out, oracle(q, case, [1] * len(lens), scale)) < 1e-4
+        assert counters.eq(0).all()
+
+
+def test_fused_merge_falls_back_to_reduce_kernel(tri) -> None:
+    """Counters too small for the batch, or one split: the reduce-kernel / single-pass paths, same result."""
+    case = make_case([30, 9], 2, 16, 4, seed=15)
+    q = torch.randn(2, 4, 16, generator=torch.Generator().manual_seed(16))
+    args = (q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens, 0.25)
+    ref = decode_attention(*args, backend="torch")
+    small = split_counters(1, 2, "cpu")
+    cfg = tri.common.KernelConfig(**SMALL)
+    for splits, counters in ((3, small), (1, split_counters(2, 2, "cpu"))):
+        out = tri.decode.decode_attention_triton(
+            *args, out=nan_like(q), num_splits=splits, config=cfg, counters=counters
+        )
+        assert rel_err(out, ref) < 1e-4 and counters.eq(0).all()
+    # The package entry point passes counters through.
+    out = decode_attention(*args, num_splits=2, backend="triton", counters=split_counters(2, 2, "cpu"))
+    assert rel_err(out, ref) < 1e-4
+
+
+def test_merge_chunk_sizes(tri) -> None:
+    chunk = tri.common.merge_chunk
+    cfg = tri.common.DECODE_CONFIG
+    assert chunk(33, 4, 128, cfg) == 16  # Qwen3-8B: 4 heads x 16 splits x 128 dims = 8192 fp32
+    assert chunk(33, 2, 128, cfg) == 32 and chunk(33, 8, 128, cfg) == 8
+    assert chunk(3, 2, 128, cfg) == 4  # never more than the (padded) split count
+    assert chunk(9, 16, 256, cfg) == 2 and chunk(9, 64, 256, cfg) == 1
+
+
+@pytest.mark.parametrize(
+    ("page_size", "num_heads", "num_kv_heads", "head_dim", "num_splits", "small", "max_q_len"),
+    [
+        (4, 4, 2, 16, 1, True, 9),
+        (4, 4, 2, 16, 3, True, 9),  # splits cut through the causal band of a prefill
+        (16, 6, 2, 32, 2, True, 16),  # graph-bucket bound above the real max: extra query blocks exit early
+        (16, 4, 2, 32, None, False, None),  # heuristic splits; max_q_len read from cu_seqlens_q
+    ],
+)
+def test_triton_extend_matches_reference(
+    tri, page_size, num_heads, num_kv_heads, head_dim, num_splits, small, max_q_len
+) -> None:
+    q_lens = [9, 3, 1, 0, 6]
+    lens = [9, 33, 13, 7, 21]
+    case = make_case(lens, num_kv_heads, head_dim, page_size, seed=7)
+    q = torch.randn(sum(q_lens), num_heads, head_dim, generator=torch.Generator().manual_seed(8))
+    scale = head_dim**-0.5
+    args = (q, case.k_cache, case.v_cache, case.block_tables, cu_seqlens(q_lens), case.seq_lens, scale)
+    ref = extend_attention(*args, backend="torch")
+    config = tri.common.KernelConfig(**SMALL) if small else tri.common.EXTEND_CONFIG
+    out = tri.extend.extend_attention_triton(
+        *args, max_q_len=max_q_len, out=nan_like(q), num_splits=num_splits, config=config
+    )
+    assert not out.isnan().any()
+    assert rel_err(out, ref) < 1e-4
+    assert rel_err(out, oracle(q, case, q_lens, scale)) < 1e-4
+
+
+def test_public_dispatch_runs_triton(tri) -> None:
+    """`backend="triton"` through the package API, prefill + decode on the same cache (16-token pages)."""
+    case = make_case([23, 4], 2, 16, 16, seed=11)
+    gen = torch.Generator().manual_seed(12)
+    q_lens = [23, 4]
+    q = torch.randn(27, 4, 16, generator=gen)
+    args = (q, case.k_cache, case.v_cache, case.block_tables, cu_seqlens(q_lens), case.seq_lens, 0.25)
+    out = extend_attention(*args, max_q_len=23, backend="triton")
+    assert rel_err(out, extend_attention(*args, backend="torch")) < 1e-4
+    qd = torch.randn(2, 4, 16, generator=gen)
+    dargs = (qd, case.k_cache, case.v_cache, case.block_tables, case.seq_lens, 0.25)
+    out = decode_attention(*dargs, num_splits=2, backend="triton")
+    assert rel_err(out, decode_attention(*dargs, backend="torch")) < 1e-4
+
+
+def test_triton_zero_length_rows_give_zeros(tri) -> None:
+    """A padded CUDA-graph row may carry seq_len 0: its output must be finite (zeros), never NaN."""
+    case = make_case([6, 0], 2, 16, 4, seed=9)
+    q = torch.randn(2, 4, 16, generator=torch.Generator().manual_seed(10))
+    args = (q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens, 0.25)
+    ref = decode_attention(*args, backend="torch")
+    for splits in (1, 2):
+        out = tri.decode.decode_attention_triton(*args, out=nan_like(q), num_splits=splits)
+        assert out[1].eq(0).all() and rel_err(out, ref) < 1e-4
+
+
+def test_split_heuristic_values(tri) -> None:
+    choose = tri.common.choose_num_splits
+    assert choose(8, 128, 132) == 1  # short context: never split
+    assert choose(8, 8192, 132) == 32  # batch 1 x 8 KV heads at 8k: capped by 256 tokens per split
+    assert choose(256, 8192, 132) == 3  # big batch: little splitting
+    assert all(choose(p, 8192, 132) >= choose(2 * p, 8192, 132) for p in (8, 32, 128, 512))
