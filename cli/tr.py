@@ -1,5 +1,8 @@
-"""`tr`: the serving side's command line. Today: inspect bundled models and check deployment configs
-(`tr serve` and `tr calibrate` arrive with the runtime and the profiler).
+"""`tr` (also installed as `tokenrouter`): the serving side's command line. Today: inspect bundled models and
+check deployment configs (`tr serve` and `tr calibrate` arrive with the runtime and the profiler).
+
+`tr` shadows coreutils `tr` in an activated venv, so the same app is installed under the collision-free name
+`tokenrouter`; scripts, tests and CI call that one.
 """
 
 from __future__ import annotations
@@ -59,6 +62,11 @@ def check_config(path: Annotated[Path, typer.Argument(help="Deployment YAML (fro
 
 def main(argv: list[str] | None = None) -> None:
     run_app(app, "tr", argv)
+
+
+def main_tokenrouter(argv: list[str] | None = None) -> None:
+    """The `tokenrouter` console script: the same app as `tr`, under a name no system tool uses."""
+    run_app(app, "tokenrouter", argv)
 
 
 if __name__ == "__main__":
