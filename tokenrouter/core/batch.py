@@ -83,9 +83,11 @@ class StepResult:
 
     `next_token_ids` holds a token for every row (ignored for rows with `sample=False`). `logits`
     ([rows, vocab]) and `hidden` ([rows, hidden]) are present only when the router asked for them; they
-    may be device tensors, so nothing here forces a host sync.
+    may be device tensors, so nothing here forces a host sync. `destinations` (one absolute model index per
+    row) is set when the router's device part ran inside the step (`Router.device`).
     """
 
     next_token_ids: Sequence[int] | Any
     logits: Any | None = None
     hidden: Any | None = None
+    destinations: Sequence[int] | Any | None = None

@@ -10,19 +10,44 @@ peer's token). `send`/`receive` convert between the local `Request` and the `Pee
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from tokenrouter.core.batch import Batch, StepResult
 from tokenrouter.core.messages import PeerReq
 from tokenrouter.core.request import Request
 
 
+@runtime_checkable
+class DeviceRouter(Protocol):
+    """The part of a router that runs on the engine's device, inside the step (captured in the CUDA graph with
+    it), so that destinations come back with the tokens in one device-to-host copy.
+
+    Called once per step with the sampled tokens of the step's logit rows (one per sampling row, in batch
+    order) and, when asked for, their final-norm hidden states and logits; returns one destination per row
+    (absolute model index, an integer tensor on the same device). Invariants: no host sync, no data-dependent
+    shapes, no allocation that outlives the call (it is replayed inside a graph); rows past the real batch
+    (graph padding) may hold garbage and their destinations are ignored. `model` is the index of the model
+    this part runs on (destination == model means stay).
+    """
+
+    needs_logits: bool
+    needs_hidden: bool
+
+    def __call__(self, token_ids: Any, hidden: Any | None, logits: Any | None) -> Any: ...
+
+
 class Router:
-    """Base router: never hops. Subclasses override `route` (and `keep_token` for other semantics)."""
+    """Base router: never hops. Subclasses override `route` (and `keep_token` for other semantics).
+
+    A learned router sets `device` to its `DeviceRouter`; the engine runs it inside the step and returns its
+    output as `StepResult.destinations`, which the default `route` passes through. Synthetic routers decide
+    on the host in `route` and leave `device` None.
+    """
 
     name = "none"
     needs_logits = False
     needs_hidden = False
+    device: DeviceRouter | None = None
 
     def __init__(self, model: int = 0, num_models: int = 2) -> None:
         self.model = model
@@ -35,6 +60,8 @@ class Router:
 
     def route(self, batch: Batch, result: StepResult) -> Sequence[int]:
         """One destination model per row of `batch` (rows with `sample=False` are ignored)."""
+        if result.destinations is not None:
+            return result.destinations
         return [self.model] * len(batch.rows)
 
     def keep_token(self, req: Request, dst: int) -> bool:

@@ -1,0 +1,68 @@
+"""The one rule for which rows of a step run inside a CUDA graph, shared by the scheduler (batches are formed
+to fit it), the simulator's cost model (graph and eager parts are priced apart) and the engine (which replays
+a graph for the graph part and runs the rest in the same step's eager/varlen pass).
+
+Why one rule: a step whose rows all fit runs at graph cost; a row the graph cannot take must not drag the
+whole batch off the graph (the "eager cliff"). So a batch is split: rows of up to `max_row_tokens` tokens,
+in batch order, go to the graph part while their tokens fit the largest bucket; every other row goes to the
+eager part. Pure and clock-free like the rest of the core.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+# Token buckets captured as CUDA graphs. A decode row counts one token, a short extend row (a peer return)
+# its tokens; a graph part runs in the smallest bucket that holds all its tokens.
+DEFAULT_GRAPH_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256)
+# Rows up to this many tokens run inside the graphs; the engine measured 4- and 8-token extend rows at
+# close to decode cost (studies/engine).
+DEFAULT_GRAPH_MAX_ROW_TOKENS = 8
+
+
+@dataclass(frozen=True, slots=True)
+class GraphRule:
+    """Which rows of a step run in a graph. Invariant: the graph part's tokens never exceed `max_tokens`."""
+
+    enabled: bool = True
+    buckets: tuple[int, ...] = DEFAULT_GRAPH_BUCKETS
+    max_row_tokens: int = DEFAULT_GRAPH_MAX_ROW_TOKENS
+
+    def __post_init__(self) -> None:
+        b = tuple(sorted({int(x) for x in self.buckets}))
+        if any(x < 1 for x in b):
+            raise ValueError(f"graph buckets must be >= 1, got {self.buckets}")
+        if self.max_row_tokens < 1:
+            raise ValueError(f"graph max_row_tokens must be >= 1, got {self.max_row_tokens}")
+        object.__setattr__(self, "buckets", b)
+
+    @property
+    def max_tokens(self) -> int:
+        """Tokens the graph part of one step can hold (0 when graphs are off)."""
+        return self.buckets[-1] if self.enabled and self.buckets else 0
+
+    def row_fits(self, num_tokens: int) -> bool:
+        """Whether a row of `num_tokens` tokens may run in a graph at all."""
+        return self.enabled and 0 < num_tokens <= min(self.max_row_tokens, self.max_tokens)
+
+    def bucket_for(self, num_tokens: int) -> int | None:
+        """The smallest bucket holding `num_tokens` tokens, or None."""
+        if not self.enabled or num_tokens < 1:
+            return None
+        i = bisect.bisect_left(self.buckets, num_tokens)
+        return self.buckets[i] if i < len(self.buckets) else None
+
+    def split(self, row_tokens: Sequence[int]) -> tuple[list[int], list[int]]:
+        """Row indices of the graph part and of the eager part (each in batch order)."""
+        graph: list[int] = []
+        eager: list[int] = []
+        room = self.max_tokens
+        for i, n in enumerate(row_tokens):
+            if self.row_fits(n) and n <= room:
+                graph.append(i)
+                room -= n
+            else:
+                eager.append(i)
+        return graph, eager
