@@ -13,7 +13,7 @@ from tokenrouter.core.config import DeploymentConfig, ModelConfig, PlacementConf
 
 
 def _click_classes(name: str) -> tuple[type[Exception], ...]:
-    """The click exception class `name` as the installed typer raises it.
+    """The click exception class `name` as the installed typer raises it (empty if neither module has it).
 
     typer >= 0.2x vendors click as `typer._click` and no longer depends on click; older releases depend on
     click itself. Import whichever this typer uses (both, when both are importable), so the base install
@@ -27,13 +27,11 @@ def _click_classes(name: str) -> tuple[type[Exception], ...]:
             continue
         if hasattr(exc, name):
             found.append(getattr(exc, name))
-    if not found:
-        raise ImportError(f"neither typer._click nor click provides {name}")
     return tuple(found)
 
 
 _USAGE_ERRORS = _click_classes("UsageError")
-_ABORTS = (*_click_classes("Abort"), typer.Abort)
+_ABORTS = (*_click_classes("Abort"), typer.Abort)  # typer 0.29 keeps Abort out of its vendored exceptions
 
 
 class CliError(ValueError):
