@@ -32,22 +32,106 @@ CHAT_TEMPLATE = (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
-SUBJECTS = ["the router", "a small model", "the large model", "every request", "the scheduler", "our team",
-            "the engine", "a user", "the cache", "this batch", "the token", "my friend", "the teacher"]
-VERBS = ["sends", "reads", "writes", "keeps", "drops", "moves", "checks", "returns", "counts", "builds",
-         "decodes", "routes", "waits for", "finishes", "explains", "compares", "likes", "finds"]
-OBJECTS = ["the next token", "a long answer", "its pages", "the prompt", "one question", "a short story",
-           "the hidden state", "three numbers", "the first line", "a warm cup of tea", "the results",
-           "every step", "a simple plan", "the river", "the weather report"]
-TAILS = ["today", "again", "before noon", "in order", "without waiting", "very quickly", "on the GPU",
-         "after the hop", "when it is ready", "for the user", "at home", "in the morning"]
-QUESTIONS = ["What is the capital of France?", "How many tokens did you write?", "Can you explain routing?",
-             "Why is the sky blue?", "Write a haiku about rain.", "What time is it in Tokyo?",
-             "Please summarize the paper.", "How do I sort a list in Python?"]
-UNICODE = ["café", "naïve", "Zürich", "über", "señor", "东京", "日本語", "你好", "世界", "😀", "🚀", "✓",
-           "π ≈ 3.14", "°C", "€5"]
-CODE = ["def add(a, b):\n    return a + b\n", "for i in range(10):\n    print(i)\n", "x = [1, 2, 3]\n",
-        "if __name__ == \"__main__\":\n    main()\n", "{\"key\": \"value\", \"n\": 42}\n"]
+SUBJECTS = [
+    "the router",
+    "a small model",
+    "the large model",
+    "every request",
+    "the scheduler",
+    "our team",
+    "the engine",
+    "a user",
+    "the cache",
+    "this batch",
+    "the token",
+    "my friend",
+    "the teacher",
+]
+VERBS = [
+    "sends",
+    "reads",
+    "writes",
+    "keeps",
+    "drops",
+    "moves",
+    "checks",
+    "returns",
+    "counts",
+    "builds",
+    "decodes",
+    "routes",
+    "waits for",
+    "finishes",
+    "explains",
+    "compares",
+    "likes",
+    "finds",
+]
+OBJECTS = [
+    "the next token",
+    "a long answer",
+    "its pages",
+    "the prompt",
+    "one question",
+    "a short story",
+    "the hidden state",
+    "three numbers",
+    "the first line",
+    "a warm cup of tea",
+    "the results",
+    "every step",
+    "a simple plan",
+    "the river",
+    "the weather report",
+]
+TAILS = [
+    "today",
+    "again",
+    "before noon",
+    "in order",
+    "without waiting",
+    "very quickly",
+    "on the GPU",
+    "after the hop",
+    "when it is ready",
+    "for the user",
+    "at home",
+    "in the morning",
+]
+QUESTIONS = [
+    "What is the capital of France?",
+    "How many tokens did you write?",
+    "Can you explain routing?",
+    "Why is the sky blue?",
+    "Write a haiku about rain.",
+    "What time is it in Tokyo?",
+    "Please summarize the paper.",
+    "How do I sort a list in Python?",
+]
+UNICODE = [
+    "café",
+    "naïve",
+    "Zürich",
+    "über",
+    "señor",
+    "东京",
+    "日本語",
+    "你好",
+    "世界",
+    "😀",
+    "🚀",
+    "✓",
+    "π ≈ 3.14",
+    "°C",
+    "€5",
+]
+CODE = [
+    "def add(a, b):\n    return a + b\n",
+    "for i in range(10):\n    print(i)\n",
+    "x = [1, 2, 3]\n",
+    'if __name__ == "__main__":\n    main()\n',
+    '{"key": "value", "n": 42}\n',
+]
 
 
 def sentence(rng: random.Random) -> str:

@@ -44,7 +44,7 @@ class TextTokenizer:
 
     @property
     def chat_format(self) -> str | None:
-        """"chatml" when the template is the Qwen/ChatML format this module renders, else None."""
+        """ "chatml" when the template is the Qwen/ChatML format this module renders, else None."""
         t = self.chat_template or ""
         return "chatml" if IM_START in t and IM_END in t else None
 
