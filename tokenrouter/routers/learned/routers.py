@@ -57,15 +57,17 @@ class LearnedRouter(Router):
         self.calibration_rows = int(calibration_rows)
         self._observed: list[torch.Tensor] = []
         self._num_observed = 0
+        self._calibrated: set[int] = set()
 
     def bind(self, model: int, num_models: int) -> Router:
         if num_models != len(self.keep):
             raise ValueError(f"router {self.name!r} serves {len(self.keep)} models, the deployment has {num_models}")
         if model not in self.parts:
             raise ValueError(f"router {self.name!r} was built without the part for model {model}")
+        if model != self.model:
+            self._observed, self._num_observed = [], 0
         super().bind(model, num_models)
         self.device = self.parts[model]
-        self._observed, self._num_observed = [], 0
         return self
 
     @property
@@ -98,14 +100,12 @@ class LearnedRouter(Router):
     @property
     def needs_calibration(self) -> bool:
         """True while the bound model's gate still waits for warm-up scores."""
-        return self.gate is not None and self.model in self.hop_rates and self._num_observed < self.calibration_rows
+        return self.gate is not None and self.model in self.hop_rates and self.model not in self._calibrated
 
     def observe(self, token_ids: Any, hidden: Any, logits: Any) -> bool:
         """Feed one warm-up step's outputs (all rows real); returns True once the threshold is set."""
         gate = self.gate
-        if gate is None or self.model not in self.hop_rates:
-            return True
-        if not self.needs_calibration:
+        if gate is None or not self.needs_calibration:
             return True
         with torch.inference_mode():
             tokens = torch.as_tensor(token_ids, device=gate.threshold.device)
@@ -114,7 +114,8 @@ class LearnedRouter(Router):
         self._num_observed += s.numel()
         if self._num_observed >= self.calibration_rows:
             gate.calibrate(torch.cat(self._observed), self.hop_rates[self.model])
-            self._observed = []
+            self._observed, self._num_observed = [], 0
+            self._calibrated.add(self.model)
             return True
         return False
 
