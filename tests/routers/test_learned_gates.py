@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 
 from tokenrouter.core.batch import Batch, BatchRow, StepResult  # noqa: E402
 from tokenrouter.core.request import Request  # noqa: E402
+from tokenrouter.core.router import DeviceRouter  # noqa: E402
 from tokenrouter.routers.learned import (  # noqa: E402
     ConfidenceMLP,
     DeferralHead,
@@ -132,6 +133,7 @@ def test_hand_back_semantics_and_parts():
         with pytest.raises(ValueError, match="without the part"):
             make_learned_router(name, "random", 0.2, H, V, model=1).bind(0, 2)
         assert not any(p.numel() for p in large.device.parameters())  # no classifier in the large process
+        assert isinstance(small.device, DeviceRouter) and isinstance(large.device, DeviceRouter)
     t, h, lg = rows(5, seed=8)
     one = make_learned_router("r2r", "random", 0.2, H, V).bind(1, 2)
     assert one.device(t, h, lg).tolist() == [0] * 5  # the large model always hands back after one token

@@ -108,7 +108,16 @@ def make_learned_router(
     return cls(gate, hop_rate=rate, calibration_rows=calibration_rows)
 
 
-def _r_stitch(model_file, random, hop_rate, return_prob, threshold, device, model, calibration_rows) -> RStitchRouter:
+def _r_stitch(
+    model_file: str | Path | None,
+    random: bool,
+    hop_rate: float,
+    return_prob: float | None,
+    threshold: float | None,
+    device: torch.device | str,
+    model: int | None,
+    calibration_rows: int,
+) -> RStitchRouter:
     if model_file is not None and not random:
         raise ValueError("R-Stitch has no weights: pass a threshold (--router-threshold) or 'random'")
     if not random and threshold is None:
