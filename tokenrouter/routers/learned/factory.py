@@ -74,9 +74,9 @@ def make_learned_router(
     key = name.lower()
     if key not in LEARNED_ROUTERS:
         raise ValueError(f"no learned router {name!r}; choose one of {', '.join(LEARNED_ROUTERS)}")
-    random = str(model_file).lower() == "random" if model_file is not None else False
+    is_random = str(model_file).lower() == "random" if model_file is not None else False
     if key == "me":
-        if model_file is not None and not random:
+        if model_file is not None and not is_random:
             raise ValueError("the ensemble router has no weights file")
         return EnsembleRouter(num_models, ensemble_weights, ensemble_top_k, seed)
     if num_models != 2:
@@ -84,11 +84,11 @@ def make_learned_router(
     if not 0.0 <= hop_rate <= 1.0:
         raise ValueError(f"hop rate must be in [0, 1], got {hop_rate}")
     if key == "r-stitch":
-        return _r_stitch(model_file, random, hop_rate, return_prob, threshold, device, model, calibration_rows)
+        return _r_stitch(model_file, is_random, hop_rate, return_prob, threshold, device, model, calibration_rows)
     cls, above, inclusive = _GATE_RULE[key]
     gate = None
     if model in (None, SMALL):
-        if random:
+        if is_random:
             scorer = _random_scorer(key, hidden_size, vocab_size, embedding, seed, r2r_hidden_dims, device)
             cut = threshold
         elif model_file is not None:
@@ -104,13 +104,13 @@ def make_learned_router(
         # Uncalibrated random routers never hop until the warm-up sets the cut.
         score_cut = scorer.score_of_threshold(cut) if cut is not None else (float("inf") if above else float("-inf"))
         gate = ScoreGate(scorer, score_cut, stay=SMALL, hop=LARGE, hop_above=above, inclusive=inclusive, device=device)
-    rate = hop_rate if random and threshold is None else None
+    rate = hop_rate if is_random and threshold is None else None
     return cls(gate, hop_rate=rate, calibration_rows=calibration_rows)
 
 
 def _r_stitch(
     model_file: str | Path | None,
-    random: bool,
+    is_random: bool,
     hop_rate: float,
     return_prob: float | None,
     threshold: float | None,
@@ -118,11 +118,11 @@ def _r_stitch(
     model: int | None,
     calibration_rows: int,
 ) -> RStitchRouter:
-    if model_file is not None and not random:
+    if model_file is not None and not is_random:
         raise ValueError("R-Stitch has no weights: pass a threshold (--router-threshold) or 'random'")
-    if not random and threshold is None:
+    if not is_random and threshold is None:
         raise ValueError("R-Stitch needs an entropy threshold tau in [0, 1], or 'random' to calibrate one")
-    calibrate = random and threshold is None
+    calibrate = is_random and threshold is None
     ent = NormalizedEntropy()
     # Until calibrated: the small model never hops, the large one always hands back.
     tau = float("inf") if calibrate else float(threshold)
