@@ -29,22 +29,29 @@ app = typer.Typer(
 
 @app.command("models")
 def models() -> None:
-    """List the bundled model shapes: parameters, weight bytes, KV bytes per token."""
+    """List the bundled model shapes: parameters, weight bytes, KV bytes per token; models that ship a
+    tokenizer (the tiny CPU test models) are named below the table."""
     t = Table(title="bundled model configs (bf16)")
     for col in ("model", "params", "weights GB", "KV KiB/token", "layers", "heads q/kv", "tied"):
         t.add_column(col, justify="left" if col == "model" else "right")
+    with_tokenizer: dict[str, str] = {}
     for s in sorted((load_spec(n) for n in bundled_model_names()), key=lambda s: s.num_params):
-        name = s.name
+        n = s.num_params
         t.add_row(
-            name,
-            f"{s.num_params / 1e9:.2f}B",
-            f"{s.weight_bytes / 1e9:.2f}",
-            f"{s.kv_bytes_per_token / 1024:.0f}",
+            s.name,
+            f"{n / 1e9:.2f}B" if n >= 1e8 else f"{n / 1e6:.2f}M",
+            f"{s.weight_bytes / 1e9:.2f}" if n >= 1e8 else f"{s.weight_bytes / 1e9:.4f}",
+            f"{s.kv_bytes_per_token / 1024:.{0 if s.kv_bytes_per_token >= 1024 else 2}f}",
             str(s.num_layers),
             f"{s.num_heads}/{s.num_kv_heads}",
             "yes" if s.tie_word_embeddings else "no",
         )
-    Console().print(t)
+        if (s.raw or {}).get("tokenizer"):
+            with_tokenizer[s.name] = str(s.raw["tokenizer"])
+    c = Console()
+    c.print(t)
+    for name, tok in with_tokenizer.items():
+        c.print(f"{name}: ships the bundled tokenizer {tok!r} (CPU serving with dummy weights)")
 
 
 @app.command("check-config")

@@ -28,7 +28,11 @@ def test_all_package_dirs_are_installed():
 
 
 # Which optional extra covers the imports of a subpackage (beyond the base dependencies).
-EXTRA_FOR = {"tokenrouter.engine": "engine"}
+EXTRA_FOR = {
+    "tokenrouter.engine": "engine",
+    "tokenrouter.routers.learned": "engine",
+    "tokenrouter.models.tokenizer": "serve",
+}
 
 
 def _requirement_name(req: str) -> str:

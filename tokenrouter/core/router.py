@@ -58,6 +58,16 @@ class Router:
         self.model, self.num_models = model, num_models
         return self
 
+    def select_tokens(self, batch: Batch, result: StepResult) -> Sequence[int] | Any:
+        """The token each row commits (or drops, per `keep_token`): by default the one the engine sampled.
+
+        The driver calls it in `Scheduler.complete` before `route`, in place of reading
+        `result.next_token_ids`. A router that combines several models' outputs (the ensemble: the last
+        model commits the weighted choice, not its own sample) overrides it; it may stash per-row state for
+        `route`/`extras` of the same `complete` call.
+        """
+        return result.next_token_ids
+
     def route(self, batch: Batch, result: StepResult) -> Sequence[int]:
         """One destination model per row of `batch` (rows with `sample=False` are ignored)."""
         if result.destinations is not None:
@@ -90,10 +100,12 @@ class Router:
         return None
 
     def receive(self, msg: PeerReq, req: Request) -> None:
-        """Merge a returning request into the local one; default commits every returned token.
+        """Merge an arriving request into the local one; default commits every returned token.
 
-        Invariant: `msg.loc <= len(req.token_ids)`; tokens past `msg.loc` that the local copy holds were
-        never committed (a dropped sample) and are replaced.
+        Called for every handover, the first visit included (then `req` was just built from `msg`, and the
+        default is a no-op), so a router sees each message's `extras`. Invariant: `msg.loc <=
+        len(req.token_ids)`; tokens past `msg.loc` that the local copy holds were never committed (a dropped
+        sample) and are replaced.
         """
         if msg.loc > len(req.token_ids):
             raise ValueError(f"{req.rid}: peer sent tokens from {msg.loc} but only {len(req.token_ids)} are known here")

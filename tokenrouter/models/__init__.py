@@ -1,5 +1,24 @@
-"""Model shapes shared by the engine, the cost model and the simulator (pure: no torch)."""
+"""Model shapes shared by the engine, the cost model and the simulator (pure: no torch), the bundled
+tokenizers and incremental detokenization for serving.
 
+`load_tokenizer` / `TextTokenizer` need the `tokenizers` library (extra `serve`) and are imported lazily, so
+`import tokenrouter.models` stays light for the simulator.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+from tokenrouter.models.detokenize import IncrementalDetokenizer
 from tokenrouter.models.spec import ModelSpec, bundled_model_names, load_spec
 
-__all__ = ["ModelSpec", "bundled_model_names", "load_spec"]
+_LAZY = {"load_tokenizer", "TextTokenizer", "bundled_tokenizer_names"}
+
+__all__ = ["IncrementalDetokenizer", "ModelSpec", "bundled_model_names", "load_spec", *sorted(_LAZY)]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(import_module("tokenrouter.models.tokenizer"), name)
+    raise AttributeError(f"module 'tokenrouter.models' has no attribute {name!r}")

@@ -1,0 +1,63 @@
+"""Warm-up calibration of a `random` learned router on its own model runner, before serving.
+
+The router's scores on warm-up steps fix its threshold (`LearnedRouter.observe` -> `ScoreGate.calibrate`):
+a short decode of seeded random prompts, sampled at temperature 1 so the states vary as real text does.
+The pages it takes are returned to the pool before it returns.
+"""
+
+from __future__ import annotations
+
+import random
+
+from tokenrouter.core.batch import Batch, BatchRow
+from tokenrouter.core.request import Request, SamplingParams
+from tokenrouter.engine.base import ModelRunner
+from tokenrouter.routers.learned.routers import LearnedRouter
+
+
+def calibrate_on_runner(
+    router: LearnedRouter,
+    runner: ModelRunner,
+    *,
+    num_prompts: int = 16,
+    prompt_len: int = 16,
+    max_steps: int = 256,
+    seed: int = 0,
+) -> float | None:
+    """Run warm-up steps on `runner` until the bound router is calibrated; return the threshold it set
+    (in score space), or None when the bound model's part needs no calibration."""
+    gate = router.gate
+    if not router.needs_calibration or gate is None:
+        return None
+    rng = random.Random(seed)
+    vocab = runner.spec.vocab_size
+    pool = runner.kv_pool
+    n = max(1, min(num_prompts, runner.max_batch_size))
+    reqs = [
+        Request(
+            f"_calibrate{i}",
+            [rng.randrange(vocab) for _ in range(prompt_len)],
+            prompt_len,
+            SamplingParams(temperature=1.0, seed=seed + i, max_tokens=max_steps),
+        )
+        for i in range(n)
+    ]
+    batch = Batch(router.model, 0, [BatchRow(r, 0, prompt_len) for r in reqs])
+    try:
+        for step in range(max_steps):
+            for row in batch.rows:
+                if not pool.grow(row.req.pages, row.context_len):
+                    raise RuntimeError("the KV pool is too small for the calibration warm-up; lower num_prompts")
+            out = runner.step(batch, return_hidden=gate.needs_hidden, return_logits=gate.needs_logits)
+            if router.observe(out.next_token_ids, out.hidden, out.logits):
+                return float(gate.threshold.item())
+            toks = out.next_token_ids.tolist() if hasattr(out.next_token_ids, "tolist") else list(out.next_token_ids)
+            for r, t in zip(reqs, toks, strict=True):
+                r.token_ids.append(int(t))
+            if reqs[0].num_tokens >= runner.max_context_len:
+                break
+            batch = Batch(batch.model, step + 1, [BatchRow(r, r.num_tokens - 1, 1) for r in reqs])
+    finally:
+        for r in reqs:
+            pool.release(r.pages)
+    raise RuntimeError(f"calibration saw fewer than {router.calibration_rows} rows in {max_steps} warm-up steps")
