@@ -14,9 +14,9 @@ from tokenrouter.core.request import Request
 from tokenrouter.engine.base import ModelRunner
 from tokenrouter.engine.config import EngineConfig
 from tokenrouter.engine.errors import BatchError
-from tokenrouter.engine.step_plan import plan_step
 from tokenrouter.engine.kv_cache import kv_bytes_per_page
 from tokenrouter.engine.runner import Engine
+from tokenrouter.engine.step_plan import plan_step
 
 cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

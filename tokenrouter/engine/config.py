@@ -111,8 +111,9 @@ class EngineConfig:
             raise ValueError(f"graph_max_row_tokens must be >= 1, got {self.graph_max_row_tokens}")
         sizing = [self.kv_cache_bytes, self.num_pages, self.memory_budget_bytes, self.gpu_memory_utilization]
         if sum(x is not None for x in sizing) > 1:
-            raise ValueError("set at most one of kv_cache_bytes, num_pages, memory_budget_bytes and "
-                             "gpu_memory_utilization")
+            raise ValueError(
+                "set at most one of kv_cache_bytes, num_pages, memory_budget_bytes and gpu_memory_utilization"
+            )
         if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.mps_active_thread_percentage is not None and not 1 <= self.mps_active_thread_percentage <= 100:

@@ -64,7 +64,7 @@ def _fmix32(x):
 def _key(x):
     """Order-preserving uint32 key of fp32 values (larger value, larger key)."""
     bits = x.to(tl.uint32, bitcast=True)
-    return tl.where((bits >> 31) != 0, ~bits, bits | 0x80000000)
+    return tl.where((bits >> 31) != 0, bits ^ 0xFFFFFFFF, bits | 0x80000000)
 
 
 @triton.jit
