@@ -75,6 +75,7 @@ class StepHandle:
         "gpu_end",
         "gpu_start",
         "graph_bucket",
+        "graph_rows",
         "launch_s",
         "num_tokens",
         "out_index",
@@ -101,6 +102,7 @@ class StepHandle:
         self.launch_s = 0.0
         self.num_tokens = 0
         self.graph_bucket: int | None = None
+        self.graph_rows: list[int] = []  # batch rows that ran in the graph part
         self.eager_tokens = 0
 
     def ready(self) -> bool:

@@ -375,6 +375,7 @@ class Engine(ModelRunner):
         handle.gpu_start, handle.gpu_end = start, end
         handle.num_tokens = plan.num_tokens
         handle.graph_bucket = plan.graph.bucket if plan.graph is not None else None
+        handle.graph_rows = plan.graph.rows if plan.graph is not None else []
         handle.eager_tokens = plan.eager.layout.num_tokens if plan.eager is not None else 0
         self._ring.bind(ring_i, handle)
         return handle
