@@ -206,3 +206,42 @@ def test_cuda_graphs_match_eager(ckpt):
         assert x.token == y.token
         assert float((x.logits - y.logits).abs().max()) < 1e-3 * float(x.logits.abs().max())
     check_against_hf(graphed, hf, tol=2e-3)  # cuBLAS may use TF32-free but reordered fp32 sums
+
+
+def test_memory_budget_sizes_the_kv_cache_and_close_frees(ckpt):
+    import weakref
+
+    from tokenrouter.engine.errors import EngineError
+    from tokenrouter.engine.memory import MemoryProfile, kv_bytes_for_budget
+
+    prof = MemoryProfile(weights=100 << 20, activation_peak=50 << 20, static=10 << 20)
+    assert kv_bytes_for_budget(1 << 30, prof) == (1 << 30) - (160 << 20) - int(0.02 * (1 << 30)) - (64 << 20)
+    _, path = ckpt
+    budget = 96 << 20
+    eng = tiny_engine(path, num_pages=None, memory_budget_bytes=budget)
+    rep = eng.memory_report()
+    per_page = kv_bytes_per_page(eng.spec, 4, torch.float32)
+    assert rep.budget == budget and rep.weights > 0
+    expect = kv_bytes_for_budget(budget, MemoryProfile(rep.weights, 0, eng._profile.static)) // per_page
+    assert eng.num_pages == expect and rep.kv_cache == expect * per_page
+    assert rep.weights + rep.kv_cache + rep.page_table < budget
+    with pytest.raises(EngineError, match="no room"):
+        tiny_engine(path, num_pages=None, memory_budget_bytes=1 << 20)
+    kv = weakref.ref(eng.kv_cache.kv)
+    eng.close()
+    assert kv() is None  # the engine held the last reference
+    req = _req("z", 2, KVPool(8, 4))
+    with pytest.raises(EngineError, match="closed"):
+        eng.step(Batch(0, 0, [BatchRow(req, 0, 2)]))
+
+
+def test_colocation_options():
+    cfg = EngineConfig("qwen3-0.6b", mps_active_thread_percentage=40)
+    assert cfg.mps_environment() == {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "40"}
+    assert EngineConfig("qwen3-0.6b").mps_environment() == {}
+    for bad in ({"mps_active_thread_percentage": 0}, {"green_context_sms": 0}, {"gpu_memory_utilization": 1.5},
+                {"num_pages": 10, "memory_budget_bytes": 1 << 30}):  # fmt: skip
+        with pytest.raises(ValueError):
+            EngineConfig("qwen3-0.6b", **bad)
+    rule = EngineConfig("qwen3-0.6b", graph_buckets=(1, 4), graph_max_row_tokens=2).graph_rule()
+    assert rule.buckets == (1, 4) and rule.max_row_tokens == 2 and rule.split([1, 3, 2, 2]) == ([0, 2], [1, 3])

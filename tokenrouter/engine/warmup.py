@@ -95,15 +95,15 @@ def profile_memory(engine: Engine) -> MemoryProfile:
 
     c = engine.config
     saved = engine._pool if hasattr(engine, "_pool") else None
-    engine._pool = KVPool(2, c.page_size)
+    t = c.max_num_batched_tokens
+    rows = max(1, min(c.max_batch_size, t))
+    q = max(1, t // rows)
+    engine._pool = KVPool(2 + -(-q // c.page_size), c.page_size)  # rows read the null slot; width covers q
     engine._setup_buffers(warm=False)
     mem = engine.mem
     engine._sync()
     before = mem.allocated()
     mem.reset_peak()
-    t = c.max_num_batched_tokens
-    rows = max(1, min(c.max_batch_size, t))
-    q = max(1, t // rows)
     with torch.no_grad(), engine._on_stream():
         packed, layout = padding_pass_inputs(rows, q, engine.device)
         engine.fwd.eager_pass(packed, layout, q)
