@@ -543,7 +543,7 @@ def run_plan(
                 if not eng.kv_pool.grow(req.pages, start + n):
                     raise RuntimeError(f"KV pool too small for the {what} scenario")
                 rows.append(BatchRow(req, start, n))
-            res = eng.step(Batch(0, i, rows), return_logits=True)
+            res = eng.step(Batch(0, i, rows), return_logits=True).result()
             toks = forced["tokens"][i] if forced is not None else res.next_token_ids.tolist()
             tokens.append(toks)
             for row, lg, t in zip(rows, res.logits, toks, strict=True):

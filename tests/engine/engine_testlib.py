@@ -136,13 +136,15 @@ class Scenario:
                 n = req.num_tokens - start if n is None else n
                 assert pool.grow(req.pages, start + n)
                 rows.append(BatchRow(req, start, n, sample, req.version))
-            res = self.engine.step(Batch(0, i, rows), return_logits=True, return_hidden=True)
+            handle = self.engine.step(Batch(0, i, rows), return_logits=True, return_hidden=True)
+            res = handle.result()
             toks = res.next_token_ids.tolist()
+            k = {row: j for j, row in enumerate(handle.sampled_rows)}  # logits/hidden: sampled rows only
             for j, row in enumerate(rows):
                 row.req.num_computed = row.start + row.num_tokens
                 if row.sample:
                     pos = row.start + row.num_tokens - 1
-                    self.records.append(Record(row.req.rid, pos, res.logits[j], res.hidden[j], toks[j]))
+                    self.records.append(Record(row.req.rid, pos, res.logits[k[j]], res.hidden[k[j]], toks[j]))
                     row.req.token_ids.append(toks[j])
             yield i
 

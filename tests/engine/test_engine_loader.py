@@ -104,7 +104,7 @@ def test_dummy_weights_are_finite_and_seeded(tmp_path, good_ckpt):
         eng = tiny_engine(good_ckpt, load_format="dummy", seed=seed)
         req = Request("r", list(range(1, 12)), 11)
         eng.kv_pool.grow(req.pages, 11)
-        res = eng.step(Batch(0, 0, [BatchRow(req, 0, 11)]), return_logits=True)
+        res = eng.step(Batch(0, 0, [BatchRow(req, 0, 11)]), return_logits=True).result()
         assert torch.isfinite(res.logits).all() and res.logits.std() > 0.1
         outs.append(res.logits)
     assert torch.equal(outs[0], outs[1]) and not torch.equal(outs[0], outs[2])

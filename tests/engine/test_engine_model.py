@@ -66,30 +66,35 @@ def test_from_prev_rows_take_the_previous_device_token(qwen3_ckpt):
             pool.grow(req.pages, req.num_tokens + 2)
         first = eng.step(Batch(0, 0, [BatchRow(r, 0, r.num_tokens) for r in reqs]))
         rows = [BatchRow(r, r.num_tokens, 1, True, from_prev=True) for r in reversed(reqs)]
-        second = eng.step(Batch(0, 1, rows), return_logits=True)
+        second = eng.step(Batch(0, 1, rows), return_logits=True).result()
         # Reference: the same step with the tokens committed on the host.
         eng_ref = tiny_engine(path)
         for r in reqs:
             r.pages.clear()
             eng_ref.kv_pool.grow(r.pages, r.num_tokens + 2)
-        tok = first.next_token_ids.tolist()
+        tok = first.result().next_token_ids.tolist()
         eng_ref.step(Batch(0, 0, [BatchRow(r, 0, r.num_tokens) for r in reqs]))
         for r, t in zip(reqs, tok, strict=True):
             r.token_ids.append(t)
         ref = eng_ref.step(Batch(0, 1, [BatchRow(r, r.num_tokens - 1, 1) for r in reversed(reqs)]), return_logits=True)
+        ref = ref.result()
         assert rel_err(second.logits, ref.logits) < 1e-5
         results.append(second.logits)
     assert rel_err(results[0], results[1]) < 1e-5
 
 
-def test_step_outputs_without_host_sync_are_tensors(qwen3_ckpt):
+def test_step_returns_a_handle_with_host_outputs(qwen3_ckpt):
     _, path = qwen3_ckpt
     eng = tiny_engine(path)
     req = Request("x", [1, 2, 3], 3)
     eng.kv_pool.grow(req.pages, 3)
-    res = eng.step(Batch(0, 0, [BatchRow(req, 0, 3)]))
+    handle = eng.step(Batch(0, 0, [BatchRow(req, 0, 3)]))
+    assert handle.ready()
+    res = handle.result()
+    assert res is handle.result()  # read out once
     assert isinstance(res.next_token_ids, torch.Tensor) and res.next_token_ids.dtype == torch.int64
-    assert res.logits is None and res.hidden is None
+    assert res.next_token_ids.device.type == "cpu"
+    assert res.logits is None and res.hidden is None and res.destinations is None
 
 
 @pytest.mark.parametrize("switches", ["baseline", "step_fusion", "default"])

@@ -14,9 +14,9 @@ from tokenrouter.core.request import Request
 from tokenrouter.engine.base import ModelRunner
 from tokenrouter.engine.config import EngineConfig
 from tokenrouter.engine.errors import BatchError
-from tokenrouter.engine.inputs import prepare_step
 from tokenrouter.engine.kv_cache import kv_bytes_per_page
 from tokenrouter.engine.runner import Engine
+from tokenrouter.engine.step_plan import plan_step
 
 cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -50,67 +50,122 @@ def test_kv_pool_from_byte_budget_and_shared_pool(ckpt):
         tiny_engine(path, num_pages=None)
 
 
-def test_prepare_step_pads_graph_buckets_into_the_null_page():
-    pool = KVPool(32, 4)
+def _plan(eng, batch):
+    return plan_step(batch, eng.plan_context(), lambda g, e: np.empty(g + e + 64, np.int32))
+
+
+def _fields(part):
+    return {k: part.packed[o : o + n] for k, (o, n) in part.layout.offsets().items()}
+
+
+def test_graph_part_pads_into_the_null_page_and_reads_pages_through_slots(ckpt):
+    _, path = ckpt
+    eng = tiny_engine(path, graph_emulation=True, graph_buckets=(1, 2, 4, 8))
+    pool = eng.kv_pool
     a, b = _req("a", 6, pool), _req("b", 3, pool, extra=2)
     b.token_ids += [50, 51]
-    batch = Batch(0, 0, [BatchRow(a, 5, 1), BatchRow(b, 3, 2)])  # a decode row and a 2-token extend row
-    host = prepare_step(batch, 4, 64, bucket=8, width=16)
-    f = {k: host.packed[o : o + n] for k, (o, n) in host.layout.offsets().items()}
-    assert host.layout.extend is False and host.layout.num_tokens == 8
-    assert f["input_ids"].tolist() == [6, 50, 51, 0, 0, 0, 0, 0]
-    assert f["positions"].tolist() == [5, 3, 4, 0, 0, 0, 0, 0]
+    plan = _plan(eng, Batch(0, 0, [BatchRow(a, 5, 1), BatchRow(b, 3, 2)]))  # a decode row and a 2-token extend
+    assert plan.eager is None and plan.graph.bucket == 4
+    f = _fields(plan.graph)
+    assert f["input_ids"].tolist() == [6, 50, 51, 0]
+    assert f["positions"].tolist() == [5, 3, 4, 0]
     slot = lambda req, p: req.pages[p // 4] * 4 + p % 4  # noqa: E731
-    assert f["slot_mapping"].tolist() == [slot(a, 5), slot(b, 3), slot(b, 4)] + [0] * 5
-    # One virtual decode row per token: seq_len = position + 1 over the request's pages.
-    assert f["seq_lens"].tolist() == [6, 4, 5, 1, 1, 1, 1, 1]
-    bt = f["block_tables"].reshape(8, 16)
-    assert bt[0, :2].tolist() == a.pages[:2] and bt[1, :2].tolist() == b.pages[:2] and (bt[1] == bt[2]).all()
-    assert not bt[3:].any() and not bt[0, 2:].any()
-    assert f["logits_indices"].tolist() == [0, 2, 0, 0, 0, 0, 0, 0]
-    assert host.sample_positions == [6, 5]
-
-    eager = prepare_step(batch, 4, 64)
-    e = {k: eager.packed[o : o + n] for k, (o, n) in eager.layout.offsets().items()}
-    assert eager.layout.extend and e["cu_seqlens_q"].tolist() == [0, 1, 3] and e["seq_lens"].tolist() == [6, 5]
-    assert eager.layout.width == 2 and eager.max_q_len == 2
+    assert f["slot_mapping"].tolist() == [slot(a, 5), slot(b, 3), slot(b, 4), 0]
+    assert f["seq_lens"].tolist() == [6, 4, 5, 1]  # one virtual decode row per token, padding reads 1 token
+    sa, sb = plan.table.slots
+    assert sa != sb and 0 not in (sa, sb)
+    assert f["row_slots"].tolist() == [sa, sb, sb, 0]  # page tables by slot: no per-token table
+    assert f["logits_indices"].tolist() == [0, 2, 0, 0] and f["out_slot"].tolist() == [sa, sb, 0, 0]
+    assert f["prev"].tolist() == [-1, -1, -1, -1]
+    w = eng.table.width
+    writes = dict(zip(f["upd_idx"].tolist(), f["upd_val"].tolist(), strict=True))
+    assert writes[sa * w] == a.pages[0] and writes[sa * w + 1] == a.pages[1] and writes[sb * w + 1] == b.pages[1]
+    assert plan.out_index.tolist() == [0, 1]
 
 
-def test_prepare_step_from_prev_and_errors():
-    pool = KVPool(16, 4)
-    a = _req("a", 3, pool, extra=1)
-    host = prepare_step(Batch(0, 1, [BatchRow(a, 3, 1, from_prev=True)]), 4, 64, prev_rows={id(a): 5})
-    assert host.prev_dst == [0] and host.prev_src == [5] and host.packed[0] == 0
-    with pytest.raises(BatchError, match="from_prev"):
-        prepare_step(Batch(0, 1, [BatchRow(a, 3, 1, from_prev=True)]), 4, 64)
-    with pytest.raises(BatchError, match="cannot hold"):
-        prepare_step(Batch(0, 1, [BatchRow(a, 3, 3)]), 4, 64)
-    with pytest.raises(BatchError, match="feeds 2 tokens but only 1 are known"):
-        prepare_step(Batch(0, 1, [BatchRow(a, 2, 2)]), 4, 64)
-    with pytest.raises(BatchError, match="max_context_len"):
-        prepare_step(Batch(0, 1, [BatchRow(a, 0, 3)]), 4, 2)
-    with pytest.raises(BatchError, match="empty"):
-        prepare_step(Batch(0, 1, []), 4, 64)
-    with pytest.raises(BatchError, match="bucket"):
-        prepare_step(Batch(0, 1, [BatchRow(a, 0, 3)]), 4, 64, bucket=2, width=16)
-    out = np.full(4096, -7, np.int32)
-    host = prepare_step(Batch(0, 1, [BatchRow(a, 0, 3)]), 4, 64, out=out)
-    assert np.shares_memory(host.packed, out)
-
-
-def test_graph_bucket_selection(ckpt):
+def test_mixed_batch_keeps_short_rows_in_the_graph(ckpt):
     _, path = ckpt
-    eng = tiny_engine(path, graph_emulation=True, graph_buckets=(4, 1, 16), graph_max_row_tokens=3)
-    assert eng.graphs.buckets == (1, 4, 16)
+    eng = tiny_engine(path, graph_emulation=True, graph_buckets=(1, 2, 4, 8))
     pool = eng.kv_pool
-    reqs = [_req(f"r{i}", 4, pool) for i in range(6)]
-    rows = lambda ns: Batch(0, 0, [BatchRow(r, 0, n) for r, n in zip(reqs, ns, strict=False)])  # noqa: E731
-    assert eng._graph_bucket(rows([1])) == 1
-    assert eng._graph_bucket(rows([1, 1])) == 4
-    assert eng._graph_bucket(rows([3, 3, 3, 3, 3])) == 16
-    assert eng._graph_bucket(rows([3, 3, 3, 3, 3, 3])) is None  # 18 tokens: beyond the largest bucket
-    assert eng._graph_bucket(rows([4])) is None  # a row longer than graph_max_row_tokens
-    assert tiny_engine(path)._graph_bucket(rows([1])) is None  # no graphs on CPU without emulation
+    d, p, c = _req("d", 5, pool), _req("p", 12, pool), _req("c", 20, pool)
+    rows = [BatchRow(d, 4, 1), BatchRow(p, 0, 12), BatchRow(c, 0, 9, sample=False)]
+    plan = _plan(eng, Batch(0, 0, rows))
+    assert plan.graph.rows == [0] and plan.eager.rows == [1, 2] and plan.graph.bucket == 1
+    f = _fields(plan.eager)
+    assert f["cu_seqlens_q"].tolist() == [0, 12, 21] and f["seq_lens"].tolist() == [12, 9]
+    assert f["logits_indices"].tolist() == [11]  # only the sampling row gets a logit row
+    assert plan.out_index.tolist() == [0, eng.eager_out_base, -1]
+    res = eng.step(Batch(0, 0, rows)).result()
+    assert res.next_token_ids[2] == -1 and res.next_token_ids[:2].min() >= 0
+    # Graphs off: everything eager, same tokens.
+    ref = tiny_engine(path)
+    for r in (d, p, c):
+        r.pages.clear()
+        ref.kv_pool.grow(r.pages, r.num_tokens)
+    assert ref.step(Batch(0, 0, rows)).result().next_token_ids.tolist() == res.next_token_ids.tolist()
+
+
+def test_page_tables_change_incrementally(ckpt):
+    """Rows keep their slots; a decode step writes a page only when the row crosses into a new page."""
+    _, path = ckpt
+    eng = tiny_engine(path, graph_emulation=True)
+    pool = eng.kv_pool
+    req = _req("a", 6, pool)
+    eng.step(Batch(0, 0, [BatchRow(req, 0, 6)])).result()
+    slot = eng.table.slot_of(req)
+    writes = []
+    for pos in range(6, 12):
+        req.token_ids.append(3)
+        pool.grow(req.pages, pos + 1)
+        plan = _plan(eng, Batch(0, pos, [BatchRow(req, pos, 1)]))
+        writes.append(plan.table.upd_val)
+        eng.step(Batch(0, pos, [BatchRow(req, pos, 1)])).result()
+        assert eng.table.slot_of(req) == slot
+    assert writes == [[], [], [req.pages[2]], [], [], []]  # position 8 opens page 2
+    assert eng.table.table[slot, :3].tolist() == req.pages[:3]
+
+
+def test_bad_inputs_name_the_row(ckpt):
+    _, path = ckpt
+    eng = tiny_engine(path)
+    pool = eng.kv_pool
+    a, b = _req("a", 3, pool, extra=1), _req("b", 3, pool)
+    with pytest.raises(BatchError, match="row 0 \\(request a\\): from_prev row, but step 0"):
+        eng.step(Batch(0, 1, [BatchRow(a, 3, 1, from_prev=True)]))
+    a.token_ids[1] = eng.spec.vocab_size
+    with pytest.raises(BatchError, match="row 1 \\(request a\\): token id 256 outside the vocabulary"):
+        eng.step(Batch(0, 1, [BatchRow(b, 0, 3), BatchRow(a, 0, 3)]))
+    a.token_ids[1] = 2
+    with pytest.raises(BatchError, match="row 0 \\(request a\\): 1 KV pages cannot hold 5 tokens"):
+        eng.step(Batch(0, 1, [BatchRow(a, 0, 5)]))
+    with pytest.raises(BatchError, match="beyond max_context_len"):
+        eng.step(Batch(0, 1, [BatchRow(a, 0, 200)]))
+    with pytest.raises(BatchError, match="empty"):
+        eng.step(Batch(0, 1, []))
+    with pytest.raises(BatchError, match="rows 0 and 1: request a appears twice"):
+        eng.step(Batch(0, 1, [BatchRow(a, 0, 3), BatchRow(a, 0, 3)]))
+    saved = list(a.pages)
+    for bad, match in (([0], "page id 0"), ([eng.num_pages], f"page id {eng.num_pages}"), ([b.pages[0]], "both hold")):
+        a.pages[:] = bad
+        with pytest.raises(BatchError, match=match) as err:
+            eng.step(Batch(0, 1, [BatchRow(b, 0, 3), BatchRow(a, 0, 3)]))
+        assert "row 1 (request a)" in str(err.value)
+    a.pages[:] = saved
+    # Nothing changed: the same batch now runs.
+    eng.step(Batch(0, 1, [BatchRow(b, 0, 3), BatchRow(a, 0, 3)])).result()
+
+
+def test_stale_rows_are_skipped_not_fatal(ckpt):
+    _, path = ckpt
+    eng = tiny_engine(path, graph_emulation=True)
+    pool = eng.kv_pool
+    a, b = _req("a", 3, pool), _req("b", 4, pool)
+    rows = [BatchRow(a, 0, 3, version=0), BatchRow(b, 0, 4, version=0)]
+    a.version += 1  # finished/aborted/hopped between schedule and step
+    pool.release(a.pages)
+    handle = eng.step(Batch(0, 0, rows))
+    res = handle.result()
+    assert handle.skipped_rows == [0] and res.next_token_ids[0] == -1 and res.next_token_ids[1] >= 0
 
 
 def test_batch_limits(ckpt):
@@ -151,3 +206,42 @@ def test_cuda_graphs_match_eager(ckpt):
         assert x.token == y.token
         assert float((x.logits - y.logits).abs().max()) < 1e-3 * float(x.logits.abs().max())
     check_against_hf(graphed, hf, tol=2e-3)  # cuBLAS may use TF32-free but reordered fp32 sums
+
+
+def test_memory_budget_sizes_the_kv_cache_and_close_frees(ckpt):
+    import weakref
+
+    from tokenrouter.engine.errors import EngineError
+    from tokenrouter.engine.memory import MemoryProfile, kv_bytes_for_budget
+
+    prof = MemoryProfile(weights=100 << 20, activation_peak=50 << 20, static=10 << 20)
+    assert kv_bytes_for_budget(1 << 30, prof) == (1 << 30) - (160 << 20) - int(0.02 * (1 << 30)) - (64 << 20)
+    _, path = ckpt
+    budget = 96 << 20
+    eng = tiny_engine(path, num_pages=None, memory_budget_bytes=budget)
+    rep = eng.memory_report()
+    per_page = kv_bytes_per_page(eng.spec, 4, torch.float32)
+    assert rep.budget == budget and rep.weights > 0
+    expect = kv_bytes_for_budget(budget, MemoryProfile(rep.weights, 0, eng._profile.static)) // per_page
+    assert eng.num_pages == expect and rep.kv_cache == expect * per_page
+    assert rep.weights + rep.kv_cache + rep.page_table < budget
+    with pytest.raises(EngineError, match="no room"):
+        tiny_engine(path, num_pages=None, memory_budget_bytes=1 << 20)
+    kv = weakref.ref(eng.kv_cache.kv)
+    eng.close()
+    assert kv() is None  # the engine held the last reference
+    req = _req("z", 2, KVPool(8, 4))
+    with pytest.raises(EngineError, match="closed"):
+        eng.step(Batch(0, 0, [BatchRow(req, 0, 2)]))
+
+
+def test_colocation_options():
+    cfg = EngineConfig("qwen3-0.6b", mps_active_thread_percentage=40)
+    assert cfg.mps_environment() == {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "40"}
+    assert EngineConfig("qwen3-0.6b").mps_environment() == {}
+    for bad in ({"mps_active_thread_percentage": 0}, {"green_context_sms": 0}, {"gpu_memory_utilization": 1.5},
+                {"num_pages": 10, "memory_budget_bytes": 1 << 30}):  # fmt: skip
+        with pytest.raises(ValueError):
+            EngineConfig("qwen3-0.6b", **bad)
+    rule = EngineConfig("qwen3-0.6b", graph_buckets=(1, 4), graph_max_row_tokens=2).graph_rule()
+    assert rule.buckets == (1, 4) and rule.max_row_tokens == 2 and rule.split([1, 3, 2, 2]) == ([0, 2], [1, 3])

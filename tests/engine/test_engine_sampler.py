@@ -107,7 +107,7 @@ def engine_path(tmp_path_factory):
 def _run_one(eng, params, prompt, pos_extra=0):
     req = Request("s", list(prompt), len(prompt), sampling=params)
     eng.kv_pool.grow(req.pages, len(prompt))
-    res = eng.step(Batch(0, 0, [BatchRow(req, 0, len(prompt))]), return_logits=True)
+    res = eng.step(Batch(0, 0, [BatchRow(req, 0, len(prompt))]), return_logits=True).result()
     eng.kv_pool.release(req.pages)
     return res
 

@@ -134,7 +134,7 @@ def _check_switches_match_hf_and_count_kernels(tops):
     """Triton elementwise ops + Triton attention (forced 3-way KV split) on the padded graph path: baseline
     and default switches match HF over the whole scenario (each switch alone is a subset of the default), and
     a decode step's graph body launches 10 kernels per layer in the baseline, 9 with the fused split merge,
-    with 10 (baseline) or 3 (step fusion) launches outside the layers."""
+    with 10 (baseline) or 4 (step fusion) launches outside the layers."""
     import tempfile
     from pathlib import Path
 
@@ -148,10 +148,12 @@ def _check_switches_match_hf_and_count_kernels(tops):
     variants = {
         "baseline": (BASELINE_SWITCHES, 10, 10),
         "fused_reduce": ({**BASELINE_SWITCHES, "decode_fused_reduce": True}, 9, 10),
-        "step_fusion": ({**BASELINE_SWITCHES, "fuse_step_ops": True}, 10, 3),
+        # outside the layers: the step prologue and the in-graph sampler, around norm + LM head (fused) or the
+        # baseline's embedding, add, gather, norm, LM head, two output copies and the slot cast
+        "step_fusion": ({**BASELINE_SWITCHES, "fuse_step_ops": True}, 10, 4),
         "pdl": ({**BASELINE_SWITCHES, "triton_pdl": True}, 10, 10),  # PDL is CUDA-only: a no-op here
         # 8 per layer once the Triton skinny GEMM (SwiGLU folded into the down projection) is on by default
-        "default": ({}, 8 if _default("triton_gemv") else 9, 3),
+        "default": ({}, 8 if _default("triton_gemv") else 9, 4),
     }
     with tempfile.TemporaryDirectory() as tmp:
         hf = make_hf_checkpoint(Path(tmp), seed=13)
@@ -176,6 +178,62 @@ def _check_switches_match_hf_and_count_kernels(tops):
             assert got == ([per_layer] * 2, step), f"{name}: {got} {lc.sections}"
             if eng._split_counters is not None:
                 assert eng._split_counters.eq(0).all()
+
+
+def _check_step_kernels(tops):
+    """In-graph sampling (greedy, temperature, top-k, top-p, both) and the step prologue (page-table writes,
+    from_prev tokens) against their torch definitions; vocab not a multiple of the block, ties included."""
+    from tokenrouter.engine import triton_step
+    from tokenrouter.engine.sampler import sample_rows
+
+    g = torch.Generator().manual_seed(3)
+    rows, vocab = 24, 3000
+    logits = (torch.randn(rows, vocab, generator=g) * 3).to(torch.bfloat16)  # bf16: many exact ties
+    logits[5, :] = 1.0  # a row of one value: every filter keeps everything
+    temp = torch.tensor([0.0, 0.7, 1.0, 1.5] * 6)
+    inv = torch.where(temp > 0, 1.0 / torch.where(temp > 0, temp, 1.0), 0.0).float()
+    top_k = torch.tensor([0, 0, 5, 50, 0, 1] * 4, dtype=torch.int32)
+    top_p = torch.tensor([1.0, 0.9, 1.0, 0.5, 0.3, 1.0, 0.99, 0.8] * 3)
+    seed = torch.randint(-(2**31), 2**31 - 1, (rows,), generator=g, dtype=torch.int32)
+    pos = torch.randint(0, 4000, (rows,), generator=g, dtype=torch.int32)
+    out_slot = torch.arange(rows, dtype=torch.int32) + 1
+    out = torch.full((rows,), -1, dtype=torch.int32)
+    slot_tok = torch.zeros(rows + 1, dtype=torch.int32)
+    triton_step.sample(logits, inv, top_p, top_k, seed, pos, out_slot, out, slot_tok)
+    ref = sample_rows(logits, inv, top_p, top_k, seed, pos)
+    assert out.tolist() == ref.tolist(), (out.tolist(), ref.tolist())
+    assert slot_tok[1:].tolist() == ref.tolist()
+    table = torch.zeros(4, 8, dtype=torch.int32)
+    ids = torch.tensor([7, 0, 9, 0], dtype=torch.int32)
+    prev = torch.tensor([-1, 3, -1, 1], dtype=torch.int32)
+    toks = torch.tensor([0, 11, 0, 33], dtype=torch.int32)
+    triton_step.step_prologue(table, torch.tensor([9, 30], dtype=torch.int32), torch.tensor([5, 6], dtype=torch.int32),
+                              ids, prev, toks)  # fmt: skip
+    assert ids.tolist() == [7, 33, 9, 11] and table.view(-1)[[9, 30]].tolist() == [5, 6]
+    assert int(table.sum()) == 11
+
+
+def _check_attention_row_slots(tops):
+    """Attention rows read their page tables through row slots: same result as gathering the rows first."""
+    from tokenrouter.engine.attention import decode_attention, extend_attention
+
+    g = torch.Generator().manual_seed(4)
+    k_cache = torch.randn(20, 4, 2, 16, generator=g)
+    v_cache = torch.randn(20, 4, 2, 16, generator=g)
+    table = torch.randint(1, 20, (6, 5), generator=g, dtype=torch.int32)
+    slots = torch.tensor([4, 1, 4], dtype=torch.int32)
+    seq = torch.tensor([17, 9, 3], dtype=torch.int32)
+    q = torch.randn(3, 4, 16, generator=g)
+    dense = table[slots.long()]
+    for backend in ("triton", "torch"):
+        a = decode_attention(q, k_cache, v_cache, table, seq, 0.25, backend=backend, row_slots=slots, num_splits=2)
+        b = decode_attention(q, k_cache, v_cache, dense, seq, 0.25, backend="torch")
+        _close(a, b, 1e-5)
+        qe = torch.randn(6, 4, 16, generator=g)
+        cu = torch.tensor([0, 3, 4, 6], dtype=torch.int32)
+        a = extend_attention(qe, k_cache, v_cache, table, cu, seq, 0.25, backend=backend, row_slots=slots, max_q_len=3)
+        b = extend_attention(qe, k_cache, v_cache, dense, cu, seq, 0.25, backend="torch")
+        _close(a, b, 1e-5)
 
 
 def _default(switch: str):
@@ -206,6 +264,8 @@ def _interpret() -> int:
         for hd, norm in ((16, True), (12, True), (16, False))
     ]
     checks += [(_check_silu_and_mul, (d,)) for d in (torch.float32, torch.bfloat16)]
+    checks.append((_check_step_kernels, ()))
+    checks.append((_check_attention_row_slots, ()))
     checks.append((_check_model_matches_hf, ()))
     checks.append((_check_switches_match_hf_and_count_kernels, ()))
     failed = 0

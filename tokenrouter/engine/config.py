@@ -11,12 +11,11 @@ from typing import Any
 
 import torch
 
+from tokenrouter.core.graph_rule import DEFAULT_GRAPH_BUCKETS, DEFAULT_GRAPH_MAX_ROW_TOKENS, GraphRule
 from tokenrouter.engine.errors import ModelLoadError
 from tokenrouter.models.spec import ModelSpec
 
-# Token buckets for CUDA graphs. A decode row counts one token, a small extend row (a peer return) counts its
-# tokens; a batch runs in the smallest bucket that holds all its tokens.
-DEFAULT_GRAPH_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256)
+__all__ = ["BASELINE_SWITCHES", "DEFAULT_GRAPH_BUCKETS", "ArchConfig", "EngineConfig", "arch_config"]
 
 _DTYPES = {
     "bfloat16": torch.bfloat16,
@@ -34,8 +33,10 @@ _DTYPES = {
 class EngineConfig:
     """Settings of one engine.
 
-    KV sizing: exactly one of `kv_cache_bytes` (an explicit byte budget, as a shared GPU hands out) and
-    `num_pages`, unless a `KVPool` is passed to the engine, which then fixes the page count and size.
+    KV sizing: exactly one of `kv_cache_bytes` (an explicit KV byte budget), `num_pages`, `memory_budget_bytes`
+    (everything this engine may use on its device: weights, KV, graph buffers, activation peak, sampler
+    temporaries; the KV gets what the measured rest leaves) and `gpu_memory_utilization` (the same budget as a
+    fraction of the device's memory), unless a `KVPool` is passed to the engine, which then fixes the pages.
     `max_context_len` fixes the block-table width (pages per row) that graphs are captured with; it defaults
     to the smaller of the model's `max_position_embeddings` and what the pool can hold.
     """
@@ -54,9 +55,11 @@ class EngineConfig:
     decode_num_splits: int | None = None  # split-KV factor for decode attention; None lets the kernel choose
     # RMSNorm / q-k-norm+RoPE+KV-store / SwiGLU: "auto" = Triton kernels on CUDA, torch ops on CPU.
     ops_backend: str = "auto"
-    cuda_graphs: bool = True  # capture decode/small-extend graphs (CUDA only)
-    graph_buckets: tuple[int, ...] = DEFAULT_GRAPH_BUCKETS  # token buckets; the largest bounds graph batches
-    graph_max_row_tokens: int = 8  # extend rows up to this many tokens still run in a graph
+    # CUDA graphs for the graph part of every step (GraphRule: rows of <= graph_max_row_tokens tokens, up to the
+    # largest bucket); a failed capture is an error (set cuda_graphs=False to run eagerly).
+    cuda_graphs: bool = True
+    graph_buckets: tuple[int, ...] = DEFAULT_GRAPH_BUCKETS  # token buckets; the largest bounds a graph part
+    graph_max_row_tokens: int = DEFAULT_GRAPH_MAX_ROW_TOKENS
     # Run the padded static-buffer (graph) path eagerly when graphs cannot be captured, e.g. on CPU: tests use
     # it to check bucket padding and buffer preparation without a GPU.
     graph_emulation: bool = False
@@ -76,6 +79,22 @@ class EngineConfig:
     # 32B 18.19 -> 16.93, and b=4/8 likewise.
     triton_gemv: bool = True
     gemv_max_rows: int = 8  # 1..16
+    # Memory sizing from measurement (see the class doc) and the eager pass's largest token count, which the
+    # start-up profile runs to measure the activation peak.
+    memory_budget_bytes: int | None = None
+    gpu_memory_utilization: float | None = None
+    max_num_batched_tokens: int = 8192
+    # Device page tables: one slot per request the engine holds (running, parked or queued with KV); more
+    # requests than slots evict the least recently used slot (rewritten when its request returns).
+    page_table_slots: int | None = None  # default 4 * max_batch_size + 1
+    warmup: bool = True  # compile every kernel variant serving can hit at start-up
+    # Co-location: CUDA stream priority of the engine's stream (torch: 0 default, lower = higher priority, the
+    # H200 reports 0 .. -3); a green context of this many SMs for the engine's stream (torch >= 2.11, Hopper);
+    # the MPS active-thread percentage the launcher must put in the process environment before CUDA starts
+    # (`mps_environment()`; the engine checks it and warns when it is not in effect).
+    stream_priority: int = 0
+    green_context_sms: int | None = None
+    mps_active_thread_percentage: int | None = None
 
     def __post_init__(self) -> None:
         if self.load_format not in ("auto", "safetensors", "dummy"):
@@ -90,11 +109,35 @@ class EngineConfig:
             raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
         if self.graph_max_row_tokens < 1:
             raise ValueError(f"graph_max_row_tokens must be >= 1, got {self.graph_max_row_tokens}")
+        sizing = [self.kv_cache_bytes, self.num_pages, self.memory_budget_bytes, self.gpu_memory_utilization]
+        if sum(x is not None for x in sizing) > 1:
+            raise ValueError(
+                "set at most one of kv_cache_bytes, num_pages, memory_budget_bytes and gpu_memory_utilization"
+            )
+        if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.mps_active_thread_percentage is not None and not 1 <= self.mps_active_thread_percentage <= 100:
+            raise ValueError(f"mps_active_thread_percentage must be in 1..100, got {self.mps_active_thread_percentage}")
+        if self.green_context_sms is not None and self.green_context_sms < 1:
+            raise ValueError(f"green_context_sms must be >= 1, got {self.green_context_sms}")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
         if not 1 <= self.gemv_max_rows <= 16:
             raise ValueError(f"gemv_max_rows must be in 1..16, got {self.gemv_max_rows}")
         self.graph_buckets = tuple(sorted({int(b) for b in self.graph_buckets}))
         if self.graph_buckets and self.graph_buckets[0] < 1:
             raise ValueError(f"graph buckets must be >= 1, got {self.graph_buckets}")
+
+    def graph_rule(self, enabled: bool = True) -> GraphRule:
+        """The rule the engine splits steps by (and the scheduler forms batches for)."""
+        return GraphRule(enabled=enabled and bool(self.graph_buckets), buckets=self.graph_buckets or (1,),
+                         max_row_tokens=self.graph_max_row_tokens)  # fmt: skip
+
+    def mps_environment(self) -> dict[str, str]:
+        """Environment variables the launcher sets for this engine's process before CUDA starts."""
+        if self.mps_active_thread_percentage is None:
+            return {}
+        return {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(self.mps_active_thread_percentage)}
 
     def torch_device(self) -> torch.device:
         dev = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if self.device == "auto" else self.device)

@@ -10,3 +10,12 @@ class ModelLoadError(ValueError):
 
 class BatchError(ValueError):
     """A batch the engine cannot run as given (empty, too many rows, pages that do not cover the context)."""
+
+
+class EngineError(RuntimeError):
+    """The engine cannot be built or used as configured (graph capture failed, memory budget too small, closed)."""
+
+
+class StepFailed(RuntimeError):
+    """A step's launch failed after validation (e.g. out of memory). The batch produced nothing usable; the
+    engine stays usable, and a later from_prev row that refers to this step is an error."""

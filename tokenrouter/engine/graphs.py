@@ -1,10 +1,11 @@
 """CUDA-graph runner: static buffers and one captured graph per token bucket.
 
-A graph batch is a batch of decode rows and small extend rows (peer returns) with at most `max(buckets)`
-tokens; it runs in the smallest bucket that holds its tokens, padded as `inputs.prepare_step` describes
-(padding reads and writes only the null page 0). Per step the host does one H2D copy of the packed inputs
-into the static buffer and one replay; outputs land in static buffers that the engine copies out before
-the next replay can overwrite them.
+The graph part of a step (decode rows and short extend rows, as `GraphRule.split` picks them) runs in the
+smallest bucket that holds its tokens, padded as `inputs` describes (padding reads and writes only the null
+page 0 and the null page-table slot 0). Per step the host does one H2D copy of the packed inputs into the
+static buffer and one replay; the replay covers the page-table writes and from_prev tokens (prologue), the
+forward, sampling and the router's device part. Outputs land in static buffers (hidden, logits) and in the
+engine's output buffer, which the engine copies out on its stream before the next replay can overwrite them.
 
 Everything is per instance: the graph memory pool, the capture stream (the engine's) and the buffers, so
 two engines in one process never share graph state. With `capture=False` the same padded path runs
@@ -19,14 +20,13 @@ from dataclasses import dataclass
 
 import torch
 
-from tokenrouter.engine.inputs import Layout
+from tokenrouter.engine.inputs import Layout, graph_layout
 
 
 @dataclass(slots=True)
 class GraphOutputs:
     hidden: torch.Tensor  # [max_bucket, hidden] final-norm hidden of each logit row
     logits: torch.Tensor  # [max_bucket, vocab] model dtype
-    greedy: torch.Tensor  # [max_bucket] int64 argmax of logits
 
 
 # forward(packed_int32_device, layout, outputs) runs the model and writes its results into `outputs`
@@ -38,7 +38,6 @@ class GraphRunner:
         self,
         forward: ForwardFn,
         buckets: tuple[int, ...],
-        width: int,
         *,
         hidden_size: int,
         vocab_size: int,
@@ -51,17 +50,15 @@ class GraphRunner:
             raise ValueError("graph runner needs at least one bucket")
         self.forward = forward
         self.buckets = tuple(sorted(buckets))
-        self.width = width
         self.device = device
         self.stream = stream
         self.capture_enabled = capture
-        self.layouts = {b: Layout(b, b, b, width, extend=False) for b in self.buckets}
+        self.layouts = {b: graph_layout(b) for b in self.buckets}
         top = self.buckets[-1]
         self.packed = torch.zeros(self.layouts[top].size, dtype=torch.int32, device=device)
         self.out = GraphOutputs(
             hidden=torch.zeros(top, hidden_size, device=device, dtype=dtype),
             logits=torch.zeros(top, vocab_size, device=device, dtype=dtype),
-            greedy=torch.zeros(top, dtype=torch.int64, device=device),
         )
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.pool = None
@@ -74,16 +71,18 @@ class GraphRunner:
         i = bisect.bisect_left(self.buckets, num_tokens)
         return self.buckets[i] if i < len(self.buckets) else None
 
-    def input_ids(self, bucket: int) -> torch.Tensor:
-        """The static input-id slice of `bucket` (the engine patches from_prev tokens into it)."""
-        off, n = self.layouts[bucket].offsets()["input_ids"]
-        return self.packed[off : off + n]
+    @property
+    def nbytes(self) -> int:
+        """Static buffers (the graph pool's memory is counted by the engine's measurement)."""
+        return sum(t.numel() * t.element_size() for t in (self.packed, self.out.hidden, self.out.logits))
 
     def _fill_padding(self, bucket: int) -> None:
-        """Make the static inputs an all-padding batch: every token in the null page, seq_len 1."""
+        """Make the static inputs an all-padding batch (see `inputs`)."""
+        layout = self.layouts[bucket]
         self.packed.zero_()
-        off, n = self.layouts[bucket].offsets()["seq_lens"]
-        self.packed[off : off + n] = 1
+        for name, value in (("seq_lens", 1), ("prev", -1)):
+            off, n = layout.offsets()[name]
+            self.packed[off : off + n] = value
 
     def _run_eager(self, bucket: int) -> None:
         layout = self.layouts[bucket]
@@ -109,6 +108,12 @@ class GraphRunner:
             self._fill_padding(self.buckets[0])
         self.stream.synchronize()
 
+    def run_padding(self) -> None:
+        """Emulation/warmup: run every bucket once on all-padding inputs (compiles what the bodies launch)."""
+        for bucket in reversed(self.buckets):
+            self._fill_padding(bucket)
+            self._run_eager(bucket)
+
     def load(self, packed_host: torch.Tensor, bucket: int) -> None:
         """Upload one prepared step (int32, bucket layout) into the static buffer (async from pinned memory)."""
         n = self.layouts[bucket].size
@@ -124,3 +129,5 @@ class GraphRunner:
     def close(self) -> None:
         self.graphs.clear()
         self.pool = None
+        self.packed = torch.empty(0)
+        self.out = GraphOutputs(torch.empty(0), torch.empty(0))

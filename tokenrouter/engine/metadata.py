@@ -20,7 +20,7 @@ import torch
 @dataclass(slots=True)
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [T] int32/int64: page * page_size + offset for every fed token (0 for padding)
-    block_tables: torch.Tensor  # [R, W] int32 page table per attention row (unused tail: page 0)
+    block_tables: torch.Tensor  # [R or slots, W] int32 page tables (see row_slots; unused tail: any page)
     seq_lens: torch.Tensor  # [R] int32 KV length per attention row, including this step's tokens
     cu_seqlens_q: torch.Tensor | None = None  # [R+1] int32 (extend layout) or None (decode layout)
     max_q_len: int = 1
@@ -29,6 +29,9 @@ class AttentionMetadata:
     # Triton decode: zeroed per-engine arrival counters ([rows * Hkv] int32) turn on the fused split merge.
     split_counters: torch.Tensor | None = None
     pdl: bool = False  # Triton attention launches with programmatic dependent launch
+    # [R] int32: attention row r reads page-table row `row_slots[r]` of `block_tables` (the engine's persistent
+    # per-request slots); None: row r reads row r.
+    row_slots: torch.Tensor | None = None
 
     @property
     def is_decode(self) -> bool:

@@ -86,11 +86,12 @@ class DecoderAttention(nn.Module):
             o = attention.decode_attention(
                 q, k_cache, v_cache, meta.block_tables, meta.seq_lens, self.scale,
                 num_splits=meta.num_splits, backend=meta.backend, counters=meta.split_counters, pdl=meta.pdl,
+                row_slots=meta.row_slots,
             )  # fmt: skip
         else:
             o = attention.extend_attention(
                 q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.seq_lens, self.scale,
-                max_q_len=meta.max_q_len, backend=meta.backend, pdl=meta.pdl,
+                max_q_len=meta.max_q_len, backend=meta.backend, pdl=meta.pdl, row_slots=meta.row_slots,
             )  # fmt: skip
         return self.o_proj(o.reshape(t, self.q_size))
 

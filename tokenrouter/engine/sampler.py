@@ -1,13 +1,20 @@
-"""Vectorized sampling: greedy, temperature, top-k, top-p, seeded per request.
+"""Sampling: greedy, temperature, top-k, top-p, seeded per request; the torch reference of the in-graph kernel.
 
-Sampling is Gumbel-max: token = argmax(logits / T + g) over the allowed tokens, with g = -log(-log u) and u
-from a counter-based hash of (seed, position, token id). So a draw depends only on the request's seed, the
-position being sampled and the logits: it is reproducible across batch compositions, engines and graph
-replays, needs no generator state on the device, and contains no host sync (it could live inside a graph).
-Requests without a seed get one from the engine's own host RNG when the batch is prepared.
+Sampling is Gumbel-max: token = argmax(x + g) over the allowed tokens, with x = logits * (1 / temperature)
+(one fp32 multiply; the reciprocal is formed once per row on the host) and g = -log(-log u), u from a
+counter-based hash of (seed, position, token id). A draw depends only on the request's seed, the position
+being sampled and the logits: reproducible across batch compositions, engines and graph replays, with no
+generator state on the device and no host sync (the engine runs it inside the CUDA graph:
+`triton_step.sample_kernel`). Requests without a seed get one from the engine's host RNG per step.
+
+Filters are thresholds on x, so no sort is needed: the allowed tokens are those with x >= max(t_k, t_p), where
+t_k is the k-th largest x and t_p the largest value v whose tokens at or above it hold mass >= top_p
+(mass = exp(x - max x), normalized). Tokens tied with the threshold are all allowed. The kernel finds both by
+a radix select over the order-preserving 32-bit keys of x (8 passes of 4 bits); this module computes the same
+definition with a sort (CPU path and tests). Greedy rows (temperature 0) take the argmax of the raw logits.
 
 The hash uses only int64 ops whose intermediates stay below 2^63 (32-bit multiplies are split into 16-bit
-halves), so CPU and CUDA give bit-identical noise.
+halves), so CPU and CUDA give bit-identical noise, equal to the kernel's uint32 arithmetic.
 """
 
 from __future__ import annotations
@@ -54,15 +61,15 @@ def gumbel_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) 
 
 @dataclass(slots=True)
 class SamplingInputs:
-    """Per-row sampling parameters of one step, as device tensors (built from host values, no sync)."""
+    """Per-row sampling parameters of one step, as tensors (tests and the torch path)."""
 
-    temperature: torch.Tensor  # [R] float32, 0 = greedy
+    inv_temp: torch.Tensor  # [R] float32, 0 = greedy
     top_p: torch.Tensor  # [R] float32
-    top_k: torch.Tensor  # [R] int64, vocab_size when off
+    top_k: torch.Tensor  # [R] int64, <= 0 or >= vocab: off
     seeds: torch.Tensor  # [R] int64 in [0, 2^32)
     positions: torch.Tensor  # [R] int64: position of the token being sampled
     all_greedy: bool
-    needs_filter: bool  # some row uses top-k or top-p
+    needs_filter: bool  # some sampled row uses top-k or top-p
 
     @classmethod
     def build(
@@ -76,47 +83,64 @@ class SamplingInputs:
         """`fallback_seeds[i]` is used when row i's request has no seed (drawn from the engine's RNG)."""
         n = len(params)
         temp = np.fromiter((p.temperature for p in params), np.float32, n)
+        inv = np.where(temp > 0, np.float32(1.0) / np.where(temp > 0, temp, np.float32(1.0)), np.float32(0.0))
         top_p = np.fromiter((p.top_p for p in params), np.float32, n)
-        top_k = np.fromiter((vocab_size if p.top_k < 0 else min(p.top_k, vocab_size) for p in params), np.int64, n)
+        top_k = np.fromiter((p.top_k if 0 < p.top_k < vocab_size else 0 for p in params), np.int64, n)
         seeds = np.fromiter(
             (seed32(p.seed) if p.seed is not None else f for p, f in zip(params, fallback_seeds, strict=True)),
             np.int64,
             n,
         )
         sampled = temp > 0
-        needs_filter = bool(np.any(sampled & ((top_p < 1.0) | (top_k < vocab_size))))
-        ints = torch.from_numpy(np.stack([top_k, seeds, np.asarray(positions, np.int64)]))
-        floats = torch.from_numpy(np.stack([temp, top_p]))
-        non_blocking = device.type == "cuda"
-        if non_blocking:
-            ints, floats = ints.pin_memory(), floats.pin_memory()
-        ints = ints.to(device, non_blocking=non_blocking)
-        floats = floats.to(device, non_blocking=non_blocking)
-        return cls(floats[0], floats[1], ints[0], ints[1], ints[2], not bool(sampled.any()), needs_filter)
+        needs_filter = bool(np.any(sampled & ((top_p < 1.0) | (top_k > 0))))
+
+        def t(a: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(np.ascontiguousarray(a)).to(device)
+
+        return cls(t(inv.astype(np.float32)), t(top_p), t(top_k), t(seeds), t(np.asarray(positions, np.int64)),
+                   not bool(sampled.any()), needs_filter)  # fmt: skip
 
 
 def sample(logits: torch.Tensor, s: SamplingInputs) -> torch.Tensor:
-    """Next token per row [R] int64 from logits [R, V]; greedy rows take the argmax of the raw logits."""
-    greedy_tok = logits.argmax(dim=-1)
+    """Next token per row [R] int64 from logits [R, V] (see the module doc for the definition)."""
     if s.all_greedy:
-        return greedy_tok
-    logits = logits.float()
-    temp = torch.where(s.temperature > 0, s.temperature, torch.ones_like(s.temperature))
-    x = logits / temp[:, None]
-    if s.needs_filter:
-        x = _apply_top_k_top_p(x, s.top_k, s.top_p)
-    tok = (x + gumbel_noise(s.seeds, s.positions, x.shape[-1])).argmax(dim=-1)
-    return torch.where(s.temperature > 0, tok, greedy_tok)
+        return logits.argmax(dim=-1)
+    return sample_rows(logits, s.inv_temp, s.top_p, s.top_k, s.seeds, s.positions).long()
 
 
-def _apply_top_k_top_p(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Mask (to -inf) tokens outside each row's top-k and outside the smallest set with mass >= top_p."""
-    sorted_x, order = x.sort(dim=-1, descending=True)
-    ranks = torch.arange(x.shape[-1], device=x.device)
-    remove = ranks[None, :] >= top_k[:, None]
-    probs = sorted_x.softmax(dim=-1)
-    mass_before = probs.cumsum(dim=-1) - probs  # mass of strictly higher-ranked tokens
-    # Rank 0 is never removed (mass_before = 0 < top_p); rows with top_p == 1 skip the test (rounding).
-    remove |= (mass_before >= top_p[:, None]) & (top_p[:, None] < 1.0)
-    sorted_x = sorted_x.masked_fill(remove, float("-inf"))
-    return torch.empty_like(x).scatter_(-1, order, sorted_x)
+def sample_rows(
+    logits: torch.Tensor,
+    inv_temp: torch.Tensor,
+    top_p: torch.Tensor,
+    top_k: torch.Tensor,
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+) -> torch.Tensor:
+    """The reference: int32 [R] tokens. Seeds may be given as int32 bit patterns (negative values)."""
+    vocab = logits.shape[-1]
+    greedy = logits.argmax(dim=-1)
+    x = logits.float() * inv_temp.float()[:, None]
+    thr = filter_thresholds(x, top_k.long(), top_p.float())
+    noise = gumbel_noise(seeds.long() & _M32, positions.long(), vocab)
+    score = torch.where(x >= thr[:, None], x + noise, torch.full_like(x, float("-inf")))
+    tok = score.argmax(dim=-1)
+    return torch.where(inv_temp > 0, tok, greedy).to(torch.int32)
+
+
+def filter_thresholds(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Per row the smallest allowed x: max(t_k, t_p), -inf where neither filter applies."""
+    rows, vocab = x.shape
+    sorted_x = x.sort(dim=-1, descending=True).values
+    neg_inf = torch.full((rows,), float("-inf"), device=x.device)
+    use_k = (top_k > 0) & (top_k < vocab)
+    t_k = torch.where(use_k, sorted_x.gather(1, (top_k.clamp(1, vocab) - 1)[:, None])[:, 0], neg_inf)
+    e = torch.exp(sorted_x - sorted_x[:, :1])
+    total = e.sum(dim=-1)
+    # mass of the tokens at or above sorted_x[j] (ties included): the cumsum at the last equal value
+    last = torch.searchsorted(-sorted_x.contiguous(), -sorted_x.contiguous(), right=True) - 1
+    mass_ge = e.cumsum(dim=-1).gather(1, last)
+    ok = mass_ge >= (top_p * total)[:, None]
+    first = ok.int().argmax(dim=-1)
+    use_p = (top_p < 1.0) & ok.any(dim=-1)
+    t_p = torch.where(use_p, sorted_x.gather(1, first[:, None])[:, 0], neg_inf)
+    return torch.maximum(t_k, t_p)

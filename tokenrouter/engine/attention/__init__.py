@@ -61,20 +61,24 @@ def decode_attention(
     backend: Backend = "auto",
     counters: torch.Tensor | None = None,
     pdl: bool = False,
+    row_slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One new query per row. q `[B, Hq, D]`, block_tables `[B, max_pages]` int32, seq_lens `[B]` int32 = KV
     length including the token being decoded (its KV already stored). Returns `[B, Hq, D]` (into `out` if
     given). Hq must be a multiple of Hkv (query head h reads KV head h // (Hq // Hkv)). `num_splits` only
     affects the Triton backend; None picks one from (B, Hkv, max_pages). Triton only: `counters` (zeroed int32,
     >= B * Hkv entries) merges the KV splits inside the attention kernel instead of a second launch; `pdl`
-    launches with programmatic dependent launch."""
+    launches with programmatic dependent launch. `row_slots` ([B] int32): row b reads the page table
+    `block_tables[row_slots[b]]` (the engine's persistent per-request table slots) instead of row b."""
     if resolve_backend(backend, q.device) == "torch":
-        return decode_attention_torch(q, k_cache, v_cache, block_tables, seq_lens, scale, out=out)
+        bt = block_tables if row_slots is None else block_tables.index_select(0, row_slots.long())
+        return decode_attention_torch(q, k_cache, v_cache, bt, seq_lens, scale, out=out)
     from tokenrouter.engine.attention.triton_decode import decode_attention_triton
 
     return decode_attention_triton(
-        q, k_cache, v_cache, block_tables, seq_lens, scale, out=out, num_splits=num_splits, counters=counters, pdl=pdl
-    )
+        q, k_cache, v_cache, block_tables, seq_lens, scale, out=out, num_splits=num_splits, counters=counters,
+        pdl=pdl, row_slots=row_slots,
+    )  # fmt: skip
 
 
 def extend_attention(
@@ -91,6 +95,7 @@ def extend_attention(
     num_splits: int | None = None,
     backend: Backend = "auto",
     pdl: bool = False,
+    row_slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention for packed new tokens of B rows (prefill, extend after a prefix, or a mix).
 
@@ -98,13 +103,14 @@ def extend_attention(
     the row's total KV length (prefix + new, new KV already stored). Query i of row b sits at position
     `seq_lens[b] - q_len_b + i` and attends to keys 0..that position. Pass `max_q_len` (an upper bound on
     q_len_b) to avoid a host sync, as CUDA-graph capture requires. Output rows not covered by
-    `cu_seqlens_q` are unspecified.
+    `cu_seqlens_q` are unspecified. `row_slots`: as in `decode_attention`.
     """
     if resolve_backend(backend, q.device) == "torch":
-        return extend_attention_torch(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, out=out)
+        bt = block_tables if row_slots is None else block_tables.index_select(0, row_slots.long())
+        return extend_attention_torch(q, k_cache, v_cache, bt, cu_seqlens_q, seq_lens, scale, out=out)
     from tokenrouter.engine.attention.triton_extend import extend_attention_triton
 
     return extend_attention_triton(
         q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale,
-        max_q_len=max_q_len, out=out, num_splits=num_splits, pdl=pdl,
+        max_q_len=max_q_len, out=out, num_splits=num_splits, pdl=pdl, row_slots=row_slots,
     )  # fmt: skip

@@ -78,6 +78,7 @@ def fwd_constexprs(
     fused_reduce: bool = False,
     merge_chunk: int = 1,
     use_pdl: bool = False,
+    has_slots: bool = False,
 ) -> dict[str, int | bool | str]:
     """Compile-time parameters of `paged_attention_fwd_kernel`, shared by launches and `aot_check`."""
     return {
@@ -97,6 +98,7 @@ def fwd_constexprs(
         "GROUP_P2": triton.next_power_of_2(group),
         "MERGE_CHUNK": merge_chunk,
         "USE_PDL": use_pdl,
+        "HAS_SLOTS": has_slots,
     }
 
 
@@ -150,13 +152,15 @@ def launch_paged_attention(
     config: KernelConfig,
     counters: torch.Tensor | None = None,
     pdl: bool = False,
+    row_slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Launch the forward kernel (and the reduce when `num_splits > 1`). `cu_seqlens_q is None` = decode.
 
     `counters` (decode only, see `tokenrouter.engine.attention.split_counters`): with `num_splits > 1` the
     forward kernel merges the splits itself and no reduce kernel is launched; ignored for extend or when it
     has fewer than rows x Hkv entries.
-    `pdl`: programmatic dependent launch (CUDA, sm_90+)."""
+    `pdl`: programmatic dependent launch (CUDA, sm_90+). `row_slots` ([num_rows] int32): row r reads the page
+    table `block_tables[row_slots[r]]`."""
     _check_inputs(q, k_cache, v_cache, block_tables)
     if out.shape != q.shape or out.stride(2) != 1:
         raise ValueError(f"out must be {tuple(q.shape)} with a contiguous last dim")
@@ -186,13 +190,14 @@ def launch_paged_attention(
         group=group, group_pad=group_pad, block_q=block_q, block_n=config.block_n,
         head_dim=head_dim, page_size=k_cache.shape[1], is_decode=is_decode, single_split=single, dtype=q.dtype,
         fused_reduce=fused, merge_chunk=merge_chunk(num_splits, group, head_dim, config) if fused else 1,
-        use_pdl=pdl,
+        use_pdl=pdl, has_slots=row_slots is not None,
     )  # fmt: skip
     grid = (num_rows, num_kv_heads * num_q_blocks, num_splits)
     launch = {"num_warps": config.num_warps, "num_stages": config.num_stages, **({"launch_pdl": True} if pdl else {})}
     paged_attention_fwd_kernel[grid](
         q, k_cache, v_cache, block_tables, seq_lens, seq_lens if is_decode else cu_seqlens_q, out, mid_o, mid_lse,
-        counters if fused else seq_lens, scale * math.log2(math.e), num_splits, num_q_blocks,
+        counters if fused else seq_lens, row_slots if row_slots is not None else seq_lens,
+        scale * math.log2(math.e), num_splits, num_q_blocks,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),

@@ -44,6 +44,7 @@ def decode_attention_triton(
     config: KernelConfig = DECODE_CONFIG,
     counters: torch.Tensor | None = None,
     pdl: bool = False,
+    row_slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q `[B, Hq, D]` at position `seq_lens[b] - 1` of row b; its own KV must already be in the cache.
 
@@ -51,7 +52,7 @@ def decode_attention_triton(
     fused merge; it is zero again when the kernel ends. `pdl`: programmatic dependent launch."""
     batch, num_heads, _ = q.shape
     num_kv_heads, page_size = k_cache.shape[2], k_cache.shape[1]
-    if block_tables.shape[0] != batch or seq_lens.shape != (batch,):
+    if (row_slots is None and block_tables.shape[0] != batch) or seq_lens.shape != (batch,):
         raise ValueError(
             f"block_tables {tuple(block_tables.shape)} / seq_lens {tuple(seq_lens.shape)} do not match batch {batch}"
         )
@@ -65,5 +66,5 @@ def decode_attention_triton(
     return launch_paged_attention(
         q, k_cache, v_cache, block_tables, seq_lens, None, scale, out,
         num_rows=batch, block_q=1, group_pad=max(MIN_DOT_DIM, triton.next_power_of_2(group)),
-        num_q_blocks=1, num_splits=num_splits, config=config, counters=counters, pdl=pdl,
+        num_q_blocks=1, num_splits=num_splits, config=config, counters=counters, pdl=pdl, row_slots=row_slots,
     )  # fmt: skip

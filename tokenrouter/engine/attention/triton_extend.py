@@ -58,12 +58,13 @@ def extend_attention_triton(
     num_splits: int | None = None,
     config: KernelConfig = EXTEND_CONFIG,
     pdl: bool = False,
+    row_slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Packed q `[T, Hq, D]`; row b owns tokens `cu_seqlens_q[b]:cu_seqlens_q[b+1]`, the last of which sits at
     position `seq_lens[b] - 1`. Tokens outside every row are left unspecified in `out`."""
     num_rows = seq_lens.shape[0]
     num_heads, num_kv_heads = q.shape[1], k_cache.shape[2]
-    if cu_seqlens_q.shape != (num_rows + 1,) or block_tables.shape[0] != num_rows:
+    if cu_seqlens_q.shape != (num_rows + 1,) or (row_slots is None and block_tables.shape[0] != num_rows):
         raise ValueError(
             f"cu_seqlens_q {tuple(cu_seqlens_q.shape)} / block_tables {tuple(block_tables.shape)} "
             f"do not match {num_rows} rows"
@@ -85,5 +86,5 @@ def extend_attention_triton(
     return launch_paged_attention(
         q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale, out,
         num_rows=num_rows, block_q=block_q, group_pad=group_pad,
-        num_q_blocks=num_q_blocks, num_splits=num_splits, config=config, pdl=pdl,
+        num_q_blocks=num_q_blocks, num_splits=num_splits, config=config, pdl=pdl, row_slots=row_slots,
     )  # fmt: skip

@@ -166,7 +166,9 @@ def _merge_group_splits(
     tl.store(out_ptrs, res.to(Out.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
 
 
-@triton.jit
+# Runtime ints are not specialized (== 1, % 16): their values change with the batch, and each specialization
+# would be another JIT compile in the middle of serving.
+@triton.jit(do_not_specialize=["num_splits", "num_q_blocks"])
 def paged_attention_fwd_kernel(
     Q,
     K,
@@ -178,6 +180,7 @@ def paged_attention_fwd_kernel(
     MidO,
     MidLse,
     Counters,
+    RowSlots,
     scale_log2,
     num_splits,
     num_q_blocks,
@@ -212,10 +215,12 @@ def paged_attention_fwd_kernel(
     GROUP_P2: tl.constexpr,
     MERGE_CHUNK: tl.constexpr,
     USE_PDL: tl.constexpr,
+    HAS_SLOTS: tl.constexpr,
 ):
     """Grid (rows, Hkv * num_q_blocks, num_splits). Q/Out are `[T, Hq, D]`, MidO `[T, Hq, S, D]` fp32,
     MidLse `[T, Hq, S]` fp32; head_dim strides are 1. Decode passes IS_DECODE (token index = row).
-    FUSED_REDUCE (decode with splits only): Counters is int32 `[rows * Hkv]`, all zero on entry and exit."""
+    FUSED_REDUCE (decode with splits only): Counters is int32 `[rows * Hkv]`, all zero on entry and exit.
+    HAS_SLOTS: row r reads the page-table row `RowSlots[r]` of BlockTables."""
     if USE_PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -258,7 +263,11 @@ def paged_attention_fwd_kernel(
     full_hi = tl.maximum(tl.minimum(hi, seq_len - q_len + q_begin + 1), lo)
     full_end = lo + ((full_hi - lo) // BLOCK_N) * BLOCK_N
 
-    bt_row = BlockTables + row.to(tl.int64) * stride_bt
+    if HAS_SLOTS:  # noqa: SIM108 - a constexpr branch, kept as a statement for Triton
+        bt_idx = tl.load(RowSlots + row).to(tl.int64)
+    else:
+        bt_idx = row.to(tl.int64)
+    bt_row = BlockTables + bt_idx * stride_bt
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
@@ -303,7 +312,7 @@ def paged_attention_fwd_kernel(
                 )  # fmt: skip
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def split_reduce_kernel(
     MidO,
     MidLse,

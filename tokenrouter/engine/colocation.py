@@ -1,0 +1,52 @@
+"""Co-location options of one engine: its CUDA stream (priority, or a green context's SM partition) and the
+MPS share that must be set before CUDA starts.
+
+Two engines on one GPU compete for SMs and bandwidth (GPU_NOTES: a 32B decode beside a 0.6B one slows the
+small model far more than the analytic profile said). Three knobs move that trade:
+- stream priority (one process, several engines): `EngineConfig.stream_priority`, lower = higher priority;
+- a green context (torch >= 2.11): the engine's stream runs on `green_context_sms` SMs only;
+- CUDA MPS (one process per engine): `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` in the client's environment before
+  CUDA initializes; `EngineConfig.mps_environment()` gives the launcher the variables, and the engine checks.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+def make_stream(device: torch.device, priority: int = 0, green_sms: int | None = None) -> tuple[Any, Any]:
+    """(stream, green context or None) for an engine on `device`; (None, None) on CPU."""
+    if device.type != "cuda":
+        return None, None
+    if green_sms is None:
+        return torch.cuda.Stream(device, priority=priority), None
+    try:
+        from torch.cuda.green_contexts import GreenContext
+    except ImportError as e:
+        raise RuntimeError("green_context_sms needs torch.cuda.green_contexts (torch >= 2.11)") from e
+    gc = GreenContext.create(green_sms, device.index or 0)
+    gc.set_context()
+    try:
+        stream = gc.Stream()
+    finally:
+        gc.pop_context()
+    return stream, gc
+
+
+def check_mps(percentage: int | None) -> str | None:
+    """A warning when the configured MPS share is not what this process's environment says (None if fine)."""
+    if percentage is None:
+        return None
+    have = os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+    if have != str(percentage):
+        msg = (f"mps_active_thread_percentage={percentage} but CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={have!r} in this "
+               "process: the launcher must set it (EngineConfig.mps_environment()) before CUDA starts")  # fmt: skip
+        log.warning(msg)
+        return msg
+    return None

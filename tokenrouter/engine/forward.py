@@ -1,0 +1,165 @@
+"""`StepForward`: the device side of one pass of a step, shared by the graph body and the eager (varlen) pass.
+
+One pass = prologue (page-table writes, from_prev tokens) -> model forward -> logits of the pass's logit rows
+-> sampling (tokens into the engine's output buffer and the requests' slots) -> the router's device part
+(destinations into the output buffer). The graph part writes its outputs at offset 0 of the output buffer,
+the eager part at `engine.eager_out_base`; both read and write only their own requests' slots, so their order
+within a step does not matter. On CUDA (or with ops_backend="triton") prologue and sampling are one Triton
+kernel each (`triton_step`); otherwise the same definitions run as torch ops (`sampler.sample_rows`).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from tokenrouter.engine.handles import _Extra
+from tokenrouter.engine.inputs import FLOAT_FIELDS, Layout
+from tokenrouter.engine.metadata import AttentionMetadata
+from tokenrouter.engine.sampler import sample_rows
+
+if TYPE_CHECKING:
+    from tokenrouter.engine.graphs import GraphOutputs
+    from tokenrouter.engine.runner import Engine
+    from tokenrouter.engine.step_plan import StepPlan
+
+
+class StepForward:
+    def __init__(self, engine: Engine) -> None:
+        self.e = engine
+        self.ops = importlib.import_module("tokenrouter.engine.triton_step") if engine._use_triton_ops else None
+
+    @staticmethod
+    def views(packed: torch.Tensor, layout: Layout) -> dict[str, torch.Tensor]:
+        v = {name: packed[off : off + n] for name, (off, n) in layout.offsets().items()}
+        for name in FLOAT_FIELDS:
+            v[name] = v[name].view(torch.float32)
+        return v
+
+    # ---- passes ---------------------------------------------------------------------------------------
+    def graph_body(self, packed: torch.Tensor, layout: Layout, out: GraphOutputs) -> None:
+        """Everything a graph replays (also run eagerly in emulation); virtual-decode layout."""
+        e = self.e
+        with e.model.gemv_scope():
+            v = self.views(packed, layout)
+            self.prologue(v)
+            n = layout.num_logit_rows
+            hidden, logits = self.forward(v, layout, 1, out.hidden[:n], out.logits[:n])
+            self.sample_route(v, hidden, logits, 0)
+
+    def eager_pass(self, packed: torch.Tensor, layout: Layout, max_q_len: int):
+        """The rows outside the graph: one varlen forward; returns (hidden, logits) of its sampled rows."""
+        v = self.views(packed, layout)
+        self.prologue(v)
+        if layout.num_logit_rows == 0:
+            self.forward(v, layout, max_q_len, None, None, logits=False)
+            return None
+        hidden, logits = self.forward(v, layout, max_q_len, None, None)
+        self.sample_route(v, hidden, logits, self.e.eager_out_base)
+        return hidden, logits
+
+    def forward(self, v, layout: Layout, max_q_len: int, out_hidden, out_logits, *, logits: bool = True):
+        e = self.e
+        c = e.config
+        fuse = c.fuse_step_ops
+        slots = v["slot_mapping"]
+        meta = AttentionMetadata(
+            slot_mapping=slots if fuse and e._use_triton_ops else slots.long(),
+            block_tables=e.table.table,
+            seq_lens=v["seq_lens"],
+            cu_seqlens_q=v["cu_seqlens_q"] if layout.varlen else None,
+            max_q_len=max_q_len,
+            num_splits=c.decode_num_splits,
+            backend=c.attention_backend,
+            split_counters=e._split_counters,
+            pdl=e.pdl,
+            row_slots=v["row_slots"],
+        )
+        model = e.model
+        if not fuse:
+            hidden = model(v["input_ids"], v["positions"], meta, e.kv_cache.layers)
+            if not logits:
+                return None
+            h, lg = model.compute_logits(hidden.index_select(0, v["logits_indices"]))
+            if out_hidden is not None:
+                out_hidden.copy_(h)
+                out_logits.copy_(lg)
+                return out_hidden, out_logits
+            return h, lg
+        x, residual = model.forward_stream(v["input_ids"], v["positions"], meta, e.kv_cache.layers,
+                                           fuse_embedding=e._use_triton_ops)  # fmt: skip
+        if not logits:
+            return None
+        return model.compute_logits(x, residual, v["logits_indices"], out_hidden=out_hidden, out_logits=out_logits)
+
+    # ---- step ends ------------------------------------------------------------------------------------
+    def prologue(self, v: dict[str, torch.Tensor]) -> None:
+        e = self.e
+        if self.ops is not None:
+            self.ops.step_prologue(e.table.table, v["upd_idx"], v["upd_val"], v["input_ids"], v["prev"],
+                                   e.slot_tokens, pdl=e.pdl)  # fmt: skip
+            return
+        if v["upd_idx"].numel():
+            e.table.table.view(-1).index_copy_(0, v["upd_idx"].long(), v["upd_val"])
+        prev = v["prev"]
+        taken = e.slot_tokens.index_select(0, prev.clamp(min=0).long())
+        v["input_ids"].copy_(torch.where(prev >= 0, taken, v["input_ids"]))
+
+    def sample_route(self, v, hidden: torch.Tensor, logits: torch.Tensor, base: int) -> None:
+        e = self.e
+        n = logits.shape[0]
+        out = e.out_ids[base : base + n]
+        args = (v["inv_temp"], v["top_p"], v["top_k"], v["seed"], v["sample_pos"])
+        if self.ops is not None:
+            self.ops.sample(logits, *args, v["out_slot"], out, e.slot_tokens, pdl=e.pdl)
+        else:
+            tok = sample_rows(logits, *args)
+            out.copy_(tok)
+            e.slot_tokens.index_copy_(0, v["out_slot"].long(), tok)
+        r = e.router
+        if r is not None:
+            dst = r(out, hidden if r.needs_hidden else None, logits if r.needs_logits else None)
+            w = e.out_width
+            e.out_ids[w + base : w + base + n].copy_(dst)
+
+    def table_writes(self, idx: np.ndarray, val: np.ndarray) -> None:
+        """Page-table writes beyond what a graph replay carries (a slot rewritten in full), before the replay."""
+        cuda = self.e.device.type == "cuda"
+        t = torch.from_numpy(np.stack([idx, val]).astype(np.int64))
+        if cuda:
+            t = t.pin_memory().to(self.e.device, non_blocking=True)
+        self.e.table.table.view(-1).index_copy_(0, t[0], t[1].to(torch.int32))
+
+    def gather_sampled(self, plan: StepPlan, g_out, e_out, want_logits: bool, want_hidden: bool) -> _Extra:
+        """Logits (float32) and hidden states of the sampled rows, batch order, copied to the host."""
+        e = self.e
+        cuda = e.device.type == "cuda"
+        base = e.eager_out_base
+        n_graph = plan.graph.layout.num_logit_rows if plan.graph is not None else 0
+        idx = np.asarray([int(plan.out_index[i]) for i in plan.sampled], np.int64)
+        idx = np.where(idx >= base, idx - base + n_graph, idx)
+        index = torch.from_numpy(idx)
+        if cuda:
+            index = index.pin_memory().to(e.device, non_blocking=True)
+        out = _Extra()
+        for k, want in ((0, want_hidden), (1, want_logits)):
+            if not want:
+                continue
+            parts = []
+            if g_out is not None:
+                parts.append(g_out[k][:n_graph])
+            if e_out is not None:
+                parts.append(e_out[k])
+            src = parts[0] if len(parts) == 1 else torch.cat(parts)
+            sel = src.index_select(0, index)
+            sel = sel.float() if k == 1 else sel
+            host = torch.empty(sel.shape, dtype=sel.dtype, pin_memory=cuda)
+            host.copy_(sel, non_blocking=cuda)
+            if k == 0:
+                out.hidden = host
+            else:
+                out.logits = host
+        return out

@@ -1,0 +1,156 @@
+"""Host buffers of a step and its completion handle.
+
+`Staging`: alternating host buffers for packed inputs (pinned on CUDA, so the H2D copies are async). A buffer
+is rewritten only after the copies that read it finished (their event): the host may run at most two steps
+ahead of the copies, never waiting on compute.
+
+`OutputRing`: pinned host slots that receive each step's outputs by one D2H copy on the engine stream. A slot
+is reused only after its previous handle has read it out (if the caller never asked, the handle reads it out
+then: a wait on a step several steps old).
+
+`StepHandle`: what `Engine.step` returns. The caller waits on the handle's event only (never on the whole
+engine stream), so with overlap the next step can already be queued behind this one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from tokenrouter.core.batch import Batch, StepResult
+
+
+class Staging:
+    def __init__(self, pinned: bool, capacity: int = 1 << 16) -> None:
+        self.pinned = pinned
+        self.bufs = [self._alloc(capacity), self._alloc(capacity)]
+        self.events: list[torch.cuda.Event | None] = [None, None]
+        self.i = 0
+
+    def _alloc(self, n: int) -> torch.Tensor:
+        return torch.empty(n, dtype=torch.int32, pin_memory=self.pinned)
+
+    def take(self, size: int) -> torch.Tensor:
+        self.i ^= 1
+        ev = self.events[self.i]
+        if ev is not None:
+            ev.synchronize()
+            self.events[self.i] = None
+        if self.bufs[self.i].numel() < size:
+            self.bufs[self.i] = self._alloc(max(size, 2 * self.bufs[self.i].numel()))
+        return self.bufs[self.i]
+
+    def record(self, stream: torch.cuda.Stream | None) -> None:
+        if self.pinned and stream is not None:
+            ev = torch.cuda.Event()
+            ev.record(stream)
+            self.events[self.i] = ev
+
+
+@dataclass(slots=True)
+class _Extra:
+    """Device-to-host copies beyond the token/destination slot (logits, hidden), when the router asked."""
+
+    logits: torch.Tensor | None = None
+    hidden: torch.Tensor | None = None
+
+
+class StepHandle:
+    """Completion of one step. `ready()` polls, `wait()` blocks on this step's event only, `result()` returns
+    the `StepResult` on the host: `next_token_ids` (int64 [rows]; -1 for skipped rows and rows that sample
+    nothing), `destinations` (int64 [rows], the router's device part; None without one), and `logits` /
+    `hidden` of the sampled rows only (`sampled_rows` says which, batch order), when asked."""
+
+    __slots__ = (
+        "_cache",
+        "_event",
+        "_extra",
+        "_host",
+        "_ring_slot",
+        "batch",
+        "destinations_on",
+        "eager_tokens",
+        "gpu_end",
+        "gpu_start",
+        "graph_bucket",
+        "graph_rows",
+        "launch_s",
+        "num_tokens",
+        "out_index",
+        "prepare_s",
+        "sampled_rows",
+        "skipped_rows",
+    )  # fmt: skip
+
+    def __init__(self, batch: Batch, host: np.ndarray, event: torch.cuda.Event | None, out_index: np.ndarray,
+                 out_width: int, sampled: list[int], skipped: list[int], extra: _Extra) -> None:  # fmt: skip
+        self.batch = batch
+        self._host = host  # pinned int32 [2 * out_width]: tokens then destinations
+        self._event = event
+        self.out_index = out_index
+        self._ring_slot = out_width
+        self.sampled_rows = sampled
+        self.skipped_rows = skipped
+        self._extra = extra
+        self._cache: StepResult | None = None
+        self.destinations_on = False
+        self.gpu_start: torch.cuda.Event | None = None
+        self.gpu_end: torch.cuda.Event | None = None
+        self.prepare_s = 0.0
+        self.launch_s = 0.0
+        self.num_tokens = 0
+        self.graph_bucket: int | None = None
+        self.graph_rows: list[int] = []  # batch rows that ran in the graph part
+        self.eager_tokens = 0
+
+    def ready(self) -> bool:
+        return self._event is None or self._event.query()
+
+    def wait(self) -> None:
+        if self._event is not None:
+            self._event.synchronize()
+
+    def result(self) -> StepResult:
+        if self._cache is None:
+            self.wait()
+            idx = self.out_index
+            live = idx >= 0
+            host = self._host
+            width = self._ring_slot
+            toks = np.full(idx.size, -1, np.int64)
+            toks[live] = host[idx[live]]
+            dests = None
+            if self.destinations_on:
+                dests = np.full(idx.size, self.batch.model, np.int64)
+                dests[live] = host[width + idx[live]]
+                dests = torch.from_numpy(dests)
+            e = self._extra
+            self._cache = StepResult(next_token_ids=torch.from_numpy(toks), logits=e.logits, hidden=e.hidden,
+                                     destinations=dests)  # fmt: skip
+            self._host = None  # the ring slot may be reused
+        return self._cache
+
+    @property
+    def holds_ring_slot(self) -> bool:
+        return self._host is not None
+
+
+class OutputRing:
+    def __init__(self, width: int, pinned: bool, slots: int = 4) -> None:
+        self.width = width
+        self.bufs = [torch.zeros(2 * width, dtype=torch.int32, pin_memory=pinned) for _ in range(slots)]
+        self.owner: list[StepHandle | None] = [None] * slots
+        self.i = 0
+
+    def take(self) -> tuple[int, torch.Tensor]:
+        self.i = (self.i + 1) % len(self.bufs)
+        h = self.owner[self.i]
+        if h is not None and h.holds_ring_slot:
+            h.result()  # read it out before the slot is overwritten
+        self.owner[self.i] = None
+        return self.i, self.bufs[self.i]
+
+    def bind(self, i: int, handle: StepHandle) -> None:
+        self.owner[i] = handle

@@ -1,0 +1,180 @@
+"""Device page tables with persistent row slots, changed incrementally.
+
+Each request the engine sees gets a slot: one row of a device int32 table [num_slots, width] holding its KV
+page ids. A step only uploads the pages a slot does not hold yet (a decode row crosses a page boundary once
+every `page_size` steps), as (flat index, page) pairs that the step's prologue scatters into the table on the
+device; attention reads a row's pages through its slot (`row_slots`). So the host cost of a step grows with
+the rows and the new pages, never with the context.
+
+Invariants:
+- Slot 0 is the null slot: all zeros (page 0), used by graph padding and as the dump target of updates.
+- `written[s]` leading entries of slot s are on the device (or in the updates of the step being planned) and
+  equal `owner[s].pages[:written[s]]` unless the pool took pages back; that is detected cheaply: a row that
+  starts at position 0 (a fresh prefill, or a recompute after preemption) rewrites its slot; other rows check
+  the slot's first and last written page against the request's list (O(1)); and a page written for a slot is
+  looked up in `page_owner`, so a page that moved to another request invalidates the old slot.
+- A page handed to two live requests, page 0, or a page id outside the cache is an error naming the rows;
+  planning is all-or-nothing (`plan` validates before `commit` changes any state).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from tokenrouter.core.request import Request
+from tokenrouter.engine.errors import BatchError
+
+
+@dataclass(slots=True)
+class TablePlan:
+    """What one step does to the table: a slot per row and the (flat index, page) writes."""
+
+    slots: list[int]  # per planned row
+    upd_idx: list[int] = field(default_factory=list)  # flat index slot * width + column
+    upd_val: list[int] = field(default_factory=list)
+    # state changes applied by `commit` (only after the whole batch validated)
+    new_owner: dict[int, Request] = field(default_factory=dict)  # slot -> request (new or rewritten slots)
+    written: dict[int, int] = field(default_factory=dict)  # slot -> pages written after this step
+    claims: dict[int, tuple[int, int]] = field(default_factory=dict)  # page -> (slot, column)
+    evict: list[int] = field(default_factory=list)
+    taken: int = 0  # slots taken from the end of the free list
+
+
+class PageTable:
+    def __init__(self, num_slots: int, width: int, num_pages: int, device: torch.device) -> None:
+        if num_slots < 2:
+            raise ValueError("a page table needs at least 2 slots (slot 0 is the null slot)")
+        self.num_slots, self.width, self.num_pages = num_slots, width, num_pages
+        self.table = torch.zeros(num_slots, width, dtype=torch.int32, device=device)
+        self.owner: list[Request | None] = [None] * num_slots
+        self.written = np.zeros(num_slots, np.int64)
+        self.first = np.zeros(num_slots, np.int64)  # first written page (the O(1) probe)
+        self.last = np.zeros(num_slots, np.int64)  # last written page
+        self.page_owner = np.full(num_pages, -1, np.int32)  # slot holding the page, -1 none
+        self.page_col = np.zeros(num_pages, np.int32)
+        self._lru: OrderedDict[int, None] = OrderedDict()  # used slots, least recently used first
+        self._free = list(range(num_slots - 1, 0, -1))
+        self._slot_of: dict[int, int] = {}  # id(request) -> slot
+
+    @property
+    def nbytes(self) -> int:
+        return self.table.numel() * 4
+
+    def slot_of(self, req: Request) -> int | None:
+        s = self._slot_of.get(id(req))
+        return s if s is not None and self.owner[s] is req else None
+
+    # ---- planning (no state change) -------------------------------------------------------------------
+    def plan(self, reqs: list[Request], starts: list[int], n_pages: list[int], names: list[str]) -> TablePlan:
+        """Slots and page writes for rows (one request each) that need `n_pages[i]` pages; raises BatchError
+        naming the row (`names[i]`) for a bad page, before anything changes."""
+        plan = TablePlan(slots=[])
+        in_batch = {id(r) for r in reqs}
+        victims = (s for s in self._lru if id(self.owner[s]) not in in_batch)
+        free = list(self._free)
+        claimed: dict[int, int] = {}  # page -> row index within this plan
+        for i, (req, start, need) in enumerate(zip(reqs, starts, n_pages, strict=True)):
+            if need > self.width:
+                raise BatchError(f"{names[i]}: needs {need} pages, more than the page-table width {self.width}")
+            pages = req.pages
+            s = self.slot_of(req)
+            done = 0 if s is None else int(self.written[s])
+            if s is not None and done and (start == 0 or len(pages) < done or pages[0] != self.first[s]
+                                           or pages[done - 1] != self.last[s]):  # fmt: skip
+                done = 0  # the pool took pages back (preemption) or the row restarts: rewrite the slot
+            if s is None:
+                if free:
+                    s = free.pop()
+                    plan.taken += 1
+                else:
+                    s = next(victims, None)
+                    if s is None:
+                        raise BatchError(f"{names[i]}: no free page-table slot ({self.num_slots - 1} in use)")
+                    plan.evict.append(s)
+                plan.new_owner[s] = req
+            elif done == 0:
+                plan.new_owner[s] = req
+            for col in range(done, need):
+                p = pages[col]
+                if not 0 < p < self.num_pages:
+                    raise BatchError(f"{names[i]}: page id {p} at column {col} is outside 1..{self.num_pages - 1}")
+                j = claimed.get(p)
+                if j is not None and j != i:
+                    raise BatchError(f"{names[i]} and {names[j]}: both hold KV page {p}")
+                claimed[p] = i
+                o = int(self.page_owner[p])
+                if o > 0 and o != s and o not in plan.evict:
+                    other = self.owner[o]
+                    c = int(self.page_col[p])
+                    if other is not None and other is not req and len(other.pages) > c and other.pages[c] == p:
+                        k = next((k for k, r in enumerate(reqs) if r is other), None)
+                        who = names[k] if k is not None else f"request {other.rid} (not in this batch)"
+                        raise BatchError(f"{names[i]} and {who}: both hold KV page {p}")
+                plan.upd_idx.append(s * self.width + col)
+                plan.upd_val.append(p)
+                plan.claims[p] = (s, col)
+            if need > 0:
+                plan.written[s] = max(need, done)
+            plan.slots.append(s)
+        return plan
+
+    # ---- commit ---------------------------------------------------------------------------------------
+    def commit(self, plan: TablePlan) -> None:
+        """Apply a validated plan's bookkeeping (the device writes travel with the step's inputs)."""
+        if plan.taken:
+            del self._free[-plan.taken :]
+        for s in plan.evict:
+            self._drop(s)
+            self._free.remove(s)  # re-taken at once by the plan
+        for s, req in plan.new_owner.items():
+            old = self.owner[s]
+            if old is not None and old is not req:
+                self._slot_of.pop(id(old), None)
+            self.owner[s] = req
+            self._slot_of[id(req)] = s
+            self.written[s] = 0
+        for p, (s, col) in plan.claims.items():
+            o = int(self.page_owner[p])
+            if o > 0 and o != s:
+                self._invalidate(o)  # the page moved: the old slot's table is stale
+            self.page_owner[p] = s
+            self.page_col[p] = col
+        for s, n in plan.written.items():
+            req = self.owner[s]
+            assert req is not None
+            self.written[s] = n
+            self.first[s] = req.pages[0]
+            self.last[s] = req.pages[n - 1]
+        for s in plan.slots:
+            self._lru[s] = None
+            self._lru.move_to_end(s)
+
+    def forget(self, reqs: list[Request]) -> None:
+        """After a failed step: the slots of these requests may be half-written; make them rewrite."""
+        for req in reqs:
+            s = self.slot_of(req)
+            if s is not None:
+                self.written[s] = 0
+
+    def _invalidate(self, s: int) -> None:
+        self.written[s] = 0
+
+    def _drop(self, s: int) -> None:
+        old = self.owner[s]
+        if old is not None:
+            self._slot_of.pop(id(old), None)
+        self.owner[s] = None
+        self.written[s] = 0
+        self._lru.pop(s, None)
+        self._free.append(s)
+
+    def release_finished(self) -> int:
+        """Free slots whose request holds no pages any more (finished or aborted); returns how many."""
+        gone = [s for s in self._lru if self.owner[s] is not None and not self.owner[s].pages]
+        for s in gone:
+            self._drop(s)
+        return len(gone)

@@ -1,0 +1,171 @@
+"""Triton kernels at the two ends of a step, so both stay inside the CUDA graph as one launch each.
+
+- `step_prologue`: scatters the step's page-table writes into the device table and resolves overlap's
+  `from_prev` tokens (input id = the token the previous step sampled into the request's slot).
+- `sample`: per logit row, greedy (argmax of the raw logits) or Gumbel-max over the tokens that pass top-k
+  and top-p (thresholds found by a radix select over order-preserving keys: no sort, no [rows, vocab]
+  temporaries), then the token goes to the step's output and to the request's slot. The definition and its
+  torch reference are in `tokenrouter.engine.sampler`; the hash is the same uint32 arithmetic.
+
+Launch parameters depend only on shapes: graph-capturable. Import only where kernels run (CUDA, or
+TRITON_INTERPRET=1).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from tokenrouter.engine.triton_ops import pdl_kwargs
+
+
+@triton.jit
+def _prologue_kernel(Table, UpdIdx, UpdVal, Ids, Prev, SlotTok, n_upd, n_tok, BLOCK: tl.constexpr,
+                     USE_PDL: tl.constexpr):  # fmt: skip
+    if USE_PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    um = i < n_upd
+    idx = tl.load(UpdIdx + i, mask=um, other=0).to(tl.int64)
+    val = tl.load(UpdVal + i, mask=um, other=0)
+    tl.store(Table + idx, val, mask=um)
+    tm = i < n_tok
+    pv = tl.load(Prev + i, mask=tm, other=-1)
+    take = tm & (pv >= 0)
+    tok = tl.load(SlotTok + tl.where(take, pv, 0), mask=take, other=0)
+    tl.store(Ids + i, tok, mask=take)
+
+
+def step_prologue(table: torch.Tensor, upd_idx: torch.Tensor, upd_val: torch.Tensor, input_ids: torch.Tensor,
+                  prev: torch.Tensor, slot_tokens: torch.Tensor, *, pdl: bool = False) -> None:  # fmt: skip
+    n = max(upd_idx.numel(), input_ids.numel())
+    if n == 0:
+        return
+    block = 256
+    _prologue_kernel[(triton.cdiv(n, block),)](
+        table, upd_idx, upd_val, input_ids, prev, slot_tokens, upd_idx.numel(), input_ids.numel(),
+        BLOCK=block, USE_PDL=pdl, num_warps=4, **pdl_kwargs(pdl),
+    )  # fmt: skip
+
+
+@triton.jit
+def _fmix32(x):
+    x = x ^ (x >> 16)
+    x = x * 0x85EBCA6B
+    x = x ^ (x >> 13)
+    x = x * 0xC2B2AE35
+    return x ^ (x >> 16)
+
+
+@triton.jit
+def _key(x):
+    """Order-preserving uint32 key of fp32 values (larger value, larger key)."""
+    bits = x.to(tl.uint32, bitcast=True)
+    return tl.where((bits >> 31) != 0, bits ^ 0xFFFFFFFF, bits | 0x80000000)
+
+
+@triton.jit
+def _radix_select(row, V, inv, m, frac, BY_MASS: tl.constexpr, BLOCK: tl.constexpr):
+    """Key of the largest x-value v with W(x >= v) >= target, W = count (target `frac`) or mass exp(x - m)
+    (target `frac` * total mass). Returns 0 (no cut) when the total falls short of the target."""
+    bins = tl.arange(0, 16)
+    prefix = tl.zeros([], tl.uint32)
+    above = tl.zeros([], tl.float32)
+    target = frac
+    found = True
+    for step in tl.static_range(8):
+        shift: tl.constexpr = 28 - 4 * step
+        w16 = tl.zeros([16], tl.float32)
+        for v0 in range(0, V, BLOCK):
+            offs = v0 + tl.arange(0, BLOCK)
+            valid = offs < V
+            x = tl.load(row + offs, mask=valid, other=0.0).to(tl.float32) * inv
+            key = _key(x)
+            inr = valid
+            if step > 0:
+                inr = inr & ((key >> (shift + 4)) == (prefix >> (shift + 4)))
+            nib = ((key >> shift) & 15).to(tl.int32)
+            if BY_MASS:  # noqa: SIM108 - a constexpr branch, kept as a statement for Triton
+                w = tl.exp(x - m)
+            else:
+                w = tl.full([BLOCK], 1.0, tl.float32)
+            hit = inr[:, None] & (nib[:, None] == bins[None, :])
+            w16 += tl.sum(tl.where(hit, w[:, None], 0.0), axis=0)
+        if step == 0 and BY_MASS:
+            target = frac * tl.sum(w16, axis=0)
+        suf = tl.sum(tl.where(bins[None, :] >= bins[:, None], w16[None, :], 0.0), axis=1)
+        b = tl.max(tl.where(above + suf >= target, bins, -1), axis=0)
+        found = found & (b >= 0)
+        bs = tl.maximum(b, 0)
+        above += tl.sum(tl.where(bins > bs, w16, 0.0), axis=0)
+        prefix = prefix | (bs.to(tl.uint32) << shift)
+    return tl.where(found, prefix, 0)
+
+
+@triton.jit
+def _sample_kernel(
+    Logits, stride_l, InvT, TopP, TopK, Seed, Pos, OutSlot, Out, SlotTok, V,
+    BLOCK: tl.constexpr, USE_PDL: tl.constexpr,
+):  # fmt: skip
+    if USE_PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    r = tl.program_id(0)
+    row = Logits + r.to(tl.int64) * stride_l
+    best = tl.full([], float("-inf"), tl.float32)
+    best_i = tl.zeros([], tl.int32)
+    for v0 in range(0, V, BLOCK):
+        offs = v0 + tl.arange(0, BLOCK)
+        x = tl.load(row + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
+        bm = tl.max(x, axis=0)
+        bi = tl.argmax(x, axis=0).to(tl.int32) + v0
+        best_i = tl.where(bm > best, bi, best_i)
+        best = tl.maximum(best, bm)
+    tok = best_i
+    inv = tl.load(InvT + r)
+    if inv > 0:
+        m = best * inv
+        k = tl.load(TopK + r)
+        p = tl.load(TopP + r)
+        thr = tl.zeros([], tl.uint32)
+        if (k > 0) & (k < V):
+            thr = tl.maximum(thr, _radix_select(row, V, inv, m, k.to(tl.float32), False, BLOCK))
+        if p < 1.0:
+            thr = tl.maximum(thr, _radix_select(row, V, inv, m, p, True, BLOCK))
+        seed = tl.load(Seed + r).to(tl.uint32, bitcast=True)
+        pos = tl.load(Pos + r).to(tl.uint32, bitcast=True)
+        hkey = _fmix32(seed ^ _fmix32((pos * 0x9E3779B1) ^ 0x5BD1E995))
+        sbest = tl.full([], float("-inf"), tl.float32)
+        sbest_i = tl.zeros([], tl.int32)
+        for v0 in range(0, V, BLOCK):
+            offs = v0 + tl.arange(0, BLOCK)
+            valid = offs < V
+            x = tl.load(row + offs, mask=valid, other=0.0).to(tl.float32) * inv
+            h = _fmix32(hkey ^ _fmix32(offs.to(tl.uint32) ^ 0x27D4EB2F))
+            u = ((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+            score = x - tl.log(-tl.log(u))
+            score = tl.where(valid & (_key(x) >= thr), score, float("-inf"))
+            bm = tl.max(score, axis=0)
+            bi = tl.argmax(score, axis=0).to(tl.int32) + v0
+            sbest_i = tl.where(bm > sbest, bi, sbest_i)
+            sbest = tl.maximum(sbest, bm)
+        tok = sbest_i
+    tl.store(Out + r, tok)
+    tl.store(SlotTok + tl.load(OutSlot + r), tok)
+
+
+def sample(logits: torch.Tensor, inv_temp: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor,
+           seed: torch.Tensor, pos: torch.Tensor, out_slot: torch.Tensor, out: torch.Tensor,
+           slot_tokens: torch.Tensor, *, pdl: bool = False) -> None:  # fmt: skip
+    """Tokens of logits [L, V] (last dim contiguous) into `out` [L] int32 and `slot_tokens[out_slot]`."""
+    rows, vocab = logits.shape
+    if rows == 0:
+        return
+    block = min(2048, triton.next_power_of_2(vocab))
+    _sample_kernel[(rows,)](
+        logits, logits.stride(0), inv_temp, top_p, top_k, seed, pos, out_slot, out, slot_tokens, vocab,
+        BLOCK=block, USE_PDL=pdl, num_warps=8, **pdl_kwargs(pdl),
+    )  # fmt: skip

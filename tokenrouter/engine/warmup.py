@@ -1,0 +1,143 @@
+"""Start-up work of an engine besides loading: the memory profile pass and the warmup of every kernel variant.
+
+Why warm up: Triton compiles a kernel variant at its first launch (seconds on a GPU, mid-serving). Graph
+capture compiles what the graph bodies launch. The eager (varlen) pass launches the paged attention kernel
+with a query-block size that depends on the longest row (`extend_tiling`) and, with KV splits, a reduce kernel
+whose split padding depends on the split count; the runtime ints are not specialized (`do_not_specialize`) and
+every packed field is 16-byte aligned, so those constexprs are the only variants. Warmup runs one all-padding
+eager pass per query-block class (which also compiles the norms, RoPE/KV store, sampling and prologue kernels
+of the eager path) and the attention kernels directly at every split padding.
+
+`jit_cache_entries()` counts compiled variants of every Triton kernel of the engine (0 under the
+interpreter); studies compare it after warmup and after serving.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from tokenrouter.engine.inputs import Layout, pack
+from tokenrouter.engine.memory import MemoryProfile
+
+if TYPE_CHECKING:
+    from tokenrouter.engine.runner import Engine
+
+_Q_CLASSES = (1, 2, 4, 8, 16, 32, 64, 128)
+_SPLITS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def padding_pass_inputs(rows: int, q: int, device: torch.device) -> tuple[torch.Tensor, Layout]:
+    """A varlen pass of `rows` rows of `q` tokens that reads and writes only the null page / null slot; every
+    row samples (alternately greedy and top-k/top-p), so sampling runs its filtered branch too."""
+    t = rows * q
+    layout = Layout(t, rows, rows, 0, varlen=True)
+    cu = np.arange(rows + 1, dtype=np.int64) * q
+    sampled = np.arange(rows) % 2 == 1
+    fields = {
+        "input_ids": np.zeros(t, np.int64),
+        "positions": np.tile(np.arange(q), rows),
+        "slot_mapping": np.zeros(t, np.int64),
+        "seq_lens": np.full(rows, q),
+        "row_slots": np.zeros(rows, np.int64),
+        "cu_seqlens_q": cu,
+        "logits_indices": cu[1:] - 1,
+        "inv_temp": np.where(sampled, 1.0, 0.0).astype(np.float32),
+        "top_p": np.full(rows, 0.9, np.float32),
+        "top_k": np.where(sampled, 2, 0),
+        "seed": np.arange(rows),
+        "sample_pos": np.full(rows, q),
+    }
+    buf = np.empty(layout.size, np.int32)
+    return torch.from_numpy(pack(layout, fields, buf).copy()).to(device), layout
+
+
+def has_variants(engine: Engine) -> bool:
+    """Whether the engine launches Triton kernels at all (else there is nothing to compile)."""
+    from tokenrouter.engine.attention import resolve_backend
+
+    return engine.fwd.ops is not None or resolve_backend(engine.config.attention_backend, engine.device) == "triton"  # type: ignore[arg-type]
+
+
+def warm_eager(engine: Engine) -> None:
+    """Run the eager pass at every query-block class and the attention kernels at every split padding."""
+    for q in _Q_CLASSES:
+        if q > engine.max_context_len:
+            break
+        packed, layout = padding_pass_inputs(2, q, engine.device)
+        engine.fwd.eager_pass(packed, layout, q)
+    engine.out_ids.zero_()
+    engine.slot_tokens.zero_()
+    if not has_variants(engine):
+        return
+    from tokenrouter.engine.attention.triton_extend import extend_attention_triton
+
+    spec, dev, dt = engine.spec, engine.device, engine.dtype
+    k_cache, v_cache = engine.kv_cache.layers[0]
+    seq = torch.full((1,), 1, dtype=torch.int32, device=dev)
+    slots = torch.zeros(1, dtype=torch.int32, device=dev)
+    for q in _Q_CLASSES:
+        qt = torch.zeros(q, spec.num_heads, spec.head_dim, device=dev, dtype=dt)
+        cu = torch.tensor([0, q], dtype=torch.int32, device=dev)
+        seq.fill_(q)
+        for s in _SPLITS:
+            extend_attention_triton(qt, k_cache, v_cache, engine.table.table, cu, seq, 1.0, max_q_len=q,
+                                    num_splits=s, pdl=engine.pdl, row_slots=slots)  # fmt: skip
+
+
+def profile_memory(engine: Engine) -> MemoryProfile:
+    """Measure the activation peak of the largest eager pass on a throwaway 2-page cache (before the real KV
+    cache exists); weights are already loaded. On CPU the peak is unknown (0)."""
+    from tokenrouter.core.kv import KVPool
+
+    c = engine.config
+    saved = engine._pool if hasattr(engine, "_pool") else None
+    t = c.max_num_batched_tokens
+    rows = max(1, min(c.max_batch_size, t))
+    q = max(1, t // rows)
+    engine._pool = KVPool(2 + -(-q // c.page_size), c.page_size)  # rows read the null slot; width covers q
+    engine._setup_buffers(warm=False)
+    mem = engine.mem
+    engine._sync()
+    before = mem.allocated()
+    mem.reset_peak()
+    with torch.no_grad(), engine._on_stream():
+        packed, layout = padding_pass_inputs(rows, q, engine.device)
+        engine.fwd.eager_pass(packed, layout, q)
+        del packed
+    engine._sync()
+    peak = max(0, mem.peak() - before)
+    static = engine.table.nbytes + engine.out_ids.numel() * 4
+    top = max(c.graph_buckets, default=0)
+    item = torch.empty((), dtype=engine.dtype).element_size()
+    static += top * (spec_hv(engine) * item) + (1 << 20)
+    engine._teardown_buffers()
+    engine._pool = saved
+    return MemoryProfile(weights=engine.weights_bytes, activation_peak=peak, static=static)
+
+
+def spec_hv(engine: Engine) -> int:
+    return engine.spec.hidden_size + engine.spec.vocab_size
+
+
+def jit_cache_entries() -> int:
+    """Compiled variants held by the Triton JIT caches of every loaded engine kernel module."""
+    try:
+        from triton.runtime.jit import JITFunction
+    except ImportError:
+        return 0
+    seen: set[int] = set()
+    total = 0
+    for name, mod in list(sys.modules.items()):
+        if not name.startswith("tokenrouter.engine") or mod is None:
+            continue
+        for obj in vars(mod).values():
+            fn = getattr(obj, "fn", obj)  # autotuners / heuristics wrap the JITFunction
+            if isinstance(fn, JITFunction) and id(fn) not in seen:
+                seen.add(id(fn))
+                for caches in fn.device_caches.values():
+                    total += len(caches[0])
+    return total
