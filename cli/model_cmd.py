@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tokenrouter.core.markov import MarkovModel, ThroughputResult, r2r_preset, rstitch_preset
+from tokenrouter.markov import MarkovModel, ThroughputResult, r2r_preset, rstitch_preset
 
 
 def register(app: typer.Typer) -> None:

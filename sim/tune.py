@@ -1,6 +1,6 @@
 """Threshold tuning: the Markov model proposes B per concurrency, the simulator checks it.
 
-The Markov model (core/markov.py) assumes geometric hops and a step time that depends on batch size only;
+The Markov model (tokenrouter/markov) assumes geometric hops and a step time that depends on batch size only;
 here that L_i(b) comes from the deployment's cost model at the workload's mean context, so a prediction
 is cheap. The simulator then runs the top candidates with the real length distributions, context growth,
 prefills, message latency and MPS interference, and the measured best wins.
@@ -16,7 +16,7 @@ import numpy as np
 
 from tokenrouter.calibration.cost import CostModel
 from tokenrouter.calibration.profile import load_profile
-from tokenrouter.core.markov import MarkovModel, r2r_preset, rstitch_preset
+from tokenrouter.markov import MarkovModel, r2r_preset, rstitch_preset
 from tokenrouter.sim.run import SimConfig, SimResult, run_sim
 from tokenrouter.workloads import make_workload
 

@@ -15,9 +15,10 @@ import scipy.sparse as sp
 import typer
 from typer.testing import CliRunner
 
+import tokenrouter.markov.explore as explore_mod
+import tokenrouter.markov.solve as solve_mod
 from tokenrouter.cli.model_cmd import register
-from tokenrouter.core import markov_search
-from tokenrouter.core.markov import (
+from tokenrouter.markov import (
     MarkovModel,
     best_thresholds,
     feasible_thresholds,
@@ -169,7 +170,7 @@ def test_tuple_state_keys_match_packed_keys(monkeypatch: pytest.MonkeyPatch) -> 
     # Large M or N overflow the packed int64 key; the tuple fallback must give the same chain.
     model = MarkovModel.create([L0, L1], *rstitch_preset(0.4, 0.5), concurrency=4)
     packed = model.evaluate(feasible_thresholds(2, 4))
-    monkeypatch.setattr(markov_search, "_INT_KEY_LIMIT", 0.0)
+    monkeypatch.setattr(explore_mod, "_INT_KEY_LIMIT", 0.0)
     tupled = model.evaluate(feasible_thresholds(2, 4))
     assert [r.throughput_tok_s for r in tupled] == pytest.approx([r.throughput_tok_s for r in packed], rel=1e-12)
     assert [r.n_states for r in tupled] == [r.n_states for r in packed]
@@ -178,7 +179,7 @@ def test_tuple_state_keys_match_packed_keys(monkeypatch: pytest.MonkeyPatch) -> 
 def test_stationary_distribution_generic_periodic_matrix() -> None:
     t = sp.csr_matrix(np.array([[0, 1, 0], [0, 0, 1], [1, 0, 0]], dtype=float))
     assert np.allclose(stationary_distribution(t), [1 / 3] * 3)
-    assert np.allclose(markov_search._power_iteration(t), [1 / 3] * 3)  # the fallback copes with periodicity
+    assert np.allclose(solve_mod._power_iteration(t), [1 / 3] * 3)  # the fallback copes with periodicity
 
 
 def test_transient_start_with_two_closed_classes() -> None:

@@ -5,58 +5,31 @@ requests completes, each request independently moves to model j with probability
 queue) and c_ij tokens are committed per request routed i -> j. Model i launches only when idle, only at a
 completion instant, and only when at least B_i requests wait; it then takes *all* waiting requests. At one
 instant all completions are routed first, then launches happen. Start: all N requests waiting at model 0.
-
-Time is quantized: d_i(b) = max(1, round(L_i(b) / delta)) quanta (round half up). Step times that are
-multiples of delta are therefore exact; otherwise each step is off by at most delta/2 (reported as
-`max_step_error_ms`). The gcd g of all d_i(b) is factored out (quantum delta * g): exact, since every event time
-is an integer combination of step times, so the order of events is unchanged and only the state count shrinks.
+Step times are quantized onto a common grid (`steps.py`).
 
 Throughput (DESIGN): T(B) = sum_s pi(s) sum_{i in A(s)} sum_j b_i c_ij p_ij / sum_s pi(s) tau(s), with pi the
 stationary distribution of the embedded chain at completion epochs; computed here on the equivalent
-pre-completion chain described in `markov_search`. If the reachable chain has several closed classes (only
+pre-completion chain described in `explore.py`. If the reachable chain has several closed classes (only
 possible with degenerate routing), results are the long-run averages expected from the start state: each
 class's ratio weighted by its absorption probability.
 
 Feasible thresholds: B in {1..N}^M with sum_i (B_i - 1) < N, so that some model can always launch (deadlock
-guard). `tokenrouter.core` stays pure: numpy and scipy only.
+guard).
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
 
-from tokenrouter.core.markov_search import (
-    DEFAULT_MAX_STATES,
-    ExploredChains,
-    class_distributions,
-    explore,
-    stationary_distribution,
-)
-
-StepSpec = float | Sequence[float] | Callable[[int], float]
-"""Step time of one model in ms: a constant, L(b) for b = 1..N as a sequence (index b - 1), or a callable."""
+from tokenrouter.markov.explore import DEFAULT_MAX_STATES, ExploredChains, explore
+from tokenrouter.markov.solve import class_distributions
+from tokenrouter.markov.steps import StepQuanta, StepSpec, feasible_thresholds, quantize_steps
 
 _ROW_TOL = 1e-9
-
-
-@dataclass(slots=True, frozen=True)
-class StepQuanta:
-    """Quantized step times. `quanta[i, b]` = d_i(b) / g for b = 1..N (column 0 unused, 0)."""
-
-    quanta: np.ndarray
-    delta_ms: float
-    gcd: int
-    max_step_error_ms: float
-
-    @property
-    def delta_eff_ms(self) -> float:
-        """Effective (exact) quantum after factoring out the gcd."""
-        return self.delta_ms * self.gcd
 
 
 @dataclass(slots=True)
@@ -107,88 +80,6 @@ class MarkovChain:
     b: np.ndarray
     r: np.ndarray
     result: ThroughputResult
-
-
-def r2r_preset(hop_prob: float) -> tuple[np.ndarray, np.ndarray]:
-    """(P, C) for R2R-like routing: model 0 small, model 1 large.
-
-    After a small-model step the request hops with probability p; the small token is then dropped
-    (c_01 = 0), the large model regenerates it and hands back after one token, committed on return
-    (p_10 = 1, c_10 = 1). Without a hop the small token is committed (c_00 = 1).
-    """
-    p = _probability(hop_prob, "hop probability")
-    return np.array([[1 - p, p], [1.0, 0.0]]), np.array([[1.0, 0.0], [1.0, 0.0]])
-
-
-def rstitch_preset(hop_prob: float, return_prob: float) -> tuple[np.ndarray, np.ndarray]:
-    """(P, C) for R-Stitch-like routing: a geometric run on the large model.
-
-    Small model 0 hops with probability p and its token is dropped (c_01 = 0). The large model commits every
-    token it writes (c_10 = c_11 = 1) and hands back after each step with probability q, so its run length
-    is Geometric(q) with mean 1/q. q = 1 is R2R.
-    """
-    p = _probability(hop_prob, "hop probability")
-    q = _probability(return_prob, "return probability")
-    return np.array([[1 - p, p], [q, 1 - q]]), np.array([[1.0, 0.0], [1.0, 1.0]])
-
-
-def _probability(x: float, name: str) -> float:
-    x = float(x)
-    if not 0.0 <= x <= 1.0:
-        raise ValueError(f"{name} must be in [0, 1], got {x}")
-    return x
-
-
-def quantize_steps(step_ms: Sequence[StepSpec], concurrency: int, delta_ms: float = 0.1) -> StepQuanta:
-    """Round every L_i(b), b = 1..N, to d_i(b) = max(1, round(L_i(b) / delta)) and factor out their gcd."""
-    if not (math.isfinite(delta_ms) and delta_ms > 0):
-        raise ValueError(f"delta must be a positive number of ms, got {delta_ms}")
-    n = _check_concurrency(concurrency)
-    table = np.array([_step_table(spec, n, i) for i, spec in enumerate(step_ms)], dtype=float).reshape(-1, n)
-    d = np.maximum(1, np.floor(table / delta_ms + 0.5)).astype(np.int64)
-    g = int(np.gcd.reduce(d.ravel()))
-    quanta = np.zeros((len(table), n + 1), dtype=np.int64)
-    quanta[:, 1:] = d // g
-    err = float(np.abs(d * delta_ms - table).max())
-    # Float noise (27.9 / 0.1 = 278.99999999999994) is not a rounding error worth reporting.
-    return StepQuanta(quanta, float(delta_ms), g, err if err > 1e-9 * float(table.max()) else 0.0)
-
-
-def _step_table(spec: StepSpec, n: int, i: int) -> np.ndarray:
-    if callable(spec):
-        values = np.array([float(spec(b)) for b in range(1, n + 1)])
-    elif np.ndim(spec) == 0:
-        values = np.full(n, float(spec))  # type: ignore[arg-type]
-    else:
-        values = np.asarray(spec, dtype=float).ravel()
-        if len(values) < n:
-            raise ValueError(f"step times of model {i} give {len(values)} batch sizes, need {n} (b = 1..N)")
-        values = values[:n]
-    if not (np.isfinite(values).all() and (values > 0).all()):
-        raise ValueError(f"step times of model {i} must be positive and finite")
-    return values
-
-
-def _check_concurrency(concurrency: int) -> int:
-    if isinstance(concurrency, bool) or int(concurrency) != concurrency or concurrency < 1:
-        raise ValueError(f"concurrency must be a positive integer, got {concurrency}")
-    return int(concurrency)
-
-
-def feasible_thresholds(num_models: int, concurrency: int) -> list[tuple[int, ...]]:
-    """All B in {1..N}^M with sum_i (B_i - 1) < N, in lexicographic order."""
-    n = _check_concurrency(concurrency)
-
-    def rec(left: int, budget: int) -> Iterator[tuple[int, ...]]:
-        # budget = how much sum_i (B_i - 1) may still grow while staying < N
-        if left == 0:
-            yield ()
-            return
-        for extra in range(min(budget, n - 1) + 1):
-            for rest in rec(left - 1, budget - extra):
-                yield (1 + extra, *rest)
-
-    return list(rec(num_models, n - 1))
 
 
 @dataclass(slots=True, frozen=True)
@@ -336,20 +227,3 @@ def best_thresholds(
 ) -> ThresholdSearch:
     """B* = argmax T(B) over the feasible set, with the full table."""
     return MarkovModel.create(step_ms, routing, commit, concurrency, delta_ms).best_thresholds()
-
-
-__all__ = [
-    "MarkovChain",
-    "MarkovModel",
-    "StepQuanta",
-    "StepSpec",
-    "ThresholdSearch",
-    "ThroughputResult",
-    "best_thresholds",
-    "feasible_thresholds",
-    "quantize_steps",
-    "r2r_preset",
-    "rstitch_preset",
-    "stationary_distribution",
-    "throughput",
-]

@@ -1,0 +1,39 @@
+"""Routing presets (P, C) for the Markov model: which model a request visits next and what it commits.
+
+P[i, j]: probability that a request leaving a step on model i goes to model j (j = i: it stays);
+C[i, j]: tokens committed on that route. Model 0 is the entry (small) model.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def r2r_preset(hop_prob: float) -> tuple[np.ndarray, np.ndarray]:
+    """(P, C) for R2R-like routing: model 0 small, model 1 large.
+
+    After a small-model step the request hops with probability p; the small token is then dropped
+    (c_01 = 0), the large model regenerates it and hands back after one token, committed on return
+    (p_10 = 1, c_10 = 1). Without a hop the small token is committed (c_00 = 1).
+    """
+    p = _probability(hop_prob, "hop probability")
+    return np.array([[1 - p, p], [1.0, 0.0]]), np.array([[1.0, 0.0], [1.0, 0.0]])
+
+
+def rstitch_preset(hop_prob: float, return_prob: float) -> tuple[np.ndarray, np.ndarray]:
+    """(P, C) for R-Stitch-like routing: a geometric run on the large model.
+
+    Small model 0 hops with probability p and its token is dropped (c_01 = 0). The large model commits every
+    token it writes (c_10 = c_11 = 1) and hands back after each step with probability q, so its run length
+    is Geometric(q) with mean 1/q. q = 1 is R2R.
+    """
+    p = _probability(hop_prob, "hop probability")
+    q = _probability(return_prob, "return probability")
+    return np.array([[1 - p, p], [q, 1 - q]]), np.array([[1.0, 0.0], [1.0, 1.0]])
+
+
+def _probability(x: float, name: str) -> float:
+    x = float(x)
+    if not 0.0 <= x <= 1.0:
+        raise ValueError(f"{name} must be in [0, 1], got {x}")
+    return x
