@@ -13,7 +13,7 @@ from tokenrouter.markov.model import (
     best_thresholds,
     throughput,
 )
-from tokenrouter.markov.presets import r2r_preset, rstitch_preset
+from tokenrouter.markov.presets import me_preset, r2r_preset, rstitch_preset
 from tokenrouter.markov.solve import stationary_distribution
 from tokenrouter.markov.steps import StepQuanta, StepSpec, feasible_thresholds, quantize_steps
 
@@ -26,6 +26,7 @@ __all__ = [
     "ThroughputResult",
     "best_thresholds",
     "feasible_thresholds",
+    "me_preset",
     "quantize_steps",
     "r2r_preset",
     "rstitch_preset",

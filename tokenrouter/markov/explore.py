@@ -64,13 +64,14 @@ class ExploredChains:
 def multinomial_outcomes(routing: np.ndarray, n_max: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Tables of Multinomial(b; p_i.) outcomes for every model i and batch size b = 0..n_max.
 
-    Returns (counts, probs, start, count): flat outcome table `counts` (E, M) / `probs` (E,) and, per (i, b),
-    the first row `start[i, b]` and number `count[i, b]` of its outcomes. Only destinations with p_ij > 0
-    appear, so zero-probability outcomes never create states. Row 0 of the table is the null outcome
-    (no requests, probability 1), used for models that are not completing.
+    `routing` is (M, D): M source models, D destinations (D may exceed M, see `explore`). Returns
+    (counts, probs, start, count): flat outcome table `counts` (E, D) / `probs` (E,) and, per (i, b), the first
+    row `start[i, b]` and number `count[i, b]` of its outcomes. Only destinations with p_ij > 0 appear, so
+    zero-probability outcomes never create states. Row 0 of the table is the null outcome (no requests,
+    probability 1), used for models that are not completing.
     """
-    m = routing.shape[0]
-    counts: list[np.ndarray] = [np.zeros((1, m), dtype=np.int64)]
+    m, d = routing.shape
+    counts: list[np.ndarray] = [np.zeros((1, d), dtype=np.int64)]
     probs: list[np.ndarray] = [np.ones(1)]
     start = np.zeros((m, n_max + 1), dtype=np.int64)
     count = np.zeros((m, n_max + 1), dtype=np.int64)
@@ -80,7 +81,7 @@ def multinomial_outcomes(routing: np.ndarray, n_max: int) -> tuple[np.ndarray, n
         logp = np.log(routing[i, support])
         for b in range(n_max + 1):
             comp = _compositions(b, len(support))
-            full = np.zeros((len(comp), m), dtype=np.int64)
+            full = np.zeros((len(comp), d), dtype=np.int64)
             full[:, support] = comp
             logpmf = gammaln(b + 1) - gammaln(comp + 1).sum(axis=1) + (comp * logp).sum(axis=1)
             counts.append(full)
@@ -151,6 +152,8 @@ def explore(
     concurrency: int,
     thresholds: np.ndarray,
     max_states: int = DEFAULT_MAX_STATES,
+    finish: np.ndarray | None = None,
+    entry: int = 0,
 ) -> ExploredChains:
     """BFS over reachable pre-completion states, for every row of `thresholds` (G, M) at once.
 
@@ -158,11 +161,25 @@ def explore(
     sum_j c_ij p_ij, the expected tokens committed per request completing on i. Start: all `concurrency`
     requests waiting at model 0, launch rule applied, time advanced to the first completion.
     Thresholds must be feasible (sum_i (B_i - 1) < N), which guarantees some model is always running.
+
+    `finish[i, j]` (optional, (M, M)): probability that a request routed i -> j has just committed its last
+    token. It then leaves, and its client's next request arrives at `entry` *after* this instant's launches:
+    it joins the entry's queue, and the entry launches it at once only if it is idle and now reaches B_entry.
+    This is what breaks lockstep under deterministic routing (a finished request's replacement misses the
+    batch its old companions join). With `finish` None or all zero the chain is exactly the closed loop
+    without completions.
     """
     m, n = routing.shape[0], concurrency
     thr = np.asarray(thresholds, dtype=np.int64).reshape(-1, m)
     n_groups = len(thr)
-    out_counts, out_probs, out_start, out_count = multinomial_outcomes(routing, n)
+    # Destination m (one past the models) stands for "finished: replaced by a new request at the entry".
+    h = np.zeros((m, m)) if finish is None else np.asarray(finish, dtype=float)
+    replaced = (routing * h).sum(axis=1)
+    dest = np.column_stack([routing * (1.0 - h), replaced])
+    # On the entry itself the next request is queued before the entry launches again: no late arrival.
+    dest[entry, entry] += replaced[entry]
+    dest[entry, m] = 0.0
+    out_counts, out_probs, out_start, out_count = multinomial_outcomes(dest, n)
     index = _KeyIndex(m, n, int(quanta.max()), n_groups)
 
     # Start states: (N, 0, ..) waiting, nothing running; the launch rule then advances to the first completion.
@@ -189,7 +206,7 @@ def explore(
         done_size = np.where(completing, b, 0)
         # Route every completing batch: expand each state by the product of its models' outcome sets.
         parent = np.arange(len(front))
-        arrivals = np.zeros((len(front), m), dtype=np.int64)
+        arrivals = np.zeros((len(front), m + 1), dtype=np.int64)
         prob = np.ones(len(front))
         for i in range(m):
             ci = completing[parent, i]
@@ -204,7 +221,14 @@ def explore(
             arrivals = arrivals[expand] + out_counts[outcome]
             prob = prob[expand] * out_probs[outcome]
         ck, cb, cr, ctau, cg = _launch_and_advance(
-            k[parent] + arrivals, np.where(completing, 0, b)[parent], r[parent], g[parent], thr, quanta
+            k[parent] + arrivals[:, :m],
+            np.where(completing, 0, b)[parent],
+            r[parent],
+            g[parent],
+            thr,
+            quanta,
+            late=arrivals[:, m],
+            entry=entry,
         )
         child_rows = np.column_stack([cg, ck, cb, cr])
         ids, new = index.lookup_or_add(child_rows)
@@ -259,17 +283,26 @@ def explore(
 
 
 def _launch_and_advance(
-    k: np.ndarray, b: np.ndarray, r: np.ndarray, g: np.ndarray, thr: np.ndarray, quanta: np.ndarray
+    k: np.ndarray,
+    b: np.ndarray,
+    r: np.ndarray,
+    g: np.ndarray,
+    thr: np.ndarray,
+    quanta: np.ndarray,
+    late: np.ndarray | None = None,
+    entry: int = 0,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Launch rule then advance to the next completion. Rows are states right after routing.
 
-    Every idle model with k_i >= B_i takes all k_i waiting requests (residual quanta[i, k_i]); then
+    Every idle model with k_i >= B_i takes all k_i waiting requests (residual quanta[i, k_i]); then `late`
+    requests (new ones, see `explore`) join the entry's queue and the rule is applied once more; then
     tau = min running residual and all running residuals drop by tau. Returns (k, b, r, tau, g).
     """
-    launch = (b == 0) & (k >= thr[g]) & (k > 0)
-    b = np.where(launch, k, b)
-    r = np.where(launch, quanta[np.arange(k.shape[1]), k], r)
-    k = np.where(launch, 0, k)
+    k, b, r = _launch(k, b, r, thr[g], quanta)
+    if late is not None and late.any():
+        k = k.copy()
+        k[:, entry] += late
+        k, b, r = _launch(k, b, r, thr[g], quanta)
     running = b > 0
     big = np.iinfo(np.int64).max
     tau = np.where(running, r, big).min(axis=1)
@@ -277,3 +310,13 @@ def _launch_and_advance(
         raise AssertionError("no running model after the launch rule: thresholds are not feasible")
     r = np.where(running, r - tau[:, None], 0)
     return k, b, r, tau, g
+
+
+def _launch(
+    k: np.ndarray, b: np.ndarray, r: np.ndarray, thr: np.ndarray, quanta: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    launch = (b == 0) & (k >= thr) & (k > 0)
+    b = np.where(launch, k, b)
+    r = np.where(launch, quanta[np.arange(k.shape[1]), k], r)
+    k = np.where(launch, 0, k)
+    return k, b, r

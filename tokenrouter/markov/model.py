@@ -15,10 +15,27 @@ class's ratio weighted by its absorption probability.
 
 Feasible thresholds: B in {1..N}^M with sum_i (B_i - 1) < N, so that some model can always launch (deadlock
 guard).
+
+Completions (`mean_output`). Without them the N requests circulate forever, and under deterministic routing
+(ME: every token visits 0, 1, .., M-1) the chain is one lockstep orbit, all N requests in one batch everywhere.
+The simulator's closed loop is not: a request ends after its output length, and its client's next request
+starts at the entry (model 0) with a prefill step, out of step with its old companions. The extension models
+that with geometric output lengths: each committed token is the request's last with probability
+q = 1 / mean_output (so a route committing c tokens ends it with probability 1 - (1 - q)^c), the tokens
+committed are unchanged, and the replacement
+- finished on the entry: joins the entry's queue like the request it replaces (the client's next request is
+  there before the entry launches again, as in the simulator's zero-latency closed loop);
+- finished elsewhere: reaches the entry *after* the launches of that instant (the entry has already reacted
+  to the peers' messages), so it misses the batch its old companions join unless the entry stays idle.
+Assumptions: output lengths Geometric(q) on {1, 2, ..}, a prefill step costs what a decode step of the same
+batch size costs, and replacements arriving at one instant arrive together. With `mean_output` None (q = 0)
+the chain is exactly the one without completions. For R2R only large-model finishes are replaced late, a
+change of order 1 / mean_output; for ME it is what breaks lockstep.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -84,12 +101,17 @@ class MarkovChain:
 
 @dataclass(slots=True, frozen=True)
 class MarkovModel:
-    """Validated model inputs; build with `MarkovModel.create`."""
+    """Validated model inputs; build with `MarkovModel.create`.
+
+    `completion`: probability that a committed token is its request's last (1 / mean output length, 0 = requests
+    never finish); see the module docstring.
+    """
 
     step: StepQuanta
     routing: np.ndarray
     commit: np.ndarray
     concurrency: int
+    completion: float = 0.0
 
     @classmethod
     def create(
@@ -99,7 +121,9 @@ class MarkovModel:
         commit: np.ndarray | Sequence[Sequence[float]],
         concurrency: int,
         delta_ms: float = 0.1,
+        mean_output: float | None = None,
     ) -> MarkovModel:
+        """`mean_output`: mean output tokens per request (>= 1); None = requests never finish."""
         p = np.asarray(routing, dtype=float)
         c = np.asarray(commit, dtype=float)
         m = len(step_ms)
@@ -109,8 +133,13 @@ class MarkovModel:
             raise ValueError("routing rows must be nonnegative and sum to 1")
         if not (np.isfinite(c).all() and (c >= 0).all()):
             raise ValueError("commit matrix must be nonnegative and finite")
+        completion = 0.0
+        if mean_output is not None:
+            if not (math.isfinite(mean_output) and mean_output >= 1):
+                raise ValueError(f"mean output must be at least 1 token, got {mean_output}")
+            completion = 1.0 / float(mean_output)
         step = quantize_steps(step_ms, concurrency, delta_ms)
-        return cls(step, p / p.sum(axis=1, keepdims=True), c, int(concurrency))
+        return cls(step, p / p.sum(axis=1, keepdims=True), c, int(concurrency), completion)
 
     @property
     def num_models(self) -> int:
@@ -156,7 +185,9 @@ class MarkovModel:
     def _chains(self, thresholds: Sequence[Sequence[int]], max_states: int, keep: bool) -> list[MarkovChain]:
         thr = [self.check_thresholds(b) for b in thresholds]
         commit_mean = (self.commit * self.routing).sum(axis=1)
-        ex = explore(self.step.quanta, self.routing, commit_mean, self.concurrency, np.array(thr), max_states)
+        # A route committing c tokens ends the request unless none of them was the last: 1 - (1 - q)^c.
+        finish = 1.0 - (1.0 - self.completion) ** self.commit if self.completion else None
+        ex = explore(self.step.quanta, self.routing, commit_mean, self.concurrency, np.array(thr), max_states, finish)
         order = np.argsort(ex.src, kind="stable")  # edges grouped by source, hence by block
         src, dst, prob = ex.src[order], ex.dst[order], ex.prob[order]
         edge_off = np.searchsorted(src, ex.offsets)
@@ -213,9 +244,10 @@ def throughput(
     thresholds: Sequence[int],
     concurrency: int,
     delta_ms: float = 0.1,
+    mean_output: float | None = None,
 ) -> ThroughputResult:
     """T(B) and extras for one threshold vector; see the module docstring for the semantics."""
-    return MarkovModel.create(step_ms, routing, commit, concurrency, delta_ms).throughput(thresholds)
+    return MarkovModel.create(step_ms, routing, commit, concurrency, delta_ms, mean_output).throughput(thresholds)
 
 
 def best_thresholds(
@@ -224,6 +256,7 @@ def best_thresholds(
     commit: np.ndarray | Sequence[Sequence[float]],
     concurrency: int,
     delta_ms: float = 0.1,
+    mean_output: float | None = None,
 ) -> ThresholdSearch:
     """B* = argmax T(B) over the feasible set, with the full table."""
-    return MarkovModel.create(step_ms, routing, commit, concurrency, delta_ms).best_thresholds()
+    return MarkovModel.create(step_ms, routing, commit, concurrency, delta_ms, mean_output).best_thresholds()

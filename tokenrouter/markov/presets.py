@@ -32,6 +32,21 @@ def rstitch_preset(hop_prob: float, return_prob: float) -> tuple[np.ndarray, np.
     return np.array([[1 - p, p], [q, 1 - q]]), np.array([[1.0, 0.0], [1.0, 1.0]])
 
 
+def me_preset(num_models: int = 3) -> tuple[np.ndarray, np.ndarray]:
+    """(P, C) for the ME ensemble: every token visits models 0, 1, .., M-1 in turn, and only the last model
+    commits it (it combines the ensemble's logits), then hands the request back to model 0. Routing is
+    deterministic, so without completions (`mean_output`) the chain is the lockstep orbit.
+    """
+    if num_models < 2:
+        raise ValueError(f"an ensemble needs at least 2 models, got {num_models}")
+    m = num_models
+    p = np.zeros((m, m))
+    p[np.arange(m), (np.arange(m) + 1) % m] = 1.0
+    c = np.zeros((m, m))
+    c[m - 1, 0] = 1.0
+    return p, c
+
+
 def _probability(x: float, name: str) -> float:
     x = float(x)
     if not 0.0 <= x <= 1.0:
