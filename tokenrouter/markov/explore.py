@@ -32,6 +32,21 @@ DEFAULT_MAX_STATES = 2_000_000
 _INT_KEY_LIMIT = 2.0**62  # states pack into one int64 key while the mixed radix stays below this
 
 
+class StateSpaceTooLarge(ValueError):
+    """The reachable chain has more states than allowed; raised while exploring, before anything is solved.
+
+    A ValueError, so a command line that lets it through prints one line; `tokenrouter.markov.search` catches
+    it and falls back to a smaller search.
+    """
+
+    def __init__(self, max_states: int, num_models: int, concurrency: int) -> None:
+        super().__init__(
+            f"the Markov chain of {num_models} models at N={concurrency} exceeds {max_states:,} states; "
+            "use a coarser quantum (--delta-ms), a smaller N or a larger --max-states"
+        )
+        self.max_states = max_states
+
+
 @dataclass(slots=True)
 class ExploredChains:
     """Reachable pre-completion states and transitions for a list of threshold vectors (block-diagonal).
@@ -231,9 +246,11 @@ def explore(
             entry=entry,
         )
         child_rows = np.column_stack([cg, ck, cb, cr])
+        if len(child_rows) > 8 * max_states + 100_000:  # one level would cost more than the cap is meant to allow
+            raise StateSpaceTooLarge(max_states, m, n)
         ids, new = index.lookup_or_add(child_rows)
         if len(index.ids) > max_states:
-            raise RuntimeError(f"Markov state space exceeds {max_states} states; use a coarser delta or fewer requests")
+            raise StateSpaceTooLarge(max_states, m, n)
         # Per-source expected rewards. (ck, cb) is the post-launch state, constant until the next completion.
         w = prob * ctau
         nf = len(front)

@@ -37,14 +37,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import scipy.sparse as sp
 
 from tokenrouter.markov.explore import DEFAULT_MAX_STATES, ExploredChains, explore
 from tokenrouter.markov.solve import class_distributions
-from tokenrouter.markov.steps import StepQuanta, StepSpec, feasible_thresholds, quantize_steps
+from tokenrouter.markov.steps import StepQuanta, StepSpec, feasible_thresholds, quantize_steps, quantize_table
 
 _ROW_TOL = 1e-9
 
@@ -71,7 +71,8 @@ class ThroughputResult:
 
 @dataclass(slots=True)
 class ThresholdSearch:
-    """B* = argmax T(B) over the feasible set; `results` lists every feasible B in lexicographic order."""
+    """B* = argmax T(B) over the candidates searched (by default the feasible set); `results` lists them in
+    lexicographic order."""
 
     best: tuple[int, ...]
     best_throughput_tok_s: float
@@ -157,11 +158,31 @@ class MarkovModel:
             raise ValueError(f"thresholds {b} can deadlock: need sum(B_i - 1) < N = {n}")
         return b
 
+    def with_quantum(self, delta_ms: float) -> MarkovModel:
+        """The same model on another time grid (coarser = fewer states, larger rounding error)."""
+        return replace(self, step=quantize_table(self.step.table_ms, delta_ms))
+
+    def with_concurrency(self, concurrency: int) -> MarkovModel:
+        """The same model for N' <= N requests (its step tables are cut to b = 1..N')."""
+        if not 1 <= concurrency <= self.concurrency:
+            raise ValueError(f"concurrency must be in 1..{self.concurrency}, got {concurrency}")
+        step = quantize_table(self.step.table_ms[:, :concurrency], self.step.delta_ms)
+        return replace(self, step=step, concurrency=int(concurrency))
+
     def evaluate(
-        self, thresholds: Sequence[Sequence[int]], max_states: int = DEFAULT_MAX_STATES
+        self, thresholds: Sequence[Sequence[int]], max_states: int = DEFAULT_MAX_STATES, chunk: int = 256
     ) -> list[ThroughputResult]:
-        """Results for several threshold vectors, explored together (faster than one by one)."""
-        return [ch.result for ch in self._chains(thresholds, max_states, keep=False)]
+        """Results for several threshold vectors, explored `chunk` at a time (faster than one by one).
+
+        `max_states` caps the states of all of them together: StateSpaceTooLarge once exploring passes it.
+        """
+        results: list[ThroughputResult] = []
+        left = max_states
+        for lo in range(0, len(thresholds), chunk):
+            part = [ch.result for ch in self._chains(thresholds[lo : lo + chunk], left, keep=False)]
+            left -= sum(res.n_states for res in part)
+            results.extend(part)
+        return results
 
     def throughput(self, thresholds: Sequence[int], max_states: int = DEFAULT_MAX_STATES) -> ThroughputResult:
         return self.evaluate([thresholds], max_states)[0]
@@ -170,24 +191,38 @@ class MarkovModel:
         return self._chains([thresholds], max_states, keep=True)[0]
 
     def best_thresholds(self, chunk: int = 256, max_states: int = DEFAULT_MAX_STATES) -> ThresholdSearch:
-        """Evaluate the whole feasible set (in chunks of `chunk` threshold vectors) and pick B*.
+        """Evaluate the whole feasible set and pick B*; see `search`."""
+        return self.search(feasible_thresholds(self.num_models, self.concurrency), max_states, chunk)
 
-        Ties (within a relative 1e-9) go to the lexicographically smallest B.
-        """
-        cands = feasible_thresholds(self.num_models, self.concurrency)
-        results: list[ThroughputResult] = []
-        for lo in range(0, len(cands), chunk):
-            results.extend(self.evaluate(cands[lo : lo + chunk], max_states))
+    def search(
+        self, candidates: Sequence[Sequence[int]], max_states: int = DEFAULT_MAX_STATES, chunk: int = 256
+    ) -> ThresholdSearch:
+        """The best of `candidates`. Ties (within a relative 1e-9) go to the lexicographically smallest B."""
+        results = sorted(self.evaluate(candidates, max_states, chunk), key=lambda res: res.thresholds)
         top = max(res.throughput_tok_s for res in results)
         best = next(res for res in results if res.throughput_tok_s >= top * (1 - 1e-9))
         return ThresholdSearch(best.thresholds, best.throughput_tok_s, results)
 
-    def _chains(self, thresholds: Sequence[Sequence[int]], max_states: int, keep: bool) -> list[MarkovChain]:
-        thr = [self.check_thresholds(b) for b in thresholds]
+    def count_states(
+        self, thresholds: Sequence[Sequence[int]], max_states: int = DEFAULT_MAX_STATES, chunk: int = 256
+    ) -> int:
+        """States of the chains of `thresholds` together, explored but not solved (a cheap size probe);
+        StateSpaceTooLarge once the total passes `max_states`."""
+        total = 0
+        for lo in range(0, len(thresholds), chunk):
+            thr = [self.check_thresholds(b) for b in thresholds[lo : lo + chunk]]
+            total += len(self._explore(thr, max_states - total).k)
+        return total
+
+    def _explore(self, thr: list[tuple[int, ...]], max_states: int) -> ExploredChains:
         commit_mean = (self.commit * self.routing).sum(axis=1)
         # A route committing c tokens ends the request unless none of them was the last: 1 - (1 - q)^c.
         finish = 1.0 - (1.0 - self.completion) ** self.commit if self.completion else None
-        ex = explore(self.step.quanta, self.routing, commit_mean, self.concurrency, np.array(thr), max_states, finish)
+        return explore(self.step.quanta, self.routing, commit_mean, self.concurrency, np.array(thr), max_states, finish)
+
+    def _chains(self, thresholds: Sequence[Sequence[int]], max_states: int, keep: bool) -> list[MarkovChain]:
+        thr = [self.check_thresholds(b) for b in thresholds]
+        ex = self._explore(thr, max_states)
         order = np.argsort(ex.src, kind="stable")  # edges grouped by source, hence by block
         src, dst, prob = ex.src[order], ex.dst[order], ex.prob[order]
         edge_off = np.searchsorted(src, ex.offsets)

@@ -20,32 +20,44 @@ StepSpec = float | Sequence[float] | Callable[[int], float]
 
 @dataclass(slots=True, frozen=True)
 class StepQuanta:
-    """Quantized step times. `quanta[i, b]` = d_i(b) / g for b = 1..N (column 0 unused, 0)."""
+    """Quantized step times. `quanta[i, b]` = d_i(b) / g for b = 1..N (column 0 unused, 0); `table_ms[i, b - 1]`
+    is the unrounded L_i(b) they came from (kept so the model can be requantized)."""
 
     quanta: np.ndarray
     delta_ms: float
     gcd: int
     max_step_error_ms: float
+    table_ms: np.ndarray
 
     @property
     def delta_eff_ms(self) -> float:
         """Effective (exact) quantum after factoring out the gcd."""
         return self.delta_ms * self.gcd
 
+    @property
+    def max_quanta(self) -> int:
+        """The longest step in effective quanta: state counts grow with it (residual times)."""
+        return int(self.quanta.max())
+
 
 def quantize_steps(step_ms: Sequence[StepSpec], concurrency: int, delta_ms: float = 0.1) -> StepQuanta:
     """Round every L_i(b), b = 1..N, to d_i(b) = max(1, round(L_i(b) / delta)) and factor out their gcd."""
-    if not (math.isfinite(delta_ms) and delta_ms > 0):
-        raise ValueError(f"delta must be a positive number of ms, got {delta_ms}")
     n = check_concurrency(concurrency)
     table = np.array([_step_table(spec, n, i) for i, spec in enumerate(step_ms)], dtype=float).reshape(-1, n)
+    return quantize_table(table, delta_ms)
+
+
+def quantize_table(table: np.ndarray, delta_ms: float) -> StepQuanta:
+    """`quantize_steps` for a ready (M, N) table of step times in ms."""
+    if not (math.isfinite(delta_ms) and delta_ms > 0):
+        raise ValueError(f"delta must be a positive number of ms, got {delta_ms}")
     d = np.maximum(1, np.floor(table / delta_ms + 0.5)).astype(np.int64)
     g = int(np.gcd.reduce(d.ravel()))
-    quanta = np.zeros((len(table), n + 1), dtype=np.int64)
+    quanta = np.zeros((len(table), table.shape[1] + 1), dtype=np.int64)
     quanta[:, 1:] = d // g
     err = float(np.abs(d * delta_ms - table).max())
     # Float noise (27.9 / 0.1 = 278.99999999999994) is not a rounding error worth reporting.
-    return StepQuanta(quanta, float(delta_ms), g, err if err > 1e-9 * float(table.max()) else 0.0)
+    return StepQuanta(quanta, float(delta_ms), g, err if err > 1e-9 * float(table.max()) else 0.0, table)
 
 
 def _step_table(spec: StepSpec, n: int, i: int) -> np.ndarray:
