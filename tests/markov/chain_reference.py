@@ -4,7 +4,7 @@
 `event_simulation` runs the closed loop event by event with random draws. Both know the completion extension:
 a request committing its last token (probability `completion` per committed token) is replaced by a new one at
 the entry: before the entry launches again if it finished on the entry, else just after that instant's
-launches.
+launches, which see the thresholds the core's policy gives for the live count (N minus those replacements).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from collections import deque
 import numpy as np
 import scipy.sparse as sp
 
+from tokenrouter.core.policy import clamp_thresholds
 from tokenrouter.markov import stationary_distribution
 
 LATE = -1  # destination of a finished request's replacement that arrives after the launches
@@ -39,9 +40,10 @@ def post_launch_reference(
     """T(B) in tokens per quantum: states (k, b, r) after launches, reward sum_{i in A} b_i c_ij p_ij."""
     m = len(d)
 
-    def launch(k: list[int], run: list[int], res: list[int]) -> None:
+    def launch(k: list[int], run: list[int], res: list[int], live: int = n) -> None:
+        bl = clamp_thresholds(b, live)
         for i in range(m):
-            if run[i] == 0 and k[i] >= b[i] and k[i] > 0:
+            if run[i] == 0 and k[i] >= bl[i] and k[i] > 0:
                 run[i], k[i], res[i] = k[i], 0, d[i]
 
     def outcomes(i: int, size: int) -> list[tuple[list[int], int, float]]:
@@ -68,7 +70,7 @@ def post_launch_reference(
                 late += n_late
                 pr *= p
             rr, rl = [0 if i in done else run[i] for i in range(m)], list(left)
-            launch(kk, rr, rl)
+            launch(kk, rr, rl, live=n - late)
             kk[0] += late
             launch(kk, rr, rl)
             t = (*kk, *rr, *rl)
@@ -107,9 +109,10 @@ def event_simulation(
     cum = [np.cumsum(routing[i]).tolist() for i in range(m)]
     cum = [[*c[:-1], 2.0] for c in cum]  # the last destination catches rounding
 
-    def launch() -> None:
+    def launch(live: int = n) -> None:
+        bl = clamp_thresholds(b, live)
         for i in range(m):
-            if running[i] == 0 and waiting[i] >= b[i] and waiting[i] > 0:
+            if running[i] == 0 and waiting[i] >= bl[i] and waiting[i] > 0:
                 running[i], waiting[i] = waiting[i], 0
                 heapq.heappush(heap, (now + d[i], i))
 
@@ -130,7 +133,7 @@ def event_simulation(
                 else:
                     waiting[j] += 1
             running[i] = 0
-        launch()
+        launch(live=n - late)
         waiting[0] += late
         launch()
         if ev == events // 10:

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from chain_reference import event_simulation, post_launch_reference
 
-from tokenrouter.markov import MarkovModel, me_preset, r2r_preset, rstitch_preset, throughput
+from tokenrouter.markov import MarkovModel, feasible_thresholds, me_preset, r2r_preset, rstitch_preset, throughput
+from tokenrouter.markov.steps import live_thresholds
 
 ME_MS = [0.9, 4.6, 17.0]  # the ME case: the last model is slower than the other two together
 
@@ -91,3 +92,26 @@ def test_matches_event_simulation(pc, d, b, n, mean_output) -> None:
 def test_mean_output_must_be_at_least_one_token(bad: float) -> None:
     with pytest.raises(ValueError, match="mean output"):
         MarkovModel.create(ME_MS, *me_preset(3), 4, mean_output=bad)
+
+
+@pytest.mark.parametrize("mean_output", [2.0, 10.0, 100.0])
+def test_me_pair_held_at_the_entry(mean_output: float) -> None:
+    # ME, N = 2, B = (2, 1, 1). Cycles of L0 + L1 + L2 either carry the pair (2 tokens) or one request alone
+    # (1 token). When exactly one of the pair ends, the live count is 1 until its replacement is admitted, so
+    # B_0 drops to 1 and the other one goes on alone while the replacement waits for it at the entry (pair ->
+    # alone, probability 2q(1-q)). The lone one returns and the pair forms again, unless it ended too: then
+    # the waiting replacement starts alone (alone -> alone, q). Stationary: alone / pair = 2q(1-q) / (1-q).
+    q = 1.0 / mean_output
+    pair, alone = 1.0, 2 * q
+    expected = 1000 * (2 * pair + alone) / ((pair + alone) * sum(ME_MS))
+    res = throughput(ME_MS, *me_preset(3), (2, 1, 1), 2, mean_output=mean_output)
+    assert rel(res.throughput_tok_s, expected) < 1e-9
+
+
+def test_live_thresholds_follow_the_core_policy() -> None:
+    from tokenrouter.core.policy import clamp_thresholds
+
+    for m, n in [(2, 6), (3, 5)]:
+        for b in feasible_thresholds(m, n):
+            for live in range(0, n + 1):
+                assert live_thresholds(b, live) == clamp_thresholds(b, live)

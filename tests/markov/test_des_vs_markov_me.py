@@ -2,7 +2,12 @@
 
 The workload has geometric output lengths (the model's assumption), so a request's chance to end after each
 committed token is the same 1 / mean. ME routing is deterministic: without completions the model is the
-lockstep orbit, which the simulator leaves at its first finished request.
+lockstep orbit, which the simulator leaves at its first finished request. B = (N, 1, 1) holds the group
+together at the entry, except that a finish lowers B_0 to N - 1 until the replacement is admitted.
+
+The cases avoid thresholds whose long-run state is entered only through rare simultaneous finishes (e.g.
+B = (2, 1, 1) at N = 4: two pairs alternating, reached when two requests end in one batch): the model gives
+that long-run state, while a run of this length still spends a few percent of its window before it.
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ ME_MODELS = ["qwen3-0.6b", "qwen3-1.7b", "qwen3-32b"]
 
 @pytest.mark.parametrize(
     ("n", "b"),
-    [(2, (1, 1, 1)), (4, (1, 1, 1)), (4, (1, 2, 1)), (6, (1, 2, 3)), (8, (1, 3, 4))],
+    [(2, (1, 1, 1)), (4, (1, 1, 1)), (4, (4, 1, 1)), (6, (1, 2, 3)), (8, (1, 3, 4))],
 )
 def test_me_simulator_matches_model_within_2_percent(tmp_path: Path, n: int, b: tuple) -> None:
     workload = geometric_workload(tmp_path / "geo.jsonl", 250 * n, MEAN_OUTPUT, seed=n)

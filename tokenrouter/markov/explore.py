@@ -27,6 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import gammaln
 
+from tokenrouter.markov.steps import live_thresholds
+
 # States beyond this many in one exploration most likely mean the quantum is far too fine for the horizon.
 DEFAULT_MAX_STATES = 2_000_000
 _INT_KEY_LIMIT = 2.0**62  # states pack into one int64 key while the mixed radix stays below this
@@ -187,6 +189,8 @@ def explore(
     m, n = routing.shape[0], concurrency
     thr = np.asarray(thresholds, dtype=np.int64).reshape(-1, m)
     n_groups = len(thr)
+    # thr_live[g, L]: what the schedulers apply while L finished requests await their replacements (live N - L).
+    thr_live = np.array([[live_thresholds(b, n - late) for late in range(n + 1)] for b in thr.tolist()])
     # Destination m (one past the models) stands for "finished: replaced by a new request at the entry".
     h = np.zeros((m, m)) if finish is None else np.asarray(finish, dtype=float)
     replaced = (routing * h).sum(axis=1)
@@ -203,7 +207,7 @@ def explore(
     g0 = np.arange(n_groups)
     zeros = np.zeros_like(k0)
     # The start-up interval is transient and carries no reward, hence its tau is dropped.
-    k, b, r, _, g = _launch_and_advance(k0, zeros, zeros, g0, thr, quanta)
+    k, b, r, _, g = _launch_and_advance(k0, zeros, zeros, g0, thr, quanta, thr_live)
     rows = np.column_stack([g, k, b, r])
     start, first = index.lookup_or_add(rows)
     rows = rows[first]
@@ -242,6 +246,7 @@ def explore(
             g[parent],
             thr,
             quanta,
+            thr_live,
             late=arrivals[:, m],
             entry=entry,
         )
@@ -306,17 +311,21 @@ def _launch_and_advance(
     g: np.ndarray,
     thr: np.ndarray,
     quanta: np.ndarray,
+    thr_live: np.ndarray,
     late: np.ndarray | None = None,
     entry: int = 0,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Launch rule then advance to the next completion. Rows are states right after routing.
 
-    Every idle model with k_i >= B_i takes all k_i waiting requests (residual quanta[i, k_i]); then `late`
-    requests (new ones, see `explore`) join the entry's queue and the rule is applied once more; then
+    Every idle model with k_i >= B_i takes all k_i waiting requests (residual quanta[i, k_i]), with B the
+    thresholds for the live count (N minus the `late` replacements still to come); then the `late` requests
+    (new ones, see `explore`) join the entry's queue and the rule is applied once more with B for N; then
     tau = min running residual and all running residuals drop by tau. Returns (k, b, r, tau, g).
     """
-    k, b, r = _launch(k, b, r, thr[g], quanta)
-    if late is not None and late.any():
+    if late is None or not late.any():
+        k, b, r = _launch(k, b, r, thr[g], quanta)
+    else:
+        k, b, r = _launch(k, b, r, thr_live[g, late], quanta)
         k = k.copy()
         k[:, entry] += late
         k, b, r = _launch(k, b, r, thr[g], quanta)

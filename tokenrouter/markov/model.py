@@ -27,6 +27,8 @@ committed are unchanged, and the replacement
   there before the entry launches again, as in the simulator's zero-latency closed loop);
 - finished elsewhere: reaches the entry *after* the launches of that instant (the entry has already reacted
   to the peers' messages), so it misses the batch its old companions join unless the entry stays idle.
+  Those launches see the live count N - L (L replacements still to come) and so the thresholds the policy
+  gives for it (`steps.live_thresholds`: B lowered until the deadlock guard holds for N - L).
 Assumptions: output lengths Geometric(q) on {1, 2, ..}, a prefill step costs what a decode step of the same
 batch size costs, and replacements arriving at one instant arrive together. With `mean_output` None (q = 0)
 the chain is exactly the one without completions. For R2R only large-model finishes are replaced late, a

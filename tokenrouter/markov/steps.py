@@ -95,3 +95,15 @@ def feasible_thresholds(num_models: int, concurrency: int) -> list[tuple[int, ..
                 yield (1 + extra, *rest)
 
     return list(rec(num_models, n - 1))
+
+
+def live_thresholds(thresholds: Sequence[int], live: int) -> tuple[int, ...]:
+    """The B a scheduler applies while only `live` requests are in the system: the largest entries (the last
+    on ties) lowered until sum_i (B_i - 1) < live. The same rule as the core's policy clamp, so the model sees
+    what the schedulers do between a request's finish and its replacement's admission."""
+    b = [max(1, int(x)) for x in thresholds]
+    n = max(1, live)
+    while sum(x - 1 for x in b) >= n:
+        i = len(b) - 1 - b[::-1].index(max(b))
+        b[i] -= 1
+    return tuple(b)
