@@ -5,6 +5,7 @@ Analysis, not scheduling: the simulator and `trsim tune` use it to choose B; the
 
 from __future__ import annotations
 
+from tokenrouter.markov.explore import StateSpaceTooLarge
 from tokenrouter.markov.model import (
     MarkovChain,
     MarkovModel,
@@ -13,23 +14,29 @@ from tokenrouter.markov.model import (
     best_thresholds,
     throughput,
 )
-from tokenrouter.markov.presets import me_preset, r2r_preset, rstitch_preset
+from tokenrouter.markov.presets import me_preset, r2r_preset, router_matrices, rstitch_preset
+from tokenrouter.markov.search import SearchOutcome, evaluate_thresholds, search_thresholds
 from tokenrouter.markov.solve import stationary_distribution
 from tokenrouter.markov.steps import StepQuanta, StepSpec, feasible_thresholds, quantize_steps
 
 __all__ = [
     "MarkovChain",
     "MarkovModel",
+    "SearchOutcome",
+    "StateSpaceTooLarge",
     "StepQuanta",
     "StepSpec",
     "ThresholdSearch",
     "ThroughputResult",
     "best_thresholds",
+    "evaluate_thresholds",
     "feasible_thresholds",
     "me_preset",
     "quantize_steps",
     "r2r_preset",
+    "router_matrices",
     "rstitch_preset",
+    "search_thresholds",
     "stationary_distribution",
     "throughput",
 ]

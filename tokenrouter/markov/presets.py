@@ -52,3 +52,32 @@ def _probability(x: float, name: str) -> float:
     if not 0.0 <= x <= 1.0:
         raise ValueError(f"{name} must be in [0, 1], got {x}")
     return x
+
+
+def router_matrices(
+    name: str,
+    num_models: int = 2,
+    *,
+    hop_rate: float = 0.1,
+    return_prob: float = 1.0,
+    mean_small_run: float | None = None,
+    mean_large_run: float | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(P, C) for a router preset of `tokenrouter.routers` by name: the geometric ones (r2r, citer, co-llm,
+    hop-rate, r-stitch, markov) over two models, `me` over `num_models`. ValueError for anything else (a trace
+    router has no stationary hop law)."""
+    key = name.lower()
+    if key == "me":
+        return me_preset(num_models)
+    if num_models != 2:
+        raise ValueError(f"router {name!r} routes between two models (small, large), not {num_models}")
+    if key in ("r2r", "citer", "co-llm", "hop-rate"):
+        return r2r_preset(hop_rate)
+    if key == "r-stitch":
+        return rstitch_preset(hop_rate, return_prob)
+    if key == "markov" and mean_small_run and mean_large_run and min(mean_small_run, mean_large_run) >= 1:
+        return rstitch_preset(1.0 / mean_small_run, 1.0 / mean_large_run)
+    raise ValueError(
+        f"the Markov model needs a geometric router (r2r, citer, co-llm, r-stitch, markov with mean run "
+        f"lengths >= 1) or me, not {name!r}: pass --thresholds"
+    )

@@ -169,7 +169,8 @@ def evaluate_thresholds(
         raise StateSpaceTooLarge(max_states, model.num_models, model.concurrency)
     note = ""
     if level is not model:
-        note = f"the chain at N={model.concurrency} exceeds {max_states:,} states{_grid_note(level)}"
+        n = model.concurrency
+        note = f"the chain at N={n} exceeds {max_states:,} states on the quantum asked for; solved{_grid_note(level)}"
     return level.throughput(b, max_states), level, note
 
 
