@@ -149,3 +149,15 @@ def test_evaluate_coarsens_or_says_too_large() -> None:
 def test_cap_stops_exploring_with_a_value_error() -> None:
     with pytest.raises(StateSpaceTooLarge):
         r2r(8).throughput((1, 1), max_states=100)
+
+
+def test_huge_feasible_sets_are_not_listed(monkeypatch: pytest.MonkeyPatch) -> None:
+    import tokenrouter.markov.search as search_mod
+
+    listed: list[int] = []
+    real = search_mod.feasible_thresholds
+    monkeypatch.setattr(search_mod, "feasible_thresholds", lambda m, n: listed.append(n) or real(m, n))
+    model = MarkovModel.create([0.9, 1.2, 2.0, 4.6, 17.0], *me_preset(5), 64, mean_output=100)
+    out = search_thresholds(model, max_states=5_000)
+    assert "too many to list" in out.note and 64 not in listed  # C(68, 5) = 10,424,128 candidates
+    assert len(out.thresholds) == 5 and sum(x - 1 for x in out.thresholds) < 64

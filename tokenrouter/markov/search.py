@@ -16,6 +16,8 @@ The outcome says which one happened (`note`), so a command can print it.
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -27,6 +29,7 @@ from tokenrouter.markov.steps import feasible_thresholds
 
 SEARCH_STATES = 100_000
 """Default budget of one search: states explored and solved together (a few seconds on one core)."""
+MAX_CANDIDATES = 20_000  # beyond this many feasible B the full set is not even listed
 MAX_ROUNDING = 0.02  # a coarser quantum may round a step time by at most this fraction of it
 
 
@@ -110,27 +113,34 @@ def _relative_rounding(model: MarkovModel) -> float:
 
 def threshold_grid(num_models: int, concurrency: int) -> list[tuple[int, ...]]:
     """Feasible B whose entries are powers of two or N (lexicographic order)."""
-    values = {1 << e for e in range(concurrency.bit_length())} | {concurrency}
-    return [b for b in feasible_thresholds(num_models, concurrency) if all(x in values for x in b)]
+    values = sorted({1 << e for e in range(concurrency.bit_length())} | {concurrency})
+    grid = itertools.product(values, repeat=num_models)
+    return [b for b in grid if sum(x - 1 for x in b) < concurrency]
 
 
 def search_thresholds(model: MarkovModel, max_states: int = SEARCH_STATES) -> SearchOutcome:
     """B* within `max_states`, falling back as the module docstring says; never raises for size."""
     m, n = model.num_models, model.concurrency
-    full = feasible_thresholds(m, n)
-    bound = float(state_bounds(model, full).sum())
-    if bound <= max_states:
-        return _outcome(model, model.search(full, max_states), exact=True, note="")
-    why = f"Markov search for N={n}: up to {bound:,.0f} states, over the budget of {max_states:,}"
+    n_full = math.comb(n - 1 + m, m)  # B_i - 1 >= 0 summing to at most N - 1
     grid = threshold_grid(m, n)
-    for cands, what in ((full, "all"), (grid, "a power-of-two grid of")):
-        if what != "all" and len(grid) == len(full):
-            continue
+    tries: list[tuple[list[tuple[int, ...]], str]] = []
+    if n_full <= MAX_CANDIDATES:
+        full = feasible_thresholds(m, n)
+        bound = float(state_bounds(model, full).sum())
+        if bound <= max_states:
+            return _outcome(model, model.search(full, max_states), exact=True, note="")
+        why = f"Markov search for N={n}: up to {bound:,.0f} states, over the budget of {max_states:,}"
+        tries.append((full, "all"))
+    else:
+        why = f"Markov search for N={n}: {n_full:,} feasible thresholds, too many to list"
+    if len(grid) < n_full:
+        tries.append((grid, "a power-of-two grid of"))
+    for cands, what in tries:
         level = _finest_fitting(model, cands, max_states)
         if level is None:
             continue
         exact = level is model and what == "all"
-        note = "" if exact else f"{why}; searched {what} {len(cands)} of {len(full)} thresholds{_grid_note(level)}"
+        note = "" if exact else f"{why}; searched {what} {len(cands)} of {n_full:,} thresholds{_grid_note(level)}"
         return _outcome(level, level.search(cands, max_states), exact=exact, note=note)
     return _scaled_from_smaller(model, max_states, f"{why}, even on a grid of {len(grid)} thresholds")
 
