@@ -1,10 +1,12 @@
 """`trsim model`: the Markov-chain throughput model (DESIGN section 9) from the command line.
 
-    trsim model --step-ms 6.0,27.9 --hop-prob 0.35 --concurrency 4 --thresholds 1,3 --delta-ms 0.1
+    trsim model --step-ms 6.0,27.9 --hop-prob 0.35 --concurrency 4 --thresholds 1,3
+    trsim model --router me --step-ms 0.9,4.6,17.0 --mean-output 400 --concurrency 4
 
 With `--thresholds` the last line printed is T(B) in tok/s; without, a table over the feasible set sorted by
-T, and the last line is `B*=<B> T=<tok/s>`. Two models: 0 small, 1 large; R2R routing by default, R-Stitch-like
-geometric runs on the large model with `--return-prob`. Bad input exits with code 2 and one line on stderr.
+T, and the last line is `B*=<B> T=<tok/s>`. One `--step-ms` entry per model: two for r2r and r-stitch (0 small,
+1 large), two or more for the ME ensemble. A search or chain too large for `--max-states` is reduced (and says
+so on a `note:` line) rather than run for hours. Bad input exits with code 2 and one line on stderr.
 """
 
 from __future__ import annotations
@@ -17,7 +19,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tokenrouter.core.markov import MarkovModel, ThroughputResult, r2r_preset, rstitch_preset
+from tokenrouter.markov import MarkovModel, ThroughputResult, evaluate_thresholds, router_matrices, search_thresholds
+from tokenrouter.markov.search import SEARCH_STATES
+
+ROUTERS = ("r2r", "r-stitch", "me")
 
 
 def register(app: typer.Typer) -> None:
@@ -66,56 +71,106 @@ def _fmt(values: tuple[float, ...], digits: int = 2) -> str:
 
 def model(
     step_ms: Annotated[
-        str | None, typer.Option("--step-ms", help="step time per model in ms, small,large (e.g. 6.0,27.9)")
+        str | None,
+        typer.Option("--step-ms", help="step time per model in ms, e.g. 6.0,27.9 (r2r) or 0.9,4.6,17.0 (me)"),
     ] = None,
-    hop_prob: Annotated[float | None, typer.Option("--hop-prob", help="P(small -> large) after a step")] = None,
-    concurrency: Annotated[int | None, typer.Option("--concurrency", "-n", help="closed-loop requests N")] = None,
+    router: Annotated[
+        str, typer.Option("--router", help="r2r | r-stitch | me (--return-prob < 1 with r2r means r-stitch)")
+    ] = "r2r",
+    hop_prob: Annotated[
+        float | None, typer.Option("--hop-prob", help="P(small -> large) after a step (r2r, r-stitch)")
+    ] = None,
+    concurrency: Annotated[
+        int | None,
+        typer.Option(
+            "--concurrency",
+            "-n",
+            help="closed-loop requests N; the search is exact up to about N = 8 (two models, 0.1 ms quantum), "
+            "larger N is reduced within --max-states",
+        ),
+    ] = None,
     thresholds: Annotated[
         str | None, typer.Option("--thresholds", help="batching thresholds B, e.g. 1,3; omit to search B*")
     ] = None,
+    mean_output: Annotated[
+        float | None,
+        typer.Option(
+            "--mean-output",
+            help="mean output tokens per request: requests end (geometric lengths) and new ones start at model "
+            "0, which breaks ME's lockstep; omit for requests that never end",
+        ),
+    ] = None,
     delta_ms: Annotated[float, typer.Option("--delta-ms", help="time quantum in ms")] = 0.1,
     return_prob: Annotated[
-        float, typer.Option("--return-prob", help="P(large -> small) after a large step (1 = R2R, one token)")
+        float, typer.Option("--return-prob", help="r-stitch: P(large -> small) after a large step (1 = R2R)")
     ] = 1.0,
     step_ms_table: Annotated[
         Path | None,
         typer.Option("--step-ms-table", help="JSON per-model step times L_i(b) for b = 1..N, instead of --step-ms"),
     ] = None,
     top: Annotated[int, typer.Option("--top", help="rows of the search table to show (0 = all)")] = 0,
+    max_states: Annotated[
+        int, typer.Option("--max-states", help="states one search or chain may explore and solve")
+    ] = SEARCH_STATES,
 ) -> None:
     """Markov-chain throughput model of delayed batching: T(B) in tok/s, or the best thresholds B*."""
     if (step_ms is None) == (step_ms_table is None):
         raise _fail("give exactly one of --step-ms and --step-ms-table")
     steps: list = _floats(step_ms, "--step-ms") if step_ms is not None else _load_table(step_ms_table)  # type: ignore[arg-type]
-    if len(steps) != 2:
-        raise _fail(f"need 2 step times (small,large), got {len(steps)}")
-    if hop_prob is None or concurrency is None:
-        raise _fail("--hop-prob and --concurrency are required")
+    key = router.lower()
+    if key == "r2r" and return_prob != 1.0:
+        key = "r-stitch"
+    if key not in ROUTERS:
+        raise _fail(f"--router must be one of {', '.join(ROUTERS)}, got {router!r}")
+    if key != "me" and len(steps) != 2:
+        raise _fail(f"{key} needs 2 step times (small,large), got {len(steps)}")
+    if key != "me" and hop_prob is None:
+        raise _fail(f"--hop-prob is required for {key}")
+    if key == "me" and hop_prob is not None:
+        raise _fail("--hop-prob does not apply to me (every token visits every model)")
+    if concurrency is None:
+        raise _fail("--concurrency is required")
     if concurrency < 1:
         raise _fail(f"--concurrency must be positive, got {concurrency}")
+    if max_states < 1:
+        raise _fail(f"--max-states must be positive, got {max_states}")
     try:
-        routing, commit = rstitch_preset(hop_prob, return_prob) if return_prob != 1.0 else r2r_preset(hop_prob)
-        chain = MarkovModel.create(steps, routing, commit, concurrency, delta_ms)
+        routing, commit = router_matrices(key, len(steps), hop_rate=hop_prob or 0.0, return_prob=return_prob)
+        chain = MarkovModel.create(steps, routing, commit, concurrency, delta_ms, mean_output)
         b = chain.check_thresholds(_ints(thresholds, "--thresholds")) if thresholds is not None else None
     except ValueError as exc:
         raise _fail(str(exc)) from None
 
-    kind = "R2R" if return_prob == 1.0 else f"R-Stitch-like (return p={return_prob:g})"
-    q = chain.step
-    typer.echo(f"model: {kind}, hop p={hop_prob:g}, N={concurrency}")
-    rounding = f"steps rounded, error <= {q.max_step_error_ms:.3g} ms" if q.max_step_error_ms else "steps exact"
-    typer.echo(f"quantum: {q.delta_ms:g} ms x gcd {q.gcd} = {q.delta_eff_ms:g} ms; {rounding}")
+    _print_header(key, hop_prob, return_prob, concurrency, mean_output, len(steps))
     try:
         if b is not None:
-            _print_one(chain.throughput(b))
+            res, used, note = evaluate_thresholds(chain, b, max_states)
+            _print_quantum(used)
+            _print_one(res, note)
         else:
-            _print_search(chain, top)
-    except RuntimeError as exc:  # state-space cap: the quantum is too fine for this N
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from None
+            _print_search(chain, top, max_states)
+    except ValueError as exc:  # the chain is too large even on the coarsest admissible quantum
+        raise _fail(str(exc)) from None
 
 
-def _print_one(res: ThroughputResult) -> None:
+def _print_header(key: str, hop: float | None, ret: float, n: int, mean_output: float | None, m: int) -> None:
+    if key == "me":
+        kind = f"ME ensemble of {m} models"
+    elif key == "r2r":
+        kind = f"R2R, hop p={hop:g}"
+    else:
+        kind = f"R-Stitch-like, hop p={hop:g}, return p={ret:g}"
+    ends = f"mean output {mean_output:g} tokens (geometric)" if mean_output else "requests never end"
+    typer.echo(f"model: {kind}, N={n}, {ends}")
+
+
+def _print_quantum(chain: MarkovModel) -> None:
+    q = chain.step
+    rounding = f"steps rounded, error <= {q.max_step_error_ms:.3g} ms" if q.max_step_error_ms else "steps exact"
+    typer.echo(f"quantum: {q.delta_ms:g} ms x gcd {q.gcd} = {q.delta_eff_ms:g} ms; {rounding}")
+
+
+def _print_one(res: ThroughputResult, note: str) -> None:
     b = ",".join(map(str, res.thresholds))
     typer.echo(f"B={b}: {res.n_states} states")
     for i in range(len(res.thresholds)):
@@ -123,17 +178,19 @@ def _print_one(res: ThroughputResult) -> None:
             f"model {i}: mean batch {res.mean_batch[i]:.3f}, busy {res.busy_fraction[i]:.3f}, "
             f"mean queue {res.mean_queue[i]:.3f}, {res.batches_per_s[i]:.1f} batches/s"
         )
+    if note:
+        typer.echo(f"note: {note}")
     typer.echo("throughput (tok/s):")
     typer.echo(f"{res.throughput_tok_s:.2f}")
 
 
-def _print_search(chain: MarkovModel, top: int) -> None:
-    search = chain.best_thresholds()
-    ranked = search.ranked()
-    table = Table(title=f"T(B) over {len(ranked)} feasible thresholds")
+def _print_search(chain: MarkovModel, top: int, max_states: int) -> None:
+    out = search_thresholds(chain, max_states)
+    _print_quantum(out.model)
+    table = Table(title=f"T(B) over {len(out.ranked)} thresholds")
     for col in ("B", "T (tok/s)", "mean batch", "busy", "states"):
         table.add_column(col, justify="right")
-    for res in ranked[: top or None]:
+    for res in out.ranked[: top or None]:
         table.add_row(
             ",".join(map(str, res.thresholds)),
             f"{res.throughput_tok_s:.2f}",
@@ -142,4 +199,7 @@ def _print_search(chain: MarkovModel, top: int) -> None:
             str(res.n_states),
         )
     Console().print(table)
-    typer.echo(f"B*={','.join(map(str, search.best))} T={search.best_throughput_tok_s:.2f}")
+    if out.note:
+        typer.echo(f"note: {out.note}")
+    t = "n/a" if out.throughput_tok_s is None else f"{out.throughput_tok_s:.2f}"
+    typer.echo(f"B*={','.join(map(str, out.thresholds))} T={t}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated
 
@@ -102,7 +103,9 @@ def simulate(cfg: SimConfig, auto: bool) -> SimResult:
 
         pred = predict_thresholds(cfg)
         cfg.deployment.policy.thresholds = list(pred.thresholds)
-        note = f" (auto: Markov B* for N={cfg.concurrency}, predicted {pred.throughput:,.0f} tok/s)"
+        predicted = "n/a" if math.isnan(pred.throughput) else f"{pred.throughput:,.0f} tok/s"
+        fallback = f"; {pred.note}" if pred.note else ""
+        note = f" (auto: Markov B* for N={cfg.concurrency}, predicted {predicted}{fallback})"
     res = run_sim(cfg)
     res.extra["thresholds_note"] = note
     return res
@@ -123,7 +126,8 @@ def register(app: typer.Typer) -> None:
         thresholds: Annotated[
             str,
             typer.Option(
-                help="Delayed-batching B per model, e.g. 1,3; 'auto' = the Markov model's B* for this concurrency."
+                help="Delayed-batching B per model, e.g. 1,3; 'auto' = the Markov model's B* for this concurrency "
+                "(exact up to about N = 8; larger N runs a reduced search and says so)."
             ),
         ] = "auto",
         placement: Annotated[str, typer.Option(help="mps (one shared GPU) | separate | cross-host")] = "mps",

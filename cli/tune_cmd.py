@@ -21,7 +21,13 @@ def register(app: typer.Typer) -> None:
         out: Annotated[Path, typer.Option("--out", "-o", help="Deployment YAML to write.")] = Path("serve.yaml"),
         hop_rate: Annotated[float, typer.Option("--hop-rate", "-p", help="Expected hop rate.")] = 0.1,
         concurrency: Annotated[
-            str, typer.Option("--concurrency", "-n", help="Concurrencies to tune, e.g. 1,2,4,8,16")
+            str,
+            typer.Option(
+                "--concurrency",
+                "-n",
+                help="Concurrencies to tune, e.g. 1,2,4,8,16. The Markov search is exact up to about N = 8; "
+                "larger N runs a reduced search (coarser quantum, threshold grid, or B scaled from N/2) and says so.",
+            ),
         ] = "1,2,4,8,16",
         small: Annotated[str, typer.Option(help="Small (entry) model.")] = "qwen3-0.6b",
         large: Annotated[str, typer.Option(help="Large model.")] = "qwen3-32b",
@@ -101,6 +107,9 @@ def register(app: typer.Typer) -> None:
                 f"{p.simulated.get(eager, float('nan')):,.0f}",
             )
         Console().print(t)
+        for p in points:
+            if p.prediction.note:
+                Console().print(f"N={p.concurrency}: {p.prediction.note}")
         Console().print(f"wrote {out}")
 
 

@@ -1,6 +1,6 @@
 """Threshold tuning: the Markov model proposes B per concurrency, the simulator checks it.
 
-The Markov model (core/markov.py) assumes geometric hops and a step time that depends on batch size only;
+The Markov model (tokenrouter/markov) assumes geometric hops and a step time that depends on batch size only;
 here that L_i(b) comes from the deployment's cost model at the workload's mean context, so a prediction
 is cheap. The simulator then runs the top candidates with the real length distributions, context growth,
 prefills, message latency and MPS interference, and the measured best wins.
@@ -16,7 +16,7 @@ import numpy as np
 
 from tokenrouter.calibration.cost import CostModel
 from tokenrouter.calibration.profile import load_profile
-from tokenrouter.core.markov import MarkovModel, r2r_preset, rstitch_preset
+from tokenrouter.markov import MarkovModel, router_matrices, search_thresholds
 from tokenrouter.sim.run import SimConfig, SimResult, run_sim
 from tokenrouter.workloads import make_workload
 
@@ -26,8 +26,9 @@ DELTA_MS = 0.1
 @dataclass(slots=True)
 class Prediction:
     thresholds: tuple[int, ...]
-    throughput: float  # tok/s, Markov model
+    throughput: float  # tok/s, Markov model (nan when the search was too large to predict anything)
     ranked: list[tuple[tuple[int, ...], float]] = field(default_factory=list)
+    note: str = ""  # what the Markov search reduced and why ("" when exact)
 
 
 @dataclass(slots=True)
@@ -44,23 +45,21 @@ class TunePoint:
 
 def routing_matrices(cfg: SimConfig) -> tuple[np.ndarray, np.ndarray]:
     rc = cfg.deployment.router
-    if len(cfg.deployment.models) != 2:
-        raise ValueError("automatic thresholds model two models (small, large); pass --thresholds for more")
-    if rc.name in ("r2r", "citer", "co-llm", "hop-rate"):
-        return r2r_preset(rc.hop_rate)
-    if rc.name == "r-stitch":
-        return rstitch_preset(rc.hop_rate, rc.return_prob)
-    if rc.name == "markov" and rc.mean_small_run and rc.mean_large_run:
-        return rstitch_preset(1.0 / rc.mean_small_run, 1.0 / rc.mean_large_run)
-    raise ValueError(
-        f"automatic thresholds need a geometric router (r2r, citer, co-llm, r-stitch, markov), "
-        f"not {rc.name!r}: pass --thresholds"
+    return router_matrices(
+        rc.name,
+        len(cfg.deployment.models),
+        hop_rate=rc.hop_rate,
+        return_prob=rc.return_prob,
+        mean_small_run=rc.mean_small_run,
+        mean_large_run=rc.mean_large_run,
     )
 
 
 def tokens_per_row(P: np.ndarray) -> list[float]:
     """Mean tokens a row feeds on each of two models: the first step of a visit feeds what the peer wrote
     in its run (about its run length r_j = 1/(1 - P_jj) tokens), the other r_i - 1 steps feed one each."""
+    if len(P) != 2:  # ME: every visit feeds the one token committed since the model's last visit
+        return [1.0] * len(P)
     r = [1.0 / max(1e-9, 1.0 - float(P[i][i])) for i in range(2)]
     return [(r[1 - i] + r[i] - 1.0) / r[i] for i in range(2)]
 
@@ -98,14 +97,17 @@ def step_time_fns(cfg: SimConfig, corun: list[float] | None = None) -> list[Call
 def predict_thresholds(cfg: SimConfig, concurrency: int | None = None) -> Prediction:
     n = concurrency or cfg.concurrency
     P, C = routing_matrices(cfg)
-    search = MarkovModel.create(step_time_fns(cfg), P, C, n, delta_ms=DELTA_MS).best_thresholds()
-    if cfg.deployment.placement.mode == "mps" and n > 1:
+    specs = make_workload(cfg.workload, min(cfg.num_requests, 256), cfg.seed, max_output=cfg.max_output)
+    mean_output = max(1.0, float(np.mean([s.output_len for s in specs])))
+    search = search_thresholds(MarkovModel.create(step_time_fns(cfg), P, C, n, DELTA_MS, mean_output))
+    if cfg.deployment.placement.mode == "mps" and n > 1 and search.ranked:
         # Second pass: slow each model down for the share of time its peer was busy at the first pass's B*.
-        busy = dict((r.thresholds, r.busy_fraction) for r in search.results)[tuple(search.best)]
+        busy = search.ranked[0].busy_fraction
         corun = [max(busy[j] for j in range(len(busy)) if j != i) for i in range(len(busy))]
-        search = MarkovModel.create(step_time_fns(cfg, corun), P, C, n, delta_ms=DELTA_MS).best_thresholds()
-    ranked = [(r.thresholds, r.throughput_tok_s) for r in search.ranked()]
-    return Prediction(tuple(search.best), float(search.best_throughput_tok_s), ranked)
+        search = search_thresholds(MarkovModel.create(step_time_fns(cfg, corun), P, C, n, DELTA_MS, mean_output))
+    ranked = [(r.thresholds, r.throughput_tok_s) for r in search.ranked]
+    predicted = search.throughput_tok_s if search.throughput_tok_s is not None else float("nan")
+    return Prediction(tuple(search.thresholds), float(predicted), ranked, search.note)
 
 
 def simulate_thresholds(cfg: SimConfig, thresholds: tuple[int, ...]) -> SimResult:
@@ -121,7 +123,7 @@ def tune_point(cfg: SimConfig, concurrency: int, top: int = 3) -> TunePoint:
     c = copy.copy(cfg)
     c.concurrency = concurrency
     pred = predict_thresholds(c)
-    cands = [b for b, _ in pred.ranked[:top]]
+    cands = [b for b, _ in pred.ranked[:top]] or [pred.thresholds]
     eager = (1,) * len(cfg.deployment.models)
     if eager not in cands:
         cands.append(eager)

@@ -7,7 +7,7 @@ import pytest
 
 from tokenrouter.calibration.cost import ConstantCost
 from tokenrouter.core.config import DeploymentConfig, ModelConfig, PolicyConfig, RouterConfig
-from tokenrouter.core.markov import r2r_preset, rstitch_preset, throughput
+from tokenrouter.markov import r2r_preset, rstitch_preset, throughput
 from tokenrouter.sim.run import SimConfig, run_sim
 
 STEP_MS = [6.0, 27.9]

@@ -3,21 +3,20 @@ DESIGN's post-launch chain, written out naively here, and a small event simulati
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import json
-import math
-from collections import deque
 
 import numpy as np
 import pytest
 import scipy.sparse as sp
 import typer
+from chain_reference import event_simulation, post_launch_reference
 from typer.testing import CliRunner
 
+import tokenrouter.markov.explore as explore_mod
+import tokenrouter.markov.solve as solve_mod
 from tokenrouter.cli.model_cmd import register
-from tokenrouter.core import markov_search
-from tokenrouter.core.markov import (
+from tokenrouter.markov import (
     MarkovModel,
     best_thresholds,
     feasible_thresholds,
@@ -169,7 +168,7 @@ def test_tuple_state_keys_match_packed_keys(monkeypatch: pytest.MonkeyPatch) -> 
     # Large M or N overflow the packed int64 key; the tuple fallback must give the same chain.
     model = MarkovModel.create([L0, L1], *rstitch_preset(0.4, 0.5), concurrency=4)
     packed = model.evaluate(feasible_thresholds(2, 4))
-    monkeypatch.setattr(markov_search, "_INT_KEY_LIMIT", 0.0)
+    monkeypatch.setattr(explore_mod, "_INT_KEY_LIMIT", 0.0)
     tupled = model.evaluate(feasible_thresholds(2, 4))
     assert [r.throughput_tok_s for r in tupled] == pytest.approx([r.throughput_tok_s for r in packed], rel=1e-12)
     assert [r.n_states for r in tupled] == [r.n_states for r in packed]
@@ -178,7 +177,7 @@ def test_tuple_state_keys_match_packed_keys(monkeypatch: pytest.MonkeyPatch) -> 
 def test_stationary_distribution_generic_periodic_matrix() -> None:
     t = sp.csr_matrix(np.array([[0, 1, 0], [0, 0, 1], [1, 0, 0]], dtype=float))
     assert np.allclose(stationary_distribution(t), [1 / 3] * 3)
-    assert np.allclose(markov_search._power_iteration(t), [1 / 3] * 3)  # the fallback copes with periodicity
+    assert np.allclose(solve_mod._power_iteration(t), [1 / 3] * 3)  # the fallback copes with periodicity
 
 
 def test_transient_start_with_two_closed_classes() -> None:
@@ -193,60 +192,12 @@ def test_transient_start_with_two_closed_classes() -> None:
 # ---------------------------------------------- independent check 1: the DESIGN's post-launch chain, naively
 
 
-def _post_launch_reference(d: list[int], routing: np.ndarray, commit: np.ndarray, b: tuple, n: int) -> float:
-    """T(B) per DESIGN section 9 literally: states (k, b, r) after launches, reward sum_{i in A} b_i c_ij p_ij."""
-    m = len(d)
-
-    def launch(k: list[int], run: list[int], res: list[int]) -> tuple:
-        for i in range(m):
-            if run[i] == 0 and k[i] >= b[i]:
-                run[i], k[i], res[i] = k[i], 0, d[i]
-        return (*k, *run, *res)
-
-    def outcomes(i: int, size: int) -> list[tuple[list[int], float]]:
-        out = []
-        for split in itertools.product(range(m), repeat=size):  # each request's destination
-            pr = math.prod(routing[i][j] for j in split)
-            if pr > 0:
-                out.append(([split.count(j) for j in range(m)], pr))
-        return out
-
-    start = launch([n] + [0] * (m - 1), [0] * m, [0] * m)
-    ids, todo, edges = {start: 0}, deque([start]), []
-    while todo:
-        s = todo.popleft()
-        k, run, res = list(s[:m]), list(s[m : 2 * m]), list(s[2 * m :])
-        tau = min(res[i] for i in range(m) if run[i])
-        done = [i for i in range(m) if run[i] and res[i] == tau]
-        left = [res[i] - tau if run[i] else 0 for i in range(m)]
-        for combo in itertools.product(*(outcomes(i, run[i]) for i in done)):
-            kk, pr = list(k), 1.0
-            for counts, p in combo:
-                kk = [a + c for a, c in zip(kk, counts, strict=True)]
-                pr *= p
-            t = launch(kk, [0 if i in done else run[i] for i in range(m)], list(left))
-            if t not in ids:
-                ids[t] = len(ids)
-                todo.append(t)
-            edges.append((ids[s], ids[t], pr))
-    size = len(ids)
-    src, dst, pr = zip(*edges, strict=True)
-    pi = stationary_distribution(sp.csr_matrix((pr, (src, dst)), shape=(size, size)))
-    reward, hold = np.zeros(size), np.zeros(size)
-    cbar = (commit * routing).sum(axis=1)
-    for s, idx in ids.items():
-        run, res = s[m : 2 * m], s[2 * m :]
-        hold[idx] = min(res[i] for i in range(m) if run[i])
-        reward[idx] = sum(run[i] * cbar[i] for i in range(m) if run[i] and res[i] == hold[idx])
-    return float(pi @ reward / (pi @ hold))
-
-
 @pytest.mark.parametrize("n", [2, 3])
 def test_matches_post_launch_reference_two_models(n: int) -> None:
     pr, c = rstitch_preset(0.35, 0.6)
     model = MarkovModel.create([2.0, 9.3], pr, c, concurrency=n, delta_ms=0.1)
     for b, res in zip(feasible_thresholds(2, n), model.best_thresholds().results, strict=True):
-        ref = _post_launch_reference([20, 93], pr, c, b, n) * 10_000  # per 0.1 ms -> per s
+        ref = post_launch_reference([20, 93], pr, c, b, n) * 10_000  # per 0.1 ms -> per s
         assert rel(res.throughput_tok_s, ref) < 1e-9
 
 
@@ -255,46 +206,17 @@ def test_matches_post_launch_reference_three_models() -> None:
     c = np.array([[1, 0, 1], [1, 0.5, 0], [2, 1, 0]], dtype=float)
     for b in [(1, 1, 1), (2, 1, 1), (1, 2, 2)]:
         res = throughput([2.0, 3.0, 7.0], pr, c, b, concurrency=3, delta_ms=1.0)
-        assert rel(res.throughput_tok_s, _post_launch_reference([2, 3, 7], pr, c, b, 3) * 1000) < 1e-9
+        assert rel(res.throughput_tok_s, post_launch_reference([2, 3, 7], pr, c, b, 3) * 1000) < 1e-9
 
 
 # ------------------------------------------------------------ independent check 2: event simulation, 2 percent
-
-
-def _simulate(d: list[int], routing: np.ndarray, commit: np.ndarray, b: tuple, n: int, events: int) -> float:
-    """Tokens per time unit of the closed-loop system, by direct event simulation (integer times)."""
-    rng = np.random.default_rng(7)
-    m = len(d)
-    waiting, running = [n] + [0] * (m - 1), [0] * m
-    heap: list[tuple[int, int]] = []
-    now, tokens, t_warm, tok_warm = 0, 0.0, 0, 0.0
-
-    def launch() -> None:
-        for i in range(m):
-            if running[i] == 0 and waiting[i] >= b[i]:
-                running[i], waiting[i] = waiting[i], 0
-                heapq.heappush(heap, (now + d[i], i))
-
-    launch()
-    for ev in range(events):
-        now = heap[0][0]
-        while heap and heap[0][0] == now:  # all completions at this instant first, then launches
-            _, i = heapq.heappop(heap)
-            dest = rng.multinomial(running[i], routing[i])
-            tokens += float(dest @ commit[i])
-            waiting = [w + int(x) for w, x in zip(waiting, dest, strict=True)]
-            running[i] = 0
-        launch()
-        if ev == events // 10:
-            t_warm, tok_warm = now, tokens
-    return (tokens - tok_warm) / (now - t_warm)
 
 
 def test_matches_event_simulation() -> None:
     pr, c = r2r_preset(0.35)
     for b in [(1, 3), (1, 1)]:
         exact = throughput([L0, L1], pr, c, b, concurrency=4).throughput_tok_s
-        sim = _simulate([60, 279], pr, c, b, 4, 30_000) * 10_000
+        sim = event_simulation([60, 279], pr, c, b, 4, 30_000) * 10_000
         assert rel(sim, exact) < 0.02
 
 

@@ -5,58 +5,50 @@ requests completes, each request independently moves to model j with probability
 queue) and c_ij tokens are committed per request routed i -> j. Model i launches only when idle, only at a
 completion instant, and only when at least B_i requests wait; it then takes *all* waiting requests. At one
 instant all completions are routed first, then launches happen. Start: all N requests waiting at model 0.
-
-Time is quantized: d_i(b) = max(1, round(L_i(b) / delta)) quanta (round half up). Step times that are
-multiples of delta are therefore exact; otherwise each step is off by at most delta/2 (reported as
-`max_step_error_ms`). The gcd g of all d_i(b) is factored out (quantum delta * g): exact, since every event time
-is an integer combination of step times, so the order of events is unchanged and only the state count shrinks.
+Step times are quantized onto a common grid (`steps.py`).
 
 Throughput (DESIGN): T(B) = sum_s pi(s) sum_{i in A(s)} sum_j b_i c_ij p_ij / sum_s pi(s) tau(s), with pi the
 stationary distribution of the embedded chain at completion epochs; computed here on the equivalent
-pre-completion chain described in `markov_search`. If the reachable chain has several closed classes (only
+pre-completion chain described in `explore.py`. If the reachable chain has several closed classes (only
 possible with degenerate routing), results are the long-run averages expected from the start state: each
 class's ratio weighted by its absorption probability.
 
 Feasible thresholds: B in {1..N}^M with sum_i (B_i - 1) < N, so that some model can always launch (deadlock
-guard). `tokenrouter.core` stays pure: numpy and scipy only.
+guard).
+
+Completions (`mean_output`). Without them the N requests circulate forever, and under deterministic routing
+(ME: every token visits 0, 1, .., M-1) the chain is one lockstep orbit, all N requests in one batch everywhere.
+The simulator's closed loop is not: a request ends after its output length, and its client's next request
+starts at the entry (model 0) with a prefill step, out of step with its old companions. The extension models
+that with geometric output lengths: each committed token is the request's last with probability
+q = 1 / mean_output (so a route committing c tokens ends it with probability 1 - (1 - q)^c), the tokens
+committed are unchanged, and the replacement
+- finished on the entry: joins the entry's queue like the request it replaces (the client's next request is
+  there before the entry launches again, as in the simulator's zero-latency closed loop);
+- finished elsewhere: reaches the entry *after* the launches of that instant (the entry has already reacted
+  to the peers' messages), so it misses the batch its old companions join unless the entry stays idle.
+  Those launches see the live count N - L (L replacements still to come) and so the thresholds the policy
+  gives for it (`steps.live_thresholds`: B lowered until the deadlock guard holds for N - L).
+Assumptions: output lengths Geometric(q) on {1, 2, ..}, a prefill step costs what a decode step of the same
+batch size costs, and replacements arriving at one instant arrive together. With `mean_output` None (q = 0)
+the chain is exactly the one without completions. For R2R only large-model finishes are replaced late, a
+change of order 1 / mean_output; for ME it is what breaks lockstep.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 import scipy.sparse as sp
 
-from tokenrouter.core.markov_search import (
-    DEFAULT_MAX_STATES,
-    ExploredChains,
-    class_distributions,
-    explore,
-    stationary_distribution,
-)
-
-StepSpec = float | Sequence[float] | Callable[[int], float]
-"""Step time of one model in ms: a constant, L(b) for b = 1..N as a sequence (index b - 1), or a callable."""
+from tokenrouter.markov.explore import DEFAULT_MAX_STATES, ExploredChains, explore
+from tokenrouter.markov.solve import class_distributions
+from tokenrouter.markov.steps import StepQuanta, StepSpec, feasible_thresholds, quantize_steps, quantize_table
 
 _ROW_TOL = 1e-9
-
-
-@dataclass(slots=True, frozen=True)
-class StepQuanta:
-    """Quantized step times. `quanta[i, b]` = d_i(b) / g for b = 1..N (column 0 unused, 0)."""
-
-    quanta: np.ndarray
-    delta_ms: float
-    gcd: int
-    max_step_error_ms: float
-
-    @property
-    def delta_eff_ms(self) -> float:
-        """Effective (exact) quantum after factoring out the gcd."""
-        return self.delta_ms * self.gcd
 
 
 @dataclass(slots=True)
@@ -81,7 +73,8 @@ class ThroughputResult:
 
 @dataclass(slots=True)
 class ThresholdSearch:
-    """B* = argmax T(B) over the feasible set; `results` lists every feasible B in lexicographic order."""
+    """B* = argmax T(B) over the candidates searched (by default the feasible set); `results` lists them in
+    lexicographic order."""
 
     best: tuple[int, ...]
     best_throughput_tok_s: float
@@ -109,96 +102,19 @@ class MarkovChain:
     result: ThroughputResult
 
 
-def r2r_preset(hop_prob: float) -> tuple[np.ndarray, np.ndarray]:
-    """(P, C) for R2R-like routing: model 0 small, model 1 large.
-
-    After a small-model step the request hops with probability p; the small token is then dropped
-    (c_01 = 0), the large model regenerates it and hands back after one token, committed on return
-    (p_10 = 1, c_10 = 1). Without a hop the small token is committed (c_00 = 1).
-    """
-    p = _probability(hop_prob, "hop probability")
-    return np.array([[1 - p, p], [1.0, 0.0]]), np.array([[1.0, 0.0], [1.0, 0.0]])
-
-
-def rstitch_preset(hop_prob: float, return_prob: float) -> tuple[np.ndarray, np.ndarray]:
-    """(P, C) for R-Stitch-like routing: a geometric run on the large model.
-
-    Small model 0 hops with probability p and its token is dropped (c_01 = 0). The large model commits every
-    token it writes (c_10 = c_11 = 1) and hands back after each step with probability q, so its run length
-    is Geometric(q) with mean 1/q. q = 1 is R2R.
-    """
-    p = _probability(hop_prob, "hop probability")
-    q = _probability(return_prob, "return probability")
-    return np.array([[1 - p, p], [q, 1 - q]]), np.array([[1.0, 0.0], [1.0, 1.0]])
-
-
-def _probability(x: float, name: str) -> float:
-    x = float(x)
-    if not 0.0 <= x <= 1.0:
-        raise ValueError(f"{name} must be in [0, 1], got {x}")
-    return x
-
-
-def quantize_steps(step_ms: Sequence[StepSpec], concurrency: int, delta_ms: float = 0.1) -> StepQuanta:
-    """Round every L_i(b), b = 1..N, to d_i(b) = max(1, round(L_i(b) / delta)) and factor out their gcd."""
-    if not (math.isfinite(delta_ms) and delta_ms > 0):
-        raise ValueError(f"delta must be a positive number of ms, got {delta_ms}")
-    n = _check_concurrency(concurrency)
-    table = np.array([_step_table(spec, n, i) for i, spec in enumerate(step_ms)], dtype=float).reshape(-1, n)
-    d = np.maximum(1, np.floor(table / delta_ms + 0.5)).astype(np.int64)
-    g = int(np.gcd.reduce(d.ravel()))
-    quanta = np.zeros((len(table), n + 1), dtype=np.int64)
-    quanta[:, 1:] = d // g
-    err = float(np.abs(d * delta_ms - table).max())
-    # Float noise (27.9 / 0.1 = 278.99999999999994) is not a rounding error worth reporting.
-    return StepQuanta(quanta, float(delta_ms), g, err if err > 1e-9 * float(table.max()) else 0.0)
-
-
-def _step_table(spec: StepSpec, n: int, i: int) -> np.ndarray:
-    if callable(spec):
-        values = np.array([float(spec(b)) for b in range(1, n + 1)])
-    elif np.ndim(spec) == 0:
-        values = np.full(n, float(spec))  # type: ignore[arg-type]
-    else:
-        values = np.asarray(spec, dtype=float).ravel()
-        if len(values) < n:
-            raise ValueError(f"step times of model {i} give {len(values)} batch sizes, need {n} (b = 1..N)")
-        values = values[:n]
-    if not (np.isfinite(values).all() and (values > 0).all()):
-        raise ValueError(f"step times of model {i} must be positive and finite")
-    return values
-
-
-def _check_concurrency(concurrency: int) -> int:
-    if isinstance(concurrency, bool) or int(concurrency) != concurrency or concurrency < 1:
-        raise ValueError(f"concurrency must be a positive integer, got {concurrency}")
-    return int(concurrency)
-
-
-def feasible_thresholds(num_models: int, concurrency: int) -> list[tuple[int, ...]]:
-    """All B in {1..N}^M with sum_i (B_i - 1) < N, in lexicographic order."""
-    n = _check_concurrency(concurrency)
-
-    def rec(left: int, budget: int) -> Iterator[tuple[int, ...]]:
-        # budget = how much sum_i (B_i - 1) may still grow while staying < N
-        if left == 0:
-            yield ()
-            return
-        for extra in range(min(budget, n - 1) + 1):
-            for rest in rec(left - 1, budget - extra):
-                yield (1 + extra, *rest)
-
-    return list(rec(num_models, n - 1))
-
-
 @dataclass(slots=True, frozen=True)
 class MarkovModel:
-    """Validated model inputs; build with `MarkovModel.create`."""
+    """Validated model inputs; build with `MarkovModel.create`.
+
+    `completion`: probability that a committed token is its request's last (1 / mean output length, 0 = requests
+    never finish); see the module docstring.
+    """
 
     step: StepQuanta
     routing: np.ndarray
     commit: np.ndarray
     concurrency: int
+    completion: float = 0.0
 
     @classmethod
     def create(
@@ -208,7 +124,9 @@ class MarkovModel:
         commit: np.ndarray | Sequence[Sequence[float]],
         concurrency: int,
         delta_ms: float = 0.1,
+        mean_output: float | None = None,
     ) -> MarkovModel:
+        """`mean_output`: mean output tokens per request (>= 1); None = requests never finish."""
         p = np.asarray(routing, dtype=float)
         c = np.asarray(commit, dtype=float)
         m = len(step_ms)
@@ -218,8 +136,13 @@ class MarkovModel:
             raise ValueError("routing rows must be nonnegative and sum to 1")
         if not (np.isfinite(c).all() and (c >= 0).all()):
             raise ValueError("commit matrix must be nonnegative and finite")
+        completion = 0.0
+        if mean_output is not None:
+            if not (math.isfinite(mean_output) and mean_output >= 1):
+                raise ValueError(f"mean output must be at least 1 token, got {mean_output}")
+            completion = 1.0 / float(mean_output)
         step = quantize_steps(step_ms, concurrency, delta_ms)
-        return cls(step, p / p.sum(axis=1, keepdims=True), c, int(concurrency))
+        return cls(step, p / p.sum(axis=1, keepdims=True), c, int(concurrency), completion)
 
     @property
     def num_models(self) -> int:
@@ -237,11 +160,31 @@ class MarkovModel:
             raise ValueError(f"thresholds {b} can deadlock: need sum(B_i - 1) < N = {n}")
         return b
 
+    def with_quantum(self, delta_ms: float) -> MarkovModel:
+        """The same model on another time grid (coarser = fewer states, larger rounding error)."""
+        return replace(self, step=quantize_table(self.step.table_ms, delta_ms))
+
+    def with_concurrency(self, concurrency: int) -> MarkovModel:
+        """The same model for N' <= N requests (its step tables are cut to b = 1..N')."""
+        if not 1 <= concurrency <= self.concurrency:
+            raise ValueError(f"concurrency must be in 1..{self.concurrency}, got {concurrency}")
+        step = quantize_table(self.step.table_ms[:, :concurrency], self.step.delta_ms)
+        return replace(self, step=step, concurrency=int(concurrency))
+
     def evaluate(
-        self, thresholds: Sequence[Sequence[int]], max_states: int = DEFAULT_MAX_STATES
+        self, thresholds: Sequence[Sequence[int]], max_states: int = DEFAULT_MAX_STATES, chunk: int = 256
     ) -> list[ThroughputResult]:
-        """Results for several threshold vectors, explored together (faster than one by one)."""
-        return [ch.result for ch in self._chains(thresholds, max_states, keep=False)]
+        """Results for several threshold vectors, explored `chunk` at a time (faster than one by one).
+
+        `max_states` caps the states of all of them together: StateSpaceTooLarge once exploring passes it.
+        """
+        results: list[ThroughputResult] = []
+        left = max_states
+        for lo in range(0, len(thresholds), chunk):
+            part = [ch.result for ch in self._chains(thresholds[lo : lo + chunk], left, keep=False)]
+            left -= sum(res.n_states for res in part)
+            results.extend(part)
+        return results
 
     def throughput(self, thresholds: Sequence[int], max_states: int = DEFAULT_MAX_STATES) -> ThroughputResult:
         return self.evaluate([thresholds], max_states)[0]
@@ -250,22 +193,38 @@ class MarkovModel:
         return self._chains([thresholds], max_states, keep=True)[0]
 
     def best_thresholds(self, chunk: int = 256, max_states: int = DEFAULT_MAX_STATES) -> ThresholdSearch:
-        """Evaluate the whole feasible set (in chunks of `chunk` threshold vectors) and pick B*.
+        """Evaluate the whole feasible set and pick B*; see `search`."""
+        return self.search(feasible_thresholds(self.num_models, self.concurrency), max_states, chunk)
 
-        Ties (within a relative 1e-9) go to the lexicographically smallest B.
-        """
-        cands = feasible_thresholds(self.num_models, self.concurrency)
-        results: list[ThroughputResult] = []
-        for lo in range(0, len(cands), chunk):
-            results.extend(self.evaluate(cands[lo : lo + chunk], max_states))
+    def search(
+        self, candidates: Sequence[Sequence[int]], max_states: int = DEFAULT_MAX_STATES, chunk: int = 256
+    ) -> ThresholdSearch:
+        """The best of `candidates`. Ties (within a relative 1e-9) go to the lexicographically smallest B."""
+        results = sorted(self.evaluate(candidates, max_states, chunk), key=lambda res: res.thresholds)
         top = max(res.throughput_tok_s for res in results)
         best = next(res for res in results if res.throughput_tok_s >= top * (1 - 1e-9))
         return ThresholdSearch(best.thresholds, best.throughput_tok_s, results)
 
+    def count_states(
+        self, thresholds: Sequence[Sequence[int]], max_states: int = DEFAULT_MAX_STATES, chunk: int = 256
+    ) -> int:
+        """States of the chains of `thresholds` together, explored but not solved (a cheap size probe);
+        StateSpaceTooLarge once the total passes `max_states`."""
+        total = 0
+        for lo in range(0, len(thresholds), chunk):
+            thr = [self.check_thresholds(b) for b in thresholds[lo : lo + chunk]]
+            total += len(self._explore(thr, max_states - total).k)
+        return total
+
+    def _explore(self, thr: list[tuple[int, ...]], max_states: int) -> ExploredChains:
+        commit_mean = (self.commit * self.routing).sum(axis=1)
+        # A route committing c tokens ends the request unless none of them was the last: 1 - (1 - q)^c.
+        finish = 1.0 - (1.0 - self.completion) ** self.commit if self.completion else None
+        return explore(self.step.quanta, self.routing, commit_mean, self.concurrency, np.array(thr), max_states, finish)
+
     def _chains(self, thresholds: Sequence[Sequence[int]], max_states: int, keep: bool) -> list[MarkovChain]:
         thr = [self.check_thresholds(b) for b in thresholds]
-        commit_mean = (self.commit * self.routing).sum(axis=1)
-        ex = explore(self.step.quanta, self.routing, commit_mean, self.concurrency, np.array(thr), max_states)
+        ex = self._explore(thr, max_states)
         order = np.argsort(ex.src, kind="stable")  # edges grouped by source, hence by block
         src, dst, prob = ex.src[order], ex.dst[order], ex.prob[order]
         edge_off = np.searchsorted(src, ex.offsets)
@@ -322,9 +281,10 @@ def throughput(
     thresholds: Sequence[int],
     concurrency: int,
     delta_ms: float = 0.1,
+    mean_output: float | None = None,
 ) -> ThroughputResult:
     """T(B) and extras for one threshold vector; see the module docstring for the semantics."""
-    return MarkovModel.create(step_ms, routing, commit, concurrency, delta_ms).throughput(thresholds)
+    return MarkovModel.create(step_ms, routing, commit, concurrency, delta_ms, mean_output).throughput(thresholds)
 
 
 def best_thresholds(
@@ -333,23 +293,7 @@ def best_thresholds(
     commit: np.ndarray | Sequence[Sequence[float]],
     concurrency: int,
     delta_ms: float = 0.1,
+    mean_output: float | None = None,
 ) -> ThresholdSearch:
     """B* = argmax T(B) over the feasible set, with the full table."""
-    return MarkovModel.create(step_ms, routing, commit, concurrency, delta_ms).best_thresholds()
-
-
-__all__ = [
-    "MarkovChain",
-    "MarkovModel",
-    "StepQuanta",
-    "StepSpec",
-    "ThresholdSearch",
-    "ThroughputResult",
-    "best_thresholds",
-    "feasible_thresholds",
-    "quantize_steps",
-    "r2r_preset",
-    "rstitch_preset",
-    "stationary_distribution",
-    "throughput",
-]
+    return MarkovModel.create(step_ms, routing, commit, concurrency, delta_ms, mean_output).best_thresholds()

@@ -1,7 +1,7 @@
-"""Reachable-state search and stationary solve for the Markov throughput model (DESIGN section 9).
+"""Reachable-state search for the Markov throughput model (DESIGN section 9).
 
-This module is the vectorized engine behind `markov.throughput` / `markov.best_thresholds` (see `markov.py`
-for the model's semantics). It works on plain integer arrays and knows nothing about milliseconds or presets.
+This module is the vectorized engine behind `MarkovModel` (see `model.py` for the model's semantics). It works
+on plain integer arrays and knows nothing about milliseconds or presets.
 
 Embedded chain. States are taken at batch-completion instants, *just before* the completing batches are
 routed ("pre-completion" states). Per model i a state holds (k_i waiting, b_i running, r_i residual) with the
@@ -25,15 +25,28 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import scipy.sparse as sp
-import scipy.sparse.linalg as spla
-from scipy.sparse.csgraph import connected_components
 from scipy.special import gammaln
+
+from tokenrouter.markov.steps import live_thresholds
 
 # States beyond this many in one exploration most likely mean the quantum is far too fine for the horizon.
 DEFAULT_MAX_STATES = 2_000_000
-_DENSE_LIMIT = 400  # below this many states a dense solve beats SuperLU's setup cost
 _INT_KEY_LIMIT = 2.0**62  # states pack into one int64 key while the mixed radix stays below this
+
+
+class StateSpaceTooLarge(ValueError):
+    """The reachable chain has more states than allowed; raised while exploring, before anything is solved.
+
+    A ValueError, so a command line that lets it through prints one line; `tokenrouter.markov.search` catches
+    it and falls back to a smaller search.
+    """
+
+    def __init__(self, max_states: int, num_models: int, concurrency: int) -> None:
+        super().__init__(
+            f"the Markov chain of {num_models} models at N={concurrency} exceeds {max_states:,} states; "
+            "use a coarser quantum (--delta-ms), a smaller N or a larger --max-states"
+        )
+        self.max_states = max_states
 
 
 @dataclass(slots=True)
@@ -68,13 +81,14 @@ class ExploredChains:
 def multinomial_outcomes(routing: np.ndarray, n_max: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Tables of Multinomial(b; p_i.) outcomes for every model i and batch size b = 0..n_max.
 
-    Returns (counts, probs, start, count): flat outcome table `counts` (E, M) / `probs` (E,) and, per (i, b),
-    the first row `start[i, b]` and number `count[i, b]` of its outcomes. Only destinations with p_ij > 0
-    appear, so zero-probability outcomes never create states. Row 0 of the table is the null outcome
-    (no requests, probability 1), used for models that are not completing.
+    `routing` is (M, D): M source models, D destinations (D may exceed M, see `explore`). Returns
+    (counts, probs, start, count): flat outcome table `counts` (E, D) / `probs` (E,) and, per (i, b), the first
+    row `start[i, b]` and number `count[i, b]` of its outcomes. Only destinations with p_ij > 0 appear, so
+    zero-probability outcomes never create states. Row 0 of the table is the null outcome (no requests,
+    probability 1), used for models that are not completing.
     """
-    m = routing.shape[0]
-    counts: list[np.ndarray] = [np.zeros((1, m), dtype=np.int64)]
+    m, d = routing.shape
+    counts: list[np.ndarray] = [np.zeros((1, d), dtype=np.int64)]
     probs: list[np.ndarray] = [np.ones(1)]
     start = np.zeros((m, n_max + 1), dtype=np.int64)
     count = np.zeros((m, n_max + 1), dtype=np.int64)
@@ -84,7 +98,7 @@ def multinomial_outcomes(routing: np.ndarray, n_max: int) -> tuple[np.ndarray, n
         logp = np.log(routing[i, support])
         for b in range(n_max + 1):
             comp = _compositions(b, len(support))
-            full = np.zeros((len(comp), m), dtype=np.int64)
+            full = np.zeros((len(comp), d), dtype=np.int64)
             full[:, support] = comp
             logpmf = gammaln(b + 1) - gammaln(comp + 1).sum(axis=1) + (comp * logp).sum(axis=1)
             counts.append(full)
@@ -155,6 +169,8 @@ def explore(
     concurrency: int,
     thresholds: np.ndarray,
     max_states: int = DEFAULT_MAX_STATES,
+    finish: np.ndarray | None = None,
+    entry: int = 0,
 ) -> ExploredChains:
     """BFS over reachable pre-completion states, for every row of `thresholds` (G, M) at once.
 
@@ -162,11 +178,27 @@ def explore(
     sum_j c_ij p_ij, the expected tokens committed per request completing on i. Start: all `concurrency`
     requests waiting at model 0, launch rule applied, time advanced to the first completion.
     Thresholds must be feasible (sum_i (B_i - 1) < N), which guarantees some model is always running.
+
+    `finish[i, j]` (optional, (M, M)): probability that a request routed i -> j has just committed its last
+    token. It then leaves, and its client's next request arrives at `entry` *after* this instant's launches:
+    it joins the entry's queue, and the entry launches it at once only if it is idle and now reaches B_entry.
+    This is what breaks lockstep under deterministic routing (a finished request's replacement misses the
+    batch its old companions join). With `finish` None or all zero the chain is exactly the closed loop
+    without completions.
     """
     m, n = routing.shape[0], concurrency
     thr = np.asarray(thresholds, dtype=np.int64).reshape(-1, m)
     n_groups = len(thr)
-    out_counts, out_probs, out_start, out_count = multinomial_outcomes(routing, n)
+    # thr_live[g, L]: what the schedulers apply while L finished requests await their replacements (live N - L).
+    thr_live = np.array([[live_thresholds(b, n - late) for late in range(n + 1)] for b in thr.tolist()])
+    # Destination m (one past the models) stands for "finished: replaced by a new request at the entry".
+    h = np.zeros((m, m)) if finish is None else np.asarray(finish, dtype=float)
+    replaced = (routing * h).sum(axis=1)
+    dest = np.column_stack([routing * (1.0 - h), replaced])
+    # On the entry itself the next request is queued before the entry launches again: no late arrival.
+    dest[entry, entry] += replaced[entry]
+    dest[entry, m] = 0.0
+    out_counts, out_probs, out_start, out_count = multinomial_outcomes(dest, n)
     index = _KeyIndex(m, n, int(quanta.max()), n_groups)
 
     # Start states: (N, 0, ..) waiting, nothing running; the launch rule then advances to the first completion.
@@ -175,7 +207,7 @@ def explore(
     g0 = np.arange(n_groups)
     zeros = np.zeros_like(k0)
     # The start-up interval is transient and carries no reward, hence its tau is dropped.
-    k, b, r, _, g = _launch_and_advance(k0, zeros, zeros, g0, thr, quanta)
+    k, b, r, _, g = _launch_and_advance(k0, zeros, zeros, g0, thr, quanta, thr_live)
     rows = np.column_stack([g, k, b, r])
     start, first = index.lookup_or_add(rows)
     rows = rows[first]
@@ -193,7 +225,7 @@ def explore(
         done_size = np.where(completing, b, 0)
         # Route every completing batch: expand each state by the product of its models' outcome sets.
         parent = np.arange(len(front))
-        arrivals = np.zeros((len(front), m), dtype=np.int64)
+        arrivals = np.zeros((len(front), m + 1), dtype=np.int64)
         prob = np.ones(len(front))
         for i in range(m):
             ci = completing[parent, i]
@@ -208,12 +240,22 @@ def explore(
             arrivals = arrivals[expand] + out_counts[outcome]
             prob = prob[expand] * out_probs[outcome]
         ck, cb, cr, ctau, cg = _launch_and_advance(
-            k[parent] + arrivals, np.where(completing, 0, b)[parent], r[parent], g[parent], thr, quanta
+            k[parent] + arrivals[:, :m],
+            np.where(completing, 0, b)[parent],
+            r[parent],
+            g[parent],
+            thr,
+            quanta,
+            thr_live,
+            late=arrivals[:, m],
+            entry=entry,
         )
         child_rows = np.column_stack([cg, ck, cb, cr])
+        if len(child_rows) > 8 * max_states + 100_000:  # one level would cost more than the cap is meant to allow
+            raise StateSpaceTooLarge(max_states, m, n)
         ids, new = index.lookup_or_add(child_rows)
         if len(index.ids) > max_states:
-            raise RuntimeError(f"Markov state space exceeds {max_states} states; use a coarser delta or fewer requests")
+            raise StateSpaceTooLarge(max_states, m, n)
         # Per-source expected rewards. (ck, cb) is the post-launch state, constant until the next completion.
         w = prob * ctau
         nf = len(front)
@@ -263,17 +305,30 @@ def explore(
 
 
 def _launch_and_advance(
-    k: np.ndarray, b: np.ndarray, r: np.ndarray, g: np.ndarray, thr: np.ndarray, quanta: np.ndarray
+    k: np.ndarray,
+    b: np.ndarray,
+    r: np.ndarray,
+    g: np.ndarray,
+    thr: np.ndarray,
+    quanta: np.ndarray,
+    thr_live: np.ndarray,
+    late: np.ndarray | None = None,
+    entry: int = 0,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Launch rule then advance to the next completion. Rows are states right after routing.
 
-    Every idle model with k_i >= B_i takes all k_i waiting requests (residual quanta[i, k_i]); then
+    Every idle model with k_i >= B_i takes all k_i waiting requests (residual quanta[i, k_i]), with B the
+    thresholds for the live count (N minus the `late` replacements still to come); then the `late` requests
+    (new ones, see `explore`) join the entry's queue and the rule is applied once more with B for N; then
     tau = min running residual and all running residuals drop by tau. Returns (k, b, r, tau, g).
     """
-    launch = (b == 0) & (k >= thr[g]) & (k > 0)
-    b = np.where(launch, k, b)
-    r = np.where(launch, quanta[np.arange(k.shape[1]), k], r)
-    k = np.where(launch, 0, k)
+    if late is None or not late.any():
+        k, b, r = _launch(k, b, r, thr[g], quanta)
+    else:
+        k, b, r = _launch(k, b, r, thr_live[g, late], quanta)
+        k = k.copy()
+        k[:, entry] += late
+        k, b, r = _launch(k, b, r, thr[g], quanta)
     running = b > 0
     big = np.iinfo(np.int64).max
     tau = np.where(running, r, big).min(axis=1)
@@ -283,91 +338,11 @@ def _launch_and_advance(
     return k, b, r, tau, g
 
 
-def class_distributions(t: sp.csr_matrix, start: int) -> list[tuple[float, np.ndarray]]:
-    """Stationary distribution of each closed class reachable from `start`, with its absorption probability.
-
-    Usually there is one closed class (weight 1). Transient states get probability 0.
-    """
-    n = t.shape[0]
-    n_comp, lab = connected_components(t, directed=True, connection="strong")
-    if n_comp == 1:
-        return [(1.0, stationary_distribution(t, natural_order=True))]
-    coo = t.tocoo()
-    has_exit = np.zeros(n_comp, dtype=bool)
-    has_exit[lab[coo.row[lab[coo.row] != lab[coo.col]]]] = True
-    closed = np.flatnonzero(~has_exit)
-    transient = np.isin(lab, closed, invert=True)
-    if len(closed) == 1:
-        absorb = np.ones(1)
-    elif not transient[start]:
-        absorb = (closed == lab[start]).astype(float)
-    else:
-        # Expected visits y to transient states from start: (I - Q)^T y = e_start; then the mass y T flowing
-        # out of transient states, summed per closed class.
-        tr = np.flatnonzero(transient)
-        e = np.zeros(len(tr))
-        e[np.searchsorted(tr, start)] = 1.0
-        y = spla.spsolve((sp.identity(len(tr), format="csc") - t[tr][:, tr]).T.tocsc(), e)
-        flow = t[tr].T @ y
-        absorb = np.array([flow[lab == c].sum() for c in closed])
-    out = []
-    for c, a in zip(closed, absorb, strict=True):
-        if a <= 0:
-            continue
-        idx = np.flatnonzero(lab == c)
-        pi = np.zeros(n)
-        pi[idx] = stationary_distribution(t[idx][:, idx], natural_order=True)
-        out.append((float(a / absorb.sum()), pi))
-    return out
-
-
-def stationary_distribution(t: sp.spmatrix, natural_order: bool = False) -> np.ndarray:
-    """pi with pi T = pi, sum 1, for an irreducible stochastic matrix (periodic chains are fine).
-
-    Direct solve: fix pi_ref = 1 for a state that a few lazy power steps suggest is likely, and solve the
-    other equations of (I - T)^T pi = 0; this stays sparse (unlike replacing an equation by a dense row of ones)
-    and is a nonsingular M-matrix, so LU needs no pivoting. `natural_order=True` keeps the given state order
-    for the factorization (use it when states are numbered along time, as `explore` does); otherwise SuperLU
-    orders by minimum degree. Falls back to power iteration on the lazy chain (I + T) / 2 (same pi,
-    aperiodic) if the direct solution is not accurate.
-    """
-    n = t.shape[0]
-    if n == 1:
-        return np.ones(1)
-    t = sp.csr_matrix(t)
-    tt = t.T.tocsr()
-    guess = np.full(n, 1.0 / n)
-    for _ in range(8):
-        guess = 0.5 * (guess + tt @ guess)
-    ref = int(np.argmax(guess))
-    keep = np.flatnonzero(np.arange(n) != ref)
-    a = (sp.identity(n, format="csr") - tt)[keep][:, keep]
-    rhs = tt[keep, ref].toarray().ravel()
-    try:
-        if n <= _DENSE_LIMIT:
-            x = np.linalg.solve(a.toarray(), rhs)
-        else:
-            perm = "NATURAL" if natural_order else "MMD_AT_PLUS_A"
-            lu = spla.splu(a.tocsc(), permc_spec=perm, diag_pivot_thresh=0.0, options={"SymmetricMode": True})
-            x = lu.solve(rhs)
-        pi = np.empty(n)
-        pi[keep], pi[ref] = x, 1.0
-    except (np.linalg.LinAlgError, RuntimeError):
-        pi = np.full(n, np.nan)
-    if np.isfinite(pi).all() and pi.min() >= -1e-9 * pi.max():
-        pi = np.clip(pi, 0.0, None)
-        pi /= pi.sum()
-        if np.abs(tt @ pi - pi).sum() < 1e-9:
-            return pi
-    return _power_iteration(t)
-
-
-def _power_iteration(t: sp.csr_matrix, tol: float = 1e-13, max_iter: int = 200_000) -> np.ndarray:
-    tt = t.T.tocsr()
-    pi = np.full(t.shape[0], 1.0 / t.shape[0])
-    for _ in range(max_iter):
-        nxt = 0.5 * (pi + tt @ pi)
-        if np.abs(nxt - pi).sum() < tol:
-            return nxt / nxt.sum()
-        pi = nxt
-    raise RuntimeError("stationary distribution did not converge")
+def _launch(
+    k: np.ndarray, b: np.ndarray, r: np.ndarray, thr: np.ndarray, quanta: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    launch = (b == 0) & (k >= thr) & (k > 0)
+    b = np.where(launch, k, b)
+    r = np.where(launch, quanta[np.arange(k.shape[1]), k], r)
+    k = np.where(launch, 0, k)
+    return k, b, r

@@ -1,0 +1,208 @@
+"""Threshold search within a state budget, with fallbacks instead of a crash (what the command lines call).
+
+The exact search (every feasible B, at the requested quantum) grows fast with N: with two models and random
+routing one chain has up to N^2 * (longest step in quanta) states and the feasible set has N^2 / 2 members;
+at 6 / 27.9 ms steps and a 0.1 ms quantum, N = 8 takes about a second, N = 16 ten, N = 64 hours. Before
+enumerating anything, `state_bounds` counts the states the constraints allow (an upper bound on the reachable
+ones, instant). If the bound fits the budget the search is exact. Otherwise:
+1. all feasible B, explored (not yet solved) with the budget as a hard cap, first on coarser quanta that round
+   no step by more than `MAX_ROUNDING`, coarsest first, up to the finest that fits; exploring is cheap next to
+   solving and stops at the cap, so a failed try costs little;
+2. the same on a grid of thresholds (every B_i a power of two or N);
+3. the search at N/2 (recursively, down to where one fits), its B* scaled by 2 and made feasible: B* grows
+   about in proportion to N (both the queue a batch waits for and the requests that fill it do).
+The outcome says which one happened (`note`), so a command can print it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from tokenrouter.markov.explore import StateSpaceTooLarge
+from tokenrouter.markov.model import MarkovModel, ThroughputResult
+from tokenrouter.markov.steps import feasible_thresholds
+
+SEARCH_STATES = 100_000
+"""Default budget of one search: states explored and solved together (a few seconds on one core)."""
+MAX_CANDIDATES = 20_000  # beyond this many feasible B the full set is not even listed
+MAX_ROUNDING = 0.02  # a coarser quantum may round a step time by at most this fraction of it
+
+
+@dataclass(slots=True)
+class SearchOutcome:
+    """What a budgeted search found. Invariant: `thresholds` is feasible for the model's N.
+
+    `ranked`: the candidates evaluated, best first (empty when nothing was solved); `model`: the model they
+    were evaluated with (its quantum may be coarser than asked); `exact`: every feasible B at the quantum
+    asked for; `note`: one line saying what was reduced and why ("" when exact).
+    """
+
+    thresholds: tuple[int, ...]
+    throughput_tok_s: float | None
+    ranked: list[ThroughputResult]
+    model: MarkovModel
+    exact: bool
+    note: str
+
+
+def state_bound(model: MarkovModel, thresholds: Sequence[int]) -> float:
+    """Number of states (k, b, r) the constraints allow: sum_i (k_i + b_i) = N, an idle model holds fewer than
+    B_i waiting, a running one holds b_i >= B_i with residual r_i in 0..d_i(b_i) - 1, and some running model
+    completes (r_i = 0). Every reachable state is one of them, so this bounds the chain's size from above.
+
+    Counted as the coefficient of x^N of prod_i (idle_i + run_i)(x) minus the same product with no model at
+    r_i = 0, where idle_i(x) = sum_{k < B_i} x^k and run_i(x) = sum_{b >= B_i, k >= 0} (residuals) x^(b + k).
+    In floating point: exact below 2^53, an estimate beyond.
+    """
+    return float(state_bounds(model, [model.check_thresholds(thresholds)])[0])
+
+
+def state_bounds(model: MarkovModel, candidates: Sequence[Sequence[int]]) -> np.ndarray:
+    """`state_bound` of each candidate; the per-model polynomials depend on B_i only and are shared."""
+    n = model.concurrency
+    polys: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+
+    def poly(i: int, b_min: int) -> tuple[np.ndarray, np.ndarray]:
+        if (i, b_min) not in polys:
+            d = model.step.quanta[i].astype(float)
+            weight = np.zeros(n + 1)
+            weight[b_min:] = d[b_min:]  # b running (weight = its residual values) ...
+            run = np.cumsum(weight)  # ... and any k >= 0 waiting: degree b + k
+            count = np.zeros(n + 1)
+            count[b_min:] = 1.0
+            idle = (np.arange(n + 1) < b_min).astype(float)
+            polys[i, b_min] = (idle + run, idle + run - np.cumsum(count))
+        return polys[i, b_min]
+
+    out = np.empty(len(candidates))
+    for c, b in enumerate(candidates):
+        with_zero, without = np.ones(1), np.ones(1)
+        for i, b_min in enumerate(b):
+            a, z = poly(i, b_min)
+            with_zero, without = np.convolve(with_zero, a)[: n + 1], np.convolve(without, z)[: n + 1]
+        out[c] = with_zero[n] - without[n] if len(with_zero) > n else 0.0
+    return out
+
+
+def quantum_ladder(model: MarkovModel) -> list[MarkovModel]:
+    """`model` on coarser grids that round no step by more than MAX_ROUNDING of it (or than `model` does),
+    each with at most 2/3 of the previous one's quanta for the longest step; coarsest first, `model` last."""
+    table = model.step.table_ms
+    tolerance = max(MAX_ROUNDING, _relative_rounding(model))
+    longest = float(table.max())
+    levels = [model]
+    for target in range(model.step.max_quanta - 1, 0, -1):
+        if target > levels[-1].step.max_quanta * 2 // 3:
+            continue
+        coarser = model.with_quantum(longest / target)
+        if _relative_rounding(coarser) <= tolerance and coarser.step.max_quanta < levels[-1].step.max_quanta:
+            levels.append(coarser)
+    return levels[::-1]
+
+
+def _relative_rounding(model: MarkovModel) -> float:
+    q = model.step
+    rounded = q.quanta[:, 1:] * q.delta_eff_ms
+    return float((np.abs(rounded - q.table_ms) / q.table_ms).max())
+
+
+def threshold_grid(num_models: int, concurrency: int) -> list[tuple[int, ...]]:
+    """Feasible B whose entries are powers of two or N (lexicographic order)."""
+    values = sorted({1 << e for e in range(concurrency.bit_length())} | {concurrency})
+    grid = itertools.product(values, repeat=num_models)
+    return [b for b in grid if sum(x - 1 for x in b) < concurrency]
+
+
+def search_thresholds(model: MarkovModel, max_states: int = SEARCH_STATES) -> SearchOutcome:
+    """B* within `max_states`, falling back as the module docstring says; never raises for size."""
+    m, n = model.num_models, model.concurrency
+    n_full = math.comb(n - 1 + m, m)  # B_i - 1 >= 0 summing to at most N - 1
+    grid = threshold_grid(m, n)
+    tries: list[tuple[list[tuple[int, ...]], str]] = []
+    if n_full <= MAX_CANDIDATES:
+        full = feasible_thresholds(m, n)
+        bound = float(state_bounds(model, full).sum())
+        if bound <= max_states:
+            return _outcome(model, model.search(full, max_states), exact=True, note="")
+        why = f"Markov search for N={n}: up to {bound:,.0f} states, over the budget of {max_states:,}"
+        tries.append((full, "all"))
+    else:
+        why = f"Markov search for N={n}: {n_full:,} feasible thresholds, too many to list"
+    if len(grid) < n_full:
+        tries.append((grid, "a power-of-two grid of"))
+    for cands, what in tries:
+        level = _finest_fitting(model, cands, max_states)
+        if level is None:
+            continue
+        exact = level is model and what == "all"
+        note = "" if exact else f"{why}; searched {what} {len(cands)} of {n_full:,} thresholds{_grid_note(level)}"
+        return _outcome(level, level.search(cands, max_states), exact=exact, note=note)
+    return _scaled_from_smaller(model, max_states, f"{why}, even on a grid of {len(grid)} thresholds")
+
+
+def _scaled_from_smaller(model: MarkovModel, max_states: int, why: str) -> SearchOutcome:
+    n = model.concurrency
+    smaller = search_thresholds(model.with_concurrency(max(1, n // 2)), max_states)
+    b = scale_thresholds(smaller.thresholds, smaller.model.concurrency, n)
+    try:  # a prediction for the scaled B is a nicety: a quarter of the budget, not another full one
+        res, level, _ = evaluate_thresholds(model, b, max_states // 4)
+        predicted, ranked = res.throughput_tok_s, [res]
+    except StateSpaceTooLarge:
+        predicted, ranked, level = None, [], model
+    src = ",".join(map(str, smaller.thresholds))
+    note = f"{why}; B scaled from the search at N={smaller.model.concurrency} (B*={src})"
+    return SearchOutcome(b, predicted, ranked, level, exact=False, note=note)
+
+
+def scale_thresholds(thresholds: Sequence[int], from_n: int, to_n: int) -> tuple[int, ...]:
+    """B scaled by to_n / from_n (rounded; entries of 1 stay 1), then the largest entries lowered until
+    sum_i (B_i - 1) < to_n."""
+    b = [1 if x == 1 else max(1, round(x * to_n / from_n)) for x in thresholds]  # an eager model stays eager
+    while sum(x - 1 for x in b) >= to_n:
+        b[b.index(max(b))] -= 1
+    return tuple(b)
+
+
+def evaluate_thresholds(
+    model: MarkovModel, thresholds: Sequence[int], max_states: int = SEARCH_STATES
+) -> tuple[ThroughputResult, MarkovModel, str]:
+    """T(B) for one B within `max_states`: (result, the model used, note). The quantum is coarsened (within
+    MAX_ROUNDING) when the chain does not fit; StateSpaceTooLarge if it does not fit even so."""
+    b = model.check_thresholds(thresholds)
+    level = model if state_bound(model, b) <= max_states else _finest_fitting(model, [b], max_states)
+    if level is None:
+        raise StateSpaceTooLarge(max_states, model.num_models, model.concurrency)
+    note = ""
+    if level is not model:
+        n = model.concurrency
+        note = f"the chain at N={n} exceeds {max_states:,} states on the quantum asked for; solved{_grid_note(level)}"
+    return level.throughput(b, max_states), level, note
+
+
+def _finest_fitting(model: MarkovModel, cands: Sequence[Sequence[int]], max_states: int) -> MarkovModel | None:
+    """The finest level of `quantum_ladder` whose chains for `cands` explore within `max_states`, probing the
+    coarsest first and stopping at the first that does not fit (so at most one capped exploration is lost)."""
+    best = None
+    for level in quantum_ladder(model):
+        try:
+            level.count_states(cands, max_states)
+        except StateSpaceTooLarge:
+            break
+        best = level
+    return best
+
+
+def _outcome(level: MarkovModel, search, exact: bool, note: str) -> SearchOutcome:
+    ranked = search.ranked()
+    return SearchOutcome(search.best, search.best_throughput_tok_s, ranked, level, exact, note)
+
+
+def _grid_note(level: MarkovModel) -> str:
+    q = level.step
+    rounding = f", steps rounded by up to {q.max_step_error_ms:.2g} ms" if q.max_step_error_ms else ""
+    return f" on a {q.delta_eff_ms:.3g} ms quantum{rounding}"

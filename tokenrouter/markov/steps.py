@@ -1,0 +1,109 @@
+"""Step times of the Markov model: quantization onto a common time grid, and the feasible thresholds.
+
+Time is quantized: d_i(b) = max(1, round(L_i(b) / delta)) quanta (round half up). Step times that are
+multiples of delta are therefore exact; otherwise each step is off by at most delta/2 (reported as
+`max_step_error_ms`). The gcd g of all d_i(b) is factored out (quantum delta * g): exact, since every event time
+is an integer combination of step times, so the order of events is unchanged and only the state count shrinks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+StepSpec = float | Sequence[float] | Callable[[int], float]
+"""Step time of one model in ms: a constant, L(b) for b = 1..N as a sequence (index b - 1), or a callable."""
+
+
+@dataclass(slots=True, frozen=True)
+class StepQuanta:
+    """Quantized step times. `quanta[i, b]` = d_i(b) / g for b = 1..N (column 0 unused, 0); `table_ms[i, b - 1]`
+    is the unrounded L_i(b) they came from (kept so the model can be requantized)."""
+
+    quanta: np.ndarray
+    delta_ms: float
+    gcd: int
+    max_step_error_ms: float
+    table_ms: np.ndarray
+
+    @property
+    def delta_eff_ms(self) -> float:
+        """Effective (exact) quantum after factoring out the gcd."""
+        return self.delta_ms * self.gcd
+
+    @property
+    def max_quanta(self) -> int:
+        """The longest step in effective quanta: state counts grow with it (residual times)."""
+        return int(self.quanta.max())
+
+
+def quantize_steps(step_ms: Sequence[StepSpec], concurrency: int, delta_ms: float = 0.1) -> StepQuanta:
+    """Round every L_i(b), b = 1..N, to d_i(b) = max(1, round(L_i(b) / delta)) and factor out their gcd."""
+    n = check_concurrency(concurrency)
+    table = np.array([_step_table(spec, n, i) for i, spec in enumerate(step_ms)], dtype=float).reshape(-1, n)
+    return quantize_table(table, delta_ms)
+
+
+def quantize_table(table: np.ndarray, delta_ms: float) -> StepQuanta:
+    """`quantize_steps` for a ready (M, N) table of step times in ms."""
+    if not (math.isfinite(delta_ms) and delta_ms > 0):
+        raise ValueError(f"delta must be a positive number of ms, got {delta_ms}")
+    d = np.maximum(1, np.floor(table / delta_ms + 0.5)).astype(np.int64)
+    g = int(np.gcd.reduce(d.ravel()))
+    quanta = np.zeros((len(table), table.shape[1] + 1), dtype=np.int64)
+    quanta[:, 1:] = d // g
+    err = float(np.abs(d * delta_ms - table).max())
+    # Float noise (27.9 / 0.1 = 278.99999999999994) is not a rounding error worth reporting.
+    return StepQuanta(quanta, float(delta_ms), g, err if err > 1e-9 * float(table.max()) else 0.0, table)
+
+
+def _step_table(spec: StepSpec, n: int, i: int) -> np.ndarray:
+    if callable(spec):
+        values = np.array([float(spec(b)) for b in range(1, n + 1)])
+    elif np.ndim(spec) == 0:
+        values = np.full(n, float(spec))  # type: ignore[arg-type]
+    else:
+        values = np.asarray(spec, dtype=float).ravel()
+        if len(values) < n:
+            raise ValueError(f"step times of model {i} give {len(values)} batch sizes, need {n} (b = 1..N)")
+        values = values[:n]
+    if not (np.isfinite(values).all() and (values > 0).all()):
+        raise ValueError(f"step times of model {i} must be positive and finite")
+    return values
+
+
+def check_concurrency(concurrency: int) -> int:
+    if isinstance(concurrency, bool) or int(concurrency) != concurrency or concurrency < 1:
+        raise ValueError(f"concurrency must be a positive integer, got {concurrency}")
+    return int(concurrency)
+
+
+def feasible_thresholds(num_models: int, concurrency: int) -> list[tuple[int, ...]]:
+    """All B in {1..N}^M with sum_i (B_i - 1) < N, in lexicographic order."""
+    n = check_concurrency(concurrency)
+
+    def rec(left: int, budget: int) -> Iterator[tuple[int, ...]]:
+        # budget = how much sum_i (B_i - 1) may still grow while staying < N
+        if left == 0:
+            yield ()
+            return
+        for extra in range(min(budget, n - 1) + 1):
+            for rest in rec(left - 1, budget - extra):
+                yield (1 + extra, *rest)
+
+    return list(rec(num_models, n - 1))
+
+
+def live_thresholds(thresholds: Sequence[int], live: int) -> tuple[int, ...]:
+    """The B a scheduler applies while only `live` requests are in the system: the largest entries (the last
+    on ties) lowered until sum_i (B_i - 1) < live. The same rule as the core's policy clamp, so the model sees
+    what the schedulers do between a request's finish and its replacement's admission."""
+    b = [max(1, int(x)) for x in thresholds]
+    n = max(1, live)
+    while sum(x - 1 for x in b) >= n:
+        i = len(b) - 1 - b[::-1].index(max(b))
+        b[i] -= 1
+    return tuple(b)
