@@ -306,6 +306,20 @@ def _aot_compile() -> int:
         (T._silu_and_mul_kernel, {"BLOCK": 1024, "USE_PDL": False}, 4),
         (T._silu_and_mul_kernel, {"BLOCK": 1024, "USE_PDL": True}, 4),
     ]
+    # The step's two in-graph kernels: prologue (page writes, from_prev tokens) and sampling (bf16 logits, fp32
+    # sampling parameters from the packed int32 buffer viewed as float).
+    from tokenrouter.engine import triton_step as S
+
+    ptr.update(Logits="*bf16", InvT="*fp32", TopP="*fp32")
+    ptr.update(dict.fromkeys(["TopK", "Seed", "Out", "OutSlot", "SlotTok", "Table", "UpdIdx", "UpdVal", "Ids",
+                              "Prev"], "*i32"))  # fmt: skip
+    ptr["Pos"] = "*i32"
+    cases += [
+        (S._prologue_kernel, {"BLOCK": 256, "USE_PDL": False}, 4),
+        (S._prologue_kernel, {"BLOCK": 256, "USE_PDL": True}, 4),
+        (S._sample_kernel, {"BLOCK": 2048, "USE_PDL": False}, 8),
+        (S._sample_kernel, {"BLOCK": 2048, "USE_PDL": True}, 8),
+    ]
     for fn, constexprs, warps in cases:
         sig = {n: "constexpr" if n in constexprs else ptr.get(n, "fp32" if n == "eps" else "i32") for n in fn.arg_names}
         kernel = triton.compile(

@@ -77,7 +77,7 @@ def _radix_select(row, V, inv, m, frac, BY_MASS: tl.constexpr, BLOCK: tl.constex
     target = frac
     found = True
     for step in tl.static_range(8):
-        shift: tl.constexpr = 28 - 4 * step
+        shift = 28 - 4 * step  # a constexpr per unrolled step (an annotated constexpr cannot be reassigned)
         w16 = tl.zeros([16], tl.float32)
         for v0 in range(0, V, BLOCK):
             offs = v0 + tl.arange(0, BLOCK)

@@ -56,9 +56,12 @@ def padding_pass_inputs(rows: int, q: int, device: torch.device) -> tuple[torch.
 
 
 def has_variants(engine: Engine) -> bool:
-    """Whether the engine launches Triton kernels at all (else there is nothing to compile)."""
+    """Whether the engine launches compiled Triton kernels (else there is nothing to compile). On CPU Triton runs
+    only under the interpreter, which compiles nothing and would spend minutes on the warmup passes."""
     from tokenrouter.engine.attention import resolve_backend
 
+    if engine.device.type != "cuda":
+        return False
     return engine.fwd.ops is not None or resolve_backend(engine.config.attention_backend, engine.device) == "triton"  # type: ignore[arg-type]
 
 

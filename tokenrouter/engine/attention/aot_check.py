@@ -71,7 +71,7 @@ def variants(quick: bool) -> list[Variant]:
     for group in (4,) if quick else (4, 2):  # Qwen3-8B (32/8) and Qwen3-0.6B (16/8)
         dec = {"group": group, "group_pad": max(MIN_DOT_DIM, triton.next_power_of_2(group)), "block_q": 1,
                "block_n": DECODE_CONFIG.block_n, "head_dim": dim, "page_size": page, "is_decode": True,
-               "dtype": torch.bfloat16}  # fmt: skip
+               "dtype": torch.bfloat16, "has_slots": True}  # fmt: skip (the engine reads page tables via row slots)
         for single in (False,) if quick else (False, True):
             out.append(Variant(f"decode G={group} single={single}", "paged_attention_fwd_kernel",
                                fwd_constexprs(**dec, single_split=single), DECODE_CONFIG.num_warps,
@@ -85,7 +85,7 @@ def variants(quick: bool) -> list[Variant]:
             block_q, group_pad = extend_tiling(max_q, group, EXTEND_CONFIG)
             ext = fwd_constexprs(group=group, group_pad=group_pad, block_q=block_q, block_n=EXTEND_CONFIG.block_n,
                                  head_dim=dim, page_size=page, is_decode=False, single_split=single,
-                                 dtype=torch.bfloat16)  # fmt: skip
+                                 dtype=torch.bfloat16, has_slots=True)  # fmt: skip
             out.append(Variant(f"extend G={group} max_q={max_q} single={single}", "paged_attention_fwd_kernel",
                                ext, EXTEND_CONFIG.num_warps, EXTEND_CONFIG.num_stages))  # fmt: skip
     out.append(Variant("reduce S<=32", "split_reduce_kernel", reduce_constexprs(32, dim), 4, 1))
