@@ -142,6 +142,47 @@ class Study(Harness):
                  f" idle gap {rec['gpu_idle_gap_ms']} ms host step {rec['host_step_ms']:.3f} ms")  # fmt: skip
         return rec
 
+    def steady_b8(self, eng: Engine, name: str, ctx: int) -> dict[str, Any]:
+        """Steady decode at batch 8 with overlap: the prompts are prefilled first (untimed: prefill chunks run in
+        the eager pass), then a timed window of decode-only steps, then the bucket-8 graph replayed alone right
+        after its last real step (its static inputs are then a valid step). host_overhead_frac = (wall time per
+        step - replay time) / replay time."""
+        reqs = self.steady_requests(eng.spec.vocab_size, 8, ctx, 6 if self.smoke else 200)
+        sched = Scheduler(0, 2, kv=eng.kv_pool, router=Router(), max_batch_size=eng.max_batch_size,
+                          max_batch_tokens=self.args.batch_tokens, overlap=True)  # fmt: skip
+        for r in reqs:
+            sched.add(r)
+        warm_steps = -(-8 * ctx // self.args.batch_tokens) + 3
+        EngineLoop(eng, sched, overlap=True).run(max_steps=warm_steps)
+        assert all(r.num_computed >= r.prompt_len for r in reqs), "steady_b8: prompts not prefilled"
+        eng.timing = self.cuda
+        loop = EngineLoop(eng, sched, overlap=True, keep_handles=True)
+        st = loop.run(max_steps=3 if self.smoke else 60)
+        eng.timing = False
+        rows = {len(h.batch.rows) for h in st.handles}
+        eager = sum(h.eager_tokens for h in st.handles)
+        n = max(st.steps, 1)
+        rec: dict[str, Any] = {"run": f"{name}/steady_b8/overlap", "steps": st.steps, "rows": sorted(rows),
+                               "eager_tokens": eager, "wall_step_ms": 1e3 * st.wall_s / n,
+                               "host_step_ms": 1e3 * st.step_s / n, "schedule_ms": 1e3 * st.schedule_s / n,
+                               "complete_ms": 1e3 * st.complete_s / n, "wait_ms": 1e3 * st.wait_s / n,
+                               "out_tok_per_s": 8 * st.steps / max(st.wall_s, 1e-9)}  # fmt: skip
+        if self.cuda:
+            gaps = [a.gpu_end.elapsed_time(b.gpu_start) for a, b in itertools.pairwise(st.handles)
+                    if a.gpu_end is not None and b.gpu_start is not None]  # fmt: skip
+            rec["gpu_idle_gap_ms"] = statistics.median(gaps) if gaps else None
+            if st.handles and st.handles[-1].graph_bucket == eng.graph_rule.bucket_for(8):
+                rep = self.replay_ms(eng, st.handles[-1].graph_bucket)
+                rec.update(replay_ms=rep, host_overhead_frac=max(0.0, rec["wall_step_ms"] - rep) / rep)
+        for r in reqs:
+            for act in sched.abort(r.rid):
+                del act
+        self.log(f"  {rec['run']}: {st.steps} steps rows {sorted(rows)} wall/step {rec['wall_step_ms']:.3f} ms "
+                 f"(host step {rec['host_step_ms']:.3f}, schedule {rec['schedule_ms']:.3f}, complete "
+                 f"{rec['complete_ms']:.3f}, wait {rec['wait_ms']:.3f}) replay {rec.get('replay_ms')} "
+                 f"overhead {rec.get('host_overhead_frac')} idle gap {rec.get('gpu_idle_gap_ms')}")  # fmt: skip
+        return rec
+
     def mixed_requests(self, vocab: int, n: int, seed: int) -> list[Request]:
         rng = np.random.default_rng(seed)
         out = []
@@ -172,14 +213,7 @@ class Study(Harness):
         self.log(f"  b=1 decode ctx {ctx}: {rec['decode_b1']}")
         if full:
             vocab = eng.spec.vocab_size
-            n8 = self.steady_requests(vocab, 8, ctx, 3 if self.smoke else 64)
-            rec["steady_b8"] = self.run_loop(eng, f"{name}/steady_b8/overlap", n8, overlap=True, hops=False)
-            if self.cuda:
-                bucket = eng.graph_rule.bucket_for(8)
-                rep = self.replay_ms(eng, bucket)
-                per_step = rec["steady_b8"]["wall_s"] * 1e3 / max(rec["steady_b8"]["steps"], 1)
-                rec["steady_b8"].update(replay_ms=rep, wall_step_ms=per_step,
-                                        host_overhead_frac=max(0.0, per_step - rep) / rep)  # fmt: skip
+            rec["steady_b8"] = self.steady_b8(eng, name, ctx)
             for overlap in (True, False):
                 if self.left() < 60 and not self.smoke:
                     self.out["skipped"].append(f"{name} mixed overlap={overlap}")
