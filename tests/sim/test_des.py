@@ -211,3 +211,13 @@ def test_more_clients_than_the_pools_hold_wait_at_admission_instead_of_thrashing
     best = max(_kv_pressure(n, True) for n in (4, 6))
     assert _kv_pressure(16, True) >= 0.95 * best
     assert _kv_pressure(16, False) < 0.95 * best  # the same run without admission thrashes: the test can fail
+
+
+@pytest.mark.parametrize("placement", ["mps", "cross-host"])
+def test_a_tune_table_runs_to_the_end_in_the_simulator(placement):
+    """The issue's B(N) table: the peers learn every admission (with link delay across hosts) and the run
+    drains with no max_wait to rescue it."""
+    dep = deployment("delayed", hop=0.3, placement=placement)
+    dep.policy.table = {1: [1, 1], 3: [1, 3], 8: [8, 1]}
+    res = run_sim(SimConfig(dep, workload="fixed:16,60", num_requests=24, concurrency=8, seed=2))
+    assert res.summary["requests_completed"] == 24
