@@ -13,7 +13,6 @@ from .cost import (
     ModelStepCost,
     Placement,
     StepCost,
-    batch_summary,
 )
 from .profile import (
     DEFAULT_PROFILE,
@@ -30,6 +29,7 @@ from .profile import (
     bundled_profile_names,
     load_profile,
 )
+from .step_stats import PartStats, StepStats
 
 __all__ = [
     "DEFAULT_PROFILE",
@@ -44,6 +44,7 @@ __all__ = [
     "ModelProfile",
     "ModelStepCost",
     "MpsInfo",
+    "PartStats",
     "Placement",
     "Profile",
     "ProfileError",
@@ -51,7 +52,7 @@ __all__ = [
     "StepCoeffs",
     "StepCost",
     "StepModes",
-    "batch_summary",
+    "StepStats",
     "bundled_profile_names",
     "load_profile",
 ]

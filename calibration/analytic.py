@@ -95,7 +95,7 @@ class Assumptions:
     ext_ref_ctx: int = 2048  # mean keys attended by a prefill token (mid-point of a 4k prompt)
     allreduce_ms: float = 0.01  # one small NVLink all-reduce (tp > 1 only)
     router_ms: float = 0.02  # router MLP/entropy per step, captured in the graph
-    sched_ms: float = 0.3  # CPU scheduling per step (hidden behind the GPU when async is on)
+    sched_ms: float = 0.3  # host time per step (scheduling, post-processing): hidden behind the GPU with overlap
     ipc_ms: float = 0.05  # one ZeroMQ ipc:// message on one host
     link_latency_ms: float = 0.1  # one-way TCP latency between hosts incl. ZeroMQ
     link_bandwidth_gbps: float = 100.0  # Gbit/s NIC

@@ -1,21 +1,25 @@
 """Cost model: how long a step, a peer message, the router and the scheduler take (all in ms).
 
-`CostModel(profile, placement)` turns a `Profile` into per-model `ModelCost` objects with the coefficients
-unpacked into slots, so the simulator's hot path (~1e5 steps a run) is a handful of float operations:
+`CostModel(profile, placement)` turns a `Profile` into per-model `ModelCost` objects, resolved once, so the
+simulator's hot path (~1e5 steps a run) is a handful of float operations:
 
-    mc = cost.for_model("qwen3-0.6b")         # resolve once (name, or index into `models`)
-    t = mc.step_ms(batch, corunning=True)     # per step
+    mc = cost.for_model("qwen3-0.6b")                          # resolve once (name, or index into `models`)
+    t = mc.step_ms(StepStats.of_batch(batch, rule), corunning=True)   # per step
 
-Step time, for B rows feeding T tokens (E of them in extend/prefill rows), attending C context tokens,
-R re-matched rows (standard-serving baseline) with P prefix tokens in total:
+A step is split by the core's `GraphRule` into a CUDA-graph part and an eager part (`StepStats`), each one
+forward pass. For a part of B rows feeding T tokens (E of them in extend/prefill rows) attending C context
+tokens, with the graph or eager coefficients:
 
-    gpu_ms  = c0 + c_row*B + c_ctx*C + c_tok*T + c_ext*E        (graph or eager coefficients)
-    gpu_ms *= mps slowdown            only when placement == "mps" and the step co-runs with another model
-    step_ms = max(gpu_ms, floor_ms) + R*hop_overhead_ms + (P/1000)*hop_overhead_ms_per_ktok
+    part_ms  = c0 + c_row*B + c_ctx*C + c_tok*T + c_ext*E
+    gpu_ms   = graph part_ms + eager part_ms              (each 0 when its part is empty)
+    gpu_ms  *= mps slowdown          only when placement == "mps" and the step co-runs with another model
+    step_ms  = max(gpu_ms, floor) + R*hop_overhead_ms + (P/1000)*hop_overhead_ms_per_ktok
 
-The re-match bookkeeping is host work, so MPS does not slow it. An empty batch costs 0.
-`ConstantCost` has the same interface with step time depending only on the model (and optionally batch
-size), and zero message/router/scheduler costs: it is what the Markov throughput model assumes.
+`floor` is the host time to issue the step: the eager floor when there is an eager part (its kernels are
+issued while the GPU replays the graph part, so the two overlap), else the graph floor. R re-matched rows
+with P prefix tokens in all are the standard-serving baseline's bookkeeping, host work that MPS does not
+slow. An empty step costs 0. `ConstantCost` has the same interface with step time depending only on the
+model (and optionally batch size), and zero message/router/scheduler costs: the Markov model's assumption.
 """
 
 from __future__ import annotations
@@ -24,42 +28,15 @@ import bisect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
+
+from tokenrouter.core.config import PLACEMENTS
 
 from .profile import Profile, ProfileError, StepCoeffs, load_profile
+from .step_stats import PartStats, StepStats
 
 Placement = Literal["mps", "separate", "cross-host"]
-PLACEMENTS: tuple[str, ...] = ("mps", "separate", "cross-host")
 ModelKey = str | int
-
-
-def batch_summary(batch: Any) -> tuple[int, int, int, int, int, int]:
-    """(batch_size, num_tokens, extend_tokens, context_tokens, num_rematch, rematch_context_tokens).
-
-    One pass over a core `Batch`'s rows (the same sums as its properties, which each walk the rows);
-    any other object is read through those property names.
-    """
-    rows = getattr(batch, "rows", None)
-    if rows is None:
-        return (
-            batch.size,
-            batch.num_tokens,
-            batch.num_extend_tokens,
-            batch.context_tokens,
-            batch.num_rematch,
-            batch.rematch_context_tokens,
-        )
-    tok = ext = ctx = rm = rm_ctx = 0
-    for r in rows:
-        k = r.num_tokens
-        tok += k
-        ctx += r.start + k
-        if k > 1:
-            ext += k
-        if r.rematch:
-            rm += 1
-            rm_ctx += r.start
-    return len(rows), tok, ext, ctx, rm, rm_ctx
 
 
 @runtime_checkable
@@ -70,19 +47,7 @@ class ModelStepCost(Protocol):
     router_ms: float
     sched_ms: float
 
-    def step_ms(self, batch: Any, *, graph: bool | None = None, corunning: bool = False) -> float: ...
-
-    def step_ms_from(
-        self,
-        batch_size: int,
-        num_tokens: int,
-        extend_tokens: int,
-        context_tokens: int,
-        rematch: int = 0,
-        rematch_ctx: int = 0,
-        graph: bool | None = None,
-        corunning: bool = False,
-    ) -> float: ...
+    def step_ms(self, stats: StepStats, *, corunning: bool = False) -> float: ...
 
 
 @runtime_checkable
@@ -91,21 +56,6 @@ class StepCost(Protocol):
 
     def for_model(self, model: ModelKey) -> ModelStepCost: ...
 
-    def step_ms(self, model: ModelKey, batch: Any, *, graph: bool | None = None, corunning: bool = False) -> float: ...
-
-    def step_ms_from(
-        self,
-        model: ModelKey,
-        batch_size: int,
-        num_tokens: int,
-        extend_tokens: int,
-        context_tokens: int,
-        rematch: int = 0,
-        rematch_ctx: int = 0,
-        graph: bool | None = None,
-        corunning: bool = False,
-    ) -> float: ...
-
     def message_ms(self, nbytes: int = 0) -> float: ...
 
     def router_ms(self, model: ModelKey | None = None) -> float: ...
@@ -113,66 +63,40 @@ class StepCost(Protocol):
     def sched_ms(self, model: ModelKey | None = None) -> float: ...
 
 
+def _part_ms(c: StepCoeffs, p: PartStats) -> float:
+    return c.c0 + c.c_row * p.rows + c.c_ctx * p.context_tokens + c.c_tok * p.tokens + c.c_ext * p.extend_tokens
+
+
 @dataclass(slots=True)
 class ModelCost:
-    """One model's unpacked coefficients (graph `g*`, eager `e*`), placement factors and overheads."""
+    """One model's graph and eager coefficients, placement factor and overheads."""
 
     name: str
-    graph: bool  # default when a call passes graph=None
-    graph_max_tokens: int  # steps feeding more tokens than this run eager (outside the captured buckets)
     slowdown: float  # applied when corunning; 1.0 unless placement == "mps"
     hop_ms: float
     hop_ms_per_tok: float
     router_ms: float
     sched_ms: float
-    g0: float
-    grow: float
-    gctx: float
-    gtok: float
-    gext: float
-    gfloor: float
-    e0: float
-    erow: float
-    ectx: float
-    etok: float
-    eext: float
-    efloor: float
+    graph: StepCoeffs
+    eager: StepCoeffs
 
-    def step_ms(self, batch: Any, *, graph: bool | None = None, corunning: bool = False) -> float:
-        """Step time (ms) of a core `Batch`."""
-        b, t, e, c, rm, rc = batch_summary(batch)
-        return self.step_ms_from(b, t, e, c, rm, rc, graph, corunning)
-
-    def step_ms_from(
-        self,
-        batch_size: int,
-        num_tokens: int,
-        extend_tokens: int,
-        context_tokens: int,
-        rematch: int = 0,
-        rematch_ctx: int = 0,
-        graph: bool | None = None,
-        corunning: bool = False,
-    ) -> float:
-        """Step time (ms) from the batch's summary numbers (see the module docstring for the formula)."""
-        if batch_size <= 0:
+    def step_ms(self, stats: StepStats, *, corunning: bool = False) -> float:
+        """Step time (ms) of a split step (see the module docstring for the formula)."""
+        g, e = stats.graph, stats.eager
+        gpu = floor = 0.0
+        if g.rows:
+            gpu += _part_ms(self.graph, g)
+            floor = self.graph.floor_ms
+        if e.rows:
+            gpu += _part_ms(self.eager, e)
+            floor = max(floor, self.eager.floor_ms)
+        elif not g.rows:
             return 0.0
-        if graph is None:
-            graph = self.graph
-        if graph and num_tokens <= self.graph_max_tokens:
-            t = self.g0 + self.grow * batch_size + self.gctx * context_tokens + self.gtok * num_tokens
-            t += self.gext * extend_tokens
-            floor = self.gfloor
-        else:
-            t = self.e0 + self.erow * batch_size + self.ectx * context_tokens + self.etok * num_tokens
-            t += self.eext * extend_tokens
-            floor = self.efloor
         if corunning:
-            t *= self.slowdown
-        if t < floor:
-            t = floor
-        if rematch:
-            t += rematch * self.hop_ms + rematch_ctx * self.hop_ms_per_tok
+            gpu *= self.slowdown
+        t = gpu if gpu > floor else floor
+        if stats.rematch_rows:
+            t += stats.rematch_rows * self.hop_ms + stats.rematch_prefix_tokens * self.hop_ms_per_tok
         return t
 
 
@@ -183,9 +107,7 @@ class CostModel:
     host) or "cross-host" (peer messages pay link latency + bytes / bandwidth).
     models: the deployment's model names in index order (so `Batch.model` indices work, and MPS pair
     slowdowns are looked up against the co-located models); default: every model in the profile.
-    graphs: CUDA graphs on for all models (bool) or per model name (unlisted models: on); this is the default
-    for calls that pass graph=None, and an explicit graph=True/False wins.
-    graph_max_tokens: largest step (tokens) the captured graphs cover; bigger steps cost eager. None: no limit.
+    Which rows run in a graph is not the cost model's business: `StepStats` carries the GraphRule's split.
     """
 
     def __init__(
@@ -194,20 +116,12 @@ class CostModel:
         placement: Placement = "mps",
         *,
         models: Sequence[str] | None = None,
-        graphs: bool | Mapping[str, bool] = True,
-        graph_max_tokens: int | None = None,
     ) -> None:
         if placement not in PLACEMENTS:
             raise ValueError(f"unknown placement {placement!r}; expected one of {', '.join(PLACEMENTS)}")
         self.profile = profile if isinstance(profile, Profile) else load_profile(profile)
         self.placement: str = placement
         self.models: tuple[str, ...] = tuple(self.profile.resolve_name(m) for m in (models or self.profile.models))
-        if isinstance(graphs, Mapping):
-            self._graphs = {self.profile.resolve_name(k): bool(v) for k, v in graphs.items()}
-            self._graph_default = True
-        else:
-            self._graphs, self._graph_default = {}, bool(graphs)
-        self._graph_max = graph_max_tokens if graph_max_tokens is not None else 1 << 62
         link = self.profile.link
         self._link_latency_ms = link.latency_ms
         self._link_ms_per_byte = 8.0 / (link.bandwidth_gbps * 1e6)  # Gbit/s -> ms per byte
@@ -235,37 +149,15 @@ class CostModel:
         slowdown = 1.0
         if self.placement == "mps":
             slowdown = max((p.mps_slowdown(name, o) for o in others), default=p.mps.default_slowdown)
-        g, e = m.step.graph, m.step.eager
         return ModelCost(
             name=name,
-            graph=self._graphs.get(name, self._graph_default),
-            graph_max_tokens=self._graph_max,
             slowdown=slowdown,
             hop_ms=p.std_serving.hop_overhead_ms,
             hop_ms_per_tok=p.std_serving.hop_overhead_ms_per_ktok / 1000.0,
             router_ms=p.router_ms_for(name),
             sched_ms=p.sched_ms,
-            **_unpack("g", g),
-            **_unpack("e", e),
-        )
-
-    def step_ms(self, model: ModelKey, batch: Any, *, graph: bool | None = None, corunning: bool = False) -> float:
-        return self.for_model(model).step_ms(batch, graph=graph, corunning=corunning)
-
-    def step_ms_from(
-        self,
-        model: ModelKey,
-        batch_size: int,
-        num_tokens: int,
-        extend_tokens: int,
-        context_tokens: int,
-        rematch: int = 0,
-        rematch_ctx: int = 0,
-        graph: bool | None = None,
-        corunning: bool = False,
-    ) -> float:
-        return self.for_model(model).step_ms_from(
-            batch_size, num_tokens, extend_tokens, context_tokens, rematch, rematch_ctx, graph, corunning
+            graph=m.step.graph,
+            eager=m.step.eager,
         )
 
     def message_ms(self, nbytes: int = 0) -> float:
@@ -279,22 +171,11 @@ class CostModel:
         return self.profile.router_ms if model is None else self.for_model(model).router_ms
 
     def sched_ms(self, model: ModelKey | None = None) -> float:
-        """CPU scheduling per step (ms); the simulator hides it behind the GPU when async is on."""
+        """Host time to schedule and post-process one step (ms): visible without overlap, hidden with it."""
         return self.profile.sched_ms
 
     def kv_budget_gb(self, model: ModelKey) -> float:
         return self.profile.kv_budget_gb_for(self._name(model))
-
-
-def _unpack(prefix: str, c: StepCoeffs) -> dict[str, float]:
-    return {
-        f"{prefix}0": c.c0,
-        f"{prefix}row": c.c_row,
-        f"{prefix}ctx": c.c_ctx,
-        f"{prefix}tok": c.c_tok,
-        f"{prefix}ext": c.c_ext,
-        f"{prefix}floor": c.floor_ms,
-    }
 
 
 # -- constant step times (the Markov model's assumption) ---------------------------------------------------
@@ -332,35 +213,29 @@ class ConstantModelCost:
             return float(lat(batch_size))
         return float(lat)  # type: ignore[arg-type]
 
-    def step_ms(self, batch: Any, *, graph: bool | None = None, corunning: bool = False) -> float:
-        return self.at(batch.size) if batch.size > 0 else 0.0
-
-    def step_ms_from(
-        self,
-        batch_size: int,
-        num_tokens: int = 0,
-        extend_tokens: int = 0,
-        context_tokens: int = 0,
-        rematch: int = 0,
-        rematch_ctx: int = 0,
-        graph: bool | None = None,
-        corunning: bool = False,
-    ) -> float:
-        return self.at(batch_size) if batch_size > 0 else 0.0
+    def step_ms(self, stats: StepStats, *, corunning: bool = False) -> float:
+        n = stats.rows
+        return self.at(n) if n > 0 else 0.0
 
 
 class ConstantCost:
-    """`StepCost` with L_i per model and nothing else: messages, router and scheduler cost 0.
+    """`StepCost` with L_i per model and nothing else: messages and router cost 0, and so does the host's
+    scheduling unless `sched_ms` is given (tests of overlap use it).
 
     latency_ms: a sequence indexed by model index, or a mapping keyed by model name and/or index; each
     value a constant (ms), a function of batch size, or a {batch_size: ms} table.
     """
 
-    def __init__(self, latency_ms: Sequence[LatencySpec] | Mapping[ModelKey, LatencySpec]) -> None:
+    def __init__(
+        self, latency_ms: Sequence[LatencySpec] | Mapping[ModelKey, LatencySpec], *, sched_ms: float = 0.0
+    ) -> None:
         items = latency_ms.items() if isinstance(latency_ms, Mapping) else enumerate(latency_ms)
-        self._costs: dict[ModelKey, ConstantModelCost] = {k: ConstantModelCost(str(k), v) for k, v in items}
+        self._costs: dict[ModelKey, ConstantModelCost] = {
+            k: ConstantModelCost(str(k), v, sched_ms=sched_ms) for k, v in items
+        }
         if not self._costs:
             raise ValueError("ConstantCost needs at least one model")
+        self._sched_ms = sched_ms
 
     def for_model(self, model: ModelKey) -> ConstantModelCost:
         mc = self._costs.get(model)
@@ -370,23 +245,6 @@ class ConstantCost:
             raise KeyError(f"no step time for model {model!r}; known: {', '.join(map(str, self._costs))}")
         return mc
 
-    def step_ms(self, model: ModelKey, batch: Any, *, graph: bool | None = None, corunning: bool = False) -> float:
-        return self.for_model(model).step_ms(batch)
-
-    def step_ms_from(
-        self,
-        model: ModelKey,
-        batch_size: int,
-        num_tokens: int = 0,
-        extend_tokens: int = 0,
-        context_tokens: int = 0,
-        rematch: int = 0,
-        rematch_ctx: int = 0,
-        graph: bool | None = None,
-        corunning: bool = False,
-    ) -> float:
-        return self.for_model(model).step_ms_from(batch_size)
-
     def message_ms(self, nbytes: int = 0) -> float:
         return 0.0
 
@@ -394,4 +252,4 @@ class ConstantCost:
         return 0.0
 
     def sched_ms(self, model: ModelKey | None = None) -> float:
-        return 0.0
+        return self._sched_ms

@@ -9,7 +9,15 @@ from typing import Any, NoReturn
 
 import typer
 
-from tokenrouter.core.config import DeploymentConfig, ModelConfig, PlacementConfig, PolicyConfig, RouterConfig
+from tokenrouter.core.config import (
+    DeploymentConfig,
+    ModelConfig,
+    PlacementConfig,
+    PolicyConfig,
+    RouterConfig,
+    SchedulerConfig,
+    check_prob,
+)
 
 
 def _click_classes(name: str) -> tuple[type[Exception], ...]:
@@ -70,13 +78,7 @@ def parse_list(text: str, conv: Callable[[str], Any], what: str) -> list[Any]:
         raise CliError(f"{what}: cannot parse {text!r}") from None
 
 
-def check_prob(x: float, what: str) -> float:
-    if not 0.0 <= x <= 1.0:
-        raise CliError(f"{what} must be in [0, 1], got {x}")
-    return x
-
-
-def build_deployment(
+def deployment_from_flags(
     *,
     models: list[str],
     placement: str,
@@ -103,13 +105,7 @@ def build_deployment(
         policy=PolicyConfig(kind=policy, thresholds=list(thresholds or [])),
         router=RouterConfig(name=router, hop_rate=hop_rate, return_prob=return_prob, trace=trace),
         profile=profile,
-        scheduler=_sched(page_size, max_batch_size, max_batch_tokens, overlap),
-    )
-
-
-def _sched(page_size: int, max_batch_size: int, max_batch_tokens: int, overlap: bool):
-    from tokenrouter.core.config import SchedulerConfig
-
-    return SchedulerConfig(
-        page_size=page_size, max_batch_size=max_batch_size, max_batch_tokens=max_batch_tokens, overlap=overlap
+        scheduler=SchedulerConfig(
+            page_size=page_size, max_batch_size=max_batch_size, max_batch_tokens=max_batch_tokens, overlap=overlap
+        ),
     )

@@ -10,6 +10,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from tokenrouter.core.policy import PolicyKind
 from tokenrouter.sim.run import SimResult
 
 
@@ -35,8 +36,9 @@ def result_record(res: SimResult) -> dict[str, Any]:
         "profile": dep.profile,
         "profile_kind": "analytic" if res.analytic else "measured",
         "cuda_graphs": all(m.cuda_graphs for m in dep.models),
-        "async": dep.scheduler.overlap,
+        "overlap": dep.scheduler.overlap,
         "preemptions": res.preemptions,
+        "wasted_rows": res.wasted_rows,
         "wall_s": round(res.wall_s, 3),
     }
     rec.update(res.summary)
@@ -75,7 +77,11 @@ def print_result(res: SimResult, console: Console | None = None) -> None:
         f"{res.config.workload} x {res.config.num_requests}, N = {res.config.concurrency}"
     )
     kv = ", ".join(f"{c:,}" for c in res.kv_tokens)
-    console.print(f"KV capacity per model: {kv} tokens; preemptions: {res.preemptions}")
+    overlap = "on" if dep.scheduler.overlap else "off"
+    console.print(
+        f"KV capacity per model: {kv} tokens; preemptions: {res.preemptions}; overlap {overlap} "
+        f"({res.wasted_rows:,} prepared rows wasted)"
+    )
     src = "ANALYTIC (bytes over bandwidth, not measured)" if res.analytic else "measured"
     console.print(
         f"profile {dep.profile}: {src}; simulated {s['duration_s']:.2f} s in {res.wall_s:.2f} s wall; "
@@ -84,7 +90,7 @@ def print_result(res: SimResult, console: Console | None = None) -> None:
 
 
 def _thr_note(res: SimResult) -> str:
-    if res.config.deployment.policy.kind != "delayed":
+    if res.config.deployment.policy.kind != PolicyKind.DELAYED:
         return f" ({res.config.deployment.policy.kind}: no delay)"
     return res.extra.get("thresholds_note", "")
 

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from tokenrouter.cli.common import CliError, build_deployment, parse_list
+from tokenrouter.cli.common import CliError, deployment_from_flags, parse_list
 from tokenrouter.cli.report import print_result, result_record, write_json
 from tokenrouter.core.config import load_config
 from tokenrouter.core.policy import guard_holds
@@ -67,7 +67,7 @@ def sim_config_from_flags(
                 f"--thresholds {thresholds} infeasible for concurrency {concurrency}: the deadlock "
                 f"guard needs sum(B_i - 1) < N"
             )
-        dep = build_deployment(
+        dep = deployment_from_flags(
             models=names,
             placement=placement,
             policy=policy,
@@ -122,7 +122,13 @@ def register(app: typer.Typer) -> None:
             str | None,
             typer.Option(help="Comma list of >= 2 models (overrides --small/--large; for the 'me' ensemble)."),
         ] = None,
-        policy: Annotated[str, typer.Option(help="step-sync | model-sync | eager | delayed | std-serving")] = "delayed",
+        policy: Annotated[
+            str,
+            typer.Option(
+                help="step-sync | model-sync | eager | delayed | std-serving (one server per model: every hop "
+                "a new request that re-matches its prefix)"
+            ),
+        ] = "delayed",
         thresholds: Annotated[
             str,
             typer.Option(
@@ -148,7 +154,14 @@ def register(app: typer.Typer) -> None:
         ] = None,
         max_output: Annotated[int | None, typer.Option(help="Cap output lengths.")] = None,
         graphs: Annotated[bool, typer.Option("--graphs/--no-graphs", help="CUDA graphs in the cost model.")] = True,
-        overlap: Annotated[bool, typer.Option("--async/--no-async", help="Overlap CPU scheduling with GPU.")] = True,
+        overlap: Annotated[
+            bool,
+            typer.Option(
+                "--overlap/--no-overlap",
+                help="CPU-GPU overlap: prepare step k+1 while step k runs (two batches in flight; sync policies "
+                "never overlap).",
+            ),
+        ] = True,
         page_size: Annotated[int, typer.Option(help="KV page size (tokens).")] = 16,
         max_batch_size: Annotated[int, typer.Option(help="Max rows per step.")] = 256,
         max_batch_tokens: Annotated[int, typer.Option(help="Max tokens per step (prefill chunking).")] = 16384,

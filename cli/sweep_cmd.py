@@ -92,7 +92,7 @@ def register(app: typer.Typer) -> None:
         max_output: Annotated[str, typer.Option(help="Output caps, e.g. none,2048,8192")] = "none",
         arrival_rate: Annotated[str, typer.Option(help="Open-loop rates (req/s) or none (closed loop)")] = "none",
         graphs: Annotated[str, typer.Option(help="CUDA graphs: on,off")] = "on",
-        overlap: Annotated[str, typer.Option("--async", help="Async CPU/GPU overlap: on,off")] = "on",
+        overlap: Annotated[str, typer.Option(help="CPU-GPU overlap: on,off")] = "on",
     ) -> None:
         """Run every combination of the list-valued flags; write one CSV row per run (and a plot)."""
         given = {

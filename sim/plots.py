@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-    from tokenrouter.sim.metrics import MetricsCollector
+    from tokenrouter.metrics import MetricsCollector
 
 __all__ = ["plot_run", "plot_sweep"]
 

@@ -1,8 +1,10 @@
 """`run_sim`: build a deployment in a simpy environment, drive it with a workload, collect metrics.
 
-The deployment is the same `DeploymentConfig` that `tr serve` reads; the schedulers, routers and KV
-accounting are the core's. Only time is simulated: step times from the profile's cost model, peer
-messages delayed by the link model.
+The deployment is the same `DeploymentConfig` that `tr serve` reads, built by the same
+`tokenrouter.deploy.build_deployment`; the schedulers, routers, KV pools and admission are the core's.
+Only time is simulated: step times from the profile's cost model, peer messages delayed by the link model.
+Standard serving (`policy: std-serving`) is a mode of this driver: every returning hop is priced as a new
+request that re-matches its prefix.
 """
 
 from __future__ import annotations
@@ -15,23 +17,14 @@ import simpy
 
 from tokenrouter.calibration.cost import CostModel
 from tokenrouter.calibration.profile import load_profile
-from tokenrouter.core.batch import Batch
-from tokenrouter.core.config import DeploymentConfig, joint_kv_tokens
-from tokenrouter.core.kv import KVPool
-from tokenrouter.core.messages import Action, Emit, Finish, PeerReq, Send
-from tokenrouter.core.policy import SyncGate
+from tokenrouter.core.config import DeploymentConfig
+from tokenrouter.core.messages import Action, Emit, Finish, PeerMsg, PeerReq, Send
 from tokenrouter.core.request import Request, SamplingParams
-from tokenrouter.core.router import Router
-from tokenrouter.core.scheduler import Scheduler
-from tokenrouter.models import load_spec
-from tokenrouter.routers import TraceRouter, make_preset
+from tokenrouter.deploy import Deployment, build_deployment
+from tokenrouter.metrics import MetricsCollector
 from tokenrouter.sim.clients import ClosedLoop, OpenLoop
-from tokenrouter.sim.metrics import MetricsCollector
 from tokenrouter.sim.subserver import SimSubserver
-from tokenrouter.workloads import RequestSpec, load_hop_trace, make_workload
-
-# Fraction of GPU memory an engine may use (weights + KV), as serving engines leave headroom.
-MEM_FRACTION = 0.9
+from tokenrouter.workloads import RequestSpec, make_workload
 
 
 @dataclass(slots=True)
@@ -65,57 +58,14 @@ class SimResult:
     kv_tokens: list[int]
     wall_s: float
     preemptions: int
+    wasted_rows: int = 0  # overlap: prepared rows whose request left before they ran
+    rematch_rows: int = 0  # standard serving: rows priced as new requests re-matching their prefix
     extra: dict[str, Any] = field(default_factory=dict)
-
-
-def build_router(dep: DeploymentConfig, specs: list[RequestSpec], seed: int) -> Router:
-    rc = dep.router
-    if rc.name == "trace":
-        traced = specs if any(s.runs for s in specs) else (load_hop_trace(rc.trace) if rc.trace else [])
-        if not traced:
-            raise ValueError("router 'trace' needs a hop trace: --trace FILE or a workload with runs")
-        return TraceRouter({s.rid: s.runs or [] for s in traced})
-    return make_preset(
-        rc.name,
-        hop_rate=rc.hop_rate,
-        return_prob=rc.return_prob,
-        mean_small_run=rc.mean_small_run,
-        mean_large_run=rc.mean_large_run,
-        num_models=len(dep.models),
-        seed=seed,
-    )
-
-
-def kv_capacity_tokens(dep: DeploymentConfig, profile: Any) -> list[int]:
-    """Token capacity per model. Co-located models (mps) split the free memory so each gets the same
-    capacity; a model on its own GPUs gets what its weights leave, unless `kv_budget_gb` is given.
-    """
-    specs = [load_spec(m.name) for m in dep.models]
-    gpu_bytes = profile.gpu.memory_gb * 1e9 * MEM_FRACTION
-    caps: list[int] = []
-    for m, spec in zip(dep.models, specs, strict=True):
-        if m.kv_budget_gb is not None:
-            caps.append(int(m.kv_budget_gb * 1e9 // spec.kv_bytes_per_token))
-        elif dep.placement.mode == "mps":
-            sharing = [s for mm, s in zip(dep.models, specs, strict=True) if set(mm.gpus) & set(m.gpus)]
-            free = gpu_bytes * len(m.gpus) - sum(
-                s.weight_bytes / max(1, len(mm.gpus)) * len(m.gpus)
-                for mm, s in zip(dep.models, specs, strict=True)
-                if s in sharing
-            )
-            caps.append(joint_kv_tokens(free, [s.kv_bytes_per_token for s in sharing]))
-        else:
-            caps.append(int((gpu_bytes * len(m.gpus) - spec.weight_bytes) // spec.kv_bytes_per_token))
-    for m, c in zip(dep.models, caps, strict=True):
-        if c < dep.scheduler.page_size:
-            raise ValueError(f"model {m.name}: no memory left for KV cache on its GPUs")
-    return caps
 
 
 def run_sim(cfg: SimConfig) -> SimResult:
     t_wall = time.perf_counter()
     dep = cfg.deployment
-    num_models = len(dep.models)
     profile = load_profile(dep.profile)
     names = [m.name for m in dep.models]
     cost = cfg.cost if cfg.cost is not None else CostModel(profile, dep.placement.mode, models=names)
@@ -123,83 +73,29 @@ def run_sim(cfg: SimConfig) -> SimResult:
     specs = make_workload(
         cfg.workload, cfg.num_requests, cfg.seed, arrival_rate=cfg.arrival_rate, max_output=cfg.max_output
     )
-    router_proto = build_router(dep, specs, cfg.seed)
-    policy = dep.policy.build()
-    gate = SyncGate(policy.kind, num_models) if policy.is_sync else None
-    caps = kv_capacity_tokens(dep, profile)
-    ps = dep.scheduler.page_size
+    traces = {s.rid: s.runs or [] for s in specs} if any(s.runs for s in specs) else None
+    deployment = build_deployment(dep, gpu_memory_gb=profile.gpu.memory_gb, seed=cfg.seed, traces=traces)
 
     env = simpy.Environment()
-    metrics = MetricsCollector(num_models)
-    subs: list[SimSubserver] = []
-    for i, mc in enumerate(dep.models):
-        router = router_proto if i == 0 else _clone_router(router_proto)
-        sched = Scheduler(
-            i,
-            num_models,
-            kv=KVPool(caps[i] // ps + 1, ps),
-            router=router,
-            policy=policy,
-            entry=dep.entry,
-            max_batch_size=dep.scheduler.max_batch_size,
-            max_batch_tokens=dep.scheduler.max_batch_tokens,
-            gate=gate,
+    metrics = MetricsCollector(deployment.num_models)
+    subs = [
+        SimSubserver(
+            env,
+            sched,
+            cost=cost.for_model(i),
+            rule=deployment.graph_rules[i],
+            host_ms=cost.sched_ms(i),
+            device_ms=cost.router_ms(i),
+            metrics=metrics,
         )
-        mcost = cost.for_model(i)
-        overhead = cost.router_ms(i) + (0.0 if dep.scheduler.overlap else cost.sched_ms(i))
-        max_bucket = max(mc.graph_buckets) if mc.cuda_graphs else 0
-
-        def step_ms(batch: Batch, corunning: bool, _c=mcost, _mb=max_bucket, _mt=mc.graph_max_row_tokens) -> float:
-            # As the engine does: a step runs in a graph when its rows, each unrolled into one decode row
-            # per token, fit the largest bucket and no row is longer than graph_max_row_tokens.
-            rows = batch.rows
-            graph = batch.num_tokens <= _mb and all(r.num_tokens <= _mt for r in rows)
-            return _c.step_ms(batch, graph=graph, corunning=corunning)
-
-        subs.append(SimSubserver(env, sched, step_ms=step_ms, overhead_ms=overhead, metrics=metrics))
-    if dep.placement.mode == "mps":
-        for a in subs:
-            a.colocated = [
-                b for b in subs if b is not a and set(dep.models[a.model].gpus) & set(dep.models[b.model].gpus)
-            ]
-
+        for i, sched in enumerate(deployment.schedulers)
+    ]
+    for i, s in enumerate(subs):
+        s.colocated = [subs[j] for j in deployment.colocated(i)]
     done: dict[str, simpy.Event] = {}
-    kick_all = gate is not None
-
-    def deliver(msg: PeerReq) -> None:
-        dst = subs[msg.dst]
-        dispatch(dst.sched.resume(msg, env.now))
-        if kick_all:
-            for s in subs:
-                s.kick()
-        else:
-            dst.kick()
-
-    def delayed_delivery(msg: PeerReq, delay_s: float):
-        yield env.timeout(delay_s)
-        deliver(msg)
-
-    def dispatch(actions: list[Action]) -> None:
-        for a in actions:
-            if isinstance(a, Send):
-                delay = cost.message_ms(a.msg.nbytes) / 1000.0
-                if delay > 0:
-                    env.process(delayed_delivery(a.msg, delay))
-                else:
-                    deliver(a.msg)
-            elif isinstance(a, Emit):
-                metrics.on_tokens(a.rid, len(a.tokens), env.now, a.model)
-            elif isinstance(a, Finish):
-                metrics.on_finish(a.rid, env.now, a.num_hops)
-                ev = done.pop(a.rid, None)
-                if ev is not None:
-                    ev.succeed()
-        if kick_all:
-            for s in subs:
-                s.kick()
-
+    wire = _Links(env, deployment, subs, cost, metrics, done)
     for s in subs:
-        s.dispatch = dispatch
+        s.dispatch = wire.dispatch
     entry = subs[dep.entry]
 
     def submit(spec: RequestSpec) -> simpy.Event:
@@ -209,14 +105,13 @@ def run_sim(cfg: SimConfig) -> SimResult:
             ids,
             len(ids),
             SamplingParams(max_tokens=spec.output_len, ignore_eos=True),
-            num_models=num_models,
+            num_models=deployment.num_models,
             entry=dep.entry,
         )
         ev = env.event()
         done[spec.rid] = ev
         metrics.on_arrival(spec.rid, env.now, len(ids))
-        entry.sched.add(req, env.now)
-        entry.kick()
+        wire.dispatch(dep.entry, entry.sched.add(req, env.now))
         return ev
 
     loader = (
@@ -235,20 +130,56 @@ def run_sim(cfg: SimConfig) -> SimResult:
         summary=summary,
         metrics=metrics,
         config=cfg,
-        thresholds=subs[0].sched.policy.thresholds_for(cfg.concurrency, num_models),
+        thresholds=deployment.entry.policy.thresholds_for(cfg.concurrency, deployment.num_models),
         analytic=analytic,
         window=window,
-        kv_tokens=caps,
+        kv_tokens=deployment.kv_tokens,
         wall_s=time.perf_counter() - t_wall,
         preemptions=sum(s.sched.num_preemptions for s in subs),
+        wasted_rows=sum(s.wasted_rows for s in subs),
+        rematch_rows=sum(s.rematch_rows for s in subs),
     )
+
+
+class _Links:
+    """Carries actions: peer messages over the link model (order kept per link), tokens and finishes to the
+    metrics and the clients, and wakes the subservers the deployment says to."""
+
+    def __init__(self, env, deployment: Deployment, subs: list[SimSubserver], cost, metrics, done) -> None:
+        self.env, self.dep, self.subs, self.cost, self.metrics, self.done = env, deployment, subs, cost, metrics, done
+        self._free: dict[tuple[int, int], float] = {}  # link -> when its last message lands
+
+    def dispatch(self, src: int, actions: list[Action]) -> None:
+        env = self.env
+        for a in actions:
+            if isinstance(a, Send):
+                link = (a.msg.src, a.msg.dst)
+                at = max(env.now + self.cost.message_ms(a.msg.nbytes) / 1000.0, self._free.get(link, 0.0))
+                self._free[link] = at
+                if at > env.now:
+                    env.process(self._later(a.msg, at - env.now))
+                else:
+                    self.deliver(a.msg)
+            elif isinstance(a, Emit):
+                self.metrics.on_tokens(a.rid, len(a.tokens), env.now, a.model)
+            elif isinstance(a, Finish):
+                self.metrics.on_finish(a.rid, env.now, a.num_hops)
+                ev = self.done.pop(a.rid, None)
+                if ev is not None:
+                    ev.succeed()
+        for j in self.dep.wakes(src):
+            self.subs[j].kick()
+
+    def deliver(self, msg: PeerMsg) -> None:
+        dst = self.subs[msg.dst]
+        if self.dep.std_serving and isinstance(msg, PeerReq) and not msg.finished and msg.rid in dst.sched.reqs:
+            dst.rematch.add(msg.rid)  # standard serving: a returning hop is a new request that re-matches
+        self.dispatch(msg.dst, self.dep.deliver(msg, self.env.now))
+
+    def _later(self, msg: PeerMsg, delay_s: float):
+        yield self.env.timeout(delay_s)
+        self.deliver(msg)
 
 
 def _has_arrivals(specs: list[RequestSpec]) -> bool:
     return any(s.arrival is not None for s in specs)
-
-
-def _clone_router(r: Router) -> Router:
-    import copy
-
-    return copy.deepcopy(r)

@@ -16,6 +16,9 @@ import numpy as np
 
 from tokenrouter.calibration.cost import CostModel
 from tokenrouter.calibration.profile import load_profile
+from tokenrouter.calibration.step_stats import PartStats, StepStats
+from tokenrouter.core.graph_rule import GraphRule
+from tokenrouter.core.policy import PolicyKind
 from tokenrouter.markov import MarkovModel, router_matrices, search_thresholds
 from tokenrouter.sim.run import SimConfig, SimResult, run_sim
 from tokenrouter.workloads import make_workload
@@ -65,8 +68,9 @@ def tokens_per_row(P: np.ndarray) -> list[float]:
 
 
 def step_time_fns(cfg: SimConfig, corun: list[float] | None = None) -> list[Callable[[int], float]]:
-    """L_i(b) in ms: b decode rows at the workload's mean context, plus router/scheduler overheads. When the
-    models share a GPU, model i's step is slowed by MPS for the fraction `corun[i]` of time its peer runs."""
+    """L_i(b) in ms: b rows at the workload's mean context, split by the model's graph rule, plus router and
+    (without overlap) host time. When the models share a GPU, model i's step is slowed by MPS for the
+    fraction `corun[i]` of time its peer runs."""
     dep = cfg.deployment
     names = [m.name for m in dep.models]
     cost = cfg.cost if cfg.cost is not None else CostModel(load_profile(dep.profile), dep.placement.mode, models=names)
@@ -77,21 +81,40 @@ def step_time_fns(cfg: SimConfig, corun: list[float] | None = None) -> list[Call
     fns = []
     for i, mc in enumerate(dep.models):
         mcost = cost.for_model(i)
-        extra = cost.router_ms(i) + (0.0 if dep.scheduler.overlap else cost.sched_ms(i))
+        overlap = dep.scheduler.overlap if mc.overlap is None else mc.overlap
+        extra = cost.router_ms(i) + (0.0 if overlap else cost.sched_ms(i))
         u = corun[i] if shared and corun is not None else 0.0
-        t = tpr[i]
-        max_bucket = max(mc.graph_buckets) if mc.cuda_graphs else 0
+        rule = mc.graph_rule()
 
-        def f(b: int, _c=mcost, _x=extra, _u=u, _t=t, _mb=max_bucket, _mt=mc.graph_max_row_tokens) -> float:
-            toks = round(b * _t)
-            ext = toks if _t > 1 else 0
-            graph = toks <= _mb and _t <= _mt
-            alone = _c.step_ms_from(b, toks, ext, int(b * ctx), graph=graph, corunning=False)
-            slow = _c.step_ms_from(b, toks, ext, int(b * ctx), graph=graph, corunning=True) if _u else alone
+        def f(b: int, _c=mcost, _x=extra, _u=u, _t=tpr[i], _r=rule) -> float:
+            stats = expected_step(b, _t, ctx, _r)
+            alone = _c.step_ms(stats)
+            slow = _c.step_ms(stats, corunning=True) if _u else alone
             return (1 - _u) * alone + _u * slow + _x
 
         fns.append(f)
     return fns
+
+
+def expected_step(rows: int, tokens_per_row: float, context: float, rule: GraphRule) -> StepStats:
+    """A step of `rows` rows whose lengths are geometric with mean `tokens_per_row` (1 = all decodes), split
+    by `rule` in expectation: the rows of at most `rule.max_row_tokens` tokens run in the graph part."""
+    t = max(1.0, tokens_per_row)
+    m = min(rule.max_row_tokens, rule.max_tokens)
+    fit = 1.0 - (1.0 - 1.0 / t) ** m if rule.enabled else 0.0  # P(length <= m)
+    n_graph = round(rows * fit)
+    n_eager = rows - n_graph
+    # E[length | <= m] and E[length | > m] (memoryless: m + t) of a geometric length with mean t.
+    t_graph = (t - (m + t) * (1.0 - fit)) / fit if fit > 0 else 0.0
+    t_eager = m + t if fit > 0 else t
+
+    def part(n: int, k: float) -> PartStats:
+        if n == 0:
+            return PartStats()
+        toks = round(n * k)
+        return PartStats(n, toks, toks if k > 1.0 + 1e-9 else 0, round(n * context))
+
+    return StepStats(part(n_graph, t_graph), part(n_eager, t_eager))
 
 
 def predict_thresholds(cfg: SimConfig, concurrency: int | None = None) -> Prediction:
@@ -113,7 +136,7 @@ def predict_thresholds(cfg: SimConfig, concurrency: int | None = None) -> Predic
 def simulate_thresholds(cfg: SimConfig, thresholds: tuple[int, ...]) -> SimResult:
     c = copy.copy(cfg)
     c.deployment = copy.deepcopy(cfg.deployment)
-    c.deployment.policy.kind = "delayed"
+    c.deployment.policy.kind = PolicyKind.DELAYED.value
     c.deployment.policy.thresholds = list(thresholds)
     return run_sim(c)
 

@@ -32,6 +32,7 @@ EXTRA_FOR = {
     "tokenrouter.engine": "engine",
     "tokenrouter.routers.learned": "engine",
     "tokenrouter.models.tokenizer": "serve",
+    "tokenrouter.runtime": "serve",
 }
 
 

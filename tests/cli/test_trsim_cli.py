@@ -40,6 +40,7 @@ def assert_one_line_error(rc: int, err: str, needle: str) -> None:
         (["run", "--concurrency", "0"], "concurrency"),
         (["run", "--hop-rate", "abc"], "--hop-rate"),
         (["run", "--no-such-flag"], "no-such-flag"),
+        (["run", "--async"], "--async"),  # renamed: CPU-GPU overlap is --overlap
         (["model", "--step-ms", "6,27.9", "--hop-prob", "2", "--concurrency", "4"], "error"),
         (["model", "--step-ms", "6,27.9", "--hop-prob", "0.3", "--concurrency", "4", "--thresholds", "4,4"], "error"),
     ],
@@ -98,6 +99,14 @@ def test_model_prints_number_last(capsys):
     ]
     rc, out, _ = call(trsim.main, argv, capsys)
     assert rc == 0 and float(out.strip().splitlines()[-1]) > 0
+
+
+def test_overlap_flag_reaches_the_deployment_and_the_record(capsys):
+    for flag, want in (("--overlap", True), ("--no-overlap", False)):
+        rc, out, _ = call(trsim.main, ["run", *FAST, "--thresholds", "1,1", flag, "--json", "-"], capsys)
+        rec = json.loads(out)
+        assert rc == 0 and rec["overlap"] is want and "async" not in rec
+        assert (rec["wasted_rows"] > 0) is want  # the default hop rate wastes prepared rows only with overlap
 
 
 def test_sweep_writes_grid(tmp_path: Path, capsys):

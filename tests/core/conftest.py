@@ -1,41 +1,20 @@
-"""A tiny synchronous driver for scheduler tests: schedulers in one process, messages delivered at once."""
+"""A small synchronous driver for scheduler unit tests: schedulers in one process, messages delivered at once
+(through the wire encoding, as the runtime will), tokens from an executor that depends on what it was fed.
+`tests/core/cluster.py` is the realistic one (delays, reordering, invariants after every step)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import pytest
+from fakes import FakeExecutor, ScriptedRouter
 
-from tokenrouter.core.batch import Batch, StepResult
+from tokenrouter.core import wire
+from tokenrouter.core.admission import Admission
+from tokenrouter.core.batch import Batch
 from tokenrouter.core.kv import KVPool
 from tokenrouter.core.messages import Emit, Finish, Send
 from tokenrouter.core.policy import Policy, SyncGate
 from tokenrouter.core.request import Request, SamplingParams
-from tokenrouter.core.router import Router
 from tokenrouter.core.scheduler import Scheduler
-
-
-class ScriptedRouter(Router):
-    """Routes by a per-(model, rid) script of destinations; stays when the script runs out."""
-
-    def __init__(self, script: dict[tuple[int, str], list[int]] | None = None, keep_from: Sequence[int] = (1,)) -> None:
-        super().__init__()
-        self.script = script if script is not None else {}
-        self.keep_from = set(keep_from)
-
-    def route(self, batch: Batch, result: StepResult) -> list[int]:
-        out = []
-        for row in batch.rows:
-            q = self.script.get((self.model, row.req.rid), [])
-            out.append(q.pop(0) if q else self.model)
-        return out
-
-    def keep_token(self, req: Request, dst: int) -> bool:
-        return self.model in self.keep_from
-
-
-def token_for(model: int, row_index: int, pos: int) -> int:
-    return 1000 * (model + 1) + pos
 
 
 class Cluster:
@@ -48,25 +27,31 @@ class Cluster:
         policy: Policy | None = None,
         router_script: dict | None = None,
         overlap: bool = False,
+        admission: bool = False,
     ) -> None:
         policy = policy or Policy()
         gate = SyncGate(policy.kind, num_models) if policy.is_sync else None
         script = router_script if router_script is not None else {}
+        pools = [KVPool(pages, page_size) for _ in range(num_models)]
+        adm = Admission([_size(p) for p in pools]) if admission else None
         self.scheds = [
             Scheduler(
                 m,
                 num_models,
-                kv=KVPool(pages, page_size),
+                kv=pools[m],
                 router=ScriptedRouter(script),
                 policy=policy,
                 gate=gate,
                 overlap=overlap,
+                admission=adm if m == 0 else None,
             )
             for m in range(num_models)
         ]
+        self.executors = [FakeExecutor(m) for m in range(num_models)]
         self.emitted: dict[str, list[tuple[int, int, int]]] = {}
         self.finished: dict[str, str] = {}
         self.batches: list[Batch] = []
+        self.prompts: dict[str, list[int]] = {}
         self.now = 0.0
 
     def submit(self, rid: str, prompt: list[int], max_tokens: int) -> Request:
@@ -77,16 +62,18 @@ class Cluster:
             SamplingParams(max_tokens=max_tokens, ignore_eos=True),
             num_models=len(self.scheds),
         )
-        self.scheds[0].add(req, self.now)
+        self.prompts[rid] = list(prompt)
+        self.deliver(self.scheds[0].add(req, self.now))
         return req
 
-    def result_for(self, batch: Batch) -> StepResult:
-        return StepResult([token_for(batch.model, i, r.start + r.num_tokens) for i, r in enumerate(batch.rows)])
+    def result_for(self, batch: Batch):
+        return self.executors[batch.model].run(batch)
 
     def deliver(self, actions) -> None:
         for a in actions:
             if isinstance(a, Send):
-                self.deliver(self.scheds[a.peer].resume(a.msg, self.now))
+                msg = wire.decode(wire.encode(a.msg))
+                self.deliver(self.scheds[a.peer].resume(msg, self.now))
             elif isinstance(a, Emit):
                 self.emitted.setdefault(a.rid, []).extend((a.pos + i, t, a.model) for i, t in enumerate(a.tokens))
             elif isinstance(a, Finish):
@@ -97,8 +84,9 @@ class Cluster:
         batch = s.schedule(self.now)
         if batch is not None:
             self.batches.append(batch)
+            result = self.result_for(batch)
             self.now += 1.0
-            self.deliver(s.complete(batch, self.result_for(batch), self.now))
+            self.deliver(s.complete(batch, result, self.now))
         return batch
 
     def run(self, max_steps: int = 10_000) -> None:
@@ -109,6 +97,12 @@ class Cluster:
             if not progressed:
                 return
         raise AssertionError("cluster did not go idle")
+
+
+def _size(pool: KVPool):
+    from tokenrouter.core.admission import PoolSize
+
+    return PoolSize(pool.num_pages - 1, pool.page_size)
 
 
 @pytest.fixture

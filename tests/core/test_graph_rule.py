@@ -44,6 +44,12 @@ def test_split_contract_on_random_batches(seed):
             assert used + rows[j] > max(rule.buckets)
 
 
+def test_without_split_a_step_with_any_eager_row_runs_wholly_eager():
+    rule = GraphRule(buckets=(1, 2, 4, 8, 16), max_row_tokens=4, allow_split=False)
+    assert rule.split([1, 300, 3]) == ([], [0, 1, 2])
+    assert rule.split([1, 3, 4]) == ([0, 1, 2], [])
+
+
 def test_invalid_rules_raise():
     with pytest.raises(ValueError):
         GraphRule(buckets=(0, 4))

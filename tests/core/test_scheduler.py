@@ -2,11 +2,12 @@ from __future__ import annotations
 
 import pytest
 from conftest import Cluster
+from fakes import check_output
 
 from tokenrouter.core.batch import StepResult
 from tokenrouter.core.kv import KVPool
 from tokenrouter.core.messages import Send
-from tokenrouter.core.policy import Policy
+from tokenrouter.core.policy import Policy, PolicyKind
 from tokenrouter.core.request import ReqStatus, Request, SamplingParams
 from tokenrouter.core.router import Router
 from tokenrouter.core.scheduler import RequestTooLong, Scheduler
@@ -48,6 +49,7 @@ def test_handoff_parks_request_with_kv_and_resumes_with_short_extend():
     c.run()
     assert [p for p, _, _ in c.emitted["a"]] == [0, 1, 2, 3]
     assert [m for _, _, m in c.emitted["a"]] == [0, 1, 0, 0]
+    check_output(c.prompts["a"], c.emitted["a"])
     assert c.finished == {"a": "length"}
     assert free_all(c)
 
@@ -60,6 +62,7 @@ def test_multi_token_return_is_an_extend_row():
     small_rows = [(r.start, r.num_tokens) for b in c.batches if b.model == 0 for r in b.rows]
     assert small_rows[1] == (3, 3)  # the three tokens the large wrote, fed in one extend row
     assert [m for _, _, m in c.emitted["a"]] == [1, 1, 1, 0, 0, 0]
+    check_output(c.prompts["a"], c.emitted["a"])
     assert free_all(c)
 
 
@@ -179,6 +182,7 @@ def test_overlap_drops_row_that_hopped_from_prepared_batch():
     c.run()
     for rid in "ab":
         assert [p for p, _, _ in c.emitted[rid]] == list(range(5))
+        check_output(c.prompts[rid], c.emitted[rid])
     assert free_all(c)
 
 
@@ -225,12 +229,10 @@ def test_sync_policy_needs_gate():
         Scheduler(0, 2, kv=KVPool(8, 4), router=Router(), policy=Policy("step-sync"))
 
 
-def test_std_serving_marks_returning_hops_as_rematch():
-    c = Cluster(policy=Policy("std-serving"), router_script={(0, "a"): [1], (1, "a"): [0]})
-    c.submit("a", [1, 2, 3], max_tokens=3)
-    c.run()
-    flags = [(b.model, r.rematch) for b in c.batches for r in b.rows]
-    assert flags[0] == (0, False) and (0, True) in flags
+def test_std_serving_is_a_driver_mode_not_a_core_policy():
+    with pytest.raises(ValueError, match="unknown policy 'std-serving'"):
+        Policy("std-serving")
+    assert Policy("delayed").kind is PolicyKind.DELAYED and PolicyKind("model-sync").is_sync
 
 
 def test_peer_message_wire_carries_only_unseen_suffix():

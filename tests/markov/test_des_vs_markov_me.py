@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from tokenrouter.calibration.cost import ConstantCost
-from tokenrouter.core.config import DeploymentConfig, ModelConfig, PolicyConfig, RouterConfig
+from tokenrouter.core.config import DeploymentConfig, ModelConfig, PolicyConfig, RouterConfig, SchedulerConfig
 from tokenrouter.markov import me_preset, r2r_preset, throughput
 from tokenrouter.sim.run import SimConfig, run_sim
 
@@ -39,6 +39,7 @@ def simulate(models: list[str], router: str, b: tuple, n: int, steps: list[float
         models=[ModelConfig(m) for m in models],
         policy=PolicyConfig("delayed", list(b)),
         router=RouterConfig(router, **kw),
+        scheduler=SchedulerConfig(overlap=False),  # the chain has no CPU-GPU overlap: one batch in flight
     )
     cfg = SimConfig(dep, workload=workload, num_requests=10**6, concurrency=n, seed=3, cost=ConstantCost(steps))
     return run_sim(cfg).summary["steady_output_throughput_tok_s"]

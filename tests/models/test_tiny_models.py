@@ -132,7 +132,7 @@ def test_cpu_engine_runs_the_tiny_model(name):
         assert eng.kv_pool.grow(r.pages, r.num_tokens)
         batch.rows.append(BatchRow(r, 0, r.num_tokens))
     for step in range(4):
-        out = eng.step(batch, return_hidden=True, return_logits=True)
+        out = eng.step(batch, return_hidden=True, return_logits=True).result()
         toks = out.next_token_ids.tolist()
         assert out.hidden.shape == (len(reqs), eng.spec.hidden_size)
         assert out.logits.shape == (len(reqs), tok.vocab_size)

@@ -3,15 +3,15 @@ process the way the runtime will drive its subservers. Every committed token is 
 prefill of its prefix on the model that wrote it (an independent path through the engine), and the hop
 pattern against the router's own rule recomputed from that prefill.
 
-`HookedScheduler` makes the two calls the ensemble hook needs from `Scheduler` (select_tokens in complete,
-receive on a first visit); the engine's device-part call site is emulated in `drive`.
+The core `Scheduler` calls the two hooks the ensemble needs (`select_tokens` in complete, `receive` on a first
+visit); `HookedScheduler` can switch the second off to show what it carries. The engine's device-part call
+site is emulated in `drive`.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -27,24 +27,26 @@ from tokenrouter.routers.learned import calibrate_on_runner, make_learned_router
 
 
 class HookedScheduler(Scheduler):
-    """Scheduler plus the two calls proposed for scheduler.py: `select_tokens` replaces reading
-    `result.next_token_ids` in complete(); `router.receive` also runs when a request first arrives."""
+    """The core Scheduler, optionally without the first-visit `router.receive` call (to show what it carries)."""
 
     def __init__(self, *a, first_visit_receive: bool = True, **kw) -> None:
         super().__init__(*a, **kw)
-        self.first_visit_receive = first_visit_receive
+        if not first_visit_receive:
+            self.router = _NoFirstReceive(self.router, self)
 
-    def resume(self, msg, now=0.0):
-        new = not msg.finished and msg.rid not in self.reqs
-        acts = super().resume(msg, now)
-        if new and self.first_visit_receive and msg.rid in self.reqs:
-            req = self.reqs[msg.rid]
-            self.router.receive(msg, req)
-            req.seen[self.model] = len(req.token_ids)
-        return acts
 
-    def complete(self, batch, result, now=0.0):
-        return super().complete(batch, replace(result, next_token_ids=self.router.select_tokens(batch, result)), now)
+class _NoFirstReceive:
+    """Router proxy that skips `receive` for a request's first message at a subserver (`loc == 0`: the whole
+    sequence travels), as the scheduler once did."""
+
+    def __init__(self, router, sched) -> None:
+        self._r = router
+
+    def receive(self, msg, req):
+        return None if msg.loc == 0 else self._r.receive(msg, req)
+
+    def __getattr__(self, name):
+        return getattr(self._r, name)
 
 
 def engine(name: str, seed: int = 0) -> Engine:
@@ -63,10 +65,9 @@ def drive(engines, routers, prompts, sampling, first_visit_receive=True):
         HookedScheduler(i, n, kv=e.kv_pool, router=r, first_visit_receive=first_visit_receive)
         for i, (e, r) in enumerate(zip(engines, routers, strict=True))
     ]
+    for e, s in zip(engines, scheds, strict=True):
+        e.set_router(s.router.device)  # the engine runs the device part inside its step
     out: dict[str, dict[int, tuple[int, int]]] = {}
-    for i, p in enumerate(prompts):
-        scheds[0].add(Request(f"q{i}", list(p), len(p), sampling, num_models=n))
-        out[f"q{i}"] = {}
     inbox: list[deque] = [deque() for _ in range(n)]
     done: set[str] = set()
 
@@ -80,6 +81,10 @@ def drive(engines, routers, prompts, sampling, first_visit_receive=True):
             elif isinstance(a, Finish):
                 done.add(a.rid)
 
+    for i, p in enumerate(prompts):
+        handle(scheds[0].add(Request(f"q{i}", list(p), len(p), sampling, num_models=n)))
+        out[f"q{i}"] = {}
+
     for _ in range(2000):
         if len(done) == len(prompts) and not any(inbox):
             break
@@ -89,15 +94,7 @@ def drive(engines, routers, prompts, sampling, first_visit_receive=True):
             b = s.schedule(0.0)
             if b is None:
                 continue
-            dev, router = s.router.device, s.router
-            res = engines[i].step(
-                b,
-                return_hidden=bool(dev is not None and dev.needs_hidden),
-                return_logits=bool(router.needs_logits or (dev is not None and dev.needs_logits)),
-            )
-            if dev is not None:  # the engine's call site: the device part on the step's own outputs
-                with torch.inference_mode():
-                    res.destinations = dev(res.next_token_ids, res.hidden, res.logits)
+            res = engines[i].step(b, return_logits=s.router.needs_logits).result()
             handle(s.complete(b, res))
     else:
         raise AssertionError("requests did not finish")
@@ -110,7 +107,7 @@ def prefill(eng: Engine, ids: list[int]) -> torch.Tensor:
     req = Request("_ref", list(ids), len(ids))
     assert eng.kv_pool.grow(req.pages, len(ids))
     try:
-        return eng.step(Batch(0, 0, [BatchRow(req, 0, len(ids))]), return_logits=True).logits[0].double()
+        return eng.step(Batch(0, 0, [BatchRow(req, 0, len(ids))]), return_logits=True).result().logits[0].double()
     finally:
         eng.kv_pool.release(req.pages)
 

@@ -1,12 +1,13 @@
 """The simulator and the Markov model implement the same semantics; with geometric hops, constant step
-times and zero message latency they must agree (within sampling noise of a finite run)."""
+times, zero message latency and overlap off (one batch per model at a time, as the chain assumes) they must
+agree (within sampling noise of a finite run)."""
 
 from __future__ import annotations
 
 import pytest
 
 from tokenrouter.calibration.cost import ConstantCost
-from tokenrouter.core.config import DeploymentConfig, ModelConfig, PolicyConfig, RouterConfig
+from tokenrouter.core.config import DeploymentConfig, ModelConfig, PolicyConfig, RouterConfig, SchedulerConfig
 from tokenrouter.markov import r2r_preset, rstitch_preset, throughput
 from tokenrouter.sim.run import SimConfig, run_sim
 
@@ -29,6 +30,7 @@ def test_des_matches_markov_within_2_percent(hop, n, b, ret):
         models=[ModelConfig("qwen3-0.6b"), ModelConfig("qwen3-32b")],
         policy=PolicyConfig("delayed", list(b)),
         router=RouterConfig(router, hop_rate=hop, return_prob=ret),
+        scheduler=SchedulerConfig(overlap=False),
     )
     res = run_sim(
         SimConfig(dep, workload="fixed:16,400", num_requests=40 * n, concurrency=n, seed=3, cost=ConstantCost(STEP_MS))

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tokenrouter.sim.metrics import MetricsCollector
+from tokenrouter.metrics import MetricsCollector
 from tokenrouter.sim.plots import plot_run, plot_sweep
 
 approx = pytest.approx
@@ -139,7 +139,7 @@ def test_to_frame() -> None:
 
 
 def test_importing_metrics_stays_light() -> None:
-    code = "import sys, tokenrouter.sim.metrics; assert not {'matplotlib', 'pandas'} & set(sys.modules), sys.modules"
+    code = "import sys, tokenrouter.metrics; assert not {'matplotlib', 'pandas'} & set(sys.modules), sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

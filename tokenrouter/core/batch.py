@@ -2,7 +2,8 @@
 
 The engine consumes a `Batch` directly: for each row it feeds `input_ids` at positions
 `start .. start + num_tokens - 1`, writes their KV into the pages of `req.pages`, and samples one token
-per row with `sample=True` (a partial prefill chunk has `sample=False`).
+per row with `sample=True` (a partial prefill chunk has `sample=False`). The rows of `graph_rows` run in a
+CUDA graph and the others in the same step's eager pass (`tokenrouter.core.graph_rule`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tokenrouter.core.graph_rule import GraphRule
 from tokenrouter.core.request import Request
 
 
@@ -21,8 +23,6 @@ class BatchRow:
     num_tokens: int
     sample: bool = True
     version: int = 0
-    # std-serving baseline: the row is a hop that arrived as a new request and re-matches its prefix.
-    rematch: bool = False
     # Overlap: the fed token is the one the previous in-flight step samples for this request; the
     # executor takes it from that step's device output instead of `input_ids`.
     from_prev: bool = False
@@ -47,6 +47,16 @@ class Batch:
     model: int
     step_id: int
     rows: list[BatchRow] = field(default_factory=list)
+    # Indices of the rows in the CUDA-graph part, as the scheduler split them with its GraphRule; None for a
+    # batch built by hand (the executor then applies its own rule through `split`).
+    graph_rows: list[int] | None = None
+
+    def split(self, rule: GraphRule) -> tuple[list[int], list[int]]:
+        """(graph part, eager part) row indices: the scheduler's split when it made one, else `rule`'s."""
+        if self.graph_rows is None:
+            return rule.split([r.num_tokens for r in self.rows])
+        graph = set(self.graph_rows)
+        return list(self.graph_rows), [i for i in range(len(self.rows)) if i not in graph]
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -68,14 +78,6 @@ class Batch:
     def context_tokens(self) -> int:
         return sum(r.context_len for r in self.rows)
 
-    @property
-    def num_rematch(self) -> int:
-        return sum(1 for r in self.rows if r.rematch)
-
-    @property
-    def rematch_context_tokens(self) -> int:
-        return sum(r.start for r in self.rows if r.rematch)
-
 
 @dataclass(slots=True)
 class StepResult:
@@ -91,3 +93,6 @@ class StepResult:
     logits: Any | None = None
     hidden: Any | None = None
     destinations: Sequence[int] | Any | None = None
+    # Batch row of each `logits`/`hidden` row; None: one per batch row, in order. Engines return the sampled
+    # rows only (a prefill chunk that samples nothing has no logits row).
+    logit_rows: Sequence[int] | None = None

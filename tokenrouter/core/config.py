@@ -13,14 +13,26 @@ from typing import Any
 import msgspec
 import yaml
 
-from tokenrouter.core.policy import POLICIES, Policy
+from tokenrouter.core.graph_rule import DEFAULT_GRAPH_BUCKETS, DEFAULT_GRAPH_MAX_ROW_TOKENS, GraphRule
+from tokenrouter.core.policy import POLICIES, Policy, PolicyKind
 
-PLACEMENTS = ("mps", "separate", "cross-host")
+PLACEMENTS: tuple[str, ...] = ("mps", "separate", "cross-host")
+# Standard serving (one server per model, every hop a new request) is a deployment mode, not a policy of
+# the core scheduler: its schedulers run eager and the driver re-matches each hop's prefix.
+STD_SERVING = "std-serving"
+POLICY_NAMES: tuple[str, ...] = (*POLICIES, STD_SERVING)
 CONFIG_VERSION = 1
 
 
 class ConfigError(ValueError):
     pass
+
+
+def check_prob(x: float, what: str) -> float:
+    """`x` if it is a probability, else a one-line ValueError naming `what`."""
+    if not 0.0 <= x <= 1.0:
+        raise ValueError(f"{what} must be in [0, 1], got {x}")
+    return float(x)
 
 
 @dataclass(slots=True)
@@ -31,13 +43,16 @@ class ModelConfig:
     tp: int = 1
     kv_budget_gb: float | None = None  # None -> joint budget (same token capacity for every model)
     cuda_graphs: bool = True
-    # Token buckets captured as CUDA graphs (the engine's default set); a step runs in a graph when its
-    # token count fits the largest.
-    graph_buckets: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256])
-    # Rows up to this many tokens run inside the graphs (as one decode row per token); a peer return
-    # after a geometric run with hop rate p carries ~1/p tokens, so 8 would send most of them eager.
-    graph_max_row_tokens: int = 32
+    # Token buckets captured as CUDA graphs and the longest row a graph takes: defaults and meaning are the
+    # core's GraphRule (rows that do not fit run in the same step's eager part).
+    graph_buckets: list[int] = field(default_factory=lambda: list(DEFAULT_GRAPH_BUCKETS))
+    graph_max_row_tokens: int = DEFAULT_GRAPH_MAX_ROW_TOKENS
+    graph_split: bool = True  # False: a step with a row the graphs cannot take runs wholly eager
     host: str | None = None  # cross-host: where this subserver runs
+    overlap: bool | None = None  # None: the scheduler section's `overlap`
+
+    def graph_rule(self) -> GraphRule:
+        return GraphRule(self.cuda_graphs, tuple(self.graph_buckets), self.graph_max_row_tokens, self.graph_split)
 
 
 @dataclass(slots=True)
@@ -49,14 +64,19 @@ class PlacementConfig:
 
 @dataclass(slots=True)
 class PolicyConfig:
-    kind: str = "delayed"
+    kind: str = "delayed"  # a PolicyKind value, or "std-serving"
     thresholds: list[int] = field(default_factory=list)
     table: dict[int, list[int]] = field(default_factory=dict)  # concurrency N -> thresholds
     max_wait_ms: float | None = None
 
+    @property
+    def std_serving(self) -> bool:
+        return self.kind == STD_SERVING
+
     def build(self) -> Policy:
+        """The core policy; standard serving runs its schedulers eager."""
         return Policy(
-            self.kind,
+            PolicyKind.EAGER if self.std_serving else PolicyKind(self.kind),
             thresholds=tuple(self.thresholds),
             table={int(n): tuple(b) for n, b in self.table.items()},
             max_wait=None if self.max_wait_ms is None else self.max_wait_ms / 1000.0,
@@ -79,7 +99,14 @@ class SchedulerConfig:
     page_size: int = 16
     max_batch_size: int = 256
     max_batch_tokens: int = 16384
-    overlap: bool = True  # async: prepare step k+1 while step k runs
+    # Prepare step k+1 on the host while step k runs on the GPU (CPU-GPU overlap; not the paper's "async",
+    # which is asynchrony between subservers and is the policy's business).
+    overlap: bool = True
+    # Admit a request only when every model's pool has room for it (core.admission); off: admit all, preempt.
+    kv_admission: bool = True
+    # Headroom each live request keeps reserved on every pool for its growth; null: its worst case
+    # (prompt + max_tokens), which never preempts but admits about half as many requests.
+    kv_growth_tokens: int | None = 256
 
 
 @dataclass(slots=True)
@@ -114,18 +141,28 @@ def validate(cfg: DeploymentConfig) -> None:
         raise ConfigError(f"entry {cfg.entry} is not a model index (0..{m - 1})")
     if cfg.placement.mode not in PLACEMENTS:
         raise ConfigError(f"placement {cfg.placement.mode!r} unknown; choose one of {', '.join(PLACEMENTS)}")
-    if cfg.policy.kind not in POLICIES:
-        raise ConfigError(f"policy {cfg.policy.kind!r} unknown; choose one of {', '.join(POLICIES)}")
+    if cfg.policy.kind not in POLICY_NAMES:
+        raise ConfigError(f"policy {cfg.policy.kind!r} unknown; choose one of {', '.join(POLICY_NAMES)}")
+    rc = cfg.router
+    for what, x in (("router hop_rate", rc.hop_rate), ("router return_prob", rc.return_prob)):
+        try:
+            check_prob(x, what)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     for b in [cfg.policy.thresholds, *cfg.policy.table.values()]:
         if b and len(b) != m:
             raise ConfigError(f"thresholds {b} must have one value per model ({m})")
     for mc in cfg.models:
         if mc.tp < 1 or not mc.gpus or any(g < 0 for g in mc.gpus):
             raise ConfigError(f"model {mc.name}: tp must be >= 1 and gpus a non-empty list of indices")
-        if any(b < 1 for b in mc.graph_buckets) or mc.graph_max_row_tokens < 1:
-            raise ConfigError(f"model {mc.name}: graph buckets and graph_max_row_tokens must be >= 1")
+        try:
+            mc.graph_rule()
+        except ValueError as e:
+            raise ConfigError(f"model {mc.name}: {e}") from None
     if cfg.scheduler.page_size < 1 or cfg.scheduler.max_batch_size < 1 or cfg.scheduler.max_batch_tokens < 1:
         raise ConfigError("scheduler page_size, max_batch_size and max_batch_tokens must be >= 1")
+    if cfg.scheduler.kv_growth_tokens is not None and cfg.scheduler.kv_growth_tokens < 1:
+        raise ConfigError("scheduler kv_growth_tokens must be >= 1 or null")
     try:
         cfg.policy.build()
     except ValueError as e:
@@ -148,15 +185,6 @@ def load_config(path: str | Path) -> DeploymentConfig:
         raise ConfigError(f"{p}: {e}") from None
     except ConfigError as e:
         raise ConfigError(f"{p}: {e}") from None
-
-
-def joint_kv_tokens(free_bytes: float, kv_bytes_per_token: list[int]) -> int:
-    """Token capacity T that every co-located model gets when they split `free_bytes` of KV memory.
-
-    Giving each model the same capacity (rather than the same bytes) keeps a request that fits on one
-    model from being preempted on its peer: T * sum(kv_bytes_per_token) = free_bytes.
-    """
-    return max(0, int(free_bytes // max(1, sum(kv_bytes_per_token))))
 
 
 def _plain(x: Any) -> Any:

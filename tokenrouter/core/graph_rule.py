@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # Token buckets captured as CUDA graphs. A decode row counts one token, a short extend row (a peer return)
 # its tokens; a graph part runs in the smallest bucket that holds all its tokens.
@@ -24,11 +24,18 @@ DEFAULT_GRAPH_MAX_ROW_TOKENS = 8
 
 @dataclass(frozen=True, slots=True)
 class GraphRule:
-    """Which rows of a step run in a graph. Invariant: the graph part's tokens never exceed `max_tokens`."""
+    """Which rows of a step run in a graph. Invariant: the graph part's tokens never exceed `max_tokens`.
+
+    `allow_split=False` keeps the whole step on one path: in a graph when every row fits, else all eager. Each
+    part of a split step is a forward pass that streams the weights, so for a weight-bound model one eager
+    pass can be cheaper than a graph pass plus an eager pass (the cost model prices both ways).
+    """
 
     enabled: bool = True
     buckets: tuple[int, ...] = DEFAULT_GRAPH_BUCKETS
     max_row_tokens: int = DEFAULT_GRAPH_MAX_ROW_TOKENS
+    allow_split: bool = True
+    _row_limit: int = field(init=False, repr=False, compare=False, default=0)  # longest row a graph takes
 
     def __post_init__(self) -> None:
         b = tuple(sorted({int(x) for x in self.buckets}))
@@ -37,6 +44,7 @@ class GraphRule:
         if self.max_row_tokens < 1:
             raise ValueError(f"graph max_row_tokens must be >= 1, got {self.max_row_tokens}")
         object.__setattr__(self, "buckets", b)
+        object.__setattr__(self, "_row_limit", min(self.max_row_tokens, b[-1]) if self.enabled and b else 0)
 
     @property
     def max_tokens(self) -> int:
@@ -45,7 +53,7 @@ class GraphRule:
 
     def row_fits(self, num_tokens: int) -> bool:
         """Whether a row of `num_tokens` tokens may run in a graph at all."""
-        return self.enabled and 0 < num_tokens <= min(self.max_row_tokens, self.max_tokens)
+        return 0 < num_tokens <= self._row_limit
 
     def bucket_for(self, num_tokens: int) -> int | None:
         """The smallest bucket holding `num_tokens` tokens, or None."""
@@ -65,4 +73,6 @@ class GraphRule:
                 room -= n
             else:
                 eager.append(i)
+        if eager and not self.allow_split:
+            return [], list(range(len(row_tokens)))
         return graph, eager

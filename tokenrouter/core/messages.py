@@ -1,7 +1,8 @@
-"""Messages between subservers (`PeerReq`) and the actions a scheduler asks its driver to carry out.
+"""Messages between subservers (`PeerReq`, `LiveCount`) and the actions a scheduler asks its driver to carry out.
 
-The scheduler never does I/O: `complete()` returns `Send`, `Emit` and `Finish` actions and the driver
-(simpy process or runtime event loop) delivers them.
+The scheduler never does I/O: `add()`, `resume()`, `abort()` and `complete()` return `Send`, `Emit` and
+`Finish` actions and the driver (simpy process or runtime event loop) delivers them. A message is a value:
+it shares no mutable object with the sender's state (`tokenrouter.core.wire` encodes it for the runtime).
 """
 
 from __future__ import annotations
@@ -18,9 +19,8 @@ class PeerReq:
 
     `tokens` is the suffix of the sequence the destination has not seen; it starts at position `loc`.
     On the first visit `loc == 0` and `tokens` is the whole sequence (prompt + output so far), and
-    `prompt_len`/`sampling` let the peer build its own `Request`. `finished` tells the peer to free the
-    request's KV. `active`/`epoch` piggyback the system-wide number of live requests; only the entry
-    subserver changes it, and receivers keep the value with the highest epoch.
+    `prompt_len`/`sampling`/`seq` let the peer build its own `Request`. `finished` tells the peer to free
+    the request's KV. `active`/`epoch` piggyback the system-wide number of live requests (see `LiveCount`).
     """
 
     rid: str
@@ -35,6 +35,7 @@ class PeerReq:
     sampling: SamplingParams | None = None
     eos_token_ids: tuple[int, ...] = ()
     num_hops: int = 0
+    seq: int = -1
     active: int = -1
     epoch: int = -1
     extras: dict[str, Any] | None = None
@@ -46,9 +47,31 @@ class PeerReq:
 
 
 @dataclass(slots=True)
+class LiveCount:
+    """Control message: the system-wide number of live (admitted, unfinished) requests.
+
+    Only the entry subserver changes the count; it announces every admission and every finish to all peers
+    with a strictly increasing `epoch`, and a receiver keeps the value of the highest epoch it has seen
+    (messages may arrive late or out of order across links).
+    """
+
+    src: int
+    dst: int
+    active: int
+    epoch: int
+
+    @property
+    def nbytes(self) -> int:
+        return 32
+
+
+PeerMsg = PeerReq | LiveCount
+
+
+@dataclass(slots=True)
 class Send:
     peer: int
-    msg: PeerReq
+    msg: PeerMsg
 
 
 @dataclass(slots=True)

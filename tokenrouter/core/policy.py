@@ -3,9 +3,11 @@
 Asynchronous policies decide from local state alone:
 - `eager`: launch whatever is ready (B_i = 1);
 - `delayed`: launch when at least B_i requests are ready; B may be a table keyed by the live system-wide
-  concurrency N, and is clamped so the deadlock guard sum_i (B_i - 1) < N always holds;
-- `std-serving`: eager, but every hop arrives as a new request that re-matches its prefix (the
-  standard one-server-per-model baseline; the cost model charges the bookkeeping).
+  concurrency N, and is clamped so the deadlock guard sum_i (B_i - 1) < N always holds (see
+  `tokenrouter.core.live_count` for why it holds while peers' views of N lag).
+
+Standard serving (one server per model, every hop a new request) is not a policy of this scheduler: it is
+a mode of the driver that runs it (the simulator's `--policy std-serving`, the baselines package live).
 
 Synchronous baselines need a `SyncGate` shared by all subservers of a deployment:
 - `step-sync`: rounds with a global barrier; a round starts when nothing runs and no message is in
@@ -17,9 +19,30 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 
-POLICIES = ("step-sync", "model-sync", "eager", "delayed", "std-serving")
-SYNC_POLICIES = ("step-sync", "model-sync")
+
+class PolicyKind(StrEnum):
+    """Batching policy kinds; str-valued, so YAML and CLI spell them as before."""
+
+    STEP_SYNC = "step-sync"
+    MODEL_SYNC = "model-sync"
+    EAGER = "eager"
+    DELAYED = "delayed"
+
+    @property
+    def is_sync(self) -> bool:
+        return self in (PolicyKind.STEP_SYNC, PolicyKind.MODEL_SYNC)
+
+
+POLICIES: tuple[str, ...] = tuple(k.value for k in PolicyKind)
+
+
+def parse_kind(kind: PolicyKind | str) -> PolicyKind:
+    try:
+        return PolicyKind(kind)
+    except ValueError:
+        raise ValueError(f"unknown policy {kind!r}; choose one of {', '.join(POLICIES)}") from None
 
 
 def guard_holds(thresholds: Sequence[int], concurrency: int) -> bool:
@@ -50,14 +73,13 @@ class Policy:
     subserver launch under its threshold once its oldest ready request has waited that long.
     """
 
-    kind: str = "eager"
+    kind: PolicyKind = PolicyKind.EAGER
     thresholds: tuple[int, ...] = ()
     table: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
     max_wait: float | None = None
 
     def __post_init__(self) -> None:
-        if self.kind not in POLICIES:
-            raise ValueError(f"unknown policy {self.kind!r}; choose one of {', '.join(POLICIES)}")
+        self.kind = parse_kind(self.kind)
         for b in (self.thresholds, *self.table.values()):
             if any(int(x) < 1 for x in b):
                 raise ValueError(f"thresholds must be >= 1, got {tuple(b)}")
@@ -69,10 +91,10 @@ class Policy:
 
     @property
     def is_sync(self) -> bool:
-        return self.kind in SYNC_POLICIES
+        return self.kind.is_sync
 
     def thresholds_for(self, concurrency: int, num_models: int) -> tuple[int, ...]:
-        if self.kind != "delayed":
+        if self.kind is not PolicyKind.DELAYED:
             return (1,) * num_models
         base: Sequence[int] = self.thresholds or (1,) * num_models
         if self.table:
@@ -91,9 +113,10 @@ class SyncGate:
     bookkeeping alone, so it is as pure as the schedulers. `ready` returns a model's ready count.
     """
 
-    def __init__(self, kind: str, num_models: int) -> None:
-        if kind not in SYNC_POLICIES:
-            raise ValueError(f"SyncGate is for {SYNC_POLICIES}, not {kind!r}")
+    def __init__(self, kind: PolicyKind | str, num_models: int) -> None:
+        kind = parse_kind(kind)
+        if not kind.is_sync:
+            raise ValueError(f"SyncGate is for step-sync and model-sync, not {kind.value!r}")
         self.kind = kind
         self.num_models = num_models
         self.in_flight = [0] * num_models
@@ -115,7 +138,7 @@ class SyncGate:
         return not self.running and not any(self.in_flight)
 
     def may_launch(self, model: int) -> bool:
-        if self.kind == "step-sync":
+        if self.kind is PolicyKind.STEP_SYNC:
             if self._quiet() and not self.round:
                 self.round = {m for m in range(self.num_models) if self._ready[m]() > 0}
             return model in self.round

@@ -58,9 +58,16 @@ class Request:
     num_computed: int = 0
     status: ReqStatus = ReqStatus.WAITING
     pages: list[int] = field(default_factory=list)
-    # Bumped whenever the request leaves this subserver (hop, finish, preemption): rows of an already
-    # prepared batch that carry an older version are stale and their results are ignored.
+    # Admission order, given by the entry and carried to every peer: lower is older. Victims of KV
+    # preemption are always younger than the request that needs the pages, so no two requests can keep
+    # evicting each other.
+    seq: int = -1
+    # Bumped whenever the request leaves this subserver (hop, finish): rows of an already prepared batch
+    # that carry an older version are stale and their results are ignored.
     version: int = 0
+    # Rows of this request in batches launched here and not yet completed (2 when overlap has prepared a
+    # `from_prev` row behind a running one). Only the last of them puts the request back in the queue.
+    num_inflight: int = 0
     # seen[j]: how many leading tokens of the sequence model j knows. Travels with the request, so the
     # owner always knows which suffix a peer lacks, for any number of models.
     seen: list[int] = field(default_factory=list)
@@ -68,6 +75,7 @@ class Request:
     num_preemptions: int = 0
     finish_reason: str | None = None
     ready_since: float = 0.0
+    # Router state only (what `Router.extras` sends and `Router.receive` reads); the scheduler keeps none here.
     extras: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -78,6 +78,12 @@ class Router:
         """Whether the token just sampled here is committed when the request hops to `dst`."""
         return False
 
+    def may_stay(self, req: Request) -> bool:
+        """Whether the row of `req` now running here may route back to this model. Overlap prepares a row
+        ahead only for such requests: a prepared row of a request that surely leaves is computed for nothing
+        (R2R's large model hands back after every token). Default: it may."""
+        return True
+
     def send(self, req: Request, dst: int) -> PeerReq:
         """Build the message for `dst`: the suffix `dst` has not seen, plus extras."""
         loc = req.seen[dst]

@@ -1,20 +1,25 @@
 """Per-subserver scheduler: a state machine driven from outside, shared by the simulator and the runtime.
 
 Driver contract (the simpy process and the runtime loop both follow it):
-    sched.add(req, now)                 # a client request arrives at the entry subserver
-    acts = sched.resume(peer_req, now)  # a message from a peer arrives
+    acts = sched.add(req, now)          # a client request arrives at the entry subserver
+    acts = sched.resume(msg, now)       # a message from a peer arrives (PeerReq or LiveCount)
     batch = sched.schedule(now)         # launch? (None: policy says wait, or nothing is ready)
     ...run batch on the executor...
     acts = sched.complete(batch, result, now)
-and it delivers the returned actions (`Send`, `Emit`, `Finish`). The scheduler never sleeps, reads a
-clock or does I/O. KV pages are allocated in `schedule`, kept while a request is PENDING on a peer,
-freed at finish/abort, and taken back from parked or queued requests (which then recompute) when the
-pool runs short: a request is never dropped for lack of pages.
+and it delivers the returned actions (`Send`, `Emit`, `Finish`), then asks `schedule` again: after every
+delivered message and every completed step (the deadlock-freedom argument in `live_count` rests on it).
+The scheduler never sleeps, reads a clock or does I/O.
+
+KV pages are allocated in `schedule`, kept while a request is PENDING on a peer, freed at finish/abort.
+With an `Admission` ledger (the entry's; the deployment builder makes one) requests go live only when every
+model's pool can hold them, so pools never run short; without one, pages are taken back from younger parked
+or queued requests (`victims`), which recompute later. A request is never dropped for lack of pages.
 
 Overlap (`overlap=True`): `schedule` may be called while one batch is in flight; sampling rows of that
 batch continue into the new batch with `from_prev=True` (the executor feeds the token the previous step
 samples, without a host round trip). If `complete` of the earlier batch sends such a request away or
-finishes it, its version changes and the prepared row's result is ignored: it is dropped from step k+1.
+finishes it, its version changes and the prepared row's result is ignored. Sync policies never prepare
+ahead: their gate is a barrier between steps.
 """
 
 from __future__ import annotations
@@ -23,16 +28,20 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
+from tokenrouter.core.admission import Admission
 from tokenrouter.core.batch import Batch, BatchRow, StepResult
+from tokenrouter.core.batch_former import BatchFormer
+from tokenrouter.core.graph_rule import GraphRule
 from tokenrouter.core.kv import KVPool
-from tokenrouter.core.messages import Action, Emit, Finish, PeerReq, Send
+from tokenrouter.core.live_count import LiveView
+from tokenrouter.core.messages import Action, Emit, Finish, LiveCount, PeerMsg, PeerReq, Send
 from tokenrouter.core.policy import Policy, SyncGate
 from tokenrouter.core.request import ReqStatus, Request
 from tokenrouter.core.router import Router
 
 
 class RequestTooLong(ValueError):
-    """A request whose prompt plus max_tokens cannot fit this subserver's KV pool even alone."""
+    """A request whose prompt plus max_tokens cannot fit a KV pool of the deployment even alone."""
 
 
 class Scheduler:
@@ -49,6 +58,8 @@ class Scheduler:
         max_batch_tokens: int = 16384,
         gate: SyncGate | None = None,
         overlap: bool = False,
+        graph_rule: GraphRule | None = None,
+        admission: Admission | None = None,
     ) -> None:
         if not 0 <= model < num_models:
             raise ValueError(f"model index {model} out of range for {num_models} models")
@@ -58,53 +69,86 @@ class Scheduler:
         self.router = router.bind(model, num_models)
         self.policy = policy or Policy()
         if self.policy.is_sync and gate is None:
-            raise ValueError(f"policy {self.policy.kind!r} needs a SyncGate shared by all subservers")
+            raise ValueError(f"policy {self.policy.kind.value!r} needs a SyncGate shared by all subservers")
         self.gate = gate
         if gate is not None:
             gate.attach(model, self.num_ready)
         self.entry = entry
+        if admission is not None and model != entry:
+            raise ValueError("only the entry subserver admits requests")
+        self.admission = admission
         self.max_batch_size = max_batch_size
         self.max_batch_tokens = max_batch_tokens
         self.overlap = overlap
+        self.graph_rule = graph_rule or GraphRule(enabled=False)
+        self.former = BatchFormer(model, kv, self.graph_rule, max_batch_size, max_batch_tokens)
+        self.live = LiveView(model, num_models, owner=model == entry)
         self.reqs: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()
+        self.admit_queue: dict[str, Request] = {}  # entry only: arrived, waiting for a KV reservation
         self.inflight: deque[Batch] = deque()
-        self.active = 0  # live requests system-wide, as far as this subserver knows
-        self.epoch = 0
         self.step_id = 0
-        self.num_preemptions = 0
+        self._next_seq = 0
 
-    # ---- inputs -------------------------------------------------------------------------------------
+    # ---- state --------------------------------------------------------------------------------------
     @property
     def is_entry(self) -> bool:
         return self.model == self.entry
 
-    def num_ready(self) -> int:
-        return len(self.waiting) + sum(1 for r in self._continuations())
+    @property
+    def active(self) -> int:
+        """Live requests system-wide, as far as this subserver knows (see `live_count`)."""
+        return self.live.active
 
-    def add(self, req: Request, now: float = 0.0) -> None:
-        """Admit a client request (entry subserver only). Raises RequestTooLong if it can never fit."""
+    @property
+    def epoch(self) -> int:
+        return self.live.epoch
+
+    @property
+    def num_preemptions(self) -> int:
+        return self.former.num_preemptions
+
+    def num_ready(self) -> int:
+        return len(self.waiting) + len(self._continuations())
+
+    def thresholds(self) -> tuple[int, ...]:
+        return self.policy.thresholds_for(self.active, self.num_models)
+
+    def next_deadline(self) -> float | None:
+        """When a delayed subserver under its threshold should be asked again (max_wait), else None."""
+        if self.policy.max_wait is None or not self.waiting:
+            return None
+        return min(r.ready_since for r in self.waiting) + self.policy.max_wait
+
+    # ---- inputs -------------------------------------------------------------------------------------
+    def add(self, req: Request, now: float = 0.0) -> list[Action]:
+        """A client request arrives (entry only). It goes live now, or waits at admission until every model's
+        pool can hold it. Returns the live-count announcements for the peers. Raises RequestTooLong if it can
+        never fit."""
         if not self.is_entry:
             raise ValueError(f"requests enter at model {self.entry}, not {self.model}")
-        if req.rid in self.reqs:
+        if req.rid in self.reqs or req.rid in self.admit_queue:
             raise ValueError(f"duplicate request id {req.rid!r}")
         self._check_fits(req)
-        req.status = ReqStatus.WAITING
+        req.seq, self._next_seq = self._next_seq, self._next_seq + 1
         req.ready_since = now
-        req.seen[self.model] = len(req.token_ids)
-        self.reqs[req.rid] = req
-        self.waiting.append(req)
-        self.active += 1
-        self.epoch += 1
+        self.admit_queue[req.rid] = req
+        epoch = self.epoch
+        self._admit_queued(now)
+        return [Send(m.dst, m) for m in self.live.announce()] if self.epoch != epoch else []
 
-    def resume(self, msg: PeerReq, now: float = 0.0) -> list[Action]:
-        """Take a message from a peer: a handed-over request (new here or returning) or a finish."""
+    def resume(self, msg: PeerMsg, now: float = 0.0) -> list[Action]:
+        """Take a message from a peer: a live-count update, a handed-over request (new here or returning) or a
+        finish."""
+        if isinstance(msg, LiveCount):
+            self.live.observe(msg.active, msg.epoch)
+            return []
         if self.gate is not None and not msg.finished:
             self.gate.note_arrived(self.model)
-        if not self.is_entry and msg.epoch > self.epoch:
-            self.active, self.epoch = msg.active, msg.epoch
+        if msg.epoch >= 0:
+            self.live.observe(msg.active, msg.epoch)
         if msg.finished:
-            return self._peer_finished(msg)
+            return self._peer_finished(msg, now)
         req = self.reqs.get(msg.rid)
         if req is None:
             if msg.loc != 0 or msg.sampling is None:
@@ -119,48 +163,40 @@ class Scheduler:
                 eos_token_ids=msg.eos_token_ids,
                 seen=list(msg.seen),
                 num_hops=msg.num_hops,
+                seq=msg.seq,
             )
             try:
                 self._check_fits(req)
             except RequestTooLong:
                 return [Finish(req.rid, "error", req.num_output), *self._broadcast_finish(req.rid, "error")]
             self.reqs[req.rid] = req
+            self.router.receive(msg, req)  # a no-op for the tokens; the router sees the first message's extras
         else:
             self.router.receive(msg, req)
-            if self.policy.kind == "std-serving":
-                req.extras["_rematch"] = True
+            if self.admission is not None:
+                self.admission.observe(req)
         req.seen[self.model] = len(req.token_ids)
-        req.status = ReqStatus.WAITING
-        req.ready_since = now
-        self.waiting.append(req)
+        self._requeue(req, now)
         return []
 
-    def abort(self, rid: str) -> list[Action]:
+    def abort(self, rid: str, now: float = 0.0) -> list[Action]:
         """Cancel a request here (client gone): free its KV and tell every peer to do the same."""
+        queued = self.admit_queue.pop(rid, None)
+        if queued is not None:  # never went live: no peer knows it
+            return [Finish(rid, "abort", 0)]
         req = self.reqs.get(rid)
         if req is None:
             return []
         if req in self.waiting:
             self.waiting.remove(req)
-        return self._finish(req, "abort")
+        return self._finish(req, "abort", now)
 
     # ---- scheduling ---------------------------------------------------------------------------------
-    def thresholds(self) -> tuple[int, ...]:
-        return self.policy.thresholds_for(self.active, self.num_models)
-
-    def next_deadline(self) -> float | None:
-        """When a delayed subserver under its threshold should be asked again (max_wait), else None."""
-        if self.policy.max_wait is None or not self.waiting:
-            return None
-        return min(r.ready_since for r in self.waiting) + self.policy.max_wait
-
     def schedule(self, now: float) -> Batch | None:
         """Form the next batch, or None when the policy says wait or nothing can run."""
-        if self.inflight and not self.overlap:
+        if self.inflight and (not self.overlap or self.gate is not None or len(self.inflight) > 1):
             return None
-        if len(self.inflight) > 1:
-            return None
-        conts = list(self._continuations())
+        conts = self._continuations()
         n_ready = len(self.waiting) + len(conts)
         if n_ready == 0:
             return None
@@ -170,35 +206,10 @@ class Scheduler:
                 return None
         if self.gate is not None and not self.gate.may_launch(self.model):
             return None
-        batch = Batch(self.model, self.step_id)
-        budget = self.max_batch_tokens
-        for prev in conts:
-            if len(batch.rows) >= self.max_batch_size or budget < 1:
-                break
-            start = prev.start + prev.num_tokens
-            if not self._grow(prev.req, start + 1, batch):
-                break
-            prev.req.extras["_inflight"] = prev.req.extras.get("_inflight", 1) + 1
-            batch.rows.append(BatchRow(prev.req, start, 1, True, prev.req.version, from_prev=True))
-            budget -= 1
-        picked: list[Request] = []
-        for req in self.waiting:
-            if len(batch.rows) >= self.max_batch_size or budget < 1:
-                break
-            n = min(req.num_new, budget)  # n < num_new: a prefill chunk that samples nothing yet
-            if not self._grow(req, req.num_computed + n, batch, picked):
-                break
-            row = BatchRow(req, req.num_computed, n, n == req.num_new, req.version)
-            row.rematch = bool(req.extras.pop("_rematch", False))
-            batch.rows.append(row)
-            picked.append(req)
-            budget -= n
-        if not batch.rows:
+        batch = self.former.form(self.step_id, conts, self.waiting, self.reqs.values())
+        if batch is None:
             return None
-        for req in picked:  # picked is a prefix of the queue: the loop stops at the first row that fails
-            self.waiting.popleft()
-            req.status = ReqStatus.RUNNING
-            req.extras["_inflight"] = 1
+        self.waiting = deque(r for r in self.waiting if r.status == ReqStatus.WAITING)
         self.step_id += 1
         self.inflight.append(batch)
         if self.gate is not None:
@@ -212,7 +223,7 @@ class Scheduler:
         self.inflight.popleft()
         if self.gate is not None:
             self.gate.on_complete(self.model)
-        toks: Sequence[int] = _to_list(result.next_token_ids)
+        toks: Sequence[int] = _to_list(self.router.select_tokens(batch, result))
         if len(toks) != len(batch.rows):
             raise ValueError(f"step returned {len(toks)} tokens for {len(batch.rows)} rows")
         dests = _to_list(self.router.route(batch, result))
@@ -222,10 +233,10 @@ class Scheduler:
             if row.version != req.version or req.status != ReqStatus.RUNNING:
                 continue  # stale: the request left after this batch was prepared
             req.num_computed = row.start + row.num_tokens
-            still_inflight = req.extras.get("_inflight", 1) > 1
-            req.extras["_inflight"] = req.extras.get("_inflight", 1) - 1
+            req.num_inflight -= 1
+            last = req.num_inflight == 0  # no later row of it is in flight: it is ours to requeue
             if not row.sample:
-                if not still_inflight:
+                if last:
                     self._requeue(req, now, front=True)
                 continue
             req.token_ids.append(int(tok))
@@ -237,23 +248,31 @@ class Scheduler:
             actions.append(Emit(req.rid, [int(tok)], req.num_output - 1, self.model))
             reason = req.stop_reason()
             if reason is not None:
-                actions.extend(self._finish(req, reason))
+                actions.extend(self._finish(req, reason, now))
             elif dst != self.model:
                 self._hand_off(req, dst, actions)
-            elif not still_inflight:
+            elif last:
                 self._requeue(req, now)
+            if self.admission is not None and req.status != ReqStatus.FINISHED:
+                self.admission.observe(req)
         return actions
 
-    # ---- internals ----------------------------------------------------------------------------------
-    def _continuations(self):
-        if not self.overlap or not self.inflight:
-            return
+    # ---- batch formation ----------------------------------------------------------------------------
+    def _continuations(self) -> list[BatchRow]:
+        """Rows of the batch in flight that continue into the next one (overlap), newest batch only."""
+        if not self.overlap or not self.inflight or self.gate is not None:
+            return []
+        out = []
         for row in self.inflight[-1].rows:
             req = row.req
             live = row.sample and row.version == req.version and req.status == ReqStatus.RUNNING
-            if live and req.extras.get("_inflight", 1) == 1:
-                yield row
+            # Leave out rows that would only be wasted: the request's last token, or a request that surely leaves.
+            useful = req.num_output + 1 < req.sampling.max_tokens and self.router.may_stay(req)
+            if live and req.num_inflight == 1 and useful:
+                out.append(row)
+        return out
 
+    # ---- lifecycle ----------------------------------------------------------------------------------
     def _requeue(self, req: Request, now: float, front: bool = False) -> None:
         req.status = ReqStatus.WAITING
         req.ready_since = now
@@ -265,89 +284,77 @@ class Scheduler:
             req.num_hops += 1
         req.version += 1
         req.status = ReqStatus.PENDING
-        req.extras["_inflight"] = 0
+        req.num_inflight = 0
         msg = self.router.send(req, dst)
-        msg.active, msg.epoch = self.active, self.epoch
+        msg.seq, msg.active, msg.epoch = req.seq, self.active, self.epoch
         req.seen[dst] = len(req.token_ids)
         actions.append(Send(dst, msg))
         if self.gate is not None:
             self.gate.note_sent(dst)
 
-    def _finish(self, req: Request, reason: str) -> list[Action]:
-        req.status = ReqStatus.FINISHED
-        req.finish_reason = reason
-        req.version += 1
-        self.kv.release(req.pages)
-        self.router.on_finish(req)
-        self.reqs.pop(req.rid, None)
+    def _finish(self, req: Request, reason: str, now: float) -> list[Action]:
+        self._drop(req, reason)
         actions: list[Action] = [Finish(req.rid, reason, req.num_output, req.num_hops)]
         if self.is_entry:
-            self.active -= 1
-            self.epoch += 1
+            self._count_finish(req.rid, now)
         actions.extend(self._broadcast_finish(req.rid, reason))
         return actions
 
-    def _broadcast_finish(self, rid: str, reason: str) -> list[Action]:
-        peers = (p for p in range(self.num_models) if p != self.model)
-        return [
-            Send(
-                p,
-                PeerReq(rid, self.model, p, finished=True, finish_reason=reason, active=self.active, epoch=self.epoch),
-            )
-            for p in peers
-        ]
-
-    def _peer_finished(self, msg: PeerReq) -> list[Action]:
-        req = self.reqs.pop(msg.rid, None)
+    def _peer_finished(self, msg: PeerReq, now: float) -> list[Action]:
+        req = self.reqs.get(msg.rid)
         if req is None:
             return []
         if req in self.waiting:
             self.waiting.remove(req)
-        req.status = ReqStatus.FINISHED
-        req.finish_reason = msg.finish_reason
-        req.version += 1
-        self.kv.release(req.pages)
-        self.router.on_finish(req)
+        self._drop(req, msg.finish_reason)
         if not self.is_entry:
             return []
-        # The entry owns the live count: tell every peer (the finisher too) the new value.
-        self.active -= 1
-        self.epoch += 1
-        return self._broadcast_finish(msg.rid, msg.finish_reason or "stop")
+        # The finisher told every peer about the request; the entry announces the new count.
+        self._count_finish(msg.rid, now)
+        return [Send(m.dst, m) for m in self.live.announce()]
+
+    def _drop(self, req: Request, reason: str | None) -> None:
+        req.status = ReqStatus.FINISHED
+        req.finish_reason = reason
+        req.version += 1
+        req.num_inflight = 0
+        self.kv.release(req.pages)
+        self.router.on_finish(req)
+        self.reqs.pop(req.rid, None)
+
+    def _count_finish(self, rid: str, now: float) -> None:
+        """Entry: one live request fewer; its reservation goes back and queued requests may go live."""
+        self.live.change(-1)
+        if self.admission is not None:
+            self.admission.release(rid)
+        self._admit_queued(now)
+
+    def _admit_queued(self, now: float) -> None:
+        while self.admit_queue:
+            req = next(iter(self.admit_queue.values()))
+            if self.admission is not None and not self.admission.try_reserve(req):
+                return
+            del self.admit_queue[req.rid]
+            req.seen[self.model] = len(req.token_ids)
+            self.reqs[req.rid] = req
+            self._requeue(req, now)
+            self.live.change(+1)
+
+    def _broadcast_finish(self, rid: str, reason: str) -> list[Action]:
+        live = {"active": self.active, "epoch": self.epoch}
+        peers = (p for p in range(self.num_models) if p != self.model)
+        return [Send(p, PeerReq(rid, self.model, p, finished=True, finish_reason=reason, **live)) for p in peers]
 
     def _check_fits(self, req: Request) -> None:
         need = req.prompt_len + req.sampling.max_tokens
-        if need > self.kv.capacity_tokens:
+        where = self.admission.fits_alone(req) if self.admission is not None else None
+        if where is None and need > self.kv.capacity_tokens:
+            where = self.model
+        if where is not None:
             raise RequestTooLong(
                 f"{req.rid}: prompt {req.prompt_len} + max_tokens {req.sampling.max_tokens} exceeds the KV pool "
-                f"of model {self.model} ({self.kv.capacity_tokens} tokens)"
+                f"of model {where}"
             )
-
-    def _grow(self, req: Request, num_tokens: int, batch: Batch, picked: Sequence[Request] = ()) -> bool:
-        """Give `req` pages for `num_tokens`, preempting parked or queued requests if the pool is short."""
-        if self.kv.grow(req.pages, num_tokens):
-            return True
-        need = self.kv.extra_pages(req.pages, num_tokens)
-        in_batch = {id(r.req) for r in batch.rows} | {id(r) for r in picked} | {id(req)}
-        for victim in self._victims(in_batch):
-            self._preempt(victim)
-            if self.kv.num_free >= need:
-                return self.kv.grow(req.pages, num_tokens)
-        return False
-
-    def _victims(self, protected: set[int]):
-        """Parked requests first (their owner is elsewhere), newest first; then queued ones from the back."""
-        parked = [r for r in self.reqs.values() if r.status == ReqStatus.PENDING and r.pages]
-        yield from reversed(parked)
-        for r in reversed(self.waiting):
-            if id(r) not in protected and r.pages:
-                yield r
-
-    def _preempt(self, req: Request) -> None:
-        self.kv.release(req.pages)
-        req.num_computed = 0
-        req.num_preemptions += 1
-        self.num_preemptions += 1
 
 
 def _to_list(x: Any) -> list[Any]:

@@ -127,8 +127,9 @@ class StepHandle:
                 dests[live] = host[width + idx[live]]
                 dests = torch.from_numpy(dests)
             e = self._extra
+            rows = self.sampled_rows if (e.logits is not None or e.hidden is not None) else None
             self._cache = StepResult(next_token_ids=torch.from_numpy(toks), logits=e.logits, hidden=e.hidden,
-                                     destinations=dests)  # fmt: skip
+                                     destinations=dests, logit_rows=rows)  # fmt: skip
             self._host = None  # the ring slot may be reused
         return self._cache
 

@@ -12,24 +12,19 @@ the synthetic draw later; the semantics here stay.
 
 from __future__ import annotations
 
+from tokenrouter.core.config import check_prob
 from tokenrouter.routers.synthetic import ProbRouter
 
 PRESETS = ("r2r", "citer", "co-llm", "r-stitch", "markov", "me")
 
 
-def _check_prob(name: str, x: float) -> float:
-    if not 0.0 <= x <= 1.0:
-        raise ValueError(f"{name} must be in [0, 1], got {x}")
-    return float(x)
-
-
 def one_token_handback(p: float, seed: int = 0) -> ProbRouter:
-    p = _check_prob("hop rate", p)
+    p = check_prob(p, "hop rate")
     return ProbRouter([[1 - p, p], [1.0, 0.0]], [[True, False], [True, True]], seed)
 
 
 def geometric_run(p: float, q: float, seed: int = 0) -> ProbRouter:
-    p, q = _check_prob("hop rate", p), _check_prob("return probability", q)
+    p, q = check_prob(p, "hop rate"), check_prob(q, "return probability")
     return ProbRouter([[1 - p, p], [q, 1 - q]], [[True, False], [True, True]], seed)
 
 

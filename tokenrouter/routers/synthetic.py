@@ -52,6 +52,9 @@ class ProbRouter(Router):
     def keep_token(self, req: Request, dst: int) -> bool:
         return self.keep[self.model][dst]
 
+    def may_stay(self, req: Request) -> bool:
+        return bool(self.P[self.model][self.model] > 0)
+
 
 class TraceRouter(Router):
     """Replays recorded hops: `runs[rid]` lists (model, n_tokens) runs of committed output tokens.

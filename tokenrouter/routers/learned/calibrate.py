@@ -48,7 +48,7 @@ def calibrate_on_runner(
             for row in batch.rows:
                 if not pool.grow(row.req.pages, row.context_len):
                     raise RuntimeError("the KV pool is too small for the calibration warm-up; lower num_prompts")
-            out = runner.step(batch, return_hidden=gate.needs_hidden, return_logits=gate.needs_logits)
+            out = runner.step(batch, return_hidden=gate.needs_hidden, return_logits=gate.needs_logits).result()
             if router.observe(out.next_token_ids, out.hidden, out.logits):
                 return float(gate.threshold.item())
             toks = out.next_token_ids.tolist() if hasattr(out.next_token_ids, "tolist") else list(out.next_token_ids)

@@ -75,29 +75,36 @@ class EnsembleRouter(Router):
         toks = _to_list(result.next_token_ids)
         logp = torch.log_softmax(torch.as_tensor(result.logits).float(), dim=-1)
         rows = batch.rows
+        # logits row j belongs to batch row lrows[j] (an engine returns the sampled rows only)
+        lrows = list(range(len(rows))) if result.logit_rows is None else [int(i) for i in result.logit_rows]
+        if len(lrows) != logp.shape[0]:
+            raise ValueError(f"{logp.shape[0]} logits rows for {len(lrows)} logit rows")
         w = self.weights[self.model]
-        carried = [r.req.extras.get(_CARRIED) if self.model > 0 else None for r in rows]
+        carried = [rows[i].req.extras.get(_CARRIED) if self.model > 0 else None for i in lrows]
         k = min(self.top_k, logp.shape[-1])
         if self.model > 0:
-            self.num_uncarried += sum(1 for c, r in zip(carried, rows, strict=True) if c is None and r.sample)
+            self.num_uncarried += sum(1 for c, i in zip(carried, lrows, strict=True) if c is None and rows[i].sample)
         if self.model == 0 or any(c is None for c in carried):  # a row without carried scores starts afresh
             own_vals, own_ids = (t.cpu().numpy() for t in logp.topk(k, dim=-1))
         if self.model == 0:
             ids, scores = own_ids, w * own_vals.astype(np.float64)
+        elif not lrows:
+            ids, scores = np.zeros((0, k), np.int64), np.zeros((0, k))
         else:
-            ids = np.stack([np.asarray(c[0], np.int64) if c else own_ids[i] for i, c in enumerate(carried)])
+            ids = np.stack([np.asarray(c[0], np.int64) if c else own_ids[j] for j, c in enumerate(carried)])
             prior = np.stack([np.asarray(c[1], np.float64) if c else np.zeros(k) for c in carried])
             if ids.size and int(ids.max()) >= logp.shape[-1]:
                 raise ValueError(f"candidate id {int(ids.max())} is outside model {self.model}'s vocabulary")
             got = logp.gather(1, torch.as_tensor(ids, device=logp.device)).cpu().numpy().astype(np.float64)
             scores = prior + w * got
-        for i, row in enumerate(rows):
+        for j, i in enumerate(lrows):
+            row = rows[i]
             if not row.sample:
                 continue
             if self.is_last:
-                toks[i] = self._choose(ids[i], scores[i], row.req)
+                toks[i] = self._choose(ids[j], scores[j], row.req)
             else:
-                self._stash[row.req.rid] = (ids[i].tolist(), scores[i].tolist())
+                self._stash[row.req.rid] = (ids[j].tolist(), scores[j].tolist())
         return toks
 
     def _choose(self, ids: np.ndarray, scores: np.ndarray, req: Request) -> int:

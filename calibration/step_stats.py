@@ -1,0 +1,84 @@
+"""What the cost model needs to know about one step: its graph part, its eager part, and re-matched rows.
+
+`StepStats` is the one argument every step-time function takes (`ModelStepCost.step_ms`). It is built from
+a core `Batch` split by the core's `GraphRule` (the same split the engine runs), or from a synthetic batch
+of identical rows (`trsim tune`'s L_i(b)).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+from tokenrouter.core.batch import Batch, BatchRow
+from tokenrouter.core.graph_rule import GraphRule
+
+
+@dataclass(frozen=True, slots=True)
+class PartStats:
+    """Rows of one forward pass: how many, tokens fed, tokens fed by extend/prefill rows, context attended."""
+
+    rows: int = 0
+    tokens: int = 0
+    extend_tokens: int = 0
+    context_tokens: int = 0
+
+    @classmethod
+    def of_rows(cls, rows: Sequence[BatchRow]) -> PartStats:
+        tok = ext = ctx = 0
+        for r in rows:
+            k = r.num_tokens
+            tok += k
+            ctx += r.start + k
+            if k > 1:
+                ext += k
+        return cls(len(rows), tok, ext, ctx)
+
+
+EMPTY = PartStats()
+
+
+@dataclass(frozen=True, slots=True)
+class StepStats:
+    """One step: the CUDA-graph part and the eager part (each one pass), plus standard-serving bookkeeping:
+    `rematch_rows` rows that arrived as new requests and re-matched a prefix of `rematch_prefix_tokens` in all."""
+
+    graph: PartStats = EMPTY
+    eager: PartStats = EMPTY
+    rematch_rows: int = 0
+    rematch_prefix_tokens: int = 0
+
+    @property
+    def rows(self) -> int:
+        return self.graph.rows + self.eager.rows
+
+    @classmethod
+    def of_batch(cls, batch: Batch, rule: GraphRule, rematch: Collection[int] = ()) -> StepStats:
+        """Split `batch` as the engine runs it (`Batch.split`); `rematch` holds indices of re-matched rows."""
+        graph, eager = batch.split(rule)
+        rows = batch.rows
+        return cls(
+            PartStats.of_rows([rows[i] for i in graph]),
+            PartStats.of_rows([rows[i] for i in eager]),
+            len(rematch),
+            sum(rows[i].start for i in rematch),
+        )
+
+    @classmethod
+    def uniform(cls, rows: int, tokens_per_row: int, context_per_row: int, rule: GraphRule) -> StepStats:
+        """`rows` identical rows of `tokens_per_row` tokens each, attending `context_per_row` tokens each."""
+        graph, eager = rule.split([tokens_per_row] * rows)
+        ext = tokens_per_row if tokens_per_row > 1 else 0
+
+        def part(n: int) -> PartStats:
+            return PartStats(n, n * tokens_per_row, n * ext, n * context_per_row) if n else EMPTY
+
+        return cls(part(len(graph)), part(len(eager)))
+
+    @classmethod
+    def one_pass(
+        cls, rows: int, tokens: int, extend_tokens: int = 0, context_tokens: int = 0, *, graph: bool
+    ) -> StepStats:
+        """A step that runs as a single pass, all in a graph or all eager."""
+        p = PartStats(rows, tokens, extend_tokens, context_tokens)
+        return cls(graph=p) if graph else cls(eager=p)

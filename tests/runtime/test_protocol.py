@@ -1,0 +1,47 @@
+"""Front-end <-> subserver messages survive an encode/decode round trip; token ids travel as int32 bytes."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from tokenrouter.runtime import protocol as P
+
+
+def test_ids_round_trip_as_int32_bytes():
+    ids = [0, 1, 151935, 2**31 - 1, 7]
+    data = P.pack_ids(ids)
+    assert len(data) == 4 * len(ids)
+    assert P.unpack_ids(data) == ids
+
+
+@pytest.mark.parametrize(
+    "msg",
+    [
+        P.Submit("r1", P.pack_ids([1, 2, 3]), P.Sampling(temperature=0.7, top_k=5, seed=3, max_tokens=9), (2,)),
+        P.Abort("r1"),
+        P.Shutdown(),
+    ],
+)
+def test_subserver_messages_round_trip(msg):
+    assert P.decode_for_subserver(P.encode(msg)) == msg
+
+
+@pytest.mark.parametrize(
+    "msg",
+    [
+        P.Tokens("r1", 4, P.pack_ids([9, 8]), 1),
+        P.Finished("r1", "length", 12, 3),
+        P.Rejected("r2", 400, "prompt too long"),
+        P.Ready(0, "tiny-small", 1000, 2048, 1024, 0.5),
+        P.Stats(1, 3.5, 10, 100, 2, 1, 0, 50, 400, 120.0, 380, 12),
+        P.Failed(1, "CUDA error"),
+    ],
+)
+def test_frontend_messages_round_trip(msg):
+    assert P.decode_for_frontend(P.encode(msg)) == msg
+
+
+def test_a_frontend_event_is_not_a_subserver_command():
+    with pytest.raises(msgspec.ValidationError):
+        P.decode_for_subserver(P.encode(P.Finished("r", "stop", 1)))

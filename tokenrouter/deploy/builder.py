@@ -1,0 +1,138 @@
+"""Deployment config -> everything a driver runs: routers, KV pools, schedulers, sync gate, graph rules,
+admission, engine settings, and the wiring that routes peer messages between subservers.
+
+The simulator calls `build_deployment` today and the runtime will call it tomorrow; only the driver differs
+(who carries messages, who keeps time, what executes a batch). Nothing here imports simpy, asyncio or torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tokenrouter.core.admission import Admission, PoolSize
+from tokenrouter.core.config import DeploymentConfig, RouterConfig
+from tokenrouter.core.graph_rule import GraphRule
+from tokenrouter.core.kv import KVPool
+from tokenrouter.core.messages import Action, PeerMsg
+from tokenrouter.core.policy import SyncGate
+from tokenrouter.core.router import Router
+from tokenrouter.core.scheduler import Scheduler
+from tokenrouter.deploy.engine_args import engine_kwargs
+from tokenrouter.deploy.kv_budget import kv_capacity_tokens
+from tokenrouter.routers import TraceRouter, make_preset
+from tokenrouter.workloads import load_hop_trace
+
+Runs = Sequence[tuple[int, int]]
+
+
+@dataclass(slots=True)
+class Deployment:
+    """A built deployment. Index i is model i everywhere; `schedulers[entry]` admits client requests.
+
+    Driver duties (what `build_deployment` cannot do for it): carry each `Send` to `deliver` on the
+    destination (any delay, order kept per link), hand `Emit`/`Finish` to clients, and after any call that
+    changed subserver i (a delivery, a completed step, an admission), ask `schedule()` again on every
+    subserver in `wakes(i)`.
+    """
+
+    config: DeploymentConfig
+    schedulers: list[Scheduler]
+    graph_rules: list[GraphRule]
+    kv_tokens: list[int]  # token capacity of each model's pool
+    gate: SyncGate | None
+    engine_args: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def num_models(self) -> int:
+        return len(self.schedulers)
+
+    @property
+    def entry(self) -> Scheduler:
+        return self.schedulers[self.config.entry]
+
+    @property
+    def std_serving(self) -> bool:
+        """Standard-serving mode: the driver treats every returning hop as a new request (prefix re-match)."""
+        return self.config.policy.std_serving
+
+    def deliver(self, msg: PeerMsg, now: float) -> list[Action]:
+        """A message reached its destination: the destination's reaction, to be dispatched like any other."""
+        return self.schedulers[msg.dst].resume(msg, now)
+
+    def wakes(self, model: int) -> Sequence[int]:
+        """Subservers whose launch decision may change when subserver `model`'s state changes: all of them
+        under a sync gate (the gate is shared), else `model` alone."""
+        return range(self.num_models) if self.gate is not None else (model,)
+
+    def colocated(self, model: int) -> list[int]:
+        """Models that share a GPU with `model` under MPS (their steps slow each other down)."""
+        dep = self.config
+        if dep.placement.mode != "mps":
+            return []
+        mine = set(dep.models[model].gpus)
+        return [j for j, m in enumerate(dep.models) if j != model and mine & set(m.gpus)]
+
+
+def build_router(rc: RouterConfig, num_models: int, seed: int, traces: Mapping[str, Runs] | None = None) -> Router:
+    """One router instance (build one per subserver). A trace router replays `traces` or `rc.trace`."""
+    if rc.name == "trace":
+        runs = traces if traces else {s.rid: s.runs or [] for s in (load_hop_trace(rc.trace) if rc.trace else [])}
+        if not runs:
+            raise ValueError("router 'trace' needs a hop trace: --trace FILE or a workload with runs")
+        return TraceRouter(runs)
+    return make_preset(
+        rc.name,
+        hop_rate=rc.hop_rate,
+        return_prob=rc.return_prob,
+        mean_small_run=rc.mean_small_run,
+        mean_large_run=rc.mean_large_run,
+        num_models=num_models,
+        seed=seed,
+    )
+
+
+def build_deployment(
+    cfg: DeploymentConfig,
+    *,
+    gpu_memory_gb: float,
+    seed: int = 0,
+    traces: Mapping[str, Runs] | None = None,
+) -> Deployment:
+    """Build every subserver of `cfg`. `gpu_memory_gb`: one GPU's memory (sizes the KV pools); `seed`: routers
+    and dummy weights; `traces`: hop runs per request id for the trace router (else `cfg.router.trace`)."""
+    m = len(cfg.models)
+    sc = cfg.scheduler
+    policy = cfg.policy.build()
+    gate = SyncGate(policy.kind, m) if policy.is_sync else None
+    caps = kv_capacity_tokens(cfg, gpu_memory_gb)
+    pools = [KVPool(c // sc.page_size + 1, sc.page_size) for c in caps]
+    sizes = [PoolSize(p.num_pages - 1, p.page_size) for p in pools]
+    admission = Admission(sizes, sc.kv_growth_tokens) if sc.kv_admission else None
+    rules = [mc.graph_rule() for mc in cfg.models]
+    schedulers = [
+        Scheduler(
+            i,
+            m,
+            kv=pools[i],
+            router=build_router(cfg.router, m, seed, traces),
+            policy=policy,
+            entry=cfg.entry,
+            max_batch_size=sc.max_batch_size,
+            max_batch_tokens=sc.max_batch_tokens,
+            gate=gate,
+            overlap=sc.overlap if mc.overlap is None else mc.overlap,
+            graph_rule=rules[i],
+            admission=admission if i == cfg.entry else None,
+        )
+        for i, mc in enumerate(cfg.models)
+    ]
+    return Deployment(
+        config=cfg,
+        schedulers=schedulers,
+        graph_rules=rules,
+        kv_tokens=caps,
+        gate=gate,
+        engine_args=[engine_kwargs(cfg, i, pools[i].num_pages, seed) for i in range(m)],
+    )

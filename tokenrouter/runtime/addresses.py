@@ -1,0 +1,26 @@
+"""Where the processes of one deployment listen: one ZeroMQ endpoint per subserver, one for the front-end and
+one for the sync-policy coordinator. `ipc://` inside a private run directory on one host; a model whose
+config names a `host` gets `tcp://host:port` instead (cross-host peers)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True, slots=True)
+class Addresses:
+    """Invariant: every endpoint is distinct; `subservers[i]` is model i's PULL socket."""
+
+    frontend: str
+    subservers: tuple[str, ...]
+    coordinator: str
+
+    @classmethod
+    def local(cls, run_dir: str | Path, num_models: int) -> Addresses:
+        d = Path(run_dir)
+        return cls(
+            frontend=f"ipc://{d / 'frontend'}",
+            subservers=tuple(f"ipc://{d / f'sub{i}'}" for i in range(num_models)),
+            coordinator=f"ipc://{d / 'coordinator'}",
+        )

@@ -1,0 +1,135 @@
+"""Messages between the front-end and the subservers (msgpack via msgspec; peer messages between subservers
+use `tokenrouter.core.wire`).
+
+Every subserver binds one PULL socket; the front-end binds one PULL socket; senders connect PUSH sockets (one
+per destination). A ZeroMQ message is two frames: a channel (`PEER` for `core.wire` frames, `CTL` for the
+structs below) and the payload. Token ids travel as little-endian int32 bytes (`pack_ids`), not msgpack lists.
+
+Invariants the two sides rely on:
+- `Submit` goes to the entry subserver only; every other struct to a subserver is `Abort`/`Shutdown`.
+- For one request the front-end receives `Tokens` events (possibly from different subservers, in any order,
+  each with its output position) and exactly one terminal event, `Finished` or `Rejected`; `Finished.num_output`
+  tells how many output tokens exist, so the front-end can wait for late `Tokens` before closing the stream.
+- `Stats` and `Ready`/`Failed` are per subserver: `Ready` once after start-up, `Stats` periodically (a missing
+  heartbeat beyond the front-end's timeout means the subserver is gone), `Failed` before a subserver exits on
+  an error it cannot survive.
+"""
+
+from __future__ import annotations
+
+from array import array
+
+import msgspec
+
+PEER = b"peer"
+CTL = b"ctl"
+
+
+def pack_ids(ids: list[int]) -> bytes:
+    return array("i", ids).tobytes()
+
+
+def unpack_ids(data: bytes) -> list[int]:
+    a = array("i")
+    a.frombytes(data)
+    return a.tolist()
+
+
+class Sampling(msgspec.Struct, frozen=True):
+    """`core.request.SamplingParams` on the wire."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int | None = None
+    max_tokens: int = 256
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+
+# ---- front-end -> subserver ----------------------------------------------------------------------------
+class Submit(msgspec.Struct, tag="submit", frozen=True):
+    rid: str
+    prompt_ids: bytes  # pack_ids
+    sampling: Sampling
+    eos_token_ids: tuple[int, ...] = ()
+
+
+class Abort(msgspec.Struct, tag="abort", frozen=True):
+    rid: str
+
+
+class Shutdown(msgspec.Struct, tag="shutdown", frozen=True):
+    pass
+
+
+# ---- subserver -> front-end ----------------------------------------------------------------------------
+class Tokens(msgspec.Struct, tag="tokens", frozen=True):
+    rid: str
+    pos: int  # output index of the first token
+    ids: bytes  # pack_ids
+    model: int
+
+
+class Finished(msgspec.Struct, tag="finished", frozen=True):
+    rid: str
+    reason: str  # "stop" | "length" | "abort" | "error"
+    num_output: int
+    num_hops: int = 0
+
+
+class Rejected(msgspec.Struct, tag="rejected", frozen=True):
+    """The request never ran: `status` is the HTTP status the front-end answers with."""
+
+    rid: str
+    status: int
+    message: str
+
+
+class Ready(msgspec.Struct, tag="ready", frozen=True):
+    model: int
+    name: str
+    kv_capacity_tokens: int
+    max_context_len: int
+    vocab_size: int
+    startup_s: float
+
+
+class Stats(msgspec.Struct, tag="stats", frozen=True):
+    model: int
+    time: float  # the subserver's monotonic clock
+    kv_pages_used: int
+    kv_pages_total: int
+    running: int
+    waiting: int
+    pending: int
+    steps: int  # cumulative
+    step_rows: int  # cumulative rows over all steps (mean batch size = step_rows / steps)
+    step_ms: float  # cumulative step time
+    tokens: int  # cumulative committed tokens written by this model
+    hops: int  # cumulative hand-offs sent
+
+
+class Failed(msgspec.Struct, tag="failed", frozen=True):
+    model: int
+    message: str
+
+
+ToSubserver = Submit | Abort | Shutdown
+ToFrontend = Tokens | Finished | Rejected | Ready | Stats | Failed
+
+_enc = msgspec.msgpack.Encoder()
+_dec_sub = msgspec.msgpack.Decoder(ToSubserver)
+_dec_front = msgspec.msgpack.Decoder(ToFrontend)
+
+
+def encode(msg: ToSubserver | ToFrontend) -> bytes:
+    return _enc.encode(msg)
+
+
+def decode_for_subserver(data: bytes) -> ToSubserver:
+    return _dec_sub.decode(data)
+
+
+def decode_for_frontend(data: bytes) -> ToFrontend:
+    return _dec_front.decode(data)
