@@ -76,6 +76,7 @@ class Engine(ModelRunner):
         self.graph_error: str | None = None
         self.pdl_error: str | None = None
         self.graphs: GraphRunner | None = None
+        self._rules: dict[bool, GraphRule] = {}
         self._use_triton_ops = config.use_triton_ops(self.device)
         triton_attn = resolve_backend(config.attention_backend, self.device) == "triton"  # type: ignore[arg-type]
         self.pdl = (config.triton_pdl and self.device.type == "cuda" and (self._use_triton_ops or triton_attn)
@@ -291,7 +292,11 @@ class Engine(ModelRunner):
     @property
     def graph_rule(self) -> GraphRule:
         """Which rows of a step run in a graph (the scheduler forms batches that fit it)."""
-        return self.config.graph_rule(enabled=self.graphs is not None and self.use_graphs)
+        on = self.graphs is not None and self.use_graphs
+        rule = self._rules.get(on)
+        if rule is None:  # once per setting (GraphRule sorts its buckets when built; the config never changes)
+            rule = self._rules[on] = self.config.graph_rule(enabled=on)
+        return rule
 
     def _graph_bucket(self, batch: Batch) -> int | None:
         """The bucket when every row of `batch` runs in the graph part (benchmarks), else None."""
