@@ -15,14 +15,18 @@ Invariants:
   looked up in `page_owner`, so a page that moved to another request invalidates the old slot.
 - A page handed to two live requests, page 0, or a page id outside the cache is an error naming the rows;
   planning is all-or-nothing (`plan` validates before `commit` changes any state).
+
+Host cost: the per-slot state is plain Python lists (list indexing is several times cheaper than numpy scalar
+indexing), a row whose slot already holds all its pages takes an O(1) fast path, and recency is a step stamp
+per slot (victims are sorted out only when the free slots run out), so a 256-row decode step costs a few
+dozen microseconds here.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
 from tokenrouter.core.request import Request
@@ -51,14 +55,15 @@ class PageTable:
         self.num_slots, self.width, self.num_pages = num_slots, width, num_pages
         self.table = torch.zeros(num_slots, width, dtype=torch.int32, device=device)
         self.owner: list[Request | None] = [None] * num_slots
-        self.written = np.zeros(num_slots, np.int64)
-        self.first = np.zeros(num_slots, np.int64)  # first written page (the O(1) probe)
-        self.last = np.zeros(num_slots, np.int64)  # last written page
-        self.page_owner = np.full(num_pages, -1, np.int32)  # slot holding the page, -1 none
-        self.page_col = np.zeros(num_pages, np.int32)
-        self._lru: OrderedDict[int, None] = OrderedDict()  # used slots, least recently used first
+        self.written = [0] * num_slots
+        self.first = [0] * num_slots  # first written page (the O(1) probe)
+        self.last = [0] * num_slots  # last written page
+        self.stamp = [0] * num_slots  # commit count when the slot last ran (recency for eviction)
+        self.page_owner = [-1] * num_pages  # slot holding the page, -1 none
+        self.page_col = [0] * num_pages
         self._free = list(range(num_slots - 1, 0, -1))
         self._slot_of: dict[int, int] = {}  # id(request) -> slot
+        self._commits = 0
 
     @property
     def nbytes(self) -> int:
@@ -69,58 +74,82 @@ class PageTable:
         return s if s is not None and self.owner[s] is req else None
 
     # ---- planning (no state change) -------------------------------------------------------------------
-    def plan(self, reqs: list[Request], starts: list[int], n_pages: list[int], names: list[str]) -> TablePlan:
-        """Slots and page writes for rows (one request each) that need `n_pages[i]` pages; raises BatchError
-        naming the row (`names[i]`) for a bad page, before anything changes."""
-        plan = TablePlan(slots=[])
-        in_batch = {id(r) for r in reqs}
-        victims = (s for s in self._lru if id(self.owner[s]) not in in_batch)
-        free = list(self._free)
-        claimed: dict[int, int] = {}  # page -> row index within this plan
-        for i, (req, start, need) in enumerate(zip(reqs, starts, n_pages, strict=True)):
-            if need > self.width:
-                raise BatchError(f"{names[i]}: needs {need} pages, more than the page-table width {self.width}")
-            pages = req.pages
-            s = self.slot_of(req)
-            done = 0 if s is None else int(self.written[s])
-            if s is not None and done and (start == 0 or len(pages) < done or pages[0] != self.first[s]
-                                           or pages[done - 1] != self.last[s]):  # fmt: skip
-                done = 0  # the pool took pages back (preemption) or the row restarts: rewrite the slot
-            if s is None:
-                if free:
-                    s = free.pop()
+    def plan(self, reqs: list[Request], starts: list[int], n_pages: list[int], name: Callable[[int], str]) -> TablePlan:
+        """Slots and page writes for rows (one request each; the caller rejects a request in two rows) that
+        need `n_pages[i]` pages; raises BatchError naming the row (`name(i)`) for a bad page, before anything
+        changes."""
+        slots: list[int] = []
+        plan = TablePlan(slots)
+        slot_of, owner, written, first, last = self._slot_of, self.owner, self.written, self.first, self.last
+        width = self.width
+        victims = None
+        for i, req in enumerate(reqs):
+            need, start, pages = n_pages[i], starts[i], req.pages
+            s = slot_of.get(id(req))
+            if s is not None and owner[s] is req:
+                done = written[s]
+                # Fast path: the slot holds every page the row needs and the O(1) probes agree (see the module
+                # invariants). Its pages were validated when written and page_owner still maps them to s.
+                if done >= need and start and need and len(pages) >= done and pages[0] == first[s] \
+                        and pages[done - 1] == last[s]:  # fmt: skip
+                    slots.append(s)
+                    continue
+                if done and (start == 0 or len(pages) < done or pages[0] != first[s] or pages[done - 1] != last[s]):
+                    done = 0  # the pool took pages back (preemption) or the row restarts: rewrite the slot
+                if done == 0:
+                    plan.new_owner[s] = req
+            else:
+                done = 0
+                if plan.taken < len(self._free):
+                    s = self._free[-1 - plan.taken]
                     plan.taken += 1
                 else:
+                    if victims is None:
+                        victims = self._victims(reqs)
                     s = next(victims, None)
                     if s is None:
-                        raise BatchError(f"{names[i]}: no free page-table slot ({self.num_slots - 1} in use)")
+                        raise BatchError(f"{name(i)}: no free page-table slot ({self.num_slots - 1} in use)")
                     plan.evict.append(s)
                 plan.new_owner[s] = req
-            elif done == 0:
-                plan.new_owner[s] = req
-            for col in range(done, need):
-                p = pages[col]
-                if not 0 < p < self.num_pages:
-                    raise BatchError(f"{names[i]}: page id {p} at column {col} is outside 1..{self.num_pages - 1}")
-                j = claimed.get(p)
-                if j is not None and j != i:
-                    raise BatchError(f"{names[i]} and {names[j]}: both hold KV page {p}")
-                claimed[p] = i
-                o = int(self.page_owner[p])
-                if o > 0 and o != s and o not in plan.evict:
-                    other = self.owner[o]
-                    c = int(self.page_col[p])
-                    if other is not None and other is not req and len(other.pages) > c and other.pages[c] == p:
-                        k = next((k for k, r in enumerate(reqs) if r is other), None)
-                        who = names[k] if k is not None else f"request {other.rid} (not in this batch)"
-                        raise BatchError(f"{names[i]} and {who}: both hold KV page {p}")
-                plan.upd_idx.append(s * self.width + col)
-                plan.upd_val.append(p)
-                plan.claims[p] = (s, col)
+            if need > width:
+                raise BatchError(f"{name(i)}: needs {need} pages, more than the page-table width {width}")
+            if need > done:
+                self.plan_pages(plan, i, s, req, pages, done, need, reqs, name)
             if need > 0:
                 plan.written[s] = max(need, done)
-            plan.slots.append(s)
+            slots.append(s)
         return plan
+
+    def _victims(self, reqs: list[Request]):
+        """Used slots of requests outside the batch, least recently run first."""
+        in_batch = {id(r) for r in reqs}
+        owner = self.owner
+        used = [s for s in range(1, self.num_slots) if owner[s] is not None and id(owner[s]) not in in_batch]
+        return iter(sorted(used, key=self.stamp.__getitem__))
+
+    def plan_pages(self, plan: TablePlan, i: int, s: int, req: Request, pages: list[int], done: int, need: int,
+                   reqs: list[Request], name: Callable[[int], str]) -> None:  # fmt: skip
+        """Plan writing columns done..need-1 of slot s for row i (validated; no state change)."""
+        claims, width, num_pages = plan.claims, self.width, self.num_pages
+        for col in range(done, need):
+            p = pages[col]
+            if not 0 < p < num_pages:
+                raise BatchError(f"{name(i)}: page id {p} at column {col} is outside 1..{num_pages - 1}")
+            c = claims.get(p)
+            if c is not None and c[0] != s:
+                j = plan.slots.index(c[0]) if c[0] in plan.slots else i
+                raise BatchError(f"{name(i)} and {name(j)}: both hold KV page {p}")
+            o = self.page_owner[p]
+            if o > 0 and o != s and o not in plan.evict:
+                other = self.owner[o]
+                c2 = self.page_col[p]
+                if other is not None and other is not req and len(other.pages) > c2 and other.pages[c2] == p:
+                    k = next((k for k, r in enumerate(reqs) if r is other), None)
+                    who = name(k) if k is not None else f"request {other.rid} (not in this batch)"
+                    raise BatchError(f"{name(i)} and {who}: both hold KV page {p}")
+            plan.upd_idx.append(s * width + col)
+            plan.upd_val.append(p)
+            claims[p] = (s, col)
 
     # ---- commit ---------------------------------------------------------------------------------------
     def commit(self, plan: TablePlan) -> None:
@@ -138,9 +167,9 @@ class PageTable:
             self._slot_of[id(req)] = s
             self.written[s] = 0
         for p, (s, col) in plan.claims.items():
-            o = int(self.page_owner[p])
+            o = self.page_owner[p]
             if o > 0 and o != s:
-                self._invalidate(o)  # the page moved: the old slot's table is stale
+                self.written[o] = 0  # the page moved: the old slot's table is stale
             self.page_owner[p] = s
             self.page_col[p] = col
         for s, n in plan.written.items():
@@ -149,9 +178,10 @@ class PageTable:
             self.written[s] = n
             self.first[s] = req.pages[0]
             self.last[s] = req.pages[n - 1]
+        self._commits += 1
+        stamp, now = self.stamp, self._commits
         for s in plan.slots:
-            self._lru[s] = None
-            self._lru.move_to_end(s)
+            stamp[s] = now
 
     def forget(self, reqs: list[Request]) -> None:
         """After a failed step: the slots of these requests may be half-written; make them rewrite."""
@@ -160,21 +190,17 @@ class PageTable:
             if s is not None:
                 self.written[s] = 0
 
-    def _invalidate(self, s: int) -> None:
-        self.written[s] = 0
-
     def _drop(self, s: int) -> None:
         old = self.owner[s]
         if old is not None:
             self._slot_of.pop(id(old), None)
         self.owner[s] = None
         self.written[s] = 0
-        self._lru.pop(s, None)
         self._free.append(s)
 
     def release_finished(self) -> int:
         """Free slots whose request holds no pages any more (finished or aborted); returns how many."""
-        gone = [s for s in self._lru if self.owner[s] is not None and not self.owner[s].pages]
+        gone = [s for s in range(1, self.num_slots) if self.owner[s] is not None and not self.owner[s].pages]
         for s in gone:
             self._drop(s)
         return len(gone)

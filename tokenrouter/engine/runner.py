@@ -76,6 +76,7 @@ class Engine(ModelRunner):
         self.graph_error: str | None = None
         self.pdl_error: str | None = None
         self.graphs: GraphRunner | None = None
+        self._rules: dict[bool, GraphRule] = {}
         self._use_triton_ops = config.use_triton_ops(self.device)
         triton_attn = resolve_backend(config.attention_backend, self.device) == "triton"  # type: ignore[arg-type]
         self.pdl = (config.triton_pdl and self.device.type == "cuda" and (self._use_triton_ops or triton_attn)
@@ -141,7 +142,7 @@ class Engine(ModelRunner):
             rows = max(c.max_batch_size, top, c.max_num_batched_tokens, 1)
             self._split_counters = (split_counters(rows, self.spec.num_kv_heads, self.device)
                                     if c.decode_fused_reduce and triton_attn else None)  # fmt: skip
-        self.slot_token_step = np.full(slots, -1, np.int64)
+        self.slot_token_step = [-1] * slots  # from_prev ledger (a list: cheap scalar access)
         self.fwd = StepForward(self)
 
     def _teardown_buffers(self) -> None:
@@ -291,7 +292,11 @@ class Engine(ModelRunner):
     @property
     def graph_rule(self) -> GraphRule:
         """Which rows of a step run in a graph (the scheduler forms batches that fit it)."""
-        return self.config.graph_rule(enabled=self.graphs is not None and self.use_graphs)
+        on = self.graphs is not None and self.use_graphs
+        rule = self._rules.get(on)
+        if rule is None:  # once per setting (GraphRule sorts its buckets when built; the config never changes)
+            rule = self._rules[on] = self.config.graph_rule(enabled=on)
+        return rule
 
     def _graph_bucket(self, batch: Batch) -> int | None:
         """The bucket when every row of `batch` runs in the graph part (benchmarks), else None."""
@@ -323,10 +328,9 @@ class Engine(ModelRunner):
             why = str(e).splitlines()[0] if str(e) else ""
             raise StepFailed(f"step {batch.step_id} failed: {type(e).__name__}: {why}") from e
         self.table.commit(plan.table)
-        for i in plan.sampled:
-            s = self.table.slot_of(batch.rows[i].req)
-            if s is not None:
-                self.slot_token_step[s] = batch.step_id
+        ledger, step_id = self.slot_token_step, batch.step_id
+        for s in plan.sampled_slots:  # after commit every live row's request holds its planned slot
+            ledger[s] = step_id
         handle.prepare_s, handle.launch_s = t1 - t0, time.perf_counter() - t1
         return handle
 

@@ -11,241 +11,311 @@ Row handling (one pass over the rows, errors name the row before anything is lau
 - a request in two rows of one batch is an error.
 
 Host cost: O(rows + fed tokens + new pages), independent of context length (the page tables live on the device).
+One pass over the rows validates them; one pass per part writes each field straight into the staging buffer:
+rows of up to `_SMALL` tokens (decode rows, peer returns) go through Python lists (one numpy conversion per
+field), longer rows (prefill chunks) through numpy slices; greedy rows touch no sampling field (the zeroed
+buffer already says greedy). No per-step array is sized by the cache or the slot count.
 """
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 
-from tokenrouter.core.batch import Batch
-from tokenrouter.core.graph_rule import GraphRule
+from tokenrouter.core.batch import Batch, BatchRow
 from tokenrouter.core.request import Request
+from tokenrouter.engine.decode_plan import offsets, plan_decode
 from tokenrouter.engine.errors import BatchError
-from tokenrouter.engine.inputs import Layout, graph_layout, pack
-from tokenrouter.engine.page_table import PageTable, TablePlan
-from tokenrouter.engine.sampler import seed32
+from tokenrouter.engine.inputs import Layout, graph_layout
+from tokenrouter.engine.plan_types import PartPlan, PlanContext, StepPlan, write_sampling
+
+__all__ = ["PartPlan", "PlanContext", "StepPlan", "plan_step"]
+
+_SMALL = 16  # rows up to this many tokens are packed through Python lists, longer ones through numpy
 
 
-@dataclass(slots=True)
-class PartPlan:
-    layout: Layout
-    packed: np.ndarray  # int32 [layout.size], a view of the staging buffer
-    rows: list[int]  # batch row indices of this part, in batch order
-    max_q_len: int
-    bucket: int | None  # graph bucket, None for the eager part
-    extra_upd: tuple[np.ndarray, np.ndarray] | None = None  # graph page writes beyond the graph's capacity
-
-
-@dataclass(slots=True)
-class StepPlan:
-    graph: PartPlan | None
-    eager: PartPlan | None
-    table: TablePlan
-    out_index: np.ndarray  # [R] int64: row -> index in the step's output (graph logit row j: j; eager: base + j)
-    sampled: list[int]  # rows with a sampled token (live, sample=True), batch order
-    skipped: list[int]  # stale rows
-    live_reqs: list[Request]
-    num_tokens: int  # fed tokens (both parts)
-
-
-@dataclass(slots=True)
-class PlanContext:
-    """What the planner needs from the engine (fixed per engine, plus the per-slot from_prev ledger)."""
-
-    page_size: int
-    max_context_len: int
-    vocab_size: int
-    rule: GraphRule  # disabled when the engine has no graphs (or they are switched off)
-    table: PageTable
-    slot_token_step: np.ndarray  # [slots] int64: batch step_id that last sampled into the slot (-1: none/invalid)
-    eager_out_base: int  # output index of the eager part's first logit row
-    rng: random.Random  # seeds of sampled rows whose request has none
-
-
-def plan_step(batch: Batch, ctx: PlanContext, staging: Callable[[int, int], np.ndarray]) -> StepPlan:
-    """`staging(graph_size, eager_size)` returns an int32 host buffer of at least their sum."""
+def plan_step(batch: Batch, ctx: PlanContext, staging: Callable[[int, int], np.ndarray], *,
+              fast: bool = True) -> StepPlan:  # fmt: skip
+    """`staging(graph_size, eager_size)` returns an int32 host buffer of at least their sum (called once).
+    `fast`: try `decode_plan.plan_decode` first (same plan, see there); False is the reference for tests."""
     rows = batch.rows
     if not rows:
         raise BatchError("empty batch")
-    ps = ctx.page_size
+    if fast:
+        plan = plan_decode(batch, ctx, staging)
+        if plan is not None:
+            return plan
+    live, reqs, starts, ntok, npages, from_prev, skipped, total, longest = _check_rows(rows, ctx)
+
+    def name(k: int) -> str:  # built only for an error message
+        return f"row {live[k]} (request {reqs[k].rid})"
+
+    table = ctx.table
+    table_plan = table.plan(reqs, starts, npages, name)
+    slots = table_plan.slots
+
+    # from_prev ledger: the source must be the previous step (step_id - 1) and must have sampled this request
+    # into the slot the request holds now (the plan never moves a request that holds a slot).
+    prev_slot: dict[int, int] = {}
+    want, ledger, owner = batch.step_id - 1, ctx.slot_token_step, table.owner
+    for k in from_prev:
+        s = slots[k]
+        if owner[s] is not reqs[k] or ledger[s] != want:
+            raise BatchError(f"{name(k)}: from_prev row, but step {want} of this engine did not sample this "
+                             "request (failed, skipped or never run)")  # fmt: skip
+        prev_slot[k] = s
+
+    rule = ctx.rule
+    everything = list(range(len(live)))
+    if not rule.enabled:
+        g_idx, e_idx = [], everything
+    elif longest <= rule.max_row_tokens and total <= rule.max_tokens:
+        g_idx, e_idx = everything, []  # every row fits and the room never runs out: what rule.split returns
+    else:
+        g_idx, e_idx = rule.split(ntok)
+    bucket = rule.bucket_for(sum(ntok[k] for k in g_idx)) if g_idx else None
+
+    # Page-table writes go with the part whose rows own the slot.
+    g_upd: tuple[list[int], list[int]] = ([], [])
+    e_upd: tuple[list[int], list[int]] = ([], [])
+    if table_plan.upd_idx:
+        if not e_idx:
+            g_upd = (table_plan.upd_idx, table_plan.upd_val)
+        elif not g_idx:
+            e_upd = (table_plan.upd_idx, table_plan.upd_val)
+        else:
+            gs, w = {slots[k] for k in g_idx}, table.width
+            for f, v in zip(table_plan.upd_idx, table_plan.upd_val, strict=True):
+                dst = g_upd if f // w in gs else e_upd
+                dst[0].append(f)
+                dst[1].append(v)
+
+    g_layout = graph_layout(bucket) if bucket is not None else None
+    e_layout = None
+    if e_idx:
+        e_logits = sum(1 for k in e_idx if rows[live[k]].sample)
+        e_layout = Layout(sum(ntok[k] for k in e_idx), len(e_idx), e_logits, len(e_upd[0]), varlen=True)
+    g_size = g_layout.size if g_layout else 0
+    buf = staging(g_size, e_layout.size if e_layout else 0)
+
+    out_index = [-1] * len(rows)
+    common = (rows, ctx, live, reqs, starts, ntok, slots, prev_slot, name)
+    graph = eager = None
+    if g_layout is not None:
+        cap = g_layout.num_updates
+        extra = None
+        if len(g_upd[0]) > cap:
+            extra = (np.asarray(g_upd[0][cap:], np.int64), np.asarray(g_upd[1][cap:], np.int64))
+            g_upd = (g_upd[0][:cap], g_upd[1][:cap])
+        packed = buf[:g_size]
+        qmax = _write_part(*common, g_idx, g_layout, packed, g_upd, virtual=True)
+        graph = PartPlan(g_layout, packed, [live[k] for k in g_idx], qmax, bucket, extra)
+        for j, k in enumerate(g_idx):
+            if rows[live[k]].sample:
+                out_index[live[k]] = j
+    if e_layout is not None:
+        packed = buf[g_size : g_size + e_layout.size]
+        qmax = _write_part(*common, e_idx, e_layout, packed, e_upd, virtual=False)
+        eager = PartPlan(e_layout, packed, [live[k] for k in e_idx], qmax, None)
+        j = ctx.eager_out_base
+        for k in e_idx:
+            if rows[live[k]].sample:
+                out_index[live[k]] = j
+                j += 1
+    sampled = [k for k in everything if rows[live[k]].sample]
+    return StepPlan(graph, eager, table_plan, np.asarray(out_index, np.int64), [live[k] for k in sampled], skipped,
+                    reqs, total, [slots[k] for k in sampled])  # fmt: skip
+
+
+_Checked = tuple[list[int], list[Request], list[int], list[int], list[int], list[int], list[int], int, int]
+
+
+def _check_rows(rows: list[BatchRow], ctx: PlanContext) -> _Checked:
+    """Validate row by row: skip stale rows, raise BatchError naming the first bad row."""
+    ps, max_ctx = ctx.page_size, ctx.max_context_len
     skipped: list[int] = []
     live: list[int] = []
     reqs: list[Request] = []
     starts: list[int] = []
     ntok: list[int] = []
     npages: list[int] = []
-    names: list[str] = []
+    from_prev: list[int] = []  # live indices of from_prev rows
     seen: dict[int, int] = {}
+    total = longest = 0
     for i, row in enumerate(rows):
         req = row.req
         if row.version != req.version:
             skipped.append(i)
             continue
         n, start = row.num_tokens, row.start
-        ctx_len = start + n
+        end = start + n
         if n < 1 or start < 0:
             raise BatchError(f"row {i} (request {req.rid}): feeds {n} tokens from {start}; need >= 1 from >= 0")
-        if ctx_len > ctx.max_context_len:
-            raise BatchError(f"row {i} (request {req.rid}): reaches position {ctx_len - 1}, beyond max_context_len "
-                             f"{ctx.max_context_len}")  # fmt: skip
-        need = -(-ctx_len // ps)
+        if end > max_ctx:
+            raise BatchError(f"row {i} (request {req.rid}): reaches position {end - 1}, beyond max_context_len "
+                             f"{max_ctx}")  # fmt: skip
+        need = (end + ps - 1) // ps
         if len(req.pages) < need:
-            raise BatchError(f"row {i} (request {req.rid}): {len(req.pages)} KV pages cannot hold {ctx_len} tokens")
+            raise BatchError(f"row {i} (request {req.rid}): {len(req.pages)} KV pages cannot hold {end} tokens")
         j = seen.setdefault(id(req), i)
         if j != i:
             raise BatchError(f"rows {j} and {i}: request {req.rid} appears twice in one batch")
-        if row.from_prev and n != 1:
-            raise BatchError(f"row {i} (request {req.rid}): a from_prev row feeds exactly 1 token, not {n}")
+        if row.from_prev:
+            if n != 1:
+                raise BatchError(f"row {i} (request {req.rid}): a from_prev row feeds exactly 1 token, not {n}")
+            from_prev.append(len(live))
         live.append(i)
         reqs.append(req)
         starts.append(start)
         ntok.append(n)
         npages.append(need)
-        names.append(f"row {i} (request {req.rid})")
-    table_plan = ctx.table.plan(reqs, starts, npages, names)
-    slots = table_plan.slots
-
-    # from_prev ledger: the source must be the previous step (step_id - 1) and must have sampled this request.
-    prev_slot = [-1] * len(live)
-    for k, i in enumerate(live):
-        if rows[i].from_prev:
-            s = ctx.table.slot_of(reqs[k])
-            if s is None or s != slots[k] or int(ctx.slot_token_step[s]) != batch.step_id - 1:
-                raise BatchError(f"{names[k]}: from_prev row, but step {batch.step_id - 1} of this engine did not "
-                                 "sample this request (failed, skipped or never run)")  # fmt: skip
-            prev_slot[k] = s
-
-    rule = ctx.rule
-    g_idx, e_idx = rule.split(ntok) if rule.enabled else ([], list(range(len(live))))
-    g_tokens = sum(ntok[k] for k in g_idx)
-    bucket = rule.bucket_for(g_tokens) if g_idx else None
-    g_layout = graph_layout(bucket) if bucket is not None else None
-    e_tokens = sum(ntok[k] for k in e_idx)
-    e_logits = sum(1 for k in e_idx if rows[live[k]].sample)
-    upd_idx = np.asarray(table_plan.upd_idx, np.int64)
-    upd_val = np.asarray(table_plan.upd_val, np.int64)
-    upd_slot = upd_idx // ctx.table.width
-    in_graph = np.zeros(ctx.table.num_slots, bool)
-    in_graph[[slots[k] for k in g_idx]] = True
-    g_upd = in_graph[upd_slot] if upd_idx.size else np.zeros(0, bool)
-    e_layout = None
-    if e_idx:
-        n_e_upd = int((~g_upd).sum())
-        e_layout = Layout(e_tokens, len(e_idx), e_logits, n_e_upd, varlen=True)
-    g_size = g_layout.size if g_layout else 0
-    buf = staging(g_size, e_layout.size if e_layout else 0)
-
-    out_index = np.full(len(rows), -1, np.int64)
-    sampled: list[int] = []
-    graph = eager = None
-    common = (batch, ctx, live, reqs, starts, ntok, slots, prev_slot, names)
-    if g_layout is not None:
-        gu = g_upd.nonzero()[0]
-        cap = g_layout.num_updates
-        fields, qmax = _fields(*common, g_idx, virtual=True)
-        fields["upd_idx"], fields["upd_val"] = upd_idx[gu[:cap]], upd_val[gu[:cap]]
-        extra = (upd_idx[gu[cap:]], upd_val[gu[cap:]]) if gu.size > cap else None
-        graph = PartPlan(g_layout, pack(g_layout, fields, buf[:g_size]), [live[k] for k in g_idx], qmax, bucket, extra)
-        for j, k in enumerate(g_idx):
-            if rows[live[k]].sample:
-                out_index[live[k]] = j
-    if e_layout is not None:
-        eu = (~g_upd).nonzero()[0]
-        fields, qmax = _fields(*common, e_idx, virtual=False)
-        fields["upd_idx"], fields["upd_val"] = upd_idx[eu], upd_val[eu]
-        eager = PartPlan(e_layout, pack(e_layout, fields, buf[g_size:]), [live[k] for k in e_idx], qmax, None)
-        j = 0
-        for k in e_idx:
-            if rows[live[k]].sample:
-                out_index[live[k]] = ctx.eager_out_base + j
-                j += 1
-    sampled = [i for i in live if rows[i].sample]
-    return StepPlan(graph, eager, table_plan, out_index, sampled, skipped, reqs, g_tokens + e_tokens)
+        total += n
+        longest = n if n > longest else longest
+    return live, reqs, starts, ntok, npages, from_prev, skipped, total, longest
 
 
-def _fields(batch, ctx, live, reqs, starts, ntok, slots, prev_slot, names, part, *, virtual):
-    """Field arrays of one part (rows `part`, indices into the live lists) and its longest row."""
-    rows = batch.rows
-    ps, vocab = ctx.page_size, ctx.vocab_size
-    n = np.fromiter((ntok[k] for k in part), np.int64, len(part))
-    st = np.fromiter((starts[k] for k in part), np.int64, len(part))
-    t = int(n.sum())
-    cu = np.zeros(len(part) + 1, np.int64)
-    np.cumsum(n, out=cu[1:])
-    ids = np.empty(t, np.int64)
-    slot_map = np.empty(t, np.int64)
-    prev = np.full(t, -1, np.int64)
-    for j, k in enumerate(part):
-        req, s, m, o = reqs[k], starts[k], ntok[k], int(cu[j])
+def _write_part(rows: list[BatchRow], ctx: PlanContext, live: list[int], reqs: list[Request], starts: list[int],
+                ntok: list[int], slots: list[int], prev_slot: dict[int, int], name: Callable[[int], str],
+                part: list[int], layout: Layout, packed: np.ndarray, upd: tuple[list[int], list[int]], *,
+                virtual: bool) -> int:  # fmt: skip
+    """Write the fields of one part (rows `part`, indices into the live lists) into `packed`, padded as
+    `inputs` documents; returns the part's longest row. Graph (`virtual`): one attention row per token and one
+    logit row per batch row; eager: one attention row per batch row and logit rows for sampled rows only."""
+    ps = ctx.page_size
+    off = offsets(layout)
+
+    def view(f: str) -> np.ndarray:
+        o, n = off[f]
+        return packed[o : o + n]
+
+    packed[:] = 0
+    ids_v, pos_v, smap_v, prev_v, seq_v, rsl_v = map(view, ("input_ids", "positions", "slot_mapping", "prev",
+                                                             "seq_lens", "row_slots"))  # fmt: skip
+    prev_v[:] = -1
+    seq_v[:] = 1
+    ids: list[int] = []
+    pos: list[int] = []
+    smap: list[int] = []
+    rsl: list[int] = []  # graph: per token; eager: per row
+    seqs: list[int] = []  # eager: per row
+    cu = [0]
+    li: list[int] = []  # logit rows: last token, out slot, sample position
+    oslot: list[int] = []
+    spos: list[int] = []
+    samp: list[tuple[int, object]] = []  # (logit row, SamplingParams) of rows with temperature > 0
+    prev_at: list[int] = []
+    prev_src: list[int] = []
+    t = flushed = qmax = 0
+
+    def flush() -> None:  # pending list entries -> tokens [flushed, t)
+        try:
+            ids_v[flushed:t] = ids
+        except (OverflowError, ValueError, TypeError):
+            _bad_token(rows, ctx, live, reqs, starts, ntok, prev_slot, name, part)
+            raise
+        pos_v[flushed:t] = pos
+        smap_v[flushed:t] = smap
+        if virtual:
+            rsl_v[flushed:t] = rsl
+            rsl.clear()
+        ids.clear()
+        pos.clear()
+        smap.clear()
+
+    for k in part:
+        req, s, m, sl = reqs[k], starts[k], ntok[k], slots[k]
         pages = req.pages
-        if m == 1:
-            slot_map[o] = pages[s // ps] * ps + s % ps
-            if prev_slot[k] >= 0:
-                ids[o] = 0
-                prev[o] = prev_slot[k]
-                continue
-            tok = req.token_ids[s : s + 1]
+        if m == 1:  # the common case: one token, one page lookup
+            src = prev_slot.get(k) if prev_slot else None
+            if src is not None:
+                ids.append(0)
+                prev_at.append(t)
+                prev_src.append(src)
+            else:
+                tl = req.token_ids
+                if s >= len(tl):
+                    raise BatchError(f"{name(k)}: feeds 1 tokens but only 0 are known")
+                ids.append(tl[s])
+            pos.append(s)
+            smap.append(pages[s // ps] * ps + s % ps)
+            if virtual:
+                rsl.append(sl)
         else:
-            pos = np.arange(s, s + m)
-            first = s // ps
-            pg = np.asarray(pages[first : (s + m - 1) // ps + 1], np.int64)
-            slot_map[o : o + m] = pg[pos // ps - first] * ps + pos % ps
             tok = req.token_ids[s : s + m]
-        if len(tok) != m:
-            raise BatchError(f"{names[k]}: feeds {m} tokens but only {len(tok)} are known")
-        ids[o : o + m] = tok
-    bad = (ids < 0) | (ids >= vocab)
+            if len(tok) != m:
+                raise BatchError(f"{name(k)}: feeds {m} tokens but only {len(tok)} are known")
+            if m <= _SMALL:
+                ids.extend(tok)
+                pos.extend(range(s, s + m))
+                smap.extend([pages[p // ps] * ps + p % ps for p in range(s, s + m)])
+                if virtual:
+                    rsl.extend([sl] * m)
+            else:
+                flush()
+                try:
+                    ids_v[t : t + m] = tok
+                except (OverflowError, ValueError, TypeError):
+                    _bad_token(rows, ctx, live, reqs, starts, ntok, prev_slot, name, part)
+                    raise
+                p = np.arange(s, s + m)
+                pos_v[t : t + m] = p
+                first = s // ps
+                pg = np.asarray(pages[first : (s + m - 1) // ps + 1], np.int64)
+                smap_v[t : t + m] = pg[p // ps - first] * ps + p % ps
+                if virtual:
+                    rsl_v[t : t + m] = sl
+                flushed = t + m
+        t += m
+        cu.append(t)
+        qmax = m if m > qmax else qmax
+        row = rows[live[k]]
+        if not virtual:
+            seqs.append(s + m)
+            rsl.append(sl)
+        if virtual or row.sample:
+            if row.sample:
+                oslot.append(sl)
+                p = req.sampling
+                if p.temperature > 0:
+                    samp.append((len(li), p))
+            else:
+                oslot.append(0)
+            li.append(t - 1)
+            spos.append(s + m)
+    flush()
+    if prev_at:
+        prev_v[prev_at] = prev_src
+    bad = (ids_v[:t] < 0) | (ids_v[:t] >= ctx.vocab_size)
     if bad.any():
-        at = int(np.argmax(bad))
-        k = part[int(np.searchsorted(cu, at, side="right")) - 1]
-        raise BatchError(f"{names[k]}: token id {int(ids[at])} outside the vocabulary (0..{vocab - 1})")
-    tok_row = np.repeat(np.arange(len(part)), n)
-    pos = np.arange(t) - cu[:-1][tok_row] + st[tok_row]
-    row_slot = np.fromiter((slots[k] for k in part), np.int64, len(part))
-    sample_rows = [j for j, k in enumerate(part) if rows[live[k]].sample]
-    if virtual:  # graph: one logit row per batch row (sampled or not), one attention row per token
-        logit_rows = list(range(len(part)))
-        f = {"seq_lens": pos + 1, "row_slots": row_slot[tok_row]}
+        _bad_token(rows, ctx, live, reqs, starts, ntok, prev_slot, name, part)
+    if virtual:
+        np.add(pos_v[:t], 1, out=seq_v[:t])  # one virtual decode row per token
     else:
-        logit_rows = sample_rows
-        f = {"seq_lens": st + n, "row_slots": row_slot, "cu_seqlens_q": cu}
-    f.update(input_ids=ids, positions=pos, slot_mapping=slot_map, prev=prev)
-    f.update(_sampling(batch, ctx, live, part, logit_rows, row_slot, cu, st + n))
-    return f, int(n.max())
+        seq_v[:] = seqs
+        rsl_v[:] = rsl
+        view("cu_seqlens_q")[:] = cu
+    nl = len(li)
+    view("logits_indices")[:nl] = li
+    view("out_slot")[:nl] = oslot
+    view("sample_pos")[:nl] = spos
+    top_p = view("top_p").view(np.float32)
+    top_p[:nl] = 1.0
+    if samp:
+        write_sampling(samp, ctx, top_p, view("inv_temp").view(np.float32), view("top_k"), view("seed"))
+    n_upd = len(upd[0])
+    if n_upd:
+        view("upd_idx")[:n_upd] = upd[0]
+        view("upd_val")[:n_upd] = upd[1]
+    return qmax
 
 
-def _sampling(batch, ctx, live, part, logit_rows, row_slot, cu, sample_pos) -> dict[str, np.ndarray]:
-    rows = batch.rows
+def _bad_token(rows, ctx, live, reqs, starts, ntok, prev_slot, name, part) -> None:
+    """Slow path after a packed token id failed the vocabulary check: find the first bad one and name its row."""
     vocab = ctx.vocab_size
-    nl = len(logit_rows)
-    inv_temp = np.zeros(nl, np.float32)
-    top_p = np.ones(nl, np.float32)
-    top_k = np.zeros(nl, np.int64)
-    seed = np.zeros(nl, np.int64)
-    out_slot = np.zeros(nl, np.int64)
-    for j, r in enumerate(logit_rows):
-        row = rows[live[part[r]]]
-        if not row.sample:
+    for k in part:
+        if k in prev_slot:
             continue
-        out_slot[j] = row_slot[r]
-        p = row.req.sampling
-        if p.temperature > 0:
-            inv_temp[j] = np.float32(1.0) / np.float32(p.temperature)
-            top_p[j] = p.top_p
-            top_k[j] = p.top_k if 0 < p.top_k < vocab else 0
-            s = seed32(p.seed) if p.seed is not None else ctx.rng.getrandbits(32)
-            seed[j] = s - (1 << 32) if s >= 1 << 31 else s  # stored as int32 bits
-    idx = np.asarray(logit_rows, np.int64)
-    return {
-        "logits_indices": cu[1:][idx] - 1,
-        "out_slot": out_slot,
-        "inv_temp": inv_temp,
-        "top_p": top_p,
-        "top_k": top_k,
-        "seed": seed,
-        "sample_pos": sample_pos[idx],
-    }
+        for tok in reqs[k].token_ids[starts[k] : starts[k] + ntok[k]]:
+            if not (isinstance(tok, int | np.integer) and 0 <= tok < vocab):
+                raise BatchError(f"{name(k)}: token id {tok} outside the vocabulary (0..{vocab - 1})")

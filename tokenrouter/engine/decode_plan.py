@@ -1,0 +1,155 @@
+"""Fast path of the host planner for the common serving step: every row a fresh single-token decode row whose
+request already holds a page-table slot, all of them fitting one graph bucket.
+
+One loop over the rows does the checks, the page-table plan and the field lists; the fields are then written
+with a few whole-array operations. The result is exactly what `step_plan.plan_step(..., fast=False)` returns
+for the same batch and state (a test compares the two). Whenever a row is anything else (stale, several
+tokens, no slot yet, a slot to rewrite, a failed check, a from_prev row whose ledger entry does not match),
+`plan_decode` returns None before touching any state, the RNG or the staging buffer, and the general planner
+runs and, for a bad row, raises the BatchError naming it.
+
+Checks that are implied here rather than repeated (each needs the invariant named):
+- pages: a row's existing pages were range-checked and owner-checked when they were written (PageTable
+  invariant: `written` leading entries equal the request's pages unless the O(1) probes differ, which sends
+  the row off this path); pages the row enters now go through `PageTable.plan_pages`, as in the general path;
+- a request in two rows: each slot has one owner and a row only stays here when its request owns its slot,
+  so two rows of one request share a slot (caught by one set size comparison);
+- the page-table width: the row's position is below max_context_len, which sizes the table (checked anyway).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import lru_cache
+
+import numpy as np
+
+from tokenrouter.core.batch import Batch
+from tokenrouter.core.request import Request
+from tokenrouter.engine.errors import BatchError
+from tokenrouter.engine.inputs import Layout, graph_layout
+from tokenrouter.engine.page_table import TablePlan
+from tokenrouter.engine.plan_types import PartPlan, PlanContext, StepPlan, write_sampling
+
+
+@lru_cache(maxsize=128)
+def offsets(layout: Layout) -> dict[str, tuple[int, int]]:
+    """`layout.offsets()`, cached (a pure function of the frozen layout)."""
+    return layout.offsets()
+
+
+def plan_decode(batch: Batch, ctx: PlanContext, staging: Callable[[int, int], np.ndarray]) -> StepPlan | None:
+    rows = batch.rows
+    n = len(rows)
+    rule = ctx.rule
+    if not rule.enabled or n > rule.max_tokens:
+        return None
+    bucket = rule.bucket_for(n)  # n single-token rows: rule.split puts all of them in the graph part
+    if bucket is None:
+        return None
+    table = ctx.table
+    slot_of, owner, written, first, last = table._slot_of, table.owner, table.written, table.first, table.last
+    ps, max_ctx, width = ctx.page_size, ctx.max_context_len, table.width
+    want, ledger = batch.step_id - 1, ctx.slot_token_step
+    tplan = TablePlan([])
+    slots = tplan.slots
+    reqs: list[Request] = []
+    ids: list[int] = []
+    pos: list[int] = []
+    smap: list[int] = []
+    prev_at: list[int] = []
+    prev_src: list[int] = []
+    no_sample: list[int] = []
+    samp: list[tuple[int, object]] = []
+    for i, row in enumerate(rows):
+        req = row.req
+        s = row.start
+        if row.version != req.version or row.num_tokens != 1 or not 0 < s < max_ctx:
+            return None
+        pages = req.pages
+        q = s // ps
+        sl = slot_of.get(id(req))
+        if sl is None or owner[sl] is not req or len(pages) <= q or q >= width:
+            return None
+        done = written[sl]
+        if done == 0 or len(pages) < done or pages[0] != first[sl] or pages[done - 1] != last[sl]:
+            return None
+        if done <= q:  # the row enters a new page (or pages after a failed step)
+            try:
+                table.plan_pages(tplan, i, sl, req, pages, done, q + 1, reqs, str)
+            except BatchError:
+                return None
+            tplan.written[sl] = q + 1
+        if row.from_prev:
+            if ledger[sl] != want:
+                return None
+            ids.append(0)
+            prev_at.append(i)
+            prev_src.append(sl)
+        else:
+            tl = req.token_ids
+            if s >= len(tl):
+                return None
+            ids.append(tl[s])
+        pos.append(s)
+        smap.append(pages[q] * ps + s - q * ps)
+        slots.append(sl)
+        reqs.append(req)
+        if not row.sample:
+            no_sample.append(i)
+        elif req.sampling.temperature > 0:
+            samp.append((i, req.sampling))
+    if len(set(slots)) != n or min(ids) < 0 or max(ids) >= ctx.vocab_size:
+        return None
+    layout = graph_layout(bucket)
+    if len(tplan.upd_idx) > layout.num_updates:
+        return None
+    return _finish(batch, ctx, staging, layout, bucket, tplan, reqs, ids, pos, smap, prev_at, prev_src, no_sample,
+                   samp)  # fmt: skip
+
+
+def _finish(batch, ctx, staging, layout, bucket, tplan, reqs, ids, pos, smap, prev_at, prev_src, no_sample, samp):
+    """Write the graph part's fields (padding as `inputs` documents) and build the plan."""
+    n = len(ids)
+    packed = staging(layout.size, 0)[: layout.size]
+    packed[:] = 0
+    off = offsets(layout)
+
+    def view(f: str) -> np.ndarray:
+        o, k = off[f]
+        return packed[o : o + k]
+
+    ids_v, pos_v, seq_v, prev_v, rsl_v = map(view, ("input_ids", "positions", "seq_lens", "prev", "row_slots"))
+    ids_v[:n] = ids
+    pos_v[:n] = pos
+    view("slot_mapping")[:n] = smap
+    rsl_v[:n] = tplan.slots
+    prev_v[:] = -1
+    if prev_at:
+        ids_v[prev_at] = 0
+        prev_v[prev_at] = prev_src
+    seq_v[:] = 1
+    np.add(pos_v[:n], 1, out=seq_v[:n])
+    view("logits_indices")[:n] = np.arange(n)
+    oslot = view("out_slot")
+    oslot[:n] = rsl_v[:n]
+    view("sample_pos")[:n] = seq_v[:n]
+    top_p = view("top_p").view(np.float32)
+    top_p[:n] = 1.0
+    if no_sample:
+        oslot[no_sample] = 0
+    if samp:
+        write_sampling(samp, ctx, top_p, view("inv_temp").view(np.float32), view("top_k"), view("seed"))
+    nu = len(tplan.upd_idx)
+    if nu:
+        view("upd_idx")[:nu] = tplan.upd_idx
+        view("upd_val")[:nu] = tplan.upd_val
+    out_index = np.arange(n, dtype=np.int64)
+    if no_sample:
+        out_index[no_sample] = -1
+        sampled = [i for i in range(n) if out_index[i] >= 0]
+    else:
+        sampled = list(range(n))
+    graph = PartPlan(layout, packed, list(range(n)), 1, bucket, None)
+    sampled_slots = [tplan.slots[i] for i in sampled] if no_sample else list(tplan.slots)
+    return StepPlan(graph, None, tplan, out_index, sampled, [], reqs, n, sampled_slots)

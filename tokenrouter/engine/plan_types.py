@@ -1,0 +1,68 @@
+"""What the host planner produces (`StepPlan`, one `PartPlan` per pass) and needs (`PlanContext`), shared by the
+general planner (`step_plan`) and its decode fast path (`decode_plan`)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import MutableSequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from tokenrouter.core.graph_rule import GraphRule
+from tokenrouter.core.request import Request
+from tokenrouter.engine.inputs import Layout
+from tokenrouter.engine.page_table import PageTable, TablePlan
+from tokenrouter.engine.sampler import seed32
+
+
+@dataclass(slots=True)
+class PartPlan:
+    layout: Layout
+    packed: np.ndarray  # int32 [layout.size], a view of the staging buffer
+    rows: list[int]  # batch row indices of this part, in batch order
+    max_q_len: int
+    bucket: int | None  # graph bucket, None for the eager part
+    extra_upd: tuple[np.ndarray, np.ndarray] | None = None  # graph page writes beyond the graph's capacity
+
+
+@dataclass(slots=True)
+class StepPlan:
+    graph: PartPlan | None
+    eager: PartPlan | None
+    table: TablePlan
+    out_index: np.ndarray  # [R] int64: row -> index in the step's output (graph logit row j: j; eager: base + j)
+    sampled: list[int]  # rows with a sampled token (live, sample=True), batch order
+    skipped: list[int]  # stale rows
+    live_reqs: list[Request]
+    num_tokens: int  # fed tokens (both parts)
+    sampled_slots: list[int]  # page-table slot of each `sampled` row (after commit: the request's slot)
+
+
+@dataclass(slots=True)
+class PlanContext:
+    """What the planner needs from the engine (fixed per engine, plus the per-slot from_prev ledger)."""
+
+    page_size: int
+    max_context_len: int
+    vocab_size: int
+    rule: GraphRule  # disabled when the engine has no graphs (or they are switched off)
+    table: PageTable
+    slot_token_step: MutableSequence[int]  # [slots]: batch step_id that last sampled into the slot (-1: none)
+    eager_out_base: int  # output index of the eager part's first logit row
+    rng: random.Random  # seeds of sampled rows whose request has none
+
+
+def write_sampling(samp: list, ctx: PlanContext, top_p: np.ndarray, inv_temp: np.ndarray, top_k: np.ndarray,
+                    seed: np.ndarray) -> None:  # fmt: skip
+    """Sampling fields of the rows with temperature > 0 (greedy rows keep the zeroed defaults)."""
+    vocab, rng = ctx.vocab_size, ctx.rng
+    js = [j for j, _ in samp]
+    inv_temp[js] = np.float32(1.0) / np.asarray([p.temperature for _, p in samp], np.float32)
+    top_p[js] = [p.top_p for _, p in samp]
+    top_k[js] = [p.top_k if 0 < p.top_k < vocab else 0 for _, p in samp]
+    seeds = []
+    for _, p in samp:  # batch order, as the RNG must be drawn
+        s = seed32(p.seed) if p.seed is not None else rng.getrandbits(32)
+        seeds.append(s - (1 << 32) if s >= 1 << 31 else s)  # stored as int32 bits
+    seed[js] = seeds
