@@ -9,6 +9,7 @@ tests). `die(i)` makes `is_alive(i)` false and stops answering.
 
 from __future__ import annotations
 
+import itertools
 import random
 import tempfile
 import threading
@@ -35,7 +36,7 @@ def expected_output(prompt: list[int], n: int) -> tuple[list[int], list[int]]:
 
 def expected_hops(n: int) -> int:
     _, models = expected_output([0], n)
-    return sum(1 for a, b in zip(models, models[1:], strict=False) if a != b)
+    return sum(1 for a, b in itertools.pairwise(models) if a != b)
 
 
 @dataclass
@@ -140,6 +141,7 @@ class FakeDeployment:
         last = chunks.pop() if len(chunks) > 1 else None
         rng.shuffle(chunks)
         events: list[P.ToFrontend] = [*chunks, P.Finished(msg.rid, "length", n, expected_hops(n))]
-        if last is not None:
-            events.append(last)  # a token after Finished: the front-end must wait for it
-        return [(now, m) for m in events]
+        plan = [(now, m) for m in events]
+        if last is not None:  # tokens 30 ms after Finished: the front-end must wait for them
+            plan.append((now + 0.03, last))
+        return plan

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import threading
 import time
-import uvicorn
 
+import uvicorn
 from fake_backend import FakeDeployment
+
 from tokenrouter.models import load_tokenizer
 from tokenrouter.runtime.frontend import create_app
 

@@ -14,8 +14,8 @@ from tokenrouter.runtime.frontend.schemas import ChatRequest, CompletionRequest
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """What a request must fit: ids below `vocab_size`; the prompt below every model's KV pool
-    (`kv_capacity_tokens` is the minimum over the models); prompt + output within `max_context_len`."""
+    """What a request must fit: ids below `vocab_size`; prompt + output within `max_context_len` and within
+    every model's KV pool (`kv_capacity_tokens` is the minimum over the models)."""
 
     vocab_size: int
     kv_capacity_tokens: int
@@ -58,7 +58,9 @@ def sampling(req: CompletionRequest | ChatRequest, ids: list[int], lim: Limits, 
             "prompt",
             "context_length_exceeded",
         )
-    room = lim.max_context_len - len(ids)
+    # A request that cannot fit a model's whole KV pool could never finish there: the smaller bound wins.
+    context = min(lim.max_context_len, lim.kv_capacity_tokens)
+    room = context - len(ids)
     max_tokens = req.max_tokens
     if isinstance(req, ChatRequest) and req.max_completion_tokens is not None:
         max_tokens = req.max_completion_tokens
@@ -66,10 +68,11 @@ def sampling(req: CompletionRequest | ChatRequest, ids: list[int], lim: Limits, 
         max_tokens = room if default_max is None else min(default_max, room)
     if max_tokens <= 0:
         raise APIError(400, f"max_tokens must be >= 1, got {max_tokens}", "max_tokens")
-    if len(ids) + max_tokens > lim.max_context_len:
+    if len(ids) + max_tokens > context:
         raise APIError(
             400,
-            f"prompt ({len(ids)}) + max_tokens ({max_tokens}) exceeds the context length {lim.max_context_len}",
+            f"prompt ({len(ids)}) + max_tokens ({max_tokens}) exceeds {context} tokens (the context length "
+            f"{lim.max_context_len} or the smallest KV capacity {lim.kv_capacity_tokens})",
             "max_tokens",
             "context_length_exceeded",
         )
