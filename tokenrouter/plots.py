@@ -124,7 +124,13 @@ def _cdf(ax, x: np.ndarray, **kw) -> bool:
 
 
 def plot_series(runs: list[RunSeries], path: str | os.PathLike[str], title: str | None = None) -> str:
-    """Draw one or more runs (solid = first, dashed = others) into a 4 x 2 grid; returns the path."""
+    """Draw one or more runs (solid = first, dashed = others) into a 4 x 2 grid and save it; returns the path."""
+    build_figure(runs, title).savefig(path, dpi=100)
+    return str(path)
+
+
+def build_figure(runs: list[RunSeries], title: str | None = None):
+    """The figure `plot_series` saves (a matplotlib `Figure`, no pyplot state)."""
     fig, axes = _figure(4, 2, (12.0, 13.0))
     ax_q, ax_busy, ax_hist, ax_thr, ax_ttft, ax_tpot, ax_e2e, ax_tok = axes
     names = list(dict.fromkeys(n for r in runs for n in r.models))
@@ -164,8 +170,7 @@ def plot_series(runs: list[RunSeries], path: str | os.PathLike[str], title: str 
             ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="gray")
     if title:
         fig.suptitle(title)
-    fig.savefig(path, dpi=100)
-    return str(path)
+    return fig
 
 
 def _tokens_bars(ax, runs: list[RunSeries], names: list[str], colors: dict[str, str]) -> None:

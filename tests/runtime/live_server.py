@@ -49,4 +49,3 @@ def start(**kw) -> LiveServer:
     srv = LiveServer(FakeDeployment(**fake_kw), **kw)
     srv.wait_healthy()
     return srv
-
