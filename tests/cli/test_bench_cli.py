@@ -11,10 +11,10 @@ import pandas as pd
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
-from fake_backend import NAMES, expected_hops, expected_output  # noqa: E402
-from live_server import start  # noqa: E402
+from fake_backend import NAMES, expected_hops, expected_output
+from live_server import start
 
-from tokenrouter.cli.tr import main_tokenrouter  # noqa: E402
+from tokenrouter.cli.tr import main_tokenrouter
 
 
 @pytest.fixture(scope="module")
