@@ -45,11 +45,9 @@ def result_record(res: SimResult) -> dict[str, Any]:
     return rec
 
 
-def print_result(res: SimResult, console: Console | None = None) -> None:
-    console = console or Console()
-    s, dep = res.summary, res.config.deployment
-    names = [m.name for m in dep.models]
-    t = Table(title=f"trsim run: {' + '.join(names)}", title_justify="left")
+def metrics_table(s: dict[str, Any], names: list[str], title: str) -> Table:
+    """The metrics table of one run (simulated or live): throughput, latencies, hops, per-model figures."""
+    t = Table(title=title, title_justify="left")
     for col, just in (("metric", "left"), ("mean", "right"), ("p50", "right"), ("p99", "right")):
         t.add_column(col, justify=just)  # type: ignore[arg-type]
     t.add_row("output throughput tok/s", _f(s["output_throughput_tok_s"]), "", "")
@@ -61,15 +59,25 @@ def print_result(res: SimResult, console: Console | None = None) -> None:
         t.add_row(label, _f(s[f"{key}_ms_mean"], 2), _f(s[f"{key}_ms_p50"], 2), _f(s[f"{key}_ms_p99"], 2))
     t.add_row("hops per request", _f(s["hops_mean"], 2), "", "")
     for i, n in enumerate(names):
+        if f"tokens_model{i}" not in s:
+            continue
         t.add_row(f"{n} tokens (share)", f"{int(s[f'tokens_model{i}']):,} ({s[f'token_frac_model{i}']:.1%})", "", "")
-        t.add_row(f"{n} busy", f"{s[f'busy_frac_model{i}']:.1%}", "", "")
+        busy = s[f"busy_frac_model{i}"]
+        t.add_row(f"{n} busy", "nan" if math.isnan(busy) else f"{busy:.1%}", "", "")
         t.add_row(
             f"{n} batch size",
             _f(s[f"batch_mean_model{i}"], 2),
             _f(s[f"batch_p50_model{i}"], 0),
             _f(s[f"batch_p99_model{i}"], 0),
         )
-    console.print(t)
+    return t
+
+
+def print_result(res: SimResult, console: Console | None = None) -> None:
+    console = console or Console()
+    s, dep = res.summary, res.config.deployment
+    names = [m.name for m in dep.models]
+    console.print(metrics_table(s, names, f"trsim run: {' + '.join(names)}"))
     rc = dep.router
     console.print(
         f"router {rc.name} (hop rate {rc.hop_rate}), policy {dep.policy.kind}, thresholds B = "

@@ -173,7 +173,12 @@ def register(app: typer.Typer) -> None:
             str | None, typer.Option("--json", help="Write metrics as JSON to FILE ('-' = stdout).")
         ] = None,
         csv_out: Annotated[Path | None, typer.Option("--csv", help="Write per-request rows as CSV.")] = None,
-        plot: Annotated[Path | None, typer.Option(help="PNG: queues and batch sizes over time, latency CDF.")] = None,
+        plot: Annotated[
+            Path | None,
+            typer.Option(
+                help="PNG: per model queue and busy fraction over time, batch histogram; throughput; latency CDFs."
+            ),
+        ] = None,
     ) -> None:
         """Simulate a routed model pair on the bundled H200 profile (CPU only) and print the metrics."""
         cfg, auto = sim_config_from_flags(
@@ -213,6 +218,7 @@ def register(app: typer.Typer) -> None:
                     df[k] = v
             df.to_csv(csv_out, index=False)
         if plot:
-            from tokenrouter.sim.plots import plot_run
+            from tokenrouter.plots import plot_run
 
-            plot_run(res.metrics, plot, title=f"{cfg.deployment.models[0].name} + {cfg.deployment.models[-1].name}")
+            names = [m.name for m in cfg.deployment.models]
+            plot_run(res.metrics, plot, title=f"trsim run: {' + '.join(names)}", names=names)

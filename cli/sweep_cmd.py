@@ -134,7 +134,7 @@ def register(app: typer.Typer) -> None:
         varying = [k for k, v in axes.items() if len(v) > 1]
         console.print(f"wrote {len(df)} rows to {out}")
         if plot:
-            from tokenrouter.sim.plots import plot_sweep
+            from tokenrouter.plots import plot_sweep
 
             numeric = [k for k in varying if AXES[k][0] in (int, float)]
             x = numeric[0] if numeric else (varying[0] if varying else "concurrency")

@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from tokenrouter.cli import bench_cmd
 from tokenrouter.cli.common import run_app
 from tokenrouter.core.config import load_config
 from tokenrouter.models import bundled_model_names, load_spec
@@ -65,6 +66,9 @@ def check_config(path: Annotated[Path, typer.Argument(help="Deployment YAML (fro
     c.print(f"models: {', '.join(f'{m.name} on GPU {m.gpus}' for m in cfg.models)}; placement {cfg.placement.mode}")
     pol = cfg.policy
     c.print(f"policy: {pol.kind} thresholds {pol.thresholds or '-'} table {pol.table or '-'}; router {cfg.router.name}")
+
+
+bench_cmd.register(app)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -33,6 +33,8 @@ EXTRA_FOR = {
     "tokenrouter.routers.learned": "engine",
     "tokenrouter.models.tokenizer": "serve",
     "tokenrouter.runtime": "serve",
+    "tokenrouter.bench": "serve",
+    "tokenrouter.cli.bench_cmd": "serve",
 }
 
 

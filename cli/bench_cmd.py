@@ -1,0 +1,162 @@
+"""`tr bench --url URL`: load a running server with the simulator's workloads and print the `trsim run` table;
+`--sim` simulates the same cell and prints its prediction beside the live numbers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from tokenrouter.cli.common import CliError
+from tokenrouter.cli.report import _clean, _f, metrics_table
+from tokenrouter.workloads import make_workload
+
+_COMPARE = (
+    ("output throughput tok/s", "output_throughput_tok_s", 1),
+    ("TTFT ms mean", "ttft_ms_mean", 2),
+    ("TPOT ms mean", "tpot_ms_mean", 2),
+    ("ITL ms mean", "itl_ms_mean", 2),
+    ("E2E ms mean", "e2e_ms_mean", 2),
+    ("E2E ms p99", "e2e_ms_p99", 2),
+    ("hops per request", "hops_mean", 2),
+)
+
+
+def live_summary(out) -> dict[str, Any]:
+    """The collector's summary with the per-model busy fraction and mean batch size taken from the server's
+    counters (a live bench sees no individual steps, so batch p50/p99 stay NaN)."""
+    s = out.metrics.summary()
+    dur = s["duration_s"]
+    for i, name in enumerate(out.model_names):
+        steps, rows, step_s = out.samples.totals(name)
+        s[f"busy_frac_model{i}"] = step_s / dur if dur and dur > 0 and steps else float("nan")
+        s[f"batch_mean_model{i}"] = rows / steps if steps else float("nan")
+        s[f"batch_p50_model{i}"] = s[f"batch_p99_model{i}"] = s[f"batch_max_model{i}"] = float("nan")
+        s[f"steps_model{i}"] = steps
+    s["requests_failed"] = float(len(out.errors))
+    return s
+
+
+def _compare_table(live: dict[str, Any], sim: dict[str, Any], names: list[str]) -> Table:
+    t = Table(title="live vs simulated (same cell)", title_justify="left")
+    for col in ("metric", "live", "sim", "sim / live"):
+        t.add_column(col, justify="left" if col == "metric" else "right")
+    rows = list(_COMPARE)
+    for i, n in enumerate(names):
+        rows.append((f"{n} token share", f"token_frac_model{i}", 3))
+        rows.append((f"{n} busy", f"busy_frac_model{i}", 3))
+        rows.append((f"{n} mean batch", f"batch_mean_model{i}", 2))
+    for label, key, nd in rows:
+        a, b = live.get(key, float("nan")), sim.get(key, float("nan"))
+        ratio = b / a if a and not math.isnan(a) and not math.isnan(b) else float("nan")
+        t.add_row(label, _f(a, nd), _f(b, nd), _f(ratio, 2))
+    return t
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("bench")
+    def bench(
+        url: Annotated[str, typer.Option(help="Server base URL, e.g. http://127.0.0.1:8000")],
+        concurrency: Annotated[int, typer.Option("--concurrency", "-n", help="Closed-loop clients N.")] = 8,
+        arrival_rate: Annotated[
+            float | None, typer.Option(help="Open loop: Poisson arrivals per second (default: closed loop).")
+        ] = None,
+        workload: Annotated[
+            str, typer.Option(help="low-effort | high-effort | agentic | fixed:P,O | FILE.jsonl")
+        ] = "low-effort",
+        num_requests: Annotated[int, typer.Option(help="Requests to send.")] = 64,
+        max_output: Annotated[int | None, typer.Option(help="Cap output lengths.")] = None,
+        seed: Annotated[int, typer.Option(help="Seed of the workload (and of --sim).")] = 0,
+        api_key: Annotated[str | None, typer.Option(help="Bearer key if the server has one.")] = None,
+        json_out: Annotated[str | None, typer.Option("--json", help="Metrics as JSON to FILE ('-' = stdout).")] = None,
+        csv_out: Annotated[Path | None, typer.Option("--csv", help="Per-request rows as CSV.")] = None,
+        plot: Annotated[Path | None, typer.Option(help="PNG of the run (with --sim: live and simulated).")] = None,
+        sim: Annotated[bool, typer.Option("--sim/--no-sim", help="Also simulate this cell and compare.")] = False,
+        config: Annotated[Path | None, typer.Option(help="Deployment YAML for --sim (what `tr serve` runs).")] = None,
+        small: Annotated[str, typer.Option(help="--sim: small model.")] = "qwen3-0.6b",
+        large: Annotated[str, typer.Option(help="--sim: large model.")] = "qwen3-32b",
+        router: Annotated[str, typer.Option(help="--sim: router.")] = "r2r",
+        hop_rate: Annotated[float, typer.Option("--hop-rate", "-p", help="--sim: hop rate.")] = 0.1,
+        policy: Annotated[str, typer.Option(help="--sim: policy.")] = "delayed",
+        thresholds: Annotated[str, typer.Option(help="--sim: B per model or 'auto'.")] = "auto",
+        placement: Annotated[str, typer.Option(help="--sim: mps | separate.")] = "mps",
+        profile: Annotated[str, typer.Option(help="--sim: profile name or JSON.")] = "h200",
+        overlap: Annotated[bool, typer.Option("--overlap/--no-overlap", help="--sim: CPU-GPU overlap.")] = True,
+    ) -> None:
+        """Benchmark a running server (streaming, token-id prompts, ignore_eos) and print the metrics table."""
+        import httpx
+
+        from tokenrouter.bench.client import run_bench
+
+        if concurrency < 1:
+            raise CliError(f"--concurrency must be >= 1, got {concurrency}")
+        specs = make_workload(workload, num_requests, seed, arrival_rate=arrival_rate, max_output=max_output)
+        err_console = Console(stderr=True)
+        console = err_console if json_out == "-" else Console()
+        with Progress(
+            TextColumn("bench"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err_console
+        ) as bar:
+            task = bar.add_task("requests", total=len(specs))
+            try:
+                out = asyncio.run(
+                    run_bench(
+                        url.rstrip("/"),
+                        specs,
+                        concurrency=concurrency,
+                        arrival_rate=arrival_rate,
+                        seed=seed,
+                        api_key=api_key,
+                        on_done=lambda: bar.advance(task),
+                    )
+                )
+            except httpx.HTTPError as e:
+                raise CliError(f"cannot benchmark {url}: {type(e).__name__}: {e}") from None
+        live = live_summary(out)
+        names = out.model_names
+        if json_out != "-":
+            console.print(metrics_table(live, names, f"tr bench: {out.served_model} at {url}"))
+            mode = f"Poisson {arrival_rate} req/s" if arrival_rate else f"N = {concurrency}"
+            console.print(f"{workload} x {len(specs)}, {mode}, seed {seed}; wall {out.wall_s:.2f} s")
+        if out.errors:
+            err_console.print(f"{len(out.errors)} requests failed; first: {out.errors[0]}")
+        record: dict[str, Any] = {
+            "url": url,
+            "models": ",".join(names),
+            "workload": workload,
+            "num_requests": len(specs),
+            "concurrency": None if arrival_rate else concurrency,
+            "arrival_rate": arrival_rate,
+            "seed": seed,
+            **live,
+        }
+        sim_res = None
+        if sim:
+            from tokenrouter.cli.run_cmd import sim_config_from_flags, simulate
+
+            cfg, auto = sim_config_from_flags(
+                hop_rate=hop_rate, concurrency=concurrency, small=small, large=large, policy=policy,
+                thresholds=thresholds, placement=placement, workload=workload, num_requests=num_requests,
+                router=router, profile=profile, seed=seed, arrival_rate=arrival_rate, max_output=max_output,
+                overlap=overlap, config=config,
+            )  # fmt: skip
+            sim_res = simulate(cfg, auto)
+            if json_out != "-":
+                console.print(_compare_table(live, sim_res.summary, names))
+                console.print(f"simulated with profile {cfg.deployment.profile}, policy {cfg.deployment.policy.kind}")
+            record.update({f"sim_{k}": v for k, v in sim_res.summary.items()})
+        if json_out:
+            text = json.dumps(_clean(record), indent=2)
+            print(text) if json_out == "-" else Path(json_out).write_text(text + "\n")
+        if csv_out:
+            out.metrics.to_frame().to_csv(csv_out, index=False)
+        if plot:
+            from tokenrouter.plots import plot_bench
+
+            plot_bench(out, plot, sim=sim_res.metrics if sim_res else None)

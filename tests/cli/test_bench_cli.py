@@ -1,0 +1,68 @@
+"""`tokenrouter bench` against the front-end on the fake deployment: counts match what the fake produced,
+JSON/CSV/plot are written, `--sim` adds the simulator's numbers, user errors are one line with exit 2."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
+from fake_backend import NAMES, expected_hops, expected_output
+from live_server import start
+
+from tokenrouter.cli.tr import main_tokenrouter
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = start(token_delay_s=0.002)
+    yield srv
+    srv.close()
+
+
+def run(argv: list[str]) -> int:
+    with pytest.raises(SystemExit) as e:
+        main_tokenrouter(argv)
+    return int(e.value.code or 0)
+
+
+def test_bench_counts_tokens_and_hops_exactly(server, tmp_path, capsys):
+    out_json, out_csv, png = tmp_path / "b.json", tmp_path / "b.csv", tmp_path / "b.png"
+    argv = ["bench", "--url", server.url, "--workload", "fixed:8,10", "--num-requests", "12", "-n", "4"]
+    assert run([*argv, "--json", str(out_json), "--csv", str(out_csv), "--plot", str(png)]) == 0
+    text = capsys.readouterr().out
+    assert "output throughput tok/s" in text and "tiny-large tokens" in text
+    rec = json.loads(out_json.read_text())
+    _, models = expected_output([0], 10)
+    assert rec["requests_completed"] == 12 and rec["requests_failed"] == 0
+    assert rec["total_output_tokens"] == 120 and rec["total_input_tokens"] == 96
+    assert rec["tokens_model0"] == 12 * models.count(0) and rec["tokens_model1"] == 12 * models.count(1)
+    assert rec["hops_mean"] == expected_hops(10)
+    assert rec["models"] == ",".join(NAMES)
+    # The fake reports 40 steps / 160 rows, constant: no steps ran between polls, so no batch figure.
+    assert rec["batch_mean_model0"] is None
+    df = pd.read_csv(out_csv)
+    assert len(df) == 12 and (df["output_len"] == 10).all() and (df["num_hops"] == expected_hops(10)).all()
+    assert png.stat().st_size > 10_000
+    submits = [m for m in server.fake.received if type(m).__name__ == "Submit"]
+    assert all(m.sampling.ignore_eos and m.sampling.max_tokens == 10 for m in submits)
+
+
+def test_bench_poisson_and_sim(server, tmp_path, capsys):
+    out_json = tmp_path / "p.json"
+    argv = ["bench", "--url", server.url, "--workload", "fixed:8,6", "--num-requests", "6", "--arrival-rate", "200"]
+    assert run([*argv, "--sim", "--thresholds", "1,1", "--json", str(out_json)]) == 0
+    assert "live vs simulated" in capsys.readouterr().out
+    rec = json.loads(out_json.read_text())
+    assert rec["requests_completed"] == 6 and rec["sim_requests_completed"] == 6
+    assert rec["sim_total_output_tokens"] == rec["total_output_tokens"] == 36
+
+
+def test_bench_user_errors(capsys):
+    assert run(["bench", "--url", "http://127.0.0.1:9", "--num-requests", "2", "--workload", "fixed:4,4"]) == 2
+    assert "cannot benchmark" in capsys.readouterr().err
+    assert run(["bench", "--url", "http://127.0.0.1:9", "--workload", "nope"]) == 2

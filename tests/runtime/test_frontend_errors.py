@@ -1,0 +1,146 @@
+"""Bad input gets a 4xx with an OpenAI error body and nothing reaches the subservers; the server keeps
+serving. Plus the API key, a client disconnect (-> Abort) and a dead subserver (-> errors within 5 s)."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import httpx
+import pytest
+from fake_backend import HANG, REJECT
+from live_server import start
+
+from tokenrouter.runtime import protocol as P
+
+
+def assert_error(r: httpx.Response, status: int, param: str | None = None) -> None:
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    if param is not None:
+        assert err["param"] == param
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "param"),
+    [
+        ({"prompt": [1, 2], "model": "gpt-4"}, 404, "model"),
+        ({"prompt": [1, 2], "max_tokens": 0}, 400, "max_tokens"),
+        ({"prompt": [1, 2], "max_tokens": -3}, 400, "max_tokens"),
+        ({"prompt": [1, 5000]}, 400, "prompt"),
+        ({"prompt": [1, -1]}, 400, "prompt"),
+        ({"prompt": []}, 400, "prompt"),
+        ({"prompt": [1] * 600}, 400, "prompt"),  # above the large model's KV (512), below the small one's
+        ({"prompt": [1, 2], "max_tokens": 1100}, 400, "max_tokens"),  # beyond max_context_len
+        ({"prompt": [1, 2], "max_tokens": 600}, 400, "max_tokens"),  # beyond the large model's KV
+        ({"prompt": [1, 2], "max_tokens": "many"}, 400, "max_tokens"),
+        ({"prompt": 12}, 400, None),
+        ({"prompt": [1, 2], "n": 2}, 400, "n"),
+        ({"prompt": [[1], [2]]}, 400, "prompt"),
+        ({"prompt": [1, 2], "temperature": -1}, 400, "temperature"),
+        ({"prompt": [1, 2], "stop": "x"}, 400, "stop"),
+        ({"max_tokens": 3}, 400, "prompt"),
+    ],
+)
+def test_bad_completion_requests(small_kv, body, status, param):
+    r = httpx.post(small_kv.url + "/v1/completions", json=body)
+    assert_error(r, status, param)
+
+
+@pytest.fixture(scope="module")
+def small_kv():
+    srv = start(capacity=(4096, 512), max_context_len=1024)
+    yield srv
+    srv.close()
+
+
+def test_bad_requests_never_reach_subservers_and_server_keeps_serving(small_kv):
+    before = sum(isinstance(m, P.Submit) for m in small_kv.fake.received)
+    assert_error(httpx.post(small_kv.url + "/v1/completions", content=b"{not json"), 400)
+    assert_error(httpx.post(small_kv.url + "/v1/chat/completions", json={"messages": "hi"}), 400)
+    assert_error(httpx.post(small_kv.url + "/v1/chat/completions", json={"messages": []}), 400, "messages")
+    assert sum(isinstance(m, P.Submit) for m in small_kv.fake.received) == before
+    r = httpx.post(small_kv.url + "/v1/completions", json={"prompt": [1, 2], "max_tokens": 5})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 5
+
+
+def test_rejected_by_subserver_is_a_4xx_streaming_or_not(small_kv):
+    assert_error(httpx.post(small_kv.url + "/v1/completions", json={"prompt": [REJECT, 1]}), 400)
+    r = httpx.post(small_kv.url + "/v1/completions", json={"prompt": [REJECT, 1], "stream": True})
+    assert_error(r, 400)
+
+
+def test_api_key():
+    srv = start(api_key="s3cret")
+    try:
+        r = httpx.post(srv.url + "/v1/completions", json={"prompt": [1], "max_tokens": 2})
+        assert_error(r, 401)
+        assert_error(httpx.get(srv.url + "/v1/models", headers={"Authorization": "Bearer nope"}), 401)
+        assert httpx.get(srv.url + "/health").status_code == 200  # stays open
+        ok = httpx.post(
+            srv.url + "/v1/completions",
+            json={"prompt": [1], "max_tokens": 2},
+            headers={"Authorization": "Bearer s3cret"},
+        )
+        assert ok.status_code == 200
+    finally:
+        srv.close()
+
+
+def _wait(cond, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_client_disconnect_mid_stream_sends_abort(live):
+    # A raw socket so the connection really closes after the first SSE chunk.
+    host, port = live.url.removeprefix("http://").split(":")
+    body = b'{"prompt": [3, 4], "max_tokens": 50, "seed": %d, "stream": true}' % HANG
+    with socket.create_connection((host, int(port)), timeout=5) as s:
+        s.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        got = b""
+        while b"data: " not in got:
+            got += s.recv(65536)
+    assert _wait(lambda: len(live.fake.aborts()) == 1)
+    submit = next(m for m in live.fake.received if isinstance(m, P.Submit))
+    assert live.fake.aborts() == [submit.rid]
+
+
+def test_dead_subserver_fails_in_flight_requests_and_health():
+    srv = start()
+    try:
+        t0 = time.monotonic()
+        with httpx.stream(
+            "POST", srv.url + "/v1/completions", json={"prompt": [3], "max_tokens": 50, "seed": HANG, "stream": True}
+        ) as r:
+            assert r.status_code == 200
+            lines = r.iter_lines()
+            assert next(lines).startswith("data: ")
+            srv.fake.die(1)
+            rest = [ln for ln in lines if ln.startswith("data: ")]
+        assert time.monotonic() - t0 < 5
+        assert '"error"' in rest[0] and "tiny-large" in rest[0]
+        assert rest[-1] == "data: [DONE]"
+        h = httpx.get(srv.url + "/health")
+        assert h.status_code == 503 and "tiny-large" in h.json()["models"]
+        r = httpx.post(srv.url + "/v1/completions", json={"prompt": [3], "max_tokens": 2}, timeout=5)
+        assert_error(r, 503)
+    finally:
+        srv.close()
+
+
+def test_missing_heartbeat_counts_as_dead():
+    srv = start(heartbeat_timeout_s=0.3)
+    try:
+        srv.fake.close()  # stops answering but is_alive stays true: only the heartbeat tells
+        assert _wait(lambda: httpx.get(srv.url + "/health").status_code == 503, 3)
+    finally:
+        srv.close()

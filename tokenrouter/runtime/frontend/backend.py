@@ -1,0 +1,205 @@
+"""The front-end's ZeroMQ side: one PULL (bound at `addresses.frontend`) read by one task that dispatches
+events to per-request streams, one PUSH to the entry subserver for `Submit`/`Abort`, and a watchdog.
+
+Liveness of model i is the conjunction of: the handle says its process is alive (`is_alive(i)`, polled), it
+never sent `Failed`, and, once it has sent anything, its last message is younger than the heartbeat timeout.
+A model is ready once it sent `Ready` or any `Stats` (a launcher that consumed `Ready` itself still works).
+When any model dies every in-flight request ends with a 503: a request may sit on any model, and the dead
+process took its state with it, so waiting could hang the client forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import zmq
+import zmq.asyncio
+
+from tokenrouter.runtime import protocol as P
+from tokenrouter.runtime.frontend.errors import APIError
+from tokenrouter.runtime.frontend.handle import ServerHandle
+from tokenrouter.runtime.frontend.stream import RequestStream
+
+
+@dataclass(slots=True)
+class ModelState:
+    name: str
+    kv_capacity_tokens: int
+    ready: bool = False
+    dead: str | None = None  # why, once dead
+    last_seen: float | None = None  # front-end monotonic time of the last message from this model
+    stats: P.Stats | None = None
+
+
+class Backend:
+    """Owns the sockets and the per-request streams of one front-end. Not thread-safe: one event loop."""
+
+    def __init__(
+        self, handle: ServerHandle, *, heartbeat_timeout_s: float = 10.0, poll_s: float = 0.2, clock=time.monotonic
+    ) -> None:
+        self.handle = handle
+        self.heartbeat_timeout_s, self.poll_s, self.clock = heartbeat_timeout_s, poll_s, clock
+        self.models = [
+            ModelState(n, int(c)) for n, c in zip(handle.model_names, handle.kv_capacity_tokens, strict=True)
+        ]
+        self.streams: dict[str, RequestStream] = {}
+        self.on_stats: Callable[[P.Stats], None] | None = None
+        self._ctx: zmq.asyncio.Context | None = None
+        self._pull: zmq.asyncio.Socket | None = None
+        self._push: zmq.asyncio.Socket | None = None
+        self._tasks: list[asyncio.Task] = []
+
+    # ---- lifecycle ------------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        self._ctx = zmq.asyncio.Context()
+        self._pull = self._ctx.socket(zmq.PULL)
+        self._pull.setsockopt(zmq.LINGER, 0)
+        self._pull.bind(self.handle.addresses.frontend)
+        self._push = self._ctx.socket(zmq.PUSH)
+        self._push.setsockopt(zmq.LINGER, 0)
+        self._push.connect(self.handle.addresses.subservers[self.handle.entry])
+        self._tasks = [asyncio.create_task(self._reader()), asyncio.create_task(self._watchdog())]
+
+    async def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self._tasks = []
+        for s in list(self.streams.values()):
+            s.fail(503, "the server is shutting down")
+        for sock in (self._pull, self._push):
+            if sock is not None:
+                sock.close(linger=0)
+        if self._ctx is not None:
+            self._ctx.term()
+        self._ctx = self._pull = self._push = None
+
+    # ---- state ----------------------------------------------------------------------------------------------
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """The smallest KV pool over the models: a request may visit every model."""
+        return min(m.kv_capacity_tokens for m in self.models)
+
+    def unhealthy(self) -> dict[str, str]:
+        """model name -> why it is not serving (empty when every model is alive and ready)."""
+        self._check_alive()
+        out = {}
+        for m in self.models:
+            if m.dead:
+                out[m.name] = f"dead: {m.dead}"
+            elif not m.ready:
+                out[m.name] = "not ready"
+        return out
+
+    # ---- requests -------------------------------------------------------------------------------------------
+    async def submit(self, msg: P.Submit) -> RequestStream:
+        bad = self.unhealthy()
+        if bad:
+            raise APIError(503, "server not ready: " + "; ".join(f"{k} {v}" for k, v in bad.items()))
+        if msg.rid in self.streams:
+            raise APIError(400, f"request id {msg.rid!r} is already in flight")
+        stream = RequestStream(msg.rid)
+        self.streams[msg.rid] = stream
+        try:
+            await self._send(msg)
+        except BaseException:
+            self.streams.pop(msg.rid, None)
+            raise
+        return stream
+
+    def abort_nowait(self, rid: str) -> None:
+        """Tell the entry subserver to drop `rid` (it tells its peers and frees the KV); forget the stream.
+
+        Synchronous (a non-blocking send) so it can run in the `finally` of a cancelled SSE generator.
+        """
+        if self.streams.pop(rid, None) is None or self._push is None:
+            return
+        try:
+            fut = self._push.send_multipart([P.CTL, P.encode(P.Abort(rid))], flags=zmq.NOBLOCK)
+        except zmq.ZMQError:
+            return
+        fut.add_done_callback(lambda f: f.exception())  # retrieve it: a full queue only loses the abort
+
+    def release(self, rid: str) -> None:
+        self.streams.pop(rid, None)
+
+    async def _send(self, msg: P.Submit | P.Abort) -> None:
+        assert self._push is not None, "backend not started"
+        try:
+            await self._push.send_multipart([P.CTL, P.encode(msg)], flags=zmq.NOBLOCK)
+        except zmq.Again:
+            raise APIError(503, "the entry subserver is not accepting requests (queue full)") from None
+
+    # ---- tasks ----------------------------------------------------------------------------------------------
+    async def _reader(self) -> None:
+        assert self._pull is not None
+        while True:
+            frames = await self._pull.recv_multipart()
+            if len(frames) != 2 or frames[0] != P.CTL:
+                continue
+            try:
+                msg = P.decode_for_frontend(frames[1])
+            except Exception:  # a malformed frame must not kill the reader of every request
+                continue
+            self._dispatch(msg)
+
+    def _dispatch(self, msg: P.ToFrontend) -> None:
+        if isinstance(msg, P.Tokens | P.Finished | P.Rejected):
+            stream = self.streams.get(msg.rid)
+            if stream is None:
+                return  # aborted or already failed: late events are dropped
+            if isinstance(msg, P.Tokens):
+                self._seen(msg.model)
+                stream.on_tokens(msg)
+            elif isinstance(msg, P.Finished):
+                stream.on_finished(msg)
+            else:
+                stream.fail(msg.status, msg.message, reason="rejected")
+            return
+        m = self.models[msg.model] if 0 <= msg.model < len(self.models) else None
+        if m is None:
+            return
+        self._seen(msg.model)
+        if isinstance(msg, P.Ready):
+            m.ready = True
+            m.kv_capacity_tokens = msg.kv_capacity_tokens
+        elif isinstance(msg, P.Stats):
+            m.ready = True
+            m.stats = msg
+            if self.on_stats is not None:
+                self.on_stats(msg)
+        elif isinstance(msg, P.Failed):
+            self._mark_dead(msg.model, msg.message)
+
+    def _seen(self, i: int) -> None:
+        if 0 <= i < len(self.models):
+            self.models[i].last_seen = self.clock()
+
+    async def _watchdog(self) -> None:
+        while True:
+            await asyncio.sleep(self.poll_s)
+            self._check_alive()
+
+    def _check_alive(self) -> None:
+        now = self.clock()
+        for i, m in enumerate(self.models):
+            if m.dead:
+                continue
+            if not self.handle.is_alive(i):
+                self._mark_dead(i, "process exited")
+            elif m.last_seen is not None and now - m.last_seen > self.heartbeat_timeout_s:
+                self._mark_dead(i, f"no heartbeat for {now - m.last_seen:.1f} s")
+
+    def _mark_dead(self, i: int, why: str) -> None:
+        m = self.models[i]
+        if m.dead:
+            return
+        m.dead = why
+        for s in list(self.streams.values()):
+            s.fail(503, f"subserver {i} ({m.name}) died: {why}")
