@@ -155,10 +155,13 @@ class RemoteGate:
         self._ops: list[tuple[str, int]] = []
         self._ready: Callable[[], int] = lambda: 0
         self._granted = False
+        self._reported = 0  # the ready count the coordinator last heard from us
         self._enc = msgspec.msgpack.Encoder()
 
     def attach(self, model: int, ready: Callable[[], int]) -> None:
-        self._ready = ready
+        # The builder builds every model's scheduler in every process, all with this gate: only ours counts.
+        if model == self.model:
+            self._ready = ready
 
     def note_sent(self, dst: int) -> None:
         self._ops.append(("sent", dst))
@@ -179,7 +182,9 @@ class RemoteGate:
         return self._granted
 
     def flush(self) -> None:
-        if self._ops:
+        """Send buffered ops, or just the ready count when it changed (a peer's finish or an abort empties the
+        queue without any gate op; a stale count > 0 would keep model-sync's turn on an idle model forever)."""
+        if self._ops or self._ready() != self._reported:
             self._call("")
 
     def release(self) -> None:
@@ -189,7 +194,8 @@ class RemoteGate:
 
     def _call(self, ask: str) -> bool:
         ops, self._ops = self._ops, []
-        self._sock.send(self._enc.encode(GateCall(self.model, self._ready(), ops, ask)))
+        self._reported = self._ready()
+        self._sock.send(self._enc.encode(GateCall(self.model, self._reported, ops, ask)))
         if not self._sock.poll(self._timeout_ms):
             raise RuntimeError(f"sync coordinator did not answer within {self._timeout_ms} ms")
         return self._sock.recv() == b"\x01"
