@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from rt_helpers import GREEDY, collect, tiny_config
 
-from tests.runtime.conftest import GREEDY, collect, tiny_config
 from tokenrouter.runtime.client import RuntimeClient
 from tokenrouter.runtime.launcher import Server
 

@@ -8,8 +8,8 @@ import signal
 import time
 
 import pytest
+from rt_helpers import GREEDY, alive, collect, tiny_config, wait_stats
 
-from tests.runtime.conftest import GREEDY, alive, collect, tiny_config, wait_stats
 from tokenrouter.runtime import protocol as P
 from tokenrouter.runtime.client import RuntimeClient
 from tokenrouter.runtime.launcher import Server
