@@ -16,6 +16,7 @@ from rich.table import Table
 
 from tokenrouter.cli import bench_cmd
 from tokenrouter.cli.common import run_app
+from tokenrouter.cli.serve_cmd import serve
 from tokenrouter.core.config import load_config
 from tokenrouter.models import bundled_model_names, load_spec
 
@@ -26,6 +27,9 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+app.command("serve")(serve)
 
 
 @app.command("models")

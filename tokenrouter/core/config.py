@@ -50,6 +50,8 @@ class ModelConfig:
     graph_split: bool = True  # False: a step with a row the graphs cannot take runs wholly eager
     host: str | None = None  # cross-host: where this subserver runs
     overlap: bool | None = None  # None: the scheduler section's `overlap`
+    # MPS SM share of this model's process (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, set by the launcher); None: all.
+    mps_active_thread_percentage: int | None = None
 
     def graph_rule(self) -> GraphRule:
         return GraphRule(self.cuda_graphs, tuple(self.graph_buckets), self.graph_max_row_tokens, self.graph_split)

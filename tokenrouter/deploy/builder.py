@@ -66,6 +66,15 @@ class Deployment:
         under a sync gate (the gate is shared), else `model` alone."""
         return range(self.num_models) if self.gate is not None else (model,)
 
+    def set_router(self, model: int, router: Router) -> None:
+        """Give subserver `model` another router (the runtime's learned routers need the engine, which needs
+        this deployment's KV pool). Call it before any request reaches the scheduler: the router is bound
+        here and no request state refers to the old one yet."""
+        sched = self.schedulers[model]
+        if sched.reqs or sched.admit_queue or sched.inflight:
+            raise RuntimeError("set_router after requests reached the scheduler")
+        sched.router = router.bind(model, self.num_models)
+
     def colocated(self, model: int) -> list[int]:
         """Models that share a GPU with `model` under MPS (their steps slow each other down)."""
         dep = self.config
@@ -99,13 +108,19 @@ def build_deployment(
     gpu_memory_gb: float,
     seed: int = 0,
     traces: Mapping[str, Runs] | None = None,
+    gate: SyncGate | None = None,
 ) -> Deployment:
     """Build every subserver of `cfg`. `gpu_memory_gb`: one GPU's memory (sizes the KV pools); `seed`: routers
-    and dummy weights; `traces`: hop runs per request id for the trace router (else `cfg.router.trace`)."""
+    and dummy weights; `traces`: hop runs per request id for the trace router (else `cfg.router.trace`);
+    `gate`: for a sync policy, an object with `SyncGate`'s interface to use instead of a local `SyncGate` (the
+    runtime passes its `RemoteGate`, backed by one `SyncGate` in the launcher)."""
     m = len(cfg.models)
     sc = cfg.scheduler
     policy = cfg.policy.build()
-    gate = SyncGate(policy.kind, m) if policy.is_sync else None
+    if not policy.is_sync:
+        gate = None
+    elif gate is None:
+        gate = SyncGate(policy.kind, m)
     caps = kv_capacity_tokens(cfg, gpu_memory_gb)
     pools = [KVPool(c // sc.page_size + 1, sc.page_size) for c in caps]
     sizes = [PoolSize(p.num_pages - 1, p.page_size) for p in pools]

@@ -15,6 +15,9 @@ class Addresses:
     frontend: str
     subservers: tuple[str, ...]
     coordinator: str
+    # Added by the runtime (compatible): the launcher's PULL; subservers send Ready/Stats/Failed here too, so
+    # the launcher sees start-up and liveness without the front-end's socket.
+    launcher: str = ""
 
     @classmethod
     def local(cls, run_dir: str | Path, num_models: int) -> Addresses:
@@ -23,4 +26,5 @@ class Addresses:
             frontend=f"ipc://{d / 'frontend'}",
             subservers=tuple(f"ipc://{d / f'sub{i}'}" for i in range(num_models)),
             coordinator=f"ipc://{d / 'coordinator'}",
+            launcher=f"ipc://{d / 'launcher'}",
         )

@@ -23,6 +23,8 @@ import msgspec
 
 PEER = b"peer"
 CTL = b"ctl"
+# Added by the runtime (compatible): an empty wake-up from the sync coordinator: re-ask `schedule`.
+GATE = b"gate"
 
 
 def pack_ids(ids: list[int]) -> bytes:

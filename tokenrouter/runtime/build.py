@@ -1,0 +1,75 @@
+"""What one subserver process builds before it serves: its part of the deployment (the simulator's builder,
+same call), its engine on the pool the scheduler allocates from, and its router (learned when the config names
+weights: `random` is calibrated on a warm-up on this engine before serving)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tokenrouter.core.config import DeploymentConfig
+from tokenrouter.core.policy import SyncGate
+from tokenrouter.core.scheduler import Scheduler
+from tokenrouter.deploy.builder import Deployment, build_deployment
+
+
+@dataclass(slots=True)
+class SubserverSpec:
+    """Everything a subserver process needs (picklable: it crosses a multiprocessing spawn).
+
+    `device`: "cpu" or "cuda" (the launcher sets CUDA_VISIBLE_DEVICES, so the model's first GPU is cuda:0);
+    `memory_gb`: one GPU's memory as the builder sizes KV pools with (every process passes the same value, so
+    all derive the same pools and the entry's admission ledger matches the peers' pools)."""
+
+    model: int
+    config: DeploymentConfig
+    addresses: Any  # runtime.addresses.Addresses
+    device: str = "cpu"
+    memory_gb: float = 1.0
+    seed: int = 0
+    engine_overrides: dict[str, Any] = field(default_factory=dict)
+    stats_interval_s: float = 0.5
+    hop_log: str | None = None  # JSONL of this subserver's emits (the launcher merges them: --record-hops)
+    step_log: str | None = None  # JSONL of this subserver's steps: launch and done times (monotonic clock)
+
+
+def build_part(spec: SubserverSpec, gate: SyncGate | None) -> tuple[Deployment, Scheduler, Any]:
+    """Deployment, this model's scheduler and its engine (router installed, calibrated if `random`)."""
+    from tokenrouter.engine import Engine, EngineConfig
+
+    dep = build_deployment(spec.config, gpu_memory_gb=spec.memory_gb, seed=spec.seed, gate=gate)
+    i = spec.model
+    sched = dep.schedulers[i]
+    kw = dict(dep.engine_args[i])
+    mc = spec.config.models[i]
+    if spec.device == "cpu":
+        kw.update(device="cpu", cuda_graphs=False)
+    else:
+        kw["device"] = "cuda:0"  # CUDA_VISIBLE_DEVICES names this model's GPUs
+    if mc.mps_active_thread_percentage is not None:
+        kw["mps_active_thread_percentage"] = mc.mps_active_thread_percentage
+    kw.update(spec.engine_overrides)
+    engine = Engine(EngineConfig(**kw), kv_pool=sched.kv)
+    rc = spec.config.router
+    if rc.weights:
+        from tokenrouter.routers.learned import calibrate_on_runner, make_learned_router
+
+        small = i == 0
+        router = make_learned_router(
+            rc.name,
+            rc.weights,
+            rc.hop_rate,
+            engine.spec.hidden_size,
+            engine.spec.vocab_size,
+            engine.device,
+            model=i,
+            num_models=dep.num_models,
+            embedding=engine.model.embed_tokens if small else None,
+            return_prob=rc.return_prob if rc.name == "r-stitch" else None,
+            seed=spec.seed,
+        )
+        dep.set_router(i, router)
+        engine.set_router(sched.router.device)
+        if rc.weights.lower() == "random" and getattr(sched.router, "needs_calibration", False):
+            calibrate_on_runner(sched.router, engine, seed=spec.seed)
+    return dep, sched, engine

@@ -1,0 +1,55 @@
+"""`RuntimeClient`: the front-end side of the runtime's sockets, without HTTP. It binds the front-end PULL and
+connects a PUSH to the entry subserver. Tests use it directly; an HTTP front-end may wrap it (one instance per
+process: the PULL endpoint is bound once). Not thread-safe: use it from one thread (or guard it)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import zmq
+
+from tokenrouter.runtime import protocol as P
+from tokenrouter.runtime.addresses import Addresses
+
+
+class RuntimeClient:
+    def __init__(self, addresses: Addresses, entry: int = 0) -> None:
+        self.ctx = zmq.Context()
+        self.pull = self.ctx.socket(zmq.PULL)
+        self.pull.bind(addresses.frontend)
+        self.push = self.ctx.socket(zmq.PUSH)
+        self.push.setsockopt(zmq.LINGER, 0)
+        self.push.connect(addresses.subservers[entry])
+
+    def submit(self, rid: str, prompt_ids: Sequence[int], sampling: P.Sampling,
+               eos_token_ids: Sequence[int] = ()) -> None:  # fmt: skip
+        msg = P.Submit(rid, P.pack_ids(list(prompt_ids)), sampling, tuple(eos_token_ids))
+        self.push.send_multipart([P.CTL, P.encode(msg)])
+
+    def abort(self, rid: str) -> None:
+        self.push.send_multipart([P.CTL, P.encode(P.Abort(rid))])
+
+    def recv(self, timeout_s: float) -> P.ToFrontend | None:
+        """The next event, or None after `timeout_s`."""
+        if not self.pull.poll(int(timeout_s * 1000)):
+            return None
+        _, data = self.pull.recv_multipart()
+        return P.decode_for_frontend(data)
+
+    def until(self, pred, timeout_s: float) -> list[P.ToFrontend]:
+        """Receive events until `pred(event)` is true for one (returned last); raises TimeoutError."""
+        out: list[P.ToFrontend] = []
+        deadline = time.monotonic() + timeout_s
+        while True:
+            ev = self.recv(max(0.0, deadline - time.monotonic()))
+            if ev is None:
+                raise TimeoutError(f"no matching event within {timeout_s} s ({len(out)} others)")
+            out.append(ev)
+            if pred(ev):
+                return out
+
+    def close(self) -> None:
+        self.pull.close(linger=0)
+        self.push.close()
+        self.ctx.term()

@@ -1,0 +1,294 @@
+"""`Server`: starts one process per subserver (multiprocessing spawn), the sync coordinator (sync policies) and
+the MPS daemon (placement mps on CUDA); waits for every `Ready`; watches the processes; stops everything.
+
+What a front-end (HTTP or a test client) relies on:
+- `server.addresses.frontend`: bind a PULL there; every subserver PUSHes `Tokens`/`Finished`/`Rejected` and its
+  `Ready`/`Stats`/`Failed` to it, and the launcher adds a `Failed(model, ...)` when a subserver process dies
+  without saying so. Binding before or after `start()` both work (ZeroMQ queues until the bind).
+- `server.addresses.subservers[server.entry]`: PUSH `Submit` there; `Abort` also goes to the entry (the core
+  tells every peer). `runtime.client.RuntimeClient` does both.
+- `server.ready[i]` (`Ready` of model i) after `start()`; `server.stats[i]` (latest `Stats`); `server.dead`
+  (model -> reason) and `server.healthy()`; `add_listener(fn)` gets every Ready/Stats/Failed the launcher sees
+  (called from the watcher thread).
+Invariant: after `stop()` returns, no subserver process, coordinator thread or MPS daemon of this server runs.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from tokenrouter.core.config import DeploymentConfig, ModelConfig
+from tokenrouter.core.policy import SyncGate
+from tokenrouter.runtime import protocol as P
+from tokenrouter.runtime.addresses import Addresses
+from tokenrouter.runtime.build import SubserverSpec
+from tokenrouter.runtime.gate import Coordinator
+from tokenrouter.runtime.hoptrace import merge_hop_logs
+from tokenrouter.runtime.mps import MpsDaemon
+
+Listener = Callable[[P.Ready | P.Stats | P.Failed], None]
+
+
+class StartupError(RuntimeError):
+    """A subserver failed or timed out during start-up; the message names the model."""
+
+
+def with_cpu_kv_tokens(cfg: DeploymentConfig, tokens: int) -> DeploymentConfig:
+    """On CPU there is no GPU memory to split: give every model the same KV capacity of `tokens` (the joint
+    budget's rule) through `kv_budget_gb`, unless the config sets one."""
+    from tokenrouter.models import load_spec
+
+    def budget(m: ModelConfig) -> ModelConfig:
+        if m.kv_budget_gb is not None:
+            return m
+        return replace(m, kv_budget_gb=tokens * load_spec(m.path or m.name).kv_bytes_per_token / 1e9)
+
+    return replace(cfg, models=[budget(m) for m in cfg.models])
+
+
+def gpu_memory_gb(gpu: int) -> float:
+    """One GPU's memory from nvidia-smi (the launcher never starts CUDA itself: it would become an MPS client)."""
+    out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", str(gpu)],
+                         capture_output=True, text=True, check=True, timeout=30)  # fmt: skip
+    return float(out.stdout.strip().splitlines()[0]) * 1024**2 / 1e9
+
+
+class Server:
+    def __init__(
+        self,
+        config: DeploymentConfig,
+        *,
+        device: str = "cpu",
+        memory_gb: float | None = None,
+        run_dir: str | Path | None = None,
+        seed: int = 0,
+        record_hops: str | Path | None = None,
+        step_logs: bool = False,
+        engine_overrides: dict[str, Any] | None = None,
+        ready_timeout_s: float = 300.0,
+        stats_interval_s: float = 0.5,
+    ) -> None:
+        if device not in ("cpu", "cuda"):
+            raise ValueError(f"device must be cpu or cuda, got {device!r}")
+        self.config = config
+        self.device = device
+        self.num_models = len(config.models)
+        self.entry = config.entry
+        self._own_dir = run_dir is None
+        self.run_dir = Path(run_dir or tempfile.mkdtemp(prefix="tokenrouter-"))
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.addresses = Addresses.local(self.run_dir, self.num_models)
+        if memory_gb is None:
+            memory_gb = gpu_memory_gb(config.models[0].gpus[0]) if device == "cuda" else 1.0
+        self.memory_gb = memory_gb
+        self.seed = seed
+        self.record_hops = record_hops
+        self.step_logs = step_logs
+        self.engine_overrides = engine_overrides or {}
+        self.ready_timeout_s = ready_timeout_s
+        self.stats_interval_s = stats_interval_s
+        self.ready: dict[int, P.Ready] = {}
+        self.stats: dict[int, P.Stats] = {}
+        self.dead: dict[int, str] = {}
+        self.processes: list[Any] = []
+        self.coordinator: Coordinator | None = None
+        self.mps: MpsDaemon | None = None
+        self._listeners: list[Listener] = []
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._watcher: threading.Thread | None = None
+        self._ctx = zmq.Context()
+        self._pull = self._ctx.socket(zmq.PULL)
+        self._pull.bind(self.addresses.launcher)
+
+    # ---- paths ----------------------------------------------------------------------------------------
+    def hop_log(self, model: int) -> Path:
+        return self.run_dir / f"hops{model}.jsonl"
+
+    def step_log(self, model: int) -> Path:
+        return self.run_dir / f"steps{model}.jsonl"
+
+    def add_listener(self, fn: Listener) -> None:
+        self._listeners.append(fn)
+
+    def healthy(self) -> bool:
+        return not self.dead and len(self.ready) == self.num_models
+
+    # ---- start ----------------------------------------------------------------------------------------
+    def start(self) -> Server:
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self) -> None:
+        policy = self.config.policy.build()
+        if policy.is_sync:
+            gate = SyncGate(policy.kind, self.num_models)
+            self.coordinator = Coordinator(gate, self.addresses.coordinator, self.addresses.subservers).start()
+        env_common: dict[str, str] = {}
+        if self.device == "cuda" and self.config.placement.mode == "mps":
+            self.mps = MpsDaemon(self.run_dir)
+            self.mps.start()
+            env_common = self.mps.environment()
+        ctx = mp.get_context("spawn")
+        for i, mc in enumerate(self.config.models):
+            spec = SubserverSpec(
+                i, self.config, self.addresses, self.device, self.memory_gb, self.seed, dict(self.engine_overrides),
+                self.stats_interval_s, str(self.hop_log(i)) if self.record_hops else None,
+                str(self.step_log(i)) if self.step_logs else None,
+            )  # fmt: skip
+            env = dict(env_common)
+            if self.device == "cuda":
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in mc.gpus)
+                if mc.mps_active_thread_percentage is not None:
+                    env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(mc.mps_active_thread_percentage)
+            from tokenrouter.runtime import subserver
+
+            with _environ(env):  # a spawned child copies the parent's environment at start
+                p = ctx.Process(target=subserver.main, args=(spec,), name=f"tokenrouter-sub{i}", daemon=False)
+                p.start()
+            self.processes.append(p)
+        self._wait_ready()
+        self._watcher = threading.Thread(target=self._watch, name="tokenrouter-watch", daemon=True)
+        self._watcher.start()
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.ready_timeout_s
+        while len(self.ready) < self.num_models:
+            self._poll_control(100)
+            for i, p in enumerate(self.processes):
+                if i in self.dead:
+                    name = self.config.models[i].name
+                    raise StartupError(f"subserver {i} ({name}) failed during start-up: {self.dead[i]}")
+                if p.exitcode is not None and i not in self.ready:
+                    self._poll_control(200)  # its Failed may still be in flight
+                    why = self.dead.get(i, f"process exited with code {p.exitcode}")
+                    raise StartupError(f"subserver {i} ({self.config.models[i].name}) failed during start-up: {why}")
+            if time.monotonic() > deadline:
+                missing = [self.config.models[i].name for i in range(self.num_models) if i not in self.ready]
+                raise StartupError(f"no Ready within {self.ready_timeout_s:.0f} s from {', '.join(missing)}")
+
+    def _poll_control(self, timeout_ms: int) -> None:
+        if not self._pull.poll(timeout_ms):
+            return
+        while True:
+            try:
+                _, data = self._pull.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            msg = P.decode_for_frontend(data)
+            if isinstance(msg, P.Ready):
+                self.ready[msg.model] = msg
+            elif isinstance(msg, P.Stats):
+                self.stats[msg.model] = msg
+            elif isinstance(msg, P.Failed):
+                self.dead.setdefault(msg.model, msg.message)
+            else:
+                continue
+            for fn in self._listeners:
+                fn(msg)
+
+    def _watch(self) -> None:
+        """Watcher thread: control messages, and processes that died without a `Failed`."""
+        tell = self._ctx.socket(zmq.PUSH)
+        tell.setsockopt(zmq.LINGER, 0)
+        tell.connect(self.addresses.frontend)
+        try:
+            while not self._stopping.is_set():
+                self._poll_control(100)
+                for i, p in enumerate(self.processes):
+                    if p.exitcode is not None and not self._stopping.is_set() and i not in self.dead:
+                        msg = P.Failed(i, f"subserver {i} ({self.config.models[i].name}) exited with code {p.exitcode}")
+                        self.dead[i] = msg.message
+                        tell.send_multipart([P.CTL, P.encode(msg)])
+                        for fn in self._listeners:
+                            fn(msg)
+        finally:
+            tell.close()
+
+    # ---- stop -----------------------------------------------------------------------------------------
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Shutdown to every subserver, join with a timeout, kill what is left, stop the coordinator and MPS,
+        merge the hop trace. Idempotent; safe from a signal handler's caller."""
+        if self._stopping.is_set():
+            return
+        self._stopping.set()
+        try:
+            with self._lock:
+                for addr in self.addresses.subservers:
+                    s = self._ctx.socket(zmq.PUSH)
+                    s.setsockopt(zmq.LINGER, 500)
+                    s.connect(addr)
+                    s.send_multipart([P.CTL, P.encode(P.Shutdown())])
+                    s.close()
+            deadline = time.monotonic() + timeout_s
+            for p in self.processes:
+                p.join(max(0.0, deadline - time.monotonic()))
+            for p in self.processes:
+                if p.exitcode is None:
+                    p.kill()
+                    p.join(5)
+            if self._watcher is not None:
+                self._watcher.join(2)
+        finally:
+            if self.coordinator is not None:
+                self.coordinator.stop()
+            if self.mps is not None:
+                self.mps.stop()
+            if self.record_hops:
+                merge_hop_logs([self.hop_log(i) for i in range(self.num_models)], self.record_hops)
+            self._pull.close()
+            self._ctx.term()
+            if self._own_dir and not self.step_logs:
+                shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    def __enter__(self) -> Server:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @staticmethod
+    def install_signal_handlers() -> None:
+        """SIGTERM behaves like Ctrl-C in the main thread, so `with Server(...)` / `finally: stop()` runs."""
+
+        def _raise(signum: int, frame: object) -> None:
+            raise KeyboardInterrupt(f"signal {signum}")
+
+        signal.signal(signal.SIGTERM, _raise)
+
+
+class _environ:
+    """Set variables for the duration of a `with` (the launcher's own thread only), then restore them."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+        self.saved: dict[str, str | None] = {}
+
+    def __enter__(self) -> None:
+        for k, v in self.env.items():
+            self.saved[k] = os.environ.get(k)
+            os.environ[k] = v
+
+    def __exit__(self, *exc: object) -> None:
+        for k, old in self.saved.items():
+            if old is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = old

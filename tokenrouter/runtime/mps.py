@@ -1,0 +1,40 @@
+"""The CUDA MPS control daemon of one deployment, with private pipe and log directories so two deployments (or
+another user's daemon) on one host never share it. Started before the subservers, stopped on every exit path
+(`stop()` is idempotent; the launcher calls it from its `finally`)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+
+class MpsDaemon:
+    def __init__(self, run_dir: str | Path) -> None:
+        d = Path(run_dir)
+        self.pipe_dir = d / "mps-pipe"
+        self.log_dir = d / "mps-log"
+        self.started = False
+
+    def environment(self) -> dict[str, str]:
+        """Variables every client process (and the daemon) needs, set before CUDA starts."""
+        return {"CUDA_MPS_PIPE_DIRECTORY": str(self.pipe_dir), "CUDA_MPS_LOG_DIRECTORY": str(self.log_dir)}
+
+    def start(self) -> None:
+        exe = shutil.which("nvidia-cuda-mps-control")
+        if exe is None:
+            raise RuntimeError("placement mps needs nvidia-cuda-mps-control on PATH (or use --placement separate)")
+        self.pipe_dir.mkdir(parents=True, exist_ok=True)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **self.environment()}
+        subprocess.run([exe, "-d"], env=env, check=True, timeout=30)
+        self.started = True
+
+    def stop(self) -> None:
+        if not self.started:
+            return
+        self.started = False
+        exe = shutil.which("nvidia-cuda-mps-control") or "nvidia-cuda-mps-control"
+        env = {**os.environ, **self.environment()}
+        subprocess.run([exe], input=b"quit\n", env=env, timeout=15, check=False)

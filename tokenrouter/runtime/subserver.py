@@ -1,0 +1,252 @@
+"""One subserver process: engine + core `Scheduler` + router, driven by a ZeroMQ event loop.
+
+Loop (the core's driver contract, `core.scheduler`): drain every queued message (Submit -> `add`, Abort ->
+`abort`, PEER -> `resume`, GATE -> just re-ask), then `schedule(now)` -> `engine.step` -> `complete` ->
+deliver actions (Send -> peer PUSH as `core.wire`, Emit -> `Tokens`, Finish -> `Finished`). Overlap is the
+`EngineLoop`'s: with `sched.overlap` step k+1 is launched before step k is completed. When nothing runs and
+`schedule` says wait, the loop blocks in `zmq.Poller.poll` until a message, the policy deadline
+(`next_deadline`) or the next Stats heartbeat: no busy spinning.
+
+The loop never frees KV itself: a hopped request stays PENDING with its pages in the scheduler until the core
+finishes or aborts it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+from collections import deque
+from typing import Any
+
+import zmq
+
+from tokenrouter.core import wire
+from tokenrouter.core.batch import StepResult
+from tokenrouter.core.messages import Action, Emit, Finish, PeerReq, Send
+from tokenrouter.core.request import Request, SamplingParams
+from tokenrouter.core.scheduler import RequestTooLong
+from tokenrouter.runtime import protocol as P
+from tokenrouter.runtime.build import SubserverSpec, build_part
+from tokenrouter.runtime.gate import RemoteGate
+from tokenrouter.runtime.logs import JsonlLog
+from tokenrouter.runtime.stats import Counters
+
+
+class Subserver:
+    def __init__(self, spec: SubserverSpec) -> None:
+        t0 = time.monotonic()
+        self.spec = spec
+        self.model = spec.model
+        addrs = spec.addresses
+        self.ctx = zmq.Context()
+        self.gate: RemoteGate | None = None
+        if spec.config.policy.build().is_sync:
+            self.gate = RemoteGate(spec.model, addrs.coordinator, self.ctx)
+        self.dep, self.sched, self.engine = build_part(spec, self.gate)
+        self.pull = self.ctx.socket(zmq.PULL)
+        self.pull.bind(addrs.subservers[spec.model])
+        self.peers: dict[int, zmq.Socket] = {}
+        for j, a in enumerate(addrs.subservers):
+            if j != spec.model:
+                self.peers[j] = self._push(a)
+        self.front = self._push(addrs.frontend)
+        self.launcher = self._push(addrs.launcher) if addrs.launcher else None
+        self.poller = zmq.Poller()
+        self.poller.register(self.pull, zmq.POLLIN)
+        self.inflight: deque[tuple[Any, Any, float]] = deque()  # (batch, handle, launch time)
+        self.counters = Counters()
+        self.hops = JsonlLog(spec.hop_log)
+        self.steps = JsonlLog(spec.step_log)
+        self.stopping = False
+        self.vocab = self.engine.spec.vocab_size
+        ready = P.Ready(spec.model, spec.config.models[spec.model].name, self.sched.kv.capacity_tokens,
+                        self.engine.max_context_len, self.vocab, time.monotonic() - t0)  # fmt: skip
+        self._control(ready)
+        self.next_stats = 0.0
+
+    def _push(self, addr: str) -> zmq.Socket:
+        s = self.ctx.socket(zmq.PUSH)
+        s.setsockopt(zmq.LINGER, 2000)
+        s.setsockopt(zmq.SNDHWM, 0)
+        s.connect(addr)
+        return s
+
+    def _control(self, msg: P.Ready | P.Stats | P.Failed) -> None:
+        data = P.encode(msg)
+        self.front.send_multipart([P.CTL, data])
+        if self.launcher is not None:
+            self.launcher.send_multipart([P.CTL, data])
+
+    # ---- inputs ---------------------------------------------------------------------------------------
+    def _on_message(self, chan: bytes, data: bytes, now: float) -> None:
+        if chan == P.PEER:
+            self._deliver(self.sched.resume(wire.decode(data), now))
+        elif chan == P.CTL:
+            msg = P.decode_for_subserver(data)
+            if isinstance(msg, P.Submit):
+                self._submit(msg, now)
+            elif isinstance(msg, P.Abort):
+                self._deliver(self.sched.abort(msg.rid, now))
+            elif isinstance(msg, P.Shutdown):
+                self.stopping = True
+        # GATE: nothing to do; the loop re-asks schedule.
+
+    def _submit(self, msg: P.Submit, now: float) -> None:
+        ids = P.unpack_ids(msg.prompt_ids)
+        try:
+            if not ids:
+                raise ValueError("empty prompt")
+            bad = [t for t in ids if not 0 <= t < self.vocab]
+            if bad:
+                raise ValueError(f"token id {bad[0]} out of the vocabulary (0..{self.vocab - 1})")
+            sp = SamplingParams(**{f: getattr(msg.sampling, f) for f in msg.sampling.__struct_fields__})
+            req = Request(msg.rid, ids, len(ids), sp, num_models=self.dep.num_models, entry=self.sched.entry,
+                          eos_token_ids=tuple(msg.eos_token_ids))  # fmt: skip
+            acts = self.sched.add(req, now)
+        except (RequestTooLong, ValueError, TypeError) as e:
+            self.front.send_multipart([P.CTL, P.encode(P.Rejected(msg.rid, 400, str(e)))])
+            return
+        self.hops.write({"rid": msg.rid, "prompt_len": len(ids)})
+        self._deliver(acts)
+
+    def _drain(self, timeout_ms: int) -> None:
+        """Handle every queued message; wait up to `timeout_ms` for the first one."""
+        events = self.poller.poll(timeout_ms)
+        while events:
+            now = time.monotonic()
+            chan, data = self.pull.recv_multipart()
+            self._on_message(chan, data, now)
+            events = self.poller.poll(0)
+
+    # ---- outputs --------------------------------------------------------------------------------------
+    def _deliver(self, acts: list[Action], error_rids: frozenset[str] = frozenset()) -> None:
+        if self.gate is not None:
+            self.gate.flush()  # before any Send leaves: the coordinator counts the send first
+        for a in acts:
+            if isinstance(a, Send):
+                if isinstance(a.msg, PeerReq) and not a.msg.finished:
+                    self.counters.hops += 1
+                self.peers[a.peer].send_multipart([P.PEER, wire.encode(a.msg)])
+            elif isinstance(a, Emit):
+                self.counters.tokens += len(a.tokens)
+                out = P.Tokens(a.rid, a.pos, P.pack_ids(a.tokens), a.model)
+                self.front.send_multipart([P.CTL, P.encode(out)])
+                self.hops.write({"rid": a.rid, "pos": a.pos, "n": len(a.tokens), "model": a.model})
+            elif isinstance(a, Finish):
+                reason = "error" if a.rid in error_rids else a.reason
+                self.front.send_multipart([P.CTL, P.encode(P.Finished(a.rid, reason, a.num_output, a.num_hops))])
+
+    # ---- steps ----------------------------------------------------------------------------------------
+    def _launch(self, now: float) -> bool:
+        batch = self.sched.schedule(now)
+        if batch is None:
+            if self.gate is not None:
+                self.gate.release()
+            return False
+        from tokenrouter.engine.errors import StepFailed
+
+        r = self.sched.router
+        try:
+            handle = self.engine.step(batch, return_logits=r.needs_logits, return_hidden=r.needs_hidden)
+        except StepFailed as e:
+            self._fail_batch(batch, str(e))
+            return True
+        self.inflight.append((batch, handle, time.monotonic()))
+        return True
+
+    def _fail_batch(self, batch: Any, why: str) -> None:
+        """A launch failed: its requests end with "error" (and are dropped on every peer); the loop goes on."""
+        print(f"subserver {self.model}: {why}", file=sys.stderr)
+        rids = frozenset(row.req.rid for row in batch.rows)
+        acts: list[Action] = []
+        for rid in rids:
+            acts += self.sched.abort(rid, time.monotonic())
+        # Every row is now stale, so completing the batch only takes it off the in-flight list.
+        acts += self.sched.complete(batch, StepResult(next_token_ids=[-1] * len(batch.rows)), time.monotonic())
+        self._deliver(acts, rids)
+
+    def _complete_oldest(self) -> None:
+        batch, handle, t_launch = self.inflight.popleft()
+        res = handle.result()
+        t_done = time.monotonic()
+        self.counters.step(len(batch.rows), t_done - t_launch)
+        self.steps.write({"model": self.model, "step": batch.step_id, "rows": len(batch.rows),
+                          "launch": t_launch, "done": t_done})  # fmt: skip
+        self._deliver(self.sched.complete(batch, res, t_done))
+
+    def _timeout_ms(self, now: float) -> int:
+        wake = self.next_stats
+        deadline = self.sched.next_deadline()
+        if deadline is not None:
+            wake = min(wake, deadline)
+        return max(0, int((wake - now) * 1000) + 1)
+
+    def _stats(self, now: float) -> None:
+        kv = self.sched.kv
+        s = self.sched
+        pending = sum(1 for r in s.reqs.values() if r.status.name == "PENDING")
+        running = sum(1 for r in s.reqs.values() if r.status.name == "RUNNING")
+        c = self.counters
+        self._control(P.Stats(self.model, now, kv.num_pages - 1 - kv.num_free, kv.num_pages - 1, running,
+                              len(s.waiting) + len(s.admit_queue), pending, c.steps, c.rows, c.step_ms, c.tokens,
+                              c.hops))  # fmt: skip
+        self.next_stats = now + self.spec.stats_interval_s
+
+    def run(self) -> None:
+        busy = False
+        while not self.stopping:
+            now = time.monotonic()
+            if now >= self.next_stats:
+                self._stats(now)
+            self._drain(0 if busy or self.inflight else self._timeout_ms(now))
+            if self.stopping:
+                break
+            launched = self._launch(time.monotonic())
+            while self.inflight and (not self.sched.overlap or not launched or len(self.inflight) > 1):
+                self._complete_oldest()
+            busy = launched or bool(self.inflight)
+        while self.inflight:
+            self._complete_oldest()
+        self._stats(time.monotonic())
+
+    def close(self) -> None:
+        self.hops.close()
+        self.steps.close()
+        if self.gate is not None:
+            self.gate.close()
+        self.engine.close()
+        self.ctx.destroy(linger=2000)
+
+
+def main(spec: SubserverSpec) -> None:
+    """Process entry point (multiprocessing spawn target). Exits non-zero after sending `Failed` on an error."""
+    sub: Subserver | None = None
+    try:
+        sub = Subserver(spec)
+        sub.run()
+    except BaseException as e:
+        msg = f"{type(e).__name__}: {e}"
+        traceback.print_exc()
+        try:
+            if sub is not None:
+                sub._control(P.Failed(spec.model, msg))
+            else:
+                _report_failed(spec, msg)
+        finally:
+            os._exit(1)
+    sub.close()
+
+
+def _report_failed(spec: SubserverSpec, msg: str) -> None:
+    """`Failed` from a subserver that died during start-up (no sockets yet)."""
+    ctx = zmq.Context()
+    for addr in (spec.addresses.frontend, spec.addresses.launcher):
+        if addr:
+            s = ctx.socket(zmq.PUSH)
+            s.setsockopt(zmq.LINGER, 2000)
+            s.connect(addr)
+            s.send_multipart([P.CTL, P.encode(P.Failed(spec.model, msg))])
+            s.close()
+    ctx.term()
