@@ -127,6 +127,28 @@ class Server:
     def healthy(self) -> bool:
         return not self.dead and len(self.ready) == self.num_models
 
+    # ---- what the HTTP front-end reads (tokenrouter.runtime.frontend.handle.ServerHandle) ---------------
+    @property
+    def model_names(self) -> list[str]:
+        return [m.name for m in self.config.models]
+
+    @property
+    def kv_capacity_tokens(self) -> list[int]:
+        """From each subserver's `Ready` (0 until it arrived; `start()` waits for all of them)."""
+        return [self.ready[i].kv_capacity_tokens if i in self.ready else 0 for i in range(self.num_models)]
+
+    @property
+    def max_context_len(self) -> int:
+        return min((r.max_context_len for r in self.ready.values()), default=0)
+
+    @property
+    def vocab_size(self) -> int:
+        return min((r.vocab_size for r in self.ready.values()), default=0)
+
+    def is_alive(self, i: int) -> bool:
+        """Cheap and non-blocking: the process runs and never reported a failure."""
+        return i not in self.dead and i < len(self.processes) and self.processes[i].exitcode is None
+
     # ---- start ----------------------------------------------------------------------------------------
     def start(self) -> Server:
         try:
