@@ -252,5 +252,7 @@ def test_colocation_options():
                 {"num_pages": 10, "memory_budget_bytes": 1 << 30}):  # fmt: skip
         with pytest.raises(ValueError):
             EngineConfig("qwen3-0.6b", **bad)
-    rule = EngineConfig("qwen3-0.6b", graph_buckets=(1, 4), graph_max_row_tokens=2).graph_rule()
+    rule = EngineConfig("qwen3-0.6b", graph_buckets=(1, 4), graph_max_row_tokens=2, graph_split=True).graph_rule()
     assert rule.buckets == (1, 4) and rule.max_row_tokens == 2 and rule.split([1, 3, 2, 2]) == ([0, 2], [1, 3])
+    rule = EngineConfig("qwen3-0.6b", graph_buckets=(1, 4), graph_max_row_tokens=2).graph_rule()  # default: one pass
+    assert not rule.allow_split and rule.split([1, 3, 2, 2]) == ([], [0, 1, 2, 3])
