@@ -4,7 +4,8 @@
 # processes), the host-planning benchmark, then the serving-loop study.
 #   bash studies/engine/gpu_checks.sh OUT_DIR      # about 8-12 minutes
 # Writes OUT_DIR/pytest.txt, plan_bench.txt, summary.json, serving_loop.json, steps.csv, serving_loop_log.txt;
-# prints the pytest result line (and failures), the b=256 planning lines and the study's summary.
+# prints the pytest result line (and failures), the b=256 planning lines and the study's summary (graph and
+# varlen-graph fractions, the 512-token chunk + 8 decode rows step in a varlen graph vs eager, graph counts).
 set -u
 OUT=${1:?usage: gpu_checks.sh OUT_DIR}
 mkdir -p "$OUT"

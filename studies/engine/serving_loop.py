@@ -9,8 +9,10 @@ issue's targets measured directly.
 Per model (Qwen3-0.6B, Qwen3-8B for the b=1 decode line only, Qwen3-32B; dummy weights): start-up time (load,
 graph capture, warmup), the memory report, b=1 decode step (graph step with its wait / replay alone), a steady
 b=8 decode loop with overlap (host overhead over replay; GPU idle gap between steps from per-step events), the
-mixed workload with overlap on and off (tokens/s, idle gaps, steps whose decode rows ran in a graph), and the
-JIT compiles after warmup. Host packing at batch 256, context 8k is timed on the host alone (the page tables
+mixed workload with overlap on and off (tokens/s, idle gaps, steps whose decode rows ran in a graph, steps with
+a varlen part that ran in a varlen graph), a 512-token prefill chunk + 8 decode rows step (varlen graph vs
+eager), the graph counts and capture time, and the JIT compiles after warmup.
+Host packing at batch 256, context 8k is timed on the host alone (the page tables
 are incremental, so it must not grow with context). Writes OUT_DIR/summary.json and steps.csv; prints a short
 summary last.
 """
@@ -91,6 +93,40 @@ class Study(Harness):
         eng.kv_pool.release(req.pages)
         return out
 
+    def prefill_chunk(self, eng: Engine, ctx: int, chunk: int = 512, decodes: int = 8) -> dict[str, Any]:
+        """One step of a `chunk`-token prefill chunk plus `decodes` decode rows (context `ctx`), repeated: wall
+        time per step (launch + wait) and GPU time, in the varlen graph and with graphs off (eager pass)."""
+        if self.smoke:
+            chunk, decodes, ctx = 40, 4, 16
+        reqs = [Request(f"pc{i}", [1] * ctx, ctx) for i in range(decodes)]
+        new = Request("pc-new", [2] * chunk, chunk)
+        for r in reqs:
+            eng.kv_pool.grow(r.pages, ctx + 1)
+        eng.kv_pool.grow(new.pages, chunk)
+        step = 10_000
+        eng.step(Batch(0, step, [BatchRow(r, 0, ctx) for r in reqs])).result()
+        rows = [BatchRow(new, 0, chunk, sample=False)] + [BatchRow(r, ctx - 1, 1) for r in reqs]
+        out: dict[str, Any] = {}
+        for mode, on in (("graph", True), ("eager", False)):
+            eng.use_graphs = on
+            eng.timing = self.cuda
+            wall, gpu, bucket = [], [], None
+            for _ in range(12 if self.cuda else 2):
+                step += 1
+                t = time.perf_counter()
+                h = eng.step(Batch(0, step, rows))
+                h.result()
+                wall.append(time.perf_counter() - t)
+                bucket = h.varlen_bucket
+                if h.gpu_start is not None:
+                    gpu.append(h.gpu_start.elapsed_time(h.gpu_end))
+            out[mode] = {"step_ms": 1e3 * statistics.median(wall[2:] or wall),
+                         "gpu_ms": statistics.median(gpu[2:]) if gpu else None, "varlen_bucket": bucket}  # fmt: skip
+        eng.use_graphs, eng.timing = True, False
+        for r in [*reqs, new]:
+            eng.kv_pool.release(r.pages)
+        return out
+
     def replay_ms(self, eng: Engine, bucket: int, reps: int = 30) -> float:
         g = eng.graphs.graphs[bucket]
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -121,21 +157,26 @@ class Study(Harness):
                 if a.gpu_end is not None and b.gpu_start is not None:
                     gaps.append(a.gpu_end.elapsed_time(b.gpu_start))
             busy = [h.gpu_start.elapsed_time(h.gpu_end) for h in hs if h.gpu_start is not None]
-        with_decode = graph_ok = 0
+        with_decode = graph_ok = with_varlen = varlen_ok = 0
         for h in hs:
             dec = [i for i, r in enumerate(h.batch.rows) if r.num_tokens == 1 and i not in h.skipped_rows]
-            if dec:
+            if dec:  # decode rows in a graph: the decode graph, or the varlen graph that ran the whole step
                 with_decode += 1
-                graph_ok += set(dec) <= set(h.graph_rows)
+                graph_ok += set(dec) <= set(h.graph_rows) or h.varlen_bucket is not None
+            if h.eager_tokens:  # a varlen part (prefill chunks, long returns; the whole step unless split)
+                with_varlen += 1
+                varlen_ok += h.varlen_bucket is not None
             self.steps.append({"run": label, "rows": len(h.batch.rows), "tokens": h.num_tokens,
                                "graph_bucket": h.graph_bucket, "eager_tokens": h.eager_tokens,
+                               "varlen_bucket": h.varlen_bucket,
                                "prepare_ms": 1e3 * h.prepare_s, "launch_ms": 1e3 * h.launch_s})  # fmt: skip
         toks = sum(len(r.token_ids) - r.prompt_len for r in reqs)
         n = max(st.steps, 1)
         rec = {"run": label, "steps": st.steps, "wall_s": st.wall_s, "out_tok_per_s": toks / max(st.wall_s, 1e-9),
                "host_step_ms": 1e3 * st.step_s / n, "complete_ms": 1e3 * st.complete_s / n,
                "wait_ms": 1e3 * st.wait_s / n, "steps_with_decode": with_decode,
-               "graph_fraction": graph_ok / max(with_decode, 1),
+               "graph_fraction": graph_ok / max(with_decode, 1), "steps_with_varlen": with_varlen,
+               "varlen_graph_fraction": varlen_ok / with_varlen if with_varlen else None,
                "gpu_idle_gap_ms": statistics.median(gaps) if gaps else None,
                "gpu_busy_ms": statistics.median(busy) if busy else None, "finished": len(st.finished)}  # fmt: skip
         self.log(f"  {label}: {st.steps} steps {rec['out_tok_per_s']:.0f} tok/s graph_frac {rec['graph_fraction']:.3f}"
@@ -206,12 +247,15 @@ class Study(Harness):
         self.out["models"][name] = rec
         eng = self.engine(name)
         rec.update(startup_s=eng.startup_s, warmup_s=eng.warmup_s, memory=eng.memory_report().as_dict(),
+                   capture=dict(eng.capture_stats),
                    jit_after_warmup=eng.jit_cache_after_warmup, pdl_error=eng.pdl_error)  # fmt: skip
         self.log(f"{name}: startup {eng.startup_s:.1f}s (warmup {eng.warmup_s:.1f}s) {eng.memory_report().summary()}")
         ctx = 64 if self.smoke else 1024
         rec["decode_b1"] = self.decode_b1(eng, ctx)
         self.log(f"  b=1 decode ctx {ctx}: {rec['decode_b1']}")
         if full:
+            rec["prefill_chunk"] = self.prefill_chunk(eng, ctx)
+            self.log(f"  512-token chunk + 8 decode rows: {rec['prefill_chunk']}")
             vocab = eng.spec.vocab_size
             rec["steady_b8"] = self.steady_b8(eng, name, ctx)
             for overlap in (True, False):
@@ -272,10 +316,15 @@ class Study(Harness):
         first = next(iter(m.values()), {})
         mixed = ("mixed_overlap", "mixed_sync")
         fracs = [r[k]["graph_fraction"] for r in m.values() for k in mixed if k in r]
+        vfracs = [r[k]["varlen_graph_fraction"] for r in m.values() for k in mixed
+                  if k in r and r[k]["varlen_graph_fraction"] is not None]  # fmt: skip
         s: dict[str, Any] = {
             "device": torch.cuda.get_device_name() if self.cuda else "cpu",
             "host_overhead_frac_overlap": first.get("steady_b8", {}).get("host_overhead_frac"),
             "graph_fraction_mixed": min(fracs, default=None),
+            "varlen_graph_fraction_mixed": min(vfracs, default=None),
+            "prefill_chunk_step_ms": {k: r.get("prefill_chunk") for k, r in m.items() if "prefill_chunk" in r},
+            "capture": {k: r.get("capture") for k, r in m.items()},
             "prepare_ms_b256_ctx8k": (self.out["prepare_b256"]["ctx8k"] or {}).get("median_ms"),
             "prepare_ms_b256_ctx1k": (self.out["prepare_b256"]["ctx1k"] or {}).get("median_ms"),
             "prepare_cpu_ms_b256": {k: (v or {}).get("cpu_ms") for k, v in self.out["prepare_b256"].items()},
@@ -298,6 +347,9 @@ class Study(Harness):
         keys = (
             "host_overhead_frac_overlap",
             "graph_fraction_mixed",
+            "varlen_graph_fraction_mixed",
+            "prefill_chunk_step_ms",
+            "capture",
             "prepare_ms_b256_ctx8k",
             "prepare_ms_b256_ctx1k",
             "prepare_cpu_ms_b256",

@@ -23,7 +23,7 @@ from tokenrouter.core.graph_rule import GraphRule
 from tokenrouter.core.request import Request
 
 MODELS = ("qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b", "qwen3-14b", "qwen3-32b")
-RULE = GraphRule(buckets=(1, 2, 4, 8, 16), max_row_tokens=4)
+RULE = GraphRule(buckets=(1, 2, 4, 8, 16), max_row_tokens=4, allow_split=True)  # split priced as an option
 
 
 @pytest.fixture(scope="module")

@@ -17,13 +17,13 @@ def test_bucket_for_is_the_smallest_holding_bucket():
 
 
 def test_split_keeps_short_rows_in_the_graph_whatever_else_the_batch_holds():
-    rule = GraphRule(buckets=(1, 2, 4, 8, 16), max_row_tokens=4)
+    rule = GraphRule(buckets=(1, 2, 4, 8, 16), max_row_tokens=4, allow_split=True)
     graph, eager = rule.split([1, 300, 3, 1, 5, 4])
     assert graph == [0, 2, 3, 5] and eager == [1, 4]
 
 
 def test_split_respects_the_largest_bucket():
-    rule = GraphRule(buckets=(1, 2, 4), max_row_tokens=4)
+    rule = GraphRule(buckets=(1, 2, 4), max_row_tokens=4, allow_split=True)
     assert rule.split([3, 2, 1]) == ([0, 2], [1])  # 3 + 1 fit 4; the 2-token row does not fit after the 3
     assert GraphRule(enabled=False).split([1, 1]) == ([], [0, 1])
 
@@ -31,7 +31,9 @@ def test_split_respects_the_largest_bucket():
 @pytest.mark.parametrize("seed", range(20))
 def test_split_contract_on_random_batches(seed):
     rng = random.Random(seed)
-    rule = GraphRule(buckets=tuple(sorted(rng.sample(range(1, 64), 5))), max_row_tokens=rng.randint(1, 12))
+    rule = GraphRule(
+        buckets=tuple(sorted(rng.sample(range(1, 64), 5))), max_row_tokens=rng.randint(1, 12), allow_split=True
+    )
     rows = [rng.choice([1, 1, 1, 2, 3, 8, 13, 40]) for _ in range(rng.randint(0, 30))]
     graph, eager = rule.split(rows)
     assert sorted(graph + eager) == list(range(len(rows)))
@@ -45,7 +47,8 @@ def test_split_contract_on_random_batches(seed):
 
 
 def test_without_split_a_step_with_any_eager_row_runs_wholly_eager():
-    rule = GraphRule(buckets=(1, 2, 4, 8, 16), max_row_tokens=4, allow_split=False)
+    assert GraphRule().allow_split is False  # the default: one pass per step
+    rule = GraphRule(buckets=(1, 2, 4, 8, 16), max_row_tokens=4)
     assert rule.split([1, 300, 3]) == ([], [0, 1, 2])
     assert rule.split([1, 3, 4]) == ([0, 1, 2], [])
 

@@ -87,3 +87,6 @@ def test_engine_settings_map_the_model_config_onto_the_engine_config():
     assert set(small) <= fields  # every key is an EngineConfig setting
     ec = engine.EngineConfig(**{**small, "device": "cpu"})
     assert ec.graph_max_row_tokens == DEFAULT_GRAPH_MAX_ROW_TOKENS and ec.graph_buckets == DEFAULT_GRAPH_BUCKETS
+    assert small["graph_split"] is False and ec.graph_rule() == d.graph_rules[0]  # one pass per step by default
+    cfg.models[0].graph_split = True  # the split stays an option, passed through to the engine
+    assert engine.EngineConfig(**{**engine_kwargs(cfg, 0, 10), "device": "cpu"}).graph_rule().allow_split

@@ -84,8 +84,9 @@ def test_graph_part_pads_into_the_null_page_and_reads_pages_through_slots(ckpt):
 
 
 def test_mixed_batch_keeps_short_rows_in_the_graph(ckpt):
+    """The split option (graph_split=True), with the varlen part eager (varlen_graphs=False): its exact layout."""
     _, path = ckpt
-    eng = tiny_engine(path, graph_emulation=True, graph_buckets=(1, 2, 4, 8))
+    eng = tiny_engine(path, graph_emulation=True, graph_buckets=(1, 2, 4, 8), graph_split=True, varlen_graphs=False)
     pool = eng.kv_pool
     d, p, c = _req("d", 5, pool), _req("p", 12, pool), _req("c", 20, pool)
     rows = [BatchRow(d, 4, 1), BatchRow(p, 0, 12), BatchRow(c, 0, 9, sample=False)]
@@ -103,6 +104,14 @@ def test_mixed_batch_keeps_short_rows_in_the_graph(ckpt):
         r.pages.clear()
         ref.kv_pool.grow(r.pages, r.num_tokens)
     assert ref.step(Batch(0, 0, rows)).result().next_token_ids.tolist() == res.next_token_ids.tolist()
+    # The default (no split, varlen graphs): the whole step in one varlen graph, same tokens.
+    one = tiny_engine(path, graph_emulation=True, graph_buckets=(1, 2, 4, 8))
+    for r in (d, p, c):
+        r.pages.clear()
+        one.kv_pool.grow(r.pages, r.num_tokens)
+    plan = _plan(one, Batch(0, 0, rows))
+    assert plan.graph is None and plan.eager.bucket == 32 and plan.eager.rows == [0, 1, 2]  # all <= short_q 16
+    assert one.step(Batch(0, 0, rows)).result().next_token_ids.tolist() == res.next_token_ids.tolist()
 
 
 def test_page_tables_change_incrementally(ckpt):
@@ -243,5 +252,7 @@ def test_colocation_options():
                 {"num_pages": 10, "memory_budget_bytes": 1 << 30}):  # fmt: skip
         with pytest.raises(ValueError):
             EngineConfig("qwen3-0.6b", **bad)
-    rule = EngineConfig("qwen3-0.6b", graph_buckets=(1, 4), graph_max_row_tokens=2).graph_rule()
+    rule = EngineConfig("qwen3-0.6b", graph_buckets=(1, 4), graph_max_row_tokens=2, graph_split=True).graph_rule()
     assert rule.buckets == (1, 4) and rule.max_row_tokens == 2 and rule.split([1, 3, 2, 2]) == ([0, 2], [1, 3])
+    rule = EngineConfig("qwen3-0.6b", graph_buckets=(1, 4), graph_max_row_tokens=2).graph_rule()  # default: one pass
+    assert not rule.allow_split and rule.split([1, 3, 2, 2]) == ([], [0, 1, 2, 3])

@@ -42,8 +42,8 @@ def _requests(vocab: int, n: int = 10) -> list[Request]:
     return out
 
 
-def _run(path, *, emulate: bool, pages: int, overlap: bool, complete_first: bool = False, aborts=()):
-    eng = tiny_engine(path, graph_emulation=emulate, num_pages=pages, max_batch_size=8)
+def _run(path, *, emulate: bool, pages: int, overlap: bool, complete_first: bool = False, aborts=(), **engine_kw):
+    eng = tiny_engine(path, graph_emulation=emulate, num_pages=pages, max_batch_size=8, **engine_kw)
     sched = Scheduler(0, 2, kv=eng.kv_pool, router=PositionHopRouter(period=4), max_batch_size=8,
                       max_batch_tokens=12, overlap=overlap)  # fmt: skip
     reqs = _requests(eng.spec.vocab_size)
@@ -64,21 +64,41 @@ def _run(path, *, emulate: bool, pages: int, overlap: bool, complete_first: bool
     return outs, stats, sched, aborted
 
 
-@pytest.mark.parametrize("emulate", [False, True], ids=["eager", "graph-emulation"])
+MODES = {  # engine settings per mode; graph emulation runs the padded static-buffer path of every graph eagerly
+    "eager": {"emulate": False},
+    "varlen-graphs": {"emulate": True},  # the default: no split, every non-decode step in one varlen graph
+    "varlen-graphs-split": {"emulate": True, "graph_split": True},
+    "decode-graphs-split": {"emulate": True, "graph_split": True, "varlen_graphs": False},
+}
+
+
+@pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("complete_first", [False, True], ids=["launch-first", "complete-first"])
-def test_scheduler_driven_overlap_matches_roomy_reference(ckpt, emulate, complete_first):
+def test_scheduler_driven_overlap_matches_roomy_reference(ckpt, mode, complete_first):
+    kw = dict(MODES[mode])
+    emulate = kw.pop("emulate")
     ref, ref_stats, ref_sched, _ = _run(ckpt, emulate=False, pages=400, overlap=False)
     assert ref_sched.num_preemptions == 0 and len(ref_stats.finished) == 10
     outs, stats, sched, aborted = _run(ckpt, emulate=emulate, pages=24, overlap=True, complete_first=complete_first,
-                                       aborts=[("r3", 6), ("r7", 11)])  # fmt: skip
+                                       aborts=[("r3", 6), ("r7", 11)], **kw)  # fmt: skip
     assert sched.num_preemptions > 0  # the small pool preempted and pages were reused
     assert aborted == {"r3", "r7"} and "r3" not in stats.finished
     assert any(h.skipped_rows for h in stats.handles)  # stale rows reached the engine and were skipped
     assert any(r.from_prev for h in stats.handles for r in h.batch.rows)
     assert sum(1 for h in stats.handles for r in h.batch.rows if 2 <= r.num_tokens <= 4) > 3  # peer returns
-    if emulate:
+    long_steps = [h for h in stats.handles if any(r.num_tokens > 8 for r in h.batch.rows)]
+    assert long_steps  # prefill chunks beyond the decode graphs' row limit
+    if kw.get("graph_split"):
         mixed = [h for h in stats.handles if h.graph_bucket is not None and h.eager_tokens]
-        assert mixed  # steps with a prefill chunk kept their short rows in the graph
+        assert mixed  # steps with a prefill chunk kept their short rows in the decode graph
+    if mode == "varlen-graphs":  # one pass per step: decode graph or one varlen graph, never both, never eager
+        assert all((h.graph_bucket is None) != (h.varlen_bucket is None) for h in stats.handles)
+        assert all(h.varlen_bucket is not None and h.eager_tokens == h.num_tokens for h in long_steps)
+        assert any(any(r.num_tokens == 1 for r in h.batch.rows) for h in long_steps)  # decode rows in them
+    if mode == "varlen-graphs-split":
+        assert all(h.varlen_bucket is not None for h in stats.handles if h.eager_tokens)
+    if mode in ("eager", "decode-graphs-split"):
+        assert all(h.varlen_bucket is None for h in stats.handles)
     for rid, toks in outs.items():
         assert toks == ref[rid], rid
     assert set(outs) == set(ref) - aborted

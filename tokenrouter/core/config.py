@@ -47,7 +47,9 @@ class ModelConfig:
     # core's GraphRule (rows that do not fit run in the same step's eager part).
     graph_buckets: list[int] = field(default_factory=lambda: list(DEFAULT_GRAPH_BUCKETS))
     graph_max_row_tokens: int = DEFAULT_GRAPH_MAX_ROW_TOKENS
-    graph_split: bool = True  # False: a step with a row the graphs cannot take runs wholly eager
+    # True: a step with a row the decode graphs cannot take keeps its short rows in a decode graph and runs the
+    # rest as a second (varlen) pass; False (default): the whole step runs as one varlen pass (one weight pass).
+    graph_split: bool = False
     host: str | None = None  # cross-host: where this subserver runs
     overlap: bool | None = None  # None: the scheduler section's `overlap`
     # MPS SM share of this model's process (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, set by the launcher); None: all.

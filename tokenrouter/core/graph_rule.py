@@ -26,15 +26,18 @@ DEFAULT_GRAPH_MAX_ROW_TOKENS = 8
 class GraphRule:
     """Which rows of a step run in a graph. Invariant: the graph part's tokens never exceed `max_tokens`.
 
-    `allow_split=False` keeps the whole step on one path: in a graph when every row fits, else all eager. Each
-    part of a split step is a forward pass that streams the weights, so for a weight-bound model one eager
-    pass can be cheaper than a graph pass plus an eager pass (the cost model prices both ways).
+    `allow_split=False` (the default) keeps the whole step on one path: in a decode graph when every row fits,
+    else all rows in the "eager" part, which the engine runs as one varlen pass (itself a captured varlen
+    graph when it fits one of the engine's varlen buckets). Each part of a split step is a forward pass that
+    streams the weights, so one pass is cheaper than a graph pass plus an eager pass for a weight-bound model;
+    `allow_split=True` keeps the short rows in the decode graph and runs the rest as a second pass (an
+    option; the cost model prices both ways).
     """
 
     enabled: bool = True
     buckets: tuple[int, ...] = DEFAULT_GRAPH_BUCKETS
     max_row_tokens: int = DEFAULT_GRAPH_MAX_ROW_TOKENS
-    allow_split: bool = True
+    allow_split: bool = False
     _row_limit: int = field(init=False, repr=False, compare=False, default=0)  # longest row a graph takes
 
     def __post_init__(self) -> None:

@@ -25,4 +25,5 @@ def engine_kwargs(dep: DeploymentConfig, model: int, num_pages: int, seed: int =
         "cuda_graphs": rule.enabled,
         "graph_buckets": rule.buckets,
         "graph_max_row_tokens": rule.max_row_tokens,
+        "graph_split": rule.allow_split,
     }

@@ -60,6 +60,17 @@ class EngineConfig:
     cuda_graphs: bool = True
     graph_buckets: tuple[int, ...] = DEFAULT_GRAPH_BUCKETS  # token buckets; the largest bounds a graph part
     graph_max_row_tokens: int = DEFAULT_GRAPH_MAX_ROW_TOKENS
+    # False (default): a step whose rows do not all fit the decode graphs runs wholly as one varlen pass (one
+    # weight pass); True: its short rows stay in a decode graph and the rest run as a second pass (GraphRule).
+    graph_split: bool = False
+    # Varlen graphs: the varlen pass (prefill chunks, long returns, whole mixed steps) captured over token
+    # buckets (None: powers of two from 16 up to max_num_batched_tokens), each with `varlen_long_rows` rows of
+    # any length plus min(max_batch_size, bucket) rows of at most `varlen_short_q` tokens (`varlen_shapes`).
+    # Steps that fit no bucket run eagerly. Needs cuda_graphs (or graph_emulation) like the decode graphs.
+    varlen_graphs: bool = True
+    varlen_graph_buckets: tuple[int, ...] | None = None
+    varlen_long_rows: int = 8
+    varlen_short_q: int = 16
     # Run the padded static-buffer (graph) path eagerly when graphs cannot be captured, e.g. on CPU: tests use
     # it to check bucket padding and buffer preparation without a GPU.
     graph_emulation: bool = False
@@ -124,6 +135,10 @@ class EngineConfig:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
         if not 1 <= self.gemv_max_rows <= 16:
             raise ValueError(f"gemv_max_rows must be in 1..16, got {self.gemv_max_rows}")
+        if self.varlen_graph_buckets is not None and any(int(b) < 1 for b in self.varlen_graph_buckets):
+            raise ValueError(f"varlen graph buckets must be >= 1, got {self.varlen_graph_buckets}")
+        if self.varlen_long_rows < 4 or self.varlen_long_rows % 4 or self.varlen_short_q < 1:
+            raise ValueError("varlen_long_rows must be a positive multiple of 4 and varlen_short_q >= 1")
         self.graph_buckets = tuple(sorted({int(b) for b in self.graph_buckets}))
         if self.graph_buckets and self.graph_buckets[0] < 1:
             raise ValueError(f"graph buckets must be >= 1, got {self.graph_buckets}")
@@ -131,7 +146,16 @@ class EngineConfig:
     def graph_rule(self, enabled: bool = True) -> GraphRule:
         """The rule the engine splits steps by (and the scheduler forms batches for)."""
         return GraphRule(enabled=enabled and bool(self.graph_buckets), buckets=self.graph_buckets or (1,),
-                         max_row_tokens=self.graph_max_row_tokens)  # fmt: skip
+                         max_row_tokens=self.graph_max_row_tokens, allow_split=self.graph_split)  # fmt: skip
+
+    def varlen_buckets(self) -> tuple[int, ...]:
+        from tokenrouter.engine.varlen_shapes import default_buckets
+
+        if not self.varlen_graphs:
+            return ()
+        if self.varlen_graph_buckets is not None:
+            return tuple(sorted({int(b) for b in self.varlen_graph_buckets}))
+        return default_buckets(self.max_num_batched_tokens)
 
     def mps_environment(self) -> dict[str, str]:
         """Environment variables the launcher sets for this engine's process before CUDA starts."""

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from tokenrouter.engine.graphs import GraphOutputs
     from tokenrouter.engine.runner import Engine
     from tokenrouter.engine.step_plan import StepPlan
+    from tokenrouter.engine.varlen_shapes import VarlenShape
 
 
 class StepForward:
@@ -50,6 +51,16 @@ class StepForward:
             hidden, logits = self.forward(v, layout, 1, out.hidden[:n], out.logits[:n])
             self.sample_route(v, hidden, logits, 0)
 
+    def varlen_body(self, packed: torch.Tensor, layout: Layout, out: GraphOutputs, shape: VarlenShape) -> None:
+        """Everything a varlen graph replays (also run eagerly in emulation): the eager pass at a fixed padded
+        shape (`varlen_shapes`), attention in its two row groups, every logit row written into `out`."""
+        v = self.views(packed, layout)
+        self.prologue(v)
+        n = layout.num_logit_rows
+        hidden, logits = self.forward(v, layout, shape.tokens, out.hidden[:n], out.logits[:n],
+                                      groups=(shape.long_rows, shape.short_q))  # fmt: skip
+        self.sample_route(v, hidden, logits, self.e.eager_out_base)
+
     def eager_pass(self, packed: torch.Tensor, layout: Layout, max_q_len: int):
         """The rows outside the graph: one varlen forward; returns (hidden, logits) of its sampled rows."""
         v = self.views(packed, layout)
@@ -61,7 +72,8 @@ class StepForward:
         self.sample_route(v, hidden, logits, self.e.eager_out_base)
         return hidden, logits
 
-    def forward(self, v, layout: Layout, max_q_len: int, out_hidden, out_logits, *, logits: bool = True):
+    def forward(self, v, layout: Layout, max_q_len: int, out_hidden, out_logits, *, logits: bool = True,
+                groups: tuple[int, int] | None = None):  # fmt: skip
         e = self.e
         c = e.config
         fuse = c.fuse_step_ops
@@ -77,6 +89,8 @@ class StepForward:
             split_counters=e._split_counters,
             pdl=e.pdl,
             row_slots=v["row_slots"],
+            long_rows=groups[0] if groups else None,
+            short_q_len=groups[1] if groups else 1,
         )
         model = e.model
         if not fuse:

@@ -1,4 +1,5 @@
-"""CUDA-graph runner: static buffers and one captured graph per token bucket.
+"""CUDA-graph runner: static buffers and one captured graph per token bucket. The engine has two: the decode
+graphs (below) and the varlen graphs (`varlen_shapes`: the varlen pass at padded shapes), sharing one pool.
 
 The graph part of a step (decode rows and short extend rows, as `GraphRule.split` picks them) runs in the
 smallest bucket that holds its tokens, padded as `inputs` describes (padding reads and writes only the null
@@ -15,6 +16,7 @@ eagerly (CPU tests, debugging), exercising exactly the buffer preparation and bu
 from __future__ import annotations
 
 import bisect
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -25,8 +27,8 @@ from tokenrouter.engine.inputs import Layout, graph_layout
 
 @dataclass(slots=True)
 class GraphOutputs:
-    hidden: torch.Tensor  # [max_bucket, hidden] final-norm hidden of each logit row
-    logits: torch.Tensor  # [max_bucket, vocab] model dtype
+    hidden: torch.Tensor  # [max logit rows, hidden] final-norm hidden of each logit row
+    logits: torch.Tensor  # [max logit rows, vocab] model dtype
 
 
 # forward(packed_int32_device, layout, outputs) runs the model and writes its results into `outputs`
@@ -45,7 +47,11 @@ class GraphRunner:
         dtype: torch.dtype,
         stream: torch.cuda.Stream | None,
         capture: bool,
+        layouts: dict[int, Layout] | None = None,
+        pool: tuple | None = None,
     ) -> None:
+        """`layouts`: bucket -> packed layout (default: the decode `graph_layout`); `pool`: a graph memory pool
+        handle to share with another runner whose graphs never replay concurrently with these (one stream)."""
         if not buckets:
             raise ValueError("graph runner needs at least one bucket")
         self.forward = forward
@@ -53,15 +59,17 @@ class GraphRunner:
         self.device = device
         self.stream = stream
         self.capture_enabled = capture
-        self.layouts = {b: graph_layout(b) for b in self.buckets}
-        top = self.buckets[-1]
-        self.packed = torch.zeros(self.layouts[top].size, dtype=torch.int32, device=device)
+        self.layouts = layouts if layouts is not None else {b: graph_layout(b) for b in self.buckets}
+        size = max(self.layouts[b].size for b in self.buckets)
+        rows = max(self.layouts[b].num_logit_rows for b in self.buckets)
+        self.packed = torch.zeros(size, dtype=torch.int32, device=device)
         self.out = GraphOutputs(
-            hidden=torch.zeros(top, hidden_size, device=device, dtype=dtype),
-            logits=torch.zeros(top, vocab_size, device=device, dtype=dtype),
+            hidden=torch.zeros(rows, hidden_size, device=device, dtype=dtype),
+            logits=torch.zeros(rows, vocab_size, device=device, dtype=dtype),
         )
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.pool = None
+        self.pool = pool
+        self.capture_s = 0.0
 
     @property
     def max_tokens(self) -> int:
@@ -94,7 +102,9 @@ class GraphRunner:
         if not self.capture_enabled:
             return
         assert self.stream is not None
-        self.pool = torch.cuda.graph_pool_handle()
+        t0 = time.perf_counter()
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
         with torch.cuda.stream(self.stream):
             for bucket in reversed(self.buckets):
                 self._fill_padding(bucket)
@@ -107,6 +117,7 @@ class GraphRunner:
                 self.graphs[bucket] = graph
             self._fill_padding(self.buckets[0])
         self.stream.synchronize()
+        self.capture_s = time.perf_counter() - t0
 
     def run_padding(self) -> None:
         """Emulation/warmup: run every bucket once on all-padding inputs (compiles what the bodies launch)."""

@@ -82,6 +82,7 @@ class StepHandle:
         "prepare_s",
         "sampled_rows",
         "skipped_rows",
+        "varlen_bucket",
     )  # fmt: skip
 
     def __init__(self, batch: Batch, host: np.ndarray, event: torch.cuda.Event | None, out_index: np.ndarray,
@@ -103,7 +104,8 @@ class StepHandle:
         self.num_tokens = 0
         self.graph_bucket: int | None = None
         self.graph_rows: list[int] = []  # batch rows that ran in the graph part
-        self.eager_tokens = 0
+        self.eager_tokens = 0  # tokens of the varlen part (in a varlen graph or eager)
+        self.varlen_bucket: int | None = None  # the varlen graph that ran the varlen part, None: eager or none
 
     def ready(self) -> bool:
         return self._event is None or self._event.query()

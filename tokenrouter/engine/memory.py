@@ -28,13 +28,14 @@ class MemoryProfile:
     weights: int
     activation_peak: int  # the larger of the eager pass's and the largest graph bucket's transient peak
     static: int  # graph static buffers, page table, output buffers, split counters
+    graph_pool: int = 0  # varlen graphs: the pool keeps about one activation peak beside the eager pass's
 
 
 def kv_bytes_for_budget(budget: int, profile: MemoryProfile, margin_frac: float = 0.02) -> int:
     """KV bytes that fit `budget` next to the profile's needs (the graph pool ~ one activation peak, which
     the eager pass's transient peak reuses once the caching allocator holds it)."""
     margin = int(margin_frac * budget) + 64 * MIB
-    return budget - profile.weights - profile.activation_peak - profile.static - margin
+    return budget - profile.weights - profile.activation_peak - profile.graph_pool - profile.static - margin
 
 
 @dataclass(slots=True)
@@ -47,8 +48,10 @@ class MemoryReport:
     kv_cache: int
     num_pages: int
     page_table: int
-    graph_static: int
-    graph_pool: int | None  # reserved by graph capture beyond the static buffers
+    graph_static: int  # static buffers of the decode and varlen graphs
+    decode_graphs: int  # captured graphs (0 in emulation)
+    varlen_graphs: int
+    graph_pool: int | None  # reserved by graph capture (one pool for both kinds) beyond the static buffers
     activation_peak: int | None  # measured transient peak of the profile passes
     total_allocated: int | None  # allocator's view after start-up (all engines of the process)
     total_reserved: int | None
@@ -62,7 +65,8 @@ class MemoryReport:
             return "-" if x is None else f"{x / (1 << 30):.2f}G"
 
         return (f"weights {g(self.weights)} kv {g(self.kv_cache)} ({self.num_pages} pages) graphs "
-                f"{g(self.graph_static)}+pool {g(self.graph_pool)} act.peak {g(self.activation_peak)} "
+                f"{g(self.graph_static)}+pool {g(self.graph_pool)} ({self.decode_graphs}+{self.varlen_graphs}) "
+                f"act.peak {g(self.activation_peak)} "
                 f"budget {g(self.budget)}")  # fmt: skip
 
 

@@ -32,6 +32,10 @@ class AttentionMetadata:
     # [R] int32: attention row r reads page-table row `row_slots[r]` of `block_tables` (the engine's persistent
     # per-request slots); None: row r reads row r.
     row_slots: torch.Tensor | None = None
+    # Varlen graphs (extend layout, see `varlen_shapes`): rows 0..long_rows-1 attend with `max_q_len`, the rest
+    # (at most `short_q_len` queries each) in a second launch with `short_q_len`. None: one launch.
+    long_rows: int | None = None
+    short_q_len: int = 1
 
     @property
     def is_decode(self) -> bool:

@@ -88,11 +88,20 @@ class DecoderAttention(nn.Module):
                 num_splits=meta.num_splits, backend=meta.backend, counters=meta.split_counters, pdl=meta.pdl,
                 row_slots=meta.row_slots,
             )  # fmt: skip
-        else:
+        elif meta.long_rows is None:
             o = attention.extend_attention(
                 q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.seq_lens, self.scale,
                 max_q_len=meta.max_q_len, backend=meta.backend, pdl=meta.pdl, row_slots=meta.row_slots,
             )  # fmt: skip
+        else:  # varlen graph: long-row group, then short-row group, both writing their tokens of one output
+            o = torch.empty_like(q)
+            n, cu, sl, rs = meta.long_rows, meta.cu_seqlens_q, meta.seq_lens, meta.row_slots
+            assert cu is not None and rs is not None
+            for a, b, mq in ((0, n, meta.max_q_len), (n, sl.shape[0], meta.short_q_len)):
+                attention.extend_attention(
+                    q, k_cache, v_cache, meta.block_tables, cu[a : b + 1], sl[a:b], self.scale, max_q_len=mq,
+                    out=o, backend=meta.backend, pdl=meta.pdl, row_slots=rs[a:b],
+                )  # fmt: skip
         return self.o_proj(o.reshape(t, self.q_size))
 
 

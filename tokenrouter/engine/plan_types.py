@@ -14,6 +14,7 @@ from tokenrouter.core.request import Request
 from tokenrouter.engine.inputs import Layout
 from tokenrouter.engine.page_table import PageTable, TablePlan
 from tokenrouter.engine.sampler import seed32
+from tokenrouter.engine.varlen_shapes import VarlenShape, VarlenShapes
 
 
 @dataclass(slots=True)
@@ -22,8 +23,9 @@ class PartPlan:
     packed: np.ndarray  # int32 [layout.size], a view of the staging buffer
     rows: list[int]  # batch row indices of this part, in batch order
     max_q_len: int
-    bucket: int | None  # graph bucket, None for the eager part
+    bucket: int | None  # graph bucket (decode or varlen graph), None for an eager varlen part
     extra_upd: tuple[np.ndarray, np.ndarray] | None = None  # graph page writes beyond the graph's capacity
+    varlen: VarlenShape | None = None  # the varlen graph shape this part was packed for (None: eager)
 
 
 @dataclass(slots=True)
@@ -51,6 +53,7 @@ class PlanContext:
     slot_token_step: MutableSequence[int]  # [slots]: batch step_id that last sampled into the slot (-1: none)
     eager_out_base: int  # output index of the eager part's first logit row
     rng: random.Random  # seeds of sampled rows whose request has none
+    varlen: VarlenShapes | None = None  # varlen graph shapes (None: the varlen part always runs eagerly)
 
 
 def write_sampling(samp: list, ctx: PlanContext, top_p: np.ndarray, inv_temp: np.ndarray, top_k: np.ndarray,

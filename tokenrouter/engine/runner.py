@@ -41,6 +41,7 @@ from tokenrouter.engine.memory import DeviceMemory, MemoryProfile, MemoryReport,
 from tokenrouter.engine.model import CausalLM
 from tokenrouter.engine.page_table import PageTable
 from tokenrouter.engine.step_plan import PlanContext, StepPlan, plan_step
+from tokenrouter.engine.varlen_shapes import VarlenShapes
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,8 @@ class Engine(ModelRunner):
         self.graph_error: str | None = None
         self.pdl_error: str | None = None
         self.graphs: GraphRunner | None = None
+        self.vgraphs: GraphRunner | None = None  # varlen graphs (`varlen_shapes`)
+        self.capture_stats: dict[str, float] = {"decode_graphs": 0, "varlen_graphs": 0, "capture_s": 0.0}
         self._rules: dict[bool, GraphRule] = {}
         self._use_triton_ops = config.use_triton_ops(self.device)
         triton_attn = resolve_backend(config.attention_backend, self.device) == "triton"  # type: ignore[arg-type]
@@ -131,8 +134,14 @@ class Engine(ModelRunner):
         self.max_pages_per_row = -(-self._max_context_len // ps)
         slots = c.page_table_slots or 4 * c.max_batch_size + 1
         top = max(c.graph_buckets, default=0)
+        self.varlen_shapes = None
+        if c.varlen_buckets() and (c.cuda_graphs or c.graph_emulation):
+            self.varlen_shapes = VarlenShapes.build(c.varlen_buckets(), max_rows=c.max_batch_size,
+                                                    long_rows=c.varlen_long_rows, short_q=c.varlen_short_q,
+                                                    page_size=ps)  # fmt: skip
+        vrows = max((sh.rows for sh in self.varlen_shapes.shapes), default=0) if self.varlen_shapes else 0
         self.eager_out_base = top
-        self.out_width = top + c.max_batch_size
+        self.out_width = top + max(c.max_batch_size, vrows)
         triton_attn = resolve_backend(c.attention_backend, self.device) == "triton"  # type: ignore[arg-type]
         with torch.no_grad(), self._on_stream():
             self.kv_cache = KVCache(self.spec, self._pool, device=self.device, dtype=self.dtype)
@@ -219,31 +228,56 @@ class Engine(ModelRunner):
 
     def recapture(self) -> None:
         self._sync()
-        if self.graphs is not None:
-            self.graphs.close()
-            self.graphs = None
+        self._close_graphs()
         with torch.no_grad(), self._on_stream():
             self._build_graphs()
         self._sync()
 
+    def _close_graphs(self) -> None:
+        for name in ("graphs", "vgraphs"):
+            g = getattr(self, name)
+            if g is not None:
+                g.close()
+                setattr(self, name, None)
+
     def _build_graphs(self) -> None:
+        """Decode graphs and varlen graphs, one shared graph memory pool (both replay on the engine's stream,
+        never concurrently; every output they keep lives in static buffers outside the pool). The varlen
+        graphs (largest activations) are captured first so the decode graphs reuse their pool memory."""
         c = self.config
         capture = c.cuda_graphs and self.device.type == "cuda"
-        if not c.graph_buckets or not (capture or c.graph_emulation):
+        if not (capture or c.graph_emulation):
             return
-        self.graphs = GraphRunner(self.fwd.graph_body, c.graph_buckets, hidden_size=self.spec.hidden_size,
-                                  vocab_size=self.spec.vocab_size, device=self.device, dtype=self.dtype,
-                                  stream=self.stream, capture=capture)  # fmt: skip
+        kw = {"hidden_size": self.spec.hidden_size, "vocab_size": self.spec.vocab_size, "device": self.device,
+              "dtype": self.dtype, "stream": self.stream, "capture": capture}  # fmt: skip
+        pool = torch.cuda.graph_pool_handle() if capture else None
+        if self.varlen_shapes is not None:
+            by_layout = {sh.layout: sh for sh in self.varlen_shapes.shapes}
+
+            def body(packed, layout, out):
+                self.fwd.varlen_body(packed, layout, out, by_layout[layout])
+
+            self.vgraphs = GraphRunner(body, tuple(self.varlen_shapes.buckets), pool=pool,
+                                       layouts={sh.tokens: sh.layout for sh in self.varlen_shapes.shapes},
+                                       **kw)  # fmt: skip
+        if c.graph_buckets:
+            self.graphs = GraphRunner(self.fwd.graph_body, c.graph_buckets, pool=pool, **kw)
         try:
             self._sync()
             if capture:
                 before = self.mem.reserved()
-                self.graphs.capture_all()
+                for g in (self.vgraphs, self.graphs):
+                    if g is not None:
+                        g.capture_all()
                 self.graph_pool_bytes = self.mem.reserved() - before
+            self.capture_stats = {
+                "decode_graphs": len(self.graphs.graphs) if self.graphs else 0,
+                "varlen_graphs": len(self.vgraphs.graphs) if self.vgraphs else 0,
+                "capture_s": sum(g.capture_s for g in (self.graphs, self.vgraphs) if g is not None),
+            }
         except Exception as e:
             error = f"{type(e).__name__}: {e}".splitlines()[0]
-            self.graphs.close()
-            self.graphs = None
+            self._close_graphs()
             self._reset_device_state()
             if self.pdl:  # retry once without programmatic dependent launch (still graphs)
                 log.warning("CUDA graph capture failed with PDL, retrying without it: %s", error)
@@ -305,8 +339,9 @@ class Engine(ModelRunner):
         return None if e or not g else rule.bucket_for(sum(batch.rows[i].num_tokens for i in g))
 
     def plan_context(self) -> PlanContext:
+        varlen = self.varlen_shapes if self.vgraphs is not None and self.use_graphs else None
         return PlanContext(self._pool.page_size, self._max_context_len, self.spec.vocab_size, self.graph_rule,
-                           self.table, self.slot_token_step, self.eager_out_base, self._rng)  # fmt: skip
+                           self.table, self.slot_token_step, self.eager_out_base, self._rng, varlen)  # fmt: skip
 
     @torch.no_grad()
     def step(self, batch: Batch, *, return_logits: bool = False, return_hidden: bool = False) -> StepHandle:
@@ -353,16 +388,28 @@ class Engine(ModelRunner):
             g.load(staged, plan.graph.bucket)
             if plan.graph.extra_upd is not None:
                 self.fwd.table_writes(*plan.graph.extra_upd)
-        if plan.eager is not None:
+        ev = plan.eager
+        vg = self.vgraphs if ev is not None and ev.varlen is not None else None
+        if ev is not None:
             off = plan.graph.layout.size if plan.graph is not None else 0
-            n = plan.eager.layout.size
-            e_dev = staged[off : off + n].to(self.device, non_blocking=True) if cuda else staged[off : off + n].clone()
+            n = ev.layout.size
+            if vg is not None:
+                assert ev.bucket is not None
+                vg.load(staged[off : off + n], ev.bucket)
+                if ev.extra_upd is not None:
+                    self.fwd.table_writes(*ev.extra_upd)
+            else:
+                part = staged[off : off + n]
+                e_dev = part.to(self.device, non_blocking=True) if cuda else part.clone()
         self._staging.record(self.stream)
         if plan.graph is not None:
             self.graphs.run(plan.graph.bucket)
             g_out = (self.graphs.out.hidden, self.graphs.out.logits)
-        if plan.eager is not None:
-            e_out = self.fwd.eager_pass(e_dev, plan.eager.layout, plan.eager.max_q_len)
+        if vg is not None:
+            vg.run(ev.bucket)
+            e_out = (vg.out.hidden, vg.out.logits)
+        elif ev is not None:
+            e_out = self.fwd.eager_pass(e_dev, ev.layout, ev.max_q_len)
         ring_i, host = self._ring.take()
         host.copy_(self.out_ids, non_blocking=cuda)
         extra = _Extra()
@@ -380,7 +427,8 @@ class Engine(ModelRunner):
         handle.num_tokens = plan.num_tokens
         handle.graph_bucket = plan.graph.bucket if plan.graph is not None else None
         handle.graph_rows = plan.graph.rows if plan.graph is not None else []
-        handle.eager_tokens = plan.eager.layout.num_tokens if plan.eager is not None else 0
+        handle.eager_tokens = sum(batch.rows[i].num_tokens for i in ev.rows) if ev is not None else 0
+        handle.varlen_bucket = ev.bucket if vg is not None else None
         self._ring.bind(ring_i, handle)
         return handle
 
@@ -396,10 +444,12 @@ class Engine(ModelRunner):
 
     # ---- memory and shutdown --------------------------------------------------------------------------
     def memory_report(self) -> MemoryReport:
-        g = self.graphs
+        static = sum(g.nbytes for g in (self.graphs, self.vgraphs) if g is not None)
         return MemoryReport(
             device=str(self.device), budget=self.budget, weights=self.weights_bytes, kv_cache=self.kv_cache.nbytes,
-            num_pages=self._pool.num_pages, page_table=self.table.nbytes, graph_static=g.nbytes if g else 0,
+            num_pages=self._pool.num_pages, page_table=self.table.nbytes, graph_static=static,
+            decode_graphs=int(self.capture_stats["decode_graphs"]),
+            varlen_graphs=int(self.capture_stats["varlen_graphs"]),
             graph_pool=getattr(self, "graph_pool_bytes", None),
             activation_peak=self._profile.activation_peak if self._profile else None,
             total_allocated=self.mem.allocated() if self.mem.cuda else None,
@@ -412,9 +462,7 @@ class Engine(ModelRunner):
             return
         self._sync()
         self.closed = True
-        if self.graphs is not None:
-            self.graphs.close()
-            self.graphs = None
+        self._close_graphs()
         for name in ("model", "kv_cache", "table", "slot_tokens", "out_ids", "_split_counters", "fwd", "_ring",
                      "_staging", "_staged"):  # fmt: skip
             if hasattr(self, name):

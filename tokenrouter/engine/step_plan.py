@@ -92,10 +92,17 @@ def plan_step(batch: Batch, ctx: PlanContext, staging: Callable[[int, int], np.n
                 dst[1].append(v)
 
     g_layout = graph_layout(bucket) if bucket is not None else None
-    e_layout = None
+    e_layout = shape = None
+    e_part: list[int] = e_idx  # attention-row order of the varlen part (-1: padding row)
     if e_idx:
-        e_logits = sum(1 for k in e_idx if rows[live[k]].sample)
-        e_layout = Layout(sum(ntok[k] for k in e_idx), len(e_idx), e_logits, len(e_upd[0]), varlen=True)
+        fit = ctx.varlen.fit([ntok[k] for k in e_idx]) if ctx.varlen is not None else None
+        if fit is not None:
+            shape, order = fit
+            e_layout = shape.layout
+            e_part = [e_idx[o] if o >= 0 else -1 for o in order]
+        else:
+            e_logits = sum(1 for k in e_idx if rows[live[k]].sample)
+            e_layout = Layout(sum(ntok[k] for k in e_idx), len(e_idx), e_logits, len(e_upd[0]), varlen=True)
     g_size = g_layout.size if g_layout else 0
     buf = staging(g_size, e_layout.size if e_layout else 0)
 
@@ -103,11 +110,7 @@ def plan_step(batch: Batch, ctx: PlanContext, staging: Callable[[int, int], np.n
     common = (rows, ctx, live, reqs, starts, ntok, slots, prev_slot, name)
     graph = eager = None
     if g_layout is not None:
-        cap = g_layout.num_updates
-        extra = None
-        if len(g_upd[0]) > cap:
-            extra = (np.asarray(g_upd[0][cap:], np.int64), np.asarray(g_upd[1][cap:], np.int64))
-            g_upd = (g_upd[0][:cap], g_upd[1][:cap])
+        g_upd, extra = _cap_updates(g_upd, g_layout.num_updates)
         packed = buf[:g_size]
         qmax = _write_part(*common, g_idx, g_layout, packed, g_upd, virtual=True)
         graph = PartPlan(g_layout, packed, [live[k] for k in g_idx], qmax, bucket, extra)
@@ -116,16 +119,29 @@ def plan_step(batch: Batch, ctx: PlanContext, staging: Callable[[int, int], np.n
                 out_index[live[k]] = j
     if e_layout is not None:
         packed = buf[g_size : g_size + e_layout.size]
-        qmax = _write_part(*common, e_idx, e_layout, packed, e_upd, virtual=False)
-        eager = PartPlan(e_layout, packed, [live[k] for k in e_idx], qmax, None)
+        extra = None
+        if shape is not None:
+            e_upd, extra = _cap_updates(e_upd, e_layout.num_updates)
+        qmax = _write_part(*common, e_part, e_layout, packed, e_upd, virtual=False)
+        real = [k for k in e_part if k >= 0]
+        eager = PartPlan(e_layout, packed, [live[k] for k in real], qmax, shape.tokens if shape else None, extra,
+                         shape)  # fmt: skip
         j = ctx.eager_out_base
-        for k in e_idx:
+        for k in real:
             if rows[live[k]].sample:
                 out_index[live[k]] = j
                 j += 1
     sampled = [k for k in everything if rows[live[k]].sample]
     return StepPlan(graph, eager, table_plan, np.asarray(out_index, np.int64), [live[k] for k in sampled], skipped,
                     reqs, total, [slots[k] for k in sampled])  # fmt: skip
+
+
+def _cap_updates(upd: tuple[list[int], list[int]], cap: int):
+    """Page writes a graph replay carries (the first `cap`) and the rest, scattered before the replay."""
+    if len(upd[0]) <= cap:
+        return upd, None
+    extra = (np.asarray(upd[0][cap:], np.int64), np.asarray(upd[1][cap:], np.int64))
+    return (upd[0][:cap], upd[1][:cap]), extra
 
 
 _Checked = tuple[list[int], list[Request], list[int], list[int], list[int], list[int], list[int], int, int]
@@ -224,6 +240,11 @@ def _write_part(rows: list[BatchRow], ctx: PlanContext, live: list[int], reqs: l
         smap.clear()
 
     for k in part:
+        if k < 0:  # a padding attention row of a varlen graph: no queries, the null slot
+            cu.append(t)
+            seqs.append(1)
+            rsl.append(0)
+            continue
         req, s, m, sl = reqs[k], starts[k], ntok[k], slots[k]
         pages = req.pages
         if m == 1:  # the common case: one token, one page lookup
@@ -291,10 +312,12 @@ def _write_part(rows: list[BatchRow], ctx: PlanContext, live: list[int], reqs: l
         _bad_token(rows, ctx, live, reqs, starts, ntok, prev_slot, name, part)
     if virtual:
         np.add(pos_v[:t], 1, out=seq_v[:t])  # one virtual decode row per token
-    else:
-        seq_v[:] = seqs
-        rsl_v[:] = rsl
-        view("cu_seqlens_q")[:] = cu
+    else:  # varlen; a varlen graph's padding rows (past the list) keep seq_len 1, slot 0 and zero queries
+        seq_v[: len(seqs)] = seqs
+        rsl_v[: len(rsl)] = rsl
+        cu_v = view("cu_seqlens_q")
+        cu_v[: len(cu)] = cu
+        cu_v[len(cu) :] = t
     nl = len(li)
     view("logits_indices")[:nl] = li
     view("out_slot")[:nl] = oslot
@@ -314,7 +337,7 @@ def _bad_token(rows, ctx, live, reqs, starts, ntok, prev_slot, name, part) -> No
     """Slow path after a packed token id failed the vocabulary check: find the first bad one and name its row."""
     vocab = ctx.vocab_size
     for k in part:
-        if k in prev_slot:
+        if k < 0 or k in prev_slot:
             continue
         for tok in reqs[k].token_ids[starts[k] : starts[k] + ntok[k]]:
             if not (isinstance(tok, int | np.integer) and 0 <= tok < vocab):

@@ -117,9 +117,16 @@ def profile_memory(engine: Engine) -> MemoryProfile:
     top = max(c.graph_buckets, default=0)
     item = torch.empty((), dtype=engine.dtype).element_size()
     static += top * (spec_hv(engine) * item) + (1 << 20)
+    pool = 0
+    shapes = engine.varlen_shapes
+    if shapes is not None:
+        static += max(sh.rows for sh in shapes.shapes) * spec_hv(engine) * item + 4 * shapes.shapes[-1].layout.size
+        # The graph pool keeps the largest varlen bucket's intermediates (about the eager peak measured here,
+        # at most max_num_batched_tokens tokens); steps that fit no bucket still run eagerly outside the pool.
+        pool = peak if c.cuda_graphs and engine.device.type == "cuda" else 0
     engine._teardown_buffers()
     engine._pool = saved
-    return MemoryProfile(weights=engine.weights_bytes, activation_peak=peak, static=static)
+    return MemoryProfile(weights=engine.weights_bytes, activation_peak=peak, static=static, graph_pool=pool)
 
 
 def spec_hv(engine: Engine) -> int:

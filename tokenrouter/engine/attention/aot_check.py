@@ -93,6 +93,40 @@ def variants(quick: bool) -> list[Variant]:
     return out
 
 
+def varlen_variants(quick: bool, max_tokens: int = 8192, max_rows: int = 256) -> list[Variant]:
+    """Every attention variant the varlen graphs launch (`varlen_shapes` defaults, PDL on as on the H200):
+    both row groups of every bucket, at the split counts `choose_num_splits` picks for them (KV width from a
+    4k to a 40k context, 8 KV heads), for the Qwen3 GQA groups 2 (0.6B/1.7B), 4 (4B/8B), 5 (14B), 8 (32B)."""
+    from tokenrouter.engine.attention.triton_common import choose_num_splits
+    from tokenrouter.engine.varlen_shapes import VarlenShapes, default_buckets
+
+    shapes = VarlenShapes.build(default_buckets(max_tokens), max_rows=max_rows, long_rows=8, short_q=16,
+                                page_size=16).shapes  # fmt: skip
+    fwd: set[tuple[int, int, int, bool]] = set()
+    pads: set[int] = set()
+    for group in (8,) if quick else (2, 4, 5, 8):
+        for sh in shapes:
+            for rows, max_q in ((sh.long_rows, sh.tokens), (sh.short_rows, sh.short_q)):
+                block_q, group_pad = extend_tiling(max_q, group, EXTEND_CONFIG)
+                blocks = -(-max_q // block_q)
+                for kv_len in (4096, 40960):
+                    splits = choose_num_splits(rows * 8 * blocks, kv_len, 132)
+                    fwd.add((group, block_q, group_pad, splits == 1))
+                    if splits > 1:
+                        pads.add(triton.next_power_of_2(splits))
+    out = []
+    for group, block_q, group_pad, single in sorted(fwd):
+        ext = fwd_constexprs(group=group, group_pad=group_pad, block_q=block_q, block_n=EXTEND_CONFIG.block_n,
+                             head_dim=128, page_size=16, is_decode=False, single_split=single, dtype=torch.bfloat16,
+                             use_pdl=True, has_slots=True)  # fmt: skip
+        out.append(Variant(f"varlen G={group} block_q={block_q} single={single} pdl", "paged_attention_fwd_kernel",
+                           ext, EXTEND_CONFIG.num_warps, EXTEND_CONFIG.num_stages))  # fmt: skip
+    for pad in sorted(pads):
+        out.append(Variant(f"varlen reduce S<={pad} pdl", "split_reduce_kernel", reduce_constexprs(pad, 128, True),
+                           4, 1))  # fmt: skip
+    return out
+
+
 def _ptxas_path() -> str:
     return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
 
@@ -145,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         print("this triton build has no bundled ptxas", file=sys.stderr)
         return 2
     ok = True
-    for v in variants(args.quick):
+    for v in variants(args.quick) + varlen_variants(args.quick):
         r = compile_variant(v)
         bad = r.spill_bytes > 0 or (v.kernel == "paged_attention_fwd_kernel" and not r.pipelined) or not r.fused_ok
         ok &= not bad

@@ -1,0 +1,108 @@
+"""Shapes of the varlen CUDA graphs: the "eager" pass of a step (prefill chunks, long peer returns, and, when
+steps are not split, the decode rows beside them) captured over token buckets.
+
+A varlen graph of bucket T holds at most T fed tokens in two row groups, each a fixed number of attention rows:
+- `long_rows` rows of any length (prefill chunks, long returns), attention launched with `max_q_len = T`;
+- `short_rows` rows of at most `short_q` tokens (decode rows, short returns), attention with
+  `max_q_len = short_q`.
+Why two groups: the Triton extend attention's grid is rows x KV heads x query blocks of `max_q_len`, and
+programs past a row's end exit at once. One group of `short_rows + long_rows` rows at `max_q_len = T` would
+launch (rows x T / BLOCK_Q) programs per layer, nearly all empty (about 262k a layer for Qwen3-32B at T = 1024
+and 256 rows); two groups keep it near (long_rows x T + short_rows x short_q) / BLOCK_Q.
+
+Row placement (`VarlenShape.place`): long rows fill the long group first, in batch order; short rows fill the
+short group, then any long-group room left. A step fits the smallest bucket holding its tokens whose groups
+hold its rows; else it runs eagerly (or, with several buckets, in a bigger one that holds the rows).
+
+Padding (as `inputs` documents for the graph layout): padded tokens have id 0, position 0, KV slot 0 (the null
+page) and no row (`cu_seqlens_q` stays at the last real token, so padded rows have zero queries and their
+attention programs exit); padded rows read the null page-table slot 0; padded logit rows read token 0 and
+sample greedily into the null slot. So padding never writes a real page or a real slot.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+from tokenrouter.engine.inputs import ALIGN, Layout
+
+DEFAULT_LONG_ROWS = 8  # rows of any length per varlen graph (a multiple of ALIGN: group views stay aligned)
+DEFAULT_SHORT_Q = 16  # longest row of the short group
+
+
+def default_buckets(max_tokens: int, smallest: int = 16) -> tuple[int, ...]:
+    """Powers of two from `smallest` up to and including the first >= `max_tokens` (capped at it)."""
+    out, b = [], smallest
+    while b < max_tokens:
+        out.append(b)
+        b *= 2
+    out.append(max_tokens)
+    return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
+class VarlenShape:
+    tokens: int  # T: the bucket
+    long_rows: int
+    short_rows: int
+    short_q: int
+    page_size: int
+
+    @property
+    def rows(self) -> int:
+        return self.long_rows + self.short_rows
+
+    @property
+    def layout(self) -> Layout:
+        # Page writes: a row of q tokens enters at most ceil(q / page) + 1 new pages; slot rewrites beyond
+        # this capacity go in a separate scatter before the replay (as for the decode graphs).
+        upd = -(-self.tokens // self.page_size) + self.rows + 8
+        return Layout(self.tokens, self.rows, self.rows, upd, varlen=True)
+
+    def place(self, ntok: list[int]) -> list[int] | None:
+        """Row order for the packed layout, or None when the rows do not fit: entry j is the index into `ntok`
+        of attention row j (long group = rows 0..long_rows-1), -1 for a padding row inside the long group;
+        padding rows after the list's end fill the short group."""
+        long = [i for i, n in enumerate(ntok) if n > self.short_q]
+        short = [i for i, n in enumerate(ntok) if n <= self.short_q]
+        if len(long) > self.long_rows or len(ntok) > self.rows or sum(ntok) > self.tokens:
+            return None
+        room = self.long_rows - len(long)
+        # Short rows that overflow the short group take the long group's free rows (placed right after the
+        # long rows, so the long group stays one contiguous prefix).
+        spill = max(0, len(short) - self.short_rows)
+        if spill > room:
+            return None
+        return long + short[:spill] + [-1] * (room - spill) + short[spill:]
+
+
+@dataclass(frozen=True, slots=True)
+class VarlenShapes:
+    """The varlen graph buckets of one engine."""
+
+    shapes: tuple[VarlenShape, ...]
+
+    @classmethod
+    def build(cls, buckets: tuple[int, ...], *, max_rows: int, long_rows: int, short_q: int,
+              page_size: int) -> VarlenShapes:  # fmt: skip
+        if long_rows < 1 or long_rows % ALIGN:
+            raise ValueError(f"varlen long_rows must be a positive multiple of {ALIGN}, got {long_rows}")
+        out = []
+        for t in sorted(set(buckets)):
+            short = -(-min(max_rows, t) // ALIGN) * ALIGN
+            out.append(VarlenShape(t, long_rows, short, min(short_q, t), page_size))
+        return cls(tuple(out))
+
+    @property
+    def buckets(self) -> list[int]:
+        return [s.tokens for s in self.shapes]
+
+    def fit(self, ntok: list[int]) -> tuple[VarlenShape, list[int]] | None:
+        """The smallest shape that holds rows of `ntok` tokens, and the row order (see `VarlenShape.place`)."""
+        i = bisect.bisect_left(self.buckets, sum(ntok))
+        for shape in self.shapes[i:]:
+            order = shape.place(ntok)
+            if order is not None:
+                return shape, order
+        return None
