@@ -1,0 +1,158 @@
+"""A real `tokenrouter serve` (the CLI a user runs) on the tiny CPU pair, in its own process group, and small
+HTTP helpers for the end-to-end tests: streamed completions, /metrics scraping, process-tree bookkeeping."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import psutil
+import yaml
+
+from tokenrouter.core.config import DeploymentConfig, ModelConfig, PolicyConfig, RouterConfig, SchedulerConfig
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_config(path: Path, router: str, *, weights: str | None = None, hop_rate: float = 0.4,
+                 models: tuple[str, ...] = ("tiny-small", "tiny-large"), policy: str = "eager") -> Path:  # fmt: skip
+    cfg = DeploymentConfig(
+        models=[ModelConfig(m) for m in models],
+        policy=PolicyConfig(kind=policy),
+        router=RouterConfig(router, hop_rate=hop_rate, return_prob=0.5, weights=weights),
+        scheduler=SchedulerConfig(max_batch_size=32, kv_growth_tokens=32),
+    )
+    path.write_text(cfg.to_yaml())
+    yaml.safe_load(path.read_text())  # what tr serve reads back
+    return path
+
+
+@dataclass
+class Served:
+    proc: subprocess.Popen
+    url: str
+    log: Path
+
+    @classmethod
+    def start(cls, tmp: Path, config: Path, *, kv_tokens: int = 2048, timeout_s: float = 180.0) -> Served:
+        port = free_port()
+        log = tmp / f"serve-{port}.log"
+        cmd = [sys.executable, "-m", "tokenrouter.cli.tr", "serve", "--config", str(config), "--device", "cpu",
+               "--port", str(port), "--kv-tokens", str(kv_tokens)]  # fmt: skip
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        srv = cls(proc, f"http://127.0.0.1:{port}", log)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"tr serve exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+            try:
+                if httpx.get(srv.url + "/health", timeout=2).status_code == 200:
+                    return srv
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                srv.kill()
+                raise RuntimeError(f"tr serve not healthy in {timeout_s:.0f} s:\n{log.read_text()[-3000:]}")
+            time.sleep(0.3)
+
+    def tree(self) -> list[psutil.Process]:
+        """The server process and every descendant (subservers, the MPS daemon if any)."""
+        try:
+            root = psutil.Process(self.proc.pid)
+            return [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def subserver_pids(self) -> list[int]:
+        """Children in start order: model 0 first (the launcher starts them in model order)."""
+        kids = psutil.Process(self.proc.pid).children()
+        return [p.pid for p in sorted(kids, key=lambda p: p.create_time())]
+
+    def kill(self) -> None:
+        with_children = self.tree()
+        for p in with_children:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+        psutil.wait_procs(with_children, timeout=10)
+
+    def metrics(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for line in httpx.get(self.url + "/metrics", timeout=5).text.splitlines():
+            if line and not line.startswith("#"):
+                key, _, val = line.rpartition(" ")
+                out[key] = float(val)
+        return out
+
+    def kv_pages_used(self) -> list[float]:
+        m = self.metrics()
+        return [v for k, v in m.items() if k.startswith("tokenrouter_kv_pages_used{")]
+
+
+@dataclass
+class Stream:
+    """One streamed completion as the client saw it."""
+
+    models: list[int] = field(default_factory=list)  # writer of each token, in order
+    text: str = ""
+    finish_reason: str | None = None
+    usage: dict = field(default_factory=dict)
+    tokenrouter: dict = field(default_factory=dict)
+    error: str | None = None
+    done: bool = False
+
+
+async def stream_completion(client: httpx.AsyncClient, url: str, prompt: list[int], max_tokens: int,
+                            **extra) -> Stream:  # fmt: skip
+    body = {"prompt": prompt, "max_tokens": max_tokens, "stream": True, "ignore_eos": True, "temperature": 0, **extra}
+    models = (await client.get(url + "/v1/models")).json()["data"]
+    body["model"] = models[0]["id"]
+    out = Stream()
+    async with client.stream("POST", url + "/v1/completions", json=body) as r:
+        if r.status_code != 200:
+            out.error = f"HTTP {r.status_code}: {(await r.aread()).decode()[:300]}"
+            return out
+        async for line in r.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            data = line[6:]
+            if data == "[DONE]":
+                out.done = True
+                continue
+            chunk = json.loads(data)
+            if "error" in chunk:
+                out.error = str(chunk["error"])
+                continue
+            tr = chunk.get("tokenrouter") or {}
+            out.models.extend(tr.get("models", []))
+            for ch in chunk.get("choices", []):
+                out.text += ch.get("text") or ""
+                out.finish_reason = ch.get("finish_reason") or out.finish_reason
+            if chunk.get("usage"):
+                out.usage, out.tokenrouter = chunk["usage"], tr
+    return out
+
+
+def terminate(srv: Served, timeout_s: float = 20.0) -> float:
+    """SIGTERM the server; seconds until it and every descendant are gone (raises if not within timeout)."""
+    procs = srv.tree()
+    t0 = time.monotonic()
+    srv.proc.send_signal(signal.SIGTERM)
+    srv.proc.wait(timeout=timeout_s)
+    _, alive = psutil.wait_procs(procs, timeout=max(0.1, timeout_s - (time.monotonic() - t0)))
+    if alive:
+        raise AssertionError(f"still running {timeout_s} s after SIGTERM: {[p.pid for p in alive]}")
+    return time.monotonic() - t0
