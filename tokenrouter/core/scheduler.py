@@ -24,7 +24,7 @@ ahead: their gate is a barrier between steps.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,6 +38,9 @@ from tokenrouter.core.messages import Action, Emit, Finish, LiveCount, PeerMsg, 
 from tokenrouter.core.policy import Policy, SyncGate
 from tokenrouter.core.request import ReqStatus, Request
 from tokenrouter.core.router import Router
+
+# Finished request ids each subserver remembers (a late message for an older one would fail loudly again).
+_GONE_CAPACITY = 1 << 16
 
 
 class RequestTooLong(ValueError):
@@ -84,6 +87,10 @@ class Scheduler:
         self.former = BatchFormer(model, kv, self.graph_rule, max_batch_size, max_batch_tokens)
         self.live = LiveView(model, num_models, owner=model == entry)
         self.reqs: dict[str, Request] = {}
+        # Ids of requests that ended here (or that a peer said ended before they arrived): a message still on
+        # its way for one of them (a return crossing an abort, a hand-off overtaken by the finish on another
+        # link) is dropped instead of failing or re-running the request. Bounded: oldest forgotten first.
+        self._gone: OrderedDict[str, None] = OrderedDict()
         self.waiting: deque[Request] = deque()
         self.admit_queue: dict[str, Request] = {}  # entry only: arrived, waiting for a KV reservation
         self.inflight: deque[Batch] = deque()
@@ -151,6 +158,8 @@ class Scheduler:
             return self._peer_finished(msg, now)
         req = self.reqs.get(msg.rid)
         if req is None:
+            if msg.rid in self._gone:
+                return []  # the request ended while this message was on its way
             if msg.loc != 0 or msg.sampling is None:
                 raise ValueError(f"{msg.rid}: first message at model {self.model} must carry the whole sequence")
             req = Request(
@@ -303,6 +312,7 @@ class Scheduler:
     def _peer_finished(self, msg: PeerReq, now: float) -> list[Action]:
         req = self.reqs.get(msg.rid)
         if req is None:
+            self._remember_gone(msg.rid)  # a hand-off may still arrive on another link: it must not run
             return []
         if req in self.waiting:
             self.waiting.remove(req)
@@ -321,6 +331,12 @@ class Scheduler:
         self.kv.release(req.pages)
         self.router.on_finish(req)
         self.reqs.pop(req.rid, None)
+        self._remember_gone(req.rid)
+
+    def _remember_gone(self, rid: str) -> None:
+        self._gone[rid] = None
+        if len(self._gone) > _GONE_CAPACITY:
+            self._gone.popitem(last=False)
 
     def _count_finish(self, rid: str, now: float) -> None:
         """Entry: one live request fewer; its reservation goes back and queued requests may go live."""
