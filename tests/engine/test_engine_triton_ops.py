@@ -313,6 +313,7 @@ def _aot_compile() -> int:
     ptr.update(Logits="*bf16", InvT="*fp32", TopP="*fp32")
     ptr.update(dict.fromkeys(["TopK", "Seed", "Out", "OutSlot", "SlotTok", "Table", "UpdIdx", "UpdVal", "Ids",
                               "Prev"], "*i32"))  # fmt: skip
+    ptr["Greedy"] = "*i64"
     ptr["Pos"] = "*i32"
     cases += [
         (S._prologue_kernel, {"BLOCK": 256, "USE_PDL": False}, 4),

@@ -71,6 +71,9 @@ class EngineConfig:
     varlen_graph_buckets: tuple[int, ...] | None = None
     varlen_long_rows: int = 8
     varlen_short_q: int = 16
+    # Padding tokens a varlen graph may carry before an eager pass is cheaper (None: estimated from the model's
+    # size, `varlen_shapes.max_pad_tokens`; large compute-bound models run half-empty buckets eagerly).
+    varlen_max_pad_tokens: int | None = None
     # Run the padded static-buffer (graph) path eagerly when graphs cannot be captured, e.g. on CPU: tests use
     # it to check bucket padding and buffer preparation without a GPU.
     graph_emulation: bool = False

@@ -41,7 +41,7 @@ from tokenrouter.engine.memory import DeviceMemory, MemoryProfile, MemoryReport,
 from tokenrouter.engine.model import CausalLM
 from tokenrouter.engine.page_table import PageTable
 from tokenrouter.engine.step_plan import PlanContext, StepPlan, plan_step
-from tokenrouter.engine.varlen_shapes import VarlenShapes
+from tokenrouter.engine.varlen_shapes import VarlenShapes, max_pad_tokens
 
 log = logging.getLogger(__name__)
 
@@ -136,9 +136,12 @@ class Engine(ModelRunner):
         top = max(c.graph_buckets, default=0)
         self.varlen_shapes = None
         if c.varlen_buckets() and (c.cuda_graphs or c.graph_emulation):
+            pad = c.varlen_max_pad_tokens
+            if pad is None:
+                pad = max_pad_tokens(self.spec.num_params, self.spec.num_layers)
             self.varlen_shapes = VarlenShapes.build(c.varlen_buckets(), max_rows=c.max_batch_size,
                                                     long_rows=c.varlen_long_rows, short_q=c.varlen_short_q,
-                                                    page_size=ps)  # fmt: skip
+                                                    page_size=ps, max_pad=pad)  # fmt: skip
         vrows = max((sh.rows for sh in self.varlen_shapes.shapes), default=0) if self.varlen_shapes else 0
         self.eager_out_base = top
         self.out_width = top + max(c.max_batch_size, vrows)

@@ -32,13 +32,30 @@ DEFAULT_SHORT_Q = 16  # longest row of the short group
 
 
 def default_buckets(max_tokens: int, smallest: int = 16) -> tuple[int, ...]:
-    """Powers of two from `smallest` up to and including the first >= `max_tokens` (capped at it)."""
+    """Powers of two from `smallest`, with the midpoint 1.5x between neighbours from 24 up, up to and including
+    `max_tokens`: a step pads by less than half of its tokens (powers of two alone nearly doubled a 520-token
+    step; compute-bound models pay that in full: studies/engine/results/2026-11-30-serving-loop)."""
     out, b = [], smallest
     while b < max_tokens:
         out.append(b)
+        if b >= 16 and b * 3 // 2 < max_tokens:
+            out.append(b * 3 // 2)
         b *= 2
     out.append(max_tokens)
-    return tuple(out)
+    return tuple(sorted(set(out)))
+
+
+def max_pad_tokens(num_params: int, num_layers: int, *, tflops: float = 790.0, efficiency: float = 0.8,
+                   launch_ms_per_layer: float = 0.25) -> int:  # fmt: skip
+    """How many padding tokens a varlen graph may carry before an eager pass of the real tokens is cheaper.
+
+    A padded token costs about 2 * params FLOPs; an eager pass instead pays its Python launch overhead, about
+    `launch_ms_per_layer` per layer (measured on the H200, 2026-11-30: a 520-token step eager vs in a 1024-token
+    graph was 11.9 vs 5.1 ms for Qwen3-0.6B, 51 vs 94 ms for Qwen3-32B). Defaults: H200 bf16 peak. The budget is
+    then ~3,700 tokens for 0.6B (always a graph) and ~150 for 32B (eager unless the bucket is nearly full).
+    """
+    per_token_ms = 2.0 * num_params / (tflops * 1e12 * efficiency) * 1e3
+    return int(launch_ms_per_layer * num_layers / max(per_token_ms, 1e-12))
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,26 +99,31 @@ class VarlenShapes:
     """The varlen graph buckets of one engine."""
 
     shapes: tuple[VarlenShape, ...]
+    max_pad: int | None = None  # padding tokens beyond which a step runs eagerly instead (None: no limit)
 
     @classmethod
     def build(cls, buckets: tuple[int, ...], *, max_rows: int, long_rows: int, short_q: int,
-              page_size: int) -> VarlenShapes:  # fmt: skip
+              page_size: int, max_pad: int | None = None) -> VarlenShapes:  # fmt: skip
         if long_rows < 1 or long_rows % ALIGN:
             raise ValueError(f"varlen long_rows must be a positive multiple of {ALIGN}, got {long_rows}")
         out = []
         for t in sorted(set(buckets)):
             short = -(-min(max_rows, t) // ALIGN) * ALIGN
             out.append(VarlenShape(t, long_rows, short, min(short_q, t), page_size))
-        return cls(tuple(out))
+        return cls(tuple(out), max_pad)
 
     @property
     def buckets(self) -> list[int]:
         return [s.tokens for s in self.shapes]
 
     def fit(self, ntok: list[int]) -> tuple[VarlenShape, list[int]] | None:
-        """The smallest shape that holds rows of `ntok` tokens, and the row order (see `VarlenShape.place`)."""
-        i = bisect.bisect_left(self.buckets, sum(ntok))
+        """The smallest shape that holds rows of `ntok` tokens, and the row order (see `VarlenShape.place`);
+        None when none holds them or the padding would exceed `max_pad` (then the step runs eagerly)."""
+        total = sum(ntok)
+        i = bisect.bisect_left(self.buckets, total)
         for shape in self.shapes[i:]:
+            if self.max_pad is not None and shape.tokens - total > self.max_pad:
+                return None
             order = shape.place(ntok)
             if order is not None:
                 return shape, order
