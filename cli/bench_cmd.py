@@ -44,6 +44,18 @@ def live_summary(out) -> dict[str, Any]:
     return s
 
 
+def with_serving_overrides(cfg: Any, policy: str | None, overlap: bool | None) -> Any:
+    """The simulated cell of a config served with `tr serve --config C --policy P [--no-overlap]`."""
+    from dataclasses import replace
+
+    dep = cfg.deployment
+    if policy is not None and policy != dep.policy.kind:
+        dep = replace(dep, policy=replace(dep.policy, kind=policy))
+    if overlap is not None and overlap != dep.scheduler.overlap:
+        dep = replace(dep, scheduler=replace(dep.scheduler, overlap=overlap))
+    return replace(cfg, deployment=dep)
+
+
 def _compare_table(live: dict[str, Any], sim: dict[str, Any], names: list[str]) -> Table:
     t = Table(title="live vs simulated (same cell)", title_justify="left")
     for col in ("metric", "live", "sim", "sim / live"):
@@ -84,11 +96,16 @@ def register(app: typer.Typer) -> None:
         large: Annotated[str, typer.Option(help="--sim: large model.")] = "qwen3-32b",
         router: Annotated[str, typer.Option(help="--sim: router.")] = "r2r",
         hop_rate: Annotated[float, typer.Option("--hop-rate", "-p", help="--sim: hop rate.")] = 0.1,
-        policy: Annotated[str, typer.Option(help="--sim: policy.")] = "delayed",
+        policy: Annotated[
+            str | None, typer.Option(help="--sim: policy (default: the config's, else delayed).")
+        ] = None,
         thresholds: Annotated[str, typer.Option(help="--sim: B per model or 'auto'.")] = "auto",
         placement: Annotated[str, typer.Option(help="--sim: mps | separate.")] = "mps",
         profile: Annotated[str, typer.Option(help="--sim: profile name or JSON.")] = "h200",
-        overlap: Annotated[bool, typer.Option("--overlap/--no-overlap", help="--sim: CPU-GPU overlap.")] = True,
+        overlap: Annotated[
+            bool | None,
+            typer.Option("--overlap/--no-overlap", help="--sim: CPU-GPU overlap (default: the config's, else on)."),
+        ] = None,
     ) -> None:
         """Benchmark a running server (streaming, token-id prompts, ignore_eos) and print the metrics table."""
         import httpx
@@ -141,11 +158,13 @@ def register(app: typer.Typer) -> None:
             from tokenrouter.cli.run_cmd import sim_config_from_flags, simulate
 
             cfg, auto = sim_config_from_flags(
-                hop_rate=hop_rate, concurrency=concurrency, small=small, large=large, policy=policy,
+                hop_rate=hop_rate, concurrency=concurrency, small=small, large=large, policy=policy or "delayed",
                 thresholds=thresholds, placement=placement, workload=workload, num_requests=num_requests,
                 router=router, profile=profile, seed=seed, arrival_rate=arrival_rate, max_output=max_output,
-                overlap=overlap, config=config,
+                overlap=True if overlap is None else overlap, config=config,
             )  # fmt: skip
+            if config is not None:  # the server may run the config with --policy / --no-overlap on top
+                cfg = with_serving_overrides(cfg, policy, overlap)
             sim_res = simulate(cfg, auto)
             if json_out != "-":
                 console.print(_compare_table(live, sim_res.summary, names))

@@ -82,6 +82,8 @@ def test_engine_settings_map_the_model_config_onto_the_engine_config():
     )
     assert large["graph_max_row_tokens"] == 32 and small["num_pages"] == d.schedulers[0].kv.num_pages
     assert engine_kwargs(cfg, 0, 10)["num_pages"] == 10
+    # the engine is sized for the largest step the scheduler may form
+    assert small["max_num_batched_tokens"] == cfg.scheduler.max_batch_tokens
     engine = pytest.importorskip("tokenrouter.engine.config")
     fields = {f.name for f in dataclasses.fields(engine.EngineConfig)}
     assert set(small) <= fields  # every key is an EngineConfig setting

@@ -22,6 +22,8 @@ def engine_kwargs(dep: DeploymentConfig, model: int, num_pages: int, seed: int =
         "page_size": dep.scheduler.page_size,
         "num_pages": num_pages,
         "max_batch_size": dep.scheduler.max_batch_size,
+        # the engine sizes activations and varlen graphs for the largest step the scheduler may form
+        "max_num_batched_tokens": dep.scheduler.max_batch_tokens,
         "cuda_graphs": rule.enabled,
         "graph_buckets": rule.buckets,
         "graph_max_row_tokens": rule.max_row_tokens,

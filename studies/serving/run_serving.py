@@ -1,0 +1,158 @@
+"""Live serving study: `tokenrouter serve` on a GPU with the config `trsim tune` wrote, `tokenrouter bench` at
+several concurrencies for several policies, each cell with the simulator's prediction beside it (`--sim`).
+
+    python studies/serving/run_serving.py --config studies/serving/serve.yaml --out OUT [--deadline 540]
+
+One server per (policy, overlap); cells ordered so the most important ones (N = 8) run first, and no new cell
+starts past `--deadline` seconds. Writes OUT/serving.csv (one row per cell), OUT/serving.json (the bench JSON of
+every cell, the /metrics deltas, start-up and shutdown times), OUT/serve_logs.txt (the servers' log tails).
+Per cell, the small model's mean step time and batch size in the serving loop come from /metrics deltas.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pandas as pd
+
+TR = [sys.executable, "-m", "tokenrouter.cli.tr"]
+KEYS = ("output_throughput_tok_s", "steady_output_throughput_tok_s", "ttft_ms_mean", "tpot_ms_mean",
+        "e2e_ms_mean", "hops_per_request", "requests_completed", "requests_failed")  # fmt: skip
+
+
+def scrape(url: str) -> dict[str, float]:
+    out = {}
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        if line and not line.startswith("#"):
+            k, _, v = line.rpartition(" ")
+            out[k] = float(v)
+    return out
+
+
+def small_loop(before: dict[str, float], after: dict[str, float], model: str) -> dict[str, float | None]:
+    """Mean step time (ms) and rows per step of `model` between two /metrics snapshots."""
+
+    def d(prefix: str) -> float | None:
+        keys = [k for k in after if k.startswith(prefix) and f'model="{model}"' in k]
+        return after[keys[0]] - before.get(keys[0], 0.0) if keys else None
+
+    steps, secs, rows = d("tokenrouter_steps"), d("tokenrouter_step_seconds"), d("tokenrouter_step_rows")
+    if not steps:
+        return {"step_ms": None, "rows_per_step": None}
+    return {
+        "step_ms": None if secs is None else 1e3 * secs / steps,
+        "rows_per_step": None if rows is None else rows / steps,
+    }
+
+
+def start(cfg: str, policy: str, overlap: bool, port: int, log: Path, device: str, timeout_s: float = 300.0):
+    cmd = [*TR, "serve", "--config", cfg, "--device", device, "--policy", policy, "--port", str(port)]
+    if not overlap:
+        cmd.append("--no-overlap")
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    while time.monotonic() - t0 < timeout_s:
+        if proc.poll() is not None:
+            return proc, url, None
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return proc, url, time.monotonic() - t0
+        except httpx.TransportError:
+            pass
+        time.sleep(1.0)
+    return proc, url, None
+
+
+def stop(proc) -> float:
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    return time.monotonic() - t0
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--ns", default="8,1,4,16")
+    p.add_argument("--policies", default="delayed,step-sync,eager")
+    p.add_argument("--max-output", type=int, default=256)
+    p.add_argument("--workload", default="low-effort")
+    p.add_argument("--deadline", type=float, default=540.0)
+    p.add_argument("--port", type=int, default=8100)
+    p.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run with the tiny models")
+    a = p.parse_args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t_start = time.monotonic()
+    small = None
+    rows, raw, logs = [], {"servers": {}}, []
+    runs = [(pol, True, [int(n) for n in a.ns.split(",")]) for pol in a.policies.split(",")]
+    runs.append(("delayed", False, [8]))  # overlap off, for what overlap saves live
+    for policy, overlap, ns in runs:
+        if time.monotonic() - t_start > a.deadline - 90:
+            print(f"skip {policy} overlap={overlap}: deadline")
+            continue
+        tag = f"{policy}{'' if overlap else '-no-overlap'}"
+        log = out / f"serve_{tag}.log"
+        proc, url, up = start(a.config, policy, overlap, a.port, log, a.device)
+        raw["servers"][tag] = {"startup_s": up}
+        if up is None:
+            print(f"{tag}: server did not come up")
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            logs.append(f"== {tag}\n" + log.read_text()[-4000:])
+            continue
+        print(f"{tag}: up in {up:.0f} s", flush=True)
+        small = small or httpx.get(url + "/v1/models").json()["data"][0]["id"].split("+")[0]
+        for n in ns:
+            if time.monotonic() - t_start > a.deadline - 30:
+                print(f"skip {tag} N={n}: deadline")
+                continue
+            before = scrape(url)
+            jf = out / f"bench_{tag}_{n}.json"
+            cmd = [*TR, "bench", "--url", url, "-n", str(n), "--num-requests", str(max(8, 3 * n)), "--workload",
+                   a.workload, "--max-output", str(a.max_output), "--seed", "0", "--json", str(jf), "--sim",
+                   "--config", a.config, "--policy", policy, "--overlap" if overlap else "--no-overlap"]  # fmt: skip
+            t0 = time.monotonic()
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+            after = scrape(url)
+            if res.returncode != 0 or not jf.exists():
+                print(f"{tag} N={n}: bench failed: {(res.stderr or res.stdout)[-300:]}")
+                continue
+            rec = json.loads(jf.read_text())
+            jf.unlink()
+            loop = small_loop(before, after, small)
+            raw[f"{tag}/N={n}"] = {"bench": rec, "small_loop": loop, "wall_s": time.monotonic() - t0}
+            row = {"policy": policy, "overlap": overlap, "N": n, **{k: rec.get(k) for k in KEYS},
+                   "sim_output_throughput_tok_s": rec.get("sim_output_throughput_tok_s"),
+                   "small_step_ms": loop["step_ms"], "small_rows_per_step": loop["rows_per_step"]}  # fmt: skip
+            rows.append(row)
+            print(f"{tag} N={n}: live {row['output_throughput_tok_s']} tok/s, sim "
+                  f"{row['sim_output_throughput_tok_s']} tok/s, small step {loop['step_ms']} ms x "
+                  f"{loop['rows_per_step']} rows", flush=True)  # fmt: skip
+        raw["servers"][tag]["shutdown_s"] = stop(proc)
+        logs.append(f"== {tag}\n" + log.read_text()[-2000:])
+        log.unlink()
+    pd.DataFrame(rows).to_csv(out / "serving.csv", index=False)
+    (out / "serving.json").write_text(json.dumps(raw, indent=1, default=str))
+    (out / "serve_logs.txt").write_text("\n".join(logs))
+    print(f"done in {time.monotonic() - t_start:.0f} s: {len(rows)} cells")
+    return 0 if rows else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
