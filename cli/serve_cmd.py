@@ -95,13 +95,25 @@ def serve(
         from tokenrouter.runtime.frontend import serve_http
     except ImportError as e:
         raise CliError(f"the HTTP front-end is not available (tokenrouter.runtime.frontend: {e})") from None
-    from tokenrouter.models import load_tokenizer
-
+    tok = entry_tokenizer(cfg)
     Server.install_signal_handlers()
-    with Server(cfg, device=device, record_hops=record_hops) as server:
-        try:
-            tok = load_tokenizer(cfg.models[cfg.entry].path or cfg.models[cfg.entry].name)
-        except (OSError, ValueError) as e:
-            raise CliError(f"no tokenizer for {cfg.models[cfg.entry].name}: {e}") from None
-        with contextlib.suppress(KeyboardInterrupt):  # SIGINT/SIGTERM: leave the `with`, which stops everything
-            serve_http(server, host=host, port=port, api_key=api_key, tokenizer=tok)
+    # SIGINT/SIGTERM: leave the `with`, which stops everything
+    with Server(cfg, device=device, record_hops=record_hops) as server, contextlib.suppress(KeyboardInterrupt):
+        serve_http(server, host=host, port=port, api_key=api_key, tokenizer=tok)
+
+
+def entry_tokenizer(cfg):
+    """The entry model's tokenizer; for dummy weights without one (bundled shapes such as qwen3-32b), an
+    ids-only tokenizer: prompts as token ids, which is what `tr bench` sends. Resolved before any process starts."""
+    from tokenrouter.models import load_spec, load_tokenizer
+    from tokenrouter.models.ids_only import IdsOnlyTokenizer
+
+    mc = cfg.models[cfg.entry]
+    try:
+        return load_tokenizer(mc.path or mc.name)
+    except (OSError, ValueError) as e:
+        if mc.path is not None:
+            raise CliError(f"no tokenizer for {mc.name}: {e}") from None
+        typer.echo(f"tr serve: {mc.name} has no tokenizer here (dummy weights): serving token-id prompts only",
+                   err=True)  # fmt: skip
+        return IdsOnlyTokenizer(load_spec(mc.name).vocab_size)

@@ -28,8 +28,12 @@ def completion_prompt(req: CompletionRequest, encode) -> list[int]:
         if len(p) != 1:
             raise APIError(400, "batched prompts are not supported: send one prompt per request", "prompt")
         p = p[0]
-    ids = encode(p) if isinstance(p, str) else list(p)
-    return ids
+    if not isinstance(p, str):
+        return list(p)
+    try:
+        return encode(p)
+    except ValueError as e:  # e.g. a deployment without a tokenizer (dummy weights): ids only
+        raise APIError(400, str(e), "prompt") from None
 
 
 def chat_prompt(req: ChatRequest, tokenizer) -> list[int]:
