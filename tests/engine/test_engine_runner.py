@@ -110,7 +110,8 @@ def test_mixed_batch_keeps_short_rows_in_the_graph(ckpt):
         r.pages.clear()
         one.kv_pool.grow(r.pages, r.num_tokens)
     plan = _plan(one, Batch(0, 0, rows))
-    assert plan.graph is None and plan.eager.bucket == 32 and plan.eager.rows == [0, 1, 2]  # all <= short_q 16
+    # 22 tokens: the 24-token bucket (1.5x midpoints); all rows <= short_q 16
+    assert plan.graph is None and plan.eager.bucket == 24 and plan.eager.rows == [0, 1, 2]
     assert one.step(Batch(0, 0, rows)).result().next_token_ids.tolist() == res.next_token_ids.tolist()
 
 
