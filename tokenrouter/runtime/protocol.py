@@ -38,7 +38,9 @@ def unpack_ids(data: bytes) -> list[int]:
 
 
 class Sampling(msgspec.Struct, frozen=True):
-    """`core.request.SamplingParams` on the wire."""
+    """`core.request.SamplingParams` on the wire. A struct of its own, without the dataclass's validation, so a
+    bad value reaches the entry subserver intact and is answered with `Rejected(400)` instead of failing the
+    decode of the whole frame."""
 
     temperature: float = 0.0
     top_p: float = 1.0
