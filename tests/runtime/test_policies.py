@@ -15,7 +15,9 @@ PROMPTS = {f"p{k}": [20 + k, 300, 301 + k, 5] for k in range(6)}
 
 def serve(tmp_path, cfg, prompts=PROMPTS, repeat: int = 1):
     """Run `prompts` (each `repeat` times under distinct ids); returns ({rid: Outcome}, server)."""
-    srv = Server(cfg, run_dir=tmp_path, step_logs=True).start()
+    # A heartbeat far beyond the collect timeout: progress must never wait for it (a subserver that blocks in its
+    # poll after its own completion made it launchable again would hang here).
+    srv = Server(cfg, run_dir=tmp_path, step_logs=True, stats_interval_s=600.0).start()
     client = RuntimeClient(srv.addresses)
     try:
         rids = set()

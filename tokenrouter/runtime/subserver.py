@@ -204,9 +204,13 @@ class Subserver:
             if self.stopping:
                 break
             launched = self._launch(time.monotonic())
+            completed = False
             while self.inflight and (not self.sched.overlap or not launched or len(self.inflight) > 1):
                 self._complete_oldest()
-            busy = launched or bool(self.inflight)
+                completed = True
+            # A completion can make this model launchable again (its requeued rows, a sync gate's next round)
+            # without any message arriving: ask `schedule` once more before blocking in the poll.
+            busy = launched or completed or bool(self.inflight)
         while self.inflight:
             self._complete_oldest()
         self._stats(time.monotonic())
