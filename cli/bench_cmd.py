@@ -96,9 +96,7 @@ def register(app: typer.Typer) -> None:
         large: Annotated[str, typer.Option(help="--sim: large model.")] = "qwen3-32b",
         router: Annotated[str, typer.Option(help="--sim: router.")] = "r2r",
         hop_rate: Annotated[float, typer.Option("--hop-rate", "-p", help="--sim: hop rate.")] = 0.1,
-        policy: Annotated[
-            str | None, typer.Option(help="--sim: policy (default: the config's, else delayed).")
-        ] = None,
+        policy: Annotated[str | None, typer.Option(help="--sim: policy (default: the config's, else delayed).")] = None,
         thresholds: Annotated[str, typer.Option(help="--sim: B per model or 'auto'.")] = "auto",
         placement: Annotated[str, typer.Option(help="--sim: mps | separate.")] = "mps",
         profile: Annotated[str, typer.Option(help="--sim: profile name or JSON.")] = "h200",

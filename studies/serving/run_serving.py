@@ -45,12 +45,23 @@ def small_loop(before: dict[str, float], after: dict[str, float], model: str) ->
         return after[keys[0]] - before.get(keys[0], 0.0) if keys else None
 
     steps, secs, rows = d("tokenrouter_steps"), d("tokenrouter_step_seconds"), d("tokenrouter_step_rows")
-    if not steps:
-        return {"step_ms": None, "rows_per_step": None}
-    return {
-        "step_ms": None if secs is None else 1e3 * secs / steps,
-        "rows_per_step": None if rows is None else rows / steps,
-    }
+    out: dict[str, float | None] = {"step_ms": None, "rows_per_step": None}
+    if steps:
+        out["step_ms"] = None if secs is None else 1e3 * secs / steps
+        out["rows_per_step"] = None if rows is None else rows / steps
+    # Back-to-back steps: the loop's period per step against the GPU time of the same steps (CUDA events).
+    n, loop, gpu, lrows = (d("tokenrouter_loop_steps"), d("tokenrouter_loop_seconds"),
+                           d("tokenrouter_loop_gpu_seconds"), d("tokenrouter_loop_rows"))  # fmt: skip
+    out.update(loop_steps=n, loop_ms=None, loop_gpu_ms=None, loop_rows_per_step=None, overhead_frac=None)
+    if n:
+        out.update(loop_ms=1e3 * loop / n, loop_gpu_ms=1e3 * gpu / n, loop_rows_per_step=lrows / n)
+        if gpu:
+            out["overhead_frac"] = loop / gpu - 1.0
+    return out
+
+
+def _f(x: float | None, nd: int = 1) -> str:
+    return "-" if x is None else f"{x:.{nd}f}"
 
 
 def start(cfg: str, policy: str, overlap: bool, port: int, log: Path, device: str, timeout_s: float = 300.0):
@@ -100,8 +111,15 @@ def main() -> int:
     t_start = time.monotonic()
     small = None
     rows, raw, logs = [], {"servers": {}}, []
-    runs = [(pol, True, [int(n) for n in a.ns.split(",")]) for pol in a.policies.split(",")]
-    runs.append(("delayed", False, [8]))  # overlap off, for what overlap saves live
+    ns_all = [int(n) for n in a.ns.split(",")]
+    runs = [(pol, True, ns_all) for pol in a.policies.split(",")]
+    runs.append(("delayed", False, [n for n in ns_all if n in (8, 16)] or ns_all[:1]))  # what overlap saves live
+
+    def save() -> None:  # after every cell: a run cut by its time limit keeps what it measured
+        pd.DataFrame(rows).to_csv(out / "serving.csv", index=False)
+        (out / "serving.json").write_text(json.dumps(raw, indent=1, default=str))
+        (out / "serve_logs.txt").write_text("\n".join(logs))
+
     for policy, overlap, ns in runs:
         if time.monotonic() - t_start > a.deadline - 90:
             print(f"skip {policy} overlap={overlap}: deadline")
@@ -139,17 +157,23 @@ def main() -> int:
             raw[f"{tag}/N={n}"] = {"bench": rec, "small_loop": loop, "wall_s": time.monotonic() - t0}
             row = {"policy": policy, "overlap": overlap, "N": n, **{k: rec.get(k) for k in KEYS},
                    "sim_output_throughput_tok_s": rec.get("sim_output_throughput_tok_s"),
-                   "small_step_ms": loop["step_ms"], "small_rows_per_step": loop["rows_per_step"]}  # fmt: skip
+                   "small_step_ms": loop["step_ms"], "small_rows_per_step": loop["rows_per_step"],
+                   "small_loop_ms": loop["loop_ms"], "small_loop_gpu_ms": loop["loop_gpu_ms"],
+                   "small_loop_rows": loop["loop_rows_per_step"], "small_loop_steps": loop["loop_steps"],
+                   "small_overhead_frac": loop["overhead_frac"]}  # fmt: skip
             rows.append(row)
-            print(f"{tag} N={n}: live {row['output_throughput_tok_s']} tok/s, sim "
-                  f"{row['sim_output_throughput_tok_s']} tok/s, small step {loop['step_ms']} ms x "
-                  f"{loop['rows_per_step']} rows", flush=True)  # fmt: skip
+            save()
+            print(
+                f"{tag} N={n}: live {_f(row['output_throughput_tok_s'])} sim {_f(row['sim_output_throughput_tok_s'])}"
+                f" tok/s; small loop {_f(loop['loop_ms'], 3)} ms/step vs GPU {_f(loop['loop_gpu_ms'], 3)} ms x "
+                f"{_f(loop['loop_rows_per_step'], 2)} rows (overhead {_f(loop['overhead_frac'], 3)})",
+                flush=True,
+            )
         raw["servers"][tag]["shutdown_s"] = stop(proc)
         logs.append(f"== {tag}\n" + log.read_text()[-2000:])
         log.unlink()
-    pd.DataFrame(rows).to_csv(out / "serving.csv", index=False)
-    (out / "serving.json").write_text(json.dumps(raw, indent=1, default=str))
-    (out / "serve_logs.txt").write_text("\n".join(logs))
+        save()
+    save()
     print(f"done in {time.monotonic() - t_start:.0f} s: {len(rows)} cells")
     return 0 if rows else 1
 

@@ -94,3 +94,6 @@ def test_metrics_come_from_stats(live):
         assert f'tokenrouter_batch_size_mean{{model="{name}"}} 4.0' in text  # 160 rows / 40 steps
         assert f'tokenrouter_step_time_ms_mean{{model="{name}"}} 2.0' in text  # 80 ms / 40 steps
         assert f'tokenrouter_subserver_up{{model="{name}"}} 1.0' in text
+        assert f'tokenrouter_loop_steps_total{{model="{name}"}} 30.0' in text
+        assert f'tokenrouter_loop_seconds_total{{model="{name}"}} 0.066' in text
+        assert f'tokenrouter_loop_gpu_seconds_total{{model="{name}"}} 0.06' in text

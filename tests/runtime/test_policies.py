@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from rt_helpers import GREEDY, collect, tiny_config
+from rt_helpers import GREEDY, collect, tiny_config, wait_stats
 
 from tokenrouter.runtime.client import RuntimeClient
 from tokenrouter.runtime.launcher import Server
@@ -81,3 +81,26 @@ def test_overlap_on_and_off_give_the_same_greedy_tokens(tmp_path, learned_on):
     off, _ = serve(tmp_path, tiny_config(weights="random", overlap=False))
     for rid in PROMPTS:
         assert off[f"{rid}.0"].tokens == learned_on[f"{rid}.0"].tokens
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_loop_counters_count_back_to_back_steps(tmp_path, overlap):
+    """One request that never hops: after its prefill every step is launched without the loop waiting for work,
+    so all but the first step count as back to back, and their periods tile the time between the first and
+    the last completion (read from the subserver's own step log)."""
+    cfg = tiny_config(hop_rate=0.0, overlap=overlap)
+    srv = Server(cfg, run_dir=tmp_path, step_logs=True, stats_interval_s=0.05).start()
+    client = RuntimeClient(srv.addresses)
+    try:
+        client.submit("solo", [20, 300, 301, 5], GREEDY)
+        collect(client, {"solo"}, timeout_s=50)
+        st = wait_stats(client, lambda s: s[0].steps == GREEDY.max_tokens)[0]
+    finally:
+        client.close()
+        srv.stop()
+    log = [json.loads(x) for x in srv.step_log(0).read_text().splitlines()]
+    assert len(log) == st.steps == GREEDY.max_tokens
+    assert [s["back_to_back"] for s in log] == [False] + [True] * (len(log) - 1)
+    assert st.loop_steps == len(log) - 1 and st.loop_rows == len(log) - 1
+    assert st.loop_ms == pytest.approx(1e3 * (log[-1]["done"] - log[0]["done"]), rel=1e-6)
+    assert st.loop_gpu_ms == 0.0  # CPU: nothing timed

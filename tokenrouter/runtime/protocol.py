@@ -112,6 +112,12 @@ class Stats(msgspec.Struct, tag="stats", frozen=True):
     step_ms: float  # cumulative step time
     tokens: int  # cumulative committed tokens written by this model
     hops: int  # cumulative hand-offs sent
+    # Steps launched back to back (`runtime.stats.Counters`): their rows, completion-to-completion time and GPU
+    # time (CUDA events; 0 on CPU).
+    loop_steps: int = 0
+    loop_rows: int = 0
+    loop_ms: float = 0.0
+    loop_gpu_ms: float = 0.0
 
 
 class Failed(msgspec.Struct, tag="failed", frozen=True):

@@ -7,13 +7,28 @@ from dataclasses import dataclass
 
 @dataclass(slots=True)
 class Counters:
+    """`loop_*` count only steps launched back to back (the loop did not wait for work since the previous
+    completion): for those, completion-to-completion time is the serving loop's period per step, and
+    `loop_gpu_ms` (CUDA only) the GPU time of the same steps. `loop_ms / loop_gpu_ms - 1` is the runtime's own
+    overhead per step: host time the GPU did not hide."""
+
     steps: int = 0
     rows: int = 0
     step_ms: float = 0.0  # launch -> result on the host, summed
     tokens: int = 0  # committed tokens this model wrote
     hops: int = 0  # hand-offs sent (requests, not finish notices)
+    loop_steps: int = 0
+    loop_rows: int = 0
+    loop_ms: float = 0.0
+    loop_gpu_ms: float = 0.0
 
     def step(self, rows: int, seconds: float) -> None:
         self.steps += 1
         self.rows += rows
         self.step_ms += seconds * 1000.0
+
+    def loop_step(self, rows: int, period_s: float, gpu_ms: float) -> None:
+        self.loop_steps += 1
+        self.loop_rows += rows
+        self.loop_ms += period_s * 1000.0
+        self.loop_gpu_ms += gpu_ms

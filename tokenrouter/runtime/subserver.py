@@ -55,8 +55,12 @@ class Subserver:
         self.launcher = self._push(addrs.launcher) if addrs.launcher else None
         self.poller = zmq.Poller()
         self.poller.register(self.pull, zmq.POLLIN)
-        self.inflight: deque[tuple[Any, Any, float]] = deque()  # (batch, handle, launch time)
+        self.inflight: deque[tuple[Any, Any, float, bool]] = deque()  # (batch, handle, launch time, back to back)
         self.counters = Counters()
+        # GPU time per step (two CUDA events) for the loop-overhead counters; nothing to time on CPU.
+        self.engine.timing = self.engine.device.type == "cuda"
+        self.idled = True  # the loop offered to block since the last launch: the next step is not back to back
+        self.last_done: float | None = None
         self.hops = JsonlLog(spec.hop_log)
         self.steps = JsonlLog(spec.step_log)
         self.stopping = False
@@ -153,7 +157,8 @@ class Subserver:
         except StepFailed as e:
             self._fail_batch(batch, str(e))
             return True
-        self.inflight.append((batch, handle, time.monotonic()))
+        self.inflight.append((batch, handle, time.monotonic(), not self.idled))
+        self.idled = False
         return True
 
     def _fail_batch(self, batch: Any, why: str) -> None:
@@ -168,12 +173,17 @@ class Subserver:
         self._deliver(acts, rids)
 
     def _complete_oldest(self) -> None:
-        batch, handle, t_launch = self.inflight.popleft()
+        batch, handle, t_launch, back_to_back = self.inflight.popleft()
         res = handle.result()
         t_done = time.monotonic()
-        self.counters.step(len(batch.rows), t_done - t_launch)
-        self.steps.write({"model": self.model, "step": batch.step_id, "rows": len(batch.rows),
-                          "launch": t_launch, "done": t_done})  # fmt: skip
+        rows = len(batch.rows)
+        self.counters.step(rows, t_done - t_launch)
+        gpu_ms = handle.gpu_start.elapsed_time(handle.gpu_end) if handle.gpu_start is not None else 0.0
+        if back_to_back and self.last_done is not None:
+            self.counters.loop_step(rows, t_done - self.last_done, gpu_ms)
+        self.last_done = t_done
+        self.steps.write({"model": self.model, "step": batch.step_id, "rows": rows, "launch": t_launch,
+                          "done": t_done, "gpu_ms": gpu_ms, "back_to_back": back_to_back})  # fmt: skip
         self._deliver(self.sched.complete(batch, res, t_done))
 
     def _timeout_ms(self, now: float) -> int:
@@ -191,7 +201,7 @@ class Subserver:
         c = self.counters
         self._control(P.Stats(self.model, now, kv.num_pages - 1 - kv.num_free, kv.num_pages - 1, running,
                               len(s.waiting) + len(s.admit_queue), pending, c.steps, c.rows, c.step_ms, c.tokens,
-                              c.hops))  # fmt: skip
+                              c.hops, c.loop_steps, c.loop_rows, c.loop_ms, c.loop_gpu_ms))  # fmt: skip
         self.next_stats = now + self.spec.stats_interval_s
 
     def run(self) -> None:
@@ -200,7 +210,9 @@ class Subserver:
             now = time.monotonic()
             if now >= self.next_stats:
                 self._stats(now)
-            self._drain(0 if busy or self.inflight else self._timeout_ms(now))
+            idle = not busy and not self.inflight
+            self.idled |= idle
+            self._drain(self._timeout_ms(now) if idle else 0)
             if self.stopping:
                 break
             launched = self._launch(time.monotonic())

@@ -69,9 +69,17 @@ def variants(quick: bool) -> list[Variant]:
     page, dim = 16, 128
     out: list[Variant] = []
     for group in (4,) if quick else (4, 2):  # Qwen3-8B (32/8) and Qwen3-0.6B (16/8)
-        dec = {"group": group, "group_pad": max(MIN_DOT_DIM, triton.next_power_of_2(group)), "block_q": 1,
-               "block_n": DECODE_CONFIG.block_n, "head_dim": dim, "page_size": page, "is_decode": True,
-               "dtype": torch.bfloat16, "has_slots": True}  # fmt: skip (the engine reads page tables via row slots)
+        dec = {
+            "group": group,
+            "group_pad": max(MIN_DOT_DIM, triton.next_power_of_2(group)),
+            "block_q": 1,
+            "block_n": DECODE_CONFIG.block_n,
+            "head_dim": dim,
+            "page_size": page,
+            "is_decode": True,
+            "dtype": torch.bfloat16,
+            "has_slots": True,
+        }  # fmt: skip (the engine reads page tables via row slots)
         for single in (False,) if quick else (False, True):
             out.append(Variant(f"decode G={group} single={single}", "paged_attention_fwd_kernel",
                                fwd_constexprs(**dec, single_split=single), DECODE_CONFIG.num_warps,

@@ -28,6 +28,8 @@ _COUNTERS = (
     ("hops", "hand-offs sent by the model", "hops"),
     ("steps", "engine steps run", "steps"),
     ("step_rows", "rows over all steps", "step_rows"),
+    ("loop_steps", "steps launched back to back (the loop had work since the previous completion)", "loop_steps"),
+    ("loop_rows", "rows over the back-to-back steps", "loop_rows"),
 )
 
 
@@ -44,6 +46,10 @@ class StatsCollector(Collector):
         step_s = CounterMetricFamily("tokenrouter_step_seconds", "time spent in engine steps", labels=["model"])
         batch = GaugeMetricFamily("tokenrouter_batch_size_mean", "mean rows per step since start", labels=["model"])
         step_ms = GaugeMetricFamily("tokenrouter_step_time_ms_mean", "mean step time since start", labels=["model"])
+        loop_s = CounterMetricFamily("tokenrouter_loop_seconds", "completion-to-completion time of the back-to-back "
+                                     "steps (the serving loop's period)", labels=["model"])  # fmt: skip
+        loop_gpu_s = CounterMetricFamily("tokenrouter_loop_gpu_seconds", "GPU time of the back-to-back steps "
+                                         "(CUDA events; 0 on CPU)", labels=["model"])  # fmt: skip
         for m in self.backend.models:
             up.add_metric([m.name], 1.0 if m.ready and not m.dead else 0.0)
             s = m.stats
@@ -56,10 +62,12 @@ class StatsCollector(Collector):
             step_s.add_metric([m.name], s.step_ms / 1e3)
             batch.add_metric([m.name], s.step_rows / s.steps if s.steps else 0.0)
             step_ms.add_metric([m.name], s.step_ms / s.steps if s.steps else 0.0)
+            loop_s.add_metric([m.name], s.loop_ms / 1e3)
+            loop_gpu_s.add_metric([m.name], s.loop_gpu_ms / 1e3)
         yield up
         yield from gauges.values()
         yield from counters.values()
-        yield from (step_s, batch, step_ms)
+        yield from (step_s, batch, step_ms, loop_s, loop_gpu_s)
 
 
 class FrontendMetrics:
