@@ -44,13 +44,16 @@ def live_summary(out) -> dict[str, Any]:
     return s
 
 
-def with_serving_overrides(cfg: Any, policy: str | None, overlap: bool | None) -> Any:
-    """The simulated cell of a config served with `tr serve --config C --policy P [--no-overlap]`."""
+def with_serving_overrides(cfg: Any, policy: str | None, overlap: bool | None, thresholds: str | None = None) -> Any:
+    """The simulated cell of a config served with `tr serve --config C --policy P [--thresholds B] [--no-overlap]`
+    (flat thresholds replace the config's per-N table, as `tr serve` applies them)."""
     from dataclasses import replace
 
     dep = cfg.deployment
     if policy is not None and policy != dep.policy.kind:
         dep = replace(dep, policy=replace(dep.policy, kind=policy))
+    if thresholds is not None:
+        dep = replace(dep, policy=replace(dep.policy, thresholds=[int(x) for x in thresholds.split(",")], table={}))
     if overlap is not None and overlap != dep.scheduler.overlap:
         dep = replace(dep, scheduler=replace(dep.scheduler, overlap=overlap))
     return replace(cfg, deployment=dep)
@@ -162,7 +165,7 @@ def register(app: typer.Typer) -> None:
                 overlap=True if overlap is None else overlap, config=config,
             )  # fmt: skip
             if config is not None:  # the server may run the config with --policy / --no-overlap on top
-                cfg = with_serving_overrides(cfg, policy, overlap)
+                cfg = with_serving_overrides(cfg, policy, overlap, None if thresholds == "auto" else thresholds)
             sim_res = simulate(cfg, auto)
             if json_out != "-":
                 console.print(_compare_table(live, sim_res.summary, names))

@@ -47,7 +47,8 @@ from tokenrouter.engine.page_table import PageTable
 from tokenrouter.engine.runner import Engine
 from tokenrouter.engine.step_plan import PlanContext, plan_step
 
-TODAY_B1_MS = {"qwen3-0.6b": 0.93, "qwen3-8b": 4.57}  # gemv_probe, 2026-11-30 (the "today")
+# gemv_probe, 2026-11-30 (the "today"): steps launched back to back, compared with `pipelined_ms`
+TODAY_B1_MS = {"qwen3-0.6b": 0.93, "qwen3-8b": 4.57}
 
 
 class Study(Harness):
@@ -87,6 +88,18 @@ class Study(Harness):
             eng.step(b).result()
             times.append(time.perf_counter() - t)
         out = {"step_ms": 1e3 * statistics.median(times)}
+        # As the "today" was measured (gemv_probe): steps launched back to back, one wait at the end, best
+        # of two rounds; host work hides behind the GPU as in a serving loop with overlap.
+        bat = Batch(0, 10_000, [BatchRow(req, ctx - 1, 1)])
+        n = 60 if self.cuda else 2
+        rounds = []
+        for _ in range(2):
+            eng.step(bat).result()
+            t = time.perf_counter()
+            hs = [eng.step(bat) for _ in range(n)]
+            hs[-1].result()
+            rounds.append(1e3 * (time.perf_counter() - t) / n)
+        out["pipelined_ms"] = min(rounds)
         bucket = eng._graph_bucket(Batch(0, 0, [BatchRow(req, ctx - 1, 1)]))
         if self.cuda and bucket in (eng.graphs.graphs if eng.graphs else {}):
             out["replay_ms"] = self.replay_ms(eng, bucket)
@@ -367,7 +380,7 @@ class Study(Harness):
                 f"{_mem_line(r.get('memory'))} after close {r.get('allocated_after_close')}"
             )
         for k, ms in TODAY_B1_MS.items():
-            got = (s["decode_b1_ms"].get(k) or {}).get("step_ms")
+            got = (s["decode_b1_ms"].get(k) or {}).get("pipelined_ms")
             if got is not None:
                 print(f"  b=1 decode {k}: {got:.3f} ms vs today {ms} ms -> {'OK' if got <= ms * 1.02 else 'SLOWER'}")
         print(f"  errors: {s['errors']} skipped: {s['skipped']}")

@@ -64,8 +64,11 @@ def _f(x: float | None, nd: int = 1) -> str:
     return "-" if x is None else f"{x:.{nd}f}"
 
 
-def start(cfg: str, policy: str, overlap: bool, port: int, log: Path, device: str, timeout_s: float = 300.0):
+def start(cfg: str, policy: str, overlap: bool, port: int, log: Path, device: str, thresholds: str | None = None,
+          timeout_s: float = 300.0):  # fmt: skip
     cmd = [*TR, "serve", "--config", cfg, "--device", device, "--policy", policy, "--port", str(port)]
+    if thresholds:
+        cmd += ["--thresholds", thresholds]
     if not overlap:
         cmd.append("--no-overlap")
     t0 = time.monotonic()
@@ -105,28 +108,32 @@ def main() -> int:
     p.add_argument("--deadline", type=float, default=540.0)
     p.add_argument("--port", type=int, default=8100)
     p.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run with the tiny models")
+    p.add_argument("--sweep", default="", help="delayed thresholds to try live at --sweep-n, e.g. '1,3;2,4' "
+                   "(one server each, after the main grid)")  # fmt: skip
+    p.add_argument("--sweep-n", type=int, default=8)
     a = p.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.monotonic()
-    small = None
+    small = large = None
     rows, raw, logs = [], {"servers": {}}, []
     ns_all = [int(n) for n in a.ns.split(",")]
-    runs = [(pol, True, ns_all) for pol in a.policies.split(",")]
-    runs.append(("delayed", False, [n for n in ns_all if n in (8, 16)] or ns_all[:1]))  # what overlap saves live
+    runs: list[tuple[str, bool, list[int], str | None]] = [(pol, True, ns_all, None) for pol in a.policies.split(",")]
+    runs.append(("delayed", False, [n for n in ns_all if n in (8, 16)] or ns_all[:1], None))  # what overlap saves
+    runs += [("delayed", True, [a.sweep_n], th) for th in a.sweep.split(";") if th]
 
     def save() -> None:  # after every cell: a run cut by its time limit keeps what it measured
         pd.DataFrame(rows).to_csv(out / "serving.csv", index=False)
         (out / "serving.json").write_text(json.dumps(raw, indent=1, default=str))
         (out / "serve_logs.txt").write_text("\n".join(logs))
 
-    for policy, overlap, ns in runs:
+    for policy, overlap, ns, th in runs:
+        tag = f"{policy}{'' if overlap else '-no-overlap'}{f'-B{th}' if th else ''}"
         if time.monotonic() - t_start > a.deadline - 90:
-            print(f"skip {policy} overlap={overlap}: deadline")
+            print(f"skip {tag}: deadline")
             continue
-        tag = f"{policy}{'' if overlap else '-no-overlap'}"
         log = out / f"serve_{tag}.log"
-        proc, url, up = start(a.config, policy, overlap, a.port, log, a.device)
+        proc, url, up = start(a.config, policy, overlap, a.port, log, a.device, th)
         raw["servers"][tag] = {"startup_s": up}
         if up is None:
             print(f"{tag}: server did not come up")
@@ -135,7 +142,8 @@ def main() -> int:
             logs.append(f"== {tag}\n" + log.read_text()[-4000:])
             continue
         print(f"{tag}: up in {up:.0f} s", flush=True)
-        small = small or httpx.get(url + "/v1/models").json()["data"][0]["id"].split("+")[0]
+        if small is None:
+            small, large = httpx.get(url + "/v1/models").json()["data"][0]["id"].split("+")[:2]
         for n in ns:
             if time.monotonic() - t_start > a.deadline - 30:
                 print(f"skip {tag} N={n}: deadline")
@@ -145,6 +153,8 @@ def main() -> int:
             cmd = [*TR, "bench", "--url", url, "-n", str(n), "--num-requests", str(max(8, 3 * n)), "--workload",
                    a.workload, "--max-output", str(a.max_output), "--seed", "0", "--json", str(jf), "--sim",
                    "--config", a.config, "--policy", policy, "--overlap" if overlap else "--no-overlap"]  # fmt: skip
+            if th:
+                cmd += ["--thresholds", th]
             t0 = time.monotonic()
             res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
             after = scrape(url)
@@ -154,19 +164,24 @@ def main() -> int:
             rec = json.loads(jf.read_text())
             jf.unlink()
             loop = small_loop(before, after, small)
-            raw[f"{tag}/N={n}"] = {"bench": rec, "small_loop": loop, "wall_s": time.monotonic() - t0}
-            row = {"policy": policy, "overlap": overlap, "N": n, **{k: rec.get(k) for k in KEYS},
+            big = small_loop(before, after, large)
+            raw[f"{tag}/N={n}"] = {"bench": rec, "small_loop": loop, "large_loop": big, "wall_s": time.monotonic() - t0}
+            row = {"policy": policy, "overlap": overlap, "thresholds": th or "tuned", "N": n,
+                   **{k: rec.get(k) for k in KEYS},
                    "sim_output_throughput_tok_s": rec.get("sim_output_throughput_tok_s"),
                    "small_step_ms": loop["step_ms"], "small_rows_per_step": loop["rows_per_step"],
                    "small_loop_ms": loop["loop_ms"], "small_loop_gpu_ms": loop["loop_gpu_ms"],
                    "small_loop_rows": loop["loop_rows_per_step"], "small_loop_steps": loop["loop_steps"],
-                   "small_overhead_frac": loop["overhead_frac"]}  # fmt: skip
+                   "small_overhead_frac": loop["overhead_frac"], "large_step_ms": big["step_ms"],
+                   "large_rows_per_step": big["rows_per_step"], "large_loop_ms": big["loop_ms"],
+                   "large_loop_gpu_ms": big["loop_gpu_ms"]}  # fmt: skip
             rows.append(row)
             save()
             print(
                 f"{tag} N={n}: live {_f(row['output_throughput_tok_s'])} sim {_f(row['sim_output_throughput_tok_s'])}"
                 f" tok/s; small loop {_f(loop['loop_ms'], 3)} ms/step vs GPU {_f(loop['loop_gpu_ms'], 3)} ms x "
-                f"{_f(loop['loop_rows_per_step'], 2)} rows (overhead {_f(loop['overhead_frac'], 3)})",
+                f"{_f(loop['loop_rows_per_step'], 2)} rows (overhead {_f(loop['overhead_frac'], 3)}); large "
+                f"{_f(big['step_ms'], 2)} ms x {_f(big['rows_per_step'], 2)} rows",
                 flush=True,
             )
         raw["servers"][tag]["shutdown_s"] = stop(proc)
