@@ -8,8 +8,8 @@ back to back, and two batches are in flight: k+1's sampling rows continue k's as
 like any row; a row whose request k sends away or finishes is computed and thrown away.
 
 When to prepare k+1: as late as the host work allows, at (end of k) - host_ms, so that peers' returns that
-land during step k still join k+1 instead of waiting a whole step. The runtime does the same with its
-estimate of k's end (its step-time model for the batch it launched).
+land during step k still join k+1 instead of waiting a whole step (`core.overlap.prepare_time`). The runtime
+applies the same rule to its estimate of k's end (`runtime.step_clock`).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from tokenrouter.calibration.step_stats import StepStats
 from tokenrouter.core.batch import Batch, StepResult
 from tokenrouter.core.graph_rule import GraphRule
 from tokenrouter.core.messages import Action
+from tokenrouter.core.overlap import prepare_time
 from tokenrouter.core.scheduler import Scheduler
 
 if TYPE_CHECKING:
@@ -89,8 +90,9 @@ class SimSubserver:
                 continue
             batch, start, end = self.running[0]
             if self.overlap and len(self.running) == 1:
-                if env.now < end - self.host_s:
-                    yield env.timeout(end - self.host_s - env.now)
+                at = prepare_time(end, self.host_s)
+                if env.now < at:
+                    yield env.timeout(at - env.now)
                 nxt = sched.schedule(env.now)
                 if nxt is not None:  # the host works on it until now + host_s, while step k still runs
                     self._launch(nxt, max(env.now + self.host_s, end))

@@ -31,6 +31,7 @@ class SubserverSpec:
     stats_interval_s: float = 0.5
     hop_log: str | None = None  # JSONL of this subserver's emits (the launcher merges them: --record-hops)
     step_log: str | None = None  # JSONL of this subserver's steps: launch and done times (monotonic clock)
+    prepare_margin_ms: float = 1.0  # overlap: form step k+1 this long before step k's estimated end
 
 
 def build_part(spec: SubserverSpec, gate: SyncGate | None) -> tuple[Deployment, Scheduler, Any]:

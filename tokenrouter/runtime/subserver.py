@@ -25,6 +25,7 @@ import zmq
 from tokenrouter.core import wire
 from tokenrouter.core.batch import StepResult
 from tokenrouter.core.messages import Action, Emit, Finish, PeerReq, Send
+from tokenrouter.core.overlap import prepare_time
 from tokenrouter.core.request import Request, SamplingParams
 from tokenrouter.core.scheduler import RequestTooLong
 from tokenrouter.runtime import protocol as P
@@ -32,6 +33,7 @@ from tokenrouter.runtime.build import SubserverSpec, build_part
 from tokenrouter.runtime.gate import RemoteGate
 from tokenrouter.runtime.logs import JsonlLog
 from tokenrouter.runtime.stats import Counters
+from tokenrouter.runtime.step_clock import StepClock
 
 
 class Subserver:
@@ -61,6 +63,8 @@ class Subserver:
         self.engine.timing = self.engine.device.type == "cuda"
         self.idled = True  # the loop offered to block since the last launch: the next step is not back to back
         self.last_done: float | None = None
+        self.clock = StepClock()
+        self.margin_s = spec.prepare_margin_ms / 1000.0
         self.hops = JsonlLog(spec.hop_log)
         self.steps = JsonlLog(spec.step_log)
         self.stopping = False
@@ -157,7 +161,9 @@ class Subserver:
         except StepFailed as e:
             self._fail_batch(batch, str(e))
             return True
-        self.inflight.append((batch, handle, time.monotonic(), not self.idled))
+        t = time.monotonic()
+        self.clock.on_launch(t)
+        self.inflight.append((batch, handle, t, not self.idled))
         self.idled = False
         return True
 
@@ -179,12 +185,28 @@ class Subserver:
         rows = len(batch.rows)
         self.counters.step(rows, t_done - t_launch)
         gpu_ms = handle.gpu_start.elapsed_time(handle.gpu_end) if handle.gpu_start is not None else 0.0
+        self.clock.on_gpu_time(gpu_ms / 1000.0)
+        self.clock.on_complete(t_done, bool(self.inflight))
         if back_to_back and self.last_done is not None:
             self.counters.loop_step(rows, t_done - self.last_done, gpu_ms)
         self.last_done = t_done
         self.steps.write({"model": self.model, "step": batch.step_id, "rows": rows, "launch": t_launch,
                           "done": t_done, "gpu_ms": gpu_ms, "back_to_back": back_to_back})  # fmt: skip
         self._deliver(self.sched.complete(batch, res, t_done))
+
+    def _wait_to_prepare(self) -> None:
+        """Overlap: form step k+1 `prepare_margin_ms` before step k is estimated to end (`core.overlap`), taking
+        peers' messages meanwhile, so returns that land during k join k+1 as in the simulator. Stops waiting
+        as soon as k is done (the estimate was long) or the estimate runs out."""
+        if not self.sched.overlap or self.gate is not None or len(self.inflight) != 1 or self.clock.end is None:
+            return
+        handle = self.inflight[0][1]
+        at = prepare_time(self.clock.end, self.margin_s)
+        while not self.stopping and not handle.ready():
+            left = at - time.monotonic()
+            if left <= 0:
+                return
+            self._drain(min(2, int(left * 1000)))  # 2 ms slices: notice an early end of k soon enough
 
     def _timeout_ms(self, now: float) -> int:
         wake = self.next_stats
@@ -213,6 +235,7 @@ class Subserver:
             idle = not busy and not self.inflight
             self.idled |= idle
             self._drain(self._timeout_ms(now) if idle else 0)
+            self._wait_to_prepare()
             if self.stopping:
                 break
             launched = self._launch(time.monotonic())
