@@ -3,12 +3,13 @@ every third-party import is a declared dependency."""
 
 from __future__ import annotations
 
-import ast
 import re
 import sys
 import tomllib
 from importlib.metadata import packages_distributions
 from pathlib import Path
+
+from importscan import imported_roots
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,16 +43,6 @@ def _requirement_name(req: str) -> str:
     return re.split(r"[\s<>=!~;\[]", req, maxsplit=1)[0].lower().replace("_", "-")
 
 
-def _imports(path: Path) -> set[str]:
-    roots: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            roots.update(a.name.split(".")[0] for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            roots.add(node.module.split(".")[0])
-    return roots
-
-
 def test_every_third_party_import_is_a_declared_dependency():
     """A module the base install imports must come from a declared dependency (not from something another
     package happens to bring in): a fresh `pip install -e .` must run the quick start."""
@@ -69,7 +60,7 @@ def test_every_third_party_import_is_a_declared_dependency():
             for prefix, extra in EXTRA_FOR.items():
                 if module.startswith(prefix):
                     allowed |= extras[extra]
-            for root in _imports(path) - set(sys.stdlib_module_names) - {"tokenrouter", "__future__"}:
+            for root in imported_roots(path) - set(sys.stdlib_module_names) - {"tokenrouter", "__future__"}:
                 dists = dist_of.get(root)
                 if dists is None:
                     problems.append(f"{module}: imports {root}, which no installed distribution provides")

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import ast
 import pkgutil
 import subprocess
 import sys
 from pathlib import Path
+
+from importscan import imported_roots
 
 import tokenrouter.core
 
@@ -14,21 +15,11 @@ FORBIDDEN = {"simpy", "asyncio", "zmq", "torch", "triton", "fastapi", "uvicorn",
 CORE_DIR = Path(tokenrouter.core.__file__).parent
 
 
-def _imported_roots(path: Path) -> set[str]:
-    roots: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            roots.update(a.name.split(".")[0] for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            roots.add(node.module.split(".")[0])
-    return roots
-
-
 def test_core_sources_import_nothing_forbidden():
     files = sorted(CORE_DIR.glob("*.py"))
     assert len(files) >= 8
     for f in files:
-        bad = _imported_roots(f) & FORBIDDEN
+        bad = imported_roots(f) & FORBIDDEN
         assert not bad, f"{f.name} imports {sorted(bad)}"
 
 

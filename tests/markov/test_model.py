@@ -18,7 +18,6 @@ import tokenrouter.markov.solve as solve_mod
 from tokenrouter.cli.model_cmd import register
 from tokenrouter.markov import (
     MarkovModel,
-    best_thresholds,
     feasible_thresholds,
     quantize_steps,
     r2r_preset,
@@ -221,7 +220,7 @@ def test_matches_event_simulation() -> None:
 
 
 def test_best_thresholds_table() -> None:
-    search = best_thresholds([L0, L1], *r2r_preset(0.35), concurrency=4)
+    search = MarkovModel.create([L0, L1], *r2r_preset(0.35), concurrency=4).best_thresholds()
     assert [res.thresholds for res in search.results] == feasible_thresholds(2, 4)
     top = max(res.throughput_tok_s for res in search.results)
     assert search.best_throughput_tok_s == top
@@ -267,7 +266,7 @@ def test_cli_search_ends_with_best() -> None:
     out = CliRunner().invoke(_app(), [*BASE, "--return-prob", "0.5"])
     assert out.exit_code == 0, out.output
     last = out.stdout.strip().splitlines()[-1]
-    search = best_thresholds([L0, L1], *rstitch_preset(0.35, 0.5), concurrency=4)
+    search = MarkovModel.create([L0, L1], *rstitch_preset(0.35, 0.5), concurrency=4).best_thresholds()
     b, t = last.split()
     assert b == "B*=" + ",".join(map(str, search.best))
     assert float(t.removeprefix("T=")) == pytest.approx(search.best_throughput_tok_s, abs=0.01)

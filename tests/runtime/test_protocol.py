@@ -45,3 +45,20 @@ def test_frontend_messages_round_trip(msg):
 def test_a_frontend_event_is_not_a_subserver_command():
     with pytest.raises(msgspec.ValidationError):
         P.decode_for_subserver(P.encode(P.Finished("r", "stop", 1)))
+
+
+def test_sampling_on_the_wire_is_sampling_params_field_for_field():
+    """The subserver rebuilds `SamplingParams(**wire fields)`: names, order and defaults must be the dataclass's."""
+    import dataclasses
+
+    from tokenrouter.core.request import SamplingParams
+
+    fields = dataclasses.fields(SamplingParams)
+    assert P.Sampling.__struct_fields__ == tuple(f.name for f in fields)
+    wire, params = P.Sampling(), SamplingParams()
+    assert all(getattr(wire, f.name) == getattr(params, f.name) for f in fields)
+    custom = P.Sampling(temperature=0.7, top_p=0.9, top_k=5, seed=3, max_tokens=9, stop_token_ids=(4,), ignore_eos=True)
+    back = P.decode_for_subserver(P.encode(P.Submit("r", P.pack_ids([1]), custom, ()))).sampling
+    assert SamplingParams(**{f.name: getattr(back, f.name) for f in fields}) == SamplingParams(
+        temperature=0.7, top_p=0.9, top_k=5, seed=3, max_tokens=9, stop_token_ids=(4,), ignore_eos=True
+    )

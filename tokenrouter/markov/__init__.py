@@ -11,7 +11,6 @@ from tokenrouter.markov.model import (
     MarkovModel,
     ThresholdSearch,
     ThroughputResult,
-    best_thresholds,
     throughput,
 )
 from tokenrouter.markov.presets import me_preset, r2r_preset, router_matrices, rstitch_preset
@@ -28,7 +27,6 @@ __all__ = [
     "StepSpec",
     "ThresholdSearch",
     "ThroughputResult",
-    "best_thresholds",
     "evaluate_thresholds",
     "feasible_thresholds",
     "me_preset",

@@ -285,15 +285,3 @@ def throughput(
 ) -> ThroughputResult:
     """T(B) and extras for one threshold vector; see the module docstring for the semantics."""
     return MarkovModel.create(step_ms, routing, commit, concurrency, delta_ms, mean_output).throughput(thresholds)
-
-
-def best_thresholds(
-    step_ms: Sequence[StepSpec],
-    routing: np.ndarray | Sequence[Sequence[float]],
-    commit: np.ndarray | Sequence[Sequence[float]],
-    concurrency: int,
-    delta_ms: float = 0.1,
-    mean_output: float | None = None,
-) -> ThresholdSearch:
-    """B* = argmax T(B) over the feasible set, with the full table."""
-    return MarkovModel.create(step_ms, routing, commit, concurrency, delta_ms, mean_output).best_thresholds()

@@ -17,9 +17,13 @@ Invariants the two sides rely on:
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from array import array
 
 import msgspec
+
+from tokenrouter.core.request import SamplingParams
 
 PEER = b"peer"
 CTL = b"ctl"
@@ -37,18 +41,32 @@ def unpack_ids(data: bytes) -> list[int]:
     return a.tolist()
 
 
-class Sampling(msgspec.Struct, frozen=True):
-    """`core.request.SamplingParams` on the wire. A struct of its own, without the dataclass's validation, so a
-    bad value reaches the entry subserver intact and is answered with `Rejected(400)` instead of failing the
-    decode of the whole frame."""
+def _wire_struct(cls: type, name: str, doc: str) -> type[msgspec.Struct]:
+    """A frozen msgspec struct with exactly the fields, types and defaults of the dataclass `cls`, so the wire
+    form cannot drift from the type the subserver rebuilds from it."""
+    hints = typing.get_type_hints(cls)
+    fields = []
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = msgspec.field(default_factory=f.default_factory)
+        else:
+            fields.append((f.name, hints[f.name]))
+            continue
+        fields.append((f.name, hints[f.name], default))
+    struct = msgspec.defstruct(name, fields, frozen=True, module=__name__)
+    struct.__doc__ = doc
+    return struct
 
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = -1
-    seed: int | None = None
-    max_tokens: int = 256
-    stop_token_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False
+
+Sampling = _wire_struct(
+    SamplingParams,
+    "Sampling",
+    """`core.request.SamplingParams` on the wire: its fields, without the dataclass's validation, so a bad value
+    reaches the entry subserver intact and is answered with `Rejected(400)` instead of failing the decode of the
+    whole frame.""",
+)
 
 
 # ---- front-end -> subserver ----------------------------------------------------------------------------

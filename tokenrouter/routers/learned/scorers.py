@@ -26,15 +26,27 @@ def logit(p: float) -> float:
     return math.log(p / (1 - p))
 
 
-class ConfidenceMLP(nn.Module):
+class _HiddenStateScorer(nn.Module):
+    """A scorer over the small model's final hidden state whose sigmoid is the algorithm's probability."""
+
+    needs_hidden = True
+    needs_logits = False
+
+    def _freeze(self, **init_args: object) -> None:
+        self.init_args = init_args
+        self.requires_grad_(False)
+        self.eval()
+
+    def score_of_threshold(self, p: float) -> float:
+        return logit(p)
+
+
+class ConfidenceMLP(_HiddenStateScorer):
     """CITER: an MLP over the small model's final hidden state whose sigmoid is the confidence that the small
     model's token is good enough; the router defers when the confidence is below tau.
 
     Checkpoint keys: `net.{0,2,...}.{weight,bias}` (Linear layers, ReLU between them).
     """
-
-    needs_hidden = True
-    needs_logits = False
 
     def __init__(self, hidden_size: int, hidden_dims: Sequence[int] = (512, 512), device: torch.device | str = "cpu"):
         super().__init__()
@@ -46,39 +58,26 @@ class ConfidenceMLP(nn.Module):
                 if i < len(dims) - 2:
                     layers.append(nn.ReLU())
         self.net = nn.Sequential(*layers)
-        self.init_args = {"hidden_size": int(hidden_size), "hidden_dims": [int(d) for d in hidden_dims]}
-        self.requires_grad_(False)
-        self.eval()
+        self._freeze(hidden_size=int(hidden_size), hidden_dims=[int(d) for d in hidden_dims])
 
     def forward(self, token_ids: Tensor, hidden: Tensor | None, logits: Tensor | None) -> Tensor:
         return self.net(hidden.float()).squeeze(-1)
 
-    def score_of_threshold(self, tau: float) -> float:
-        return logit(tau)
 
-
-class DeferralHead(nn.Module):
+class DeferralHead(_HiddenStateScorer):
     """Co-LLM: one extra logit over the small model's final hidden state; sigmoid > eta defers the token.
 
     Checkpoint keys: `head.weight` [1, hidden], `head.bias` [1].
     """
 
-    needs_hidden = True
-    needs_logits = False
-
     def __init__(self, hidden_size: int, device: torch.device | str = "cpu"):
         super().__init__()
         with torch.device(device):
             self.head = nn.Linear(int(hidden_size), 1)
-        self.init_args = {"hidden_size": int(hidden_size)}
-        self.requires_grad_(False)
-        self.eval()
+        self._freeze(hidden_size=int(hidden_size))
 
     def forward(self, token_ids: Tensor, hidden: Tensor | None, logits: Tensor | None) -> Tensor:
         return self.head(hidden.float()).squeeze(-1)
-
-    def score_of_threshold(self, eta: float) -> float:
-        return logit(eta)
 
 
 class NormalizedEntropy(nn.Module):
