@@ -48,7 +48,9 @@ class Outcome:
 
 def collect(client: RuntimeClient, rids: set[str], timeout_s: float = 45.0,
             stats: list[P.Stats] | None = None) -> dict[str, Outcome]:  # fmt: skip
-    """Receive until every request in `rids` ended; raises TimeoutError (a hang) otherwise."""
+    """Receive until every request in `rids` ended and, for a `Finished`, every position below its `num_output`
+    arrived (tokens come from whichever subserver committed them, on another socket than the `Finished`, so
+    the last ones may land after it); raises TimeoutError (a hang, or a lost token) otherwise."""
     out = {r: Outcome() for r in rids}
 
     def step(ev: P.ToFrontend) -> bool:
@@ -63,10 +65,16 @@ def collect(client: RuntimeClient, rids: set[str], timeout_s: float = 45.0,
             stats.append(ev)
         elif isinstance(ev, P.Failed):
             raise AssertionError(f"subserver failed: {ev}")
-        return all(o.end is not None for o in out.values())
+        return all(_complete(o) for o in out.values())
 
     client.until(step, timeout_s)
     return out
+
+
+def _complete(o: Outcome) -> bool:
+    if o.end is None:
+        return False
+    return not isinstance(o.end, P.Finished) or all(k in o.tokens for k in range(o.end.num_output))
 
 
 def wait_stats(client: RuntimeClient, pred, timeout_s: float = 15.0) -> dict[int, P.Stats]:
