@@ -4,14 +4,15 @@ Import as `tokenrouter.calibration` (the `calibration/` folder is mapped into th
 the simulator installs light.
 """
 
+from tokenrouter.core.config import PLACEMENTS
+from tokenrouter.core.names import Placement
+
 from .cost import (
-    PLACEMENTS,
     ConstantCost,
     ConstantModelCost,
     CostModel,
     ModelCost,
     ModelStepCost,
-    Placement,
     StepCost,
 )
 from .profile import (

@@ -28,14 +28,13 @@ import bisect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
-from tokenrouter.core.config import PLACEMENTS
+from tokenrouter.core.names import Placement, parse_name
 
 from .profile import Profile, ProfileError, StepCoeffs, load_profile
 from .step_stats import PartStats, StepStats
 
-Placement = Literal["mps", "separate", "cross-host"]
 ModelKey = str | int
 
 
@@ -113,14 +112,12 @@ class CostModel:
     def __init__(
         self,
         profile: Profile | str | Path = "h200",
-        placement: Placement = "mps",
+        placement: Placement | str = Placement.MPS,
         *,
         models: Sequence[str] | None = None,
     ) -> None:
-        if placement not in PLACEMENTS:
-            raise ValueError(f"unknown placement {placement!r}; expected one of {', '.join(PLACEMENTS)}")
         self.profile = profile if isinstance(profile, Profile) else load_profile(profile)
-        self.placement: str = placement
+        self.placement = parse_name(Placement, placement, "placement")
         self.models: tuple[str, ...] = tuple(self.profile.resolve_name(m) for m in (models or self.profile.models))
         link = self.profile.link
         self._link_latency_ms = link.latency_ms
@@ -147,7 +144,7 @@ class CostModel:
         m = p.model(name)
         others = [o for o in self.models if o != name]
         slowdown = 1.0
-        if self.placement == "mps":
+        if self.placement is Placement.MPS:
             slowdown = max((p.mps_slowdown(name, o) for o in others), default=p.mps.default_slowdown)
         return ModelCost(
             name=name,
@@ -162,7 +159,7 @@ class CostModel:
 
     def message_ms(self, nbytes: int = 0) -> float:
         """One peer message: `ipc_ms` on one host; latency + bytes / bandwidth across hosts."""
-        if self.placement == "cross-host":
+        if self.placement is Placement.CROSS_HOST:
             return self._link_latency_ms + nbytes * self._link_ms_per_byte
         return self.profile.ipc_ms
 

@@ -15,6 +15,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from tokenrouter.cli.common import CliError
+from tokenrouter.cli.options import (
+    ArrivalRate,
+    Concurrency,
+    DeploymentFlags,
+    MaxOutput,
+    Workload,
+    deployment_flags,
+)
 from tokenrouter.cli.report import _clean, _f, metrics_table
 from tokenrouter.workloads import make_workload
 
@@ -44,21 +52,6 @@ def live_summary(out) -> dict[str, Any]:
     return s
 
 
-def with_serving_overrides(cfg: Any, policy: str | None, overlap: bool | None, thresholds: str | None = None) -> Any:
-    """The simulated cell of a config served with `tr serve --config C --policy P [--thresholds B] [--no-overlap]`
-    (flat thresholds replace the config's per-N table, as `tr serve` applies them)."""
-    from dataclasses import replace
-
-    dep = cfg.deployment
-    if policy is not None and policy != dep.policy.kind:
-        dep = replace(dep, policy=replace(dep.policy, kind=policy))
-    if thresholds is not None:
-        dep = replace(dep, policy=replace(dep.policy, thresholds=[int(x) for x in thresholds.split(",")], table={}))
-    if overlap is not None and overlap != dep.scheduler.overlap:
-        dep = replace(dep, scheduler=replace(dep.scheduler, overlap=overlap))
-    return replace(cfg, deployment=dep)
-
-
 def _compare_table(live: dict[str, Any], sim: dict[str, Any], names: list[str]) -> Table:
     t = Table(title="live vs simulated (same cell)", title_justify="left")
     for col in ("metric", "live", "sim", "sim / live"):
@@ -77,36 +70,31 @@ def _compare_table(live: dict[str, Any], sim: dict[str, Any], names: list[str]) 
 
 def register(app: typer.Typer) -> None:
     @app.command("bench")
+    @deployment_flags()
     def bench(
+        deploy: DeploymentFlags,
         url: Annotated[str, typer.Option(help="Server base URL, e.g. http://127.0.0.1:8000")],
-        concurrency: Annotated[int, typer.Option("--concurrency", "-n", help="Closed-loop clients N.")] = 8,
-        arrival_rate: Annotated[
-            float | None, typer.Option(help="Open loop: Poisson arrivals per second (default: closed loop).")
-        ] = None,
-        workload: Annotated[
-            str, typer.Option(help="low-effort | high-effort | agentic | fixed:P,O | FILE.jsonl")
-        ] = "low-effort",
+        concurrency: Concurrency = 8,
+        arrival_rate: ArrivalRate = None,
+        workload: Workload = "low-effort",
         num_requests: Annotated[int, typer.Option(help="Requests to send.")] = 64,
-        max_output: Annotated[int | None, typer.Option(help="Cap output lengths.")] = None,
+        max_output: MaxOutput = None,
         seed: Annotated[int, typer.Option(help="Seed of the workload (and of --sim).")] = 0,
         api_key: Annotated[str | None, typer.Option(help="Bearer key if the server has one.")] = None,
         json_out: Annotated[str | None, typer.Option("--json", help="Metrics as JSON to FILE ('-' = stdout).")] = None,
         csv_out: Annotated[Path | None, typer.Option("--csv", help="Per-request rows as CSV.")] = None,
         plot: Annotated[Path | None, typer.Option(help="PNG of the run (with --sim: live and simulated).")] = None,
-        sim: Annotated[bool, typer.Option("--sim/--no-sim", help="Also simulate this cell and compare.")] = False,
-        config: Annotated[Path | None, typer.Option(help="Deployment YAML for --sim (what `tr serve` runs).")] = None,
-        small: Annotated[str, typer.Option(help="--sim: small model.")] = "qwen3-0.6b",
-        large: Annotated[str, typer.Option(help="--sim: large model.")] = "qwen3-32b",
-        router: Annotated[str, typer.Option(help="--sim: router.")] = "r2r",
-        hop_rate: Annotated[float, typer.Option("--hop-rate", "-p", help="--sim: hop rate.")] = 0.1,
-        policy: Annotated[str | None, typer.Option(help="--sim: policy (default: the config's, else delayed).")] = None,
-        thresholds: Annotated[str, typer.Option(help="--sim: B per model or 'auto'.")] = "auto",
-        placement: Annotated[str, typer.Option(help="--sim: mps | separate.")] = "mps",
-        profile: Annotated[str, typer.Option(help="--sim: profile name or JSON.")] = "h200",
-        overlap: Annotated[
-            bool | None,
-            typer.Option("--overlap/--no-overlap", help="--sim: CPU-GPU overlap (default: the config's, else on)."),
-        ] = None,
+        sim: Annotated[
+            bool,
+            typer.Option(
+                "--sim/--no-sim",
+                help="Also simulate this cell and compare: the deployment is --config (what the server runs) with "
+                "the deployment flags applied, as `tr serve` applies them.",
+            ),
+        ] = False,
+        dry_run: Annotated[
+            bool, typer.Option("--dry-run", help="Print the deployment --sim would simulate (YAML) and exit.")
+        ] = False,
     ) -> None:
         """Benchmark a running server (streaming, token-id prompts, ignore_eos) and print the metrics table."""
         import httpx
@@ -115,6 +103,9 @@ def register(app: typer.Typer) -> None:
 
         if concurrency < 1:
             raise CliError(f"--concurrency must be >= 1, got {concurrency}")
+        if dry_run:
+            typer.echo(deploy.resolve().to_yaml().rstrip())
+            return
         specs = make_workload(workload, num_requests, seed, arrival_rate=arrival_rate, max_output=max_output)
         err_console = Console(stderr=True)
         console = err_console if json_out == "-" else Console()
@@ -156,16 +147,10 @@ def register(app: typer.Typer) -> None:
         }
         sim_res = None
         if sim:
-            from tokenrouter.cli.run_cmd import sim_config_from_flags, simulate
+            from tokenrouter.cli.run_cmd import sim_config, simulate
 
-            cfg, auto = sim_config_from_flags(
-                hop_rate=hop_rate, concurrency=concurrency, small=small, large=large, policy=policy or "delayed",
-                thresholds=thresholds, placement=placement, workload=workload, num_requests=num_requests,
-                router=router, profile=profile, seed=seed, arrival_rate=arrival_rate, max_output=max_output,
-                overlap=True if overlap is None else overlap, config=config,
-            )  # fmt: skip
-            if config is not None:  # the server may run the config with --policy / --no-overlap on top
-                cfg = with_serving_overrides(cfg, policy, overlap, None if thresholds == "auto" else thresholds)
+            cfg, auto = sim_config(deploy, concurrency=concurrency, workload=workload, num_requests=num_requests,
+                                   seed=seed, arrival_rate=arrival_rate, max_output=max_output)  # fmt: skip
             sim_res = simulate(cfg, auto)
             if json_out != "-":
                 console.print(_compare_table(live, sim_res.summary, names))

@@ -1,4 +1,4 @@
-"""Shared CLI plumbing: one-line errors with exit code 2, list parsing, deployment from flags."""
+"""Shared CLI plumbing: one-line errors with exit code 2, list parsing (flags and the deployment: `options`)."""
 
 from __future__ import annotations
 
@@ -8,16 +8,6 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 import typer
-
-from tokenrouter.core.config import (
-    DeploymentConfig,
-    ModelConfig,
-    PlacementConfig,
-    PolicyConfig,
-    RouterConfig,
-    SchedulerConfig,
-    check_prob,
-)
 
 
 def _click_classes(name: str) -> tuple[type[Exception], ...]:
@@ -76,36 +66,3 @@ def parse_list(text: str, conv: Callable[[str], Any], what: str) -> list[Any]:
         return [conv(t) for t in items]
     except ValueError:
         raise CliError(f"{what}: cannot parse {text!r}") from None
-
-
-def deployment_from_flags(
-    *,
-    models: list[str],
-    placement: str,
-    policy: str,
-    thresholds: list[int] | None,
-    router: str,
-    hop_rate: float,
-    return_prob: float,
-    trace: str | None,
-    profile: str,
-    graphs: bool,
-    overlap: bool,
-    page_size: int,
-    max_batch_size: int,
-    max_batch_tokens: int,
-) -> DeploymentConfig:
-    """A deployment from CLI flags: mps puts every model on GPU 0, otherwise model i gets GPU i."""
-    check_prob(hop_rate, "--hop-rate")
-    check_prob(return_prob, "--return-prob")
-    gpus = [[0] if placement == "mps" else [i] for i in range(len(models))]
-    return DeploymentConfig(
-        models=[ModelConfig(name=m, gpus=g, cuda_graphs=graphs) for m, g in zip(models, gpus, strict=True)],
-        placement=PlacementConfig(mode=placement),
-        policy=PolicyConfig(kind=policy, thresholds=list(thresholds or [])),
-        router=RouterConfig(name=router, hop_rate=hop_rate, return_prob=return_prob, trace=trace),
-        profile=profile,
-        scheduler=SchedulerConfig(
-            page_size=page_size, max_batch_size=max_batch_size, max_batch_tokens=max_batch_tokens, overlap=overlap
-        ),
-    )

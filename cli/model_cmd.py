@@ -1,6 +1,6 @@
 """`trsim model`: the Markov-chain throughput model (DESIGN section 9) from the command line.
 
-    trsim model --step-ms 6.0,27.9 --hop-prob 0.35 --concurrency 4 --thresholds 1,3
+    trsim model --step-ms 6.0,27.9 --hop-rate 0.35 --concurrency 4 --thresholds 1,3
     trsim model --router me --step-ms 0.9,4.6,17.0 --mean-output 400 --concurrency 4
 
 With `--thresholds` the last line printed is T(B) in tok/s; without, a table over the feasible set sorted by
@@ -19,10 +19,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from tokenrouter.cli.options import HOP_RATE_HELP
+from tokenrouter.core.names import RouterName
 from tokenrouter.markov import MarkovModel, ThroughputResult, evaluate_thresholds, router_matrices, search_thresholds
 from tokenrouter.markov.search import SEARCH_STATES
 
-ROUTERS = ("r2r", "r-stitch", "me")
+ROUTERS = (RouterName.R2R, RouterName.R_STITCH, RouterName.ME)
 
 
 def register(app: typer.Typer) -> None:
@@ -77,9 +79,8 @@ def model(
     router: Annotated[
         str, typer.Option("--router", help="r2r | r-stitch | me (--return-prob < 1 with r2r means r-stitch)")
     ] = "r2r",
-    hop_prob: Annotated[
-        float | None, typer.Option("--hop-prob", help="P(small -> large) after a step (r2r, r-stitch)")
-    ] = None,
+    hop_rate: Annotated[float | None, typer.Option("--hop-rate", "-p", help=f"{HOP_RATE_HELP} (r2r, r-stitch)")] = None,
+    hop_prob: Annotated[float | None, typer.Option("--hop-prob", hidden=True, help="Deprecated: --hop-rate.")] = None,
     concurrency: Annotated[
         int | None,
         typer.Option(
@@ -114,20 +115,25 @@ def model(
     ] = SEARCH_STATES,
 ) -> None:
     """Markov-chain throughput model of delayed batching: T(B) in tok/s, or the best thresholds B*."""
+    if hop_prob is not None:
+        typer.echo("trsim: note: --hop-prob is deprecated; use --hop-rate", err=True)
+        if hop_rate is not None and hop_rate != hop_prob:
+            raise _fail("give --hop-rate only (--hop-prob is its deprecated spelling)")
+        hop_rate = hop_prob
     if (step_ms is None) == (step_ms_table is None):
         raise _fail("give exactly one of --step-ms and --step-ms-table")
     steps: list = _floats(step_ms, "--step-ms") if step_ms is not None else _load_table(step_ms_table)  # type: ignore[arg-type]
     key = router.lower()
-    if key == "r2r" and return_prob != 1.0:
-        key = "r-stitch"
+    if key == RouterName.R2R and return_prob != 1.0:
+        key = RouterName.R_STITCH
     if key not in ROUTERS:
         raise _fail(f"--router must be one of {', '.join(ROUTERS)}, got {router!r}")
-    if key != "me" and len(steps) != 2:
+    if key != RouterName.ME and len(steps) != 2:
         raise _fail(f"{key} needs 2 step times (small,large), got {len(steps)}")
-    if key != "me" and hop_prob is None:
-        raise _fail(f"--hop-prob is required for {key}")
-    if key == "me" and hop_prob is not None:
-        raise _fail("--hop-prob does not apply to me (every token visits every model)")
+    if key != RouterName.ME and hop_rate is None:
+        raise _fail(f"--hop-rate is required for {key}")
+    if key == RouterName.ME and hop_rate is not None:
+        raise _fail("--hop-rate does not apply to me (every token visits every model)")
     if concurrency is None:
         raise _fail("--concurrency is required")
     if concurrency < 1:
@@ -135,13 +141,13 @@ def model(
     if max_states < 1:
         raise _fail(f"--max-states must be positive, got {max_states}")
     try:
-        routing, commit = router_matrices(key, len(steps), hop_rate=hop_prob or 0.0, return_prob=return_prob)
+        routing, commit = router_matrices(key, len(steps), hop_rate=hop_rate or 0.0, return_prob=return_prob)
         chain = MarkovModel.create(steps, routing, commit, concurrency, delta_ms, mean_output)
         b = chain.check_thresholds(_ints(thresholds, "--thresholds")) if thresholds is not None else None
     except ValueError as exc:
         raise _fail(str(exc)) from None
 
-    _print_header(key, hop_prob, return_prob, concurrency, mean_output, len(steps))
+    _print_header(key, hop_rate, return_prob, concurrency, mean_output, len(steps))
     try:
         if b is not None:
             res, used, note = evaluate_thresholds(chain, b, max_states)
@@ -154,9 +160,9 @@ def model(
 
 
 def _print_header(key: str, hop: float | None, ret: float, n: int, mean_output: float | None, m: int) -> None:
-    if key == "me":
+    if key == RouterName.ME:
         kind = f"ME ensemble of {m} models"
-    elif key == "r2r":
+    elif key == RouterName.R2R:
         kind = f"R2R, hop p={hop:g}"
     else:
         kind = f"R-Stitch-like, hop p={hop:g}, return p={ret:g}"

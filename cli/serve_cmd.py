@@ -1,89 +1,49 @@
 """`tr serve`: launch the subservers of a deployment and the HTTP front-end over them.
 
 The deployment comes from `--config serve.yaml` (what `trsim tune` writes) or from `--small/--large`; flags
-given on the command line override the config's common fields. `--dry-run` prints the resolved deployment.
+given on the command line override the config (`cli.options`, the same resolver as trsim). `--dry-run` prints
+the resolved deployment.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from tokenrouter.cli.common import CliError
-from tokenrouter.core.config import DeploymentConfig, ModelConfig, PolicyConfig, RouterConfig, check_prob, load_config
+from tokenrouter.cli.options import DeploymentFlags, DryRun, deployment_flags
 
 Opt = typer.Option
 
 
-def resolve(config: Path | None, small: str | None, large: str | None, router: str | None,
-            router_model: str | None, hop_rate: float | None, policy: str | None, thresholds: str | None,
-            placement: str | None, gpus: str | None, no_cuda_graph: bool,
-            no_overlap: bool) -> DeploymentConfig:  # fmt: skip
-    """The deployment `tr serve` runs: the config file (or a default pair) with the flags applied."""
-    if config is not None:
-        cfg = load_config(config)
-    elif small and large:
-        cfg = DeploymentConfig(models=[ModelConfig(small), ModelConfig(large)])
-    else:
-        raise CliError("give --config FILE or both --small and --large")
-    models = list(cfg.models)
-    if config is not None and (small or large):
-        names = [small or models[0].name, large or models[-1].name]
-        models = [dataclasses.replace(m, name=n) for m, n in zip(models, names, strict=False)] + models[2:]
-    if gpus:
-        ids = [int(x) for x in gpus.split(",")]
-        if len(ids) not in (1, len(models)):
-            raise CliError(f"--gpus: give one GPU id or one per model ({len(models)})")
-        models = [dataclasses.replace(m, gpus=[ids[min(i, len(ids) - 1)]]) for i, m in enumerate(models)]
-    if no_cuda_graph:
-        models = [dataclasses.replace(m, cuda_graphs=False) for m in models]
-    rc = cfg.router
-    if hop_rate is not None:
-        check_prob(hop_rate, "--hop-rate")
-    given = {"name": router, "hop_rate": hop_rate, "weights": router_model}
-    rc = RouterConfig(**{**dataclasses.asdict(rc), **{k: v for k, v in given.items() if v is not None}})
-    pc = cfg.policy
-    if policy is not None or thresholds is not None:
-        th = [int(x) for x in thresholds.split(",")] if thresholds else pc.thresholds
-        pc = PolicyConfig(kind=policy or pc.kind, thresholds=th, table={} if thresholds else pc.table,
-                          max_wait_ms=pc.max_wait_ms)  # fmt: skip
-    sched = dataclasses.replace(cfg.scheduler, overlap=False) if no_overlap else cfg.scheduler
-    if no_overlap:
-        models = [dataclasses.replace(m, overlap=None) for m in models]
-    place = dataclasses.replace(cfg.placement, mode=placement) if placement else cfg.placement
-    return dataclasses.replace(cfg, models=models, router=rc, policy=pc, scheduler=sched, placement=place)
-
-
+@deployment_flags()
 def serve(
-    config: Annotated[Path | None, Opt("--config", help="Deployment YAML written by `trsim tune`.")] = None,
-    small: Annotated[str | None, Opt(help="Small model: bundled name or HF directory.")] = None,
-    large: Annotated[str | None, Opt(help="Large model: bundled name or HF directory.")] = None,
+    deploy: DeploymentFlags,
     device: Annotated[str, Opt(help="cpu or cuda.")] = "cuda",
     host: Annotated[str, Opt(help="Address the HTTP server binds.")] = "127.0.0.1",
     port: Annotated[int, Opt(help="HTTP port.")] = 8000,
     api_key: Annotated[str | None, Opt(help="Require this bearer key (401 without it; /health stays open).")] = None,
-    router: Annotated[str | None, Opt(help="r2r | citer | co-llm | r-stitch | markov | me | trace.")] = None,
-    router_model: Annotated[str | None, Opt(help="Learned router weights FILE, or 'random' (calibrated).")] = None,
-    hop_rate: Annotated[float | None, Opt(help="Target hop rate.")] = None,
-    policy: Annotated[str | None, Opt(help="step-sync | model-sync | eager | delayed.")] = None,
-    thresholds: Annotated[str | None, Opt(help="Delayed thresholds B_i, comma-separated.")] = None,
-    placement: Annotated[str | None, Opt(help="mps | separate.")] = None,
-    gpus: Annotated[str | None, Opt(help="GPU id per model, comma-separated (one id: all on it).")] = None,
-    no_cuda_graph: Annotated[bool, Opt("--no-cuda-graph", help="Run every step eagerly.")] = False,
-    no_overlap: Annotated[bool, Opt("--no-overlap", help="No CPU-GPU overlap.")] = False,
     record_hops: Annotated[Path | None, Opt(help="Write the hop trace JSONL here on exit.")] = None,
     kv_tokens: Annotated[int, Opt(help="CPU only: KV capacity per model in tokens.")] = 8192,
-    dry_run: Annotated[bool, Opt("--dry-run", help="Print the resolved deployment and exit.")] = False,
+    no_cuda_graph: Annotated[bool, Opt("--no-cuda-graph", hidden=True, help="Deprecated: --no-graphs.")] = False,
+    dry_run: DryRun = False,
 ) -> None:
-    """Serve a deployment: one process per model, OpenAI-compatible HTTP in front."""
+    """Serve a deployment: one process per model, OpenAI-compatible HTTP in front. The deployment is --config
+    (what `trsim tune` writes) with the flags applied, or --small/--large with defaults."""
     if device not in ("cpu", "cuda"):
         raise CliError(f"--device must be cpu or cuda, got {device!r}")
-    cfg = resolve(config, small, large, router, router_model, hop_rate, policy, thresholds, placement, gpus,
-                  no_cuda_graph, no_overlap)  # fmt: skip
+    ov = deploy.overrides
+    if deploy.config is None and not (ov.small and ov.large) and not ov.models:
+        raise CliError("give --config FILE or both --small and --large")
+    if deploy.thresholds_auto:
+        raise CliError("--thresholds auto is for the simulator; serving takes B per model (e.g. 1,7) or a config")
+    if no_cuda_graph:
+        typer.echo("tr serve: --no-cuda-graph is deprecated; use --no-graphs", err=True)
+        ov.graphs = False
+    cfg = deploy.resolve()
     from tokenrouter.runtime.launcher import Server, with_cpu_kv_tokens
 
     if device == "cpu":

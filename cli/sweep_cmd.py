@@ -1,7 +1,6 @@
-"""`trsim sweep`: run a grid of simulations (any axis given as a comma list) to CSV + PNG.
+"""`trsim sweep`: run a grid of simulations (any axis given as a list) to CSV + PNG.
 
-Every simulation flag of `trsim run` is an axis here, except the ones that name files or shapes of the
-scheduler (trace, config, page and batch sizes).
+Every flag of `trsim run` that sets the deployment or the run is an axis here (output files are not).
 """
 
 from __future__ import annotations
@@ -15,8 +14,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tokenrouter.cli.common import parse_list
+from tokenrouter.cli.options import DeploymentFlags, deployment_flags, point_flags
 from tokenrouter.cli.report import result_record
-from tokenrouter.cli.run_cmd import sim_config_from_flags, simulate
+from tokenrouter.cli.run_cmd import sim_config, simulate
 
 
 def _opt_int(t: str) -> int | None:
@@ -27,39 +27,21 @@ def _opt_float(t: str) -> float | None:
     return None if t.lower() == "none" else float(t)
 
 
-def _on_off(t: str) -> bool:
-    if t.lower() not in ("on", "off"):
-        raise ValueError(t)
-    return t.lower() == "on"
-
-
-# axis name -> (converter, list separator). Thresholds are lists themselves, so they split on ';'.
-AXES: dict[str, tuple[Any, str]] = {
-    "hop_rate": (float, ","),
-    "concurrency": (int, ","),
-    "policy": (str, ","),
-    "thresholds": (str, ";"),
-    "placement": (str, ","),
-    "workload": (str, ","),
-    "router": (str, ","),
-    "small": (str, ","),
-    "large": (str, ","),
-    "seed": (int, ","),
-    "return_prob": (float, ","),
-    "num_requests": (int, ","),
-    "max_output": (_opt_int, ","),
-    "arrival_rate": (_opt_float, ","),
-    "graphs": (_on_off, ","),
-    "overlap": (_on_off, ","),
-    "profile": (str, ","),
+# Run axes (the deployment axes come from the shared deployment flags): name -> converter.
+RUN_AXES: dict[str, Any] = {
+    "concurrency": int,
+    "workload": str,
+    "seed": int,
+    "num_requests": int,
+    "max_output": _opt_int,
+    "arrival_rate": _opt_float,
 }
+NUMERIC = {"hop_rate", "return_prob", "concurrency", "seed", "num_requests", "max_output", "arrival_rate",
+           "page_size", "max_batch_size", "max_batch_tokens"}  # fmt: skip
 
 
-def _axis(name: str, text: str) -> list[Any]:
-    conv, sep = AXES[name]
-    if sep == ";":
-        return [t.strip() for t in text.split(";") if t.strip()] or ["auto"]
-    items = parse_list(text, conv, f"--{name.replace('_', '-')}")
+def _run_axis(name: str, text: str) -> list[Any]:
+    items = parse_list(text, RUN_AXES[name], f"--{name.replace('_', '-')}")
     if name == "workload":  # fixed:P,O carries its own comma: glue the output length back on
         glued: list[Any] = []
         for it in items:
@@ -73,51 +55,41 @@ def _axis(name: str, text: str) -> list[Any]:
 
 def register(app: typer.Typer) -> None:
     @app.command("sweep")
+    @deployment_flags(axes=True)
     def sweep(
+        deploy: DeploymentFlags,
         out: Annotated[Path, typer.Option("--out", "-o", help="CSV file (one row per run).")] = Path("sweep.csv"),
         plot: Annotated[Path | None, typer.Option(help="PNG of throughput over the first numeric axis.")] = None,
-        hop_rate: Annotated[str, typer.Option("--hop-rate", "-p", help="e.g. 0.05,0.1,0.2")] = "0.1",
-        concurrency: Annotated[str, typer.Option("--concurrency", "-n", help="e.g. 1,4,8,16")] = "8",
-        policy: Annotated[str, typer.Option(help="e.g. eager,delayed,std-serving")] = "delayed",
-        thresholds: Annotated[str, typer.Option(help="';'-separated: 'auto;1,1;1,3'")] = "auto",
-        placement: Annotated[str, typer.Option(help="e.g. mps,separate")] = "mps",
-        workload: Annotated[str, typer.Option(help="e.g. low-effort,high-effort")] = "low-effort",
-        router: Annotated[str, typer.Option(help="e.g. r2r,r-stitch")] = "r2r",
-        small: Annotated[str, typer.Option(help="Small models")] = "qwen3-0.6b",
-        large: Annotated[str, typer.Option(help="Large models")] = "qwen3-32b",
+        concurrency: Annotated[str, typer.Option("--concurrency", "-n", help="Clients N, e.g. 1,4,8,16")] = "8",
+        workload: Annotated[str, typer.Option(help="Workloads, e.g. low-effort,fixed:100,200")] = "low-effort",
         seed: Annotated[str, typer.Option(help="Seeds, e.g. 0,1,2")] = "0",
-        return_prob: Annotated[str, typer.Option(help="r-stitch return probabilities")] = "1.0",
         num_requests: Annotated[str, typer.Option(help="Requests per run, e.g. 64,256")] = "64",
-        profile: Annotated[str, typer.Option(help="Profile names or files.")] = "h200",
         max_output: Annotated[str, typer.Option(help="Output caps, e.g. none,2048,8192")] = "none",
         arrival_rate: Annotated[str, typer.Option(help="Open-loop rates (req/s) or none (closed loop)")] = "none",
-        graphs: Annotated[str, typer.Option(help="CUDA graphs: on,off")] = "on",
-        overlap: Annotated[str, typer.Option(help="CPU-GPU overlap: on,off")] = "on",
+        dry_run: Annotated[
+            bool, typer.Option("--dry-run", help="Print each grid point's deployment (YAML documents) and exit.")
+        ] = False,
     ) -> None:
-        """Run every combination of the list-valued flags; write one CSV row per run (and a plot)."""
-        given = {
-            "hop_rate": hop_rate,
-            "concurrency": concurrency,
-            "policy": policy,
-            "thresholds": thresholds,
-            "placement": placement,
-            "workload": workload,
-            "router": router,
-            "small": small,
-            "large": large,
-            "seed": seed,
-            "return_prob": return_prob,
-            "num_requests": num_requests,
-            "max_output": max_output,
-            "arrival_rate": arrival_rate,
-            "graphs": graphs,
-            "overlap": overlap,
-            "profile": profile,
-        }
-        axes = {k: _axis(k, v) for k, v in given.items()}
+        """Run every combination of the list-valued flags; write one CSV row per run (and a plot).
+
+        Every deployment flag is an axis (comma list; `;` between values of per-model lists such as
+        --thresholds '1,1;1,7'); flags not given keep the config's (or the default deployment's) value."""
+        axes_in: dict[str, Any] = dict(deploy)  # type: ignore[call-overload]
+        config = axes_in.pop("config")
+        run_given = {"concurrency": concurrency, "workload": workload, "seed": seed, "num_requests": num_requests,
+                     "max_output": max_output, "arrival_rate": arrival_rate}  # fmt: skip
+        axes: dict[str, list[Any]] = {k: _run_axis(k, v) for k, v in run_given.items()}
+        axes.update(axes_in)
         grid = [dict(zip(axes, combo, strict=True)) for combo in itertools.product(*axes.values())]
         # Validate every point before spending minutes on the first ones.
-        configs = [sim_config_from_flags(**p) for p in grid]  # axis names are run's flag names
+        configs = []
+        for point in grid:
+            dep_point = {k: v for k, v in point.items() if k not in RUN_AXES}
+            run_point = {k: v for k, v in point.items() if k in RUN_AXES}
+            configs.append(sim_config(point_flags(config, dep_point), **run_point))
+        if dry_run:
+            typer.echo("\n---\n".join(c.deployment.to_yaml().rstrip() for c, _ in configs))
+            return
         rows = []
         console = Console(stderr=True)
         cols = (TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -136,7 +108,7 @@ def register(app: typer.Typer) -> None:
         if plot:
             from tokenrouter.plots import plot_sweep
 
-            numeric = [k for k in varying if AXES[k][0] in (int, float)]
+            numeric = [k for k in varying if k in NUMERIC]
             x = numeric[0] if numeric else (varying[0] if varying else "concurrency")
             hue = next((k for k in varying if k != x), None)
             y = (

@@ -11,15 +11,17 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from tokenrouter.cli.common import parse_list
-from tokenrouter.cli.run_cmd import sim_config_from_flags
+from tokenrouter.cli.options import DeploymentFlags, DryRun, MaxOutput, Seed, Workload, deployment_flags
+from tokenrouter.cli.run_cmd import sim_config
 from tokenrouter.sim.tune import tune_point
 
 
 def register(app: typer.Typer) -> None:
     @app.command("tune")
+    @deployment_flags()
     def tune(
+        deploy: DeploymentFlags,
         out: Annotated[Path, typer.Option("--out", "-o", help="Deployment YAML to write.")] = Path("serve.yaml"),
-        hop_rate: Annotated[float, typer.Option("--hop-rate", "-p", help="Expected hop rate.")] = 0.1,
         concurrency: Annotated[
             str,
             typer.Option(
@@ -29,23 +31,26 @@ def register(app: typer.Typer) -> None:
                 "larger N runs a reduced search (coarser quantum, threshold grid, or B scaled from N/2) and says so.",
             ),
         ] = "1,2,4,8,16",
-        small: Annotated[str, typer.Option(help="Small (entry) model.")] = "qwen3-0.6b",
-        large: Annotated[str, typer.Option(help="Large model.")] = "qwen3-32b",
-        placement: Annotated[str, typer.Option(help="mps | separate | cross-host")] = "mps",
-        workload: Annotated[str, typer.Option(help="Workload the check runs.")] = "low-effort",
+        workload: Workload = "low-effort",
         num_requests: Annotated[int, typer.Option(help="Requests per simulator check (default 4N, >= 32).")] = 0,
-        router: Annotated[str, typer.Option(help="r2r | citer | co-llm | r-stitch | markov")] = "r2r",
-        return_prob: Annotated[float, typer.Option(help="r-stitch return probability.")] = 1.0,
-        profile: Annotated[str, typer.Option(help="Profile name or JSON file.")] = "h200",
         top: Annotated[int, typer.Option(help="Markov candidates checked in the simulator per N.")] = 3,
-        seed: Annotated[int, typer.Option(help="Seed.")] = 0,
-        max_output: Annotated[int | None, typer.Option(help="Cap output lengths.")] = None,
+        seed: Seed = 0,
+        max_output: MaxOutput = None,
+        dry_run: DryRun = False,
     ) -> None:
         """For each N: B* from the Markov model, the top candidates checked in the simulator; the measured best
-        goes into the config's B(N) table, which `tr serve --config` follows as live concurrency changes."""
+        goes into the config's B(N) table, which `tr serve --config` follows as live concurrency changes.
+        The deployment tuned is `--config` (or the default pair) with the flags applied; its policy becomes
+        delayed."""
         ns = sorted(set(parse_list(concurrency, int, "--concurrency")))
         if ns[0] < 1:
             raise ValueError("--concurrency values must be >= 1")
+        deploy.overrides.policy = "delayed"
+        deploy.overrides.thresholds = None
+        deploy.thresholds_auto = False
+        if dry_run:
+            typer.echo(deploy.resolve().to_yaml().rstrip())
+            return
         console = Console(stderr=True)
         points = []
         cols = (TextColumn("tune N={task.fields[n]}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -54,21 +59,9 @@ def register(app: typer.Typer) -> None:
             task = bar.add_task("tune", total=len(ns), n=ns[0])
             for n in ns:
                 bar.update(task, n=n)
-                cfg, _ = sim_config_from_flags(
-                    hop_rate=hop_rate,
-                    concurrency=n,
-                    small=small,
-                    large=large,
-                    thresholds="1,1",
-                    placement=placement,
-                    workload=workload,
-                    num_requests=num_requests or max(32, 4 * n),
-                    router=router,
-                    return_prob=return_prob,
-                    profile=profile,
-                    seed=seed,
-                    max_output=max_output,
-                )
+                reqs = num_requests or max(32, 4 * n)
+                cfg, _ = sim_config(deploy, concurrency=n, workload=workload, num_requests=reqs, seed=seed,
+                                    max_output=max_output)  # fmt: skip
                 points.append(tune_point(cfg, n, top=top))
                 bar.advance(task)
         assert cfg is not None
@@ -77,9 +70,9 @@ def register(app: typer.Typer) -> None:
         dep.policy.thresholds = list(points[-1].best)
         dep.notes = {
             "tuned_by": "trsim tune",
-            "hop_rate": hop_rate,
+            "hop_rate": dep.router.hop_rate,
             "workload": workload,
-            "profile": profile,
+            "profile": dep.profile,
             "points": [
                 {
                     "N": p.concurrency,
@@ -92,10 +85,12 @@ def register(app: typer.Typer) -> None:
             ],
         }
         dep.save(out)
-        t = Table(title=f"trsim tune: {small} + {large}, hop rate {hop_rate}, {placement}, {workload}")
+        names = " + ".join(m.name for m in dep.models)
+        t = Table(title=f"trsim tune: {names}, {dep.router.name} hop rate {dep.router.hop_rate}, "
+                  f"{dep.placement.mode}, {workload}")  # fmt: skip
         for col in ("N", "Markov B*", "Markov tok/s", "sim tok/s @B*", "chosen B", "sim tok/s", "eager tok/s"):
             t.add_column(col, justify="right")
-        eager = (1, 1)
+        eager = (1,) * len(dep.models)
         for p in points:
             t.add_row(
                 str(p.concurrency),

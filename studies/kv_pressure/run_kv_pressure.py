@@ -14,9 +14,9 @@ import argparse
 import csv
 import time
 
-from tokenrouter.cli.run_cmd import sim_config_from_flags
 from tokenrouter.core.config import SchedulerConfig
-from tokenrouter.sim.run import run_sim
+from tokenrouter.deploy import DeploymentOverrides, resolve_deployment
+from tokenrouter.sim.run import SimConfig, run_sim
 
 NS = (2, 3, 4, 6, 8, 12, 16, 32)
 
@@ -30,7 +30,8 @@ def main() -> None:
     rows = []
     for mode in modes:
         for n in NS:
-            cfg, _ = sim_config_from_flags(hop_rate=0.1, concurrency=n, policy="eager", num_requests=args.num_requests)
+            dep = resolve_deployment(None, DeploymentOverrides(hop_rate=0.1, policy="eager"))
+            cfg = SimConfig(dep, concurrency=n, num_requests=args.num_requests)
             for m in cfg.deployment.models:
                 m.kv_budget_gb = 1.0
             if len(modes) == 2:

@@ -66,21 +66,3 @@ def test_bench_user_errors(capsys):
     assert run(["bench", "--url", "http://127.0.0.1:9", "--num-requests", "2", "--workload", "fixed:4,4"]) == 2
     assert "cannot benchmark" in capsys.readouterr().err
     assert run(["bench", "--url", "http://127.0.0.1:9", "--workload", "nope"]) == 2
-
-
-def test_sim_cell_is_the_served_deployment(tmp_path):
-    """`bench --sim --config C --policy P --thresholds B --no-overlap` simulates what `serve --config C` with the same
-    flags resolves to (the server's own resolver is the reference): flat thresholds replace the per-N table."""
-    from tokenrouter.cli.bench_cmd import with_serving_overrides
-    from tokenrouter.cli.run_cmd import sim_config_from_flags
-    from tokenrouter.cli.serve_cmd import resolve
-
-    cfg_path = Path(__file__).resolve().parents[2] / "studies" / "serving" / "serve.yaml"
-    for policy, th, no_overlap in (("step-sync", None, False), ("delayed", "2,5", True), (None, "1,3", False)):
-        served = resolve(cfg_path, None, None, None, None, None, policy, th, None, None, False, no_overlap)
-        sim, _ = sim_config_from_flags(policy=policy or "delayed", thresholds=th or "auto", num_requests=8,
-                                       max_output=16, overlap=not no_overlap, config=cfg_path)  # fmt: skip
-        sim = with_serving_overrides(sim, policy, not no_overlap, th).deployment
-        assert sim.policy == served.policy, (policy, th)
-        assert sim.scheduler.overlap == served.scheduler.overlap
-        assert served.policy.table == ({} if th else served.policy.table)

@@ -41,8 +41,8 @@ def assert_one_line_error(rc: int, err: str, needle: str) -> None:
         (["run", "--hop-rate", "abc"], "--hop-rate"),
         (["run", "--no-such-flag"], "no-such-flag"),
         (["run", "--async"], "--async"),  # renamed: CPU-GPU overlap is --overlap
-        (["model", "--step-ms", "6,27.9", "--hop-prob", "2", "--concurrency", "4"], "error"),
-        (["model", "--step-ms", "6,27.9", "--hop-prob", "0.3", "--concurrency", "4", "--thresholds", "4,4"], "error"),
+        (["model", "--step-ms", "6,27.9", "--hop-rate", "2", "--concurrency", "4"], "error"),
+        (["model", "--step-ms", "6,27.9", "--hop-rate", "0.3", "--concurrency", "4", "--thresholds", "4,4"], "error"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(argv, needle, capsys):
@@ -88,7 +88,7 @@ def test_model_prints_number_last(capsys):
         "model",
         "--step-ms",
         "6.0,27.9",
-        "--hop-prob",
+        "--hop-rate",
         "0.35",
         "--concurrency",
         "4",

@@ -38,7 +38,7 @@ def test_me_search_prefers_holding_the_group(capsys) -> None:
 
 
 def test_large_search_is_reduced_and_says_so(capsys) -> None:
-    argv = ["model", "--step-ms", "6,27.9", "--hop-prob", "0.1", "-n", "64", "--max-states", "5000"]
+    argv = ["model", "--step-ms", "6,27.9", "--hop-rate", "0.1", "-n", "64", "--max-states", "5000"]
     rc, out, err = call(argv, capsys)
     assert rc == 0 and err == ""
     lines = out.strip().splitlines()
@@ -55,7 +55,7 @@ def test_large_search_is_reduced_and_says_so(capsys) -> None:
                 "model",
                 "--step-ms",
                 "6,27.9",
-                "--hop-prob",
+                "--hop-rate",
                 "0.1",
                 "-n",
                 "64",
@@ -66,12 +66,12 @@ def test_large_search_is_reduced_and_says_so(capsys) -> None:
             ],
             "exceeds 50 states",
         ),
-        ([*ME, "--hop-prob", "0.1"], "does not apply"),
+        ([*ME, "--hop-rate", "0.1"], "does not apply"),
         ([*ME, "--mean-output", "0.5"], "mean output"),
         ([*ME, "--thresholds", "1,1"], "need 3 thresholds"),
         (["model", "--router", "me", "--step-ms", "5", "-n", "2"], "at least 2 models"),
         (["model", "--router", "moe", "--step-ms", "5,6", "-n", "2"], "--router"),
-        (["model", "--step-ms", "6,27.9,3", "--hop-prob", "0.1", "-n", "2"], "2 step times"),
+        (["model", "--step-ms", "6,27.9,3", "--hop-rate", "0.1", "-n", "2"], "2 step times"),
         ([*ME, "--max-states", "0"], "--max-states"),
     ],
 )

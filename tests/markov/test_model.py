@@ -241,7 +241,7 @@ def _app() -> typer.Typer:
     return app
 
 
-BASE = ["model", "--step-ms", "6.0,27.9", "--hop-prob", "0.35", "--concurrency", "4"]
+BASE = ["model", "--step-ms", "6.0,27.9", "--hop-rate", "0.35", "--concurrency", "4"]
 
 
 def test_cli_single_thresholds_last_line_is_number() -> None:
@@ -255,7 +255,7 @@ def test_cli_single_thresholds_last_line_is_number() -> None:
 def test_cli_step_table_matches_constant_steps(tmp_path) -> None:
     table = tmp_path / "steps.json"
     table.write_text(json.dumps({"step_ms": [[L0] * 4, [L1] * 4]}))
-    args = ["model", "--hop-prob", "0.35", "--concurrency", "4", "--thresholds", "1,3"]
+    args = ["model", "--hop-rate", "0.35", "--concurrency", "4", "--thresholds", "1,3"]
     with_table = CliRunner().invoke(_app(), [*args, "--step-ms-table", str(table)])
     plain = CliRunner().invoke(_app(), [*args, "--step-ms", f"{L0},{L1}"])
     assert with_table.exit_code == 0, with_table.output
@@ -275,16 +275,16 @@ def test_cli_search_ends_with_best() -> None:
 @pytest.mark.parametrize(
     "args",
     [
-        ["model", "--step-ms", "6.0,27.9", "--hop-prob", "1.5", "--concurrency", "4"],
+        ["model", "--step-ms", "6.0,27.9", "--hop-rate", "1.5", "--concurrency", "4"],
         [*BASE, "--thresholds", "4,2"],
         [*BASE, "--thresholds", "1,2,3"],
-        ["model", "--step-ms", "6.0,27.9,3.0", "--hop-prob", "0.3", "--concurrency", "4"],
-        ["model", "--step-ms", "6.0,-1", "--hop-prob", "0.3", "--concurrency", "4"],
-        ["model", "--step-ms", "6.0,27.9", "--hop-prob", "0.3", "--concurrency", "0"],
-        ["model", "--step-ms", "6.0,x", "--hop-prob", "0.3", "--concurrency", "4"],
+        ["model", "--step-ms", "6.0,27.9,3.0", "--hop-rate", "0.3", "--concurrency", "4"],
+        ["model", "--step-ms", "6.0,-1", "--hop-rate", "0.3", "--concurrency", "4"],
+        ["model", "--step-ms", "6.0,27.9", "--hop-rate", "0.3", "--concurrency", "0"],
+        ["model", "--step-ms", "6.0,x", "--hop-rate", "0.3", "--concurrency", "4"],
         [*BASE, "--return-prob", "-0.2"],
         [*BASE, "--delta-ms", "0"],
-        ["model", "--hop-prob", "0.3", "--concurrency", "4"],
+        ["model", "--hop-rate", "0.3", "--concurrency", "4"],
     ],
 )
 def test_cli_bad_input_exits_2_with_one_line(args: list[str]) -> None:

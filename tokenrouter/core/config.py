@@ -7,6 +7,7 @@ goes through msgspec (types) plus the checks below (meaning); every problem is a
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -14,13 +15,14 @@ import msgspec
 import yaml
 
 from tokenrouter.core.graph_rule import DEFAULT_GRAPH_BUCKETS, DEFAULT_GRAPH_MAX_ROW_TOKENS, GraphRule
-from tokenrouter.core.policy import POLICIES, Policy, PolicyKind
+from tokenrouter.core.names import Placement, PolicyName, RouterName, parse_name
+from tokenrouter.core.policy import Policy, PolicyKind
 
-PLACEMENTS: tuple[str, ...] = ("mps", "separate", "cross-host")
+PLACEMENTS: tuple[str, ...] = tuple(p.value for p in Placement)
 # Standard serving (one server per model, every hop a new request) is a deployment mode, not a policy of
 # the core scheduler: its schedulers run eager and the driver re-matches each hop's prefix.
-STD_SERVING = "std-serving"
-POLICY_NAMES: tuple[str, ...] = (*POLICIES, STD_SERVING)
+STD_SERVING = PolicyName.STD_SERVING
+POLICY_NAMES: tuple[str, ...] = tuple(p.value for p in PolicyName)
 CONFIG_VERSION = 1
 
 
@@ -61,17 +63,23 @@ class ModelConfig:
 
 @dataclass(slots=True)
 class PlacementConfig:
-    mode: str = "mps"
+    mode: Placement = Placement.MPS
     link_latency_ms: float | None = None  # cross-host link; None -> the profile's
     link_bandwidth_gbps: float | None = None
+
+    def __post_init__(self) -> None:
+        self.mode = _named(Placement, self.mode, "placement")
 
 
 @dataclass(slots=True)
 class PolicyConfig:
-    kind: str = "delayed"  # a PolicyKind value, or "std-serving"
+    kind: PolicyName = PolicyName.DELAYED  # a PolicyKind value, or std-serving
     thresholds: list[int] = field(default_factory=list)
     table: dict[int, list[int]] = field(default_factory=dict)  # concurrency N -> thresholds
     max_wait_ms: float | None = None
+
+    def __post_init__(self) -> None:
+        self.kind = _named(PolicyName, self.kind, "policy")
 
     @property
     def std_serving(self) -> bool:
@@ -89,13 +97,16 @@ class PolicyConfig:
 
 @dataclass(slots=True)
 class RouterConfig:
-    name: str = "r2r"
+    name: RouterName = RouterName.R2R
     hop_rate: float = 0.1
     return_prob: float = 1.0
     mean_small_run: float | None = None
     mean_large_run: float | None = None
     trace: str | None = None
-    weights: str | None = None  # learned routers (later)
+    weights: str | None = None  # learned router weights: a checkpoint file, or "random" (calibrated)
+
+    def __post_init__(self) -> None:
+        self.name = _named(RouterName, self.name, "router")
 
 
 @dataclass(slots=True)
@@ -143,10 +154,6 @@ def validate(cfg: DeploymentConfig) -> None:
         raise ConfigError("config needs at least one model")
     if not 0 <= cfg.entry < m:
         raise ConfigError(f"entry {cfg.entry} is not a model index (0..{m - 1})")
-    if cfg.placement.mode not in PLACEMENTS:
-        raise ConfigError(f"placement {cfg.placement.mode!r} unknown; choose one of {', '.join(PLACEMENTS)}")
-    if cfg.policy.kind not in POLICY_NAMES:
-        raise ConfigError(f"policy {cfg.policy.kind!r} unknown; choose one of {', '.join(POLICY_NAMES)}")
     rc = cfg.router
     for what, x in (("router hop_rate", rc.hop_rate), ("router return_prob", rc.return_prob)):
         try:
@@ -191,7 +198,16 @@ def load_config(path: str | Path) -> DeploymentConfig:
         raise ConfigError(f"{p}: {e}") from None
 
 
+def _named(enum: Any, value: Any, what: str) -> Any:
+    try:
+        return parse_name(enum, value, what)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
 def _plain(x: Any) -> Any:
+    if isinstance(x, StrEnum):
+        return x.value
     if isinstance(x, dict):
         return {k: _plain(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from tokenrouter.core.names import RouterName
+
 
 def r2r_preset(hop_prob: float) -> tuple[np.ndarray, np.ndarray]:
     """(P, C) for R2R-like routing: model 0 small, model 1 large.
@@ -67,15 +69,15 @@ def router_matrices(
     hop-rate, r-stitch, markov) over two models, `me` over `num_models`. ValueError for anything else (a trace
     router has no stationary hop law)."""
     key = name.lower()
-    if key == "me":
+    if key == RouterName.ME:
         return me_preset(num_models)
     if num_models != 2:
         raise ValueError(f"router {name!r} routes between two models (small, large), not {num_models}")
-    if key in ("r2r", "citer", "co-llm", "hop-rate"):
+    if key in (RouterName.R2R, RouterName.CITER, RouterName.CO_LLM, "hop-rate"):
         return r2r_preset(hop_rate)
-    if key == "r-stitch":
+    if key == RouterName.R_STITCH:
         return rstitch_preset(hop_rate, return_prob)
-    if key == "markov" and mean_small_run and mean_large_run and min(mean_small_run, mean_large_run) >= 1:
+    if key == RouterName.MARKOV and mean_small_run and mean_large_run and min(mean_small_run, mean_large_run) >= 1:
         return rstitch_preset(1.0 / mean_small_run, 1.0 / mean_large_run)
     raise ValueError(
         f"the Markov model needs a geometric router (r2r, citer, co-llm, r-stitch, markov with mean run "

@@ -13,9 +13,10 @@ the synthetic draw later; the semantics here stay.
 from __future__ import annotations
 
 from tokenrouter.core.config import check_prob
+from tokenrouter.core.names import RouterName
 from tokenrouter.routers.synthetic import ProbRouter
 
-PRESETS = ("r2r", "citer", "co-llm", "r-stitch", "markov", "me")
+PRESETS = tuple(r.value for r in RouterName if r is not RouterName.TRACE)
 
 
 def one_token_handback(p: float, seed: int = 0) -> ProbRouter:
@@ -48,14 +49,14 @@ def make_preset(
     seed: int = 0,
 ) -> ProbRouter:
     key = name.lower()
-    if key in ("r2r", "citer", "co-llm", "hop-rate"):
+    if key in (RouterName.R2R, RouterName.CITER, RouterName.CO_LLM, "hop-rate"):
         return one_token_handback(hop_rate, seed)
-    if key == "r-stitch":
+    if key == RouterName.R_STITCH:
         return geometric_run(hop_rate, return_prob, seed)
-    if key == "markov":
+    if key == RouterName.MARKOV:
         if not mean_small_run or not mean_large_run or mean_small_run < 1 or mean_large_run < 1:
             raise ValueError("markov router needs mean run lengths >= 1 on both models")
         return geometric_run(1.0 / mean_small_run, 1.0 / mean_large_run, seed)
-    if key == "me":
+    if key == RouterName.ME:
         return ensemble(num_models, seed)
-    raise ValueError(f"unknown router {name!r}; choose one of {', '.join((*PRESETS, 'trace'))}")
+    raise ValueError(f"unknown router {name!r}; choose one of {', '.join(r.value for r in RouterName)}")

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from tokenrouter.core.names import RouterName
 from tokenrouter.core.router import Router
 from tokenrouter.routers.learned.checkpoint import load_router_checkpoint
 from tokenrouter.routers.learned.ensemble import EnsembleRouter
@@ -33,7 +34,7 @@ from tokenrouter.routers.learned.routers import (
 )
 from tokenrouter.routers.learned.scorers import ConfidenceMLP, DeferralHead, NormalizedEntropy
 
-LEARNED_ROUTERS = ("r2r", "citer", "co-llm", "r-stitch", "me")
+LEARNED_ROUTERS = tuple(r.value for r in RouterName if r not in (RouterName.MARKOV, RouterName.TRACE))
 # R2R's published router shape for Qwen3 (resource/default_training_config_qwen3_*.json): used for `random`
 # on real model sizes so the router's cost in the step is representative.
 R2R_PUBLISHED_DIMS = (1024,) * 6
@@ -83,7 +84,7 @@ def make_learned_router(
         raise ValueError(f"router {key!r} routes between 2 models, not {num_models}")
     if not 0.0 <= hop_rate <= 1.0:
         raise ValueError(f"hop rate must be in [0, 1], got {hop_rate}")
-    if key == "r-stitch":
+    if key == RouterName.R_STITCH:
         return _r_stitch(model_file, is_random, hop_rate, return_prob, threshold, device, model, calibration_rows)
     cls, above, inclusive = _GATE_RULE[key]
     gate = None

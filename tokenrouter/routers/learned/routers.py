@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from tokenrouter.core.batch import Batch, StepResult
+from tokenrouter.core.names import RouterName
 from tokenrouter.core.request import Request
 from tokenrouter.core.router import DeviceRouter, Router
 from tokenrouter.routers.learned.gate import ConstantDestination, ScoreGate
@@ -164,7 +165,7 @@ class RStitchRouter(LearnedRouter):
     r-stitch preset's p and q), so no threshold has to travel between processes.
     """
 
-    name = "r-stitch"
+    name = RouterName.R_STITCH.value
 
     def __init__(
         self,

@@ -1,0 +1,54 @@
+"""Names users type at the CLI and in the deployment config, as enums.
+
+str-valued (`StrEnum`), so a member compares equal to its spelling ("r-stitch" == RouterName.R_STITCH), YAML
+and JSON keep writing the plain string, and an unknown name fails in one place with the list of known ones.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import TypeVar
+
+E = TypeVar("E", bound=StrEnum)
+
+
+class RouterName(StrEnum):
+    """Routing algorithms (hand-back semantics in `tokenrouter.routers.presets`), plus trace replay."""
+
+    R2R = "r2r"
+    CITER = "citer"
+    CO_LLM = "co-llm"
+    R_STITCH = "r-stitch"
+    MARKOV = "markov"
+    ME = "me"
+    TRACE = "trace"
+
+
+class Placement(StrEnum):
+    """Where the models run: all on one GPU under CUDA MPS, one GPU each, or one host each."""
+
+    MPS = "mps"
+    SEPARATE = "separate"
+    CROSS_HOST = "cross-host"
+
+
+class PolicyName(StrEnum):
+    """A deployment's batching policy: the core's `PolicyKind` values plus standard serving, which is a mode of
+    the driver (its schedulers run eager; every returning hop is a new request), not a policy of the core."""
+
+    STEP_SYNC = "step-sync"
+    MODEL_SYNC = "model-sync"
+    EAGER = "eager"
+    DELAYED = "delayed"
+    STD_SERVING = "std-serving"
+
+
+def parse_name(enum: type[E], value: str | E, what: str) -> E:
+    """`value` as a member of `enum` (case-insensitive); a one-line ValueError naming `what` and the choices."""
+    if isinstance(value, enum):
+        return value
+    try:
+        return enum(str(value).strip().lower())
+    except ValueError:
+        choices = ", ".join(m.value for m in enum)
+        raise ValueError(f"{what} {value!r} unknown; choose one of {choices}") from None

@@ -1,0 +1,180 @@
+"""One path from command-line flags to a deployment: a config (or a default pair) with overrides applied.
+
+Every CLI that builds a deployment (`trsim run | sweep | tune`, `tr serve`, `tr bench --sim`) fills a
+`DeploymentOverrides` with the flags the user gave (None = not given) and calls `resolve_deployment`, so the
+same config and the same flags give the same `DeploymentConfig` everywhere, and a flag given beside
+`--config` is always applied (never dropped).
+
+Rules, one per flag:
+- models: `models` replaces every name; `small` renames the entry model, `large` the last non-entry one.
+  Other per-model settings of the config are kept.
+- placement: sets the mode. GPUs follow it unless `gpus` is given: mps puts every model on GPU 0; separate
+  and cross-host give model i GPU i. With a config and no placement flag, the config's GPUs stay.
+- gpus: one id (every model on it) or one per model.
+- thresholds: flat thresholds replace the config's per-N table (`tr serve --thresholds` semantics).
+- overlap: sets `scheduler.overlap` and clears every model's own `overlap`, so the flag holds for all.
+- graphs: sets every model's `cuda_graphs`.
+- sm_percent: one MPS SM share (1-100) per model (`mps_active_thread_percentage`); 0 or 100 = no cap.
+- router fields, profile, page/batch sizes, max_model_len: replace the config's value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, replace
+
+from tokenrouter.core.config import (
+    ConfigError,
+    DeploymentConfig,
+    ModelConfig,
+    PolicyConfig,
+    RouterConfig,
+    check_prob,
+)
+from tokenrouter.core.names import Placement, PolicyName, RouterName, parse_name
+
+DEFAULT_SMALL = "qwen3-0.6b"
+DEFAULT_LARGE = "qwen3-32b"
+
+
+@dataclass(slots=True)
+class DeploymentOverrides:
+    """Deployment flags as given on a command line; None means "not given" (keep the config's value)."""
+
+    small: str | None = None
+    large: str | None = None
+    models: list[str] | None = None
+    placement: Placement | str | None = None
+    gpus: list[int] | None = None
+    policy: PolicyName | str | None = None
+    thresholds: list[int] | None = None
+    router: RouterName | str | None = None
+    router_model: str | None = None
+    hop_rate: float | None = None
+    return_prob: float | None = None
+    trace: str | None = None
+    profile: str | None = None
+    graphs: bool | None = None
+    overlap: bool | None = None
+    sm_percent: list[int] | None = None
+    page_size: int | None = None
+    max_batch_size: int | None = None
+    max_batch_tokens: int | None = None
+
+    def given(self) -> dict[str, object]:
+        """The flags that were given (for messages and provenance)."""
+        return {f.name: v for f in dataclasses.fields(self) if (v := getattr(self, f.name)) is not None}
+
+
+def default_deployment(names: list[str] | None = None) -> DeploymentConfig:
+    """The deployment a CLI runs without `--config`: the default pair (or `names`), config defaults elsewhere."""
+    names = names or [DEFAULT_SMALL, DEFAULT_LARGE]
+    return DeploymentConfig(models=[ModelConfig(n) for n in names])
+
+
+def resolve_deployment(base: DeploymentConfig | None, ov: DeploymentOverrides) -> DeploymentConfig:
+    """`base` (or the default pair) with the given overrides applied; a bad value is a one-line ConfigError."""
+    cfg = base if base is not None else default_deployment(_names(None, 0, ov))
+    models = list(cfg.models)
+    if base is not None:
+        names = _names([m.name for m in models], cfg.entry, ov)
+        if len(names) != len(models):  # --models with another count: fresh entries for the new list
+            models = [ModelConfig(n) for n in names]
+        else:
+            models = [m if m.name == n else replace(m, name=n) for m, n in zip(models, names, strict=True)]
+    place = cfg.placement
+    if ov.placement is not None:
+        place = replace(place, mode=_parse(Placement, ov.placement, "placement"))
+    gpus = _gpus(ov, len(models), place.mode if ov.placement is not None else None)
+    if gpus is not None:
+        models = [replace(m, gpus=g) for m, g in zip(models, gpus, strict=True)]
+    if ov.graphs is not None:
+        models = [replace(m, cuda_graphs=ov.graphs) for m in models]
+    if ov.overlap is not None:
+        models = [replace(m, overlap=None) for m in models]
+    if ov.sm_percent is not None:
+        shares = _shares(ov.sm_percent, len(models))
+        models = [replace(m, mps_active_thread_percentage=p) for m, p in zip(models, shares, strict=True)]
+    sched = cfg.scheduler
+    for name in ("page_size", "max_batch_size", "max_batch_tokens", "overlap"):
+        v = getattr(ov, name)
+        if v is not None:
+            sched = replace(sched, **{name: v})
+    return dataclasses.replace(
+        cfg,
+        models=models,
+        placement=place,
+        policy=_policy(cfg.policy, ov, len(models)),
+        router=_router(cfg.router, ov),
+        scheduler=sched,
+        profile=ov.profile if ov.profile is not None else cfg.profile,
+    )
+
+
+def _names(current: list[str] | None, entry: int, ov: DeploymentOverrides) -> list[str]:
+    if ov.models is not None:
+        if ov.small is not None or ov.large is not None:
+            raise ConfigError("give either --models or --small/--large, not both")
+        if len(ov.models) < 2:
+            raise ConfigError(f"--models needs at least 2 models, got {len(ov.models)}")
+        return list(ov.models)
+    names = list(current) if current else [DEFAULT_SMALL, DEFAULT_LARGE]
+    if ov.small is not None:
+        names[entry] = ov.small
+    if ov.large is not None:
+        names[max(i for i in range(len(names)) if i != entry)] = ov.large
+    return names
+
+
+def _gpus(ov: DeploymentOverrides, m: int, mode: Placement | None) -> list[list[int]] | None:
+    if ov.gpus is not None:
+        if len(ov.gpus) not in (1, m) or any(g < 0 for g in ov.gpus):
+            raise ConfigError(f"--gpus: give one GPU id or one per model ({m}), each >= 0; got {ov.gpus}")
+        return [[ov.gpus[min(i, len(ov.gpus) - 1)]] for i in range(m)]
+    if mode is None:
+        return None
+    return [[0] if mode is Placement.MPS else [i] for i in range(m)]
+
+
+def _shares(shares: list[int], m: int) -> list[int | None]:
+    if len(shares) not in (1, m):
+        raise ConfigError(f"--sm-percent: give one share or one per model ({m}), got {shares}")
+    if any(not 0 <= s <= 100 for s in shares):
+        raise ConfigError(f"--sm-percent: each share must be in 0..100 (0 or 100 = no cap), got {shares}")
+    full = [shares[min(i, len(shares) - 1)] for i in range(m)]
+    return [None if s in (0, 100) else s for s in full]
+
+
+def _policy(pc: PolicyConfig, ov: DeploymentOverrides, m: int) -> PolicyConfig:
+    if ov.policy is None and ov.thresholds is None:
+        return pc
+    kind = _parse(PolicyName, ov.policy, "policy") if ov.policy is not None else pc.kind
+    if ov.thresholds is None:
+        return replace(pc, kind=kind)
+    if len(ov.thresholds) != m:
+        raise ConfigError(f"--thresholds needs one value per model ({m}), got {ov.thresholds}")
+    return PolicyConfig(kind=kind, thresholds=list(ov.thresholds), table={}, max_wait_ms=pc.max_wait_ms)
+
+
+def _router(rc: RouterConfig, ov: DeploymentOverrides) -> RouterConfig:
+    if ov.hop_rate is not None:
+        check_prob(ov.hop_rate, "--hop-rate")
+    if ov.return_prob is not None:
+        check_prob(ov.return_prob, "--return-prob")
+    given = {
+        "name": _parse(RouterName, ov.router, "router") if ov.router is not None else None,
+        "hop_rate": ov.hop_rate,
+        "return_prob": ov.return_prob,
+        "trace": ov.trace,
+        "weights": ov.router_model,
+    }
+    changes = {k: v for k, v in given.items() if v is not None}
+    return replace(rc, **changes) if changes else rc
+
+
+def _parse(enum, value, what: str):  # type: ignore[no-untyped-def]
+    try:
+        return parse_name(enum, value, what)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
