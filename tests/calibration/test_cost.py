@@ -161,7 +161,7 @@ def test_accessors_and_errors(profile: Profile) -> None:
     assert c.router_ms() == c.router_ms(0) == profile.router_ms
     assert c.sched_ms() == c.sched_ms("qwen3-32b") == profile.sched_ms
     assert c.kv_budget_gb(1) == profile.kv_budget_gb
-    with pytest.raises(ValueError, match="placement .nvlink. unknown"):
+    with pytest.raises(ValueError, match=r"placement .nvlink. unknown"):
         CostModel(profile, "nvlink")  # type: ignore[arg-type]
     with pytest.raises(ProfileError, match=r"known: .*qwen3-0\.6b"):
         c.for_model("gpt-5")
