@@ -162,6 +162,10 @@ def register(app: typer.Typer) -> None:
         if csv_out:
             out.metrics.to_frame().to_csv(csv_out, index=False)
         if plot:
-            from tokenrouter.plots import plot_bench
+            from tokenrouter.plots import RunCell, plot_bench
 
-            plot_bench(out, plot, sim=sim_res.metrics if sim_res else None)
+            # The title's router, policy and B come from the --sim cell; the server reports only its models.
+            live = RunCell(names, concurrency=None if arrival_rate else concurrency, arrival_rate=arrival_rate)
+            cell = RunCell.of_sim(sim_res, models=names) if sim_res else live
+            written = plot_bench(out, plot, sim=sim_res.metrics if sim_res else None, cell=cell)
+            typer.echo(f"wrote {written}", err=json_out == "-")  # stdout stays pure JSON with --json -

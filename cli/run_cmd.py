@@ -122,7 +122,8 @@ def register(app: typer.Typer) -> None:
                     df[k] = v
             df.to_csv(csv_out, index=False)
         if plot:
-            from tokenrouter.plots import plot_run
+            from tokenrouter.plots import RunCell, plot_run
 
-            names = [m.name for m in cfg.deployment.models]
-            plot_run(res.metrics, plot, title=f"trsim run: {' + '.join(names)}", names=names)
+            cell = RunCell.of_sim(res)
+            written = plot_run(res.metrics, plot, title=cell.title("trsim run"), names=cell.models)
+            typer.echo(f"wrote {written}", err=json_out == "-")  # stdout stays pure JSON with --json -

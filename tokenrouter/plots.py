@@ -1,6 +1,7 @@
 """Run plots a person can read, shared by `trsim run --plot` and `tr bench --plot` (live and simulated
 overlaid): per model, with model names, queue length and busy fraction as rolling means over time, the
-batch-size histogram, output throughput over time, and TTFT / TPOT / E2E CDFs.
+batch-size histogram, output throughput over time, TTFT / TPOT / E2E CDFs and the whole-run busy fraction.
+The title names the cell (`RunCell`: models, router and hop rate, policy, thresholds B, clients N).
 
 A run becomes a `RunSeries` first (from a simulator `MetricsCollector`, or from a bench outcome whose
 per-model figures come from the server's polled counters), so the drawing code has one input whatever the
@@ -22,10 +23,75 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from tokenrouter.metrics import MetricsCollector
+    from tokenrouter.sim.run import SimResult
 
-__all__ = ["RunSeries", "plot_bench", "plot_run", "plot_series", "plot_sweep", "series_from_collector"]
+__all__ = [
+    "RunCell",
+    "RunSeries",
+    "cdf_axis_rule",
+    "plot_bench",
+    "plot_run",
+    "plot_series",
+    "plot_sweep",
+    "series_from_collector",
+]
 
 BINS = 40
+# A latency CDF whose largest value is more than TAIL times its median would leave the median in the first
+# fifth of a linear axis, the bulk of the requests squeezed against it: such a CDF gets a log x axis (or, with
+# values <= 0, which a log axis cannot show, a linear one cut at p99 with the tail written on the panel).
+TAIL = 5.0
+
+
+@dataclass(slots=True)
+class RunCell:
+    """The cell a run plot shows, for its title; None = not known (a live server reports only its models)."""
+
+    models: list[str]
+    router: str | None = None
+    hop_rate: float | None = None
+    policy: str | None = None
+    thresholds: tuple[int, ...] | None = None
+    concurrency: int | None = None  # closed-loop clients N
+    arrival_rate: float | None = None  # open loop: Poisson requests / s (N does not apply)
+
+    @classmethod
+    def of_sim(cls, res: SimResult, models: list[str] | None = None) -> RunCell:
+        """A simulated run's cell: thresholds as resolved for its N (`auto` filled in); `models` overrides the
+        names (a bench names the server's models)."""
+        dep, cfg = res.config.deployment, res.config
+        return cls(
+            models=list(models) if models is not None else [m.name for m in dep.models],
+            router=dep.router.name,
+            hop_rate=dep.router.hop_rate,
+            policy=dep.policy.kind,
+            thresholds=tuple(res.thresholds),
+            concurrency=None if cfg.arrival_rate else cfg.concurrency,
+            arrival_rate=cfg.arrival_rate,
+        )
+
+    def title(self, head: str, unknown: str = "not known") -> str:
+        """Two lines: `head: model + model`, then router, hop rate, policy, B and N (or the Poisson rate); the
+        fields that are None are named at the end, followed by `unknown`."""
+        load = f"Poisson {self.arrival_rate:g} req/s" if self.arrival_rate else None
+        if load is None and self.concurrency is not None:
+            load = f"N = {self.concurrency}"
+        b = None
+        if self.thresholds is not None:
+            b = f"B = {','.join(map(str, self.thresholds))}"
+            b += "" if self.policy in (None, "delayed") else " (no delay)"  # B holds back only the delayed policy
+        fields = {
+            "router": None if self.router is None else f"router {self.router}",
+            "hop rate": None if self.hop_rate is None else f"hop rate {self.hop_rate:g}",
+            "policy": None if self.policy is None else f"policy {self.policy}",
+            "B": b,
+            "N": load,
+        }
+        line = ", ".join(v for v in fields.values() if v is not None)
+        missing = [k for k, v in fields.items() if v is None]
+        if missing:
+            line += ("; " if line else "") + f"{', '.join(missing)} {unknown}"
+        return f"{head}: {' + '.join(self.models)}\n{line}"
 
 
 @dataclass(slots=True)
@@ -123,6 +189,45 @@ def _cdf(ax, x: np.ndarray, **kw) -> bool:
     return True
 
 
+def cdf_axis_rule(values_ms: np.ndarray) -> str:
+    """How a CDF panel shows `values_ms` (every run drawn on it): "linear"; "log" when the largest value is more
+    than `TAIL` times the median and all are positive; "p99" (linear, cut at the 99th percentile) when such a
+    tail comes with values <= 0."""
+    x = values_ms[np.isfinite(values_ms)]
+    if len(x) < 2:
+        return "linear"
+    lo, med, hi = float(x.min()), float(np.median(x)), float(x.max())
+    if hi <= 0 or med < 0 or (med > 0 and hi <= TAIL * med):
+        return "linear"
+    if lo > 0:
+        return "log"
+    return "p99" if np.percentile(x, 99) > lo else "linear"  # a cut needs room left of it
+
+
+def _cdf_axis(ax, values_ms: np.ndarray, what: str) -> None:
+    """Apply `cdf_axis_rule`; a p99 cut writes what it leaves out on the panel."""
+    rule = cdf_axis_rule(values_ms)
+    if rule == "log":
+        from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+        x = values_ms[np.isfinite(values_ms)]
+        ax.set_xscale("log")
+        # Plain numbers (3, 5, 10, 20 ms, not 3 x 10^0): 1-2-5 ticks over a couple of decades, powers of ten beyond.
+        decades = np.log10(x.max() / x.min())
+        ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0) if decades <= 2.5 else (1.0,)))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel(f"{what} (ms, log scale)")
+    elif rule == "p99":
+        x = values_ms[np.isfinite(values_ms)]
+        p99 = float(np.percentile(x, 99))
+        ax.set_xlim(float(x.min()), p99)
+        beyond = int((x > p99).sum())
+        ax.set_xlabel(f"{what} (ms, cut at p99)")
+        ax.text(0.98, 0.04, f"tail: {beyond} of {len(x)} above p99 {p99:.3g} ms, max {x.max():.3g} ms",
+                ha="right", va="bottom", transform=ax.transAxes, fontsize=8, color="dimgray")  # fmt: skip
+
+
 def plot_series(runs: list[RunSeries], path: str | os.PathLike[str], title: str | None = None) -> str:
     """Draw one or more runs (solid = first, dashed = others) into a 4 x 2 grid and save it; returns the path."""
     build_figure(runs, title).savefig(path, dpi=100)
@@ -152,14 +257,17 @@ def build_figure(runs: list[RunSeries], title: str | None = None):
             ax_thr.plot(*run.throughput, ls, color="k", label=run.label)
         for ax, x in ((ax_ttft, run.ttft), (ax_tpot, run.tpot), (ax_e2e, run.e2e)):
             _cdf(ax, x, ls=ls, color="k", label=run.label)
+    for ax, what, attr in ((ax_ttft, "TTFT", "ttft"), (ax_tpot, "TPOT", "tpot"), (ax_e2e, "E2E latency", "e2e")):
+        _cdf_axis(ax, np.concatenate([getattr(r, attr) for r in runs] or [np.empty(0)]) * 1e3, what)
     ax_q.set(xlabel="time (s)", ylabel="waiting requests (rolling mean)", title="Queue length per model")
     ax_busy.set(xlabel="time (s)", ylabel="busy fraction (rolling mean)", title="Busy fraction per model")
     ax_busy.set_ylim(0, 1.05)
     ax_hist.set(xlabel="batch size (rows per step)", ylabel="fraction of steps", title="Batch-size histogram")
     ax_thr.set(xlabel="time (s)", ylabel="output tokens / s", title="Output throughput over time")
-    ax_ttft.set(xlabel="TTFT (ms)", ylabel="fraction of requests", title="TTFT CDF", ylim=(0, 1.02))
-    ax_tpot.set(xlabel="TPOT (ms)", ylabel="fraction of requests", title="TPOT CDF", ylim=(0, 1.02))
-    ax_e2e.set(xlabel="E2E latency (ms)", ylabel="fraction of requests", title="E2E latency CDF", ylim=(0, 1.02))
+    for ax, what in ((ax_ttft, "TTFT"), (ax_tpot, "TPOT"), (ax_e2e, "E2E latency")):
+        if not ax.get_xlabel():  # `_cdf_axis` names a log or cut axis
+            ax.set_xlabel(f"{what} (ms)")
+        ax.set(ylabel="fraction of requests", title=f"{what} CDF", ylim=(0, 1.02))
     _tokens_bars(ax_tok, runs, names, colors)
     for ax in axes:
         if ax.has_data():
@@ -174,14 +282,15 @@ def build_figure(runs: list[RunSeries], title: str | None = None):
 
 
 def _tokens_bars(ax, runs: list[RunSeries], names: list[str], colors: dict[str, str]) -> None:
+    """One bar per (model, run), each its own legend entry: the colour is the model's, solid / hatched the run's."""
     ax.set(title="Busy fraction, whole run", ylabel="mean busy fraction", ylim=(0, 1.05))
     width = 0.8 / max(len(runs), 1)
     for j, run in enumerate(runs):
-        vals = [float(np.nanmean(run.models[n].busy[1])) if n in run.models and len(run.models[n].busy[1]) else 0.0
-                for n in names]  # fmt: skip
-        xs = np.arange(len(names)) + j * width
-        ax.bar(xs, vals, width, color=[colors[n] for n in names], alpha=1.0 if j == 0 else 0.5,
-               hatch=None if j == 0 else "//", label=run.label)  # fmt: skip
+        for i, n in enumerate(names):
+            busy = run.models[n].busy[1] if n in run.models else np.empty(0)
+            val = float(np.nanmean(busy)) if len(busy) else 0.0
+            ax.bar(i + j * width, val, width, color=colors[n], alpha=1.0 if j == 0 else 0.5,
+                   hatch=None if j == 0 else "//", label=f"{n} ({run.label})")  # fmt: skip
     ax.set_xticks(np.arange(len(names)) + width * (len(runs) - 1) / 2, names)
 
 
@@ -193,12 +302,17 @@ def plot_run(
     return plot_series([series_from_collector(collector, names, "sim")], path, title)
 
 
-def plot_bench(out: Any, path: str | os.PathLike[str], sim: MetricsCollector | None = None) -> str:
-    """`tr bench --plot`: the live run, with the simulator's run of the same cell dashed when given."""
+def plot_bench(
+    out: Any, path: str | os.PathLike[str], sim: MetricsCollector | None = None, cell: RunCell | None = None
+) -> str:
+    """`tr bench --plot`: the live run, with the simulator's run of the same cell dashed when given. `cell` names
+    what ran in the title (default: only the server's models are known)."""
     runs = [series_from_bench(out)]
     if sim is not None:
         runs.append(series_from_collector(sim, out.model_names, "sim"))
-    return plot_series(runs, path, title=f"{out.served_model}: live" + (" vs simulated" if sim is not None else ""))
+    cell = cell or RunCell(list(out.model_names))
+    head = "tr bench, live" + (" vs simulated" if sim is not None else "")
+    return plot_series(runs, path, title=cell.title(head, unknown="not reported by the server (--sim gives them)"))
 
 
 def plot_sweep(

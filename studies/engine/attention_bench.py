@@ -33,6 +33,9 @@ try:
 except ImportError:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling graph_timing module
+from graph_timing import capture_graph
+
 COPY_CEILING_GBPS = 4255.0
 PASS_REL_ERR = 2e-2  # bf16 inputs/outputs and bf16 P in the PV product vs an fp32 reference
 
@@ -163,18 +166,11 @@ class Timer:
         return start.elapsed_time(end) * 1e3 / iters
 
     def capture(self, fn: Callable[[], object]) -> Callable[[], object]:
-        """A replay callable for `fn` captured in a CUDA graph (fn must write into static buffers)."""
+        """A replay callable for `fn` captured in a CUDA graph (fn must write into static buffers). Its time is
+        taken by `kernel_us` (do_bench, L2 flushed) like the eager call's, so `graph` and `kernel` compare."""
         if not self.cuda:
             return fn
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):  # compile and warm the allocator outside the capture
-                fn()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
+        graph, _ = capture_graph(fn)
         return graph.replay
 
 

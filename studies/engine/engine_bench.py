@@ -27,6 +27,9 @@ from typing import Any
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling graph_timing module
+import graph_timing as gt
+
 from tokenrouter.core.batch import Batch, BatchRow
 from tokenrouter.core.request import Request
 from tokenrouter.engine.config import EngineConfig
@@ -141,24 +144,10 @@ class Bench(Harness):
         self.free()
 
     def graph_launch_us(self) -> float:
+        """us per replay of a one-kernel graph replayed back to back: the cost of launching a graph."""
         x = torch.zeros(1, device=self.device)
-        torch.cuda.synchronize()
-        s = torch.cuda.Stream()
-        with torch.cuda.stream(s):
-            x.add_(1)
-        s.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, stream=s):
-            x.add_(1)
-        with torch.cuda.stream(s):
-            for _ in range(10):
-                g.replay()
-            s.synchronize()
-            t = time.perf_counter()
-            for _ in range(200):
-                g.replay()
-            s.synchronize()
-        return (time.perf_counter() - t) / 200 * 1e6
+        return gt.capture_and_time(lambda: x.add_(1), n=200, warmup_calls=1, warmup_replays=10,
+                                   back_to_back=True).median_us  # fmt: skip
 
     # ---- correctness ---------------------------------------------------------------------------------------
     def correctness(self) -> None:

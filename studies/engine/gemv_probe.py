@@ -47,6 +47,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import engine_bench as eb
+import graph_timing as gt
 import perf_probe as pp
 
 from tokenrouter.core.batch import Batch, BatchRow
@@ -93,7 +94,7 @@ class GemvProbe(eb.Harness):
         self.start(args, torch.cuda.is_available() and not args.smoke, "gemv_probe_")
         self.out: dict[str, Any] = {"env": eb.env_info(self.device), "errors": [], "kernels": [], "engine": [],
                                     "sweep": [], "skipped": [], "noise": []}  # fmt: skip
-        # perf_probe's engine helpers: engine construction, decode timing, graph timing, KV page count.
+        # perf_probe's engine helpers: engine construction, KV page count, copy bandwidth.
         self.pp = pp.Probe(SimpleNamespace(smoke=args.smoke, out=args.out))
         self.num_sms = torch.cuda.get_device_properties(self.device).multi_processor_count if self.cuda else 132
         from tokenrouter.engine import triton_gemv, triton_ops
@@ -118,18 +119,7 @@ class GemvProbe(eb.Harness):
             t = time.perf_counter()
             body()
             return (time.perf_counter() - t) / per * 1e6
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            body()
-            body()
-        s.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, stream=s):
-            body()
-        us = self.pp.time_graph(g, s, reps) / per
-        del g
-        return us
+        return gt.capture_and_time(body, n=reps, per=per).median_us
 
     # ---- environment ----------------------------------------------------------------------------------------
     def environment(self) -> None:
@@ -307,7 +297,8 @@ class GemvProbe(eb.Harness):
             bucket = eng._graph_bucket(bat)
             if self.cuda and eng.graphs_enabled and bucket in eng.graphs.graphs:
                 eng.step(bat)
-                out[f"replay_ms_b{b}"] = self.pp.time_graph(eng.graphs.graphs[bucket], eng.stream, 30) / 1e3
+                g = eng.graphs.graphs[bucket]
+                out[f"replay_ms_b{b}"] = gt.time_replays(g.replay, eng.stream, n=30).median_us / 1e3
             nbytes = eng.spec.decode_weight_bytes + b * ctx * eng.spec.kv_bytes_per_token
             if self.cuda:
                 out[f"pct_copy_b{b}"] = 100 * nbytes / (out[f"step_ms_b{b}"] / 1e3) / 1e9 / self.copy_gbps

@@ -46,6 +46,7 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import engine_bench as eb
+import graph_timing as gt
 
 from tokenrouter.core.batch import Batch, BatchRow
 from tokenrouter.engine.config import BASELINE_SWITCHES, EngineConfig
@@ -264,32 +265,8 @@ class Probe(eb.Harness):
                 for _ in range(32):
                     decode_attention(q, kc, vc, bt, lens, 0.088, out=o, backend="triton", counters=ctr, pdl=pdl)
 
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())  # inputs and zeroed counters were made on that stream
-            with torch.cuda.stream(s):
-                body()
-                body()
-            s.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, stream=s):
-                body()
-            out[name] = self.time_graph(g, s) / 32
+            out[name] = gt.capture_and_time(body, n=50, per=32).median_us
         return out
-
-    def time_graph(self, g: torch.cuda.CUDAGraph, s: torch.cuda.Stream, n: int = 50) -> float:
-        """Median us of one replay (events around each replay, after warm-up)."""
-        with torch.cuda.stream(s):
-            for _ in range(5):
-                g.replay()
-            times = []
-            for _ in range(n):
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record(s)
-                g.replay()
-                b.record(s)
-                times.append((a, b))
-            s.synchronize()
-        return statistics.median(a.elapsed_time(b) for a, b in times) * 1e3
 
     # ---- (b) bf16 noise on the tiny checkpoint ----------------------------------------------------------------
     def tiny_noise(self) -> None:
@@ -463,7 +440,8 @@ class Probe(eb.Harness):
             bucket = eng._graph_bucket(bat)
             if self.cuda and eng.graphs_enabled and bucket in eng.graphs.graphs:
                 eng.step(bat)
-                reps = [self.time_graph(eng.graphs.graphs[bucket], eng.stream, 40) / 1e3 for _ in range(2)]
+                g = eng.graphs.graphs[bucket]
+                reps = [gt.time_replays(g.replay, eng.stream, n=40).median_us / 1e3 for _ in range(2)]
                 out[f"replay_ms_b{b}"] = min(reps)
             spec = eng.spec
             nbytes = spec.decode_weight_bytes + b * ctx * spec.kv_bytes_per_token
@@ -500,7 +478,7 @@ class Probe(eb.Harness):
             eng.step(bat)
             self.sync()
             g, s, n = eng.graphs.graphs[bucket], eng.stream, 20
-            wall = self.time_graph(g, s, 40)
+            wall = gt.time_replays(g.replay, s, n=40).median_us
             with torch.cuda.stream(s):
                 for _ in range(3):
                     g.replay()
@@ -622,15 +600,7 @@ class Probe(eb.Harness):
 
     def graph_us(self, body, copies: int) -> float:
         """us per weight copy of `body` (one op per copy) captured in one graph."""
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            body()
-        s.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, stream=s):
-            body()
-        return self.time_graph(g, s, 20) / copies
+        return gt.capture_and_time(body, n=20, per=copies, warmup_calls=1).median_us
 
     # ---- output -----------------------------------------------------------------------------------------------
     def write(self) -> None:

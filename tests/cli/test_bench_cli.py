@@ -36,6 +36,7 @@ def test_bench_counts_tokens_and_hops_exactly(server, tmp_path, capsys):
     assert run([*argv, "--json", str(out_json), "--csv", str(out_csv), "--plot", str(png)]) == 0
     text = capsys.readouterr().out
     assert "output throughput tok/s" in text and "tiny-large tokens" in text
+    assert f"wrote {png}" in text
     rec = json.loads(out_json.read_text())
     _, models = expected_output([0], 10)
     assert rec["requests_completed"] == 12 and rec["requests_failed"] == 0
@@ -52,11 +53,20 @@ def test_bench_counts_tokens_and_hops_exactly(server, tmp_path, capsys):
     assert all(m.sampling.ignore_eos and m.sampling.max_tokens == 10 for m in submits)
 
 
-def test_bench_poisson_and_sim(server, tmp_path, capsys):
-    out_json = tmp_path / "p.json"
+def test_bench_poisson_and_sim(server, tmp_path, capsys, monkeypatch):
+    import tokenrouter.plots as plots
+
+    titles = []
+    monkeypatch.setattr(plots, "plot_series", lambda runs, path, title=None: titles.append(title) or str(path))
+    out_json, png = tmp_path / "p.json", tmp_path / "p.png"
     argv = ["bench", "--url", server.url, "--workload", "fixed:8,6", "--num-requests", "6", "--arrival-rate", "200"]
-    assert run([*argv, "--sim", "--thresholds", "1,1", "--json", str(out_json)]) == 0
-    assert "live vs simulated" in capsys.readouterr().out
+    sim = ["--sim", "--thresholds", "1,1", "--hop-rate", "0.2"]
+    assert run([*argv, *sim, "--json", str(out_json), "--plot", str(png)]) == 0
+    text = capsys.readouterr().out
+    assert "live vs simulated" in text and f"wrote {png}" in text
+    # The title's cell: the live models, router / hop rate / policy / B from the --sim flags, the arrival rate.
+    assert titles == [f"tr bench, live vs simulated: {' + '.join(NAMES)}\n"
+                      "router r2r, hop rate 0.2, policy delayed, B = 1,1, Poisson 200 req/s"]  # fmt: skip
     rec = json.loads(out_json.read_text())
     assert rec["requests_completed"] == 6 and rec["sim_requests_completed"] == 6
     assert rec["sim_total_output_tokens"] == rec["total_output_tokens"] == 36

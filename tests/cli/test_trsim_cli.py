@@ -78,6 +78,35 @@ def test_run_prints_table_and_writes_json_csv_plot(tmp_path: Path, capsys):
     assert p.stat().st_size > 10_000
 
 
+def _capture_titles(monkeypatch) -> list[str]:
+    """Suptitles of the figures the plots module builds (the PNG itself has no text to read back)."""
+    import tokenrouter.plots as plots
+
+    titles: list[str] = []
+    build = plots.build_figure
+
+    def spy(runs, title=None):
+        fig = build(runs, title)
+        titles.append(fig.get_suptitle())
+        return fig
+
+    monkeypatch.setattr(plots, "build_figure", spy)
+    return titles
+
+
+def test_run_plot_says_wrote_and_names_the_cell(tmp_path: Path, capsys, monkeypatch):
+    titles = _capture_titles(monkeypatch)
+    p = tmp_path / "cell.png"
+    argv = ["run", *FAST, "--small", "tiny-small", "--large", "tiny-large", "--hop-rate", "0.3", "--thresholds",
+            "1,2", "--plot", str(p)]  # fmt: skip
+    rc, out, _ = call(trsim.main, argv, capsys)
+    assert rc == 0 and out.strip().splitlines()[-1] == f"wrote {p}"
+    assert titles == ["trsim run: tiny-small + tiny-large\nrouter r2r, hop rate 0.3, policy delayed, B = 1,2, N = 4"]
+    # With --json - stdout stays one JSON document; the notice goes to stderr.
+    rc, out, err = call(trsim.main, ["run", *FAST, "--json", "-", "--plot", str(p)], capsys)
+    assert rc == 0 and json.loads(out)["requests_completed"] == 8 and f"wrote {p}" in err
+
+
 def test_run_json_to_stdout_is_pure_json(capsys):
     rc, out, _ = call(trsim.main, ["run", *FAST, "--thresholds", "1,2", "--json", "-"], capsys)
     assert rc == 0 and json.loads(out)["thresholds"] == "1,2"
