@@ -102,17 +102,20 @@ def test_cdf_panels_follow_the_rule():
 
 
 def test_title_names_the_cell():
-    from tokenrouter.cli.run_cmd import sim_config_from_flags, simulate
+    from tokenrouter.cli.options import DeploymentFlags
+    from tokenrouter.cli.run_cmd import sim_config, simulate
+    from tokenrouter.deploy import DeploymentOverrides
 
-    cfg, auto = sim_config_from_flags(hop_rate=0.25, concurrency=4, small="tiny-small", large="tiny-large",
-                                      thresholds="1,3", workload="fixed:8,12", num_requests=4)  # fmt: skip
+    ov = DeploymentOverrides(hop_rate=0.25, small="tiny-small", large="tiny-large", thresholds=[1, 3])
+    cfg, auto = sim_config(DeploymentFlags(None, ov), concurrency=4, workload="fixed:8,12", num_requests=4)
     title = RunCell.of_sim(simulate(cfg, auto)).title("trsim run")
     head, line = title.split("\n")
     assert head == "trsim run: tiny-small + tiny-large"
     assert line == "router r2r, hop rate 0.25, policy delayed, B = 1,3, N = 4"
     assert build_figure([], title).get_suptitle() == title
 
-    cfg, auto = sim_config_from_flags(policy="eager", arrival_rate=5.0, workload="fixed:8,12", num_requests=4)
+    flags = DeploymentFlags(None, DeploymentOverrides(policy="eager"))
+    cfg, auto = sim_config(flags, arrival_rate=5.0, workload="fixed:8,12", num_requests=4)
     line = RunCell.of_sim(simulate(cfg, auto)).title("x").split("\n")[1]
     assert "policy eager" in line and "(no delay)" in line and "Poisson 5 req/s" in line and "N =" not in line
 
