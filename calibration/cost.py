@@ -20,6 +20,14 @@ issued while the GPU replays the graph part, so the two overlap), else the graph
 with P prefix tokens in all are the standard-serving baseline's bookkeeping, host work that MPS does not
 slow. An empty step costs 0. `ConstantCost` has the same interface with step time depending only on the
 model (and optionally batch size), and zero message/router/scheduler costs: the Markov model's assumption.
+
+A measured profile (`tr calibrate`) replaces the coefficients with the engine's measured passes
+(`calibration.passes`): the graph part runs in a decode graph, the eager part as one varlen pass (a varlen
+graph when one holds it within the padding budget, else eager), each priced from its table. Co-location is
+not a constant there: `CostModel.interference(i, j)` gives model i's slowdown factor while model j runs a pass,
+as a function of both passes' sizes and the models' SM shares (`calibration.colocation`); the simulator
+applies it while the two passes overlap. Host, router, message and sync-coordinator costs come from the
+profile's measured runtime costs when it has them.
 """
 
 from __future__ import annotations
@@ -32,6 +40,9 @@ from typing import Protocol, runtime_checkable
 
 from tokenrouter.core.names import Placement, parse_name
 
+from .colocation import Interference, pair_interference
+from .measured import HostCosts, RouterCost
+from .passes import ModelPasses
 from .profile import Profile, ProfileError, StepCoeffs, load_profile
 from .step_stats import PartStats, StepStats
 
@@ -48,6 +59,10 @@ class ModelStepCost(Protocol):
 
     def step_ms(self, stats: StepStats, *, corunning: bool = False) -> float: ...
 
+    def host_ms(self, rows: int) -> float: ...
+
+    def router_step_ms(self, rows: int) -> float: ...
+
 
 @runtime_checkable
 class StepCost(Protocol):
@@ -61,6 +76,8 @@ class StepCost(Protocol):
 
     def sched_ms(self, model: ModelKey | None = None) -> float: ...
 
+    def interference(self, model: int, peer: int) -> Interference: ...
+
 
 def _part_ms(c: StepCoeffs, p: PartStats) -> float:
     return c.c0 + c.c_row * p.rows + c.c_ctx * p.context_tokens + c.c_tok * p.tokens + c.c_ext * p.extend_tokens
@@ -68,35 +85,72 @@ def _part_ms(c: StepCoeffs, p: PartStats) -> float:
 
 @dataclass(slots=True)
 class ModelCost:
-    """One model's graph and eager coefficients, placement factor and overheads."""
+    """One model's costs: measured passes when the profile has them, else graph and eager coefficients; the
+    analytic placement factor; host and router costs."""
 
     name: str
-    slowdown: float  # applied when corunning; 1.0 unless placement == "mps"
+    slowdown: float  # analytic profiles: applied when corunning; 1.0 unless placement == "mps"
     hop_ms: float
     hop_ms_per_tok: float
     router_ms: float
     sched_ms: float
     graph: StepCoeffs
     eager: StepCoeffs
+    passes: ModelPasses | None = None
+    host: HostCosts | None = None
+    learned_router: RouterCost | None = None
 
     def step_ms(self, stats: StepStats, *, corunning: bool = False) -> float:
-        """Step time (ms) of a split step (see the module docstring for the formula)."""
+        """Step time (ms) alone on the GPU with no SM cap (see the module docstring). `corunning` applies the
+        analytic profile's constant MPS factor; measured co-location is the simulator's (`interference`)."""
         g, e = stats.graph, stats.eager
-        gpu = floor = 0.0
-        if g.rows:
-            gpu += _part_ms(self.graph, g)
-            floor = self.graph.floor_ms
-        if e.rows:
-            gpu += _part_ms(self.eager, e)
-            floor = max(floor, self.eager.floor_ms)
-        elif not g.rows:
+        if not g.rows and not e.rows:
             return 0.0
-        if corunning:
-            gpu *= self.slowdown
-        t = gpu if gpu > floor else floor
+        if self.passes is not None:
+            t = self._measured_ms(stats)
+            if corunning:
+                t *= self.slowdown
+        else:
+            gpu = floor = 0.0
+            if g.rows:
+                gpu += _part_ms(self.graph, g)
+                floor = self.graph.floor_ms
+            if e.rows:
+                gpu += _part_ms(self.eager, e)
+                floor = max(floor, self.eager.floor_ms)
+            if corunning:
+                gpu *= self.slowdown
+            t = gpu if gpu > floor else floor
         if stats.rematch_rows:
             t += stats.rematch_rows * self.hop_ms + stats.rematch_prefix_tokens * self.hop_ms_per_tok
         return t
+
+    def _measured_ms(self, stats: StepStats) -> float:
+        p = self.passes
+        assert p is not None
+        g, e = stats.graph, stats.eager
+        t = 0.0
+        if g.rows:
+            t += p.decode(g.tokens, g.rows, g.context_tokens, g.extend_tokens)
+        if e.rows:
+            t += p.varlen_pass(e.tokens, e.rows, e.context_tokens, e.extend_tokens, e.long_rows, stats.graphs)
+        return t
+
+    def pass_tokens(self, stats: StepStats) -> int:
+        """Tokens of the step's pass, the size co-location is looked up at."""
+        return stats.graph.tokens + stats.eager.tokens
+
+    def host_ms(self, rows: int) -> float:
+        """Host time of the loop per step (forming, planning, post-processing): visible without overlap."""
+        if self.host is None:
+            return self.sched_ms
+        return self.host.c0_ms + self.host.row_ms * rows
+
+    def router_step_ms(self, rows: int) -> float:
+        """The router's device part in a step: the measured learned router's, else the profile's constant."""
+        if self.learned_router is None:
+            return self.router_ms
+        return self.learned_router.c0_ms + self.learned_router.row_ms * rows
 
 
 class CostModel:
@@ -106,6 +160,10 @@ class CostModel:
     host) or "cross-host" (peer messages pay link latency + bytes / bandwidth).
     models: the deployment's model names in index order (so `Batch.model` indices work, and MPS pair
     slowdowns are looked up against the co-located models); default: every model in the profile.
+    shares: each model's MPS SM share in percent (None or 100: no cap), for measured co-location.
+    learned_router: the deployment runs a learned router of this name (its measured device part is priced;
+    a synthetic router costs nothing on the device).
+    fit: force "buckets" or "linear" pass fits (default: each table's chosen fit).
     Which rows run in a graph is not the cost model's business: `StepStats` carries the GraphRule's split.
     """
 
@@ -115,14 +173,29 @@ class CostModel:
         placement: Placement | str = Placement.MPS,
         *,
         models: Sequence[str] | None = None,
+        shares: Sequence[int | None] | None = None,
+        learned_router: str | None = None,
+        fit: str | None = None,
     ) -> None:
         self.profile = profile if isinstance(profile, Profile) else load_profile(profile)
         self.placement = parse_name(Placement, placement, "placement")
         self.models: tuple[str, ...] = tuple(self.profile.resolve_name(m) for m in (models or self.profile.models))
+        shares = list(shares or [])
+        if shares and len(shares) != len(self.models):
+            raise ValueError(f"shares: one per model ({len(self.models)}), got {len(shares)}")
+        self.shares: tuple[int, ...] = tuple(100 if not s else int(s) for s in shares) or (100,) * len(self.models)
+        self.learned_router = learned_router
+        self.fit = fit
         link = self.profile.link
         self._link_latency_ms = link.latency_ms
         self._link_ms_per_byte = 8.0 / (link.bandwidth_gbps * 1e6)  # Gbit/s -> ms per byte
         self._cache: dict[ModelKey, ModelCost] = {}
+        rt = self.profile.runtime
+        self._ipc_ms = rt.ipc_ms if rt is not None else self.profile.ipc_ms
+
+    @property
+    def measured(self) -> bool:
+        return self.profile.kind == "measured"
 
     def for_model(self, model: ModelKey) -> ModelCost:
         """The resolved per-model cost object (cached); `model` is a name or an index into `models`."""
@@ -146,22 +219,37 @@ class CostModel:
         slowdown = 1.0
         if self.placement is Placement.MPS:
             slowdown = max((p.mps_slowdown(name, o) for o in others), default=p.mps.default_slowdown)
+        learned = m.routers.get(self.learned_router) if self.learned_router else None
         return ModelCost(
             name=name,
             slowdown=slowdown,
             hop_ms=p.std_serving.hop_overhead_ms,
             hop_ms_per_tok=p.std_serving.hop_overhead_ms_per_ktok / 1000.0,
-            router_ms=p.router_ms_for(name),
+            router_ms=0.0 if m.passes is not None and learned is None else p.router_ms_for(name),
             sched_ms=p.sched_ms,
             graph=m.step.graph,
             eager=m.step.eager,
+            passes=ModelPasses.of(m.passes, self.fit) if m.passes is not None else None,
+            host=m.host,
+            learned_router=learned,
         )
 
+    def interference(self, model: int, peer: int) -> Interference:
+        """Model `model`'s slowdown factors beside model `peer` on one GPU (indices into `models`): measured
+        when the profile has the pair under MPS, else the profile's constant MPS factor. ColocationError when
+        the pair was measured but not at these SM shares."""
+        a, b = self._name(model), self._name(peer)
+        for g in self.profile.colocation:
+            if g.arrangement == "mps" and {g.model_a, g.model_b} == {a, b}:
+                return pair_interference(g, a, self.shares[model], self.shares[peer])
+        return Interference.fixed(self.profile.mps_slowdown(a, b))
+
     def message_ms(self, nbytes: int = 0) -> float:
-        """One peer message: `ipc_ms` on one host; latency + bytes / bandwidth across hosts."""
+        """One peer message: the measured (or assumed) ipc time on one host; latency + bytes / bandwidth across
+        hosts."""
         if self.placement is Placement.CROSS_HOST:
             return self._link_latency_ms + nbytes * self._link_ms_per_byte
-        return self.profile.ipc_ms
+        return self._ipc_ms
 
     def router_ms(self, model: ModelKey | None = None) -> float:
         """Router cost per step (ms); per-model override when the profile has one."""
@@ -169,7 +257,26 @@ class CostModel:
 
     def sched_ms(self, model: ModelKey | None = None) -> float:
         """Host time to schedule and post-process one step (ms): visible without overlap, hidden with it."""
-        return self.profile.sched_ms
+        if model is None:
+            return self.profile.sched_ms
+        return self.for_model(model).host_ms(1)
+
+    def overlap_frac(self, model: ModelKey) -> float:
+        """With overlap: the fraction of each step's GPU time the loop adds (measured; 0 in analytic profiles)."""
+        host = self.for_model(model).host
+        return 0.0 if host is None else host.overlap_frac
+
+    def prepare_margin_ms(self) -> float | None:
+        """With overlap: how long before step k's end the runtime forms step k+1 (None: not measured)."""
+        rt = self.profile.runtime
+        return None if rt is None else rt.prepare_margin_ms
+
+    def gate_ms_per_step(self, policy: str) -> float:
+        """Sync policies: the coordinator round trips a step pays (measured count x round-trip time)."""
+        rt = self.profile.runtime
+        if rt is None:
+            return 0.0
+        return rt.gate_rtts_per_step.get(str(policy), 0.0) * rt.gate_rtt_ms
 
     def kv_budget_gb(self, model: ModelKey) -> float:
         return self.profile.kv_budget_gb_for(self._name(model))
@@ -214,6 +321,12 @@ class ConstantModelCost:
         n = stats.rows
         return self.at(n) if n > 0 else 0.0
 
+    def host_ms(self, rows: int) -> float:
+        return self.sched_ms
+
+    def router_step_ms(self, rows: int) -> float:
+        return self.router_ms
+
 
 class ConstantCost:
     """`StepCost` with L_i per model and nothing else: messages and router cost 0, and so does the host's
@@ -250,3 +363,7 @@ class ConstantCost:
 
     def sched_ms(self, model: ModelKey | None = None) -> float:
         return self._sched_ms
+
+    def interference(self, model: int, peer: int) -> Interference:
+        """Constant step times: co-located models do not slow each other (the Markov model's assumption)."""
+        return Interference.fixed(1.0)

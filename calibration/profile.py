@@ -1,4 +1,4 @@
-"""Profile schema (version 1): what the cost model knows about one GPU and the models run on it.
+"""Profile schema (version 2): what the cost model knows about one GPU and the models run on it.
 
 A profile is versioned JSON, written by `tr calibrate` (kind "measured") or by `analytic.py` (kind
 "analytic"). Units everywhere: milliseconds (ms) for times, bytes for sizes, GB/s = 1e9 B/s for memory
@@ -13,7 +13,8 @@ extend/prefill rows, attending C context tokens in total:
 The linear part is what a calibrator fits by least squares; `floor_ms` is a host-side floor (the CPU
 cannot issue an eager step's kernels faster than this, while the GPU works behind it), 0 when unused.
 
-Invariants enforced on load: schema_version == 1, every coefficient >= 0, bandwidths/TFLOP/s > 0,
+Invariants enforced on load: schema_version == 2 (an older one is a one-line error saying how to make it
+again), every coefficient >= 0, bandwidths/TFLOP/s > 0,
 slowdowns >= 1, tp >= 1, at least one model, MPS pairs name known models. Any violation raises
 `ProfileError` (a ValueError) whose one-line message names the file and the problem.
 """
@@ -27,7 +28,9 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-SCHEMA_VERSION = 1
+from .measured import CoRunGrid, HostCosts, MeasuredPasses, RouterCost, RuntimeInfo
+
+SCHEMA_VERSION = 2
 DEFAULT_PROFILE = "h200"
 
 NonNeg = Annotated[float, msgspec.Meta(ge=0.0)]
@@ -82,6 +85,8 @@ class ModelProfile(_S, kw_only=True):
     K and V of one token over all layers. `step` coefficients are for this `tp` degree.
 
     `router_ms` / `kv_budget_gb`, when not null, override the profile-wide defaults for this model.
+    Measured profiles add `passes` (the engine's passes, measured: they replace `step` in the cost model),
+    `host` (the subserver loop's host time per step) and `routers` (each learned router's device part).
     """
 
     weight_bytes: Annotated[int, msgspec.Meta(ge=0)]
@@ -90,6 +95,9 @@ class ModelProfile(_S, kw_only=True):
     step: StepModes
     router_ms: NonNeg | None = None
     kv_budget_gb: NonNeg | None = None
+    passes: MeasuredPasses | None = None
+    host: HostCosts | None = None
+    routers: dict[str, RouterCost] = msgspec.field(default_factory=dict)
 
 
 class GpuInfo(_S):
@@ -125,14 +133,21 @@ class StdServingInfo(_S):
     hop_overhead_ms_per_ktok: NonNeg
 
 
-class Profile(_S):
-    """A whole profile. Load with `Profile.load(path)` / `load_profile(name_or_path)`; write with `save`."""
+class Profile(_S, kw_only=True):
+    """A whole profile. Load with `Profile.load(path)` / `load_profile(name_or_path)`; write with `save`.
+
+    Provenance: `created` (ISO date or datetime), `source` (how it was made), `command` (the exact command
+    line), `versions` (torch, Triton, CUDA, driver, Python, tokenrouter). Measured profiles add `runtime` (the
+    runtime's own costs) and `colocation` (pairs measured side by side on one GPU); `mps` stays the fallback
+    for pairs not measured."""
 
     schema_version: int
     kind: Literal["analytic", "measured"]
     gpu: GpuInfo
     created: str
     source: str
+    command: str = ""
+    versions: dict[str, str] = msgspec.field(default_factory=dict)
     models: dict[str, ModelProfile]
     router_ms: NonNeg
     sched_ms: NonNeg
@@ -141,6 +156,8 @@ class Profile(_S):
     mps: MpsInfo
     std_serving: StdServingInfo
     kv_budget_gb: NonNeg
+    runtime: RuntimeInfo | None = None
+    colocation: list[CoRunGrid] = msgspec.field(default_factory=list)
     notes: dict[str, Any] = msgspec.field(default_factory=dict)
 
     # -- lookups -------------------------------------------------------------------------------------
@@ -210,6 +227,11 @@ class Profile(_S):
         if "schema_version" not in raw:
             raise ProfileError(f"{source}: missing required field `schema_version`")
         ver = raw["schema_version"]
+        if type(ver) is int and ver < SCHEMA_VERSION:
+            raise ProfileError(
+                f"{source}: schema_version {ver} is older than this version's {SCHEMA_VERSION}: make it again "
+                "(`tr calibrate` on the GPU, or `python -m tokenrouter.calibration.analytic` for an analytic one)"
+            )
         if type(ver) is not int or ver != SCHEMA_VERSION:
             raise ProfileError(f"{source}: unsupported schema_version {ver!r} (this version reads {SCHEMA_VERSION})")
         try:
@@ -234,6 +256,36 @@ class Profile(_S):
             unknown = [m for m in parts if m not in self.models]
             if unknown:
                 raise ProfileError(f"{source}: mps.pairs key {key!r} names unknown model {unknown[0]!r}")
+        for grid in self.colocation:
+            _check_grid(grid, self.models, source)
+        for name, m in self.models.items():
+            if m.passes is not None:
+                for kind in ("decode", "varlen", "eager"):
+                    t = getattr(m.passes, kind)
+                    if t is not None and (not t.knots or len(t.knots) != len(t.knot_ms) or t.knots != sorted(t.knots)):
+                        raise ProfileError(f"{source}: models[{name!r}].passes.{kind}: knots must be sorted, "
+                                           "non-empty and as many as knot_ms")  # fmt: skip
+
+
+def _check_grid(g: CoRunGrid, models: dict[str, ModelProfile], source: str) -> None:
+    where = f"{source}: colocation {g.model_a}|{g.model_b} ({g.arrangement})"
+    for m in (g.model_a, g.model_b):
+        if m not in models:
+            raise ProfileError(f"{where}: unknown model {m!r}")
+    na, nb = len(g.batches_a), len(g.batches_b)
+    if not na or not nb or len(g.reference_a_ms) != na or len(g.reference_b_ms) != nb or not g.shares:
+        raise ProfileError(f"{where}: batches, references and shares must be non-empty and match")
+    if g.batches_a != sorted(g.batches_a) or g.batches_b != sorted(g.batches_b):
+        raise ProfileError(f"{where}: batch sizes must be sorted")
+    for s in g.shares:
+        shapes = (len(s.alone_a_ms), len(s.alone_b_ms), len(s.corun_a_ms), len(s.corun_b_ms))
+        rows = {len(r) for r in (*s.corun_a_ms, *s.corun_b_ms)}
+        if shapes != (na, nb, na, na) or rows != {nb}:
+            raise ProfileError(f"{where}: split {s.share_a}/{s.share_b} is not a {na} x {nb} grid")
+        if min((*s.alone_a_ms, *s.alone_b_ms, *(x for r in (*s.corun_a_ms, *s.corun_b_ms) for x in r))) <= 0:
+            raise ProfileError(f"{where}: split {s.share_a}/{s.share_b} has a non-positive step time")
+    if min((*g.reference_a_ms, *g.reference_b_ms)) <= 0:
+        raise ProfileError(f"{where}: reference step times must be > 0")
 
 
 def _name_model(msg: str, raw: dict[str, Any]) -> str:

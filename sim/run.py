@@ -16,13 +16,14 @@ from typing import Any
 import simpy
 
 from tokenrouter.calibration.cost import CostModel
-from tokenrouter.calibration.profile import load_profile
+from tokenrouter.calibration.profile import Profile, load_profile
 from tokenrouter.core.config import DeploymentConfig
 from tokenrouter.core.messages import Action, Emit, Finish, PeerMsg, PeerReq, Send
 from tokenrouter.core.request import Request, SamplingParams
 from tokenrouter.deploy import Deployment, build_deployment
 from tokenrouter.metrics import MetricsCollector
 from tokenrouter.sim.clients import ClosedLoop, OpenLoop
+from tokenrouter.sim.gpu_share import SharedGpu
 from tokenrouter.sim.subserver import SimSubserver
 from tokenrouter.workloads import RequestSpec, make_workload
 
@@ -67,8 +68,7 @@ def run_sim(cfg: SimConfig) -> SimResult:
     t_wall = time.perf_counter()
     dep = cfg.deployment
     profile = load_profile(dep.profile)
-    names = [m.name for m in dep.models]
-    cost = cfg.cost if cfg.cost is not None else CostModel(profile, dep.placement.mode, models=names)
+    cost = cfg.cost if cfg.cost is not None else cost_model(dep, profile)
     analytic = cfg.cost is None and profile.kind == "analytic"
     specs = make_workload(
         cfg.workload, cfg.num_requests, cfg.seed, arrival_rate=cfg.arrival_rate, max_output=cfg.max_output
@@ -78,20 +78,27 @@ def run_sim(cfg: SimConfig) -> SimResult:
 
     env = simpy.Environment()
     metrics = MetricsCollector(deployment.num_models)
-    subs = [
-        SimSubserver(
-            env,
-            sched,
-            cost=cost.for_model(i),
-            rule=deployment.graph_rules[i],
-            host_ms=cost.sched_ms(i),
-            device_ms=cost.router_ms(i),
-            metrics=metrics,
+    gpus = shared_gpus(deployment, cost)
+    margin = cost.prepare_margin_ms() if hasattr(cost, "prepare_margin_ms") else None
+    gate_ms = cost.gate_ms_per_step(dep.policy.kind) if hasattr(cost, "gate_ms_per_step") else 0.0
+    subs = []
+    for i, sched in enumerate(deployment.schedulers):
+        mc = cost.for_model(i)
+        subs.append(
+            SimSubserver(
+                env,
+                sched,
+                cost=mc,
+                rule=deployment.graph_rules[i],
+                metrics=metrics,
+                gpu=gpus[i],
+                host_ms=mc.host_ms,
+                device_ms=mc.router_step_ms,
+                gate_ms=gate_ms if deployment.gate is not None else 0.0,
+                overlap_frac=cost.overlap_frac(i) if hasattr(cost, "overlap_frac") else 0.0,
+                prepare_margin_ms=margin,
+            )
         )
-        for i, sched in enumerate(deployment.schedulers)
-    ]
-    for i, s in enumerate(subs):
-        s.colocated = [subs[j] for j in deployment.colocated(i)]
     done: dict[str, simpy.Event] = {}
     wire = _Links(env, deployment, subs, cost, metrics, done)
     for s in subs:
@@ -139,6 +146,36 @@ def run_sim(cfg: SimConfig) -> SimResult:
         wasted_rows=sum(s.wasted_rows for s in subs),
         rematch_rows=sum(s.rematch_rows for s in subs),
     )
+
+
+def cost_model(dep: DeploymentConfig, profile: Profile) -> CostModel:
+    """The deployment's cost model: its placement, models, SM shares and router (learned routers are priced)."""
+    names = [m.name for m in dep.models]
+    shares = [m.mps_active_thread_percentage for m in dep.models]
+    learned = dep.router.name if dep.router.weights else None
+    return CostModel(profile, dep.placement.mode, models=names, shares=shares, learned_router=learned)
+
+
+def shared_gpus(deployment: Deployment, cost: Any) -> list[SharedGpu]:
+    """One `SharedGpu` per group of co-located models (MPS on one GPU), one each otherwise; index = model."""
+    m = deployment.num_models
+    group = list(range(m))
+    for i in range(m):
+        for j in deployment.colocated(i):
+            gi, gj = group[i], group[j]
+            group = [gi if g == gj else g for g in group]
+    factors = {(i, j): cost.interference(i, j) for i in range(m) for j in deployment.colocated(i)}
+
+    def factor(model: int, own: int, peer: int, peer_tokens: int) -> float:
+        f = factors.get((model, peer))
+        return 1.0 if f is None else f.factor(own, peer_tokens)
+
+    def cap(model: int, own: int) -> float:
+        peers = deployment.colocated(model)
+        return factors[(model, peers[0])].cap(own) if peers else 1.0
+
+    by_group: dict[int, SharedGpu] = {}
+    return [by_group.setdefault(g, SharedGpu(factor, cap)) for g in group]
 
 
 class _Links:

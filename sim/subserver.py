@@ -1,21 +1,26 @@
 """One simpy process per subserver: it drives the shared core `Scheduler` exactly as the runtime loop does
 (schedule -> launch -> complete -> deliver actions), with step time from the cost model instead of a GPU.
 
-Time per step has two parts: host time (`host_ms`: forming the batch, post-processing the last one) and
-device time (the cost model's step time plus the router's device part). Without overlap they add up: the
+Time per step has two parts: host time (`host_ms(rows)`: forming the batch, planning, post-processing) and
+device time (the cost model's pass time plus the router's device part). Without overlap they add up: the
 GPU idles while the host works. With overlap the host prepares step k+1 while step k runs, so the GPU runs
 back to back, and two batches are in flight: k+1's sampling rows continue k's as `from_prev` rows, priced
 like any row; a row whose request k sends away or finishes is computed and thrown away.
 
-When to prepare k+1: as late as the host work allows, at (end of k) - host_ms, so that peers' returns that
-land during step k still join k+1 instead of waiting a whole step (`core.overlap.prepare_time`). The runtime
-applies the same rule to its estimate of k's end (`runtime.step_clock`).
+When to prepare k+1: as late as the host work allows, `prepare_margin` before the projected end of k, so that
+peers' returns that land during step k still join k+1 instead of waiting a whole step
+(`core.overlap.prepare_time`). The runtime applies the same rule to its estimate of k's end
+(`runtime.step_clock`), with its measured margin when the profile has one.
+
+Device time is shared: a pass runs on its GPU (`gpu_share.SharedGpu`) at a rate that changes whenever a
+co-located model starts or ends a pass, so the subserver re-times its wait when told to.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import simpy
@@ -26,10 +31,22 @@ from tokenrouter.core.graph_rule import GraphRule
 from tokenrouter.core.messages import Action
 from tokenrouter.core.overlap import prepare_time
 from tokenrouter.core.scheduler import Scheduler
+from tokenrouter.sim.gpu_share import GpuPass, SharedGpu
+
+EPS_S = 1e-9  # a nanosecond: below it a wait is done (float time must not spin on vanishing remainders)
 
 if TYPE_CHECKING:
     from tokenrouter.calibration.cost import ModelStepCost
     from tokenrouter.metrics import MetricsCollector
+
+
+@dataclass(slots=True, eq=False)
+class _InFlight:
+    batch: Batch
+    gpu: GpuPass
+    ready_s: float  # host work done: the pass may start on the GPU from here
+    started_s: float | None = None
+    next_formed: bool = False  # overlap: the step after this one was formed (once per step, as the runtime does)
 
 
 class SimSubserver:
@@ -38,6 +55,11 @@ class SimSubserver:
 
     Completions that land at the same instant are all processed before any subserver launches again
     (a zero-delay yield after each completion), which is also the Markov model's semantics.
+
+    `gpu`: the GPU this model's passes run on (shared with co-located models); `gate_ms`: sync policies'
+    coordinator time per step (on the critical path: sync policies never overlap); `overlap_frac`: with
+    overlap, the loop's own time per step as a fraction of the pass (what the host did not hide);
+    `prepare_margin_ms`: how long before a step's end the next one is formed (default: its host time).
     """
 
     def __init__(
@@ -47,27 +69,35 @@ class SimSubserver:
         *,
         cost: ModelStepCost,
         rule: GraphRule,
-        host_ms: float,
-        device_ms: float,
         metrics: MetricsCollector,
+        gpu: SharedGpu,
+        host_ms: Callable[[int], float] | float = 0.0,
+        device_ms: Callable[[int], float] | float = 0.0,
+        gate_ms: float = 0.0,
+        overlap_frac: float = 0.0,
+        prepare_margin_ms: float | None = None,
     ) -> None:
         self.env = env
         self.sched = sched
         self.model = sched.model
         self.cost = cost
         self.rule = rule
-        self.host_s = host_ms / 1000.0
-        self.device_ms = device_ms
         self.metrics = metrics
+        self.gpu = gpu
+        self.host_ms = host_ms if callable(host_ms) else (lambda rows, _h=float(host_ms): _h)
+        self.device_ms = device_ms if callable(device_ms) else (lambda rows, _d=float(device_ms): _d)
+        self.gate_s = gate_ms / 1000.0
+        self.overlap_frac = overlap_frac
+        self.margin_ms = prepare_margin_ms
         self.overlap = sched.overlap and sched.gate is None
         self.dispatch: Callable[[int, list[Action]], None] = lambda model, actions: None
-        self.colocated: list[SimSubserver] = []
         self.rematch: set[str] = set()
-        self.running: deque[tuple[Batch, float, float]] = deque()  # (batch, start, end) in launch order
+        self.inflight: deque[_InFlight] = deque()  # launch order; only the head executes on the GPU
         self.busy_time = 0.0
         self.wasted_rows = 0
         self.rematch_rows = 0
         self._wake: simpy.Event | None = None
+        self._retime: simpy.Event | None = None
         self.proc = env.process(self._run())
 
     def kick(self) -> None:
@@ -75,37 +105,54 @@ class SimSubserver:
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
 
+    def retime(self) -> None:
+        """The running pass changed rate (a co-located pass started or ended): re-time the wait for its end."""
+        if self._retime is not None and not self._retime.triggered:
+            self._retime.succeed()
+
     def _run(self):
         env, sched = self.env, self.sched
         while True:
-            if not self.running:
+            if not self.inflight:
                 batch = sched.schedule(env.now)
                 self.metrics.on_queue(self.model, env.now, len(sched.waiting))
                 if batch is None:
                     yield from self._idle()
                     continue
-                if self.host_s:  # nothing runs: the host's work is on the critical path
-                    yield env.timeout(self.host_s)
-                self._launch(batch, env.now)
+                # Nothing runs: the host's work (and a sync policy's coordinator time) is on the critical path.
+                host_s = self.host_ms(len(batch.rows)) / 1000.0 + self.gate_s
+                self.inflight.append(self._prepare(batch, env.now + host_s))
                 continue
-            batch, start, end = self.running[0]
-            if self.overlap and len(self.running) == 1:
-                at = prepare_time(end, self.host_s)
-                if env.now < at:
-                    yield env.timeout(at - env.now)
+            head = self.inflight[0]
+            if head.started_s is None:  # a prepared pass whose host work is not done yet (nothing else runs)
+                yield env.timeout(max(0.0, head.ready_s - env.now))
+                self._start(head)
+                continue
+            if self.overlap and len(self.inflight) == 1 and not head.next_formed:
+                end = env.now + head.gpu.remaining_s(env.now)
+                margin = self.margin_ms if self.margin_ms is not None else self.host_ms(len(head.batch.rows))
+                at = prepare_time(end, margin / 1000.0)
+                if at - env.now > EPS_S:
+                    yield from self._wait(at - env.now)
+                    continue
+                head.next_formed = True
                 nxt = sched.schedule(env.now)
-                if nxt is not None:  # the host works on it until now + host_s, while step k still runs
-                    self._launch(nxt, max(env.now + self.host_s, end))
-            if env.now < end:
-                yield env.timeout(end - env.now)
-            self.running.popleft()
-            self.metrics.on_batch(self.model, start, end, len(batch.rows))
-            # Rows whose request left (hop, finish) after the batch was prepared: computed, then thrown away.
-            self.wasted_rows += sum(1 for r in batch.rows if r.version != r.req.version)
-            actions = sched.complete(batch, StepResult([0] * len(batch.rows)), env.now)
-            self.dispatch(self.model, actions)
-            self.metrics.on_queue(self.model, env.now, len(sched.waiting))
+                if nxt is not None:  # the host works on it until now + host time, while step k still runs
+                    self.inflight.append(self._prepare(nxt, env.now + self.host_ms(len(nxt.rows)) / 1000.0))
+            left = head.gpu.remaining_s(env.now)
+            if left > EPS_S:
+                yield from self._wait(left)
+                continue
+            self._complete(head)
+            if self.inflight and self.inflight[0].started_s is None and self.inflight[0].ready_s <= env.now:
+                self._start(self.inflight[0])  # the prepared step follows at once (before the zero-delay yield)
             yield env.timeout(0)
+
+    def _wait(self, dt: float):
+        """Sleep `dt` seconds, or until the running pass is re-timed (its end moved)."""
+        self._retime = self.env.event()
+        yield self.env.timeout(dt) | self._retime
+        self._retime = None
 
     def _idle(self):
         self._wake = self.env.event()
@@ -116,19 +163,32 @@ class SimSubserver:
             yield self._wake
         self._wake = None
 
-    def _launch(self, batch: Batch, start: float) -> None:
+    def _prepare(self, batch: Batch, ready_s: float) -> _InFlight:
         rematch = [i for i, r in enumerate(batch.rows) if not r.from_prev and r.req.rid in self.rematch]
         for i in rematch:
             self.rematch.discard(batch.rows[i].req.rid)
         self.rematch_rows += len(rematch)
         stats = StepStats.of_batch(batch, self.rule, rematch)
-        alone = self.cost.step_ms(stats)
-        # MPS: slowed down for the part of the step that overlaps a co-located model's step already running
-        # (a step that starts later pays for the overlap itself).
-        shared = max((e - start for p in self.colocated for _, s, e in p.running if s <= start < e), default=0.0)
-        if shared > 0.0 and alone > 0.0:
-            frac = min(1.0, shared * 1000.0 / alone)
-            alone += frac * (self.cost.step_ms(stats, corunning=True) - alone)
-        dur = (alone + self.device_ms) / 1000.0
-        self.running.append((batch, start, start + dur))
-        self.busy_time += dur
+        rows = len(batch.rows)
+        work = self.cost.step_ms(stats) + self.device_ms(rows)
+        if self.overlap:
+            work *= 1.0 + self.overlap_frac
+        tokens = stats.graph.tokens + stats.eager.tokens
+        return _InFlight(batch, GpuPass(self.model, tokens, work, self.retime), ready_s)
+
+    def _start(self, f: _InFlight) -> None:
+        f.started_s = self.env.now
+        self.gpu.start(f.gpu, self.env.now)
+
+    def _complete(self, f: _InFlight) -> None:
+        env, sched = self.env, self.sched
+        self.gpu.end(f.gpu, env.now)
+        self.inflight.popleft()
+        start = f.started_s if f.started_s is not None else env.now
+        self.busy_time += env.now - start
+        self.metrics.on_batch(self.model, start, env.now, len(f.batch.rows))
+        # Rows whose request left (hop, finish) after the batch was prepared: computed, then thrown away.
+        self.wasted_rows += sum(1 for r in f.batch.rows if r.version != r.req.version)
+        actions = sched.complete(f.batch, StepResult([0] * len(f.batch.rows)), env.now)
+        self.dispatch(self.model, actions)
+        self.metrics.on_queue(self.model, env.now, len(sched.waiting))

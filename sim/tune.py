@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tokenrouter.calibration.cost import CostModel
+from tokenrouter.calibration.cost import ModelStepCost
 from tokenrouter.calibration.profile import load_profile
-from tokenrouter.calibration.step_stats import PartStats, StepStats
+from tokenrouter.calibration.step_stats import SHORT_ROW_TOKENS, PartStats, StepStats
 from tokenrouter.core.graph_rule import GraphRule
 from tokenrouter.core.policy import PolicyKind
 from tokenrouter.markov import MarkovModel, router_matrices, search_thresholds
-from tokenrouter.sim.run import SimConfig, SimResult, run_sim
+from tokenrouter.sim.run import SimConfig, SimResult, cost_model, run_sim
 from tokenrouter.workloads import make_workload
 
 DELTA_MS = 0.1
@@ -67,67 +67,91 @@ def tokens_per_row(P: np.ndarray) -> list[float]:
     return [(r[1 - i] + r[i] - 1.0) / r[i] for i in range(2)]
 
 
-def step_time_fns(cfg: SimConfig, corun: list[float] | None = None) -> list[Callable[[int], float]]:
-    """L_i(b) in ms: b rows at the workload's mean context, split by the model's graph rule, plus router and
-    (without overlap) host time. When the models share a GPU, model i's step is slowed by MPS for the
-    fraction `corun[i]` of time its peer runs."""
-    dep = cfg.deployment
-    names = [m.name for m in dep.models]
-    cost = cfg.cost if cfg.cost is not None else CostModel(load_profile(dep.profile), dep.placement.mode, models=names)
+def _workload_means(cfg: SimConfig) -> tuple[float, float]:
+    """(mean context a row attends, mean output tokens) of the configured workload."""
     specs = make_workload(cfg.workload, min(cfg.num_requests, 256), cfg.seed, max_output=cfg.max_output)
     ctx = float(np.mean([s.prompt_len + s.output_len / 2 for s in specs]))
+    return ctx, max(1.0, float(np.mean([s.output_len for s in specs])))
+
+
+def step_time_fns(cfg: SimConfig, load: list[tuple[float, float]] | None = None) -> list[Callable[[int], float]]:
+    """L_i(b) in ms, from the simulator's own cost model: b rows at the workload's mean context, rows of the
+    hop pattern's mean length, split as the model's graph rule splits them (in expectation), plus the router's
+    device part and (without overlap) the host time. `load[i]` = (fraction of time the co-located peer runs,
+    tokens of its pass): model i's pass is slowed by the co-run factor that share of the time and by its SM-cap
+    factor the rest (the simulator applies the same factors pass by pass)."""
+    dep = cfg.deployment
+    cost = cfg.cost if cfg.cost is not None else cost_model(dep, load_profile(dep.profile))
+    ctx, _ = _workload_means(cfg)
     shared = dep.placement.mode == "mps"
     tpr = tokens_per_row(routing_matrices(cfg)[0])
+    peers = [[j for j in range(len(dep.models)) if j != i] for i in range(len(dep.models))]
     fns = []
     for i, mc in enumerate(dep.models):
         mcost = cost.for_model(i)
         overlap = dep.scheduler.overlap if mc.overlap is None else mc.overlap
-        extra = cost.router_ms(i) + (0.0 if overlap else cost.sched_ms(i))
-        u = corun[i] if shared and corun is not None else 0.0
         rule = mc.graph_rule()
+        inter = cost.interference(i, peers[i][0]) if shared and peers[i] else None
+        u, peer_tokens = load[i] if load is not None and inter is not None else (0.0, 0.0)
 
-        def f(b: int, _c=mcost, _x=extra, _u=u, _t=tpr[i], _r=rule) -> float:
-            stats = expected_step(b, _t, ctx, _r)
-            alone = _c.step_ms(stats)
-            slow = _c.step_ms(stats, corunning=True) if _u else alone
-            return (1 - _u) * alone + _u * slow + _x
+        def f(b: int, _c=mcost, _t=tpr[i], _r=rule, _o=overlap, _f=inter, _u=u, _p=peer_tokens) -> float:
+            alone = expected_step_ms(_c, b, _t, ctx, _r) + _c.router_step_ms(b)
+            if _f is not None:
+                own = max(1, round(b * _t))
+                alone *= (1.0 - _u) * _f.cap(own) + _u * _f.factor(own, max(1, round(_p)))
+            return alone + (0.0 if _o else _c.host_ms(b))
 
         fns.append(f)
     return fns
 
 
-def expected_step(rows: int, tokens_per_row: float, context: float, rule: GraphRule) -> StepStats:
-    """A step of `rows` rows whose lengths are geometric with mean `tokens_per_row` (1 = all decodes), split
-    by `rule` in expectation: the rows of at most `rule.max_row_tokens` tokens run in the graph part."""
+def expected_step_ms(cost: ModelStepCost, rows: int, tokens_per_row: float, context: float, rule: GraphRule) -> float:
+    """Expected step time of `rows` rows whose lengths are geometric with mean `tokens_per_row` (1 = decodes),
+    split as `rule` splits them: without `allow_split` the step runs in the decode graphs when every row fits
+    (probability P(len <= m)^rows) and as one varlen pass otherwise; with it, the short rows stay in the graph
+    and the rest form a second pass (the split in expectation)."""
+    if rows < 1:
+        return 0.0
     t = max(1.0, tokens_per_row)
     m = min(rule.max_row_tokens, rule.max_tokens)
     fit = 1.0 - (1.0 - 1.0 / t) ** m if rule.enabled else 0.0  # P(length <= m)
-    n_graph = round(rows * fit)
-    n_eager = rows - n_graph
     # E[length | <= m] and E[length | > m] (memoryless: m + t) of a geometric length with mean t.
-    t_graph = (t - (m + t) * (1.0 - fit)) / fit if fit > 0 else 0.0
-    t_eager = m + t if fit > 0 else t
+    t_fit = (t - (m + t) * (1.0 - fit)) / fit if fit > 0 else 0.0
+    p_long = (1.0 - 1.0 / t) ** SHORT_ROW_TOKENS  # P(length > 16): long rows of a varlen pass
 
-    def part(n: int, k: float) -> PartStats:
-        if n == 0:
+    def part(n: float, k: float, long_frac: float = 0.0) -> PartStats:
+        if n <= 0:
             return PartStats()
-        toks = round(n * k)
-        return PartStats(n, toks, toks if k > 1.0 + 1e-9 else 0, round(n * context))
+        toks = max(1, round(n * k))
+        ext = toks if k > 1.0 + 1e-9 else 0
+        return PartStats(max(1, round(n)), toks, ext, round(n * context), round(n * long_frac))
 
-    return StepStats(part(n_graph, t_graph), part(n_eager, t_eager))
+    if not rule.enabled or fit <= 0.0:
+        return cost.step_ms(StepStats(eager=part(rows, t, p_long), graphs=rule.enabled))
+    if rule.allow_split:
+        n_graph = rows * fit
+        return cost.step_ms(StepStats(part(n_graph, t_fit), part(rows - n_graph, m + t, p_long)))
+    all_fit = fit**rows
+    graph = cost.step_ms(StepStats(graph=part(rows, t_fit)))
+    varlen = cost.step_ms(StepStats(eager=part(rows, t, p_long)))
+    return all_fit * graph + (1.0 - all_fit) * varlen
 
 
 def predict_thresholds(cfg: SimConfig, concurrency: int | None = None) -> Prediction:
     n = concurrency or cfg.concurrency
     P, C = routing_matrices(cfg)
-    specs = make_workload(cfg.workload, min(cfg.num_requests, 256), cfg.seed, max_output=cfg.max_output)
-    mean_output = max(1.0, float(np.mean([s.output_len for s in specs])))
+    _, mean_output = _workload_means(cfg)
     search = search_thresholds(MarkovModel.create(step_time_fns(cfg), P, C, n, DELTA_MS, mean_output))
     if cfg.deployment.placement.mode == "mps" and n > 1 and search.ranked:
-        # Second pass: slow each model down for the share of time its peer was busy at the first pass's B*.
-        busy = search.ranked[0].busy_fraction
-        corun = [max(busy[j] for j in range(len(busy)) if j != i) for i in range(len(busy))]
-        search = search_thresholds(MarkovModel.create(step_time_fns(cfg, corun), P, C, n, DELTA_MS, mean_output))
+        # Second pass: slow each model down for the share of time its peer was busy at the first pass's B*,
+        # beside a pass of the peer's mean batch (the co-run factor depends on what the peer runs).
+        top = search.ranked[0]
+        tpr = tokens_per_row(P)
+        load = []
+        for i in range(len(top.busy_fraction)):
+            j = max((j for j in range(len(top.busy_fraction)) if j != i), key=lambda j: top.busy_fraction[j])
+            load.append((top.busy_fraction[j], top.mean_batch[j] * tpr[j]))
+        search = search_thresholds(MarkovModel.create(step_time_fns(cfg, load), P, C, n, DELTA_MS, mean_output))
     ranked = [(r.thresholds, r.throughput_tok_s) for r in search.ranked]
     predicted = search.throughput_tok_s if search.throughput_tok_s is not None else float("nan")
     return Prediction(tuple(search.thresholds), float(predicted), ranked, search.note)

@@ -54,7 +54,7 @@ def test_step_stats_of_a_batch_follow_the_graph_rule_split() -> None:
     b = _batch([_row(100), _row(300, 5), _row(50, 20), _row(70, 1)])
     s = StepStats.of_batch(b, RULE, rematch=[1, 3])
     assert s.graph == PartStats(rows=2, tokens=2, extend_tokens=0, context_tokens=170)
-    assert s.eager == PartStats(rows=2, tokens=25, extend_tokens=25, context_tokens=350)
+    assert s.eager == PartStats(rows=2, tokens=25, extend_tokens=25, context_tokens=350, long_rows=1)
     assert (s.rematch_rows, s.rematch_prefix_tokens) == (2, 295 + 69)
     assert StepStats.of_batch(b, GraphRule(enabled=False)).graph == PartStats()
     b.graph_rows = [0]  # a scheduler's split wins over the rule

@@ -34,7 +34,7 @@ def raw(bundled: Profile) -> dict:
 
 
 def test_bundled_is_analytic_with_every_model(bundled: Profile) -> None:
-    assert bundled.kind == "analytic" and bundled.schema_version == 1
+    assert bundled.kind == "analytic" and bundled.schema_version == 2
     assert set(bundled.models) == set(bundled_model_names())
     assert "h200-analytic" in bundled_profile_names()
     assert load_profile() == bundled
@@ -72,7 +72,8 @@ _G = "models.qwen3-8b.step.graph"
 
 MALFORMED: dict[str, object] = {
     "missing_version": ("schema_version", _DELETE),
-    "future_version": ("schema_version", 2),
+    "future_version": ("schema_version", 3),
+    "old_version": ("schema_version", 1),
     "string_version": ("schema_version", "1"),
     "missing_gpu": ("gpu", _DELETE),
     "missing_c0": (f"{_G}.c0", _DELETE),
@@ -103,6 +104,8 @@ def test_malformed_profiles_raise_one_line_error(tmp_path: Path, raw: dict, case
     assert isinstance(ei.value, ValueError)
     if "models.qwen3-8b" in path and case != "empty_models":
         assert "qwen3-8b" in msg  # the offending model is named, not `[...]`
+    if case == "old_version":
+        assert "older" in msg and "tr calibrate" in msg  # says how to make it again
 
 
 @pytest.mark.parametrize("text", ["", "{not json", "[1, 2]", "null"])

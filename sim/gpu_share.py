@@ -1,0 +1,79 @@
+"""Passes that share one GPU: each runs at a rate set by what else runs beside it (processor sharing).
+
+A pass carries `work_ms`, its time alone on the GPU with no SM cap. While it executes, it progresses at
+`1 / factor` alone-ms per ms, where the factor is the cost model's interference (`CostModel.interference`): with
+no other model's pass running, the model's own SM-cap factor (1 without a cap); beside other passes, the
+largest co-run factor over them, looked up at both passes' sizes. Whenever a pass starts or ends on the GPU,
+every pass there is brought up to date and re-rated, and its subserver is told to re-time its wait.
+
+Why not a fixed slowdown charged at launch: the measured slowdown of a model's step depends on what the other
+model runs (its batch, or nothing), which changes during the step; pricing at launch also leaves the pass
+that started first unslowed (before: the 32B's step, measured 21-25 ms beside the 0.6B against 16.7 alone).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(slots=True, eq=False)
+class GpuPass:
+    """One pass executing on a GPU. Times in ms (simulated seconds x 1000 at the edges)."""
+
+    model: int
+    tokens: int
+    work_ms: float
+    on_retime: Callable[[], None]
+    done_ms: float = 0.0
+    rate: float = 1.0
+    last_s: float = 0.0
+    payload: Any = None
+
+    def remaining_s(self, now_s: float) -> float:
+        """Seconds to the end at the current rate."""
+        left = self.work_ms - self.done_ms - (now_s - self.last_s) * 1000.0 * self.rate
+        return max(0.0, left / self.rate / 1000.0)
+
+    def advance(self, now_s: float) -> None:
+        self.done_ms = min(self.work_ms, self.done_ms + (now_s - self.last_s) * 1000.0 * self.rate)
+        self.last_s = now_s
+
+
+@dataclass(slots=True)
+class SharedGpu:
+    """The passes running on one GPU. `factor(model, own_tokens, peer, peer_tokens)` is the co-run factor and
+    `cap(model, own_tokens)` the alone factor, both relative to the pass's `work_ms`."""
+
+    factor: Callable[[int, int, int, int], float]
+    cap: Callable[[int, int], float]
+    running: list[GpuPass] = field(default_factory=list)
+
+    def start(self, p: GpuPass, now_s: float) -> None:
+        self._advance(now_s)
+        p.last_s = now_s
+        self.running.append(p)
+        self._rerate(now_s, exclude=p)
+
+    def end(self, p: GpuPass, now_s: float) -> None:
+        self._advance(now_s)
+        self.running.remove(p)
+        self._rerate(now_s)
+
+    def _advance(self, now_s: float) -> None:
+        for q in self.running:
+            q.advance(now_s)
+
+    def _rerate(self, now_s: float, exclude: GpuPass | None = None) -> None:
+        for q in self.running:
+            others = [o for o in self.running if o.model != q.model]
+            if others:
+                f = max(self.factor(q.model, q.tokens, o.model, o.tokens) for o in others)
+            else:
+                f = self.cap(q.model, q.tokens)
+            rate = 1.0 / max(f, 1e-9)
+            if rate != q.rate:
+                q.rate = rate
+                if q is not exclude:
+                    q.on_retime()
