@@ -218,3 +218,17 @@ def test_outcomes_ok_error_aborted_and_in_flight():
         assert "tokenrouter_http_requests_in_flight 0.0" in httpx.get(s.url + "/metrics").text
     finally:
         s.close()
+
+
+def test_seeds_reach_the_subserver_unchanged_and_distinct(srv):
+    """Seeds are signed 64-bit (OpenAI's type): each accepted seed reaches `SamplingParams.seed` as the same
+    integer, so two seeds share a sampler seed only if they are equal; values outside int64 (2**64 - 1, which
+    a uint64 reading would make equal to -1) are refused instead of wrapping."""
+    seeds = [-(2**63), -(2**32), -1, 0, 1, 2**32, 2**32 + 1, 2**63 - 1]
+    for seed in seeds:
+        _post(srv, "/v1/completions", {"prompt": [1, 2], "max_tokens": 1, "seed": seed})
+    got = [m.sampling.seed for m in srv.fake.received if isinstance(m, P.Submit)][-len(seeds) :]
+    assert got == seeds
+    for seed in (2**64 - 1, 2**63, -(2**63) - 1):
+        r = httpx.post(srv.url + "/v1/completions", json={"model": MODEL, "prompt": [1], "seed": seed})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "seed", r.text
