@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from tokenrouter.cli.common import CliError
+from tokenrouter.cli.common import CliError, require_extras
 from tokenrouter.core.config import DeploymentConfig, ModelConfig, PolicyConfig, RouterConfig, check_prob, load_config
 
 Opt = typer.Option
@@ -84,6 +84,7 @@ def serve(
         raise CliError(f"--device must be cpu or cuda, got {device!r}")
     cfg = resolve(config, small, large, router, router_model, hop_rate, policy, thresholds, placement, gpus,
                   no_cuda_graph, no_overlap)  # fmt: skip
+    require_extras("serve", ("serve", "engine"))
     from tokenrouter.runtime.launcher import Server, with_cpu_kv_tokens
 
     if device == "cpu":

@@ -26,7 +26,7 @@ from tokenrouter.runtime.addresses import Addresses
 REJECT = 7
 HANG = 4242
 NAMES = ("tiny-small", "tiny-large")
-STATS = P.Stats(0, 1.0, 12, 100, 3, 2, 1, 40, 160, 80.0, 150, 9, 30, 120, 66.0, 60.0)
+STATS = P.Stats(0, 1.0, 12, 100, 3, 2, 1, 40, 160, 80.0, 150, 9, 30, 120, 66.0, 60.0, 70.0)
 
 
 def expected_output(prompt: list[int], n: int) -> tuple[list[int], list[int]]:

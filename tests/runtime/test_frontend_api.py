@@ -99,3 +99,5 @@ def test_metrics_come_from_stats(live):
         assert f'tokenrouter_loop_steps_total{{model="{name}"}} 30.0' in text
         assert f'tokenrouter_loop_seconds_total{{model="{name}"}} 0.066' in text
         assert f'tokenrouter_loop_gpu_seconds_total{{model="{name}"}} 0.06' in text
+        assert f'tokenrouter_busy_seconds_total{{model="{name}"}} 0.07' in text
+        assert f'tokenrouter_step_seconds_total{{model="{name}"}} 0.08' in text
