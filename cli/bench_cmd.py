@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tokenrouter.cli.common import CliError
+from tokenrouter.cli.common import CliError, require_extras
 from tokenrouter.cli.options import (
     ArrivalRate,
     Concurrency,
@@ -39,12 +39,14 @@ _COMPARE = (
 
 def live_summary(out) -> dict[str, Any]:
     """The collector's summary with the per-model busy fraction and mean batch size taken from the server's
-    counters (a live bench sees no individual steps, so batch p50/p99 stay NaN)."""
+    counters. NaN (shown as `-`) is what a live bench cannot observe: batch p50/p99/max (no individual steps),
+    busy without the server's busy counter, busy and batch when no step ran between the polls. Busy is the
+    union of the model's step intervals over the run, so overlapped steps count once and it stays <= 100%."""
     s = out.metrics.summary()
     dur = s["duration_s"]
     for i, name in enumerate(out.model_names):
-        steps, rows, step_s = out.samples.totals(name)
-        s[f"busy_frac_model{i}"] = step_s / dur if dur and dur > 0 and steps else float("nan")
+        steps, rows, _, busy_s = out.samples.totals(name)
+        s[f"busy_frac_model{i}"] = busy_s / dur if dur and dur > 0 and steps else float("nan")
         s[f"batch_mean_model{i}"] = rows / steps if steps else float("nan")
         s[f"batch_p50_model{i}"] = s[f"batch_p99_model{i}"] = s[f"batch_max_model{i}"] = float("nan")
         s[f"steps_model{i}"] = steps
@@ -64,7 +66,7 @@ def _compare_table(live: dict[str, Any], sim: dict[str, Any], names: list[str]) 
     for label, key, nd in rows:
         a, b = live.get(key, float("nan")), sim.get(key, float("nan"))
         ratio = b / a if a and not math.isnan(a) and not math.isnan(b) else float("nan")
-        t.add_row(label, _f(a, nd), _f(b, nd), _f(ratio, 2))
+        t.add_row(label, _f(a, nd, "-"), _f(b, nd, "-"), _f(ratio, 2, "-"))
     return t
 
 
@@ -97,6 +99,7 @@ def register(app: typer.Typer) -> None:
         ] = False,
     ) -> None:
         """Benchmark a running server (streaming, token-id prompts, ignore_eos) and print the metrics table."""
+        require_extras("bench", ("serve",), modules=("httpx", "prometheus_client"))
         import httpx
 
         from tokenrouter.bench.client import run_bench
@@ -130,7 +133,7 @@ def register(app: typer.Typer) -> None:
         live = live_summary(out)
         names = out.model_names
         if json_out != "-":
-            console.print(metrics_table(live, names, f"tr bench: {out.served_model} at {url}"))
+            console.print(metrics_table(live, names, f"tr bench: {out.served_model} at {url}", missing="-"))
             mode = f"Poisson {arrival_rate} req/s" if arrival_rate else f"N = {concurrency}"
             console.print(f"{workload} x {len(specs)}, {mode}, seed {seed}; wall {out.wall_s:.2f} s")
         if out.errors:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
@@ -34,6 +35,31 @@ _ABORTS = (*_click_classes("Abort"), typer.Abort)  # typer 0.29 keeps Abort out 
 
 class CliError(ValueError):
     """A user error: printed as one line, exit code 2."""
+
+
+# Top-level modules of each optional extra (pyproject's [project.optional-dependencies]) that commands import.
+EXTRA_MODULES = {
+    "serve": ("tokenizers", "zmq", "fastapi", "pydantic", "uvicorn", "prometheus_client", "httpx"),
+    "engine": ("torch", "safetensors"),
+}
+
+
+def require_extras(command: str, extras: tuple[str, ...], modules: tuple[str, ...] | None = None) -> None:
+    """Fail with one line naming the missing extra(s) and modules when `command` runs in an install without them
+    (the simulator installs light), instead of an import traceback. `modules` narrows the check to what the
+    command imports. Looks modules up without importing them."""
+    missing: dict[str, list[str]] = {}
+    for extra in extras:
+        wanted = [m for m in EXTRA_MODULES[extra] if modules is None or m in modules]
+        gone = [m for m in wanted if importlib.util.find_spec(m) is None]
+        if gone:
+            missing[extra] = gone
+    if not missing:
+        return
+    names = list(missing)
+    what = f"the '{names[0]}' extra" if len(names) == 1 else "the " + " and ".join(f"'{n}'" for n in names) + " extras"
+    mods = ", ".join(m for ms in missing.values() for m in ms)
+    raise CliError(f"{command} needs {what} (missing: {mods}): pip install 'tokenrouter[{','.join(names)}]'")
 
 
 def fail(prog: str, msg: str) -> NoReturn:

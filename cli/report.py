@@ -14,8 +14,8 @@ from tokenrouter.core.policy import PolicyKind
 from tokenrouter.sim.run import SimResult
 
 
-def _f(x: float, nd: int = 1) -> str:
-    return "nan" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:,.{nd}f}"
+def _f(x: float, nd: int = 1, missing: str = "nan") -> str:
+    return missing if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:,.{nd}f}"
 
 
 def result_record(res: SimResult) -> dict[str, Any]:
@@ -45,30 +45,32 @@ def result_record(res: SimResult) -> dict[str, Any]:
     return rec
 
 
-def metrics_table(s: dict[str, Any], names: list[str], title: str) -> Table:
-    """The metrics table of one run (simulated or live): throughput, latencies, hops, per-model figures."""
+def metrics_table(s: dict[str, Any], names: list[str], title: str, missing: str = "nan") -> Table:
+    """The metrics table of one run (simulated or live): throughput, latencies, hops, per-model figures; NaN
+    (not observed) is written as `missing`."""
     t = Table(title=title, title_justify="left")
     for col, just in (("metric", "left"), ("mean", "right"), ("p50", "right"), ("p99", "right")):
         t.add_column(col, justify=just)  # type: ignore[arg-type]
-    t.add_row("output throughput tok/s", _f(s["output_throughput_tok_s"]), "", "")
+    f = lambda x, nd=1: _f(x, nd, missing)  # noqa: E731
+    t.add_row("output throughput tok/s", f(s["output_throughput_tok_s"]), "", "")
     steady = s.get("steady_output_throughput_tok_s")
     if steady is not None:
-        t.add_row("steady throughput tok/s", _f(steady), "", "")
+        t.add_row("steady throughput tok/s", f(steady), "", "")
     t.add_row("requests completed", f"{int(s['requests_completed'])}", "", "")
     for key, label in (("ttft", "TTFT ms"), ("tpot", "TPOT ms"), ("itl", "ITL ms"), ("e2e", "E2E ms")):
-        t.add_row(label, _f(s[f"{key}_ms_mean"], 2), _f(s[f"{key}_ms_p50"], 2), _f(s[f"{key}_ms_p99"], 2))
-    t.add_row("hops per request", _f(s["hops_mean"], 2), "", "")
+        t.add_row(label, f(s[f"{key}_ms_mean"], 2), f(s[f"{key}_ms_p50"], 2), f(s[f"{key}_ms_p99"], 2))
+    t.add_row("hops per request", f(s["hops_mean"], 2), "", "")
     for i, n in enumerate(names):
         if f"tokens_model{i}" not in s:
             continue
         t.add_row(f"{n} tokens (share)", f"{int(s[f'tokens_model{i}']):,} ({s[f'token_frac_model{i}']:.1%})", "", "")
         busy = s[f"busy_frac_model{i}"]
-        t.add_row(f"{n} busy", "nan" if math.isnan(busy) else f"{busy:.1%}", "", "")
+        t.add_row(f"{n} busy", missing if math.isnan(busy) else f"{busy:.1%}", "", "")
         t.add_row(
             f"{n} batch size",
-            _f(s[f"batch_mean_model{i}"], 2),
-            _f(s[f"batch_p50_model{i}"], 0),
-            _f(s[f"batch_p99_model{i}"], 0),
+            f(s[f"batch_mean_model{i}"], 2),
+            f(s[f"batch_p50_model{i}"], 0),
+            f(s[f"batch_p99_model{i}"], 0),
         )
     return t
 

@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from tokenrouter.cli.common import CliError
+from tokenrouter.cli.common import CliError, require_extras
 from tokenrouter.cli.options import DeploymentFlags, DryRun, deployment_flags
 
 Opt = typer.Option
@@ -44,6 +44,7 @@ def serve(
         typer.echo("tr serve: --no-cuda-graph is deprecated; use --no-graphs", err=True)
         ov.graphs = False
     cfg = deploy.resolve()
+    require_extras("serve", ("serve", "engine"))
     from tokenrouter.runtime.launcher import Server, with_cpu_kv_tokens
 
     if device == "cpu":

@@ -146,19 +146,20 @@ def series_from_collector(collector: MetricsCollector, names: list[str], label: 
 
 def series_from_bench(out: Any) -> RunSeries:
     """A `tr bench` outcome: request figures from its collector; per-model ones from the polled counters
-    (queue = waiting at each poll, busy = step seconds / wall seconds and batch = rows / steps per interval)."""
+    (queue = waiting at each poll, busy = busy seconds / wall seconds and batch = rows / steps per interval)."""
     rs = RunSeries("live")
     _requests_part(rs, out.metrics)
     for name in out.model_names:
-        rows = np.asarray(out.samples.rows.get(name, []), float).reshape(-1, 5)
+        rows = np.asarray(out.samples.rows.get(name, []), float).reshape(-1, 6)
         if len(rows) < 2:
             rs.models[name] = ModelSeries((np.empty(0),) * 2, (np.empty(0),) * 2, np.empty(0), np.empty(0))
             continue
-        t, waiting, steps, nrows, step_s = rows.T
+        t, waiting, steps, nrows, step_s, busy_s = rows.T
         dt, dsteps = np.diff(t), np.diff(steps)
         mid = (t[:-1] + t[1:]) / 2
+        in_steps = busy_s if np.isfinite(busy_s).all() else step_s  # an older server: summed step time
         with np.errstate(divide="ignore", invalid="ignore"):
-            busy = np.clip(np.diff(step_s) / dt, 0, 1)
+            busy = np.clip(np.diff(in_steps) / dt, 0, 1)
             batch = np.where(dsteps > 0, np.diff(nrows) / dsteps, np.nan)
         k = max(1, len(t) // BINS)
         keep = dsteps > 0

@@ -37,6 +37,7 @@ def test_bench_counts_tokens_and_hops_exactly(server, tmp_path, capsys):
     text = capsys.readouterr().out
     assert "output throughput tok/s" in text and "tiny-large tokens" in text
     assert f"wrote {png}" in text
+    assert "nan" not in text, "what a live bench cannot observe is shown as -"
     rec = json.loads(out_json.read_text())
     _, models = expected_output([0], 10)
     assert rec["requests_completed"] == 12 and rec["requests_failed"] == 0
@@ -76,3 +77,54 @@ def test_bench_user_errors(capsys):
     assert run(["bench", "--url", "http://127.0.0.1:9", "--num-requests", "2", "--workload", "fixed:4,4"]) == 2
     assert "cannot benchmark" in capsys.readouterr().err
     assert run(["bench", "--url", "http://127.0.0.1:9", "--workload", "nope"]) == 2
+
+
+def _poll(steps: float, rows: float, step_s: float, busy_s: float | None) -> str:
+    """A /metrics page of one model as the front-end writes it (busy_s None: a server without the counter)."""
+    lines = [
+        'tokenrouter_requests_waiting{model="m"} 0.0',
+        f'tokenrouter_steps_total{{model="m"}} {steps}',
+        f'tokenrouter_step_rows_total{{model="m"}} {rows}',
+        f'tokenrouter_step_seconds_total{{model="m"}} {step_s}',
+    ]
+    if busy_s is not None:
+        lines.append(f'tokenrouter_busy_seconds_total{{model="m"}} {busy_s}')
+    return "\n".join(lines) + "\n"
+
+
+def _outcome(polls: list[tuple[float, str]]):
+    from tokenrouter.bench.client import BenchOutcome
+    from tokenrouter.bench.scrape import ServerSamples
+    from tokenrouter.metrics import MetricsCollector
+
+    mc = MetricsCollector(1)
+    mc.on_arrival("r", 0.0, 4)
+    mc.on_tokens("r", 8, 5.0, 0)
+    mc.on_finish("r", 10.0, 0)  # the run lasts 10 s
+    samples = ServerSamples()
+    for t, text in polls:
+        samples.add(t, text)
+    return BenchOutcome(mc, samples, ["m"], "m")
+
+
+def test_live_busy_is_the_union_of_step_intervals_and_unobserved_is_a_dash():
+    from rich.console import Console
+
+    from tokenrouter.cli.bench_cmd import live_summary
+    from tokenrouter.cli.report import metrics_table
+
+    # 100 steps of 4 rows; with overlap their summed time (12 s) exceeds the run (10 s), their union (9 s) not
+    out = _outcome([(0.0, _poll(0, 0, 0.0, 0.0)), (10.0, _poll(100, 400, 12.0, 9.0))])
+    s = live_summary(out)
+    assert s["busy_frac_model0"] == pytest.approx(0.9) and s["batch_mean_model0"] == pytest.approx(4.0)
+    # a server without the busy counter: busy not observed (not the summed step time)
+    old = live_summary(_outcome([(0.0, _poll(0, 0, 0.0, None)), (10.0, _poll(100, 400, 12.0, None))]))
+    assert old["batch_mean_model0"] == pytest.approx(4.0)
+    console = Console(width=200, record=True)
+    console.print(metrics_table(old, ["m"], "t", missing="-"))
+    text = console.export_text()
+    busy_row = next(line for line in text.splitlines() if "m busy" in line)
+    batch_row = next(line for line in text.splitlines() if "m batch size" in line)
+    assert "-" in busy_row and "%" not in busy_row
+    assert [c.strip() for c in batch_row.split("│")[2:5]] == ["4.00", "-", "-"]  # mean, p50, p99
+    assert "nan" not in text

@@ -2,7 +2,8 @@
 
 One thread plays both subservers: it binds the entry's PULL, answers each `Submit` with `Tokens` from two
 "models" (model 0 writes runs of 3 tokens, model 1 runs of 2) sent out of order (chunks shuffled, `Finished`
-before the last chunk), and sends `Ready` and periodic `Stats`. Magic prompts steer it: a first token of
+before the last chunk), and sends `Ready` and periodic `Stats`. A request with `logprobs=k` gets the
+`expected_logprobs` with its tokens. Magic prompts steer it: a first token of
 `REJECT` gets `Rejected(400)`; `seed=HANG` streams one token then waits forever (for disconnect and death
 tests). `die(i)` makes `is_alive(i)` false and stops answering.
 """
@@ -18,13 +19,14 @@ from dataclasses import dataclass, field
 
 import zmq
 
+from tokenrouter.core.batch import TokenLogprobs
 from tokenrouter.runtime import protocol as P
 from tokenrouter.runtime.addresses import Addresses
 
 REJECT = 7
 HANG = 4242
 NAMES = ("tiny-small", "tiny-large")
-STATS = P.Stats(0, 1.0, 12, 100, 3, 2, 1, 40, 160, 80.0, 150, 9, 30, 120, 66.0, 60.0)
+STATS = P.Stats(0, 1.0, 12, 100, 3, 2, 1, 40, 160, 80.0, 150, 9, 30, 120, 66.0, 60.0, 70.0)
 
 
 def expected_output(prompt: list[int], n: int) -> tuple[list[int], list[int]]:
@@ -32,6 +34,17 @@ def expected_output(prompt: list[int], n: int) -> tuple[list[int], list[int]]:
     ids = [(prompt[-1] + 11 * (k + 1)) % 250 + 300 for k in range(n)]
     models = [0 if (k % 5) < 3 else 1 for k in range(n)]
     return ids, models
+
+
+def expected_logprobs(prompt: list[int], n: int, k: int) -> list[TokenLogprobs]:
+    """What the fake reports per output token for `logprobs=k`: the logprob names the position, the top k
+    starts with the sampled id."""
+    ids, _ = expected_output(prompt, n)
+    out = []
+    for pos, tok in enumerate(ids):
+        lp = -0.25 * (pos + 1)
+        out.append(TokenLogprobs(lp, tuple(((tok + j) % 1024, lp - 0.5 * j) for j in range(k))))
+    return out
 
 
 def expected_hops(n: int) -> int:
@@ -125,14 +138,16 @@ class FakeDeployment:
             return [(now, P.Rejected(msg.rid, 400, "rejected by the fake subserver"))]
         n = msg.sampling.max_tokens
         ids, models = expected_output(prompt, n)
+        k_lp = msg.sampling.logprobs
+        lps = expected_logprobs(prompt, n, k_lp) if k_lp is not None else None
         if msg.sampling.seed == HANG:
-            return [(now, P.Tokens(msg.rid, 0, P.pack_ids(ids[:1]), 0))]
+            return [(now, P.Tokens(msg.rid, 0, P.pack_ids(ids[:1]), 0, lps[:1] if lps else None))]
         chunks, k = [], 0
         while k < n:  # one chunk per model run
             j = k
             while j < n and models[j] == models[k]:
                 j += 1
-            chunks.append(P.Tokens(msg.rid, k, P.pack_ids(ids[k:j]), models[k]))
+            chunks.append(P.Tokens(msg.rid, k, P.pack_ids(ids[k:j]), models[k], lps[k:j] if lps else None))
             k = j
         if self.token_delay_s:
             return [(now + self.token_delay_s * (c + 1), m) for c, m in enumerate(chunks)] + [

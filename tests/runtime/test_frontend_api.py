@@ -38,7 +38,7 @@ def test_completion_whole_orders_tokens_and_reports_usage(live):
 def test_completion_stream_is_in_position_order_and_ends_with_done(live):
     prompt = [1, 2, 3, 4]
     with httpx.stream(
-        "POST", live.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 23, "stream": True}
+        "POST", live.url + "/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 23, "stream": True}
     ) as r:
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("text/event-stream")
@@ -57,18 +57,20 @@ def test_completion_stream_is_in_position_order_and_ends_with_done(live):
 
 def test_text_prompt_and_chat(live):
     tok = live.tokenizer
-    r = httpx.post(live.url + "/v1/completions", json={"prompt": "hello world", "max_tokens": 4})
+    r = httpx.post(live.url + "/v1/completions", json={"model": MODEL, "prompt": "hello world", "max_tokens": 4})
     assert r.status_code == 200
     assert r.json()["usage"]["prompt_tokens"] == len(tok.encode("hello world"))
     msgs = [{"role": "user", "content": "hi there"}]
-    r = httpx.post(live.url + "/v1/chat/completions", json={"messages": msgs, "max_tokens": 6})
+    r = httpx.post(live.url + "/v1/chat/completions", json={"model": MODEL, "messages": msgs, "max_tokens": 6})
     assert r.status_code == 200, r.text
     body = r.json()
     ids, _ = expected_output(tok.encode_chat(msgs), 6)
     assert body["object"] == "chat.completion"
     assert body["choices"][0]["message"] == {"role": "assistant", "content": tok.decode(ids)}
     with httpx.stream(
-        "POST", live.url + "/v1/chat/completions", json={"messages": msgs, "max_tokens": 6, "stream": True}
+        "POST",
+        live.url + "/v1/chat/completions",
+        json={"model": MODEL, "messages": msgs, "max_tokens": 6, "stream": True},
     ) as r:
         events = sse_events(r)
     assert events[0]["object"] == "chat.completion.chunk"
@@ -97,3 +99,5 @@ def test_metrics_come_from_stats(live):
         assert f'tokenrouter_loop_steps_total{{model="{name}"}} 30.0' in text
         assert f'tokenrouter_loop_seconds_total{{model="{name}"}} 0.066' in text
         assert f'tokenrouter_loop_gpu_seconds_total{{model="{name}"}} 0.06' in text
+        assert f'tokenrouter_busy_seconds_total{{model="{name}"}} 0.07' in text
+        assert f'tokenrouter_step_seconds_total{{model="{name}"}} 0.08' in text

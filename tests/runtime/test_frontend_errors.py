@@ -3,15 +3,19 @@ serving. Plus the API key, a client disconnect (-> Abort) and a dead subserver (
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 
 import httpx
 import pytest
-from fake_backend import HANG, REJECT
+from fake_backend import HANG, NAMES, REJECT
 from live_server import start
 
 from tokenrouter.runtime import protocol as P
+
+MODEL = "+".join(NAMES)
+JSON = {"content-type": "application/json"}
 
 
 def assert_error(r: httpx.Response, status: int, param: str | None = None) -> None:
@@ -26,25 +30,59 @@ def assert_error(r: httpx.Response, status: int, param: str | None = None) -> No
     ("body", "status", "param"),
     [
         ({"prompt": [1, 2], "model": "gpt-4"}, 404, "model"),
-        ({"prompt": [1, 2], "max_tokens": 0}, 400, "max_tokens"),
-        ({"prompt": [1, 2], "max_tokens": -3}, 400, "max_tokens"),
-        ({"prompt": [1, 5000]}, 400, "prompt"),
-        ({"prompt": [1, -1]}, 400, "prompt"),
-        ({"prompt": []}, 400, "prompt"),
-        ({"prompt": [1] * 600}, 400, "prompt"),  # above the large model's KV (512), below the small one's
-        ({"prompt": [1, 2], "max_tokens": 1100}, 400, "max_tokens"),  # beyond max_context_len
-        ({"prompt": [1, 2], "max_tokens": 600}, 400, "max_tokens"),  # beyond the large model's KV
-        ({"prompt": [1, 2], "max_tokens": "many"}, 400, "max_tokens"),
-        ({"prompt": 12}, 400, None),
-        ({"prompt": [1, 2], "n": 2}, 400, "n"),
-        ({"prompt": [[1], [2]]}, 400, "prompt"),
-        ({"prompt": [1, 2], "temperature": -1}, 400, "temperature"),
-        ({"prompt": [1, 2], "stop": "x"}, 400, "stop"),
-        ({"max_tokens": 3}, 400, "prompt"),
+        ({"model": MODEL, "prompt": [1, 2], "max_tokens": 0}, 400, "max_tokens"),
+        ({"model": MODEL, "prompt": [1, 2], "max_tokens": -3}, 400, "max_tokens"),
+        ({"model": MODEL, "prompt": [1, 5000]}, 400, "prompt"),
+        ({"model": MODEL, "prompt": [1, -1]}, 400, "prompt"),
+        ({"model": MODEL, "prompt": []}, 400, "prompt"),
+        (
+            {"model": MODEL, "prompt": [1] * 600},
+            400,
+            "prompt",
+        ),  # above the large model's KV (512), below the small one's
+        ({"model": MODEL, "prompt": [1, 2], "max_tokens": 1100}, 400, "max_tokens"),  # beyond max_context_len
+        ({"model": MODEL, "prompt": [1, 2], "max_tokens": 600}, 400, "max_tokens"),  # beyond the large model's KV
+        ({"model": MODEL, "prompt": [1, 2], "max_tokens": "many"}, 400, "max_tokens"),
+        ({"model": MODEL, "prompt": 12}, 400, None),
+        ({"model": MODEL, "prompt": [1, 2], "n": 2}, 400, "n"),
+        ({"model": MODEL, "prompt": [[1], [2]]}, 400, "prompt"),
+        ({"model": MODEL, "prompt": [1, 2], "temperature": -1}, 400, "temperature"),
+        ({"model": MODEL, "prompt": [1, 2], "stop": ""}, 400, "stop"),
+        ({"model": MODEL, "prompt": [1, 2], "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
+        ({"model": MODEL, "max_tokens": 3}, 400, "prompt"),
+        # the issue's silent acceptances: no coercion, finite floats, model required, unsupported parameters
+        ({"model": MODEL, "prompt": [True, False]}, 400, "prompt"),
+        ({"model": MODEL, "prompt": [1, 2], "max_tokens": "4"}, 400, "max_tokens"),
+        ({"model": MODEL, "prompt": [1, 2], "max_tokens": 4.0}, 400, "max_tokens"),
+        ({"prompt": [1, 2]}, 400, "model"),
+        ({"model": MODEL, "prompt": [1, 2], "temperature": float("nan")}, 400, "temperature"),
+        ({"model": MODEL, "prompt": [1, 2], "top_p": float("inf")}, 400, "top_p"),
+        ({"model": MODEL, "prompt": [1, 2], "stream": 1}, 400, "stream"),
+        ({"model": MODEL, "prompt": [1, 2], "logprobs": 6}, 400, "logprobs"),
+        ({"model": MODEL, "prompt": [1, 2], "logprobs": True}, 400, "logprobs"),
+        ({"model": MODEL, "prompt": [1, 2], "echo": True}, 400, "echo"),
+        ({"model": MODEL, "prompt": [1, 2], "best_of": 2}, 400, "best_of"),
+        ({"model": MODEL, "prompt": [1, 2], "suffix": "tail"}, 400, "suffix"),
+        ({"model": MODEL, "prompt": [1, 2], "frequency_penalty": 0.5}, 400, "frequency_penalty"),
+        ({"model": MODEL, "prompt": [1, 2], "presence_penalty": -1}, 400, "presence_penalty"),
+        ({"model": MODEL, "prompt": [1, 2], "logit_bias": {"5": 10}}, 400, "logit_bias"),
+        # integer ranges: the wire carries int64 (seed) and int32 (top_k); nothing overflows into a 500
+        ({"model": MODEL, "prompt": [1, 2], "seed": 2**63}, 400, "seed"),
+        ({"model": MODEL, "prompt": [1, 2], "seed": 2**64 - 1}, 400, "seed"),
+        ({"model": MODEL, "prompt": [1, 2], "seed": -(2**63) - 1}, 400, "seed"),
+        ({"model": MODEL, "prompt": [1, 2], "seed": 2**200}, 400, "seed"),
+        ({"model": MODEL, "prompt": [1, 2], "top_k": 2**64}, 400, "top_k"),
+        ({"model": MODEL, "prompt": [1, 2], "top_k": 0}, 400, "top_k"),
+        ({"model": MODEL, "prompt": [1, 2], "top_k": -2}, 400, "top_k"),
+        ({"model": MODEL, "prompt": [1, 2], "n": 2**70}, 400, "n"),
+        ({"model": MODEL, "prompt": [1, 2], "max_tokens": 2**70}, 400, "max_tokens"),
+        ({"model": MODEL, "prompt": [1, 2], "stop_token_ids": [2**40]}, 400, "stop_token_ids.0"),
+        ({"model": MODEL, "prompt": [1, 2**40]}, 400, "prompt"),
     ],
 )
 def test_bad_completion_requests(small_kv, body, status, param):
-    r = httpx.post(small_kv.url + "/v1/completions", json=body)
+    # json.dumps writes NaN/Infinity as Python's json.loads (and so the server) reads them; httpx refuses to
+    r = httpx.post(small_kv.url + "/v1/completions", content=json.dumps(body), headers=JSON)
     assert_error(r, status, param)
 
 
@@ -55,32 +93,74 @@ def small_kv():
     srv.close()
 
 
+CHAT_OK = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"messages": CHAT_OK}, "model"),
+        ({"model": MODEL, "messages": [{"role": "wizard", "content": "hi"}]}, "messages.0.role"),
+        ({"model": MODEL, "messages": [{"role": "user"}]}, "messages.0.content"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": 5}]}, "messages.0.content"),
+        ({"model": MODEL, "messages": [{"role": "tool", "content": "x", "tool_call_id": "1"}]}, "messages.0.role"),
+        (
+            {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+            "messages.0.content.0.type",
+        ),
+        ({"model": MODEL, "messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages.0.content.0.text"),
+        ({"model": MODEL, "messages": CHAT_OK, "logprobs": 1}, "logprobs"),
+        ({"model": MODEL, "messages": CHAT_OK, "top_logprobs": 3}, "top_logprobs"),
+        ({"model": MODEL, "messages": CHAT_OK, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ({"model": MODEL, "messages": CHAT_OK, "max_completion_tokens": 0}, "max_completion_tokens"),
+        ({"model": MODEL, "messages": CHAT_OK, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        ({"model": MODEL, "messages": CHAT_OK, "tool_choice": "auto"}, "tool_choice"),
+        ({"model": MODEL, "messages": CHAT_OK, "response_format": {"type": "json_object"}}, "response_format"),
+    ],
+)
+def test_bad_chat_requests(small_kv, body, param):
+    assert_error(httpx.post(small_kv.url + "/v1/chat/completions", json=body), 400, param)
+
+
+def test_defaults_of_unsupported_parameters_are_accepted(small_kv):
+    """Clients often send every parameter at its default: those are not refused."""
+    body = {"model": MODEL, "prompt": [1, 2], "max_tokens": 2, "echo": False, "best_of": 1, "frequency_penalty": 0,
+            "presence_penalty": 0.0, "logit_bias": {}, "suffix": None, "user": "x", "stream_options": None}  # fmt: skip
+    assert httpx.post(small_kv.url + "/v1/completions", json=body).status_code == 200
+    chat = {"model": MODEL, "messages": [{"role": "developer", "content": "be brief"}, *CHAT_OK], "max_tokens": 2,
+            "tools": None, "response_format": {"type": "text"}, "n": 1, "stop": None, "temperature": None}  # fmt: skip
+    r = httpx.post(small_kv.url + "/v1/chat/completions", json=chat)
+    assert r.status_code == 200, r.text
+
+
 def test_bad_requests_never_reach_subservers_and_server_keeps_serving(small_kv):
     before = sum(isinstance(m, P.Submit) for m in small_kv.fake.received)
     assert_error(httpx.post(small_kv.url + "/v1/completions", content=b"{not json"), 400)
-    assert_error(httpx.post(small_kv.url + "/v1/chat/completions", json={"messages": "hi"}), 400)
-    assert_error(httpx.post(small_kv.url + "/v1/chat/completions", json={"messages": []}), 400, "messages")
+    assert_error(httpx.post(small_kv.url + "/v1/chat/completions", json={"model": MODEL, "messages": "hi"}), 400)
+    assert_error(
+        httpx.post(small_kv.url + "/v1/chat/completions", json={"model": MODEL, "messages": []}), 400, "messages"
+    )
     assert sum(isinstance(m, P.Submit) for m in small_kv.fake.received) == before
-    r = httpx.post(small_kv.url + "/v1/completions", json={"prompt": [1, 2], "max_tokens": 5})
+    r = httpx.post(small_kv.url + "/v1/completions", json={"model": MODEL, "prompt": [1, 2], "max_tokens": 5})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 5
 
 
 def test_rejected_by_subserver_is_a_4xx_streaming_or_not(small_kv):
-    assert_error(httpx.post(small_kv.url + "/v1/completions", json={"prompt": [REJECT, 1]}), 400)
-    r = httpx.post(small_kv.url + "/v1/completions", json={"prompt": [REJECT, 1], "stream": True})
+    assert_error(httpx.post(small_kv.url + "/v1/completions", json={"model": MODEL, "prompt": [REJECT, 1]}), 400)
+    r = httpx.post(small_kv.url + "/v1/completions", json={"model": MODEL, "prompt": [REJECT, 1], "stream": True})
     assert_error(r, 400)
 
 
 def test_api_key():
     srv = start(api_key="s3cret")
     try:
-        r = httpx.post(srv.url + "/v1/completions", json={"prompt": [1], "max_tokens": 2})
+        r = httpx.post(srv.url + "/v1/completions", json={"model": MODEL, "prompt": [1], "max_tokens": 2})
         assert_error(r, 401)
         assert_error(httpx.get(srv.url + "/v1/models", headers={"Authorization": "Bearer nope"}), 401)
         assert httpx.get(srv.url + "/health").status_code == 200  # stays open
         ok = httpx.post(
             srv.url + "/v1/completions",
-            json={"prompt": [1], "max_tokens": 2},
+            json={"model": MODEL, "prompt": [1], "max_tokens": 2},
             headers={"Authorization": "Bearer s3cret"},
         )
         assert ok.status_code == 200
@@ -100,7 +180,7 @@ def _wait(cond, timeout: float = 5.0) -> bool:
 def test_client_disconnect_mid_stream_sends_abort(live):
     # A raw socket so the connection really closes after the first SSE chunk.
     host, port = live.url.removeprefix("http://").split(":")
-    body = b'{"prompt": [3, 4], "max_tokens": 50, "seed": %d, "stream": true}' % HANG
+    body = b'{"model": "%s", "prompt": [3, 4], "max_tokens": 50, "seed": %d, "stream": true}' % (MODEL.encode(), HANG)
     with socket.create_connection((host, int(port)), timeout=5) as s:
         s.sendall(
             b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -119,7 +199,9 @@ def test_dead_subserver_fails_in_flight_requests_and_health():
     try:
         t0 = time.monotonic()
         with httpx.stream(
-            "POST", srv.url + "/v1/completions", json={"prompt": [3], "max_tokens": 50, "seed": HANG, "stream": True}
+            "POST",
+            srv.url + "/v1/completions",
+            json={"model": MODEL, "prompt": [3], "max_tokens": 50, "seed": HANG, "stream": True},
         ) as r:
             assert r.status_code == 200
             lines = r.iter_lines()
@@ -131,7 +213,7 @@ def test_dead_subserver_fails_in_flight_requests_and_health():
         assert rest[-1] == "data: [DONE]"
         h = httpx.get(srv.url + "/health")
         assert h.status_code == 503 and "tiny-large" in h.json()["models"]
-        r = httpx.post(srv.url + "/v1/completions", json={"prompt": [3], "max_tokens": 2}, timeout=5)
+        r = httpx.post(srv.url + "/v1/completions", json={"model": MODEL, "prompt": [3], "max_tokens": 2}, timeout=5)
         assert_error(r, 503)
     finally:
         srv.close()

@@ -1,9 +1,12 @@
 """Per-model server figures over time, from polling `/metrics`: the bench has no step-level trace of a live
 server, so queue length, busy fraction and mean batch size come from the cumulative counters the subservers
-report in their `Stats` heartbeats, differenced between polls."""
+report in their `Stats` heartbeats, differenced between polls. Busy time is the server's union of step intervals
+(`tokenrouter_busy_seconds`): summed step times count overlapped steps twice. A server without that counter
+(older than it) leaves busy NaN, shown as unobserved."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -14,28 +17,32 @@ _WANT = {
     "tokenrouter_step_rows": "rows",
     "tokenrouter_step_seconds": "step_s",
 }
+_OPTIONAL = {"tokenrouter_busy_seconds": "busy_s"}
 
 
 @dataclass(slots=True)
 class ServerSamples:
-    """`rows[model]` is a list of (t s since bench start, waiting, steps, rows, step seconds) polls."""
+    """`rows[model]` is a list of (t s since bench start, waiting, steps, rows, step seconds, busy seconds) polls;
+    busy seconds NaN when the server does not export them."""
 
-    rows: dict[str, list[tuple[float, float, float, float, float]]] = field(default_factory=dict)
+    rows: dict[str, list[tuple[float, float, float, float, float, float]]] = field(default_factory=dict)
 
     def add(self, t: float, text: str) -> None:
         per: dict[str, dict[str, float]] = {}
         for fam in text_string_to_metric_families(text):
             for s in fam.samples:
-                key = _WANT.get(s.name.removesuffix("_total"))
+                name = s.name.removesuffix("_total")
+                key = _WANT.get(name) or _OPTIONAL.get(name)
                 if key is not None and "model" in s.labels:
                     per.setdefault(s.labels["model"], {})[key] = s.value
         for model, v in per.items():
-            if len(v) == len(_WANT):
-                self.rows.setdefault(model, []).append((t, v["waiting"], v["steps"], v["rows"], v["step_s"]))
+            if all(k in v for k in _WANT.values()):
+                row = (t, v["waiting"], v["steps"], v["rows"], v["step_s"], v.get("busy_s", math.nan))
+                self.rows.setdefault(model, []).append(row)
 
-    def totals(self, model: str) -> tuple[float, float, float]:
-        """(steps, rows, step seconds) between the first and the last poll."""
+    def totals(self, model: str) -> tuple[float, float, float, float]:
+        """(steps, rows, step seconds, busy seconds) between the first and the last poll; busy NaN if unknown."""
         r = self.rows.get(model, [])
         if len(r) < 2:
-            return 0.0, 0.0, 0.0
-        return r[-1][2] - r[0][2], r[-1][3] - r[0][3], r[-1][4] - r[0][4]
+            return 0.0, 0.0, 0.0, math.nan
+        return tuple(r[-1][k] - r[0][k] for k in (2, 3, 4, 5))  # type: ignore[return-value]

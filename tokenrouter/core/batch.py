@@ -79,6 +79,16 @@ class Batch:
         return sum(r.context_len for r in self.rows)
 
 
+@dataclass(frozen=True, slots=True)
+class TokenLogprobs:
+    """One sampled token's log-probability and the `k` most likely tokens of its row, from the log-softmax of the
+    raw logits (temperature 1, before top-k/top-p): `top` is (token id, logprob) sorted by logprob descending,
+    length k. A value (no device tensors), so it can travel in `Emit` and over the wire."""
+
+    logprob: float
+    top: tuple[tuple[int, float], ...]
+
+
 @dataclass(slots=True)
 class StepResult:
     """Per-row outputs of one step, in batch row order.
@@ -96,3 +106,6 @@ class StepResult:
     # Batch row of each `logits`/`hidden` row; None: one per batch row, in order. Engines return the sampled
     # rows only (a prefill chunk that samples nothing has no logits row).
     logit_rows: Sequence[int] | None = None
+    # One entry per batch row; None for rows that did not ask (`SamplingParams.logprobs`) or sampled nothing; the
+    # field None when no row asked.
+    logprobs: list[TokenLogprobs | None] | None = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from tokenrouter.core.batch import TokenLogprobs
 from tokenrouter.core.request import SamplingParams
 
 
@@ -76,12 +77,18 @@ class Send:
 
 @dataclass(slots=True)
 class Emit:
-    """Tokens committed to the client's output; `pos` is the output index of `tokens[0]`."""
+    """Tokens committed to the client's output; `pos` is the output index of `tokens[0]`.
+
+    `logprobs` is None unless the request asked for them (`SamplingParams.logprobs`); then it is aligned with
+    `tokens`, each entry from the step of the model that wrote the token (None where that is unknown: a router
+    committed a token other than the one the engine sampled and it is not among the top k).
+    """
 
     rid: str
     tokens: list[int]
     pos: int
     model: int
+    logprobs: list[TokenLogprobs | None] | None = None
 
 
 @dataclass(slots=True)

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tokenrouter.core.admission import Admission
-from tokenrouter.core.batch import Batch, BatchRow, StepResult
+from tokenrouter.core.batch import Batch, BatchRow, StepResult, TokenLogprobs
 from tokenrouter.core.batch_former import BatchFormer
 from tokenrouter.core.graph_rule import GraphRule
 from tokenrouter.core.kv import KVPool
@@ -236,8 +236,9 @@ class Scheduler:
         if len(toks) != len(batch.rows):
             raise ValueError(f"step returned {len(toks)} tokens for {len(batch.rows)} rows")
         dests = _to_list(self.router.route(batch, result))
+        lps = _committed_logprobs(result, toks)
         actions: list[Action] = []
-        for row, tok, dst in zip(batch.rows, toks, dests, strict=True):
+        for i, (row, tok, dst) in enumerate(zip(batch.rows, toks, dests, strict=True)):
             req = row.req
             if row.version != req.version or req.status != ReqStatus.RUNNING:
                 continue  # stale: the request left after this batch was prepared
@@ -254,7 +255,8 @@ class Scheduler:
                 req.token_ids.pop()
                 self._hand_off(req, dst, actions)
                 continue
-            actions.append(Emit(req.rid, [int(tok)], req.num_output - 1, self.model))
+            lp = [lps[i]] if lps is not None and req.sampling.logprobs is not None else None
+            actions.append(Emit(req.rid, [int(tok)], req.num_output - 1, self.model, lp))
             reason = req.stop_reason()
             if reason is not None:
                 actions.extend(self._finish(req, reason, now))
@@ -371,6 +373,23 @@ class Scheduler:
                 f"{req.rid}: prompt {req.prompt_len} + max_tokens {req.sampling.max_tokens} exceeds the KV pool "
                 f"of model {where}"
             )
+
+
+def _committed_logprobs(result: StepResult, toks: Sequence[int]) -> list[TokenLogprobs | None] | None:
+    """The engine's logprobs per row, for the token each row commits. A router that commits another token than
+    the one sampled (the ensemble's weighted choice) gets that token's logprob from the row's top k when it is
+    there, else None (unknown). A dropped token's entry goes with it: the peer's step brings its own."""
+    if result.logprobs is None:
+        return None
+    sampled = _to_list(result.next_token_ids)
+    out: list[TokenLogprobs | None] = []
+    for lp, tok, s in zip(result.logprobs, toks, sampled, strict=True):
+        if lp is None or int(tok) == int(s):
+            out.append(lp)
+            continue
+        hit = next((v for t, v in lp.top if t == int(tok)), None)
+        out.append(None if hit is None else TokenLogprobs(hit, lp.top))
+    return out
 
 
 def _to_list(x: Any) -> list[Any]:

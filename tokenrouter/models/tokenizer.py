@@ -18,9 +18,22 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, decoders
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """Character -> byte of byte-level BPE vocabularies: bytes printable in Latin-1 stand for themselves, the
+    others are shifted to U+0100 upwards in byte order, so every token string spells its bytes."""
+    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    code = {b: b for b in printable}
+    rest = (b for b in range(256) if b not in code)
+    code.update({b: 0x100 + k for k, b in enumerate(rest)})
+    return {chr(c): b for b, c in code.items()}
+
+
+_BYTE_OF = _byte_level_alphabet()
 
 
 @dataclass(slots=True)
@@ -37,6 +50,12 @@ class TextTokenizer:
     chat_template: str | None = None
     name: str = ""
     config: dict[str, Any] = field(default_factory=dict)
+    byte_level: bool = field(init=False)
+    special_ids: frozenset[int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.byte_level = isinstance(self.tokenizer.decoder, decoders.ByteLevel)
+        self.special_ids = frozenset(self.tokenizer.get_added_tokens_decoder())
 
     @property
     def vocab_size(self) -> int:
@@ -54,6 +73,16 @@ class TextTokenizer:
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for: with a byte-level BPE possibly part of a UTF-8 character (which
+        `decode([token_id])` would show as U+FFFD); an added/special token gives its text."""
+        piece = self.tokenizer.id_to_token(token_id)
+        if piece is None:
+            return b""
+        if self.byte_level and token_id not in self.special_ids and all(c in _BYTE_OF for c in piece):
+            return bytes(_BYTE_OF[c] for c in piece)
+        return self.decode([token_id], skip_special_tokens=False).encode()
 
     def render_chat(self, messages: Iterable[Mapping[str, str]], add_generation_prompt: bool = True) -> str:
         """The prompt text of a chat: one ChatML block per message, then the assistant header."""

@@ -23,6 +23,7 @@ from array import array
 
 import msgspec
 
+from tokenrouter.core.batch import TokenLogprobs
 from tokenrouter.core.request import SamplingParams
 
 PEER = b"peer"
@@ -91,6 +92,8 @@ class Tokens(msgspec.Struct, tag="tokens", frozen=True):
     pos: int  # output index of the first token
     ids: bytes  # pack_ids
     model: int
+    # Only for a request that asked (`Sampling.logprobs`): one entry per id (None where unknown), as `core.Emit`.
+    logprobs: list[TokenLogprobs | None] | None = None
 
 
 class Finished(msgspec.Struct, tag="finished", frozen=True):
@@ -136,6 +139,7 @@ class Stats(msgspec.Struct, tag="stats", frozen=True):
     loop_rows: int = 0
     loop_ms: float = 0.0
     loop_gpu_ms: float = 0.0
+    busy_ms: float = 0.0  # cumulative union of the steps' [launch, done] intervals (overlapped steps count once)
 
 
 class Failed(msgspec.Struct, tag="failed", frozen=True):

@@ -10,7 +10,13 @@ class Counters:
     """`loop_*` count only steps launched back to back (the loop did not wait for work since the previous
     completion): for those, completion-to-completion time is the serving loop's period per step, and
     `loop_gpu_ms` (CUDA only) the GPU time of the same steps. `loop_ms / loop_gpu_ms - 1` is the runtime's own
-    overhead per step: host time the GPU did not hide."""
+    overhead per step: host time the GPU did not hide.
+
+    `busy_ms` is the length of the union of the steps' [launch, done] intervals: with overlap two steps are in
+    flight at once, so `step_ms` (their sum) counts the shared time twice and can exceed the wall time, while
+    `busy_ms` never does. Invariant: steps are counted in launch order (completion order is launch order, one
+    in-flight queue per model), so a sweep that remembers the latest end so far is exact.
+    """
 
     steps: int = 0
     rows: int = 0
@@ -21,11 +27,16 @@ class Counters:
     loop_rows: int = 0
     loop_ms: float = 0.0
     loop_gpu_ms: float = 0.0
+    busy_ms: float = 0.0
+    busy_until: float = float("-inf")  # the latest step end counted in busy_ms (seconds, the caller's clock)
 
-    def step(self, rows: int, seconds: float) -> None:
+    def step(self, rows: int, launch: float, done: float) -> None:
+        """A step launched at `launch` and done at `done` (seconds); calls come in launch order."""
         self.steps += 1
         self.rows += rows
-        self.step_ms += seconds * 1000.0
+        self.step_ms += (done - launch) * 1000.0
+        self.busy_ms += max(0.0, done - max(launch, self.busy_until)) * 1000.0
+        self.busy_until = max(self.busy_until, done)
 
     def loop_step(self, rows: int, period_s: float, gpu_ms: float) -> None:
         self.loop_steps += 1

@@ -35,6 +35,8 @@ from tokenrouter.runtime.logs import JsonlLog
 from tokenrouter.runtime.stats import Counters
 from tokenrouter.runtime.step_clock import StepClock
 
+_STATS_MIN_GAP_S = 0.05  # Stats sent on a change: at most this often (the heartbeat still comes every interval)
+
 
 class Subserver:
     def __init__(self, spec: SubserverSpec) -> None:
@@ -73,6 +75,8 @@ class Subserver:
                         self.engine.max_context_len, self.vocab, time.monotonic() - t0)  # fmt: skip
         self._control(ready)
         self.next_stats = 0.0
+        self.stats_sent = float("-inf")
+        self.stats_sig: tuple[int, ...] = ()
 
     def _push(self, addr: str) -> zmq.Socket:
         s = self.ctx.socket(zmq.PUSH)
@@ -139,7 +143,7 @@ class Subserver:
                 self.peers[a.peer].send_multipart([P.PEER, wire.encode(a.msg)])
             elif isinstance(a, Emit):
                 self.counters.tokens += len(a.tokens)
-                out = P.Tokens(a.rid, a.pos, P.pack_ids(a.tokens), a.model)
+                out = P.Tokens(a.rid, a.pos, P.pack_ids(a.tokens), a.model, a.logprobs)
                 self.front.send_multipart([P.CTL, P.encode(out)])
                 self.hops.write({"rid": a.rid, "pos": a.pos, "n": len(a.tokens), "model": a.model})
             elif isinstance(a, Finish):
@@ -183,7 +187,7 @@ class Subserver:
         res = handle.result()
         t_done = time.monotonic()
         rows = len(batch.rows)
-        self.counters.step(rows, t_done - t_launch)
+        self.counters.step(rows, t_launch, t_done)
         gpu_ms = handle.gpu_start.elapsed_time(handle.gpu_end) if handle.gpu_start is not None else 0.0
         self.clock.on_gpu_time(gpu_ms / 1000.0)
         self.clock.on_complete(t_done, bool(self.inflight))
@@ -215,23 +219,33 @@ class Subserver:
             wake = min(wake, deadline)
         return max(0, int((wake - now) * 1000) + 1)
 
-    def _stats(self, now: float) -> None:
+    def _stats(self, now: float, force: bool = False) -> None:
+        """Send `Stats` on the heartbeat and, at most every `_STATS_MIN_GAP_S`, soon after the state changes (pages,
+        queues, requests, steps), so the front-end's gauges follow a change instead of lagging up to a heartbeat.
+        A change pulls `next_stats` in, which also bounds the idle poll. Cheap when nothing is sent: the change
+        test reads sizes only."""
         kv = self.sched.kv
         s = self.sched
+        sig = (kv.num_free, len(s.waiting), len(s.admit_queue), len(s.reqs), s.step_id, self.counters.steps)
+        if sig != self.stats_sig:
+            self.stats_sig = sig
+            self.next_stats = min(self.next_stats, self.stats_sent + _STATS_MIN_GAP_S)
+        if not force and now < self.next_stats:
+            return
         pending = sum(1 for r in s.reqs.values() if r.status.name == "PENDING")
         running = sum(1 for r in s.reqs.values() if r.status.name == "RUNNING")
         c = self.counters
         self._control(P.Stats(self.model, now, kv.num_pages - 1 - kv.num_free, kv.num_pages - 1, running,
                               len(s.waiting) + len(s.admit_queue), pending, c.steps, c.rows, c.step_ms, c.tokens,
-                              c.hops, c.loop_steps, c.loop_rows, c.loop_ms, c.loop_gpu_ms))  # fmt: skip
+                              c.hops, c.loop_steps, c.loop_rows, c.loop_ms, c.loop_gpu_ms, c.busy_ms))  # fmt: skip
+        self.stats_sent = now
         self.next_stats = now + self.spec.stats_interval_s
 
     def run(self) -> None:
         busy = False
         while not self.stopping:
             now = time.monotonic()
-            if now >= self.next_stats:
-                self._stats(now)
+            self._stats(now)
             idle = not busy and not self.inflight
             self.idled |= idle
             self._drain(self._timeout_ms(now) if idle else 0)
@@ -248,7 +262,7 @@ class Subserver:
             busy = launched or completed or bool(self.inflight)
         while self.inflight:
             self._complete_oldest()
-        self._stats(time.monotonic())
+        self._stats(time.monotonic(), force=True)
 
     def close(self) -> None:
         self.hops.close()

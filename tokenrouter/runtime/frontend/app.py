@@ -7,6 +7,8 @@ the app's lifespan, so an app can be created, served and torn down repeatedly in
 from __future__ import annotations
 
 import hmac
+import logging
+import re
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -24,6 +26,26 @@ from tokenrouter.runtime.frontend.metrics import FrontendMetrics
 from tokenrouter.runtime.frontend.schemas import ChatRequest, CompletionRequest
 
 _OPEN_PATHS = frozenset({"/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
+_FIELD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
+log = logging.getLogger("tokenrouter.frontend")
+
+
+def validation_message(errors: list[dict]) -> tuple[str, str | None]:
+    """One line for the first validation error and the parameter it names (`messages.0.role`): pydantic's
+    location without the body prefix and without the tags of union members (`prompt.list[int].0` ->
+    `prompt.0`); a value that matched no member of a union says so instead of quoting one member's error."""
+    if not errors:
+        return "invalid request", None
+    first = errors[0]
+    raw = [x for x in first.get("loc", ()) if x != "body"]
+    loc = [str(x) for x in raw if isinstance(x, int) or (_FIELD.fullmatch(str(x)) and x not in _TYPE_TAGS)]
+    union = len(loc) < len(raw)
+    param = ".".join(loc) or None
+    msg = "has none of the accepted types" if union else str(first.get("msg", "invalid value"))
+    if first.get("type") == "json_invalid":
+        return "the body is not valid JSON", None
+    return (f"{param}: {msg}" if param else msg), param
 
 
 def served_model_name(handle: ServerHandle) -> str:
@@ -60,7 +82,13 @@ def create_app(
                 return error_response(
                     401, "missing or invalid API key (Authorization: Bearer KEY)", None, "invalid_api_key"
                 )
-        return await call_next(request)
+        try:
+            return await call_next(request)
+        except Exception:
+            # A bug must still answer in OpenAI's shape, and answering here (instead of letting the exception
+            # reach the server) keeps the client's keep-alive connection usable.
+            log.exception("unhandled error in %s %s", request.method, request.url.path)
+            return error_response(500, "internal server error")
 
     @app.exception_handler(APIError)
     async def api_error(_: Request, e: APIError) -> JSONResponse:
@@ -69,11 +97,9 @@ def create_app(
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, e: RequestValidationError) -> JSONResponse:
-        errs = e.errors()
-        first = errs[0] if errs else {}
-        loc = [str(x) for x in first.get("loc", ()) if x != "body"]
-        msg = first.get("msg", "invalid request")
-        return error_response(400, f"{'.'.join(loc) + ': ' if loc else ''}{msg}", ".".join(loc) or None)
+        metrics.requests.labels("error").inc()
+        msg, param = validation_message(e.errors())
+        return error_response(400, msg, param)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, e: StarletteHTTPException) -> JSONResponse:
@@ -82,37 +108,54 @@ def create_app(
     def limits() -> params.Limits:
         return params.Limits(server.vocab_size, backend.kv_capacity_tokens, server.max_context_len)
 
-    def check_model(model: str | None) -> str:
-        if model is not None and model not in accepted:
+    def check_model(model: str) -> str:
+        if model not in accepted:
             raise APIError(
                 404, f"the model {model!r} does not exist; this server serves {name!r}", "model", "model_not_found"
             )
-        return model or name
+        return model
 
     async def answer(job: generate.Job, request: Request):
+        """Counts the request in flight until its answer is complete (a stream's end, not its start) and its
+        outcome once: ok, error, or aborted (the client went away)."""
+        counted = False
+
+        def on_outcome(outcome: str) -> None:
+            nonlocal counted
+            if not counted:
+                counted = True
+                metrics.in_flight.dec()
+                metrics.requests.labels(outcome).inc()
+
         metrics.in_flight.inc()
         try:
-            resp = await generate.run(job, backend, tokenizer.decode, names, request)
-        finally:
-            metrics.in_flight.dec()
-        metrics.requests.labels("ok" if resp.status_code == 200 else "error").inc()
-        return resp
+            return await generate.run(job, backend, tokenizer, names, request, on_outcome)
+        except APIError:
+            if not counted:  # the APIError handler counts the outcome
+                counted = True
+                metrics.in_flight.dec()
+            raise
+        except BaseException:
+            on_outcome("error")
+            raise
+
+    def job(body: CompletionRequest | ChatRequest, ids: list[int], default_max: int | None) -> generate.Job:
+        sp = params.sampling(body, ids, limits(), default_max=default_max)
+        stop = params.stop_strings(body)
+        chat = isinstance(body, ChatRequest)
+        return generate.Job(ids, sp, tuple(tokenizer.eos_token_ids), body.model, chat, bool(body.stream), stop)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
-        model = check_model(body.model)
+        check_model(body.model)
         ids = params.completion_prompt(body, tokenizer.encode)
-        sp = params.sampling(body, ids, limits(), default_max=16)
-        job = generate.Job(ids, sp, tuple(tokenizer.eos_token_ids), model, chat=False, stream=body.stream)
-        return await answer(job, request)
+        return await answer(job(body, ids, default_max=16), request)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest, request: Request):
-        model = check_model(body.model)
+        check_model(body.model)
         ids = params.chat_prompt(body, tokenizer)
-        sp = params.sampling(body, ids, limits(), default_max=None)
-        job = generate.Job(ids, sp, tuple(tokenizer.eos_token_ids), model, chat=True, stream=body.stream)
-        return await answer(job, request)
+        return await answer(job(body, ids, default_max=None), request)
 
     @app.get("/v1/models")
     async def models() -> dict:

@@ -5,6 +5,15 @@ A streamed request waits for its first event before answering, so a `Rejected` (
 token) still becomes a proper 4xx/5xx instead of a 200 stream that carries an error. Once streaming, an
 error ends the stream with an `{"error": ...}` chunk and `[DONE]`. A client that goes away (the SSE
 generator is closed, or a whole request sees the disconnect) sends `Abort(rid)` to the entry subserver.
+
+Stop strings are matched here, on the detokenized text (`stop.StopStrings`): when one appears the answer ends
+with finish_reason "stop" and the text before it, and `Abort(rid)` ends the request on the subservers (the
+abort path frees its KV on every model). `usage.completion_tokens` and the logprobs then cover the tokens up to
+the one that completed the stop string.
+
+Every request that was submitted reports its outcome exactly once through `on_outcome`: "ok", "error" or
+"aborted" (the client went away), when the answer is complete, not when a stream starts (an `APIError` raised
+before that is the app's to count).
 """
 
 from __future__ import annotations
@@ -13,6 +22,7 @@ import asyncio
 import json
 import time
 import uuid
+import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +34,8 @@ from tokenrouter.models.detokenize import IncrementalDetokenizer
 from tokenrouter.runtime import protocol as P
 from tokenrouter.runtime.frontend.backend import Backend
 from tokenrouter.runtime.frontend.errors import error_body, error_response
+from tokenrouter.runtime.frontend.logprobs import LogprobFormatter
+from tokenrouter.runtime.frontend.stop import StopStrings
 from tokenrouter.runtime.frontend.stream import Chunk, Outcome, RequestStream
 
 
@@ -37,27 +49,77 @@ class Job:
     model: str
     chat: bool
     stream: bool
+    stop: tuple[str, ...] = ()
     rid: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
 
 
-class _Tally:
-    """Output counted per model, for `usage` and the `tokenrouter` field."""
+@dataclass(slots=True)
+class Piece:
+    """What one chunk of tokens adds to the answer: text to release, and the tokens with their models and
+    logprobs (`offsets[i]`: where token i's text starts in the answer's text)."""
 
-    def __init__(self, names: Sequence[str]) -> None:
+    text: str = ""
+    ids: list[int] = field(default_factory=list)
+    models: list[int] = field(default_factory=list)
+    logprobs: list[Any] = field(default_factory=list)
+    offsets: list[int] = field(default_factory=list)
+
+
+class Output:
+    """Turns in-order chunks into the answer: text (stop strings applied), tokens counted per model, logprobs.
+
+    Invariant: `n` counts the tokens taken into the answer; after a stop string (`stopped`) nothing more is
+    taken. Tokens go one at a time through the detokenizer so the token that completes a stop string is known.
+    """
+
+    def __init__(self, job: Job, tokenizer, names: Sequence[str]) -> None:
+        self.job = job
+        self.detok = IncrementalDetokenizer(tokenizer.decode)
+        self.stops = StopStrings(job.stop)
         self.names, self.per_model, self.n = list(names), [0] * len(names), 0
+        self.formatter = LogprobFormatter(tokenizer, job.chat) if job.sampling.logprobs is not None else None
 
-    def add(self, chunk: Chunk) -> None:
-        self.n += len(chunk.ids)
-        for m in chunk.models:
+    @property
+    def stopped(self) -> bool:
+        return self.stops.stopped
+
+    def add(self, chunk: Chunk) -> Piece:
+        piece = Piece()
+        for k, tok in enumerate(chunk.ids):
+            if self.stopped:
+                break
+            self.n += 1
+            m = chunk.models[k]
             if 0 <= m < len(self.per_model):
                 self.per_model[m] += 1
+            piece.ids.append(tok)
+            piece.models.append(m)
+            piece.logprobs.append(chunk.logprobs[k] if k < len(chunk.logprobs) else None)
+            piece.offsets.append(len(self.stops.text))
+            piece.text += self.stops.push(self.detok.push([tok]))
+        if self.stopped:
+            piece.offsets = [min(o, self.stops.cut or 0) for o in piece.offsets]
+        return piece
 
-    def usage(self, prompt_len: int) -> dict[str, int]:
-        return {"prompt_tokens": prompt_len, "completion_tokens": self.n, "total_tokens": prompt_len + self.n}
+    def finish(self) -> str:
+        """The text still held back once the output ended without a stop string completing it."""
+        text = self.stops.push(self.detok.flush())
+        return text + self.stops.flush()
 
-    def extension(self, out: Outcome) -> dict[str, Any]:
-        return {"hops": out.num_hops, "tokens_per_model": dict(zip(self.names, self.per_model, strict=True))}
+    def logprobs(self, piece: Piece) -> dict[str, Any] | None:
+        if self.formatter is None:
+            return None
+        return self.formatter.format(piece.ids, piece.logprobs, piece.offsets)
+
+    def usage(self) -> dict[str, int]:
+        p = len(self.job.prompt_ids)
+        return {"prompt_tokens": p, "completion_tokens": self.n, "total_tokens": p + self.n}
+
+    def extension(self, out: Outcome | None) -> dict[str, Any]:
+        """`hops` is the server's count; null when the front-end ended the request (stop string) itself."""
+        hops = None if out is None else out.num_hops
+        return {"hops": hops, "tokens_per_model": dict(zip(self.names, self.per_model, strict=True))}
 
 
 def _envelope(job: Job, stream: bool) -> dict[str, Any]:
@@ -66,18 +128,23 @@ def _envelope(job: Job, stream: bool) -> dict[str, Any]:
     return {"id": prefix + job.rid, "object": obj, "created": job.created, "model": job.model}
 
 
-def _choice(job: Job, text: str, finish: str | None, stream: bool, first: bool = False) -> dict[str, Any]:
+def _choice(job: Job, text: str, finish: str | None, stream: bool, logprobs: dict | None,
+            first: bool = False) -> dict[str, Any]:  # fmt: skip
     if not job.chat:
-        return {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+        return {"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs}
     if stream:
         delta: dict[str, Any] = {"role": "assistant", "content": text} if first else {"content": text}
-        return {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
-    return {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish, "logprobs": None}
+        return {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
+    message = {"role": "assistant", "content": text}
+    return {"index": 0, "message": message, "finish_reason": finish, "logprobs": logprobs}
 
 
-async def run(
-    job: Job, backend: Backend, decode: Callable[[Sequence[int]], str], names: Sequence[str], request: Request
-) -> JSONResponse | StreamingResponse:
+OnOutcome = Callable[[str], None]
+
+
+async def run(job: Job, backend: Backend, tokenizer, names: Sequence[str], request: Request,
+              on_outcome: OnOutcome) -> JSONResponse | StreamingResponse:  # fmt: skip
+    """`tokenizer` decodes (`decode`) and spells tokens (`token_bytes`, for logprobs)."""
     stream = await backend.submit(P.Submit(job.rid, P.pack_ids(job.prompt_ids), job.sampling, job.eos_token_ids))
     first_task = asyncio.ensure_future(stream.next())
     try:
@@ -85,16 +152,30 @@ async def run(
     except BaseException:
         first_task.cancel()
         backend.abort_nowait(job.rid)
+        on_outcome("aborted")
         raise
     if first is None:  # the client left before anything came back
         backend.abort_nowait(job.rid)
+        on_outcome("aborted")
         return error_response(499, "client closed the request")
     if isinstance(first, Outcome) and first.status is not None:
         backend.release(job.rid)
+        on_outcome("error")
         return error_response(first.status, first.message)
+    out = Output(job, tokenizer, names)
     if job.stream:
-        return StreamingResponse(_sse(job, stream, first, backend, decode, names), media_type="text/event-stream")
-    return await _whole(job, stream, first, backend, decode, names, request)
+        gen = _sse(job, stream, first, backend, out, on_outcome)
+        # A body the server never starts (the client left before the headers went out) never runs the
+        # generator's `finally`: the same clean-up then runs when the generator is collected.
+        weakref.finalize(gen, _abandon, backend, job.rid, on_outcome)
+        return StreamingResponse(gen, media_type="text/event-stream")
+    return await _whole(job, stream, first, backend, out, request, on_outcome)
+
+
+def _abandon(backend: Backend, rid: str, on_outcome: OnOutcome) -> None:
+    """A request left without an answer: abort it on the subservers (a no-op once it ended) and count it."""
+    backend.abort_nowait(rid)
+    on_outcome("aborted")
 
 
 async def _or_disconnect(task: asyncio.Future, request: Request, poll_s: float = 0.25):
@@ -108,22 +189,37 @@ async def _or_disconnect(task: asyncio.Future, request: Request, poll_s: float =
             return None
 
 
-async def _whole(job, stream: RequestStream, first, backend: Backend, decode, names, request) -> JSONResponse:
-    tally, ids, ev = _Tally(names), [], first
+async def _whole(job: Job, stream: RequestStream, first, backend: Backend, out: Output, request: Request,
+                 on_outcome: OnOutcome) -> JSONResponse:  # fmt: skip
+    text, ids, lps, offsets, ev = [], [], [], [], first
     while isinstance(ev, Chunk):
-        tally.add(ev)
-        ids.extend(ev.ids)
+        piece = out.add(ev)
+        text.append(piece.text)
+        ids += piece.ids
+        lps += piece.logprobs
+        offsets += piece.offsets
+        if out.stopped:
+            break
         ev = await _or_disconnect(asyncio.ensure_future(stream.next()), request)
         if ev is None:
             backend.abort_nowait(job.rid)
+            on_outcome("aborted")
             return error_response(499, "client closed the request")
-    backend.release(job.rid)
-    if ev.status is not None:
-        return error_response(ev.status, ev.message)
+    if out.stopped:
+        backend.abort_nowait(job.rid)  # ends it on the subservers; the answer is complete
+        outcome, reason = None, "stop"
+    else:
+        backend.release(job.rid)
+        if ev.status is not None:
+            on_outcome("error")
+            return error_response(ev.status, ev.message)
+        text.append(out.finish())
+        outcome, reason = ev, ev.reason
     body = _envelope(job, stream=False)
-    body["choices"] = [_choice(job, decode(ids), ev.reason, stream=False)]
-    body["usage"] = tally.usage(len(job.prompt_ids))
-    body["tokenrouter"] = tally.extension(ev)
+    body["choices"] = [_choice(job, "".join(text), reason, False, out.logprobs(Piece("", ids, [], lps, offsets)))]
+    body["usage"] = out.usage()
+    body["tokenrouter"] = out.extension(outcome)
+    on_outcome("ok")
     return JSONResponse(body)
 
 
@@ -131,30 +227,41 @@ def _sse_line(obj: dict[str, Any] | str) -> bytes:
     return f"data: {obj if isinstance(obj, str) else json.dumps(obj, separators=(',', ':'))}\n\n".encode()
 
 
-async def _sse(job, stream: RequestStream, first, backend: Backend, decode, names) -> AsyncIterator[bytes]:
+async def _sse(job: Job, stream: RequestStream, first, backend: Backend, out: Output,
+               on_outcome: OnOutcome) -> AsyncIterator[bytes]:  # fmt: skip
     """SSE chunks: one per in-order run of tokens (text delta plus, as an extension, the model of each token),
     then a last chunk with the finish reason, `usage` and `tokenrouter`, then `[DONE]`."""
-    detok, tally, ev, done, sent_first = IncrementalDetokenizer(decode), _Tally(names), first, False, False
+    ev, done, sent_first = first, False, False
     try:
         while isinstance(ev, Chunk):
-            tally.add(ev)
+            piece = out.add(ev)
+            if out.stopped:
+                break
             body = _envelope(job, stream=True)
-            body["choices"] = [_choice(job, detok.push(ev.ids), None, stream=True, first=not sent_first)]
-            body["tokenrouter"] = {"models": ev.models}
+            body["choices"] = [_choice(job, piece.text, None, True, out.logprobs(piece), first=not sent_first)]
+            body["tokenrouter"] = {"models": piece.models}
             sent_first = True
             yield _sse_line(body)
             ev = await stream.next()
         done = True
-        backend.release(job.rid)
-        if ev.status is not None:
-            yield _sse_line(error_body(ev.status, ev.message))
+        if out.stopped:
+            backend.abort_nowait(job.rid)
+            outcome, reason, text = None, "stop", piece.text
         else:
-            body = _envelope(job, stream=True)
-            body["choices"] = [_choice(job, detok.flush(), ev.reason, stream=True, first=not sent_first)]
-            body["usage"] = tally.usage(len(job.prompt_ids))
-            body["tokenrouter"] = tally.extension(ev)
-            yield _sse_line(body)
+            backend.release(job.rid)
+            if ev.status is not None:
+                on_outcome("error")
+                yield _sse_line(error_body(ev.status, ev.message))
+                yield _sse_line("[DONE]")
+                return
+            outcome, reason, text, piece = ev, ev.reason, out.finish(), Piece()
+        body = _envelope(job, stream=True)
+        body["choices"] = [_choice(job, text, reason, True, out.logprobs(piece), first=not sent_first)]
+        body["tokenrouter"] = {"models": piece.models} | out.extension(outcome)
+        body["usage"] = out.usage()
+        on_outcome("ok")
+        yield _sse_line(body)
         yield _sse_line("[DONE]")
     finally:
         if not done:  # closed early: the client disconnected (or the server is stopping)
-            backend.abort_nowait(job.rid)
+            _abandon(backend, job.rid, on_outcome)

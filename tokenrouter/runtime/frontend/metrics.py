@@ -2,8 +2,9 @@
 process, as in the tests, do not share or clash).
 
 Per-model figures are read at scrape time from the last `Stats` heartbeat of each subserver (a custom
-collector), so they are exactly what the subserver reported: gauges for KV pages and queues, counters for the
-cumulative tokens, hops, steps, rows and step time, and the derived mean batch size and step time.
+collector), so they are exactly what the subserver reported: gauges for KV pages and queues (a subserver sends
+`Stats` within 50 ms of a change, not only on its heartbeat), counters for the cumulative tokens, hops, steps,
+rows, step time and busy time, and the derived mean batch size and step time.
 """
 
 from __future__ import annotations
@@ -31,6 +32,12 @@ _COUNTERS = (
     ("loop_steps", "steps launched back to back (the loop had work since the previous completion)", "loop_steps"),
     ("loop_rows", "rows over the back-to-back steps", "loop_rows"),
 )
+_SECONDS = (
+    ("step_seconds", "time spent in engine steps, summed per step (overlapped steps count twice)", "step_ms"),
+    ("busy_seconds", "time with at least one step in flight (the union of the steps' intervals)", "busy_ms"),
+    ("loop_seconds", "completion-to-completion time of the back-to-back steps (the serving loop's period)", "loop_ms"),
+    ("loop_gpu_seconds", "GPU time of the back-to-back steps (CUDA events; 0 on CPU)", "loop_gpu_ms"),
+)
 
 
 class StatsCollector(Collector):
@@ -43,13 +50,9 @@ class StatsCollector(Collector):
         up = GaugeMetricFamily("tokenrouter_subserver_up", "1 while the subserver is alive and ready", labels=["model"])
         gauges = {k: GaugeMetricFamily(f"tokenrouter_{k}", h, labels=["model"]) for k, h, _ in _GAUGES}
         counters = {k: CounterMetricFamily(f"tokenrouter_{k}", h, labels=["model"]) for k, h, _ in _COUNTERS}
-        step_s = CounterMetricFamily("tokenrouter_step_seconds", "time spent in engine steps", labels=["model"])
+        seconds = {k: CounterMetricFamily(f"tokenrouter_{k}", h, labels=["model"]) for k, h, _ in _SECONDS}
         batch = GaugeMetricFamily("tokenrouter_batch_size_mean", "mean rows per step since start", labels=["model"])
         step_ms = GaugeMetricFamily("tokenrouter_step_time_ms_mean", "mean step time since start", labels=["model"])
-        loop_s = CounterMetricFamily("tokenrouter_loop_seconds", "completion-to-completion time of the back-to-back "
-                                     "steps (the serving loop's period)", labels=["model"])  # fmt: skip
-        loop_gpu_s = CounterMetricFamily("tokenrouter_loop_gpu_seconds", "GPU time of the back-to-back steps "
-                                         "(CUDA events; 0 on CPU)", labels=["model"])  # fmt: skip
         for m in self.backend.models:
             up.add_metric([m.name], 1.0 if m.ready and not m.dead else 0.0)
             s = m.stats
@@ -59,15 +62,15 @@ class StatsCollector(Collector):
                 gauges[k].add_metric([m.name], float(getattr(s, attr)))
             for k, _, attr in _COUNTERS:
                 counters[k].add_metric([m.name], float(getattr(s, attr)))
-            step_s.add_metric([m.name], s.step_ms / 1e3)
+            for k, _, attr in _SECONDS:
+                seconds[k].add_metric([m.name], getattr(s, attr) / 1e3)
             batch.add_metric([m.name], s.step_rows / s.steps if s.steps else 0.0)
             step_ms.add_metric([m.name], s.step_ms / s.steps if s.steps else 0.0)
-            loop_s.add_metric([m.name], s.loop_ms / 1e3)
-            loop_gpu_s.add_metric([m.name], s.loop_gpu_ms / 1e3)
         yield up
         yield from gauges.values()
         yield from counters.values()
-        yield from (step_s, batch, step_ms, loop_s, loop_gpu_s)
+        yield from seconds.values()
+        yield from (batch, step_ms)
 
 
 class FrontendMetrics:
@@ -78,10 +81,13 @@ class FrontendMetrics:
         self.registry.register(StatsCollector(backend))
         self.requests = Counter(
             "tokenrouter_http_requests",
-            "generation requests answered, by outcome",
+            "generation requests answered, by outcome: ok, error (4xx/5xx or an error mid-stream), aborted (the "
+            "client went away first)",
             ["outcome"],
             registry=self.registry,
         )
+        for outcome in ("ok", "error", "aborted"):
+            self.requests.labels(outcome)
         self.in_flight = Gauge(
             "tokenrouter_http_requests_in_flight", "generation requests being answered", registry=self.registry
         )

@@ -1,11 +1,12 @@
-"""From a validated OpenAI body to the wire: prompt token ids and `protocol.Sampling`, with every check that
-needs the deployment. Each failure is an `APIError(400)` naming the field, raised before anything is sent,
-so a bad request never reaches a subserver.
+"""From a validated OpenAI body to the wire: prompt token ids, `protocol.Sampling` and the stop strings, with
+every check that needs the deployment or that pydantic's types cannot say. Each failure is an `APIError(400)`
+naming the field, raised before anything is sent, so a bad request never reaches a subserver.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from tokenrouter.runtime import protocol as P
 from tokenrouter.runtime.frontend.errors import APIError
@@ -22,6 +23,55 @@ class Limits:
     max_context_len: int
 
 
+# Parameters of OpenAI's API (and vLLM's common extensions) that would change the output and are not
+# implemented. Clients often send them at their defaults, which are accepted; any other value is a 400 naming
+# the parameter rather than a silently different answer. An empty tuple: only null is accepted.
+_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "best_of": (1,),
+    "echo": (False,),
+    "suffix": ("",),
+    "frequency_penalty": (0, 0.0),
+    "presence_penalty": (0, 0.0),
+    "repetition_penalty": (1, 1.0),
+    "logit_bias": ({},),
+    "min_p": (0, 0.0),
+    "min_tokens": (0,),
+    "use_beam_search": (False,),
+    "length_penalty": (1, 1.0),
+    "include_stop_str_in_output": (False,),
+    "skip_special_tokens": (True,),
+    "prompt_logprobs": (),
+    "truncate_prompt_tokens": (),
+    "guided_json": (),
+    "guided_regex": (),
+    "guided_choice": (),
+    "guided_grammar": (),
+    "tools": ([],),
+    "tool_choice": ("none",),
+    "functions": ([],),
+    "function_call": ("none",),
+    "response_format": ({"type": "text"},),
+    "prediction": (),
+    "audio": (),
+    "modalities": (["text"],),
+    "reasoning_effort": (),
+    "web_search_options": (),
+}
+
+
+def _is_default(value: Any, defaults: tuple[Any, ...]) -> bool:
+    # Types must match too: `False == 0` in Python, but `"echo": 0` is not the default of a boolean.
+    return value is None or any(type(value) is type(d) and value == d for d in defaults)
+
+
+def refuse_unsupported(req: CompletionRequest | ChatRequest) -> None:
+    for name, value in (req.model_extra or {}).items():
+        defaults = _UNSUPPORTED.get(name)
+        if defaults is not None and not _is_default(value, defaults):
+            allowed = " or ".join(repr(d) for d in defaults) or "null"
+            raise APIError(400, f"{name} is not supported by this server (only {allowed} or omitted)", name)
+
+
 def completion_prompt(req: CompletionRequest, encode) -> list[int]:
     p = req.prompt
     if isinstance(p, list) and p and isinstance(p[0], str | list):
@@ -36,18 +86,71 @@ def completion_prompt(req: CompletionRequest, encode) -> list[int]:
         raise APIError(400, str(e), "prompt") from None
 
 
-def chat_prompt(req: ChatRequest, tokenizer) -> list[int]:
+def chat_messages(req: ChatRequest) -> list[dict[str, str]]:
+    """The messages as (role, text) for the chat template: content parts joined, `developer` as `system`."""
     if not req.messages:
         raise APIError(400, "messages must not be empty", "messages")
+    out = []
+    for i, m in enumerate(req.messages):
+        where = f"messages.{i}"
+        if m.role in ("tool", "function"):
+            raise APIError(400, f"{where}.role: {m.role!r} messages need tools, which this server does not support",
+                           f"{where}.role")  # fmt: skip
+        for key in ("tool_calls", "function_call"):
+            if (m.model_extra or {}).get(key):
+                raise APIError(400, f"{where}.{key}: tool calls are not supported", f"{where}.{key}")
+        out.append({"role": "system" if m.role == "developer" else m.role, "content": _content_text(m.content, where)})
+    return out
+
+
+def _content_text(content: str | list[dict[str, Any]] | None, where: str) -> str:
+    """A message's text: a string, or a list of text parts joined with newlines."""
+    if isinstance(content, str):
+        return content
+    if content is None:
+        raise APIError(400, f"{where}.content: a message needs content", f"{where}.content")
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type")
+        if kind != "text":
+            raise APIError(400, f"{where}.content.{j}.type: only 'text' parts are supported, got {kind!r}",
+                           f"{where}.content.{j}.type")  # fmt: skip
+        text = part.get("text")
+        if not isinstance(text, str):
+            raise APIError(400, f"{where}.content.{j}.text: a text part needs a string 'text'",
+                           f"{where}.content.{j}.text")  # fmt: skip
+        texts.append(text)
+    return "\n".join(texts)
+
+
+def chat_prompt(req: ChatRequest, tokenizer) -> list[int]:
+    messages = chat_messages(req)
     try:
-        return tokenizer.encode_chat([m.model_dump() for m in req.messages])
+        return tokenizer.encode_chat(messages)
     except ValueError as e:
         raise APIError(400, str(e), "messages") from None
 
 
+def stop_strings(req: CompletionRequest | ChatRequest) -> tuple[str, ...]:
+    stops = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
+    if any(not s for s in stops):
+        raise APIError(400, "stop strings must be non-empty", "stop")
+    return tuple(dict.fromkeys(stops))
+
+
+def logprobs(req: CompletionRequest | ChatRequest) -> int | None:
+    """How many alternatives per token the engine returns; None: no logprobs."""
+    if isinstance(req, CompletionRequest):
+        return req.logprobs
+    if req.top_logprobs is not None and not req.logprobs:
+        raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
+    return (req.top_logprobs or 0) if req.logprobs else None
+
+
 def sampling(req: CompletionRequest | ChatRequest, ids: list[int], lim: Limits, default_max: int | None) -> P.Sampling:
     """Check the prompt and the sampling fields; `default_max` None means "up to the context length"."""
-    if req.n != 1:
+    refuse_unsupported(req)
+    if req.n is not None and req.n != 1:
         raise APIError(400, f"only n=1 is supported, got n={req.n}", "n")
     if not ids:
         raise APIError(400, "the prompt is empty", "prompt")
@@ -65,38 +168,32 @@ def sampling(req: CompletionRequest | ChatRequest, ids: list[int], lim: Limits, 
     # A request that cannot fit a model's whole KV pool could never finish there: the smaller bound wins.
     context = min(lim.max_context_len, lim.kv_capacity_tokens)
     room = context - len(ids)
-    max_tokens = req.max_tokens
+    field, max_tokens = "max_tokens", req.max_tokens
     if isinstance(req, ChatRequest) and req.max_completion_tokens is not None:
-        max_tokens = req.max_completion_tokens
+        field, max_tokens = "max_completion_tokens", req.max_completion_tokens
     if max_tokens is None:
         max_tokens = room if default_max is None else min(default_max, room)
-    if max_tokens <= 0:
-        raise APIError(400, f"max_tokens must be >= 1, got {max_tokens}", "max_tokens")
     if len(ids) + max_tokens > context:
         raise APIError(
             400,
-            f"prompt ({len(ids)}) + max_tokens ({max_tokens}) exceeds {context} tokens (the context length "
+            f"prompt ({len(ids)}) + {field} ({max_tokens}) exceeds {context} tokens (the context length "
             f"{lim.max_context_len} or the smallest KV capacity {lim.kv_capacity_tokens})",
-            "max_tokens",
+            field,
             "context_length_exceeded",
         )
-    if req.temperature < 0:
-        raise APIError(400, f"temperature must be >= 0, got {req.temperature}", "temperature")
-    if not 0 < req.top_p <= 1:
-        raise APIError(400, f"top_p must be in (0, 1], got {req.top_p}", "top_p")
-    if req.top_k == 0 or req.top_k < -1:
-        raise APIError(400, f"top_k must be -1 (off) or >= 1, got {req.top_k}", "top_k")
-    if req.stop:
-        raise APIError(400, "stop strings are not supported; use stop_token_ids", "stop")
+    top_k = -1 if req.top_k is None else req.top_k
+    if top_k == 0:
+        raise APIError(400, "top_k must be -1 (off) or >= 1, got 0", "top_k")
     stops = tuple(req.stop_token_ids or ())
-    if any(not 0 <= t < lim.vocab_size for t in stops):
-        raise APIError(400, "stop_token_ids must be ids of the vocabulary", "stop_token_ids")
+    if any(t >= lim.vocab_size for t in stops):
+        raise APIError(400, f"stop_token_ids must be ids of the vocabulary [0, {lim.vocab_size})", "stop_token_ids")
     return P.Sampling(
-        temperature=req.temperature,
-        top_p=req.top_p,
-        top_k=req.top_k,
+        temperature=1.0 if req.temperature is None else req.temperature,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        top_k=top_k,
         seed=req.seed,
         max_tokens=max_tokens,
         stop_token_ids=stops,
-        ignore_eos=req.ignore_eos,
+        ignore_eos=bool(req.ignore_eos),
+        logprobs=logprobs(req),
     )

@@ -1,44 +1,72 @@
 """Request bodies of the OpenAI endpoints (pydantic, so `/openapi.json` documents them).
 
-Only what the server acts on is declared; unknown fields are accepted and ignored, as OpenAI clients send
-many optional ones. Semantic checks that need the deployment (vocabulary, KV capacity, model names) happen
-in `params.py`, not here.
+Strict: nothing is coerced (a boolean is not a token id, `"4"` is not an int, `4.0` is not an int), floats are
+finite, every integer has a range the wire can carry, and `model` is required as OpenAI requires it. Unknown
+keys are accepted and ignored, as OpenAI clients send many optional ones; the OpenAI (and vLLM) parameters this
+server knows but does not implement are refused in `params.py` when they would change the output. Checks that
+need the deployment (vocabulary, KV capacity, model names) also happen in `params.py`.
 """
 
 from __future__ import annotations
 
+from typing import Annotated, Any, Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+INT32_MAX = 2**31 - 1
 
-class _Sampling(BaseModel):
-    model_config = ConfigDict(extra="allow")
+Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
+Float = Annotated[float, Field(allow_inf_nan=False)]
 
-    model: str | None = None
-    max_tokens: int | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    seed: int | None = None
-    n: int = 1
-    stream: bool = False
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    ignore_eos: bool = Field(False, description="TokenRouter extension: keep generating past end-of-sequence.")
+# The roles of OpenAI's chat API (`function` is its deprecated form of `tool`).
+Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
+
+
+class _Sampling(_Strict):
+    model: str = Field(..., description="The served pair's name (see /v1/models) or one of its model names.")
+    max_tokens: Annotated[int, Field(ge=1, le=INT64_MAX)] | None = None
+    temperature: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] | None = None
+    top_p: Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)] | None = None
+    top_k: Annotated[int, Field(ge=-1, le=INT32_MAX)] | None = Field(
+        None, description="vLLM extension: sample among the k most likely tokens; -1 (default) is off, 0 is refused."
+    )
+    seed: Int64 | None = Field(
+        None, description="Signed 64-bit, as OpenAI's: [-2**63, 2**63 - 1]. Equal seeds give equal samples."
+    )
+    n: Annotated[int, Field(ge=1, le=INT64_MAX)] | None = None
+    stream: bool | None = None
+    stop: str | Annotated[list[str], Field(max_length=4)] | None = Field(
+        None, description="Up to 4 non-empty strings; the output ends before the first one that appears."
+    )
+    stop_token_ids: list[Annotated[int, Field(ge=0, le=INT32_MAX)]] | None = None
+    ignore_eos: bool | None = Field(None, description="TokenRouter extension: keep generating past end-of-sequence.")
 
 
 class CompletionRequest(_Sampling):
     prompt: str | list[int] | list[str] | list[list[int]] = Field(
         ..., description="Text or token ids (a batch of one is accepted; larger batches are not)."
     )
+    logprobs: Annotated[int, Field(ge=0, le=5)] | None = Field(
+        None, description="Log-probabilities of the sampled tokens and the top `logprobs` alternatives (0..5)."
+    )
 
 
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    role: str
-    content: str
+class ChatMessage(_Strict):
+    role: Role
+    # A string or a list of content parts ({"type": "text", "text": ...}); checked in `params.chat_prompt`.
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
 
 
 class ChatRequest(_Sampling):
     messages: list[ChatMessage]
-    max_completion_tokens: int | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1, le=INT64_MAX)] | None = None
+    logprobs: bool | None = Field(None, description="Return the sampled tokens' log-probabilities.")
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = Field(
+        None, description="With logprobs: also the top `top_logprobs` alternatives per token (0..20)."
+    )

@@ -11,15 +11,18 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
+from tokenrouter.core.batch import TokenLogprobs
 from tokenrouter.runtime import protocol as P
 
 
 @dataclass(slots=True)
 class Chunk:
-    """Tokens released in order: `ids[k]` was written by model `models[k]`."""
+    """Tokens released in order: `ids[k]` was written by model `models[k]`; `logprobs[k]` is its entry when the
+    request asked for logprobs (None where the subserver sent none)."""
 
     ids: list[int]
     models: list[int]
+    logprobs: list[TokenLogprobs | None] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -42,17 +45,18 @@ class RequestStream:
     """
 
     rid: str
-    pending: dict[int, tuple[int, int]] = field(default_factory=dict)  # pos -> (id, model)
+    pending: dict[int, tuple[int, int, TokenLogprobs | None]] = field(default_factory=dict)  # pos -> (id, model, lp)
     next_pos: int = 0
     finished: P.Finished | None = None
     failure: Outcome | None = None
     wake: asyncio.Event = field(default_factory=asyncio.Event)
 
     def on_tokens(self, msg: P.Tokens) -> None:
+        lps = msg.logprobs
         for k, tok in enumerate(P.unpack_ids(msg.ids)):
             pos = msg.pos + k
             if pos >= self.next_pos and pos not in self.pending:
-                self.pending[pos] = (tok, msg.model)
+                self.pending[pos] = (tok, msg.model, lps[k] if lps is not None and k < len(lps) else None)
         self.wake.set()
 
     def on_finished(self, msg: P.Finished) -> None:
@@ -68,14 +72,14 @@ class RequestStream:
 
     def _take(self) -> Chunk | None:
         limit = self.finished.num_output if self.finished is not None else None
-        ids: list[int] = []
-        models: list[int] = []
+        chunk = Chunk([], [])
         while self.next_pos in self.pending and (limit is None or self.next_pos < limit):
-            tok, model = self.pending.pop(self.next_pos)
-            ids.append(tok)
-            models.append(model)
+            tok, model, lp = self.pending.pop(self.next_pos)
+            chunk.ids.append(tok)
+            chunk.models.append(model)
+            chunk.logprobs.append(lp)
             self.next_pos += 1
-        return Chunk(ids, models) if ids else None
+        return chunk if chunk.ids else None
 
     def _outcome(self) -> Outcome | None:
         if self.failure is not None:
