@@ -180,18 +180,7 @@ def deployment_flags(*, axes: bool = False) -> Callable[[Callable[..., Any]], Ca
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            config = kwargs.pop("config")
-            values = {f.name: kwargs.pop(f.name) for f in DEPLOYMENT_FLAGS}
-            for f in DEPLOYMENT_FLAGS:
-                if axes and f.typ is bool and kwargs.pop(f"no_{f.name}"):
-                    if values[f.name] is not None:
-                        raise typer.BadParameter(f"give {f.decls[0].split('/')[0]} or its --no- form, not both")
-                    values[f.name] = "off"
-            if axes:
-                deploy: Any = {"config": config, **{k: split_axis(k, v) for k, v in values.items() if v is not None}}
-            else:
-                deploy = DeploymentFlags.parse(config, values)
-            return fn(*args, deploy=deploy, **kwargs)
+            return fn(*args, deploy=pop_deployment_flags(kwargs, axes=axes), **kwargs)
 
         params = own + added
         wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
@@ -199,6 +188,21 @@ def deployment_flags(*, axes: bool = False) -> Callable[[Callable[..., Any]], Ca
         return wrapper
 
     return deco
+
+
+def pop_deployment_flags(params: dict[str, Any], *, axes: bool = False) -> Any:
+    """Take `--config` and the deployment flags out of a command's parsed parameters: a `DeploymentFlags`
+    (axes: the given axes as lists, and "config")."""
+    config = params.pop("config")
+    values = {f.name: params.pop(f.name) for f in DEPLOYMENT_FLAGS}
+    for f in DEPLOYMENT_FLAGS:
+        if axes and f.typ is bool and params.pop(f"no_{f.name}"):
+            if values[f.name] is not None:
+                raise typer.BadParameter(f"give {f.decls[0].split('/')[0]} or its --no- form, not both")
+            values[f.name] = "off"
+    if axes:
+        return {"config": config, **{k: split_axis(k, v) for k, v in values.items() if v is not None}}
+    return DeploymentFlags.parse(config, values)
 
 
 def point_flags(config: Path | None, point: dict[str, str]) -> DeploymentFlags:

@@ -1,0 +1,137 @@
+"""`trsim validate LIVE.csv`: simulate every cell of a live-results file and print the simulator's error.
+
+A live-results file has one row per measured cell (`studies/fidelity/run_fidelity.py` writes one from
+`tr serve` + `tr bench`): `args`, the `trsim run` flags of the cell exactly as `tr bench --sim` took them
+(relative `--config` / `--profile` paths are relative to the CSV's folder), and the live metrics under the
+names `tr bench --json` uses (`output_throughput_tok_s`, `tpot_ms_p50`, ...). Error = sim / live - 1.
+Exit code 1 when the median or the largest |error| is above the thresholds given.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from tokenrouter.cli.common import CliError
+from tokenrouter.cli.options import pop_deployment_flags
+
+METRICS = {"throughput": "output_throughput_tok_s", "tpot_p50": "tpot_ms_p50"}
+RUN_KEYS = ("concurrency", "workload", "num_requests", "seed", "arrival_rate", "max_output")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("validate")(validate)
+
+
+def cell_config(args: str, base: Path, profile: str | None = None) -> tuple[Any, bool]:
+    """The SimConfig `trsim run ARGS` would simulate (paths relative to `base`), and its 'auto' flag."""
+    from typer.main import get_command
+
+    from tokenrouter.cli.run_cmd import sim_config
+    from tokenrouter.cli.trsim import app
+
+    argv = shlex.split(args)
+    for flag in ("--config", "--profile", "--trace", "--workload"):
+        if flag in argv[:-1]:
+            i = argv.index(flag) + 1
+            p = base / argv[i]
+            if not Path(argv[i]).is_absolute() and p.exists():
+                argv[i] = str(p)
+    if profile is not None:
+        argv += ["--profile", profile]
+    run = get_command(app).commands["run"]  # type: ignore[attr-defined]
+    ctx = run.make_context("run", argv)
+    params = dict(ctx.params)
+    deploy = pop_deployment_flags(params)
+    return sim_config(deploy, **{k: params[k] for k in RUN_KEYS})
+
+
+def _err(sim: float, live: float) -> float:
+    if not live or math.isnan(live) or math.isnan(sim):
+        return float("nan")
+    return sim / live - 1.0
+
+
+def _summary(errs: list[float]) -> tuple[float, float]:
+    a = sorted(abs(e) for e in errs if not math.isnan(e))
+    if not a:
+        return float("nan"), float("nan")
+    mid = len(a) // 2
+    med = a[mid] if len(a) % 2 else (a[mid - 1] + a[mid]) / 2
+    return med, a[-1]
+
+
+def validate(
+    live: Annotated[Path, typer.Argument(help="Live-results CSV (one row per cell: args + live metrics).")],
+    profile: Annotated[
+        str | None, typer.Option(help="Simulate with this profile instead of the one each cell names.")
+    ] = None,
+    max_median_error: Annotated[float, typer.Option(help="Fail (exit 1) above this median |throughput error|.")] = 0.03,
+    max_error: Annotated[float, typer.Option(help="Fail above this largest |throughput error|.")] = 0.08,
+    max_tpot_median_error: Annotated[
+        float, typer.Option(help="Fail above this median |TPOT p50 error|.")
+    ] = 0.05,
+    json_out: Annotated[
+        str | None, typer.Option("--json", help="Write the per-cell errors as JSON ('-' = stdout).")
+    ] = None,
+) -> None:
+    """Run the simulator on every cell of a live-results file and print its error per cell, median and max."""
+    import pandas as pd
+
+    try:
+        df = pd.read_csv(live)
+    except (OSError, ValueError) as e:
+        raise CliError(f"{live}: cannot read the live results ({e})") from None
+    missing = [c for c in ("args", *METRICS.values()) if c not in df.columns]
+    if missing:
+        raise CliError(f"{live}: missing column(s) {', '.join(missing)} (args + the live metrics of each cell)")
+    base = live.resolve().parent
+    rows: list[dict[str, Any]] = []
+    configs = [cell_config(str(a), base, profile) for a in df["args"]]  # every cell parses before any runs
+    from tokenrouter.cli.run_cmd import simulate
+
+    err_console = Console(stderr=True)
+    cols = (TextColumn("validate"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*cols, console=err_console) as bar:
+        task = bar.add_task("cells", total=len(df))
+        for (_, rec), (cfg, auto) in zip(df.iterrows(), configs, strict=True):
+            s = simulate(cfg, auto).summary
+            row: dict[str, Any] = {"cell": rec.get("cell", rec["args"]), "args": rec["args"]}
+            for name, key in METRICS.items():
+                row[f"live_{name}"] = float(rec[key])
+                row[f"sim_{name}"] = float(s.get(key, float("nan")))
+                row[f"err_{name}"] = _err(row[f"sim_{name}"], row[f"live_{name}"])
+            rows.append(row)
+            bar.advance(task)
+    t = Table(title=f"simulator vs live: {live}", title_justify="left")
+    for col in ("cell", "live tok/s", "sim tok/s", "error", "live TPOT p50", "sim TPOT p50", "error "):
+        t.add_column(col, justify="left" if col == "cell" else "right")
+    for r in rows:
+        t.add_row(str(r["cell"]), f"{r['live_throughput']:,.1f}", f"{r['sim_throughput']:,.1f}",
+                  f"{r['err_throughput']:+.1%}", f"{r['live_tpot_p50']:.2f}", f"{r['sim_tpot_p50']:.2f}",
+                  f"{r['err_tpot_p50']:+.1%}")  # fmt: skip
+    med, worst = _summary([r["err_throughput"] for r in rows])
+    tmed, tworst = _summary([r["err_tpot_p50"] for r in rows])
+    if json_out != "-":
+        Console().print(t)
+    summary = {"cells": len(rows), "throughput_median_abs_error": med, "throughput_max_abs_error": worst,
+               "tpot_p50_median_abs_error": tmed, "tpot_p50_max_abs_error": tworst}  # fmt: skip
+    if json_out:
+        text = json.dumps({"summary": summary, "cells": rows}, indent=1, default=float)
+        print(text) if json_out == "-" else Path(json_out).write_text(text + "\n")
+    ok = med <= max_median_error and worst <= max_error and tmed <= max_tpot_median_error
+    verdict = "within" if ok else "OUTSIDE"
+    limits = f"{max_median_error:.0%} / {max_error:.0%} / {max_tpot_median_error:.0%}"
+    line = (f"throughput |error|: median {med:.1%}, max {worst:.1%}; TPOT p50 |error|: median {tmed:.1%}, max "
+            f"{tworst:.1%} ({verdict} {limits})")  # fmt: skip
+    (Console() if json_out != "-" else err_console).print(line)
+    if not ok:
+        raise SystemExit(1)
