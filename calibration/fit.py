@@ -1,0 +1,95 @@
+"""Fit measured passes into `PassTable`s: a bucket table and a least-squares line, kept by held-out error.
+
+Both fits are non-negative least squares (scipy's `nnls`), so no coefficient of the cost model can go below zero:
+- "buckets": one intercept per knot (the graph bucket a pass ran in, or the measured token count of an eager
+  pass) plus shared slopes in attended context, rows and extend tokens;
+- "linear": c0 + c_row*rows + c_ctx*context + c_tok*tokens + c_ext*extend over all points.
+The held-out points (measured between knots and at other contexts) were not fitted; the table records each
+fit's relative error on them and uses the better one. Without held-out points the fit error on the fitted
+points decides (and the table says `points: 0` in its errors).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+
+import numpy as np
+from scipy.optimize import nnls
+
+from .measured import FitError, PassPoint, PassTable
+from .passes import PassFn
+
+
+def _knot(knots: Sequence[int], tokens: int, round_up: bool) -> int:
+    i = bisect.bisect_left(knots, tokens)
+    if round_up:
+        return knots[min(i, len(knots) - 1)]
+    return knots[i] if i < len(knots) and knots[i] == tokens else -1
+
+
+def _error(fn: PassFn, pts: Sequence[PassPoint]) -> FitError:
+    rel = [abs(fn(p.tokens, p.rows, p.context_tokens, p.extend_tokens) - p.ms) / p.ms for p in pts if p.ms > 0]
+    if not rel:
+        return FitError(median=0.0, max=0.0, points=0)
+    return FitError(median=float(np.median(rel)), max=float(np.max(rel)), points=len(rel))
+
+
+def fit_passes(
+    points: Sequence[PassPoint],
+    held_out: Sequence[PassPoint] = (),
+    *,
+    round_up: bool,
+    knots: Sequence[int] | None = None,
+    ext_slope: bool = False,
+) -> PassTable:
+    """Fit `points` (measured passes of one kind). `round_up`: a captured graph (time of the smallest knot >= T);
+    `knots`: the graph buckets (default: the measured token counts); `ext_slope`: fit a slope in extend tokens
+    too (only when the points vary extend tokens apart from tokens)."""
+    if not points:
+        raise ValueError("no measured points to fit")
+    ks = sorted(set(knots if knots is not None else (p.tokens for p in points)))
+    used = sorted({_knot(ks, p.tokens, True) for p in points})
+    groups = [_knot(used, p.tokens, True) for p in points]
+    # A slope is fitted only where the grid identifies it: some knot has points that differ in that variable
+    # (else the knot intercepts absorb it, e.g. rows = tokens in every decode-graph point).
+    names = ["context_tokens", "rows"] + (["extend_tokens"] if ext_slope else [])
+    slopes = [n for n in names if _varies(points, groups, n)]
+    a = np.asarray([[1.0 if g == u else 0.0 for u in used] + [float(getattr(p, n)) for n in slopes]
+                    for p, g in zip(points, groups, strict=True)])  # fmt: skip
+    b = np.asarray([p.ms for p in points], float)
+    scale = np.maximum(np.abs(a).max(axis=0), 1e-12)  # columns of very different size: scale for nnls
+    coef, _ = nnls(a / scale, b)
+    coef = coef / scale
+    knot_ms = [float(c) for c in coef[: len(used)]]
+    fitted = dict(zip(slopes, (float(c) for c in coef[len(used) :]), strict=True))
+    ctx_ms, row_ms, ext_ms = (fitted.get(n, 0.0) for n in ("context_tokens", "rows", "extend_tokens"))
+
+    lin_a = np.asarray([[1.0, p.rows, p.context_tokens, p.tokens, p.extend_tokens] for p in points], float)
+    lscale = np.maximum(np.abs(lin_a).max(axis=0), 1e-12)
+    lin, _ = nnls(lin_a / lscale, b)
+    lin = lin / lscale
+
+    table = PassTable(
+        points=list(points), held_out=list(held_out), fit="buckets", round_up=round_up, knots=used,
+        knot_ms=knot_ms, ctx_ms=ctx_ms, row_ms=row_ms, ext_ms=ext_ms, linear_c0=float(lin[0]),
+        linear_c_row=float(lin[1]), linear_c_ctx=float(lin[2]), linear_c_tok=float(lin[3]),
+        linear_c_ext=float(lin[4]),
+    )  # fmt: skip
+    check = list(held_out) or list(points)
+    errors = {fit: _error(PassFn.of(table, fit), check) for fit in ("buckets", "linear")}
+    if not held_out:
+        errors = {k: FitError(median=v.median, max=v.max, points=0) for k, v in errors.items()}
+    best = min(errors, key=lambda f: (errors[f].median, errors[f].max))
+    return PassTable(**{**_fields(table), "fit": best, "errors": errors})
+
+
+def _varies(points: Sequence[PassPoint], groups: Sequence[int], name: str) -> bool:
+    seen: dict[int, set[int]] = {}
+    for p, g in zip(points, groups, strict=True):
+        seen.setdefault(g, set()).add(getattr(p, name))
+    return any(len(v) > 1 for v in seen.values())
+
+
+def _fields(t: PassTable) -> dict:
+    return {f: getattr(t, f) for f in t.__struct_fields__}
