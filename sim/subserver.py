@@ -59,7 +59,7 @@ class SimSubserver:
         self.host_s = host_ms / 1000.0
         self.device_ms = device_ms
         self.metrics = metrics
-        self.overlap = sched.overlap and sched.gate is None
+        self.overlap = sched.prepares_ahead
         self.dispatch: Callable[[int, list[Action]], None] = lambda model, actions: None
         self.colocated: list[SimSubserver] = []
         self.rematch: set[str] = set()
