@@ -100,7 +100,7 @@ class Study(Harness):
             hs[-1].result()
             rounds.append(1e3 * (time.perf_counter() - t) / n)
         out["pipelined_ms"] = min(rounds)
-        bucket = eng._graph_bucket(Batch(0, 0, [BatchRow(req, ctx - 1, 1)]))
+        bucket = eng.graph_bucket_for(Batch(0, 0, [BatchRow(req, ctx - 1, 1)]))
         if self.cuda and bucket in (eng.graphs.graphs if eng.graphs else {}):
             out["replay_ms"] = self.replay_ms(eng, bucket)
         eng.kv_pool.release(req.pages)

@@ -163,7 +163,7 @@ def _check_switches_match_hf_and_count_kernels(tops):
                 **switches,
             )  # fmt: skip
             assert eng.pdl is False
-            assert (eng._split_counters is not None) == eng.config.decode_fused_reduce, name
+            assert (eng.split_counters is not None) == eng.config.decode_fused_reduce, name
             if name in ("baseline", "default"):
                 scn = Scenario(eng, seed=13)
                 scn.finish()
@@ -176,8 +176,8 @@ def _check_switches_match_hf_and_count_kernels(tops):
             lc = count_graph_body_launches(eng, Batch(0, 1, [BatchRow(req, 20, 1)]))
             got = (lc.per_layer(), len(lc.sections["step"]))
             assert got == ([per_layer] * 2, step), f"{name}: {got} {lc.sections}"
-            if eng._split_counters is not None:
-                assert eng._split_counters.eq(0).all()
+            if eng.split_counters is not None:
+                assert eng.split_counters.eq(0).all()
 
 
 def _check_step_kernels(tops):

@@ -48,7 +48,7 @@ def plan_decode(batch: Batch, ctx: PlanContext, staging: Callable[[int, int], np
     if bucket is None:
         return None
     table = ctx.table
-    slot_of, owner, written, first, last = table._slot_of, table.owner, table.written, table.first, table.last
+    slot_of, owner, written, first, last = table.slot_index, table.owner, table.written, table.first, table.last
     ps, max_ctx, width = ctx.page_size, ctx.max_context_len, table.width
     want, ledger = batch.step_id - 1, ctx.slot_token_step
     tplan = TablePlan([])

@@ -16,22 +16,24 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from tokenrouter.engine.handles import _Extra
+from tokenrouter.engine.handles import HostExtras
 from tokenrouter.engine.inputs import FLOAT_FIELDS, Layout
 from tokenrouter.engine.metadata import AttentionMetadata
 from tokenrouter.engine.sampler import sample_rows
 
 if TYPE_CHECKING:
     from tokenrouter.engine.graphs import GraphOutputs
-    from tokenrouter.engine.runner import Engine
     from tokenrouter.engine.step_plan import StepPlan
+    from tokenrouter.engine.step_state import StepState
     from tokenrouter.engine.varlen_shapes import VarlenShape
 
 
 class StepForward:
-    def __init__(self, engine: Engine) -> None:
+    """The passes of one engine; reads the engine's current state (`StepState`) at every pass."""
+
+    def __init__(self, engine: StepState) -> None:
         self.e = engine
-        self.ops = importlib.import_module("tokenrouter.engine.triton_step") if engine._use_triton_ops else None
+        self.ops = importlib.import_module("tokenrouter.engine.triton_step") if engine.use_triton_ops else None
 
     @staticmethod
     def views(packed: torch.Tensor, layout: Layout) -> dict[str, torch.Tensor]:
@@ -79,14 +81,14 @@ class StepForward:
         fuse = c.fuse_step_ops
         slots = v["slot_mapping"]
         meta = AttentionMetadata(
-            slot_mapping=slots if fuse and e._use_triton_ops else slots.long(),
+            slot_mapping=slots if fuse and e.use_triton_ops else slots.long(),
             block_tables=e.table.table,
             seq_lens=v["seq_lens"],
             cu_seqlens_q=v["cu_seqlens_q"] if layout.varlen else None,
             max_q_len=max_q_len,
             num_splits=c.decode_num_splits,
             backend=c.attention_backend,
-            split_counters=e._split_counters,
+            split_counters=e.split_counters,
             pdl=e.pdl,
             row_slots=v["row_slots"],
             long_rows=groups[0] if groups else None,
@@ -104,7 +106,7 @@ class StepForward:
                 return out_hidden, out_logits
             return h, lg
         x, residual = model.forward_stream(v["input_ids"], v["positions"], meta, e.kv_cache.layers,
-                                           fuse_embedding=e._use_triton_ops)  # fmt: skip
+                                           fuse_embedding=e.use_triton_ops)  # fmt: skip
         if not logits:
             return None
         return model.compute_logits(x, residual, v["logits_indices"], out_hidden=out_hidden, out_logits=out_logits)
@@ -147,7 +149,7 @@ class StepForward:
             t = t.pin_memory().to(self.e.device, non_blocking=True)
         self.e.table.table.view(-1).index_copy_(0, t[0], t[1].to(torch.int32))
 
-    def gather_sampled(self, plan: StepPlan, g_out, e_out, want_logits: bool, want_hidden: bool) -> _Extra:
+    def gather_sampled(self, plan: StepPlan, g_out, e_out, want_logits: bool, want_hidden: bool) -> HostExtras:
         """Logits (float32) and hidden states of the sampled rows, batch order, copied to the host."""
         e = self.e
         cuda = e.device.type == "cuda"
@@ -158,7 +160,7 @@ class StepForward:
         index = torch.from_numpy(idx)
         if cuda:
             index = index.pin_memory().to(e.device, non_blocking=True)
-        out = _Extra()
+        out = HostExtras()
         for k, want in ((0, want_hidden), (1, want_logits)):
             if not want:
                 continue

@@ -50,7 +50,7 @@ class Staging:
 
 
 @dataclass(slots=True)
-class _Extra:
+class HostExtras:
     """Device-to-host copies beyond the token/destination slot (logits, hidden), when the router asked."""
 
     logits: torch.Tensor | None = None
@@ -86,7 +86,7 @@ class StepHandle:
     )  # fmt: skip
 
     def __init__(self, batch: Batch, host: np.ndarray, event: torch.cuda.Event | None, out_index: np.ndarray,
-                 out_width: int, sampled: list[int], skipped: list[int], extra: _Extra) -> None:  # fmt: skip
+                 out_width: int, sampled: list[int], skipped: list[int], extra: HostExtras) -> None:  # fmt: skip
         self.batch = batch
         self._host = host  # pinned int32 [2 * out_width]: tokens then destinations
         self._event = event
