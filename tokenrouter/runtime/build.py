@@ -43,13 +43,13 @@ def build_part(spec: SubserverSpec, gate: SyncGate | None) -> tuple[Deployment, 
     model_index = spec.model
     sched = dep.schedulers[model_index]
     kw = dict(dep.engine_args[model_index])
-    mc = cfg.models[model_index]
+    model_cfg = cfg.models[model_index]
     if spec.device == "cpu":
         kw.update(device="cpu", cuda_graphs=False)
     else:
         kw["device"] = "cuda:0"  # CUDA_VISIBLE_DEVICES names this model's GPUs
-    if mc.mps_active_thread_percentage is not None:
-        kw["mps_active_thread_percentage"] = mc.mps_active_thread_percentage
+    if model_cfg.mps_active_thread_percentage is not None:
+        kw["mps_active_thread_percentage"] = model_cfg.mps_active_thread_percentage
     kw.update(spec.engine_overrides)
     engine = Engine(EngineConfig(**kw), kv_pool=sched.kv)
     rc = cfg.router
@@ -57,6 +57,7 @@ def build_part(spec: SubserverSpec, gate: SyncGate | None) -> tuple[Deployment, 
         from tokenrouter.routers.learned import Calibratable, calibrate_on_runner, make_learned_router
 
         small = cfg.is_small(model_index)
+        module = engine.model  # the torch module of this model: the small one's embedding feeds R2R's classifier
         router = make_learned_router(
             rc.name,
             rc.weights,
@@ -66,7 +67,7 @@ def build_part(spec: SubserverSpec, gate: SyncGate | None) -> tuple[Deployment, 
             engine.device,
             model=model_index,
             num_models=dep.num_models,
-            embedding=engine.model.embed_tokens if small else None,
+            embedding=module.embed_tokens if small else None,
             return_prob=rc.return_prob if rc.name == "r-stitch" else None,
             seed=spec.seed,
         )
