@@ -32,6 +32,7 @@ from tokenrouter.engine.base import ModelRunner
 from tokenrouter.engine.colocation import check_mps, make_stream
 from tokenrouter.engine.config import EngineConfig, arch_config
 from tokenrouter.engine.errors import BatchError, EngineError, ModelLoadError, StepFailed
+from tokenrouter.engine.faults import FaultInjection
 from tokenrouter.engine.forward import StepForward
 from tokenrouter.engine.graphs import GraphRunner
 from tokenrouter.engine.handles import HostExtras, OutputRing, Staging, StepHandle
@@ -70,6 +71,7 @@ class Engine(ModelRunner):
         self.mps_warning = check_mps(config.mps_active_thread_percentage)
         self.stream, self.green_context = make_stream(self.device, config.stream_priority, config.green_context_sms)
         self.mem = DeviceMemory(self.device)
+        self.faults = FaultInjection(set(config.fail_step_ids), fail_captures=config.fail_captures)
         self._rng = random.Random(config.seed)
         self.router = router
         self.use_graphs = True  # runtime switch (ablations): False runs every row in the eager pass
@@ -279,6 +281,7 @@ class Engine(ModelRunner):
         if c.graph_buckets:
             self.graphs = GraphRunner(self.fwd.graph_body, c.graph_buckets, pool=pool, **kw)
         try:
+            self.faults.before_capture()
             self.synchronize()
             if capture:
                 before = self.mem.reserved()
@@ -418,6 +421,7 @@ class Engine(ModelRunner):
                 part = staged[off : off + n]
                 e_dev = part.to(self.device, non_blocking=True) if cuda else part.clone()
         self._staging.record(self.stream)
+        self.faults.before_passes(batch.step_id)
         if plan.graph is not None:
             self.graphs.run(plan.graph.bucket)
             g_out = (self.graphs.out.hidden, self.graphs.out.logits)
