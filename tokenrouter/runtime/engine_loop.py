@@ -177,8 +177,14 @@ class EngineLoop(ABC):
         return True
 
     def fail_batch(self, batch: Batch, why: str) -> None:
-        """A launch failed: its requests end with "error" (and are dropped on every peer); the loop goes on."""
+        """A launch failed: its requests end with "error" (and are dropped on every peer); the loop goes on.
+
+        Under overlap the step before it may still be in flight, and the core completes steps in launch order
+        only: that step is completed first (its results are good: tokens of requests that are also in the
+        failed batch are delivered before those requests end), then the failed batch is taken off."""
         print(f"subserver {self.model}: {why}", file=sys.stderr)
+        while self.inflight:
+            self.complete_oldest()
         rids = frozenset(row.req.rid for row in batch.rows)
         acts: list[Action] = []
         for rid in rids:
