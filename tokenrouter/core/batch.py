@@ -79,6 +79,12 @@ class Batch:
         return sum(r.context_len for r in self.rows)
 
 
+@dataclass(frozen=True, slots=True)
+class TokenLogprobs:
+    logprob: float
+    top: tuple[tuple[int, float], ...]
+
+
 @dataclass(slots=True)
 class StepResult:
     """Per-row outputs of one step, in batch row order.
@@ -96,3 +102,4 @@ class StepResult:
     # Batch row of each `logits`/`hidden` row; None: one per batch row, in order. Engines return the sampled
     # rows only (a prefill chunk that samples nothing has no logits row).
     logit_rows: Sequence[int] | None = None
+    logprobs: list[TokenLogprobs | None] | None = None
