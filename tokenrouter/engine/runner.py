@@ -41,6 +41,7 @@ from tokenrouter.engine.loader import init_dummy_weights, load_safetensors, reso
 from tokenrouter.engine.memory import DeviceMemory, MemoryProfile, MemoryReport, kv_bytes_for_budget
 from tokenrouter.engine.model import CausalLM
 from tokenrouter.engine.page_table import PageTable
+from tokenrouter.engine.sampler import LOGPROB_WORDS
 from tokenrouter.engine.step_plan import PlanContext, StepPlan, plan_step
 from tokenrouter.engine.varlen_shapes import VarlenShapes, max_pad_tokens
 
@@ -112,7 +113,7 @@ class Engine(ModelRunner):
         self._setup_buffers()
         cuda = self.device.type == "cuda"
         self._staging = Staging(cuda)
-        self._ring = OutputRing(self.out_width, cuda)
+        self._ring = OutputRing(self.out_ids.numel(), cuda)
         with torch.no_grad(), self.on_stream():
             self._build_graphs()
         self.warmup_s = 0.0
@@ -152,7 +153,9 @@ class Engine(ModelRunner):
             self.kv_cache = KVCache(self.spec, self._pool, device=self.device, dtype=self.dtype)
             self.table = PageTable(slots, self.max_pages_per_row, self._pool.num_pages, self.device)
             self.slot_tokens = torch.zeros(slots, dtype=torch.int32, device=self.device)
-            self.out_ids = torch.zeros(2 * self.out_width, dtype=torch.int32, device=self.device)
+            # tokens, destinations, then LOGPROB_WORDS per logit row for the rows that ask for log-probabilities
+            words = (2 + LOGPROB_WORDS) * self.out_width
+            self.out_ids = torch.zeros(words, dtype=torch.int32, device=self.device)
             rows = max(c.max_batch_size, top, c.max_num_batched_tokens, 1)
             self.split_counters = (split_counters(rows, self.spec.num_kv_heads, self.device)
                                     if c.decode_fused_reduce and triton_attn else None)  # fmt: skip
@@ -421,6 +424,7 @@ class Engine(ModelRunner):
                 part = staged[off : off + n]
                 e_dev = part.to(self.device, non_blocking=True) if cuda else part.clone()
         self._staging.record(self.stream)
+        self.fwd.logprobs_step = bool(plan.logprobs)
         self.faults.before_passes(batch.step_id)
         if plan.graph is not None:
             self.graphs.run(plan.graph.bucket)
@@ -431,7 +435,9 @@ class Engine(ModelRunner):
         elif ev is not None:
             e_out = self.fwd.eager_pass(e_dev, ev.layout, ev.max_q_len)
         ring_i, host = self._ring.take()
-        host.copy_(self.out_ids, non_blocking=cuda)
+        # One D2H copy: the log-probability region only when a row of the step asked (most steps: 2 words a row).
+        n = self.out_ids.numel() if plan.logprobs else 2 * self.out_width
+        host[:n].copy_(self.out_ids[:n], non_blocking=cuda)
         extra = HostExtras()
         if (want_logits or want_hidden) and plan.sampled:
             extra = self.fwd.gather_sampled(plan, g_out, e_out, want_logits, want_hidden)
@@ -441,7 +447,7 @@ class Engine(ModelRunner):
             event.record(self.stream)
             end = event if self.timing else None
         handle = StepHandle(batch, host.numpy(), event, plan.out_index, self.out_width, plan.sampled, plan.skipped,
-                            extra)  # fmt: skip
+                            extra, plan.logprobs)  # fmt: skip
         handle.destinations_on = self.router is not None
         handle.gpu_start, handle.gpu_end = start, end
         handle.num_tokens = plan.num_tokens

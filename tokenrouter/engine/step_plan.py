@@ -29,7 +29,15 @@ from tokenrouter.core.request import Request
 from tokenrouter.engine.decode_plan import offsets, plan_decode
 from tokenrouter.engine.errors import BatchError
 from tokenrouter.engine.inputs import Layout, graph_layout
-from tokenrouter.engine.plan_types import PartPlan, PlanContext, StepPlan, write_sampling
+from tokenrouter.engine.plan_types import (
+    PartPlan,
+    PlanContext,
+    StepPlan,
+    logprobs_asked,
+    write_logprobs,
+    write_sampling,
+)
+from tokenrouter.engine.sampler import MAX_LOGPROBS
 
 __all__ = ["PartPlan", "PlanContext", "StepPlan", "plan_step"]
 
@@ -135,8 +143,10 @@ def plan_step(batch: Batch, ctx: PlanContext, staging: Callable[[int, int], np.n
                 out_index[live[k]] = j
                 j += 1
     sampled = [k for k in everything if rows[live[k]].sample]
+    vocab = ctx.vocab_size
+    asked = [(live[k], min(n, vocab)) for k in sampled if (n := logprobs_asked(reqs[k])) is not None]
     return StepPlan(graph, eager, table_plan, np.asarray(out_index, np.int64), [live[k] for k in sampled],
-                    checked.skipped, reqs, total, [slots[k] for k in sampled])  # fmt: skip
+                    checked.skipped, reqs, total, [slots[k] for k in sampled], asked)  # fmt: skip
 
 
 def _cap_updates(upd: tuple[list[int], list[int]], cap: int):
@@ -216,6 +226,9 @@ def _check_rows(rows: list[BatchRow], ctx: PlanContext) -> _Checked:
         j = seen.setdefault(id(req), i)
         if j != i:
             raise BatchError(f"rows {j} and {i}: request {req.rid} appears twice in one batch")
+        if row.sample and logprobs_asked(req) == -1:
+            raise BatchError(f"row {i} (request {req.rid}): logprobs {req.sampling.logprobs} outside "
+                             f"0..{MAX_LOGPROBS}")  # fmt: skip
         if row.from_prev:
             if n != 1:
                 raise BatchError(f"row {i} (request {req.rid}): a from_prev row feeds exactly 1 token, not {n}")
@@ -260,6 +273,7 @@ def _write_part(known: _PlanRows, p: _Part) -> int:
     oslot: list[int] = []
     spos: list[int] = []
     samp: list[tuple[int, object]] = []  # (logit row, SamplingParams) of rows with temperature > 0
+    lpk: list[tuple[int, int]] = []  # (logit row, k) of rows that ask for log-probabilities
     prev_at: list[int] = []
     prev_src: list[int] = []
     t = flushed = qmax = 0
@@ -340,6 +354,8 @@ def _write_part(known: _PlanRows, p: _Part) -> int:
                 p = req.sampling
                 if p.temperature > 0:
                     samp.append((len(li), p))
+                if p.logprobs is not None:
+                    lpk.append((len(li), min(p.logprobs, ctx.vocab_size)))
             else:
                 oslot.append(0)
             li.append(t - 1)
@@ -366,6 +382,8 @@ def _write_part(known: _PlanRows, p: _Part) -> int:
     top_p[:nl] = 1.0
     if samp:
         write_sampling(samp, ctx, top_p, view("inv_temp").view(np.float32), view("top_k"), view("seed"))
+    if lpk:
+        write_logprobs(lpk, view("logprobs_k1"))
     n_upd = len(upd[0])
     if n_upd:
         view("upd_idx")[:n_upd] = upd[0]
