@@ -89,7 +89,7 @@ class SimSubserver:
         self.gate_s = gate_ms / 1000.0
         self.overlap_frac = overlap_frac
         self.margin_ms = prepare_margin_ms
-        self.overlap = sched.overlap and sched.gate is None
+        self.overlap = sched.prepares_ahead
         self.dispatch: Callable[[int, list[Action]], None] = lambda model, actions: None
         self.rematch: set[str] = set()
         self.inflight: deque[_InFlight] = deque()  # launch order; only the head executes on the GPU

@@ -1,4 +1,4 @@
-"""Shared by the packaging and core-purity tests: which top-level modules a source file imports (absolute
+"""Shared by the packaging, core-purity and import-cycle tests: which modules a source file imports (absolute
 imports only; relative ones stay inside the package)."""
 
 from __future__ import annotations
@@ -15,3 +15,96 @@ def imported_roots(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             roots.add(node.module.split(".")[0])
     return roots
+
+
+def imported_modules(path: Path, known: set[str]) -> set[str]:
+    """Dotted names of the modules in `known` that `path` imports, anywhere in the file: at module level, inside
+    functions, under `if TYPE_CHECKING:` (a cycle there is still a cycle of the design) and as a literal
+    `importlib.import_module("...")`. `from pkg import name` counts `pkg.name` when that is a known module,
+    else `pkg`."""
+    out: set[str] = set()
+
+    def add(name: str) -> None:
+        if name in known:
+            out.add(name)
+
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                add(a.name)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            subs = [f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in known]
+            out.update(subs)
+            if len(subs) < len(node.names):
+                add(node.module)
+        elif isinstance(node, ast.Call) and _called_name(node) == "import_module" and node.args:
+            arg = node.args[0]
+            if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                add(arg.value)
+    return out
+
+
+def _called_name(call: ast.Call) -> str | None:
+    f = call.func
+    return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+
+
+def package_modules(pkg_dir: Path, pkg_name: str) -> dict[str, Path]:
+    """Dotted module name -> source file, for every .py under `pkg_dir` (`__init__.py` names the package)."""
+    mods: dict[str, Path] = {}
+    for f in sorted(pkg_dir.rglob("*.py")):
+        parts = list(f.relative_to(pkg_dir).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        mods[".".join([pkg_name, *parts])] = f
+    return mods
+
+
+def import_cycles(pkg_dir: Path, pkg_name: str) -> list[list[str]]:
+    """Every strongly connected group of more than one module (or a module importing itself) in the package's
+    import graph, each sorted, in sorted order; [] when the graph is acyclic."""
+    mods = package_modules(pkg_dir, pkg_name)
+    known = set(mods)
+    graph = {m: imported_modules(f, known) for m, f in mods.items()}
+    # Tarjan's strongly connected components (iterative: no recursion limit on deep packages).
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+    counter = 0
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, it = work[-1]
+            nxt = next(it, None)
+            if nxt is not None:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = counter
+                    counter += 1
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(graph[nxt]))))
+                elif nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                group = []
+                while True:
+                    m = stack.pop()
+                    on_stack.discard(m)
+                    group.append(m)
+                    if m == node:
+                        break
+                if len(group) > 1 or node in graph[node]:
+                    cycles.append(sorted(group))
+    return sorted(cycles)

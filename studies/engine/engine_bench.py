@@ -341,7 +341,7 @@ class Bench(Harness):
             for graphs in modes:
                 eng.use_graphs = graphs
                 key = "graph" if graphs else "eager"
-                if graphs and eng._graph_bucket(bat) is None:
+                if graphs and eng.graph_bucket_for(bat) is None:
                     continue
                 ms = self.time_step(eng, bat, kind)
                 res[f"{key}_ms"] = ms
@@ -385,7 +385,7 @@ class Bench(Harness):
 
     def time_replay(self, eng: Engine, bat: Batch) -> float | None:
         """Device time of the captured graph alone (no host preparation), for the same inputs."""
-        bucket = eng._graph_bucket(bat)
+        bucket = eng.graph_bucket_for(bat)
         if not self.cuda or bucket is None or bucket not in eng.graphs.graphs:
             return None
         eng.step(bat)  # leaves this batch's inputs in the static buffers

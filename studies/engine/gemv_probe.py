@@ -294,7 +294,7 @@ class GemvProbe(eb.Harness):
                 rounds.append((time.perf_counter() - t) / steps * 1e3)
             out[f"step_ms_b{b}"] = min(rounds)
             out[f"step_spread_b{b}"] = (max(rounds) - min(rounds)) / min(rounds)
-            bucket = eng._graph_bucket(bat)
+            bucket = eng.graph_bucket_for(bat)
             if self.cuda and eng.graphs_enabled and bucket in eng.graphs.graphs:
                 eng.step(bat)
                 g = eng.graphs.graphs[bucket]

@@ -375,8 +375,8 @@ class Probe(eb.Harness):
                          zip(run["logits"], ref_run["logits"], strict=True)]  # fmt: skip
                 rec.update(corr_max_rel=max(errs), corr_median_rel=statistics.median(errs),
                            corr_agree=sum(agree) / len(agree), corr_rows=len(agree))  # fmt: skip
-                if eng._split_counters is not None:
-                    rec["counters_zero"] = bool(eng._split_counters.eq(0).all())
+                if eng.split_counters is not None:
+                    rec["counters_zero"] = bool(eng.split_counters.eq(0).all())
                 self.out["variants"].append(rec)
                 shown = (f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in rec.items()
                          if k not in ("model", "variant", "launches_layer_list"))  # fmt: skip
@@ -437,7 +437,7 @@ class Probe(eb.Harness):
                 rounds.append((time.perf_counter() - t) / steps * 1e3)
             out[f"step_ms_b{b}"] = min(rounds)
             out[f"step_spread_b{b}"] = abs(rounds[0] - rounds[1]) / min(rounds)
-            bucket = eng._graph_bucket(bat)
+            bucket = eng.graph_bucket_for(bat)
             if self.cuda and eng.graphs_enabled and bucket in eng.graphs.graphs:
                 eng.step(bat)
                 g = eng.graphs.graphs[bucket]
@@ -474,7 +474,7 @@ class Probe(eb.Harness):
         reqs = eb.make_requests(eng, 1, 1024)
         bat = Batch(0, 0, [BatchRow(reqs[0], 1023, 1)])
         try:
-            bucket = eng._graph_bucket(bat)
+            bucket = eng.graph_bucket_for(bat)
             eng.step(bat)
             self.sync()
             g, s, n = eng.graphs.graphs[bucket], eng.stream, 20

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
-"""The engine driven as a subserver: the core Scheduler -> Engine loop (`tokenrouter.engine.loop`), overlap on
-and off, on a mixed workload (prefill chunks, decodes, 2-4 token peer returns, some sampled rows), plus the
-issue's targets measured directly.
+"""The engine driven as a subserver: the runtime's Scheduler -> Engine loop (`tokenrouter.runtime.engine_loop`, in
+process: `runtime.local_loop.LocalLoop`; late prepare included on CUDA), overlap on and off, on a mixed workload
+(prefill chunks, decodes, 2-4 token peer returns, some sampled rows), plus the issue's targets measured directly.
 
     python studies/engine/serving_loop.py --out OUT_DIR            # one H200: about 4-6 minutes
     python studies/engine/serving_loop.py --out OUT_DIR --smoke    # tiny model on CPU, seconds (a test)
@@ -42,10 +42,10 @@ from tokenrouter.core.router import Router
 from tokenrouter.core.scheduler import Scheduler
 from tokenrouter.engine import warmup as warm
 from tokenrouter.engine.config import EngineConfig
-from tokenrouter.engine.loop import EchoPeer, EngineLoop, PositionHopRouter
 from tokenrouter.engine.page_table import PageTable
 from tokenrouter.engine.runner import Engine
 from tokenrouter.engine.step_plan import PlanContext, plan_step
+from tokenrouter.runtime.local_loop import EchoPeer, LocalLoop, PositionHopRouter
 
 # gemv_probe, 2026-11-30 (the issue's "today"): steps launched back to back, compared with `pipelined_ms`
 TODAY_B1_MS = {"qwen3-0.6b": 0.93, "qwen3-8b": 4.57}
@@ -100,7 +100,7 @@ class Study(Harness):
             hs[-1].result()
             rounds.append(1e3 * (time.perf_counter() - t) / n)
         out["pipelined_ms"] = min(rounds)
-        bucket = eng._graph_bucket(Batch(0, 0, [BatchRow(req, ctx - 1, 1)]))
+        bucket = eng.graph_bucket_for(Batch(0, 0, [BatchRow(req, ctx - 1, 1)]))
         if self.cuda and bucket in (eng.graphs.graphs if eng.graphs else {}):
             out["replay_ms"] = self.replay_ms(eng, bucket)
         eng.kv_pool.release(req.pages)
@@ -159,11 +159,11 @@ class Study(Harness):
         for r in reqs:
             sched.add(r)
         eng.timing = self.cuda
-        loop = EngineLoop(eng, sched, overlap=overlap, keep_handles=True,
-                          peer=EchoPeer(eng.spec.vocab_size, delay=2) if hops else None)  # fmt: skip
-        st = loop.run(max_steps=self.args.max_steps)
+        loop = LocalLoop(eng, sched, keep_handles=True, peer=EchoPeer(eng.spec.vocab_size, delay=2) if hops else None)
+        loop.run(max_steps=self.args.max_steps)
+        st = loop.times
         eng.timing = False
-        hs = st.handles
+        hs = loop.handles
         gaps, busy = [], []
         if self.cuda:
             for a, b in itertools.pairwise(hs):
@@ -184,15 +184,16 @@ class Study(Harness):
                                "varlen_bucket": h.varlen_bucket,
                                "prepare_ms": 1e3 * h.prepare_s, "launch_ms": 1e3 * h.launch_s})  # fmt: skip
         toks = sum(len(r.token_ids) - r.prompt_len for r in reqs)
-        n = max(st.steps, 1)
-        rec = {"run": label, "steps": st.steps, "wall_s": st.wall_s, "out_tok_per_s": toks / max(st.wall_s, 1e-9),
+        n = max(loop.launched, 1)
+        rec = {"run": label, "steps": loop.launched, "wall_s": st.wall_s, "out_tok_per_s": toks / max(st.wall_s, 1e-9),
                "host_step_ms": 1e3 * st.step_s / n, "complete_ms": 1e3 * st.complete_s / n,
                "wait_ms": 1e3 * st.wait_s / n, "steps_with_decode": with_decode,
                "graph_fraction": graph_ok / max(with_decode, 1), "steps_with_varlen": with_varlen,
                "varlen_graph_fraction": varlen_ok / with_varlen if with_varlen else None,
                "gpu_idle_gap_ms": statistics.median(gaps) if gaps else None,
-               "gpu_busy_ms": statistics.median(busy) if busy else None, "finished": len(st.finished)}  # fmt: skip
-        self.log(f"  {label}: {st.steps} steps {rec['out_tok_per_s']:.0f} tok/s graph_frac {rec['graph_fraction']:.3f}"
+               "gpu_busy_ms": statistics.median(busy) if busy else None, "finished": len(loop.finished)}  # fmt: skip
+        self.log(f"  {label}: {loop.launched} steps {rec['out_tok_per_s']:.0f} tok/s"
+                 f" graph_frac {rec['graph_fraction']:.3f}"
                  f" idle gap {rec['gpu_idle_gap_ms']} ms host step {rec['host_step_ms']:.3f} ms")  # fmt: skip
         return rec
 
@@ -207,31 +208,32 @@ class Study(Harness):
         for r in reqs:
             sched.add(r)
         warm_steps = -(-8 * ctx // self.args.batch_tokens) + 3
-        EngineLoop(eng, sched, overlap=True).run(max_steps=warm_steps)
+        LocalLoop(eng, sched).run(max_steps=warm_steps)
         assert all(r.num_computed >= r.prompt_len for r in reqs), "steady_b8: prompts not prefilled"
         eng.timing = self.cuda
-        loop = EngineLoop(eng, sched, overlap=True, keep_handles=True)
-        st = loop.run(max_steps=3 if self.smoke else 60)
+        loop = LocalLoop(eng, sched, keep_handles=True)
+        loop.run(max_steps=3 if self.smoke else 60)
+        st = loop.times
         eng.timing = False
-        rows = {len(h.batch.rows) for h in st.handles}
-        eager = sum(h.eager_tokens for h in st.handles)
-        n = max(st.steps, 1)
-        rec: dict[str, Any] = {"run": f"{name}/steady_b8/overlap", "steps": st.steps, "rows": sorted(rows),
+        rows = {len(h.batch.rows) for h in loop.handles}
+        eager = sum(h.eager_tokens for h in loop.handles)
+        n = max(loop.launched, 1)
+        rec: dict[str, Any] = {"run": f"{name}/steady_b8/overlap", "steps": loop.launched, "rows": sorted(rows),
                                "eager_tokens": eager, "wall_step_ms": 1e3 * st.wall_s / n,
                                "host_step_ms": 1e3 * st.step_s / n, "schedule_ms": 1e3 * st.schedule_s / n,
                                "complete_ms": 1e3 * st.complete_s / n, "wait_ms": 1e3 * st.wait_s / n,
-                               "out_tok_per_s": 8 * st.steps / max(st.wall_s, 1e-9)}  # fmt: skip
+                               "out_tok_per_s": 8 * loop.launched / max(st.wall_s, 1e-9)}  # fmt: skip
         if self.cuda:
-            gaps = [a.gpu_end.elapsed_time(b.gpu_start) for a, b in itertools.pairwise(st.handles)
+            gaps = [a.gpu_end.elapsed_time(b.gpu_start) for a, b in itertools.pairwise(loop.handles)
                     if a.gpu_end is not None and b.gpu_start is not None]  # fmt: skip
             rec["gpu_idle_gap_ms"] = statistics.median(gaps) if gaps else None
-            if st.handles and st.handles[-1].graph_bucket == eng.graph_rule.bucket_for(8):
-                rep = self.replay_ms(eng, st.handles[-1].graph_bucket)
+            if loop.handles and loop.handles[-1].graph_bucket == eng.graph_rule.bucket_for(8):
+                rep = self.replay_ms(eng, loop.handles[-1].graph_bucket)
                 rec.update(replay_ms=rep, host_overhead_frac=max(0.0, rec["wall_step_ms"] - rep) / rep)
         for r in reqs:
             for act in sched.abort(r.rid):
                 del act
-        self.log(f"  {rec['run']}: {st.steps} steps rows {sorted(rows)} wall/step {rec['wall_step_ms']:.3f} ms "
+        self.log(f"  {rec['run']}: {loop.launched} steps rows {sorted(rows)} wall/step {rec['wall_step_ms']:.3f} ms "
                  f"(host step {rec['host_step_ms']:.3f}, schedule {rec['schedule_ms']:.3f}, complete "
                  f"{rec['complete_ms']:.3f}, wait {rec['wait_ms']:.3f}) replay {rec.get('replay_ms')} "
                  f"overhead {rec.get('host_overhead_frac')} idle gap {rec.get('gpu_idle_gap_ms')}")  # fmt: skip

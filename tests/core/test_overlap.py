@@ -75,3 +75,19 @@ def test_sync_policies_never_prepare_ahead():
     c.submit("a", [1], max_tokens=4)
     small = c.scheds[0]
     assert small.schedule(0.0) is not None and small.schedule(0.0) is None
+
+
+def test_a_sync_gate_turns_overlap_off():
+    from tokenrouter.core.policy import Policy
+
+    gated = Cluster(policy=Policy("step-sync"), overlap=True)
+    free = Cluster(overlap=True)
+    for c in (gated, free):
+        c.submit("a", [1, 2, 3], max_tokens=4)
+        c.submit("b", [4, 5], max_tokens=4)
+    g, f = gated.scheds[0], free.scheds[0]
+    assert g.overlap and not g.prepares_ahead and f.prepares_ahead
+    assert g.schedule(0.0) is not None and f.schedule(0.0) is not None
+    assert g.schedule(0.0) is None  # one batch in flight under a gate, even with overlap asked for
+    nxt = f.schedule(0.0)
+    assert nxt is not None and all(r.from_prev for r in nxt.rows)

@@ -19,15 +19,16 @@ from tokenrouter.engine.page_table import PageTable
 from tokenrouter.engine.step_plan import PlanContext, plan_step
 
 PS, VOCAB = 4, 500
-PARAMS = [SamplingParams(), SamplingParams(0.7, 0.9, 20, seed=3), SamplingParams(1.1), SamplingParams(0.5, top_k=900)]
+PARAMS = [SamplingParams(), SamplingParams(0.7, 0.9, 20, seed=3, logprobs=5), SamplingParams(1.1),
+          SamplingParams(0.5, top_k=900), SamplingParams(logprobs=0)]  # fmt: skip
 
 
 def _setup(n_req: int = 10, slots: int = 41, buckets=(1, 2, 4, 8, 16)):
     pool = KVPool(400, PS)
     table = PageTable(slots, 64, pool.num_pages, torch.device("cpu"))
     ctx = PlanContext(PS, 250, VOCAB, GraphRule(buckets=buckets), table, [-1] * slots, max(buckets), random.Random(1))
-    reqs = [Request(f"r{i}", [(7 * i + j) % VOCAB for j in range(3 + 2 * i)], 3 + 2 * i, sampling=PARAMS[i % 4])
-            for i in range(n_req)]  # fmt: skip
+    reqs = [Request(f"r{i}", [(7 * i + j) % VOCAB for j in range(3 + 2 * i)], 3 + 2 * i,
+                    sampling=PARAMS[i % len(PARAMS)]) for i in range(n_req)]  # fmt: skip
     return pool, table, ctx, reqs
 
 
@@ -52,7 +53,7 @@ def _same(a, b):
     assert a.graph.packed.tolist() == b.graph.packed.tolist()
     assert a.graph.rows == b.graph.rows and a.graph.max_q_len == b.graph.max_q_len and b.graph.extra_upd is None
     assert a.out_index.tolist() == b.out_index.tolist() and a.sampled == b.sampled and a.skipped == b.skipped
-    assert a.sampled_slots == b.sampled_slots and a.num_tokens == b.num_tokens
+    assert a.sampled_slots == b.sampled_slots and a.num_tokens == b.num_tokens and a.logprobs == b.logprobs
     assert [id(r) for r in a.live_reqs] == [id(r) for r in b.live_reqs]
     ta, tb = a.table, b.table
     assert (ta.slots, ta.upd_idx, ta.upd_val, ta.written, ta.claims) == (tb.slots, tb.upd_idx, tb.upd_val,
@@ -121,6 +122,12 @@ def test_fast_path_falls_back_and_names_bad_rows():
     with pytest.raises(BatchError, match="row 3 \\(request r3\\): token id"):
         plan_step(Batch(0, 1, dec()), ctx, _buf)
     reqs[3].token_ids[-1] = 5
+    sampling = reqs[2].sampling
+    reqs[2].sampling = SamplingParams(logprobs=21)
+    assert plan_decode(Batch(0, 1, dec()), ctx, _buf) is None
+    with pytest.raises(BatchError, match=r"row 2 \(request r2\): logprobs 21 outside 0\.\.20"):
+        plan_step(Batch(0, 1, dec()), ctx, _buf)
+    reqs[2].sampling = sampling
     with pytest.raises(BatchError, match="row 0 \\(request r0\\): from_prev row, but step 2"):
         plan_step(Batch(0, 3, dec(from_prev=True)), ctx, _buf)
     saved = reqs[2].pages[-1]

@@ -232,7 +232,7 @@ def test_memory_budget_sizes_the_kv_cache_and_close_frees(ckpt):
     rep = eng.memory_report()
     per_page = kv_bytes_per_page(eng.spec, 4, torch.float32)
     assert rep.budget == budget and rep.weights > 0
-    expect = kv_bytes_for_budget(budget, MemoryProfile(rep.weights, 0, eng._profile.static)) // per_page
+    expect = kv_bytes_for_budget(budget, MemoryProfile(rep.weights, 0, eng.memory_profile.static)) // per_page
     assert eng.num_pages == expect and rep.kv_cache == expect * per_page
     assert rep.weights + rep.kv_cache + rep.page_table < budget
     with pytest.raises(EngineError, match="no room"):

@@ -14,7 +14,7 @@ from tokenrouter.core.batch import Batch, BatchRow
 from tokenrouter.core.request import Request, SamplingParams
 from tokenrouter.core.scheduler import Scheduler
 from tokenrouter.engine.errors import BatchError, StepFailed
-from tokenrouter.engine.loop import EchoPeer, EngineLoop, PositionHopRouter
+from tokenrouter.runtime.local_loop import EchoPeer, LocalLoop, PositionHopRouter
 
 PARAMS = [
     SamplingParams(max_tokens=9),
@@ -57,11 +57,11 @@ def _run(path, *, emulate: bool, pages: int, overlap: bool, complete_first: bool
                 sched.abort(rid)
                 aborted.add(rid)
 
-    loop = EngineLoop(eng, sched, overlap=overlap, complete_first=complete_first, between=between, keep_handles=True,
-                      peer=EchoPeer(eng.spec.vocab_size, delay=2))  # fmt: skip
-    stats = loop.run(max_steps=2000)
+    loop = LocalLoop(eng, sched, complete_first=complete_first, between=between, keep_handles=True,
+                     peer=EchoPeer(eng.spec.vocab_size, delay=2))  # fmt: skip
+    loop.run(max_steps=2000)
     outs = {r.rid: r.token_ids[r.prompt_len :] for r in reqs if r.rid not in aborted}
-    return outs, stats, sched, aborted
+    return outs, loop, sched, aborted
 
 
 MODES = {  # engine settings per mode; graph emulation runs the padded static-buffer path of every graph eagerly
@@ -77,28 +77,28 @@ MODES = {  # engine settings per mode; graph emulation runs the padded static-bu
 def test_scheduler_driven_overlap_matches_roomy_reference(ckpt, mode, complete_first):
     kw = dict(MODES[mode])
     emulate = kw.pop("emulate")
-    ref, ref_stats, ref_sched, _ = _run(ckpt, emulate=False, pages=400, overlap=False)
-    assert ref_sched.num_preemptions == 0 and len(ref_stats.finished) == 10
-    outs, stats, sched, aborted = _run(ckpt, emulate=emulate, pages=24, overlap=True, complete_first=complete_first,
+    ref, ref_loop, ref_sched, _ = _run(ckpt, emulate=False, pages=400, overlap=False)
+    assert ref_sched.num_preemptions == 0 and len(ref_loop.finished) == 10
+    outs, loop, sched, aborted = _run(ckpt, emulate=emulate, pages=24, overlap=True, complete_first=complete_first,
                                        aborts=[("r3", 6), ("r7", 11)], **kw)  # fmt: skip
     assert sched.num_preemptions > 0  # the small pool preempted and pages were reused
-    assert aborted == {"r3", "r7"} and "r3" not in stats.finished
-    assert any(h.skipped_rows for h in stats.handles)  # stale rows reached the engine and were skipped
-    assert any(r.from_prev for h in stats.handles for r in h.batch.rows)
-    assert sum(1 for h in stats.handles for r in h.batch.rows if 2 <= r.num_tokens <= 4) > 3  # peer returns
-    long_steps = [h for h in stats.handles if any(r.num_tokens > 8 for r in h.batch.rows)]
+    assert aborted == {"r3", "r7"} and "r3" not in loop.finished
+    assert any(h.skipped_rows for h in loop.handles)  # stale rows reached the engine and were skipped
+    assert any(r.from_prev for h in loop.handles for r in h.batch.rows)
+    assert sum(1 for h in loop.handles for r in h.batch.rows if 2 <= r.num_tokens <= 4) > 3  # peer returns
+    long_steps = [h for h in loop.handles if any(r.num_tokens > 8 for r in h.batch.rows)]
     assert long_steps  # prefill chunks beyond the decode graphs' row limit
     if kw.get("graph_split"):
-        mixed = [h for h in stats.handles if h.graph_bucket is not None and h.eager_tokens]
+        mixed = [h for h in loop.handles if h.graph_bucket is not None and h.eager_tokens]
         assert mixed  # steps with a prefill chunk kept their short rows in the decode graph
     if mode == "varlen-graphs":  # one pass per step: decode graph or one varlen graph, never both, never eager
-        assert all((h.graph_bucket is None) != (h.varlen_bucket is None) for h in stats.handles)
+        assert all((h.graph_bucket is None) != (h.varlen_bucket is None) for h in loop.handles)
         assert all(h.varlen_bucket is not None and h.eager_tokens == h.num_tokens for h in long_steps)
         assert any(any(r.num_tokens == 1 for r in h.batch.rows) for h in long_steps)  # decode rows in them
     if mode == "varlen-graphs-split":
-        assert all(h.varlen_bucket is not None for h in stats.handles if h.eager_tokens)
+        assert all(h.varlen_bucket is not None for h in loop.handles if h.eager_tokens)
     if mode in ("eager", "decode-graphs-split"):
-        assert all(h.varlen_bucket is None for h in stats.handles)
+        assert all(h.varlen_bucket is None for h in loop.handles)
     for rid, toks in outs.items():
         assert toks == ref[rid], rid
     assert set(outs) == set(ref) - aborted
@@ -149,10 +149,10 @@ def test_overlap_loop_never_syncs_on_cuda(ckpt):
                       max_batch_tokens=12, overlap=True)  # fmt: skip
     for r in _requests(eng.spec.vocab_size):
         sched.add(r)
-    loop = EngineLoop(eng, sched, overlap=True, peer=EchoPeer(eng.spec.vocab_size, delay=2))
+    loop = LocalLoop(eng, sched, peer=EchoPeer(eng.spec.vocab_size, delay=2))
     torch.cuda.set_sync_debug_mode("error")
     try:
-        stats = loop.run(max_steps=2000)
+        loop.run(max_steps=2000)
     finally:
         torch.cuda.set_sync_debug_mode(0)
-    assert len(stats.finished) == 10
+    assert len(loop.finished) == 10

@@ -163,7 +163,7 @@ def _check_switches_match_hf_and_count_kernels(tops):
                 **switches,
             )  # fmt: skip
             assert eng.pdl is False
-            assert (eng._split_counters is not None) == eng.config.decode_fused_reduce, name
+            assert (eng.split_counters is not None) == eng.config.decode_fused_reduce, name
             if name in ("baseline", "default"):
                 scn = Scenario(eng, seed=13)
                 scn.finish()
@@ -176,15 +176,16 @@ def _check_switches_match_hf_and_count_kernels(tops):
             lc = count_graph_body_launches(eng, Batch(0, 1, [BatchRow(req, 20, 1)]))
             got = (lc.per_layer(), len(lc.sections["step"]))
             assert got == ([per_layer] * 2, step), f"{name}: {got} {lc.sections}"
-            if eng._split_counters is not None:
-                assert eng._split_counters.eq(0).all()
+            if eng.split_counters is not None:
+                assert eng.split_counters.eq(0).all()
 
 
 def _check_step_kernels(tops):
-    """In-graph sampling (greedy, temperature, top-k, top-p, both) and the step prologue (page-table writes,
-    from_prev tokens) against their torch definitions; vocab not a multiple of the block, ties included."""
+    """In-graph sampling (greedy, temperature, top-k, top-p, both; log-probabilities of the rows that ask) and the
+    step prologue (page-table writes, from_prev tokens) against their torch definitions; vocab not a multiple of
+    the block, ties included."""
     from tokenrouter.engine import triton_step
-    from tokenrouter.engine.sampler import sample_rows
+    from tokenrouter.engine.sampler import LOGPROB_WORDS, MAX_LOGPROBS, sample_rows, token_logprobs
 
     g = torch.Generator().manual_seed(3)
     rows, vocab = 24, 3000
@@ -199,10 +200,25 @@ def _check_step_kernels(tops):
     out_slot = torch.arange(rows, dtype=torch.int32) + 1
     out = torch.full((rows,), -1, dtype=torch.int32)
     slot_tok = torch.zeros(rows + 1, dtype=torch.int32)
-    triton_step.sample(logits, inv, top_p, top_k, seed, pos, out_slot, out, slot_tok)
+    # log-probabilities for the rows that ask (k = 0, 1, 5, 20) beside rows that do not (their words untouched)
+    k1 = torch.tensor([1, 0, 2, 6, 21, 0] * 4, dtype=torch.int32)
+    lp_out = torch.full((rows * LOGPROB_WORDS,), -7, dtype=torch.int32)
+    triton_step.sample(logits, inv, top_p, top_k, seed, pos, out_slot, out, slot_tok, k1, lp_out)
     ref = sample_rows(logits, inv, top_p, top_k, seed, pos)
     assert out.tolist() == ref.tolist(), (out.tolist(), ref.tolist())
     assert slot_tok[1:].tolist() == ref.tolist()
+    region = lp_out.view(rows, LOGPROB_WORDS)
+    vals = region.view(torch.float32)
+    for r in range(rows):
+        k = int(k1[r]) - 1
+        if k < 0:
+            assert region[r].eq(-7).all(), r
+            continue
+        tok_lp, ids, top = token_logprobs(logits[r : r + 1], out[r : r + 1], k)
+        _close(vals[r, :1], tok_lp, 1e-5)
+        assert region[r, 1 : 1 + k].tolist() == ids[0].tolist(), r  # bf16 ties: ordered by id, as the reference
+        if k:
+            _close(vals[r, 1 + MAX_LOGPROBS : 1 + MAX_LOGPROBS + k], top[0], 1e-5)
     table = torch.zeros(4, 8, dtype=torch.int32)
     ids = torch.tensor([7, 0, 9, 0], dtype=torch.int32)
     prev = torch.tensor([-1, 3, -1, 1], dtype=torch.int32)
@@ -310,16 +326,16 @@ def _aot_compile() -> int:
     # sampling parameters from the packed int32 buffer viewed as float).
     from tokenrouter.engine import triton_step as S
 
-    ptr.update(Logits="*bf16", InvT="*fp32", TopP="*fp32")
+    ptr.update(Logits="*bf16", InvT="*fp32", TopP="*fp32", LpF="*fp32")
     ptr.update(dict.fromkeys(["TopK", "Seed", "Out", "OutSlot", "SlotTok", "Table", "UpdIdx", "UpdVal", "Ids",
-                              "Prev"], "*i32"))  # fmt: skip
+                              "Prev", "LpK1", "LpI"], "*i32"))  # fmt: skip
     ptr["Greedy"] = "*i64"
     ptr["Pos"] = "*i32"
     cases += [
         (S._prologue_kernel, {"BLOCK": 256, "USE_PDL": False}, 4),
         (S._prologue_kernel, {"BLOCK": 256, "USE_PDL": True}, 4),
-        (S._sample_kernel, {"BLOCK": 2048, "USE_PDL": False}, 8),
-        (S._sample_kernel, {"BLOCK": 2048, "USE_PDL": True}, 8),
+        (S._sample_kernel, {"BLOCK": 2048, "LP_WORDS": 41, "LP_TOP": 20, "USE_PDL": False}, 8),
+        (S._sample_kernel, {"BLOCK": 2048, "LP_WORDS": 41, "LP_TOP": 20, "USE_PDL": True}, 8),
     ]
     for fn, constexprs, warps in cases:
         sig = {n: "constexpr" if n in constexprs else ptr.get(n, "fp32" if n == "eps" else "i32") for n in fn.arg_names}

@@ -213,3 +213,14 @@ def test_device_part_replays_in_a_cuda_graph(name):
         r.gate.set_threshold(float(r.gate.scores(*fresh).median()))
         graph.replay()
         assert torch.equal(out, r.device(*fresh)) and 0 < out.sum().item() < 256
+
+
+def test_calibratable_is_the_learned_routers_with_a_gate():
+    from tokenrouter.routers.learned import Calibratable, EnsembleRouter
+    from tokenrouter.routers.presets import make_preset
+
+    for name in ("r2r", "citer", "co-llm", "r-stitch"):
+        r = make_learned_router(name, "random", 0.2, H, V, "cpu").bind(0, 2)
+        assert isinstance(r, Calibratable), name
+    assert not isinstance(EnsembleRouter(3), Calibratable)
+    assert not isinstance(make_preset("r2r", hop_rate=0.2), Calibratable)

@@ -1,6 +1,8 @@
 """`StopStrings` against a direct reference: for any text, any split into deltas and any stop strings, the released
-text is exactly the text before the first stop string, every release is a prefix of it, and what is held back
-at each point is exactly the longest tail that could still begin a stop string."""
+text is exactly the text before the stop string that completes first (generation stops as soon as one is
+written, as OpenAI's `stop` says; the result then does not depend on how the text arrived), every release is a
+prefix of it, and what is held back at each point is exactly the longest tail that could still begin a stop
+string."""
 
 from __future__ import annotations
 
@@ -16,8 +18,9 @@ ALPHABET = "ab\n"  # a small alphabet makes partial and overlapping matches comm
 
 
 def first_cut(text: str, stops: tuple[str, ...]) -> int | None:
-    hits = [text.find(s) for s in stops if s in text]
-    return min(hits) if hits else None
+    """Start of the stop string that ends first (the earliest start among those ending there)."""
+    hits = [(text.find(s) + len(s), text.find(s)) for s in stops if s in text]
+    return min(hits)[1] if hits else None
 
 
 def could_begin(tail: str, stops: tuple[str, ...]) -> bool:

@@ -1,5 +1,5 @@
-"""The runtime's late-prepare rule under overlap: the step-end estimate (`StepClock`) and the subserver's wait
-before it forms step k+1 (`Subserver._wait_to_prepare`), on hand-computed timelines."""
+"""The runtime's late-prepare rule under overlap: the step-end estimate (`StepClock`) and the loop's wait before it
+forms step k+1 (`EngineLoop.wait_to_prepare`), on hand-computed timelines."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 
 from tokenrouter.core.overlap import prepare_time
+from tokenrouter.runtime.engine_loop import EngineLoop, InFlight
 from tokenrouter.runtime.step_clock import StepClock
-from tokenrouter.runtime.subserver import Subserver
 
 
 def test_no_estimate_until_a_gpu_time_is_known():
@@ -47,38 +47,50 @@ class _Handle:
         return self.calls > self.ready_after
 
 
-def _subserver(handle: _Handle, end: float, margin_s: float, overlap: bool = True):
-    s = object.__new__(Subserver)
-    s.sched = SimpleNamespace(overlap=overlap)
-    s.gate, s.stopping, s.margin_s = None, False, margin_s
-    s.inflight = [(None, handle, 0.0, True)]
+class _Loop(EngineLoop):
+    """The loop with a recording transport: each `receive` sleeps its timeout and notes it (ms)."""
+
+    def receive(self, timeout_s: float) -> None:
+        self.drains.append(timeout_s * 1000)
+        time.sleep(timeout_s)
+
+    def wait_idle(self) -> None:
+        raise AssertionError("not idle")
+
+    def deliver(self, actions, failed=frozenset()) -> None:
+        pass
+
+
+def _loop(handle: _Handle, end: float, margin_s: float, overlap: bool = True):
+    engine = SimpleNamespace(device=SimpleNamespace(type="cpu"))
+    s = _Loop(engine, SimpleNamespace(model=0, prepares_ahead=overlap), prepare_margin_s=margin_s)
+    s.inflight.append(InFlight(None, handle, 0.0, True))
     s.clock = StepClock(duration_s=1.0, end=end)
     s.drains = []
-    s._drain = lambda ms: (s.drains.append(ms), time.sleep(ms / 1000))
     return s
 
 
 def test_waits_until_the_margin_before_the_estimated_end():
     at_least = time.monotonic() + 0.030
-    s = _subserver(_Handle(ready_after=10**9), end=at_least + 0.005, margin_s=0.005)
-    s._wait_to_prepare()
+    s = _loop(_Handle(ready_after=10**9), end=at_least + 0.005, margin_s=0.005)
+    s.wait_to_prepare()
     assert time.monotonic() >= at_least
     assert s.drains and max(s.drains) <= 2  # short slices, so an early end of the step is seen
 
 
 def test_stops_waiting_when_the_step_in_flight_is_done():
-    s = _subserver(_Handle(ready_after=3), end=time.monotonic() + 60.0, margin_s=0.001)
-    s._wait_to_prepare()
+    s = _loop(_Handle(ready_after=3), end=time.monotonic() + 60.0, margin_s=0.001)
+    s.wait_to_prepare()
     assert len(s.drains) == 3
 
 
 @pytest.mark.parametrize("case", ["no-overlap", "no-estimate", "two-in-flight"])
 def test_forms_at_once_without_overlap_estimate_or_with_two_steps_in_flight(case):
-    s = _subserver(_Handle(ready_after=10**9), end=time.monotonic() + 60.0, margin_s=0.001,
+    s = _loop(_Handle(ready_after=10**9), end=time.monotonic() + 60.0, margin_s=0.001,
                    overlap=case != "no-overlap")  # fmt: skip
     if case == "no-estimate":
         s.clock.end = None
     if case == "two-in-flight":
         s.inflight.append(s.inflight[0])
-    s._wait_to_prepare()
+    s.wait_to_prepare()
     assert s.drains == []

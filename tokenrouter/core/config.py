@@ -139,6 +139,16 @@ class DeploymentConfig:
     def __post_init__(self) -> None:
         validate(self)
 
+    @property
+    def small_model(self) -> int:
+        """Index of the small model: the entry, where requests arrive and most tokens are written. Every other
+        model is a large one. Learned routers read the small model's outputs (hidden states, logits, its input
+        embedding table), so the deployment derives that role from here, never from an index."""
+        return self.entry
+
+    def is_small(self, model_index: int) -> bool:
+        return model_index == self.small_model
+
     def to_yaml(self) -> str:
         return yaml.safe_dump(_plain(asdict(self)), sort_keys=False, default_flow_style=None)
 

@@ -34,7 +34,8 @@ class SamplingParams:
     max_tokens: int = 256
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
-    logprobs: int | None = None  # None: no logprobs; k >= 0: the sampled token's log-probability and the top k (k <= 20)  # noqa: E501
+    # None: no logprobs; k >= 0: the sampled token's log-probability and the top k (k <= 20)
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if self.temperature < 0:

@@ -19,7 +19,7 @@ Overlap (`overlap=True`): `schedule` may be called while one batch is in flight;
 batch continue into the new batch with `from_prev=True` (the executor feeds the token the previous step
 samples, without a host round trip). If `complete` of the earlier batch sends such a request away or
 finishes it, its version changes and the prepared row's result is ignored. Sync policies never prepare
-ahead: their gate is a barrier between steps.
+ahead (`prepares_ahead`): their gate is a barrier between steps.
 """
 
 from __future__ import annotations
@@ -110,6 +110,18 @@ class Scheduler:
     @property
     def epoch(self) -> int:
         return self.live.epoch
+
+    @property
+    def prepares_ahead(self) -> bool:
+        """Overlap in effect: `schedule` may form step k+1 while step k is in flight. The one overlap rule of
+        the deployment; every driver (simulator, runtime loop) reads it rather than `overlap` alone.
+
+        Only without a sync gate. A gate (step-sync, model-sync) is a barrier between steps: a model's next step
+        may launch only after the steps of the round completed and the messages they sent arrived
+        (`SyncGate.may_launch`), that is, after step k's results were applied everywhere. A step k+1 formed while
+        k runs would wait for that anyway, holding `from_prev` rows that skip the routing decision of k the
+        round exists to synchronize; so a gated scheduler has at most one batch in flight."""
+        return self.overlap and self.gate is None
 
     @property
     def num_preemptions(self) -> int:
@@ -203,7 +215,7 @@ class Scheduler:
     # ---- scheduling ---------------------------------------------------------------------------------
     def schedule(self, now: float) -> Batch | None:
         """Form the next batch, or None when the policy says wait or nothing can run."""
-        if self.inflight and (not self.overlap or self.gate is not None or len(self.inflight) > 1):
+        if self.inflight and (not self.prepares_ahead or len(self.inflight) > 1):
             return None
         conts = self._continuations()
         n_ready = len(self.waiting) + len(conts)
@@ -271,7 +283,7 @@ class Scheduler:
     # ---- batch formation ----------------------------------------------------------------------------
     def _continuations(self) -> list[BatchRow]:
         """Rows of the batch in flight that continue into the next one (overlap), newest batch only."""
-        if not self.overlap or not self.inflight or self.gate is not None:
+        if not self.prepares_ahead or not self.inflight:
             return []
         out = []
         for row in self.inflight[-1].rows:

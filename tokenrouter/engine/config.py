@@ -109,6 +109,10 @@ class EngineConfig:
     stream_priority: int = 0
     green_context_sms: int | None = None
     mps_active_thread_percentage: int | None = None
+    # Fault injection, for tests of the failure paths (`faults.py`; off by default): the launch of these batch
+    # step ids fails (StepFailed, once each); the next `fail_captures` graph builds fail (EngineError).
+    fail_step_ids: tuple[int, ...] = ()
+    fail_captures: int = 0
 
     def __post_init__(self) -> None:
         if self.load_format not in ("auto", "safetensors", "dummy"):
@@ -134,6 +138,8 @@ class EngineConfig:
             raise ValueError(f"mps_active_thread_percentage must be in 1..100, got {self.mps_active_thread_percentage}")
         if self.green_context_sms is not None and self.green_context_sms < 1:
             raise ValueError(f"green_context_sms must be >= 1, got {self.green_context_sms}")
+        if self.fail_captures < 0:
+            raise ValueError(f"fail_captures must be >= 0, got {self.fail_captures}")
         if self.max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
         if not 1 <= self.gemv_max_rows <= 16:

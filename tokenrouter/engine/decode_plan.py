@@ -29,7 +29,14 @@ from tokenrouter.core.request import Request
 from tokenrouter.engine.errors import BatchError
 from tokenrouter.engine.inputs import Layout, graph_layout
 from tokenrouter.engine.page_table import TablePlan
-from tokenrouter.engine.plan_types import PartPlan, PlanContext, StepPlan, write_sampling
+from tokenrouter.engine.plan_types import (
+    PartPlan,
+    PlanContext,
+    StepPlan,
+    logprobs_asked,
+    write_logprobs,
+    write_sampling,
+)
 
 
 @lru_cache(maxsize=128)
@@ -48,7 +55,7 @@ def plan_decode(batch: Batch, ctx: PlanContext, staging: Callable[[int, int], np
     if bucket is None:
         return None
     table = ctx.table
-    slot_of, owner, written, first, last = table._slot_of, table.owner, table.written, table.first, table.last
+    slot_of, owner, written, first, last = table.slot_index, table.owner, table.written, table.first, table.last
     ps, max_ctx, width = ctx.page_size, ctx.max_context_len, table.width
     want, ledger = batch.step_id - 1, ctx.slot_token_step
     tplan = TablePlan([])
@@ -61,6 +68,7 @@ def plan_decode(batch: Batch, ctx: PlanContext, staging: Callable[[int, int], np
     prev_src: list[int] = []
     no_sample: list[int] = []
     samp: list[tuple[int, object]] = []
+    lpk: list[tuple[int, int]] = []
     for i, row in enumerate(rows):
         req = row.req
         s = row.start
@@ -97,18 +105,26 @@ def plan_decode(batch: Batch, ctx: PlanContext, staging: Callable[[int, int], np
         reqs.append(req)
         if not row.sample:
             no_sample.append(i)
-        elif req.sampling.temperature > 0:
-            samp.append((i, req.sampling))
+            continue
+        sp = req.sampling
+        if sp.temperature > 0:
+            samp.append((i, sp))
+        if sp.logprobs is not None:
+            k = logprobs_asked(req)
+            if k == -1:
+                return None  # the general planner names the row
+            lpk.append((i, min(k, ctx.vocab_size)))
     if len(set(slots)) != n or min(ids) < 0 or max(ids) >= ctx.vocab_size:
         return None
     layout = graph_layout(bucket)
     if len(tplan.upd_idx) > layout.num_updates:
         return None
     return _finish(batch, ctx, staging, layout, bucket, tplan, reqs, ids, pos, smap, prev_at, prev_src, no_sample,
-                   samp)  # fmt: skip
+                   samp, lpk)  # fmt: skip
 
 
-def _finish(batch, ctx, staging, layout, bucket, tplan, reqs, ids, pos, smap, prev_at, prev_src, no_sample, samp):
+def _finish(batch, ctx, staging, layout, bucket, tplan, reqs, ids, pos, smap, prev_at, prev_src, no_sample, samp,
+            lpk):  # fmt: skip
     """Write the graph part's fields (padding as `inputs` documents) and build the plan."""
     n = len(ids)
     packed = staging(layout.size, 0)[: layout.size]
@@ -140,6 +156,8 @@ def _finish(batch, ctx, staging, layout, bucket, tplan, reqs, ids, pos, smap, pr
         oslot[no_sample] = 0
     if samp:
         write_sampling(samp, ctx, top_p, view("inv_temp").view(np.float32), view("top_k"), view("seed"))
+    if lpk:
+        write_logprobs(lpk, view("logprobs_k1"))
     nu = len(tplan.upd_idx)
     if nu:
         view("upd_idx")[:nu] = tplan.upd_idx
@@ -152,4 +170,4 @@ def _finish(batch, ctx, staging, layout, bucket, tplan, reqs, ids, pos, smap, pr
         sampled = list(range(n))
     graph = PartPlan(layout, packed, list(range(n)), 1, bucket, None)
     sampled_slots = [tplan.slots[i] for i in sampled] if no_sample else list(tplan.slots)
-    return StepPlan(graph, None, tplan, out_index, sampled, [], reqs, n, sampled_slots)
+    return StepPlan(graph, None, tplan, out_index, sampled, [], reqs, n, sampled_slots, lpk)

@@ -16,22 +16,27 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from tokenrouter.engine.handles import _Extra
+from tokenrouter.engine.handles import HostExtras
 from tokenrouter.engine.inputs import FLOAT_FIELDS, Layout
 from tokenrouter.engine.metadata import AttentionMetadata
-from tokenrouter.engine.sampler import sample_rows
+from tokenrouter.engine.sampler import LOGPROB_WORDS, MAX_LOGPROBS, sample_rows, token_logprobs
 
 if TYPE_CHECKING:
     from tokenrouter.engine.graphs import GraphOutputs
-    from tokenrouter.engine.runner import Engine
     from tokenrouter.engine.step_plan import StepPlan
+    from tokenrouter.engine.step_state import StepState
     from tokenrouter.engine.varlen_shapes import VarlenShape
 
 
 class StepForward:
-    def __init__(self, engine: Engine) -> None:
+    """The passes of one engine; reads the engine's current state (`StepState`) at every pass."""
+
+    def __init__(self, engine: StepState) -> None:
         self.e = engine
-        self.ops = importlib.import_module("tokenrouter.engine.triton_step") if engine._use_triton_ops else None
+        self.ops = importlib.import_module("tokenrouter.engine.triton_step") if engine.use_triton_ops else None
+        # Some row of the step being launched asks for log-probabilities (set by the engine per step; only the
+        # torch path on CUDA reads it: the kernel and the CPU path see each row's own request).
+        self.logprobs_step = False
 
     @staticmethod
     def views(packed: torch.Tensor, layout: Layout) -> dict[str, torch.Tensor]:
@@ -79,14 +84,14 @@ class StepForward:
         fuse = c.fuse_step_ops
         slots = v["slot_mapping"]
         meta = AttentionMetadata(
-            slot_mapping=slots if fuse and e._use_triton_ops else slots.long(),
+            slot_mapping=slots if fuse and e.use_triton_ops else slots.long(),
             block_tables=e.table.table,
             seq_lens=v["seq_lens"],
             cu_seqlens_q=v["cu_seqlens_q"] if layout.varlen else None,
             max_q_len=max_q_len,
             num_splits=c.decode_num_splits,
             backend=c.attention_backend,
-            split_counters=e._split_counters,
+            split_counters=e.split_counters,
             pdl=e.pdl,
             row_slots=v["row_slots"],
             long_rows=groups[0] if groups else None,
@@ -104,7 +109,7 @@ class StepForward:
                 return out_hidden, out_logits
             return h, lg
         x, residual = model.forward_stream(v["input_ids"], v["positions"], meta, e.kv_cache.layers,
-                                           fuse_embedding=e._use_triton_ops)  # fmt: skip
+                                           fuse_embedding=e.use_triton_ops)  # fmt: skip
         if not logits:
             return None
         return model.compute_logits(x, residual, v["logits_indices"], out_hidden=out_hidden, out_logits=out_logits)
@@ -126,18 +131,47 @@ class StepForward:
         e = self.e
         n = logits.shape[0]
         out = e.out_ids[base : base + n]
+        lp0 = 2 * e.out_width + base * LOGPROB_WORDS  # this pass's rows of the log-probability region
+        lp_out = e.out_ids[lp0 : lp0 + n * LOGPROB_WORDS]
         args = (v["inv_temp"], v["top_p"], v["top_k"], v["seed"], v["sample_pos"])
         if self.ops is not None:
-            self.ops.sample(logits, *args, v["out_slot"], out, e.slot_tokens, pdl=e.pdl)
+            self.ops.sample(logits, *args, v["out_slot"], out, e.slot_tokens, v["logprobs_k1"], lp_out, pdl=e.pdl)
         else:
             tok = sample_rows(logits, *args)
             out.copy_(tok)
             e.slot_tokens.index_copy_(0, v["out_slot"].long(), tok)
+            self.logprobs_torch(logits, tok, v["logprobs_k1"], lp_out)
         r = e.router
         if r is not None:
             dst = r(out, hidden if r.needs_hidden else None, logits if r.needs_logits else None)
             w = e.out_width
             e.out_ids[w + base : w + base + n].copy_(dst)
+
+    def logprobs_torch(self, logits: torch.Tensor, tok: torch.Tensor, k1: torch.Tensor, lp_out: torch.Tensor) -> None:
+        """The torch path of the kernel's log-probabilities (`sampler.token_logprobs`), into `lp_out` as the kernel
+        lays it out. On CPU only the rows that ask are computed (the mask is host memory: no sync). On CUDA a
+        device mask would cost a host sync, so the pass computes every row when the step asks (and always in a
+        captured graph, which replays for any step): `ops_backend="torch"` on CUDA is an ablation path."""
+        if logits.device.type == "cpu":
+            rows: torch.Tensor | None = (k1 > 0).nonzero().flatten()
+            if rows.numel() == 0:
+                return
+        elif self.logprobs_step or torch.cuda.is_current_stream_capturing():
+            rows = None
+        else:
+            return
+        x, t = (logits, tok) if rows is None else (logits.index_select(0, rows), tok.index_select(0, rows))
+        lp_tok, ids, vals = token_logprobs(x, t, MAX_LOGPROBS)
+        block = torch.zeros(x.shape[0], LOGPROB_WORDS, dtype=torch.int32, device=x.device)
+        k = ids.shape[1]
+        block[:, 0] = lp_tok.view(torch.int32)
+        block[:, 1 : 1 + k] = ids.to(torch.int32)
+        block[:, 1 + MAX_LOGPROBS : 1 + MAX_LOGPROBS + k] = vals.contiguous().view(torch.int32)
+        region = lp_out.view(-1, LOGPROB_WORDS)
+        if rows is None:
+            region.copy_(block)
+        else:
+            region.index_copy_(0, rows, block)
 
     def table_writes(self, idx: np.ndarray, val: np.ndarray) -> None:
         """Page-table writes beyond what a graph replay carries (a slot rewritten in full), before the replay."""
@@ -147,7 +181,7 @@ class StepForward:
             t = t.pin_memory().to(self.e.device, non_blocking=True)
         self.e.table.table.view(-1).index_copy_(0, t[0], t[1].to(torch.int32))
 
-    def gather_sampled(self, plan: StepPlan, g_out, e_out, want_logits: bool, want_hidden: bool) -> _Extra:
+    def gather_sampled(self, plan: StepPlan, g_out, e_out, want_logits: bool, want_hidden: bool) -> HostExtras:
         """Logits (float32) and hidden states of the sampled rows, batch order, copied to the host."""
         e = self.e
         cuda = e.device.type == "cuda"
@@ -158,7 +192,7 @@ class StepForward:
         index = torch.from_numpy(idx)
         if cuda:
             index = index.pin_memory().to(e.device, non_blocking=True)
-        out = _Extra()
+        out = HostExtras()
         for k, want in ((0, want_hidden), (1, want_logits)):
             if not want:
                 continue

@@ -92,7 +92,8 @@ class GraphRunner:
             off, n = layout.offsets()[name]
             self.packed[off : off + n] = value
 
-    def _run_eager(self, bucket: int) -> None:
+    def run_eager(self, bucket: int) -> None:
+        """The bucket's body on the static inputs, not replayed (emulation, capture warm-up, launch counting)."""
         layout = self.layouts[bucket]
         self.forward(self.packed[: layout.size], layout, self.out)
 
@@ -109,11 +110,11 @@ class GraphRunner:
             for bucket in reversed(self.buckets):
                 self._fill_padding(bucket)
                 for _ in range(2):  # JIT-compile kernels and let cuBLAS pick algorithms before capture
-                    self._run_eager(bucket)
+                    self.run_eager(bucket)
                 self.stream.synchronize()
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
-                    self._run_eager(bucket)
+                    self.run_eager(bucket)
                 self.graphs[bucket] = graph
             self._fill_padding(self.buckets[0])
         self.stream.synchronize()
@@ -123,7 +124,7 @@ class GraphRunner:
         """Emulation/warmup: run every bucket once on all-padding inputs (compiles what the bodies launch)."""
         for bucket in reversed(self.buckets):
             self._fill_padding(bucket)
-            self._run_eager(bucket)
+            self.run_eager(bucket)
 
     def load(self, packed_host: torch.Tensor, bucket: int) -> None:
         """Upload one prepared step (int32, bucket layout) into the static buffer (async from pinned memory)."""
@@ -135,7 +136,7 @@ class GraphRunner:
         if graph is not None:
             graph.replay()
         else:
-            self._run_eager(bucket)
+            self.run_eager(bucket)
 
     def close(self) -> None:
         self.graphs.clear()

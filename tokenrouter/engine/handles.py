@@ -4,9 +4,10 @@
 is rewritten only after the copies that read it finished (their event): the host may run at most two steps
 ahead of the copies, never waiting on compute.
 
-`OutputRing`: pinned host slots that receive each step's outputs by one D2H copy on the engine stream. A slot
-is reused only after its previous handle has read it out (if the caller never asked, the handle reads it out
-then: a wait on a step several steps old).
+`OutputRing`: pinned host slots that receive each step's outputs by one D2H copy on the engine stream (tokens and
+destinations; the log-probability region too, when a row of the step asked). A slot is reused only after its
+previous handle has read it out (if the caller never asked, the handle reads it out then: a wait on a step
+several steps old).
 
 `StepHandle`: what `Engine.step` returns. The caller waits on the handle's event only (never on the whole
 engine stream), so with overlap the next step can already be queued behind this one.
@@ -19,7 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from tokenrouter.core.batch import Batch, StepResult
+from tokenrouter.core.batch import Batch, StepResult, TokenLogprobs
+from tokenrouter.engine.sampler import LOGPROB_WORDS, MAX_LOGPROBS
 
 
 class Staging:
@@ -50,7 +52,7 @@ class Staging:
 
 
 @dataclass(slots=True)
-class _Extra:
+class HostExtras:
     """Device-to-host copies beyond the token/destination slot (logits, hidden), when the router asked."""
 
     logits: torch.Tensor | None = None
@@ -60,8 +62,10 @@ class _Extra:
 class StepHandle:
     """Completion of one step. `ready()` polls, `wait()` blocks on this step's event only, `result()` returns
     the `StepResult` on the host: `next_token_ids` (int64 [rows]; -1 for skipped rows and rows that sample
-    nothing), `destinations` (int64 [rows], the router's device part; None without one), and `logits` /
-    `hidden` of the sampled rows only (`sampled_rows` says which, batch order), when asked."""
+    nothing), `destinations` (int64 [rows], the router's device part; None without one), `logits` /
+    `hidden` of the sampled rows only (`sampled_rows` says which, batch order), when asked, and `logprobs`
+    (one entry per row: `TokenLogprobs` for the sampled rows whose request asks, else None; None when no row
+    asked)."""
 
     __slots__ = (
         "_cache",
@@ -77,6 +81,7 @@ class StepHandle:
         "graph_bucket",
         "graph_rows",
         "launch_s",
+        "logprob_rows",
         "num_tokens",
         "out_index",
         "prepare_s",
@@ -86,15 +91,18 @@ class StepHandle:
     )  # fmt: skip
 
     def __init__(self, batch: Batch, host: np.ndarray, event: torch.cuda.Event | None, out_index: np.ndarray,
-                 out_width: int, sampled: list[int], skipped: list[int], extra: _Extra) -> None:  # fmt: skip
+                 out_width: int, sampled: list[int], skipped: list[int], extra: HostExtras,
+                 logprob_rows: list[tuple[int, int]] | None = None) -> None:  # fmt: skip
         self.batch = batch
-        self._host = host  # pinned int32 [2 * out_width]: tokens then destinations
+        # pinned int32: tokens [out_width], destinations [out_width], log-probabilities [out_width, LOGPROB_WORDS]
+        self._host = host
         self._event = event
         self.out_index = out_index
         self._ring_slot = out_width
         self.sampled_rows = sampled
         self.skipped_rows = skipped
         self._extra = extra
+        self.logprob_rows = logprob_rows or []  # (batch row, k) of the sampled rows that ask
         self._cache: StepResult | None = None
         self.destinations_on = False
         self.gpu_start: torch.cuda.Event | None = None
@@ -131,9 +139,23 @@ class StepHandle:
             e = self._extra
             rows = self.sampled_rows if (e.logits is not None or e.hidden is not None) else None
             self._cache = StepResult(next_token_ids=torch.from_numpy(toks), logits=e.logits, hidden=e.hidden,
-                                     destinations=dests, logit_rows=rows)  # fmt: skip
+                                     destinations=dests, logit_rows=rows, logprobs=self._logprobs())  # fmt: skip
             self._host = None  # the ring slot may be reused
         return self._cache
+
+    def _logprobs(self) -> list[TokenLogprobs | None] | None:
+        if not self.logprob_rows:
+            return None
+        region = self._host[2 * self._ring_slot :]
+        values = region.view(np.float32)
+        out: list[TokenLogprobs | None] = [None] * self.out_index.size
+        top = 1 + MAX_LOGPROBS
+        for i, k in self.logprob_rows:
+            o = int(self.out_index[i]) * LOGPROB_WORDS
+            ids = region[o + 1 : o + 1 + k].tolist()
+            vals = values[o + top : o + top + k].tolist()
+            out[i] = TokenLogprobs(float(values[o]), tuple(zip(ids, vals, strict=True)))
+        return out
 
     @property
     def holds_ring_slot(self) -> bool:
@@ -141,9 +163,9 @@ class StepHandle:
 
 
 class OutputRing:
-    def __init__(self, width: int, pinned: bool, slots: int = 4) -> None:
-        self.width = width
-        self.bufs = [torch.zeros(2 * width, dtype=torch.int32, pin_memory=pinned) for _ in range(slots)]
+    def __init__(self, size: int, pinned: bool, slots: int = 4) -> None:
+        """`size`: int32 words of one step's outputs (`Engine.out_ids`)."""
+        self.bufs = [torch.zeros(size, dtype=torch.int32, pin_memory=pinned) for _ in range(slots)]
         self.owner: list[StepHandle | None] = [None] * slots
         self.i = 0
 

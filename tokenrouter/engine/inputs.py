@@ -9,7 +9,9 @@ view is 16-byte aligned and Triton never specializes a kernel on a view's alignm
   `cu_seqlens_q` [A+1] in the varlen (eager) layout;
 - per logit row [L]: `logits_indices` (its last token), `out_slot` (page-table slot that keeps the sampled
   token for a later from_prev row; 0 = the null slot), and the sampling parameters `inv_temp`
-  (1 / temperature, 0 = greedy), `top_p` (float bits), `top_k` (<= 0: off), `seed`, `sample_pos`;
+  (1 / temperature, 0 = greedy), `top_p` (float bits), `top_k` (<= 0: off), `seed`, `sample_pos`, and
+  `logprobs_k1` (k + 1 for a row that asks for its token's log-probability and the top k, 0: none, so a zeroed
+  or padded row asks nothing);
 - page-table writes [U]: `upd_idx` (flat index into the [slots, width] table), `upd_val` (page id).
 
 Graph layout (bucket B): T = A = L = B, every fed token is its own "virtual decode" attention row (seq_len =
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 _TOKEN = ("input_ids", "positions", "slot_mapping", "prev")
-_LOGIT = ("logits_indices", "out_slot", "inv_temp", "top_p", "top_k", "seed", "sample_pos")
+_LOGIT = ("logits_indices", "out_slot", "inv_temp", "top_p", "top_k", "seed", "sample_pos", "logprobs_k1")
 _UPDATE = ("upd_idx", "upd_val")
 FLOAT_FIELDS = ("inv_temp", "top_p")
 ALIGN = 4

@@ -162,13 +162,13 @@ def count_graph_body_launches(engine: Any, batch: Any) -> LaunchCounter:
     eagerly: `engine.step(batch)` first loads the batch into the static buffers (uncounted), then the body
     runs once more under the counter. Works with real graphs (CUDA) and with `graph_emulation` (CPU)."""
     graphs = engine.graphs
-    bucket = engine._graph_bucket(batch)
+    bucket = engine.graph_bucket_for(batch)
     if graphs is None or bucket is None:
         raise ValueError("the engine has no graph bucket for this batch")
     engine.step(batch)
     # On the engine's stream, like a replay: the body must not overlap the step (they share the KV cache,
     # the static buffers and the fused merge's arrival counters).
-    with torch.no_grad(), engine._on_stream(), LaunchCounter(engine.model) as lc:
-        graphs._run_eager(bucket)
-    engine._sync()
+    with torch.no_grad(), engine.on_stream(), LaunchCounter(engine.model) as lc:
+        graphs.run_eager(bucket)
+    engine.synchronize()
     return lc

@@ -62,7 +62,8 @@ class PageTable:
         self.page_owner = [-1] * num_pages  # slot holding the page, -1 none
         self.page_col = [0] * num_pages
         self._free = list(range(num_slots - 1, 0, -1))
-        self._slot_of: dict[int, int] = {}  # id(request) -> slot
+        # id(request) -> slot, read-only outside this class (the decode fast path reads it; `slot_of` checks the owner)
+        self.slot_index: dict[int, int] = {}
         self._commits = 0
 
     @property
@@ -70,7 +71,7 @@ class PageTable:
         return self.table.numel() * 4
 
     def slot_of(self, req: Request) -> int | None:
-        s = self._slot_of.get(id(req))
+        s = self.slot_index.get(id(req))
         return s if s is not None and self.owner[s] is req else None
 
     # ---- planning (no state change) -------------------------------------------------------------------
@@ -80,7 +81,7 @@ class PageTable:
         changes."""
         slots: list[int] = []
         plan = TablePlan(slots)
-        slot_of, owner, written, first, last = self._slot_of, self.owner, self.written, self.first, self.last
+        slot_of, owner, written, first, last = self.slot_index, self.owner, self.written, self.first, self.last
         width = self.width
         victims = None
         for i, req in enumerate(reqs):
@@ -162,9 +163,9 @@ class PageTable:
         for s, req in plan.new_owner.items():
             old = self.owner[s]
             if old is not None and old is not req:
-                self._slot_of.pop(id(old), None)
+                self.slot_index.pop(id(old), None)
             self.owner[s] = req
-            self._slot_of[id(req)] = s
+            self.slot_index[id(req)] = s
             self.written[s] = 0
         for p, (s, col) in plan.claims.items():
             o = self.page_owner[p]
@@ -193,7 +194,7 @@ class PageTable:
     def _drop(self, s: int) -> None:
         old = self.owner[s]
         if old is not None:
-            self._slot_of.pop(id(old), None)
+            self.slot_index.pop(id(old), None)
         self.owner[s] = None
         self.written[s] = 0
         self._free.append(s)

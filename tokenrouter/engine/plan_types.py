@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import MutableSequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -13,7 +13,7 @@ from tokenrouter.core.graph_rule import GraphRule
 from tokenrouter.core.request import Request
 from tokenrouter.engine.inputs import Layout
 from tokenrouter.engine.page_table import PageTable, TablePlan
-from tokenrouter.engine.sampler import seed32
+from tokenrouter.engine.sampler import MAX_LOGPROBS, seed32
 from tokenrouter.engine.varlen_shapes import VarlenShape, VarlenShapes
 
 
@@ -39,6 +39,8 @@ class StepPlan:
     live_reqs: list[Request]
     num_tokens: int  # fed tokens (both parts)
     sampled_slots: list[int]  # page-table slot of each `sampled` row (after commit: the request's slot)
+    # (batch row, k) of the sampled rows that ask for log-probabilities (k capped at the vocabulary), batch order
+    logprobs: list[tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -54,6 +56,20 @@ class PlanContext:
     eager_out_base: int  # output index of the eager part's first logit row
     rng: random.Random  # seeds of sampled rows whose request has none
     varlen: VarlenShapes | None = None  # varlen graph shapes (None: the varlen part always runs eagerly)
+
+
+def logprobs_asked(req: Request) -> int | None:
+    """k of a sampled row whose request asks for log-probabilities, None when it does not; -1 when k is outside
+    0..MAX_LOGPROBS (the general planner names the row in a BatchError)."""
+    k = req.sampling.logprobs
+    if k is None:
+        return None
+    return k if 0 <= k <= MAX_LOGPROBS else -1
+
+
+def write_logprobs(lpk: list[tuple[int, int]], field_view: np.ndarray) -> None:
+    """`logprobs_k1` of the logit rows that ask ((logit row, k) pairs); the others keep the zeroed 0 (none)."""
+    field_view[[j for j, _ in lpk]] = [k + 1 for _, k in lpk]
 
 
 def write_sampling(samp: list, ctx: PlanContext, top_p: np.ndarray, inv_temp: np.ndarray, top_k: np.ndarray,

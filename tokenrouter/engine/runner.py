@@ -32,14 +32,16 @@ from tokenrouter.engine.base import ModelRunner
 from tokenrouter.engine.colocation import check_mps, make_stream
 from tokenrouter.engine.config import EngineConfig, arch_config
 from tokenrouter.engine.errors import BatchError, EngineError, ModelLoadError, StepFailed
+from tokenrouter.engine.faults import FaultInjection
 from tokenrouter.engine.forward import StepForward
 from tokenrouter.engine.graphs import GraphRunner
-from tokenrouter.engine.handles import OutputRing, Staging, StepHandle, _Extra
+from tokenrouter.engine.handles import HostExtras, OutputRing, Staging, StepHandle
 from tokenrouter.engine.kv_cache import KVCache, kv_bytes_per_page, num_pages_for_budget
 from tokenrouter.engine.loader import init_dummy_weights, load_safetensors, resolve_spec
 from tokenrouter.engine.memory import DeviceMemory, MemoryProfile, MemoryReport, kv_bytes_for_budget
 from tokenrouter.engine.model import CausalLM
 from tokenrouter.engine.page_table import PageTable
+from tokenrouter.engine.sampler import LOGPROB_WORDS
 from tokenrouter.engine.step_plan import PlanContext, StepPlan, plan_step
 from tokenrouter.engine.varlen_shapes import VarlenShapes, max_pad_tokens
 
@@ -70,6 +72,7 @@ class Engine(ModelRunner):
         self.mps_warning = check_mps(config.mps_active_thread_percentage)
         self.stream, self.green_context = make_stream(self.device, config.stream_priority, config.green_context_sms)
         self.mem = DeviceMemory(self.device)
+        self.faults = FaultInjection(set(config.fail_step_ids), fail_captures=config.fail_captures)
         self._rng = random.Random(config.seed)
         self.router = router
         self.use_graphs = True  # runtime switch (ablations): False runs every row in the eager pass
@@ -80,27 +83,27 @@ class Engine(ModelRunner):
         self.vgraphs: GraphRunner | None = None  # varlen graphs (`varlen_shapes`)
         self.capture_stats: dict[str, float] = {"decode_graphs": 0, "varlen_graphs": 0, "capture_s": 0.0}
         self._rules: dict[bool, GraphRule] = {}
-        self._use_triton_ops = config.use_triton_ops(self.device)
+        self.use_triton_ops = config.use_triton_ops(self.device)
         triton_attn = resolve_backend(config.attention_backend, self.device) == "triton"  # type: ignore[arg-type]
-        self.pdl = (config.triton_pdl and self.device.type == "cuda" and (self._use_triton_ops or triton_attn)
+        self.pdl = (config.triton_pdl and self.device.type == "cuda" and (self.use_triton_ops or triton_attn)
                     and torch.cuda.get_device_capability(self.device) >= (9, 0))  # fmt: skip
-        self._sync()
+        self.synchronize()
         base = self.mem.allocated()
-        with torch.no_grad(), self._on_stream():
+        with torch.no_grad(), self.on_stream():
             self.model = CausalLM(self.spec, arch, self.spec.max_position_embeddings, device=self.device,
-                                  dtype=self.dtype, use_triton=self._use_triton_ops)  # fmt: skip
+                                  dtype=self.dtype, use_triton=self.use_triton_ops)  # fmt: skip
             self.model.set_pdl(self.pdl)
             self._attach_gemv()
             if fmt == "dummy":
                 init_dummy_weights(self.model, config.seed)
             else:
                 load_safetensors(self.model, ckpt_dir)
-        self._sync()
+        self.synchronize()
         self.weights_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         measured = self.mem.allocated() - base
         self.weights_bytes = measured if measured > 0 else self.weights_bytes
         self.budget = self._budget()
-        self._profile: MemoryProfile | None = None
+        self.memory_profile: MemoryProfile | None = None  # the start-up measurement (with a memory budget)
         self._pool = kv_pool if kv_pool is not None else self._make_pool()
         self._finish_init(t0)
 
@@ -110,21 +113,21 @@ class Engine(ModelRunner):
         self._setup_buffers()
         cuda = self.device.type == "cuda"
         self._staging = Staging(cuda)
-        self._ring = OutputRing(self.out_width, cuda)
-        with torch.no_grad(), self._on_stream():
+        self._ring = OutputRing(self.out_ids.numel(), cuda)
+        with torch.no_grad(), self.on_stream():
             self._build_graphs()
         self.warmup_s = 0.0
         if c.warmup and warm.has_variants(self):
             tw = time.perf_counter()
-            with torch.no_grad(), self._on_stream():
-                warm.warm_eager(self)
-            self._sync()
+            with torch.no_grad(), self.on_stream():
+                warm.warm_eager(self, self.fwd)
+            self.synchronize()
             self.warmup_s = time.perf_counter() - tw
         self.jit_cache_after_warmup = warm.jit_cache_entries()
-        self._sync()
+        self.synchronize()
         self.startup_s = time.perf_counter() - t0
 
-    def _setup_buffers(self, warm: bool = True) -> None:
+    def _setup_buffers(self) -> None:
         """KV cache, page table, token/output buffers and the forward for the current pool."""
         c, ps = self.config, self._pool.page_size
         if self._pool.num_pages * ps >= 2**31:
@@ -146,19 +149,21 @@ class Engine(ModelRunner):
         self.eager_out_base = top
         self.out_width = top + max(c.max_batch_size, vrows)
         triton_attn = resolve_backend(c.attention_backend, self.device) == "triton"  # type: ignore[arg-type]
-        with torch.no_grad(), self._on_stream():
+        with torch.no_grad(), self.on_stream():
             self.kv_cache = KVCache(self.spec, self._pool, device=self.device, dtype=self.dtype)
             self.table = PageTable(slots, self.max_pages_per_row, self._pool.num_pages, self.device)
             self.slot_tokens = torch.zeros(slots, dtype=torch.int32, device=self.device)
-            self.out_ids = torch.zeros(2 * self.out_width, dtype=torch.int32, device=self.device)
+            # tokens, destinations, then LOGPROB_WORDS per logit row for the rows that ask for log-probabilities
+            words = (2 + LOGPROB_WORDS) * self.out_width
+            self.out_ids = torch.zeros(words, dtype=torch.int32, device=self.device)
             rows = max(c.max_batch_size, top, c.max_num_batched_tokens, 1)
-            self._split_counters = (split_counters(rows, self.spec.num_kv_heads, self.device)
+            self.split_counters = (split_counters(rows, self.spec.num_kv_heads, self.device)
                                     if c.decode_fused_reduce and triton_attn else None)  # fmt: skip
         self.slot_token_step = [-1] * slots  # from_prev ledger (a list: cheap scalar access)
         self.fwd = StepForward(self)
 
     def _teardown_buffers(self) -> None:
-        for name in ("kv_cache", "table", "slot_tokens", "out_ids", "_split_counters", "fwd"):
+        for name in ("kv_cache", "table", "slot_tokens", "out_ids", "split_counters", "fwd"):
             setattr(self, name, None)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -177,13 +182,13 @@ class Engine(ModelRunner):
     def _make_pool(self) -> KVPool:
         c = self.config
         if self.budget is not None:
-            self._profile = warm.profile_memory(self)
-            kv = kv_bytes_for_budget(self.budget, self._profile)
+            prof = self.memory_profile = self._profile_memory()
+            kv = kv_bytes_for_budget(self.budget, prof)
             per_page = kv_bytes_per_page(self.spec, c.page_size, self.dtype)
             if kv < 2 * per_page:
                 raise EngineError(f"{c.model}: memory budget {self.budget} B leaves no room for a KV cache after "
-                                  f"weights {self._profile.weights} B, activations {self._profile.activation_peak} B "
-                                  f"and buffers {self._profile.static} B")  # fmt: skip
+                                  f"weights {prof.weights} B, activations {prof.activation_peak} B "
+                                  f"and buffers {prof.static} B")  # fmt: skip
             return KVPool(kv // per_page, c.page_size)
         if (c.kv_cache_bytes is None) == (c.num_pages is None):
             raise ValueError("set exactly one of EngineConfig.kv_cache_bytes, num_pages, memory_budget_bytes and "
@@ -191,10 +196,23 @@ class Engine(ModelRunner):
         pages = c.num_pages or num_pages_for_budget(self.spec, c.kv_cache_bytes, c.page_size, self.dtype)
         return KVPool(pages, c.page_size)
 
+    def _profile_memory(self) -> MemoryProfile:
+        """`warmup.profile_memory` on buffers for a throwaway pool of a few pages (before the real KV cache
+        exists: its size is what the profile decides)."""
+        c = self.config
+        _, q = warm.profile_pass_shape(c)
+        self._pool = KVPool(2 + -(-q // c.page_size), c.page_size)  # rows read the null slot; width covers q
+        self._setup_buffers()
+        try:
+            return warm.profile_memory(self, self.fwd, self.weights_bytes)
+        finally:
+            self._teardown_buffers()
+            del self._pool
+
     def _attach_gemv(self) -> None:
         """The Triton skinny GEMM state for graph steps (CUDA with the Triton ops; interpreter tests with
         ops_backend="triton"); `triton_gemv` only decides whether it starts enabled (`set_triton_gemv`)."""
-        if not self._use_triton_ops:
+        if not self.use_triton_ops:
             return
         from tokenrouter.engine.layers import GemvState
 
@@ -230,11 +248,11 @@ class Engine(ModelRunner):
         self.recapture()
 
     def recapture(self) -> None:
-        self._sync()
+        self.synchronize()
         self._close_graphs()
-        with torch.no_grad(), self._on_stream():
+        with torch.no_grad(), self.on_stream():
             self._build_graphs()
-        self._sync()
+        self.synchronize()
 
     def _close_graphs(self) -> None:
         for name in ("graphs", "vgraphs"):
@@ -266,7 +284,8 @@ class Engine(ModelRunner):
         if c.graph_buckets:
             self.graphs = GraphRunner(self.fwd.graph_body, c.graph_buckets, pool=pool, **kw)
         try:
-            self._sync()
+            self.faults.before_capture()
+            self.synchronize()
             if capture:
                 before = self.mem.reserved()
                 for g in (self.vgraphs, self.graphs):
@@ -293,20 +312,20 @@ class Engine(ModelRunner):
 
     def set_pdl(self, enabled: bool) -> None:
         """Programmatic dependent launch for later eager steps and graph captures."""
-        self._sync()
+        self.synchronize()
         self.pdl = enabled
         self.model.set_pdl(enabled)
         self._reset_device_state()
 
     def _reset_device_state(self) -> None:
-        if self._split_counters is not None:
-            self._split_counters.zero_()  # a failed launch may have left a fused merge half-counted
+        if self.split_counters is not None:
+            self.split_counters.zero_()  # a failed launch may have left a fused merge half-counted
 
-    def _sync(self) -> None:
+    def synchronize(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def _on_stream(self):
+    def on_stream(self):
         return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
 
     # ---- ModelRunner interface ------------------------------------------------------------------------
@@ -335,7 +354,7 @@ class Engine(ModelRunner):
             rule = self._rules[on] = self.config.graph_rule(enabled=on)
         return rule
 
-    def _graph_bucket(self, batch: Batch) -> int | None:
+    def graph_bucket_for(self, batch: Batch) -> int | None:
         """The bucket when every row of `batch` runs in the graph part (benchmarks), else None."""
         rule = self.graph_rule
         g, e = rule.split([r.num_tokens for r in batch.rows])
@@ -359,7 +378,7 @@ class Engine(ModelRunner):
         plan = plan_step(batch, self.plan_context(), self._staging_take)
         t1 = time.perf_counter()
         try:
-            with self._on_stream():
+            with self.on_stream():
                 handle = self._launch(batch, plan, return_logits, return_hidden)
         except Exception as e:
             self._fail(plan)
@@ -405,6 +424,8 @@ class Engine(ModelRunner):
                 part = staged[off : off + n]
                 e_dev = part.to(self.device, non_blocking=True) if cuda else part.clone()
         self._staging.record(self.stream)
+        self.fwd.logprobs_step = bool(plan.logprobs)
+        self.faults.before_passes(batch.step_id)
         if plan.graph is not None:
             self.graphs.run(plan.graph.bucket)
             g_out = (self.graphs.out.hidden, self.graphs.out.logits)
@@ -414,8 +435,10 @@ class Engine(ModelRunner):
         elif ev is not None:
             e_out = self.fwd.eager_pass(e_dev, ev.layout, ev.max_q_len)
         ring_i, host = self._ring.take()
-        host.copy_(self.out_ids, non_blocking=cuda)
-        extra = _Extra()
+        # One D2H copy: the log-probability region only when a row of the step asked (most steps: 2 words a row).
+        n = self.out_ids.numel() if plan.logprobs else 2 * self.out_width
+        host[:n].copy_(self.out_ids[:n], non_blocking=cuda)
+        extra = HostExtras()
         if (want_logits or want_hidden) and plan.sampled:
             extra = self.fwd.gather_sampled(plan, g_out, e_out, want_logits, want_hidden)
         event = None
@@ -424,7 +447,7 @@ class Engine(ModelRunner):
             event.record(self.stream)
             end = event if self.timing else None
         handle = StepHandle(batch, host.numpy(), event, plan.out_index, self.out_width, plan.sampled, plan.skipped,
-                            extra)  # fmt: skip
+                            extra, plan.logprobs)  # fmt: skip
         handle.destinations_on = self.router is not None
         handle.gpu_start, handle.gpu_end = start, end
         handle.num_tokens = plan.num_tokens
@@ -454,7 +477,7 @@ class Engine(ModelRunner):
             decode_graphs=int(self.capture_stats["decode_graphs"]),
             varlen_graphs=int(self.capture_stats["varlen_graphs"]),
             graph_pool=getattr(self, "graph_pool_bytes", None),
-            activation_peak=self._profile.activation_peak if self._profile else None,
+            activation_peak=self.memory_profile.activation_peak if self.memory_profile else None,
             total_allocated=self.mem.allocated() if self.mem.cuda else None,
             total_reserved=self.mem.reserved() if self.mem.cuda else None, device_total=self.mem.total(),
         )  # fmt: skip
@@ -463,10 +486,10 @@ class Engine(ModelRunner):
         """Free everything this engine holds on its device; the engine is unusable afterwards."""
         if self.closed:
             return
-        self._sync()
+        self.synchronize()
         self.closed = True
         self._close_graphs()
-        for name in ("model", "kv_cache", "table", "slot_tokens", "out_ids", "_split_counters", "fwd", "_ring",
+        for name in ("model", "kv_cache", "table", "slot_tokens", "out_ids", "split_counters", "fwd", "_ring",
                      "_staging", "_staged"):  # fmt: skip
             if hasattr(self, name):
                 setattr(self, name, None)

@@ -15,6 +15,12 @@ definition with a sort (CPU path and tests). Greedy rows (temperature 0) take th
 
 The hash uses only int64 ops whose intermediates stay below 2^63 (32-bit multiplies are split into 16-bit
 halves), so CPU and CUDA give bit-identical noise, equal to the kernel's uint32 arithmetic.
+
+Log-probabilities (`SamplingParams.logprobs = k`, OpenAI's `logprobs` / `top_logprobs`): the log-softmax of the raw
+logits (temperature 1, before any filter, as vLLM reports raw logprobs by default), in fp32: the sampled token's
+value and the k largest, in descending order of value, ties by ascending token id (the argmax first).
+`token_logprobs` is the definition; the kernel (`triton_step`) computes the same inside the sampling program of
+the rows that ask, so rows that do not ask pay nothing.
 """
 
 from __future__ import annotations
@@ -27,6 +33,10 @@ import torch
 from tokenrouter.core.request import SamplingParams
 
 _M32 = 0xFFFFFFFF
+MAX_LOGPROBS = 20  # most top log-probabilities a row may ask for (OpenAI's top_logprobs limit)
+# Words per logit row in the step output's log-probability region (`Engine.out_ids`): the sampled token's value,
+# then MAX_LOGPROBS token ids, then their values (floats as their int32 bit patterns).
+LOGPROB_WORDS = 1 + 2 * MAX_LOGPROBS
 
 
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
@@ -144,3 +154,13 @@ def filter_thresholds(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor)
     use_p = (top_p < 1.0) & ok.any(dim=-1)
     t_p = torch.where(use_p, sorted_x.gather(1, first[:, None])[:, 0], neg_inf)
     return torch.maximum(t_k, t_p)
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, k: int) -> tuple[torch.Tensor, ...]:
+    """The reference for rows that ask: (log-probability of `tokens` [R], top ids [R, k] int64, top values [R, k])
+    of logits [R, V], all fp32 (see the module doc: raw logits, ties by ascending id)."""
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    tok = lp.gather(1, tokens.long().view(-1, 1))[:, 0]
+    k = min(k, lp.shape[-1])
+    vals, ids = torch.sort(lp, dim=-1, descending=True, stable=True)
+    return tok, ids[:, :k], vals[:, :k]

@@ -20,6 +20,7 @@ buffer already says greedy). No per-step array is sized by the cache or the slot
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -28,7 +29,15 @@ from tokenrouter.core.request import Request
 from tokenrouter.engine.decode_plan import offsets, plan_decode
 from tokenrouter.engine.errors import BatchError
 from tokenrouter.engine.inputs import Layout, graph_layout
-from tokenrouter.engine.plan_types import PartPlan, PlanContext, StepPlan, write_sampling
+from tokenrouter.engine.plan_types import (
+    PartPlan,
+    PlanContext,
+    StepPlan,
+    logprobs_asked,
+    write_logprobs,
+    write_sampling,
+)
+from tokenrouter.engine.sampler import MAX_LOGPROBS
 
 __all__ = ["PartPlan", "PlanContext", "StepPlan", "plan_step"]
 
@@ -46,20 +55,22 @@ def plan_step(batch: Batch, ctx: PlanContext, staging: Callable[[int, int], np.n
         plan = plan_decode(batch, ctx, staging)
         if plan is not None:
             return plan
-    live, reqs, starts, ntok, npages, from_prev, skipped, total, longest = _check_rows(rows, ctx)
+    checked = _check_rows(rows, ctx)
+    live, reqs, starts, ntok = checked.live, checked.reqs, checked.starts, checked.ntok
+    total, longest = checked.total, checked.longest
 
     def name(k: int) -> str:  # built only for an error message
         return f"row {live[k]} (request {reqs[k].rid})"
 
     table = ctx.table
-    table_plan = table.plan(reqs, starts, npages, name)
+    table_plan = table.plan(reqs, starts, checked.npages, name)
     slots = table_plan.slots
 
     # from_prev ledger: the source must be the previous step (step_id - 1) and must have sampled this request
     # into the slot the request holds now (the plan never moves a request that holds a slot).
     prev_slot: dict[int, int] = {}
     want, ledger, owner = batch.step_id - 1, ctx.slot_token_step, table.owner
-    for k in from_prev:
+    for k in checked.from_prev:
         s = slots[k]
         if owner[s] is not reqs[k] or ledger[s] != want:
             raise BatchError(f"{name(k)}: from_prev row, but step {want} of this engine did not sample this "
@@ -107,12 +118,12 @@ def plan_step(batch: Batch, ctx: PlanContext, staging: Callable[[int, int], np.n
     buf = staging(g_size, e_layout.size if e_layout else 0)
 
     out_index = [-1] * len(rows)
-    common = (rows, ctx, live, reqs, starts, ntok, slots, prev_slot, name)
+    known = _PlanRows(rows, ctx, checked, slots, prev_slot, name)
     graph = eager = None
     if g_layout is not None:
         g_upd, extra = _cap_updates(g_upd, g_layout.num_updates)
         packed = buf[:g_size]
-        qmax = _write_part(*common, g_idx, g_layout, packed, g_upd, virtual=True)
+        qmax = _write_part(known, _Part(g_idx, g_layout, packed, g_upd, virtual=True))
         graph = PartPlan(g_layout, packed, [live[k] for k in g_idx], qmax, bucket, extra)
         for j, k in enumerate(g_idx):
             if rows[live[k]].sample:
@@ -122,7 +133,7 @@ def plan_step(batch: Batch, ctx: PlanContext, staging: Callable[[int, int], np.n
         extra = None
         if shape is not None:
             e_upd, extra = _cap_updates(e_upd, e_layout.num_updates)
-        qmax = _write_part(*common, e_part, e_layout, packed, e_upd, virtual=False)
+        qmax = _write_part(known, _Part(e_part, e_layout, packed, e_upd, virtual=False))
         real = [k for k in e_part if k >= 0]
         eager = PartPlan(e_layout, packed, [live[k] for k in real], qmax, shape.tokens if shape else None, extra,
                          shape)  # fmt: skip
@@ -132,8 +143,10 @@ def plan_step(batch: Batch, ctx: PlanContext, staging: Callable[[int, int], np.n
                 out_index[live[k]] = j
                 j += 1
     sampled = [k for k in everything if rows[live[k]].sample]
-    return StepPlan(graph, eager, table_plan, np.asarray(out_index, np.int64), [live[k] for k in sampled], skipped,
-                    reqs, total, [slots[k] for k in sampled])  # fmt: skip
+    vocab = ctx.vocab_size
+    asked = [(live[k], min(n, vocab)) for k in sampled if (n := logprobs_asked(reqs[k])) is not None]
+    return StepPlan(graph, eager, table_plan, np.asarray(out_index, np.int64), [live[k] for k in sampled],
+                    checked.skipped, reqs, total, [slots[k] for k in sampled], asked)  # fmt: skip
 
 
 def _cap_updates(upd: tuple[list[int], list[int]], cap: int):
@@ -144,7 +157,43 @@ def _cap_updates(upd: tuple[list[int], list[int]], cap: int):
     return (upd[0][:cap], upd[1][:cap]), extra
 
 
-_Checked = tuple[list[int], list[Request], list[int], list[int], list[int], list[int], list[int], int, int]
+@dataclass(frozen=True, slots=True)
+class _Checked:
+    """The batch's live rows after validation, as parallel lists indexed by live position k (the planner's
+    row index from here on)."""
+
+    live: list[int]  # batch row index of each live row
+    reqs: list[Request]
+    starts: list[int]  # first fed position
+    ntok: list[int]  # fed tokens
+    npages: list[int]  # pages the row's context needs
+    from_prev: list[int]  # live indices of from_prev rows
+    skipped: list[int]  # batch row indices of stale rows
+    total: int  # fed tokens, all live rows
+    longest: int  # the longest row's tokens
+
+
+@dataclass(frozen=True, slots=True)
+class _PlanRows:
+    """What every part's writer reads: the batch, the checked rows, their page-table slots and from_prev sources."""
+
+    rows: list[BatchRow]
+    ctx: PlanContext
+    checked: _Checked
+    slots: list[int]  # page-table slot of each live row
+    prev_slot: dict[int, int]  # live index of a from_prev row -> the slot holding its token
+    name: Callable[[int], str]  # a live row's name for error messages
+
+
+@dataclass(frozen=True, slots=True)
+class _Part:
+    """One pass's share of the step: which live rows, packed how, where."""
+
+    part: list[int]  # live indices in attention-row order (-1: a varlen graph's padding row)
+    layout: Layout
+    packed: np.ndarray  # int32 [layout.size], a view of the staging buffer
+    upd: tuple[list[int], list[int]]  # page-table writes this pass carries (flat index, page)
+    virtual: bool  # graph layout: one virtual decode attention row per token
 
 
 def _check_rows(rows: list[BatchRow], ctx: PlanContext) -> _Checked:
@@ -177,6 +226,9 @@ def _check_rows(rows: list[BatchRow], ctx: PlanContext) -> _Checked:
         j = seen.setdefault(id(req), i)
         if j != i:
             raise BatchError(f"rows {j} and {i}: request {req.rid} appears twice in one batch")
+        if row.sample and logprobs_asked(req) == -1:
+            raise BatchError(f"row {i} (request {req.rid}): logprobs {req.sampling.logprobs} outside "
+                             f"0..{MAX_LOGPROBS}")  # fmt: skip
         if row.from_prev:
             if n != 1:
                 raise BatchError(f"row {i} (request {req.rid}): a from_prev row feeds exactly 1 token, not {n}")
@@ -188,16 +240,17 @@ def _check_rows(rows: list[BatchRow], ctx: PlanContext) -> _Checked:
         npages.append(need)
         total += n
         longest = n if n > longest else longest
-    return live, reqs, starts, ntok, npages, from_prev, skipped, total, longest
+    return _Checked(live, reqs, starts, ntok, npages, from_prev, skipped, total, longest)
 
 
-def _write_part(rows: list[BatchRow], ctx: PlanContext, live: list[int], reqs: list[Request], starts: list[int],
-                ntok: list[int], slots: list[int], prev_slot: dict[int, int], name: Callable[[int], str],
-                part: list[int], layout: Layout, packed: np.ndarray, upd: tuple[list[int], list[int]], *,
-                virtual: bool) -> int:  # fmt: skip
-    """Write the fields of one part (rows `part`, indices into the live lists) into `packed`, padded as
+def _write_part(known: _PlanRows, p: _Part) -> int:
+    """Write the fields of one part (rows `p.part`, indices into the live lists) into `p.packed`, padded as
     `inputs` documents; returns the part's longest row. Graph (`virtual`): one attention row per token and one
     logit row per batch row; eager: one attention row per batch row and logit rows for sampled rows only."""
+    rows, ctx, slots, prev_slot, name = known.rows, known.ctx, known.slots, known.prev_slot, known.name
+    c = known.checked
+    live, reqs, starts, ntok = c.live, c.reqs, c.starts, c.ntok
+    part, layout, packed, upd, virtual = p.part, p.layout, p.packed, p.upd, p.virtual
     ps = ctx.page_size
     off = offsets(layout)
 
@@ -220,6 +273,7 @@ def _write_part(rows: list[BatchRow], ctx: PlanContext, live: list[int], reqs: l
     oslot: list[int] = []
     spos: list[int] = []
     samp: list[tuple[int, object]] = []  # (logit row, SamplingParams) of rows with temperature > 0
+    lpk: list[tuple[int, int]] = []  # (logit row, k) of rows that ask for log-probabilities
     prev_at: list[int] = []
     prev_src: list[int] = []
     t = flushed = qmax = 0
@@ -228,7 +282,7 @@ def _write_part(rows: list[BatchRow], ctx: PlanContext, live: list[int], reqs: l
         try:
             ids_v[flushed:t] = ids
         except (OverflowError, ValueError, TypeError):
-            _bad_token(rows, ctx, live, reqs, starts, ntok, prev_slot, name, part)
+            _bad_token(known, part)
             raise
         pos_v[flushed:t] = pos
         smap_v[flushed:t] = smap
@@ -277,7 +331,7 @@ def _write_part(rows: list[BatchRow], ctx: PlanContext, live: list[int], reqs: l
                 try:
                     ids_v[t : t + m] = tok
                 except (OverflowError, ValueError, TypeError):
-                    _bad_token(rows, ctx, live, reqs, starts, ntok, prev_slot, name, part)
+                    _bad_token(known, part)
                     raise
                 p = np.arange(s, s + m)
                 pos_v[t : t + m] = p
@@ -300,6 +354,8 @@ def _write_part(rows: list[BatchRow], ctx: PlanContext, live: list[int], reqs: l
                 p = req.sampling
                 if p.temperature > 0:
                     samp.append((len(li), p))
+                if p.logprobs is not None:
+                    lpk.append((len(li), min(p.logprobs, ctx.vocab_size)))
             else:
                 oslot.append(0)
             li.append(t - 1)
@@ -309,7 +365,7 @@ def _write_part(rows: list[BatchRow], ctx: PlanContext, live: list[int], reqs: l
         prev_v[prev_at] = prev_src
     bad = (ids_v[:t] < 0) | (ids_v[:t] >= ctx.vocab_size)
     if bad.any():
-        _bad_token(rows, ctx, live, reqs, starts, ntok, prev_slot, name, part)
+        _bad_token(known, part)
     if virtual:
         np.add(pos_v[:t], 1, out=seq_v[:t])  # one virtual decode row per token
     else:  # varlen; a varlen graph's padding rows (past the list) keep seq_len 1, slot 0 and zero queries
@@ -326,6 +382,8 @@ def _write_part(rows: list[BatchRow], ctx: PlanContext, live: list[int], reqs: l
     top_p[:nl] = 1.0
     if samp:
         write_sampling(samp, ctx, top_p, view("inv_temp").view(np.float32), view("top_k"), view("seed"))
+    if lpk:
+        write_logprobs(lpk, view("logprobs_k1"))
     n_upd = len(upd[0])
     if n_upd:
         view("upd_idx")[:n_upd] = upd[0]
@@ -333,12 +391,13 @@ def _write_part(rows: list[BatchRow], ctx: PlanContext, live: list[int], reqs: l
     return qmax
 
 
-def _bad_token(rows, ctx, live, reqs, starts, ntok, prev_slot, name, part) -> None:
+def _bad_token(known: _PlanRows, part: list[int]) -> None:
     """Slow path after a packed token id failed the vocabulary check: find the first bad one and name its row."""
-    vocab = ctx.vocab_size
+    vocab = known.ctx.vocab_size
+    c = known.checked
     for k in part:
-        if k < 0 or k in prev_slot:
+        if k < 0 or k in known.prev_slot:
             continue
-        for tok in reqs[k].token_ids[starts[k] : starts[k] + ntok[k]]:
+        for tok in c.reqs[k].token_ids[c.starts[k] : c.starts[k] + c.ntok[k]]:
             if not (isinstance(tok, int | np.integer) and 0 <= tok < vocab):
-                raise BatchError(f"{name(k)}: token id {tok} outside the vocabulary (0..{vocab - 1})")
+                raise BatchError(f"{known.name(k)}: token id {tok} outside the vocabulary (0..{vocab - 1})")

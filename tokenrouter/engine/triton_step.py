@@ -5,8 +5,11 @@
 - `sample`: per logit row, greedy (argmax of the raw logits, by torch's parallel reduction launched first) or
   Gumbel-max over the tokens that pass top-k and top-p (thresholds found by a radix select over
   order-preserving keys: no sort, no [rows, vocab] temporaries), then the token goes to the step's output and
-  to the request's slot. The definition and its torch reference are in `tokenrouter.engine.sampler`; the hash is
-  the same uint32 arithmetic.
+  to the request's slot. A row that asks for log-probabilities (`logprobs_k1` > 0) then computes them in the
+  same program: one pass for the log-sum-exp, the argmax is the first of the top k, and each further one is a
+  pass that takes the largest value below the previous in (value desc, id asc) order; a row that does not ask
+  only reads its `logprobs_k1`. The definitions and their torch references are in `tokenrouter.engine.sampler`;
+  the hash is the same uint32 arithmetic.
 
 Launch parameters depend only on shapes: graph-capturable. Import only where kernels run (CUDA, or
 TRITON_INTERPRET=1).
@@ -19,6 +22,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from tokenrouter.engine.sampler import LOGPROB_WORDS, MAX_LOGPROBS
 from tokenrouter.engine.triton_ops import pdl_kwargs
 
 
@@ -107,9 +111,44 @@ def _radix_select(row, V, inv, m, frac, BY_MASS: tl.constexpr, BLOCK: tl.constex
 
 
 @triton.jit
+def _row_logprobs(row, V, best_i, tok, k, LpI, LpF, BLOCK: tl.constexpr, LP_TOP: tl.constexpr):
+    """Log-softmax of one row of raw logits (fp32): the sampled token's value at LpF[0], the top k ids at
+    LpI[1..k] and values at LpF[1 + LP_TOP ..]; `best_i` is the row's argmax (first index of the maximum)."""
+    m = tl.load(row + best_i).to(tl.float32)
+    acc = tl.zeros([BLOCK], tl.float32)
+    for v0 in range(0, V, BLOCK):
+        offs = v0 + tl.arange(0, BLOCK)
+        x = tl.load(row + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
+        acc += tl.exp(x - m)
+    lse = m + tl.log(tl.sum(acc, axis=0))
+    tl.store(LpF, tl.load(row + tok).to(tl.float32) - lse)
+    if k > 0:
+        tl.store(LpI + 1, best_i)
+        tl.store(LpF + 1 + LP_TOP, m - lse)
+    pv = m
+    pi = best_i
+    for i in range(1, k):
+        bv = tl.full([], float("-inf"), tl.float32)
+        bi = tl.zeros([], tl.int32)
+        for v0 in range(0, V, BLOCK):
+            offs = v0 + tl.arange(0, BLOCK)
+            x = tl.load(row + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
+            below = (offs < V) & ((x < pv) | ((x == pv) & (offs > pi)))
+            xs = tl.where(below, x, float("-inf"))
+            bm = tl.max(xs, axis=0)
+            bj = tl.argmax(xs, axis=0).to(tl.int32) + v0
+            bi = tl.where(bm > bv, bj, bi)  # strict: on a tie the earlier block (smaller id) stays
+            bv = tl.maximum(bv, bm)
+        tl.store(LpI + 1 + i, bi)
+        tl.store(LpF + 1 + LP_TOP + i, bv - lse)
+        pv = bv
+        pi = bi
+
+
+@triton.jit
 def _sample_kernel(
-    Logits, stride_l, Greedy, InvT, TopP, TopK, Seed, Pos, OutSlot, Out, SlotTok, V,
-    BLOCK: tl.constexpr, USE_PDL: tl.constexpr,
+    Logits, stride_l, Greedy, InvT, TopP, TopK, Seed, Pos, OutSlot, Out, SlotTok, LpK1, LpI, LpF, V,
+    BLOCK: tl.constexpr, LP_WORDS: tl.constexpr, LP_TOP: tl.constexpr, USE_PDL: tl.constexpr,
 ):  # fmt: skip
     if USE_PDL:
         gdc_wait()
@@ -151,18 +190,26 @@ def _sample_kernel(
         tok = sbest_i
     tl.store(Out + r, tok)
     tl.store(SlotTok + tl.load(OutSlot + r), tok)
+    k = tl.load(LpK1 + r) - 1
+    if k >= 0:
+        lp = r.to(tl.int64) * LP_WORDS
+        _row_logprobs(row, V, best_i, tok, k, LpI + lp, LpF + lp, BLOCK, LP_TOP)
 
 
 def sample(logits: torch.Tensor, inv_temp: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor,
            seed: torch.Tensor, pos: torch.Tensor, out_slot: torch.Tensor, out: torch.Tensor,
-           slot_tokens: torch.Tensor, *, pdl: bool = False) -> None:  # fmt: skip
-    """Tokens of logits [L, V] (last dim contiguous) into `out` [L] int32 and `slot_tokens[out_slot]`."""
+           slot_tokens: torch.Tensor, logprobs_k1: torch.Tensor, logprobs_out: torch.Tensor, *,
+           pdl: bool = False) -> None:  # fmt: skip
+    """Tokens of logits [L, V] (last dim contiguous) into `out` [L] int32 and `slot_tokens[out_slot]`; for rows
+    with `logprobs_k1` > 0 their log-probabilities into `logprobs_out` (int32 [L * LOGPROB_WORDS], floats as bits,
+    the layout `sampler.LOGPROB_WORDS` describes)."""
     rows, vocab = logits.shape
     if rows == 0:
         return
     block = min(2048, triton.next_power_of_2(vocab))
     greedy = logits.argmax(dim=-1)  # first index of the maximum, as torch.argmax and the reference define it
     _sample_kernel[(rows,)](
-        logits, logits.stride(0), greedy, inv_temp, top_p, top_k, seed, pos, out_slot, out, slot_tokens, vocab,
-        BLOCK=block, USE_PDL=pdl, num_warps=8, **pdl_kwargs(pdl),
+        logits, logits.stride(0), greedy, inv_temp, top_p, top_k, seed, pos, out_slot, out, slot_tokens,
+        logprobs_k1, logprobs_out, logprobs_out.view(torch.float32), vocab,
+        BLOCK=block, LP_WORDS=LOGPROB_WORDS, LP_TOP=MAX_LOGPROBS, USE_PDL=pdl, num_warps=8, **pdl_kwargs(pdl),
     )  # fmt: skip

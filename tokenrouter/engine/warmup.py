@@ -10,6 +10,9 @@ of the eager path) and the attention kernels directly at every split padding.
 
 `jit_cache_entries()` counts compiled variants of every Triton kernel of the engine (0 under the
 interpreter); studies compare it after warmup and after serving.
+
+Everything here reads the engine through `StepState` and runs passes through its `StepForward` (public members
+only); the engine decides which buffers they run on (the memory profile: a throwaway 2-page cache).
 """
 
 from __future__ import annotations
@@ -21,10 +24,12 @@ import numpy as np
 import torch
 
 from tokenrouter.engine.inputs import Layout, pack
-from tokenrouter.engine.memory import MemoryProfile
+from tokenrouter.engine.memory import DeviceMemory, MemoryProfile
 
 if TYPE_CHECKING:
-    from tokenrouter.engine.runner import Engine
+    from tokenrouter.engine.config import EngineConfig
+    from tokenrouter.engine.forward import StepForward
+    from tokenrouter.engine.step_state import StepState
 
 _Q_CLASSES = (1, 2, 4, 8, 16, 32, 64, 128)
 _SPLITS = (1, 2, 4, 8, 16, 32, 64)
@@ -55,23 +60,23 @@ def padding_pass_inputs(rows: int, q: int, device: torch.device) -> tuple[torch.
     return torch.from_numpy(pack(layout, fields, buf).copy()).to(device), layout
 
 
-def has_variants(engine: Engine) -> bool:
+def has_variants(engine: StepState) -> bool:
     """Whether the engine launches compiled Triton kernels (else there is nothing to compile). On CPU Triton runs
     only under the interpreter, which compiles nothing and would spend minutes on the warmup passes."""
     from tokenrouter.engine.attention import resolve_backend
 
     if engine.device.type != "cuda":
         return False
-    return engine.fwd.ops is not None or resolve_backend(engine.config.attention_backend, engine.device) == "triton"  # type: ignore[arg-type]
+    return engine.use_triton_ops or resolve_backend(engine.config.attention_backend, engine.device) == "triton"  # type: ignore[arg-type]
 
 
-def warm_eager(engine: Engine) -> None:
+def warm_eager(engine: StepState, fwd: StepForward) -> None:
     """Run the eager pass at every query-block class and the attention kernels at every split padding."""
     for q in _Q_CLASSES:
         if q > engine.max_context_len:
             break
         packed, layout = padding_pass_inputs(2, q, engine.device)
-        engine.fwd.eager_pass(packed, layout, q)
+        fwd.eager_pass(packed, layout, q)
     engine.out_ids.zero_()
     engine.slot_tokens.zero_()
     if not has_variants(engine):
@@ -91,27 +96,29 @@ def warm_eager(engine: Engine) -> None:
                                     num_splits=s, pdl=engine.pdl, row_slots=slots)  # fmt: skip
 
 
-def profile_memory(engine: Engine) -> MemoryProfile:
-    """Measure the activation peak of the largest eager pass on a throwaway 2-page cache (before the real KV
-    cache exists); weights are already loaded. On CPU the peak is unknown (0)."""
-    from tokenrouter.core.kv import KVPool
+def profile_pass_shape(config: EngineConfig) -> tuple[int, int]:
+    """(rows, tokens per row) of the largest eager pass: `max_num_batched_tokens` tokens over as many rows as
+    `max_batch_size` allows, every row sampling."""
+    t = config.max_num_batched_tokens
+    rows = max(1, min(config.max_batch_size, t))
+    return rows, max(1, t // rows)
 
+
+def profile_memory(engine: StepState, fwd: StepForward, weights_bytes: int) -> MemoryProfile:
+    """Measure the activation peak of the largest eager pass (`profile_pass_shape`) on the buffers the engine
+    holds now, which must be a throwaway cache of a few pages: padding rows read and write the null slot only.
+    Weights are already loaded. On CPU the peak is unknown (0)."""
     c = engine.config
-    saved = engine._pool if hasattr(engine, "_pool") else None
-    t = c.max_num_batched_tokens
-    rows = max(1, min(c.max_batch_size, t))
-    q = max(1, t // rows)
-    engine._pool = KVPool(2 + -(-q // c.page_size), c.page_size)  # rows read the null slot; width covers q
-    engine._setup_buffers(warm=False)
-    mem = engine.mem
-    engine._sync()
+    rows, q = profile_pass_shape(c)
+    mem = DeviceMemory(engine.device)
+    engine.synchronize()
     before = mem.allocated()
     mem.reset_peak()
-    with torch.no_grad(), engine._on_stream():
+    with torch.no_grad(), engine.on_stream():
         packed, layout = padding_pass_inputs(rows, q, engine.device)
-        engine.fwd.eager_pass(packed, layout, q)
+        fwd.eager_pass(packed, layout, q)
         del packed
-    engine._sync()
+    engine.synchronize()
     peak = max(0, mem.peak() - before)
     static = engine.table.nbytes + engine.out_ids.numel() * 4
     top = max(c.graph_buckets, default=0)
@@ -124,12 +131,10 @@ def profile_memory(engine: Engine) -> MemoryProfile:
         # The graph pool keeps the largest varlen bucket's intermediates (about the eager peak measured here,
         # at most max_num_batched_tokens tokens); steps that fit no bucket still run eagerly outside the pool.
         pool = peak if c.cuda_graphs and engine.device.type == "cuda" else 0
-    engine._teardown_buffers()
-    engine._pool = saved
-    return MemoryProfile(weights=engine.weights_bytes, activation_peak=peak, static=static, graph_pool=pool)
+    return MemoryProfile(weights=weights_bytes, activation_peak=peak, static=static, graph_pool=pool)
 
 
-def spec_hv(engine: Engine) -> int:
+def spec_hv(engine: StepState) -> int:
     return engine.spec.hidden_size + engine.spec.vocab_size
 
 

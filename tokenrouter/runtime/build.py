@@ -38,24 +38,26 @@ def build_part(spec: SubserverSpec, gate: SyncGate | None) -> tuple[Deployment, 
     """Deployment, this model's scheduler and its engine (router installed, calibrated if `random`)."""
     from tokenrouter.engine import Engine, EngineConfig
 
-    dep = build_deployment(spec.config, gpu_memory_gb=spec.memory_gb, seed=spec.seed, gate=gate)
-    i = spec.model
-    sched = dep.schedulers[i]
-    kw = dict(dep.engine_args[i])
-    mc = spec.config.models[i]
+    cfg = spec.config
+    dep = build_deployment(cfg, gpu_memory_gb=spec.memory_gb, seed=spec.seed, gate=gate)
+    model_index = spec.model
+    sched = dep.schedulers[model_index]
+    kw = dict(dep.engine_args[model_index])
+    model_cfg = cfg.models[model_index]
     if spec.device == "cpu":
         kw.update(device="cpu", cuda_graphs=False)
     else:
         kw["device"] = "cuda:0"  # CUDA_VISIBLE_DEVICES names this model's GPUs
-    if mc.mps_active_thread_percentage is not None:
-        kw["mps_active_thread_percentage"] = mc.mps_active_thread_percentage
+    if model_cfg.mps_active_thread_percentage is not None:
+        kw["mps_active_thread_percentage"] = model_cfg.mps_active_thread_percentage
     kw.update(spec.engine_overrides)
     engine = Engine(EngineConfig(**kw), kv_pool=sched.kv)
-    rc = spec.config.router
+    rc = cfg.router
     if rc.weights:
-        from tokenrouter.routers.learned import calibrate_on_runner, make_learned_router
+        from tokenrouter.routers.learned import Calibratable, calibrate_on_runner, make_learned_router
 
-        small = i == 0
+        small = cfg.is_small(model_index)
+        module = engine.model  # the torch module of this model: the small one's embedding feeds R2R's classifier
         router = make_learned_router(
             rc.name,
             rc.weights,
@@ -63,14 +65,14 @@ def build_part(spec: SubserverSpec, gate: SyncGate | None) -> tuple[Deployment, 
             engine.spec.hidden_size,
             engine.spec.vocab_size,
             engine.device,
-            model=i,
+            model=model_index,
             num_models=dep.num_models,
-            embedding=engine.model.embed_tokens if small else None,
+            embedding=module.embed_tokens if small else None,
             return_prob=rc.return_prob if rc.name == "r-stitch" else None,
             seed=spec.seed,
         )
-        dep.set_router(i, router)
+        dep.set_router(model_index, router)
         engine.set_router(sched.router.device)
-        if rc.weights.lower() == "random" and getattr(sched.router, "needs_calibration", False):
+        if rc.weights.lower() == "random" and isinstance(sched.router, Calibratable):
             calibrate_on_runner(sched.router, engine, seed=spec.seed)
     return dep, sched, engine

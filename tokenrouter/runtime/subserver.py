@@ -1,54 +1,47 @@
-"""One subserver process: engine + core `Scheduler` + router, driven by a ZeroMQ event loop.
+"""One subserver process: engine + core `Scheduler` + router, driven by the runtime's `EngineLoop` over ZeroMQ.
 
-Loop (the core's driver contract, `core.scheduler`): drain every queued message (Submit -> `add`, Abort ->
-`abort`, PEER -> `resume`, GATE -> just re-ask), then `schedule(now)` -> `engine.step` -> `complete` ->
-deliver actions (Send -> peer PUSH as `core.wire`, Emit -> `Tokens`, Finish -> `Finished`). Overlap is the
-`EngineLoop`'s: with `sched.overlap` step k+1 is launched before step k is completed. When nothing runs and
-`schedule` says wait, the loop blocks in `zmq.Poller.poll` until a message, the policy deadline
-(`next_deadline`) or the next Stats heartbeat: no busy spinning.
-
-The loop never frees KV itself: a hopped request stays PENDING with its pages in the scheduler until the core
-finishes or aborts it.
+The loop (schedule -> engine.step -> complete, overlap, late prepare, loop counters) is `runtime.engine_loop`;
+this class is its transport: `receive` drains every queued message (Submit -> `add`, Abort -> `abort`, PEER ->
+`resume`, GATE -> nothing, the loop re-asks `schedule`) and sends the Stats heartbeat; `deliver` sends actions
+(Send -> peer PUSH as `core.wire`, Emit -> `Tokens`, Finish -> `Finished`). When nothing runs and `schedule`
+says wait, `wait_idle` blocks in `zmq.Poller.poll` until a message, the policy deadline (`next_deadline`) or the
+next Stats heartbeat: no busy spinning.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 import time
 import traceback
-from collections import deque
-from typing import Any
 
 import zmq
 
 from tokenrouter.core import wire
-from tokenrouter.core.batch import StepResult
+from tokenrouter.core.batch import Batch
 from tokenrouter.core.messages import Action, Emit, Finish, PeerReq, Send
-from tokenrouter.core.overlap import prepare_time
 from tokenrouter.core.request import Request, SamplingParams
 from tokenrouter.core.scheduler import RequestTooLong
 from tokenrouter.runtime import protocol as P
 from tokenrouter.runtime.build import SubserverSpec, build_part
+from tokenrouter.runtime.engine_loop import EngineLoop
 from tokenrouter.runtime.gate import RemoteGate
 from tokenrouter.runtime.logs import JsonlLog
-from tokenrouter.runtime.stats import Counters
-from tokenrouter.runtime.step_clock import StepClock
 
 _STATS_MIN_GAP_S = 0.05  # Stats sent on a change: at most this often (the heartbeat still comes every interval)
 
 
-class Subserver:
+class Subserver(EngineLoop):
     def __init__(self, spec: SubserverSpec) -> None:
         t0 = time.monotonic()
         self.spec = spec
-        self.model = spec.model
         addrs = spec.addresses
         self.ctx = zmq.Context()
         self.gate: RemoteGate | None = None
         if spec.config.policy.build().is_sync:
             self.gate = RemoteGate(spec.model, addrs.coordinator, self.ctx)
-        self.dep, self.sched, self.engine = build_part(spec, self.gate)
+        self.dep, sched, engine = build_part(spec, self.gate)
+        super().__init__(engine, sched, prepare_margin_s=spec.prepare_margin_ms / 1000.0,
+                         step_log=JsonlLog(spec.step_log))  # fmt: skip
         self.pull = self.ctx.socket(zmq.PULL)
         self.pull.bind(addrs.subservers[spec.model])
         self.peers: dict[int, zmq.Socket] = {}
@@ -59,17 +52,7 @@ class Subserver:
         self.launcher = self._push(addrs.launcher) if addrs.launcher else None
         self.poller = zmq.Poller()
         self.poller.register(self.pull, zmq.POLLIN)
-        self.inflight: deque[tuple[Any, Any, float, bool]] = deque()  # (batch, handle, launch time, back to back)
-        self.counters = Counters()
-        # GPU time per step (two CUDA events) for the loop-overhead counters; nothing to time on CPU.
-        self.engine.timing = self.engine.device.type == "cuda"
-        self.idled = True  # the loop offered to block since the last launch: the next step is not back to back
-        self.last_done: float | None = None
-        self.clock = StepClock()
-        self.margin_s = spec.prepare_margin_ms / 1000.0
         self.hops = JsonlLog(spec.hop_log)
-        self.steps = JsonlLog(spec.step_log)
-        self.stopping = False
         self.vocab = self.engine.spec.vocab_size
         ready = P.Ready(spec.model, spec.config.models[spec.model].name, self.sched.kv.capacity_tokens,
                         self.engine.max_context_len, self.vocab, time.monotonic() - t0)  # fmt: skip
@@ -94,13 +77,13 @@ class Subserver:
     # ---- inputs ---------------------------------------------------------------------------------------
     def _on_message(self, chan: bytes, data: bytes, now: float) -> None:
         if chan == P.PEER:
-            self._deliver(self.sched.resume(wire.decode(data), now))
+            self.deliver(self.sched.resume(wire.decode(data), now))
         elif chan == P.CTL:
             msg = P.decode_for_subserver(data)
             if isinstance(msg, P.Submit):
                 self._submit(msg, now)
             elif isinstance(msg, P.Abort):
-                self._deliver(self.sched.abort(msg.rid, now))
+                self.deliver(self.sched.abort(msg.rid, now))
             elif isinstance(msg, P.Shutdown):
                 self.stopping = True
         # GATE: nothing to do; the loop re-asks schedule.
@@ -121,7 +104,7 @@ class Subserver:
             self.front.send_multipart([P.CTL, P.encode(P.Rejected(msg.rid, 400, str(e)))])
             return
         self.hops.write({"rid": msg.rid, "prompt_len": len(ids)})
-        self._deliver(acts)
+        self.deliver(acts)
 
     def _drain(self, timeout_ms: int) -> None:
         """Handle every queued message; wait up to `timeout_ms` for the first one."""
@@ -132,8 +115,22 @@ class Subserver:
             self._on_message(chan, data, now)
             events = self.poller.poll(0)
 
+    def receive(self, timeout_s: float) -> None:
+        now = time.monotonic()
+        self._stats(now)  # sends only on the heartbeat or soon after a change
+        self._drain(int(timeout_s * 1000))
+
+    def wait_idle(self) -> None:
+        now = time.monotonic()
+        self._stats(now)
+        self._drain(self._timeout_ms(now))
+
+    def after_schedule(self, batch: Batch | None) -> None:
+        if batch is None and self.gate is not None:
+            self.gate.release()  # a granted launch that formed no batch
+
     # ---- outputs --------------------------------------------------------------------------------------
-    def _deliver(self, acts: list[Action], error_rids: frozenset[str] = frozenset()) -> None:
+    def deliver(self, acts: list[Action], failed: frozenset[str] = frozenset()) -> None:
         if self.gate is not None:
             self.gate.flush()  # before any Send leaves: the coordinator counts the send first
         for a in acts:
@@ -147,71 +144,10 @@ class Subserver:
                 self.front.send_multipart([P.CTL, P.encode(out)])
                 self.hops.write({"rid": a.rid, "pos": a.pos, "n": len(a.tokens), "model": a.model})
             elif isinstance(a, Finish):
-                reason = "error" if a.rid in error_rids else a.reason
+                reason = "error" if a.rid in failed else a.reason
                 self.front.send_multipart([P.CTL, P.encode(P.Finished(a.rid, reason, a.num_output, a.num_hops))])
 
-    # ---- steps ----------------------------------------------------------------------------------------
-    def _launch(self, now: float) -> bool:
-        batch = self.sched.schedule(now)
-        if batch is None:
-            if self.gate is not None:
-                self.gate.release()
-            return False
-        from tokenrouter.engine.errors import StepFailed
-
-        r = self.sched.router
-        try:
-            handle = self.engine.step(batch, return_logits=r.needs_logits, return_hidden=r.needs_hidden)
-        except StepFailed as e:
-            self._fail_batch(batch, str(e))
-            return True
-        t = time.monotonic()
-        self.clock.on_launch(t)
-        self.inflight.append((batch, handle, t, not self.idled))
-        self.idled = False
-        return True
-
-    def _fail_batch(self, batch: Any, why: str) -> None:
-        """A launch failed: its requests end with "error" (and are dropped on every peer); the loop goes on."""
-        print(f"subserver {self.model}: {why}", file=sys.stderr)
-        rids = frozenset(row.req.rid for row in batch.rows)
-        acts: list[Action] = []
-        for rid in rids:
-            acts += self.sched.abort(rid, time.monotonic())
-        # Every row is now stale, so completing the batch only takes it off the in-flight list.
-        acts += self.sched.complete(batch, StepResult(next_token_ids=[-1] * len(batch.rows)), time.monotonic())
-        self._deliver(acts, rids)
-
-    def _complete_oldest(self) -> None:
-        batch, handle, t_launch, back_to_back = self.inflight.popleft()
-        res = handle.result()
-        t_done = time.monotonic()
-        rows = len(batch.rows)
-        self.counters.step(rows, t_launch, t_done)
-        gpu_ms = handle.gpu_start.elapsed_time(handle.gpu_end) if handle.gpu_start is not None else 0.0
-        self.clock.on_gpu_time(gpu_ms / 1000.0)
-        self.clock.on_complete(t_done, bool(self.inflight))
-        if back_to_back and self.last_done is not None:
-            self.counters.loop_step(rows, t_done - self.last_done, gpu_ms)
-        self.last_done = t_done
-        self.steps.write({"model": self.model, "step": batch.step_id, "rows": rows, "launch": t_launch,
-                          "done": t_done, "gpu_ms": gpu_ms, "back_to_back": back_to_back})  # fmt: skip
-        self._deliver(self.sched.complete(batch, res, t_done))
-
-    def _wait_to_prepare(self) -> None:
-        """Overlap: form step k+1 `prepare_margin_ms` before step k is estimated to end (`core.overlap`), taking
-        peers' messages meanwhile, so returns that land during k join k+1 as in the simulator. Stops waiting
-        as soon as k is done (the estimate was long) or the estimate runs out."""
-        if not self.sched.overlap or self.gate is not None or len(self.inflight) != 1 or self.clock.end is None:
-            return
-        handle = self.inflight[0][1]
-        at = prepare_time(self.clock.end, self.margin_s)
-        while not self.stopping and not handle.ready():
-            left = at - time.monotonic()
-            if left <= 0:
-                return
-            self._drain(min(2, int(left * 1000)))  # 2 ms slices: notice an early end of k soon enough
-
+    # ---- loop -----------------------------------------------------------------------------------------
     def _timeout_ms(self, now: float) -> int:
         wake = self.next_stats
         deadline = self.sched.next_deadline()
@@ -241,32 +177,13 @@ class Subserver:
         self.stats_sent = now
         self.next_stats = now + self.spec.stats_interval_s
 
-    def run(self) -> None:
-        busy = False
-        while not self.stopping:
-            now = time.monotonic()
-            self._stats(now)
-            idle = not busy and not self.inflight
-            self.idled |= idle
-            self._drain(self._timeout_ms(now) if idle else 0)
-            self._wait_to_prepare()
-            if self.stopping:
-                break
-            launched = self._launch(time.monotonic())
-            completed = False
-            while self.inflight and (not self.sched.overlap or not launched or len(self.inflight) > 1):
-                self._complete_oldest()
-                completed = True
-            # A completion can make this model launchable again (its requeued rows, a sync gate's next round)
-            # without any message arriving: ask `schedule` once more before blocking in the poll.
-            busy = launched or completed or bool(self.inflight)
-        while self.inflight:
-            self._complete_oldest()
+    def run(self, max_steps: int | None = None) -> None:
+        super().run(max_steps)
         self._stats(time.monotonic(), force=True)
 
     def close(self) -> None:
         self.hops.close()
-        self.steps.close()
+        self.step_log.close()
         if self.gate is not None:
             self.gate.close()
         self.engine.close()

@@ -3,7 +3,7 @@
 Needs torch (extra `engine`); `tokenrouter.routers` itself stays importable without it.
 """
 
-from tokenrouter.routers.learned.calibrate import calibrate_on_runner
+from tokenrouter.routers.learned.calibrate import Calibratable, calibrate_on_runner
 from tokenrouter.routers.learned.checkpoint import LoadedRouter, load_router_checkpoint, save_router_checkpoint
 from tokenrouter.routers.learned.ensemble import EnsembleRouter
 from tokenrouter.routers.learned.factory import LEARNED_ROUTERS, make_learned_router
@@ -22,6 +22,7 @@ from tokenrouter.routers.learned.scorers import ConfidenceMLP, DeferralHead, Nor
 __all__ = [
     "LEARNED_ROUTERS",
     "R2R_INPUTS",
+    "Calibratable",
     "CiterRouter",
     "CoLLMRouter",
     "ConfidenceMLP",

@@ -8,15 +8,37 @@ The pages it takes are returned to the pool before it returns.
 from __future__ import annotations
 
 import random
+from typing import Any, Protocol, runtime_checkable
 
 from tokenrouter.core.batch import Batch, BatchRow
 from tokenrouter.core.request import Request, SamplingParams
 from tokenrouter.engine.base import ModelRunner
-from tokenrouter.routers.learned.routers import LearnedRouter
+from tokenrouter.routers.learned.gate import ScoreGate
+
+
+@runtime_checkable
+class Calibratable(Protocol):
+    """A router whose threshold is set from its own scores on warm-up steps before serving (`random` weights:
+    a target hop rate instead of a trained cut). The learned routers with a `ScoreGate` implement it
+    (`LearnedRouter`); routers without a threshold (synthetic, the ensemble) do not.
+
+    `needs_calibration` stays True until the bound model's gate has seen `calibration_rows` scored rows
+    through `observe`, which returns True once the threshold is set."""
+
+    model: int
+    calibration_rows: int
+
+    @property
+    def needs_calibration(self) -> bool: ...
+
+    @property
+    def gate(self) -> ScoreGate | None: ...
+
+    def observe(self, token_ids: Any, hidden: Any, logits: Any) -> bool: ...
 
 
 def calibrate_on_runner(
-    router: LearnedRouter,
+    router: Calibratable,
     runner: ModelRunner,
     *,
     num_prompts: int = 16,

@@ -1,4 +1,4 @@
-"""Stop strings on the detokenized output: the text ends before the first stop string that appears, and a
+"""Stop strings on the detokenized output: the text ends before the first stop string that is completed, and a
 stream never releases text that could still turn out to be part of one.
 
 Matching is on text, not tokens: a stop string may span several tokens, start inside one, or be completed by
@@ -22,7 +22,7 @@ class StopStrings:
     stops: tuple[str, ...]
     text: str = ""
     sent: int = 0  # characters of `text` released so far
-    cut: int | None = None  # where the first stop string starts, once one appeared
+    cut: int | None = None  # where the stop string that completed first starts, once one did
 
     def __post_init__(self) -> None:
         if any(not s for s in self.stops):
@@ -43,9 +43,11 @@ class StopStrings:
         # No stop string was in the text before `delta`, so a match must end inside `delta`.
         start = max(0, len(self.text) - longest + 1)
         self.text += delta
-        hits = [i for i in (self.text.find(s, start) for s in self.stops) if i >= 0]
+        # Generation stops as soon as a stop string is written: the one that ends first wins (the earliest start
+        # among those ending there), so the result does not depend on how the text was split into deltas.
+        hits = [(i + len(s), i) for s in self.stops if (i := self.text.find(s, start)) >= 0]
         if hits:
-            self.cut = min(hits)
+            self.cut = min(hits)[1]
             return self._release(self.cut)
         return self._release(len(self.text) - self._held(longest))
 

@@ -1,0 +1,47 @@
+"""What a subserver builds (`runtime.build.build_part`): the model roles come from the config's entry, not from
+model index 0 (the learned router of the small model gets that model's embedding table)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from rt_helpers import tiny_config
+
+from tokenrouter.core.config import DeploymentConfig
+from tokenrouter.runtime.addresses import Addresses
+from tokenrouter.runtime.build import SubserverSpec, build_part
+
+
+class _Built(Exception):
+    pass
+
+
+def test_small_model_is_the_entry():
+    cfg = tiny_config()
+    assert cfg.small_model == 0 and cfg.is_small(0) and not cfg.is_small(1)
+    swapped = DeploymentConfig(models=cfg.models[::-1], entry=1)
+    assert swapped.small_model == 1 and swapped.is_small(1) and not swapped.is_small(0)
+
+
+@pytest.mark.parametrize("entry", [0, 1])
+def test_the_small_models_router_gets_its_embedding(tmp_path, monkeypatch, entry):
+    import tokenrouter.routers.learned as learned
+
+    cfg = tiny_config(router="r2r", weights="random")
+    if entry == 1:
+        cfg = dataclasses.replace(cfg, models=cfg.models[::-1], entry=1)
+    seen: dict[int, object] = {}
+
+    def fake(*args, model, embedding, **kw):
+        seen[model] = embedding
+        raise _Built
+
+    monkeypatch.setattr(learned, "make_learned_router", fake)
+    for i in range(2):
+        spec = SubserverSpec(i, cfg, Addresses.local(tmp_path, 2))
+        with pytest.raises(_Built):
+            build_part(spec, None)
+    small, large = entry, 1 - entry
+    assert seen[large] is None and seen[small] is not None
+    assert seen[small].shape[0] == 1024  # the tiny vocabulary: an embedding table

@@ -1,0 +1,43 @@
+"""Deliberate engine failures, for tests of the code that handles real ones (the runtime's handling of a failed
+step, a failed graph capture at start-up).
+
+Per engine, off by default: `EngineConfig.fail_step_ids` / `fail_captures` set it at construction (so a runtime
+test reaches the engines of real subserver processes through `Server(engine_overrides=...)`), and
+`Engine.faults` changes it on a live engine. Nothing is process-global.
+
+A failed step raises `InjectedFault` inside `Engine.step` after the step's inputs were uploaded and before any
+pass runs, where an out-of-memory error in the forward would surface: the caller sees `StepFailed` and the
+engine's own failure handling runs (`from_prev` rows that refer to the step become errors). A failed capture
+raises it inside the graph build, which the engine reports as `EngineError` (on CUDA with PDL, after its one
+retry without PDL, which consumes a second failure when `fail_captures` >= 2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+class InjectedFault(RuntimeError):
+    """A failure raised on purpose by `FaultInjection`."""
+
+
+@dataclass(slots=True)
+class FaultInjection:
+    fail_step_ids: set[int] = field(default_factory=set)  # batch step ids whose launch fails, once each
+    fail_next_steps: int = 0  # the next this many launches fail
+    fail_captures: int = 0  # the next this many graph builds fail (CUDA capture, or `graph_emulation`)
+
+    def before_passes(self, step_id: int) -> None:
+        """Called by `Engine.step` once the inputs are on the device, before the first pass."""
+        if step_id in self.fail_step_ids:
+            self.fail_step_ids.discard(step_id)
+            raise InjectedFault(f"injected failure of step {step_id}")
+        if self.fail_next_steps > 0:
+            self.fail_next_steps -= 1
+            raise InjectedFault(f"injected failure of step {step_id}")
+
+    def before_capture(self) -> None:
+        """Called by the engine's graph build before it captures (or emulates) any graph."""
+        if self.fail_captures > 0:
+            self.fail_captures -= 1
+            raise InjectedFault("injected graph capture failure")

@@ -1,0 +1,215 @@
+"""`EngineLoop`: the one loop that drives an engine from a core `Scheduler`. The runtime's subserver process runs
+it over ZeroMQ (`runtime.subserver.Subserver`); tests and `studies/engine/serving_loop.py` run it in process
+(`runtime.local_loop.LocalLoop`). Only the message transport differs, through three hooks: `receive` (take queued
+messages), `wait_idle` (block while nothing can run) and `deliver` (send a step's actions).
+
+One iteration, following the core's driver contract (`core.scheduler`):
+    receive (wait_idle when nothing is in flight and the last iteration did nothing)
+    late prepare: with step k in flight, wait until `prepare_margin_s` before k's estimated end, receiving
+    schedule(now) -> engine.step (a launch that fails ends its batch's requests with "error"; serving goes on)
+    complete the oldest step(s) -> deliver their actions
+
+Overlap (`Scheduler.prepares_ahead`, the core's one rule): step k+1 is launched before step k is completed, so
+the host's complete(k) + schedule(k+2) run while the device runs k+1; rows of k+1 that continue a row of k are
+`from_prev` (their token never visits the host). The loop waits on each step's own handle, never on the device.
+Late prepare: k+1 is formed as late as the simulator forms it (`core.overlap.prepare_time`) against the
+estimated end of k (`runtime.step_clock.StepClock`, from the GPU times the engine's CUDA events measure), so a
+peer return that lands during k joins k+1; on CPU there is no estimate and k+1 is formed at once.
+
+Counters (`runtime.stats.Counters`): steps launched back to back (the loop did not wait for work since the last
+completion) are counted with their completion-to-completion time and their GPU time; `times` splits the host
+time (schedule, engine.step, waiting on handles, complete + deliver) for the studies.
+
+The loop never frees KV itself: a hopped request stays PENDING with its pages in the scheduler until the core
+finishes or aborts it.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from abc import ABC, abstractmethod
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from tokenrouter.core.batch import Batch, StepResult
+from tokenrouter.core.messages import Action
+from tokenrouter.core.overlap import prepare_time
+from tokenrouter.core.scheduler import Scheduler
+from tokenrouter.engine.errors import StepFailed
+from tokenrouter.runtime.logs import JsonlLog
+from tokenrouter.runtime.stats import Counters
+from tokenrouter.runtime.step_clock import StepClock
+
+
+@dataclass(slots=True)
+class InFlight:
+    """A launched step the loop has not completed yet."""
+
+    batch: Batch
+    handle: Any  # the engine's StepHandle: ready(), result(), gpu_start / gpu_end events (CUDA timing)
+    launched: float  # monotonic clock
+    back_to_back: bool  # launched without the loop waiting for work since the previous completion
+
+
+@dataclass(slots=True)
+class LoopTimes:
+    """Host seconds spent in each part of the loop (studies: where the time per step goes)."""
+
+    schedule_s: float = 0.0
+    step_s: float = 0.0  # inside engine.step (plan + launch)
+    wait_s: float = 0.0  # blocked on step handles
+    complete_s: float = 0.0  # Scheduler.complete + deliver
+    wall_s: float = 0.0  # inside run()
+
+
+class EngineLoop(ABC):
+    """Drives `engine` (a `ModelRunner`: `step(batch, ...)` returning a handle) from `sched`.
+
+    Invariant: `inflight` lists the launched steps in launch order, the same batches as `sched.inflight`
+    (a step is taken off both at once, in `complete_oldest`); at most two are in flight, one without overlap.
+    """
+
+    def __init__(self, engine: Any, sched: Scheduler, *, prepare_margin_s: float = 0.001,
+                 step_log: JsonlLog | None = None, keep_handles: bool = False) -> None:  # fmt: skip
+        self.engine = engine
+        self.sched = sched
+        self.model = sched.model
+        self.margin_s = prepare_margin_s
+        self.step_log = step_log if step_log is not None else JsonlLog(None)
+        self.keep_handles = keep_handles
+        self.handles: list[Any] = []  # every launched step's handle, with keep_handles (tests, studies)
+        self.inflight: deque[InFlight] = deque()
+        self.counters = Counters()
+        self.times = LoopTimes()
+        self.clock = StepClock()
+        self.launched = 0
+        self.stopping = False
+        self.idled = True  # the loop waited for work since the last launch: the next step is not back to back
+        self.last_done: float | None = None
+        # GPU time per step (two CUDA events) for the step clock and the loop counters; nothing to time on CPU.
+        engine.timing = engine.device.type == "cuda"
+
+    # ---- hooks (the transport) ------------------------------------------------------------------------
+    @abstractmethod
+    def receive(self, timeout_s: float) -> None:
+        """Handle every queued message (Submit -> `sched.add`, Abort -> `sched.abort`, a peer's -> `resume`,
+        delivering what they return); wait up to `timeout_s` for the first one."""
+
+    @abstractmethod
+    def wait_idle(self) -> None:
+        """Nothing is in flight and the last iteration launched nothing: block until something may change that
+        (a message, the policy deadline `sched.next_deadline()`), or set `stopping`."""
+
+    @abstractmethod
+    def deliver(self, actions: list[Action], failed: frozenset[str] = frozenset()) -> None:
+        """Send `actions` (Send -> a peer, Emit -> the client's tokens, Finish); a Finish of a request in
+        `failed` reports reason "error" (its step failed)."""
+
+    def after_schedule(self, batch: Batch | None) -> None:  # noqa: B027 - optional hook, default no-op
+        """Called right after `schedule`, before the step launches (a sync gate's grant is released when no
+        batch formed; tests land aborts and completions between schedule and step here)."""
+
+    # ---- the loop -------------------------------------------------------------------------------------
+    def run(self, max_steps: int | None = None) -> None:
+        """Serve until `stopping` (or `max_steps` launches), then complete what is in flight."""
+        t_run = time.perf_counter()
+        busy = True  # try to schedule before the first wait
+        while not self.stopping and (max_steps is None or self.launched < max_steps):
+            if busy or self.inflight:
+                self.receive(0.0)
+            else:
+                self.idled = True
+                self.wait_idle()
+            self.wait_to_prepare()
+            if self.stopping:
+                break
+            launched = self.launch()
+            completed = False
+            while self.inflight and (not self.sched.prepares_ahead or not launched or len(self.inflight) > 1):
+                self.complete_oldest()
+                completed = True
+            # A completion can make this model launchable again (its requeued rows, a sync gate's next round)
+            # without any message arriving: ask `schedule` once more before blocking.
+            busy = launched or completed or bool(self.inflight)
+        while self.inflight:
+            self.complete_oldest()
+        self.times.wall_s += time.perf_counter() - t_run
+
+    def wait_to_prepare(self) -> None:
+        """Overlap: form step k+1 `prepare_margin_s` before step k is estimated to end (`core.overlap`), taking
+        messages meanwhile, so returns that land during k join k+1 as in the simulator. Stops waiting as soon as
+        k is done (the estimate was long) or the estimate runs out."""
+        if not self.sched.prepares_ahead or len(self.inflight) != 1 or self.clock.end is None:
+            return
+        handle = self.inflight[0].handle
+        at = prepare_time(self.clock.end, self.margin_s)
+        while not self.stopping and not handle.ready():
+            left = at - time.monotonic()
+            if left <= 0:
+                return
+            self.receive(min(0.002, left))  # 2 ms slices: notice an early end of k soon enough
+
+    def launch(self) -> bool:
+        """Schedule and launch one step; False when `schedule` formed nothing."""
+        t0 = time.perf_counter()
+        batch = self.sched.schedule(time.monotonic())
+        self.times.schedule_s += time.perf_counter() - t0
+        self.after_schedule(batch)
+        if batch is None:
+            return False
+        r = self.sched.router
+        t0 = time.perf_counter()
+        try:
+            handle = self.engine.step(batch, return_logits=r.needs_logits, return_hidden=r.needs_hidden)
+        except StepFailed as e:
+            self.fail_batch(batch, str(e))
+            return True
+        self.times.step_s += time.perf_counter() - t0
+        t = time.monotonic()
+        self.clock.on_launch(t)
+        self.inflight.append(InFlight(batch, handle, t, not self.idled))
+        self.idled = False
+        self.launched += 1
+        if self.keep_handles:
+            self.handles.append(handle)
+        return True
+
+    def fail_batch(self, batch: Batch, why: str) -> None:
+        """A launch failed: its requests end with "error" (and are dropped on every peer); the loop goes on.
+
+        Under overlap the step before it may still be in flight, and the core completes steps in launch order
+        only: that step is completed first (its results are good: tokens of requests that are also in the
+        failed batch are delivered before those requests end), then the failed batch is taken off."""
+        print(f"subserver {self.model}: {why}", file=sys.stderr)
+        while self.inflight:
+            self.complete_oldest()
+        rids = frozenset(row.req.rid for row in batch.rows)
+        acts: list[Action] = []
+        for rid in rids:
+            acts += self.sched.abort(rid, time.monotonic())
+        # Every row is now stale, so completing the batch only takes it off the in-flight list.
+        acts += self.sched.complete(batch, StepResult(next_token_ids=[-1] * len(batch.rows)), time.monotonic())
+        self.deliver(acts, rids)
+
+    def complete_oldest(self) -> None:
+        f = self.inflight.popleft()
+        t0 = time.perf_counter()
+        res = f.handle.result()
+        t_done = time.monotonic()
+        self.times.wait_s += time.perf_counter() - t0
+        rows = len(f.batch.rows)
+        self.counters.step(rows, f.launched, t_done)
+        h = f.handle
+        gpu_ms = h.gpu_start.elapsed_time(h.gpu_end) if getattr(h, "gpu_start", None) is not None else 0.0
+        self.clock.on_gpu_time(gpu_ms / 1000.0)
+        self.clock.on_complete(t_done, bool(self.inflight))
+        if f.back_to_back and self.last_done is not None:
+            self.counters.loop_step(rows, t_done - self.last_done, gpu_ms)
+        self.last_done = t_done
+        self.step_log.write({"model": self.model, "step": f.batch.step_id, "rows": rows, "launch": f.launched,
+                             "done": t_done, "gpu_ms": gpu_ms, "back_to_back": f.back_to_back})  # fmt: skip
+        t0 = time.perf_counter()
+        self.deliver(self.sched.complete(f.batch, res, t_done))
+        self.times.complete_s += time.perf_counter() - t0
