@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import Cluster
+from direct_cluster import Cluster
 from fakes import check_output
 
 from tokenrouter.core.admission import Admission, PoolSize
