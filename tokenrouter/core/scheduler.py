@@ -44,7 +44,8 @@ _GONE_CAPACITY = 1 << 16
 
 
 class RequestTooLong(ValueError):
-    """A request whose prompt plus max_tokens cannot fit a KV pool of the deployment even alone."""
+    """A request whose prompt plus max_tokens exceeds the context length, or cannot fit a KV pool of the
+    deployment even alone."""
 
 
 class Scheduler:
@@ -63,6 +64,7 @@ class Scheduler:
         overlap: bool = False,
         graph_rule: GraphRule | None = None,
         admission: Admission | None = None,
+        max_context_len: int | None = None,
     ) -> None:
         if not 0 <= model < num_models:
             raise ValueError(f"model index {model} out of range for {num_models} models")
@@ -80,6 +82,10 @@ class Scheduler:
         if admission is not None and model != entry:
             raise ValueError("only the entry subserver admits requests")
         self.admission = admission
+        # The longest sequence (prompt + max_tokens) any model of the deployment can run (position limit,
+        # --max-model-len); None: only the KV pools bound it. Checked at admission, so an executor never gets
+        # a row past its context (the engine would refuse the whole batch).
+        self.max_context_len = max_context_len
         self.max_batch_size = max_batch_size
         self.max_batch_tokens = max_batch_tokens
         self.overlap = overlap
@@ -363,6 +369,11 @@ class Scheduler:
 
     def _check_fits(self, req: Request) -> None:
         need = req.prompt_len + req.sampling.max_tokens
+        if self.max_context_len is not None and need > self.max_context_len:
+            raise RequestTooLong(
+                f"{req.rid}: prompt {req.prompt_len} + max_tokens {req.sampling.max_tokens} exceeds the context "
+                f"length {self.max_context_len}"
+            )
         where = self.admission.fits_alone(req) if self.admission is not None else None
         if where is None and need > self.kv.capacity_tokens:
             where = self.model

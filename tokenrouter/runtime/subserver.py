@@ -69,8 +69,11 @@ class Subserver:
         self.steps = JsonlLog(spec.step_log)
         self.stopping = False
         self.vocab = self.engine.spec.vocab_size
+        # The core admits by this limit too (`Scheduler.max_context_len`): a request past it is rejected at
+        # submit instead of reaching the engine, which would refuse the whole batch.
+        context = min(self.engine.max_context_len, self.sched.max_context_len or self.engine.max_context_len)
         ready = P.Ready(spec.model, spec.config.models[spec.model].name, self.sched.kv.capacity_tokens,
-                        self.engine.max_context_len, self.vocab, time.monotonic() - t0)  # fmt: skip
+                        context, self.vocab, time.monotonic() - t0)  # fmt: skip
         self._control(ready)
         self.next_stats = 0.0
 
