@@ -206,6 +206,30 @@ class Scheduler:
             self.waiting.remove(req)
         return self._finish(req, "abort", now)
 
+    def on_peer_restart(self, peer: int, now: float = 0.0) -> list[Action]:
+        """Subserver `peer` died and comes back empty (the runtime's restart on failure). Every request here
+        ends with "error": it may be parked on the dead peer, wait for a message the peer took with it, or be
+        about to hand off to a process that will not know it (and the front-end fails every request in flight
+        when a subserver dies). Pages and reservations free; no peer is told, as each survivor gets the same
+        call. A restarted entry counts from epoch 0 again, so a peer forgets the live count it held."""
+        actions: list[Action] = []
+        for rid in list(self.admit_queue):
+            del self.admit_queue[rid]
+            actions.append(Finish(rid, "error", 0))
+        for req in list(self.reqs.values()):
+            self._drop(req, "error")
+            if self.admission is not None:
+                self.admission.release(req.rid)
+            actions.append(Finish(req.rid, "error", req.num_output, req.num_hops))
+        self.waiting.clear()
+        if self.is_entry:
+            if self.live.active:
+                self.live.change(-self.live.active)
+                actions.extend(Send(m.dst, m) for m in self.live.announce())
+        elif peer == self.entry:
+            self.live = LiveView(self.model, self.num_models, owner=False)
+        return actions
+
     # ---- scheduling ---------------------------------------------------------------------------------
     def schedule(self, now: float) -> Batch | None:
         """Form the next batch, or None when the policy says wait or nothing can run."""
