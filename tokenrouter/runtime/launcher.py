@@ -301,11 +301,12 @@ class Server:
     def _on_exit(self, i: int, p: Any, tell: zmq.Socket) -> None:
         name = self.config.models[i].name
         said = self.dead.get(i)
-        msg = f"subserver {i} ({name}) died ({describe_exit(p.exitcode)})" + (f": {said}" if said else "")
+        cause = describe_exit(p.exitcode) + (f", after: {said}" if said else "")
+        msg = f"subserver {i} ({name}) died ({cause})"
         was_ready = self.ready.pop(i, None) is not None
         self.dead[i] = msg
         log.error("%s; requests in flight fail", msg)
-        failed = P.Failed(i, msg)
+        failed = P.Failed(i, cause)  # the front-end names the subserver itself
         tell.send_multipart([P.CTL, P.encode(failed)])
         for fn in self._listeners:
             fn(failed)

@@ -85,7 +85,7 @@ class Subserver:
         ready = P.Ready(spec.model, spec.config.models[spec.model].name, self.sched.kv.capacity_tokens,
                         context, self.vocab, time.monotonic() - t0)  # fmt: skip
         self._control(ready)
-        log.info("%s: ready in %.1f s (context %d tokens)", self.tag, ready.startup_s, context)
+        log.info("%s: ready in %.1f s (context %d tokens, pid %d)", self.tag, ready.startup_s, context, os.getpid())
         self.next_stats = 0.0
 
     def _push(self, addr: str) -> zmq.Socket:
