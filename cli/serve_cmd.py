@@ -30,11 +30,25 @@ def serve(
     kv_tokens: Annotated[int, Opt(help="CPU only: KV capacity per model in tokens.")] = 8192,
     no_cuda_graph: Annotated[bool, Opt("--no-cuda-graph", hidden=True, help="Deprecated: --no-graphs.")] = False,
     dry_run: DryRun = False,
-) -> None:
+    # ---- supervision, shutdown, logs -----------------------------------------------------------
+    restart_on_failure: Annotated[bool, Opt("--restart-on-failure", help="Restart a subserver that dies, in "
+                                  "place: requests in flight fail once, new ones get 503 until it is back. "
+                                  "Without it the server exits non-zero for a supervisor to restart.")] = False,
+    shutdown_timeout: Annotated[float, Opt(help="Seconds running requests get to finish on SIGTERM/SIGINT; "
+                                "then they end with an error chunk.")] = 30.0,
+    log_level: Annotated[str, Opt(help="debug | info | warning | error.")] = "info",
+    no_access_log: Annotated[bool, Opt("--no-access-log", help="No log line per request.")] = False,
+) -> None:  # fmt: skip
     """Serve a deployment: one process per model, OpenAI-compatible HTTP in front. The deployment is --config
     (what `trsim tune` writes) with the flags applied, or --small/--large with defaults."""
     if device not in ("cpu", "cuda"):
         raise CliError(f"--device must be cpu or cuda, got {device!r}")
+    from tokenrouter.runtime.logs import configure_logging
+
+    try:
+        configure_logging(log_level)
+    except ValueError as e:
+        raise CliError(f"--log-level: {e}") from None
     ov = deploy.overrides
     if deploy.config is None and not (ov.small and ov.large) and not ov.models:
         raise CliError("give --config FILE or both --small and --large")
@@ -44,6 +58,10 @@ def serve(
         typer.echo("tr serve: --no-cuda-graph is deprecated; use --no-graphs", err=True)
         ov.graphs = False
     cfg = deploy.resolve()
+    if restart_on_failure and cfg.policy.build().is_sync:
+        raise CliError("--restart-on-failure needs an asynchronous policy (eager, delayed), not " + cfg.policy.kind)
+    if shutdown_timeout < 0:
+        raise CliError(f"--shutdown-timeout must be >= 0, got {shutdown_timeout}")
     require_extras("serve", ("serve", "engine"))
     from tokenrouter.runtime.launcher import Server, with_cpu_kv_tokens
 
@@ -58,9 +76,13 @@ def serve(
         raise CliError(f"the HTTP front-end is not available (tokenrouter.runtime.frontend: {e})") from None
     tok = entry_tokenizer(cfg)
     Server.install_signal_handlers()
-    # SIGINT/SIGTERM: leave the `with`, which stops everything
-    with Server(cfg, device=device, record_hops=record_hops) as server, contextlib.suppress(KeyboardInterrupt):
-        serve_http(server, host=host, port=port, api_key=api_key, tokenizer=tok)
+    # SIGINT/SIGTERM while starting: leave the `with`, which stops everything; once serving, serve_http drains.
+    server = Server(cfg, device=device, record_hops=record_hops, restart_on_failure=restart_on_failure)
+    with server, contextlib.suppress(KeyboardInterrupt):
+        serve_http(server, host=host, port=port, api_key=api_key, tokenizer=tok, shutdown_timeout_s=shutdown_timeout,
+                   access_log=not no_access_log, t0=server.t0)  # fmt: skip
+    if server.failure is not None:  # a subserver died: exit non-zero so a supervisor restarts the server
+        raise typer.Exit(1)
 
 
 def entry_tokenizer(cfg):

@@ -3,7 +3,7 @@ and it is gone from the queue, so it neither runs later nor finishes a second ti
 
 from __future__ import annotations
 
-from conftest import Cluster
+from direct_cluster import Cluster
 
 from tokenrouter.core.messages import Finish, Send
 

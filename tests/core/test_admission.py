@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from conftest import Cluster
-from fakes import check_output
+from direct_cluster import Cluster
+from fakes import ScriptedRouter, check_output
 
 from tokenrouter.core.admission import Admission, PoolSize
 from tokenrouter.core.kv import KVPool
@@ -121,3 +121,18 @@ def test_a_returning_request_recomputes_from_the_first_token_the_peer_sent():
     assert req.num_computed == 4 and req.token_ids[4:] == [77]
     batch = small.schedule(c.now)
     assert [(r.start, r.num_tokens) for r in batch.rows] == [(4, 1)]
+
+
+def test_context_length_is_checked_at_admission():
+    """A request longer than the context (prompt + max_tokens) is refused when it arrives, whatever room the KV
+    pools have; one at exactly the limit goes in and runs to its last token."""
+    sched = Scheduler(0, 1, kv=KVPool(1024, 4), router=ScriptedRouter({}), max_context_len=40)
+
+    def req(rid: str, prompt: int, out: int) -> Request:
+        return Request(rid, [1] * prompt, prompt, SamplingParams(max_tokens=out, ignore_eos=True), num_models=1)
+
+    with pytest.raises(RequestTooLong, match="context length 40"):
+        sched.add(req("long", 30, 11))
+    assert not sched.reqs and not sched.admit_queue
+    sched.add(req("fits", 30, 10))
+    assert "fits" in sched.reqs

@@ -6,7 +6,7 @@ import random
 
 import pytest
 from cluster import LiveCluster
-from conftest import Cluster
+from direct_cluster import Cluster
 
 from tokenrouter.core.live_count import LiveView
 from tokenrouter.core.messages import LiveCount, Send

@@ -4,7 +4,7 @@ carries the peer's entry; requests that did not ask get none."""
 
 from __future__ import annotations
 
-from conftest import Cluster
+from direct_cluster import Cluster
 
 from tokenrouter.core import wire
 from tokenrouter.core.batch import Batch, StepResult, TokenLogprobs

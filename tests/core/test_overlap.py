@@ -3,7 +3,7 @@ inside one prepare-ahead window."""
 
 from __future__ import annotations
 
-from conftest import Cluster
+from direct_cluster import Cluster
 from fakes import check_output
 
 from tokenrouter.core.request import ReqStatus

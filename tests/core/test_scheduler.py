@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import Cluster
+from direct_cluster import Cluster
 from fakes import check_output
 
 from tokenrouter.core.batch import StepResult

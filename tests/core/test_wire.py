@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 import pytest
-from conftest import Cluster
+from direct_cluster import Cluster
 
 from tokenrouter.core import wire
 from tokenrouter.core.messages import LiveCount, PeerReq, Send

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -47,11 +48,12 @@ class Served:
     log: Path
 
     @classmethod
-    def start(cls, tmp: Path, config: Path, *, kv_tokens: int = 2048, timeout_s: float = 180.0) -> Served:
+    def start(cls, tmp: Path, config: Path, *, kv_tokens: int = 2048, timeout_s: float = 180.0,
+              extra: tuple[str, ...] = ()) -> Served:  # fmt: skip
         port = free_port()
         log = tmp / f"serve-{port}.log"
         cmd = [sys.executable, "-m", "tokenrouter.cli.tr", "serve", "--config", str(config), "--device", "cpu",
-               "--port", str(port), "--kv-tokens", str(kv_tokens)]  # fmt: skip
+               "--port", str(port), "--kv-tokens", str(kv_tokens), *extra]  # fmt: skip
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True, env=env)
         srv = cls(proc, f"http://127.0.0.1:{port}", log)
@@ -78,9 +80,18 @@ class Served:
             return []
 
     def subserver_pids(self) -> list[int]:
-        """Children in start order: model 0 first (the launcher starts them in model order)."""
-        kids = psutil.Process(self.proc.pid).children()
-        return [p.pid for p in sorted(kids, key=lambda p: p.create_time())]
+        """Model i's process id, from the latest "model i (...): ready ... pid N" line of the log (children in
+        start order would include multiprocessing's resource tracker, and a restarted subserver comes last)."""
+        pids: dict[int, int] = {}
+        for m in re.finditer(r"model (\d+) \([^)]*\): ready in .*pid (\d+)\)", self.log.read_text()):
+            pids[int(m.group(1))] = int(m.group(2))
+        return [pids[i] for i in sorted(pids)]
+
+    def run_dir(self) -> Path:
+        """The server's run directory, as its start-up log line names it."""
+        m = re.search(r"run directory (\S+)", self.log.read_text())
+        assert m, "no run directory in the log"
+        return Path(m.group(1))
 
     def kill(self) -> None:
         with_children = self.tree()

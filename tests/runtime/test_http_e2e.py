@@ -9,6 +9,7 @@ and writers are checked against the router's semantics, not against numbers the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
@@ -179,7 +180,9 @@ def test_killed_subserver_fails_in_flight_requests_and_health(tmp_path):
         outs, took = run(scenario())
         assert took < 5.0, took
         assert all(s.error is not None for s in outs), [(s.error, len(s.models)) for s in outs]
-        assert httpx.get(srv.url + "/health").status_code != 200
-        assert terminate(srv) < 20
+        # /health is 503 while the server drains, or the server is already gone: it gives up on a dead subserver
+        with contextlib.suppress(httpx.TransportError):
+            assert httpx.get(srv.url + "/health").status_code != 200
+        assert srv.proc.wait(30) != 0
     finally:
         srv.kill()

@@ -122,6 +122,9 @@ class SchedulerConfig:
     # Headroom each live request keeps reserved on every pool for its growth; null: its worst case
     # (prompt + max_tokens), which never preempts but admits about half as many requests.
     kv_growth_tokens: int | None = 256
+    # Longest request (prompt + max_tokens) admitted, as vLLM's --max-model-len; null: the models' own limit
+    # (the smallest max_position_embeddings). Also the front-end's default cap of an omitted max_tokens.
+    max_model_len: int | None = None
 
 
 @dataclass(slots=True)
@@ -184,6 +187,8 @@ def validate(cfg: DeploymentConfig) -> None:
         raise ConfigError("scheduler page_size, max_batch_size and max_batch_tokens must be >= 1")
     if cfg.scheduler.kv_growth_tokens is not None and cfg.scheduler.kv_growth_tokens < 1:
         raise ConfigError("scheduler kv_growth_tokens must be >= 1 or null")
+    if cfg.scheduler.max_model_len is not None and cfg.scheduler.max_model_len < 2:
+        raise ConfigError("scheduler max_model_len must be >= 2 (a prompt token and an output token) or null")
     try:
         cfg.policy.build()
     except ValueError as e:

@@ -44,7 +44,8 @@ _GONE_CAPACITY = 1 << 16
 
 
 class RequestTooLong(ValueError):
-    """A request whose prompt plus max_tokens cannot fit a KV pool of the deployment even alone."""
+    """A request whose prompt plus max_tokens exceeds the context length, or cannot fit a KV pool of the
+    deployment even alone."""
 
 
 class Scheduler:
@@ -63,6 +64,7 @@ class Scheduler:
         overlap: bool = False,
         graph_rule: GraphRule | None = None,
         admission: Admission | None = None,
+        max_context_len: int | None = None,
     ) -> None:
         if not 0 <= model < num_models:
             raise ValueError(f"model index {model} out of range for {num_models} models")
@@ -80,6 +82,10 @@ class Scheduler:
         if admission is not None and model != entry:
             raise ValueError("only the entry subserver admits requests")
         self.admission = admission
+        # The longest sequence (prompt + max_tokens) any model of the deployment can run (position limit,
+        # --max-model-len); None: only the KV pools bound it. Checked at admission, so an executor never gets
+        # a row past its context (the engine would refuse the whole batch).
+        self.max_context_len = max_context_len
         self.max_batch_size = max_batch_size
         self.max_batch_tokens = max_batch_tokens
         self.overlap = overlap
@@ -211,6 +217,30 @@ class Scheduler:
         if req in self.waiting:
             self.waiting.remove(req)
         return self._finish(req, "abort", now)
+
+    def on_peer_restart(self, peer: int, now: float = 0.0) -> list[Action]:
+        """Subserver `peer` died and comes back empty (the runtime's restart on failure). Every request here
+        ends with "error": it may be parked on the dead peer, wait for a message the peer took with it, or be
+        about to hand off to a process that will not know it (and the front-end fails every request in flight
+        when a subserver dies). Pages and reservations free; no peer is told, as each survivor gets the same
+        call. A restarted entry counts from epoch 0 again, so a peer forgets the live count it held."""
+        actions: list[Action] = []
+        for rid in list(self.admit_queue):
+            del self.admit_queue[rid]
+            actions.append(Finish(rid, "error", 0))
+        for req in list(self.reqs.values()):
+            self._drop(req, "error")
+            if self.admission is not None:
+                self.admission.release(req.rid)
+            actions.append(Finish(req.rid, "error", req.num_output, req.num_hops))
+        self.waiting.clear()
+        if self.is_entry:
+            if self.live.active:
+                self.live.change(-self.live.active)
+                actions.extend(Send(m.dst, m) for m in self.live.announce())
+        elif peer == self.entry:
+            self.live = LiveView(self.model, self.num_models, owner=False)
+        return actions
 
     # ---- scheduling ---------------------------------------------------------------------------------
     def schedule(self, now: float) -> Batch | None:
@@ -377,6 +407,11 @@ class Scheduler:
 
     def _check_fits(self, req: Request) -> None:
         need = req.prompt_len + req.sampling.max_tokens
+        if self.max_context_len is not None and need > self.max_context_len:
+            raise RequestTooLong(
+                f"{req.rid}: prompt {req.prompt_len} + max_tokens {req.sampling.max_tokens} exceeds the context "
+                f"length {self.max_context_len}"
+            )
         where = self.admission.fits_alone(req) if self.admission is not None else None
         if where is None and need > self.kv.capacity_tokens:
             where = self.model

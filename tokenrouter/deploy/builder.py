@@ -21,6 +21,7 @@ from tokenrouter.core.router import Router
 from tokenrouter.core.scheduler import Scheduler
 from tokenrouter.deploy.engine_args import engine_kwargs
 from tokenrouter.deploy.kv_budget import kv_capacity_tokens
+from tokenrouter.models import load_spec
 from tokenrouter.routers import TraceRouter, make_preset
 from tokenrouter.workloads import load_hop_trace
 
@@ -102,6 +103,14 @@ def build_router(rc: RouterConfig, num_models: int, seed: int, traces: Mapping[s
     )
 
 
+def max_context_len(cfg: DeploymentConfig) -> int:
+    """The longest request every model can run: the smallest `max_position_embeddings`, lowered to the
+    scheduler's `max_model_len` when set (a request may visit every model)."""
+    limit = min(load_spec(m.path or m.name).max_position_embeddings for m in cfg.models)
+    mml = cfg.scheduler.max_model_len
+    return limit if mml is None else min(limit, mml)
+
+
 def build_deployment(
     cfg: DeploymentConfig,
     *,
@@ -125,6 +134,7 @@ def build_deployment(
     pools = [KVPool(c // sc.page_size + 1, sc.page_size) for c in caps]
     sizes = [PoolSize(p.num_pages - 1, p.page_size) for p in pools]
     admission = Admission(sizes, sc.kv_growth_tokens) if sc.kv_admission else None
+    context = max_context_len(cfg)
     rules = [mc.graph_rule() for mc in cfg.models]
     schedulers = [
         Scheduler(
@@ -140,6 +150,7 @@ def build_deployment(
             overlap=sc.overlap if mc.overlap is None else mc.overlap,
             graph_rule=rules[i],
             admission=admission if i == cfg.entry else None,
+            max_context_len=context,
         )
         for i, mc in enumerate(cfg.models)
     ]

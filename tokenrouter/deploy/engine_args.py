@@ -14,7 +14,7 @@ def engine_kwargs(dep: DeploymentConfig, model: int, num_pages: int, seed: int =
     the same pool the scheduler allocates from. The graph settings are the model's `GraphRule`."""
     mc = dep.models[model]
     rule = mc.graph_rule()
-    return {
+    kw = {
         "model": mc.path or mc.name,
         "load_format": "auto" if mc.path else "dummy",
         "device": f"cuda:{mc.gpus[0]}",
@@ -29,3 +29,6 @@ def engine_kwargs(dep: DeploymentConfig, model: int, num_pages: int, seed: int =
         "graph_max_row_tokens": rule.max_row_tokens,
         "graph_split": rule.allow_split,
     }
+    if dep.scheduler.max_model_len is not None:  # narrower page tables (and graphs) for a shorter context
+        kw["max_context_len"] = dep.scheduler.max_model_len
+    return kw

@@ -60,6 +60,7 @@ class DeploymentOverrides:
     page_size: int | None = None
     max_batch_size: int | None = None
     max_batch_tokens: int | None = None
+    max_model_len: int | None = None
 
     def given(self) -> dict[str, object]:
         """The flags that were given (for messages and provenance)."""
@@ -96,7 +97,7 @@ def resolve_deployment(base: DeploymentConfig | None, ov: DeploymentOverrides) -
         shares = _shares(ov.sm_percent, len(models))
         models = [replace(m, mps_active_thread_percentage=p) for m, p in zip(models, shares, strict=True)]
     sched = cfg.scheduler
-    for name in ("page_size", "max_batch_size", "max_batch_tokens", "overlap"):
+    for name in ("page_size", "max_batch_size", "max_batch_tokens", "max_model_len", "overlap"):
         v = getattr(ov, name)
         if v is not None:
             sched = replace(sched, **{name: v})

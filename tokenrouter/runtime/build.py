@@ -32,6 +32,8 @@ class SubserverSpec:
     hop_log: str | None = None  # JSONL of this subserver's emits (the launcher merges them: --record-hops)
     step_log: str | None = None  # JSONL of this subserver's steps: launch and done times (monotonic clock)
     prepare_margin_ms: float = 1.0  # overlap: form step k+1 this long before step k's estimated end
+    log_level: int = 30  # the launcher's `tokenrouter` logger level (logging.WARNING unless the CLI set one)
+    run_dir: str | None = None  # the server's own run directory: removed by a subserver orphaned by a kill -9
 
 
 def build_part(spec: SubserverSpec, gate: SyncGate | None) -> tuple[Deployment, Scheduler, Any]:

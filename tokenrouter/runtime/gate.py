@@ -76,7 +76,8 @@ class Coordinator:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="sync-coordinator", daemon=True)
         self._dec = msgspec.msgpack.Decoder(GateCall)
-        self._snapshot: dict[int, tuple[set[int], set[int]]] = {}
+        # model -> (it was running, it was in the round) just before its last grant: what `release` restores.
+        self._snapshot: dict[int, tuple[bool, bool]] = {}
 
     def _ready_of(self, m: int) -> Callable[[], int]:
         return lambda: self._reported[m]
@@ -123,13 +124,17 @@ class Coordinator:
         if call.ask == "may":
             answer = g.may_launch(m)
             if answer:
-                self._snapshot[m] = (set(g.running), set(g.round))
+                self._snapshot[m] = (m in g.running, m in g.round)
                 g.on_launch(m)
                 self.log.append(GateEvent(time.monotonic(), m, "launch"))
         elif call.ask == "release" and snapshot is not None:
-            # `schedule` formed no batch after a yes: undo the reservation exactly (on_launch changes no other
-            # state of SyncGate).
-            g.running, g.round = snapshot
+            # `schedule` formed no batch after a yes: undo this model's reservation, and only it. `on_launch`
+            # touched nothing but m's membership of `running` and `round`; other models' launches and
+            # completions applied since the grant must stay (restoring both sets whole undid them, and a
+            # completed model left in `running` kept step-sync from ever being quiet again).
+            was_running, was_in_round = snapshot
+            (g.running.add if was_running else g.running.discard)(m)
+            (g.round.add if was_in_round else g.round.discard)(m)
             self.log.append(GateEvent(time.monotonic(), m, "release"))
             changed = True
         if changed:

@@ -10,17 +10,25 @@ What a front-end (HTTP or a test client) relies on:
 - `server.ready[i]` (`Ready` of model i) after `start()`; `server.stats[i]` (latest `Stats`); `server.dead`
   (model -> reason) and `server.healthy()`; `add_listener(fn)` gets every Ready/Stats/Failed the launcher sees
   (called from the watcher thread).
+
+Supervision: a subserver that exits is logged with its exit code and reported as `Failed` (the front-end fails
+every request in flight). Then, by default, the server gives up: `failure` says why and every
+`add_fatal_listener` callback runs (the HTTP front-end exits, and `tr serve` exits non-zero so systemd or
+Kubernetes restarts it). With `restart_on_failure` the launcher tells every survivor (`Restarted`: drop all
+requests, reconnect) and starts the dead subserver again in place; the front-end serves again once its
+`Ready` arrives. A subserver that dies again before it is ready is a failure. Subservers die with the launcher
+(`parent_watch`), and the run directory is removed on every exit path (`rundir`).
 Invariant: after `stop()` returns, no subserver process, coordinator thread or MPS daemon of this server runs.
 """
 
 from __future__ import annotations
 
+import logging
 import multiprocessing as mp
 import os
 import shutil
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -38,8 +46,22 @@ from tokenrouter.runtime.build import SubserverSpec
 from tokenrouter.runtime.gate import Coordinator
 from tokenrouter.runtime.hoptrace import merge_hop_logs
 from tokenrouter.runtime.mps import MpsDaemon
+from tokenrouter.runtime.rundir import create_run_dir
 
 Listener = Callable[[P.Ready | P.Stats | P.Failed], None]
+log = logging.getLogger(__name__)
+
+
+def describe_exit(code: int | None) -> str:
+    """`exit code 1`, `killed by SIGKILL`, ... from a multiprocessing exit code."""
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
 
 
 class StartupError(RuntimeError):
@@ -80,15 +102,21 @@ class Server:
         engine_overrides: dict[str, Any] | None = None,
         ready_timeout_s: float = 300.0,
         stats_interval_s: float = 0.5,
+        restart_on_failure: bool = False,
     ) -> None:
         if device not in ("cpu", "cuda"):
             raise ValueError(f"device must be cpu or cuda, got {device!r}")
+        if restart_on_failure and config.policy.build().is_sync:
+            raise ValueError("restart on failure needs an asynchronous policy (eager, delayed): the sync "
+                             "coordinator cannot take a subserver back in the middle of a round")  # fmt: skip
         self.config = config
         self.device = device
         self.num_models = len(config.models)
         self.entry = config.entry
+        self.t0 = time.monotonic()
+        self.restart_on_failure = restart_on_failure
         self._own_dir = run_dir is None
-        self.run_dir = Path(run_dir or tempfile.mkdtemp(prefix="tokenrouter-"))
+        self.run_dir = create_run_dir() if run_dir is None else Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.addresses = Addresses.local(self.run_dir, self.num_models)
         if memory_gb is None:
@@ -107,8 +135,13 @@ class Server:
         self.coordinator: Coordinator | None = None
         self.mps: MpsDaemon | None = None
         self._listeners: list[Listener] = []
-        self._lock = threading.Lock()
+        self._fatal_listeners: list[Callable[[str], None]] = []
+        self.failure: str | None = None  # why the server gave up (a subserver died and is not restarted)
+        self.restarts = [0] * self.num_models
+        self._handled: dict[int, Any] = {}  # model -> the process object whose exit was dealt with
+        self._lock = threading.RLock()
         self._stopping = threading.Event()
+        self._watch_done = threading.Event()
         self._watcher: threading.Thread | None = None
         self._ctx = zmq.Context()
         self._pull = self._ctx.socket(zmq.PULL)
@@ -123,6 +156,12 @@ class Server:
 
     def add_listener(self, fn: Listener) -> None:
         self._listeners.append(fn)
+
+    def add_fatal_listener(self, fn: Callable[[str], None]) -> None:
+        """`fn(why)` once the server gives up (called from the watcher thread; at once if it already has)."""
+        self._fatal_listeners.append(fn)
+        if self.failure is not None:
+            fn(self.failure)
 
     def healthy(self) -> bool:
         return not self.dead and len(self.ready) == self.num_models
@@ -168,27 +207,39 @@ class Server:
             self.mps = MpsDaemon(self.run_dir)
             self.mps.start()
             env_common = self.mps.environment()
-        ctx = mp.get_context("spawn")
-        for i, mc in enumerate(self.config.models):
-            spec = SubserverSpec(
-                i, self.config, self.addresses, self.device, self.memory_gb, self.seed, dict(self.engine_overrides),
-                self.stats_interval_s, str(self.hop_log(i)) if self.record_hops else None,
-                str(self.step_log(i)) if self.step_logs else None,
-            )  # fmt: skip
-            env = dict(env_common)
-            if self.device == "cuda":
-                env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in mc.gpus)
-                if mc.mps_active_thread_percentage is not None:
-                    env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(mc.mps_active_thread_percentage)
-            from tokenrouter.runtime import subserver
-
-            with _environ(env):  # a spawned child copies the parent's environment at start
-                p = ctx.Process(target=subserver.main, args=(spec,), name=f"tokenrouter-sub{i}", daemon=False)
-                p.start()
-            self.processes.append(p)
+        self._env_common = env_common
+        names = ", ".join(m.name for m in self.config.models)
+        log.info("starting %d subservers (%s) on %s; run directory %s", self.num_models, names, self.device,
+                 self.run_dir)  # fmt: skip
+        for i in range(self.num_models):
+            self.processes.append(self._spawn(i))
         self._wait_ready()
         self._watcher = threading.Thread(target=self._watch, name="tokenrouter-watch", daemon=True)
         self._watcher.start()
+
+    def _spawn(self, i: int) -> Any:
+        """Start subserver i. Its parent-death signal is tied to the calling thread: the main thread at start,
+        the watcher for a restart (the watcher outlives every process it starts: `stop()` joins them first)."""
+        mc = self.config.models[i]
+        spec = SubserverSpec(
+            i, self.config, self.addresses, self.device, self.memory_gb, self.seed, dict(self.engine_overrides),
+            self.stats_interval_s, str(self.hop_log(i)) if self.record_hops else None,
+            str(self.step_log(i)) if self.step_logs else None,
+            log_level=logging.getLogger("tokenrouter").getEffectiveLevel(),
+            run_dir=str(self.run_dir) if self._own_dir else None,
+        )  # fmt: skip
+        env = dict(self._env_common)
+        if self.device == "cuda":
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in mc.gpus)
+            if mc.mps_active_thread_percentage is not None:
+                env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(mc.mps_active_thread_percentage)
+        from tokenrouter.runtime import subserver
+
+        ctx = mp.get_context("spawn")
+        with _environ(env):  # a spawned child copies the parent's environment at start
+            p = ctx.Process(target=subserver.main, args=(spec,), name=f"tokenrouter-sub{i}", daemon=False)
+            p.start()
+        return p
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.ready_timeout_s
@@ -216,6 +267,9 @@ class Server:
                 return
             msg = P.decode_for_frontend(data)
             if isinstance(msg, P.Ready):
+                if self.restarts[msg.model] and msg.model not in self.ready:
+                    log.warning("model %d (%s) is serving again (restart %d, %.1f s to start)", msg.model,
+                                msg.name, self.restarts[msg.model], msg.startup_s)  # fmt: skip
                 self.ready[msg.model] = msg
             elif isinstance(msg, P.Stats):
                 self.stats[msg.model] = msg
@@ -227,22 +281,58 @@ class Server:
                 fn(msg)
 
     def _watch(self) -> None:
-        """Watcher thread: control messages, and processes that died without a `Failed`."""
+        """Watcher thread: control messages, and the exit of any subserver (with or without a `Failed`)."""
         tell = self._ctx.socket(zmq.PUSH)
         tell.setsockopt(zmq.LINGER, 0)
         tell.connect(self.addresses.frontend)
         try:
-            while not self._stopping.is_set():
+            while not self._watch_done.is_set():
                 self._poll_control(100)
-                for i, p in enumerate(self.processes):
-                    if p.exitcode is not None and not self._stopping.is_set() and i not in self.dead:
-                        msg = P.Failed(i, f"subserver {i} ({self.config.models[i].name}) exited with code {p.exitcode}")
-                        self.dead[i] = msg.message
-                        tell.send_multipart([P.CTL, P.encode(msg)])
-                        for fn in self._listeners:
-                            fn(msg)
+                with self._lock:
+                    if self._stopping.is_set() or self.failure is not None:
+                        continue
+                    for i, p in enumerate(self.processes):
+                        if p.exitcode is not None and self._handled.get(i) is not p:
+                            self._handled[i] = p
+                            self._on_exit(i, p, tell)
         finally:
             tell.close()
+
+    def _on_exit(self, i: int, p: Any, tell: zmq.Socket) -> None:
+        name = self.config.models[i].name
+        said = self.dead.get(i)
+        cause = describe_exit(p.exitcode) + (f", after: {said}" if said else "")
+        msg = f"subserver {i} ({name}) died ({cause})"
+        was_ready = self.ready.pop(i, None) is not None
+        self.dead[i] = msg
+        log.error("%s; requests in flight fail", msg)
+        failed = P.Failed(i, cause)  # the front-end names the subserver itself
+        tell.send_multipart([P.CTL, P.encode(failed)])
+        for fn in self._listeners:
+            fn(failed)
+        if self.restart_on_failure and was_ready:
+            self._restart(i)
+            return
+        why = msg if was_ready or not self.restart_on_failure else f"{msg}, before it was ready again"
+        self.failure = why
+        log.error("giving up: %s%s", why, "" if self.restart_on_failure else " (--restart-on-failure restarts it)")
+        for fn in self._fatal_listeners:
+            fn(why)
+
+    def _restart(self, i: int) -> None:
+        """Survivors drop their requests and reconnect (before the new process binds, so nothing queued for
+        the dead one reaches it); then subserver i starts again with the same spec."""
+        for j, addr in enumerate(self.addresses.subservers):
+            if j != i:
+                s = self._ctx.socket(zmq.PUSH)
+                s.setsockopt(zmq.LINGER, 1000)
+                s.connect(addr)
+                s.send_multipart([P.CTL, P.encode(P.Restarted(i))])
+                s.close()
+        self.restarts[i] += 1
+        log.warning("restarting subserver %d (%s), restart %d", i, self.config.models[i].name, self.restarts[i])
+        self.processes[i] = self._spawn(i)
+        self.dead.pop(i, None)
 
     # ---- stop -----------------------------------------------------------------------------------------
     def stop(self, timeout_s: float = 10.0) -> None:
@@ -250,7 +340,8 @@ class Server:
         merge the hop trace. Idempotent; safe from a signal handler's caller."""
         if self._stopping.is_set():
             return
-        self._stopping.set()
+        with self._lock:  # no restart in progress from here on
+            self._stopping.set()
         try:
             with self._lock:
                 for addr in self.addresses.subservers:
@@ -266,9 +357,11 @@ class Server:
                 if p.exitcode is None:
                     p.kill()
                     p.join(5)
+        finally:
+            # Only now: a subserver started by the watcher gets its parent-death signal when that thread ends.
+            self._watch_done.set()
             if self._watcher is not None:
                 self._watcher.join(2)
-        finally:
             if self.coordinator is not None:
                 self.coordinator.stop()
             if self.mps is not None:
@@ -279,6 +372,7 @@ class Server:
             self._ctx.term()
             if self._own_dir and not self.step_logs:
                 shutil.rmtree(self.run_dir, ignore_errors=True)
+            log.info("stopped: every subserver has exited")
 
     def __enter__(self) -> Server:
         return self.start()

@@ -1,9 +1,46 @@
-"""Append-only JSONL logs a subserver writes for offline use (hop traces, step timelines). No file: no-op."""
+"""Logging of a server's processes, and the append-only JSONL logs a subserver writes for offline use (hop
+traces, step timelines).
+
+Text logs go through Python's `logging`: one named logger per module (`logging.getLogger(__name__)`), set up
+once per process by `configure_logging` (the CLI from `--log-level`; each subserver with the level the
+launcher passes it), all to stderr in one format so the processes' lines interleave readably."""
 
 from __future__ import annotations
 
 import json
+import logging
+import sys
 from typing import Any, TextIO
+
+FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+DATEFMT = "%Y-%m-%d %H:%M:%S"
+LEVELS = ("debug", "info", "warning", "error")
+# Libraries whose INFO lines repeat what ours say (uvicorn's start-up banner, each HTTP client request).
+_QUIET = ("uvicorn", "uvicorn.error", "uvicorn.access", "httpx", "httpcore")
+
+
+def parse_level(level: str | int) -> int:
+    if isinstance(level, int):
+        return level
+    if level.lower() not in LEVELS:
+        raise ValueError(f"log level must be one of {', '.join(LEVELS)}, got {level!r}")
+    return logging.getLevelNamesMapping()[level.upper()]
+
+
+def configure_logging(level: str | int) -> None:
+    """One stderr handler on the root logger (replacing any), `level` for `tokenrouter.*`; noisy libraries at
+    WARNING unless `level` is DEBUG."""
+    lvl = parse_level(level)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(FORMAT, DATEFMT))
+    root = logging.getLogger()
+    for h in list(root.handlers):
+        root.removeHandler(h)
+    root.addHandler(handler)
+    root.setLevel(min(lvl, logging.WARNING))
+    logging.getLogger("tokenrouter").setLevel(lvl)
+    for name in _QUIET:
+        logging.getLogger(name).setLevel(lvl if lvl <= logging.DEBUG else max(lvl, logging.WARNING))
 
 
 class JsonlLog:

@@ -6,7 +6,7 @@ per destination). A ZeroMQ message is two frames: a channel (`PEER` for `core.wi
 structs below) and the payload. Token ids travel as little-endian int32 bytes (`pack_ids`), not msgpack lists.
 
 Invariants the two sides rely on:
-- `Submit` goes to the entry subserver only; every other struct to a subserver is `Abort`/`Shutdown`.
+- `Submit` goes to the entry subserver only; every other struct to a subserver is `Abort`/`Shutdown`/`Restarted`.
 - For one request the front-end receives `Tokens` events (possibly from different subservers, in any order,
   each with its output position) and exactly one terminal event, `Finished` or `Rejected`; `Finished.num_output`
   tells how many output tokens exist, so the front-end can wait for late `Tokens` before closing the stream.
@@ -86,6 +86,13 @@ class Shutdown(msgspec.Struct, tag="shutdown", frozen=True):
     pass
 
 
+class Restarted(msgspec.Struct, tag="restarted", frozen=True):
+    """From the launcher to every surviving subserver when `model` died and is being restarted: drop every
+    request (`Scheduler.on_peer_restart`) and reconnect to it."""
+
+    model: int
+
+
 # ---- subserver -> front-end ----------------------------------------------------------------------------
 class Tokens(msgspec.Struct, tag="tokens", frozen=True):
     rid: str
@@ -147,7 +154,7 @@ class Failed(msgspec.Struct, tag="failed", frozen=True):
     message: str
 
 
-ToSubserver = Submit | Abort | Shutdown
+ToSubserver = Submit | Abort | Shutdown | Restarted
 ToFrontend = Tokens | Finished | Rejected | Ready | Stats | Failed
 
 _enc = msgspec.msgpack.Encoder()

@@ -10,9 +10,12 @@ next Stats heartbeat: no busy spinning.
 
 from __future__ import annotations
 
+import logging
+import multiprocessing as mp
 import os
 import time
 import traceback
+from typing import Any
 
 import zmq
 
@@ -25,9 +28,12 @@ from tokenrouter.runtime import protocol as P
 from tokenrouter.runtime.build import SubserverSpec, build_part
 from tokenrouter.runtime.engine_loop import EngineLoop
 from tokenrouter.runtime.gate import RemoteGate
-from tokenrouter.runtime.logs import JsonlLog
+from tokenrouter.runtime.logs import JsonlLog, configure_logging
+from tokenrouter.runtime.parent_watch import die_with_parent
 
 _STATS_MIN_GAP_S = 0.05  # Stats sent on a change: at most this often (the heartbeat still comes every interval)
+
+log = logging.getLogger(__name__)
 
 
 class Subserver(EngineLoop):
@@ -39,9 +45,14 @@ class Subserver(EngineLoop):
         self.gate: RemoteGate | None = None
         if spec.config.policy.build().is_sync:
             self.gate = RemoteGate(spec.model, addrs.coordinator, self.ctx)
+        mc = spec.config.models[spec.model]
+        self.tag = f"model {spec.model} ({mc.name})"
+        log.info("%s: loading %s on %s", self.tag, f"weights from {mc.path}" if mc.path else "dummy weights",
+                 spec.device)  # fmt: skip
         self.dep, sched, engine = build_part(spec, self.gate)
         super().__init__(engine, sched, prepare_margin_s=spec.prepare_margin_ms / 1000.0,
                          step_log=JsonlLog(spec.step_log))  # fmt: skip
+        _log_start_phases(self.tag, self.engine, time.monotonic() - t0)
         self.pull = self.ctx.socket(zmq.PULL)
         self.pull.bind(addrs.subservers[spec.model])
         self.peers: dict[int, zmq.Socket] = {}
@@ -54,9 +65,13 @@ class Subserver(EngineLoop):
         self.poller.register(self.pull, zmq.POLLIN)
         self.hops = JsonlLog(spec.hop_log)
         self.vocab = self.engine.spec.vocab_size
+        # The core admits by this limit too (`Scheduler.max_context_len`): a request past it is rejected at
+        # submit instead of reaching the engine, which would refuse the whole batch.
+        context = min(self.engine.max_context_len, self.sched.max_context_len or self.engine.max_context_len)
         ready = P.Ready(spec.model, spec.config.models[spec.model].name, self.sched.kv.capacity_tokens,
-                        self.engine.max_context_len, self.vocab, time.monotonic() - t0)  # fmt: skip
+                        context, self.vocab, time.monotonic() - t0)  # fmt: skip
         self._control(ready)
+        log.info("%s: ready in %.1f s (context %d tokens, pid %d)", self.tag, ready.startup_s, context, os.getpid())
         self.next_stats = 0.0
         self.stats_sent = float("-inf")
         self.stats_sig: tuple[int, ...] = ()
@@ -86,6 +101,8 @@ class Subserver(EngineLoop):
                 self.deliver(self.sched.abort(msg.rid, now))
             elif isinstance(msg, P.Shutdown):
                 self.stopping = True
+            elif isinstance(msg, P.Restarted):
+                self._on_peer_restarted(msg.model, now)
         # GATE: nothing to do; the loop re-asks schedule.
 
     def _submit(self, msg: P.Submit, now: float) -> None:
@@ -104,6 +121,17 @@ class Subserver(EngineLoop):
             self.front.send_multipart([P.CTL, P.encode(P.Rejected(msg.rid, 400, str(e)))])
             return
         self.hops.write({"rid": msg.rid, "prompt_len": len(ids)})
+        self.deliver(acts)
+
+    def _on_peer_restarted(self, peer: int, now: float) -> None:
+        """A peer died and is being restarted empty: drop every request (the core's rule), and reconnect to
+        it so nothing queued for the dead process reaches the new one."""
+        if peer in self.peers:
+            self.peers[peer].close(linger=0)
+            self.peers[peer] = self._push(self.spec.addresses.subservers[peer])
+        acts = self.sched.on_peer_restart(peer, now)
+        log.warning("%s: model %d restarts: %d requests here dropped", self.tag, peer,
+                    sum(isinstance(a, Finish) for a in acts))  # fmt: skip
         self.deliver(acts)
 
     def _drain(self, timeout_ms: int) -> None:
@@ -190,14 +218,51 @@ class Subserver(EngineLoop):
         self.ctx.destroy(linger=2000)
 
 
+def _log_start_phases(tag: str, engine: Any, total_s: float) -> None:
+    """One line per start-up phase, from what the engine measured while it was built."""
+    rep = engine.memory_report()
+    cap = engine.capture_stats
+    graphs_s, warm_s = float(cap.get("capture_s", 0.0)), float(getattr(engine, "warmup_s", 0.0))
+    load_s = max(0.0, total_s - graphs_s - warm_s)
+    log.info("%s: weights %s loaded, KV cache %d tokens (%d pages of %d, %s) in %.1f s", tag, _size(rep.weights),
+             engine.kv_pool.capacity_tokens, rep.num_pages, engine.kv_pool.page_size, _size(rep.kv_cache),
+             load_s)  # fmt: skip
+    if rep.decode_graphs or rep.varlen_graphs:
+        log.info("%s: %d decode + %d varlen CUDA graphs captured in %.1f s", tag, rep.decode_graphs,
+                 rep.varlen_graphs, graphs_s)  # fmt: skip
+    else:
+        log.info("%s: no CUDA graphs (eager steps)", tag)
+    if warm_s:
+        log.info("%s: kernels warmed up in %.1f s", tag, warm_s)
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 1e9:.2f} GB" if nbytes >= 1e8 else f"{nbytes / 1e6:.1f} MB"
+
+
+def _remove_orphaned_run_dir(run_dir: str | None) -> None:
+    from pathlib import Path
+
+    from tokenrouter.runtime import rundir
+
+    if run_dir and rundir.owner_gone(Path(run_dir)):
+        rundir.remove(Path(run_dir))
+
+
 def main(spec: SubserverSpec) -> None:
-    """Process entry point (multiprocessing spawn target). Exits non-zero after sending `Failed` on an error."""
+    """Process entry point (multiprocessing spawn target). Exits non-zero after sending `Failed` on an error;
+    exits at once (removing the run directory) when the server process is gone."""
+    configure_logging(spec.log_level)
+    parent = mp.parent_process()
+    die_with_parent(parent.pid if parent is not None else os.getppid(),
+                    lambda: _remove_orphaned_run_dir(spec.run_dir))  # fmt: skip
     sub: Subserver | None = None
     try:
         sub = Subserver(spec)
         sub.run()
     except BaseException as e:
         msg = f"{type(e).__name__}: {e}"
+        log.error("model %d: %s", spec.model, msg)
         traceback.print_exc()
         try:
             if sub is not None:

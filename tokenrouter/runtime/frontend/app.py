@@ -18,7 +18,7 @@ from fastapi.exceptions import RequestValidationError, StarletteHTTPException
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from tokenrouter.runtime.frontend import generate, params
+from tokenrouter.runtime.frontend import access, generate, params
 from tokenrouter.runtime.frontend.backend import Backend
 from tokenrouter.runtime.frontend.errors import APIError, error_response
 from tokenrouter.runtime.frontend.handle import ServerHandle
@@ -54,10 +54,12 @@ def served_model_name(handle: ServerHandle) -> str:
 
 
 def create_app(
-    server: ServerHandle, tokenizer, *, api_key: str | None = None, heartbeat_timeout_s: float = 10.0
-) -> FastAPI:
-    """`tokenizer` is a `TextTokenizer` (encode, decode, encode_chat, eos_token_ids)."""
-    backend = Backend(server, heartbeat_timeout_s=heartbeat_timeout_s)
+    server: ServerHandle, tokenizer, *, api_key: str | None = None, heartbeat_timeout_s: float = 10.0,
+    access_log: bool = True,
+) -> FastAPI:  # fmt: skip
+    """`tokenizer` is a `TextTokenizer` (encode, decode, encode_chat, eos_token_ids). `access_log`: one line per
+    request on the `tokenrouter.access` logger (`frontend.access`)."""
+    backend = Backend(server, heartbeat_timeout_s=heartbeat_timeout_s, access_log=access_log)
     metrics = FrontendMetrics(backend)
     name = served_model_name(server)
     accepted = {name, *server.model_names}
@@ -93,12 +95,14 @@ def create_app(
     @app.exception_handler(APIError)
     async def api_error(_: Request, e: APIError) -> JSONResponse:
         metrics.requests.labels("error").inc()
+        access.record(access.Entry("-", e.status, "invalid", 0, 0, 0, 0.0, e.message), backend.access_log)
         return error_response(e.status, e.message, e.param, e.code)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, e: RequestValidationError) -> JSONResponse:
-        metrics.requests.labels("error").inc()
         msg, param = validation_message(e.errors())
+        metrics.requests.labels("error").inc()
+        access.record(access.Entry("-", 400, "invalid", 0, 0, 0, 0.0, msg), backend.access_log)
         return error_response(400, msg, param)
 
     @app.exception_handler(StarletteHTTPException)
@@ -166,6 +170,8 @@ def create_app(
 
     @app.get("/health")
     async def health() -> JSONResponse:
+        if backend.draining:  # load balancers take the server out while it drains
+            return JSONResponse({"status": "shutting down"}, status_code=503)
         bad = backend.unhealthy()
         if bad:
             return JSONResponse({"status": "unhealthy", "models": bad}, status_code=503)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,9 +21,12 @@ import zmq
 import zmq.asyncio
 
 from tokenrouter.runtime import protocol as P
+from tokenrouter.runtime.frontend import access
 from tokenrouter.runtime.frontend.errors import APIError
 from tokenrouter.runtime.frontend.handle import ServerHandle
 from tokenrouter.runtime.frontend.stream import RequestStream
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -39,9 +43,14 @@ class Backend:
     """Owns the sockets and the per-request streams of one front-end. Not thread-safe: one event loop."""
 
     def __init__(
-        self, handle: ServerHandle, *, heartbeat_timeout_s: float = 10.0, poll_s: float = 0.2, clock=time.monotonic
-    ) -> None:
+        self, handle: ServerHandle, *, heartbeat_timeout_s: float = 10.0, poll_s: float = 0.2, clock=time.monotonic,
+        access_log: bool = True,
+    ) -> None:  # fmt: skip
         self.handle = handle
+        self.access_log = access_log
+        self.draining = False  # shutting down: new requests get 503, running ones may finish (`drain`)
+        self.drain_deadline: float | None = None
+        self._started: dict[str, tuple[float, int]] = {}  # rid -> (submit time, prompt tokens), for the access log
         self.heartbeat_timeout_s, self.poll_s, self.clock = heartbeat_timeout_s, poll_s, clock
         self.models = [
             ModelState(n, int(c)) for n, c in zip(handle.model_names, handle.kv_capacity_tokens, strict=True)
@@ -99,6 +108,8 @@ class Backend:
 
     # ---- requests -------------------------------------------------------------------------------------------
     async def submit(self, msg: P.Submit) -> RequestStream:
+        if self.draining:
+            raise APIError(503, "the server is shutting down")
         bad = self.unhealthy()
         if bad:
             raise APIError(503, "server not ready: " + "; ".join(f"{k} {v}" for k, v in bad.items()))
@@ -111,6 +122,7 @@ class Backend:
         except BaseException:
             self.streams.pop(msg.rid, None)
             raise
+        self._started[msg.rid] = (self.clock(), len(msg.prompt_ids) // 4)  # int32 ids (`pack_ids`)
         return stream
 
     def abort_nowait(self, rid: str) -> None:
@@ -118,7 +130,11 @@ class Backend:
 
         Synchronous (a non-blocking send) so it can run in the `finally` of a cancelled SSE generator.
         """
-        if self.streams.pop(rid, None) is None or self._push is None:
+        stream = self.streams.pop(rid, None)
+        if stream is None:
+            return
+        self._log_end(stream, client_gone=True)
+        if self._push is None:
             return
         try:
             fut = self._push.send_multipart([P.CTL, P.encode(P.Abort(rid))], flags=zmq.NOBLOCK)
@@ -127,7 +143,38 @@ class Backend:
         fut.add_done_callback(lambda f: f.exception())  # retrieve it: a full queue only loses the abort
 
     def release(self, rid: str) -> None:
-        self.streams.pop(rid, None)
+        stream = self.streams.pop(rid, None)
+        if stream is not None:
+            self._log_end(stream)
+
+    def _log_end(self, stream: RequestStream, client_gone: bool = False) -> None:
+        t0, prompt = self._started.pop(stream.rid, (self.clock(), 0))
+        f, fin = stream.failure, stream.finished
+        if client_gone:
+            status, finish, msg = 499, "aborted", ""
+        elif f is not None:
+            status, finish, msg = f.status or 500, f.reason, f.message
+        else:
+            status, finish, msg = 200, fin.reason if fin is not None else "?", ""
+        hops = fin.num_hops if fin is not None else 0
+        entry = access.Entry(stream.rid, status, finish, prompt, stream.next_pos, hops, self.clock() - t0, msg)
+        access.record(entry, self.access_log)
+
+    async def drain(self, grace_s: float) -> None:
+        """Shutdown: refuse new requests (503), give the running ones `grace_s` to finish (`drain_deadline` may
+        be moved closer meanwhile, e.g. by a second signal), then end the rest with a 503 error (a stream
+        gets an error chunk and `[DONE]`) and give their handlers a moment to write it."""
+        self.draining = True
+        self.drain_deadline = self.clock() + grace_s
+        while self.streams and self.clock() < self.drain_deadline:
+            await asyncio.sleep(0.05)
+        if self.streams:
+            log.warning("shutdown: ending %d requests still running after %.0f s", len(self.streams), grace_s)
+            for s in list(self.streams.values()):
+                s.fail(503, "the server is shutting down")
+        end = self.clock() + 2.0
+        while self.streams and self.clock() < end:
+            await asyncio.sleep(0.02)
 
     async def _send(self, msg: P.Submit | P.Abort) -> None:
         assert self._push is not None, "backend not started"
@@ -167,6 +214,11 @@ class Backend:
             return
         self._seen(msg.model)
         if isinstance(msg, P.Ready):
+            if m.dead:  # restarted by the launcher (--restart-on-failure): serving again
+                log.warning("model %d (%s) is back: serving again", msg.model, m.name)
+                m.dead = None
+                if msg.model == self.handle.entry:
+                    self._reconnect_entry()
             m.ready = True
             m.kv_capacity_tokens = msg.kv_capacity_tokens
         elif isinstance(msg, P.Stats):
@@ -176,6 +228,16 @@ class Backend:
                 self.on_stats(msg)
         elif isinstance(msg, P.Failed):
             self._mark_dead(msg.model, msg.message)
+
+    def _reconnect_entry(self) -> None:
+        """A new socket to a restarted entry: what the old one still queued (submits of requests that already
+        failed) must not reach the new process."""
+        if self._ctx is None or self._push is None:
+            return
+        self._push.close(linger=0)
+        self._push = self._ctx.socket(zmq.PUSH)
+        self._push.setsockopt(zmq.LINGER, 0)
+        self._push.connect(self.handle.addresses.subservers[self.handle.entry])
 
     def _seen(self, i: int) -> None:
         if 0 <= i < len(self.models):
@@ -201,5 +263,6 @@ class Backend:
         if m.dead:
             return
         m.dead = why
+        log.error("subserver %d (%s) is down (%s): failing %d requests in flight", i, m.name, why, len(self.streams))
         for s in list(self.streams.values()):
             s.fail(503, f"subserver {i} ({m.name}) died: {why}")

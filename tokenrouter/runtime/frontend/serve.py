@@ -1,11 +1,79 @@
-"""`serve_http`: the one function the launcher calls to run the front-end (blocking)."""
+"""`serve_http`: the one function the launcher calls to run the front-end (blocking), with a graceful shutdown.
+
+Shutdown (SIGTERM or SIGINT, or the launcher giving up after a subserver died): new generation requests get
+503 and `/health` turns 503 at once, while the listener stays open so clients get an answer rather than a
+refused connection; requests running get `shutdown_timeout_s` to finish; the rest end with a 503 (a stream
+gets an error chunk and `[DONE]`); then uvicorn stops and `server.stop()` stops the subservers. A second
+signal skips the rest of the wait. Nothing is cancelled mid-write, so the log gets no traceback.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import signal
+import socket
+import time
+from types import FrameType
+
 import uvicorn
 
-from tokenrouter.runtime.frontend.app import create_app
+from tokenrouter.runtime.frontend.app import create_app, served_model_name
+from tokenrouter.runtime.frontend.backend import Backend
 from tokenrouter.runtime.frontend.handle import ServerHandle
+
+log = logging.getLogger(__name__)
+
+# A stopping subserver fails what it held: its streams end within moments, so the drain waits only this long.
+FATAL_GRACE_S = 1.0
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server that drains the backend before it stops (see the module doc).
+
+    `request_stop` may be called from any thread (it only records the request); the event loop's tick starts
+    the drain and sets uvicorn's `should_exit` once the drain is over."""
+
+    def __init__(self, config: uvicorn.Config, backend: Backend, shutdown_timeout_s: float,
+                 ready_line: str | None = None, t0: float | None = None) -> None:  # fmt: skip
+        super().__init__(config)
+        self.backend = backend
+        self.shutdown_timeout_s = shutdown_timeout_s
+        self.ready_line = ready_line
+        self.t0 = t0
+        self._request: tuple[float, str] | None = None  # (grace seconds, why)
+        self._drain: asyncio.Task | None = None
+
+    def request_stop(self, why: str, grace_s: float) -> None:
+        if self._request is None:
+            self._request = (grace_s, why)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # Replaces uvicorn's handler: no re-raise of the signal after serving (the process exits 0), and
+        # the first signal drains instead of closing the listener at once.
+        if self._request is None:
+            self.request_stop(signal.Signals(sig).name, self.shutdown_timeout_s)
+        else:
+            self.backend.drain_deadline = 0.0  # a second signal: end what still runs now
+            if self._drain is None:
+                self.should_exit = True
+
+    async def on_tick(self, counter: int) -> bool:
+        if self._request is not None and self._drain is None:
+            grace, why = self._request
+            log.info("%s: shutting down: new requests get 503; %d running get up to %.0f s to finish", why,
+                     len(self.backend.streams), grace)  # fmt: skip
+            self._drain = asyncio.create_task(self.backend.drain(grace))
+        if self._drain is not None and self._drain.done():
+            self.should_exit = True
+        return await super().on_tick(counter)
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and self.ready_line is not None:
+            port = self.servers[0].sockets[0].getsockname()[1] if self.servers else self.config.port
+            took = f" (ready in {time.monotonic() - self.t0:.1f} s)" if self.t0 is not None else ""
+            log.info("%s at http://%s:%d%s", self.ready_line, self.config.host, port, took)
 
 
 def serve_http(
@@ -16,16 +84,29 @@ def serve_http(
     api_key: str | None = None,
     tokenizer,
     heartbeat_timeout_s: float = 10.0,
-    log_level: str = "warning",
+    shutdown_timeout_s: float = 30.0,
+    access_log: bool = True,
+    t0: float | None = None,
 ) -> None:
-    """Serve the OpenAI API for `server` until SIGINT/SIGTERM, then call `server.stop()` (always, once).
+    """Serve the OpenAI API for `server` until SIGINT/SIGTERM (drained, see the module doc) or until the launcher
+    gives up (`server.add_fatal_listener`, when the handle has it), then call `server.stop()` (always, once).
 
     Binds 127.0.0.1 unless `host` says otherwise; `api_key` None leaves the API open. `tokenizer` is a
     `tokenrouter.models.TextTokenizer`. The front-end binds its PULL at `server.addresses.frontend` when
-    uvicorn starts; subservers may connect and send `Ready` before or after that (ZeroMQ queues).
+    uvicorn starts; subservers may connect and send `Ready` before or after that (ZeroMQ queues). `t0`: the
+    monotonic time the server started, for the ready line's "ready in".
     """
-    app = create_app(server, tokenizer, api_key=api_key, heartbeat_timeout_s=heartbeat_timeout_s)
+    app = create_app(server, tokenizer, api_key=api_key, heartbeat_timeout_s=heartbeat_timeout_s,
+                     access_log=access_log)  # fmt: skip
+    # log_config=None: uvicorn keeps its hands off logging (the CLI configured it); its access log is off
+    # in favour of ours (`frontend.access`), which knows the request id, tokens and hops.
+    config = uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False, lifespan="on",
+                            timeout_graceful_shutdown=5)  # fmt: skip
+    uv = DrainingServer(config, app.state.backend, shutdown_timeout_s,
+                        ready_line=f"serving {served_model_name(server)}", t0=t0)  # fmt: skip
+    if hasattr(server, "add_fatal_listener"):  # the launcher's Server; test fakes may not have it
+        server.add_fatal_listener(lambda why: uv.request_stop(why, FATAL_GRACE_S))
     try:
-        uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+        uv.run()
     finally:
         server.stop()

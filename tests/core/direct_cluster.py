@@ -1,10 +1,12 @@
 """A small synchronous driver for scheduler unit tests: schedulers in one process, messages delivered at once
 (through the wire encoding, as the runtime will), tokens from an executor that depends on what it was fed.
-`tests/core/cluster.py` is the realistic one (delays, reordering, invariants after every step)."""
+`tests/core/cluster.py` is the realistic one (delays, reordering, invariants after every step).
+
+A plain module, not `conftest.py`: every test directory's `conftest` is imported under that one name, so
+`from conftest import ...` picks whichever directory pytest collected last."""
 
 from __future__ import annotations
 
-import pytest
 from fakes import FakeExecutor, ScriptedRouter
 
 from tokenrouter.core import wire
@@ -103,8 +105,3 @@ def _size(pool: KVPool):
     from tokenrouter.core.admission import PoolSize
 
     return PoolSize(pool.num_pages - 1, pool.page_size)
-
-
-@pytest.fixture
-def cluster_factory():
-    return Cluster

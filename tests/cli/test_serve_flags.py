@@ -1,0 +1,46 @@
+"""`tr serve`'s context, supervision and logging flags, without starting processes: what lands in the resolved
+deployment, and one-line user errors (exit 2)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import yaml
+
+from tokenrouter.core.config import DeploymentConfig, ModelConfig, SchedulerConfig
+from tokenrouter.deploy.builder import build_deployment
+from tokenrouter.models import load_spec
+
+PAIR = ("--small", "tiny-small", "--large", "tiny-large", "--device", "cpu")
+
+
+def tr(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tokenrouter.cli.tr", *args], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+
+
+def test_max_model_len_lands_in_the_config():
+    r = tr("serve", *PAIR, "--max-model-len", "512", "--dry-run")
+    assert r.returncode == 0, r.stderr
+    assert yaml.safe_load(r.stdout)["scheduler"]["max_model_len"] == 512
+    r = tr("serve", *PAIR, "--dry-run")
+    assert yaml.safe_load(r.stdout)["scheduler"]["max_model_len"] is None
+
+
+def test_every_scheduler_admits_by_the_smaller_of_max_model_len_and_the_position_limit():
+    limit = min(load_spec(n).max_position_embeddings for n in ("tiny-small", "tiny-large"))
+    for mml, want in ((None, limit), (300, 300), (limit * 2, limit)):
+        cfg = DeploymentConfig(models=[ModelConfig("tiny-small"), ModelConfig("tiny-large")],
+                               scheduler=SchedulerConfig(max_model_len=mml))  # fmt: skip
+        dep = build_deployment(cfg, gpu_memory_gb=1.0)
+        assert [s.max_context_len for s in dep.schedulers] == [want, want], mml
+        if mml is not None:
+            assert all(a["max_context_len"] == mml for a in dep.engine_args)
+
+
+def test_user_errors_are_one_line_exit_2():
+    for args in (["--max-model-len", "1"], ["--log-level", "loud"], ["--shutdown-timeout", "-1"],
+                 ["--restart-on-failure", "--policy", "step-sync"]):  # fmt: skip
+        r = tr("serve", *PAIR, *args, "--dry-run")
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
