@@ -26,6 +26,11 @@ def serve(
     host: Annotated[str, Opt(help="Address the HTTP server binds.")] = "127.0.0.1",
     port: Annotated[int, Opt(help="HTTP port.")] = 8000,
     api_key: Annotated[str | None, Opt(help="Require this bearer key (401 without it; /health stays open).")] = None,
+    admin_key: Annotated[
+        str | None,
+        Opt(envvar="TOKENROUTER_ADMIN_KEY", help="Enable POST/GET /admin/policy (Bearer KEY): change the policy, "
+            "thresholds and a synthetic router's hop rate while serving (live sweeps, controllers)."),
+    ] = None,
     record_hops: Annotated[Path | None, Opt(help="Write the hop trace JSONL here on exit.")] = None,
     kv_tokens: Annotated[int, Opt(help="CPU only: KV capacity per model in tokens.")] = 8192,
     no_cuda_graph: Annotated[bool, Opt("--no-cuda-graph", hidden=True, help="Deprecated: --no-graphs.")] = False,
@@ -80,7 +85,7 @@ def serve(
     server = Server(cfg, device=device, record_hops=record_hops, restart_on_failure=restart_on_failure)
     with server, contextlib.suppress(KeyboardInterrupt):
         serve_http(server, host=host, port=port, api_key=api_key, tokenizer=tok, shutdown_timeout_s=shutdown_timeout,
-                   access_log=not no_access_log, t0=server.t0)  # fmt: skip
+                   access_log=not no_access_log, t0=server.t0, admin_key=admin_key)  # fmt: skip
     if server.failure is not None:  # a subserver died: exit non-zero so a supervisor restarts the server
         raise typer.Exit(1)
 

@@ -117,6 +117,19 @@ class Scheduler:
     def epoch(self) -> int:
         return self.live.epoch
 
+    def set_policy(self, policy: Policy) -> None:
+        """Replace the batching policy between steps (an operator's or a controller's decision on a running
+        deployment). The next `schedule` applies it; requests, KV and batches in flight are untouched.
+
+        Asynchronous policies only change with asynchronous ones: a sync policy needs a gate every subserver
+        shares, made when the deployment is built (ValueError otherwise)."""
+        if policy.is_sync != self.policy.is_sync:
+            raise ValueError(
+                f"cannot switch from {self.policy.kind.value} to {policy.kind.value} while serving: synchronous "
+                "policies share a gate built with the deployment (restart instead)"
+            )
+        self.policy = policy
+
     @property
     def prepares_ahead(self) -> bool:
         """Overlap in effect: `schedule` may form step k+1 while step k is in flight. The one overlap rule of

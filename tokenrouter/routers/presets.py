@@ -19,14 +19,29 @@ from tokenrouter.routers.synthetic import ProbRouter
 PRESETS = tuple(r.value for r in RouterName if r is not RouterName.TRACE)
 
 
+def two_model_matrix(p: float, q: float = 1.0) -> list[list[float]]:
+    """Small hops to large w.p. `p` per step; large hands back w.p. `q` per token (1: after one token)."""
+    p, q = check_prob(p, "hop rate"), check_prob(q, "return probability")
+    return [[1 - p, p], [q, 1 - q]]
+
+
 def one_token_handback(p: float, seed: int = 0) -> ProbRouter:
-    p = check_prob(p, "hop rate")
-    return ProbRouter([[1 - p, p], [1.0, 0.0]], [[True, False], [True, True]], seed)
+    return ProbRouter(two_model_matrix(p), [[True, False], [True, True]], seed)
 
 
 def geometric_run(p: float, q: float, seed: int = 0) -> ProbRouter:
-    p, q = check_prob(p, "hop rate"), check_prob(q, "return probability")
-    return ProbRouter([[1 - p, p], [q, 1 - q]], [[True, False], [True, True]], seed)
+    return ProbRouter(two_model_matrix(p, q), [[True, False], [True, True]], seed)
+
+
+def set_hop_rate(router: object, name: str, hop_rate: float, return_prob: float = 1.0) -> None:
+    """Retarget a running preset router to another hop rate (its semantics unchanged). ValueError for routers
+    whose hops are not a synthetic draw of the hop rate (learned, trace, ensemble, markov)."""
+    key = str(name).lower()
+    if not isinstance(router, ProbRouter) or key not in (RouterName.R2R, RouterName.CITER, RouterName.CO_LLM,
+                                                         RouterName.R_STITCH, "hop-rate"):  # fmt: skip
+        raise ValueError(f"router {name!r} has no synthetic hop rate to change (learned routers calibrate theirs)")
+    q = return_prob if key == RouterName.R_STITCH else 1.0
+    router.set_probabilities(two_model_matrix(hop_rate, q))
 
 
 def ensemble(num_models: int, seed: int = 0) -> ProbRouter:

@@ -31,11 +31,22 @@ class ProbRouter(Router):
         if (P_arr < 0).any() or not np.allclose(P_arr.sum(axis=1), 1.0):
             raise ValueError("each row of P must be probabilities summing to 1")
         super().__init__(0, m)
-        self.P = P_arr
         self.keep = [[bool(x) for x in row] for row in keep]
         self.seed = seed
-        self._cum = np.cumsum(P_arr, axis=1)
+        self.set_probabilities(P_arr)
         self._rng = np.random.default_rng([seed, 0])
+
+    def set_probabilities(self, P: Sequence[Sequence[float]] | np.ndarray) -> None:
+        """New routing probabilities (same shape; rows summing to 1), e.g. another hop rate on a running
+        deployment; the hand-back semantics (`keep`) and the random stream stay."""
+        P_arr = np.asarray(P, dtype=float)
+        m = len(self.keep)
+        if P_arr.shape != (m, m):
+            raise ValueError(f"P must be a {m}x{m} matrix")
+        if (P_arr < 0).any() or not np.allclose(P_arr.sum(axis=1), 1.0):
+            raise ValueError("each row of P must be probabilities summing to 1")
+        self.P = P_arr
+        self._cum = np.cumsum(P_arr, axis=1)
 
     def bind(self, model: int, num_models: int) -> Router:
         if num_models != len(self.P):

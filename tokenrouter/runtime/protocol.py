@@ -93,6 +93,18 @@ class Restarted(msgspec.Struct, tag="restarted", frozen=True):
     model: int
 
 
+class SetPolicy(msgspec.Struct, tag="set_policy", frozen=True):
+    """From the front-end's admin endpoint to every subserver: a new batching policy (the config's `policy`
+    section) and, for a synthetic router, a new hop rate; applied between steps and acknowledged (`PolicySet`)."""
+
+    seq: int
+    kind: str
+    thresholds: list[int] = []
+    table: dict[int, list[int]] = {}
+    max_wait_ms: float | None = None
+    hop_rate: float | None = None
+
+
 # ---- subserver -> front-end ----------------------------------------------------------------------------
 class Tokens(msgspec.Struct, tag="tokens", frozen=True):
     rid: str
@@ -154,8 +166,16 @@ class Failed(msgspec.Struct, tag="failed", frozen=True):
     message: str
 
 
-ToSubserver = Submit | Abort | Shutdown | Restarted
-ToFrontend = Tokens | Finished | Rejected | Ready | Stats | Failed
+class PolicySet(msgspec.Struct, tag="policy_set", frozen=True):
+    """A subserver applied (`error` None) or refused a `SetPolicy`."""
+
+    model: int
+    seq: int
+    error: str | None = None
+
+
+ToSubserver = Submit | Abort | Shutdown | Restarted | SetPolicy
+ToFrontend = Tokens | Finished | Rejected | Ready | Stats | Failed | PolicySet
 
 _enc = msgspec.msgpack.Encoder()
 _dec_sub = msgspec.msgpack.Decoder(ToSubserver)

@@ -103,6 +103,8 @@ class Subserver(EngineLoop):
                 self.stopping = True
             elif isinstance(msg, P.Restarted):
                 self._on_peer_restarted(msg.model, now)
+            elif isinstance(msg, P.SetPolicy):
+                self._set_policy(msg)
         # GATE: nothing to do; the loop re-asks schedule.
 
     def _submit(self, msg: P.Submit, now: float) -> None:
@@ -122,6 +124,30 @@ class Subserver(EngineLoop):
             return
         self.hops.write({"rid": msg.rid, "prompt_len": len(ids)})
         self.deliver(acts)
+
+    def _set_policy(self, msg: P.SetPolicy) -> None:
+        """The admin endpoint's policy (and hop rate): applied before the next `schedule`, then acknowledged."""
+        from tokenrouter.core.config import PolicyConfig
+        from tokenrouter.routers.presets import set_hop_rate
+
+        error = None
+        try:
+            pc = PolicyConfig(msg.kind, list(msg.thresholds), {int(k): list(v) for k, v in msg.table.items()},
+                              msg.max_wait_ms)  # fmt: skip
+            old = self.sched.policy
+            self.sched.set_policy(pc.build())
+            if msg.hop_rate is not None:
+                rc = self.spec.config.router
+                try:
+                    set_hop_rate(self.sched.router, rc.name, msg.hop_rate, rc.return_prob)
+                except ValueError:
+                    self.sched.set_policy(old)  # all or nothing
+                    raise
+            log.info("%s: policy %s thresholds %s%s", self.tag, pc.kind, pc.thresholds or pc.table or "-",
+                     "" if msg.hop_rate is None else f", hop rate {msg.hop_rate}")  # fmt: skip
+        except ValueError as e:
+            error = str(e)
+        self.front.send_multipart([P.CTL, P.encode(P.PolicySet(self.model, msg.seq, error))])
 
     def _on_peer_restarted(self, peer: int, now: float) -> None:
         """A peer died and is being restarted empty: drop every request (the core's rule), and reconnect to

@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from tokenrouter.runtime.frontend import access, generate, params
+from tokenrouter.runtime.frontend.admin import add_admin_routes
 from tokenrouter.runtime.frontend.backend import Backend
 from tokenrouter.runtime.frontend.errors import APIError, error_response
 from tokenrouter.runtime.frontend.handle import ServerHandle
@@ -55,7 +56,7 @@ def served_model_name(handle: ServerHandle) -> str:
 
 def create_app(
     server: ServerHandle, tokenizer, *, api_key: str | None = None, heartbeat_timeout_s: float = 10.0,
-    access_log: bool = True,
+    access_log: bool = True, admin_key: str | None = None,
 ) -> FastAPI:  # fmt: skip
     """`tokenizer` is a `TextTokenizer` (encode, decode, encode_chat, eos_token_ids). `access_log`: one line per
     request on the `tokenrouter.access` logger (`frontend.access`)."""
@@ -78,7 +79,8 @@ def create_app(
 
     @app.middleware("http")
     async def auth(request: Request, call_next):
-        if api_key is not None and request.url.path not in _OPEN_PATHS:
+        path = request.url.path
+        if api_key is not None and path not in _OPEN_PATHS and not path.startswith("/admin/"):  # admin: own key
             got = request.headers.get("authorization", "")
             if not hmac.compare_digest(got.encode(), f"Bearer {api_key}".encode()):
                 return error_response(
@@ -181,4 +183,16 @@ def create_app(
     async def prometheus() -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    add_admin_routes(app, backend, len(names), admin_key, initial_policy(server))
     return app
+
+
+def initial_policy(server: ServerHandle) -> dict:
+    """The policy a server started with, as the admin endpoint reports it (empty when the handle has no config)."""
+    cfg = getattr(server, "config", None)
+    if cfg is None:
+        return {}
+    pc = cfg.policy
+    table = {str(k): v for k, v in pc.table.items()}
+    return {"policy": str(pc.kind), "thresholds": list(pc.thresholds), "table": table, "max_wait_ms": pc.max_wait_ms,
+            "hop_rate": cfg.router.hop_rate}  # fmt: skip

@@ -61,6 +61,8 @@ class Backend:
         self._pull: zmq.asyncio.Socket | None = None
         self._push: zmq.asyncio.Socket | None = None
         self._tasks: list[asyncio.Task] = []
+        self._policy_seq = 0
+        self._policy_acks: dict[tuple[int, int], asyncio.Future] = {}  # (seq, model) -> PolicySet
 
     # ---- lifecycle ------------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -176,6 +178,36 @@ class Backend:
         while self.streams and self.clock() < end:
             await asyncio.sleep(0.02)
 
+    async def set_policy(self, msg: P.SetPolicy, timeout_s: float = 10.0) -> list[str]:
+        """Send a new policy to every subserver and wait until each applied it (so the next request sees it
+        everywhere); the errors of those that refused it (empty: all applied)."""
+        if self._ctx is None:
+            raise APIError(503, "the server is not running")
+        self._policy_seq += 1
+        msg = P.SetPolicy(self._policy_seq, msg.kind, msg.thresholds, msg.table, msg.max_wait_ms, msg.hop_rate)
+        loop = asyncio.get_running_loop()
+        futs = {i: loop.create_future() for i in range(len(self.models))}
+        for i, f in futs.items():
+            self._policy_acks[(msg.seq, i)] = f
+        socks = []
+        try:
+            for addr in self.handle.addresses.subservers:
+                s = self._ctx.socket(zmq.PUSH)
+                s.setsockopt(zmq.LINGER, 1000)
+                s.connect(addr)
+                socks.append(s)
+                await s.send_multipart([P.CTL, P.encode(msg)])
+            _, pending = await asyncio.wait(futs.values(), timeout=timeout_s)
+        finally:
+            for s in socks:
+                s.close()
+            for i in futs:
+                self._policy_acks.pop((msg.seq, i), None)
+        if pending:
+            late = [self.models[i].name for i, f in futs.items() if not f.done()]
+            raise APIError(504, f"no answer to the policy change from {', '.join(late)} within {timeout_s:.0f} s")
+        return [f"{self.models[i].name}: {f.result().error}" for i, f in futs.items() if f.result().error]
+
     async def _send(self, msg: P.Submit | P.Abort) -> None:
         assert self._push is not None, "backend not started"
         try:
@@ -213,6 +245,11 @@ class Backend:
         if m is None:
             return
         self._seen(msg.model)
+        if isinstance(msg, P.PolicySet):
+            fut = self._policy_acks.get((msg.seq, msg.model))
+            if fut is not None and not fut.done():
+                fut.set_result(msg)
+            return
         if isinstance(msg, P.Ready):
             if m.dead:  # restarted by the launcher (--restart-on-failure): serving again
                 log.warning("model %d (%s) is back: serving again", msg.model, m.name)

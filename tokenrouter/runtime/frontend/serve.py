@@ -87,6 +87,7 @@ def serve_http(
     shutdown_timeout_s: float = 30.0,
     access_log: bool = True,
     t0: float | None = None,
+    admin_key: str | None = None,
 ) -> None:
     """Serve the OpenAI API for `server` until SIGINT/SIGTERM (drained, see the module doc) or until the launcher
     gives up (`server.add_fatal_listener`, when the handle has it), then call `server.stop()` (always, once).
@@ -97,7 +98,7 @@ def serve_http(
     monotonic time the server started, for the ready line's "ready in".
     """
     app = create_app(server, tokenizer, api_key=api_key, heartbeat_timeout_s=heartbeat_timeout_s,
-                     access_log=access_log)  # fmt: skip
+                     access_log=access_log, admin_key=admin_key)  # fmt: skip
     # log_config=None: uvicorn keeps its hands off logging (the CLI configured it); its access log is off
     # in favour of ours (`frontend.access`), which knows the request id, tokens and hops.
     config = uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False, lifespan="on",
