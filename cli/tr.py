@@ -1,5 +1,5 @@
-"""`tr` (also installed as `tokenrouter`): the serving side's command line. Today: inspect bundled models and
-check deployment configs (`tr serve` and `tr calibrate` arrive with the runtime and the profiler).
+"""`tr` (also installed as `tokenrouter`): the serving side's command line: `serve`, `bench`, `calibrate`, and
+`models` / `check-config` to inspect bundled models and deployment configs.
 
 `tr` shadows coreutils `tr` in an activated venv, so the same app is installed under the collision-free name
 `tokenrouter`; scripts, tests and CI call that one.
@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tokenrouter.cli import bench_cmd
+from tokenrouter.cli.calibrate_cmd import calibrate
 from tokenrouter.cli.common import run_app
 from tokenrouter.cli.serve_cmd import serve
 from tokenrouter.core.config import load_config
@@ -30,6 +31,7 @@ app = typer.Typer(
 
 
 app.command("serve")(serve)
+app.command("calibrate")(calibrate)
 
 
 @app.command("models")

@@ -76,6 +76,7 @@ class Coordinator:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="sync-coordinator", daemon=True)
         self._dec = msgspec.msgpack.Decoder(GateCall)
+        self.calls = 0
         # model -> (it was running, it was in the round) just before its last grant: what `release` restores.
         self._snapshot: dict[int, tuple[bool, bool]] = {}
 
@@ -106,6 +107,7 @@ class Coordinator:
 
     def handle(self, call: GateCall) -> bool:
         """Apply one call to the gate; returns the answer to `may`. Wakes the others when state changed."""
+        self.calls += 1  # one request-reply round trip of the calling subserver (calibration counts them)
         g, m = self.gate, call.model
         self._reported[m] = call.ready
         snapshot = self._snapshot.pop(m, None)  # a reservation lives until the model's next call

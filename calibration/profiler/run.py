@@ -1,0 +1,391 @@
+"""`tr calibrate`: profile the engine on the GPU it runs on and write a measured profile.
+
+The calibrator itself never starts CUDA (it would become an MPS client, or hold memory the models need): every
+measurement runs in a spawned worker process, one per model alone (`model_worker`) and two per co-located pair
+and SM split (`corun`, under CUDA MPS with each model's `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`). Workers report as
+they measure; everything measured is kept in a partial file next to the output (`OUT.partial.json`), so a run cut
+by its deadline (a device call of at most 10 minutes) resumes where it stopped when the same command runs again.
+When every task is done the partial is fitted (`assemble`) into the profile.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from tokenrouter.calibration.profiler.corun import WindowSpec, corun_worker, engine_kwargs_for_corun
+from tokenrouter.calibration.profiler.model_worker import ModelJob, model_worker
+from tokenrouter.calibration.profiler.passes import Timing
+
+PARTIAL_FORMAT = "tokenrouter-calibration-partial/1"
+ROUTERS = ("r2r", "citer", "co-llm", "r-stitch")
+
+
+@dataclass(slots=True)
+class Plan:
+    """What one calibration measures. `pairs`: (small, large) co-located under MPS at every split of `splits`
+    (percent of each; the first must be 100/100, the reference); `corun_*`: the decode batch sizes of each model
+    in the co-run grid, cells held out for the fit error, and the context per row."""
+
+    models: list[str]
+    pairs: list[tuple[str, str]] = field(default_factory=list)
+    splits: list[tuple[int, int]] = field(default_factory=lambda: [(100, 100)])
+    corun_batches_a: list[int] = field(default_factory=lambda: [1, 4, 16])
+    corun_batches_b: list[int] = field(default_factory=lambda: [1, 4, 16, 64])
+    corun_held: list[tuple[int, int]] = field(default_factory=lambda: [(2, 8), (8, 2)])
+    corun_context: int = 1024
+    routers: list[str] = field(default_factory=lambda: list(ROUTERS))
+    max_tokens: int = 2048
+    max_decode: int = 64
+    device: str = "cuda"
+    quick: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.models:
+            raise ValueError("give at least one --model")
+        if self.pairs and self.splits[0] != (100, 100):
+            raise ValueError("the first SM split must be 100/100 (the reference every slowdown is relative to)")
+        for a, b in self.pairs:
+            if a == b:
+                raise ValueError(f"a co-located pair needs two models, got {a}|{b}")
+
+    def tasks(self) -> list[str]:
+        """Task ids in measuring order: the pairs' models first, their co-runs by split, the other models, then
+        the runtime's own costs (CPU work, cheapest to lose to a deadline)."""
+        first = [m for p in self.pairs for m in p]
+        order = list(dict.fromkeys([*first, *self.models]))
+        out = [f"model/{m}" for m in order if m in first]
+        out += [f"corun/{a}|{b}/{sa}-{sb}" for a, b in self.pairs for sa, sb in self.splits]
+        out += [f"model/{m}" for m in order if m not in first]
+        return [*out, "runtime"]
+
+    def small_models(self) -> set[str]:
+        """Models whose learned routers' device parts are measured: the pairs' small models (or the first)."""
+        return {a for a, _ in self.pairs} or {self.models[0]}
+
+
+@dataclass(slots=True)
+class Calibration:
+    """One `tr calibrate` run: plan, output, partial results, deadline."""
+
+    plan: Plan
+    out: Path
+    command: str
+    deadline_s: float | None = None
+    on_event: Callable[[str, str, int, int], None] = lambda task, what, done, total: None
+    partial: dict[str, Any] = field(default_factory=dict)
+    t0: float = field(default_factory=time.monotonic)
+
+    @property
+    def partial_path(self) -> Path:
+        return self.out.with_name(self.out.name + ".partial.json")
+
+    def load(self) -> None:
+        """Resume from an earlier run of the same plan (a different plan is an error, not silently mixed)."""
+        p = self.partial_path
+        fresh = {"format": PARTIAL_FORMAT, "command": self.command, "created": datetime.now().isoformat(
+            timespec="seconds"), "plan": asdict(self.plan), "env": {}, "results": {}, "failed": {}}  # fmt: skip
+        if not p.exists():
+            self.partial = fresh
+            return
+        try:
+            old = json.loads(p.read_text())
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{p}: cannot read the partial calibration ({e}); delete it to start over") from None
+        if old.get("format") != PARTIAL_FORMAT:
+            raise ValueError(f"{p}: not a calibration partial of this version; delete it to start over")
+        if _plan_key(old.get("plan", {})) != _plan_key(asdict(self.plan)):
+            raise ValueError(f"{p}: an earlier calibration with another plan; finish it with its own command "
+                             f"({old.get('command', '?')}) or delete it")  # fmt: skip
+        old["failed"] = {}  # failed tasks are tried again
+        self.partial = old
+
+    def save(self) -> None:
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.partial_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.partial, indent=1))
+        tmp.replace(self.partial_path)
+
+    @property
+    def deadline(self) -> float:
+        return self.t0 + self.deadline_s if self.deadline_s is not None else float("inf")
+
+    def pending(self) -> list[str]:
+        res = self.partial["results"]
+        return [t for t in self.plan.tasks() if not res.get(t, {}).get("complete")]
+
+    def run(self) -> bool:
+        """Measure every pending task (until the deadline); True when all are done."""
+        self.load()
+        self.partial["env"].setdefault("host", _host_info())
+        with self._mps() as mps_env:
+            for task in self.pending():
+                if time.monotonic() > self.deadline:
+                    break
+                try:
+                    if task.startswith("model/"):
+                        self._model(task, task.split("/", 1)[1])
+                    elif task.startswith("corun/"):
+                        self._corun(task, mps_env)
+                    else:
+                        self._runtime(task)
+                except Exception as e:  # record and go on: other tasks may still be measured
+                    self.partial["failed"][task] = f"{type(e).__name__}: {e}"
+                    self.on_event(task, "failed", 0, 0)
+                self.save()
+        self.save()
+        return not self.pending()
+
+    # ---- tasks ---------------------------------------------------------------------------------------------
+    def _model(self, task: str, model: str) -> None:
+        p = self.plan
+        raw = self.partial["results"].setdefault(task, {"points": {}, "routers": {}, "host": {}})
+        grid_args = {"quick": p.quick, "max_decode": p.max_decode, "max_tokens": p.max_tokens}
+        routers = tuple(p.routers) if model in p.small_models() else (("r-stitch",) if "r-stitch" in p.routers else ())
+        done = set(raw["points"]) | {f"router/{n}" for n in raw["routers"]} | set(raw["host"])
+        job = ModelJob(model, self._engine_kwargs(model), grid_args, routers, model in p.small_models(),
+                       deadline=self.deadline, done=done, timing=Timing(min_time_s=0.05, min_reps=3) if p.quick
+                       else Timing(), probe_gpu=not self.partial["env"].get("gpu"))  # fmt: skip
+        total = len(done) + len(routers) + 4
+        count = len(done)
+        for msg in _worker(model_worker, (job,), env={}):
+            kind = msg[0]
+            if kind == "info":
+                raw["info"] = msg[1]
+                total = msg[1]["points"] + len(routers) + 4
+                env = msg[1].get("env")
+                if env:
+                    self.partial["env"].update(env)
+            elif kind == "point":
+                raw["points"][msg[1]] = msg[2]
+            elif kind == "router":
+                raw["routers"][msg[1]] = msg[2]
+            elif kind == "host":
+                raw["host"][msg[1]] = msg[2]
+            elif kind == "done":
+                raw["complete"] = True
+            elif kind == "deadline":
+                break
+            elif kind == "error":
+                raise RuntimeError(msg[1])
+            count += kind in ("point", "router", "host")
+            self.on_event(task, kind, count, total)
+            if kind in ("point", "router", "host") and count % 8 == 0:
+                self.save()
+
+    def _engine_kwargs(self, model: str) -> dict[str, Any]:
+        p = self.plan
+        kw: dict[str, Any] = {"model": model, "load_format": "dummy", "device": p.device, "seed": 0,
+                              "max_num_batched_tokens": p.max_tokens, "max_batch_size": 256}  # fmt: skip
+        if p.device == "cpu":
+            kw.update(num_pages=4096, cuda_graphs=False)
+        else:
+            kw["gpu_memory_utilization"] = 0.85
+        return kw
+
+    def _corun(self, task: str, mps_env: dict[str, str]) -> None:
+        p = self.plan
+        _, pair, split = task.split("/")
+        a, b = pair.split("|")
+        sa, sb = (int(x) for x in split.split("-"))
+        raw: dict[str, Any] = {"batches_a": p.corun_batches_a, "batches_b": p.corun_batches_b,
+                               "context": p.corun_context, "alone_a": {}, "alone_b": {}, "corun": {},
+                               "held": {}}  # fmt: skip
+        cells = len(p.corun_batches_a) + len(p.corun_batches_b) + len(p.corun_batches_a) * len(p.corun_batches_b)
+        cells += len(p.corun_held)
+        with _CoRunPair(a, b, sa, sb, p, mps_env) as pair_run:
+            raw["startup_s"] = pair_run.startup
+            n = 0
+            for x in p.corun_batches_a:
+                raw["alone_a"][str(x)] = pair_run.cell(x, None)["a"]
+                n += 1
+                self.on_event(task, "cell", n, cells)
+            for y in p.corun_batches_b:
+                raw["alone_b"][str(y)] = pair_run.cell(None, y)["b"]
+                n += 1
+                self.on_event(task, "cell", n, cells)
+            for key, pairs in (("corun", [(x, y) for x in p.corun_batches_a for y in p.corun_batches_b]),
+                               ("held", p.corun_held)):  # fmt: skip
+                for x, y in pairs:
+                    if time.monotonic() > self.deadline:
+                        return
+                    raw[key][f"{x},{y}"] = pair_run.cell(x, y)
+                    n += 1
+                    self.on_event(task, "cell", n, cells)
+        raw["complete"] = True
+        self.partial["results"][task] = raw
+
+    def _runtime(self, task: str) -> None:
+        from tokenrouter.calibration.profiler import runtime_costs
+
+        n = [0]
+
+        def tick() -> None:
+            n[0] += 1
+            self.on_event(task, "cost", n[0], 4)
+
+        self.partial["results"][task] = {**runtime_costs.measure(tick), "complete": True}
+
+    @contextmanager
+    def _mps(self) -> Iterator[dict[str, str]]:
+        if self.plan.device == "cpu" or not self.plan.pairs:
+            yield {}
+            return
+        from tokenrouter.runtime.mps import MpsDaemon
+
+        with tempfile.TemporaryDirectory(prefix="trcal-mps-") as d:
+            daemon = MpsDaemon(d)
+            daemon.start()
+            try:
+                yield daemon.environment()
+            finally:
+                daemon.stop()
+
+
+class _CoRunPair:
+    """Two co-run workers (one per model of a pair) and the cells they run together or alone."""
+
+    def __init__(self, a: str, b: str, share_a: int, share_b: int, plan: Plan, mps_env: dict[str, str]) -> None:
+        self.plan = plan
+        self.procs: list[Any] = []
+        self.conns: list[Any] = []
+        self.est = {"a": 0.0, "b": 0.0}
+        self.startup: dict[str, float] = {}
+        ctx = mp.get_context("spawn")
+        for model, share, batches in ((a, share_a, plan.corun_batches_a), (b, share_b, plan.corun_batches_b)):
+            env = dict(mps_env)
+            if share < 100 and plan.device != "cpu":
+                env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(share)
+            mine, theirs = ctx.Pipe()
+            kw = engine_kwargs_for_corun(model, batches + [x for x, _ in plan.corun_held] if model == a else
+                                         batches + [y for _, y in plan.corun_held], plan.corun_context,
+                                         plan.device)  # fmt: skip
+            if plan.device == "cpu":
+                kw["cuda_graphs"] = False
+            all_batches = sorted(set(kw["graph_buckets"]))
+            with _environ(env):
+                proc = ctx.Process(target=corun_worker, args=(theirs, kw, all_batches, plan.corun_context),
+                                   name=f"trcal-corun-{model}", daemon=True)  # fmt: skip
+                proc.start()
+            self.procs.append(proc)
+            self.conns.append(mine)
+
+    def __enter__(self) -> _CoRunPair:
+        for name, conn in zip(("a", "b"), self.conns, strict=True):
+            msg = _recv(conn, 900)
+            if msg[0] != "ready":
+                raise RuntimeError(f"co-run worker {name}: {msg[1]}")
+            self.startup[name] = msg[1]["startup_s"]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for conn in self.conns:
+            with suppress(OSError):  # a worker that died already
+                conn.send(("stop",))
+        for proc in self.procs:
+            proc.join(30)
+            if proc.is_alive():
+                proc.kill()
+
+    def cell(self, x: int | None, y: int | None) -> dict[str, float]:
+        """Both step back to back over one window (or one of them alone); medians in ms. The window holds about
+        20 steps of the slower side; a cell with too few steps is run once more with a longer window."""
+        sides = [(k, c, b) for k, c, b in (("a", self.conns[0], x), ("b", self.conns[1], y)) if b is not None]
+        est = max([self.est[k] for k, _, _ in sides] + [1.0])
+        length = 0.2 + 20 * est * (2.0 if len(sides) == 2 else 1.0) / 1000
+        for _ in range(3):
+            start = time.monotonic() + 0.05
+            for _k, conn, b in sides:
+                conn.send(("run", WindowSpec(start, start + length, b)))
+            got = {}
+            for k, conn, _b in sides:
+                msg = _recv(conn, 120 + length)
+                if msg[0] != "result":
+                    raise RuntimeError(f"co-run worker {k}: {msg[1]}")
+                got[k] = msg[1]
+            if min(r["steps"] for r in got.values()) >= 8:
+                break
+            length *= 3
+        if min(r["steps"] for r in got.values()) == 0:
+            raise RuntimeError(f"co-run cell {x},{y}: no step fit a window of {length / 3:.2f} s")
+        for k, r in got.items():
+            self.est[k] = max(self.est[k], r["ms"])
+        return {k: r["ms"] for k, r in got.items()}
+
+
+def _recv(conn: Any, timeout_s: float) -> Any:
+    if not conn.poll(timeout_s):
+        raise TimeoutError(f"no answer from a calibration worker within {timeout_s:.0f} s")
+    return conn.recv()
+
+
+def _worker(target: Callable[..., None], args: tuple, env: dict[str, str]) -> Iterator[Any]:
+    """Run `target(conn, *args)` in a spawned process and yield what it sends until it ends."""
+    ctx = mp.get_context("spawn")
+    mine, theirs = ctx.Pipe()
+    with _environ(env):
+        proc = ctx.Process(target=target, args=(theirs, *args), daemon=True)
+        proc.start()
+    theirs.close()
+    try:
+        while True:
+            try:
+                msg = mine.recv()
+            except EOFError:
+                if proc.exitcode not in (None, 0):
+                    raise RuntimeError(f"calibration worker exited with code {proc.exitcode}") from None
+                return
+            yield msg
+            if msg[0] in ("done", "error", "deadline"):
+                return
+    finally:
+        proc.join(60)
+        if proc.is_alive():
+            proc.kill()
+
+
+@contextmanager
+def _environ(env: dict[str, str]) -> Iterator[None]:
+    """Variables for a child started inside the `with` (spawn copies the parent's environment at start)."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _plan_key(plan: dict[str, Any]) -> str:
+    return json.dumps({k: v for k, v in plan.items()}, sort_keys=True)
+
+
+def _host_info() -> dict[str, Any]:
+    """What the calibrator can learn without starting CUDA: the driver and GPUs from nvidia-smi, Python."""
+    info: dict[str, Any] = {"python": sys.version.split()[0]}
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout  # fmt: skip
+        info["nvidia_smi"] = out.strip().splitlines()
+    except (OSError, subprocess.SubprocessError):
+        info["nvidia_smi"] = []
+    return info
+
+
+def command_line(argv: list[str]) -> str:
+    return shlex.join(["tr", *argv])

@@ -1,0 +1,154 @@
+"""The runtime's own costs on this machine: one peer message (ZeroMQ PUSH/PULL over ipc:// and tcp loopback, one
+way), one round trip to the sync coordinator, and how many round trips a step pays under each sync policy.
+
+Messages are timed between two processes (an echo process answers each message), as subservers exchange them;
+one way is half the round trip. Round trips per step are counted, not timed: the tiny CPU pair serves a few
+requests under step-sync and model-sync, and the coordinator's call count over the launches it granted is the
+number (a property of the runtime's protocol, not of the device).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import statistics
+import tempfile
+import time
+from typing import Any
+
+PAYLOAD = b"x" * 96  # about a peer message of a few tokens (core.wire)
+
+
+def _echo(pull_addr: str, push_addr: str, n: int) -> None:
+    import zmq
+
+    ctx = zmq.Context()
+    pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    pull.bind(pull_addr)
+    push.connect(push_addr)
+    for _ in range(n):
+        push.send(pull.recv())
+    pull.close(linger=0)
+    push.close(linger=1000)
+    ctx.term()
+
+
+def message_ms(transport: str, n: int = 2000) -> float:
+    """One-way latency of one small message, ms (median round trip / 2)."""
+    import zmq
+
+    with tempfile.TemporaryDirectory(prefix="trcal-") as d:
+        if transport == "ipc":
+            there, back = f"ipc://{d}/a", f"ipc://{d}/b"
+        elif transport == "tcp":
+            there, back = "tcp://127.0.0.1:%d", "tcp://127.0.0.1:%d"
+            ports = _free_ports(2)
+            there, back = there % ports[0], back % ports[1]
+        else:
+            raise ValueError(f"transport must be ipc or tcp, got {transport!r}")
+        ctx = zmq.Context()
+        pull = ctx.socket(zmq.PULL)
+        pull.bind(back)
+        push = ctx.socket(zmq.PUSH)
+        push.connect(there)
+        proc = mp.get_context("spawn").Process(target=_echo, args=(there, back, n + 50), daemon=True)
+        proc.start()
+        try:
+            for _ in range(50):  # warm up the connection both ways
+                push.send(PAYLOAD)
+                pull.recv()
+            rtt = []
+            for _ in range(n):
+                t0 = time.perf_counter()
+                push.send(PAYLOAD)
+                pull.recv()
+                rtt.append(time.perf_counter() - t0)
+        finally:
+            proc.join(10)
+            push.close(linger=0)
+            pull.close(linger=0)
+            ctx.term()
+    return statistics.median(rtt) * 1e3 / 2
+
+
+def _free_ports(k: int) -> list[int]:
+    import socket
+
+    socks = [socket.socket() for _ in range(k)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def gate_rtt_ms(n: int = 2000) -> float:
+    """One RemoteGate request-reply to a Coordinator (ipc://), ms (median)."""
+    import zmq
+
+    from tokenrouter.core.policy import SyncGate
+    from tokenrouter.runtime.gate import Coordinator, RemoteGate
+
+    with tempfile.TemporaryDirectory(prefix="trcal-") as d:
+        coord = Coordinator(SyncGate("step-sync", 2), f"ipc://{d}/gate", (f"ipc://{d}/s0", f"ipc://{d}/s1")).start()
+        ctx = zmq.Context()
+        remote = RemoteGate(0, f"ipc://{d}/gate", ctx)
+        try:
+            times = []
+            for i in range(n + 50):
+                remote.note_sent(1)  # an op makes flush() call the coordinator
+                t0 = time.perf_counter()
+                remote.flush()
+                if i >= 50:
+                    times.append(time.perf_counter() - t0)
+        finally:
+            remote.close()
+            ctx.term()
+            coord.stop()
+    return statistics.median(times) * 1e3
+
+
+def gate_rtts_per_step(policies: tuple[str, ...] = ("step-sync", "model-sync"), requests: int = 8) -> dict[str, float]:
+    """Coordinator round trips per launched step under each sync policy, counted on the tiny CPU pair."""
+    from tokenrouter.core.config import DeploymentConfig, ModelConfig, PolicyConfig, RouterConfig, SchedulerConfig
+    from tokenrouter.runtime import protocol as P
+    from tokenrouter.runtime.client import RuntimeClient
+    from tokenrouter.runtime.launcher import Server, with_cpu_kv_tokens
+
+    out: dict[str, float] = {}
+    for policy in policies:
+        cfg = with_cpu_kv_tokens(DeploymentConfig(
+            models=[ModelConfig("tiny-small"), ModelConfig("tiny-large")], policy=PolicyConfig(kind=policy),
+            router=RouterConfig("r2r", hop_rate=0.2), scheduler=SchedulerConfig(max_batch_size=16)), 1024)  # fmt: skip
+        with Server(cfg) as srv:
+            client = RuntimeClient(srv.addresses)
+            try:
+                sampling = P.Sampling(temperature=0.0, max_tokens=24, ignore_eos=True)
+                for k in range(requests):
+                    client.submit(f"g{k}", [3 + k, 5, 7, 11], sampling)
+                ended: set[str] = set()
+
+                def all_ended(ev: Any, ended: set[str] = ended) -> bool:
+                    if isinstance(ev, P.Finished):
+                        ended.add(ev.rid)
+                    return len(ended) == requests
+
+                client.until(all_ended, 120)
+            finally:
+                client.close()
+            assert srv.coordinator is not None
+            launches = sum(1 for e in srv.coordinator.log if e.what == "launch")
+            out[policy] = srv.coordinator.calls / max(launches, 1)
+    return out
+
+
+def measure(progress: Any = None) -> dict[str, Any]:
+    """Everything above: {"ipc_ms", "tcp_ms", "gate_rtt_ms", "gate_rtts_per_step"}."""
+    out: dict[str, Any] = {}
+    for key, fn in (("ipc_ms", lambda: message_ms("ipc")), ("tcp_ms", lambda: message_ms("tcp")),
+                    ("gate_rtt_ms", gate_rtt_ms), ("gate_rtts_per_step", gate_rtts_per_step)):  # fmt: skip
+        out[key] = fn()
+        if progress is not None:
+            progress()
+    return out
+

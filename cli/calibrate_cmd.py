@@ -1,0 +1,167 @@
+"""`tr calibrate`: profile the engine on this machine's GPU and write a measured profile for the simulator.
+
+    tr calibrate --model qwen3-0.6b --model qwen3-32b --placement mps -o h200.json --deadline 540
+
+Measures each model's passes (decode graphs, varlen graphs, eager) over batch size x context, the learned
+routers' device parts, the serving loop's host time, the runtime's message and coordinator costs, and, with
+`--placement mps`, each pair's step times side by side at every SM split. Resumable: a run stopped by
+`--deadline` (or an error) keeps what it measured in OUT.partial.json; the same command continues it.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from tokenrouter.cli.common import CliError, parse_list
+
+DEFAULT_SPLITS = "100/100,70/100,60/40,40/60"
+
+
+def _splits(text: str) -> list[tuple[int, int]]:
+    out = []
+    for item in parse_list(text, str, "--sm-splits"):
+        a, sep, b = item.partition("/")
+        try:
+            pair = (int(a), int(b))
+        except ValueError:
+            raise CliError(f"--sm-splits: {item!r} is not SMALL/LARGE percentages, e.g. 60/40") from None
+        if not sep or not all(1 <= x <= 100 for x in pair):
+            raise CliError(f"--sm-splits: {item!r}: each share must be a percentage in 1..100")
+        out.append(pair)
+    if (100, 100) in out:
+        out.remove((100, 100))
+    return [(100, 100), *out]
+
+
+def calibrate(
+    model: Annotated[list[str], typer.Option("--model", "-m", help="A model to profile (repeat for several).")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Profile JSON to write.")],
+    placement: Annotated[
+        str, typer.Option(help="mps: also measure each pair side by side on one GPU (CUDA MPS); separate: alone only.")
+    ] = "mps",
+    pair: Annotated[
+        list[str] | None,
+        typer.Option(help="SMALL,LARGE pair to co-locate (repeat); default: the first model with each other one."),
+    ] = None,
+    sm_splits: Annotated[
+        str, typer.Option(help="MPS SM shares SMALL/LARGE in percent to measure each pair at (100/100 always).")
+    ] = DEFAULT_SPLITS,
+    routers: Annotated[
+        str, typer.Option(help="Learned routers whose device parts to time on the small model, or 'none'.")
+    ] = "r2r,citer,co-llm,r-stitch",
+    max_tokens: Annotated[
+        int,
+        typer.Option(help="Largest step in tokens (the engine's varlen graphs go this far; as the deployment's "
+                     "scheduler.max_batch_tokens)."),
+    ] = 2048,
+    max_decode: Annotated[int, typer.Option(help="Largest decode batch measured.")] = 64,
+    corun_small: Annotated[
+        str, typer.Option(help="Decode batch sizes of the small model in the co-run grid.")
+    ] = "1,4,16",
+    corun_large: Annotated[
+        str, typer.Option(help="Decode batch sizes of the large model in the co-run grid.")
+    ] = "1,4,16,64",
+    device: Annotated[
+        str, typer.Option(help="cuda, or cpu (tiny models: a check of the tool, not a profile).")
+    ] = "cuda",
+    deadline: Annotated[
+        float | None, typer.Option(help="Stop starting new measurements after this many seconds (resume later).")
+    ] = None,
+    quick: Annotated[bool, typer.Option("--quick", help="A few points per table (tool checks, CPU tests).")] = False,
+    refit: Annotated[
+        bool, typer.Option("--refit", help="Only fit OUT.partial.json into OUT again (no measuring; CPU is fine).")
+    ] = False,
+) -> None:
+    """Profile the engine on this GPU and write a measured profile (schema 2) for `trsim --profile`."""
+    from tokenrouter.calibration.profiler.assemble import assemble
+    from tokenrouter.calibration.profiler.run import Calibration, Plan, command_line
+    from tokenrouter.models import load_spec
+
+    if placement not in ("mps", "separate"):
+        raise CliError(f"--placement must be mps or separate, got {placement!r}")
+    if device not in ("cuda", "cpu"):
+        raise CliError(f"--device must be cuda or cpu, got {device!r}")
+    for m in model:
+        load_spec(m)
+    names = [load_spec(m).name for m in model]
+    pairs: list[tuple[str, str]] = []
+    if placement == "mps":
+        given = [tuple(parse_list(p, str, "--pair")) for p in pair or []]
+        if any(len(p) != 2 for p in given):
+            raise CliError("--pair takes SMALL,LARGE")
+        pairs = [(load_spec(a).name, load_spec(b).name) for a, b in given] or [(names[0], n) for n in names[1:]]
+        missing = {m for p in pairs for m in p} - set(names)
+        if missing:
+            raise CliError(f"--pair names {', '.join(sorted(missing))}, which no --model gives")
+    router_list = [] if routers.strip().lower() == "none" else parse_list(routers, str, "--routers")
+    try:
+        plan = Plan(
+            models=names, pairs=pairs, splits=_splits(sm_splits) if pairs else [(100, 100)],
+            corun_batches_a=parse_list(corun_small, int, "--corun-small"),
+            corun_batches_b=parse_list(corun_large, int, "--corun-large"), routers=router_list,
+            max_tokens=max_tokens, max_decode=max_decode, device=device, quick=quick,
+        )  # fmt: skip
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    if quick:
+        plan.corun_batches_a, plan.corun_batches_b, plan.corun_held = [1, 2], [1, 2], [(1, 2)]
+        plan.corun_context = 32
+    console = Console(stderr=True)
+    cal = Calibration(plan, out, command_line(sys.argv[1:]) if not refit else "", deadline)
+    if refit:
+        cal.load()
+        _write(assemble(cal.partial), out, console)
+        return
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console) as bar:  # fmt: skip
+        bars: dict[str, int] = {}
+
+        def on_event(task: str, what: str, done: int, total: int) -> None:
+            if task not in bars:
+                bars[task] = bar.add_task(task, total=max(total, 1))
+            if what == "failed":
+                bar.update(bars[task], description=f"{task} [red]failed[/red]")
+            else:
+                bar.update(bars[task], completed=done, total=max(total, done, 1))
+
+        cal.on_event = on_event
+        complete = cal.run()
+    for task, why in cal.partial.get("failed", {}).items():
+        console.print(f"tr calibrate: {task} failed: {why}")
+    if not complete:
+        left = cal.pending()
+        console.print(f"tr calibrate: {len(left)} tasks left ({', '.join(left)}); measured so far is in "
+                      f"{cal.partial_path}: run the same command again to resume")  # fmt: skip
+        raise typer.Exit(3)
+    _write(assemble(cal.partial), out, console)
+
+
+def _write(profile, out: Path, console: Console) -> None:  # type: ignore[no-untyped-def]
+    profile.save(out)
+    t = Table(title=f"{out}: {profile.gpu.name}, held-out error of each fit (median / max)")
+    for col in ("model", "pass", "fit", "points", "knots", "error"):
+        t.add_column(col)
+    for name, m in profile.models.items():
+        if m.passes is None:
+            continue
+        for kind in ("decode", "varlen", "eager"):
+            tab = getattr(m.passes, kind)
+            if tab is None:
+                continue
+            e = tab.errors.get(tab.fit)
+            err = f"{e.median:.1%} / {e.max:.1%} ({e.points})" if e and e.points else "-"
+            t.add_row(name, kind, tab.fit, str(len(tab.points)), str(len(tab.knots)), err)
+    Console().print(t)
+    for g in profile.colocation:
+        e = g.errors.get("interp")
+        err = f"{e.median:.1%} / {e.max:.1%} over {e.points} held-out cells" if e else "no held-out cells"
+        splits = ", ".join(f"{s.share_a}/{s.share_b}" for s in g.shares)
+        Console().print(f"co-location {g.model_a}+{g.model_b}: splits {splits}; interpolation error {err}")
+    Console().print(f"wrote {out}")
