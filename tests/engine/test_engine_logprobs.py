@@ -10,6 +10,7 @@ import dataclasses
 
 import pytest
 import torch
+from cuda_marks import cuda_only
 from engine_testlib import make_hf_checkpoint, tiny_engine
 
 from tokenrouter.core.batch import Batch, BatchRow
@@ -131,7 +132,7 @@ def test_logprobs_without_return_logits_and_without_graph_outputs(ckpt):
     assert res.logprobs[0].top[0][0] == int(res.next_token_ids[0])  # greedy: the argmax is the top token
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@cuda_only()
 def test_logprobs_in_cuda_graphs_without_a_host_sync(ckpt):
     """Real graphs and the Triton sampler (bf16 logits: many ties, ordered by id), launched under sync-debug
     "error"; the reference is the same fp64 recomputation from the returned logits."""

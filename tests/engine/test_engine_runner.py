@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from cuda_marks import cuda_only as cuda_only_mark
 from engine_testlib import Scenario, check_against_hf, make_hf_checkpoint, tiny_engine
 
 from tokenrouter.core.batch import Batch, BatchRow
@@ -18,7 +19,7 @@ from tokenrouter.engine.kv_cache import kv_bytes_per_page
 from tokenrouter.engine.runner import Engine
 from tokenrouter.engine.step_plan import plan_step
 
-cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+cuda_only = cuda_only_mark()
 
 
 @pytest.fixture(scope="module")

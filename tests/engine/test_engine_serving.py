@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from cuda_marks import cuda_only
 from engine_testlib import make_hf_checkpoint, tiny_engine
 
 from tokenrouter.core.batch import Batch, BatchRow
@@ -140,7 +141,7 @@ def test_failed_step_never_feeds_an_older_token(ckpt, monkeypatch):
     assert float((redo.logits - ref.logits).abs().max()) < 1e-4
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@cuda_only()
 def test_overlap_loop_never_syncs_on_cuda(ckpt):
     """The same loop on CUDA with graphs under sync-debug "error": no hidden host sync in plan/launch/complete."""
     eng = tiny_engine(ckpt, device="cuda", dtype="bfloat16", attention_backend="auto", cuda_graphs=True,

@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+from cuda_marks import cuda_only
 
 torch = pytest.importorskip("torch")
 
@@ -187,7 +188,7 @@ def test_factory_errors():
         make_learned_router("r2r", "random", hidden_size=H, vocab_size=V, num_models=3)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@cuda_only("CUDA graphs need a GPU")
 @pytest.mark.parametrize("name", ["r2r", "citer", "co-llm", "r-stitch"])
 def test_device_part_replays_in_a_cuda_graph(name):
     """Captured once, the part follows new inputs and an in-place threshold move, as eager execution does."""
