@@ -35,7 +35,7 @@ def engine_kwargs_for_corun(model: str, batches: list[int], context: int, device
     """A small engine: decode graphs at exactly the grid's batch sizes, no varlen graphs, KV for the largest cell
     (two processes share the GPU, so neither may size itself from the whole memory)."""
     top = max(batches)
-    pages = top * (-(-context // page_size) + 1) + 8
+    pages = sum(set(batches)) * (-(-context // page_size) + 1) + 8  # one request set per batch size, all kept
     return {
         "model": model,
         "load_format": "dummy",
