@@ -172,8 +172,11 @@ class Profile(_S, kw_only=True):
         key = str(name).lower().split("/")[-1]
         if key in self.models:
             return key
+        hint = ""
+        if self.kind == "measured":
+            hint = "; an analytic profile prices any bundled shape (--profile h200-analytic)"
         raise ProfileError(
-            f"profile {self.gpu.name} ({self.kind}) has no model {name!r}; known: {', '.join(self.models)}"
+            f"profile {self.gpu.name} ({self.kind}) has no model {name!r}; known: {', '.join(self.models)}{hint}"
         )
 
     def router_ms_for(self, name: str) -> float:

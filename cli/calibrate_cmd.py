@@ -41,8 +41,10 @@ def _splits(text: str) -> list[tuple[int, int]]:
 
 
 def calibrate(
-    model: Annotated[list[str], typer.Option("--model", "-m", help="A model to profile (repeat for several).")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Profile JSON to write.")],
+    model: Annotated[
+        list[str] | None, typer.Option("--model", "-m", help="A model to profile (repeat for several).")
+    ] = None,
     placement: Annotated[
         str, typer.Option(help="mps: also measure each pair side by side on one GPU (CUDA MPS); separate: alone only.")
     ] = "mps",
@@ -78,12 +80,24 @@ def calibrate(
     refit: Annotated[
         bool, typer.Option("--refit", help="Only fit OUT.partial.json into OUT again (no measuring; CPU is fine).")
     ] = False,
+    merge: Annotated[
+        list[Path] | None,
+        typer.Option(help="Merge these measured profiles (same GPU; later ones win a clash) into OUT, no measuring."),
+    ] = None,
 ) -> None:
     """Profile the engine on this GPU and write a measured profile (schema 2) for `trsim --profile`."""
     from tokenrouter.calibration.profiler.assemble import assemble
+    from tokenrouter.calibration.profiler.assemble import merge as merge_profiles
     from tokenrouter.calibration.profiler.run import Calibration, Plan, command_line
     from tokenrouter.models import load_spec
 
+    if merge:
+        from tokenrouter.calibration import load_profile
+
+        _write(merge_profiles([load_profile(p) for p in merge]), out, Console(stderr=True))
+        return
+    if not model:
+        raise CliError("give at least one --model (or --merge FILES)")
     if placement not in ("mps", "separate"):
         raise CliError(f"--placement must be mps or separate, got {placement!r}")
     if device not in ("cuda", "cpu"):

@@ -93,6 +93,12 @@ def print_result(res: SimResult, console: Console | None = None) -> None:
         f"({res.wasted_rows:,} prepared rows wasted)"
     )
     src = "ANALYTIC (bytes over bandwidth, not measured)" if res.analytic else "measured"
+    if not res.analytic and res.config.cost is None:
+        from tokenrouter.calibration.profile import load_profile
+
+        prof = load_profile(dep.profile)
+        torch_v = prof.versions.get("torch", "?")
+        src = f"MEASURED on {prof.gpu.name} by tr calibrate ({prof.created[:10]}, torch {torch_v}, dummy weights)"
     console.print(
         f"profile {dep.profile}: {src}; simulated {s['duration_s']:.2f} s in {res.wall_s:.2f} s wall; "
         f"seed {res.config.seed}"

@@ -106,7 +106,8 @@ def test_title_names_the_cell():
     from tokenrouter.cli.run_cmd import sim_config, simulate
     from tokenrouter.deploy import DeploymentOverrides
 
-    ov = DeploymentOverrides(hop_rate=0.25, small="tiny-small", large="tiny-large", thresholds=[1, 3])
+    ov = DeploymentOverrides(hop_rate=0.25, small="tiny-small", large="tiny-large", thresholds=[1, 3],
+                             profile="h200-analytic")  # fmt: skip
     cfg, auto = sim_config(DeploymentFlags(None, ov), concurrency=4, workload="fixed:8,12", num_requests=4)
     title = RunCell.of_sim(simulate(cfg, auto)).title("trsim run")
     head, line = title.split("\n")

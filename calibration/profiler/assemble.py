@@ -219,3 +219,31 @@ def assemble(partial: dict[str, Any]) -> Profile:
         },
     )  # fmt: skip
     return Profile.from_json(prof.to_json(), source="<assembled profile>")
+
+
+def merge(profiles: list[Profile]) -> Profile:
+    """One profile from several measured on the same GPU (e.g. one calibration per call): models and co-location
+    grids of later profiles win on a clash; runtime costs and provenance from the first that has them."""
+    if not profiles:
+        raise ValueError("nothing to merge")
+    gpus = {p.gpu.name for p in profiles}
+    if len(gpus) > 1:
+        raise ValueError(f"profiles of different GPUs cannot be merged: {', '.join(sorted(gpus))}")
+    if any(p.kind != "measured" for p in profiles):
+        raise ValueError("only measured profiles are merged (an analytic profile is generated whole)")
+    first = profiles[0]
+    models: dict[str, ModelProfile] = {}
+    grids: dict[tuple[str, str, str], CoRunGrid] = {}
+    for p in profiles:
+        models.update(p.models)
+        for g in p.colocation:
+            grids[(g.arrangement, g.model_a, g.model_b)] = g
+    runtime = next((p.runtime for p in profiles if p.runtime is not None), None)
+    fields = {f: getattr(first, f) for f in first.__struct_fields__}
+    fields.update(
+        models=models, colocation=list(grids.values()), runtime=runtime,
+        command=" && ".join(p.command for p in profiles if p.command),
+        notes={**first.notes, "merged_from": [p.created for p in profiles]},
+    )  # fmt: skip
+    out = Profile(**fields)
+    return Profile.from_json(out.to_json(), source="<merged profile>")

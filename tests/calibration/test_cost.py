@@ -28,7 +28,7 @@ RULE = GraphRule(buckets=(1, 2, 4, 8, 16), max_row_tokens=4, allow_split=True)  
 
 @pytest.fixture(scope="module")
 def profile() -> Profile:
-    return load_profile("h200")
+    return load_profile("h200-analytic")
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +156,7 @@ def test_message_time_by_placement(profile: Profile) -> None:
 
 
 def test_accessors_and_errors(profile: Profile) -> None:
-    c = CostModel("h200", "mps", models=["Qwen/Qwen3-0.6B", "qwen3-32b"])
+    c = CostModel(profile, "mps", models=["Qwen/Qwen3-0.6B", "qwen3-32b"])
     assert c.models == ("qwen3-0.6b", "qwen3-32b")
     assert c.router_ms() == c.router_ms(0) == profile.router_ms
     assert c.sched_ms() == c.sched_ms("qwen3-32b") == profile.sched_ms

@@ -25,7 +25,7 @@ from tokenrouter.models.spec import bundled_model_names, load_spec
 
 @pytest.fixture(scope="module")
 def bundled() -> Profile:
-    return load_profile("h200")
+    return load_profile("h200-analytic")
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +37,18 @@ def test_bundled_is_analytic_with_every_model(bundled: Profile) -> None:
     assert bundled.kind == "analytic" and bundled.schema_version == 2
     assert set(bundled.models) == set(bundled_model_names())
     assert "h200-analytic" in bundled_profile_names()
-    assert load_profile() == bundled
+    # The default ("h200") is the measured profile once one is bundled; the analytic one stays by its name.
+    assert load_profile().kind == "measured" and load_profile("h200") == load_profile("h200-measured")
+
+
+def test_bundled_measured_profile_covers_the_studies() -> None:
+    prof = load_profile("h200-measured")
+    assert prof.kind == "measured" and prof.gpu.name == "NVIDIA H200" and prof.versions["torch"].startswith("2.11")
+    assert {"qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b", "qwen3-32b"} <= set(prof.models)
+    pairs = {(g.model_a, g.model_b) for g in prof.colocation}
+    assert {("qwen3-0.6b", "qwen3-32b"), ("qwen3-0.6b", "qwen3-8b")} <= pairs
+    for name, m in prof.models.items():
+        assert m.passes is not None and m.passes.decode.errors, name  # every table says how well it fits
 
 
 def test_bundled_file_equals_fresh_generation() -> None:

@@ -70,10 +70,12 @@ def test_run_prints_table_and_writes_json_csv_plot(tmp_path: Path, capsys):
     j, c, p = tmp_path / "r.json", tmp_path / "r.csv", tmp_path / "r.png"
     rc, out, _ = call(trsim.main, ["run", *FAST, "--json", str(j), "--csv", str(c), "--plot", str(p)], capsys)
     assert rc == 0
-    assert "output throughput tok/s" in out and "ANALYTIC" in out and "thresholds B" in out
+    assert "output throughput tok/s" in out and "MEASURED on NVIDIA H200" in out and "thresholds B" in out
     rec = json.loads(j.read_text())
     assert rec["requests_completed"] == 8 and rec["total_output_tokens"] == 8 * 40
-    assert rec["profile_kind"] == "analytic"
+    assert rec["profile_kind"] == "measured"
+    rc, out, _ = call(trsim.main, ["run", *FAST, "--profile", "h200-analytic"], capsys)
+    assert rc == 0 and "ANALYTIC" in out
     assert len(c.read_text().strip().splitlines()) == 9
     assert p.stat().st_size > 10_000
 
@@ -97,8 +99,8 @@ def _capture_titles(monkeypatch) -> list[str]:
 def test_run_plot_says_wrote_and_names_the_cell(tmp_path: Path, capsys, monkeypatch):
     titles = _capture_titles(monkeypatch)
     p = tmp_path / "cell.png"
-    argv = ["run", *FAST, "--small", "tiny-small", "--large", "tiny-large", "--hop-rate", "0.3", "--thresholds",
-            "1,2", "--plot", str(p)]  # fmt: skip
+    argv = ["run", *FAST, "--profile", "h200-analytic", "--small", "tiny-small", "--large", "tiny-large",
+            "--hop-rate", "0.3", "--thresholds", "1,2", "--plot", str(p)]  # fmt: skip
     rc, out, _ = call(trsim.main, argv, capsys)
     assert rc == 0 and out.strip().splitlines()[-1] == f"wrote {p}"
     assert titles == ["trsim run: tiny-small + tiny-large\nrouter r2r, hop rate 0.3, policy delayed, B = 1,2, N = 4"]
