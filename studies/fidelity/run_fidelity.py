@@ -83,7 +83,8 @@ def main() -> int:
     p.add_argument("--max-output", type=int, default=256)
     p.add_argument("--sweep", default="", help="'N:B;B,...' flat delayed thresholds tried live, e.g. '8:1,1;1,7'")
     p.add_argument("--sweep-hop", type=float, default=0.1)
-    p.add_argument("--splits", default="", help="SM splits SMALL/LARGE tried at --split-n, e.g. '40/60,60/40'")
+    p.add_argument("--splits", default="", help="SM splits SMALL/LARGE tried at --split-n (delayed), each with its "
+                   "tuned B (flat) or the config's table: '40/60=1,4;60/40=2,6;70/100'")
     p.add_argument("--split-n", type=int, default=8)
     p.add_argument("--deadline", type=float, default=540.0)
     p.add_argument("--device", default="cuda")
@@ -92,9 +93,9 @@ def main() -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     t_start = time.monotonic()
     configs = {float(k): Path(v) for k, v in (x.split("=", 1) for x in a.config_for_hop)}
-    ns = [int(x) for x in a.ns.split(",")]
-    hops = [float(x) for x in a.hops.split(",")]
-    pols = a.policies.split(",")
+    ns = [int(x) for x in a.ns.split(",") if x]
+    hops = [float(x) for x in a.hops.split(",") if x]
+    pols = [x for x in a.policies.split(",") if x and x != "none"]
     rows: list[dict] = []
     # (server group, sm split) -> cells (label, policy, hop, N, thresholds or None for the tuned table)
     groups: dict[tuple[str, str], list[tuple[str, str, float, int, list[int] | None]]] = {}
@@ -109,9 +110,12 @@ def main() -> int:
             th = [int(x) for x in b.split(",")]
             groups.setdefault(("async", "100/100"), []).append(
                 (f"delayed B={b} p={a.sweep_hop} N={n_text}", "delayed", a.sweep_hop, int(n_text), th))
-    for split in filter(None, a.splits.split(",")):
+    for item in filter(None, a.splits.split(";")):
+        split, _, b = item.partition("=")
+        th = [int(x) for x in b.split(",")] if b else None
         groups.setdefault(("async", split), []).append(
-            (f"delayed SM {split} p={a.sweep_hop} N={a.split_n}", "delayed", a.sweep_hop, a.split_n, None))
+            (f"delayed SM {split} B={b or 'table'} p={a.sweep_hop} N={a.split_n}", "delayed", a.sweep_hop, a.split_n,
+             th))  # fmt: skip
     base = a.out
 
     def save() -> None:
