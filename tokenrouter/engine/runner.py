@@ -89,6 +89,9 @@ class Engine(ModelRunner):
                     and torch.cuda.get_device_capability(self.device) >= (9, 0))  # fmt: skip
         self.synchronize()
         base = self.mem.allocated()
+        # Progress for whoever serves this engine (`tr serve` prints these while a GPU start takes minutes).
+        log.info("%s: loading %s weights on %s", self.spec.name, "dummy" if fmt == "dummy" else "safetensors",
+                 self.device)  # fmt: skip
         with torch.no_grad(), self.on_stream():
             self.model = CausalLM(self.spec, arch, self.spec.max_position_embeddings, device=self.device,
                                   dtype=self.dtype, use_triton=self.use_triton_ops)  # fmt: skip
@@ -114,6 +117,9 @@ class Engine(ModelRunner):
         cuda = self.device.type == "cuda"
         self._staging = Staging(cuda)
         self._ring = OutputRing(self.out_ids.numel(), cuda)
+        if c.cuda_graphs and cuda:
+            log.info("%s: %.1f GB of weights loaded; KV cache %d tokens; capturing CUDA graphs", self.spec.name,
+                     self.weights_bytes / 1e9, self._pool.capacity_tokens)  # fmt: skip
         with torch.no_grad(), self.on_stream():
             self._build_graphs()
         self.warmup_s = 0.0
