@@ -58,6 +58,11 @@ def calibrate(
     routers: Annotated[
         str, typer.Option(help="Learned routers whose device parts to time on the small model, or 'none'.")
     ] = "r2r,citer,co-llm,r-stitch",
+    arrangements: Annotated[
+        str,
+        typer.Option(help="One-process alternatives to MPS measured per pair: stream-priority, green-context "
+                     "(both engines in one process, one thread each), or 'none'."),
+    ] = "none",
     max_tokens: Annotated[
         int,
         typer.Option(help="Largest step in tokens (the engine's varlen graphs go this far; as the deployment's "
@@ -120,6 +125,7 @@ def calibrate(
             models=names, pairs=pairs, splits=_splits(sm_splits) if pairs else [(100, 100)],
             corun_batches_a=parse_list(corun_small, int, "--corun-small"),
             corun_batches_b=parse_list(corun_large, int, "--corun-large"), routers=router_list,
+            arrangements=[] if arrangements == "none" else parse_list(arrangements, str, "--arrangements"),
             max_tokens=max_tokens, max_decode=max_decode, device=device, quick=quick,
         )  # fmt: skip
     except ValueError as e:
@@ -177,5 +183,6 @@ def _write(profile, out: Path, console: Console) -> None:  # type: ignore[no-unt
         e = g.errors.get("interp")
         err = f"{e.median:.1%} / {e.max:.1%} over {e.points} held-out cells" if e else "no held-out cells"
         splits = ", ".join(f"{s.share_a}/{s.share_b}" for s in g.shares)
-        Console().print(f"co-location {g.model_a}+{g.model_b}: splits {splits}; interpolation error {err}")
+        how = f"MPS splits {splits}" if g.arrangement == "mps" else f"{g.arrangement} {g.detail or ''}".strip()
+        Console().print(f"co-location {g.model_a}+{g.model_b}: {how}; interpolation error {err}")
     Console().print(f"wrote {out}")

@@ -109,6 +109,25 @@ def router_costs(raw: dict[str, Any]) -> dict[str, RouterCost]:
     return out
 
 
+def arrangement_grid(raw: dict[str, Any], name: str, a: str, b: str, mps: CoRunGrid | None) -> CoRunGrid:
+    """A one-process arrangement's grid (one split, shares 100); references from the MPS grid's 100/100 when the
+    pair has one (the models alone without any arrangement), else the arrangement's own alone times."""
+    ba, bb = raw["batches_a"], raw["batches_b"]
+    share = CoRunShare(
+        alone_a_ms=[raw["alone_a"][str(x)] for x in ba], alone_b_ms=[raw["alone_b"][str(x)] for x in bb],
+        corun_a_ms=[[raw["corun"][f"{x},{y}"]["a"] for y in bb] for x in ba],
+        corun_b_ms=[[raw["corun"][f"{x},{y}"]["b"] for y in bb] for x in ba],
+    )  # fmt: skip
+    same = mps is not None and mps.batches_a == list(ba) and mps.batches_b == list(bb)
+    grid = CoRunGrid(
+        arrangement=name, detail={k: int(v) for k, v in raw.get("detail", {}).items()}, model_a=a, model_b=b,
+        context=int(raw["context"]), batches_a=list(ba), batches_b=list(bb),
+        reference_a_ms=list(mps.reference_a_ms) if same else share.alone_a_ms,
+        reference_b_ms=list(mps.reference_b_ms) if same else share.alone_b_ms, shares=[share],
+    )  # fmt: skip
+    return _with_errors(grid, [("100-100", raw)])
+
+
 def corun_grid(pair_raw: dict[str, dict[str, Any]], a: str, b: str) -> CoRunGrid:
     """One pair's MPS grid from its splits ("corun/a|b/SA-SB" results); the 100/100 split gives the references."""
     splits = sorted(pair_raw.items(), key=lambda kv: kv[0] != "100-100")
@@ -187,6 +206,12 @@ def assemble(partial: dict[str, Any]) -> Profile:
             a, b = pair.split("|")
             pairs.setdefault((a, b), {})[split] = raw
     colocation = [corun_grid(v, a, b) for (a, b), v in sorted(pairs.items()) if a in models and b in models]
+    mps_of = {(g.model_a, g.model_b): g for g in colocation}
+    for task, raw in sorted(res.items()):
+        if task.startswith("arrangement/") and raw.get("complete"):
+            _, pair, name = task.split("/")
+            a, b = pair.split("|")
+            colocation.append(arrangement_grid(raw, name, a, b, mps_of.get((a, b))))
     rt = res.get("runtime", {})
     runtime = None
     if rt.get("complete"):

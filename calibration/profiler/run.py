@@ -47,6 +47,7 @@ class Plan:
     corun_held: list[tuple[int, int]] = field(default_factory=lambda: [(2, 8), (8, 2)])
     corun_context: int = 1024
     routers: list[str] = field(default_factory=lambda: list(ROUTERS))
+    arrangements: list[str] = field(default_factory=list)  # one-process alternatives to MPS (`arrangement`)
     max_tokens: int = 2048
     max_decode: int = 64
     device: str = "cuda"
@@ -60,6 +61,11 @@ class Plan:
         for a, b in self.pairs:
             if a == b:
                 raise ValueError(f"a co-located pair needs two models, got {a}|{b}")
+        from tokenrouter.calibration.profiler.arrangement import ARRANGEMENTS
+
+        bad = [x for x in self.arrangements if x not in ARRANGEMENTS]
+        if bad:
+            raise ValueError(f"unknown arrangement {bad[0]!r}; choose from {', '.join(ARRANGEMENTS)}")
 
     def tasks(self) -> list[str]:
         """Task ids in measuring order: the pairs' models first, their co-runs by split, the other models, then
@@ -68,6 +74,7 @@ class Plan:
         order = list(dict.fromkeys([*first, *self.models]))
         out = [f"model/{m}" for m in order if m in first]
         out += [f"corun/{a}|{b}/{sa}-{sb}" for a, b in self.pairs for sa, sb in self.splits]
+        out += [f"arrangement/{a}|{b}/{name}" for a, b in self.pairs for name in self.arrangements]
         out += [f"model/{m}" for m in order if m not in first]
         return [*out, "runtime"]
 
@@ -110,6 +117,7 @@ class Calibration:
             raise ValueError(f"{p}: an earlier calibration with another plan; finish it with its own command "
                              f"({old.get('command', '?')}) or delete it")  # fmt: skip
         old["failed"] = {}  # failed tasks are tried again
+        old["plan"] = asdict(self.plan)
         self.partial = old
 
     def save(self) -> None:
@@ -137,7 +145,7 @@ class Calibration:
                 try:
                     if task.startswith("model/"):
                         self._model(task, task.split("/", 1)[1])
-                    elif task.startswith("corun/"):
+                    elif task.startswith(("corun/", "arrangement/")):
                         self._corun(task, mps_env)
                     else:
                         self._runtime(task)
@@ -197,16 +205,21 @@ class Calibration:
 
     def _corun(self, task: str, mps_env: dict[str, str]) -> None:
         p = self.plan
-        _, pair, split = task.split("/")
+        kind, pair, split = task.split("/")
         a, b = pair.split("|")
-        sa, sb = (int(x) for x in split.split("-"))
         raw: dict[str, Any] = {"batches_a": p.corun_batches_a, "batches_b": p.corun_batches_b,
                                "context": p.corun_context, "alone_a": {}, "alone_b": {}, "corun": {},
                                "held": {}}  # fmt: skip
         cells = len(p.corun_batches_a) + len(p.corun_batches_b) + len(p.corun_batches_a) * len(p.corun_batches_b)
         cells += len(p.corun_held)
-        with _CoRunPair(a, b, sa, sb, p, mps_env) as pair_run:
+        if kind == "arrangement":
+            runner: Any = _OneProcessPair(a, b, split, p)
+        else:
+            sa, sb = (int(x) for x in split.split("-"))
+            runner = _CoRunPair(a, b, sa, sb, p, mps_env)
+        with runner as pair_run:
             raw["startup_s"] = pair_run.startup
+            raw["detail"] = getattr(pair_run, "detail", {})
             n = 0
             for x in p.corun_batches_a:
                 raw["alone_a"][str(x)] = pair_run.cell(x, None)["a"]
@@ -299,30 +312,85 @@ class _CoRunPair:
             if proc.is_alive():
                 proc.kill()
 
-    def cell(self, x: int | None, y: int | None) -> dict[str, float]:
-        """Both step back to back over one window (or one of them alone); medians in ms. The window holds about
-        20 steps of the slower side; a cell with too few steps is run once more with a longer window."""
+    def run(self, x: int | None, y: int | None, length: float) -> dict[str, dict[str, float]]:
+        """Both workers step over one window (or one alone)."""
         sides = [(k, c, b) for k, c, b in (("a", self.conns[0], x), ("b", self.conns[1], y)) if b is not None]
-        est = max([self.est[k] for k, _, _ in sides] + [1.0])
-        length = 0.2 + 20 * est * (2.0 if len(sides) == 2 else 1.0) / 1000
-        for _ in range(3):
-            start = time.monotonic() + 0.05
-            for _k, conn, b in sides:
-                conn.send(("run", WindowSpec(start, start + length, b)))
-            got = {}
-            for k, conn, _b in sides:
-                msg = _recv(conn, 120 + length)
-                if msg[0] != "result":
-                    raise RuntimeError(f"co-run worker {k}: {msg[1]}")
-                got[k] = msg[1]
-            if min(r["steps"] for r in got.values()) >= 8:
-                break
-            length *= 3
-        if min(r["steps"] for r in got.values()) == 0:
-            raise RuntimeError(f"co-run cell {x},{y}: no step fit a window of {length / 3:.2f} s")
-        for k, r in got.items():
-            self.est[k] = max(self.est[k], r["ms"])
-        return {k: r["ms"] for k, r in got.items()}
+        start = time.monotonic() + 0.05
+        for _k, conn, b in sides:
+            conn.send(("run", WindowSpec(start, start + length, b)))
+        got = {}
+        for k, conn, _b in sides:
+            msg = _recv(conn, 120 + length)
+            if msg[0] != "result":
+                raise RuntimeError(f"co-run worker {k}: {msg[1]}")
+            got[k] = msg[1]
+        return got
+
+    def cell(self, x: int | None, y: int | None) -> dict[str, float]:
+        return measure_cell(self, x, y)
+
+
+class _OneProcessPair:
+    """Both models in one worker process (`arrangement`): stream priorities or green-context SM partitions."""
+
+    def __init__(self, a: str, b: str, name: str, plan: Plan) -> None:
+        from tokenrouter.calibration.profiler.arrangement import arrangement_worker
+
+        self.est = {"a": 0.0, "b": 0.0}
+        self.startup: dict[str, float] = {}
+        self.detail: dict[str, int] = {}
+        ctx = mp.get_context("spawn")
+        self.conn, theirs = ctx.Pipe()
+        batches = (plan.corun_batches_a + [x for x, _ in plan.corun_held],
+                   plan.corun_batches_b + [y for _, y in plan.corun_held])  # fmt: skip
+        self.proc = ctx.Process(target=arrangement_worker, args=(theirs, name, (a, b), batches, plan.corun_context,
+                                                                 plan.device), daemon=True)  # fmt: skip
+        self.t0 = time.monotonic()
+        self.proc.start()
+
+    def __enter__(self) -> _OneProcessPair:
+        msg = _recv(self.conn, 900)
+        if msg[0] != "ready":
+            raise RuntimeError(f"arrangement worker: {msg[1]}")
+        self.startup = {"both": time.monotonic() - self.t0}
+        self.detail = msg[1]["detail"]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with suppress(OSError):
+            self.conn.send(("stop",))
+        self.proc.join(30)
+        if self.proc.is_alive():
+            self.proc.kill()
+
+    def run(self, x: int | None, y: int | None, length: float) -> dict[str, dict[str, float]]:
+        self.conn.send(("run", x, y, length))
+        msg = _recv(self.conn, 120 + length)
+        if msg[0] != "result":
+            raise RuntimeError(f"arrangement worker: {msg[1]}")
+        return msg[1]
+
+    def cell(self, x: int | None, y: int | None) -> dict[str, float]:
+        return measure_cell(self, x, y)
+
+
+def measure_cell(pair: Any, x: int | None, y: int | None) -> dict[str, float]:
+    """One cell of a co-run grid: both models step back to back over one window (or one alone); medians in ms.
+    The window holds about 20 steps of the slower side; a cell with too few steps is run again with a window three
+    times longer (twice at most)."""
+    keys = [k for k, b in (("a", x), ("b", y)) if b is not None]
+    est = max([pair.est[k] for k in keys] + [1.0])
+    length = 0.2 + 20 * est * (2.0 if len(keys) == 2 else 1.0) / 1000
+    for _ in range(3):
+        got = pair.run(x, y, length)
+        if min(r["steps"] for r in got.values()) >= 8:
+            break
+        length *= 3
+    if min(r["steps"] for r in got.values()) == 0:
+        raise RuntimeError(f"co-run cell {x},{y}: no step fit a window of {length / 3:.2f} s")
+    for k, r in got.items():
+        pair.est[k] = max(pair.est[k], r["ms"])
+    return {k: r["ms"] for k, r in got.items()}
 
 
 def _recv(conn: Any, timeout_s: float) -> Any:
@@ -372,7 +440,9 @@ def _environ(env: dict[str, str]) -> Iterator[None]:
 
 
 def _plan_key(plan: dict[str, Any]) -> str:
-    return json.dumps({k: v for k, v in plan.items()}, sort_keys=True)
+    """What must match to resume: everything but the arrangements, which only add tasks (so a finished run can be
+    extended with them)."""
+    return json.dumps({k: v for k, v in plan.items() if k != "arrangements"}, sort_keys=True)
 
 
 def _host_info() -> dict[str, Any]:
