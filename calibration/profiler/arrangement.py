@@ -45,7 +45,8 @@ def arrangement_worker(conn: Any, name: str, models: tuple[str, str], batches: t
             if device == "cpu":
                 cfg["cuda_graphs"] = False
             loops.append(DecodeLoop(Engine(EngineConfig(**cfg)), sorted(set(bs)), context))
-        conn.send(("ready", {"detail": {k: v for d in extra for k, v in d.items()}}))
+        detail = {f"{role}_{k}": v for role, d in zip(("small", "large"), extra, strict=True) for k, v in d.items()}
+        conn.send(("ready", {"detail": detail}))
         while True:
             msg = conn.recv()
             if msg[0] == "stop":
