@@ -17,9 +17,9 @@ from tokenrouter.core.policy import PolicyKind
 pytest.importorskip("torch")
 pytest.importorskip("zmq")
 
-from tokenrouter.engine.config import EngineConfig  # noqa: E402
-from tokenrouter.engine.varlen_shapes import DEFAULT_LONG_ROWS, DEFAULT_SHORT_Q  # noqa: E402
-from tokenrouter.runtime.build import SubserverSpec  # noqa: E402
+from tokenrouter.engine.config import EngineConfig
+from tokenrouter.engine.varlen_shapes import DEFAULT_LONG_ROWS, DEFAULT_SHORT_Q
+from tokenrouter.runtime.build import SubserverSpec
 
 
 def test_long_rows_of_a_varlen_pass_are_the_engines():
@@ -30,7 +30,7 @@ def test_long_rows_of_a_varlen_pass_are_the_engines():
 
 def test_the_prepare_margin_the_profile_records_is_the_runtimes():
     spec_default = {f.name: f.default for f in dataclasses.fields(SubserverSpec)}["prepare_margin_ms"]
-    assert PREPARE_MARGIN_MS == spec_default
+    assert spec_default == PREPARE_MARGIN_MS
     prof = load_profile("h200-measured")
     assert prof.runtime is not None and prof.runtime.prepare_margin_ms == spec_default
 
