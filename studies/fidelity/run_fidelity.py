@@ -27,37 +27,11 @@ from pathlib import Path
 import httpx
 import pandas as pd
 
-TR = [sys.executable, "-m", "tokenrouter.cli.tr"]
+from tokenrouter.bench.server import TR, start_server, stop_server
+
 KEY = "fidelity"
 LIVE = ("output_throughput_tok_s", "steady_output_throughput_tok_s", "tpot_ms_p50", "tpot_ms_mean", "ttft_ms_p50",
         "e2e_ms_mean", "hops_mean", "requests_completed", "requests_failed")  # fmt: skip
-
-
-def start(config: Path, port: int, log: Path, device: str, extra: list[str], timeout_s: float = 420.0):
-    cmd = [*TR, "serve", "--config", str(config), "--device", device, "--port", str(port), "--admin-key", KEY,
-           "--no-access-log", *extra]  # fmt: skip
-    t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    while time.monotonic() - t0 < timeout_s:
-        if proc.poll() is not None:
-            return proc, url, None
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url, time.monotonic() - t0
-        except httpx.TransportError:
-            pass
-        time.sleep(1.0)
-    return proc, url, None
-
-
-def stop(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
 
 
 def set_policy(url: str, policy: str, hop: float, thresholds: list[int] | None, table: dict | None) -> None:
@@ -134,7 +108,8 @@ def main() -> int:
             extra += ["--sm-percent", shares]
         port += 1
         log = base / f"serve_{fam}_{split.replace('/', '-')}.log"
-        proc, url, up = start(a.config, port, log, a.device, extra)
+        args = ["--config", str(a.config), "--device", a.device, "--admin-key", KEY, "--no-access-log", *extra]
+        proc, url, up = start_server(args, port, log)
         if up is None:
             print(f"server {fam} {split} did not come up:\n{log.read_text()[-2000:]}", flush=True)
             if proc.poll() is None:
@@ -183,7 +158,7 @@ def main() -> int:
                 print(f"{label}: {row['output_throughput_tok_s']:.1f} tok/s, TPOT p50 {row['tpot_ms_p50']:.2f} ms",
                       flush=True)  # fmt: skip
         finally:
-            stop(proc)
+            stop_server(proc)
     save()
     print(f"done in {time.monotonic() - t_start:.0f} s: {len(rows)} cells -> {base / 'live.csv'}")
     return 0 if rows else 1

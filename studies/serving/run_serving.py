@@ -23,18 +23,10 @@ from pathlib import Path
 import httpx
 import pandas as pd
 
-TR = [sys.executable, "-m", "tokenrouter.cli.tr"]
+from tokenrouter.bench.server import TR, scrape, start_server, stop_server
+
 KEYS = ("output_throughput_tok_s", "steady_output_throughput_tok_s", "ttft_ms_mean", "tpot_ms_mean",
         "e2e_ms_mean", "hops_per_request", "requests_completed", "requests_failed")  # fmt: skip
-
-
-def scrape(url: str) -> dict[str, float]:
-    out = {}
-    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
-        if line and not line.startswith("#"):
-            k, _, v = line.rpartition(" ")
-            out[k] = float(v)
-    return out
 
 
 def small_loop(before: dict[str, float], after: dict[str, float], model: str) -> dict[str, float | None]:
@@ -62,39 +54,6 @@ def small_loop(before: dict[str, float], after: dict[str, float], model: str) ->
 
 def _f(x: float | None, nd: int = 1) -> str:
     return "-" if x is None else f"{x:.{nd}f}"
-
-
-def start(cfg: str, policy: str, overlap: bool, port: int, log: Path, device: str, thresholds: str | None = None,
-          timeout_s: float = 300.0):  # fmt: skip
-    cmd = [*TR, "serve", "--config", cfg, "--device", device, "--policy", policy, "--port", str(port)]
-    if thresholds:
-        cmd += ["--thresholds", thresholds]
-    if not overlap:
-        cmd.append("--no-overlap")
-    t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    while time.monotonic() - t0 < timeout_s:
-        if proc.poll() is not None:
-            return proc, url, None
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url, time.monotonic() - t0
-        except httpx.TransportError:
-            pass
-        time.sleep(1.0)
-    return proc, url, None
-
-
-def stop(proc) -> float:
-    t0 = time.monotonic()
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    return time.monotonic() - t0
 
 
 def main() -> int:
@@ -133,7 +92,9 @@ def main() -> int:
             print(f"skip {tag}: deadline")
             continue
         log = out / f"serve_{tag}.log"
-        proc, url, up = start(a.config, policy, overlap, a.port, log, a.device, th)
+        args = ["--config", a.config, "--device", a.device, "--policy", policy]
+        args += (["--thresholds", th] if th else []) + ([] if overlap else ["--no-overlap"])
+        proc, url, up = start_server(args, a.port, log, timeout_s=300)
         raw["servers"][tag] = {"startup_s": up}
         if up is None:
             print(f"{tag}: server did not come up")
@@ -184,7 +145,7 @@ def main() -> int:
                 f"{_f(big['step_ms'], 2)} ms x {_f(big['rows_per_step'], 2)} rows",
                 flush=True,
             )
-        raw["servers"][tag]["shutdown_s"] = stop(proc)
+        raw["servers"][tag]["shutdown_s"] = stop_server(proc, timeout_s=30)
         logs.append(f"== {tag}\n" + log.read_text()[-2000:])
         log.unlink()
         save()

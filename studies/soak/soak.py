@@ -31,6 +31,7 @@ from pathlib import Path
 import httpx
 import psutil
 
+from tokenrouter.bench.server import scrape as metrics
 from tokenrouter.core.config import DeploymentConfig, ModelConfig, PolicyConfig, RouterConfig, SchedulerConfig
 
 HERE = Path(__file__).resolve().parent
@@ -47,15 +48,6 @@ def start_server(cfg_path: Path, port: int, log: Path, kv_tokens: int) -> subpro
            "--port", str(port), "--kv-tokens", str(kv_tokens), "--no-access-log"]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True, env=env)
-
-
-def metrics(url: str) -> dict[str, float]:
-    out = {}
-    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
-        if line and not line.startswith("#"):
-            k, _, v = line.rpartition(" ")
-            out[k] = float(v)
-    return out
 
 
 class Tally:

@@ -1,0 +1,60 @@
+"""A `tokenrouter serve` started as a separate process for studies and live benchmarks: start it, wait until
+/health answers, read its /metrics, stop it (SIGTERM: it drains; SIGKILL to its process group if it hangs)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import httpx
+
+TR = [sys.executable, "-m", "tokenrouter.cli.tr"]
+
+
+def start_server(args: Sequence[str], port: int, log: Path, *, timeout_s: float = 420.0,
+                 env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str, float | None]:  # fmt: skip
+    """`tokenrouter serve ARGS --port PORT` in its own process group, output to `log`; returns the process, its
+    URL and the seconds until /health answered 200 (None: it exited or did not come up within `timeout_s`)."""
+    cmd = [*TR, "serve", *args, "--port", str(port)]
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, **(env or {})})  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    while time.monotonic() - t0 < timeout_s:
+        if proc.poll() is not None:
+            return proc, url, None
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return proc, url, time.monotonic() - t0
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+    return proc, url, None
+
+
+def stop_server(proc: subprocess.Popen, timeout_s: float = 60.0) -> float:
+    """SIGTERM (the server drains and exits), SIGKILL to the group after `timeout_s`; the seconds it took."""
+    t0 = time.monotonic()
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return time.monotonic() - t0
+
+
+def scrape(url: str) -> dict[str, float]:
+    """/metrics as {series with labels: value}."""
+    out = {}
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        if line and not line.startswith("#"):
+            k, _, v = line.rpartition(" ")
+            out[k] = float(v)
+    return out
