@@ -8,8 +8,9 @@ regenerates the bundled H200 file (deterministic: `created` is fixed unless pass
 
 Per model and mode (see `StepCoeffs`: step_ms = max(c0 + c_row*B + c_ctx*C + c_tok*T + c_ext*E, floor_ms)):
 - c0 = decode_weight_bytes / bw_eff + kernel floor + launch.
-  bw_eff = copy bandwidth x measured weight-streaming efficiency (GPU_NOTES: a 2-layer SwiGLU MLP under a
-  CUDA graph streamed 1,722 GB/s at Qwen3-0.6B shapes, 3,947 at 8B, 4,185 at 32B, of 4,255 GB/s copy),
+  bw_eff = copy bandwidth x measured weight-streaming efficiency (studies/calibration/README.md, "Reference
+  H200 measurements": a 2-layer SwiGLU MLP under a CUDA graph streamed 1,722 GB/s at Qwen3-0.6B shapes, 3,947
+  at 8B, 4,185 at 32B, of 4,255 GB/s copy),
   interpolated linearly in log(parameter count), clamped outside 0.6B..32B; GEMM-to-GEMM gaps are inside it.
   Kernel floor: every non-GEMM kernel (norms, RoPE, KV store, attention, activation, residual adds) costs
   `kernel_us` of device time even inside a graph, `small_kernels_per_layer` of them per layer plus
@@ -69,7 +70,7 @@ from .profile import (
 )
 
 H200 = GpuInfo(name="NVIDIA H200", mem_bw_gbs=4255.0, matmul_tflops=790.0, memory_gb=141.0)
-H200_CREATED = "2026-11-29"  # the date GPU_NOTES' H200 measurements were taken
+H200_CREATED = "2026-11-29"  # the date of the H200 measurements it uses (studies/calibration/README.md)
 # Weight streaming measured on the H200 (GB/s) at these models' MLP shapes; the copy ceiling was 4,255.
 MEASURED_STREAM_GBS: dict[str, float] = {"qwen3-0.6b": 1722.0, "qwen3-8b": 3947.0, "qwen3-32b": 4185.0}
 MEASURED_COPY_GBS = 4255.0

@@ -1,4 +1,4 @@
-"""`trsim model`: the Markov-chain throughput model (DESIGN section 9) from the command line.
+"""`trsim model`: the Markov-chain throughput model (docs/markov.md) from the command line.
 
     trsim model --step-ms 6.0,27.9 --hop-rate 0.35 --concurrency 4 --thresholds 1,3
     trsim model --router me --step-ms 0.9,4.6,17.0 --mean-output 400 --concurrency 4

@@ -9,7 +9,7 @@
    page 16, shuffled pages. `kernel` = do_bench median of one eager call (L2 flushed, launch latency mostly
    hidden behind the flush), `graph` = median of replaying a captured call, `eager` = back-to-back eager
    calls (what an uncaptured step pays: Python + launch overhead). GB/s = (K+V bytes read + q + out) /
-   time, next to the 4,255 GB/s device copy ceiling (GPU_NOTES.md).
+   time, next to the 4,255 GB/s device copy ceiling (studies/calibration/README.md).
 3. Extend timings: 1/4/8 new tokens per row on 1k/8k prefixes (graph replay), next to the same tokens run
    as "virtual decode" rows (one decode row per token, as the engine's graph path does); one 2k prefill.
 4. Optional small sweep of tile configs (decode and prefill) to tune the defaults.

@@ -1,4 +1,4 @@
-"""A realistic cluster driver for core tests: what a multi-process runtime will do to the schedulers.
+"""A realistic cluster driver for core tests: what the multi-process runtime does to the schedulers.
 
 - every message goes through the wire encoding (msgpack via msgspec) and arrives after a seeded random
   delay; order is kept per link (src, dst) and lost across links;

@@ -1,5 +1,5 @@
 """A small synchronous driver for scheduler unit tests: schedulers in one process, messages delivered at once
-(through the wire encoding, as the runtime will), tokens from an executor that depends on what it was fed.
+(through the wire encoding, as the runtime does), tokens from an executor that depends on what it was fed.
 `tests/core/cluster.py` is the realistic one (delays, reordering, invariants after every step).
 
 A plain module, not `conftest.py`: every test directory's `conftest` is imported under that one name, so

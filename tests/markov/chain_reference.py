@@ -1,6 +1,6 @@
 """Independent references for the Markov model, written for clarity, not speed (shared by tests/markov).
 
-`post_launch_reference` is DESIGN section 9 taken literally (states after launches, one request at a time);
+`post_launch_reference` is the chain of docs/markov.md taken literally (states after launches, one request at a time);
 `event_simulation` runs the closed loop event by event with random draws. Both know the completion extension:
 a request committing its last token (probability `completion` per committed token) is replaced by a new one at
 the entry: before the entry launches again if it finished on the entry, else just after that instant's

@@ -1,5 +1,5 @@
-"""Markov-chain throughput model (DESIGN section 9): hand-checkable cases, two independent cross-checks (the
-DESIGN's post-launch chain, written out naively here, and a small event simulation) and the CLI."""
+"""Markov-chain throughput model (docs/markov.md): hand-checkable cases, two independent cross-checks (the
+post-launch chain of docs/markov.md, written out naively here, and a small event simulation) and the CLI."""
 
 from __future__ import annotations
 
@@ -188,7 +188,7 @@ def test_transient_start_with_two_closed_classes() -> None:
     assert rel(res.throughput_tok_s, expected) < 1e-12
 
 
-# ---------------------------------------------- independent check 1: the DESIGN's post-launch chain, naively
+# ------------------------------------------- independent check 1: docs/markov.md's post-launch chain, naively
 
 
 @pytest.mark.parametrize("n", [2, 3])

@@ -1,5 +1,5 @@
 """Learned routers in the loop: core schedulers + CPU engines (tiny models, dummy weights), driven in one
-process the way the runtime will drive its subservers. Every committed token is checked against a fresh
+process the way the runtime drives its subservers. Every committed token is checked against a fresh
 prefill of its prefix on the model that wrote it (an independent path through the engine), and the hop
 pattern against the router's own rule recomputed from that prefill.
 

@@ -1,7 +1,7 @@
 """Deployment config -> everything a driver runs: routers, KV pools, schedulers, sync gate, graph rules,
 admission, engine settings, and the wiring that routes peer messages between subservers.
 
-The simulator calls `build_deployment` today and the runtime will call it tomorrow; only the driver differs
+The simulator and every runtime subserver call `build_deployment`; only the driver differs
 (who carries messages, who keeps time, what executes a batch). Nothing here imports simpy, asyncio or torch.
 """
 

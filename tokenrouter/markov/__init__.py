@@ -1,4 +1,4 @@
-"""Markov-chain throughput model of delayed batching and the threshold search (DESIGN section 9).
+"""Markov-chain throughput model of delayed batching and the threshold search (defined in docs/markov.md).
 
 Analysis, not scheduling: the simulator and `trsim tune` use it to choose B; the core never imports it.
 """

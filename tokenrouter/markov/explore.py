@@ -1,4 +1,4 @@
-"""Reachable-state search for the Markov throughput model (DESIGN section 9).
+"""Reachable-state search for the Markov throughput model (docs/markov.md).
 
 This module is the vectorized engine behind `MarkovModel` (see `model.py` for the model's semantics). It works
 on plain integer arrays and knows nothing about milliseconds or presets.
@@ -10,7 +10,7 @@ transition = route every completing batch (independent multinomials), then launc
 queue reached its threshold (it takes all waiting requests, residual d_i(b_i)), then advance time to the next
 completion (tau = min running residual) and shift residuals by tau.
 
-This is the DESIGN's post-launch chain composed with a deterministic map (post-launch state s ->
+This is the post-launch chain of docs/markov.md composed with a deterministic map (post-launch state s ->
 advance(s)); renewal-reward gives the same long-run throughput, but it is smaller: a lone running model's
 residual is forgotten once it is the only thing left to happen. Holding times are attached to transitions
 (tau of the post-launch state in between), and every per-state "reward" below is an expectation over the

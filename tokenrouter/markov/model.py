@@ -1,4 +1,4 @@
-"""Markov-chain throughput model of delayed batching (DESIGN section 9; TokenRouter paper, appendix D).
+"""Markov-chain throughput model of delayed batching (docs/markov.md; TokenRouter paper, appendix D).
 
 Closed loop: N requests circulate among M models forever. Model i runs a batch in L_i(b) ms; when a batch of b
 requests completes, each request independently moves to model j with probability p_ij (j = i re-enters i's
@@ -7,7 +7,7 @@ completion instant, and only when at least B_i requests wait; it then takes *all
 instant all completions are routed first, then launches happen. Start: all N requests waiting at model 0.
 Step times are quantized onto a common grid (`steps.py`).
 
-Throughput (DESIGN): T(B) = sum_s pi(s) sum_{i in A(s)} sum_j b_i c_ij p_ij / sum_s pi(s) tau(s), with pi the
+Throughput (docs/markov.md): T(B) = sum_s pi(s) sum_{i in A(s)} sum_j b_i c_ij p_ij / sum_s pi(s) tau(s), with pi the
 stationary distribution of the embedded chain at completion epochs; computed here on the equivalent
 pre-completion chain described in `explore.py`. If the reachable chain has several closed classes (only
 possible with degenerate routing), results are the long-run averages expected from the start state: each

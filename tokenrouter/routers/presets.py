@@ -6,8 +6,8 @@
 | markov | as r-stitch with p = 1/mean_small_run, q = 1/mean_large_run |
 | me | every token visits models 0..M-1 in turn; only the last commits (it combines the logits) |
 
-The learned signals (R2R's MLP, CITER's confidence, Co-LLM's deferral head, R-Stitch's entropy) replace
-the synthetic draw later; the semantics here stay.
+The learned routers (`tokenrouter.routers.learned`: R2R's MLP, CITER's confidence, Co-LLM's deferral head,
+R-Stitch's entropy) replace the synthetic draw with their signal; the semantics here stay.
 """
 
 from __future__ import annotations
