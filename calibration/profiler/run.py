@@ -28,9 +28,10 @@ from typing import Any
 from tokenrouter.calibration.profiler.corun import WindowSpec, corun_worker, engine_kwargs_for_corun
 from tokenrouter.calibration.profiler.model_worker import ModelJob, model_worker
 from tokenrouter.calibration.profiler.passes import Timing
+from tokenrouter.core.names import RouterName
 
 PARTIAL_FORMAT = "tokenrouter-calibration-partial/1"
-ROUTERS = ("r2r", "citer", "co-llm", "r-stitch")
+ROUTERS = tuple(r.value for r in (RouterName.R2R, RouterName.CITER, RouterName.CO_LLM, RouterName.R_STITCH))
 
 
 @dataclass(slots=True)
@@ -161,7 +162,9 @@ class Calibration:
         p = self.plan
         raw = self.partial["results"].setdefault(task, {"points": {}, "routers": {}, "host": {}})
         grid_args = {"quick": p.quick, "max_decode": p.max_decode, "max_tokens": p.max_tokens}
-        routers = tuple(p.routers) if model in p.small_models() else (("r-stitch",) if "r-stitch" in p.routers else ())
+        # The large model runs a device part only for R-Stitch (its entropy decides when to hand back).
+        large = tuple(r for r in p.routers if r == RouterName.R_STITCH)
+        routers = tuple(p.routers) if model in p.small_models() else large
         done = set(raw["points"]) | {f"router/{n}" for n in raw["routers"]} | set(raw["host"])
         job = ModelJob(model, self._engine_kwargs(model), grid_args, routers, model in p.small_models(),
                        deadline=self.deadline, done=done, timing=Timing(min_time_s=0.05, min_reps=3) if p.quick

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tokenrouter.core.config import DeploymentConfig
+from tokenrouter.core.names import RouterName
 from tokenrouter.core.policy import SyncGate
 from tokenrouter.core.scheduler import Scheduler
 from tokenrouter.deploy.builder import Deployment, build_deployment
@@ -70,7 +71,7 @@ def build_part(spec: SubserverSpec, gate: SyncGate | None) -> tuple[Deployment, 
             model=model_index,
             num_models=dep.num_models,
             embedding=module.embed_tokens if small else None,
-            return_prob=rc.return_prob if rc.name == "r-stitch" else None,
+            return_prob=rc.return_prob if rc.name == RouterName.R_STITCH else None,
             seed=spec.seed,
         )
         dep.set_router(model_index, router)
