@@ -80,7 +80,9 @@ def fit_passes(
     errors = {fit: _error(PassFn.of(table, fit), check) for fit in ("buckets", "linear")}
     if not held_out:
         errors = {k: FitError(median=v.median, max=v.max, points=0) for k, v in errors.items()}
-    best = min(errors, key=lambda f: (errors[f].median, errors[f].max))
+    # The line has five coefficients: with fewer points than that it is not determined, only the table is.
+    eligible = [f for f in errors if f == "buckets" or len(points) > 5]
+    best = min(eligible, key=lambda f: (errors[f].median, errors[f].max))
     return PassTable(**{**_fields(table), "fit": best, "errors": errors})
 
 
