@@ -315,3 +315,13 @@ def test_sync_policies_are_refused():
 def test_config_values_are_checked(kw, needle):
     with pytest.raises(ConfigError, match=needle):
         AutotuneConfig(**kw)
+
+
+def test_no_solve_while_idle():
+    solve = TableSolve(lambda b, est: 1000.0)
+    ctrl = AutotuneController(CFG, Policy(PolicyKind.EAGER), solve, DROPS)
+    srv = SyntheticServer(15)
+    for t in range(30):
+        srv.window()
+        ctrl.observe(srv.snapshot(live=0), float(t))  # counters move (a drain) but nothing is live any more
+    assert solve.calls == [] and ctrl.status.startswith("idle")

@@ -244,6 +244,10 @@ class Estimator:
             self.finished = self.finished * fast + d_fin
             self.finished_tokens = self.finished_tokens * fast + d_fin_tok
 
+    def idle(self) -> bool:
+        """No live request in most of the samples of the last half-life (nothing to tune for)."""
+        return not self.live or statistics.median(n for _, n in self.live) < 0.5
+
     def steps(self, model: int) -> float:
         """Decayed step count of `model` (the weight behind its step-time line)."""
         return sum(self.b_steps[model])
@@ -354,6 +358,9 @@ class AutotuneController:
         if short:
             self.status = f"waiting: model {short[0]} ran {self.estimator.steps(short[0]):.0f} of " \
                           f"{self.config.min_steps} steps"  # fmt: skip
+            return None
+        if self.estimator.idle():
+            self.status = "idle: no live requests"
             return None
         est = self.estimator.estimates()
         self.estimates = est
