@@ -132,5 +132,18 @@ def register(app: typer.Typer) -> None:
             from tokenrouter.plots import RunCell, plot_run
 
             cell = RunCell.of_sim(res)
-            written = plot_run(res.metrics, plot, title=cell.title("trsim run"), names=cell.models)
+            written = plot_run(res.metrics, plot, title=cell.title("trsim run"), names=cell.models,
+                               marks=run_marks(res))  # fmt: skip
             typer.echo(f"wrote {written}", err=json_out == "-")  # stdout stays pure JSON with --json -
+
+
+def run_marks(res: SimResult) -> list[tuple[float, str]]:
+    """Workload phases and autotune's B changes, as (time s, label) marks for the plot."""
+    marks = []
+    for t, hop, n in res.extra.get("phases", []):
+        if t > 0:
+            what = ", ".join(x for x in (f"p={hop}" if hop is not None else "", f"N={n}" if n else "") if x)
+            marks.append((t, f"phase: {what}"))
+    for c in res.extra.get("autotune", {}).get("changes", []):
+        marks.append((c["at"], f"B={','.join(map(str, c['new']))}"))
+    return marks

@@ -87,3 +87,19 @@ def test_a_bad_config_value_is_one_line(tmp_path, capsys):
     cfg.write_text(yaml.safe_dump({**CONFIG, "policy": {"kind": "delayed", "autotune": {"min_gain": -1}}}))
     rc, _, err = call(tr.main, ["check-config", str(cfg)], capsys)
     assert rc == 2 and "policy.autotune.min_gain must be a number >= 0" in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_plot_marks_phases_and_b_changes():
+    from types import SimpleNamespace
+
+    from tokenrouter.cli.run_cmd import run_marks
+    from tokenrouter.plots import RunSeries, build_figure
+
+    res = SimpleNamespace(extra={"phases": [(0.0, 0.02, None), (3.0, 0.4, 8)],
+                                 "autotune": {"changes": [{"at": 5.0, "new": [1, 3]}]}})  # fmt: skip
+    marks = run_marks(res)
+    assert marks == [(3.0, "phase: p=0.4, N=8"), (5.0, "B=1,3")]
+    fig = build_figure([RunSeries("sim", marks=marks)])
+    ax = next(a for a in fig.axes if a.get_title() == "Output throughput over time")
+    assert sorted(line.get_xdata()[0] for line in ax.get_lines()) == [3.0, 5.0]
+    assert [t.get_text() for t in ax.texts] == ["phase: p=0.4, N=8", "B=1,3"]
