@@ -80,3 +80,18 @@ def test_make_controller_follows_the_deployment():
 def test_deployments_autotune_cannot_drive_are_refused(kw, needle):
     with pytest.raises(ConfigError, match=needle):
         _dep(**kw)
+
+
+def test_over_the_budget_at_n_it_compares_at_half_n_and_scales_back():
+    """With a budget too small for any chain at N = 8, the gain is judged at N = 4: B*(4) against the B in force
+    scaled to 4, and B*(4) is scaled back to 8 (as the search scales)."""
+    est = Estimates(8, (0.35, 1.0), (line(6.0), line(27.9)), 400.0)
+    sol = MarkovSolver("r2r", max_states=300)(est, (1, 2))
+    assert "compared at N=4" in sol.note
+    P, C = r2r_preset(0.35)
+    at4 = MarkovModel.create([6.0, 27.9], P, C, 4, 0.1, 400.0)
+    b4 = tuple(int(x) for x in sol.note.split("compared at N=4: B*=")[1].split(" ")[0].split(","))
+    assert sol.thresholds == tuple(1 if x == 1 else round(x * 2) for x in b4)
+    # the search may settle on a coarser quantum (within 2% per step): throughputs within a few percent
+    assert sol.current_tok_s == pytest.approx(at4.throughput((1, 1)).throughput_tok_s, rel=0.03)
+    assert sol.throughput_tok_s == pytest.approx(at4.throughput(b4).throughput_tok_s, rel=0.03)

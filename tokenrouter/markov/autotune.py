@@ -18,7 +18,7 @@ from tokenrouter.core.policy import Policy, clamp_thresholds
 from tokenrouter.markov.explore import StateSpaceTooLarge
 from tokenrouter.markov.model import MarkovModel
 from tokenrouter.markov.presets import me_preset, r2r_preset, router_matrices, rstitch_preset
-from tokenrouter.markov.search import evaluate_thresholds, search_thresholds
+from tokenrouter.markov.search import SearchOutcome, evaluate_thresholds, scale_thresholds, search_thresholds
 
 DELTA_MS = 0.1  # the quantum `trsim tune` uses; the search coarsens it (within 2% per step) to fit its budget
 
@@ -54,16 +54,36 @@ class MarkovSolver:
         model = MarkovModel.create(est.step_table(n), P, C, n, self.delta_ms, est.mean_output)
         out = search_thresholds(model, self.max_states)
         cur = clamp_thresholds(current, n)
-        # Both throughputs on the model the search settled on (its quantum may be coarser than asked), so the gain
-        # compares like with like.
-        t_cur = next((r.throughput_tok_s for r in out.ranked if r.thresholds == cur), None)
-        if t_cur is None:
-            try:
-                res, _, _ = evaluate_thresholds(out.model, cur, max(100, self.max_states // 4))
-                t_cur = res.throughput_tok_s
-            except StateSpaceTooLarge:
-                t_cur = None
-        return Solution(tuple(out.thresholds), out.throughput_tok_s, t_cur, out.note)
+        t_best, t_cur = out.throughput_tok_s, self._throughput(out, cur)
+        if t_best is not None and t_cur is not None:
+            return Solution(tuple(out.thresholds), t_best, t_cur, out.note)
+        # The chains at N are over the budget even on the search's fallbacks: compare on the largest N' = N/2,
+        # N/4, .. where both fit, the B in force scaled to N' against B*(N'), and scale B*(N') back to N, as the
+        # search itself scales (B grows about in proportion to N). Throughputs are then the ones at N'.
+        m = n
+        while m > 1:
+            m //= 2
+            small = search_thresholds(model.with_concurrency(m), self.max_states)
+            cur_m = scale_thresholds(cur, n, m)
+            tb, tc = small.throughput_tok_s, self._throughput(small, cur_m)
+            if tb is not None and tc is not None:
+                b = scale_thresholds(small.thresholds, m, n)
+                b_in, cur_in = ",".join(map(str, small.thresholds)), ",".join(map(str, cur_m))
+                note = f"{out.note}; compared at N={m}: B*={b_in} against the B in force scaled to {cur_in}"
+                return Solution(b, tb, tc, note)
+        return Solution(tuple(out.thresholds), t_best, t_cur, out.note)
+
+    def _throughput(self, out: SearchOutcome, b: tuple[int, ...]) -> float | None:
+        """T(b) on the model the search settled on (its quantum may be coarser than asked), so a gain compares like
+        with like; None when that chain does not fit the budget."""
+        found = next((r.throughput_tok_s for r in out.ranked if r.thresholds == b), None)
+        if found is not None:
+            return found
+        try:
+            res, _, _ = evaluate_thresholds(out.model, b, self.max_states)
+        except StateSpaceTooLarge:
+            return None
+        return res.throughput_tok_s
 
 
 def drops_token(router: str, num_models: int) -> tuple[bool, ...]:
