@@ -72,13 +72,20 @@ class PhaseDriver:
             self.applied.append((self.env.now, ph))
 
 
+STALL_OBSERVES = 600  # unchanged snapshots in a row (10 simulated minutes at 1 s) after which the tuner stops
+
+
 class SimAutotune:
     """Runs `controller` on the simulated counters until `finished()` (module docstring). `timeline`: every
-    decision applied, in order."""
+    decision applied, in order. A run that stalls (nothing moves, no arrival to come: `arrivals_pending()` False)
+    would keep this process ticking forever; after STALL_OBSERVES unchanged snapshots it stops, so the simulation
+    ends and reports the stall as it does without autotune."""
 
     def __init__(self, env: simpy.Environment, controller: AutotuneController, subs: list[SimSubserver],
-                 finishes: FinishCounter, finished: Callable[[], bool]) -> None:  # fmt: skip
+                 finishes: FinishCounter, finished: Callable[[], bool],
+                 arrivals_pending: Callable[[], bool] = lambda: False) -> None:  # fmt: skip
         self.env, self.controller, self.subs, self.finishes, self.finished = env, controller, subs, finishes, finished
+        self.arrivals_pending = arrivals_pending
         self.entry = next(s for s in subs if s.sched.is_entry)
         self.timeline: list[Decision] = []
         self.proc = env.process(self._run())
@@ -88,11 +95,17 @@ class SimAutotune:
         return CounterSnapshot(models, self.entry.sched.active, self.finishes.finished, self.finishes.tokens)
 
     def _run(self):
+        last, same = None, 0
         while True:
             yield self.env.timeout(self.controller.config.observe_s)
             if self.finished():
                 return
-            decision = self.controller.observe(self.snapshot(), self.env.now)
+            snap = self.snapshot()
+            same = same + 1 if snap == last else 0
+            last = snap
+            if same >= STALL_OBSERVES and not self.arrivals_pending():
+                return
+            decision = self.controller.observe(snap, self.env.now)
             if decision is None:
                 continue
             policy = Policy(PolicyKind.DELAYED, decision.new, max_wait=self.controller.policy.max_wait)

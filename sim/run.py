@@ -139,7 +139,8 @@ def run_sim(cfg: SimConfig) -> SimResult:
         from tokenrouter.markov.autotune import make_controller
 
         controller = make_controller(dep, policy=deployment.entry.policy)
-        tuner = SimAutotune(env, controller, subs, finishes, lambda: loader.done and not done)
+        pending = (lambda: not loader.done) if isinstance(loader, OpenLoop) else (lambda: False)
+        tuner = SimAutotune(env, controller, subs, finishes, lambda: loader.done and not done, pending)
         initial = controller.current(n0)
     env.run()
     if done:

@@ -125,3 +125,33 @@ def test_phases_move_the_clients_and_the_hop_rate(tmp_path):
     assert share(early) == pytest.approx(0.1, abs=0.03)
     assert share(late) == pytest.approx(0.4, abs=0.04)
     assert "autotune" not in res.extra
+
+
+def test_the_tuner_does_not_keep_a_stalled_simulation_alive():
+    """Nothing moves and no arrival is to come: the tuner stops, so `env.run()` returns (and run_sim reports the
+    stall) instead of ticking forever."""
+    from types import SimpleNamespace
+
+    import simpy
+
+    from tokenrouter.core.autotune import AutotuneController, BatchTimes, Solution
+    from tokenrouter.core.policy import Policy
+    from tokenrouter.sim.autotune import STALL_OBSERVES, FinishCounter, SimAutotune
+
+    env = simpy.Environment()
+    sub = SimpleNamespace(tokens=0, hops=0, batches=BatchTimes(), sched=SimpleNamespace(is_entry=True, active=3),
+                          kick=lambda: None)  # fmt: skip
+    ctrl = AutotuneController(TUNE, Policy(), lambda est, cur: Solution(cur, 1.0, 1.0), (True, False))
+    tuner = SimAutotune(env, ctrl, [sub, sub], FinishCounter(), finished=lambda: False)
+    env.run()
+    assert env.now == pytest.approx((STALL_OBSERVES + 1) * TUNE.observe_s) and not tuner.timeline
+    env2 = simpy.Environment()
+    ticks = {"n": 0}
+
+    def pending() -> bool:  # arrivals still to come for a while: it keeps going
+        ticks["n"] += 1
+        return ticks["n"] < 50
+
+    SimAutotune(env2, ctrl, [sub, sub], FinishCounter(), finished=lambda: False, arrivals_pending=pending)
+    env2.run()
+    assert env2.now == pytest.approx((STALL_OBSERVES + 50) * TUNE.observe_s)
