@@ -89,8 +89,9 @@ def test_a_hop_rate_shift_moves_b_to_the_markov_optimum_of_the_new_regime(tmp_pa
 
 def test_an_n_ramp_moves_b_near_the_markov_optimum_for_the_new_n(tmp_path):
     wl = spec(tmp_path, [{"at_s": 0, "concurrency": 2}, {"at_s": 30, "concurrency": 8}])
-    dep = deployment([1, 2], 0.35, AutotuneConfig(observe_s=1.0, interval_s=10.0, hold_s=5.0, half_life_s=5.0,
-                                                  min_steps=20))  # N = 8 solves take longest: fewer of them
+    dep = deployment(
+        [1, 2], 0.35, AutotuneConfig(observe_s=1.0, interval_s=10.0, hold_s=5.0, half_life_s=5.0, min_steps=20)
+    )  # N = 8 solves take longest: fewer of them
     res = run_sim(SimConfig(dep, workload=wl, num_requests=70, concurrency=2, seed=3, cost=ConstantCost(STEP_MS)))
     ref8 = markov(0.35, 8)
     best = search_thresholds(ref8)
