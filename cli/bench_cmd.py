@@ -24,7 +24,7 @@ from tokenrouter.cli.options import (
     deployment_flags,
 )
 from tokenrouter.cli.report import _clean, _f, metrics_table
-from tokenrouter.workloads import make_workload
+from tokenrouter.workloads import initial_phase, load_phases, make_workload
 
 _COMPARE = (
     ("output throughput tok/s", "output_throughput_tok_s", 1),
@@ -52,6 +52,15 @@ def live_summary(out) -> dict[str, Any]:
         s[f"steps_model{i}"] = steps
     s["requests_failed"] = float(len(out.errors))
     return s
+
+
+def threshold_timeline(out, names: list[str]) -> str:
+    """`0.0:1,5;3.2:1,1`: the server's thresholds in force from each poll time on (empty when not exported)."""
+    parts = []
+    for t, b in out.samples.thresholds:
+        if all(n in b for n in names):
+            parts.append(f"{t:.1f}:{','.join(str(b[n]) for n in names)}")
+    return ";".join(parts)
 
 
 def _compare_table(live: dict[str, Any], sim: dict[str, Any], names: list[str]) -> Table:
@@ -83,6 +92,14 @@ def register(app: typer.Typer) -> None:
         max_output: MaxOutput = None,
         seed: Annotated[int, typer.Option(help="Seed of the workload (and of --sim).")] = 0,
         api_key: Annotated[str | None, typer.Option(help="Bearer key if the server has one.")] = None,
+        admin_key: Annotated[
+            str | None,
+            typer.Option(
+                envvar="TOKENROUTER_ADMIN_KEY",
+                help="The server's admin key: needed when the workload's phases change the hop rate (set live "
+                "through POST /admin/policy).",
+            ),
+        ] = None,
         json_out: Annotated[str | None, typer.Option("--json", help="Metrics as JSON to FILE ('-' = stdout).")] = None,
         csv_out: Annotated[Path | None, typer.Option("--csv", help="Per-request rows as CSV.")] = None,
         plot: Annotated[Path | None, typer.Option(help="PNG of the run (with --sim: live and simulated).")] = None,
@@ -110,6 +127,12 @@ def register(app: typer.Typer) -> None:
             typer.echo(deploy.resolve().to_yaml().rstrip())
             return
         specs = make_workload(workload, num_requests, seed, arrival_rate=arrival_rate, max_output=max_output)
+        phases = load_phases(workload)
+        if any(ph.hop_rate is not None for ph in phases) and admin_key is None:
+            raise CliError("the workload's phases change the hop rate: give --admin-key (the server's)")
+        open_loop = arrival_rate is not None or any(sp.arrival is not None for sp in specs)
+        if open_loop and any(ph.concurrency is not None for ph in phases):
+            raise CliError("workload phases that set 'concurrency' need a closed loop (no --arrival-rate or arrivals)")
         err_console = Console(stderr=True)
         console = err_console if json_out == "-" else Console()
         with Progress(
@@ -126,16 +149,27 @@ def register(app: typer.Typer) -> None:
                         seed=seed,
                         api_key=api_key,
                         on_done=lambda: bar.advance(task),
+                        phases=phases,
+                        admin_key=admin_key,
                     )
                 )
-            except httpx.HTTPError as e:
+            except (httpx.HTTPError, RuntimeError) as e:
                 raise CliError(f"cannot benchmark {url}: {type(e).__name__}: {e}") from None
         live = live_summary(out)
         names = out.model_names
         if json_out != "-":
             console.print(metrics_table(live, names, f"tr bench: {out.served_model} at {url}", missing="-"))
-            mode = f"Poisson {arrival_rate} req/s" if arrival_rate else f"N = {concurrency}"
+            first = initial_phase(phases)
+            n0 = first.concurrency if first is not None and first.concurrency else concurrency
+            ramps = " (then as the phases say)" if any(ph.concurrency for ph in phases if ph.at_s > 0) else ""
+            mode = f"Poisson {arrival_rate} req/s" if arrival_rate else f"N = {n0}{ramps}"
             console.print(f"{workload} x {len(specs)}, {mode}, seed {seed}; wall {out.wall_s:.2f} s")
+            for t, ph in out.phases:
+                what = [f"hop rate {ph.hop_rate}" if ph.hop_rate is not None else "",
+                        f"N = {ph.concurrency}" if ph.concurrency is not None else ""]  # fmt: skip
+                console.print(f"phase at {t:.1f} s: {', '.join(w for w in what if w)}")
+            if len(out.samples.thresholds) > 1:
+                console.print(f"B over time (server's thresholds in force): {threshold_timeline(out, names)}")
         if out.errors:
             err_console.print(f"{len(out.errors)} requests failed; first: {out.errors[0]}")
         record: dict[str, Any] = {
@@ -146,6 +180,7 @@ def register(app: typer.Typer) -> None:
             "concurrency": None if arrival_rate else concurrency,
             "arrival_rate": arrival_rate,
             "seed": seed,
+            "thresholds_timeline": threshold_timeline(out, names),
             **live,
         }
         sim_res = None

@@ -41,8 +41,20 @@ def result_record(res: SimResult) -> dict[str, Any]:
         "wasted_rows": res.wasted_rows,
         "wall_s": round(res.wall_s, 3),
     }
+    tune = res.extra.get("autotune")
+    if tune is not None:
+        rec["autotune_initial"] = ",".join(map(str, tune["initial"]))
+        rec["autotune_changes"] = len(tune["changes"])
+        rec["autotune_timeline"] = autotune_timeline(tune)
     rec.update(res.summary)
     return rec
+
+
+def autotune_timeline(tune: dict[str, Any]) -> str:
+    """`0:1,1;41.0:1,2;50.0:1,3`: the B in force from each time on (simulated seconds)."""
+    parts = [f"0:{','.join(map(str, tune['initial']))}"]
+    parts += [f"{c['at']:.1f}:{','.join(map(str, c['new']))}" for c in tune["changes"]]
+    return ";".join(parts)
 
 
 def metrics_table(s: dict[str, Any], names: list[str], title: str, missing: str = "nan") -> Table:
@@ -86,6 +98,19 @@ def print_result(res: SimResult, console: Console | None = None) -> None:
         f"{','.join(map(str, res.thresholds))}{_thr_note(res)}, placement {dep.placement.mode}, "
         f"{res.config.workload} x {res.config.num_requests}, N = {res.config.concurrency}"
     )
+    for t, hop, n in res.extra.get("phases", []):
+        what = ", ".join(x for x in (f"hop rate {hop}" if hop is not None else "", f"N = {n}" if n else "") if x)
+        console.print(f"phase at {t:.1f} s: {what}")
+    tune = res.extra.get("autotune")
+    if tune is not None:
+        console.print(f"autotune: B = {','.join(map(str, tune['initial']))} at the start; {len(tune['changes'])} "
+                      f"change(s) in {tune['solves']} solve(s)")  # fmt: skip
+        for c in tune["changes"]:
+            est = c["estimates"]
+            hop = "/".join("-" if p is None else f"{p:.3f}" for p in est["hop_prob"])
+            console.print(f"  {c['at']:8.1f} s: B {','.join(map(str, c['old']))} -> {','.join(map(str, c['new']))} "
+                          f"(predicted {c['predicted_gain']:+.1%}, {c['predicted_tok_s']:,.0f} tok/s; N = "
+                          f"{est['concurrency']}, hop {hop})")  # fmt: skip
     kv = ", ".join(f"{c:,}" for c in res.kv_tokens)
     overlap = "on" if dep.scheduler.overlap else "off"
     console.print(
@@ -106,6 +131,10 @@ def print_result(res: SimResult, console: Console | None = None) -> None:
 
 
 def _thr_note(res: SimResult) -> str:
+    tune = res.extra.get("autotune")
+    if tune is not None:
+        start = ",".join(map(str, tune["initial"]))
+        return f" at the end (autotune; at the start B = {start}{res.extra.get('thresholds_note', '')})"
     if res.config.deployment.policy.kind != PolicyKind.DELAYED:
         return f" ({res.config.deployment.policy.kind}: no delay)"
     return res.extra.get("thresholds_note", "")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 from typing import Annotated
@@ -24,6 +25,7 @@ from tokenrouter.cli.report import print_result, result_record, write_json
 from tokenrouter.core.names import PolicyName
 from tokenrouter.core.policy import guard_holds
 from tokenrouter.sim.run import SimConfig, SimResult, run_sim
+from tokenrouter.workloads import initial_phase, load_phases
 
 
 def sim_config(
@@ -39,6 +41,11 @@ def sim_config(
     """The SimConfig of one simulated run: the resolved deployment and the run flags; also whether thresholds are
     'auto' (the Markov model's B* for this N: asked for, or the default of a delayed run without a config)."""
     dep = deploy.resolve()
+    first = initial_phase(load_phases(workload))  # a phase at 0 s replaces --concurrency / --hop-rate
+    if first is not None and first.concurrency is not None:
+        concurrency = first.concurrency
+    if first is not None and first.hop_rate is not None:
+        dep = dataclasses.replace(dep, router=dataclasses.replace(dep.router, hop_rate=first.hop_rate))
     given = deploy.overrides.thresholds is not None
     auto = deploy.thresholds_auto or (deploy.config is None and not given)
     auto = auto and dep.policy.kind == PolicyName.DELAYED
@@ -125,5 +132,18 @@ def register(app: typer.Typer) -> None:
             from tokenrouter.plots import RunCell, plot_run
 
             cell = RunCell.of_sim(res)
-            written = plot_run(res.metrics, plot, title=cell.title("trsim run"), names=cell.models)
+            written = plot_run(res.metrics, plot, title=cell.title("trsim run"), names=cell.models,
+                               marks=run_marks(res))  # fmt: skip
             typer.echo(f"wrote {written}", err=json_out == "-")  # stdout stays pure JSON with --json -
+
+
+def run_marks(res: SimResult) -> list[tuple[float, str]]:
+    """Workload phases and autotune's B changes, as (time s, label) marks for the plot."""
+    marks = []
+    for t, hop, n in res.extra.get("phases", []):
+        if t > 0:
+            what = ", ".join(x for x in (f"p={hop}" if hop is not None else "", f"N={n}" if n else "") if x)
+            marks.append((t, f"phase: {what}"))
+    for c in res.extra.get("autotune", {}).get("changes", []):
+        marks.append((c["at"], f"B={','.join(map(str, c['new']))}"))
+    return marks

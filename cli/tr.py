@@ -71,7 +71,9 @@ def check_config(path: Annotated[Path, typer.Argument(help="Deployment YAML (fro
     c.print(f"{path}: ok")
     c.print(f"models: {', '.join(f'{m.name} on GPU {m.gpus}' for m in cfg.models)}; placement {cfg.placement.mode}")
     pol = cfg.policy
-    c.print(f"policy: {pol.kind} thresholds {pol.thresholds or '-'} table {pol.table or '-'}; router {cfg.router.name}")
+    tune = "; autotune on" if pol.autotune is not None else ""
+    c.print(f"policy: {pol.kind} thresholds {pol.thresholds or '-'} table {pol.table or '-'}; router {cfg.router.name}"
+            f"{tune}")  # fmt: skip
 
 
 bench_cmd.register(app)

@@ -14,6 +14,9 @@ from tokenrouter.workloads import RequestSpec
 class ClosedLoop:
     """`concurrency` clients share one request iterator. `exhausted_at` is the first time a client found
     none left: from then on fewer than N requests are live, so it ends the steady-state window.
+
+    `set_concurrency(n)` moves the client count (a workload phase): more clients start at once; with fewer,
+    clients retire as their current request finishes (none is cut short), first finished first.
     """
 
     def __init__(
@@ -27,13 +30,36 @@ class ClosedLoop:
         self._it: Iterator[RequestSpec] = iter(specs)
         self.submit = submit
         self.exhausted_at: float | None = None
-        self.procs = [env.process(self._client()) for _ in range(concurrency)]
+        self.target = concurrency
+        self.clients = 0  # running client processes
+        self.procs: list[simpy.Process] = []
+        self._start(concurrency)
+
+    @property
+    def done(self) -> bool:
+        return self.clients == 0
+
+    def set_concurrency(self, n: int) -> None:
+        if n < 1:
+            raise ValueError(f"concurrency must be >= 1, got {n}")
+        self.target = n
+        if self.exhausted_at is None:
+            self._start(n - self.clients)
+
+    def _start(self, k: int) -> None:
+        for _ in range(max(0, k)):
+            self.clients += 1
+            self.procs.append(self.env.process(self._client()))
 
     def _client(self):
         for spec in self._it:
             yield self.submit(spec)
-        if self.exhausted_at is None:
-            self.exhausted_at = self.env.now
+            if self.clients > self.target:  # a phase lowered N: retire before taking another request
+                break
+        else:
+            if self.exhausted_at is None:
+                self.exhausted_at = self.env.now
+        self.clients -= 1
 
 
 class OpenLoop:
@@ -43,6 +69,11 @@ class OpenLoop:
         self.env = env
         self.exhausted_at: float | None = None
         self.proc = env.process(self._arrivals(sorted(specs, key=lambda s: s.arrival or 0.0), submit))
+
+    @property
+    def done(self) -> bool:
+        """Every request was submitted (the run ends when they finish)."""
+        return not self.proc.is_alive
 
     def _arrivals(self, specs: list[RequestSpec], submit: Callable[[RequestSpec], simpy.Event]):
         for spec in specs:

@@ -22,10 +22,11 @@ from tokenrouter.core.messages import Action, Emit, Finish, PeerMsg, PeerReq, Se
 from tokenrouter.core.request import Request, SamplingParams
 from tokenrouter.deploy import Deployment, build_deployment
 from tokenrouter.metrics import MetricsCollector
+from tokenrouter.sim.autotune import FinishCounter, PhaseDriver, SimAutotune, set_router_hop_rate
 from tokenrouter.sim.clients import ClosedLoop, OpenLoop
 from tokenrouter.sim.gpu_share import SharedGpu
 from tokenrouter.sim.subserver import SimSubserver
-from tokenrouter.workloads import RequestSpec, make_workload
+from tokenrouter.workloads import RequestSpec, initial_phase, load_phases, make_workload
 
 
 @dataclass(slots=True)
@@ -100,7 +101,8 @@ def run_sim(cfg: SimConfig) -> SimResult:
             )
         )
     done: dict[str, simpy.Event] = {}
-    wire = _Links(env, deployment, subs, cost, metrics, done)
+    finishes = FinishCounter()
+    wire = _Links(env, deployment, subs, cost, metrics, done, finishes)
     for s in subs:
         s.dispatch = wire.dispatch
     entry = subs[dep.entry]
@@ -121,11 +123,25 @@ def run_sim(cfg: SimConfig) -> SimResult:
         wire.dispatch(dep.entry, entry.sched.add(req, env.now))
         return ev
 
+    phases = load_phases(cfg.workload)
+    first = initial_phase(phases)
+    n0 = first.concurrency if first is not None and first.concurrency is not None else cfg.concurrency
+    if first is not None and first.hop_rate is not None:
+        set_router_hop_rate(subs, dep.router, first.hop_rate)
     loader = (
         OpenLoop(env, specs, submit)
         if cfg.arrival_rate is not None or _has_arrivals(specs)
-        else ClosedLoop(env, specs, cfg.concurrency, submit)
+        else ClosedLoop(env, specs, n0, submit)
     )
+    driver = PhaseDriver(env, phases, loader, subs, dep.router) if phases else None
+    tuner = None
+    if dep.policy.autotune is not None:
+        from tokenrouter.markov.autotune import make_controller
+
+        controller = make_controller(dep, policy=deployment.entry.policy)
+        pending = (lambda: not loader.done) if isinstance(loader, OpenLoop) else (lambda: False)
+        tuner = SimAutotune(env, controller, subs, finishes, lambda: loader.done and not done, pending)
+        initial = controller.current(n0)
     env.run()
     if done:
         raise RuntimeError(f"simulation stalled with {len(done)} requests unfinished (scheduler deadlock?)")
@@ -133,11 +149,23 @@ def run_sim(cfg: SimConfig) -> SimResult:
     if isinstance(loader, ClosedLoop) and loader.exhausted_at and loader.exhausted_at > 0:
         window = (0.0, loader.exhausted_at)
     summary = metrics.summary(window=window)
+    n_end = next((p.concurrency for p in reversed(phases) if p.concurrency is not None), n0)
+    extra: dict[str, Any] = {}
+    if driver is not None:
+        applied = ([(0.0, first)] if first else []) + driver.applied
+        extra["phases"] = [(t, p.hop_rate, p.concurrency) for t, p in applied]
+    if tuner is not None:
+        extra["autotune"] = {
+            "initial": list(initial),
+            "changes": [d.as_dict() for d in tuner.timeline],
+            "solves": tuner.controller.solves,
+            "status": tuner.controller.status,
+        }
     return SimResult(
         summary=summary,
         metrics=metrics,
         config=cfg,
-        thresholds=deployment.entry.policy.thresholds_for(cfg.concurrency, deployment.num_models),
+        thresholds=deployment.entry.policy.thresholds_for(n_end, deployment.num_models),
         analytic=analytic,
         window=window,
         kv_tokens=deployment.kv_tokens,
@@ -145,6 +173,7 @@ def run_sim(cfg: SimConfig) -> SimResult:
         preemptions=sum(s.sched.num_preemptions for s in subs),
         wasted_rows=sum(s.wasted_rows for s in subs),
         rematch_rows=sum(s.rematch_rows for s in subs),
+        extra=extra,
     )
 
 
@@ -182,14 +211,18 @@ class _Links:
     """Carries actions: peer messages over the link model (order kept per link), tokens and finishes to the
     metrics and the clients, and wakes the subservers the deployment says to."""
 
-    def __init__(self, env, deployment: Deployment, subs: list[SimSubserver], cost, metrics, done) -> None:
+    def __init__(self, env, deployment: Deployment, subs: list[SimSubserver], cost, metrics, done,
+                 finishes: FinishCounter | None = None) -> None:  # fmt: skip
         self.env, self.dep, self.subs, self.cost, self.metrics, self.done = env, deployment, subs, cost, metrics, done
+        self.finishes = finishes or FinishCounter()
         self._free: dict[tuple[int, int], float] = {}  # link -> when its last message lands
 
     def dispatch(self, src: int, actions: list[Action]) -> None:
         env = self.env
         for a in actions:
             if isinstance(a, Send):
+                if isinstance(a.msg, PeerReq) and not a.msg.finished:
+                    self.subs[a.msg.src].hops += 1  # what a runtime subserver counts as a hop
                 link = (a.msg.src, a.msg.dst)
                 at = max(env.now + self.cost.message_ms(a.msg.nbytes) / 1000.0, self._free.get(link, 0.0))
                 self._free[link] = at
@@ -198,8 +231,10 @@ class _Links:
                 else:
                     self.deliver(a.msg)
             elif isinstance(a, Emit):
+                self.subs[a.model].tokens += len(a.tokens)
                 self.metrics.on_tokens(a.rid, len(a.tokens), env.now, a.model)
             elif isinstance(a, Finish):
+                self.finishes.on_finish(a.num_output)
                 self.metrics.on_finish(a.rid, env.now, a.num_hops)
                 ev = self.done.pop(a.rid, None)
                 if ev is not None:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 import simpy
 
 from tokenrouter.calibration.step_stats import StepStats
+from tokenrouter.core.autotune import BatchTimes
 from tokenrouter.core.batch import Batch, StepResult
 from tokenrouter.core.graph_rule import GraphRule
 from tokenrouter.core.messages import Action
@@ -96,6 +97,13 @@ class SimSubserver:
         self.busy_time = 0.0
         self.wasted_rows = 0
         self.rematch_rows = 0
+        # The counters a runtime subserver exports (`runtime.stats.Counters`), for autotune: steps per batch size
+        # with their own busy time (from the pass's start on the GPU, as the runtime times from its launch),
+        # committed tokens this model wrote and hand-offs it sent (the driver's `_Links` counts those two).
+        self.batches = BatchTimes()
+        self.tokens = 0
+        self.hops = 0
+        self._busy_until = float("-inf")
         self._wake: simpy.Event | None = None
         self._retime: simpy.Event | None = None
         self.proc = env.process(self._run())
@@ -186,6 +194,8 @@ class SimSubserver:
         self.inflight.popleft()
         start = f.started_s if f.started_s is not None else env.now
         self.busy_time += env.now - start
+        self.batches.add(len(f.batch.rows), (env.now - max(start, self._busy_until)) * 1000.0)
+        self._busy_until = env.now
         self.metrics.on_batch(self.model, start, env.now, len(f.batch.rows))
         # Rows whose request left (hop, finish) after the batch was prepared: computed, then thrown away.
         self.wasted_rows += sum(1 for r in f.batch.rows if r.version != r.req.version)

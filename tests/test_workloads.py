@@ -8,10 +8,13 @@ import pytest
 
 from tokenrouter.workloads import (
     WORKLOADS,
+    Phase,
     RequestSpec,
     WorkloadError,
+    initial_phase,
     load_hop_trace,
     load_jsonl,
+    load_phases,
     make_workload,
 )
 
@@ -194,3 +197,63 @@ def test_hop_trace_errors(tmp_path: Path, obj: dict, message: str) -> None:
     with pytest.raises(WorkloadError, match=message) as info:
         load_hop_trace(path)
     assert str(info.value).startswith(f"{path}:1: ")
+
+
+# ---- phases ------------------------------------------------------------------------------------------------
+PHASES = [{"at_s": 0, "hop_rate": 0.05, "concurrency": 4}, {"at_s": 60, "hop_rate": 0.2, "concurrency": 16}]
+
+
+def test_phases_line_of_a_jsonl_workload(tmp_path: Path) -> None:
+    reqs = [{"prompt_len": 5, "output_len": 7}, {"prompt_len": 6, "output_len": 8}]
+    path = _write(tmp_path, [{"phases": PHASES}, *reqs])
+    assert load_phases(str(path)) == [Phase(0.0, 0.05, 4), Phase(60.0, 0.2, 16)]
+    specs = make_workload(str(path), 10)
+    assert [(s.prompt_len, s.output_len) for s in specs] == [(5, 7), (6, 8)]  # the phases line is no request
+    assert load_jsonl(path)[0].rid == "r0"
+
+
+def test_json_spec_names_where_requests_come_from(tmp_path: Path) -> None:
+    spec = tmp_path / "shift.json"
+    spec.write_text(json.dumps({"workload": "fixed:16,40", "phases": [{"at_s": 30, "hop_rate": 0.3}]}))
+    assert load_phases(str(spec)) == [Phase(30.0, 0.3, None)]
+    specs = make_workload(str(spec), 5, seed=1, max_output=20)
+    assert [(s.prompt_len, s.output_len) for s in specs] == [(16, 20)] * 5
+    reqs = _write(tmp_path, [{"prompt_len": 3, "output_len": 4}], name="reqs.jsonl")
+    rel = tmp_path / "rel.json"
+    rel.write_text(json.dumps({"workload": reqs.name, "phases": [{"at_s": 1, "concurrency": 2}]}))
+    assert [(s.prompt_len, s.output_len) for s in make_workload(str(rel), 3)] == [(3, 4)]
+    assert initial_phase(load_phases(str(rel))) is None
+    assert initial_phase(load_phases(str(spec))) is None and load_phases("low-effort") == []
+
+
+@pytest.mark.parametrize(
+    ("phases", "needle"),
+    [
+        ([{"at_s": 10, "hop_rate": 0.1}, {"at_s": 10, "hop_rate": 0.2}], "must increase"),
+        ([{"at_s": -1, "hop_rate": 0.1}], "'at_s'"),
+        ([{"at_s": 1, "hop_rate": 1.5}], "'hop_rate'"),
+        ([{"at_s": 1, "concurrency": 0}], "'concurrency'"),
+        ([{"at_s": 1, "concurrency": 2.5}], "'concurrency'"),
+        ([{"at_s": 1}], "give 'hop_rate' and/or 'concurrency'"),
+        ([{"at_s": 1, "hop_rate": 0.1, "rate": 2}], "unknown key"),
+        ({"at_s": 1}, "must be a list"),
+    ],
+)
+def test_bad_phases_are_one_line_errors(tmp_path: Path, phases, needle: str) -> None:
+    path = _write(tmp_path, [{"prompt_len": 5, "output_len": 7}, {"phases": phases}])
+    with pytest.raises(WorkloadError, match=needle) as e:
+        load_phases(str(path))
+    assert str(e.value).startswith(f"{path}:2: ") and "\n" not in str(e.value)
+
+
+def test_a_second_phases_line_and_extra_keys_are_refused(tmp_path: Path) -> None:
+    two = _write(tmp_path, [{"phases": PHASES}, {"phases": PHASES}, {"prompt_len": 1, "output_len": 1}])
+    with pytest.raises(WorkloadError, match="second 'phases'"):
+        load_phases(str(two))
+    extra = _write(tmp_path, [{"phases": PHASES, "id": "x"}, {"prompt_len": 1, "output_len": 1}], name="e.jsonl")
+    with pytest.raises(WorkloadError, match="only 'phases'"):
+        load_phases(str(extra))
+    spec = tmp_path / "bad.json"
+    spec.write_text(json.dumps({"workload": "fixed:1,1", "phasez": []}))
+    with pytest.raises(WorkloadError, match="unknown key"):
+        make_workload(str(spec), 1)

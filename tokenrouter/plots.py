@@ -110,6 +110,8 @@ class RunSeries:
     ttft: np.ndarray = field(default_factory=lambda: np.empty(0))  # seconds
     tpot: np.ndarray = field(default_factory=lambda: np.empty(0))
     e2e: np.ndarray = field(default_factory=lambda: np.empty(0))
+    # Events to mark on the throughput axis: (time s, label), e.g. autotune's B changes and workload phases.
+    marks: list[tuple[float, str]] = field(default_factory=list)
 
 
 def _edges(t_end: float) -> np.ndarray:
@@ -256,6 +258,10 @@ def build_figure(runs: list[RunSeries], title: str | None = None):
                              histtype="step" if j else "stepfilled", alpha=1.0 if j else 0.45, label=lab)  # fmt: skip
         if len(run.throughput[0]):
             ax_thr.plot(*run.throughput, ls, color="k", label=run.label)
+        for t, text in run.marks:
+            ax_thr.axvline(t, ls=":", color="gray", lw=1)
+            ax_thr.annotate(text, (t, 1.0), xycoords=("data", "axes fraction"), rotation=90, va="top", ha="right",
+                            fontsize=7, color="dimgray")  # fmt: skip
         for ax, x in ((ax_ttft, run.ttft), (ax_tpot, run.tpot), (ax_e2e, run.e2e)):
             _cdf(ax, x, ls=ls, color="k", label=run.label)
     for ax, what, attr in ((ax_ttft, "TTFT", "ttft"), (ax_tpot, "TPOT", "tpot"), (ax_e2e, "E2E latency", "e2e")):
@@ -296,11 +302,17 @@ def _tokens_bars(ax, runs: list[RunSeries], names: list[str], colors: dict[str, 
 
 
 def plot_run(
-    collector: MetricsCollector, path: str | os.PathLike[str], title: str | None = None, names: list[str] | None = None
+    collector: MetricsCollector,
+    path: str | os.PathLike[str],
+    title: str | None = None,
+    names: list[str] | None = None,
+    marks: list[tuple[float, str]] | None = None,
 ) -> str:
-    """`trsim run --plot`: one simulated run."""
+    """`trsim run --plot`: one simulated run; `marks` (time s, label) are drawn on the throughput axis."""
     names = names or [f"model {i}" for i in collector.models]
-    return plot_series([series_from_collector(collector, names, "sim")], path, title)
+    series = series_from_collector(collector, names, "sim")
+    series.marks = list(marks or [])
+    return plot_series([series], path, title)
 
 
 def plot_bench(

@@ -46,6 +46,20 @@ means the committed output tokens are written by model 0 (37 tokens), then model
 are ints >= 0, run lengths ints >= 1; consecutive runs on the same model are merged (a trace cut and
 re-joined stays valid). ``max_output`` truncates the runs to the capped length.
 
+Phases (a shifting workload: hop rate or number of clients changing mid-run), one line of a request JSONL::
+
+    {"phases": [{"at_s": 0, "hop_rate": 0.05, "concurrency": 4}, {"at_s": 60, "hop_rate": 0.2, "concurrency": 16}]}
+
+or a ``.json`` spec naming where the requests come from (a synthetic workload, or a JSONL path relative to the
+spec)::
+
+    {"workload": "fixed:100,400", "phases": [{"at_s": 30, "hop_rate": 0.3}]}
+
+Each phase sets, from ``at_s`` seconds after the run starts, the synthetic router's hop rate (``hop_rate``) and/or
+the number of closed-loop clients (``concurrency``; an open loop has none); a phase at 0 replaces the command's
+``--hop-rate`` / ``--concurrency`` from the start. ``at_s`` strictly increases. ``load_phases`` reads them (empty
+for synthetic names and files without phases); ``make_workload`` reads the requests of either form.
+
 Every file error is a ``WorkloadError`` whose one-line message starts with ``file:line:``.
 """
 
@@ -60,7 +74,16 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["WORKLOADS", "RequestSpec", "WorkloadError", "load_hop_trace", "load_jsonl", "make_workload"]
+__all__ = [
+    "WORKLOADS",
+    "Phase",
+    "RequestSpec",
+    "WorkloadError",
+    "load_hop_trace",
+    "load_jsonl",
+    "load_phases",
+    "make_workload",
+]
 
 
 class WorkloadError(ValueError):
@@ -78,6 +101,16 @@ class RequestSpec:
     prompt_ids: list[int] | None = None
     # Hop trace: (model, n_tokens) runs of committed output tokens, summing to output_len.
     runs: list[tuple[int, int]] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Phase:
+    """From `at_s` seconds after the start: the synthetic router's hop rate and/or the closed loop's client count
+    (None: unchanged)."""
+
+    at_s: float
+    hop_rate: float | None = None
+    concurrency: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +137,8 @@ WORKLOADS: tuple[str, ...] = (*_SYNTHETIC, "fixed:P,O")
 _PROMPT_STREAM, _OUTPUT_STREAM, _ARRIVAL_STREAM = 0, 1, 2
 _WORDS_TO_TOKENS = 1.3
 _KEYS = frozenset({"id", "prompt_len", "prompt", "prompt_ids", "output_len", "max_tokens", "arrival", "runs"})
+_PHASE_KEYS = frozenset({"at_s", "hop_rate", "concurrency"})
+_SPEC_KEYS = frozenset({"workload", "phases"})
 
 
 def make_workload(
@@ -133,6 +168,9 @@ def make_workload(
     elif name_or_path.startswith("fixed:"):
         p, o = _parse_fixed(name_or_path)
         specs = [RequestSpec(f"r{i}", p, o, None) for i in range(num_requests)]
+    elif os.path.isfile(name_or_path) and str(name_or_path).endswith(".json"):
+        source, _ = _load_spec(name_or_path)
+        specs = make_workload(source, num_requests, seed)
     elif os.path.isfile(name_or_path):
         specs = load_jsonl(name_or_path)[:num_requests]
     else:
@@ -205,7 +243,7 @@ def load_jsonl(path: str | os.PathLike[str], *, require_runs: bool = False) -> l
     timed: bool | None = None  # whether lines carry `arrival`; must agree across the file
     for lineno, line in enumerate(text.splitlines(), start=1):
         stripped = line.strip()
-        if not stripped or stripped.startswith("#"):
+        if not stripped or stripped.startswith("#") or _is_phases_line(stripped):
             continue
         where = f"{name}:{lineno}"
         spec = _parse_line(stripped, where, len(specs), require_runs)
@@ -321,3 +359,97 @@ def _runs(raw: Any, where: str) -> list[tuple[int, int]]:
         else:
             runs.append((model, n))
     return runs
+
+
+def load_phases(name_or_path: str) -> list[Phase]:
+    """The phases of a workload (module docstring): from a `.json` spec or a JSONL file's `phases` line; empty for
+    a synthetic name or a file without phases. WorkloadError on a malformed or repeated `phases`."""
+    if not os.path.isfile(name_or_path):
+        return []
+    if str(name_or_path).endswith(".json"):
+        return _load_spec(name_or_path)[1]
+    name = str(name_or_path)
+    try:
+        text = Path(name_or_path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise WorkloadError(f"{name}: cannot read: {e}") from None
+    found: list[Phase] | None = None
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        stripped = line.strip()
+        if not _is_phases_line(stripped):
+            continue
+        where = f"{name}:{lineno}"
+        if found is not None:
+            raise WorkloadError(f"{where}: a second 'phases' line (give one)")
+        obj = json.loads(stripped)
+        if set(obj) != {"phases"}:
+            raise WorkloadError(f"{where}: a 'phases' line holds only 'phases', got {', '.join(sorted(obj))}")
+        found = parse_phases(obj["phases"], where)
+    return found or []
+
+
+def _is_phases_line(line: str) -> bool:
+    if not line.startswith("{") or '"phases"' not in line:
+        return False
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError:
+        return False
+    return isinstance(obj, dict) and "phases" in obj
+
+
+def _load_spec(path: str) -> tuple[str, list[Phase]]:
+    """A `.json` workload spec: (where the requests come from, its phases)."""
+    try:
+        obj = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise WorkloadError(f"{path}: cannot read: {e}") from None
+    except json.JSONDecodeError as e:
+        raise WorkloadError(f"{path}:{e.lineno}: invalid JSON: {e.msg} at column {e.colno}") from None
+    if not isinstance(obj, dict) or "workload" not in obj:
+        raise WorkloadError(f"{path}: a workload spec is a JSON object with 'workload' (and 'phases')")
+    unknown = sorted(set(obj) - _SPEC_KEYS)
+    if unknown:
+        raise WorkloadError(f"{path}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(_SPEC_KEYS))}")
+    source = obj["workload"]
+    if not isinstance(source, str) or not source:
+        raise WorkloadError(f"{path}: 'workload' must be a workload name or a JSONL path")
+    if source not in _SYNTHETIC and not source.startswith("fixed:"):
+        source = str(Path(path).parent / source)
+        if source.endswith(".json"):
+            raise WorkloadError(f"{path}: 'workload' must name requests (a synthetic workload or a JSONL file)")
+    return source, parse_phases(obj.get("phases", []), path)
+
+
+def parse_phases(raw: Any, where: str) -> list[Phase]:
+    """Validate a `phases` list (module docstring)."""
+    if not isinstance(raw, list):
+        raise WorkloadError(f"{where}: 'phases' must be a list of objects")
+    out: list[Phase] = []
+    for k, ph in enumerate(raw):
+        at = f"{where}: phases[{k}]"
+        if not isinstance(ph, dict):
+            raise WorkloadError(f"{at} must be an object")
+        unknown = sorted(set(ph) - _PHASE_KEYS)
+        if unknown:
+            raise WorkloadError(f"{at}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(_PHASE_KEYS))}")
+        t = ph.get("at_s")
+        if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t) or t < 0:
+            raise WorkloadError(f"{at}: 'at_s' must be a finite number of seconds >= 0, got {t!r}")
+        if out and t <= out[-1].at_s:
+            raise WorkloadError(f"{at}: 'at_s' must increase ({t} after {out[-1].at_s})")
+        p = ph.get("hop_rate")
+        if p is not None and (isinstance(p, bool) or not isinstance(p, int | float) or not 0 <= p <= 1):
+            raise WorkloadError(f"{at}: 'hop_rate' must be a probability in [0, 1], got {p!r}")
+        n = ph.get("concurrency")
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise WorkloadError(f"{at}: 'concurrency' must be an int >= 1, got {n!r}")
+        if p is None and n is None:
+            raise WorkloadError(f"{at}: give 'hop_rate' and/or 'concurrency'")
+        out.append(Phase(float(t), None if p is None else float(p), n))
+    return out
+
+
+def initial_phase(phases: list[Phase]) -> Phase | None:
+    """The phase that applies from the start (at_s 0), if any."""
+    return phases[0] if phases and phases[0].at_s == 0 else None

@@ -128,3 +128,38 @@ def test_live_busy_is_the_union_of_step_intervals_and_unobserved_is_a_dash():
     assert "-" in busy_row and "%" not in busy_row
     assert [c.strip() for c in batch_row.split("│")[2:5]] == ["4.00", "-", "-"]  # mean, p50, p99
     assert "nan" not in text
+
+
+def test_bench_phases_ramp_the_closed_loop(server, tmp_path):
+    """A phase moves the number of workers while the bench runs: one request at a time before it, four after."""
+    import asyncio
+
+    from tokenrouter.bench.client import run_bench
+    from tokenrouter.workloads import load_phases, make_workload
+
+    spec = tmp_path / "ramp.json"
+    phases = [{"at_s": 0, "concurrency": 1}, {"at_s": 0.3, "concurrency": 4}]
+    spec.write_text(json.dumps({"workload": "fixed:8,10", "phases": phases}))
+    specs = make_workload(str(spec), 80)
+    out = asyncio.run(run_bench(server.url, specs, concurrency=8, arrival_rate=None, phases=load_phases(str(spec))))
+    assert not out.errors and len(out.metrics.completed()) == 80
+    assert [(round(t, 1), p.concurrency) for t, p in out.phases] == [(0.0, 1), (0.3, 4)]
+    recs = list(out.metrics.records.values())
+
+    def live(t: float) -> int:
+        return sum(1 for r in recs if r.arrival <= t < r.finish)
+
+    ramp = out.phases[1][0]
+    before = [r.arrival for r in recs if r.arrival < ramp]
+    assert before and max(live(t) for t in before) == 1  # --concurrency 8 was replaced by the phase at 0
+    after = [r.arrival for r in recs if r.arrival > ramp]
+    assert max(live(t) for t in after) == 4
+
+
+def test_bench_hop_rate_phases_need_the_admin_key(tmp_path, capsys):
+    spec = tmp_path / "hop.json"
+    spec.write_text(json.dumps({"workload": "fixed:8,10", "phases": [{"at_s": 1, "hop_rate": 0.3}]}))
+    assert run(["bench", "--url", "http://127.0.0.1:9", "--workload", str(spec)]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == ["tokenrouter: error: the workload's phases change the hop rate: give "
+                                        "--admin-key (the server's)"]  # fmt: skip

@@ -69,3 +69,20 @@ def test_the_admin_key_is_required_and_separate(served):
     assert _set(served.url, {"policy": "eager"}, headers={}).status_code == 401
     assert _set(served.url, {"policy": "eager"}, headers={"Authorization": "Bearer user"}).status_code == 401
     assert httpx.get(served.url + "/admin/policy", timeout=10).status_code == 401
+
+
+def test_a_hop_rate_alone_keeps_the_policy_in_force(served):
+    r = _set(served.url, {"policy": "delayed", "thresholds": [1, 2], "hop_rate": 0.3})
+    assert r.status_code == 200, r.text
+    text = httpx.get(served.url + "/metrics", headers={"Authorization": "Bearer user"}, timeout=10).text
+    assert 'tokenrouter_policy_threshold{model="tiny-small"} 1.0' in text
+    assert 'tokenrouter_policy_threshold{model="tiny-large"} 2.0' in text
+    r = _set(served.url, {"hop_rate": 0.0})
+    assert r.status_code == 200, r.text
+    got = httpx.get(served.url + "/admin/policy", headers=AUTH, timeout=10).json()
+    assert got["policy"] == "delayed" and got["thresholds"] == [1, 2] and got["hop_rate"] == 0.0
+    assert _hops(served.url) == 0
+    for body in ({"thresholds": [1, 3]}, {}, {"thresholds": [1, 3], "hop_rate": 0.1}):
+        r = _set(served.url, body)
+        assert r.status_code == 400 and "without 'policy'" in r.text, r.text
+    assert httpx.get(served.url + "/admin/policy", headers=AUTH, timeout=10).json() == got

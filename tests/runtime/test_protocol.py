@@ -35,6 +35,8 @@ def test_subserver_messages_round_trip(msg):
         P.Rejected("r2", 400, "prompt too long"),
         P.Ready(0, "tiny-small", 1000, 2048, 1024, 0.5),
         P.Stats(1, 3.5, 10, 100, 2, 1, 0, 50, 400, 120.0, 380, 12),
+        P.Stats(1, 3.5, 10, 100, 2, 1, 0, 50, 400, 120.0, 380, 12, batch_steps=[3, 0, 1], batch_rows=[3, 0, 3],
+                batch_ms=[1.5, 0.0, 2.25], live=7),
         P.Failed(1, "CUDA error"),
     ],
 )
@@ -62,3 +64,12 @@ def test_sampling_on_the_wire_is_sampling_params_field_for_field():
     assert SamplingParams(**{f.name: getattr(back, f.name) for f in fields}) == SamplingParams(
         temperature=0.7, top_p=0.9, top_k=5, seed=3, max_tokens=9, stop_token_ids=(4,), ignore_eos=True
     )
+
+
+def test_stats_from_a_sender_without_the_autotune_fields_decode_with_defaults():
+    """A subserver that predates the per-batch-size counters sends Stats without them: they decode as empty."""
+    old = msgspec.msgpack.encode({"type": "stats", "model": 0, "time": 1.0, "kv_pages_used": 1, "kv_pages_total": 9,
+                                  "running": 0, "waiting": 0, "pending": 0, "steps": 2, "step_rows": 4,
+                                  "step_ms": 3.0, "tokens": 4, "hops": 1})  # fmt: skip
+    got = P.decode_for_frontend(old)
+    assert isinstance(got, P.Stats) and got.batch_steps == [] and got.batch_ms == [] and got.live == 0

@@ -21,7 +21,7 @@ class FakeSub:
 
     def __init__(self, interval: float = 0.5) -> None:
         kv = SimpleNamespace(num_pages=11, num_free=10)
-        self.sched = SimpleNamespace(kv=kv, waiting=[], admit_queue={}, reqs={}, step_id=0)
+        self.sched = SimpleNamespace(kv=kv, waiting=[], admit_queue={}, reqs={}, step_id=0, active=0)
         self.counters = Counters()
         self.model = 1
         self.spec = SimpleNamespace(stats_interval_s=interval)

@@ -20,7 +20,7 @@ import numpy as np
 
 from tokenrouter.bench.scrape import ServerSamples
 from tokenrouter.metrics import MetricsCollector
-from tokenrouter.workloads import RequestSpec
+from tokenrouter.workloads import Phase, RequestSpec
 
 
 @dataclass(slots=True)
@@ -31,6 +31,7 @@ class BenchOutcome:
     served_model: str
     errors: list[str] = field(default_factory=list)
     wall_s: float = 0.0
+    phases: list[tuple[float, Phase]] = field(default_factory=list)  # (bench time s, phase) as applied
 
 
 def prompt_ids(spec: RequestSpec, seed: int, vocab: int = 1000) -> list[int]:
@@ -59,8 +60,15 @@ async def run_bench(
     on_done: Callable[[], None] | None = None,
     scrape_every_s: float = 0.25,
     timeout_s: float = 600.0,
+    phases: list[Phase] | None = None,
+    admin_key: str | None = None,
 ) -> BenchOutcome:
+    """Run `specs` against `url`. `phases` (a shifting workload, `tokenrouter.workloads`): at each phase's time the
+    closed loop's worker count moves to its `concurrency` (more workers start at once; with fewer, workers retire
+    as their current request ends) and its `hop_rate` is set on the server through POST /admin/policy with
+    `admin_key` (a synthetic router's rate; the policy in force stays)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    phases = list(phases or [])
     limits = httpx.Limits(max_connections=max(concurrency or 0, 64))
     async with httpx.AsyncClient(base_url=url, headers=headers, timeout=timeout_s, limits=limits) as client:
         served, names = await _model_info(client)
@@ -85,12 +93,41 @@ async def run_bench(
                     pass
                 await asyncio.sleep(scrape_every_s)
 
+        async def set_hop_rate(rate: float) -> None:
+            r = await client.post("/admin/policy", json={"hop_rate": rate},
+                                  headers={"Authorization": f"Bearer {admin_key}"})  # fmt: skip
+            if r.status_code != 200:
+                why = f"HTTP {r.status_code}: {r.text[:200]}"
+                raise RuntimeError(f"hop rate {rate} refused by the admin endpoint: {why}")
+
+        async def apply(ph: Phase, loop: _Workers | None) -> None:
+            if ph.hop_rate is not None:
+                await set_hop_rate(ph.hop_rate)
+            if ph.concurrency is not None and loop is not None:
+                loop.set_concurrency(ph.concurrency)
+            out.phases.append((now(), ph))
+
         scrape_task = asyncio.create_task(scraper())
         try:
-            if arrival_rate is not None or any(s.arrival is not None for s in specs):
-                await _open_loop(specs, one, now)
-            else:
-                await _closed_loop(specs, one, concurrency or 1)
+            open_loop = arrival_rate is not None or any(s.arrival is not None for s in specs)
+            if phases and phases[0].at_s == 0:
+                await apply(phases[0], None)  # before any request: the starting point
+            start_n = phases[0].concurrency if phases and phases[0].at_s == 0 and phases[0].concurrency else None
+            loop = None if open_loop else _Workers(specs, one, start_n or concurrency or 1)
+
+            async def driver() -> None:
+                for ph in (p for p in phases if p.at_s > 0):
+                    await asyncio.sleep(max(0.0, ph.at_s - now()))
+                    try:
+                        await apply(ph, loop)
+                    except (RuntimeError, httpx.HTTPError) as e:
+                        out.errors.append(f"phase at {ph.at_s:g} s: {e}")
+
+            drive = asyncio.create_task(driver())
+            try:
+                await (_open_loop(specs, one, now) if loop is None else loop.run())
+            finally:
+                drive.cancel()
         finally:
             scrape_task.cancel()
             out.samples.add(now(), (await client.get("/metrics")).text)
@@ -98,14 +135,41 @@ async def run_bench(
         return out
 
 
-async def _closed_loop(specs: list[RequestSpec], one, concurrency: int) -> None:
-    it = iter(specs)
+class _Workers:
+    """Closed loop: workers share one request iterator; `set_concurrency` moves their number while it runs (more
+    start at once; with fewer, workers retire as their current request ends, so no request is cut)."""
 
-    async def worker() -> None:
-        for spec in it:
-            await one(spec)
+    def __init__(self, specs: list[RequestSpec], one, concurrency: int) -> None:
+        self.it = iter(specs)
+        self.one = one
+        self.target = concurrency
+        self.workers = 0
+        self.tasks: list[asyncio.Task] = []
+        self.exhausted = False
 
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    def set_concurrency(self, n: int) -> None:
+        self.target = n
+        self._start(n - self.workers)
+
+    def _start(self, k: int) -> None:
+        for _ in range(max(0, k) if not self.exhausted else 0):
+            self.workers += 1
+            self.tasks.append(asyncio.create_task(self._worker()))
+
+    async def _worker(self) -> None:
+        try:
+            for spec in self.it:
+                await self.one(spec)
+                if self.workers > self.target:
+                    return
+            self.exhausted = True
+        finally:
+            self.workers -= 1
+
+    async def run(self) -> None:
+        self._start(self.target)
+        while pending := [t for t in self.tasks if not t.done()]:
+            await asyncio.wait(pending)
 
 
 async def _open_loop(specs: list[RequestSpec], one, now) -> None:

@@ -26,11 +26,18 @@ class ServerSamples:
     busy seconds NaN when the server does not export them."""
 
     rows: dict[str, list[tuple[float, float, float, float, float, float]]] = field(default_factory=dict)
+    # (t, {model: B_i}) at the first poll and at every poll where the thresholds in force changed (a server that
+    # exports `tokenrouter_policy_threshold`: the admin endpoint's or autotune's changes).
+    thresholds: list[tuple[float, dict[str, int]]] = field(default_factory=list)
 
     def add(self, t: float, text: str) -> None:
         per: dict[str, dict[str, float]] = {}
+        b: dict[str, int] = {}
         for fam in text_string_to_metric_families(text):
             for s in fam.samples:
+                if s.name == "tokenrouter_policy_threshold" and "model" in s.labels:
+                    b[s.labels["model"]] = int(s.value)
+                    continue
                 name = s.name.removesuffix("_total")
                 key = _WANT.get(name) or _OPTIONAL.get(name)
                 if key is not None and "model" in s.labels:
@@ -39,6 +46,8 @@ class ServerSamples:
             if all(k in v for k in _WANT.values()):
                 row = (t, v["waiting"], v["steps"], v["rows"], v["step_s"], v.get("busy_s", math.nan))
                 self.rows.setdefault(model, []).append(row)
+        if b and (not self.thresholds or self.thresholds[-1][1] != b):
+            self.thresholds.append((t, b))
 
     def totals(self, model: str) -> tuple[float, float, float, float]:
         """(steps, rows, step seconds, busy seconds) between the first and the last poll; busy NaN if unknown."""

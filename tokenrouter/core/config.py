@@ -6,6 +6,7 @@ goes through msgspec (types) plus the checks below (meaning); every problem is a
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -72,11 +73,55 @@ class PlacementConfig:
 
 
 @dataclass(slots=True)
+class AutotuneConfig:
+    """`policy.autotune`: re-solve B while serving from the counters the subservers export (`core.autotune`).
+
+    Every `observe_s` the driver snapshots the counters; the controller re-solves B for the live N every
+    `interval_s`, or sooner when an estimate moved by more than `tolerance` (relative) since the last solve, and
+    applies the new B only when the model predicts at least `min_gain` (relative) over the B in force and the
+    last change is at least `hold_s` old (hysteresis). Estimates forget with half-lives: `half_life_s` for hop
+    probabilities, mean output and N, `step_half_life_s` for step times (a property of the hardware and the
+    context, slower to move). No solve before every model ran `min_steps` steps (decayed count). `max_states`
+    is the Markov search's state budget: its time box (about 1 s per 50,000 states on one core).
+    """
+
+    observe_s: float = 1.0
+    interval_s: float = 5.0
+    tolerance: float = 0.1
+    min_gain: float = 0.03
+    hold_s: float = 10.0
+    half_life_s: float = 10.0
+    step_half_life_s: float = 60.0
+    min_steps: int = 50
+    max_states: int = 50_000
+
+    def __post_init__(self) -> None:
+        for name in ("observe_s", "interval_s", "half_life_s", "step_half_life_s"):
+            v = getattr(self, name)
+            if not (isinstance(v, int | float) and math.isfinite(v) and v > 0):
+                raise ConfigError(f"policy.autotune.{name} must be a number > 0, got {v!r}")
+        for name in ("tolerance", "min_gain", "hold_s"):
+            v = getattr(self, name)
+            if not (isinstance(v, int | float) and math.isfinite(v) and v >= 0):
+                raise ConfigError(f"policy.autotune.{name} must be a number >= 0, got {v!r}")
+        for name, lo in (("min_steps", 1), ("max_states", 100)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise ConfigError(f"policy.autotune.{name} must be an integer >= {lo}, got {v!r}")
+
+
+# Routers whose hop law the Markov model describes (`tokenrouter.markov.router_matrices`): autotune needs one.
+AUTOTUNE_ROUTERS = frozenset({RouterName.R2R, RouterName.CITER, RouterName.CO_LLM, RouterName.R_STITCH,
+                              RouterName.MARKOV, RouterName.ME})  # fmt: skip
+
+
+@dataclass(slots=True)
 class PolicyConfig:
     kind: PolicyName = PolicyName.DELAYED  # a PolicyKind value, or std-serving
     thresholds: list[int] = field(default_factory=list)
     table: dict[int, list[int]] = field(default_factory=dict)  # concurrency N -> thresholds
     max_wait_ms: float | None = None
+    autotune: AutotuneConfig | None = None  # re-tune B while serving (None: B stays as configured)
 
     def __post_init__(self) -> None:
         self.kind = _named(PolicyName, self.kind, "policy")
@@ -193,6 +238,15 @@ def validate(cfg: DeploymentConfig) -> None:
         cfg.policy.build()
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    if cfg.policy.autotune is not None:
+        if cfg.policy.kind not in (PolicyName.DELAYED, PolicyName.EAGER):
+            raise ConfigError(f"policy.autotune tunes delayed-batching thresholds: it needs policy delayed or eager, "
+                              f"not {cfg.policy.kind}")  # fmt: skip
+        if rc.name not in AUTOTUNE_ROUTERS or (rc.name != RouterName.ME and m != 2):
+            raise ConfigError(
+                f"policy.autotune needs a router the Markov model describes (r2r, citer, co-llm, "
+                f"r-stitch, markov over two models; me over more), not {rc.name} over {m} models"
+            )
 
 
 def load_config(path: str | Path) -> DeploymentConfig:

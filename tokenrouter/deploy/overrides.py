@@ -12,6 +12,7 @@ Rules, one per flag:
   and cross-host give model i GPU i. With a config and no placement flag, the config's GPUs stay.
 - gpus: one id (every model on it) or one per model.
 - thresholds: flat thresholds replace the config's per-N table (`tr serve --thresholds` semantics).
+- autotune: on sets `policy.autotune` (the config's settings if it has them, else the defaults); off clears it.
 - overlap: sets `scheduler.overlap` and clears every model's own `overlap`, so the flag holds for all.
 - graphs: sets every model's `cuda_graphs`.
 - sm_percent: one MPS SM share (1-100) per model (`mps_active_thread_percentage`); 0 or 100 = no cap.
@@ -24,6 +25,7 @@ import dataclasses
 from dataclasses import dataclass, replace
 
 from tokenrouter.core.config import (
+    AutotuneConfig,
     ConfigError,
     DeploymentConfig,
     ModelConfig,
@@ -61,6 +63,7 @@ class DeploymentOverrides:
     max_batch_size: int | None = None
     max_batch_tokens: int | None = None
     max_model_len: int | None = None
+    autotune: bool | None = None
 
     def given(self) -> dict[str, object]:
         """The flags that were given (for messages and provenance)."""
@@ -147,6 +150,8 @@ def _shares(shares: list[int], m: int) -> list[int | None]:
 
 
 def _policy(pc: PolicyConfig, ov: DeploymentOverrides, m: int) -> PolicyConfig:
+    if ov.autotune is not None:
+        pc = replace(pc, autotune=(pc.autotune or AutotuneConfig()) if ov.autotune else None)
     if ov.policy is None and ov.thresholds is None:
         return pc
     kind = _parse(PolicyName, ov.policy, "policy") if ov.policy is not None else pc.kind
@@ -154,7 +159,8 @@ def _policy(pc: PolicyConfig, ov: DeploymentOverrides, m: int) -> PolicyConfig:
         return replace(pc, kind=kind)
     if len(ov.thresholds) != m:
         raise ConfigError(f"--thresholds needs one value per model ({m}), got {ov.thresholds}")
-    return PolicyConfig(kind=kind, thresholds=list(ov.thresholds), table={}, max_wait_ms=pc.max_wait_ms)
+    return PolicyConfig(kind=kind, thresholds=list(ov.thresholds), table={}, max_wait_ms=pc.max_wait_ms,
+                        autotune=pc.autotune)  # fmt: skip
 
 
 def _router(rc: RouterConfig, ov: DeploymentOverrides) -> RouterConfig:

@@ -51,6 +51,9 @@ class InFlight:
     handle: Any  # the engine's StepHandle: ready(), result(), gpu_start / gpu_end events (CUDA timing)
     launched: float  # monotonic clock
     back_to_back: bool  # launched without the loop waiting for work since the previous completion
+    # Monotonic clock when the batch was handed to the engine (before its host planning; on CPU `step` also computes,
+    # so `launched` comes after the work): where the step's time per batch size starts (`Counters.batches`).
+    submitted: float | None = None
 
 
 @dataclass(slots=True)
@@ -161,6 +164,7 @@ class EngineLoop(ABC):
             return False
         r = self.sched.router
         t0 = time.perf_counter()
+        submitted = time.monotonic()
         try:
             handle = self.engine.step(batch, return_logits=r.needs_logits, return_hidden=r.needs_hidden)
         except StepFailed as e:
@@ -169,7 +173,7 @@ class EngineLoop(ABC):
         self.times.step_s += time.perf_counter() - t0
         t = time.monotonic()
         self.clock.on_launch(t)
-        self.inflight.append(InFlight(batch, handle, t, not self.idled))
+        self.inflight.append(InFlight(batch, handle, t, not self.idled, submitted))
         self.idled = False
         self.launched += 1
         if self.keep_handles:
@@ -200,7 +204,7 @@ class EngineLoop(ABC):
         t_done = time.monotonic()
         self.times.wait_s += time.perf_counter() - t0
         rows = len(f.batch.rows)
-        self.counters.step(rows, f.launched, t_done)
+        self.counters.step(rows, f.launched, t_done, f.submitted)
         h = f.handle
         gpu_ms = h.gpu_start.elapsed_time(h.gpu_end) if getattr(h, "gpu_start", None) is not None else 0.0
         self.clock.on_gpu_time(gpu_ms / 1000.0)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from tokenrouter.core.autotune import BatchTimes
 
 
 @dataclass(slots=True)
@@ -16,6 +18,11 @@ class Counters:
     flight at once, so `step_ms` (their sum) counts the shared time twice and can exceed the wall time, while
     `busy_ms` never does. Invariant: steps are counted in launch order (completion order is launch order, one
     in-flight queue per model), so a sweep that remembers the latest end so far is exact.
+
+    `batches`: steps per batch-size bucket with each step's own time (autotune's step times per batch size,
+    `core.autotune.BatchTimes`): from when the batch was handed to the engine (`submitted`, before its host
+    planning; on CPU the engine computes inside `step`, so the launch time comes after the work) or the previous
+    step's end if later, to its end. The same union sweep as `busy_ms`, started at submission.
     """
 
     steps: int = 0
@@ -29,14 +36,20 @@ class Counters:
     loop_gpu_ms: float = 0.0
     busy_ms: float = 0.0
     busy_until: float = float("-inf")  # the latest step end counted in busy_ms (seconds, the caller's clock)
+    batches: BatchTimes = field(default_factory=BatchTimes)
+    batch_until: float = float("-inf")  # the latest step end counted in `batches`
 
-    def step(self, rows: int, launch: float, done: float) -> None:
-        """A step launched at `launch` and done at `done` (seconds); calls come in launch order."""
+    def step(self, rows: int, launch: float, done: float, submitted: float | None = None) -> None:
+        """A step launched at `launch` and done at `done` (seconds), handed to the engine at `submitted` (default:
+        `launch`); calls come in launch order."""
         self.steps += 1
         self.rows += rows
         self.step_ms += (done - launch) * 1000.0
         self.busy_ms += max(0.0, done - max(launch, self.busy_until)) * 1000.0
         self.busy_until = max(self.busy_until, done)
+        start = launch if submitted is None else min(submitted, launch)
+        self.batches.add(rows, max(0.0, done - max(start, self.batch_until)) * 1000.0)
+        self.batch_until = max(self.batch_until, done)
 
     def loop_step(self, rows: int, period_s: float, gpu_ms: float) -> None:
         self.loop_steps += 1

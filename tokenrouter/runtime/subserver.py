@@ -227,7 +227,9 @@ class Subserver(EngineLoop):
         c = self.counters
         self._control(P.Stats(self.model, now, kv.num_pages - 1 - kv.num_free, kv.num_pages - 1, running,
                               len(s.waiting) + len(s.admit_queue), pending, c.steps, c.rows, c.step_ms, c.tokens,
-                              c.hops, c.loop_steps, c.loop_rows, c.loop_ms, c.loop_gpu_ms, c.busy_ms))  # fmt: skip
+                              c.hops, c.loop_steps, c.loop_rows, c.loop_ms, c.loop_gpu_ms, c.busy_ms,
+                              batch_steps=list(c.batches.steps), batch_rows=list(c.batches.rows),
+                              batch_ms=list(c.batches.ms), live=s.active))  # fmt: skip
         self.stats_sent = now
         self.next_stats = now + self.spec.stats_interval_s
 

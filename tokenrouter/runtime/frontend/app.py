@@ -19,11 +19,12 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from tokenrouter.runtime.frontend import access, generate, params
-from tokenrouter.runtime.frontend.admin import add_admin_routes
+from tokenrouter.runtime.frontend.admin import PolicyState, add_admin_routes
+from tokenrouter.runtime.frontend.autotune import AutotuneTask
 from tokenrouter.runtime.frontend.backend import Backend
 from tokenrouter.runtime.frontend.errors import APIError, error_response
 from tokenrouter.runtime.frontend.handle import ServerHandle
-from tokenrouter.runtime.frontend.metrics import FrontendMetrics
+from tokenrouter.runtime.frontend.metrics import FrontendMetrics, PolicyCollector
 from tokenrouter.runtime.frontend.schemas import ChatRequest, CompletionRequest
 
 _OPEN_PATHS = frozenset({"/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
@@ -62,6 +63,9 @@ def create_app(
     request on the `tokenrouter.access` logger (`frontend.access`)."""
     backend = Backend(server, heartbeat_timeout_s=heartbeat_timeout_s, access_log=access_log)
     metrics = FrontendMetrics(backend)
+    policy = PolicyState(backend, initial_policy(server))
+    tuner = autotune_task(server, backend, policy)
+    metrics.registry.register(PolicyCollector(backend, policy, tuner))
     name = served_model_name(server)
     accepted = {name, *server.model_names}
     names = list(server.model_names)
@@ -69,13 +73,17 @@ def create_app(
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await backend.start()
+        if tuner is not None:
+            tuner.start()
         try:
             yield
         finally:
+            if tuner is not None:
+                await tuner.stop()
             await backend.close()
 
     app = FastAPI(title="TokenRouter", version="0.1.0", lifespan=lifespan)
-    app.state.backend, app.state.metrics = backend, metrics
+    app.state.backend, app.state.metrics, app.state.policy, app.state.autotune = backend, metrics, policy, tuner
 
     @app.middleware("http")
     async def auth(request: Request, call_next):
@@ -183,8 +191,18 @@ def create_app(
     async def prometheus() -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    add_admin_routes(app, backend, len(names), admin_key, initial_policy(server))
+    add_admin_routes(app, policy, len(names), admin_key, tuner.describe if tuner is not None else None)
     return app
+
+
+def autotune_task(server: ServerHandle, backend: Backend, policy: PolicyState) -> AutotuneTask | None:
+    """The autotune task of a server whose config has `policy.autotune` (None otherwise)."""
+    cfg = getattr(server, "config", None)
+    if cfg is None or cfg.policy.autotune is None:
+        return None
+    from tokenrouter.markov.autotune import make_controller
+
+    return AutotuneTask(backend, policy, make_controller(cfg), server.entry)
 
 
 def initial_policy(server: ServerHandle) -> dict:

@@ -63,6 +63,10 @@ class Backend:
         self._tasks: list[asyncio.Task] = []
         self._policy_seq = 0
         self._policy_acks: dict[tuple[int, int], asyncio.Future] = {}  # (seq, model) -> PolicySet
+        # Requests the subservers finished (reason stop or length) and their output tokens, cumulative: autotune's
+        # mean output length (counted here: a request ends on whichever model wrote its last token).
+        self.finished = 0
+        self.finished_tokens = 0
 
     # ---- lifecycle ------------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -230,6 +234,9 @@ class Backend:
 
     def _dispatch(self, msg: P.ToFrontend) -> None:
         if isinstance(msg, P.Tokens | P.Finished | P.Rejected):
+            if isinstance(msg, P.Finished) and msg.reason in ("stop", "length"):
+                self.finished += 1
+                self.finished_tokens += msg.num_output
             stream = self.streams.get(msg.rid)
             if stream is None:
                 return  # aborted or already failed: late events are dropped

@@ -10,6 +10,7 @@ rows, step time and busy time, and the derived mean batch size and step time.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -71,6 +72,71 @@ class StatsCollector(Collector):
         yield from counters.values()
         yield from seconds.values()
         yield from (batch, step_ms)
+
+
+def nominal_thresholds(pc, live: int, num_models: int) -> tuple[int, ...] | None:
+    """B as configured for live N, before the deadlock guard's clamp (which follows every dip of N at a finish and
+    would make a steady B look like it flaps): the flat thresholds, or the table row for N; all 1 when not
+    delayed. None when it does not fit the models."""
+    if pc.kind != "delayed":
+        return (1,) * num_models
+    b = list(pc.thresholds) or [1] * num_models
+    if pc.table:
+        keys = sorted(pc.table)
+        below = [k for k in keys if k <= max(1, live)]
+        b = list(pc.table[below[-1] if below else keys[0]])
+    return tuple(int(x) for x in b) if len(b) == num_models else None
+
+
+class PolicyCollector(Collector):
+    """The delayed-batching thresholds in force (`tokenrouter_policy_threshold{model}`: B_i as the subservers derive
+    it for the live N; 1 under eager) and, with autotune, its counters and latest estimates."""
+
+    def __init__(self, backend: Backend, state: Any, autotune: Any = None) -> None:
+        self.backend, self.state, self.autotune = backend, state, autotune
+
+    def collect(self) -> Iterator[Metric]:
+        names = [m.name for m in self.backend.models]
+        pc = self.state.policy_config()
+        if pc is not None:
+            entry = self.backend.handle.entry
+            stats = self.backend.models[entry].stats
+            b = nominal_thresholds(pc, stats.live if stats is not None else 1, len(names))
+            if b is not None:
+                g = GaugeMetricFamily("tokenrouter_policy_threshold", "delayed-batching threshold B in force (the "
+                                      "table's row for the live N; 1: eager; subservers clamp it for the deadlock "
+                                      "guard when N is lower)", labels=["model"])  # fmt: skip
+                for name, x in zip(names, b, strict=True):
+                    g.add_metric([name], float(x))
+                yield g
+        if self.autotune is None:
+            return
+        c = self.autotune.controller
+        yield CounterMetricFamily("tokenrouter_autotune_changes", "B changes autotune applied", value=c.changes)
+        yield CounterMetricFamily("tokenrouter_autotune_solves", "Markov solves autotune ran", value=c.solves)
+        if self.autotune.last_gain is not None:
+            yield GaugeMetricFamily("tokenrouter_autotune_predicted_gain", "predicted relative throughput gain of "
+                                    "the last B change", value=self.autotune.last_gain)  # fmt: skip
+        est = c.estimates
+        if est is None:
+            return
+        yield GaugeMetricFamily("tokenrouter_autotune_concurrency", "live N autotune solves for", value=est.concurrency)
+        if est.mean_output is not None:
+            yield GaugeMetricFamily("tokenrouter_autotune_mean_output", "estimated mean output tokens per request",
+                                    value=est.mean_output)  # fmt: skip
+        hop = GaugeMetricFamily("tokenrouter_autotune_hop_prob", "estimated probability that a routed token hands "
+                                "the request off", labels=["model"])  # fmt: skip
+        a = GaugeMetricFamily("tokenrouter_autotune_step_ms_intercept", "estimated step time a in L(b) = a + c b (ms)",
+                              labels=["model"])  # fmt: skip
+        per = GaugeMetricFamily("tokenrouter_autotune_step_ms_per_row", "estimated step time c in L(b) = a + c b (ms "
+                                "per row)", labels=["model"])  # fmt: skip
+        for name, p, line in zip(names, est.hop_prob, est.step, strict=True):
+            if p is not None:
+                hop.add_metric([name], p)
+            if line is not None:
+                a.add_metric([name], line.intercept_ms)
+                per.add_metric([name], line.per_row_ms)
+        yield from (hop, a, per)
 
 
 class FrontendMetrics:

@@ -1,0 +1,117 @@
+"""The simulator's drivers of a shifting workload and of autotune: simpy processes beside the subservers.
+
+- `PhaseDriver`: at each workload phase (`tokenrouter.workloads.Phase`) moves the closed loop's client count and
+  the synthetic router's hop rate on every subserver (`routers.presets.set_hop_rate`, what the admin endpoint does
+  live).
+- `SimAutotune`: every `observe_s` simulated seconds snapshots the counters a runtime subserver exports (per
+  model: committed tokens, hand-offs, steps per batch size with their busy time; the entry's live count; finished
+  requests and their tokens), feeds the core's `AutotuneController` (the same object the runtime's front-end
+  runs, with the same Markov solve) and applies its decisions between steps with `Scheduler.set_policy` on every
+  subserver, as the runtime's `SetPolicy` does. The solve takes no simulated time (live it runs in a worker
+  thread while serving goes on, and the change lands a solve later).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import simpy
+
+from tokenrouter.core.autotune import AutotuneController, CounterSnapshot, Decision, ModelCounters
+from tokenrouter.core.policy import Policy, PolicyKind
+from tokenrouter.routers.presets import set_hop_rate
+from tokenrouter.workloads import Phase
+
+if TYPE_CHECKING:
+    from tokenrouter.core.config import RouterConfig
+    from tokenrouter.sim.subserver import SimSubserver
+
+
+class FinishCounter:
+    """Requests finished and their output tokens (the runtime's front-end counts the same from `Finished`)."""
+
+    def __init__(self) -> None:
+        self.finished = 0
+        self.tokens = 0
+
+    def on_finish(self, num_output: int) -> None:
+        self.finished += 1
+        self.tokens += num_output
+
+
+def set_router_hop_rate(subs: list[SimSubserver], rc: RouterConfig, hop_rate: float) -> None:
+    """Every subserver's router to `hop_rate` (ValueError for a router without a synthetic rate)."""
+    for s in subs:
+        set_hop_rate(s.sched.router, rc.name, hop_rate, rc.return_prob)
+
+
+class PhaseDriver:
+    """Applies `phases` with at_s > 0 at their times (a phase at 0 is the run's starting point: the caller starts
+    with it). `loader` must have `set_concurrency` when a phase sets one (the closed loop)."""
+
+    def __init__(self, env: simpy.Environment, phases: list[Phase], loader, subs: list[SimSubserver],
+                 router: RouterConfig) -> None:  # fmt: skip
+        self.env, self.loader, self.subs, self.router = env, loader, subs, router
+        self.applied: list[tuple[float, Phase]] = []
+        later = [p for p in phases if p.at_s > 0]
+        if any(p.concurrency is not None for p in phases) and not hasattr(loader, "set_concurrency"):
+            raise ValueError("workload phases that set 'concurrency' need a closed loop (no --arrival-rate or "
+                             "arrival times)")  # fmt: skip
+        if any(p.hop_rate is not None for p in phases):
+            set_router_hop_rate(subs, router, router.hop_rate)  # fails now, not mid-run, for a router without one
+        self.proc = env.process(self._run(later))
+
+    def _run(self, phases: list[Phase]):
+        for ph in phases:
+            yield self.env.timeout(ph.at_s - self.env.now)
+            if ph.hop_rate is not None:
+                set_router_hop_rate(self.subs, self.router, ph.hop_rate)
+            if ph.concurrency is not None:
+                self.loader.set_concurrency(ph.concurrency)
+            self.applied.append((self.env.now, ph))
+
+
+STALL_OBSERVES = 600  # unchanged snapshots in a row (10 simulated minutes at 1 s) after which the tuner stops
+
+
+class SimAutotune:
+    """Runs `controller` on the simulated counters until `finished()` (module docstring). `timeline`: every
+    decision applied, in order. A run that stalls (nothing moves, no arrival to come: `arrivals_pending()` False)
+    would keep this process ticking forever; after STALL_OBSERVES unchanged snapshots it stops, so the simulation
+    ends and reports the stall as it does without autotune."""
+
+    def __init__(self, env: simpy.Environment, controller: AutotuneController, subs: list[SimSubserver],
+                 finishes: FinishCounter, finished: Callable[[], bool],
+                 arrivals_pending: Callable[[], bool] = lambda: False) -> None:  # fmt: skip
+        self.env, self.controller, self.subs, self.finishes, self.finished = env, controller, subs, finishes, finished
+        self.arrivals_pending = arrivals_pending
+        self.entry = next(s for s in subs if s.sched.is_entry)
+        self.timeline: list[Decision] = []
+        self.proc = env.process(self._run())
+
+    def snapshot(self) -> CounterSnapshot:
+        models = tuple(ModelCounters.of(s.tokens, s.hops, s.batches) for s in self.subs)
+        return CounterSnapshot(models, self.entry.sched.active, self.finishes.finished, self.finishes.tokens)
+
+    def _run(self):
+        last, same = None, 0
+        while True:
+            yield self.env.timeout(self.controller.config.observe_s)
+            if self.finished():
+                return
+            snap = self.snapshot()
+            same = same + 1 if snap == last else 0
+            last = snap
+            if same >= STALL_OBSERVES and not self.arrivals_pending():
+                return
+            decision = self.controller.observe(snap, self.env.now)
+            if decision is None:
+                continue
+            policy = Policy(PolicyKind.DELAYED, decision.new, max_wait=self.controller.policy.max_wait)
+            for s in self.subs:
+                s.sched.set_policy(policy)
+            self.controller.applied(decision)
+            self.timeline.append(decision)
+            for s in self.subs:
+                s.kick()  # a lower threshold may let a waiting model launch now

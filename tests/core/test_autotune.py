@@ -1,0 +1,327 @@
+"""Autotune's pure controller: the estimator recovers known step times, hop rates, mean output and N from seeded
+synthetic counters (built here from the known parameters, the way a subserver counts); the hysteresis keeps B
+from flapping between near-equal candidates and changes it once on a real shift."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tokenrouter.core.autotune import (
+    NUM_BATCH_BUCKETS,
+    AutotuneController,
+    BatchTimes,
+    CounterSnapshot,
+    Estimates,
+    Estimator,
+    ModelCounters,
+    Solution,
+    batch_bucket,
+    fit_step_line,
+)
+from tokenrouter.core.config import AutotuneConfig, ConfigError
+from tokenrouter.core.policy import Policy, PolicyKind
+
+
+class SyntheticServer:
+    """Cumulative counters of a two-model deployment, advanced window by window from known parameters, as the
+    runtime counts them: steps per batch size with their time, tokens committed, hand-offs sent.
+
+    Model 0 hops with probability `p0` per routed token and drops the token (R2R's small model); model 1 hands
+    back with probability `p1` per token and keeps it (R-Stitch's large model). Step time of model i with b rows
+    is `a[i] + c[i] * b`, times (1 + noise) with relative noise `noise`."""
+
+    def __init__(self, seed: int, a=(3.0, 20.0), c=(0.5, 0.2), p0=0.2, p1=0.5, mean_output=300.0, noise=0.05):
+        self.rng = random.Random(seed)
+        self.a, self.c, self.p0, self.p1, self.mean_output, self.noise = a, c, p0, p1, mean_output, noise
+        self.batches = [BatchTimes(), BatchTimes()]
+        self.tokens = [0, 0]
+        self.hops = [0, 0]
+        self.finished = self.finished_tokens = 0
+        self.live = 8
+
+    def window(self, steps_per_model: int = 40, sizes=((1, 8), (1, 4))) -> None:
+        for i in (0, 1):
+            for _ in range(steps_per_model):
+                b = self.rng.randint(*sizes[i])
+                ms = (self.a[i] + self.c[i] * b) * (1.0 + self.rng.gauss(0.0, self.noise))
+                self.batches[i].add(b, ms)
+                for _ in range(b):  # every row routes its sampled token
+                    if i == 0:
+                        if self.rng.random() < self.p0:
+                            self.hops[0] += 1  # token dropped
+                        else:
+                            self.tokens[0] += 1
+                    else:
+                        self.tokens[1] += 1
+                        if self.rng.random() < self.p1:
+                            self.hops[1] += 1  # token kept
+        for _ in range(10):
+            self.finished += 1
+            self.finished_tokens += max(1, round(self.rng.expovariate(1.0 / self.mean_output)))
+
+    def snapshot(self, live: int | None = None) -> CounterSnapshot:
+        models = tuple(ModelCounters.of(self.tokens[i], self.hops[i], self.batches[i]) for i in (0, 1))
+        return CounterSnapshot(models, self.live if live is None else live, self.finished, self.finished_tokens)
+
+
+DROPS = (True, False)
+
+
+def test_buckets_are_exact_up_to_16_then_coarser():
+    assert [batch_bucket(b) for b in (1, 2, 16)] == [0, 1, 15]
+    assert batch_bucket(17) == batch_bucket(24) == 16 and batch_bucket(25) == 17
+    assert batch_bucket(10_000) == NUM_BATCH_BUCKETS - 1
+    bt = BatchTimes()
+    for b, ms in ((3, 1.0), (3, 2.0), (20, 5.0)):
+        bt.add(b, ms)
+    assert bt.steps[2] == 2 and bt.rows[2] == 6 and bt.ms[2] == 3.0 and bt.rows[16] == 20
+
+
+def test_line_fit_is_exact_on_a_line_and_flat_on_one_size():
+    pts = [(b, 4.0 + 0.25 * b, w) for b, w in ((1, 5), (4, 1), (9, 30))]
+    line = fit_step_line(pts)
+    assert line.intercept_ms == pytest.approx(4.0) and line.per_row_ms == pytest.approx(0.25)
+    one = fit_step_line([(6.0, 27.9, 10.0)])
+    assert one.per_row_ms == 0.0 and one.at(1) == one.at(40) == pytest.approx(27.9)
+    # A step never gets faster with more rows: a falling fit is clamped flat at the weighted mean.
+    falling = fit_step_line([(1.0, 10.0, 1.0), (8.0, 8.0, 1.0)])
+    assert falling.per_row_ms == 0.0 and falling.at(4) == pytest.approx(9.0)
+    assert fit_step_line([]) is None
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_estimator_recovers_known_step_times_hop_rates_output_and_n(seed):
+    srv = SyntheticServer(seed)
+    est = Estimator(DROPS, half_life_s=30.0, step_half_life_s=60.0)
+    for t in range(61):
+        est.update(srv.snapshot(live=7 if t % 5 == 0 else 8), float(t))  # a dip at every fifth sample
+        srv.window()
+    e = est.estimates()
+    assert e.concurrency == 8
+    # About 60 windows x 40 steps x 4.5 rows of decisions on model 0 (decayed): binomial sd < 0.01.
+    assert e.hop_prob[0] == pytest.approx(0.2, abs=0.02)
+    assert e.hop_prob[1] == pytest.approx(0.5, abs=0.03)
+    for i, (a, c) in enumerate(((3.0, 0.5), (20.0, 0.2))):
+        line = e.step[i]
+        assert line.intercept_ms == pytest.approx(a, rel=0.05), i
+        assert line.per_row_ms == pytest.approx(c, abs=0.05), i
+    assert e.mean_output == pytest.approx(300.0, rel=0.15)  # ~430 decayed exponential samples: sd ~5%
+
+
+def test_decisions_count_dropped_tokens_only_where_the_router_drops_them():
+    srv = SyntheticServer(3, p0=0.4, p1=0.3, noise=0.0)
+    wrong = Estimator((False, True), 1e9, 1e9)  # hop semantics swapped: both estimates are biased
+    right = Estimator(DROPS, 1e9, 1e9)
+    for t in range(30):
+        for est in (wrong, right):
+            est.update(srv.snapshot(), float(t))
+        srv.window()
+    r, w = right.estimates(), wrong.estimates()
+    assert r.hop_prob[0] == pytest.approx(0.4, abs=0.02) and r.hop_prob[1] == pytest.approx(0.3, abs=0.02)
+    # Swapped, model 0 divides hops by tokens only, p / (1 - p) (0.67 for 0.4), and model 1 by tokens + hops,
+    # q / (1 + q) (0.23 for 0.3): the same counters, so exactly these functions of the right estimates.
+    r0, r1 = r.hop_prob
+    assert w.hop_prob[0] == pytest.approx(r0 / (1 - r0), rel=1e-9)
+    assert w.hop_prob[1] == pytest.approx(r1 / (1 + r1), rel=1e-9)
+
+
+def test_estimates_forget_with_the_half_life():
+    srv = SyntheticServer(4, p0=0.05, noise=0.0)
+    srv.rng = random.Random(4)
+    est = Estimator(DROPS, half_life_s=10.0, step_half_life_s=60.0)
+    for t in range(200):  # long enough that the old regime has reached its steady weight
+        est.update(srv.snapshot(), float(t))
+        srv.window(steps_per_model=200)
+    assert est.estimates().hop_prob[0] == pytest.approx(0.05, abs=0.005)
+    srv.p0 = 0.3
+    for t in range(200, 210):  # one half-life: the old and the new regime weigh the same
+        est.update(srv.snapshot(), float(t))
+        srv.window(steps_per_model=200)
+    est.update(srv.snapshot(), 210.0)
+    assert est.estimates().hop_prob[0] == pytest.approx(0.175, abs=0.01)
+    for t in range(211, 300):
+        est.update(srv.snapshot(), float(t))
+        srv.window(steps_per_model=200)
+    assert est.estimates().hop_prob[0] == pytest.approx(0.3, abs=0.01)
+
+
+def test_counters_that_go_backwards_are_a_new_baseline():
+    srv = SyntheticServer(5)
+    est = Estimator(DROPS, 1e9, 1e9)  # no decay: sums are plain totals
+    for t in range(10):
+        est.update(srv.snapshot(), float(t))
+        srv.window()
+    before, steps = est.estimates(), est.steps(0)
+    assert steps == pytest.approx(9 * 40)
+    restarted = SyntheticServer(6)  # model counters start again at 0 (a restarted subserver)
+    restarted.finished, restarted.finished_tokens = srv.finished, srv.finished_tokens
+    est.update(restarted.snapshot(), 10.0)
+    assert est.estimates().step == before.step and est.steps(0) == pytest.approx(steps)  # nothing subtracted
+    restarted.window()
+    est.update(restarted.snapshot(), 11.0)
+    assert est.steps(0) == pytest.approx(steps + 40)
+
+
+def test_live_n_follows_a_ramp_within_half_a_half_life():
+    srv = SyntheticServer(7)
+    est = Estimator(DROPS, half_life_s=10.0, step_half_life_s=60.0)
+    for t in range(30):
+        est.update(srv.snapshot(live=4), float(t))
+    for t in range(30, 36):
+        est.update(srv.snapshot(live=16), float(t))
+    assert est.estimates().concurrency == 16  # 6 of the last 11 samples
+    est2 = Estimator(DROPS, half_life_s=10.0, step_half_life_s=60.0)
+    for t in range(30):
+        est2.update(srv.snapshot(live=4), float(t))
+    for t in range(30, 34):
+        est2.update(srv.snapshot(live=16), float(t))
+    assert est2.estimates().concurrency < 16  # 4 of 11: not yet
+
+
+# ---- the controller -----------------------------------------------------------------------------------------
+CFG = AutotuneConfig(observe_s=1.0, interval_s=5.0, tolerance=0.1, min_gain=0.03, hold_s=10.0, half_life_s=5.0,
+                     step_half_life_s=60.0, min_steps=20)  # fmt: skip
+
+
+class TableSolve:
+    """A fake solve: throughput of each B from a function of the estimates; B* is the best of `candidates`."""
+
+    def __init__(self, throughput, candidates=((1, 1), (1, 2), (1, 3), (1, 4), (2, 1))):
+        self.throughput, self.candidates, self.calls = throughput, candidates, []
+
+    def __call__(self, est: Estimates, current: tuple[int, ...]) -> Solution:
+        self.calls.append((est, current))
+        scores = {b: self.throughput(b, est) for b in self.candidates}
+        best = max(scores, key=scores.get)
+        return Solution(best, scores[best], self.throughput(current, est))
+
+
+def drive(ctrl: AutotuneController, srv: SyntheticServer, t0: int, t1: int, apply=True):
+    decisions = []
+    for t in range(t0, t1):
+        srv.window()
+        d = ctrl.observe(srv.snapshot(), float(t))
+        if d is not None:
+            decisions.append(d)
+            if apply:
+                ctrl.applied(d)
+    return decisions
+
+
+def test_no_flapping_between_two_near_equal_b():
+    # Whichever B is in force, the other is predicted 2% better: below min_gain, so B never moves.
+    def tp(b, est):
+        return 1000.0 if b not in ((1, 3), (1, 4)) else (1000.0 if b == ctrl.policy.thresholds else 1020.0)
+
+    solve = TableSolve(tp, candidates=((1, 3), (1, 4)))
+    ctrl = AutotuneController(CFG, Policy(PolicyKind.DELAYED, (1, 3)), solve, DROPS)
+    assert drive(ctrl, SyntheticServer(8), 0, 200) == []
+    assert len(solve.calls) >= 200 // 5 - 2 and ctrl.changes == 0
+    assert "hold" in ctrl.status
+
+
+def test_a_big_shift_changes_b_once():
+    # B* depends on the hop rate as estimated: (1,1) below 0.15, (1,3) above, each 20% better than the other there.
+    def tp(b, est):
+        good = (1, 3) if est.hop_prob[0] > 0.15 else (1, 1)
+        return 1200.0 if b == good else 1000.0
+
+    srv = SyntheticServer(9, p0=0.05)
+    ctrl = AutotuneController(CFG, Policy(PolicyKind.EAGER), TableSolve(tp), DROPS)
+    assert drive(ctrl, srv, 0, 60) == []  # eager = (1,1) is the best: solved, nothing to change
+    assert ctrl.solves >= 5
+    srv.p0 = 0.35
+    changes = drive(ctrl, srv, 60, 200)
+    assert len(changes) == 1
+    d = changes[0]
+    assert d.old == (1, 1) and d.new == (1, 3) and d.predicted_gain == pytest.approx(0.2)
+    assert d.at > 60 and d.estimates.hop_prob[0] > 0.15
+    assert ctrl.policy.thresholds == (1, 3) and ctrl.history == [d]
+
+
+def test_hold_time_between_changes():
+    state = {"good": (1, 2)}
+
+    def tp(b, est):
+        return 1500.0 if b == state["good"] else 1000.0
+
+    srv = SyntheticServer(10)
+    ctrl = AutotuneController(CFG, Policy(PolicyKind.DELAYED, (1, 1)), TableSolve(tp), DROPS)
+    changes = []
+    for t in range(80):
+        srv.window()
+        d = ctrl.observe(srv.snapshot(), float(t))
+        if d is not None:
+            ctrl.applied(d)
+            changes.append(d)
+            state["good"] = (1, 4)  # at once the next solve (interval_s later) wants another change: it must wait
+    assert [d.new for d in changes] == [(1, 2), (1, 4)]
+    assert changes[1].at - changes[0].at >= CFG.hold_s > CFG.interval_s
+    assert ctrl.solves >= 3  # the solve in between was held, not skipped
+
+
+def test_no_solve_before_every_model_ran_min_steps():
+    solve = TableSolve(lambda b, est: 1000.0)
+    cfg = AutotuneConfig(min_steps=200, half_life_s=5.0, step_half_life_s=60.0)
+    ctrl = AutotuneController(cfg, Policy(PolicyKind.EAGER), solve, DROPS)
+    srv = SyntheticServer(11)
+    drive(ctrl, srv, 0, 4)  # 40 steps per model per window: 160 < 200
+    assert solve.calls == [] and "waiting" in ctrl.status
+    drive(ctrl, srv, 4, 8)
+    assert len(solve.calls) == 1
+
+
+def test_a_decision_not_applied_leaves_b_and_a_failed_solve_keeps_it():
+    def tp(b, est):
+        return 2000.0 if b == (1, 3) else 1000.0
+
+    ctrl = AutotuneController(CFG, Policy(PolicyKind.DELAYED, (1, 1)), TableSolve(tp), DROPS)
+    srv = SyntheticServer(12)
+    ds = drive(ctrl, srv, 0, 30, apply=False)
+    assert ds and all(d.old == (1, 1) for d in ds) and ctrl.policy.thresholds == (1, 1) and ctrl.changes == 0
+
+    def boom(est, cur):
+        raise ValueError("state space too large")
+
+    ctrl2 = AutotuneController(CFG, Policy(PolicyKind.DELAYED, (1, 1)), boom, DROPS)
+    assert drive(ctrl2, SyntheticServer(13), 0, 30) == []
+    assert ctrl2.status.startswith("solve failed") and ctrl2.policy.thresholds == (1, 1)
+
+
+def test_an_operator_change_is_followed_and_held():
+    def tp(b, est):
+        return 1500.0 if b == (1, 3) else 1000.0
+
+    ctrl = AutotuneController(CFG, Policy(PolicyKind.DELAYED, (1, 1)), TableSolve(tp), DROPS)
+    srv = SyntheticServer(14)
+    assert [d.new for d in drive(ctrl, srv, 0, 30)] == [(1, 3)]
+    ctrl.reset(Policy(PolicyKind.DELAYED, (2, 2)), 30.0)
+    later = drive(ctrl, srv, 31, 60)
+    assert [d.old for d in later] == [(2, 2)] and later[0].at >= 30.0 + CFG.hold_s
+
+
+def test_sync_policies_are_refused():
+    with pytest.raises(ValueError, match="step-sync"):
+        AutotuneController(CFG, Policy(PolicyKind.STEP_SYNC), TableSolve(lambda b, e: 1.0), DROPS)
+
+
+@pytest.mark.parametrize(
+    ("kw", "needle"),
+    [({"interval_s": 0}, "interval_s"), ({"min_gain": -0.1}, "min_gain"), ({"min_steps": 0}, "min_steps"),
+     ({"max_states": 10}, "max_states"), ({"half_life_s": float("nan")}, "half_life_s")],
+)  # fmt: skip
+def test_config_values_are_checked(kw, needle):
+    with pytest.raises(ConfigError, match=needle):
+        AutotuneConfig(**kw)
+
+
+def test_no_solve_while_idle():
+    solve = TableSolve(lambda b, est: 1000.0)
+    ctrl = AutotuneController(CFG, Policy(PolicyKind.EAGER), solve, DROPS)
+    srv = SyntheticServer(15)
+    for t in range(30):
+        srv.window()
+        ctrl.observe(srv.snapshot(live=0), float(t))  # counters move (a drain) but nothing is live any more
+    assert solve.calls == [] and ctrl.status.startswith("idle")

@@ -1,0 +1,126 @@
+"""Autotune in the front-end process (`policy.autotune`, `tr serve --autotune`).
+
+The front-end already receives every subserver's `Stats` (cumulative counters: committed tokens, hand-offs, steps
+per batch size with their busy time, the entry's live count) and every `Finished`; `AutotuneTask` snapshots them
+every `observe_s`, runs the core's `AutotuneController` (the object the simulator runs, with the same Markov
+solve) in a worker thread, so the solve stalls neither the subservers' serving loops (other processes) nor this
+event loop, and applies a decision through the admin endpoint's path (`PolicyState.apply`: `SetPolicy` to every
+subserver, applied between steps, acknowledged). Each change is logged on `tokenrouter.autotune` with the old and
+new B, the estimates and the predicted gain, and counted in /metrics (`frontend.metrics.AutotuneCollector`).
+
+A change an operator makes meanwhile (POST /admin/policy) wins: the controller follows it (`reset`) and a decision
+computed before it is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from tokenrouter.core.autotune import AutotuneController, CounterSnapshot, Decision, ModelCounters
+from tokenrouter.runtime.frontend.admin import PolicyState
+from tokenrouter.runtime.frontend.errors import APIError
+
+log = logging.getLogger("tokenrouter.autotune")
+
+
+def snapshot(backend: Any, entry: int) -> CounterSnapshot | None:
+    """The counters as the latest `Stats` of every model report them (None until every model sent one)."""
+    stats = [m.stats for m in backend.models]
+    if any(s is None for s in stats):
+        return None
+    models = tuple(ModelCounters(s.tokens, s.hops, tuple(s.batch_steps), tuple(s.batch_rows), tuple(s.batch_ms))
+                   for s in stats)  # fmt: skip
+    return CounterSnapshot(models, stats[entry].live, backend.finished, backend.finished_tokens)
+
+
+class AutotuneTask:
+    """Owns the controller: only this task calls `observe`/`applied`/`reset` (one at a time), so the worker
+    thread never races the event loop on the controller's state."""
+
+    def __init__(self, backend: Any, state: PolicyState, controller: AutotuneController, entry: int) -> None:
+        self.backend, self.state, self.controller, self.entry = backend, state, controller, entry
+        self.changes: list[Decision] = []
+        self.last_gain: float | None = None
+        self._reset: tuple[dict[str, Any], float] | None = None  # an operator's change, for the next round
+        self._status = ""
+        self._task: asyncio.Task | None = None
+        state.listeners.append(self._on_policy)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+        cfg = self.controller.config
+        log.info("autotune on: observe every %g s, re-solve every %g s (or on a %.0f%% move), apply at >= %.1f%% "
+                 "predicted gain, hold %g s", cfg.observe_s, cfg.interval_s, cfg.tolerance * 100,
+                 cfg.min_gain * 100, cfg.hold_s)  # fmt: skip
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    def _on_policy(self, policy: dict[str, Any], source: str) -> None:
+        if source != "autotune":
+            self._reset = (policy, self.backend.clock())
+
+    def describe(self) -> dict[str, Any]:
+        """Autotune's state for GET /admin/policy."""
+        c = self.controller
+        return {"autotune": {"changes": c.changes, "solves": c.solves, "status": c.status,
+                             "estimates": c.estimates.as_dict() if c.estimates is not None else None,
+                             "last_change": self.changes[-1].as_dict() if self.changes else None}}  # fmt: skip
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.controller.config.observe_s)
+            try:
+                await self._round()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # autotune must never take the front-end down
+                log.exception("autotune: round failed; B unchanged")
+
+    async def _round(self) -> None:
+        if self._reset is not None:
+            policy, at = self._reset
+            self._reset = None
+            pc = self.state.policy_config()
+            if pc is not None and policy.get("policy") in ("eager", "delayed"):
+                self.controller.reset(pc.build(), at)
+                log.info("autotune: follows the policy set by the admin endpoint (%s %s)", policy.get("policy"),
+                         policy.get("thresholds") or policy.get("table") or "")  # fmt: skip
+        if self.backend.unhealthy() or self.controller.policy.is_sync:
+            return
+        snap = snapshot(self.backend, self.entry)
+        if snap is None:
+            return
+        version = self.state.version
+        decision = await asyncio.to_thread(self.controller.observe, snap, self.backend.clock())
+        if self.controller.status != self._status:
+            self._status = self.controller.status
+            log.debug("autotune: %s", self._status)
+        if decision is not None:
+            await self._apply(decision, version)
+
+    async def _apply(self, d: Decision, version: int) -> None:
+        async with self.state.lock:
+            if self.state.version != version or self._reset is not None:
+                log.info("autotune: dropped %s: the policy changed meanwhile", d.describe())
+                return
+            max_wait = self.state.current.get("max_wait_ms")
+            body = {"policy": "delayed", "thresholds": list(d.new), "table": {}, "max_wait_ms": max_wait,
+                    "hop_rate": None}  # fmt: skip
+            try:
+                await self.state.apply(body, source="autotune")
+            except APIError as e:
+                log.warning("autotune: %s not applied: %s", d.describe(), e.message)
+                return
+            self.controller.applied(d)
+            self.changes.append(d)
+            self.last_gain = d.predicted_gain
+        note = f"; {d.note}" if d.note else ""
+        log.info("autotune: %s%s", d.describe(), note)
