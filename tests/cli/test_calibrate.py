@@ -44,13 +44,15 @@ def test_calibrate_resumes_and_writes_a_profile_the_simulator_reads(tmp_path):
     assert (grid.model_a, grid.model_b) == ("tiny-small", "tiny-large") and grid.shares[0].share_a == 100
     small = prof.models["tiny-small"]
     assert small.passes is not None and small.host is not None and "r2r" in small.routers
-    # Every measured point is priced close to what was measured by the fit it chose (CPU timings are noisy:
-    # a loose bound, but one a wrong table, unit or axis would break).
+    # The measured points are priced about as they were measured by the fit the profile chose (CPU timings on a
+    # shared machine have outliers that a fit may follow: a loose bound on the median ratio, which a wrong table,
+    # unit or axis still breaks by orders of magnitude).
     cm = CostModel(prof, "separate", models=["tiny-small", "tiny-large"])
+    ratios = []
     for p in small.passes.eager.points:
         stats = StepStats.one_pass(p.rows, p.tokens, p.extend_tokens, p.context_tokens, graph=False, graphs=False)
-        got = cm.for_model(0).step_ms(stats)
-        assert 0.2 * p.ms < got < 5 * p.ms, (p, got)
+        ratios.append(cm.for_model(0).step_ms(stats) / p.ms)
+    assert 0.5 < sorted(ratios)[len(ratios) // 2] < 2.0, ratios
     assert cm.for_model(0).step_ms(StepStats.uniform(2, 1, 32, GraphRule(enabled=False))) > 0
     # --refit writes the same profile again from the partial, without measuring.
     again = tmp_path / "again.json"
