@@ -2,8 +2,9 @@
 
 The loop (schedule -> engine.step -> complete, overlap, late prepare, loop counters) is `runtime.engine_loop`;
 this class is its transport: `receive` drains every queued message (Submit -> `add`, Abort -> `abort`, PEER ->
-`resume`, GATE -> nothing, the loop re-asks `schedule`) and sends the Stats heartbeat; `deliver` sends actions
-(Send -> peer PUSH as `core.wire`, Emit -> `Tokens`, Finish -> `Finished`). When nothing runs and `schedule`
+`resume`, GATE -> the sync coordinator's grant, then the loop asks `schedule`) and sends the Stats heartbeat;
+`deliver` sends actions (Send -> peer PUSH as `core.wire`, Emit -> `Tokens`, Finish -> `Finished`), then, under a
+sync policy, the gate's report (`runtime.gate`: one per completed step). When nothing runs and `schedule`
 says wait, `wait_idle` blocks in `zmq.Poller.poll` until a message, the policy deadline (`next_deadline`) or the
 next Stats heartbeat: no busy spinning.
 """
@@ -44,7 +45,7 @@ class Subserver(EngineLoop):
         self.ctx = zmq.Context()
         self.gate: RemoteGate | None = None
         if spec.config.policy.build().is_sync:
-            self.gate = RemoteGate(spec.model, addrs.coordinator, self.ctx)
+            self.gate = RemoteGate(spec.model, len(spec.config.models), addrs.coordinator, self.ctx)
         mc = spec.config.models[spec.model]
         self.tag = f"model {spec.model} ({mc.name})"
         log.info("%s: loading %s on %s", self.tag, f"weights from {mc.path}" if mc.path else "dummy weights",
@@ -105,7 +106,8 @@ class Subserver(EngineLoop):
                 self._on_peer_restarted(msg.model, now)
             elif isinstance(msg, P.SetPolicy):
                 self._set_policy(msg)
-        # GATE: nothing to do; the loop re-asks schedule.
+        elif chan == P.GATE and self.gate is not None:
+            self.gate.on_grant(data)  # a grant: the loop asks `schedule` next
 
     def _submit(self, msg: P.Submit, now: float) -> None:
         ids = P.unpack_ids(msg.prompt_ids)
@@ -180,13 +182,11 @@ class Subserver(EngineLoop):
         self._drain(self._timeout_ms(now))
 
     def after_schedule(self, batch: Batch | None) -> None:
-        if batch is None and self.gate is not None:
-            self.gate.release()  # a granted launch that formed no batch
+        if self.gate is not None:
+            self.gate.after_schedule(batch is not None)  # hands back a grant that finds nothing to run
 
     # ---- outputs --------------------------------------------------------------------------------------
     def deliver(self, acts: list[Action], failed: frozenset[str] = frozenset()) -> None:
-        if self.gate is not None:
-            self.gate.flush()  # before any Send leaves: the coordinator counts the send first
         for a in acts:
             if isinstance(a, Send):
                 if isinstance(a.msg, PeerReq) and not a.msg.finished:
@@ -200,6 +200,10 @@ class Subserver(EngineLoop):
             elif isinstance(a, Finish):
                 reason = "error" if a.rid in failed else a.reason
                 self.front.send_multipart([P.CTL, P.encode(P.Finished(a.rid, reason, a.num_output, a.num_hops))])
+        if self.gate is not None:
+            # After the peer messages: the report that lets a peer launch goes out after what it must receive (the
+            # peer waits for the count the grant carries anyway; this only saves it the wait).
+            self.gate.flush()
 
     # ---- loop -----------------------------------------------------------------------------------------
     def _timeout_ms(self, now: float) -> int:
