@@ -159,6 +159,16 @@ class Stats(msgspec.Struct, tag="stats", frozen=True):
     loop_ms: float = 0.0
     loop_gpu_ms: float = 0.0
     busy_ms: float = 0.0  # cumulative union of the steps' [launch, done] intervals (overlapped steps count once)
+    # A standard-serving model server's prefix cache (`tokenrouter.baselines`; zeros elsewhere), cumulative: requests
+    # admitted, those that matched a cached prefix, their tokens and the matched part (the rest was computed
+    # again), pages evicted, host time in the cache (match, insert, eviction); and pages cached now.
+    prefix_requests: int = 0
+    prefix_hits: int = 0
+    prefix_prompt_tokens: int = 0
+    prefix_matched_tokens: int = 0
+    prefix_evicted_pages: int = 0
+    prefix_host_ms: float = 0.0
+    prefix_cached_pages: int = 0
 
 
 class Failed(msgspec.Struct, tag="failed", frozen=True):

@@ -50,7 +50,7 @@ class Subserver(EngineLoop):
         self.tag = f"model {spec.model} ({mc.name})"
         log.info("%s: loading %s on %s", self.tag, f"weights from {mc.path}" if mc.path else "dummy weights",
                  spec.device)  # fmt: skip
-        self.dep, sched, engine = build_part(spec, self.gate)
+        self.dep, sched, engine = self._build(spec)
         super().__init__(engine, sched, prepare_margin_s=spec.prepare_margin_ms / 1000.0,
                          step_log=JsonlLog(spec.step_log))  # fmt: skip
         _log_start_phases(self.tag, self.engine, time.monotonic() - t0)
@@ -61,6 +61,7 @@ class Subserver(EngineLoop):
             if j != spec.model:
                 self.peers[j] = self._push(a)
         self.front = self._push(addrs.frontend)
+        self.out = self._reply_socket(spec)  # Tokens / Finished / Rejected go here
         self.launcher = self._push(addrs.launcher) if addrs.launcher else None
         self.poller = zmq.Poller()
         self.poller.register(self.pull, zmq.POLLIN)
@@ -76,6 +77,14 @@ class Subserver(EngineLoop):
         self.next_stats = 0.0
         self.stats_sent = float("-inf")
         self.stats_sig: tuple[int, ...] = ()
+
+    def _build(self, spec: SubserverSpec) -> tuple[Any, Any, Any]:
+        """(deployment, this model's scheduler, its engine): the simulator's builder, same call."""
+        return build_part(spec, self.gate)
+
+    def _reply_socket(self, spec: SubserverSpec) -> zmq.Socket:
+        """Where a request's tokens and its end go: the front-end (a baseline's model server answers its dispatcher)."""
+        return self.front
 
     def _push(self, addr: str) -> zmq.Socket:
         s = self.ctx.socket(zmq.PUSH)
@@ -122,7 +131,7 @@ class Subserver(EngineLoop):
                           eos_token_ids=tuple(msg.eos_token_ids))  # fmt: skip
             acts = self.sched.add(req, now)
         except (RequestTooLong, ValueError, TypeError) as e:
-            self.front.send_multipart([P.CTL, P.encode(P.Rejected(msg.rid, 400, str(e)))])
+            self.out.send_multipart([P.CTL, P.encode(P.Rejected(msg.rid, 400, str(e)))])
             return
         self.hops.write({"rid": msg.rid, "prompt_len": len(ids)})
         self.deliver(acts)
@@ -195,11 +204,11 @@ class Subserver(EngineLoop):
             elif isinstance(a, Emit):
                 self.counters.tokens += len(a.tokens)
                 out = P.Tokens(a.rid, a.pos, P.pack_ids(a.tokens), a.model, a.logprobs)
-                self.front.send_multipart([P.CTL, P.encode(out)])
+                self.out.send_multipart([P.CTL, P.encode(out)])
                 self.hops.write({"rid": a.rid, "pos": a.pos, "n": len(a.tokens), "model": a.model})
             elif isinstance(a, Finish):
                 reason = "error" if a.rid in failed else a.reason
-                self.front.send_multipart([P.CTL, P.encode(P.Finished(a.rid, reason, a.num_output, a.num_hops))])
+                self.out.send_multipart([P.CTL, P.encode(P.Finished(a.rid, reason, a.num_output, a.num_hops))])
         if self.gate is not None:
             # After the peer messages: the report that lets a peer launch goes out after what it must receive (the
             # peer waits for the count the grant carries anyway; this only saves it the wait).
@@ -226,14 +235,17 @@ class Subserver(EngineLoop):
             self.next_stats = min(self.next_stats, self.stats_sent + _STATS_MIN_GAP_S)
         if not force and now < self.next_stats:
             return
-        pending = sum(1 for r in s.reqs.values() if r.status.name == "PENDING")
-        running = sum(1 for r in s.reqs.values() if r.status.name == "RUNNING")
-        c = self.counters
-        self._control(P.Stats(self.model, now, kv.num_pages - 1 - kv.num_free, kv.num_pages - 1, running,
-                              len(s.waiting) + len(s.admit_queue), pending, c.steps, c.rows, c.step_ms, c.tokens,
-                              c.hops, c.loop_steps, c.loop_rows, c.loop_ms, c.loop_gpu_ms, c.busy_ms))  # fmt: skip
+        self._control(self._stats_msg(now))
         self.stats_sent = now
         self.next_stats = now + self.spec.stats_interval_s
+
+    def _stats_msg(self, now: float) -> P.Stats:
+        kv, s, c = self.sched.kv, self.sched, self.counters
+        pending = sum(1 for r in s.reqs.values() if r.status.name == "PENDING")
+        running = sum(1 for r in s.reqs.values() if r.status.name == "RUNNING")
+        return P.Stats(self.spec.model, now, kv.num_pages - 1 - kv.num_free, kv.num_pages - 1, running,
+                       len(s.waiting) + len(s.admit_queue), pending, c.steps, c.rows, c.step_ms, c.tokens, c.hops,
+                       c.loop_steps, c.loop_rows, c.loop_ms, c.loop_gpu_ms, c.busy_ms)  # fmt: skip
 
     def run(self, max_steps: int | None = None) -> None:
         super().run(max_steps)
