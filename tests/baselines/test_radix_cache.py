@@ -58,7 +58,7 @@ def _seq(rng: random.Random, n: int) -> list[int]:
 
 @pytest.mark.parametrize("ps", [1, 2, 4])
 def test_radix_cache_matches_the_reference(ps):
-    for seed in range(40):
+    for seed in range(150):
         rng = random.Random(seed * 10 + ps)
         tree, ref = RadixCache(ps), Reference(ps)
         next_page = 1
@@ -84,10 +84,23 @@ def test_radix_cache_matches_the_reference(ps):
                     tree.lock(node)
                     held.append((node, tuple(toks[: len(pages) * ps])))
                     ref.locks.append(tuple(toks[: len(pages) * ps]))
-            elif op < 0.8 and held:
+            elif op < 0.75 and held:
                 node, key = held.pop(rng.randrange(len(held)))
                 tree.unlock(node)
                 ref.locks.remove(key)
+            elif op < 0.8 and held:  # a request extends the path it holds: insert below its node
+                k = rng.randrange(len(held))
+                node, key = held[k]
+                ext = _seq(rng, ps * rng.randint(1, 3))
+                pages = list(range(next_page, next_page + len(ext) // ps))
+                next_page += len(pages)
+                new, taken = tree.insert(ext, pages, below=node)
+                full = list(key) + ext
+                assert taken == ref.insert(full, [ref.page[p] for p in ref.prefixes(key, len(key))] + pages), seed
+                tree.lock(new)
+                tree.unlock(node)
+                held[k] = (new, tuple(full))
+                ref.locks[ref.locks.index(key)] = tuple(full)
             else:
                 n = rng.randint(1, 5)
                 evictable = [p for p in ref.page if not ref.locked(p)]

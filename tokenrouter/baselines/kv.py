@@ -87,7 +87,9 @@ class PrefixCaching:
         self.page_size = pool.page_size
         self.tree = RadixCache(pool.page_size)
         self.counters = CacheCounters()
+        # Per admitted request: the node its cached path ends at (locked) and that path's length in tokens.
         self._locked: dict[str, Node] = {}
+        self._depth: dict[str, int] = {}
         pool.reclaim = self.evict
 
     def admit(self, req: Request) -> int:
@@ -101,7 +103,7 @@ class PrefixCaching:
         req.pages = list(pages)
         req.num_computed = len(pages) * ps
         self.tree.lock(node)
-        self._locked[req.rid] = node
+        self._locked[req.rid], self._depth[req.rid] = node, req.num_computed
         c = self.counters
         c.requests += 1
         c.hits += bool(pages)
@@ -111,24 +113,25 @@ class PrefixCaching:
         return req.num_computed
 
     def cache(self, req: Request, num_tokens: int) -> None:
-        """The KV of `req.token_ids[:num_tokens]` is written: cache its whole pages."""
-        full = min(num_tokens // self.page_size, len(req.pages))
-        if full == 0:
+        """The KV of `req.token_ids[:num_tokens]` is written: cache its whole pages. Incremental: only pages completed
+        since the request's last call are inserted, below the node it holds (O(1) on a step that completes none)."""
+        ps = self.page_size
+        full = min(num_tokens // ps, len(req.pages))
+        node, depth = self._locked[req.rid], self._depth[req.rid]
+        if full * ps <= depth:
             return
         t0 = time.perf_counter()
-        node, taken = self.tree.insert(req.token_ids[: full * self.page_size], req.pages[:full])
+        new, taken = self.tree.insert(req.token_ids[depth : full * ps], req.pages[depth // ps : full], below=node)
         self.pool.share(taken)
         self.counters.inserted_pages += len(taken)
-        old = self._locked.get(req.rid)
-        if node is not old:
-            self.tree.lock(node)
-            if old is not None:
-                self.tree.unlock(old)
-            self._locked[req.rid] = node
+        self.tree.lock(new)
+        self.tree.unlock(node)
+        self._locked[req.rid], self._depth[req.rid] = new, full * ps
         self.counters.host_s += time.perf_counter() - t0
 
     def finish(self, rid: str) -> None:
         node = self._locked.pop(rid, None)
+        self._depth.pop(rid, None)
         if node is not None:
             self.tree.unlock(node)
 

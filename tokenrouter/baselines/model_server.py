@@ -136,14 +136,15 @@ class ModelServer(Subserver):
         # Emits carry the one-model scheduler's index 0: the answer names the deployment's model.
         super().deliver([replace(a, model=self.model) if isinstance(a, Emit) else a for a in acts], failed)
 
-    def _stats_msg(self, now: float) -> P.Stats:
-        c = self.cache.counters
-        return msgspec.structs.replace(
-            super()._stats_msg(now), prefix_requests=c.requests, prefix_hits=c.hits,
-            prefix_prompt_tokens=c.prompt_tokens, prefix_matched_tokens=c.matched_tokens,
-            prefix_evicted_pages=c.evicted_pages, prefix_host_ms=c.host_s * 1e3,
-            prefix_cached_pages=self.cache.cached_pages,
-        )  # fmt: skip
+    def _control(self, msg: P.Ready | P.Stats | P.Failed) -> None:
+        if isinstance(msg, P.Stats) and self.caching is not None:
+            c = self.caching.counters
+            msg = msgspec.structs.replace(
+                msg, prefix_requests=c.requests, prefix_hits=c.hits, prefix_prompt_tokens=c.prompt_tokens,
+                prefix_matched_tokens=c.matched_tokens, prefix_evicted_pages=c.evicted_pages,
+                prefix_host_ms=c.host_s * 1e3, prefix_cached_pages=self.caching.cached_pages,
+            )  # fmt: skip
+        super()._control(msg)
 
 
 def main(spec: ModelServerSpec) -> None:

@@ -52,14 +52,17 @@ class RadixCache:
         pages, node, _ = self._walk(tokens, limit - limit % self.page_size)
         return pages, node
 
-    def insert(self, tokens: Sequence[int], pages: Sequence[int]) -> tuple[Node, list[int]]:
+    def insert(self, tokens: Sequence[int], pages: Sequence[int], below: Node | None = None) -> tuple[Node, list[int]]:
         """Cache `tokens` (whole pages) held in `pages`. The part already cached keeps its pages (the caller's copies
         of it are not taken); the rest becomes a new leaf with the caller's pages. Returns the node where `tokens`
-        end and the pages the tree took."""
+        end and the pages the tree took.
+
+        `below`: `tokens` continue the path that ends at this node (a request extending what it cached before), so
+        the walk starts there instead of at the root: a request's growth costs its new pages, not its length."""
         ps = self.page_size
         if len(tokens) != len(pages) * ps:
             raise ValueError(f"{len(tokens)} tokens do not fill {len(pages)} pages of {ps}")
-        _, node, done = self._walk(tokens, len(tokens))
+        _, node, done = self._walk(tokens, len(tokens), below or self.root)
         if done == len(tokens):
             return node, []
         taken = list(pages[done // ps :])
@@ -68,13 +71,18 @@ class RadixCache:
         self.num_pages += len(taken)
         return leaf, taken
 
-    def _walk(self, tokens: Sequence[int], limit: int) -> tuple[list[int], Node, int]:
-        """Follow `tokens[:limit]` (limit page-aligned) down the tree: (pages, last node, tokens matched). Splits
-        the last node when the match ends inside it; stamps every node on the way."""
+    def _walk(self, tokens: Sequence[int], limit: int, start: Node | None = None) -> tuple[list[int], Node, int]:
+        """Follow `tokens[:limit]` (limit page-aligned) down the tree from `start` (the root): (pages, last node,
+        tokens matched). Splits the last node when the match ends inside it; stamps every node on the way and, from
+        a `start` below the root, the path above it (a node is never older than its descendants: eviction takes
+        leaves in recency order)."""
         ps = self.page_size
         self._clock += 1
-        node, i, pages = self.root, 0, []
-        node.last_use = self._clock
+        node, i, pages = start or self.root, 0, []
+        up: Node | None = node
+        while up is not None:
+            up.last_use = self._clock
+            up = up.parent
         while i < limit:
             child = node.children.get(tuple(tokens[i : i + ps]))
             if child is None:

@@ -235,17 +235,14 @@ class Subserver(EngineLoop):
             self.next_stats = min(self.next_stats, self.stats_sent + _STATS_MIN_GAP_S)
         if not force and now < self.next_stats:
             return
-        self._control(self._stats_msg(now))
-        self.stats_sent = now
-        self.next_stats = now + self.spec.stats_interval_s
-
-    def _stats_msg(self, now: float) -> P.Stats:
-        kv, s, c = self.sched.kv, self.sched, self.counters
         pending = sum(1 for r in s.reqs.values() if r.status.name == "PENDING")
         running = sum(1 for r in s.reqs.values() if r.status.name == "RUNNING")
-        return P.Stats(self.spec.model, now, kv.num_pages - 1 - kv.num_free, kv.num_pages - 1, running,
-                       len(s.waiting) + len(s.admit_queue), pending, c.steps, c.rows, c.step_ms, c.tokens, c.hops,
-                       c.loop_steps, c.loop_rows, c.loop_ms, c.loop_gpu_ms, c.busy_ms)  # fmt: skip
+        c = self.counters
+        self._control(P.Stats(self.model, now, kv.num_pages - 1 - kv.num_free, kv.num_pages - 1, running,
+                              len(s.waiting) + len(s.admit_queue), pending, c.steps, c.rows, c.step_ms, c.tokens,
+                              c.hops, c.loop_steps, c.loop_rows, c.loop_ms, c.loop_gpu_ms, c.busy_ms))  # fmt: skip
+        self.stats_sent = now
+        self.next_stats = now + self.spec.stats_interval_s
 
     def run(self, max_steps: int | None = None) -> None:
         super().run(max_steps)
