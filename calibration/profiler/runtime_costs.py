@@ -153,8 +153,20 @@ def gate_rtts_per_step(policies: tuple[str, ...] = ("step-sync", "model-sync"), 
             finally:
                 client.close()
             assert srv.coordinator is not None
+            settle(srv.coordinator.log)
             out[policy] = srv.coordinator.calls / max(launched_steps(srv.coordinator.log), 1)
     return out
+
+
+def settle(log: list[Any], timeout_s: float = 5.0) -> None:
+    """Wait until every grant in a live `Coordinator.log` is closed (its step's report, or a pass, arrived): the
+    last reports may still be on their way when the clients have their answers."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        opened = sum(1 for e in list(log) if e.what == "launch")
+        if opened == sum(1 for e in list(log) if e.what in ("complete", "release")):
+            return
+        time.sleep(0.01)
 
 
 def launched_steps(log: list[Any]) -> int:
