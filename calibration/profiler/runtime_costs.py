@@ -183,4 +183,3 @@ def measure(progress: Any = None) -> dict[str, Any]:
         if progress is not None:
             progress()
     return out
-
