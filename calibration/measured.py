@@ -105,9 +105,10 @@ class RuntimeInfo(_S, kw_only=True):
     """The runtime's own costs, measured on the calibrating machine.
 
     `ipc_ms` / `tcp_ms`: one peer message one way (ZeroMQ PUSH/PULL, ipc:// and tcp loopback); `gate_rtt_ms`:
-    one request-reply round trip to the sync coordinator; `gate_rtts_per_step`: round trips a subserver pays per
-    step under each sync policy (launch and completion reports); `prepare_margin_ms`: with overlap, step k+1 is
-    formed this long before step k's estimated end."""
+    one round trip to the sync coordinator (a completion report out, the next grant back); `gate_rtts_per_step`:
+    messages a subserver sends the coordinator per launched step under each sync policy (each answered by at most
+    one grant; about 1 since the complete-and-ask protocol, 5-6 before it); `prepare_margin_ms`: with overlap,
+    step k+1 is formed this long before step k's estimated end."""
 
     ipc_ms: NonNeg
     tcp_ms: NonNeg

@@ -34,6 +34,11 @@ def serve(
     record_hops: Annotated[Path | None, Opt(help="Write the hop trace JSONL here on exit.")] = None,
     kv_tokens: Annotated[int, Opt(help="CPU only: KV capacity per model in tokens.")] = 8192,
     no_cuda_graph: Annotated[bool, Opt("--no-cuda-graph", hidden=True, help="Deprecated: --no-graphs.")] = False,
+    baseline: Annotated[str | None, Opt(help="Run a baseline on the same engine instead of the routed runtime: "
+                        "std-serving (one continuous-batching server per model with prefix caching, and a dispatcher "
+                        "that sends every hop as a new request carrying the whole sequence; also what --policy "
+                        "std-serving runs), llm-only or slm-only (the large or the small model alone, no routing).")
+                        ] = None,
     dry_run: DryRun = False,
     # ---- supervision, shutdown, logs -----------------------------------------------------------
     restart_on_failure: Annotated[bool, Opt("--restart-on-failure", help="Restart a subserver that dies, in "
@@ -45,7 +50,8 @@ def serve(
     no_access_log: Annotated[bool, Opt("--no-access-log", help="No log line per request.")] = False,
 ) -> None:  # fmt: skip
     """Serve a deployment: one process per model, OpenAI-compatible HTTP in front. The deployment is --config
-    (what `trsim tune` writes) with the flags applied, or --small/--large with defaults."""
+    (what `trsim tune` writes) with the flags applied, or --small/--large with defaults. --baseline (or --policy
+    std-serving) serves a baseline of the same deployment on the same engine instead."""
     if device not in ("cpu", "cuda"):
         raise CliError(f"--device must be cpu or cuda, got {device!r}")
     from tokenrouter.runtime.logs import configure_logging
@@ -63,6 +69,19 @@ def serve(
         typer.echo("tr serve: --no-cuda-graph is deprecated; use --no-graphs", err=True)
         ov.graphs = False
     cfg = deploy.resolve()
+    from tokenrouter.baselines.modes import BASELINES, baseline_config
+
+    if baseline is None and cfg.policy.std_serving:
+        baseline = "std-serving"
+    if baseline is not None:
+        if baseline not in BASELINES:
+            raise CliError(f"--baseline must be one of {', '.join(BASELINES)}, got {baseline!r}")
+        if restart_on_failure:
+            raise CliError("--restart-on-failure is for the routed runtime; a baseline stops when a process dies")
+        try:
+            baseline_config(cfg, baseline)  # the deployment it runs (a single model for llm-only / slm-only)
+        except ValueError as e:
+            raise CliError(f"--baseline {baseline}: {e}") from None
     if restart_on_failure and cfg.policy.build().is_sync:
         raise CliError("--restart-on-failure needs an asynchronous policy (eager, delayed), not " + cfg.policy.kind)
     if shutdown_timeout < 0:
@@ -73,16 +92,24 @@ def serve(
     if device == "cpu":
         cfg = with_cpu_kv_tokens(cfg, kv_tokens)
     if dry_run:
-        typer.echo(cfg.to_yaml().rstrip())
+        typer.echo((cfg if baseline is None else baseline_config(cfg, baseline)).to_yaml().rstrip())
         return
     try:
         from tokenrouter.runtime.frontend import serve_http
     except ImportError as e:
         raise CliError(f"the HTTP front-end is not available (tokenrouter.runtime.frontend: {e})") from None
-    tok = entry_tokenizer(cfg)
+    tok = entry_tokenizer(cfg if baseline is None else baseline_config(cfg, baseline))
     Server.install_signal_handlers()
     # SIGINT/SIGTERM while starting: leave the `with`, which stops everything; once serving, serve_http drains.
-    server = Server(cfg, device=device, record_hops=record_hops, restart_on_failure=restart_on_failure)
+    if baseline is not None:
+        from tokenrouter.baselines.launcher import BaselineServer
+
+        try:
+            server: Server = BaselineServer(cfg, baseline, device=device, record_hops=record_hops)
+        except ValueError as e:
+            raise CliError(f"--baseline {baseline}: {e}") from None
+    else:
+        server = Server(cfg, device=device, record_hops=record_hops, restart_on_failure=restart_on_failure)
     with server, contextlib.suppress(KeyboardInterrupt):
         serve_http(server, host=host, port=port, api_key=api_key, tokenizer=tok, shutdown_timeout_s=shutdown_timeout,
                    access_log=not no_access_log, t0=server.t0, admin_key=admin_key)  # fmt: skip

@@ -37,6 +37,7 @@ EXTRA_FOR: dict[str, str | tuple[str, ...]] = {
     "tokenrouter.runtime": "serve",
     "tokenrouter.bench": "serve",
     "tokenrouter.cli.bench_cmd": "serve",
+    "tokenrouter.baselines": ("engine", "serve"),  # the model servers and the dispatcher (the cache itself is pure)
 }
 
 

@@ -1,5 +1,6 @@
 """The runtime's own costs on this machine: one peer message (ZeroMQ PUSH/PULL over ipc:// and tcp loopback, one
-way), one round trip to the sync coordinator, and how many round trips a step pays under each sync policy.
+way), one round trip to the sync coordinator (a completion report out, the next grant back), and how many a step
+pays under each sync policy.
 
 Messages are timed between two processes (an echo process answers each message), as subservers exchange them;
 one way is half the round trip. Round trips per step are counted, not timed: the tiny CPU pair serves a few
@@ -83,33 +84,48 @@ def _free_ports(k: int) -> list[int]:
 
 
 def gate_rtt_ms(n: int = 2000) -> float:
-    """One RemoteGate request-reply to a Coordinator (ipc://), ms (median)."""
+    """One round trip to the sync Coordinator (ipc://), ms (median): a subserver's completion report out, the next
+    grant back (`runtime.gate`'s complete-and-ask), for a model that is alone in its step-sync rounds."""
     import zmq
 
     from tokenrouter.core.policy import SyncGate
     from tokenrouter.runtime.gate import Coordinator, RemoteGate
 
     with tempfile.TemporaryDirectory(prefix="trcal-") as d:
-        coord = Coordinator(SyncGate("step-sync", 2), f"ipc://{d}/gate", (f"ipc://{d}/s0", f"ipc://{d}/s1")).start()
+        subs = (f"ipc://{d}/s0", f"ipc://{d}/s1")
         ctx = zmq.Context()
-        remote = RemoteGate(0, f"ipc://{d}/gate", ctx)
+        pull = ctx.socket(zmq.PULL)  # model 0's subserver socket, where its grants land
+        pull.bind(subs[0])
+        coord = Coordinator(SyncGate("step-sync", 2), f"ipc://{d}/gate", subs).start()
+        remote = RemoteGate(0, 2, f"ipc://{d}/gate", ctx)
+        remote.attach(0, lambda: 1)  # always one request ready: every round is model 0 alone
         try:
-            times = []
-            for i in range(n + 50):
-                remote.note_sent(1)  # an op makes flush() call the coordinator
-                t0 = time.perf_counter()
-                remote.flush()
-                if i >= 50:
+            remote.flush()  # the unexplained ready count: an update, answered by the first grant
+            times: list[float] = []
+            t0 = 0.0
+            for i in range(n + 51):
+                if not pull.poll(10_000):
+                    raise RuntimeError("the coordinator sent no grant within 10 s")
+                _, bar = pull.recv_multipart()
+                if i > 50:
                     times.append(time.perf_counter() - t0)
+                remote.on_grant(bar)
+                remote.on_launch(0)
+                remote.on_complete(0)
+                t0 = time.perf_counter()
+                remote.flush()  # the completion report: the ask for the next grant
         finally:
             remote.close()
-            ctx.term()
+            pull.close(linger=0)
             coord.stop()
+            ctx.term()
     return statistics.median(times) * 1e3
 
 
 def gate_rtts_per_step(policies: tuple[str, ...] = ("step-sync", "model-sync"), requests: int = 8) -> dict[str, float]:
-    """Coordinator round trips per launched step under each sync policy, counted on the tiny CPU pair."""
+    """Messages a subserver sends the sync coordinator per launched step (each answered by at most one grant, so
+    round trips per step), under each sync policy, counted on the tiny CPU pair: the coordinator's `calls` over
+    the grants that launched a step (grants handed back unused are not steps)."""
     from tokenrouter.core.config import DeploymentConfig, ModelConfig, PolicyConfig, RouterConfig, SchedulerConfig
     from tokenrouter.runtime import protocol as P
     from tokenrouter.runtime.client import RuntimeClient
@@ -137,9 +153,25 @@ def gate_rtts_per_step(policies: tuple[str, ...] = ("step-sync", "model-sync"), 
             finally:
                 client.close()
             assert srv.coordinator is not None
-            launches = sum(1 for e in srv.coordinator.log if e.what == "launch")
-            out[policy] = srv.coordinator.calls / max(launches, 1)
+            settle(srv.coordinator.log)
+            out[policy] = srv.coordinator.calls / max(launched_steps(srv.coordinator.log), 1)
     return out
+
+
+def settle(log: list[Any], timeout_s: float = 5.0) -> None:
+    """Wait until every grant in a live `Coordinator.log` is closed (its step's report, or a pass, arrived): the
+    last reports may still be on their way when the clients have their answers."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        opened = sum(1 for e in list(log) if e.what == "launch")
+        if opened == sum(1 for e in list(log) if e.what in ("complete", "release")):
+            return
+        time.sleep(0.01)
+
+
+def launched_steps(log: list[Any]) -> int:
+    """Grants that launched a step, from a `Coordinator.log`: grants ("launch") less those handed back ("release")."""
+    return sum(1 for e in log if e.what == "launch") - sum(1 for e in log if e.what == "release")
 
 
 def measure(progress: Any = None) -> dict[str, Any]:
@@ -151,4 +183,3 @@ def measure(progress: Any = None) -> dict[str, Any]:
         if progress is not None:
             progress()
     return out
-

@@ -1,11 +1,15 @@
-"""The sync coordinator (`runtime.gate`) in one process: its bookkeeping against `core.policy.SyncGate` driven by
-hand, the wake pushes it sends, and what `RemoteGate` sends it (flushes of the ready count, releases).
+"""The sync coordinator (`runtime.gate`) in one process: its grants against `core.policy.SyncGate`'s rules worked
+out by hand, what `RemoteGate` sends (one report per completed step, updates only for unexplained changes, passes),
+and a randomized check that the coordinator protocol launches exactly what the in-process `SyncGate` launches.
 
-References are computed here from `SyncGate`'s rules, never read back from the coordinator under test."""
+References are derived here from `SyncGate`'s rules or by running `SyncGate` itself in process (what the simulator
+runs), never read back from the coordinator under test."""
 
 from __future__ import annotations
 
+import heapq
 import threading
+from collections import deque
 
 import msgspec
 import pytest
@@ -13,160 +17,405 @@ import pytest
 zmq = pytest.importorskip("zmq")
 
 from tokenrouter.core.policy import PolicyKind, SyncGate  # noqa: E402
-from tokenrouter.runtime.gate import Coordinator, GateCall, RemoteGate  # noqa: E402
+from tokenrouter.runtime.gate import COMPLETE, PASS, UPDATE, Coordinator, GateReport, RemoteGate  # noqa: E402
 from tokenrouter.runtime.protocol import GATE  # noqa: E402
 
 
-@pytest.fixture
-def wired(tmp_path):
-    """A coordinator for two models whose wake pushes land on PULL sockets the test reads."""
+def _coordinator(tmp_path, kind: PolicyKind, m: int = 2):
+    """A coordinator whose grant pushes land on PULL sockets the test reads (its thread is never started)."""
     ctx = zmq.Context()
-    subs = tuple(f"ipc://{tmp_path / f'sub{i}'}" for i in range(2))
+    subs = tuple(f"ipc://{tmp_path / f'sub{i}'}" for i in range(m))
     pulls = []
     for a in subs:
         s = ctx.socket(zmq.PULL)
         s.bind(a)
         pulls.append(s)
-    coord = Coordinator(SyncGate(PolicyKind.STEP_SYNC, 2), f"ipc://{tmp_path / 'coord'}", subs)
+    coord = Coordinator(SyncGate(kind, m), f"ipc://{tmp_path / 'coord'}", subs)
+    return ctx, coord, pulls
+
+
+@pytest.fixture
+def step_sync(tmp_path):
+    ctx, coord, pulls = _coordinator(tmp_path, PolicyKind.STEP_SYNC)
     yield coord, pulls
-    coord._stop.set()  # handle() is called directly: the serving thread never started
-    for s in coord._wake:
-        s.close()
-    coord._sock.close()
-    coord._ctx.term()
+    coord.stop()
     for s in pulls:
         s.close()
     ctx.term()
 
 
-def _wakes(sock, wait_ms: int = 300) -> int:
-    n = 0
-    while sock.poll(wait_ms if n == 0 else 50):
-        chan, _ = sock.recv_multipart()
+@pytest.fixture
+def model_sync(tmp_path):
+    ctx, coord, pulls = _coordinator(tmp_path, PolicyKind.MODEL_SYNC)
+    yield coord, pulls
+    coord.stop()
+    for s in pulls:
+        s.close()
+    ctx.term()
+
+
+def _grants(sock, wait_ms: int = 300) -> list[int]:
+    """The bars of every grant pushed to one subserver socket."""
+    out = []
+    while sock.poll(wait_ms if not out else 50):
+        chan, data = sock.recv_multipart()
         assert chan == GATE
-        n += 1
-    return n
+        out.append(msgspec.msgpack.decode(data))
+    return out
 
 
-def test_release_undoes_only_the_releasing_models_launch(wired):
-    """Step-sync, both models ready: 1 is granted, then 0; 1 completes; 0 formed no batch and releases. Only
-    0's reservation goes: 1's completion stays applied, so the gate is quiet again and the next round forms.
-    (Restoring the state as it was at 0's grant put 1 back into `running` for good: no launch ever again.)"""
-    coord, _ = wired
-    g = coord.gate
-    coord.handle(GateCall(0, ready=1))  # 0 reports its ready count, so the round takes both
-    assert coord.handle(GateCall(1, ready=1, ask="may"))
-    assert coord.handle(GateCall(0, ready=1, ask="may"))
-    assert (g.running, g.round) == ({0, 1}, set())
-    coord.handle(GateCall(1, ready=1, ops=[("complete", 1)]))
-    coord.handle(GateCall(0, ready=1, ask="release"))
-    # 0 never launched: it is back in the round it was granted in; 1's step is over.
-    assert g.running == set() and g.round == {0}
-    assert coord.handle(GateCall(0, ready=1, ask="may"))
-    coord.handle(GateCall(0, ready=1, ops=[("complete", 0)]))
-    # the round is done and nothing runs: a new round takes every ready model
-    assert coord.handle(GateCall(1, ready=1, ask="may"))
-    assert coord.handle(GateCall(0, ready=1, ask="may"))
+def R(model: int, what: str, ready: int, arrived: int = 0, sent=(0, 0)) -> GateReport:
+    return GateReport(model, what, ready, arrived, list(sent))
 
 
-def test_release_without_a_grant_changes_nothing(wired):
-    coord, pulls = wired
-    g = coord.gate
-    assert coord.handle(GateCall(0, ready=1, ask="may"))
-    coord.handle(GateCall(0, ready=1, ops=[("complete", 0)]))
-    before = (set(g.running), set(g.round), list(g.in_flight))
-    _wakes(pulls[1])
-    coord.handle(GateCall(0, ready=1, ask="release"))  # the grant was consumed by the launch
-    assert (g.running, g.round, g.in_flight) == before
-    assert _wakes(pulls[1], 200) == 0
+def test_step_sync_rounds_wait_for_every_member_and_grants_carry_the_messages_due(step_sync):
+    coord, pulls = step_sync
+    # A client request at an idle entry: the round is {0}; its grant waits for no message.
+    assert coord.handle(R(0, UPDATE, 1)) == [0]
+    assert _grants(pulls[0]) == [0]
+    # Model 1 gets work while 0 runs: it joins the next round, not this one.
+    assert coord.handle(R(1, UPDATE, 1)) == []
+    # 0 completes having sent one hand-off to 1 (still in flight): nothing runs, so the next round is every model
+    # with work: 1 (ready, plus the message due) and not 0 (nothing ready, nothing due). 1 must first receive 1.
+    assert coord.handle(R(0, COMPLETE, 0, sent=(0, 1))) == [1]
+    assert _grants(pulls[1]) == [1] and _grants(pulls[0], 100) == []
+    # 1 completes (the message arrived before), sending one back: both have work; each grant counts its own due.
+    assert sorted(coord.handle(R(1, COMPLETE, 1, arrived=1, sent=(1, 0)))) == [0, 1]
+    assert _grants(pulls[0]) == [1] and _grants(pulls[1]) == [1]
+    # The barrier: 0 completes first (a second hand-off to 1: counts are cumulative); nothing is granted until 1
+    # has completed too. Then 1 has nothing ready but that message due, so it is in the round, waiting for it.
+    assert coord.handle(R(0, COMPLETE, 1, arrived=1, sent=(0, 2))) == []
+    assert sorted(coord.handle(R(1, COMPLETE, 0, arrived=1, sent=(1, 0)))) == [0, 1]
+    assert _grants(pulls[0]) == [1] and _grants(pulls[1]) == [2]
+    assert [e.what for e in coord.log].count("launch") == 6
 
 
-def test_wakes_go_to_the_others_and_only_on_changes(wired):
-    coord, pulls = wired
-    # A send changes nobody's launch decision (the sender cannot launch before the arrival): no wake.
-    coord.handle(GateCall(0, ready=0, ops=[("sent", 1)]))
-    assert _wakes(pulls[0], 200) == 0 and _wakes(pulls[1], 200) == 0
-    # An arrival may: wake every model but the caller.
-    coord.handle(GateCall(1, ready=1, ops=[("arrived", 1)]))
-    assert _wakes(pulls[0]) == 1 and _wakes(pulls[1], 200) == 0
-    assert coord.handle(GateCall(1, ready=1, ask="may"))
-    assert _wakes(pulls[0], 200) == 0  # a grant alone frees nothing for the others
-    coord.handle(GateCall(1, ready=0, ops=[("complete", 1)]))
-    assert _wakes(pulls[0]) == 1 and _wakes(pulls[1], 200) == 0
+def test_model_sync_takes_turns_and_folds_messages_in_flight_into_the_turn(model_sync):
+    coord, pulls = model_sync
+    assert coord.handle(R(0, UPDATE, 2)) == [0]
+    assert coord.handle(R(1, UPDATE, 1)) == []  # 0 runs: one model at a time
+    # 0 completes: the turn moves to 1, which has work; 0 still has work but waits its turn.
+    assert coord.handle(R(0, COMPLETE, 2, sent=(0, 1))) == [1]
+    assert _grants(pulls[1]) == [1]
+    # 1 completes with nothing left and no message due: the turn goes back to 0.
+    assert coord.handle(R(1, COMPLETE, 0, arrived=1)) == [0]
+    # 0 completes, its only work sent to 1: 1's turn, though 1's report says 0 ready (the message is due there).
+    assert coord.handle(R(0, COMPLETE, 0, sent=(0, 2))) == [1]
+    assert _grants(pulls[1]) == [2]
+    assert [e.model for e in coord.log if e.what == "launch"] == [0, 1, 0, 1]
 
 
-class _FakeCoordinator:
-    """A ROUTER that records every `GateCall` and answers `may` with yes: what `RemoteGate` really sends."""
+def test_a_pass_ends_the_slot_and_frees_the_round(step_sync):
+    coord, _ = step_sync
+    coord.handle(R(1, UPDATE, 1))
+    assert coord.handle(R(0, UPDATE, 1)) == []  # the round {1} formed at 1's update
+    assert coord.handle(R(1, COMPLETE, 1)) == [0, 1]
+    # 1's work went away (an abort) before it launched: its pass must not hold the barrier.
+    assert coord.handle(R(1, PASS, 0)) == []
+    assert coord.log[-1].what == "release" and coord.gate.running == {0}
+    assert coord.handle(R(0, COMPLETE, 1)) == [0]
+    # A pass without a held grant (a late one) changes nothing.
+    before = (set(coord.gate.running), set(coord.gate.round))
+    coord.handle(R(1, PASS, 0))
+    assert (coord.gate.running, coord.gate.round) == before
+
+
+def test_grants_go_only_to_the_models_they_let_launch(step_sync):
+    coord, pulls = step_sync
+    coord.handle(R(0, UPDATE, 1))
+    coord.handle(R(0, COMPLETE, 1))
+    coord.handle(R(0, COMPLETE, 1))
+    assert _grants(pulls[0]) == [0, 0, 0]
+    assert _grants(pulls[1], 200) == []  # model 1 had nothing: never woken
+    assert coord.calls == 3 and coord.calls_by_model == [3, 0] and coord.grants == 3
+
+
+# ---- RemoteGate --------------------------------------------------------------------------------------------------
+class _Recorder:
+    """A PULL at the coordinator's address that records every report `RemoteGate` sends."""
 
     def __init__(self, ctx, address: str) -> None:
-        self.sock = ctx.socket(zmq.ROUTER)
+        self.sock = ctx.socket(zmq.PULL)
         self.sock.bind(address)
-        self.calls: list[GateCall] = []
-        self._dec = msgspec.msgpack.Decoder(GateCall)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
+        self.dec = msgspec.msgpack.Decoder(GateReport)
 
-    def _serve(self) -> None:
-        while not self._stop.is_set():
-            if not self.sock.poll(50):
-                continue
-            ident, payload = self.sock.recv_multipart()
-            call = self._dec.decode(payload)
-            self.calls.append(call)
-            self.sock.send_multipart([ident, b"\x01" if call.ask == "may" else b"\x00"])
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(2)
-        self.sock.close()
+    def take(self, wait_ms: int = 300) -> list[GateReport]:
+        out = []
+        while self.sock.poll(wait_ms if not out else 50):
+            out.append(self.dec.decode(self.sock.recv()))
+        return out
 
 
 @pytest.fixture
 def remote(tmp_path):
     ctx = zmq.Context()
     addr = f"ipc://{tmp_path / 'coord'}"
-    fake = _FakeCoordinator(ctx, addr)
-    gate = RemoteGate(0, addr, ctx, timeout_s=10)
+    rec = _Recorder(ctx, addr)
+    gate = RemoteGate(0, 2, addr, ctx)
     ready = {"n": 0}
     gate.attach(0, lambda: ready["n"])
     gate.attach(1, lambda: 99)  # another model's scheduler in this process: not ours, never reported
-    yield gate, fake, ready
+    yield gate, rec, ready
     gate.close()
-    fake.close()
+    rec.sock.close()
     ctx.term()
 
 
-def test_flush_sends_ops_or_a_changed_ready_count_and_nothing_else(remote):
-    gate, fake, ready = remote
-    gate.flush()
-    assert fake.calls == []  # nothing buffered, count unchanged (0)
-    ready["n"] = 3
-    gate.flush()  # no op, but the count changed: the coordinator must hear it
-    assert [(c.ready, c.ops, c.ask) for c in fake.calls] == [(3, [], "")]
-    gate.flush()
-    assert len(fake.calls) == 1
+def _bar(n: int) -> bytes:
+    return msgspec.msgpack.encode(n)
+
+
+def test_one_report_per_completed_step_and_nothing_on_the_launch_path(remote):
+    gate, rec, ready = remote
+    ready["n"] = 2
+    gate.flush()  # a client request at an idle entry: the one update
+    assert [(r.what, r.ready) for r in rec.take()] == [(UPDATE, 2)]
+    gate.on_grant(_bar(0))
+    assert gate.may_launch(0)  # local: no message
+    gate.on_launch(0)
     gate.note_sent(1)
+    gate.note_sent(1)
+    ready["n"] = 1
+    gate.flush()  # mid-step (e.g. after a resume): nothing, the completion report will carry it
     gate.on_complete(0)
     gate.flush()
-    assert [(c.ready, c.ops) for c in fake.calls[1:]] == [(3, [("sent", 1), ("complete", 0)])]
-    ready["n"] = 0  # e.g. a peer's finish emptied the queue without any gate op
-    gate.flush()
-    assert [(c.ready, c.ops) for c in fake.calls[2:]] == [(0, [])]
-
-
-def test_release_is_sent_once_and_only_after_a_grant(remote):
-    gate, fake, ready = remote
-    ready["n"] = 1
-    gate.release()
-    assert fake.calls == []  # nothing granted: nothing to give back
-    assert gate.may_launch(0)
-    gate.release()
-    gate.release()
-    assert [c.ask for c in fake.calls] == ["may", "release"]
-    assert gate.may_launch(0)
-    gate.on_launch(0)  # the grant was used by a launch
-    gate.release()
-    assert [c.ask for c in fake.calls] == ["may", "release", "may"]
+    gate.flush()  # one report per completion, however many flushes follow
+    got = rec.take()
+    assert [(r.what, r.ready, r.arrived, r.sent) for r in got] == [(COMPLETE, 1, 0, [0, 2])]
+    assert not gate.may_launch(0)  # no grant yet: the coordinator's answer is the next grant
     with pytest.raises(RuntimeError):
-        gate.on_launch(0)  # a launch needs a fresh grant
+        gate.on_launch(0)
+
+
+def test_a_grant_waits_for_the_messages_it_counts(remote):
+    gate, rec, ready = remote
+    gate.on_grant(_bar(2))
+    gate.note_arrived(0)
+    ready["n"] = 1
+    assert not gate.may_launch(0)
+    gate.flush()  # an arrival is explained (the coordinator counted the send): no update
+    gate.after_schedule(False)  # formed nothing because a message is still due: the grant is kept
+    assert rec.take(200) == []
+    gate.note_arrived(1)  # another model's arrival in this process: not ours
+    assert not gate.may_launch(0)
+    gate.note_arrived(0)
+    assert gate.may_launch(0)
+
+
+def test_updates_only_for_changes_the_coordinator_cannot_know(remote):
+    gate, rec, ready = remote
+    ready["n"] = 1
+    gate.flush()
+    assert [r.what for r in rec.take()] == [UPDATE]
+    ready["n"] = 3
+    gate.flush()  # still > 0: the coordinator's decision cannot change
+    assert rec.take(200) == []
+    ready["n"] = 0  # an abort emptied the queue
+    gate.flush()
+    assert [(r.what, r.ready) for r in rec.take()] == [(UPDATE, 0)]
+    # A hand-off arrives for a request that had ended here: counted as arrived, but nothing became ready.
+    gate.note_arrived(0)
+    gate.flush()
+    assert [(r.what, r.ready, r.arrived) for r in rec.take()] == [(UPDATE, 0, 1)]
+    # A hand-off arrives and its request is ready: explained by the sender's report, no update.
+    gate.note_arrived(0)
+    ready["n"] = 1
+    gate.flush()
+    assert rec.take(200) == []
+
+
+def test_a_grant_that_finds_nothing_is_passed_back_once(remote):
+    gate, rec, ready = remote
+    gate.on_grant(_bar(0))
+    ready["n"] = 1
+    gate.after_schedule(False)  # ready but not formed (pool short): keep the grant
+    assert rec.take(200) == [] and gate.may_launch(0)
+    ready["n"] = 0
+    gate.after_schedule(False)
+    gate.after_schedule(False)
+    assert [r.what for r in rec.take()] == [PASS]
+    assert not gate.may_launch(0)
+    gate.on_grant(_bar(0))
+    with pytest.raises(RuntimeError):
+        gate.on_grant(_bar(0))  # the coordinator never grants a model twice
+
+
+# ---- the coordinator protocol launches what SyncGate launches -----------------------------------------------------
+def _h(*xs: int) -> int:
+    v = 0x9E3779B9
+    for x in xs:
+        v = (v * 1_000_003 ^ (x + 0x7F4A7C15)) & 0xFFFFFFFF
+    return v
+
+
+class _Toy:
+    """A closed toy deployment: M models, each step takes every ready request of its model and lasts `dur[m]`;
+    after each visit a request stays or hops (a hash of its id and visit), a hop lands after a delay (same hash),
+    and a request ends after `visits`. Every decision is a function of the event, so two drivers that launch the
+    same steps see the same events. `gate_for(m)` gives the object with SyncGate's interface for model m."""
+
+    def __init__(self, m: int, seed: int, n_req: int, visits: int) -> None:
+        self.m, self.seed, self.visits = m, seed, visits
+        self.dur = [1 + _h(seed, k) % 4 for k in range(m)]
+        self.ready = [deque() for _ in range(m)]
+        self.ready[0].extend(range(n_req))
+        self.seen = dict.fromkeys(range(n_req), 0)
+        self.running: list[list[int] | None] = [None] * m
+        self.events: list[tuple[int, int, str, int, int]] = []
+        self.seq = 0
+        self.launches: list[tuple[int, int, tuple[int, ...]]] = []
+
+    def push(self, t: int, what: str, a: int, b: int = 0) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (t, self.seq, what, a, b))
+
+    def run(self, gate_for, flush, after_schedule, pending_grants) -> list[tuple[int, int, tuple[int, ...]]]:
+        t = 0
+        for k in range(self.m):
+            flush(k, t)
+        self.launch_all(t, gate_for, after_schedule, pending_grants)
+        while self.events:
+            t, _, what, a, b = heapq.heappop(self.events)
+            if what == "done":
+                self.done(t, a, gate_for(a))
+                flush(a, t)
+            else:
+                gate_for(a).note_arrived(a)
+                self.ready[a].append(b)
+                flush(a, t)
+            self.launch_all(t, gate_for, after_schedule, pending_grants)
+        assert all(not q for q in self.ready) and not any(self.running)
+        return self.launches
+
+    def launch_all(self, t, gate_for, after_schedule, pending_grants) -> None:
+        again = True
+        while again:  # grants delivered at this instant may let more models launch
+            pending_grants()
+            again = False
+            for k in range(self.m):
+                formed = False
+                if self.running[k] is None and self.ready[k] and gate_for(k).may_launch(k):  # Scheduler.schedule
+                    gate_for(k).on_launch(k)
+                    batch = sorted(self.ready[k])
+                    self.ready[k].clear()
+                    self.running[k] = batch
+                    self.launches.append((t, k, tuple(batch)))
+                    self.push(t + self.dur[k], "done", k)
+                    formed = True
+                again |= after_schedule(k, formed)
+
+    def done(self, t: int, k: int, gate) -> None:
+        gate.on_complete(k)
+        batch, self.running[k] = self.running[k], None
+        for rid in batch:
+            self.seen[rid] += 1
+            v = self.seen[rid]
+            if v == self.visits:
+                continue
+            dst = _h(self.seed, rid, v) % self.m
+            if dst == k:
+                self.ready[k].append(rid)
+            else:
+                gate.note_sent(dst)
+                self.push(t + 1 + _h(self.seed, rid, v, 7) % 5, "arrive", dst, rid)
+
+
+def _reference(kind, m, seed, n_req, visits):
+    toy = _Toy(m, seed, n_req, visits)
+    gate = SyncGate(kind, m)
+    for k in range(m):
+        gate.attach(k, lambda k=k: len(toy.ready[k]))
+    return toy.run(lambda k: gate, lambda k, t: None, lambda k, formed: False, lambda: None)
+
+
+class _NoSocket:
+    def __init__(self, fn) -> None:
+        self.fn = fn
+
+    def send(self, data: bytes) -> None:
+        self.fn(data)
+
+    def send_multipart(self, frames) -> None:
+        self.fn(frames)
+
+    def close(self) -> None:
+        pass
+
+
+def _through_coordinator(tmp_path, kind, m, seed, n_req, visits):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    """The same toy, each model's gate a `RemoteGate` whose reports reach `Coordinator.handle` at once and whose
+    grants are delivered at the same instant (zero-latency sockets: only the protocol differs)."""
+    toy = _Toy(m, seed, n_req, visits)
+    ctx = zmq.Context()
+    subs = tuple(f"ipc://{tmp_path / f's{k}'}" for k in range(m))
+    coord = Coordinator(SyncGate(kind, m), f"ipc://{tmp_path / 'c'}", subs)
+    inbox: deque[tuple[int, bytes]] = deque()
+    reports: deque[bytes] = deque()
+    real = coord._push
+    coord._push = [_NoSocket(lambda frames, k=k: inbox.append((k, frames[1]))) for k in range(m)]
+    dec = msgspec.msgpack.Decoder(GateReport)
+    gates = []
+    for k in range(m):
+        g = RemoteGate(k, m, f"ipc://{tmp_path / 'c'}", ctx)
+        g._sock.close()
+        g._sock = _NoSocket(reports.append)
+        g.attach(k, lambda k=k: len(toy.ready[k]))
+        gates.append(g)
+
+    def deliver() -> None:
+        while reports:
+            coord.handle(dec.decode(reports.popleft()))
+
+    def flush(k, t) -> None:
+        gates[k].flush()
+        deliver()
+
+    def after_schedule(k, formed) -> bool:
+        gates[k].after_schedule(formed)
+        deliver()
+        return bool(inbox)
+
+    def pending_grants() -> None:
+        while inbox:
+            k, bar = inbox.popleft()
+            gates[k].on_grant(bar)
+
+    try:
+        launches = toy.run(lambda k: gates[k], flush, after_schedule, pending_grants)
+    finally:
+        coord._push = real
+        coord.stop()
+        ctx.term()
+    steps = len(launches)
+    return launches, coord.calls, coord.grants, steps
+
+
+@pytest.mark.parametrize("kind", [PolicyKind.STEP_SYNC, PolicyKind.MODEL_SYNC])
+@pytest.mark.parametrize("m", [2, 3])
+def test_the_coordinator_launches_exactly_what_the_core_gate_launches(tmp_path, kind, m):
+    for seed in range(12):
+        want = _reference(kind, m, seed, n_req=5, visits=6)
+        got, calls, grants, steps = _through_coordinator(tmp_path / f"{seed}", kind, m, seed, n_req=5, visits=6)
+        assert got == want, (seed, kind)
+        # One report per launched step, plus the entry's one update when the clients' requests arrive; every
+        # grant launched a step (nothing is aborted in the toy, so nothing is passed back).
+        assert calls == steps + 1 and grants == steps, (seed, calls, grants, steps)
+
+
+def test_the_coordinator_thread_serves_reports_and_stops(tmp_path):
+    ctx, coord, pulls = _coordinator(tmp_path, PolicyKind.STEP_SYNC)
+    coord.start()
+    gate = RemoteGate(0, 2, f"ipc://{tmp_path / 'coord'}", ctx)
+    gate.attach(0, lambda: 1)
+    try:
+        gate.flush()
+        assert _grants(pulls[0], 5000) == [0]
+        done = threading.Event()
+        threading.Thread(target=lambda: (coord.stop(), done.set()), daemon=True).start()
+        assert done.wait(10)
+    finally:
+        gate.close()
+        for s in pulls:
+            s.close()
+        ctx.term()

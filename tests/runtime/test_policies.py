@@ -7,6 +7,7 @@ import json
 import pytest
 from rt_helpers import GREEDY, collect, tiny_config, wait_stats
 
+from tokenrouter.calibration.profiler import runtime_costs
 from tokenrouter.runtime.client import RuntimeClient
 from tokenrouter.runtime.launcher import Server
 
@@ -26,6 +27,8 @@ def serve(tmp_path, cfg, prompts=PROMPTS, repeat: int = 1):
                 client.submit(f"{rid}.{r}", p, GREEDY)
                 rids.add(f"{rid}.{r}")
         out = collect(client, rids, timeout_s=50)
+        if srv.coordinator is not None:
+            runtime_costs.settle(srv.coordinator.log)  # the last completion reports may still be on their way
     finally:
         client.close()
         srv.stop()
@@ -63,6 +66,21 @@ def test_sync_policies_across_processes(tmp_path, policy):
             running.add(e.model)
         elif e.what in ("complete", "release"):
             running.discard(e.model)
+
+
+@pytest.mark.parametrize("policy", ["model-sync", "step-sync"])
+def test_sync_policies_pay_at_most_one_coordinator_round_trip_per_step(tmp_path, policy):
+    """Counted as `calibration.profiler.runtime_costs.gate_rtts_per_step` counts them (the coordinator's calls), per
+    model, against the steps each subserver logged itself: exactly one completion report per step, plus the entry's
+    one update when the clients' requests reach it idle. Grants: one per step (nothing is aborted, nothing passed).
+    The earlier protocol paid 5-6 calls per step here."""
+    _, srv = serve(tmp_path, tiny_config(policy))
+    log = steps(srv)
+    n = [sum(1 for s in log if s["model"] == i) for i in range(2)]
+    coord = srv.coordinator
+    assert n[1] > 0 and coord.calls_by_model == [n[0] + 1, n[1]]
+    assert coord.grants == n[0] + n[1]
+    assert runtime_costs.launched_steps(coord.log) == n[0] + n[1]
 
 
 @pytest.fixture(scope="module")

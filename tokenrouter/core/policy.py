@@ -10,9 +10,14 @@ Standard serving (one server per model, every hop a new request) is not a policy
 a mode of the driver that runs it (the simulator's `--policy std-serving`, the baselines package live).
 
 Synchronous baselines need a `SyncGate` shared by all subservers of a deployment:
-- `step-sync`: rounds with a global barrier; a round starts when nothing runs and no message is in
-  flight, every model with ready requests launches once, and the next round waits for all of them;
-- `model-sync`: one model at a time, round-robin over models that have work.
+- `step-sync`: rounds with a global barrier; a round starts when nothing runs, every model with work (ready
+  requests, or messages in flight to it) launches once, each as soon as the messages sent to it before the round
+  began have landed, and the next round waits for all of them;
+- `model-sync`: one model at a time, round-robin over models that have work; the model whose turn it is
+  launches once its messages have landed.
+A model waits only for the messages addressed to it: that is what a lockstep coordinator can enforce at one
+round trip per step (`runtime.gate`), where waiting for every message of the round would need each arrival
+reported.
 """
 
 from __future__ import annotations
@@ -111,6 +116,11 @@ class SyncGate:
 
     Subservers report launches, completions, messages sent and received; the gate decides from that
     bookkeeping alone, so it is as pure as the schedulers. `ready` returns a model's ready count.
+
+    Step-sync rounds: a round forms when nothing runs; its members are the models with work (ready requests or
+    messages in flight to them), and each member's `bar` is the number of messages sent to it so far: it launches
+    once it has received that many. Messages sent while the round runs (by members that already completed) are
+    the next round's: they do not hold a member back, though one that landed before it launched joins its batch.
     """
 
     def __init__(self, kind: PolicyKind | str, num_models: int) -> None:
@@ -119,9 +129,11 @@ class SyncGate:
             raise ValueError(f"SyncGate is for step-sync and model-sync, not {kind.value!r}")
         self.kind = kind
         self.num_models = num_models
-        self.in_flight = [0] * num_models
+        self.sent = [0] * num_models  # gated messages sent to each model, cumulative
+        self.arrived = [0] * num_models  # ... and received by it
         self.running: set[int] = set()
         self.round: set[int] = set()
+        self.bar: dict[int, int] = {}  # step-sync: round member -> messages it must have received to launch
         self.turn = 0
         self._ready: list[Callable[[], int]] = [lambda: 0] * num_models
 
@@ -129,25 +141,34 @@ class SyncGate:
         self._ready[model] = ready
 
     def note_sent(self, dst: int) -> None:
-        self.in_flight[dst] += 1
+        self.sent[dst] += 1
 
     def note_arrived(self, dst: int) -> None:
-        self.in_flight[dst] = max(0, self.in_flight[dst] - 1)
+        self.arrived[dst] = min(self.sent[dst], self.arrived[dst] + 1)
 
-    def _quiet(self) -> bool:
-        return not self.running and not any(self.in_flight)
+    @property
+    def in_flight(self) -> list[int]:
+        return [s - a for s, a in zip(self.sent, self.arrived, strict=True)]
+
+    def _has_work(self, m: int) -> bool:
+        return self._ready[m]() > 0 or self.arrived[m] < self.sent[m]
 
     def may_launch(self, model: int) -> bool:
         if self.kind is PolicyKind.STEP_SYNC:
-            if self._quiet() and not self.round:
-                self.round = {m for m in range(self.num_models) if self._ready[m]() > 0}
-            return model in self.round
+            # A member whose work went away (an abort, a message for a request that had ended) leaves the round
+            # instead of holding the barrier forever.
+            self.round = {m for m in self.round if self._ready[m]() > 0 or self.arrived[m] < self.bar[m]}
+            if not self.running and not self.round:
+                self.round = {m for m in range(self.num_models) if self._has_work(m)}
+                self.bar = {m: self.sent[m] for m in self.round}
+            return model in self.round and self.arrived[model] >= self.bar[model]
         if self.running:
             return False
+        # Nothing runs, so nothing is sent while the chosen model waits for its messages: the turn cannot move.
         for k in range(self.num_models):
             m = (self.turn + k) % self.num_models
-            if self._ready[m]() > 0 or self.in_flight[m] > 0:
-                return m == model and self.in_flight[m] == 0
+            if self._has_work(m):
+                return m == model and self.arrived[m] == self.sent[m]
         return False
 
     def on_launch(self, model: int) -> None:

@@ -101,6 +101,11 @@ class EngineConfig:
     # Device page tables: one slot per request the engine holds (running, parked or queued with KV); more
     # requests than slots evict the least recently used slot (rewritten when its request returns).
     page_table_slots: int | None = None  # default 4 * max_batch_size + 1
+    # Pages may be held by several requests at once (a prefix cache shares the pages of a common prefix without
+    # copying them: `tokenrouter.baselines`). Off, a page in two requests' lists is an error (a scheduler bug); on,
+    # it is allowed, and the caller guarantees that no step writes into a page another live request holds (shared
+    # pages are whole pages below every sharer's first computed token).
+    shared_pages: bool = False
     warmup: bool = True  # compile every kernel variant serving can hit at start-up
     # Co-location: CUDA stream priority of the engine's stream (torch: 0 default, lower = higher priority, the
     # H200 reports 0 .. -3); a green context of this many SMs for the engine's stream (torch >= 2.11, Hopper);

@@ -14,7 +14,9 @@ Invariants:
   the slot's first and last written page against the request's list (O(1)); and a page written for a slot is
   looked up in `page_owner`, so a page that moved to another request invalidates the old slot.
 - A page handed to two live requests, page 0, or a page id outside the cache is an error naming the rows;
-  planning is all-or-nothing (`plan` validates before `commit` changes any state).
+  planning is all-or-nothing (`plan` validates before `commit` changes any state). With `shared_pages` (a prefix
+  cache) a page may be in several requests' lists, at the same column in each (a shared prefix starts at position
+  0): sharing is not an error, and a slot that still holds a page another slot claims keeps its table.
 
 Host cost: the per-slot state is plain Python lists (list indexing is several times cheaper than numpy scalar
 indexing), a row whose slot already holds all its pages takes an O(1) fast path, and recency is a step stamp
@@ -49,10 +51,12 @@ class TablePlan:
 
 
 class PageTable:
-    def __init__(self, num_slots: int, width: int, num_pages: int, device: torch.device) -> None:
+    def __init__(self, num_slots: int, width: int, num_pages: int, device: torch.device, *,
+                 shared_pages: bool = False) -> None:  # fmt: skip
         if num_slots < 2:
             raise ValueError("a page table needs at least 2 slots (slot 0 is the null slot)")
         self.num_slots, self.width, self.num_pages = num_slots, width, num_pages
+        self.shared_pages = shared_pages
         self.table = torch.zeros(num_slots, width, dtype=torch.int32, device=device)
         self.owner: list[Request | None] = [None] * num_slots
         self.written = [0] * num_slots
@@ -137,11 +141,11 @@ class PageTable:
             if not 0 < p < num_pages:
                 raise BatchError(f"{name(i)}: page id {p} at column {col} is outside 1..{num_pages - 1}")
             c = claims.get(p)
-            if c is not None and c[0] != s:
+            if c is not None and c[0] != s and not self.shared_pages:
                 j = plan.slots.index(c[0]) if c[0] in plan.slots else i
                 raise BatchError(f"{name(i)} and {name(j)}: both hold KV page {p}")
             o = self.page_owner[p]
-            if o > 0 and o != s and o not in plan.evict:
+            if o > 0 and o != s and o not in plan.evict and not self.shared_pages:
                 other = self.owner[o]
                 c2 = self.page_col[p]
                 if other is not None and other is not req and len(other.pages) > c2 and other.pages[c2] == p:
@@ -169,7 +173,7 @@ class PageTable:
             self.written[s] = 0
         for p, (s, col) in plan.claims.items():
             o = self.page_owner[p]
-            if o > 0 and o != s:
+            if o > 0 and o != s and not (self.shared_pages and self._holds(o, p, col)):
                 self.written[o] = 0  # the page moved: the old slot's table is stale
             self.page_owner[p] = s
             self.page_col[p] = col
@@ -183,6 +187,11 @@ class PageTable:
         stamp, now = self.stamp, self._commits
         for s in plan.slots:
             stamp[s] = now
+
+    def _holds(self, s: int, p: int, col: int) -> bool:
+        """Slot s's request still lists page p at column `col` (a shared prefix page, not a page that moved)."""
+        req = self.owner[s]
+        return req is not None and self.written[s] > col and len(req.pages) > col and req.pages[col] == p
 
     def forget(self, reqs: list[Request]) -> None:
         """After a failed step: the slots of these requests may be half-written; make them rewrite."""

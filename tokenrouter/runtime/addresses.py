@@ -18,6 +18,12 @@ class Addresses:
     # Added by the runtime (compatible): the launcher's PULL; subservers send Ready/Stats/Failed here too, so
     # the launcher sees start-up and liveness without the front-end's socket.
     launcher: str = ""
+    # Where clients send Submit/Abort when it is not the entry subserver: the std-serving baseline's dispatcher.
+    submit: str = ""
+
+    def entry_address(self, entry: int) -> str:
+        """Where a front-end sends `Submit` and `Abort`."""
+        return self.submit or self.subservers[entry]
 
     @classmethod
     def local(cls, run_dir: str | Path, num_models: int) -> Addresses:

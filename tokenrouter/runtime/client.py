@@ -20,7 +20,7 @@ class RuntimeClient:
         self.pull.bind(addresses.frontend)
         self.push = self.ctx.socket(zmq.PUSH)
         self.push.setsockopt(zmq.LINGER, 0)
-        self.push.connect(addresses.subservers[entry])
+        self.push.connect(addresses.entry_address(entry))
 
     def submit(self, rid: str, prompt_ids: Sequence[int], sampling: P.Sampling,
                eos_token_ids: Sequence[int] = ()) -> None:  # fmt: skip

@@ -110,6 +110,10 @@ class EngineLoop(ABC):
         """Send `actions` (Send -> a peer, Emit -> the client's tokens, Finish); a Finish of a request in
         `failed` reports reason "error" (its step failed)."""
 
+    def before_complete(self, batch: Batch) -> None:  # noqa: B027 - optional hook, default no-op
+        """Called when a step's result is in, before `Scheduler.complete` (which may finish requests and release
+        their pages): the KV of every live row's tokens is written (a prefix cache takes its whole pages here)."""
+
     def after_schedule(self, batch: Batch | None) -> None:  # noqa: B027 - optional hook, default no-op
         """Called right after `schedule`, before the step launches (a sync gate's grant is released when no
         batch formed; tests land aborts and completions between schedule and step here)."""
@@ -215,5 +219,6 @@ class EngineLoop(ABC):
         self.step_log.write({"model": self.model, "step": f.batch.step_id, "rows": rows, "launch": f.launched,
                              "done": t_done, "gpu_ms": gpu_ms, "back_to_back": f.back_to_back})  # fmt: skip
         t0 = time.perf_counter()
+        self.before_complete(f.batch)
         self.deliver(self.sched.complete(f.batch, res, t_done))
         self.times.complete_s += time.perf_counter() - t0

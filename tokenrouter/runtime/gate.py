@@ -1,19 +1,32 @@
-"""The synchronous baselines (`step-sync`, `model-sync`) across processes: one `Coordinator` (a thread in the
-launcher) holds the real `core.policy.SyncGate`; each subserver's scheduler gets a `RemoteGate` with the same
-interface, which talks to it over DEALER/ROUTER request-reply.
+"""The synchronous baselines (`step-sync`, `model-sync`) across processes, at one coordinator round trip per step.
 
-Why the calls are batched and when they are synchronous:
-- In the simulator a `complete` (gate.on_complete, note_sent...) and the requeue that follows are one atomic
-  step, and the gate reads every model's ready count live. Here the coordinator only knows the ready counts
-  the subservers report, so `RemoteGate` buffers `on_complete`/`note_sent`/`note_arrived` and `flush()` sends
-  them together with the caller's ready count *after* the scheduler call returned (requeue included). The
-  subserver flushes before it delivers any `Send`, and the flush waits for the coordinator's reply, so a
-  message's arrival (`note_arrived` on the peer) is never counted before its send.
-- `may_launch` is a reservation: when the coordinator answers yes it applies `on_launch` at once (so no other
-  model can be granted in between); the subserver calls `release()` if `schedule` then forms no batch.
-- Any change that may let another model launch is followed by a wake (`protocol.GATE` frame) pushed to every
-  other subserver, so an idle subserver blocked in its poll re-asks `schedule` (the driver duty of
-  `Deployment.wakes`).
+One `Coordinator` (a thread in the launcher) holds the real `core.policy.SyncGate`; each subserver's scheduler gets
+a `RemoteGate` with the same interface. The protocol is *complete-and-ask*: a subserver sends one `GateReport`
+when its step completes (its completion, its ready count after the requeue, and its cumulative counts of gated
+messages sent and received), and the coordinator's one reply is the next grant, pushed when the gate lets that
+model launch. Nothing else is on a step's path: no request waits for an answer (the subserver keeps taking peer
+messages while its ask is open), and a grant goes only to the model it lets launch.
+
+Why this keeps `SyncGate`'s semantics (what the simulator runs) without reporting arrivals:
+- `SyncGate` waits for messages in flight to land before a model launches (step-sync's quiet barrier, model-sync's
+  `in_flight[m] == 0`), and reads the ready counts after they landed. Here the coordinator knows every gated send
+  from the senders' reports, so it folds the messages still in flight to model m into m's ready count (a hand-off
+  always leaves its request ready at the destination) and leaves the gate's own `in_flight` at zero; the grant
+  carries the number of gated messages m must have received (`bar`), and m launches only once it has. So a
+  launch happens at the same point of the causal order as in the simulator, and the receiver never reports an
+  arrival. The sender's report need not precede its messages either: counts are cumulative, and a grant that
+  depends on a send is issued only after the sender's report.
+- A report is taken with the ready count and the arrival count read at the same instant, so `ready + sent to m -
+  arrived` is exact for every model that is not running.
+- A subserver whose ready count changes for another reason than an arrival (a client's `Submit` at the entry, an
+  abort, a peer's finish) while it has no step running and holds no grant sends an `update`: the only message
+  off the step path, and only on those events. A grant that finds nothing to run (the work went away) is handed
+  back with a `pass`, which ends that model's turn or round slot.
+
+Message cost per launched step: one report in, one grant out (`Coordinator.calls` counts the reports and updates
+received, `grants` the grants pushed). The earlier protocol (a synchronous `may` ask before each launch, a flush
+after each completion and each arrival, releases, and a wake to every other model on each change) paid 5-6
+request-reply round trips and 2-3 wakes per step.
 """
 
 from __future__ import annotations
@@ -29,29 +42,42 @@ import zmq
 from tokenrouter.core.policy import SyncGate
 from tokenrouter.runtime.protocol import GATE
 
+COMPLETE, PASS, UPDATE = "complete", "pass", "update"
 
-class GateCall(msgspec.Struct, frozen=True):
-    """One request to the coordinator: buffered ops ("sent"/"arrived"/"complete", model) then `ask`."""
+
+class GateReport(msgspec.Struct, frozen=True, array_like=True):
+    """One message from a subserver to the coordinator.
+
+    `what`: `complete` (its step completed: the ask for the next grant), `pass` (a grant found nothing to run) or
+    `update` (its ready count changed while it neither runs nor holds a grant). `ready`, `arrived` (gated messages
+    received, cumulative) and `sent` (gated messages sent, cumulative, per destination) are read at one instant."""
 
     model: int
+    what: str
     ready: int
-    ops: list[tuple[str, int]] = []
-    ask: str = ""  # "" (flush only) | "may" | "release" | "stop"
+    arrived: int
+    sent: list[int]
+
+
+_report_enc = msgspec.msgpack.Encoder()
+_report_dec = msgspec.msgpack.Decoder(GateReport)
+_bar_dec = msgspec.msgpack.Decoder(int)
 
 
 @dataclass(slots=True)
 class GateEvent:
-    """A launch or completion as the coordinator applied it (its own monotonic clock)."""
+    """A grant, a completion or a pass as the coordinator applied it (its own monotonic clock)."""
 
     time: float
     model: int
-    what: str  # "launch" | "complete" | "release"
+    what: str  # "launch" (a grant) | "complete" | "release" (a grant passed back unused)
 
 
 @dataclass
 class Coordinator:
-    """Serves a `SyncGate` on a ROUTER socket in a daemon thread. `log` records launches and completions
-    (for tests and the ablation's timelines); it is appended only by the coordinator thread."""
+    """Serves a `SyncGate` on a PULL socket in a daemon thread and pushes grants to the subservers' PULL sockets.
+    `log` records grants, completions and passes (for tests and the ablation's timelines); it is appended only by
+    the coordinator thread (or by whoever calls `handle` directly, in tests)."""
 
     gate: SyncGate
     address: str
@@ -59,29 +85,38 @@ class Coordinator:
     log: list[GateEvent] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self._reported = [0] * self.gate.num_models
-        for m in range(self.gate.num_models):
-            self.gate.attach(m, self._ready_of(m))
+        m = self.gate.num_models
+        self._ready = [0] * m  # as last reported
+        self._arrived = [0] * m  # as last reported by the receiver
+        self._sent = [[0] * m for _ in range(m)]  # _sent[src][dst], as last reported by src
+        for i in range(m):
+            self.gate.attach(i, self._ready_of(i))
         self._ctx = zmq.Context()
-        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock = self._ctx.socket(zmq.PULL)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.bind(self.address)
-        self._wake = []
+        self._push = []
         for addr in self.subservers:
             s = self._ctx.socket(zmq.PUSH)
             s.setsockopt(zmq.LINGER, 0)
             s.setsockopt(zmq.SNDHWM, 0)
             s.connect(addr)
-            self._wake.append(s)
+            self._push.append(s)
+        self._enc = msgspec.msgpack.Encoder()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="sync-coordinator", daemon=True)
-        self._dec = msgspec.msgpack.Decoder(GateCall)
-        self.calls = 0
-        # model -> (it was running, it was in the round) just before its last grant: what `release` restores.
-        self._snapshot: dict[int, tuple[bool, bool]] = {}
+        self.calls = 0  # messages received (reports, passes, updates): calibration divides by launched steps
+        self.calls_by_model = [0] * m
+        self.grants = 0  # grants pushed
+
+    def inbound(self, model: int) -> int:
+        """Gated messages sent to `model` so far, as the senders reported them."""
+        return sum(row[model] for row in self._sent)
 
     def _ready_of(self, m: int) -> Callable[[], int]:
-        return lambda: self._reported[m]
+        # Ready as the gate must see it: the last report plus what was sent to m since (in flight, or arrived after
+        # m's report): those requests are ready at m by the time m launches (it waits for them, `bar`).
+        return lambda: self._ready[m] + self.inbound(m) - self._arrived[m]
 
     def start(self) -> Coordinator:
         self._thread.start()
@@ -89,8 +124,9 @@ class Coordinator:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=5)
-        for s in self._wake:
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        for s in self._push:
             s.close()
         self._sock.close()
         self._ctx.term()
@@ -101,69 +137,62 @@ class Coordinator:
         while not self._stop.is_set():
             if not poller.poll(100):
                 continue
-            ident, payload = self._sock.recv_multipart()
-            answer = self.handle(self._dec.decode(payload))
-            self._sock.send_multipart([ident, b"\x01" if answer else b"\x00"])
+            self.handle(_report_dec.decode(self._sock.recv()))
 
-    def handle(self, call: GateCall) -> bool:
-        """Apply one call to the gate; returns the answer to `may`. Wakes the others when state changed."""
-        self.calls += 1  # one request-reply round trip of the calling subserver (calibration counts them)
-        g, m = self.gate, call.model
-        self._reported[m] = call.ready
-        snapshot = self._snapshot.pop(m, None)  # a reservation lives until the model's next call
-        changed = False
-        for op, x in call.ops:
-            if op == "sent":
-                g.note_sent(x)
-            elif op == "arrived":
-                g.note_arrived(x)
-                changed = True
-            elif op == "complete":
-                g.on_complete(x)
-                self.log.append(GateEvent(time.monotonic(), x, "complete"))
-                changed = True
-        answer = False
-        if call.ask == "may":
-            answer = g.may_launch(m)
-            if answer:
-                self._snapshot[m] = (m in g.running, m in g.round)
-                g.on_launch(m)
-                self.log.append(GateEvent(time.monotonic(), m, "launch"))
-        elif call.ask == "release" and snapshot is not None:
-            # `schedule` formed no batch after a yes: undo this model's reservation, and only it. `on_launch`
-            # touched nothing but m's membership of `running` and `round`; other models' launches and
-            # completions applied since the grant must stay (restoring both sets whole undid them, and a
-            # completed model left in `running` kept step-sync from ever being quiet again).
-            was_running, was_in_round = snapshot
-            (g.running.add if was_running else g.running.discard)(m)
-            (g.round.add if was_in_round else g.round.discard)(m)
+    def handle(self, report: GateReport) -> list[int]:
+        """Apply one report to the gate and push a grant to every model the gate now lets launch; returns them."""
+        self.calls += 1
+        g, m = self.gate, report.model
+        self.calls_by_model[m] += 1
+        self._ready[m] = report.ready
+        self._arrived[m] = report.arrived
+        self._sent[m] = list(report.sent)
+        if report.what == COMPLETE:
+            g.on_complete(m)
+            self.log.append(GateEvent(time.monotonic(), m, "complete"))
+        elif report.what == PASS and m in g.running:
+            # The grant ran nothing: it ends here like a step would (step-sync: its slot of the round is used;
+            # model-sync: the turn moves on). Its reservation was the only change the grant made.
+            g.on_complete(m)
             self.log.append(GateEvent(time.monotonic(), m, "release"))
-            changed = True
-        if changed:
-            for i, s in enumerate(self._wake):
-                if i != m:
-                    s.send_multipart([GATE, b""])
-        return answer
+        return self._grant()
+
+    def _grant(self) -> list[int]:
+        g = self.gate
+        out = []
+        for m in range(g.num_models):
+            if m not in g.running and g.may_launch(m):
+                g.on_launch(m)  # a reservation: no other model is granted against it
+                self.log.append(GateEvent(time.monotonic(), m, "launch"))
+                self._push[m].send_multipart([GATE, self._enc.encode(self.inbound(m))])
+                self.grants += 1
+                out.append(m)
+        return out
 
 
 class RemoteGate:
     """`SyncGate`'s interface for one subserver's scheduler, backed by the coordinator (see the module doc).
 
-    Invariant: the driver calls `flush()` after every scheduler call that may have buffered ops, before it
-    delivers that call's `Send` actions, and `release()` when `schedule` returned None.
+    `may_launch` is local: true while this model holds a grant and has received the gated messages the grant
+    counts. Driver duties: `flush()` after every scheduler call (it sends the completion report, or an update when
+    the ready count changed unexplained), `on_grant(payload)` for every GATE frame, and `after_schedule(batch)`
+    after every `schedule` (it hands back a grant that finds nothing to run).
     """
 
-    def __init__(self, model: int, address: str, ctx: zmq.Context, timeout_s: float = 30.0) -> None:
+    def __init__(self, model: int, num_models: int, address: str, ctx: zmq.Context) -> None:
         self.model = model
-        self._sock = ctx.socket(zmq.DEALER)
-        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock = ctx.socket(zmq.PUSH)
+        self._sock.setsockopt(zmq.LINGER, 1000)
+        self._sock.setsockopt(zmq.SNDHWM, 0)
         self._sock.connect(address)
-        self._timeout_ms = int(timeout_s * 1000)
-        self._ops: list[tuple[str, int]] = []
         self._ready: Callable[[], int] = lambda: 0
-        self._granted = False
-        self._reported = 0  # the ready count the coordinator last heard from us
-        self._enc = msgspec.msgpack.Encoder()
+        self.sent = [0] * num_models  # gated messages sent, cumulative, per destination
+        self.arrived = 0  # gated messages received, cumulative
+        self.bar: int | None = None  # the held grant: launch once `arrived >= bar`
+        self.running = False
+        self._completed = False
+        self._reported = (0, 0)  # (ready, arrived) of the last message the coordinator got from us
+        self.reports = 0
 
     def attach(self, model: int, ready: Callable[[], int]) -> None:
         # The builder builds every model's scheduler in every process, all with this gate: only ours counts.
@@ -171,41 +200,56 @@ class RemoteGate:
             self._ready = ready
 
     def note_sent(self, dst: int) -> None:
-        self._ops.append(("sent", dst))
+        self.sent[dst] += 1
 
     def note_arrived(self, dst: int) -> None:
-        self._ops.append(("arrived", dst))
+        if dst == self.model:
+            self.arrived += 1
 
     def on_complete(self, model: int) -> None:
-        self._ops.append(("complete", model))
-
-    def on_launch(self, model: int) -> None:
-        if not self._granted:
-            raise RuntimeError("on_launch without a granted may_launch")
-        self._granted = False  # the coordinator applied it when it granted
+        self.running = False
+        self._completed = True
 
     def may_launch(self, model: int) -> bool:
-        self._granted = self._call("may")
-        return self._granted
+        return self.bar is not None and self.arrived >= self.bar
+
+    def on_launch(self, model: int) -> None:
+        if not self.may_launch(model):
+            raise RuntimeError("on_launch without a usable grant")
+        self.bar = None
+        self.running = True
+
+    def on_grant(self, payload: bytes) -> None:
+        if self.bar is not None or self.running:
+            raise RuntimeError(f"model {self.model}: a second grant while one is held or a step runs")
+        self.bar = _bar_dec.decode(payload)
 
     def flush(self) -> None:
-        """Send buffered ops, or just the ready count when it changed (a peer's finish or an abort empties the
-        queue without any gate op; a stale count > 0 would keep model-sync's turn on an idle model forever)."""
-        if self._ops or self._ready() != self._reported:
-            self._call("")
+        """After a scheduler call: the completion report if a step completed, else an update if the ready count
+        changed for a reason the coordinator cannot know (not an arrival) while we neither run nor hold a grant."""
+        if self._completed:
+            self._completed = False
+            self._send(COMPLETE)
+        elif not self.running and self.bar is None and self._unexplained():
+            self._send(UPDATE)
 
-    def release(self) -> None:
-        if self._granted:
-            self._granted = False
-            self._call("release")
+    def after_schedule(self, formed: bool) -> None:
+        """`schedule` formed no batch: a grant whose messages all arrived but that finds nothing ready is handed back
+        (`pass`). A grant kept because messages are still due, or because the pool could not take a ready request
+        yet, stays held (the gate's semantics: the model keeps its turn or its slot of the round)."""
+        if not formed and self.may_launch(self.model) and self._ready() == 0:
+            self.bar = None
+            self._send(PASS)
 
-    def _call(self, ask: str) -> bool:
-        ops, self._ops = self._ops, []
-        self._reported = self._ready()
-        self._sock.send(self._enc.encode(GateCall(self.model, self._reported, ops, ask)))
-        if not self._sock.poll(self._timeout_ms):
-            raise RuntimeError(f"sync coordinator did not answer within {self._timeout_ms} ms")
-        return self._sock.recv() == b"\x01"
+    def _unexplained(self) -> bool:
+        ready, arrived = self._reported
+        expected = ready + self.arrived - arrived  # what the coordinator assumes once it knows the sends
+        return (self._ready() > 0) != (expected > 0)
+
+    def _send(self, what: str) -> None:
+        self._reported = (self._ready(), self.arrived)
+        self.reports += 1
+        self._sock.send(_report_enc.encode(GateReport(self.model, what, self._reported[0], self.arrived, self.sent)))
 
     def close(self) -> None:
         self._sock.close()

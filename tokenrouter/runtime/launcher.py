@@ -5,8 +5,8 @@ What a front-end (HTTP or a test client) relies on:
 - `server.addresses.frontend`: bind a PULL there; every subserver PUSHes `Tokens`/`Finished`/`Rejected` and its
   `Ready`/`Stats`/`Failed` to it, and the launcher adds a `Failed(model, ...)` when a subserver process dies
   without saying so. Binding before or after `start()` both work (ZeroMQ queues until the bind).
-- `server.addresses.subservers[server.entry]`: PUSH `Submit` there; `Abort` also goes to the entry (the core
-  tells every peer). `runtime.client.RuntimeClient` does both.
+- `server.addresses.entry_address(server.entry)` (the entry subserver, or a baseline's dispatcher): PUSH `Submit`
+  there; `Abort` also goes there (the core tells every peer). `runtime.client.RuntimeClient` does both.
 - `server.ready[i]` (`Ready` of model i) after `start()`; `server.stats[i]` (latest `Stats`); `server.dead`
   (model -> reason) and `server.healthy()`; `add_listener(fn)` gets every Ready/Stats/Failed the launcher sees
   (called from the watcher thread).
@@ -18,7 +18,8 @@ Kubernetes restarts it). With `restart_on_failure` the launcher tells every surv
 requests, reconnect) and starts the dead subserver again in place; the front-end serves again once its
 `Ready` arrives. A subserver that dies again before it is ready is a failure. Subservers die with the launcher
 (`parent_watch`), and the run directory is removed on every exit path (`rundir`).
-Invariant: after `stop()` returns, no subserver process, coordinator thread or MPS daemon of this server runs.
+Invariant: after `stop()` returns, no subserver process, auxiliary process (`aux`), coordinator thread or MPS daemon of
+this server runs.
 """
 
 from __future__ import annotations
@@ -132,6 +133,9 @@ class Server:
         self.stats: dict[int, P.Stats] = {}
         self.dead: dict[int, str] = {}
         self.processes: list[Any] = []
+        # Processes beside the subservers (the std-serving baseline's dispatcher): (name, process, address). One that
+        # exits is a failure of the whole server (never restarted); `stop` sends them Shutdown too.
+        self.aux: list[tuple[str, Any, str]] = []
         self.coordinator: Coordinator | None = None
         self.mps: MpsDaemon | None = None
         self._listeners: list[Listener] = []
@@ -153,6 +157,10 @@ class Server:
 
     def step_log(self, model: int) -> Path:
         return self.run_dir / f"steps{model}.jsonl"
+
+    def _hop_logs(self) -> list[Path]:
+        """The emit logs `record_hops` merges into the hop trace on stop."""
+        return [self.hop_log(i) for i in range(self.num_models)]
 
     def add_listener(self, fn: Listener) -> None:
         self._listeners.append(fn)
@@ -213,9 +221,19 @@ class Server:
                  self.run_dir)  # fmt: skip
         for i in range(self.num_models):
             self.processes.append(self._spawn(i))
+        self._start_aux()
         self._wait_ready()
         self._watcher = threading.Thread(target=self._watch, name="tokenrouter-watch", daemon=True)
         self._watcher.start()
+
+    def _start_aux(self) -> None:
+        """Start the processes that run beside the subservers (`aux`); none here."""
+
+    def _target(self, spec: SubserverSpec) -> tuple[Callable[[Any], None], Any]:
+        """The process entry point of a subserver and its argument."""
+        from tokenrouter.runtime import subserver
+
+        return subserver.main, spec
 
     def _spawn(self, i: int) -> Any:
         """Start subserver i. Its parent-death signal is tied to the calling thread: the main thread at start,
@@ -233,11 +251,10 @@ class Server:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in mc.gpus)
             if mc.mps_active_thread_percentage is not None:
                 env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(mc.mps_active_thread_percentage)
-        from tokenrouter.runtime import subserver
-
+        target, arg = self._target(spec)
         ctx = mp.get_context("spawn")
         with _environ(env):  # a spawned child copies the parent's environment at start
-            p = ctx.Process(target=subserver.main, args=(spec,), name=f"tokenrouter-sub{i}", daemon=False)
+            p = ctx.Process(target=target, args=(arg,), name=f"tokenrouter-sub{i}", daemon=False)
             p.start()
         return p
 
@@ -253,6 +270,9 @@ class Server:
                     self._poll_control(200)  # its Failed may still be in flight
                     why = self.dead.get(i, f"process exited with code {p.exitcode}")
                     raise StartupError(f"subserver {i} ({self.config.models[i].name}) failed during start-up: {why}")
+            for name, p, _ in self.aux:
+                if p.exitcode is not None:
+                    raise StartupError(f"{name} failed during start-up ({describe_exit(p.exitcode)})")
             if time.monotonic() > deadline:
                 missing = [self.config.models[i].name for i in range(self.num_models) if i not in self.ready]
                 raise StartupError(f"no Ready within {self.ready_timeout_s:.0f} s from {', '.join(missing)}")
@@ -295,6 +315,9 @@ class Server:
                         if p.exitcode is not None and self._handled.get(i) is not p:
                             self._handled[i] = p
                             self._on_exit(i, p, tell)
+                    for name, p, _ in self.aux:
+                        if p.exitcode is not None and self.failure is None:
+                            self._on_aux_exit(name, p)
         finally:
             tell.close()
 
@@ -316,6 +339,13 @@ class Server:
         why = msg if was_ready or not self.restart_on_failure else f"{msg}, before it was ready again"
         self.failure = why
         log.error("giving up: %s%s", why, "" if self.restart_on_failure else " (--restart-on-failure restarts it)")
+        for fn in self._fatal_listeners:
+            fn(why)
+
+    def _on_aux_exit(self, name: str, p: Any) -> None:
+        why = f"{name} died ({describe_exit(p.exitcode)})"
+        log.error("giving up: %s", why)
+        self.failure = why
         for fn in self._fatal_listeners:
             fn(why)
 
@@ -344,16 +374,17 @@ class Server:
             self._stopping.set()
         try:
             with self._lock:
-                for addr in self.addresses.subservers:
+                for addr in (*self.addresses.subservers, *(a for _, _, a in self.aux)):
                     s = self._ctx.socket(zmq.PUSH)
                     s.setsockopt(zmq.LINGER, 500)
                     s.connect(addr)
                     s.send_multipart([P.CTL, P.encode(P.Shutdown())])
                     s.close()
             deadline = time.monotonic() + timeout_s
-            for p in self.processes:
+            every = [*self.processes, *(p for _, p, _ in self.aux)]
+            for p in every:
                 p.join(max(0.0, deadline - time.monotonic()))
-            for p in self.processes:
+            for p in every:
                 if p.exitcode is None:
                     p.kill()
                     p.join(5)
@@ -367,7 +398,7 @@ class Server:
             if self.mps is not None:
                 self.mps.stop()
             if self.record_hops:
-                merge_hop_logs([self.hop_log(i) for i in range(self.num_models)], self.record_hops)
+                merge_hop_logs(self._hop_logs(), self.record_hops)
             self._pull.close()
             self._ctx.term()
             if self._own_dir and not self.step_logs:

@@ -165,6 +165,16 @@ class Stats(msgspec.Struct, tag="stats", frozen=True):
     batch_rows: list[int] = []
     batch_ms: list[float] = []
     live: int = 0  # live requests N as this subserver knows it (the entry owns the count)
+    # A standard-serving model server's prefix cache (`tokenrouter.baselines`; zeros elsewhere), cumulative: requests
+    # admitted, those that matched a cached prefix, their tokens and the matched part (the rest was computed
+    # again), pages evicted, host time in the cache (match, insert, eviction); and pages cached now.
+    prefix_requests: int = 0
+    prefix_hits: int = 0
+    prefix_prompt_tokens: int = 0
+    prefix_matched_tokens: int = 0
+    prefix_evicted_pages: int = 0
+    prefix_host_ms: float = 0.0
+    prefix_cached_pages: int = 0
 
 
 class Failed(msgspec.Struct, tag="failed", frozen=True):

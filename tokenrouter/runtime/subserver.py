@@ -2,8 +2,9 @@
 
 The loop (schedule -> engine.step -> complete, overlap, late prepare, loop counters) is `runtime.engine_loop`;
 this class is its transport: `receive` drains every queued message (Submit -> `add`, Abort -> `abort`, PEER ->
-`resume`, GATE -> nothing, the loop re-asks `schedule`) and sends the Stats heartbeat; `deliver` sends actions
-(Send -> peer PUSH as `core.wire`, Emit -> `Tokens`, Finish -> `Finished`). When nothing runs and `schedule`
+`resume`, GATE -> the sync coordinator's grant, then the loop asks `schedule`) and sends the Stats heartbeat;
+`deliver` sends actions (Send -> peer PUSH as `core.wire`, Emit -> `Tokens`, Finish -> `Finished`), then, under a
+sync policy, the gate's report (`runtime.gate`: one per completed step). When nothing runs and `schedule`
 says wait, `wait_idle` blocks in `zmq.Poller.poll` until a message, the policy deadline (`next_deadline`) or the
 next Stats heartbeat: no busy spinning.
 """
@@ -44,12 +45,12 @@ class Subserver(EngineLoop):
         self.ctx = zmq.Context()
         self.gate: RemoteGate | None = None
         if spec.config.policy.build().is_sync:
-            self.gate = RemoteGate(spec.model, addrs.coordinator, self.ctx)
+            self.gate = RemoteGate(spec.model, len(spec.config.models), addrs.coordinator, self.ctx)
         mc = spec.config.models[spec.model]
         self.tag = f"model {spec.model} ({mc.name})"
         log.info("%s: loading %s on %s", self.tag, f"weights from {mc.path}" if mc.path else "dummy weights",
                  spec.device)  # fmt: skip
-        self.dep, sched, engine = build_part(spec, self.gate)
+        self.dep, sched, engine = self._build(spec)
         super().__init__(engine, sched, prepare_margin_s=spec.prepare_margin_ms / 1000.0,
                          step_log=JsonlLog(spec.step_log))  # fmt: skip
         _log_start_phases(self.tag, self.engine, time.monotonic() - t0)
@@ -60,6 +61,7 @@ class Subserver(EngineLoop):
             if j != spec.model:
                 self.peers[j] = self._push(a)
         self.front = self._push(addrs.frontend)
+        self.out = self._reply_socket(spec)  # Tokens / Finished / Rejected go here
         self.launcher = self._push(addrs.launcher) if addrs.launcher else None
         self.poller = zmq.Poller()
         self.poller.register(self.pull, zmq.POLLIN)
@@ -75,6 +77,14 @@ class Subserver(EngineLoop):
         self.next_stats = 0.0
         self.stats_sent = float("-inf")
         self.stats_sig: tuple[int, ...] = ()
+
+    def _build(self, spec: SubserverSpec) -> tuple[Any, Any, Any]:
+        """(deployment, this model's scheduler, its engine): the simulator's builder, same call."""
+        return build_part(spec, self.gate)
+
+    def _reply_socket(self, spec: SubserverSpec) -> zmq.Socket:
+        """Where a request's tokens and its end go: the front-end (a baseline's model server answers its dispatcher)."""
+        return self.front
 
     def _push(self, addr: str) -> zmq.Socket:
         s = self.ctx.socket(zmq.PUSH)
@@ -105,7 +115,8 @@ class Subserver(EngineLoop):
                 self._on_peer_restarted(msg.model, now)
             elif isinstance(msg, P.SetPolicy):
                 self._set_policy(msg)
-        # GATE: nothing to do; the loop re-asks schedule.
+        elif chan == P.GATE and self.gate is not None:
+            self.gate.on_grant(data)  # a grant: the loop asks `schedule` next
 
     def _submit(self, msg: P.Submit, now: float) -> None:
         ids = P.unpack_ids(msg.prompt_ids)
@@ -120,7 +131,7 @@ class Subserver(EngineLoop):
                           eos_token_ids=tuple(msg.eos_token_ids))  # fmt: skip
             acts = self.sched.add(req, now)
         except (RequestTooLong, ValueError, TypeError) as e:
-            self.front.send_multipart([P.CTL, P.encode(P.Rejected(msg.rid, 400, str(e)))])
+            self.out.send_multipart([P.CTL, P.encode(P.Rejected(msg.rid, 400, str(e)))])
             return
         self.hops.write({"rid": msg.rid, "prompt_len": len(ids)})
         self.deliver(acts)
@@ -180,13 +191,11 @@ class Subserver(EngineLoop):
         self._drain(self._timeout_ms(now))
 
     def after_schedule(self, batch: Batch | None) -> None:
-        if batch is None and self.gate is not None:
-            self.gate.release()  # a granted launch that formed no batch
+        if self.gate is not None:
+            self.gate.after_schedule(batch is not None)  # hands back a grant that finds nothing to run
 
     # ---- outputs --------------------------------------------------------------------------------------
     def deliver(self, acts: list[Action], failed: frozenset[str] = frozenset()) -> None:
-        if self.gate is not None:
-            self.gate.flush()  # before any Send leaves: the coordinator counts the send first
         for a in acts:
             if isinstance(a, Send):
                 if isinstance(a.msg, PeerReq) and not a.msg.finished:
@@ -195,11 +204,15 @@ class Subserver(EngineLoop):
             elif isinstance(a, Emit):
                 self.counters.tokens += len(a.tokens)
                 out = P.Tokens(a.rid, a.pos, P.pack_ids(a.tokens), a.model, a.logprobs)
-                self.front.send_multipart([P.CTL, P.encode(out)])
+                self.out.send_multipart([P.CTL, P.encode(out)])
                 self.hops.write({"rid": a.rid, "pos": a.pos, "n": len(a.tokens), "model": a.model})
             elif isinstance(a, Finish):
                 reason = "error" if a.rid in failed else a.reason
-                self.front.send_multipart([P.CTL, P.encode(P.Finished(a.rid, reason, a.num_output, a.num_hops))])
+                self.out.send_multipart([P.CTL, P.encode(P.Finished(a.rid, reason, a.num_output, a.num_hops))])
+        if self.gate is not None:
+            # After the peer messages: the report that lets a peer launch goes out after what it must receive (the
+            # peer waits for the count the grant carries anyway; this only saves it the wait).
+            self.gate.flush()
 
     # ---- loop -----------------------------------------------------------------------------------------
     def _timeout_ms(self, now: float) -> int:

@@ -76,7 +76,7 @@ class Backend:
         self._pull.bind(self.handle.addresses.frontend)
         self._push = self._ctx.socket(zmq.PUSH)
         self._push.setsockopt(zmq.LINGER, 0)
-        self._push.connect(self.handle.addresses.subservers[self.handle.entry])
+        self._push.connect(self.handle.addresses.entry_address(self.handle.entry))
         self._tasks = [asyncio.create_task(self._reader()), asyncio.create_task(self._watchdog())]
 
     async def close(self) -> None:
@@ -281,7 +281,7 @@ class Backend:
         self._push.close(linger=0)
         self._push = self._ctx.socket(zmq.PUSH)
         self._push.setsockopt(zmq.LINGER, 0)
-        self._push.connect(self.handle.addresses.subservers[self.handle.entry])
+        self._push.connect(self.handle.addresses.entry_address(self.handle.entry))
 
     def _seen(self, i: int) -> None:
         if 0 <= i < len(self.models):

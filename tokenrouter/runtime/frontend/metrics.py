@@ -24,6 +24,7 @@ _GAUGES = (
     ("requests_running", "requests in the running batch", "running"),
     ("requests_waiting", "requests queued, ready but not running (queue length)", "waiting"),
     ("requests_pending", "requests parked while another model holds them", "pending"),
+    ("prefix_cached_pages", "KV pages held by the prefix cache (std-serving baseline)", "prefix_cached_pages"),
 )
 _COUNTERS = (
     ("tokens", "output tokens committed by the model", "tokens"),
@@ -32,12 +33,18 @@ _COUNTERS = (
     ("step_rows", "rows over all steps", "step_rows"),
     ("loop_steps", "steps launched back to back (the loop had work since the previous completion)", "loop_steps"),
     ("loop_rows", "rows over the back-to-back steps", "loop_rows"),
+    ("prefix_requests", "requests the prefix cache matched (std-serving baseline: one per hop)", "prefix_requests"),
+    ("prefix_hits", "requests that matched at least one cached page", "prefix_hits"),
+    ("prefix_prompt_tokens", "tokens of the requests the prefix cache matched", "prefix_prompt_tokens"),
+    ("prefix_matched_tokens", "of those, tokens found cached (the rest were computed again)", "prefix_matched_tokens"),
+    ("prefix_evicted_pages", "KV pages evicted from the prefix cache", "prefix_evicted_pages"),
 )
 _SECONDS = (
     ("step_seconds", "time spent in engine steps, summed per step (overlapped steps count twice)", "step_ms"),
     ("busy_seconds", "time with at least one step in flight (the union of the steps' intervals)", "busy_ms"),
     ("loop_seconds", "completion-to-completion time of the back-to-back steps (the serving loop's period)", "loop_ms"),
     ("loop_gpu_seconds", "GPU time of the back-to-back steps (CUDA events; 0 on CPU)", "loop_gpu_ms"),
+    ("prefix_host_seconds", "host time in the prefix cache: match, insert, eviction", "prefix_host_ms"),
 )
 
 

@@ -1,0 +1,147 @@
+"""KV pages shared between requests and a prefix cache: a reference-counted pool and the glue that keeps a
+model server's `RadixCache` and its pool in one book.
+
+`RefCountedKVPool` is a core `KVPool` (the scheduler and the engine use it unchanged) whose pages may be held by
+several owners: each request whose `pages` list names a page, and the prefix cache. A page is free when nobody
+holds it. When `grow` finds the free list short it asks the cache to evict (`reclaim`) before it fails, so cached
+pages are spent only when the pool would otherwise run out.
+
+`PrefixCaching` is what a model server calls around the core scheduler:
+- `admit(req)` before `Scheduler.add`: the longest cached prefix (whole pages, at least one token left to compute,
+  so the step samples) becomes the request's first pages, shared without a copy; `num_computed` starts there and
+  the scheduler extends from it; the path is locked against eviction;
+- `cache(req, n)` after a step wrote the KV of `token_ids[:n]` and before `Scheduler.complete` (which may release
+  the request's pages): its whole pages enter the tree, and the request's lock moves to the new end;
+- `finish(rid)` when the request ended (the scheduler already released its pages): the lock goes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tokenrouter.baselines.radix_cache import Node, RadixCache
+from tokenrouter.core.kv import KVPool
+from tokenrouter.core.request import Request
+
+
+class RefCountedKVPool(KVPool):
+    """Invariant: `refs[p]` is the number of owners of page p (requests listing it, plus the cache); the free list
+    holds exactly the pages 1..num_pages-1 with `refs[p] == 0`."""
+
+    __slots__ = ("reclaim", "refs")
+
+    def __init__(self, num_pages: int, page_size: int) -> None:
+        super().__init__(num_pages, page_size)
+        self.refs = [0] * num_pages
+        self.reclaim: Callable[[int], None] | None = None  # evict cached pages: called with how many are missing
+
+    def grow(self, pages: list[int], num_tokens: int) -> bool:
+        need = self.extra_pages(pages, num_tokens)
+        if need > len(self._free) and self.reclaim is not None:
+            self.reclaim(need - len(self._free))
+        if need > len(self._free):
+            return False
+        for _ in range(need):
+            p = self._free.popleft()
+            self.refs[p] = 1
+            pages.append(p)
+        return True
+
+    def share(self, pages: list[int]) -> None:
+        """One more owner for each of `pages` (each must be held already)."""
+        for p in pages:
+            if self.refs[p] <= 0:
+                raise ValueError(f"page {p} is free: it cannot be shared")
+            self.refs[p] += 1
+
+    def release(self, pages: list[int]) -> None:
+        """One owner fewer for each of `pages`; those nobody holds any more go back. Empties the list."""
+        for p in pages:
+            if self.refs[p] <= 0:
+                raise ValueError(f"page {p} released more often than held")
+            self.refs[p] -= 1
+            if self.refs[p] == 0:
+                self._free.append(p)
+        pages.clear()
+
+
+@dataclass(slots=True)
+class CacheCounters:
+    """Cumulative counters of one model server's prefix cache (exported in its Stats: the measuring hook for the
+    simulator's per-hop cost). `host_s`: host time in match + insert + eviction."""
+
+    requests: int = 0
+    hits: int = 0  # requests that matched at least one page
+    prompt_tokens: int = 0
+    matched_tokens: int = 0
+    inserted_pages: int = 0
+    evicted_pages: int = 0
+    host_s: float = 0.0
+
+
+class PrefixCaching:
+    def __init__(self, pool: RefCountedKVPool) -> None:
+        self.pool = pool
+        self.page_size = pool.page_size
+        self.tree = RadixCache(pool.page_size)
+        self.counters = CacheCounters()
+        # Per admitted request: the node its cached path ends at (locked) and that path's length in tokens.
+        self._locked: dict[str, Node] = {}
+        self._depth: dict[str, int] = {}
+        pool.reclaim = self.evict
+
+    def admit(self, req: Request) -> int:
+        """Give a new request (no pages yet) the longest cached prefix of its tokens; returns the tokens matched."""
+        if req.pages or req.num_computed:
+            raise ValueError(f"{req.rid}: admit a request before it holds KV")
+        t0 = time.perf_counter()
+        ps = self.page_size
+        pages, node = self.tree.match(req.token_ids, len(req.token_ids) - 1)
+        self.pool.share(pages)
+        req.pages = list(pages)
+        req.num_computed = len(pages) * ps
+        self.tree.lock(node)
+        self._locked[req.rid], self._depth[req.rid] = node, req.num_computed
+        c = self.counters
+        c.requests += 1
+        c.hits += bool(pages)
+        c.prompt_tokens += len(req.token_ids)
+        c.matched_tokens += req.num_computed
+        c.host_s += time.perf_counter() - t0
+        return req.num_computed
+
+    def cache(self, req: Request, num_tokens: int) -> None:
+        """The KV of `req.token_ids[:num_tokens]` is written: cache its whole pages. Incremental: only pages completed
+        since the request's last call are inserted, below the node it holds (O(1) on a step that completes none)."""
+        ps = self.page_size
+        full = min(num_tokens // ps, len(req.pages))
+        node, depth = self._locked[req.rid], self._depth[req.rid]
+        if full * ps <= depth:
+            return
+        t0 = time.perf_counter()
+        new, taken = self.tree.insert(req.token_ids[depth : full * ps], req.pages[depth // ps : full], below=node)
+        self.pool.share(taken)
+        self.counters.inserted_pages += len(taken)
+        self.tree.lock(new)
+        self.tree.unlock(node)
+        self._locked[req.rid], self._depth[req.rid] = new, full * ps
+        self.counters.host_s += time.perf_counter() - t0
+
+    def finish(self, rid: str) -> None:
+        node = self._locked.pop(rid, None)
+        self._depth.pop(rid, None)
+        if node is not None:
+            self.tree.unlock(node)
+
+    def evict(self, num_pages: int) -> None:
+        t0 = time.perf_counter()
+        pages = self.tree.evict(num_pages)
+        self.counters.evicted_pages += len(pages)
+        self.pool.release(pages)
+        self.counters.host_s += time.perf_counter() - t0
+
+    @property
+    def cached_pages(self) -> int:
+        return self.tree.num_pages

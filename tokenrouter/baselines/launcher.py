@@ -1,0 +1,79 @@
+"""`BaselineServer`: the launcher (`runtime.launcher.Server`: start, supervision, MPS, stop) running a baseline's
+processes instead of the routed subservers. The HTTP front-end serves it unchanged (`ServerHandle`).
+
+- `std-serving`: one `model_server` process per model of the deployment and a `dispatcher` process; the front-end
+  submits to the dispatcher (`Addresses.submit`), the model servers answer the dispatcher, and their Ready/Stats
+  go to the front-end as the subservers' do.
+- `llm-only` / `slm-only`: the deployment's large / small model alone (`single_model_config`): one model server
+  that the front-end submits to directly and that answers it directly. No router, no dispatcher.
+
+Supervision: any process that dies stops the server (no restart in place: a baseline is a measurement).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from tokenrouter.baselines.modes import BASELINES, baseline_config
+from tokenrouter.core.config import DeploymentConfig
+from tokenrouter.runtime.build import SubserverSpec
+from tokenrouter.runtime.launcher import Server
+
+log = logging.getLogger(__name__)
+
+
+class BaselineServer(Server):
+    """`Server` for a baseline: `config` is the routed deployment; `mode` one of `BASELINES`. Same keyword arguments
+    as `Server` (`restart_on_failure` is refused); `record_hops` (std-serving) writes the dispatcher's committed
+    tokens as a hop trace; `step_logs` also keeps the dispatcher's per-visit log (`visit_log`)."""
+
+    def __init__(self, config: DeploymentConfig, mode: str = "std-serving", **kw: Any) -> None:
+        if mode not in BASELINES:
+            raise ValueError(f"unknown baseline {mode!r}; choose one of {', '.join(BASELINES)}")
+        if kw.get("restart_on_failure"):
+            raise ValueError("a baseline does not restart a process in place (--restart-on-failure)")
+        self.mode = mode
+        cfg = baseline_config(config, mode)
+        if mode == "std-serving":
+            from tokenrouter.baselines.dispatcher import build_routers
+
+            build_routers(cfg, kw.get("seed", 0))  # refuse a router standard serving cannot run, before any start
+        super().__init__(cfg, **kw)
+        if mode == "std-serving":
+            self.addresses = replace(self.addresses, submit=f"ipc://{self.run_dir / 'dispatcher'}")
+
+    def visit_log(self) -> Path:
+        return self.run_dir / "visits.jsonl"
+
+    def _target(self, spec: SubserverSpec) -> tuple[Callable[[Any], None], Any]:
+        from tokenrouter.baselines import model_server
+
+        if self.mode == "std-serving":
+            spec = replace(spec, hop_log=None)  # the dispatcher records the trace: per client request, not per visit
+        reply = self.addresses.submit or self.addresses.frontend
+        return model_server.main, model_server.ModelServerSpec(spec, reply)
+
+    def _hop_logs(self) -> list[Path]:
+        return [self._trace_log()] if self.mode == "std-serving" else super()._hop_logs()
+
+    def _start_aux(self) -> None:
+        if self.mode != "std-serving":
+            return
+        from tokenrouter.baselines import dispatcher
+
+        spec = dispatcher.DispatcherSpec(
+            self.config, self.addresses, self.seed, logging.getLogger("tokenrouter").getEffectiveLevel(),
+            hop_log=str(self.visit_log()) if self.step_logs else None,
+            trace_log=str(self._trace_log()) if self.record_hops else None,
+        )  # fmt: skip
+        p = mp.get_context("spawn").Process(target=dispatcher.main, args=(spec,), name="tokenrouter-dispatch")
+        p.start()
+        self.aux.append(("the std-serving dispatcher", p, self.addresses.submit))
+
+    def _trace_log(self) -> Path:
+        return self.run_dir / "dispatch-trace.jsonl"

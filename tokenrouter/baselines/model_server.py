@@ -1,0 +1,172 @@
+"""One standard-serving model server: a continuous-batching server for one model with a prefix cache, as users run
+one per model today. Every request is independent: it carries its whole sequence, re-matches the longest cached
+prefix (`kv.PrefixCaching`), extends from there, and its tokens and end go back to whoever sent it (the
+std-serving dispatcher, or the front-end in the single-model baselines).
+
+It is the runtime's subserver (`runtime.subserver.Subserver`: the same `EngineLoop`, ZeroMQ transport, Stats,
+start-up and shutdown) with three differences:
+- its scheduler is the core `Scheduler` of a one-model deployment (eager, no router, no peers, no admission
+  ledger: a short pool evicts cached pages first, then preempts younger requests, as a standard server does);
+- its pool is a `RefCountedKVPool` and the engine runs with `shared_pages`, so cached prefix pages are shared
+  without a copy;
+- `before_complete` caches each live row's whole pages, `deliver` unlocks a finished request's prefix, and Stats
+  carry the cache's counters (the measuring hook for the simulator's per-hop cost, docs/baselines.md).
+
+Sizes (KV pages, batch limits, graph rules, engine settings) are the routed deployment's for this model (the
+builder's `kv_capacity_tokens` and `engine_kwargs` on the same config), so a comparison differs in the serving
+layer only.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import traceback
+from dataclasses import dataclass, replace
+from typing import Any
+
+import msgspec
+import zmq
+
+from tokenrouter.baselines.kv import PrefixCaching, RefCountedKVPool
+from tokenrouter.core.batch import Batch
+from tokenrouter.core.messages import Action, Emit, Finish
+from tokenrouter.core.policy import Policy
+from tokenrouter.core.request import ReqStatus, Request, SamplingParams
+from tokenrouter.core.router import Router
+from tokenrouter.core.scheduler import RequestTooLong, Scheduler
+from tokenrouter.runtime import protocol as P
+from tokenrouter.runtime.build import SubserverSpec
+from tokenrouter.runtime.logs import configure_logging
+from tokenrouter.runtime.parent_watch import die_with_parent
+from tokenrouter.runtime.subserver import Subserver, _remove_orphaned_run_dir, _report_failed
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class ModelServerSpec:
+    """A subserver spec plus where answers go (`reply_to`: the dispatcher's or the front-end's PULL)."""
+
+    sub: SubserverSpec
+    reply_to: str
+
+
+def build_server_part(spec: SubserverSpec) -> tuple[None, Scheduler, Any, PrefixCaching]:
+    """Model `spec.model` of the deployment as an independent one-model server, with the routed deployment's sizes
+    (the builder's KV split, batch limits, context limit, graph rule and engine settings)."""
+    from tokenrouter.deploy.builder import max_context_len
+    from tokenrouter.deploy.engine_args import engine_kwargs
+    from tokenrouter.deploy.kv_budget import kv_capacity_tokens
+    from tokenrouter.engine import Engine, EngineConfig
+
+    cfg, i = spec.config, spec.model
+    sc, mc = cfg.scheduler, cfg.models[i]
+    pool = RefCountedKVPool(kv_capacity_tokens(cfg, spec.memory_gb)[i] // sc.page_size + 1, sc.page_size)
+    sched = Scheduler(0, 1, kv=pool, router=Router(), policy=Policy(), max_batch_size=sc.max_batch_size,
+                      max_batch_tokens=sc.max_batch_tokens, overlap=sc.overlap if mc.overlap is None else mc.overlap,
+                      graph_rule=mc.graph_rule(), max_context_len=max_context_len(cfg))  # fmt: skip
+    kw = engine_kwargs(cfg, i, pool.num_pages, spec.seed)
+    if spec.device == "cpu":
+        kw.update(device="cpu", cuda_graphs=False)
+    else:
+        kw["device"] = "cuda:0"  # CUDA_VISIBLE_DEVICES names this model's GPUs
+    if mc.mps_active_thread_percentage is not None:
+        kw["mps_active_thread_percentage"] = mc.mps_active_thread_percentage
+    kw.update(spec.engine_overrides)
+    kw["shared_pages"] = True
+    engine = Engine(EngineConfig(**kw), kv_pool=pool)
+    return None, sched, engine, PrefixCaching(pool)
+
+
+class ModelServer(Subserver):
+    def __init__(self, spec: ModelServerSpec) -> None:
+        self.reply_to = spec.reply_to
+        self.caching: PrefixCaching | None = None
+        super().__init__(spec.sub)
+        self.model = spec.sub.model  # the deployment's index (the one-model scheduler calls itself 0)
+
+    def _build(self, spec: SubserverSpec) -> tuple[Any, Any, Any]:
+        dep, sched, engine, self.caching = build_server_part(spec)
+        return dep, sched, engine
+
+    def _reply_socket(self, spec: SubserverSpec) -> zmq.Socket:
+        return self._push(self.reply_to)
+
+    @property
+    def cache(self) -> PrefixCaching:
+        assert self.caching is not None
+        return self.caching
+
+    # ---- inputs ---------------------------------------------------------------------------------------------
+    def _submit(self, msg: P.Submit, now: float) -> None:
+        ids = P.unpack_ids(msg.prompt_ids)
+        try:
+            if not ids:
+                raise ValueError("empty prompt")
+            bad = [t for t in ids if not 0 <= t < self.vocab]
+            if bad:
+                raise ValueError(f"token id {bad[0]} out of the vocabulary (0..{self.vocab - 1})")
+            sp = SamplingParams(**{f: getattr(msg.sampling, f) for f in msg.sampling.__struct_fields__})
+            req = Request(msg.rid, ids, len(ids), sp, num_models=1, entry=0, eos_token_ids=tuple(msg.eos_token_ids))
+            acts = self.sched.add(req, now)
+        except (RequestTooLong, ValueError, TypeError) as e:
+            self.out.send_multipart([P.CTL, P.encode(P.Rejected(msg.rid, 400, str(e)))])
+            return
+        self.cache.admit(req)  # before the first `schedule`: the scheduler extends from the matched prefix
+        self.hops.write({"rid": msg.rid, "prompt_len": len(ids)})
+        self.deliver(acts)
+
+    def _set_policy(self, msg: P.SetPolicy) -> None:
+        err = "a standard-serving model server has no batching policy to change (it runs continuous batching)"
+        self.front.send_multipart([P.CTL, P.encode(P.PolicySet(self.model, msg.seq, err))])
+
+    # ---- the loop's hooks -----------------------------------------------------------------------------------
+    def before_complete(self, batch: Batch) -> None:
+        for row in batch.rows:
+            req = row.req
+            if row.version == req.version and req.status == ReqStatus.RUNNING:
+                self.cache.cache(req, row.start + row.num_tokens)
+
+    def deliver(self, acts: list[Action], failed: frozenset[str] = frozenset()) -> None:
+        for a in acts:
+            if isinstance(a, Finish):
+                self.cache.finish(a.rid)
+        # Emits carry the one-model scheduler's index 0: the answer names the deployment's model.
+        super().deliver([replace(a, model=self.model) if isinstance(a, Emit) else a for a in acts], failed)
+
+    def _control(self, msg: P.Ready | P.Stats | P.Failed) -> None:
+        if isinstance(msg, P.Stats) and self.caching is not None:
+            c = self.caching.counters
+            msg = msgspec.structs.replace(
+                msg, prefix_requests=c.requests, prefix_hits=c.hits, prefix_prompt_tokens=c.prompt_tokens,
+                prefix_matched_tokens=c.matched_tokens, prefix_evicted_pages=c.evicted_pages,
+                prefix_host_ms=c.host_s * 1e3, prefix_cached_pages=self.caching.cached_pages,
+            )  # fmt: skip
+        super()._control(msg)
+
+
+def main(spec: ModelServerSpec) -> None:
+    """Process entry point (multiprocessing spawn target), as `runtime.subserver.main`."""
+    sub = spec.sub
+    configure_logging(sub.log_level)
+    parent = mp.parent_process()
+    die_with_parent(parent.pid if parent is not None else os.getppid(),
+                    lambda: _remove_orphaned_run_dir(sub.run_dir))  # fmt: skip
+    server: ModelServer | None = None
+    try:
+        server = ModelServer(spec)
+        server.run()
+    except BaseException as e:
+        msg = f"{type(e).__name__}: {e}"
+        log.error("model %d: %s", sub.model, msg)
+        traceback.print_exc()
+        try:
+            if server is not None:
+                server._control(P.Failed(sub.model, msg))
+            else:
+                _report_failed(sub, msg)
+        finally:
+            os._exit(1)
+    server.close()

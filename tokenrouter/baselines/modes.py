@@ -1,0 +1,32 @@
+"""Which deployment a baseline runs (no process, socket or torch imports: the CLI reads it before checking extras)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from tokenrouter.core.config import DeploymentConfig, PolicyConfig
+from tokenrouter.models import load_spec
+
+BASELINES: tuple[str, ...] = ("std-serving", "llm-only", "slm-only")
+
+
+def single_model_config(cfg: DeploymentConfig, which: str) -> DeploymentConfig:
+    """The deployment's small model (`slm-only`: the entry) or large model (`llm-only`: of the others, the one with
+    the most parameters) alone, everything else as configured; the policy is plain continuous batching."""
+    if which == "slm-only":
+        k = cfg.small_model
+    elif which == "llm-only":
+        others = [i for i in range(len(cfg.models)) if i != cfg.small_model]
+        if not others:
+            raise ValueError("llm-only needs a large model in the deployment")
+        k = max(others, key=lambda i: load_spec(cfg.models[i].path or cfg.models[i].name).num_params)
+    else:
+        raise ValueError(f"not a single-model baseline: {which!r}")
+    return replace(cfg, models=[cfg.models[k]], entry=0, policy=PolicyConfig("eager"))
+
+
+def baseline_config(cfg: DeploymentConfig, mode: str) -> DeploymentConfig:
+    """What `BaselineServer` runs for `mode` (one of `BASELINES`)."""
+    if mode == "std-serving":
+        return replace(cfg, policy=PolicyConfig("std-serving"))
+    return single_model_config(cfg, mode)

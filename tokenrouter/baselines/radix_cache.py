@@ -1,0 +1,158 @@
+"""A radix tree over token ids whose edges are whole KV pages: the prefix cache of a standard-serving model server.
+
+Each node holds a run of tokens (`key`, a multiple of `page_size` long) and the KV pages that hold them (`pages`,
+one per `page_size` tokens). A path from the root spells a cached sequence prefix; `match` returns the pages of the
+longest cached prefix of a sequence, whole pages only (a partial page is never shared: the next token's KV would
+be written into it). Nodes are split only at page boundaries.
+
+Locks: `lock(node)` marks the path root..node as in use by one request (counts, so several requests may lock one
+path); only leaves with no lock are evicted, least recently used first (`evict`), and a parent becomes a candidate
+once its last child is gone. Recency is a counter bumped by every `match` and `insert`, stamped on the nodes the
+call walks through, so the order is a function of the calls alone (no clock).
+
+The tree holds page ids only: which pages are free is the pool's business (`baselines.kv.RefCountedKVPool`); the
+tree reports the pages it takes (`insert`) and drops (`evict`). Pure Python, no torch.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True, eq=False)
+class Node:
+    key: tuple[int, ...]
+    pages: list[int]
+    parent: Node | None
+    children: dict[tuple[int, ...], Node] = field(default_factory=dict)  # keyed by the child's first page of tokens
+    lock: int = 0  # requests whose locked path passes through this node
+    last_use: int = 0
+
+
+class RadixCache:
+    """Invariants: every node but the root has a non-empty key of `len(pages) * page_size` tokens; children of one
+    node differ in their first page; `num_pages` is the number of pages held; a node's lock count is at least the
+    sum of its children's (a lock covers the path to the root)."""
+
+    def __init__(self, page_size: int) -> None:
+        if page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {page_size}")
+        self.page_size = page_size
+        self.root = Node((), [], None, lock=1)  # never evicted
+        self.num_pages = 0
+        self._clock = 0
+
+    # ---- lookups ------------------------------------------------------------------------------------------------
+    def match(self, tokens: Sequence[int], max_tokens: int | None = None) -> tuple[list[int], Node]:
+        """Pages of the longest cached prefix of `tokens` of at most `max_tokens` tokens (whole pages), and the node
+        where it ends (split there if it ended inside one, so locking it locks exactly the match)."""
+        limit = len(tokens) if max_tokens is None else min(len(tokens), max_tokens)
+        pages, node, _ = self._walk(tokens, limit - limit % self.page_size)
+        return pages, node
+
+    def insert(self, tokens: Sequence[int], pages: Sequence[int], below: Node | None = None) -> tuple[Node, list[int]]:
+        """Cache `tokens` (whole pages) held in `pages`. The part already cached keeps its pages (the caller's copies
+        of it are not taken); the rest becomes a new leaf with the caller's pages. Returns the node where `tokens`
+        end and the pages the tree took.
+
+        `below`: `tokens` continue the path that ends at this node (a request extending what it cached before), so
+        the walk starts there instead of at the root: a request's growth costs its new pages, not its length."""
+        ps = self.page_size
+        if len(tokens) != len(pages) * ps:
+            raise ValueError(f"{len(tokens)} tokens do not fill {len(pages)} pages of {ps}")
+        _, node, done = self._walk(tokens, len(tokens), below or self.root)
+        if done == len(tokens):
+            return node, []
+        taken = list(pages[done // ps :])
+        leaf = Node(tuple(tokens[done:]), taken, node, last_use=self._clock)
+        node.children[leaf.key[:ps]] = leaf
+        self.num_pages += len(taken)
+        return leaf, taken
+
+    def _walk(self, tokens: Sequence[int], limit: int, start: Node | None = None) -> tuple[list[int], Node, int]:
+        """Follow `tokens[:limit]` (limit page-aligned) down the tree from `start` (the root): (pages, last node,
+        tokens matched). Splits the last node when the match ends inside it; stamps every node on the way and, from
+        a `start` below the root, the path above it (a node is never older than its descendants: eviction takes
+        leaves in recency order)."""
+        ps = self.page_size
+        self._clock += 1
+        node, i, pages = start or self.root, 0, []
+        up: Node | None = node
+        while up is not None:
+            up.last_use = self._clock
+            up = up.parent
+        while i < limit:
+            child = node.children.get(tuple(tokens[i : i + ps]))
+            if child is None:
+                break
+            k = 1  # the first page matched: it is the child's key in the parent
+            while k < len(child.pages) and i + (k + 1) * ps <= limit and \
+                    tuple(tokens[i + k * ps : i + (k + 1) * ps]) == child.key[k * ps : (k + 1) * ps]:  # fmt: skip
+                k += 1
+            if k < len(child.pages):
+                child = self._split(child, k)
+            child.last_use = self._clock
+            pages.extend(child.pages)
+            i += len(child.key)
+            node = child
+        return pages, node, i
+
+    def _split(self, node: Node, k: int) -> Node:
+        """Cut `node` after its first k pages; returns the new upper part (which inherits lock and recency)."""
+        ps, parent = self.page_size, node.parent
+        assert parent is not None and 0 < k < len(node.pages)
+        upper = Node(node.key[: k * ps], node.pages[:k], parent, lock=node.lock, last_use=node.last_use)
+        parent.children[upper.key[:ps]] = upper
+        node.key, node.pages, node.parent = node.key[k * ps :], node.pages[k:], upper
+        upper.children[node.key[:ps]] = node
+        return upper
+
+    # ---- locks and eviction ---------------------------------------------------------------------------------------
+    def lock(self, node: Node) -> None:
+        n: Node | None = node
+        while n is not None:
+            n.lock += 1
+            n = n.parent
+
+    def unlock(self, node: Node) -> None:
+        n: Node | None = node
+        while n is not None:
+            if n.lock <= 0:
+                raise RuntimeError("unlock of a path that is not locked")
+            n.lock -= 1
+            n = n.parent
+
+    def evict(self, num_pages: int) -> list[int]:
+        """Drop least recently used unlocked leaves until at least `num_pages` pages are out (or none is left to
+        drop); returns the dropped pages. Whole nodes go, so a little more than asked may be dropped."""
+        out: list[int] = []
+        if num_pages <= 0:
+            return out
+        heap = [(n.last_use, id(n), n) for n in self._leaves() if n.lock == 0]
+        heapq.heapify(heap)
+        while heap and len(out) < num_pages:
+            _, _, n = heapq.heappop(heap)
+            parent = n.parent
+            assert parent is not None
+            del parent.children[n.key[: self.page_size]]
+            out.extend(n.pages)
+            self.num_pages -= len(n.pages)
+            if parent is not self.root and not parent.children and parent.lock == 0:
+                heapq.heappush(heap, (parent.last_use, id(parent), parent))
+        return out
+
+    def evictable_pages(self) -> int:
+        """Pages no request holds a lock on (all of them can be evicted, leaves first)."""
+        return sum(len(n.pages) for n in self._nodes() if n.lock == 0)
+
+    def _nodes(self):
+        stack = list(self.root.children.values())
+        while stack:
+            n = stack.pop()
+            yield n
+            stack.extend(n.children.values())
+
+    def _leaves(self):
+        return (n for n in self._nodes() if not n.children)
