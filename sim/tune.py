@@ -19,7 +19,7 @@ from tokenrouter.calibration.profile import load_profile
 from tokenrouter.calibration.step_stats import SHORT_ROW_TOKENS, PartStats, StepStats
 from tokenrouter.core.graph_rule import GraphRule
 from tokenrouter.core.policy import PolicyKind
-from tokenrouter.markov import MarkovModel, router_matrices, search_thresholds
+from tokenrouter.markov import MarkovModel, ThroughputResult, evaluate_thresholds, router_matrices, search_thresholds
 from tokenrouter.sim.run import SimConfig, SimResult, cost_model, run_sim
 from tokenrouter.workloads import make_workload
 
@@ -155,6 +155,24 @@ def predict_thresholds(cfg: SimConfig, concurrency: int | None = None) -> Predic
     ranked = [(r.thresholds, r.throughput_tok_s) for r in search.ranked]
     predicted = search.throughput_tok_s if search.throughput_tok_s is not None else float("nan")
     return Prediction(tuple(search.thresholds), float(predicted), ranked, search.note)
+
+
+def markov_at(cfg: SimConfig, thresholds: tuple[int, ...], concurrency: int | None = None) -> ThroughputResult:
+    """The Markov model's T(B) at one given B (the deployed one, not B*), with the same co-location pass as
+    `predict_thresholds`: under MPS each model's step is slowed for the share of time its peer runs at that B."""
+    n = concurrency or cfg.concurrency
+    P, C = routing_matrices(cfg)
+    _, mean_output = _workload_means(cfg)
+    res, _, _ = evaluate_thresholds(MarkovModel.create(step_time_fns(cfg), P, C, n, DELTA_MS, mean_output), thresholds)
+    if cfg.deployment.placement.mode == "mps" and n > 1:
+        tpr = tokens_per_row(P)
+        load = []
+        for i in range(len(res.busy_fraction)):
+            j = max((j for j in range(len(res.busy_fraction)) if j != i), key=lambda j: res.busy_fraction[j])
+            load.append((res.busy_fraction[j], res.mean_batch[j] * tpr[j]))
+        model = MarkovModel.create(step_time_fns(cfg, load), P, C, n, DELTA_MS, mean_output)
+        res, _, _ = evaluate_thresholds(model, thresholds)
+    return res
 
 
 def simulate_thresholds(cfg: SimConfig, thresholds: tuple[int, ...]) -> SimResult:
