@@ -283,19 +283,27 @@ def validate(cfg: DeploymentConfig) -> None:
 def load_config(path: str | Path) -> DeploymentConfig:
     p = Path(path)
     try:
-        raw = yaml.safe_load(p.read_text())
+        text = p.read_text()
     except FileNotFoundError:
         raise ConfigError(f"{p}: no such file") from None
+    try:
+        return config_from_yaml(text)
+    except ConfigError as e:
+        raise ConfigError(f"{p}: {e}") from None
+
+
+def config_from_yaml(text: str) -> DeploymentConfig:
+    """A deployment from YAML text (what `to_yaml` writes); ConfigError for anything wrong."""
+    try:
+        raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise ConfigError(f"{p}: not valid YAML ({str(e).splitlines()[0]})") from None
+        raise ConfigError(f"not valid YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(raw, dict):
-        raise ConfigError(f"{p}: expected a mapping at the top level")
+        raise ConfigError("expected a mapping at the top level")
     try:
         return msgspec.convert(raw, DeploymentConfig, strict=False)
     except msgspec.ValidationError as e:
-        raise ConfigError(f"{p}: {e}") from None
-    except ConfigError as e:
-        raise ConfigError(f"{p}: {e}") from None
+        raise ConfigError(str(e)) from None
 
 
 def _named(enum: Any, value: Any, what: str) -> Any:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import shlex
+import socket
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -126,7 +127,8 @@ class Cluster:
     def _is_local(self) -> bool:
         if self.ray is not None:
             return self.ray.single_node
-        return all(not m.external and (m.host is None or is_loopback(m.host)) for m in self.config.models)
+        # An external model on a loopback host is started by hand on this host: still local.
+        return all(is_loopback(m.host) if m.host else not m.external for m in self.config.models)
 
     def _listen(self) -> str:
         lh = self.config.placement.launcher_host
@@ -154,7 +156,7 @@ class Cluster:
     def join_command(self, i: int) -> str:
         """How to start external model i on its host."""
         cfg = self.options.config_path or "DEPLOYMENT.yaml"
-        at = self.config.placement.launcher_host or "LAUNCHER_HOST"
+        at = self.config.placement.launcher_host or (LOOPBACK if self.local else socket.getfqdn())
         port = split_tcp(self.server.addresses.launcher)[1]
         return (f"tokenrouter subserver --config {shlex.quote(cfg)} --model {shlex.quote(self.names[i])} "
                 f"--join tcp://{at}:{port}")  # fmt: skip

@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 RAY_INSTALL = "pip install 'tokenrouter[ray]'"
 
 
-class RayUnavailable(RuntimeError):
+class RayUnavailable(ImportError):
     pass
 
 
