@@ -18,6 +18,7 @@ from rich.table import Table
 from tokenrouter.cli import bench_cmd
 from tokenrouter.cli.calibrate_cmd import calibrate
 from tokenrouter.cli.common import run_app
+from tokenrouter.cli.link_cmd import link_probe
 from tokenrouter.cli.serve_cmd import serve
 from tokenrouter.cli.subserver_cmd import subserver
 from tokenrouter.core.config import load_config
@@ -35,6 +36,7 @@ app = typer.Typer(
 app.command("serve")(serve)
 app.command("calibrate")(calibrate)
 app.command("subserver")(subserver)
+app.command("link-probe")(link_probe)
 
 
 @app.command("models")
