@@ -1,10 +1,5 @@
 """tcp:// peers and subservers started by hand (`runtime.cluster`, `runtime.join`, `tokenrouter subserver`), on
-loopback with the tiny CPU pair in real processes.
-
-The reference for "the same tokens" is the same deployment served over ipc (the default transport) in this run:
-greedy decoding with the seeded random R2R classifier is deterministic, so any difference in what a transport
-delivers (a lost, duplicated or misrouted hand-off) changes a request's tokens or its writers.
-"""
+loopback with the tiny CPU pair in real processes; tokens compared with the ipc run (`cluster_helpers`)."""
 
 from __future__ import annotations
 
@@ -17,50 +12,12 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from rt_helpers import GREEDY, collect, tiny_config
+from cluster_helpers import on_tcp, serve_prompts, with_external
+from rt_helpers import tiny_config
 
 from tokenrouter.runtime.addresses import is_tcp, split_tcp
-from tokenrouter.runtime.client import RuntimeClient
 from tokenrouter.runtime.cluster import ClusterOptions
 from tokenrouter.runtime.launcher import Server, StartupError
-
-PROMPTS = {f"p{k}": [20 + k, 300, 301 + k, 5] for k in range(5)}
-
-
-def serve_prompts(srv: Server) -> dict[str, dict[int, tuple[int, int]]]:
-    """Start `srv`, run PROMPTS concurrently, stop it; {rid: {pos: (token, model)}}."""
-    srv.start()
-    client = RuntimeClient(srv.addresses)
-    try:
-        for rid, p in PROMPTS.items():
-            client.submit(rid, p, GREEDY)
-        out = collect(client, set(PROMPTS), timeout_s=90)
-    finally:
-        client.close()
-        srv.stop()
-    for rid, o in out.items():
-        assert o.dup == 0 and sorted(o.tokens) == list(range(GREEDY.max_tokens)), rid
-    return {rid: o.tokens for rid, o in out.items()}
-
-
-def on_tcp(cfg, **placement):
-    return replace(cfg, placement=replace(cfg.placement, transport="tcp", **placement))
-
-
-def with_external(cfg, model: int = 1, host: str | None = "127.0.0.1"):
-    models = list(cfg.models)
-    models[model] = replace(models[model], external=True, host=host)
-    return replace(cfg, models=models)
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """The learned-router deployment served over ipc: its tokens, and the config."""
-    cfg = tiny_config(weights="random")
-    tokens = serve_prompts(Server(cfg, run_dir=tmp_path_factory.mktemp("ipc")))
-    writers = [m for t in tokens.values() for _, m in t.values()]
-    assert 0 < writers.count(1) < len(writers)  # both models wrote: hand-offs crossed the transport
-    return cfg, tokens
 
 
 def test_tcp_on_loopback_gives_the_tokens_of_ipc(tmp_path, reference):

@@ -89,7 +89,7 @@ class RayCluster:
         if not ray.is_initialized():
             if address == "local":
                 need = int(len(config.models) * num_cpus + 0.999)
-                ray.init(num_cpus=max(os.cpu_count() or 1, need), include_dashboard=False)
+                ray.init(address="local", num_cpus=max(os.cpu_count() or 1, need), include_dashboard=False)
             else:
                 ray.init(address=address)
             self._owns = True
