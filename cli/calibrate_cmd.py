@@ -89,20 +89,37 @@ def calibrate(
         list[Path] | None,
         typer.Option(help="Merge these measured profiles (same GPU; later ones win a clash) into OUT, no measuring."),
     ] = None,
+    link: Annotated[
+        str | None,
+        typer.Option(help="Also measure the tcp link to HOST:PORT, where `tokenrouter link-probe --listen :PORT` "
+                     "runs: one-way latency (median of small round trips / 2) and bandwidth (large messages) go "
+                     "into the profile's `link` (what `placement: cross-host` pays per peer message). Without "
+                     "--model only the link is measured, into OUT (or a copy of --link-base)."),
+    ] = None,
+    link_base: Annotated[
+        str | None,
+        typer.Option(help="--link without --model: the profile (name or file) to copy with the measured link "
+                     "into OUT; default OUT itself."),
+    ] = None,
 ) -> None:
-    """Profile the engine on this GPU and write a measured profile (schema 2) for `trsim --profile`."""
+    """Profile the engine on this GPU and write a measured profile (schema 2) for `trsim --profile`; with --link,
+    measure the tcp link to another host too (or only that)."""
     from tokenrouter.calibration.profiler.assemble import assemble
     from tokenrouter.calibration.profiler.assemble import merge as merge_profiles
     from tokenrouter.calibration.profiler.run import Calibration, Plan, command_line
     from tokenrouter.models import load_spec
 
+    link_address = _link_address(link)
     if merge:
         from tokenrouter.calibration import load_profile
 
-        _write(merge_profiles([load_profile(p) for p in merge]), out, Console(stderr=True))
+        _write(_with_link(merge_profiles([load_profile(p) for p in merge]), link_address), out, Console(stderr=True))
+        return
+    if not model and link_address is not None:
+        _link_only(link_address, out, link_base)
         return
     if not model:
-        raise CliError("give at least one --model (or --merge FILES)")
+        raise CliError("give at least one --model (or --merge FILES, or --link HOST:PORT)")
     if placement not in ("mps", "separate"):
         raise CliError(f"--placement must be mps or separate, got {placement!r}")
     if device not in ("cuda", "cpu"):
@@ -137,7 +154,7 @@ def calibrate(
     cal = Calibration(plan, out, command_line(sys.argv[1:]) if not refit else "", deadline)
     if refit:
         cal.load()
-        _write(assemble(cal.partial), out, console)
+        _write(_with_link(assemble(cal.partial), link_address), out, console)
         return
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console) as bar:  # fmt: skip
@@ -160,7 +177,54 @@ def calibrate(
         console.print(f"tr calibrate: {len(left)} tasks left ({', '.join(left)}); measured so far is in "
                       f"{cal.partial_path}: run the same command again to resume")  # fmt: skip
         raise typer.Exit(3)
-    _write(assemble(cal.partial), out, console)
+    _write(_with_link(assemble(cal.partial), link_address), out, console)
+
+
+def _link_address(link: str | None) -> str | None:
+    if link is None:
+        return None
+    from tokenrouter.calibration.profiler.link import probe_address
+
+    try:
+        _, address = probe_address(link)
+    except ValueError as e:
+        raise CliError(f"--link: {e}") from None
+    return address
+
+
+def _with_link(profile, address: str | None):  # type: ignore[no-untyped-def]
+    """`profile` with the link to `address` measured into it (unchanged without --link)."""
+    if address is None:
+        return profile
+    from tokenrouter.cli.common import require_extras
+
+    require_extras("calibrate --link", ("serve",), ("zmq",))
+    from tokenrouter.calibration.profiler.link import apply_link, measure_link
+
+    try:
+        result = measure_link(address)
+    except TimeoutError as e:
+        raise CliError(str(e)) from None
+    Console(stderr=True).print(f"link to {address}: {result['latency_ms']:.3f} ms one way (median round trip "
+                               f"{result['rtt_ms_median']:.3f} ms), {result['bandwidth_gbps']:.2f} Gbit/s")  # fmt: skip
+    return apply_link(profile, result)
+
+
+def _link_only(address: str, out: Path, base: str | None) -> None:
+    from tokenrouter.calibration import load_profile
+    from tokenrouter.calibration.profile import ProfileError
+
+    source = base if base is not None else out
+    if base is None and not out.exists():
+        raise CliError(f"--link without --model updates a profile: {out} does not exist (give --link-base h200 "
+                       "or a file to start from)")  # fmt: skip
+    try:
+        profile = load_profile(source)
+    except (ProfileError, FileNotFoundError) as e:
+        raise CliError(str(e)) from None
+    prof = _with_link(profile, address)
+    prof.save(out)
+    Console().print(f"wrote {out}: link {prof.link.latency_ms} ms, {prof.link.bandwidth_gbps} Gbit/s")
 
 
 def _write(profile, out: Path, console: Console) -> None:  # type: ignore[no-untyped-def]

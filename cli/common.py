@@ -41,6 +41,7 @@ class CliError(ValueError):
 EXTRA_MODULES = {
     "serve": ("tokenizers", "zmq", "fastapi", "pydantic", "uvicorn", "prometheus_client", "httpx"),
     "engine": ("torch", "safetensors"),
+    "ray": ("ray",),
 }
 
 

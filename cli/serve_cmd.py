@@ -44,6 +44,16 @@ def serve(
     restart_on_failure: Annotated[bool, Opt("--restart-on-failure", help="Restart a subserver that dies, in "
                                   "place: requests in flight fail once, new ones get 503 until it is back. "
                                   "Without it the server exits non-zero for a supervisor to restart.")] = False,
+    # ---- across hosts (docs/cluster.md) ----------------------------------------------------------
+    ray: Annotated[str | None, Opt(help="Run each subserver as a Ray actor (one placement group; as many GPUs as "
+                   "the model lists), over tcp: a Ray address, 'auto' (the running cluster), or 'local' (start a "
+                   "head here). The launcher and the HTTP front-end stay in this process. Needs the 'ray' extra.")
+                   ] = None,
+    ray_cpus: Annotated[float, Opt(help="--ray: CPUs each subserver's actor reserves.")] = 1.0,
+    heartbeat_timeout: Annotated[float, Opt(help="A subserver this process did not start (external: true, or a "
+                                 "Ray actor) that sends no heartbeat for this many seconds has failed.")] = 10.0,
+    join_timeout: Annotated[float, Opt(help="Over tcp: seconds start-up waits for every subserver to join (an "
+                            "external one is started by hand: `tokenrouter subserver --join ...`).")] = 300.0,
     shutdown_timeout: Annotated[float, Opt(help="Seconds running requests get to finish on SIGTERM/SIGINT; "
                                 "then they end with an error chunk.")] = 30.0,
     log_level: Annotated[str, Opt(help="debug | info | warning | error.")] = "info",
@@ -87,6 +97,13 @@ def serve(
     if shutdown_timeout < 0:
         raise CliError(f"--shutdown-timeout must be >= 0, got {shutdown_timeout}")
     require_extras("serve", ("serve", "engine"))
+    if ray is not None:
+        if baseline is not None:
+            raise CliError("--ray runs the routed subservers; a baseline runs on one host")
+        require_extras("serve --ray", ("ray",))
+    if heartbeat_timeout <= 0 or join_timeout <= 0 or ray_cpus <= 0:
+        raise CliError("--heartbeat-timeout, --join-timeout and --ray-cpus must be > 0")
+    from tokenrouter.runtime.cluster import ClusterOptions
     from tokenrouter.runtime.launcher import Server, with_cpu_kv_tokens
 
     if device == "cpu":
@@ -109,7 +126,17 @@ def serve(
         except ValueError as e:
             raise CliError(f"--baseline {baseline}: {e}") from None
     else:
-        server = Server(cfg, device=device, record_hops=record_hops, restart_on_failure=restart_on_failure)
+        cluster = None
+        if ray is not None or cfg.transport == "tcp":
+            cluster = ClusterOptions(ray=ray, heartbeat_timeout_s=heartbeat_timeout, join_timeout_s=join_timeout,
+                                     ray_num_cpus=ray_cpus,
+                                     config_path=str(deploy.config) if deploy.config else None)  # fmt: skip
+        try:
+            server = Server(cfg, device=device, record_hops=record_hops, restart_on_failure=restart_on_failure,
+                            cluster=cluster)  # fmt: skip
+        except (ValueError, ImportError, RuntimeError, ConnectionError) as e:
+            # a deployment the cluster layer refuses (runtime.cluster), Ray missing, unreachable or too small
+            raise CliError(str(e).splitlines()[0]) from None
     with server, contextlib.suppress(KeyboardInterrupt):
         serve_http(server, host=host, port=port, api_key=api_key, tokenizer=tok, shutdown_timeout_s=shutdown_timeout,
                    access_log=not no_access_log, t0=server.t0, admin_key=admin_key)  # fmt: skip

@@ -1,5 +1,6 @@
-"""`tr` (also installed as `tokenrouter`): the serving side's command line: `serve`, `bench`, `calibrate`, and
-`models` / `check-config` to inspect bundled models and deployment configs.
+"""`tr` (also installed as `tokenrouter`): the serving side's command line: `serve`, `bench`, `calibrate`,
+`subserver` and `link-probe` for deployments across hosts, and `models` / `check-config` to inspect bundled
+models and deployment configs.
 
 `tr` shadows coreutils `tr` in an activated venv, so the same app is installed under the collision-free name
 `tokenrouter`; scripts, tests and CI call that one.
@@ -17,7 +18,9 @@ from rich.table import Table
 from tokenrouter.cli import bench_cmd
 from tokenrouter.cli.calibrate_cmd import calibrate
 from tokenrouter.cli.common import run_app
+from tokenrouter.cli.link_cmd import link_probe
 from tokenrouter.cli.serve_cmd import serve
+from tokenrouter.cli.subserver_cmd import subserver
 from tokenrouter.core.config import load_config
 from tokenrouter.models import bundled_model_names, load_spec
 
@@ -32,6 +35,8 @@ app = typer.Typer(
 
 app.command("serve")(serve)
 app.command("calibrate")(calibrate)
+app.command("subserver")(subserver)
+app.command("link-probe")(link_probe)
 
 
 @app.command("models")

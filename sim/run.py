@@ -13,10 +13,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import simpy
 
 from tokenrouter.calibration.cost import CostModel
-from tokenrouter.calibration.profile import Profile, load_profile
+from tokenrouter.calibration.profile import LinkInfo, Profile, load_profile
 from tokenrouter.core.config import DeploymentConfig
 from tokenrouter.core.messages import Action, Emit, Finish, PeerMsg, PeerReq, Send
 from tokenrouter.core.request import Request, SamplingParams
@@ -178,7 +179,15 @@ def run_sim(cfg: SimConfig) -> SimResult:
 
 
 def cost_model(dep: DeploymentConfig, profile: Profile) -> CostModel:
-    """The deployment's cost model: its placement, models, SM shares and router (learned routers are priced)."""
+    """The deployment's cost model: its placement, models, SM shares and router (learned routers are priced);
+    the config's `placement.link_latency_ms` / `link_bandwidth_gbps`, when set, replace the profile's link."""
+    pl = dep.placement
+    if pl.link_latency_ms is not None or pl.link_bandwidth_gbps is not None:
+        old = profile.link
+        latency = old.latency_ms if pl.link_latency_ms is None else pl.link_latency_ms
+        bandwidth = old.bandwidth_gbps if pl.link_bandwidth_gbps is None else pl.link_bandwidth_gbps
+        link = LinkInfo(latency_ms=latency, bandwidth_gbps=bandwidth)
+        profile = msgspec.structs.replace(profile, link=link)
     names = [m.name for m in dep.models]
     shares = [m.mps_active_thread_percentage for m in dep.models]
     learned = dep.router.name if dep.router.weights else None

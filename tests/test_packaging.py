@@ -35,6 +35,7 @@ EXTRA_FOR: dict[str, str | tuple[str, ...]] = {
     "tokenrouter.routers.learned": "engine",
     "tokenrouter.models.tokenizer": "serve",
     "tokenrouter.runtime": "serve",
+    "tokenrouter.runtime.ray_cluster": "ray",  # `tr serve --ray`
     "tokenrouter.bench": "serve",
     "tokenrouter.cli.bench_cmd": "serve",
     "tokenrouter.baselines": ("engine", "serve"),  # the model servers and the dispatcher (the cache itself is pure)

@@ -6,6 +6,14 @@ import pytest
 from live_server import LiveServer, start
 
 
+@pytest.fixture(scope="session")
+def reference(tmp_path_factory):
+    """(config, tokens) of the tiny learned-router deployment over ipc: what tcp and Ray runs must reproduce."""
+    from cluster_helpers import ipc_reference
+
+    return ipc_reference(tmp_path_factory.mktemp("ipc-reference"))
+
+
 @pytest.fixture
 def live() -> Iterator[LiveServer]:
     srv = start()

@@ -100,7 +100,7 @@ class Dispatcher:
         addrs = spec.addresses
         self.ctx = zmq.Context()
         self.pull = self.ctx.socket(zmq.PULL)
-        self.pull.bind(addrs.submit)
+        self.pull.bind(addrs.bind(addrs.submit))
         self.servers = [self._push(a) for a in addrs.subservers]
         self.front = self._push(addrs.frontend)
         self.flows: dict[str, Flow] = {}

@@ -38,6 +38,9 @@ class BaselineServer(Server):
         if kw.get("restart_on_failure"):
             raise ValueError("a baseline does not restart a process in place (--restart-on-failure)")
         self.mode = mode
+        if config.transport == "tcp" or kw.get("cluster") is not None:
+            raise ValueError("a baseline runs every process on one host over ipc (placement.transport tcp, a model's "
+                             "host or external, and --ray are for the routed runtime)")  # fmt: skip
         cfg = baseline_config(config, mode)
         if mode == "std-serving":
             from tokenrouter.baselines.dispatcher import build_routers

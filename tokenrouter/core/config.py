@@ -53,7 +53,13 @@ class ModelConfig:
     # True: a step with a row the decode graphs cannot take keeps its short rows in a decode graph and runs the
     # rest as a second (varlen) pass; False (default): the whole step runs as one varlen pass (one weight pass).
     graph_split: bool = False
-    host: str | None = None  # cross-host: where this subserver runs
+    # Where this subserver runs and how its peers reach it (a name or an address); setting it puts the
+    # deployment on tcp:// peers (`placement.transport`). The launcher starts the process on its own host unless
+    # `external`.
+    host: str | None = None
+    # Started by hand on its host (`tokenrouter subserver --join ...`): the launcher waits for it to join instead
+    # of starting it, and supervises it by its heartbeats.
+    external: bool = False
     overlap: bool | None = None  # None: the scheduler section's `overlap`
     # MPS SM share of this model's process (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, set by the launcher); None: all.
     mps_active_thread_percentage: int | None = None
@@ -64,12 +70,25 @@ class ModelConfig:
 
 @dataclass(slots=True)
 class PlacementConfig:
+    """`transport`: how the runtime's processes reach each other: `ipc` (one host, a private run directory) or
+    `tcp`; null: tcp when a model names a `host` or is `external`, else ipc. `port_base`: tcp ports from here
+    (`runtime.addresses`: base..base+3 on the launcher's host, base+4+i for model i); null: free ports chosen
+    at start and published to the peers. `launcher_host`: the address other hosts reach the launcher's host at
+    (null: the one each remote subserver used to join)."""
+
     mode: Placement = Placement.MPS
     link_latency_ms: float | None = None  # cross-host link; None -> the profile's
     link_bandwidth_gbps: float | None = None
+    transport: str | None = None
+    port_base: int | None = None
+    launcher_host: str | None = None
 
     def __post_init__(self) -> None:
         self.mode = _named(Placement, self.mode, "placement")
+        if self.transport not in (None, "ipc", "tcp"):
+            raise ConfigError(f"placement.transport must be ipc, tcp or null, got {self.transport!r}")
+        if self.port_base is not None and not 1 <= self.port_base <= 65_000:
+            raise ConfigError(f"placement.port_base must be a port in 1..65000, got {self.port_base}")
 
 
 @dataclass(slots=True)
@@ -197,6 +216,13 @@ class DeploymentConfig:
     def is_small(self, model_index: int) -> bool:
         return model_index == self.small_model
 
+    @property
+    def transport(self) -> str:
+        """`ipc` or `tcp` (`PlacementConfig.transport`, null resolved)."""
+        if self.placement.transport is not None:
+            return self.placement.transport
+        return "tcp" if any(m.host or m.external for m in self.models) else "ipc"
+
     def to_yaml(self) -> str:
         return yaml.safe_dump(_plain(asdict(self)), sort_keys=False, default_flow_style=None)
 
@@ -228,6 +254,11 @@ def validate(cfg: DeploymentConfig) -> None:
             mc.graph_rule()
         except ValueError as e:
             raise ConfigError(f"model {mc.name}: {e}") from None
+    if cfg.placement.transport == "ipc" and any(mc.host or mc.external for mc in cfg.models):
+        raise ConfigError("placement.transport ipc keeps every process on one host: a model with a host or "
+                          "external: true needs tcp (or null)")  # fmt: skip
+    if cfg.placement.port_base is not None and cfg.placement.port_base + 4 + m > 65_535:
+        raise ConfigError(f"placement.port_base {cfg.placement.port_base} leaves no room for {m} models' ports")
     if cfg.scheduler.page_size < 1 or cfg.scheduler.max_batch_size < 1 or cfg.scheduler.max_batch_tokens < 1:
         raise ConfigError("scheduler page_size, max_batch_size and max_batch_tokens must be >= 1")
     if cfg.scheduler.kv_growth_tokens is not None and cfg.scheduler.kv_growth_tokens < 1:
@@ -252,19 +283,27 @@ def validate(cfg: DeploymentConfig) -> None:
 def load_config(path: str | Path) -> DeploymentConfig:
     p = Path(path)
     try:
-        raw = yaml.safe_load(p.read_text())
+        text = p.read_text()
     except FileNotFoundError:
         raise ConfigError(f"{p}: no such file") from None
+    try:
+        return config_from_yaml(text)
+    except ConfigError as e:
+        raise ConfigError(f"{p}: {e}") from None
+
+
+def config_from_yaml(text: str) -> DeploymentConfig:
+    """A deployment from YAML text (what `to_yaml` writes); ConfigError for anything wrong."""
+    try:
+        raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise ConfigError(f"{p}: not valid YAML ({str(e).splitlines()[0]})") from None
+        raise ConfigError(f"not valid YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(raw, dict):
-        raise ConfigError(f"{p}: expected a mapping at the top level")
+        raise ConfigError("expected a mapping at the top level")
     try:
         return msgspec.convert(raw, DeploymentConfig, strict=False)
     except msgspec.ValidationError as e:
-        raise ConfigError(f"{p}: {e}") from None
-    except ConfigError as e:
-        raise ConfigError(f"{p}: {e}") from None
+        raise ConfigError(str(e)) from None
 
 
 def _named(enum: Any, value: Any, what: str) -> Any:

@@ -1,25 +1,112 @@
-"""Where the processes of one deployment listen: one ZeroMQ endpoint per subserver, one for the front-end and
-one for the sync-policy coordinator. `ipc://` inside a private run directory on one host; a model whose
-config names a `host` gets `tcp://host:port` instead (cross-host peers)."""
+"""Where the processes of one deployment listen: one ZeroMQ endpoint per subserver, one for the front-end, one
+for the sync-policy coordinator, one for the launcher (and one for a baseline's dispatcher).
+
+Two transports (`DeploymentConfig.transport`):
+- `ipc://` inside the server's private run directory (`rundir`): every process on one host. The default.
+- `tcp://host:port`: for subservers on other hosts (a model with a `host`, an `external` one, a Ray actor), or
+  on one host with `placement.transport: tcp`. An endpoint then has two forms: the *connect* address every
+  sender uses (`tcp://host:port`, what `Addresses` holds) and the *bind* address its owner listens on
+  (`Addresses.bind`: `tcp://IFACE:port`). Endpoints on the launcher's host (front-end, coordinator, launcher,
+  the subservers it starts there) bind `listen`: 127.0.0.1 when every process is on this host, else every
+  interface (`*`). A subserver on another host binds the address it advertises when that is numeric, else `*`.
+  Ports: `placement.port_base` plus a fixed offset (`TCP_OFFSETS`; model i at base + 4 + i), or port 0 for "not
+  known yet": the launcher picks free ports for its own endpoints when it starts, and each subserver binds a
+  free port and publishes it when it joins (`runtime.join`), before any peer connects to it.
+
+Invariants: every endpoint is distinct; `subservers[i]` is model i's PULL socket; an endpoint with port 0 is
+never connected to (`known`).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import ipaddress
+import socket
+from dataclasses import dataclass, replace
 from pathlib import Path
+
+LOOPBACK = "127.0.0.1"
+ANY = "*"
+# Ports relative to `placement.port_base`; model i's subserver is at base + SUBSERVER_OFFSET + i.
+TCP_OFFSETS = {"frontend": 0, "coordinator": 1, "launcher": 2, "submit": 3}
+SUBSERVER_OFFSET = 4
+
+
+def is_tcp(endpoint: str) -> bool:
+    return endpoint.startswith("tcp://")
+
+
+def split_tcp(endpoint: str) -> tuple[str, int]:
+    """`tcp://host:port` -> (host, port); IPv6 hosts keep their brackets."""
+    if not is_tcp(endpoint):
+        raise ValueError(f"not a tcp:// endpoint: {endpoint!r}")
+    host, sep, port = endpoint[len("tcp://") :].rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"expected tcp://HOST:PORT, got {endpoint!r}")
+    return host, int(port)
+
+
+def tcp_endpoint(host: str, port: int) -> str:
+    return f"tcp://{host}:{port}"
+
+
+def is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    return True
+
+
+def is_loopback(host: str) -> bool:
+    return host == "localhost" or (is_ip(host) and ipaddress.ip_address(host.strip("[]")).is_loopback)
+
+
+def bind_interface(host: str) -> str:
+    """What a process that is reached at `host` binds: that address when it is numeric (only that interface),
+    else every interface (ZeroMQ binds numeric addresses and interface names, not DNS names)."""
+    return host if is_ip(host) else ANY
+
+
+def free_tcp_port(interface: str = LOOPBACK) -> int:
+    """A port free on `interface` now (the OS picks it). Another process may take it before it is bound: the
+    launcher binds it at once; `placement.port_base` avoids the window altogether."""
+    with socket.socket(socket.AF_INET6 if ":" in interface else socket.AF_INET) as s:
+        s.bind(("" if interface == ANY else interface.strip("[]"), 0))
+        return s.getsockname()[1]
+
+
+def is_local_address(host: str) -> bool:
+    """True when `host` resolves to an address of this machine (a socket can bind it)."""
+    if is_loopback(host):
+        return True
+    try:
+        infos = socket.getaddrinfo(host.strip("[]"), None, proto=socket.IPPROTO_TCP)
+    except OSError:
+        return False
+    for family, _, _, _, sockaddr in infos:
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as s:
+                s.bind((sockaddr[0], 0))
+            return True
+        except OSError:
+            continue
+    return False
 
 
 @dataclass(frozen=True, slots=True)
 class Addresses:
-    """Invariant: every endpoint is distinct; `subservers[i]` is model i's PULL socket."""
+    """The connect addresses of one deployment's endpoints (see the module doc)."""
 
     frontend: str
     subservers: tuple[str, ...]
     coordinator: str
     # Added by the runtime (compatible): the launcher's PULL; subservers send Ready/Stats/Failed here too, so
-    # the launcher sees start-up and liveness without the front-end's socket.
+    # the launcher sees start-up and liveness without the front-end's socket. Over tcp, subservers join here.
     launcher: str = ""
     # Where clients send Submit/Abort when it is not the entry subserver: the std-serving baseline's dispatcher.
     submit: str = ""
+    # tcp only: the interface the launcher's host binds its endpoints on (`*` or an address; empty: ipc).
+    listen: str = ""
 
     def entry_address(self, entry: int) -> str:
         """Where a front-end sends `Submit` and `Abort`."""
@@ -34,3 +121,78 @@ class Addresses:
             coordinator=f"ipc://{d / 'coordinator'}",
             launcher=f"ipc://{d / 'launcher'}",
         )
+
+    @classmethod
+    def tcp(cls, here: str, hosts: list[str], listen: str, port_base: int | None) -> Addresses:
+        """Launcher-side endpoints at `here` (how processes on the launcher's host reach it), model i's at
+        `hosts[i]`; ports from `port_base`, or 0 (to be chosen)."""
+
+        def port(offset: int) -> int:
+            return 0 if port_base is None else port_base + offset
+
+        return cls(
+            frontend=tcp_endpoint(here, port(TCP_OFFSETS["frontend"])),
+            subservers=tuple(tcp_endpoint(h, port(SUBSERVER_OFFSET + i)) for i, h in enumerate(hosts)),
+            coordinator=tcp_endpoint(here, port(TCP_OFFSETS["coordinator"])),
+            launcher=tcp_endpoint(here, port(TCP_OFFSETS["launcher"])),
+            listen=listen,
+        )
+
+    @property
+    def transport(self) -> str:
+        return "tcp" if is_tcp(self.frontend) else "ipc"
+
+    @property
+    def here(self) -> str:
+        """tcp: the host part that marks an endpoint on the launcher's host (the front-end's)."""
+        return split_tcp(self.frontend)[0]
+
+    def bind(self, endpoint: str) -> str:
+        """The address the owner of `endpoint` binds: ipc as it is; tcp on `listen` for the launcher's host,
+        else `bind_interface` of its host. Port 0 binds a free port (read it back from the socket)."""
+        if not is_tcp(endpoint):
+            return endpoint
+        host, port = split_tcp(endpoint)
+        iface = self.listen if self.listen and host == self.here else bind_interface(host)
+        return tcp_endpoint(iface, port) if port else f"tcp://{iface}:*"
+
+    @staticmethod
+    def known(endpoint: str) -> bool:
+        """False for a tcp endpoint whose port is not chosen yet (nothing may connect to it)."""
+        return bool(endpoint) and (not is_tcp(endpoint) or split_tcp(endpoint)[1] != 0)
+
+    def complete(self) -> bool:
+        return all(self.known(a) for a in (self.frontend, self.coordinator, self.launcher, *self.subservers))
+
+    def with_subserver(self, model: int, endpoint: str) -> Addresses:
+        subs = list(self.subservers)
+        subs[model] = endpoint
+        return replace(self, subservers=tuple(subs))
+
+    def as_seen_from(self, launcher_host: str) -> Addresses:
+        """The table for a process on another host, which reaches the launcher's host at `launcher_host`: every
+        endpoint on the launcher's host (`here`) renamed. ipc, or a loopback `launcher_host`: unchanged."""
+        if not is_tcp(self.frontend) or is_loopback(launcher_host) or launcher_host == self.here:
+            return self
+        here = self.here
+
+        def move(endpoint: str) -> str:
+            if not is_tcp(endpoint):
+                return endpoint
+            host, port = split_tcp(endpoint)
+            return tcp_endpoint(launcher_host, port) if host == here else endpoint
+
+        return replace(
+            self, frontend=move(self.frontend), subservers=tuple(move(a) for a in self.subservers),
+            coordinator=move(self.coordinator), launcher=move(self.launcher), submit=move(self.submit),
+        )  # fmt: skip
+
+
+def bound_endpoint(sock: object, endpoint: str) -> str:
+    """`endpoint` with the port a socket bound to it actually got (`Addresses.bind` of a port-0 endpoint)."""
+    if not is_tcp(endpoint) or split_tcp(endpoint)[1]:
+        return endpoint
+    import zmq
+
+    last = sock.getsockopt_string(zmq.LAST_ENDPOINT)  # type: ignore[attr-defined]
+    return tcp_endpoint(split_tcp(endpoint)[0], split_tcp(last)[1])

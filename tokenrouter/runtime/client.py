@@ -17,7 +17,7 @@ class RuntimeClient:
     def __init__(self, addresses: Addresses, entry: int = 0) -> None:
         self.ctx = zmq.Context()
         self.pull = self.ctx.socket(zmq.PULL)
-        self.pull.bind(addresses.frontend)
+        self.pull.bind(addresses.bind(addresses.frontend))
         self.push = self.ctx.socket(zmq.PUSH)
         self.push.setsockopt(zmq.LINGER, 0)
         self.push.connect(addresses.entry_address(entry))

@@ -44,6 +44,7 @@ from tokenrouter.core.policy import SyncGate
 from tokenrouter.runtime import protocol as P
 from tokenrouter.runtime.addresses import Addresses
 from tokenrouter.runtime.build import SubserverSpec
+from tokenrouter.runtime.cluster import Cluster, ClusterOptions
 from tokenrouter.runtime.gate import Coordinator
 from tokenrouter.runtime.hoptrace import merge_hop_logs
 from tokenrouter.runtime.mps import MpsDaemon
@@ -63,6 +64,11 @@ def describe_exit(code: int | None) -> str:
         except ValueError:
             return f"killed by signal {-code}"
     return f"exit code {code}"
+
+
+def exit_reason(p: Any) -> str:
+    """How a subserver's process (or a `runtime.remote` handle, which says it itself) ended."""
+    return getattr(p, "exit_reason", None) or describe_exit(p.exitcode)
 
 
 class StartupError(RuntimeError):
@@ -104,7 +110,10 @@ class Server:
         ready_timeout_s: float = 300.0,
         stats_interval_s: float = 0.5,
         restart_on_failure: bool = False,
+        cluster: ClusterOptions | None = None,
     ) -> None:
+        """`cluster`: how a tcp deployment runs (Ray, heartbeat and join timeouts; `runtime.cluster`); a config
+        on tcp without it gets the defaults."""
         if device not in ("cpu", "cuda"):
             raise ValueError(f"device must be cpu or cuda, got {device!r}")
         if restart_on_failure and config.policy.build().is_sync:
@@ -119,7 +128,6 @@ class Server:
         self._own_dir = run_dir is None
         self.run_dir = create_run_dir() if run_dir is None else Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.addresses = Addresses.local(self.run_dir, self.num_models)
         if memory_gb is None:
             memory_gb = gpu_memory_gb(config.models[0].gpus[0]) if device == "cuda" else 1.0
         self.memory_gb = memory_gb
@@ -149,7 +157,22 @@ class Server:
         self._watcher: threading.Thread | None = None
         self._ctx = zmq.Context()
         self._pull = self._ctx.socket(zmq.PULL)
-        self._pull.bind(self.addresses.launcher)
+        # Over tcp (`runtime.cluster`): endpoints, joins, subservers on other hosts or in Ray actors.
+        self.cluster: Cluster | None = None
+        if cluster is not None or config.transport == "tcp":
+            try:
+                self.cluster = Cluster(self, cluster or ClusterOptions())
+                self.addresses = self.cluster.bind_launcher(self._pull, self.cluster.addresses)
+            except BaseException:
+                if self.cluster is not None:
+                    self.cluster.close()
+                self._pull.close(linger=0)
+                self._ctx.term()
+                raise
+            self.add_listener(self.cluster.on_control)
+        else:
+            self.addresses = Addresses.local(self.run_dir, self.num_models)
+            self._pull.bind(self.addresses.launcher)
 
     # ---- paths ----------------------------------------------------------------------------------------
     def hop_log(self, model: int) -> Path:
@@ -207,9 +230,8 @@ class Server:
 
     def _start(self) -> None:
         policy = self.config.policy.build()
-        if policy.is_sync:
-            gate = SyncGate(policy.kind, self.num_models)
-            self.coordinator = Coordinator(gate, self.addresses.coordinator, self.addresses.subservers).start()
+        if policy.is_sync and self.cluster is None:
+            self._start_coordinator()
         env_common: dict[str, str] = {}
         if self.device == "cuda" and self.config.placement.mode == "mps":
             self.mps = MpsDaemon(self.run_dir)
@@ -221,10 +243,20 @@ class Server:
                  self.run_dir)  # fmt: skip
         for i in range(self.num_models):
             self.processes.append(self._spawn(i))
+        if self.cluster is not None:  # tcp: the coordinator connects to the subservers' published endpoints
+            self.cluster.wait_joined()
+            if policy.is_sync:
+                self._start_coordinator()
+            self.cluster.welcome_all()
         self._start_aux()
         self._wait_ready()
         self._watcher = threading.Thread(target=self._watch, name="tokenrouter-watch", daemon=True)
         self._watcher.start()
+
+    def _start_coordinator(self) -> None:
+        gate = SyncGate(self.config.policy.build().kind, self.num_models)
+        a = self.addresses
+        self.coordinator = Coordinator(gate, a.bind(a.coordinator), a.subservers).start()
 
     def _start_aux(self) -> None:
         """Start the processes that run beside the subservers (`aux`); none here."""
@@ -246,6 +278,11 @@ class Server:
             log_level=logging.getLogger("tokenrouter").getEffectiveLevel(),
             run_dir=str(self.run_dir) if self._own_dir else None,
         )  # fmt: skip
+        if self.cluster is not None:
+            spec = self.cluster.prepare(i, spec)
+            remote = self.cluster.start_remote(i, spec)
+            if remote is not None:
+                return remote
         env = dict(self._env_common)
         if self.device == "cuda":
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in mc.gpus)
@@ -268,7 +305,7 @@ class Server:
                     raise StartupError(f"subserver {i} ({name}) failed during start-up: {self.dead[i]}")
                 if p.exitcode is not None and i not in self.ready:
                     self._poll_control(200)  # its Failed may still be in flight
-                    why = self.dead.get(i, f"process exited with code {p.exitcode}")
+                    why = self.dead.get(i, getattr(p, "exit_reason", None) or f"process exited with code {p.exitcode}")
                     raise StartupError(f"subserver {i} ({self.config.models[i].name}) failed during start-up: {why}")
             for name, p, _ in self.aux:
                 if p.exitcode is not None:
@@ -282,9 +319,13 @@ class Server:
             return
         while True:
             try:
-                _, data = self._pull.recv_multipart(zmq.NOBLOCK)
+                chan, data = self._pull.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
+            if chan == P.JOIN:
+                if self.cluster is not None:
+                    self.cluster.on_join(data)
+                continue
             msg = P.decode_for_frontend(data)
             if isinstance(msg, P.Ready):
                 if self.restarts[msg.model] and msg.model not in self.ready:
@@ -324,7 +365,7 @@ class Server:
     def _on_exit(self, i: int, p: Any, tell: zmq.Socket) -> None:
         name = self.config.models[i].name
         said = self.dead.get(i)
-        cause = describe_exit(p.exitcode) + (f", after: {said}" if said else "")
+        cause = exit_reason(p) + (f", after: {said}" if said else "")
         msg = f"subserver {i} ({name}) died ({cause})"
         was_ready = self.ready.pop(i, None) is not None
         self.dead[i] = msg
@@ -375,6 +416,8 @@ class Server:
         try:
             with self._lock:
                 for addr in (*self.addresses.subservers, *(a for _, _, a in self.aux)):
+                    if not Addresses.known(addr):
+                        continue  # over tcp: a subserver that never joined (it is killed below)
                     s = self._ctx.socket(zmq.PUSH)
                     s.setsockopt(zmq.LINGER, 500)
                     s.connect(addr)
@@ -397,6 +440,8 @@ class Server:
                 self.coordinator.stop()
             if self.mps is not None:
                 self.mps.stop()
+            if self.cluster is not None:
+                self.cluster.close()
             if self.record_hops:
                 merge_hop_logs(self._hop_logs(), self.record_hops)
             self._pull.close()

@@ -30,6 +30,9 @@ PEER = b"peer"
 CTL = b"ctl"
 # Added by the runtime (compatible): an empty wake-up from the sync coordinator: re-ask `schedule`.
 GATE = b"gate"
+# Added by the runtime (compatible): tcp deployments only: a subserver joining the launcher and the launcher's
+# answer (`runtime.join`), kept off CTL so neither side's CTL decoder changes.
+JOIN = b"join"
 
 
 def pack_ids(ids: list[int]) -> bytes:

@@ -26,9 +26,11 @@ from tokenrouter.core.messages import Action, Emit, Finish, PeerReq, Send
 from tokenrouter.core.request import Request, SamplingParams
 from tokenrouter.core.scheduler import RequestTooLong
 from tokenrouter.runtime import protocol as P
+from tokenrouter.runtime.addresses import Addresses, is_tcp
 from tokenrouter.runtime.build import SubserverSpec, build_part
 from tokenrouter.runtime.engine_loop import EngineLoop
 from tokenrouter.runtime.gate import RemoteGate
+from tokenrouter.runtime.join import Joined, Left, join_launcher, spec_from_welcome
 from tokenrouter.runtime.logs import JsonlLog, configure_logging
 from tokenrouter.runtime.parent_watch import die_with_parent
 
@@ -38,11 +40,12 @@ log = logging.getLogger(__name__)
 
 
 class Subserver(EngineLoop):
-    def __init__(self, spec: SubserverSpec) -> None:
+    def __init__(self, spec: SubserverSpec, joined: Joined | None = None) -> None:
+        """`joined`: over tcp, the context and bound PULL socket of the join (`runtime.join`)."""
         t0 = time.monotonic()
         self.spec = spec
         addrs = spec.addresses
-        self.ctx = zmq.Context()
+        self.ctx = zmq.Context() if joined is None else joined.ctx
         self.gate: RemoteGate | None = None
         if spec.config.policy.build().is_sync:
             self.gate = RemoteGate(spec.model, len(spec.config.models), addrs.coordinator, self.ctx)
@@ -54,8 +57,11 @@ class Subserver(EngineLoop):
         super().__init__(engine, sched, prepare_margin_s=spec.prepare_margin_ms / 1000.0,
                          step_log=JsonlLog(spec.step_log))  # fmt: skip
         _log_start_phases(self.tag, self.engine, time.monotonic() - t0)
-        self.pull = self.ctx.socket(zmq.PULL)
-        self.pull.bind(addrs.subservers[spec.model])
+        if joined is None:
+            self.pull = self.ctx.socket(zmq.PULL)
+            self.pull.bind(addrs.bind(addrs.subservers[spec.model]))
+        else:
+            self.pull = joined.pull
         self.peers: dict[int, zmq.Socket] = {}
         for j, a in enumerate(addrs.subservers):
             if j != spec.model:
@@ -297,9 +303,24 @@ def main(spec: SubserverSpec) -> None:
     parent = mp.parent_process()
     die_with_parent(parent.pid if parent is not None else os.getppid(),
                     lambda: _remove_orphaned_run_dir(spec.run_dir))  # fmt: skip
+    serve(spec)
+
+
+def serve(spec: SubserverSpec, joined: Joined | None = None, *, watch_launcher: bool = False) -> None:
+    """Run one subserver in this process until `Shutdown`: a multiprocessing child (`main`), a Ray actor or
+    `tokenrouter subserver`. Over tcp it first joins the launcher (`runtime.join`) unless `joined` says it did;
+    `watch_launcher`: exit when the connection to the launcher drops (a process the launcher did not start).
+    On an error: `Failed` to the front-end and the launcher, then `os._exit(1)`."""
     sub: Subserver | None = None
     try:
-        sub = Subserver(spec)
+        if joined is None and is_tcp(spec.addresses.launcher):
+            joined = join_launcher(spec.addresses, spec.model, spec.config.models[spec.model].name)
+            if joined is None:
+                return  # the launcher stopped before we were welcomed
+            spec = spec_from_welcome(spec, joined.welcome)
+        if joined is not None and watch_launcher:
+            joined.link.watch(lambda: _launcher_lost(spec.model, joined.link.address))
+        sub = Subserver(spec, joined)
         sub.run()
     except BaseException as e:
         msg = f"{type(e).__name__}: {e}"
@@ -312,14 +333,23 @@ def main(spec: SubserverSpec) -> None:
                 _report_failed(spec, msg)
         finally:
             os._exit(1)
+    if joined is not None:
+        joined.link.send(Left(spec.model))
     sub.close()
+    if joined is not None:
+        joined.link.close()
+
+
+def _launcher_lost(model: int, address: str) -> None:
+    log.error("model %d: lost the launcher at %s: exiting", model, address)
+    os._exit(1)
 
 
 def _report_failed(spec: SubserverSpec, msg: str) -> None:
     """`Failed` from a subserver that died during start-up (no sockets yet)."""
     ctx = zmq.Context()
     for addr in (spec.addresses.frontend, spec.addresses.launcher):
-        if addr:
+        if Addresses.known(addr):  # over tcp the front-end's port may not be published yet
             s = ctx.socket(zmq.PUSH)
             s.setsockopt(zmq.LINGER, 2000)
             s.connect(addr)

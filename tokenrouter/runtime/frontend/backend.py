@@ -73,7 +73,7 @@ class Backend:
         self._ctx = zmq.asyncio.Context()
         self._pull = self._ctx.socket(zmq.PULL)
         self._pull.setsockopt(zmq.LINGER, 0)
-        self._pull.bind(self.handle.addresses.frontend)
+        self._pull.bind(self.handle.addresses.bind(self.handle.addresses.frontend))
         self._push = self._ctx.socket(zmq.PUSH)
         self._push.setsockopt(zmq.LINGER, 0)
         self._push.connect(self.handle.addresses.entry_address(self.handle.entry))

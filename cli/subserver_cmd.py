@@ -1,0 +1,126 @@
+"""`tokenrouter subserver`: run one model's subserver on this host, for a launcher on another host that waits for
+it (the model has `external: true` in the deployment).
+
+    tokenrouter subserver --config serve.yaml --model qwen3-32b --join tcp://launcher-host:7002
+
+It binds its port (`placement.port_base` + 4 + its index, or a free one), joins the launcher (`runtime.join`),
+takes the deployment the launcher serves (which must name the same models as `--config`), and serves until the
+launcher sends Shutdown or the connection to the launcher drops. Ctrl-C or SIGTERM stops it; the launcher then
+reports the model failed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from tokenrouter.cli.common import CliError, require_extras
+
+Opt = typer.Option
+
+
+def subserver(
+    config: Annotated[Path, Opt(help="The deployment YAML the launcher serves (the same file).")],
+    model: Annotated[str, Opt(help="The model to run: its name in the config, or its index.")],
+    join: Annotated[str, Opt(help="The launcher's address, tcp://HOST:PORT (its log prints the command to run).")],
+    advertise: Annotated[
+        str | None,
+        Opt(help="The address the other processes reach this host at. Default: the model's `host` in the config, "
+            "else this host's address on the route to the launcher."),
+    ] = None,
+    join_timeout: Annotated[float, Opt(help="Seconds to wait for the launcher's answer.")] = 600.0,
+    log_level: Annotated[str, Opt(help="debug | info | warning | error.")] = "info",
+) -> None:  # fmt: skip
+    """Run one model's subserver here and join a launcher on another host (a model with external: true)."""
+    from tokenrouter.core.config import ConfigError, load_config
+
+    require_extras("subserver", ("serve", "engine"))
+    from tokenrouter.runtime.addresses import SUBSERVER_OFFSET, Addresses, split_tcp, tcp_endpoint
+
+    try:
+        cfg = load_config(config)
+    except ConfigError as e:
+        raise CliError(str(e)) from None
+    names = [m.name for m in cfg.models]
+    i = _model_index(model, names)
+    mc = cfg.models[i]
+    if not mc.external:
+        raise CliError(f"model {mc.name} is started by its launcher (external: false in {config}); mark it "
+                       "external: true there to start it by hand")  # fmt: skip
+    if "://" not in join:
+        join = "tcp://" + join
+    try:
+        launcher_host, _ = split_tcp(join)
+    except ValueError as e:
+        raise CliError(f"--join: {e}") from None
+    host = advertise or mc.host or route_address(launcher_host)
+    port = 0 if cfg.placement.port_base is None else cfg.placement.port_base + SUBSERVER_OFFSET + i
+    subs = tuple(tcp_endpoint(host, port) if j == i else "" for j in range(len(names)))
+    addrs = Addresses(frontend="", subservers=subs, coordinator="", launcher=join)
+
+    from tokenrouter.runtime.logs import configure_logging
+
+    try:
+        configure_logging(log_level)
+    except ValueError as e:
+        raise CliError(f"--log-level: {e}") from None
+    from tokenrouter.runtime.join import JoinRefused, join_launcher
+    from tokenrouter.runtime.launcher import Server
+
+    Server.install_signal_handlers()  # SIGTERM as Ctrl-C: the subserver reports Failed and exits
+    try:
+        joined = join_launcher(addrs, i, mc.name, external=True, models=names, timeout_s=join_timeout)
+    except (JoinRefused, TimeoutError) as e:
+        raise CliError(str(e)) from None
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    if joined is None:
+        return
+    spec = spec_from_welcome(i, joined.welcome)
+    if spec.device == "cuda" and "CUDA_VISIBLE_DEVICES" not in os.environ:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in spec.config.models[i].gpus)
+    from tokenrouter.runtime.subserver import serve
+
+    serve(spec, joined, watch_launcher=True)
+
+
+def _model_index(model: str, names: list[str]) -> int:
+    if model.isdigit() and int(model) < len(names):
+        return int(model)
+    hits = [k for k, n in enumerate(names) if n == model]
+    if len(hits) != 1:
+        raise CliError(f"--model {model!r}: the config's models are {', '.join(names)} (a name once, or an index)")
+    return hits[0]
+
+
+def route_address(host: str) -> str:
+    """This host's address on the route to `host` (a UDP socket's local address after `connect`, which sends
+    nothing); 127.0.0.1 for a loopback `host`."""
+    from tokenrouter.runtime.addresses import LOOPBACK, is_loopback
+
+    if is_loopback(host):
+        return LOOPBACK
+    try:
+        family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect((host.strip("[]"), 9))
+            return s.getsockname()[0]
+    except OSError as e:
+        raise CliError(f"cannot find this host's address towards {host} ({e}): give --advertise") from None
+
+
+def spec_from_welcome(model: int, welcome):  # type: ignore[no-untyped-def]
+    """The `SubserverSpec` of a hand-started subserver: everything from the launcher's `Welcome`."""
+    from tokenrouter.core.config import config_from_yaml
+    from tokenrouter.runtime.build import SubserverSpec
+
+    return SubserverSpec(
+        model, config_from_yaml(welcome.config_yaml), welcome.addresses, welcome.device, welcome.memory_gb,
+        welcome.seed, dict(welcome.engine_overrides), welcome.stats_interval_s,
+        log_level=logging.getLogger("tokenrouter").getEffectiveLevel(),
+    )  # fmt: skip

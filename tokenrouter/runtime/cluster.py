@@ -1,0 +1,285 @@
+"""The launcher's side of a tcp deployment (`DeploymentConfig.transport == "tcp"`, or `tr serve --ray`).
+
+`Server` (`runtime.launcher`) keeps one `Cluster` when its deployment runs over tcp and calls it at a few points:
+the address table and the launcher's socket at construction (`bind_launcher`), each subserver's start
+(`prepare`, then `start_remote`: a handle instead of a child process for an `external` model or a Ray actor),
+the JOIN frames on the launcher's socket (`on_join`), start-up (`wait_joined`, then `welcome_all` once a sync
+policy's coordinator listens) and `close` on stop.
+
+Where things run and listen (`runtime.addresses`):
+- a model with `external: true` runs wherever it was started by hand (`tokenrouter subserver --join`); its
+  `host`, if given, is the address its peers reach it at;
+- with Ray, model i runs in bundle i of a placement group (`runtime.ray_cluster`);
+- every other model runs on the launcher's host (its `host`, if given, must be an address of this host).
+The deployment is *local* when everything runs on this host: then every endpoint binds 127.0.0.1. Otherwise the
+launcher's host binds every interface (or `placement.launcher_host` when it is numeric), and a subserver on
+another host gets the table with the launcher's endpoints renamed to the address it reached the launcher at
+(`placement.launcher_host` when given).
+
+The launcher's table holds a subserver's endpoint only once it joined (port 0 before: nothing connects to it);
+a restarted subserver binds the endpoint it had, so the survivors' table stays right (an external one can only
+do so with `placement.port_base`).
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import socket
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+import zmq
+
+from tokenrouter.runtime import join as J
+from tokenrouter.runtime import protocol as P
+from tokenrouter.runtime.addresses import (
+    ANY,
+    LOOPBACK,
+    SUBSERVER_OFFSET,
+    Addresses,
+    bound_endpoint,
+    free_tcp_port,
+    is_ip,
+    is_local_address,
+    is_loopback,
+    split_tcp,
+    tcp_endpoint,
+)
+from tokenrouter.runtime.remote import RemoteSubserver
+
+if TYPE_CHECKING:
+    from tokenrouter.runtime.build import SubserverSpec
+    from tokenrouter.runtime.launcher import Server
+
+log = logging.getLogger(__name__)
+
+UNJOINED = "unjoined"  # host placeholder of an external model without `host` (port 0: never connected to)
+
+
+@dataclass(slots=True)
+class ClusterOptions:
+    """How `Server` runs a tcp deployment. `ray`: a Ray address, `auto`, or `local` (start a head here); None:
+    no Ray. `heartbeat_timeout_s`: a subserver the launcher did not start (external, Ray) that sends no Stats for
+    this long after its Ready has failed. `join_timeout_s`: how long start-up waits for every subserver to join.
+    `config_path`: the deployment file, only to print the command that starts an external model."""
+
+    ray: str | None = None
+    heartbeat_timeout_s: float = 10.0
+    join_timeout_s: float = 300.0
+    ray_num_cpus: float = 1.0
+    config_path: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.heartbeat_timeout_s <= 0 or self.join_timeout_s <= 0 or self.ray_num_cpus <= 0:
+            raise ValueError("heartbeat_timeout_s, join_timeout_s and ray_num_cpus must be > 0")
+
+
+class Cluster:
+    def __init__(self, server: Server, options: ClusterOptions) -> None:
+        cfg = server.config
+        self.config = cfg
+        self.options = options
+        self.names = [m.name for m in cfg.models]
+        pl = cfg.placement
+        remote = bool(options.ray) or any(m.external for m in cfg.models)
+        if remote and server.stats_interval_s * 2 > options.heartbeat_timeout_s:
+            raise ValueError(f"the heartbeat timeout ({options.heartbeat_timeout_s} s) must be at least twice the "
+                             f"Stats interval ({server.stats_interval_s} s)")  # fmt: skip
+        if server.restart_on_failure and pl.port_base is None and any(m.external for m in cfg.models):
+            raise ValueError("restarting an external subserver in place needs fixed ports (placement.port_base): "
+                             "its peers must find it where it was")  # fmt: skip
+        for m in cfg.models:
+            if not m.external and not options.ray and m.host and not is_local_address(m.host):
+                raise ValueError(f"model {m.name}: host {m.host} is not an address of this host; mark it "
+                                 "external: true and start it there (`tokenrouter subserver --join ...`)")  # fmt: skip
+        self.ray = None
+        if options.ray:
+            if any(m.external for m in cfg.models):
+                raise ValueError("--ray starts every model as an actor; external: true is for a model started by hand")
+            if server.device == "cuda" and pl.mode == "mps":
+                raise ValueError("--ray gives each model its own GPUs: use placement separate or cross-host, not mps")
+            from tokenrouter.runtime.ray_cluster import RayCluster
+
+            self.ray = RayCluster(options.ray, cfg, server.device, num_cpus=options.ray_num_cpus)
+        self.local = self._is_local()
+        if (server.record_hops or server.step_logs) and not self.local:
+            self.close()
+            raise ValueError("--record-hops and step logs are written into the run directory: they need every "
+                             "subserver on this host")  # fmt: skip
+        listen = self._listen()
+        here = LOOPBACK if listen in (LOOPBACK, ANY) else listen
+        self.here = here
+        # Where each subserver is asked to listen (port from port_base, else 0: free); the table's entry stays
+        # port 0 until it joined.
+        self.intended = [tcp_endpoint(self._host(i, here), self._port(i)) for i in range(len(cfg.models))]
+        table = Addresses.tcp(here, [split_tcp(a)[0] for a in self.intended], listen, pl.port_base)
+        table = replace(table, subservers=tuple(tcp_endpoint(split_tcp(a)[0], 0) for a in self.intended))
+        if pl.port_base is None:
+            table = replace(table, frontend=tcp_endpoint(here, free_tcp_port(listen)),
+                            coordinator=tcp_endpoint(here, free_tcp_port(listen)))  # fmt: skip
+        self.addresses = table
+        self.joins: dict[int, J.Join] = {}
+        self.open = False  # every model joined and the table went out: later joins are welcomed at once
+        self.server = server
+
+    # ---- layout ---------------------------------------------------------------------------------------------
+    def _is_local(self) -> bool:
+        if self.ray is not None:
+            return self.ray.single_node
+        # An external model on a loopback host is started by hand on this host: still local.
+        return all(is_loopback(m.host) if m.host else not m.external for m in self.config.models)
+
+    def _listen(self) -> str:
+        lh = self.config.placement.launcher_host
+        if lh is not None:
+            return lh if is_ip(lh) else ANY
+        return LOOPBACK if self.local else ANY
+
+    def _host(self, i: int, here: str) -> str:
+        m = self.config.models[i]
+        if self.ray is not None:
+            return self.ray.host(i)
+        if m.external:
+            return m.host or UNJOINED
+        return m.host if m.host and not is_loopback(m.host) else here
+
+    def _port(self, i: int) -> int:
+        base = self.config.placement.port_base
+        return 0 if base is None else base + SUBSERVER_OFFSET + i
+
+    def bind_launcher(self, sock: zmq.Socket, addresses: Addresses) -> Addresses:
+        """Bind the launcher's PULL; the table with its port."""
+        sock.bind(addresses.bind(addresses.launcher))
+        return replace(addresses, launcher=bound_endpoint(sock, addresses.launcher))
+
+    def join_command(self, i: int) -> str:
+        """How to start external model i on its host."""
+        cfg = self.options.config_path or "DEPLOYMENT.yaml"
+        at = self.config.placement.launcher_host or (LOOPBACK if self.local else socket.getfqdn())
+        port = split_tcp(self.server.addresses.launcher)[1]
+        return (f"tokenrouter subserver --config {shlex.quote(cfg)} --model {shlex.quote(self.names[i])} "
+                f"--join tcp://{at}:{port}")  # fmt: skip
+
+    # ---- start ----------------------------------------------------------------------------------------------
+    def prepare(self, i: int, spec: SubserverSpec) -> SubserverSpec:
+        """The spec model i starts with: the table as seen from its host, with the endpoint it must bind (the one
+        it had, after a restart)."""
+        own = self.server.addresses.subservers[i]
+        if not Addresses.known(own):
+            own = self.intended[i]
+        seen = self.server.addresses
+        if self.ray is not None and not self.local:
+            seen = seen.as_seen_from(self.ray.driver_ip)
+        return replace(spec, addresses=seen.with_subserver(i, own), run_dir=None if self.ray else spec.run_dir)
+
+    def start_remote(self, i: int, spec: SubserverSpec) -> RemoteSubserver | None:
+        """A handle for a subserver the launcher does not start as its child (None: spawn it as usual)."""
+        kw: dict[str, Any] = dict(join_timeout_s=self.options.join_timeout_s,
+                                  heartbeat_timeout_s=self.options.heartbeat_timeout_s)  # fmt: skip
+        if self.ray is not None:
+            return self.ray.start(i, spec, **kw)
+        if self.config.models[i].external:
+            cmd = self.join_command(i)
+            log.warning("waiting for model %d (%s) to join: start it on its host with: %s", i, self.names[i], cmd)
+            return RemoteSubserver(i, self.names[i], how_to_start=cmd, **kw)
+        return None
+
+    def wait_joined(self) -> None:
+        """Until every subserver joined (`StartupError` when one failed, or after `join_timeout_s`)."""
+        import time
+
+        from tokenrouter.runtime.launcher import StartupError, exit_reason
+
+        srv = self.server
+        deadline = time.monotonic() + self.options.join_timeout_s
+        while len(self.joins) < len(self.names):
+            srv._poll_control(100)
+            for i, p in enumerate(srv.processes):
+                if i not in self.joins and p.exitcode is not None:
+                    why = srv.dead.get(i) or exit_reason(p)
+                    raise StartupError(f"subserver {i} ({self.names[i]}) failed during start-up: {why}")
+            if time.monotonic() > deadline:
+                missing = ", ".join(self.names[i] for i in range(len(self.names)) if i not in self.joins)
+                raise StartupError(f"{missing} did not join within {self.options.join_timeout_s:.0f} s")
+        log.info("every subserver joined: %s", ", ".join(srv.addresses.subservers))
+
+    def welcome_all(self) -> None:
+        self.open = True
+        for i in sorted(self.joins):
+            self._welcome(self.joins[i])
+
+    # ---- joins ----------------------------------------------------------------------------------------------
+    def on_join(self, data: bytes) -> None:
+        """A JOIN frame on the launcher's socket (start-up or watcher thread)."""
+        msg = J.decode(data)
+        srv = self.server
+        handle = srv.processes[msg.model] if isinstance(msg, J.Join | J.Left) and msg.model < len(srv.processes) \
+            else None  # fmt: skip
+        if isinstance(msg, J.Left):
+            if isinstance(handle, RemoteSubserver):
+                handle.on_left()
+            return
+        if not isinstance(msg, J.Join):
+            return
+        why = self._refusal(msg, handle)
+        if why is not None:
+            log.error("refused a join for model %d (%s) from %s: %s", msg.model, msg.name, msg.endpoint, why)
+            self._send(msg.endpoint, J.Refused(msg.model, why))
+            return
+        if isinstance(handle, RemoteSubserver):
+            handle.on_join(msg)
+        self.joins[msg.model] = msg
+        srv.addresses = srv.addresses.with_subserver(msg.model, msg.endpoint)
+        log.info("model %d (%s) joined from %s (host %s, pid %d)", msg.model, msg.name, msg.endpoint, msg.hostname,
+                 msg.pid)  # fmt: skip
+        if self.open:
+            self._welcome(msg)
+
+    def _refusal(self, msg: J.Join, handle: Any) -> str | None:
+        n = len(self.names)
+        if not 0 <= msg.model < n or self.names[msg.model] != msg.name:
+            return f"this deployment's model {msg.model} is {self.names[msg.model] if msg.model < n else 'absent'}"
+        if msg.external and msg.models != self.names:
+            return f"the deployment differs: this launcher serves {self.names}, the joiner's config {msg.models}"
+        if msg.external != self.config.models[msg.model].external or (msg.external and self.ray is not None):
+            return "the launcher starts this model itself (external: false in its config)"
+        if self.server._stopping.is_set() or self.server.failure is not None:
+            return "the server is stopping"
+        old = self.joins.get(msg.model)
+        if old is not None and (old.pid, old.hostname) != (msg.pid, msg.hostname):
+            if handle is not None and handle.exitcode is None and isinstance(handle, RemoteSubserver) \
+                    and handle.joined is not None:  # fmt: skip
+                return f"already joined from {old.hostname} (pid {old.pid})"
+            if old.endpoint != msg.endpoint:
+                return (f"a restarted subserver must listen where it did ({old.endpoint}); it listens on "
+                        f"{msg.endpoint} (set placement.port_base)")  # fmt: skip
+        return None
+
+    def _welcome(self, join: J.Join) -> None:
+        srv = self.server
+        seen = srv.addresses.as_seen_from(self.config.placement.launcher_host or join.via)
+        w = J.Welcome(
+            join.model, seen.frontend, list(seen.subservers), seen.coordinator, seen.launcher, seen.submit,
+            config_yaml=self.config.to_yaml() if join.external else "", device=srv.device, memory_gb=srv.memory_gb,
+            seed=srv.seed, engine_overrides=dict(srv.engine_overrides), stats_interval_s=srv.stats_interval_s,
+            log_level=logging.getLogger("tokenrouter").getEffectiveLevel(),
+        )  # fmt: skip
+        self._send(join.endpoint, w)
+
+    def _send(self, endpoint: str, msg: J.JoinMessage) -> None:
+        s = self.server._ctx.socket(zmq.PUSH)
+        s.setsockopt(zmq.LINGER, 2000)
+        s.connect(endpoint)
+        s.send_multipart([P.JOIN, J.encode(msg)])
+        s.close()
+
+    def on_control(self, msg: P.Ready | P.Stats | P.Failed) -> None:
+        """A listener of the launcher: heartbeats and failures for the handles of remote subservers."""
+        procs = self.server.processes
+        if 0 <= msg.model < len(procs) and isinstance(procs[msg.model], RemoteSubserver):
+            procs[msg.model].on_control(msg)
+
+    def close(self) -> None:
+        if self.ray is not None:
+            self.ray.close()
