@@ -19,6 +19,7 @@ from tokenrouter.calibration.profile import load_profile
 from tokenrouter.calibration.step_stats import SHORT_ROW_TOKENS, PartStats, StepStats
 from tokenrouter.core.graph_rule import GraphRule
 from tokenrouter.core.policy import PolicyKind
+from tokenrouter.deploy.placement import colocated
 from tokenrouter.markov import MarkovModel, router_matrices, search_thresholds
 from tokenrouter.sim.run import SimConfig, SimResult, cost_model, run_sim
 from tokenrouter.workloads import make_workload
@@ -83,15 +84,14 @@ def step_time_fns(cfg: SimConfig, load: list[tuple[float, float]] | None = None)
     dep = cfg.deployment
     cost = cfg.cost if cfg.cost is not None else cost_model(dep, load_profile(dep.profile))
     ctx, _ = _workload_means(cfg)
-    shared = dep.placement.mode == "mps"
     tpr = tokens_per_row(routing_matrices(cfg)[0])
-    peers = [[j for j in range(len(dep.models)) if j != i] for i in range(len(dep.models))]
+    peers = [colocated(dep, i) for i in range(len(dep.models))]  # models sharing a GPU with model i under MPS
     fns = []
     for i, mc in enumerate(dep.models):
         mcost = cost.for_model(i)
         overlap = dep.scheduler.overlap if mc.overlap is None else mc.overlap
         rule = mc.graph_rule()
-        inter = cost.interference(i, peers[i][0]) if shared and peers[i] else None
+        inter = cost.interference(i, peers[i][0]) if peers[i] else None
         u, peer_tokens = load[i] if load is not None and inter is not None else (0.0, 0.0)
 
         def f(b: int, _c=mcost, _t=tpr[i], _r=rule, _o=overlap, _f=inter, _u=u, _p=peer_tokens) -> float:
@@ -142,7 +142,7 @@ def predict_thresholds(cfg: SimConfig, concurrency: int | None = None) -> Predic
     P, C = routing_matrices(cfg)
     _, mean_output = _workload_means(cfg)
     search = search_thresholds(MarkovModel.create(step_time_fns(cfg), P, C, n, DELTA_MS, mean_output))
-    if cfg.deployment.placement.mode == "mps" and n > 1 and search.ranked:
+    if any(colocated(cfg.deployment, i) for i in range(len(cfg.deployment.models))) and n > 1 and search.ranked:
         # Second pass: slow each model down for the share of time its peer was busy at the first pass's B*,
         # beside a pass of the peer's mean batch (the co-run factor depends on what the peer runs).
         top = search.ranked[0]
