@@ -21,7 +21,7 @@ from tokenrouter.core.config import DeploymentConfig
 from tokenrouter.core.messages import Action, Emit, Finish, PeerMsg, PeerReq, Send
 from tokenrouter.core.request import Request, SamplingParams
 from tokenrouter.deploy import Deployment, build_deployment
-from tokenrouter.deploy.placement import gpus_used
+from tokenrouter.deploy.placement import colocated, gpus_used
 from tokenrouter.metrics import MetricsCollector
 from tokenrouter.sim.autotune import FinishCounter, PhaseDriver, SimAutotune, set_router_hop_rate
 from tokenrouter.sim.clients import ClosedLoop, OpenLoop
@@ -189,6 +189,16 @@ def cost_model(dep: DeploymentConfig, profile: Profile) -> CostModel:
     learned = dep.router.name if dep.router.weights else None
     return CostModel(profile, dep.placement.mode, models=names, shares=shares, learned_router=learned,
                      tp=[m.tp for m in dep.models])  # fmt: skip
+
+
+def estimated_notes(dep: DeploymentConfig) -> list[str]:
+    """What a simulation of `dep` prices without a measurement (tp estimates, co-location of a tp model), one line
+    each, as `trsim run` prints them; empty when the profile measured everything the deployment runs."""
+    cost = cost_model(dep, load_profile(dep.profile))
+    for i in range(len(dep.models)):
+        for j in colocated(dep, i):
+            cost.interference(i, j)
+    return cost.notes()
 
 
 def per_gpu(summary: dict[str, float], gpus: int) -> dict[str, float]:

@@ -17,7 +17,9 @@ import numpy as np
 from tokenrouter.calibration.cost import ModelStepCost
 from tokenrouter.calibration.profile import load_profile
 from tokenrouter.calibration.step_stats import SHORT_ROW_TOKENS, PartStats, StepStats
+from tokenrouter.core.config import DeploymentConfig
 from tokenrouter.core.graph_rule import GraphRule
+from tokenrouter.core.names import Layout, TuneObjective
 from tokenrouter.core.policy import PolicyKind
 from tokenrouter.deploy.placement import colocated
 from tokenrouter.markov import MarkovModel, router_matrices, search_thresholds
@@ -198,3 +200,39 @@ def tune_point(cfg: SimConfig, concurrency: int, top: int = 3) -> TunePoint:
         simulated[b] = s.get("steady_output_throughput_tok_s", s["output_throughput_tok_s"])
     best = max(simulated, key=lambda b: (simulated[b], b == pred.thresholds))
     return TunePoint(concurrency, pred, simulated, best)
+
+
+# -- choosing among placements (and SM splits): each candidate with its own tuned B --------------------------------
+
+
+@dataclass(slots=True)
+class Candidate:
+    """One deployment `trsim tune` compared: a layout on G GPUs and/or an MPS SM split, tuned at every N.
+    `deployment` is the candidate as simulated (placement, GPUs, tp, shares); `gpus` the GPUs it occupies."""
+
+    label: str
+    deployment: DeploymentConfig
+    points: list[TunePoint]
+    gpus: int
+    layout: Layout | None = None
+    split: tuple[int, int] | None = None
+    estimated: list[str] = field(default_factory=list)  # what its prices rest on that was not measured
+
+    def point(self, n: int) -> TunePoint:
+        return next(p for p in self.points if p.concurrency == n)
+
+    def throughput(self, n: int) -> float:
+        """Simulated steady throughput at N with the B tuned for it (tok/s, all GPUs together)."""
+        return self.point(n).best_throughput
+
+    def per_gpu(self, n: int) -> float:
+        return self.throughput(n) / self.gpus
+
+    def score(self, n: int, objective: TuneObjective | str) -> float:
+        return self.per_gpu(n) if TuneObjective(str(objective)) is TuneObjective.PER_GPU else self.throughput(n)
+
+
+def choose(candidates: list[Candidate], n: int, objective: TuneObjective | str) -> Candidate:
+    """The candidate with the highest objective at N; on a tie the one with fewer GPUs, then the first listed."""
+    order = {id(c): k for k, c in enumerate(candidates)}
+    return max(candidates, key=lambda c: (c.score(n, objective), -c.gpus, -order[id(c)]))
