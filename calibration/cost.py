@@ -39,12 +39,14 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from tokenrouter.core.names import Placement, parse_name
+from tokenrouter.models.spec import load_spec
 
 from .colocation import Interference, pair_interference
 from .measured import HostCosts, RouterCost
 from .passes import ModelPasses
 from .profile import Profile, ProfileError, StepCoeffs, load_profile
 from .step_stats import PartStats, StepStats
+from .tensor_parallel import AllReduceCost, estimate_tp
 
 ModelKey = str | int
 
@@ -99,6 +101,8 @@ class ModelCost:
     passes: ModelPasses | None = None
     host: HostCosts | None = None
     learned_router: RouterCost | None = None
+    tp: int = 1
+    estimated: str = ""  # why these numbers are not measured ("" when the profile has the model at this tp)
 
     def step_ms(self, stats: StepStats, *, corunning: bool = False) -> float:
         """Step time (ms) alone on the GPU with no SM cap (see the module docstring). `corunning` applies the
@@ -164,6 +168,8 @@ class CostModel:
     learned_router: the deployment runs a learned router of this name (its measured device part is priced;
     a synthetic router costs nothing on the device).
     fit: force "buckets" or "linear" pass fits (default: each table's chosen fit).
+    tp: each model's tensor-parallel degree (default 1): the profile's entry at that degree, else an estimate
+    from the tp=1 entry (`calibration.tensor_parallel`), listed in `notes()`.
     Which rows run in a graph is not the cost model's business: `StepStats` carries the GraphRule's split.
     """
 
@@ -176,14 +182,23 @@ class CostModel:
         shares: Sequence[int | None] | None = None,
         learned_router: str | None = None,
         fit: str | None = None,
+        tp: Sequence[int] | None = None,
     ) -> None:
         self.profile = profile if isinstance(profile, Profile) else load_profile(profile)
         self.placement = parse_name(Placement, placement, "placement")
-        self.models: tuple[str, ...] = tuple(self.profile.resolve_name(m) for m in (models or self.profile.models))
+        default = [k for k in self.profile.models if "@tp" not in k]  # a NAME@tpK key is NAME at another degree
+        self.models: tuple[str, ...] = tuple(self.profile.resolve_name(m) for m in (models or default))
         shares = list(shares or [])
         if shares and len(shares) != len(self.models):
             raise ValueError(f"shares: one per model ({len(self.models)}), got {len(shares)}")
         self.shares: tuple[int, ...] = tuple(100 if not s else int(s) for s in shares) or (100,) * len(self.models)
+        tps = list(tp or [])
+        if tps and len(tps) != len(self.models):
+            raise ValueError(f"tp: one per model ({len(self.models)}), got {len(tps)}")
+        if any(t < 1 for t in tps):
+            raise ValueError(f"tp must be >= 1, got {tps}")
+        self.tp: tuple[int, ...] = tuple(int(t) for t in tps) or (1,) * len(self.models)
+        self._notes: dict[str, str] = {}  # what is estimated rather than measured, in the order it was met
         self.learned_router = learned_router
         self.fit = fit
         link = self.profile.link
@@ -201,9 +216,21 @@ class CostModel:
         """The resolved per-model cost object (cached); `model` is a name or an index into `models`."""
         mc = self._cache.get(model)
         if mc is None:
-            mc = self._build(self._name(model))
+            name = self._name(model)
+            tp = self.tp[model] if isinstance(model, int) else self._tp_of(name)
+            mc = self._build(name, tp)
             self._cache[model] = mc
         return mc
+
+    def _tp_of(self, name: str) -> int:
+        return self.tp[self.models.index(name)] if name in self.models else 1
+
+    def notes(self) -> list[str]:
+        """What the prices so far rest on that the profile did not measure (tp estimates, co-location of a tp
+        model), one line each; empty when everything priced was measured (or the profile is analytic at tp=1)."""
+        for i in range(len(self.models)):
+            self.for_model(i)
+        return [v for k, v in sorted(self._notes.items(), key=lambda kv: not kv[0].startswith("tp:"))]
 
     def _name(self, model: ModelKey) -> str:
         if isinstance(model, int):
@@ -212,9 +239,17 @@ class CostModel:
             return self.models[model]
         return self.profile.resolve_name(model)
 
-    def _build(self, name: str) -> ModelCost:
+    def _build(self, name: str, tp: int = 1) -> ModelCost:
         p = self.profile
-        m = p.model(name)
+        m = p.entry_at(name, tp)
+        estimated = ""
+        if m is None and tp == 1:
+            have = p.model(name).tp
+            raise ProfileError(f"profile {p.gpu.name} has {name} at tp={have} only, not tp=1 (give --tp {have})")
+        if m is None:
+            est = estimate_tp(p.model(name), load_spec(name), tp, AllReduceCost.of(p.allreduce), name)
+            m, estimated = est.entry, est.note
+            self._notes[f"tp:{name}:{tp}"] = estimated
         others = [o for o in self.models if o != name]
         slowdown = 1.0
         if self.placement is Placement.MPS:
@@ -232,6 +267,8 @@ class CostModel:
             passes=ModelPasses.of(m.passes, self.fit) if m.passes is not None else None,
             host=m.host,
             learned_router=learned,
+            tp=tp,
+            estimated=estimated,
         )
 
     def interference(self, model: int, peer: int) -> Interference:
@@ -241,8 +278,21 @@ class CostModel:
         a, b = self._name(model), self._name(peer)
         for g in self.profile.colocation:
             if g.arrangement == "mps" and {g.model_a, g.model_b} == {a, b}:
+                if max(self.tp[model], self.tp[peer]) > 1:
+                    self._note_colocation(a, b, model, peer, "the pair's measured tp=1 co-location factors")
                 return pair_interference(g, a, self.shares[model], self.shares[peer])
-        return Interference.fixed(self.profile.mps_slowdown(a, b))
+        factor = self.profile.mps_slowdown(a, b)
+        if max(self.tp[model], self.tp[peer]) > 1:
+            self._note_colocation(a, b, model, peer, f"the profile's constant MPS factor x{factor:.2f}")
+        return Interference.fixed(factor)
+
+    def _note_colocation(self, a: str, b: str, i: int, j: int, what: str) -> None:
+        pair = tuple(sorted((f"{a} (tp={self.tp[i]})", f"{b} (tp={self.tp[j]})")))
+        self._notes[f"coloc:{pair}"] = (
+            f"{pair[0]} beside {pair[1]} on one GPU: ASSUMED {what}, applied while the passes overlap (the tp "
+            "model's rank on the shared GPU slows as the whole model did, and its other ranks wait for it at "
+            "every all-reduce)"
+        )
 
     def message_ms(self, nbytes: int = 0) -> float:
         """One peer message: the measured (or assumed) ipc time on one host; latency + bytes / bandwidth across

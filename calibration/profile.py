@@ -82,7 +82,8 @@ class StepModes(_S):
 
 class ModelProfile(_S, kw_only=True):
     """One model on this GPU. `weight_bytes`: all weights (every TP shard together); `kv_bytes_per_token`:
-    K and V of one token over all layers. `step` coefficients are for this `tp` degree.
+    K and V of one token over all layers. `step` coefficients (and `passes`) are for this `tp` degree. A model
+    measured at several degrees has one entry per degree > 1 under the key `NAME@tpK` beside its plain entry.
 
     `router_ms` / `kv_budget_gb`, when not null, override the profile-wide defaults for this model.
     Measured profiles add `passes` (the engine's passes, measured: they replace `step` in the cost model),
@@ -114,6 +115,15 @@ class LinkInfo(_S):
 
     latency_ms: NonNeg
     bandwidth_gbps: Positive
+
+
+class AllReduceInfo(_S):
+    """Tensor parallelism: one all-reduce of n bytes over `tp` ranks costs latency_ms + n * 2(tp-1)/tp /
+    (bus_bandwidth_gbs * 1e9 B/s) (NCCL's bus-bandwidth convention), measured at `measured_tp` ranks."""
+
+    latency_ms: NonNeg
+    bus_bandwidth_gbs: Positive
+    measured_tp: Annotated[int, msgspec.Meta(ge=2)] = 2
 
 
 class MpsInfo(_S):
@@ -158,19 +168,25 @@ class Profile(_S, kw_only=True):
     kv_budget_gb: NonNeg
     runtime: RuntimeInfo | None = None
     colocation: list[CoRunGrid] = msgspec.field(default_factory=list)
+    allreduce: AllReduceInfo | None = None
     notes: dict[str, Any] = msgspec.field(default_factory=dict)
 
     # -- lookups -------------------------------------------------------------------------------------
 
     def model(self, name: str) -> ModelProfile:
         """The entry for `name` (case-insensitive; `Qwen/Qwen3-8B` accepted). ProfileError lists known ones."""
-        return self.models[self.resolve_name(name)]
+        key = self.resolve_name(name)
+        if key not in self.models:
+            degrees = ", ".join(k.partition("@tp")[2] for k in self.models if k.startswith(f"{key}@tp"))
+            raise ProfileError(f"profile {self.gpu.name} has {key} only at tp = {degrees}")
+        return self.models[key]
 
     def resolve_name(self, name: str) -> str:
+        """The profile's key for `name`; a model measured only at tp > 1 (`NAME@tpK` keys) resolves to NAME."""
         if name in self.models:
             return name
         key = str(name).lower().split("/")[-1]
-        if key in self.models:
+        if key in self.models or any(k.startswith(f"{key}@tp") for k in self.models):
             return key
         hint = ""
         if self.kind == "measured":
@@ -178,6 +194,15 @@ class Profile(_S, kw_only=True):
         raise ProfileError(
             f"profile {self.gpu.name} ({self.kind}) has no model {name!r}; known: {', '.join(self.models)}{hint}"
         )
+
+    def entry_at(self, name: str, tp: int) -> ModelProfile | None:
+        """The entry measured for `name` at tensor-parallel degree `tp`: the key `NAME@tpK` (a model measured at
+        several degrees), else the plain entry when its own `tp` is `tp`; None when the profile has neither."""
+        key = self.resolve_name(name)
+        if f"{key}@tp{tp}" in self.models:
+            return self.models[f"{key}@tp{tp}"]
+        entry = self.models.get(key)
+        return entry if entry is not None and entry.tp == tp else None
 
     def router_ms_for(self, name: str) -> float:
         m = self.model(name)
@@ -259,6 +284,10 @@ class Profile(_S, kw_only=True):
             unknown = [m for m in parts if m not in self.models]
             if unknown:
                 raise ProfileError(f"{source}: mps.pairs key {key!r} names unknown model {unknown[0]!r}")
+        for key, entry in self.models.items():
+            base, sep, deg = key.partition("@tp")
+            if sep and (not base or not deg.isdigit() or int(deg) < 2 or entry.tp != int(deg)):
+                raise ProfileError(f"{source}: models key {key!r}: a tp entry is NAME@tpK with K >= 2 and tp: K")
         for grid in self.colocation:
             _check_grid(grid, self.models, source)
         for name, m in self.models.items():

@@ -46,10 +46,12 @@ def cost(
     sm_percent: Annotated[int, typer.Option(help="MPS SM share of --model in percent (100 = no cap).")] = 100,
     corun_sm_percent: Annotated[int, typer.Option(help="MPS SM share of the --corun model in percent.")] = 100,
     graphs: Annotated[bool, typer.Option("--graphs/--no-graphs", help="CUDA graphs.")] = True,
+    tp: Annotated[int, typer.Option(help="Tensor-parallel degree of --model: the profile's entry at it, else an "
+                                    "estimate from the tp=1 entry (printed as ESTIMATED).")] = 1,
     profile: Annotated[str, typer.Option(help="Profile name (h200) or JSON file.")] = "h200",
 ) -> None:
     """Predicted step time (ms) of one step of --model: alone, under an SM cap, or beside a co-running model."""
-    for what, v in (("--batch", batch), ("--tokens-per-row", tokens_per_row)):
+    for what, v in (("--batch", batch), ("--tokens-per-row", tokens_per_row), ("--tp", tp)):
         if v < 1:
             raise CliError(f"{what} must be >= 1, got {v}")
     if context < tokens_per_row:
@@ -60,15 +62,18 @@ def cost(
     other = _corun(corun) if corun else None
     names = [model] + ([other[0]] if other else [])
     shares = [sm_percent] + ([corun_sm_percent] if other else [])
-    cm = CostModel(profile, "mps", models=names, shares=shares)
+    cm = CostModel(profile, "mps", models=names, shares=shares, tp=[tp] + ([1] if other else []))
     mc = cm.for_model(0)
     rule = GraphRule(enabled=graphs)
     stats = StepStats.uniform(batch, tokens_per_row, context, rule)  # one pass, split as the engine splits
     alone = mc.step_ms(stats)
     kind = "decode graph" if stats.graph.rows else ("varlen pass" if graphs else "eager pass")
     tokens = batch * tokens_per_row
-    typer.echo(f"{cm.models[0]}: {batch} rows x {tokens_per_row} tokens, context {context} per row: {kind}, "
+    at = f" at tp={tp}" if tp > 1 else ""
+    typer.echo(f"{cm.models[0]}{at}: {batch} rows x {tokens_per_row} tokens, context {context} per row: {kind}, "
                f"{alone:.3f} ms alone ({cm.profile.kind} profile {cm.profile.gpu.name})")  # fmt: skip
+    if mc.estimated:
+        typer.echo(mc.estimated)
     if tokens_per_row > SHORT_ROW_TOKENS:
         typer.echo(f"rows of more than {SHORT_ROW_TOKENS} tokens are long rows of the varlen pass")
     factor = 1.0
@@ -76,6 +81,9 @@ def cost(
         f = cm.interference(0, 1)
         factor = f.factor(tokens, other[1])
         typer.echo(f"beside {cm.models[1]} at batch {other[1]} (SM {sm_percent}/{corun_sm_percent}): x{factor:.3f}")
+        for note in cm.notes():
+            if note != mc.estimated:
+                typer.echo(note)
     elif sm_percent < 100:
         factor = _cap(cm, tokens, sm_percent)
         typer.echo(f"alone under an SM cap of {sm_percent}%: x{factor:.3f}")

@@ -86,8 +86,12 @@ DEPLOYMENT_FLAGS: tuple[Flag, ...] = (
          str, _ints, per_model=True),
     Flag("placement", ("--placement",), f"{_CHOICES['placement']}: all models on GPU 0 under CUDA MPS, one GPU "
          "each (model i on GPU i unless --gpus), or one host each.", str, str, default="mps"),
-    Flag("gpus", ("--gpus",), "GPU id per model, comma-separated (one id: every model on it).", str, _ints,
-         per_model=True),
+    Flag("gpus", ("--gpus",), "GPU id per model, comma-separated (one id: every model on it); a model at tp = k "
+         "takes k consecutive GPUs from its id.", str, _ints, per_model=True),
+    Flag("tp", ("--tp",), "Tensor-parallel degree per model, e.g. 1,2 (one value: every model). A model at tp = k "
+         "occupies k GPUs (mps: GPUs 0..k-1, sharing GPU 0 with the others; separate: the next k). The simulator "
+         "uses the profile's entry at that tp, else estimates it from the tp=1 one and says so.", str, _ints,
+         per_model=True, default="1"),
     Flag("sm_percent", ("--sm-percent",), "MPS SM share per model in percent (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE), "
          "e.g. 40,60; one value for all; 0 or 100 = no cap.", str, _ints, per_model=True),
     Flag("profile", ("--profile",), "GPU profile for the simulator: a bundled name (h200) or a JSON file "

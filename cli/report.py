@@ -28,6 +28,9 @@ def result_record(res: SimResult) -> dict[str, Any]:
         "policy": dep.policy.kind,
         "thresholds": ",".join(map(str, res.thresholds)),
         "placement": dep.placement.mode,
+        "tp": ",".join(str(m.tp) for m in dep.models),
+        "gpus": ";".join(",".join(map(str, m.gpus)) for m in dep.models),
+        "estimated": " | ".join(res.extra.get("estimated", [])),
         "workload": cfg.workload,
         "num_requests": cfg.num_requests,
         "concurrency": cfg.concurrency,
@@ -68,6 +71,10 @@ def metrics_table(s: dict[str, Any], names: list[str], title: str, missing: str 
     steady = s.get("steady_output_throughput_tok_s")
     if steady is not None:
         t.add_row("steady throughput tok/s", f(steady), "", "")
+    gpus = s.get("gpus_used")
+    if gpus is not None and gpus > 1:
+        per = s["output_throughput_per_gpu_tok_s"]
+        t.add_row(f"output throughput per GPU tok/s ({int(gpus)} GPUs)", f(per), "", "")
     t.add_row("requests completed", f"{int(s['requests_completed'])}", "", "")
     for key, label in (("ttft", "TTFT ms"), ("tpot", "TPOT ms"), ("itl", "ITL ms"), ("e2e", "E2E ms")):
         t.add_row(label, f(s[f"{key}_ms_mean"], 2), f(s[f"{key}_ms_p50"], 2), f(s[f"{key}_ms_p99"], 2))
@@ -111,6 +118,9 @@ def print_result(res: SimResult, console: Console | None = None) -> None:
             console.print(f"  {c['at']:8.1f} s: B {','.join(map(str, c['old']))} -> {','.join(map(str, c['new']))} "
                           f"(predicted {c['predicted_gain']:+.1%}, {c['predicted_tok_s']:,.0f} tok/s; N = "
                           f"{est['concurrency']}, hop {hop})")  # fmt: skip
+    console.print(gpu_line(res))
+    for note in res.extra.get("estimated", []):
+        console.print(f"[yellow]{note}[/yellow]")
     kv = ", ".join(f"{c:,}" for c in res.kv_tokens)
     overlap = "on" if dep.scheduler.overlap else "off"
     console.print(
@@ -124,10 +134,22 @@ def print_result(res: SimResult, console: Console | None = None) -> None:
         prof = load_profile(dep.profile)
         torch_v = prof.versions.get("torch", "?")
         src = f"MEASURED on {prof.gpu.name} by tr calibrate ({prof.created[:10]}, torch {torch_v}, dummy weights)"
+        if res.extra.get("estimated"):
+            src += ", with the ESTIMATES above"
     console.print(
         f"profile {dep.profile}: {src}; simulated {s['duration_s']:.2f} s in {res.wall_s:.2f} s wall; "
         f"seed {res.config.seed}"
     )
+
+
+def gpu_line(res: SimResult) -> str:
+    """`GPUs: 2 (qwen3-0.6b on GPU 0; qwen3-32b tp=2 on GPUs 0,1); per GPU 612.3 tok/s (steady 640.1)`."""
+    s, dep = res.summary, res.config.deployment
+    where = "; ".join(f"{m.name}{f' tp={m.tp}' if m.tp > 1 else ''} on GPU{'s' if len(m.gpus) > 1 else ''} "
+                      f"{','.join(map(str, m.gpus))}" for m in dep.models)  # fmt: skip
+    steady = s.get("steady_output_throughput_per_gpu_tok_s")
+    tail = f" (steady {_f(steady)})" if steady is not None else ""
+    return f"GPUs: {int(s['gpus_used'])} ({where}); per GPU {_f(s['output_throughput_per_gpu_tok_s'])} tok/s{tail}"
 
 
 def _thr_note(res: SimResult) -> str:

@@ -22,6 +22,7 @@ from tokenrouter.core.config import DeploymentConfig
 from tokenrouter.core.messages import Action, Emit, Finish, PeerMsg, PeerReq, Send
 from tokenrouter.core.request import Request, SamplingParams
 from tokenrouter.deploy import Deployment, build_deployment
+from tokenrouter.deploy.placement import colocated, gpus_used
 from tokenrouter.metrics import MetricsCollector
 from tokenrouter.sim.autotune import FinishCounter, PhaseDriver, SimAutotune, set_router_hop_rate
 from tokenrouter.sim.clients import ClosedLoop, OpenLoop
@@ -150,8 +151,11 @@ def run_sim(cfg: SimConfig) -> SimResult:
     if isinstance(loader, ClosedLoop) and loader.exhausted_at and loader.exhausted_at > 0:
         window = (0.0, loader.exhausted_at)
     summary = metrics.summary(window=window)
+    summary.update(per_gpu(summary, gpus_used(dep)))
     n_end = next((p.concurrency for p in reversed(phases) if p.concurrency is not None), n0)
     extra: dict[str, Any] = {}
+    if hasattr(cost, "notes") and cost.notes():
+        extra["estimated"] = cost.notes()
     if driver is not None:
         applied = ([(0.0, first)] if first else []) + driver.applied
         extra["phases"] = [(t, p.hop_rate, p.concurrency) for t, p in applied]
@@ -179,8 +183,8 @@ def run_sim(cfg: SimConfig) -> SimResult:
 
 
 def cost_model(dep: DeploymentConfig, profile: Profile) -> CostModel:
-    """The deployment's cost model: its placement, models, SM shares and router (learned routers are priced);
-    the config's `placement.link_latency_ms` / `link_bandwidth_gbps`, when set, replace the profile's link."""
+    """The deployment's cost model: its placement, models, tp degrees, SM shares and router (learned routers are
+    priced); the config's `placement.link_latency_ms` / `link_bandwidth_gbps`, when set, replace the profile's link."""
     pl = dep.placement
     if pl.link_latency_ms is not None or pl.link_bandwidth_gbps is not None:
         old = profile.link
@@ -191,7 +195,27 @@ def cost_model(dep: DeploymentConfig, profile: Profile) -> CostModel:
     names = [m.name for m in dep.models]
     shares = [m.mps_active_thread_percentage for m in dep.models]
     learned = dep.router.name if dep.router.weights else None
-    return CostModel(profile, dep.placement.mode, models=names, shares=shares, learned_router=learned)
+    return CostModel(profile, dep.placement.mode, models=names, shares=shares, learned_router=learned,
+                     tp=[m.tp for m in dep.models])  # fmt: skip
+
+
+def estimated_notes(dep: DeploymentConfig) -> list[str]:
+    """What a simulation of `dep` prices without a measurement (tp estimates, co-location of a tp model), one line
+    each, as `trsim run` prints them; empty when the profile measured everything the deployment runs."""
+    cost = cost_model(dep, load_profile(dep.profile))
+    for i in range(len(dep.models)):
+        for j in colocated(dep, i):
+            cost.interference(i, j)
+    return cost.notes()
+
+
+def per_gpu(summary: dict[str, float], gpus: int) -> dict[str, float]:
+    """GPUs the deployment occupies and its throughputs per GPU (a model at tp = k counts k GPUs)."""
+    out = {"gpus_used": float(gpus)}
+    for key in ("output_throughput_tok_s", "steady_output_throughput_tok_s"):
+        if key in summary:
+            out[key.replace("_tok_s", "_per_gpu_tok_s")] = summary[key] / gpus
+    return out
 
 
 def shared_gpus(deployment: Deployment, cost: Any) -> list[SharedGpu]:

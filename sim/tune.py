@@ -17,8 +17,11 @@ import numpy as np
 from tokenrouter.calibration.cost import ModelStepCost
 from tokenrouter.calibration.profile import load_profile
 from tokenrouter.calibration.step_stats import SHORT_ROW_TOKENS, PartStats, StepStats
+from tokenrouter.core.config import DeploymentConfig
 from tokenrouter.core.graph_rule import GraphRule
+from tokenrouter.core.names import Layout, TuneObjective
 from tokenrouter.core.policy import PolicyKind
+from tokenrouter.deploy.placement import colocated
 from tokenrouter.markov import MarkovModel, ThroughputResult, evaluate_thresholds, router_matrices, search_thresholds
 from tokenrouter.sim.run import SimConfig, SimResult, cost_model, run_sim
 from tokenrouter.workloads import make_workload
@@ -83,15 +86,14 @@ def step_time_fns(cfg: SimConfig, load: list[tuple[float, float]] | None = None)
     dep = cfg.deployment
     cost = cfg.cost if cfg.cost is not None else cost_model(dep, load_profile(dep.profile))
     ctx, _ = _workload_means(cfg)
-    shared = dep.placement.mode == "mps"
     tpr = tokens_per_row(routing_matrices(cfg)[0])
-    peers = [[j for j in range(len(dep.models)) if j != i] for i in range(len(dep.models))]
+    peers = [colocated(dep, i) for i in range(len(dep.models))]  # models sharing a GPU with model i under MPS
     fns = []
     for i, mc in enumerate(dep.models):
         mcost = cost.for_model(i)
         overlap = dep.scheduler.overlap if mc.overlap is None else mc.overlap
         rule = mc.graph_rule()
-        inter = cost.interference(i, peers[i][0]) if shared and peers[i] else None
+        inter = cost.interference(i, peers[i][0]) if peers[i] else None
         u, peer_tokens = load[i] if load is not None and inter is not None else (0.0, 0.0)
 
         def f(b: int, _c=mcost, _t=tpr[i], _r=rule, _o=overlap, _f=inter, _u=u, _p=peer_tokens) -> float:
@@ -142,7 +144,7 @@ def predict_thresholds(cfg: SimConfig, concurrency: int | None = None) -> Predic
     P, C = routing_matrices(cfg)
     _, mean_output = _workload_means(cfg)
     search = search_thresholds(MarkovModel.create(step_time_fns(cfg), P, C, n, DELTA_MS, mean_output))
-    if cfg.deployment.placement.mode == "mps" and n > 1 and search.ranked:
+    if any(colocated(cfg.deployment, i) for i in range(len(cfg.deployment.models))) and n > 1 and search.ranked:
         # Second pass: slow each model down for the share of time its peer was busy at the first pass's B*,
         # beside a pass of the peer's mean batch (the co-run factor depends on what the peer runs).
         top = search.ranked[0]
@@ -164,7 +166,7 @@ def markov_at(cfg: SimConfig, thresholds: tuple[int, ...], concurrency: int | No
     P, C = routing_matrices(cfg)
     _, mean_output = _workload_means(cfg)
     res, _, _ = evaluate_thresholds(MarkovModel.create(step_time_fns(cfg), P, C, n, DELTA_MS, mean_output), thresholds)
-    if cfg.deployment.placement.mode == "mps" and n > 1:
+    if any(colocated(cfg.deployment, i) for i in range(len(cfg.deployment.models))) and n > 1:
         tpr = tokens_per_row(P)
         load = []
         for i in range(len(res.busy_fraction)):
@@ -216,3 +218,39 @@ def tune_point(cfg: SimConfig, concurrency: int, top: int = 3) -> TunePoint:
         simulated[b] = s.get("steady_output_throughput_tok_s", s["output_throughput_tok_s"])
     best = max(simulated, key=lambda b: (simulated[b], b == pred.thresholds))
     return TunePoint(concurrency, pred, simulated, best)
+
+
+# -- choosing among placements (and SM splits): each candidate with its own tuned B --------------------------------
+
+
+@dataclass(slots=True)
+class Candidate:
+    """One deployment `trsim tune` compared: a layout on G GPUs and/or an MPS SM split, tuned at every N.
+    `deployment` is the candidate as simulated (placement, GPUs, tp, shares); `gpus` the GPUs it occupies."""
+
+    label: str
+    deployment: DeploymentConfig
+    points: list[TunePoint]
+    gpus: int
+    layout: Layout | None = None
+    split: tuple[int, int] | None = None
+    estimated: list[str] = field(default_factory=list)  # what its prices rest on that was not measured
+
+    def point(self, n: int) -> TunePoint:
+        return next(p for p in self.points if p.concurrency == n)
+
+    def throughput(self, n: int) -> float:
+        """Simulated steady throughput at N with the B tuned for it (tok/s, all GPUs together)."""
+        return self.point(n).best_throughput
+
+    def per_gpu(self, n: int) -> float:
+        return self.throughput(n) / self.gpus
+
+    def score(self, n: int, objective: TuneObjective | str) -> float:
+        return self.per_gpu(n) if TuneObjective(str(objective)) is TuneObjective.PER_GPU else self.throughput(n)
+
+
+def choose(candidates: list[Candidate], n: int, objective: TuneObjective | str) -> Candidate:
+    """The candidate with the highest objective at N; on a tie the one with fewer GPUs, then the first listed."""
+    order = {id(c): k for k, c in enumerate(candidates)}
+    return max(candidates, key=lambda c: (c.score(n, objective), -c.gpus, -order[id(c)]))

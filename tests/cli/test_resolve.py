@@ -64,6 +64,23 @@ def _separate(d):
         m["gpus"] = [i]
 
 
+def _tp_mps(d):
+    # the config is mps: the large model at tp=2 spans GPUs 0 and 1, the small one stays on GPU 0 beside it
+    d["models"][1].update(tp=2, gpus=[0, 1])
+
+
+def _tp_separate(d):
+    d["placement"]["mode"] = "separate"
+    d["models"][0]["gpus"] = [0]
+    d["models"][1].update(tp=2, gpus=[1, 2])
+
+
+def _tp_first_gpus(d):
+    d["placement"]["mode"] = "separate"
+    d["models"][0]["gpus"] = [3]
+    d["models"][1].update(tp=2, gpus=[0, 1])
+
+
 def _shares(d):
     d["models"][0]["mps_active_thread_percentage"] = 40
     d["models"][1]["mps_active_thread_percentage"] = 60
@@ -88,6 +105,9 @@ CASES = [
     (["--no-overlap"], [_no_overlap]),
     (["--hop-rate", "0.2"], [_hop]),
     (["--placement", "separate"], [_separate]),
+    (["--tp", "1,2"], [_tp_mps]),
+    (["--tp", "1,2", "--placement", "separate"], [_tp_separate]),
+    (["--tp", "1,2", "--placement", "separate", "--gpus", "3,0"], [_tp_first_gpus]),
     (["--sm-percent", "40,60"], [_shares]),
     (["--no-graphs"], [_graphs_off]),
     (["--router", "r-stitch", "--return-prob", "0.5"], [_router]),
@@ -162,6 +182,10 @@ def test_small_and_large_rename_entry_and_last():
         (DeploymentOverrides(router="oracle"), "oracle"),
         (DeploymentOverrides(hop_rate=1.5), "--hop-rate"),
         (DeploymentOverrides(models=["a", "b"], small="c"), "either --models"),
+        (DeploymentOverrides(tp=[0, 1]), "--tp"),
+        (DeploymentOverrides(tp=[1, 2, 2]), "--tp"),
+        (DeploymentOverrides(placement="separate", gpus=[0]), "both on GPU 0"),
+        (DeploymentOverrides(placement="separate", tp=[2, 1], gpus=[0, 1]), "both on GPU 1"),
     ],
 )
 def test_bad_overrides_are_one_line_errors(ov, needle):
@@ -177,3 +201,24 @@ def test_hop_prob_is_accepted_with_a_deprecation_note(capsys):
     assert rc_new == rc_old == 0
     assert out_new.splitlines()[-1] == out_old.splitlines()[-1]
     assert "deprecated" in err_old and "--hop-rate" in err_old
+
+
+def test_a_config_whose_gpus_do_not_match_its_tp_is_refused(tmp_path, capsys):
+    cfg = DeploymentConfig(models=[ModelConfig("tiny-small"), ModelConfig("tiny-large", tp=2, gpus=[1])],
+                           placement=PlacementConfig("separate"))  # fmt: skip
+    path = tmp_path / "bad.yaml"
+    cfg.save(path)
+    rc, _, err = call(trsim.main, ["run", "--config", str(path), "--dry-run"], capsys)
+    assert rc == 2 and "tp=2 needs 2 GPU(s)" in err and len(err.strip().splitlines()) == 1
+    # --tp 1 fixes it: the GPUs follow the placement again
+    rc, text, err = call(trsim.main, ["run", "--config", str(path), "--tp", "1", "--dry-run"], capsys)
+    assert rc == 0, err
+    assert [(m["tp"], m["gpus"]) for m in yaml.safe_load(text)["models"]] == [(1, [0]), (1, [1])]
+
+
+def test_tp_is_a_sweep_axis(capsys):
+    rc, text, err = call(trsim.main, ["sweep", "--tp", "1,1;1,2", "--dry-run"], capsys)
+    assert rc == 0, err
+    docs = [d for d in yaml.safe_load_all(text) if d]
+    assert [[(m["tp"], m["gpus"]) for m in d["models"]] for d in docs] == [[(1, [0]), (1, [0])],
+                                                                          [(1, [0]), (2, [0, 1])]]

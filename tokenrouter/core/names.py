@@ -32,6 +32,24 @@ class Placement(StrEnum):
     CROSS_HOST = "cross-host"
 
 
+class Layout(StrEnum):
+    """A small/large pair laid out on G GPUs, as `trsim tune --placements` compares them: both on GPU 0 under MPS
+    (`mps`, 1 GPU), one GPU each (`separate`, 2 GPUs), or the large model tensor-parallel over all G GPUs with the
+    small one co-located on GPU 0 under MPS (`tp`, G GPUs). The first two are the `Placement` modes of the same
+    name; `tp` is placement `mps` with the large model at tp = G."""
+
+    MPS = "mps"
+    SEPARATE = "separate"
+    TP = "tp"
+
+
+class TuneObjective(StrEnum):
+    """What `trsim tune` maximises when it chooses among layouts: throughput, or throughput per GPU used."""
+
+    TOTAL = "total"
+    PER_GPU = "per-gpu"
+
+
 class PolicyName(StrEnum):
     """A deployment's batching policy: the core's `PolicyKind` values plus standard serving, which is a mode of
     the driver (its schedulers run eager; every returning hop is a new request), not a policy of the core."""

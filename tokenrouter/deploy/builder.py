@@ -21,6 +21,7 @@ from tokenrouter.core.router import Router
 from tokenrouter.core.scheduler import Scheduler
 from tokenrouter.deploy.engine_args import engine_kwargs
 from tokenrouter.deploy.kv_budget import kv_capacity_tokens
+from tokenrouter.deploy.placement import colocated
 from tokenrouter.models import load_spec
 from tokenrouter.routers import TraceRouter, make_preset
 from tokenrouter.workloads import load_hop_trace
@@ -78,11 +79,7 @@ class Deployment:
 
     def colocated(self, model: int) -> list[int]:
         """Models that share a GPU with `model` under MPS (their steps slow each other down)."""
-        dep = self.config
-        if dep.placement.mode != "mps":
-            return []
-        mine = set(dep.models[model].gpus)
-        return [j for j, m in enumerate(dep.models) if j != model and mine & set(m.gpus)]
+        return colocated(self.config, model)
 
 
 def build_router(rc: RouterConfig, num_models: int, seed: int, traces: Mapping[str, Runs] | None = None) -> Router:

@@ -9,8 +9,13 @@ Rules, one per flag:
 - models: `models` replaces every name; `small` renames the entry model, `large` the last non-entry one.
   Other per-model settings of the config are kept.
 - placement: sets the mode. GPUs follow it unless `gpus` is given: mps puts every model on GPU 0; separate
-  and cross-host give model i GPU i. With a config and no placement flag, the config's GPUs stay.
-- gpus: one id (every model on it) or one per model.
+  and cross-host give model i GPU i (`placement.default_gpus`; a model at tp = k takes k GPUs: under mps GPUs
+  0..k-1, otherwise the next k). With a config and no placement flag, the config's GPUs stay.
+- tp: one degree for every model or one per model (>= 1). Without `gpus`, a model whose GPU list no longer
+  has tp entries makes the GPUs follow the placement as above (all models, so blocks stay consistent).
+- gpus: one id (every model on it) or one per model: the model's first GPU; a model at tp = k takes k
+  consecutive GPUs from it.
+- every deployment resolved is checked by `placement.check_gpus`: tp GPUs per model, none shared under separate.
 - thresholds: flat thresholds replace the config's per-N table (`tr serve --thresholds` semantics).
 - autotune: on sets `policy.autotune` (the config's settings if it has them, else the defaults); off clears it.
 - overlap: sets `scheduler.overlap` and clears every model's own `overlap`, so the flag holds for all.
@@ -34,6 +39,7 @@ from tokenrouter.core.config import (
     check_prob,
 )
 from tokenrouter.core.names import Placement, PolicyName, RouterName, parse_name
+from tokenrouter.deploy.placement import check_gpus, default_gpus, gpus_from_first
 
 DEFAULT_SMALL = "qwen3-0.6b"
 DEFAULT_LARGE = "qwen3-32b"
@@ -48,6 +54,7 @@ class DeploymentOverrides:
     models: list[str] | None = None
     placement: Placement | str | None = None
     gpus: list[int] | None = None
+    tp: list[int] | None = None
     policy: PolicyName | str | None = None
     thresholds: list[int] | None = None
     router: RouterName | str | None = None
@@ -89,7 +96,9 @@ def resolve_deployment(base: DeploymentConfig | None, ov: DeploymentOverrides) -
     place = cfg.placement
     if ov.placement is not None:
         place = replace(place, mode=_parse(Placement, ov.placement, "placement"))
-    gpus = _gpus(ov, len(models), place.mode if ov.placement is not None else None)
+    if ov.tp is not None:
+        models = [replace(m, tp=t) for m, t in zip(models, _tps(ov.tp, len(models)), strict=True)]
+    gpus = _gpus(ov, models, place.mode, relayout=ov.placement is not None)
     if gpus is not None:
         models = [replace(m, gpus=g) for m, g in zip(models, gpus, strict=True)]
     if ov.graphs is not None:
@@ -104,7 +113,7 @@ def resolve_deployment(base: DeploymentConfig | None, ov: DeploymentOverrides) -
         v = getattr(ov, name)
         if v is not None:
             sched = replace(sched, **{name: v})
-    return dataclasses.replace(
+    out = dataclasses.replace(
         cfg,
         models=models,
         placement=place,
@@ -113,6 +122,8 @@ def resolve_deployment(base: DeploymentConfig | None, ov: DeploymentOverrides) -
         scheduler=sched,
         profile=ov.profile if ov.profile is not None else cfg.profile,
     )
+    check_gpus(out)
+    return out
 
 
 def _names(current: list[str] | None, entry: int, ov: DeploymentOverrides) -> list[str]:
@@ -130,14 +141,24 @@ def _names(current: list[str] | None, entry: int, ov: DeploymentOverrides) -> li
     return names
 
 
-def _gpus(ov: DeploymentOverrides, m: int, mode: Placement | None) -> list[list[int]] | None:
+def _tps(tps: list[int], m: int) -> list[int]:
+    if len(tps) not in (1, m) or any(t < 1 for t in tps):
+        raise ConfigError(f"--tp: give one degree or one per model ({m}), each >= 1; got {tps}")
+    return [tps[min(i, len(tps) - 1)] for i in range(m)]
+
+
+def _gpus(
+    ov: DeploymentOverrides, models: list[ModelConfig], mode: Placement, relayout: bool
+) -> list[list[int]] | None:
+    """New GPU lists, or None to keep the config's (see the module docstring)."""
+    m, tps = len(models), [mc.tp for mc in models]
     if ov.gpus is not None:
         if len(ov.gpus) not in (1, m) or any(g < 0 for g in ov.gpus):
             raise ConfigError(f"--gpus: give one GPU id or one per model ({m}), each >= 0; got {ov.gpus}")
-        return [[ov.gpus[min(i, len(ov.gpus) - 1)]] for i in range(m)]
-    if mode is None:
-        return None
-    return [[0] if mode is Placement.MPS else [i] for i in range(m)]
+        return gpus_from_first([ov.gpus[min(i, len(ov.gpus) - 1)] for i in range(m)], tps)
+    if relayout or (ov.tp is not None and any(len(mc.gpus) != mc.tp for mc in models)):
+        return default_gpus(mode, tps)
+    return None
 
 
 def _shares(shares: list[int], m: int) -> list[int | None]:

@@ -1,0 +1,123 @@
+"""`trsim tune --placements`: each layout tuned with its own B, the choice by total or per-GPU throughput, on
+profiles built here so that the right answer is known without the code under test:
+- co-location made ruinous (every co-running pass 4x slower) and tensor parallelism useless (all-reduces of
+  0.2 ms, 128 a step: tp=2 is slower than tp=1): only `separate` runs both models at full speed side by side, so it
+  must win on total throughput. (Interference alone is not enough: delayed batching can hold the small model while
+  the large one steps, B = (1, N), so a faster tp=2 large model beside the small one can still win.)
+- no co-location cost at all: MPS on one GPU runs as fast as separate GPUs on half the GPUs, so it must win per
+  GPU; and the large model at tp=2 beside the small one is strictly faster than anything at tp=1, so `tp` must win
+  on total.
+And where the Markov model applies (no co-location), its prediction for a tp=2 model matches the simulator."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+import pytest
+import yaml
+
+from tokenrouter.calibration.analytic import generate
+from tokenrouter.calibration.profile import AllReduceInfo, MpsInfo
+from tokenrouter.cli import trsim
+from tokenrouter.core.config import (
+    DeploymentConfig,
+    ModelConfig,
+    PlacementConfig,
+    PolicyConfig,
+    RouterConfig,
+    SchedulerConfig,
+)
+from tokenrouter.sim.run import SimConfig
+from tokenrouter.sim.tune import Candidate, TunePoint, choose, predict_thresholds, simulate_thresholds
+
+FAST = ["--workload", "fixed:16,64", "--top", "1", "--hop-rate", "0.2"]
+
+
+def call(argv: list[str], capsys) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as e:
+        trsim.main(argv)
+    out = capsys.readouterr()
+    return int(e.value.code or 0), out.out, out.err
+
+
+def profile_file(tmp_path: Path, slowdown: float, allreduce: AllReduceInfo | None) -> Path:
+    prof = generate(["qwen3-0.6b", "qwen3-32b"])
+    prof = msgspec.structs.replace(prof, mps=MpsInfo(default_slowdown=slowdown, pairs={}), allreduce=allreduce)
+    return prof.save(tmp_path / f"slow{slowdown}.json")
+
+
+def tune(tmp_path: Path, capsys, slowdown: float, objective: str, allreduce: AllReduceInfo | None = None,
+         n: int = 4) -> tuple[dict, str]:  # fmt: skip
+    out = tmp_path / f"{slowdown}-{objective}.yaml"
+    prof = profile_file(tmp_path, slowdown, allreduce)
+    rc, text, err = call(["tune", "--profile", str(prof), "--placements", "mps,separate,tp", "--num-gpus", "2",
+                          "--objective", objective, *FAST, "-n", str(n), "--num-requests", str(4 * n), "-o", str(out)],
+                         capsys)  # fmt: skip
+    assert rc == 0, err
+    return yaml.safe_load(out.read_text()), text
+
+
+def layout_of(cfg: dict) -> tuple[str, list[list[int]], list[int]]:
+    return cfg["placement"]["mode"], [m["gpus"] for m in cfg["models"]], [m["tp"] for m in cfg["models"]]
+
+
+def test_ruinous_colocation_makes_separate_win_on_total(tmp_path, capsys):
+    cfg, text = tune(tmp_path, capsys, 4.0, "total", AllReduceInfo(latency_ms=0.2, bus_bandwidth_gbs=100.0), n=8)
+    assert layout_of(cfg) == ("separate", [[0], [1]], [1, 1])
+    note = cfg["notes"]["placements"]
+    assert note["chosen"] == "separate" and [c["candidate"] for c in note["candidates"]] == ["mps", "separate", "tp"]
+    by = {c["candidate"]: c for c in note["candidates"]}
+    assert by["separate"]["sim_tok_s"] > max(by["mps"]["sim_tok_s"], by["tp"]["sim_tok_s"])
+    assert [by[k]["gpus"] for k in ("mps", "separate", "tp")] == [1, 2, 2]
+    assert "candidates at N=8" in text and cfg["policy"]["table"]  # the table of all candidates; B per N written
+
+
+def test_free_colocation_makes_mps_win_per_gpu_and_tp_win_on_total(tmp_path, capsys):
+    per_gpu, _ = tune(tmp_path, capsys, 1.0, "per-gpu")
+    assert layout_of(per_gpu) == ("mps", [[0], [0]], [1, 1])
+    total, text = tune(tmp_path, capsys, 1.0, "total")
+    assert layout_of(total) == ("mps", [[0], [0, 1]], [1, 2])
+    chosen = next(c for c in total["notes"]["placements"]["candidates"] if c["candidate"] == "tp")
+    assert chosen["estimated"] and "ESTIMATED" in text  # the tp=2 numbers are estimates, and the user is told
+    by = {c["candidate"]: c for c in per_gpu["notes"]["placements"]["candidates"]}
+    assert by["mps"]["sim_tok_s_per_gpu"] == pytest.approx(by["mps"]["sim_tok_s"])
+    assert by["tp"]["sim_tok_s_per_gpu"] == pytest.approx(by["tp"]["sim_tok_s"] / 2)
+
+
+def _candidate(label: str, gpus: int, tok_s: float) -> Candidate:
+    point = TunePoint(8, None, {(1, 2): tok_s}, (1, 2))  # type: ignore[arg-type]
+    return Candidate(label, None, [point], gpus)  # type: ignore[arg-type]
+
+
+def test_choice_by_objective_and_ties_go_to_fewer_gpus():
+    a, b, c = _candidate("mps", 1, 1000.0), _candidate("separate", 2, 1500.0), _candidate("tp", 2, 2000.0)
+    assert choose([a, b, c], 8, "total") is c and choose([a, b, c], 8, "per-gpu") is a
+    tie = _candidate("separate", 2, 1000.0)
+    assert choose([tie, a], 8, "total") is a  # same throughput on fewer GPUs
+
+
+@pytest.mark.parametrize("argv", [["--placements", "mps", "--gpus", "0,1"], ["--placements", "tp", "--num-gpus", "1"],
+                                  ["--placements", "moon"], ["--placements", "mps", "--objective", "most"],
+                                  ["--placements", "mps", "--tp", "1,2"]])  # fmt: skip
+def test_bad_placement_flags_are_one_line_errors(argv, capsys, tmp_path):
+    rc, _, err = call(["tune", *argv, *FAST, "-n", "4", "-o", str(tmp_path / "x.yaml")], capsys)
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_markov_matches_the_simulator_for_a_model_on_its_own_gpus(tp):
+    """Separate GPUs (no co-location, which the chain only approximates), overlap off, decode-heavy requests: the
+    Markov model's throughput at its B* is the simulator's within 5%, whether the large model's step times are
+    measured (tp=1) or estimated (tp=2): both read the same cost model."""
+    dep = DeploymentConfig(
+        models=[ModelConfig("qwen3-0.6b"), ModelConfig("qwen3-32b", gpus=list(range(1, 1 + tp)), tp=tp)],
+        placement=PlacementConfig("separate"),
+        policy=PolicyConfig("delayed", [1, 1]),
+        router=RouterConfig("r2r", hop_rate=0.2),
+        scheduler=SchedulerConfig(overlap=False),
+    )
+    cfg = SimConfig(dep, workload="fixed:16,400", num_requests=24, concurrency=4, seed=3)
+    pred = predict_thresholds(cfg)
+    sim = simulate_thresholds(cfg, pred.thresholds).summary["steady_output_throughput_tok_s"]
+    assert sim == pytest.approx(pred.throughput, rel=0.05)

@@ -1,0 +1,93 @@
+"""GPU accounting: which GPUs each model occupies, which models share one, how many GPUs a deployment uses, and
+the layouts `trsim tune --placements` compares.
+
+Invariants (checked by `check_gpus`, which the resolver applies to every deployment a CLI builds):
+- a model at tensor-parallel degree tp occupies exactly tp distinct GPUs; `gpus` lists them in rank order;
+- under `separate` no two models share a GPU; under `cross-host` each model has its own host, so GPU ids are per
+  host and may repeat across models;
+- under `mps`, models whose GPU lists intersect are co-located: their passes slow each other down (a model at
+  tp = k that shares one of its k GPUs is slowed as a whole, since its ranks meet at every all-reduce).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tokenrouter.core.config import ConfigError, DeploymentConfig
+from tokenrouter.core.names import Layout, Placement
+from tokenrouter.models import load_spec
+
+
+def default_gpus(mode: Placement | str, tps: Sequence[int]) -> list[list[int]]:
+    """GPUs per model when only the placement and tp are known: under mps every model starts at GPU 0 (so all share
+    GPU 0; a model at tp = k spans GPUs 0..k-1); otherwise consecutive blocks, model i after model i-1 (tp = 1:
+    model i on GPU i)."""
+    if str(mode) == Placement.MPS:
+        return [list(range(t)) for t in tps]
+    out, nxt = [], 0
+    for t in tps:
+        out.append(list(range(nxt, nxt + t)))
+        nxt += t
+    return out
+
+
+def gpus_from_first(first: Sequence[int], tps: Sequence[int]) -> list[list[int]]:
+    """GPUs per model from its first GPU (`--gpus`): a model at tp = k takes k consecutive GPUs from it."""
+    return [list(range(g, g + t)) for g, t in zip(first, tps, strict=True)]
+
+
+def check_gpus(cfg: DeploymentConfig) -> None:
+    """One-line ConfigError unless every model has tp distinct GPUs and `separate` models share none."""
+    for m in cfg.models:
+        if m.tp < 1:
+            raise ConfigError(f"model {m.name}: tp must be >= 1, got {m.tp}")
+        if len(m.gpus) != m.tp:
+            raise ConfigError(f"model {m.name}: tp={m.tp} needs {m.tp} GPU(s), but its gpus are {m.gpus} "
+                              "(give --gpus the first GPU of each model, or leave --gpus out)")  # fmt: skip
+        if len(set(m.gpus)) != len(m.gpus):
+            raise ConfigError(f"model {m.name}: gpus {m.gpus} name a GPU twice")
+    if cfg.placement.mode == Placement.SEPARATE:
+        owner: dict[int, str] = {}
+        for m in cfg.models:
+            for g in m.gpus:
+                if g in owner:
+                    raise ConfigError(f"placement separate: {owner[g]} and {m.name} both on GPU {g}; give each "
+                                      "model its own GPUs (--gpus) or use --placement mps")  # fmt: skip
+                owner[g] = m.name
+
+
+def colocated(cfg: DeploymentConfig, model: int) -> list[int]:
+    """Models that share a GPU with `model` under MPS (their passes slow each other down); none otherwise."""
+    if cfg.placement.mode != Placement.MPS:
+        return []
+    mine = set(cfg.models[model].gpus)
+    return [j for j, m in enumerate(cfg.models) if j != model and mine & set(m.gpus)]
+
+
+def gpus_used(cfg: DeploymentConfig) -> int:
+    """GPUs the deployment occupies: the distinct ids over all models (cross-host: per host, added up)."""
+    if cfg.placement.mode == Placement.CROSS_HOST:
+        return sum(len(set(m.gpus)) for m in cfg.models)
+    return len({g for m in cfg.models for g in m.gpus})
+
+
+def layout(choice: Layout | str, num_gpus: int, cfg: DeploymentConfig) -> tuple[Placement, list[int]]:
+    """The placement mode and tp per model of a small/large `choice` on `num_gpus` GPUs (GPUs then follow
+    `default_gpus`). ValueError (one line) when the layout does not fit or the large model cannot split."""
+    choice = Layout(str(choice))
+    if len(cfg.models) != 2:
+        raise ValueError(f"layouts are for a small/large pair; this deployment has {len(cfg.models)} models")
+    need = {Layout.MPS: 1, Layout.SEPARATE: 2, Layout.TP: 2}[choice]
+    if num_gpus < need:
+        raise ValueError(f"layout {choice} needs at least {need} GPUs; --num-gpus is {num_gpus}")
+    large = 1 - cfg.entry
+    tps = [1, 1]
+    if choice is Layout.TP:
+        m = cfg.models[large]
+        spec = load_spec(m.path or m.name)
+        if spec.num_heads % num_gpus or (spec.num_kv_heads % num_gpus and num_gpus % spec.num_kv_heads):
+            raise ValueError(f"layout tp: tp={num_gpus} does not split {m.name}'s {spec.num_heads} attention heads "
+                             f"/ {spec.num_kv_heads} KV heads evenly")  # fmt: skip
+        tps[large] = num_gpus
+    mode = Placement.SEPARATE if choice is Layout.SEPARATE else Placement.MPS
+    return mode, tps
