@@ -52,7 +52,7 @@ def test_calibrate_resumes_and_writes_a_profile_the_simulator_reads(tmp_path):
     for p in small.passes.eager.points:
         stats = StepStats.one_pass(p.rows, p.tokens, p.extend_tokens, p.context_tokens, graph=False, graphs=False)
         ratios.append(cm.for_model(0).step_ms(stats) / p.ms)
-    assert 0.5 < sorted(ratios)[len(ratios) // 2] < 2.0, ratios
+    assert 1 / 3 < sorted(ratios)[len(ratios) // 2] < 3.0, ratios
     assert cm.for_model(0).step_ms(StepStats.uniform(2, 1, 32, GraphRule(enabled=False))) > 0
     # --refit writes the same profile again from the partial, without measuring.
     again = tmp_path / "again.json"
