@@ -14,7 +14,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import psutil
-import pytest
 from rt_helpers import GREEDY, alive, collect, tiny_config
 
 from tokenrouter.core.config import DeploymentConfig, RouterConfig
@@ -99,7 +98,7 @@ def test_a_dead_rank_fails_the_server_and_leaves_no_process(tmp_path):
     srv.add_fatal_listener(fatal.append)
     pids = [p.pid for p in srv.processes] + followers
     try:
-        client.submit("long", [7, 8, 9], P.Sampling(temperature=0.0, max_tokens=4000, ignore_eos=True))
+        client.submit("long", [7, 8, 9], P.Sampling(temperature=0.0, max_tokens=600, ignore_eos=True))
         client.until(lambda ev: isinstance(ev, P.Tokens) and ev.rid == "long", 30)
         os.kill(followers[0], signal.SIGKILL)
         failed = client.until(lambda ev: isinstance(ev, P.Failed) and ev.model == 1, 30)[-1]

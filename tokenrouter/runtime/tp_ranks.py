@@ -132,7 +132,9 @@ class TPRanks:
         while alive and not self._closing.is_set():
             for sentinel in wait(list(alive), timeout=0.2):
                 r, p = alive.pop(sentinel)
-                p.join(0)
+                # The sentinel fires when the child's fds close, a moment before it can be reaped: join(0) here
+                # can still see no exit code.
+                p.join(5)
                 if self._closing.is_set():
                     return
                 msg = f"tensor-parallel rank {r} (pid {p.pid}) died ({describe_exit(p.exitcode)})"
