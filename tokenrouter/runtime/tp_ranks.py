@@ -149,6 +149,12 @@ class TPRanks:
             return
         self._closed = True
         self._closing.set()
+        # The watcher ends within one poll (or one reap) of `_closing`; joining it first leaves this thread the
+        # only one that reaps the followers: two threads in waitpid on one child race, and the loser reads "no
+        # exit code" (ECHILD) for a process that has exited.
+        watcher = getattr(self, "_watcher", None)
+        if watcher is not None and watcher is not threading.current_thread():
+            watcher.join(10)
         for p in self.procs:
             p.join(timeout_s)
         for p in self.procs:
