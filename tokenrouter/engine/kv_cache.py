@@ -14,23 +14,26 @@ from tokenrouter.core.kv import KVPool
 from tokenrouter.models.spec import ModelSpec
 
 
-def kv_bytes_per_page(spec: ModelSpec, page_size: int, dtype: torch.dtype) -> int:
+def kv_bytes_per_page(spec: ModelSpec, page_size: int, dtype: torch.dtype, tp: int = 1) -> int:
+    """Bytes of one page on one rank (a rank of `tp` holds 1/tp of the KV heads)."""
     itemsize = torch.empty((), dtype=dtype).element_size()
-    return 2 * spec.num_layers * page_size * spec.num_kv_heads * spec.head_dim * itemsize
+    return 2 * spec.num_layers * page_size * (spec.num_kv_heads // tp) * spec.head_dim * itemsize
 
 
-def num_pages_for_budget(spec: ModelSpec, budget_bytes: int, page_size: int, dtype: torch.dtype) -> int:
-    """Pages that fit in `budget_bytes` (at least 2: the null page and one usable page)."""
-    return max(2, budget_bytes // kv_bytes_per_page(spec, page_size, dtype))
+def num_pages_for_budget(spec: ModelSpec, budget_bytes: int, page_size: int, dtype: torch.dtype, tp: int = 1) -> int:
+    """Pages that fit in `budget_bytes` of one rank (at least 2: the null page and one usable page)."""
+    return max(2, budget_bytes // kv_bytes_per_page(spec, page_size, dtype, tp))
 
 
 class KVCache:
-    """K/V pages for every layer; zero-filled so a kernel that reads a whole page never sees NaN garbage."""
+    """K/V pages for every layer; zero-filled so a kernel that reads a whole page never sees NaN garbage. Under
+    tensor parallelism (`tp` ranks) this rank's KV heads only; page ids mean the same on every rank."""
 
-    def __init__(self, spec: ModelSpec, pool: KVPool, *, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(self, spec: ModelSpec, pool: KVPool, *, device: torch.device, dtype: torch.dtype,
+                 tp: int = 1) -> None:  # fmt: skip
         self.num_pages = pool.num_pages
         self.page_size = pool.page_size
-        shape = (spec.num_layers, 2, pool.num_pages, pool.page_size, spec.num_kv_heads, spec.head_dim)
+        shape = (spec.num_layers, 2, pool.num_pages, pool.page_size, spec.num_kv_heads // tp, spec.head_dim)
         self.kv = torch.zeros(shape, device=device, dtype=dtype)
         self.layers: list[tuple[torch.Tensor, torch.Tensor]] = [(self.kv[i, 0], self.kv[i, 1]) for i in range(shape[0])]
 

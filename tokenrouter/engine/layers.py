@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tokenrouter.engine.parallel import Shard
+
 
 def empty_param(*shape: int, device: torch.device, dtype: torch.dtype) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape, device=device, dtype=dtype), requires_grad=False)
@@ -110,8 +112,11 @@ class GemvState:
 class MergedLinear(nn.Module):
     """Several projections that read the same input, stored as one [sum(out), in] weight: one matmul.
 
-    `shards` names the checkpoint projections in output order (e.g. q, k, v) with their output sizes, so the
-    loader can copy each HF tensor into its row slice.
+    `shards` names the checkpoint projections in output order (e.g. q, k, v) with their full (tp=1) output sizes,
+    so the loader can copy each HF tensor into its row slice. `parallel` (tensor parallelism, `engine.parallel`):
+    None keeps the whole layer; a `Shard` along dim 0 makes it column-parallel (this rank holds its piece of every
+    projection's output rows, in shard order), along dim 1 row-parallel (its piece of the input columns; the output
+    is a partial sum the caller all-reduces, and the bias is added by the rank of piece 0 only).
     """
 
     def __init__(
@@ -122,12 +127,23 @@ class MergedLinear(nn.Module):
         bias: bool,
         device: torch.device,
         dtype: torch.dtype,
+        parallel: Shard | None = None,
     ) -> None:
         super().__init__()
+        self.full_shards = shards
+        self.full_in_features = in_features
+        self.parallel = parallel
+        if parallel is not None and parallel.dim == 0:
+            shards = [(name, n // parallel.parts) for name, n in shards]
+        elif parallel is not None:
+            in_features //= parallel.parts
         self.shards = shards
         self.out_features = sum(n for _, n in shards)
         self.weight = empty_param(self.out_features, in_features, device=device, dtype=dtype)
         self.bias = empty_param(self.out_features, device=device, dtype=dtype) if bias else None
+        # Row-parallel: every rank holds the bias (the loader fills it everywhere), one adds it.
+        row = parallel is not None and parallel.dim == 1
+        self.bias_here = bias and not (row and parallel.index != 0)
         self.gemv: GemvState | None = None  # set by CausalLM.attach_gemv
 
     def shard_slices(self) -> dict[str, slice]:
@@ -137,20 +153,48 @@ class MergedLinear(nn.Module):
             off += n
         return out
 
+    def checkpoint_shard(self, *, bias: bool) -> Shard | None:
+        """The piece of each checkpoint tensor (weight or bias of one projection) this rank holds; None: all."""
+        p = self.parallel
+        if p is None or (bias and p.dim == 1):
+            return None
+        return p
+
+    def full_shape(self, *, bias: bool) -> tuple[int, ...]:
+        out = sum(n for _, n in self.full_shards)
+        return (out,) if bias else (out, self.full_in_features)
+
+    def local_of_full(self, full: torch.Tensor, *, bias: bool) -> torch.Tensor:
+        """This rank's part of the whole merged tensor (tp=1 layout: projections stacked in shard order)."""
+        p = self.checkpoint_shard(bias=bias)
+        if p is None:
+            return full
+        if p.dim == 1:
+            return p.take(full)
+        pieces, off = [], 0
+        for _, n in self.full_shards:
+            pieces.append(p.take(full[off : off + n]))
+            off += n
+        return torch.cat(pieces)
+
+    @property
+    def live_bias(self) -> torch.Tensor | None:
+        return self.bias if self.bias_here else None
+
     def uses_gemv(self, x: torch.Tensor) -> bool:
         return self.gemv is not None and self.gemv.applies(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.uses_gemv(x):
             assert self.gemv is not None
-            return self.gemv.linear(x, self.weight, self.bias)
-        return F.linear(x, self.weight, self.bias)
+            return self.gemv.linear(x, self.weight, self.live_bias)
+        return F.linear(x, self.weight, self.live_bias)
 
     def forward_silu(self, gate_up: torch.Tensor) -> torch.Tensor:
         """This layer applied to SiLU(gate) * up of a fused gate|up activation [T, 2 * in_features], in one
         skinny GEMM launch (only where `uses_gemv(gate_up)`)."""
         assert self.gemv is not None and self.gemv.folds_silu(gate_up)
-        return self.gemv.linear(gate_up, self.weight, self.bias, silu=True)
+        return self.gemv.linear(gate_up, self.weight, self.live_bias, silu=True)
 
 
 class RotaryEmbedding(nn.Module):

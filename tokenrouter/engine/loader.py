@@ -2,7 +2,8 @@
 
 Every failure that is the model directory's fault raises `ModelLoadError` with one line naming the culprit.
 Weights land in the fused parameters of `CausalLM` (q|k|v and gate|up are copied into row slices), so the
-checkpoint layout and the runtime layout are decoupled by `CausalLM.checkpoint_params()` alone.
+checkpoint layout and the runtime layout are decoupled by `CausalLM.checkpoint_params()` alone. Under tensor
+parallelism a rank reads only its piece of each split tensor (`CausalLM.checkpoint_shards()`, safetensors slices).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import torch
 
 from tokenrouter.engine.errors import ModelLoadError
 from tokenrouter.engine.model import CausalLM
+from tokenrouter.engine.parallel import Shard
 from tokenrouter.models.spec import ModelSpec, load_spec
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -80,6 +82,7 @@ def load_safetensors(model: CausalLM, directory: Path) -> None:
     from safetensors import SafetensorError, safe_open
 
     params = model.checkpoint_params()
+    shards = model.checkpoint_shards()  # tensor parallelism: read only this rank's piece of these
     seen: set[str] = set()
     for file, names in checkpoint_files(directory).items():
         try:
@@ -95,12 +98,7 @@ def load_safetensors(model: CausalLM, directory: Path) -> None:
                         raise ModelLoadError(f"{file.name}: unexpected tensor {name} for {model.spec.architecture}")
                     param, rows = params[name]
                     dst = param.data if rows is None else param.data[rows]
-                    tensor = f.get_tensor(name)
-                    if tuple(tensor.shape) != tuple(dst.shape):
-                        raise ModelLoadError(
-                            f"{file.name}: tensor {name} has shape {tuple(tensor.shape)}, expected {tuple(dst.shape)}"
-                        )
-                    dst.copy_(tensor)
+                    dst.copy_(_read(f, name, tuple(dst.shape), shards.get(name), file.name))
                     seen.add(name)
         except SafetensorError as e:
             raise ModelLoadError(f"{file}: unreadable safetensors file ({e})") from None
@@ -110,16 +108,36 @@ def load_safetensors(model: CausalLM, directory: Path) -> None:
         raise ModelLoadError(f"{directory}: checkpoint is missing tensor {missing[0]}{more}")
 
 
+def _read(f, name: str, shape: tuple[int, ...], shard: Shard | None, file: str) -> torch.Tensor:
+    """Tensor `name` of an open safetensors file, or only this rank's piece of it (`shard`), checked against the
+    `shape` its destination has."""
+    if shard is None:
+        tensor = f.get_tensor(name)
+        if tuple(tensor.shape) != shape:
+            raise ModelLoadError(f"{file}: tensor {name} has shape {tuple(tensor.shape)}, expected {shape}")
+        return tensor
+    sl = f.get_slice(name)
+    full = tuple(sl.get_shape())
+    want = tuple(n * shard.parts if d == shard.dim else n for d, n in enumerate(shape))
+    if full != want:
+        raise ModelLoadError(f"{file}: tensor {name} has shape {full}, expected {want}")
+    lo, hi = shard.bounds(full[shard.dim])
+    return sl[lo:hi] if shard.dim == 0 else sl[:, lo:hi]
+
+
 @torch.no_grad()
 def init_dummy_weights(model: CausalLM, seed: int) -> None:
     """Random weights at the real shapes, generated on the model's device (no host copy of a large model).
 
     Matrices ~ N(0, 1/fan_in) keep every projection's output at unit scale, norms are 1 and biases small,
-    so activations stay finite in bf16 through any depth and logits have O(1) spread.
+    so activations stay finite in bf16 through any depth and logits have O(1) spread. Under tensor parallelism
+    each split parameter is drawn whole (its tp=1 shape, same generator stream) and this rank keeps its part, so
+    the ranks together hold exactly the model a single engine with the same seed draws.
     """
     device = model.embed_tokens.device
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
+    full = model.full_layouts()
     done: set[int] = set()
     for name, (param, _) in model.checkpoint_params().items():
         if id(param) in done:
@@ -127,7 +145,12 @@ def init_dummy_weights(model: CausalLM, seed: int) -> None:
         done.add(id(param))
         if name.endswith("norm.weight"):
             param.fill_(1.0)
-        elif param.dim() == 1:
-            param.normal_(0.0, 0.02, generator=gen)
+            continue
+        shape, to_local = full.get(id(param), (tuple(param.shape), None))
+        dst = param.data if to_local is None else torch.empty(shape, device=device, dtype=param.dtype)
+        if len(shape) == 1:
+            dst.normal_(0.0, 0.02, generator=gen)
         else:
-            param.normal_(0.0, param.shape[1] ** -0.5, generator=gen)
+            dst.normal_(0.0, shape[1] ** -0.5, generator=gen)
+        if to_local is not None:
+            param.copy_(to_local(dst))

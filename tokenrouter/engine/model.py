@@ -17,7 +17,8 @@ CUDA-graph capture. The LM head is applied only to the rows a step samples (`com
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -36,27 +37,37 @@ from tokenrouter.engine.layers import (
     triton_ops_module,
 )
 from tokenrouter.engine.metadata import AttentionMetadata
+from tokenrouter.engine.parallel import Shard, TensorParallel, check_divides
 from tokenrouter.models.spec import ModelSpec
 
 KVLayer = tuple[torch.Tensor, torch.Tensor]  # (k_cache, v_cache), each [num_pages, page_size, Hkv, D]
 
 
 class DecoderAttention(nn.Module):
-    def __init__(self, spec: ModelSpec, arch: ArchConfig, rope: RotaryEmbedding, *, device, dtype, use_triton) -> None:
+    """Self-attention over this rank's heads (all of them at tp=1): q/k/v column-parallel, o_proj row-parallel and
+    all-reduced (`engine.parallel`)."""
+
+    def __init__(self, spec: ModelSpec, arch: ArchConfig, rope: RotaryEmbedding, tp: TensorParallel, *, device,
+                 dtype, use_triton) -> None:  # fmt: skip
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        self.tp = tp
+        self.num_heads, self.num_kv_heads = spec.num_heads // tp.size, spec.num_kv_heads // tp.size
+        self.head_dim = spec.head_dim
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         self.scale = self.head_dim**-0.5
         self.eps = spec.rms_norm_eps
         kw = {"device": device, "dtype": dtype}
+        q_full, kv_full = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
         self.qkv_proj = MergedLinear(
             spec.hidden_size,
-            [("q_proj", self.q_size), ("k_proj", self.kv_size), ("v_proj", self.kv_size)],
+            [("q_proj", q_full), ("k_proj", kv_full), ("v_proj", kv_full)],
             bias=arch.qkv_bias,
+            parallel=tp.shard(0),
             **kw,
         )
-        self.o_proj = MergedLinear(self.q_size, [("o_proj", spec.hidden_size)], bias=arch.o_bias, **kw)
+        self.o_proj = MergedLinear(q_full, [("o_proj", spec.hidden_size)], bias=arch.o_bias, parallel=tp.shard(1),
+                                   **kw)  # fmt: skip
         # Qwen3 q_norm | k_norm weights side by side ([2 * head_dim]) so one kernel reads both.
         self.qk_norm_weight = empty_param(2 * self.head_dim, **kw) if arch.qk_norm else None
         self.rope = rope
@@ -102,34 +113,41 @@ class DecoderAttention(nn.Module):
                     q, k_cache, v_cache, meta.block_tables, cu[a : b + 1], sl[a:b], self.scale, max_q_len=mq,
                     out=o, backend=meta.backend, pdl=meta.pdl, row_slots=rs[a:b],
                 )  # fmt: skip
-        return self.o_proj(o.reshape(t, self.q_size))
+        return self.tp.all_reduce(self.o_proj(o.reshape(t, self.q_size)))
 
 
 class DecoderMLP(nn.Module):
-    def __init__(self, spec: ModelSpec, *, device, dtype, use_triton) -> None:
+    """SwiGLU MLP over this rank's share of the intermediate size: gate/up column-parallel, down row-parallel and
+    all-reduced."""
+
+    def __init__(self, spec: ModelSpec, tp: TensorParallel, *, device, dtype, use_triton) -> None:
         super().__init__()
+        self.tp = tp
         inter = spec.intermediate_size
         kw = {"device": device, "dtype": dtype}
-        self.gate_up_proj = MergedLinear(spec.hidden_size, [("gate_proj", inter), ("up_proj", inter)], bias=False, **kw)
+        self.gate_up_proj = MergedLinear(spec.hidden_size, [("gate_proj", inter), ("up_proj", inter)], bias=False,
+                                         parallel=tp.shard(0), **kw)  # fmt: skip
         self.act = SiluAndMul(use_triton)
-        self.down_proj = MergedLinear(inter, [("down_proj", spec.hidden_size)], bias=False, **kw)
+        self.down_proj = MergedLinear(inter, [("down_proj", spec.hidden_size)], bias=False, parallel=tp.shard(1),
+                                      **kw)  # fmt: skip
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
         gemv = self.down_proj.gemv
         if gemv is not None and gemv.folds_silu(gate_up):  # skinny GEMM, SiLU(gate) * up applied while loading x
-            return self.down_proj.forward_silu(gate_up)
-        return self.down_proj(self.act(gate_up))
+            return self.tp.all_reduce(self.down_proj.forward_silu(gate_up))
+        return self.tp.all_reduce(self.down_proj(self.act(gate_up)))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, spec: ModelSpec, arch: ArchConfig, rope: RotaryEmbedding, *, device, dtype, use_triton) -> None:
+    def __init__(self, spec: ModelSpec, arch: ArchConfig, rope: RotaryEmbedding, tp: TensorParallel, *, device,
+                 dtype, use_triton) -> None:  # fmt: skip
         super().__init__()
         kw = {"device": device, "dtype": dtype, "use_triton": use_triton}
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, **kw)
-        self.self_attn = DecoderAttention(spec, arch, rope, **kw)
+        self.self_attn = DecoderAttention(spec, arch, rope, tp, **kw)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, **kw)
-        self.mlp = DecoderMLP(spec, **kw)
+        self.mlp = DecoderMLP(spec, tp, **kw)
 
     def forward(
         self,
@@ -156,18 +174,22 @@ class DecoderLayer(nn.Module):
 
 
 class CausalLM(nn.Module):
-    """Qwen3ForCausalLM / Qwen2ForCausalLM / LlamaForCausalLM, selected by `ArchConfig` switches."""
+    """Qwen3ForCausalLM / Qwen2ForCausalLM / LlamaForCausalLM, selected by `ArchConfig` switches. With `tp` of
+    more than one rank, this rank's shard of it (`engine.parallel`: the embedding and the LM head stay whole)."""
 
     def __init__(
-        self, spec: ModelSpec, arch: ArchConfig, max_positions: int, *, device, dtype, use_triton: bool = False
-    ) -> None:
+        self, spec: ModelSpec, arch: ArchConfig, max_positions: int, *, device, dtype, use_triton: bool = False,
+        tp: TensorParallel | None = None,
+    ) -> None:  # fmt: skip
         super().__init__()
-        self.spec, self.arch = spec, arch
+        tp = tp if tp is not None else TensorParallel()
+        check_divides(spec, tp.size)
+        self.spec, self.arch, self.tp = spec, arch, tp
         kw = {"device": device, "dtype": dtype}
         self.rope = RotaryEmbedding(spec.head_dim, arch.rope_theta, max_positions, device=device)
         self.embed_tokens = empty_param(spec.vocab_size, spec.hidden_size, **kw)
         self.layers = nn.ModuleList(
-            DecoderLayer(spec, arch, self.rope, **kw, use_triton=use_triton) for _ in range(spec.num_layers)
+            DecoderLayer(spec, arch, self.rope, tp, **kw, use_triton=use_triton) for _ in range(spec.num_layers)
         )
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, **kw, use_triton=use_triton)
         # Tied models read the embedding table as the LM head: one tensor, no copy.
@@ -276,6 +298,39 @@ class CausalLM(nn.Module):
         out["model.norm.weight"] = (self.norm.weight, None)
         if not self.spec.tie_word_embeddings:
             out["lm_head.weight"] = (self.lm_head, None)
+        return out
+
+    def merged_layers(self) -> Iterator[tuple[str, MergedLinear]]:
+        """(checkpoint prefix, layer) of every fused linear layer, e.g. ("model.layers.0.self_attn.", qkv_proj)."""
+        for i, layer in enumerate(self.layers):
+            p = f"model.layers.{i}."
+            yield p + "self_attn.", layer.self_attn.qkv_proj
+            yield p + "self_attn.", layer.self_attn.o_proj
+            yield p + "mlp.", layer.mlp.gate_up_proj
+            yield p + "mlp.", layer.mlp.down_proj
+
+    def checkpoint_shards(self) -> dict[str, Shard]:
+        """HF checkpoint tensor name -> the piece of it this rank holds, for the tensors tensor parallelism splits
+        (empty at tp=1); `checkpoint_params` gives where that piece goes."""
+        out: dict[str, Shard] = {}
+        for prefix, mod in self.merged_layers():
+            for name, _ in mod.full_shards:
+                for kind, is_bias in (("weight", False), ("bias", True)):
+                    shard = mod.checkpoint_shard(bias=is_bias)
+                    if shard is not None and (not is_bias or mod.bias is not None):
+                        out[f"{prefix}{name}.{kind}"] = shard
+        return out
+
+    def full_layouts(self) -> dict[int, tuple[tuple[int, ...], Callable[[torch.Tensor], torch.Tensor]]]:
+        """id(parameter) -> (its full tp=1 shape, full tensor -> this rank's part), for the parameters tensor
+        parallelism splits: the dummy initializer draws the whole tensor so every tp draws the same model."""
+        out: dict[int, tuple[tuple[int, ...], Callable[[torch.Tensor], torch.Tensor]]] = {}
+        if self.tp.size == 1:
+            return out
+        for _, mod in self.merged_layers():
+            for p, is_bias in ((mod.weight, False), (mod.bias, True)):
+                if p is not None and mod.checkpoint_shard(bias=is_bias) is not None:
+                    out[id(p)] = (mod.full_shape(bias=is_bias), partial(mod.local_of_full, bias=is_bias))
         return out
 
 

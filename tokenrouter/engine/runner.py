@@ -26,6 +26,7 @@ from tokenrouter.core.batch import Batch
 from tokenrouter.core.graph_rule import GraphRule
 from tokenrouter.core.kv import KVPool
 from tokenrouter.core.router import DeviceRouter
+from tokenrouter.engine import tp_step
 from tokenrouter.engine import warmup as warm
 from tokenrouter.engine.attention import resolve_backend, split_counters
 from tokenrouter.engine.base import ModelRunner
@@ -36,13 +37,17 @@ from tokenrouter.engine.faults import FaultInjection
 from tokenrouter.engine.forward import StepForward
 from tokenrouter.engine.graphs import GraphRunner
 from tokenrouter.engine.handles import HostExtras, OutputRing, Staging, StepHandle
+from tokenrouter.engine.inputs import Layout
 from tokenrouter.engine.kv_cache import KVCache, kv_bytes_per_page, num_pages_for_budget
 from tokenrouter.engine.loader import init_dummy_weights, load_safetensors, resolve_spec
 from tokenrouter.engine.memory import DeviceMemory, MemoryProfile, MemoryReport, kv_bytes_for_budget
 from tokenrouter.engine.model import CausalLM
 from tokenrouter.engine.page_table import PageTable
+from tokenrouter.engine.parallel import TensorParallel, check_divides
+from tokenrouter.engine.plan_types import PartPlan
 from tokenrouter.engine.sampler import LOGPROB_WORDS
 from tokenrouter.engine.step_plan import PlanContext, StepPlan, plan_step
+from tokenrouter.engine.tp_step import StepSink
 from tokenrouter.engine.varlen_shapes import VarlenShapes, max_pad_tokens
 
 log = logging.getLogger(__name__)
@@ -54,14 +59,29 @@ class Engine(ModelRunner):
 
     `kv_pool`: pass the scheduler's pool to share it, or leave None and the engine builds one (then hand
     `engine.kv_pool` to the scheduler). `router`: a router's device part, run inside every step.
+
+    Tensor parallelism (`engine.parallel`, `engine.tp_step`): `tp` is this engine's rank in its group. Every rank
+    builds its engine with the same config (and a pool of the same pages), at the same time: construction runs
+    collectives (warm-up passes, graph capture). Rank 0 takes batches and sends each planned step to its
+    `followers` (a `StepSink`) before launching it; ranks 1..tp-1 take no batches, they run `tp_step.follow`.
+    A launch that fails on rank 0 after its description went out is fatal (EngineError): the ranks' collectives
+    are out of step.
     """
 
-    def __init__(self, config: EngineConfig, kv_pool: KVPool | None = None, *, router: DeviceRouter | None = None):
+    def __init__(self, config: EngineConfig, kv_pool: KVPool | None = None, *, router: DeviceRouter | None = None,
+                 tp: TensorParallel | None = None, followers: StepSink | None = None) -> None:  # fmt: skip
         t0 = time.perf_counter()
         self.config = config
+        self.tp = tp if tp is not None else TensorParallel()
+        if self.tp.size > 1 and self.tp.leader and followers is None:
+            raise ValueError("rank 0 of a tensor-parallel engine needs a StepSink for its followers")
+        if not self.tp.leader and followers is not None:
+            raise ValueError(f"rank {self.tp.rank} follows rank 0; only rank 0 has followers")
+        self.followers = followers
         self.device = config.torch_device()
         self.dtype = config.torch_dtype(self.device)
         self.spec, ckpt_dir = resolve_spec(config.model)
+        check_divides(self.spec, self.tp.size)
         arch = arch_config(self.spec)
         fmt = config.load_format
         if fmt == "auto":
@@ -94,7 +114,7 @@ class Engine(ModelRunner):
                  self.device)  # fmt: skip
         with torch.no_grad(), self.on_stream():
             self.model = CausalLM(self.spec, arch, self.spec.max_position_embeddings, device=self.device,
-                                  dtype=self.dtype, use_triton=self.use_triton_ops)  # fmt: skip
+                                  dtype=self.dtype, use_triton=self.use_triton_ops, tp=self.tp)  # fmt: skip
             self.model.set_pdl(self.pdl)
             self._attach_gemv()
             if fmt == "dummy":
@@ -156,7 +176,7 @@ class Engine(ModelRunner):
         self.out_width = top + max(c.max_batch_size, vrows)
         triton_attn = resolve_backend(c.attention_backend, self.device) == "triton"  # type: ignore[arg-type]
         with torch.no_grad(), self.on_stream():
-            self.kv_cache = KVCache(self.spec, self._pool, device=self.device, dtype=self.dtype)
+            self.kv_cache = KVCache(self.spec, self._pool, device=self.device, dtype=self.dtype, tp=self.tp.size)
             self.table = PageTable(
                 slots, self.max_pages_per_row, self._pool.num_pages, self.device, shared_pages=c.shared_pages
             )
@@ -165,7 +185,7 @@ class Engine(ModelRunner):
             words = (2 + LOGPROB_WORDS) * self.out_width
             self.out_ids = torch.zeros(words, dtype=torch.int32, device=self.device)
             rows = max(c.max_batch_size, top, c.max_num_batched_tokens, 1)
-            self.split_counters = (split_counters(rows, self.spec.num_kv_heads, self.device)
+            self.split_counters = (split_counters(rows, self.spec.num_kv_heads // self.tp.size, self.device)
                                     if c.decode_fused_reduce and triton_attn else None)  # fmt: skip
         self.slot_token_step = [-1] * slots  # from_prev ledger (a list: cheap scalar access)
         self.fwd = StepForward(self)
@@ -192,16 +212,19 @@ class Engine(ModelRunner):
         if self.budget is not None:
             prof = self.memory_profile = self._profile_memory()
             kv = kv_bytes_for_budget(self.budget, prof)
-            per_page = kv_bytes_per_page(self.spec, c.page_size, self.dtype)
-            if kv < 2 * per_page:
+            per_page = kv_bytes_per_page(self.spec, c.page_size, self.dtype, self.tp.size)
+            # Every rank measured its own device; all take the smallest count, so page ids mean the same everywhere.
+            pages = self.tp.min_int(max(0, kv) // per_page, self.device)
+            if pages < 2:
                 raise EngineError(f"{c.model}: memory budget {self.budget} B leaves no room for a KV cache after "
                                   f"weights {prof.weights} B, activations {prof.activation_peak} B "
                                   f"and buffers {prof.static} B")  # fmt: skip
-            return KVPool(kv // per_page, c.page_size)
+            return KVPool(pages, c.page_size)
         if (c.kv_cache_bytes is None) == (c.num_pages is None):
             raise ValueError("set exactly one of EngineConfig.kv_cache_bytes, num_pages, memory_budget_bytes and "
                              "gpu_memory_utilization (or pass a KVPool)")  # fmt: skip
-        pages = c.num_pages or num_pages_for_budget(self.spec, c.kv_cache_bytes, c.page_size, self.dtype)
+        pages = c.num_pages or num_pages_for_budget(self.spec, c.kv_cache_bytes, c.page_size, self.dtype,
+                                                    self.tp.size)  # fmt: skip
         return KVPool(pages, c.page_size)
 
     def _profile_memory(self) -> MemoryProfile:
@@ -256,6 +279,10 @@ class Engine(ModelRunner):
         self.recapture()
 
     def recapture(self) -> None:
+        if self.followers is not None:  # every rank captures the same buckets in the same order
+            g = self.model.gemv
+            gemv = (g.enabled, g.max_rows, g.prefetch) if g is not None else None
+            self.followers.publish(tp_step.encode(tp_step.Recapture(self.pdl, gemv)))
         self.synchronize()
         self._close_graphs()
         with torch.no_grad(), self.on_stream():
@@ -377,13 +404,18 @@ class Engine(ModelRunner):
     def step(self, batch: Batch, *, return_logits: bool = False, return_hidden: bool = False) -> StepHandle:
         """Launch one step; see the module doc. Raises BatchError (nothing launched, nothing changed) for a
         batch that cannot run, StepFailed when the launch failed (the batch's rows must be treated as failed;
-        from_prev rows that refer to it are errors; the engine stays usable)."""
+        from_prev rows that refer to it are errors; the engine stays usable; under tensor parallelism an
+        EngineError instead: the engine is not usable)."""
         if self.closed:
             raise EngineError("engine is closed")
+        if not self.tp.leader:
+            raise EngineError(f"tensor-parallel rank {self.tp.rank} takes no batches: it follows rank 0")
         if len(batch.rows) > self.config.max_batch_size:
             raise BatchError(f"batch has {len(batch.rows)} rows, max_batch_size is {self.config.max_batch_size}")
         t0 = time.perf_counter()
         plan = plan_step(batch, self.plan_context(), self._staging_take)
+        if self.followers is not None:
+            self.followers.publish(tp_step.encode(tp_step.describe(batch.step_id, plan, self._staged.numpy())))
         t1 = time.perf_counter()
         try:
             with self.on_stream():
@@ -391,6 +423,9 @@ class Engine(ModelRunner):
         except Exception as e:
             self._fail(plan)
             why = str(e).splitlines()[0] if str(e) else ""
+            if self.tp.size > 1:
+                raise EngineError(f"step {batch.step_id} failed on tensor-parallel rank 0 after its followers got "
+                                  f"it ({type(e).__name__}: {why}); the ranks are out of step") from e  # fmt: skip
             raise StepFailed(f"step {batch.step_id} failed: {type(e).__name__}: {why}") from e
         self.table.commit(plan.table)
         ledger, step_id = self.slot_token_step, batch.step_id
@@ -409,39 +444,8 @@ class Engine(ModelRunner):
         if self.timing and cuda:
             start = torch.cuda.Event(enable_timing=True)
             start.record(self.stream)
-        staged = self._staged
-        g_out = e_out = None
-        e_dev = None
-        if plan.graph is not None:
-            g = self.graphs
-            assert g is not None
-            g.load(staged, plan.graph.bucket)
-            if plan.graph.extra_upd is not None:
-                self.fwd.table_writes(*plan.graph.extra_upd)
+        g_out, e_out, vg = self._run_passes(batch.step_id, plan.graph, plan.eager, bool(plan.logprobs))
         ev = plan.eager
-        vg = self.vgraphs if ev is not None and ev.varlen is not None else None
-        if ev is not None:
-            off = plan.graph.layout.size if plan.graph is not None else 0
-            n = ev.layout.size
-            if vg is not None:
-                assert ev.bucket is not None
-                vg.load(staged[off : off + n], ev.bucket)
-                if ev.extra_upd is not None:
-                    self.fwd.table_writes(*ev.extra_upd)
-            else:
-                part = staged[off : off + n]
-                e_dev = part.to(self.device, non_blocking=True) if cuda else part.clone()
-        self._staging.record(self.stream)
-        self.fwd.logprobs_step = bool(plan.logprobs)
-        self.faults.before_passes(batch.step_id)
-        if plan.graph is not None:
-            self.graphs.run(plan.graph.bucket)
-            g_out = (self.graphs.out.hidden, self.graphs.out.logits)
-        if vg is not None:
-            vg.run(ev.bucket)
-            e_out = (vg.out.hidden, vg.out.logits)
-        elif ev is not None:
-            e_out = self.fwd.eager_pass(e_dev, ev.layout, ev.max_q_len)
         ring_i, host = self._ring.take()
         # One D2H copy: the log-probability region only when a row of the step asked (most steps: 2 words a row).
         n = self.out_ids.numel() if plan.logprobs else 2 * self.out_width
@@ -476,6 +480,82 @@ class Engine(ModelRunner):
         with contextlib.suppress(Exception):
             self._reset_device_state()
 
+    def _run_passes(self, step_id: int, graph: PartPlan | None, eager: PartPlan | None, logprobs: bool):
+        """Upload a step's packed inputs (`self._staged`: the graph pass, then the varlen pass) and run its passes;
+        returns (graph outputs, varlen outputs, the varlen graph runner or None). Every rank of a tensor-parallel
+        engine runs exactly this for every step (rank 0 from its plan, the others from its description)."""
+        cuda = self.device.type == "cuda"
+        staged = self._staged
+        g_out = e_out = None
+        e_dev = None
+        if graph is not None:
+            g = self.graphs
+            assert g is not None and graph.bucket is not None
+            g.load(staged, graph.bucket)
+            if graph.extra_upd is not None:
+                self.fwd.table_writes(*graph.extra_upd)
+        vg = self.vgraphs if eager is not None and eager.bucket is not None else None
+        if eager is not None:
+            off = graph.layout.size if graph is not None else 0
+            n = eager.layout.size
+            if vg is not None:
+                assert eager.bucket is not None
+                vg.load(staged[off : off + n], eager.bucket)
+                if eager.extra_upd is not None:
+                    self.fwd.table_writes(*eager.extra_upd)
+            else:
+                part = staged[off : off + n]
+                e_dev = part.to(self.device, non_blocking=True) if cuda else part.clone()
+        self._staging.record(self.stream)
+        self.fwd.logprobs_step = logprobs
+        self.faults.before_passes(step_id)
+        if graph is not None:
+            assert self.graphs is not None and graph.bucket is not None
+            self.graphs.run(graph.bucket)
+            g_out = (self.graphs.out.hidden, self.graphs.out.logits)
+        if vg is not None:
+            assert eager is not None and eager.bucket is not None
+            vg.run(eager.bucket)
+            e_out = (vg.out.hidden, vg.out.logits)
+        elif eager is not None:
+            e_out = self.fwd.eager_pass(e_dev, eager.layout, eager.max_q_len)
+        return g_out, e_out, vg
+
+    # ---- tensor-parallel followers ----------------------------------------------------------------------
+    @torch.no_grad()
+    def run_described(self, desc: tp_step.StepDesc) -> None:
+        """A follower runs the step rank 0 described (`tp_step`); its outputs stay on its device."""
+        if self.closed:
+            raise EngineError("engine is closed")
+        words = np.frombuffer(desc.packed, dtype="<i4")
+        self._staged = self._staging.take(words.size)
+        self._staged.numpy()[: words.size] = words
+        graph = eager = None
+        if desc.graph is not None:
+            assert self.graphs is not None and desc.graph.bucket is not None, "rank 0 ran a graph this rank lacks"
+            graph = PartPlan(self.graphs.layouts[desc.graph.bucket], words[:0], [], desc.graph.max_q_len,
+                             desc.graph.bucket, tp_step.extra_updates(desc.graph))  # fmt: skip
+        d = desc.eager
+        if d is not None:
+            if d.bucket is not None:
+                assert self.vgraphs is not None, "rank 0 ran a varlen graph this rank lacks"
+                layout = self.vgraphs.layouts[d.bucket]
+            else:
+                assert d.layout is not None
+                layout = Layout(*d.layout, varlen=True)
+            eager = PartPlan(layout, words[:0], [], d.max_q_len, d.bucket, tp_step.extra_updates(d))
+        with self.on_stream():
+            self._run_passes(desc.step_id, graph, eager, desc.logprobs)
+
+    def apply_recapture(self, msg: tp_step.Recapture) -> None:
+        """A follower takes rank 0's graph settings and recaptures, as rank 0 just did."""
+        g = self.model.gemv
+        if g is not None and msg.gemv is not None:
+            g.enabled, g.max_rows, g.prefetch = msg.gemv
+        if msg.pdl != self.pdl:
+            self.set_pdl(msg.pdl)
+        self.recapture()
+
     # ---- memory and shutdown --------------------------------------------------------------------------
     def memory_report(self) -> MemoryReport:
         static = sum(g.nbytes for g in (self.graphs, self.vgraphs) if g is not None)
@@ -494,6 +574,11 @@ class Engine(ModelRunner):
         """Free everything this engine holds on its device; the engine is unusable afterwards."""
         if self.closed:
             return
+        if self.followers is not None:  # they close their engines too, then end
+            with contextlib.suppress(Exception):
+                self.followers.publish(tp_step.encode(tp_step.Stop()))
+            self.followers.close()
+            self.followers = None
         self.synchronize()
         self.closed = True
         self._close_graphs()
@@ -502,5 +587,6 @@ class Engine(ModelRunner):
             if hasattr(self, name):
                 setattr(self, name, None)
         self.router = None
+        self.tp.close()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()

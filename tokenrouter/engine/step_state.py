@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from tokenrouter.engine.kv_cache import KVCache
     from tokenrouter.engine.model import CausalLM
     from tokenrouter.engine.page_table import PageTable
+    from tokenrouter.engine.parallel import TensorParallel
     from tokenrouter.engine.varlen_shapes import VarlenShapes
     from tokenrouter.models.spec import ModelSpec
 
@@ -31,6 +32,7 @@ class StepState(Protocol):
     device: torch.device
     dtype: torch.dtype
     model: CausalLM
+    tp: TensorParallel  # this engine's rank in its tensor-parallel group (one rank: no collectives)
     use_triton_ops: bool  # the Triton kernels for norms, RoPE/KV store, prologue and sampling
     pdl: bool  # programmatic dependent launch for the Triton kernels
     router: DeviceRouter | None  # a router's device part, run inside every step

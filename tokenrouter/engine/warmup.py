@@ -88,7 +88,7 @@ def warm_eager(engine: StepState, fwd: StepForward) -> None:
     seq = torch.full((1,), 1, dtype=torch.int32, device=dev)
     slots = torch.zeros(1, dtype=torch.int32, device=dev)
     for q in _Q_CLASSES:
-        qt = torch.zeros(q, spec.num_heads, spec.head_dim, device=dev, dtype=dt)
+        qt = torch.zeros(q, spec.num_heads // engine.tp.size, spec.head_dim, device=dev, dtype=dt)
         cu = torch.tensor([0, q], dtype=torch.int32, device=dev)
         seq.fill_(q)
         for s in _SPLITS:

@@ -1,6 +1,7 @@
 """What one subserver process builds before it serves: its part of the deployment (the simulator's builder,
 same call), its engine on the pool the scheduler allocates from, and its router (learned when the config names
-weights: `random` is calibrated on a warm-up on this engine before serving)."""
+weights: `random` is calibrated on a warm-up on this engine before serving). A model with `tp > 1` gets rank 0 of a
+tensor-parallel engine whose other ranks this process starts (`runtime.tp_ranks`)."""
 
 from __future__ import annotations
 
@@ -54,7 +55,12 @@ def build_part(spec: SubserverSpec, gate: SyncGate | None) -> tuple[Deployment, 
     if model_cfg.mps_active_thread_percentage is not None:
         kw["mps_active_thread_percentage"] = model_cfg.mps_active_thread_percentage
     kw.update(spec.engine_overrides)
-    engine = Engine(EngineConfig(**kw), kv_pool=sched.kv)
+    if model_cfg.tp > 1:
+        from tokenrouter.runtime.tp_ranks import start_ranks
+
+        engine = start_ranks(spec, kw, sched.kv)
+    else:
+        engine = Engine(EngineConfig(**kw), kv_pool=sched.kv)
     rc = cfg.router
     if rc.weights:
         from tokenrouter.routers.learned import Calibratable, calibrate_on_runner, make_learned_router

@@ -49,6 +49,7 @@ from tokenrouter.runtime.gate import Coordinator
 from tokenrouter.runtime.hoptrace import merge_hop_logs
 from tokenrouter.runtime.mps import MpsDaemon
 from tokenrouter.runtime.rundir import create_run_dir
+from tokenrouter.runtime.tp_config import check_tp, tp_environment
 
 Listener = Callable[[P.Ready | P.Stats | P.Failed], None]
 log = logging.getLogger(__name__)
@@ -116,6 +117,7 @@ class Server:
         on tcp without it gets the defaults."""
         if device not in ("cpu", "cuda"):
             raise ValueError(f"device must be cpu or cuda, got {device!r}")
+        check_tp(config, device)  # tensor-parallel models: heads split evenly, one GPU per rank
         if restart_on_failure and config.policy.build().is_sync:
             raise ValueError("restart on failure needs an asynchronous policy (eager, delayed): the sync "
                              "coordinator cannot take a subserver back in the middle of a round")  # fmt: skip
@@ -288,6 +290,7 @@ class Server:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in mc.gpus)
             if mc.mps_active_thread_percentage is not None:
                 env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(mc.mps_active_thread_percentage)
+        env.update(tp_environment(mc, self.device))  # rank 0 starts the model's other ranks (runtime.tp_ranks)
         target, arg = self._target(spec)
         ctx = mp.get_context("spawn")
         with _environ(env):  # a spawned child copies the parent's environment at start

@@ -1,0 +1,149 @@
+"""Tensor parallelism of one engine: its ranks' process group (`TensorParallel`) and how a full checkpoint tensor
+maps onto one rank's shard (`Shard`).
+
+What is split (Megatron-style, one all-reduce per sublayer):
+- attention: q/k/v projections column-parallel by heads (rank r holds query heads [r*Hq/tp, (r+1)*Hq/tp) and the
+  KV heads they read), o_proj row-parallel (the rank's input columns), followed by an all-reduce of its output;
+- MLP: gate/up column-parallel, down_proj row-parallel, followed by an all-reduce;
+- KV cache: each rank stores only its KV heads; page ids, slot mapping and page tables are the same on every rank;
+- replicated: embedding, LM head, norms, q/k-norm weights, RoPE table, and biases of row-parallel layers (added on
+  rank 0 only, before the all-reduce, so they count once).
+
+The embedding and the LM head stay whole on every rank: a sharded LM head needs an all-gather of the logits before
+sampling (and a learned router reads whole logits and hidden states), a sharded embedding one more all-reduce per
+step; on the models this serves they cost 0.1-1.5 GB per GPU, which the KV cache can spare. So everything after
+the last all-reduce (final norm, logits, sampling) computes the same values on every rank.
+
+No module-level state: the group lives in the `TensorParallel` an engine is given, so two engines (TP or not) can
+share a process. The group is a c10d backend object built directly on a store (`ProcessGroupGloo` on CPU,
+`ProcessGroupNCCL` on CUDA), never `torch.distributed`'s default group.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from tokenrouter.engine.errors import ModelLoadError
+from tokenrouter.models.spec import ModelSpec
+
+# NVLink multicast (NVLS) stays off for every NCCL communicator this code creates (see docs/tensor-parallel.md).
+NCCL_ENV = {"NCCL_NVLS_ENABLE": "0"}
+
+
+def check_divides(spec: ModelSpec, size: int) -> None:
+    """Refuse a tensor-parallel size that does not split the model's heads and MLP evenly (one line naming why)."""
+    if size < 1:
+        raise ModelLoadError(f"{spec.name}: tensor-parallel size must be >= 1, got {size}")
+    for what, n in (("attention heads", spec.num_heads), ("KV heads", spec.num_kv_heads),
+                    ("intermediate size", spec.intermediate_size)):  # fmt: skip
+        if n % size:
+            raise ModelLoadError(f"{spec.name}: tp={size} does not divide its {n} {what}; use a tp that divides "
+                                 f"{spec.num_heads} attention heads and {spec.num_kv_heads} KV heads")  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Shard:
+    """This rank's piece of a full (tp=1) checkpoint tensor: `parts` equal pieces along `dim` (0: output rows of a
+    column-parallel layer; 1: input columns of a row-parallel one), piece `index`."""
+
+    dim: int
+    parts: int
+    index: int
+
+    def take(self, full: torch.Tensor) -> torch.Tensor:
+        n = full.shape[self.dim] // self.parts
+        return full.narrow(self.dim, self.index * n, n)
+
+    def bounds(self, full_len: int) -> tuple[int, int]:
+        n = full_len // self.parts
+        return self.index * n, (self.index + 1) * n
+
+
+@dataclass(eq=False, slots=True)
+class TensorParallel:
+    """One engine's rank in its tensor-parallel group. `group` is None for a single rank (every collective is then
+    a no-op), else a c10d backend spanning exactly the engine's ranks; rank 0 leads (schedules, samples for real)."""
+
+    rank: int = 0
+    size: int = 1
+    group: Any = None  # torch.distributed ProcessGroupGloo / ProcessGroupNCCL, or None
+    store: Any = None  # kept alive with the group
+
+    @property
+    def leader(self) -> bool:
+        return self.rank == 0
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum `x` over the ranks, in place; returns `x`. On CUDA the wait only orders the current stream after the
+        collective (no host sync), so it may sit inside a captured CUDA graph."""
+        if self.group is not None:
+            self.group.allreduce([x]).wait()
+        return x
+
+    def min_int(self, value: int, device: torch.device) -> int:
+        """The smallest of every rank's `value` (start-up only: a host sync)."""
+        if self.group is None:
+            return value
+        from torch.distributed import AllreduceOptions, ReduceOp
+
+        t = torch.tensor([value], dtype=torch.int64, device=device)
+        opts = AllreduceOptions()
+        opts.reduceOp = ReduceOp.MIN
+        self.group.allreduce([t], opts).wait()
+        return int(t.item())
+
+    def shard(self, dim: int) -> Shard | None:
+        return Shard(dim, self.size, self.rank) if self.size > 1 else None
+
+    def close(self) -> None:
+        """Drop the group. NCCL communicators are aborted rather than destroyed: a destroy after CUDA-graph capture
+        of collectives can hang (pytorch/pytorch#115388)."""
+        g, self.group = self.group, None
+        self.store = None
+        if g is not None and getattr(g, "name", lambda: "")() == "nccl":
+            abort = getattr(g, "abort", None)
+            if abort is not None:
+                abort()
+
+    @staticmethod
+    def connect(rank: int, size: int, host: str, port: int, device: torch.device, *, store: Any = None,
+                timeout_s: float = 300.0) -> TensorParallel:  # fmt: skip
+        """Join the group whose store rank 0 serves at `host:port` (`serve_store`; rank 0 passes that store as
+        `store`). Blocks until every rank has joined. gloo on CPU, NCCL (NVLS off) on CUDA; the NCCL communicator
+        is set up here by one all-reduce, so CUDA-graph capture never creates it."""
+        import torch.distributed as dist
+
+        timeout = datetime.timedelta(seconds=timeout_s)
+        if store is None:
+            store = dist.TCPStore(host, port, size, False, timeout=timeout)
+        if device.type == "cuda":
+            os.environ.update(NCCL_ENV)  # NCCL reads it when the communicator is created
+            torch.cuda.set_device(device)
+            opts = dist.ProcessGroupNCCL.Options()
+            opts._timeout = timeout
+            group: Any = dist.ProcessGroupNCCL(store, rank, size, opts)
+        else:
+            opts = dist.ProcessGroupGloo._Options()
+            opts._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
+            opts._timeout = timeout
+            group = dist.ProcessGroupGloo(store, rank, size, opts)
+        tp = TensorParallel(rank, size, group, store)
+        probe = torch.ones(1, device=device)
+        tp.all_reduce(probe)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if int(probe.item()) != size:
+            raise RuntimeError(f"tensor-parallel group check failed: all-reduce of ones gave {probe.item()}")
+        return tp
+
+
+def serve_store(size: int, host: str = "127.0.0.1", timeout_s: float = 300.0) -> Any:
+    """Rank 0's rendezvous store on a free port (`store.port`); ranks join it with `TensorParallel.connect`."""
+    import torch.distributed as dist
+
+    return dist.TCPStore(host, 0, size, True, timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False)

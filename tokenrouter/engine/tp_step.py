@@ -1,0 +1,142 @@
+"""What rank 0 of a tensor-parallel engine sends its followers (ranks 1..tp-1), and the loop a follower runs.
+
+Rank 0 plans every step on the host (`step_plan`: it alone holds the scheduler's requests and the host page-table
+book); the plan's device inputs are already flat: one int32 array per pass (`inputs.Layout`: token ids,
+positions, KV slot mapping, from_prev sources, sequence lengths, page-table slots of the rows, cu_seqlens, logit
+rows, sampling parameters with their seeds, log-probability requests, page-table writes). A `StepDesc` is those
+arrays plus how to run them (graph bucket, varlen graph bucket or eager layout, page-table writes beyond a graph's
+capacity, the step id, whether a row asks for log-probabilities). No `Request`, no Python object of the scheduler.
+
+A follower replays the description through the same launch code as rank 0 (`Engine.run_described`): same pages,
+same page-table writes, same slot mapping, its own KV heads. It samples too, into its own device buffers only:
+the all-reduced hidden states, hence the logits, are equal on every rank, so its sampled tokens equal rank 0's,
+and a later from_prev row reads the same token on every rank without a host round trip. Its outputs never leave
+its device; only rank 0's step handle is read.
+
+Control messages keep the ranks' captured graphs alike: `Recapture` (rank 0 recaptured: a router's device part was
+installed, the skinny GEMM or PDL switched; followers recapture with the same settings, so every rank captures the
+same buckets in the same order) and `Stop` (rank 0 closed its engine).
+
+The transport is not here: rank 0's engine is given a `StepSink` (bytes out), a follower's loop a `recv` callable
+(bytes in); `tokenrouter.runtime.tp_ranks` implements both over ZeroMQ.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
+
+import msgspec
+import numpy as np
+
+if TYPE_CHECKING:
+    from tokenrouter.engine.parallel import TensorParallel
+    from tokenrouter.engine.plan_types import PartPlan, StepPlan
+
+log = logging.getLogger(__name__)
+
+
+class PartDesc(msgspec.Struct, array_like=True, frozen=True):
+    """One pass of a step. `size`: its int32 words in `StepDesc.packed` (the graph pass first). `bucket`: the decode
+    graph's bucket (graph pass) or the varlen graph's (varlen pass); None with `layout` (tokens, attention rows,
+    logit rows, updates) for an eager varlen pass. `extra_upd`: int64 [2, n] page-table writes (flat index, page)
+    scattered before a graph replay that cannot carry them all."""
+
+    size: int
+    bucket: int | None
+    layout: tuple[int, int, int, int] | None
+    max_q_len: int
+    extra_upd: bytes | None = None
+
+
+class StepDesc(msgspec.Struct, tag="step", array_like=True, frozen=True):
+    step_id: int
+    packed: bytes  # int32 little-endian: graph pass inputs, then varlen pass inputs
+    graph: PartDesc | None
+    eager: PartDesc | None
+    logprobs: bool  # some row asks for log-probabilities
+
+
+class Recapture(msgspec.Struct, tag="recapture", array_like=True, frozen=True):
+    pdl: bool
+    gemv: tuple[bool, int, bool] | None  # skinny GEMM (enabled, max_rows, prefetch); None: not attached
+
+
+class Stop(msgspec.Struct, tag="stop", array_like=True, frozen=True):
+    pass
+
+
+Message = StepDesc | Recapture | Stop
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Message)
+
+
+def encode(msg: Message) -> bytes:
+    return _encoder.encode(msg)
+
+
+def decode(data: bytes) -> Message:
+    return _decoder.decode(data)
+
+
+class FollowerEngine(Protocol):
+    """What `follow` drives: `runner.Engine` on rank r > 0 (a protocol, so this module does not import the runner,
+    which imports it)."""
+
+    tp: TensorParallel
+
+    def run_described(self, desc: StepDesc) -> None: ...
+
+    def apply_recapture(self, msg: Recapture) -> None: ...
+
+
+class StepSink(Protocol):
+    """Rank 0's side of the transport: every message goes to every follower, in order."""
+
+    def publish(self, data: bytes) -> None: ...
+
+    def close(self) -> None:
+        """After `Stop` was published: wait for the followers to end (or end them)."""
+
+
+def _part(p: PartPlan | None) -> PartDesc | None:
+    if p is None:
+        return None
+    layout = None
+    if p.bucket is None:
+        lay = p.layout
+        layout = (lay.num_tokens, lay.num_attn_rows, lay.num_logit_rows, lay.num_updates)
+    extra = None if p.extra_upd is None else np.stack(p.extra_upd).astype(np.int64).tobytes()
+    return PartDesc(p.layout.size, p.bucket, layout, p.max_q_len, extra)
+
+
+def describe(step_id: int, plan: StepPlan, staged: np.ndarray) -> StepDesc:
+    """The description of a planned step; `staged`: the int32 staging buffer the plan packed its passes into."""
+    g = plan.graph.layout.size if plan.graph is not None else 0
+    e = plan.eager.layout.size if plan.eager is not None else 0
+    packed = np.ascontiguousarray(staged[: g + e], dtype="<i4").tobytes()
+    return StepDesc(step_id, packed, _part(plan.graph), _part(plan.eager), bool(plan.logprobs))
+
+
+def extra_updates(part: PartDesc) -> tuple[np.ndarray, np.ndarray] | None:
+    if part.extra_upd is None:
+        return None
+    a = np.frombuffer(part.extra_upd, np.int64).reshape(2, -1)
+    return a[0], a[1]
+
+
+def follow(engine: FollowerEngine, recv: Callable[[], bytes]) -> int:
+    """A follower's loop: run every message rank 0 sends until `Stop`; returns the steps run. Errors propagate
+    (the follower's process dies, and its leader's supervision fails the whole model)."""
+    steps = 0
+    while True:
+        msg = decode(recv())
+        if isinstance(msg, StepDesc):
+            engine.run_described(msg)
+            steps += 1
+        elif isinstance(msg, Recapture):
+            engine.apply_recapture(msg)
+        else:
+            log.info("rank %d: stop after %d steps", engine.tp.rank, steps)
+            return steps

@@ -1,0 +1,38 @@
+"""What the launcher checks and sets for a model served with tensor parallelism (`models[i].tp > 1`), before it
+starts any process. Light on purpose (no torch): the launcher process never imports the engine.
+
+The ranks themselves are started by the model's subserver (rank 0), not by the launcher: `runtime.tp_ranks`.
+"""
+
+from __future__ import annotations
+
+from tokenrouter.core.config import ConfigError, DeploymentConfig, ModelConfig
+from tokenrouter.models import load_spec
+
+# NVLink multicast (NVLS) stays off in every process of a tensor-parallel model (rank 0 passes it on to its ranks).
+NCCL_ENV = {"NCCL_NVLS_ENABLE": "0"}
+
+
+def check_tp(config: DeploymentConfig, device: str) -> None:
+    """Refuse, with one line naming the model, a `tp` the model's heads cannot be split by, and on CUDA a `gpus`
+    list that does not give one GPU per rank (rank r runs on `gpus[r]`). On CPU `gpus` is ignored."""
+    for i, m in enumerate(config.models):
+        if m.tp == 1:
+            continue
+        try:
+            spec = load_spec(m.path or m.name)
+        except (ValueError, OSError):
+            continue  # the subserver names an unloadable model itself
+        for what, n in (("attention heads", spec.num_heads), ("KV heads", spec.num_kv_heads),
+                        ("intermediate size", spec.intermediate_size)):  # fmt: skip
+            if n % m.tp:
+                raise ConfigError(f"model {i} ({m.name}): tp {m.tp} does not divide its {n} {what} (heads "
+                                  f"{spec.num_heads}, KV heads {spec.num_kv_heads})")  # fmt: skip
+        if device == "cuda" and len(m.gpus) != m.tp:
+            raise ConfigError(f"model {i} ({m.name}): tp {m.tp} needs one GPU per rank in gpus, got {m.gpus} "
+                              f"({len(m.gpus)} GPUs)")  # fmt: skip
+
+
+def tp_environment(model: ModelConfig, device: str) -> dict[str, str]:
+    """Environment for the subserver process of `model` (rank 0), set before it starts."""
+    return dict(NCCL_ENV) if model.tp > 1 and device == "cuda" else {}

@@ -1,0 +1,237 @@
+"""The ranks of a tensor-parallel model: rank 0 is the model's subserver process; it starts ranks 1..tp-1 as its own
+child processes, sends them every step, and supervises them.
+
+Process model: the launcher starts one process per model as always (`runtime.launcher`); for `tp > 1` that process
+(rank 0: scheduler, router, sampling for real, every socket to peers and the front-end) calls `TPRanks`, which
+spawns the followers, each an `Engine` on its own device running `engine.tp_step.follow`. Rank r runs on
+`cuda:r`, which the launcher's `CUDA_VISIBLE_DEVICES` (the model's `gpus`) maps to `gpus[r]`; on CPU every rank runs
+on the CPU (gloo).
+
+Transport of the step descriptions: ZeroMQ, one PUSH socket per follower bound on 127.0.0.1 by rank 0. Why not a
+torch.distributed broadcast: rank 0 must never wait for a follower on the host (with overlap it plans step k+1
+while the devices run step k; a broadcast is a rendezvous, and on CUDA it would need a second, CPU group beside
+NCCL); a PUSH send only queues. The followers' devices wait for rank 0 anyway, at the first all-reduce of each
+step. ZeroMQ is what the runtime speaks everywhere else, keeps message order per follower, and lets a follower's
+process die without wedging rank 0's sends (the supervisor ends rank 0 first).
+
+Supervision: a watcher thread in rank 0 waits on the followers' process sentinels; a follower that exits while
+rank 0 serves calls `on_death` (the subserver's: send `Failed` to the front-end and the launcher, then exit at
+once; rank 0 may be blocked inside a collective). The launcher then sees rank 0 exit, as for any dead subserver.
+Followers die with rank 0 (`parent_watch`: pdeathsig + ppid polling), so a crash or kill -9 of rank 0, or of the
+whole server, leaves no rank behind; on a clean stop rank 0 sends `Stop`, joins its followers, and kills what is
+left after a timeout.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import threading
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import wait
+from typing import Any
+
+import zmq
+
+from tokenrouter.runtime.logs import configure_logging
+from tokenrouter.runtime.parent_watch import die_with_parent
+
+log = logging.getLogger(__name__)
+
+HOST = "127.0.0.1"  # every rank of a model runs on rank 0's host
+NCCL_ENV = {"NCCL_NVLS_ENABLE": "0"}
+
+
+@dataclass(slots=True)
+class FollowerSpec:
+    """What rank `rank` needs (picklable: it crosses a multiprocessing spawn)."""
+
+    rank: int
+    size: int
+    engine_kwargs: dict[str, Any]  # rank 0's `EngineConfig` keywords; `device` is this rank's
+    num_pages: int | None  # rank 0's KV pool (None: the engine sizes it from the config, as rank 0 did)
+    page_size: int
+    store_port: int
+    steps_address: str
+    leader_pid: int
+    log_level: int = logging.WARNING
+    timeout_s: float = 300.0
+
+
+def rank_device(leader_device: str, rank: int) -> str:
+    """Rank r's device: the CPU on CPU, else the r-th GPU after rank 0's (`cuda:0` -> `cuda:r`)."""
+    if not leader_device.startswith("cuda"):
+        return leader_device
+    base = int(leader_device.partition(":")[2] or 0)
+    return f"cuda:{base + rank}"
+
+
+class TPRanks:
+    """Rank 0's side: the followers' processes, the sockets to them and the group (`tp`); the engine's `StepSink`.
+
+    Invariant: after `close()` returns, no follower process of this object runs."""
+
+    def __init__(self, size: int, engine_kwargs: dict[str, Any], *, num_pages: int | None = None,
+                 on_death: Callable[[str], None] | None = None, log_level: int = logging.WARNING,
+                 timeout_s: float = 300.0) -> None:  # fmt: skip
+        from tokenrouter.engine.config import EngineConfig
+        from tokenrouter.engine.parallel import TensorParallel, serve_store
+
+        if size < 2:
+            raise ValueError(f"TPRanks needs tp >= 2, got {size}")
+        self.size = size
+        self.on_death = on_death
+        self.failure: str | None = None
+        self._closing = threading.Event()
+        self._closed = False
+        device = EngineConfig(**engine_kwargs).torch_device()
+        leader_device = str(device)
+        if device.type == "cuda":
+            os.environ.update(NCCL_ENV)  # the followers inherit it; NCCL reads it when a communicator starts
+        self._store = serve_store(size, HOST, timeout_s)
+        self._ctx = zmq.Context()
+        self._socks: list[zmq.Socket] = []
+        self.procs: list[Any] = []
+        try:
+            ctx = mp.get_context("spawn")
+            for r in range(1, size):
+                s = self._ctx.socket(zmq.PUSH)
+                s.setsockopt(zmq.SNDHWM, 0)
+                s.setsockopt(zmq.LINGER, 0)
+                port = s.bind_to_random_port(f"tcp://{HOST}")
+                self._socks.append(s)
+                kw = {**engine_kwargs, "device": rank_device(leader_device, r)}
+                spec = FollowerSpec(r, size, kw, num_pages, int(engine_kwargs.get("page_size", 16)), self._store.port,
+                                    f"tcp://{HOST}:{port}", os.getpid(), log_level, timeout_s)  # fmt: skip
+                p = ctx.Process(target=follower_main, args=(spec,), name=f"tokenrouter-tp{r}", daemon=True)
+                p.start()
+                self.procs.append(p)
+            self._watcher = threading.Thread(target=self._watch, name="tokenrouter-tp-watch", daemon=True)
+            self._watcher.start()
+            self.tp = TensorParallel.connect(0, size, HOST, self._store.port, device, store=self._store,
+                                             timeout_s=timeout_s)  # fmt: skip
+        except BaseException:
+            self.close(timeout_s=0.0)
+            raise
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def publish(self, data: bytes) -> None:
+        for s in self._socks:
+            s.send(data)
+
+    def _watch(self) -> None:
+        from tokenrouter.runtime.launcher import describe_exit
+
+        alive = {p.sentinel: (r, p) for r, p in enumerate(self.procs, start=1)}
+        while alive and not self._closing.is_set():
+            for sentinel in wait(list(alive), timeout=0.2):
+                r, p = alive.pop(sentinel)
+                # The sentinel fires when the child's fds close, a moment before it can be reaped: join(0) here
+                # can still see no exit code.
+                p.join(5)
+                if self._closing.is_set():
+                    return
+                msg = f"tensor-parallel rank {r} (pid {p.pid}) died ({describe_exit(p.exitcode)})"
+                self.failure = self.failure or msg
+                log.error("%s", msg)
+                if self.on_death is not None:
+                    self.on_death(msg)
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Join the followers (the engine published `Stop` first), kill what is left, release sockets."""
+        if self._closed:
+            return
+        self._closed = True
+        self._closing.set()
+        # The watcher ends within one poll (or one reap) of `_closing`; joining it first leaves this thread the
+        # only one that reaps the followers: two threads in waitpid on one child race, and the loser reads "no
+        # exit code" (ECHILD) for a process that has exited.
+        watcher = getattr(self, "_watcher", None)
+        if watcher is not None and watcher is not threading.current_thread():
+            watcher.join(10)
+        for p in self.procs:
+            p.join(timeout_s)
+        for p in self.procs:
+            if p.exitcode is None:
+                log.warning("tensor-parallel rank %s did not stop; killing it", p.name)
+                p.kill()
+                p.join(5)
+        for s in self._socks:
+            s.close(linger=0)
+        self._socks = []
+        self._ctx.term()
+
+
+def follower_main(spec: FollowerSpec) -> None:
+    """Process entry point of rank `spec.rank` (multiprocessing spawn target). Exits 0 after `Stop`, 1 on an error;
+    at once when rank 0 is gone."""
+    configure_logging(spec.log_level)
+    die_with_parent(spec.leader_pid, lambda: None)
+    code = 0
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PULL)
+    sock.connect(spec.steps_address)
+    try:
+        from tokenrouter.core.kv import KVPool
+        from tokenrouter.engine.config import EngineConfig
+        from tokenrouter.engine.parallel import TensorParallel
+        from tokenrouter.engine.runner import Engine
+        from tokenrouter.engine.tp_step import follow
+
+        cfg = EngineConfig(**spec.engine_kwargs)
+        if cfg.torch_device().type == "cpu":
+            import torch
+
+            # CPU ranks share the host's cores with rank 0 (CPU TP is for tests and the tiny models): one thread
+            # each, or their kernels and gloo's waits oversubscribe the cores.
+            torch.set_num_threads(1)
+        tp = TensorParallel.connect(spec.rank, spec.size, HOST, spec.store_port, cfg.torch_device(),
+                                    timeout_s=spec.timeout_s)  # fmt: skip
+        pool = KVPool(spec.num_pages, spec.page_size) if spec.num_pages is not None else None
+        engine = Engine(cfg, kv_pool=pool, tp=tp)
+        log.info("tensor-parallel rank %d of %d ready on %s (pid %d)", spec.rank, spec.size, engine.device,
+                 os.getpid())  # fmt: skip
+        follow(engine, sock.recv)
+        engine.close()
+    except BaseException as e:
+        log.error("tensor-parallel rank %d: %s: %s", spec.rank, type(e).__name__, e)
+        traceback.print_exc()
+        code = 1
+    sock.close(linger=0)
+    ctx.term()
+    # No interpreter shutdown: a process group's destructor after CUDA-graph capture can hang.
+    os._exit(code)
+
+
+def start_ranks(spec: Any, engine_kwargs: dict[str, Any], pool: Any) -> Any:
+    """Rank 0's engine of subserver `spec` (a `SubserverSpec`) for a model with `tp > 1`: starts its followers, then
+    builds the engine (every rank at once). A follower that dies from here on fails the subserver."""
+    from tokenrouter.engine.config import EngineConfig
+    from tokenrouter.engine.loader import resolve_spec
+    from tokenrouter.engine.parallel import check_divides
+    from tokenrouter.engine.runner import Engine
+
+    size = spec.config.models[spec.model].tp
+    cfg = EngineConfig(**engine_kwargs)  # a bad setting fails here, before any process starts
+    check_divides(resolve_spec(cfg.model)[0], size)
+
+    def on_death(why: str) -> None:
+        from tokenrouter.runtime.subserver import _report_failed
+
+        try:
+            _report_failed(spec, why)
+        finally:
+            os._exit(1)  # rank 0 may be blocked in a collective with the dead rank: no orderly shutdown
+
+    ranks = TPRanks(size, engine_kwargs, num_pages=pool.num_pages, on_death=on_death, log_level=spec.log_level)
+    try:
+        return Engine(cfg, kv_pool=pool, tp=ranks.tp, followers=ranks)
+    except BaseException:
+        ranks.close(timeout_s=0.0)
+        raise
