@@ -28,6 +28,7 @@ from tokenrouter.workloads import initial_phase, load_phases, make_workload
 
 _COMPARE = (
     ("output throughput tok/s", "output_throughput_tok_s", 1),
+    ("steady throughput tok/s", "steady_output_throughput_tok_s", 1),
     ("TTFT ms mean", "ttft_ms_mean", 2),
     ("TPOT ms mean", "tpot_ms_mean", 2),
     ("ITL ms mean", "itl_ms_mean", 2),
@@ -42,7 +43,8 @@ def live_summary(out) -> dict[str, Any]:
     counters. NaN (shown as `-`) is what a live bench cannot observe: batch p50/p99/max (no individual steps),
     busy without the server's busy counter, busy and batch when no step ran between the polls. Busy is the
     union of the model's step intervals over the run, so overlapped steps count once and it stays <= 100%."""
-    s = out.metrics.summary()
+    window = (0.0, out.exhausted_at) if out.exhausted_at else None  # the simulator's steady window (closed loop)
+    s = out.metrics.summary(window=window)
     dur = s["duration_s"]
     for i, name in enumerate(out.model_names):
         steps, rows, _, busy_s = out.samples.totals(name)

@@ -163,3 +163,22 @@ def test_bench_hop_rate_phases_need_the_admin_key(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.strip().splitlines() == ["tokenrouter: error: the workload's phases change the hop rate: give "
                                         "--admin-key (the server's)"]  # fmt: skip
+
+
+def test_closed_loop_steady_window_ends_when_the_first_client_finds_no_request(server, tmp_path):
+    """The live bench reports the simulator's steady window: from the start until a client first finds the workload
+    exhausted (the first finish after the last request was sent); until then a client refills as soon as it ends."""
+    import asyncio
+
+    from tokenrouter.bench.client import run_bench
+    from tokenrouter.cli.bench_cmd import live_summary
+    from tokenrouter.workloads import make_workload
+
+    out = asyncio.run(run_bench(server.url, make_workload("fixed:8,10", 20), concurrency=4, arrival_rate=None))
+    recs = list(out.metrics.records.values())
+    last_sent = max(r.arrival for r in recs)
+    first_finish_after = min(r.finish for r in recs if r.finish >= last_sent)
+    assert out.exhausted_at is not None and first_finish_after <= out.exhausted_at < first_finish_after + 0.05
+    s = live_summary(out)
+    in_window = sum(r.output_len for r in recs if r.finish <= out.exhausted_at)
+    assert s["steady_output_throughput_tok_s"] >= in_window / out.exhausted_at  # and the unfinished tokens too

@@ -32,6 +32,9 @@ class BenchOutcome:
     errors: list[str] = field(default_factory=list)
     wall_s: float = 0.0
     phases: list[tuple[float, Phase]] = field(default_factory=list)  # (bench time s, phase) as applied
+    # Closed loop: when a client first found no request left. Until then N requests were live, so (0, this] is the
+    # steady-state window, as in the simulator (`sim.clients.ClosedLoop.exhausted_at`).
+    exhausted_at: float | None = None
 
 
 def prompt_ids(spec: RequestSpec, seed: int, vocab: int = 1000) -> list[int]:
@@ -113,7 +116,7 @@ async def run_bench(
             if phases and phases[0].at_s == 0:
                 await apply(phases[0], None)  # before any request: the starting point
             start_n = phases[0].concurrency if phases and phases[0].at_s == 0 and phases[0].concurrency else None
-            loop = None if open_loop else _Workers(specs, one, start_n or concurrency or 1)
+            loop = None if open_loop else _Workers(specs, one, start_n or concurrency or 1, now)
 
             async def driver() -> None:
                 for ph in (p for p in phases if p.at_s > 0):
@@ -128,6 +131,7 @@ async def run_bench(
                 await (_open_loop(specs, one, now) if loop is None else loop.run())
             finally:
                 drive.cancel()
+            out.exhausted_at = None if loop is None else loop.exhausted_at
         finally:
             scrape_task.cancel()
             out.samples.add(now(), (await client.get("/metrics")).text)
@@ -139,13 +143,15 @@ class _Workers:
     """Closed loop: workers share one request iterator; `set_concurrency` moves their number while it runs (more
     start at once; with fewer, workers retire as their current request ends, so no request is cut)."""
 
-    def __init__(self, specs: list[RequestSpec], one, concurrency: int) -> None:
+    def __init__(self, specs: list[RequestSpec], one, concurrency: int, now: Callable[[], float]) -> None:
         self.it = iter(specs)
         self.one = one
         self.target = concurrency
         self.workers = 0
         self.tasks: list[asyncio.Task] = []
         self.exhausted = False
+        self.now = now
+        self.exhausted_at: float | None = None
 
     def set_concurrency(self, n: int) -> None:
         self.target = n
@@ -162,6 +168,8 @@ class _Workers:
                 await self.one(spec)
                 if self.workers > self.target:
                     return
+            if not self.exhausted:
+                self.exhausted_at = self.now()
             self.exhausted = True
         finally:
             self.workers -= 1
