@@ -6,7 +6,9 @@ GPU, with N = 1 / 16 and 2,048 vs 8,192 max output tokens; writes headline.json 
 Every cell is `tokenrouter bench --sim` against a `tokenrouter serve` of the same config (the baselines through
 `--baseline`/`--policy`), so each row has the simulator's prediction beside the live number. Cells run in order
 of importance and none starts past `--deadline` seconds; the CSV/JSON are rewritten after every cell.
-`markov_bound_tok_s` is the Markov model at the deployed B for N = 8 on the config's profile (measured alone and
+The headline keys are whole-run throughputs (every request, the drain at the end included); `steady` holds the
+same cells over the simulator's steady window (until a client first finds no request left). `markov_bound_tok_s`
+is the Markov model at the deployed B for N = 8 on the config's profile (measured alone and
 co-run step times). CPU smoke: `--device cpu` with a config naming tiny-small/tiny-large and `--scale 0.05`.
 """
 
@@ -45,7 +47,8 @@ class Cell:
 SERVERS: list[tuple[str, list[str], list[str], list[Cell]]] = [
     ("routed", [], ["--policy", "delayed"],
      [Cell("tokenrouter_tok_s", 8), Cell("n1_tok_s", 1, requests_per_client=8), Cell("n16_tok_s", 16)]),
-    ("std-serving", ["--baseline", "std-serving"], ["--policy", "std-serving"], [Cell("std_serving_tok_s", 8)]),
+    ("std-serving", ["--baseline", "std-serving"], ["--policy", "std-serving"],
+     [Cell("std_serving_tok_s", 8), Cell("std_serving_long_n8", 8, "high-effort", 2048, 2)]),
     ("step-sync", ["--policy", "step-sync"], ["--policy", "step-sync"], [Cell("step_sync_tok_s", 8)]),
     ("routed-long", [], ["--policy", "delayed"],
      [Cell("out2048_tok_s", 8, "high-effort", 2048, 2), Cell("out8192_tok_s", 8, "high-effort", 8192, 2)]),
@@ -134,13 +137,16 @@ def main() -> int:
             live = rec.get("output_throughput_tok_s")
             row = {"server": tag, "key": c.key, "N": c.n, "workload": c.workload, "max_output": c.max_output,
                    "requests": reqs, **{k: rec.get(k) for k in KEYS},
-                   "sim_output_throughput_tok_s": rec.get("sim_output_throughput_tok_s")}  # fmt: skip
+                   "steady_output_throughput_tok_s": rec.get("steady_output_throughput_tok_s"),
+                   "sim_output_throughput_tok_s": rec.get("sim_output_throughput_tok_s"),
+                   "sim_steady_output_throughput_tok_s": rec.get("sim_steady_output_throughput_tok_s")}  # fmt: skip
             for m, lp in loops.items():
                 row[f"{m}_step_ms"], row[f"{m}_rows_per_step"] = lp["step_ms"], lp["rows_per_step"]
                 row[f"{m}_overhead_frac"] = lp["overhead_frac"]
             rows.append(row)
             if c.key.endswith("_tok_s"):
                 headline[c.key] = live
+                headline.setdefault("steady", {})[c.key] = rec.get("steady_output_throughput_tok_s")
             save()
             sim = row["sim_output_throughput_tok_s"]
             print(f"{tag} {c.key} N={c.n}: live {_f(live)} tok/s, sim {_f(sim)}, failed {rec.get('requests_failed')}"
