@@ -1,0 +1,770 @@
+"""Live acceptance study of `tokenrouter serve --autotune`: a hop-rate shift at N = 8 against the best static B per
+regime, and the cost of autotune under a stable workload; writes OUT/summary.json and OUT/autotune.png.
+
+    python studies/autotune/run_autotune.py [--config studies/serving/headline.yaml] [--out OUT] [--deadline 420]
+
+Steps, in order of importance (none starts past `--deadline` seconds; summary.json is rewritten after each):
+  (a) a server with `--autotune`: `tokenrouter bench` with a phases spec moving the hop rate 0.05 -> 0.2 -> 0.05
+      (`--phase-s` each) at N = 8, while a thread polls /metrics and GET /admin/policy every second;
+  (b) a server without autotune: one steady bench cell per (hop rate, candidate B) at hop 0.2 and 0.05, B and the
+      hop rate set through POST /admin/policy between cells; best static per regime = the highest throughput;
+  (c) a fresh autotune server at hop 0.1 for `--stable-s`, against static cells at hop 0.1 for the B it settled on
+      and the config's B for N = 8 (the latter measured on server (b) when time allows, the former on a fourth
+      server when it differs).
+Throughput is always the servers' output-token counter (`tokenrouter_tokens_total`, summed over models) differenced
+over a window: after each shift [shift + `--settle-s`, end of the phase]; in a steady cell [first token +
+`--warmup-s`, + the cell's seconds]. The simulator's prediction (`trsim run --autotune` on the same spec) runs in
+the background. CPU smoke: `--device cpu` with a config naming tiny-small/tiny-large (README.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from tokenrouter.bench.server import TR, scrape, start_server, stop_server
+
+ROOT = Path(__file__).resolve().parents[2]
+N = 8  # clients of every cell (the issue's regime)
+TRSIM = [sys.executable, "-m", "tokenrouter.cli.trsim"]
+
+
+@dataclass(slots=True)
+class Sample:
+    """One poll of a server. `t`: seconds since the study started (the poll's midpoint)."""
+
+    t: float
+    tokens: float  # output tokens committed, summed over models (tokenrouter_tokens_total)
+    b: tuple[int, ...] | None  # tokenrouter_policy_threshold per model, in model order
+    hop: float | None  # the synthetic router's hop rate in force (GET /admin/policy)
+    ok: float  # tokenrouter_http_requests_total by outcome
+    error: float
+    aborted: float
+    in_flight: float
+    changes: float | None  # tokenrouter_autotune_changes_total (autotune servers only)
+
+
+class Poller:
+    """Polls a server every `every_s` in a thread; `samples` grows in time order (appends only, so readers may
+    take a copy at any time). A failed poll is skipped, not recorded."""
+
+    def __init__(self, url: str, admin_key: str, names: list[str], clock, every_s: float = 1.0) -> None:
+        self.url, self.names, self.clock, self.every_s = url, names, clock, every_s
+        self.auth = {"Authorization": f"Bearer {admin_key}"}
+        self.samples: list[Sample] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> Poller:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            t0 = self.clock()
+            try:
+                m = scrape(self.url)
+                hop = httpx.get(self.url + "/admin/policy", headers=self.auth, timeout=5).json().get("hop_rate")
+                t1 = self.clock()
+                tok = [m.get(f'tokenrouter_tokens_total{{model="{n}"}}') for n in self.names]
+                b = [m.get(f'tokenrouter_policy_threshold{{model="{n}"}}') for n in self.names]
+                if all(x is not None for x in tok):
+                    out = {o: m.get(f'tokenrouter_http_requests_total{{outcome="{o}"}}', 0.0)
+                           for o in ("ok", "error", "aborted")}  # fmt: skip
+                    self.samples.append(Sample(
+                        (t0 + t1) / 2, float(sum(tok)), None if None in b else tuple(int(x) for x in b),
+                        None if hop is None else float(hop), out["ok"], out["error"], out["aborted"],
+                        m.get("tokenrouter_http_requests_in_flight", 0.0), m.get("tokenrouter_autotune_changes_total"),
+                    ))  # fmt: skip
+            except (httpx.HTTPError, ValueError):
+                pass
+            self._stop.wait(max(0.0, self.every_s - (self.clock() - t0)))
+
+
+# --- window arithmetic (pure; tested in tests/studies/test_autotune_study.py) ---
+
+
+def window_rate(ts: list[float], tokens: list[float], a: float, b: float) -> float | None:
+    """Tokens per second over [a, b] from cumulative counter samples, linearly interpolated at both ends; None
+    when the window is empty or not inside the sampled span."""
+    if len(ts) < 2 or b <= a or a < ts[0] or b > ts[-1]:
+        return None
+    return float((np.interp(b, ts, tokens) - np.interp(a, ts, tokens)) / (b - a))
+
+
+def hop_changes(samples: list[Sample]) -> list[tuple[float, float | None, float]]:
+    """(t, old, new) at each poll whose hop rate differs from the previous poll's; t midway between the two."""
+    out = []
+    prev = None
+    for s in samples:
+        if s.hop is None:
+            continue
+        if prev is not None and s.hop != prev.hop:
+            out.append(((prev.t + s.t) / 2, prev.hop, s.hop))
+        prev = s
+    return out
+
+
+def phase_starts(changes: list[tuple[float, float | None, float]], hops: list[float]) -> list[float | None]:
+    """When each phase began: the first change to `hops[0]`, then in order the next change to each following hop
+    rate (None where not seen: the run was cut, or the server already ran that rate)."""
+    out: list[float | None] = []
+    after = -math.inf
+    for h in hops:
+        hit = next((t for t, _, new in changes if t > after and math.isclose(new, h)), None)
+        out.append(hit)
+        if hit is not None:
+            after = hit
+    return out
+
+
+def shift_windows(shifts: list[float | None], phase_s: float, settle_s: float, end_t: float,
+                  min_s: float = 1.0) -> list[tuple[float, float] | None]:  # fmt: skip
+    """The measuring window after each shift: [shift + settle_s, min(shift + phase_s, next shift, end_t)]; None
+    when the shift was not seen or less than `min_s` of the window is left."""
+    out: list[tuple[float, float] | None] = []
+    for k, s in enumerate(shifts):
+        if s is None:
+            out.append(None)
+            continue
+        nxt = shifts[k + 1] if k + 1 < len(shifts) and shifts[k + 1] is not None else math.inf
+        a, b = s + settle_s, min(s + phase_s, nxt, end_t)
+        out.append((a, b) if b - a >= min_s else None)
+    return out
+
+
+def gap(tok_s: float | None, best: float | None) -> float | None:
+    """Shortfall against the best static throughput as a fraction (positive: slower than the best static B)."""
+    if tok_s is None or not best:
+        return None
+    return 1.0 - tok_s / best
+
+
+def mode_b(samples: list[Sample], a: float, b: float) -> tuple[int, ...] | None:
+    """The B most often in force among the polls in [a, b] (a table's row flickers as N dips at finishes)."""
+    seen = Counter(s.b for s in samples if a <= s.t <= b and s.b is not None)
+    return seen.most_common(1)[0][0] if seen else None
+
+
+# --- the study ---
+
+
+def b_str(b) -> str:
+    return ",".join(str(int(x)) for x in b)
+
+
+def parse_b(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(","))
+
+
+class Study:
+    def __init__(self, a: argparse.Namespace) -> None:
+        self.a = a
+        self.out = Path(a.out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.t_start = time.monotonic()
+        self.startup_s: list[float] = []
+        self.key = "autotune-study"
+        self.names: list[str] = []
+        self.shift: dict | None = None  # the hop-shift run's samples and phases, for the gaps and the plot
+        self.live: list[tuple[str, subprocess.Popen, Poller]] = []  # servers up (stopped by `cleanup` on errors)
+        self.benches: list[subprocess.Popen] = []
+        specs = _workload_specs(a.max_output)
+        self.mean_output = float(np.mean([s.output_len for s in specs]))
+        self.summary: dict = {
+            "worst_gap_after_shift": None, "stable_cost": None, "lost_requests": None,
+            "date": dt.date.today().isoformat(), "gpu": _gpu_name(a.device), "commit": _commit(),
+            "device": a.device, "config": a.config, "concurrency": N, "max_output": a.max_output,
+            "command": shlex.join([sys.executable, *sys.argv]), "commands": [], "skipped": [],
+        }  # fmt: skip
+        old = self.out / "summary.json"
+        if "shift" not in a.steps.split(",") and old.exists():
+            # A later call for the remaining steps (e.g. `--steps stable`): update the earlier run's summary.
+            prev = json.loads(old.read_text())
+            prev["commands"] = [*prev.get("commands", []), f"# then: {self.summary['command']}"]
+            self.summary = {**prev, "skipped": prev.get("skipped", [])}
+
+    def now(self) -> float:
+        return time.monotonic() - self.t_start
+
+    def left(self) -> float:
+        return self.a.deadline - self.now()
+
+    def save(self) -> None:
+        (self.out / "summary.json").write_text(json.dumps(_clean(self.summary), indent=1) + "\n")
+
+    def skip(self, what: str) -> None:
+        print(f"skip {what}: deadline ({self.left():.0f} s left)", flush=True)
+        self.summary["skipped"].append(what)
+        self.save()
+
+    def startup_guess(self) -> float:
+        return max(self.startup_s) if self.startup_s else 45.0
+
+    def requests_for(self, seconds: float, margin: float) -> int:
+        return math.ceil(self.a.tok_s_guess * seconds * margin / self.mean_output) + N
+
+    # servers
+
+    def serve(self, tag: str, autotune: bool) -> tuple[subprocess.Popen, str, Poller] | None:
+        args = ["--config", self.a.config, "--device", self.a.device, "--admin-key", self.key]
+        args += ["--autotune"] if autotune else []
+        self.summary["commands"].append(shlex.join(["tokenrouter", "serve", *args, "--port", str(self.a.port)]))
+        log = self.out / f"serve_{tag}.log"
+        proc, url, up = start_server(args, self.a.port, log, timeout_s=max(60.0, min(400.0, self.left())))
+        if up is None:
+            print(f"{tag}: server did not come up: {log.read_text()[-800:]}", flush=True)
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            self.summary.setdefault("errors", []).append(f"{tag}: server did not come up (see {log.name})")
+            return None
+        self.startup_s.append(up)
+        poller = Poller(url, self.key, [], self.now)
+        self.live.append((tag, proc, poller))
+        self.summary.setdefault("startup_s", {})[tag] = round(up, 1)
+        card = httpx.get(url + "/v1/models", timeout=10).json()["data"][0]
+        self.names = list((card.get("tokenrouter") or {}).get("models") or card["id"].split("+"))
+        poller.names = self.names
+        return proc, url, poller.start()
+
+    def unserve(self, tag: str, proc: subprocess.Popen, poller: Poller) -> list[Sample]:
+        self.live = [x for x in self.live if x[1] is not proc]
+        poller.stop()
+        stop_server(proc, timeout_s=30)
+        self.write_timeline(tag, poller.samples)
+        log = (self.out / f"serve_{tag}.log").read_text(errors="replace").splitlines()
+        self.summary.setdefault("autotune_log", {})[tag] = [ln for ln in log if "autotune: B" in ln][-20:]
+        return poller.samples
+
+    def write_timeline(self, tag: str, samples: list[Sample]) -> None:
+        head = ["t", "tokens_total", *(f"B_{n}" for n in self.names), "hop_rate", "http_ok", "http_error",
+                "http_aborted", "in_flight", "autotune_changes"]  # fmt: skip
+        lines = [",".join(head)]
+        for s in samples:
+            b = s.b or (None,) * len(self.names)
+            row = [f"{s.t:.3f}", f"{s.tokens:.0f}", *("" if x is None else str(x) for x in b),
+                   "" if s.hop is None else f"{s.hop:g}", f"{s.ok:.0f}", f"{s.error:.0f}", f"{s.aborted:.0f}",
+                   f"{s.in_flight:.0f}", "" if s.changes is None else f"{s.changes:.0f}"]  # fmt: skip
+            lines.append(",".join(row))
+        (self.out / f"timeline_{tag}.csv").write_text("\n".join(lines) + "\n")
+
+    def admin(self, url: str, body: dict) -> None:
+        r = httpx.post(url + "/admin/policy", json=body, headers={"Authorization": f"Bearer {self.key}"}, timeout=60)
+        if r.status_code != 200:
+            raise RuntimeError(f"POST /admin/policy {body}: HTTP {r.status_code}: {r.text[:300]}")
+
+    # benches
+
+    def bench(self, url: str, workload: str, num: int, tag: str) -> tuple[subprocess.Popen, list[str], Path]:
+        jf = self.out / f"bench_{tag}.json"
+        jf.unlink(missing_ok=True)
+        cmd = [*TR, "bench", "--url", url, "-n", str(N), "--workload", workload, "--num-requests", str(num),
+               "--max-output", str(self.a.max_output), "--seed", "0", "--admin-key", self.key,
+               "--json", str(jf)]  # fmt: skip
+        self.summary["commands"].append(shlex.join(["tokenrouter", *cmd[len(TR) :]]))
+        log = (self.out / f"bench_{tag}.log").open("w")
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.benches.append(proc)
+        return proc, cmd, jf
+
+    def cleanup(self) -> None:
+        """After a step failed: stop its benches and servers, so the next step finds the port free."""
+        for proc in self.benches:
+            self.stop_bench(proc)
+        for tag, proc, poller in list(self.live):
+            self.unserve(tag, proc, poller)
+
+    @staticmethod
+    def stop_bench(proc: subprocess.Popen) -> bool:
+        """SIGINT to the bench's process group (its in-flight requests are cut: the server counts them aborted),
+        SIGKILL after 5 s. True if it had to be stopped."""
+        if proc.poll() is not None:
+            return False
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        return True
+
+    def drained(self, poller: Poller, timeout_s: float = 15.0) -> None:
+        """Wait until the server answers no request (after a cut bench), so the next cell starts clean."""
+        t_end = time.monotonic() + timeout_s
+        n = len(poller.samples)
+        while time.monotonic() < t_end:
+            s = poller.samples[n:]
+            if s and s[-1].in_flight == 0:
+                return
+            time.sleep(0.3)
+
+    def steady_cell(self, url: str, poller: Poller, tag: str, seconds: float) -> dict:
+        """A closed-loop bench at N for the policy in force: the counter rate over [first token + warmup,
+        + seconds]; the bench is stopped when the window is over (it gets three times the requests that
+        --tok-s-guess says it needs: a cell that runs out early measures less, one stopped costs nothing)."""
+        start = self.now()
+        proc, _, _ = self.bench(url, "low-effort", self.requests_for(self.a.warmup_s + seconds + 5, 3.0), tag)
+        base = poller.samples[-1].tokens if poller.samples else 0.0
+        t_first = None
+        t_b = math.inf
+        while True:
+            s = poller.samples[-1] if poller.samples else None
+            if t_first is None and s is not None and s.t > start and s.tokens > base:
+                t_first = s.t
+                t_b = t_first + self.a.warmup_s + seconds
+            if (s is not None and s.t >= t_b + 0.5) or proc.poll() is not None or self.left() < 0:
+                break
+            if t_first is None and self.now() - start > 120:
+                break
+            time.sleep(0.2)
+        ended_early = proc.poll() is not None
+        self.stop_bench(proc)
+        t_stop = self.now()
+        self.drained(poller)
+        out = {"tag": tag, "tok_s": None, "window": None, "ended_early": ended_early}
+        if t_first is None:
+            out["error"] = f"no token within 120 s (see bench_{tag}.log)"
+            return out
+        a = t_first + self.a.warmup_s
+        b = min(t_b, t_stop - (3.0 if ended_early else 0.0))  # a bench that ran out drains: leave its tail out
+        ss = [x for x in poller.samples if x.t <= t_stop + 1]
+        out["window"] = [round(a, 2), round(b, 2)]
+        out["tok_s"] = window_rate([x.t for x in ss], [x.tokens for x in ss], a, b)
+        out["b_mode"] = mode_b(ss, a, b)
+        return out
+
+    # (a) the hop shift
+
+    def hop_shift(self) -> None:
+        a = self.a
+        hops = [a.hop_low, a.hop_high, a.hop_low]
+        spec = {"workload": "low-effort",
+                "phases": [{"at_s": k * a.phase_s, "hop_rate": h} for k, h in enumerate(hops)]}  # fmt: skip
+        spec_path = self.out / "spec_shift.json"
+        spec_path.write_text(json.dumps(spec, indent=1) + "\n")
+        total = len(hops) * a.phase_s
+        num = self.requests_for(total, a.margin)
+        self.sim = self.start_sim(spec_path, num)
+        got = self.serve("autotune_shift", autotune=True)
+        if got is None:
+            return
+        proc_s, url, poller = got
+        t_launch = self.now()
+        proc, _, jf = self.bench(url, str(spec_path), num, "shift")
+        kill_at = t_launch + 10.0 + total + a.tail_s
+        stopped_at = None
+        while proc.poll() is None:
+            starts = phase_starts(hop_changes(poller.samples), hops)
+            if starts[1] is not None:  # the bench's clock, as the server saw it: phase 0 began at shift 1 - phase_s
+                kill_at = starts[1] - a.phase_s + total + a.tail_s
+            if self.now() >= kill_at or self.left() < 0:
+                stopped_at = self.now()
+                self.stop_bench(proc)
+                break
+            time.sleep(0.5)
+        t_end = stopped_at if stopped_at is not None else self.now()
+        time.sleep(1.5)  # one more poll after the end
+        samples = self.unserve("autotune_shift", proc_s, poller)
+        starts = phase_starts(hop_changes(samples), hops)
+        t0 = starts[0] if starts[0] is not None else (starts[1] - a.phase_s if starts[1] is not None else t_launch)
+        rec = json.loads(jf.read_text()) if jf.exists() else None
+        if stopped_at is None and proc.returncode != 0:  # the bench itself failed: no lost count to trust
+            tail = (self.out / "bench_shift.log").read_text(errors="replace")[-600:]
+            self.summary.setdefault("errors", []).append(f"shift bench exited {proc.returncode}: {tail}")
+        # A bench that ran out of requests ends with a drain (fewer than N live): keep it out of the last window.
+        end_t = t_end if stopped_at is not None else t_end - 3.0
+        windows = shift_windows(starts[1:], a.phase_s, a.settle_s, end_t)
+        ts, tok = [s.t for s in samples], [s.tokens for s in samples]
+        first, last = samples[0] if samples else None, samples[-1] if samples else None
+        errors = (last.error - first.error) if first else None
+        if stopped_at is None and proc.returncode != 0:
+            lost, source = None, "unknown: the bench failed (see errors)"
+        elif rec is not None:
+            lost = max(rec.get("requests_unfinished", 0.0), rec.get("requests_failed", 0.0))
+            source = "bench JSON: requests sent and not completed (failed ones included)"
+        else:
+            lost = errors
+            source = ("server counter tokenrouter_http_requests_total{outcome=error} over the run: the bench "
+                      "was stopped after the last phase, so it wrote no JSON; its cut requests count as "
+                      "aborted")  # fmt: skip
+        self.shift = {"t0": t0, "starts": starts, "windows": windows, "samples": samples, "hops": hops,
+                      "end_t": end_t}  # fmt: skip
+        phase_tok_s = []
+        for k, s in enumerate(starts):
+            e = min(starts[k + 1] if k + 1 < len(starts) and starts[k + 1] else math.inf, end_t,
+                    (s or 0) + a.phase_s)  # fmt: skip
+            phase_tok_s.append(None if s is None else window_rate(ts, tok, s, e))
+        self.summary["hop_shift"] = {
+            "phases": spec["phases"], "hops": hops, "num_requests": num, "mean_output_tokens": self.mean_output,
+            "tok_s_guess": a.tok_s_guess, "bench_wall_s": round(t_end - t_launch, 1),
+            "bench_end": "stopped after the last phase" if stopped_at is not None else "ran out of requests",
+            "phase_start_s": [None if s is None else round(s - t0, 2) for s in starts],
+            "phase_tok_s": phase_tok_s,
+            "windows_s": [None if w is None else [round(w[0] - t0, 2), round(w[1] - t0, 2)] for w in windows],
+            "window_tok_s": [None if w is None else window_rate(ts, tok, *w) for w in windows],
+            "requests_failed": None if rec is None else rec.get("requests_failed"),
+            "requests_completed": None if rec is None else rec.get("requests_completed"),
+            "output_throughput_tok_s": None if rec is None else rec.get("output_throughput_tok_s"),
+            "server_errors": errors, "server_aborted": (last.aborted - first.aborted) if first else None,
+            "server_ok": (last.ok - first.ok) if first else None,
+            "autotune_changes": None if last is None else last.changes,
+        }  # fmt: skip
+        self.summary["lost_requests"], self.summary["lost_requests_source"] = lost, source
+        self.summary["b_timeline"] = _b_changes(samples, t0)
+        self.summary["b_names"] = self.names
+        self.fill_gaps()
+        print(f"hop shift: phases {phase_tok_s} tok/s, windows {self.summary['hop_shift']['window_tok_s']}, "
+              f"lost {lost}, bench {self.summary['hop_shift']['bench_end']}", flush=True)  # fmt: skip
+        self.save()
+
+    # (b) the static sweep, (c) the stable run
+
+    def static_cells(self, cells: list[tuple[float, tuple[int, ...]]], tag: str) -> None:
+        """One server without autotune; each cell sets (hop rate, B) through the admin endpoint and runs a steady
+        bench. Results land in summary['static'][hop][B] as they come."""
+        need = self.startup_guess() + self.a.warmup_s + self.a.static_s + 10
+        if self.left() < need:
+            for h, b in cells:
+                self.skip(f"static hop {h:g} B {b_str(b)}")
+            return
+        got = self.serve(tag, autotune=False)
+        if got is None:
+            return
+        proc_s, url, poller = got
+        for h, b in cells:
+            if self.left() < self.a.warmup_s + self.a.static_s + 10:
+                self.skip(f"static hop {h:g} B {b_str(b)}")
+                continue
+            try:
+                self.admin(url, {"policy": "delayed", "thresholds": list(b), "hop_rate": h})
+            except (RuntimeError, httpx.HTTPError) as e:
+                self.summary.setdefault("errors", []).append(f"static hop {h:g} B {b_str(b)}: {e}")
+                continue
+            cell = self.steady_cell(url, poller, f"static_h{h:g}_B{b_str(b).replace(',', '-')}", self.a.static_s)
+            self.summary.setdefault("static", {}).setdefault(f"{h:g}", {})[b_str(b)] = cell["tok_s"]
+            self.summary.setdefault("static_cells", []).append({"hop_rate": h, "B": b_str(b), **cell})
+            print(f"static hop {h:g} B {b_str(b)}: {_f(cell['tok_s'])} tok/s", flush=True)
+            self.fill_gaps()
+            self.save()
+        self.unserve(tag, proc_s, poller)
+
+    def stable(self) -> tuple[int, ...] | None:
+        a = self.a
+        if self.left() < self.startup_guess() + a.warmup_s + a.stable_s + 10:
+            self.skip("stable autotune run")
+            return None
+        got = self.serve("autotune_stable", autotune=True)
+        if got is None:
+            return None
+        proc_s, url, poller = got
+        self.admin(url, {"hop_rate": a.hop_stable})  # a hop rate alone: autotune keeps running
+        cell = self.steady_cell(url, poller, f"stable_h{a.hop_stable:g}", a.stable_s)
+        samples = self.unserve("autotune_stable", proc_s, poller)
+        settled = None
+        if cell["window"]:
+            w0, w1 = cell["window"]
+            settled = mode_b(samples, (w0 + w1) / 2, w1)
+        t0 = samples[0].t if samples else 0.0
+        self.summary["stable"] = {"hop_rate": a.hop_stable, "autotune_tok_s": cell["tok_s"], "window": cell["window"],
+                                  "settled_B": None if settled is None else b_str(settled),
+                                  "b_timeline": _b_changes(samples, t0),
+                                  "autotune_changes": samples[-1].changes if samples else None}  # fmt: skip
+        self.fill_stable()
+        self.save()
+        print(f"stable hop {a.hop_stable:g}: autotune {_f(cell['tok_s'])} tok/s, settled on {settled}", flush=True)
+        return settled
+
+    def fill_gaps(self) -> None:
+        """Best static per regime (so far) and the gap after each shift."""
+        static = self.summary.get("static", {})
+        best = {}
+        for h, row in static.items():
+            got = {b: v for b, v in row.items() if v is not None}
+            if got:
+                bb = max(got, key=got.get)
+                best[h] = {"B": bb, "tok_s": got[bb], "candidates_measured": len(got)}
+        self.summary["best_static"] = best
+        hs = self.summary.get("hop_shift")
+        if not hs:
+            return
+        gaps = []
+        hops = hs["hops"]
+        for k, (w, tok_s) in enumerate(zip(hs["windows_s"], hs["window_tok_s"], strict=True)):
+            ref = best.get(f"{hops[k + 1]:g}", {})
+            gaps.append({"shift": f"{hops[k]:g} -> {hops[k + 1]:g}", "window_s": w, "tok_s": tok_s,
+                         "best_static_B": ref.get("B"), "best_static_tok_s": ref.get("tok_s"),
+                         "gap": gap(tok_s, ref.get("tok_s"))})  # fmt: skip
+        self.summary["gaps"] = gaps
+        known = [g["gap"] for g in gaps if g["gap"] is not None]
+        self.summary["worst_gap_after_shift"] = max(known) if known else None
+        self.summary["all_shifts_measured"] = len(known) == len(gaps)
+        self.fill_stable()
+
+    def fill_stable(self) -> None:
+        st = self.summary.get("stable")
+        row = self.summary.get("static", {}).get(f"{self.a.hop_stable:g}", {})
+        got = {b: v for b, v in row.items() if v is not None}
+        if not st or not got or st.get("autotune_tok_s") is None:
+            return
+        bb = max(got, key=got.get)
+        st["static_tok_s"], st["best_static_B"] = got, bb
+        self.summary["stable_cost"] = gap(st["autotune_tok_s"], got[bb])
+
+    # the simulator's prediction
+
+    def start_sim(self, spec: Path, num: int) -> subprocess.Popen:
+        cmd = [*TRSIM, "run", "--config", self.a.config, "--autotune", "--workload", str(spec), "-n", str(N),
+               "--num-requests", str(num), "--max-output", str(self.a.max_output), "--seed", "0",
+               "--json", str(self.out / "sim_shift.json")]  # fmt: skip
+        self.summary["commands"].append(shlex.join(["trsim", *cmd[len(TRSIM) :]]))
+        log = (self.out / "sim_shift.log").open("w")
+        return subprocess.Popen(["nice", "-n", "10", *cmd], stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # fmt: skip
+
+    def finish_sim(self) -> None:
+        proc = getattr(self, "sim", None)
+        if proc is None:
+            return
+        try:
+            proc.wait(timeout=max(1.0, self.left()))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        f = self.out / "sim_shift.json"
+        if not f.exists():
+            self.summary["sim"] = {"error": "trsim run did not finish (see sim_shift.log)"}
+            return
+        r = json.loads(f.read_text())
+        self.summary["sim"] = {k: r.get(k) for k in ("autotune_initial", "autotune_changes", "autotune_timeline",
+                                                     "output_throughput_tok_s", "duration_s")}  # fmt: skip
+        self.save()
+
+
+def _b_changes(samples: list[Sample], t0: float) -> list[list]:
+    """[[t - t0, 'B'], ...] at the first poll and at each poll where B changed."""
+    out: list[list] = []
+    for s in samples:
+        if s.b is not None and (not out or out[-1][1] != b_str(s.b)):
+            out.append([round(s.t - t0, 2), b_str(s.b)])
+    return out
+
+
+def _parse_timeline(text: str | None) -> list[tuple[float, tuple[int, ...]]]:
+    """`0:1,6;41.0:1,2` -> [(0.0, (1, 6)), (41.0, (1, 2))]."""
+    out = []
+    for part in (text or "").split(";"):
+        if ":" in part:
+            t, b = part.split(":", 1)
+            out.append((float(t), parse_b(b)))
+    return out
+
+
+def plot(study: Study, path: Path) -> None:
+    """Throughput over time (1 s counter deltas, 5 s rolling mean) with the phases shaded, the best static level
+    per phase and the measuring windows; below, B in force (live, and the simulator's large-model B dashed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    sh = study.shift
+    a = study.a
+    t0 = sh["t0"]
+    s = sh["samples"]
+    df = pd.DataFrame({"t": [x.t - t0 for x in s], "tok": [x.tokens for x in s]})
+    rate = (df["tok"].diff() / df["t"].diff()).rolling(5, center=True, min_periods=1).mean()
+    fig, (ax, bx) = plt.subplots(2, 1, figsize=(11, 7), sharex=True, gridspec_kw={"height_ratios": [2, 1]})
+    ax.plot(df["t"], rate, color="C0", lw=1.4, label="autotune, live (5 s mean)")
+    best = study.summary.get("best_static", {})
+    colors = {a.hop_low: "#dbe9f6", a.hop_high: "#fde2cf"}
+    labeled = False
+    for st, h in zip(sh["starts"], sh["hops"], strict=True):
+        if st is None:
+            continue
+        x0, x1 = st - t0, st - t0 + a.phase_s
+        ax.axvspan(x0, x1, color=colors.get(h, "#eeeeee"), alpha=0.8, lw=0)
+        bx.axvspan(x0, x1, color=colors.get(h, "#eeeeee"), alpha=0.8, lw=0)
+        ax.text(x0 + 1, 0.06, f"hop {h:g}", transform=ax.get_xaxis_transform(), fontsize=9)
+        ref = best.get(f"{h:g}")
+        if ref:
+            ax.hlines(ref["tok_s"], x0, x1, colors="C3", linestyles="--", lw=1.2,
+                      label=None if labeled else "best static B of the regime")  # fmt: skip
+            labeled = True
+            ax.text(x1 - 1, ref["tok_s"], f"static {ref['B']}", ha="right", va="bottom", fontsize=8, color="C3")
+    for w in sh["windows"]:
+        if w is not None:
+            ax.axvspan(w[0] - t0, w[1] - t0, ymin=0, ymax=0.04, color="C2", lw=0)
+    ax.set_ylabel("output tok/s")
+    worst = study.summary.get("worst_gap_after_shift")
+    ax.set_title(f"tr serve --autotune, hop-rate shift at N = {N} (green: measuring windows; worst gap after a "
+                 f"shift {'-' if worst is None else f'{100 * worst:+.1f}%'})", fontsize=10)  # fmt: skip
+    ax.set_ylim(bottom=0)
+    ax.legend(loc="lower right", fontsize=8)
+    names = study.names
+    for i, n in enumerate(names):
+        pts = [(x.t - t0, x.b[i]) for x in s if x.b is not None]
+        if pts:
+            bx.step(*zip(*pts, strict=True), where="post", label=f"B {n} (live)", color=f"C{i}")
+    sim = _parse_timeline((study.summary.get("sim") or {}).get("autotune_timeline"))
+    if sim:
+        xs = [t for t, _ in sim] + [df["t"].max()]
+        ys = [b[-1] for _, b in sim] + [sim[-1][1][-1]]
+        bx.step(xs, ys, where="post", ls="--", color="C1", alpha=0.7, label=f"B {names[-1]} (trsim --autotune)")
+    bx.set_ylabel("B in force")
+    bx.set_xlabel("s since the first phase")
+    bx.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config", default=str(ROOT / "studies/serving/headline.yaml"))
+    p.add_argument("--out", default=None, help="default: studies/autotune/results/<date>")
+    p.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run with the tiny models")
+    p.add_argument("--deadline", type=float, default=420.0, help="no step starts past this many seconds")
+    p.add_argument("--phase-s", type=float, default=45.0, help="seconds per phase of the hop shift")
+    p.add_argument("--settle-s", type=float, default=30.0, help="after a shift, measure from shift + this")
+    p.add_argument("--static-s", type=float, default=15.0, help="measured seconds per static cell")
+    p.add_argument("--stable-s", type=float, default=40.0, help="measured seconds of the stable autotune run")
+    p.add_argument("--warmup-s", type=float, default=3.0, help="dropped from the start of a steady cell")
+    p.add_argument("--candidates", default="1,1;1,2;1,4;1,6", help="static B to try per regime")
+    p.add_argument("--max-output", type=int, default=256)
+    p.add_argument("--port", type=int, default=8300)
+    p.add_argument("--steps", default="shift,static,stable",
+                   help="which steps to run (a later call with `--steps stable` and the same --out adds to its "
+                   "summary.json)")  # fmt: skip
+    p.add_argument("--hop-low", type=float, default=0.05)
+    p.add_argument("--hop-high", type=float, default=0.2)
+    p.add_argument("--hop-stable", type=float, default=0.1)
+    p.add_argument("--tok-s-guess", type=float, default=1200.0, help="sizes the benches' request counts")
+    p.add_argument("--margin", type=float, default=1.5,
+                   help="the shift bench gets requests for this many times its phases at --tok-s-guess: it must "
+                   "outlast them (it is stopped --tail-s after the last phase)")  # fmt: skip
+    p.add_argument("--tail-s", type=float, default=10.0, help="stop the shift bench this long after its last phase")
+    a = p.parse_args(argv)
+    a.out = a.out or str(ROOT / "studies/autotune/results" / dt.date.today().isoformat())
+    cands = [parse_b(c) for c in a.candidates.split(";")]
+    steps = a.steps.split(",")
+    if not set(steps) <= {"shift", "static", "stable"}:
+        p.error(f"--steps: shift, static, stable; got {a.steps}")
+    st = Study(a)
+    st.summary.setdefault("args", {})[a.steps] = vars(a)
+    st.save()
+    table_b = _config_b(a.config, N)
+
+    def static_sweep() -> None:
+        # Interleaved so that a cut sweep still has a (partial) best for both regimes.
+        cells = [(h, b) for b in cands for h in (a.hop_high, a.hop_low)]
+        if "stable" in steps:
+            cells.append((a.hop_stable, table_b))  # the stable run's reference, if time allows
+        st.static_cells(cells, "static")
+
+    def stable() -> None:
+        settled = st.stable()
+        have = set(st.summary.get("static", {}).get(f"{a.hop_stable:g}", {}))
+        refs = [b for b in dict.fromkeys([table_b, settled]) if b is not None and b_str(b) not in have]
+        if settled is not None and refs:
+            st.static_cells([(a.hop_stable, b) for b in refs], "static_stable")
+
+    try:
+        for name, step in (("shift", st.hop_shift), ("static", static_sweep), ("stable", stable)):
+            if name not in steps:
+                continue
+            try:
+                step()
+            except Exception as e:  # one failed step must not lose the others (or leave its server running)
+                import traceback
+
+                print(f"step {name} failed: {type(e).__name__}: {e}", flush=True)
+                st.summary.setdefault("errors", []).append(f"{name}: {traceback.format_exc()[-1500:]}")
+                st.cleanup()
+                st.save()
+    finally:
+        st.finish_sim()
+        st.save()
+    if st.shift is not None and st.shift["samples"]:
+        plot(st, Path(a.out) / "autotune.png")
+    keys = ("worst_gap_after_shift", "stable_cost", "lost_requests", "gaps", "best_static", "stable", "sim",
+            "skipped", "gpu", "commit")  # fmt: skip
+    print("SUMMARY " + json.dumps(_clean({k: st.summary.get(k) for k in keys})))
+    print(f"done in {st.now():.0f} s; wrote {a.out}/summary.json")
+    wanted = {"shift": "worst_gap_after_shift", "static": "best_static", "stable": "stable_cost"}
+    return 0 if all(st.summary.get(wanted[s]) is not None for s in steps) else 1
+
+
+def _config_b(config: str, n: int) -> tuple[int, ...]:
+    """The config's B for N = n (its per-N table's row, else its flat thresholds), as the server reports it."""
+    from tokenrouter.core.config import load_config
+    from tokenrouter.runtime.frontend.metrics import nominal_thresholds
+
+    dep = load_config(config)
+    return nominal_thresholds(dep.policy, n, len(dep.models))
+
+
+def _workload_specs(max_output: int):
+    from tokenrouter.workloads import make_workload
+
+    return make_workload("low-effort", 2000, 0, max_output=max_output)
+
+
+def _gpu_name(device: str) -> str:
+    if device != "cuda":
+        return "cpu"
+    # In a child process: the study's own process holds no CUDA context beside the servers' MPS clients.
+    r = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.get_device_name(0))"],
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    return r.stdout.strip() or f"unknown ({r.stderr.strip()[-200:]})"
+
+
+def _commit() -> str | None:
+    try:
+        r = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, timeout=10).stdout.strip()  # fmt: skip
+        return (r.stdout.strip() + ("-dirty" if dirty else "")) or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _clean(x):
+    """JSON-safe: NaN/inf -> None, tuples -> lists, dataclasses -> dicts."""
+    if isinstance(x, float):
+        return None if math.isnan(x) or math.isinf(x) else x
+    if isinstance(x, dict):
+        return {str(k): _clean(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_clean(v) for v in x]
+    if isinstance(x, Sample):
+        return _clean(asdict(x))
+    return x
+
+
+def _f(x: float | None) -> str:
+    return "-" if x is None else f"{x:,.0f}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

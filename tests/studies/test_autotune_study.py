@@ -1,0 +1,80 @@
+"""studies/autotune/run_autotune.py: the window and gap arithmetic the acceptance numbers come from (the live run
+itself needs servers; README.md there has the CPU smoke command)."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+STUDY = Path(__file__).resolve().parents[2] / "studies" / "autotune" / "run_autotune.py"
+
+
+@pytest.fixture(scope="module")
+def study():
+    spec = importlib.util.spec_from_file_location("run_autotune", STUDY)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["run_autotune"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _sample(study, t, tokens=0.0, hop=None, b=None):
+    return study.Sample(t, tokens, b, hop, 0.0, 0.0, 0.0, 0.0, None)
+
+
+def test_window_rate_interpolates_the_counter(study):
+    # 100 tok/s until t = 10, then 300 tok/s; polls at odd times so both ends fall between samples.
+    ts = [0.0, 3.0, 7.5, 10.0, 12.5, 20.0]
+    tok = [100 * t if t <= 10 else 1000 + 300 * (t - 10) for t in ts]
+    assert study.window_rate(ts, tok, 1.0, 9.0) == pytest.approx(100.0)
+    assert study.window_rate(ts, tok, 11.0, 19.0) == pytest.approx(300.0)
+    # Straddling the change: (tokens at 15 - tokens at 5) / 10 = (2500 - 500) / 10.
+    assert study.window_rate(ts, tok, 5.0, 15.0) == pytest.approx(200.0)
+    assert study.window_rate(ts, tok, -1.0, 5.0) is None  # before the first poll
+    assert study.window_rate(ts, tok, 15.0, 21.0) is None  # past the last poll
+    assert study.window_rate(ts, tok, 5.0, 5.0) is None
+
+
+def test_phase_starts_follow_the_hop_changes_in_order(study):
+    # Server starts at the config's 0.1; the bench sets 0.05 (phase 0), 0.2 at ~45 s, 0.05 at ~90 s.
+    hops = [0.1, 0.1, 0.05, 0.05, 0.2, 0.2, 0.05, 0.05]
+    ts = [0.0, 1.0, 2.0, 3.0, 47.0, 48.0, 92.0, 93.0]
+    samples = [_sample(study, t, hop=h) for t, h in zip(ts, hops, strict=True)]
+    changes = study.hop_changes(samples)
+    assert changes == [(1.5, 0.1, 0.05), (25.0, 0.05, 0.2), (70.0, 0.2, 0.05)]
+    assert study.phase_starts(changes, [0.05, 0.2, 0.05]) == [1.5, 25.0, 70.0]
+    # A run cut before the second shift: that phase is unseen, not matched to the first change to 0.05.
+    assert study.phase_starts(changes[:2], [0.05, 0.2, 0.05]) == [1.5, 25.0, None]
+
+
+def test_shift_windows_start_after_the_settle_time_and_end_with_the_phase(study):
+    w = study.shift_windows([45.0, 90.0], phase_s=45.0, settle_s=30.0, end_t=200.0)
+    assert w == [(75.0, 90.0), (120.0, 135.0)]
+    # The bench ended 10 s into the second window; a run cut before it leaves it None.
+    assert study.shift_windows([45.0, 90.0], 45.0, 30.0, end_t=130.0) == [(75.0, 90.0), (120.0, 130.0)]
+    assert study.shift_windows([45.0, 90.0], 45.0, 30.0, end_t=120.5) == [(75.0, 90.0), None]
+    assert study.shift_windows([45.0, None], 45.0, 30.0, end_t=200.0) == [(75.0, 90.0), None]
+
+
+def test_gap_is_the_shortfall_against_the_best_static(study):
+    assert study.gap(980.0, 1000.0) == pytest.approx(0.02)
+    assert study.gap(1010.0, 1000.0) == pytest.approx(-0.01)  # faster than every static B
+    assert study.gap(None, 1000.0) is None and study.gap(900.0, None) is None
+
+
+def test_mode_b_takes_the_b_most_in_force(study):
+    bs = [(1, 6), (1, 1), (1, 6), (1, 2), (1, 2), (1, 2), (1, 1)]
+    samples = [_sample(study, float(t), b=b) for t, b in enumerate(bs)]
+    assert study.mode_b(samples, 0.0, 2.0) == (1, 6)
+    assert study.mode_b(samples, 2.5, 6.0) == (1, 2)
+    assert study.mode_b(samples, 10.0, 20.0) is None
+
+
+def test_timeline_text_parses(study):
+    assert study._parse_timeline("0:1,6;41.0:1,2") == [(0.0, (1, 6)), (41.0, (1, 2))]
+    assert study._parse_timeline(None) == []
+    assert not math.isnan(study.gap(1.0, 2.0))
