@@ -36,6 +36,7 @@ EXTRA_FOR: dict[str, str | tuple[str, ...]] = {
     "tokenrouter.models.tokenizer": "serve",
     "tokenrouter.runtime": "serve",
     "tokenrouter.runtime.ray_cluster": "ray",  # `tr serve --ray`
+    "tokenrouter.runtime.tp_ranks": ("engine", "serve"),  # a tensor-parallel rank runs an engine (torch, lazily)
     "tokenrouter.bench": "serve",
     "tokenrouter.cli.bench_cmd": "serve",
     "tokenrouter.baselines": ("engine", "serve"),  # the model servers and the dispatcher (the cache itself is pure)
