@@ -65,14 +65,17 @@ def main() -> int:
         return errors(float(x[0]), 0.0 if one_length else float(x[1]))
 
     old = profile.std_serving
-    x0 = np.array([old.hop_overhead_ms] if one_length else [old.hop_overhead_ms, old.hop_overhead_ms_per_ktok])
     if one_length:  # throughput falls as the per-hop cost grows: a root of the one residual, or 0 if even 0 is slow
         f = lambda h: float(resid(np.array([h]))[0])  # noqa: E731
         h0 = 0.0 if f(0.0) <= 0 else brentq(f, 0.0, 50.0, xtol=1e-3) if f(50.0) < 0 else 50.0
         h1 = 0.0
-    else:  # a simulated run is piecewise constant in the costs: a derivative-free search, costs kept >= 0
-        fit = minimize(lambda x: float(np.sum(resid(np.abs(x)) ** 2)), x0, method="Nelder-Mead",
-                       options={"xatol": 1e-3, "fatol": 1e-6, "maxfev": 200})  # fmt: skip
+    else:  # a simulated run is piecewise constant in the costs: a coarse grid, then a derivative-free search
+        loss = lambda x: float(np.sum(resid(np.abs(x)) ** 2))  # noqa: E731
+        grid = [(g0, g1) for g0 in (0.0, 0.25, 0.5, 1.0, 2.0) for g1 in (0.0, 0.25, 0.5, 1.0, 2.0)]
+        start = np.array(min(grid, key=lambda g: loss(np.array(g))))
+        simplex = np.array([start, start + np.array([0.1, 0.0]), start + np.array([0.0, 0.1])])
+        fit = minimize(loss, start, method="Nelder-Mead",
+                       options={"initial_simplex": simplex, "xatol": 1e-2, "fatol": 1e-5, "maxfev": 60})  # fmt: skip
         h0, h1 = (float(v) for v in np.abs(fit.x))
     before, after = errors(old.hop_overhead_ms, old.hop_overhead_ms_per_ktok), errors(h0, h1)
     rows = [{"N": int(c["N"]), "workload": c["workload"], "max_output": None if pd.isna(c["max_output"]) else
