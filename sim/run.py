@@ -140,7 +140,7 @@ def run_sim(cfg: SimConfig) -> SimResult:
     if dep.policy.autotune is not None:
         from tokenrouter.markov.autotune import make_controller
 
-        controller = make_controller(dep, policy=deployment.entry.policy)
+        controller = make_controller(dep, policy=deployment.entry.policy, cost=cost)  # the sim's own co-run factors
         pending = (lambda: not loader.done) if isinstance(loader, OpenLoop) else (lambda: False)
         tuner = SimAutotune(env, controller, subs, finishes, lambda: loader.done and not done, pending)
         initial = controller.current(n0)

@@ -95,3 +95,29 @@ def test_over_the_budget_at_n_it_compares_at_half_n_and_scales_back():
     # the search may settle on a coarser quantum (within 2% per step): throughputs within a few percent
     assert sol.current_tok_s == pytest.approx(at4.throughput((1, 1)).throughput_tok_s, rel=0.03)
     assert sol.throughput_tok_s == pytest.approx(at4.throughput(b4).throughput_tok_s, rel=0.03)
+
+
+def test_without_interference_the_colocated_solve_is_the_plain_search():
+    """Co-location factors of 1 change nothing: the per-B re-pricing must give the search's own answer."""
+    from tokenrouter.markov.autotune import CoRun
+
+    est = Estimates(6, (0.15, 0.99), (line(1.0, 0.05), line(18.0, 0.4)), 400.0)
+    plain = MarkovSolver("r2r")(est, (1, 1))
+    flat = MarkovSolver("r2r", corun=CoRun([lambda own, u, p: 1.0, lambda own, u, p: 1.0]))(est, (1, 1))
+    assert flat.thresholds == plain.thresholds
+    assert flat.throughput_tok_s == pytest.approx(plain.throughput_tok_s, rel=0.02)
+
+
+def test_the_colocated_solve_reprices_the_small_models_steps_per_b():
+    """The small model's steps, measured at B = (1,1) (large model busy most of the time), are slowed 3x while the
+    large one runs. Priced as measured, holding the large model looks no better; de-mixed and re-priced per B, a B
+    that keeps the large model idle more often gains, and the B in force is priced as measured."""
+    from tokenrouter.markov.autotune import CoRun
+
+    corun = CoRun([lambda own, u, p: (1 - u) + 3.0 * u, None])
+    est = Estimates(8, (0.1, 0.99), (line(2.5, 0.05), line(18.0, 0.4)), 400.0)
+    aware = MarkovSolver("r2r", corun=corun)(est, (1, 1))
+    P, C = r2r_preset(0.1)
+    measured = MarkovModel.create(est.step_table(8), P, C, 8, 0.1, 400.0)
+    assert aware.current_tok_s == pytest.approx(measured.throughput((1, 1)).throughput_tok_s, rel=0.03)
+    assert aware.thresholds[1] > 1 and aware.throughput_tok_s > aware.current_tok_s * 1.05

@@ -1,0 +1,80 @@
+"""Co-located models in the Markov model: T(B) at the co-location fixed point of that B.
+
+Two models sharing a GPU (MPS) slow each other only while both run, so a model's mean step time depends on how often
+its peer is busy, and that depends on B: holding the large model for fuller batches keeps it busy less often and
+leaves the small model alone more. Step times taken at one B (one load) misprice every other B. Here each B is
+solved at its own load: the chain gives each peer's busy fraction and tokens per pass, the steps are re-priced at
+that load, and the two are iterated (damped by halves) until no busy fraction moves by more than `tol`.
+`trsim tune` (step times from the profile) and autotune (step times measured live, de-mixed with the profile's
+factors) share this solve.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from tokenrouter.markov.model import MarkovModel, ThroughputResult
+from tokenrouter.markov.search import evaluate_thresholds
+from tokenrouter.markov.steps import StepSpec
+
+Load = list[tuple[float, float]]
+"""Per model: (busy fraction of its busiest co-located peer, that peer's tokens per pass)."""
+
+StepsAt = Callable[[Load | None], Sequence[StepSpec]]
+"""Step-time specs of every model at a load (None: every model alone)."""
+
+
+def peer_load(res: ThroughputResult, tokens_per_row: Sequence[float]) -> Load:
+    """The load a solved chain puts on each model: its busiest peer's busy fraction and tokens per pass."""
+    busy, load = res.busy_fraction, []
+    for i in range(len(busy)):
+        j = max((j for j in range(len(busy)) if j != i), key=lambda j: busy[j])
+        load.append((busy[j], res.mean_batch[j] * tokens_per_row[j]))
+    return load
+
+
+def tokens_per_row(P: np.ndarray) -> list[float]:
+    """Mean tokens a row feeds on each of two models: the first step of a visit feeds what the peer wrote
+    in its run (about its run length r_j = 1/(1 - P_jj) tokens), the other r_i - 1 steps feed one each."""
+    if len(P) != 2:  # ME: every visit feeds the one token committed since the model's last visit
+        return [1.0] * len(P)
+    r = [1.0 / max(1e-9, 1.0 - float(P[i][i])) for i in range(2)]
+    return [(r[1 - i] + r[i] - 1.0) / r[i] for i in range(2)]
+
+
+def large_batch_ladder(concurrency: int, num_models: int) -> list[tuple[int, ...]]:
+    """Thresholds that hold the large model for fuller batches, (1, b) for b = 2, 3, 4, 6, 8, 12, ... < N + 1
+    (two models only): checked beside the search's best because the chain's step times are averages (one batch
+    size, the mean context), which undervalue fuller large-model batches (measured on the H200: the Markov
+    candidates alone missed the live best B by 11-16% at N = 4, 8 and 16)."""
+    if num_models != 2:
+        return []
+    out, b = [], 2
+    while b - 1 < concurrency:
+        out.append((1, b))
+        b = b + 1 if b < 4 else b * 3 // 2 if b % 4 == 0 else b * 4 // 3
+    return out
+
+
+def solve_at_load(steps_at: StepsAt, P: np.ndarray, C: np.ndarray, concurrency: int, delta_ms: float,
+                  mean_output: float | None, thresholds: Sequence[int], tpr: Sequence[float], *,
+                  load: Load | None = None, iterations: int = 6, tol: float = 0.01,
+                  max_states: int | None = None) -> tuple[ThroughputResult, Load]:  # fmt: skip
+    """T(B) at the co-location fixed point of B, and that load. `load` is the start (None: the models alone). At most
+    `iterations` chain solves; StateSpaceTooLarge when the chain at this B does not fit `max_states` even coarsened."""
+    res = None
+    kw = {} if max_states is None else {"max_states": max_states}
+    for _ in range(iterations):
+        model = MarkovModel.create(list(steps_at(load)), P, C, concurrency, delta_ms, mean_output)
+        res = evaluate_thresholds(model, thresholds, **kw)[0]
+        new = peer_load(res, tpr)
+        if load is not None:
+            moved = max(abs(a[0] - b[0]) for a, b in zip(load, new, strict=True))
+            new = [((a[0] + b[0]) / 2, (a[1] + b[1]) / 2) for a, b in zip(load, new, strict=True)]
+            if moved < tol:
+                return res, new
+        load = new
+    assert res is not None and load is not None
+    return res, load
