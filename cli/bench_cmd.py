@@ -91,6 +91,12 @@ def register(app: typer.Typer) -> None:
         arrival_rate: ArrivalRate = None,
         workload: Workload = "low-effort",
         num_requests: Annotated[int, typer.Option(help="Requests to send.")] = 64,
+        duration: Annotated[
+            float | None,
+            typer.Option(help="Stop sending after this many seconds (running requests finish); the run then ends "
+                         "at whichever comes first, --num-requests or the time. The JSON's requests_sent counts "
+                         "what went out."),
+        ] = None,
         max_output: MaxOutput = None,
         seed: Annotated[int, typer.Option(help="Seed of the workload (and of --sim).")] = 0,
         api_key: Annotated[str | None, typer.Option(help="Bearer key if the server has one.")] = None,
@@ -125,6 +131,8 @@ def register(app: typer.Typer) -> None:
 
         if concurrency < 1:
             raise CliError(f"--concurrency must be >= 1, got {concurrency}")
+        if duration is not None and not duration > 0:
+            raise CliError(f"--duration must be a positive number of seconds, got {duration}")
         if dry_run:
             typer.echo(deploy.resolve().to_yaml().rstrip())
             return
@@ -153,6 +161,7 @@ def register(app: typer.Typer) -> None:
                         on_done=lambda: bar.advance(task),
                         phases=phases,
                         admin_key=admin_key,
+                        duration_s=duration,
                     )
                 )
             except (httpx.HTTPError, RuntimeError) as e:
@@ -179,6 +188,8 @@ def register(app: typer.Typer) -> None:
             "models": ",".join(names),
             "workload": workload,
             "num_requests": len(specs),
+            "requests_sent": out.requests_sent,
+            "duration_limit_s": duration,
             "concurrency": None if arrival_rate else concurrency,
             "arrival_rate": arrival_rate,
             "seed": seed,
@@ -189,7 +200,8 @@ def register(app: typer.Typer) -> None:
         if sim:
             from tokenrouter.cli.run_cmd import sim_config, simulate
 
-            cfg, auto = sim_config(deploy, concurrency=concurrency, workload=workload, num_requests=num_requests,
+            sent = out.requests_sent if duration is not None else num_requests  # --duration: as many as went out
+            cfg, auto = sim_config(deploy, concurrency=concurrency, workload=workload, num_requests=max(1, sent),
                                    seed=seed, arrival_rate=arrival_rate, max_output=max_output)  # fmt: skip
             sim_res = simulate(cfg, auto)
             if json_out != "-":

@@ -182,3 +182,22 @@ def test_closed_loop_steady_window_ends_when_the_first_client_finds_no_request(s
     s = live_summary(out)
     in_window = sum(r.output_len for r in recs if r.finish <= out.exhausted_at)
     assert s["steady_output_throughput_tok_s"] >= in_window / out.exhausted_at  # and the unfinished tokens too
+
+
+def test_duration_stops_sending_and_lets_running_requests_finish(server, tmp_path):
+    """--duration: nothing is sent after the limit, nothing that was sent is cut, and the JSON says how many went
+    out."""
+    out_json = tmp_path / "d.json"
+    argv = ["bench", "--url", server.url, "--workload", "fixed:8,40", "--num-requests", "100000", "-n", "3",
+            "--duration", "0.6", "--json", str(out_json)]  # fmt: skip
+    assert run(argv) == 0
+    rec = json.loads(out_json.read_text())
+    assert 3 <= rec["requests_sent"] < 100000
+    assert rec["requests_completed"] == rec["requests_sent"] and rec["requests_failed"] == 0
+    assert rec["total_output_tokens"] == 40 * rec["requests_sent"]  # every request that went out ran to its end
+    assert rec["duration_limit_s"] == 0.6 and rec["duration_s"] >= 0.6
+
+
+def test_duration_must_be_positive(capsys):
+    assert run(["bench", "--url", "http://127.0.0.1:9", "--duration", "0"]) == 2
+    assert "--duration must be a positive number" in capsys.readouterr().err

@@ -35,6 +35,7 @@ class BenchOutcome:
     # Closed loop: when a client first found no request left. Until then N requests were live, so (0, this] is the
     # steady-state window, as in the simulator (`sim.clients.ClosedLoop.exhausted_at`).
     exhausted_at: float | None = None
+    requests_sent: int = 0
 
 
 def prompt_ids(spec: RequestSpec, seed: int, vocab: int = 1000) -> list[int]:
@@ -65,11 +66,13 @@ async def run_bench(
     timeout_s: float = 600.0,
     phases: list[Phase] | None = None,
     admin_key: str | None = None,
+    duration_s: float | None = None,
 ) -> BenchOutcome:
     """Run `specs` against `url`. `phases` (a shifting workload, `tokenrouter.workloads`): at each phase's time the
     closed loop's worker count moves to its `concurrency` (more workers start at once; with fewer, workers retire
     as their current request ends) and its `hop_rate` is set on the server through POST /admin/policy with
-    `admin_key` (a synthetic router's rate; the policy in force stays)."""
+    `admin_key` (a synthetic router's rate; the policy in force stays). `duration_s`: no request is sent after that
+    many seconds (those running finish; `requests_sent` counts what went out)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     phases = list(phases or [])
     limits = httpx.Limits(max_connections=max(concurrency or 0, 64))
@@ -80,6 +83,7 @@ async def run_bench(
         now = lambda: time.perf_counter() - t0  # noqa: E731
 
         async def one(spec: RequestSpec) -> None:
+            out.requests_sent += 1
             try:
                 await _stream_one(client, spec, prompt_ids(spec, seed), served, out.metrics, now)
             except Exception as e:  # one failed request is reported, the run goes on
@@ -116,7 +120,7 @@ async def run_bench(
             if phases and phases[0].at_s == 0:
                 await apply(phases[0], None)  # before any request: the starting point
             start_n = phases[0].concurrency if phases and phases[0].at_s == 0 and phases[0].concurrency else None
-            loop = None if open_loop else _Workers(specs, one, start_n or concurrency or 1, now)
+            loop = None if open_loop else _Workers(specs, one, start_n or concurrency or 1, now, duration_s)
 
             async def driver() -> None:
                 for ph in (p for p in phases if p.at_s > 0):
@@ -128,7 +132,7 @@ async def run_bench(
 
             drive = asyncio.create_task(driver())
             try:
-                await (_open_loop(specs, one, now) if loop is None else loop.run())
+                await (_open_loop(specs, one, now, duration_s) if loop is None else loop.run())
             finally:
                 drive.cancel()
             out.exhausted_at = None if loop is None else loop.exhausted_at
@@ -143,7 +147,8 @@ class _Workers:
     """Closed loop: workers share one request iterator; `set_concurrency` moves their number while it runs (more
     start at once; with fewer, workers retire as their current request ends, so no request is cut)."""
 
-    def __init__(self, specs: list[RequestSpec], one, concurrency: int, now: Callable[[], float]) -> None:
+    def __init__(self, specs: list[RequestSpec], one, concurrency: int, now: Callable[[], float],
+                 duration_s: float | None = None) -> None:  # fmt: skip
         self.it = iter(specs)
         self.one = one
         self.target = concurrency
@@ -151,6 +156,7 @@ class _Workers:
         self.tasks: list[asyncio.Task] = []
         self.exhausted = False
         self.now = now
+        self.duration_s = duration_s
         self.exhausted_at: float | None = None
 
     def set_concurrency(self, n: int) -> None:
@@ -164,7 +170,11 @@ class _Workers:
 
     async def _worker(self) -> None:
         try:
-            for spec in self.it:
+            while True:
+                # Out of time counts as out of requests: from then on fewer than N are live (the steady window ends).
+                spec = None if self.duration_s is not None and self.now() >= self.duration_s else next(self.it, None)
+                if spec is None:
+                    break
                 await self.one(spec)
                 if self.workers > self.target:
                     return
@@ -180,9 +190,11 @@ class _Workers:
             await asyncio.wait(pending)
 
 
-async def _open_loop(specs: list[RequestSpec], one, now) -> None:
+async def _open_loop(specs: list[RequestSpec], one, now, duration_s: float | None = None) -> None:
     tasks = []
     for spec in sorted(specs, key=lambda s: s.arrival or 0.0):
+        if duration_s is not None and (spec.arrival or 0.0) >= duration_s:
+            break
         wait = (spec.arrival or 0.0) - now()
         if wait > 0:
             await asyncio.sleep(wait)
