@@ -40,6 +40,7 @@ import numpy as np
 from tokenrouter.bench.server import TR, scrape, start_server, stop_server
 
 ROOT = Path(__file__).resolve().parents[2]
+KILL_GRACE_S = 30.0  # the shift bench ends by itself (--duration, then its running requests finish); a safety net
 N = 8  # clients of every cell (the regime)
 TRSIM = [sys.executable, "-m", "tokenrouter.cli.trsim"]
 
@@ -275,12 +276,15 @@ class Study:
 
     # benches
 
-    def bench(self, url: str, workload: str, num: int, tag: str) -> tuple[subprocess.Popen, list[str], Path]:
+    def bench(self, url: str, workload: str, num: int, tag: str,
+              duration_s: float | None = None) -> tuple[subprocess.Popen, list[str], Path]:  # fmt: skip
         jf = self.out / f"bench_{tag}.json"
         jf.unlink(missing_ok=True)
         cmd = [*TR, "bench", "--url", url, "-n", str(N), "--workload", workload, "--num-requests", str(num),
                "--max-output", str(self.a.max_output), "--seed", "0", "--admin-key", self.key,
                "--json", str(jf)]  # fmt: skip
+        if duration_s is not None:  # stops sending then and lets running requests end: a JSON, nothing cut
+            cmd += ["--duration", f"{duration_s:.1f}"]
         self.summary["commands"].append(shlex.join(["tokenrouter", *cmd[len(TR) :]]))
         log = (self.out / f"bench_{tag}.log").open("w")
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -370,13 +374,13 @@ class Study:
             return
         proc_s, url, poller = got
         t_launch = self.now()
-        proc, _, jf = self.bench(url, str(spec_path), num, "shift")
-        kill_at = t_launch + 10.0 + total + a.tail_s
+        proc, _, jf = self.bench(url, str(spec_path), num, "shift", duration_s=total + a.tail_s)
+        kill_at = t_launch + 10.0 + total + a.tail_s + KILL_GRACE_S
         stopped_at = None
         while proc.poll() is None:
             starts = phase_starts(hop_changes(poller.samples), hops)
             if starts[1] is not None:  # the bench's clock, as the server saw it: phase 0 began at shift 1 - phase_s
-                kill_at = starts[1] - a.phase_s + total + a.tail_s
+                kill_at = starts[1] - a.phase_s + total + a.tail_s + KILL_GRACE_S
             if self.now() >= kill_at or self.left() < 0:
                 stopped_at = self.now()
                 self.stop_bench(proc)
@@ -414,10 +418,15 @@ class Study:
             e = min(starts[k + 1] if k + 1 < len(starts) and starts[k + 1] else math.inf, end_t,
                     (s or 0) + a.phase_s)  # fmt: skip
             phase_tok_s.append(None if s is None else window_rate(ts, tok, s, e))
+        ending = "ran out of requests"
+        if stopped_at is not None:
+            ending = "stopped after the last phase"
+        elif rec and rec.get("requests_sent", num) < num:
+            ending = "stopped sending at --duration"
         self.summary["hop_shift"] = {
             "phases": spec["phases"], "hops": hops, "num_requests": num, "mean_output_tokens": self.mean_output,
             "tok_s_guess": a.tok_s_guess, "bench_wall_s": round(t_end - t_launch, 1),
-            "bench_end": "stopped after the last phase" if stopped_at is not None else "ran out of requests",
+            "bench_end": ending,
             "phase_start_s": [None if s is None else round(s - t0, 2) for s in starts],
             "phase_tok_s": phase_tok_s,
             "windows_s": [None if w is None else [round(w[0] - t0, 2), round(w[1] - t0, 2)] for w in windows],
