@@ -174,7 +174,8 @@ def register(app: typer.Typer) -> None:
             n0 = first.concurrency if first is not None and first.concurrency else concurrency
             ramps = " (then as the phases say)" if any(ph.concurrency for ph in phases if ph.at_s > 0) else ""
             mode = f"Poisson {arrival_rate} req/s" if arrival_rate else f"N = {n0}{ramps}"
-            console.print(f"{workload} x {len(specs)}, {mode}, seed {seed}; wall {out.wall_s:.2f} s")
+            sent = "" if out.requests_sent == len(specs) else f" ({out.requests_sent} sent before --duration)"
+            console.print(f"{workload} x {len(specs)}{sent}, {mode}, seed {seed}; wall {out.wall_s:.2f} s")
             for t, ph in out.phases:
                 what = [f"hop rate {ph.hop_rate}" if ph.hop_rate is not None else "",
                         f"N = {ph.concurrency}" if ph.concurrency is not None else ""]  # fmt: skip
