@@ -178,7 +178,10 @@ def test_closed_loop_steady_window_ends_when_the_first_client_finds_no_request(s
     recs = list(out.metrics.records.values())
     last_sent = max(r.arrival for r in recs)
     first_finish_after = min(r.finish for r in recs if r.finish >= last_sent)
-    assert out.exhausted_at is not None and first_finish_after <= out.exhausted_at < first_finish_after + 0.05
+    # The worker that finished first after the last send is the one that finds nothing left (when it wakes up:
+    # no bound on how late, on a loaded machine), and no request was sent after it did.
+    assert out.exhausted_at is not None and first_finish_after <= out.exhausted_at <= max(r.finish for r in recs)
+    assert all(r.arrival <= out.exhausted_at for r in recs)
     s = live_summary(out)
     in_window = sum(r.output_len for r in recs if r.finish <= out.exhausted_at)
     assert s["steady_output_throughput_tok_s"] >= in_window / out.exhausted_at  # and the unfinished tokens too
