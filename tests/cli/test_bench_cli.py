@@ -167,7 +167,7 @@ def test_bench_hop_rate_phases_need_the_admin_key(tmp_path, capsys):
 
 def test_closed_loop_steady_window_ends_when_the_first_client_finds_no_request(server, tmp_path):
     """The live bench reports the simulator's steady window: from the start until a client first finds the workload
-    exhausted (the first finish after the last request was sent); until then a client refills as soon as it ends."""
+    exhausted; until then a client refills as soon as its request ends."""
     import asyncio
 
     from tokenrouter.bench.client import run_bench
@@ -176,12 +176,10 @@ def test_closed_loop_steady_window_ends_when_the_first_client_finds_no_request(s
 
     out = asyncio.run(run_bench(server.url, make_workload("fixed:8,10", 20), concurrency=4, arrival_rate=None))
     recs = list(out.metrics.records.values())
-    last_sent = max(r.arrival for r in recs)
-    first_finish_after = min(r.finish for r in recs if r.finish >= last_sent)
-    # The worker that finished first after the last send is the one that finds nothing left (when it wakes up:
-    # no bound on how late, on a loaded machine), and no request was sent after it did.
-    assert out.exhausted_at is not None and first_finish_after <= out.exhausted_at <= max(r.finish for r in recs)
-    assert all(r.arrival <= out.exhausted_at for r in recs)
+    # When a client finds nothing left, every request was taken and at most N - 1 are still running (the finder
+    # holds none): at least 20 - 3 have finished by then (a window that ended at the 16th finish would not).
+    assert out.exhausted_at is not None
+    assert sum(1 for r in recs if r.finish <= out.exhausted_at) >= 20 - 3
     s = live_summary(out)
     in_window = sum(r.output_len for r in recs if r.finish <= out.exhausted_at)
     assert s["steady_output_throughput_tok_s"] >= in_window / out.exhausted_at  # and the unfinished tokens too
