@@ -38,6 +38,7 @@ from tokenrouter.core.request import Request, SamplingParams
 from tokenrouter.runtime import protocol as P
 from tokenrouter.runtime.logs import JsonlLog, configure_logging
 from tokenrouter.runtime.parent_watch import die_with_parent
+from tokenrouter.runtime.sockets import push_socket
 
 log = logging.getLogger(__name__)
 
@@ -112,11 +113,7 @@ class Dispatcher:
         self.visits = 0
 
     def _push(self, addr: str) -> zmq.Socket:
-        s = self.ctx.socket(zmq.PUSH)
-        s.setsockopt(zmq.LINGER, 2000)
-        s.setsockopt(zmq.SNDHWM, 0)
-        s.connect(addr)
-        return s
+        return push_socket(self.ctx, addr)
 
     def _to_front(self, msg: P.ToFrontend) -> None:
         self.front.send_multipart([P.CTL, P.encode(msg)])

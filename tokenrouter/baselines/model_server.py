@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
-import traceback
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -37,10 +36,10 @@ from tokenrouter.core.request import ReqStatus, Request, SamplingParams
 from tokenrouter.core.router import Router
 from tokenrouter.core.scheduler import RequestTooLong, Scheduler
 from tokenrouter.runtime import protocol as P
-from tokenrouter.runtime.build import SubserverSpec
+from tokenrouter.runtime.build import SubserverSpec, process_engine_kwargs
 from tokenrouter.runtime.logs import configure_logging
 from tokenrouter.runtime.parent_watch import die_with_parent
-from tokenrouter.runtime.subserver import Subserver, _remove_orphaned_run_dir, _report_failed
+from tokenrouter.runtime.subserver import Subserver, _remove_orphaned_run_dir, fail_and_exit
 
 log = logging.getLogger(__name__)
 
@@ -67,14 +66,7 @@ def build_server_part(spec: SubserverSpec) -> tuple[None, Scheduler, Any, Prefix
     sched = Scheduler(0, 1, kv=pool, router=Router(), policy=Policy(), max_batch_size=sc.max_batch_size,
                       max_batch_tokens=sc.max_batch_tokens, overlap=sc.overlap if mc.overlap is None else mc.overlap,
                       graph_rule=mc.graph_rule(), max_context_len=max_context_len(cfg))  # fmt: skip
-    kw = engine_kwargs(cfg, i, pool.num_pages, spec.seed)
-    if spec.device == "cpu":
-        kw.update(device="cpu", cuda_graphs=False)
-    else:
-        kw["device"] = "cuda:0"  # CUDA_VISIBLE_DEVICES names this model's GPUs
-    if mc.mps_active_thread_percentage is not None:
-        kw["mps_active_thread_percentage"] = mc.mps_active_thread_percentage
-    kw.update(spec.engine_overrides)
+    kw = process_engine_kwargs(spec, engine_kwargs(cfg, i, pool.num_pages, spec.seed))
     kw["shared_pages"] = True
     engine = Engine(EngineConfig(**kw), kv_pool=pool)
     return None, sched, engine, PrefixCaching(pool)
@@ -159,14 +151,5 @@ def main(spec: ModelServerSpec) -> None:
         server = ModelServer(spec)
         server.run()
     except BaseException as e:
-        msg = f"{type(e).__name__}: {e}"
-        log.error("model %d: %s", sub.model, msg)
-        traceback.print_exc()
-        try:
-            if server is not None:
-                server._control(P.Failed(sub.model, msg))
-            else:
-                _report_failed(sub, msg)
-        finally:
-            os._exit(1)
+        fail_and_exit(sub, e, server)
     server.close()

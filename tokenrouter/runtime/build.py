@@ -38,6 +38,21 @@ class SubserverSpec:
     run_dir: str | None = None  # the server's own run directory: removed by a subserver orphaned by a kill -9
 
 
+def process_engine_kwargs(spec: SubserverSpec, engine_args: dict[str, Any]) -> dict[str, Any]:
+    """The deployment's engine arguments for this model, as its own process runs them: its device (on CUDA always
+    `cuda:0`: `CUDA_VISIBLE_DEVICES` names the model's GPUs), its MPS SM share, then the spec's overrides."""
+    kw = dict(engine_args)
+    if spec.device == "cpu":
+        kw.update(device="cpu", cuda_graphs=False)
+    else:
+        kw["device"] = "cuda:0"
+    share = spec.config.models[spec.model].mps_active_thread_percentage
+    if share is not None:
+        kw["mps_active_thread_percentage"] = share
+    kw.update(spec.engine_overrides)
+    return kw
+
+
 def build_part(spec: SubserverSpec, gate: SyncGate | None) -> tuple[Deployment, Scheduler, Any]:
     """Deployment, this model's scheduler and its engine (router installed, calibrated if `random`)."""
     from tokenrouter.engine import Engine, EngineConfig
@@ -46,15 +61,8 @@ def build_part(spec: SubserverSpec, gate: SyncGate | None) -> tuple[Deployment, 
     dep = build_deployment(cfg, gpu_memory_gb=spec.memory_gb, seed=spec.seed, gate=gate)
     model_index = spec.model
     sched = dep.schedulers[model_index]
-    kw = dict(dep.engine_args[model_index])
+    kw = process_engine_kwargs(spec, dep.engine_args[model_index])
     model_cfg = cfg.models[model_index]
-    if spec.device == "cpu":
-        kw.update(device="cpu", cuda_graphs=False)
-    else:
-        kw["device"] = "cuda:0"  # CUDA_VISIBLE_DEVICES names this model's GPUs
-    if model_cfg.mps_active_thread_percentage is not None:
-        kw["mps_active_thread_percentage"] = model_cfg.mps_active_thread_percentage
-    kw.update(spec.engine_overrides)
     if model_cfg.tp > 1:
         from tokenrouter.runtime.tp_ranks import start_ranks
 

@@ -16,7 +16,7 @@ import multiprocessing as mp
 import os
 import time
 import traceback
-from typing import Any
+from typing import Any, NoReturn
 
 import zmq
 
@@ -33,6 +33,7 @@ from tokenrouter.runtime.gate import RemoteGate
 from tokenrouter.runtime.join import Joined, Left, join_launcher, spec_from_welcome
 from tokenrouter.runtime.logs import JsonlLog, configure_logging
 from tokenrouter.runtime.parent_watch import die_with_parent
+from tokenrouter.runtime.sockets import push_socket
 
 _STATS_MIN_GAP_S = 0.05  # Stats sent on a change: at most this often (the heartbeat still comes every interval)
 
@@ -93,11 +94,7 @@ class Subserver(EngineLoop):
         return self.front
 
     def _push(self, addr: str) -> zmq.Socket:
-        s = self.ctx.socket(zmq.PUSH)
-        s.setsockopt(zmq.LINGER, 2000)
-        s.setsockopt(zmq.SNDHWM, 0)
-        s.connect(addr)
-        return s
+        return push_socket(self.ctx, addr)
 
     def _control(self, msg: P.Ready | P.Stats | P.Failed) -> None:
         data = P.encode(msg)
@@ -323,16 +320,7 @@ def serve(spec: SubserverSpec, joined: Joined | None = None, *, watch_launcher: 
         sub = Subserver(spec, joined)
         sub.run()
     except BaseException as e:
-        msg = f"{type(e).__name__}: {e}"
-        log.error("model %d: %s", spec.model, msg)
-        traceback.print_exc()
-        try:
-            if sub is not None:
-                sub._control(P.Failed(spec.model, msg))
-            else:
-                _report_failed(spec, msg)
-        finally:
-            os._exit(1)
+        fail_and_exit(spec, e, sub)
     if joined is not None:
         joined.link.send(Left(spec.model))
     sub.close()
@@ -345,14 +333,28 @@ def _launcher_lost(model: int, address: str) -> None:
     os._exit(1)
 
 
+def fail_and_exit(spec: SubserverSpec, exc: BaseException, process: Subserver | None) -> NoReturn:
+    """A subserver-like process (a subserver, a baseline's model server) died: log it, tell the front-end and the
+    launcher `Failed` (through the process's own control socket, or fresh sockets if it died before opening them),
+    and exit at once (`os._exit`: no atexit or finalizer may hang a dead process)."""
+    msg = f"{type(exc).__name__}: {exc}"
+    log.error("model %d: %s", spec.model, msg)
+    traceback.print_exc()
+    try:
+        if process is not None:
+            process._control(P.Failed(spec.model, msg))
+        else:
+            _report_failed(spec, msg)
+    finally:
+        os._exit(1)
+
+
 def _report_failed(spec: SubserverSpec, msg: str) -> None:
     """`Failed` from a subserver that died during start-up (no sockets yet)."""
     ctx = zmq.Context()
     for addr in (spec.addresses.frontend, spec.addresses.launcher):
         if Addresses.known(addr):  # over tcp the front-end's port may not be published yet
-            s = ctx.socket(zmq.PUSH)
-            s.setsockopt(zmq.LINGER, 2000)
-            s.connect(addr)
+            s = push_socket(ctx, addr)
             s.send_multipart([P.CTL, P.encode(P.Failed(spec.model, msg))])
             s.close()
     ctx.term()
