@@ -32,7 +32,7 @@ from tokenrouter.baselines.kv import PrefixCaching, RefCountedKVPool
 from tokenrouter.core.batch import Batch
 from tokenrouter.core.messages import Action, Emit, Finish
 from tokenrouter.core.policy import Policy
-from tokenrouter.core.request import ReqStatus, Request, SamplingParams
+from tokenrouter.core.request import ReqStatus
 from tokenrouter.core.router import Router
 from tokenrouter.core.scheduler import RequestTooLong, Scheduler
 from tokenrouter.runtime import protocol as P
@@ -93,21 +93,14 @@ class ModelServer(Subserver):
 
     # ---- inputs ---------------------------------------------------------------------------------------------
     def _submit(self, msg: P.Submit, now: float) -> None:
-        ids = P.unpack_ids(msg.prompt_ids)
         try:
-            if not ids:
-                raise ValueError("empty prompt")
-            bad = [t for t in ids if not 0 <= t < self.vocab]
-            if bad:
-                raise ValueError(f"token id {bad[0]} out of the vocabulary (0..{self.vocab - 1})")
-            sp = SamplingParams(**{f: getattr(msg.sampling, f) for f in msg.sampling.__struct_fields__})
-            req = Request(msg.rid, ids, len(ids), sp, num_models=1, entry=0, eos_token_ids=tuple(msg.eos_token_ids))
+            req = self._request_from(msg, 1, 0)  # a one-model server: the request starts and stays here
             acts = self.sched.add(req, now)
         except (RequestTooLong, ValueError, TypeError) as e:
             self.out.send_multipart([P.CTL, P.encode(P.Rejected(msg.rid, 400, str(e)))])
             return
         self.cache.admit(req)  # before the first `schedule`: the scheduler extends from the matched prefix
-        self.hops.write({"rid": msg.rid, "prompt_len": len(ids)})
+        self.hops.write({"rid": msg.rid, "prompt_len": req.prompt_len})
         self.deliver(acts)
 
     def _set_policy(self, msg: P.SetPolicy) -> None:

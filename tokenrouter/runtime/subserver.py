@@ -122,22 +122,27 @@ class Subserver(EngineLoop):
             self.gate.on_grant(data)  # a grant: the loop asks `schedule` next
 
     def _submit(self, msg: P.Submit, now: float) -> None:
-        ids = P.unpack_ids(msg.prompt_ids)
         try:
-            if not ids:
-                raise ValueError("empty prompt")
-            bad = [t for t in ids if not 0 <= t < self.vocab]
-            if bad:
-                raise ValueError(f"token id {bad[0]} out of the vocabulary (0..{self.vocab - 1})")
-            sp = SamplingParams(**{f: getattr(msg.sampling, f) for f in msg.sampling.__struct_fields__})
-            req = Request(msg.rid, ids, len(ids), sp, num_models=self.dep.num_models, entry=self.sched.entry,
-                          eos_token_ids=tuple(msg.eos_token_ids))  # fmt: skip
+            req = self._request_from(msg, self.dep.num_models, self.sched.entry)
             acts = self.sched.add(req, now)
         except (RequestTooLong, ValueError, TypeError) as e:
             self.out.send_multipart([P.CTL, P.encode(P.Rejected(msg.rid, 400, str(e)))])
             return
-        self.hops.write({"rid": msg.rid, "prompt_len": len(ids)})
+        self.hops.write({"rid": msg.rid, "prompt_len": req.prompt_len})
         self.deliver(acts)
+
+    def _request_from(self, msg: P.Submit, num_models: int, entry: int) -> Request:
+        """The core request of a client's submission; ValueError (or TypeError from the sampling fields) for what
+        the front-end could not check: an empty prompt, an id outside this model's vocabulary."""
+        ids = P.unpack_ids(msg.prompt_ids)
+        if not ids:
+            raise ValueError("empty prompt")
+        bad = [t for t in ids if not 0 <= t < self.vocab]
+        if bad:
+            raise ValueError(f"token id {bad[0]} out of the vocabulary (0..{self.vocab - 1})")
+        sp = SamplingParams(**{f: getattr(msg.sampling, f) for f in msg.sampling.__struct_fields__})
+        return Request(msg.rid, ids, len(ids), sp, num_models=num_models, entry=entry,
+                       eos_token_ids=tuple(msg.eos_token_ids))  # fmt: skip
 
     def _set_policy(self, msg: P.SetPolicy) -> None:
         """The admin endpoint's policy (and hop rate): applied before the next `schedule`, then acknowledged."""
