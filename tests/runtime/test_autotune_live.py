@@ -106,8 +106,10 @@ def test_autotune_changes_b_while_requests_stream_and_no_token_is_lost(served):
     for _, _, s in done:
         assert s.error is None and s.done, s.error
         assert s.finish_reason == "length" and len(s.models) == TOKENS and s.usage["completion_tokens"] == TOKENS
-    # The change landed while requests were running: some request started before it and ended after it.
-    assert any(a < seen["t_before"] and b > seen["t_seen"] for a, b, _ in done)
+    # The change landed while requests were running: a subserver applied it with requests live. (Read from the
+    # server's log, not client timestamps: on a loaded machine one /metrics poll can outlast every request.)
+    live = [int(n) for n in re.findall(r"policy delayed thresholds \[[\d, ]+\] \((\d+) requests live\)", log)]
+    assert live and max(live) > 0, log[-3000:]
     # Logged with old B, new B, estimates and predicted gain; in force everywhere; GET /admin/policy says so.
     m = re.search(r"autotune: B (\S+) -> (\S+) \(predicted \+[\d.]+%, [\d,.]+ tok/s\) at N=\d+, hop [\d.]+/", log)
     assert m, log[-3000:]

@@ -162,8 +162,10 @@ class Subserver(EngineLoop):
                 except ValueError:
                     self.sched.set_policy(old)  # all or nothing
                     raise
-            log.info("%s: policy %s thresholds %s%s", self.tag, pc.kind, pc.thresholds or pc.table or "-",
-                     "" if msg.hop_rate is None else f", hop rate {msg.hop_rate}")  # fmt: skip
+            # The live count says whether the change met requests in flight (it must not disturb them).
+            log.info("%s: policy %s thresholds %s%s (%d requests live)", self.tag, pc.kind,
+                     pc.thresholds or pc.table or "-", "" if msg.hop_rate is None else f", hop rate {msg.hop_rate}",
+                     self.sched.active)  # fmt: skip
         except ValueError as e:
             error = str(e)
         self.front.send_multipart([P.CTL, P.encode(P.PolicySet(self.model, msg.seq, error))])
