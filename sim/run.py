@@ -128,14 +128,14 @@ def run_sim(cfg: SimConfig) -> SimResult:
     phases = load_phases(cfg.workload)
     first = initial_phase(phases)
     n0 = first.concurrency if first is not None and first.concurrency is not None else cfg.concurrency
-    if first is not None and first.hop_rate is not None:
-        set_router_hop_rate(subs, dep.router, first.hop_rate)
     loader = (
         OpenLoop(env, specs, submit)
         if cfg.arrival_rate is not None or _has_arrivals(specs)
         else ClosedLoop(env, specs, n0, submit)
     )
     driver = PhaseDriver(env, phases, loader, subs, dep.router) if phases else None
+    if first is not None and first.hop_rate is not None:  # after the driver, whose check sets the config's rate
+        set_router_hop_rate(subs, dep.router, first.hop_rate)
     tuner = None
     if dep.policy.autotune is not None:
         from tokenrouter.markov.autotune import make_controller

@@ -110,7 +110,9 @@ def test_phases_move_the_clients_and_the_hop_rate(tmp_path):
     the large model writes: R2R's large model writes one token per hop, so its share is the hop rate)."""
     wl = spec(tmp_path, [{"at_s": 0, "hop_rate": 0.1, "concurrency": 2}, {"at_s": 20, "hop_rate": 0.4,
                                                                           "concurrency": 6}])  # fmt: skip
-    res = run_sim(SimConfig(deployment([1, 1], 0.1, autotune=None), workload=wl, num_requests=60, concurrency=3,
+    # The config says 0.25 and 3 clients: the phase at 0 s replaces both from the start (through the Python API as
+    # through `trsim run`).
+    res = run_sim(SimConfig(deployment([1, 1], 0.25, autotune=None), workload=wl, num_requests=60, concurrency=3,
                             seed=4, cost=ConstantCost(STEP_MS)))  # fmt: skip
     recs = list(res.metrics.records.values())
 
