@@ -1,5 +1,6 @@
-"""Live acceptance study of `tokenrouter serve --autotune`: a hop-rate shift at N = 8 against the best static B per
-regime, and the cost of autotune under a stable workload; writes OUT/summary.json and OUT/autotune.png.
+"""Live acceptance study of `tokenrouter serve --autotune`: a hop-rate shift at N = 8 and an N ramp against the best
+static B per regime, and the cost of autotune under a stable workload; writes OUT/summary.json and OUT/autotune.png
+(OUT/autotune_n_ramp.png for the ramp).
 
     python studies/autotune/run_autotune.py [--config studies/serving/headline.yaml] [--out OUT] [--deadline 420]
 
@@ -10,7 +11,9 @@ Steps, in order of importance (none starts past `--deadline` seconds; summary.js
       hop rate set through POST /admin/policy between cells; best static per regime = the highest throughput;
   (c) a fresh autotune server at hop 0.1 for `--stable-s`, against static cells at hop 0.1 for the B it settled on
       and the config's B for N = 8 (the latter measured on server (b) when time allows, the former on a fourth
-      server when it differs).
+      server when it differs);
+  (d) `--steps nramp,nstatic` (a call of its own): as (a) with clients moving 4 -> 16 -> 4 at hop 0.1, and as (b)
+      with one steady cell per (N, candidate B) from `--n-candidates`.
 Throughput is always the servers' output-token counter (`tokenrouter_tokens_total`, summed over models) differenced
 over a window: after each shift [shift + `--settle-s`, end of the phase]; in a steady cell [first token +
 `--warmup-s`, + the cell's seconds]. The simulator's prediction (`trsim run --autotune` on the same spec) runs in
@@ -41,7 +44,9 @@ from tokenrouter.bench.server import TR, scrape, start_server, stop_server
 
 ROOT = Path(__file__).resolve().parents[2]
 KILL_GRACE_S = 30.0  # the shift bench ends by itself (--duration, then its running requests finish); a safety net
-N = 8  # clients of every cell (the issue's regime)
+N = 8  # clients of every cell but the N ramp's (the issue's regime)
+RUNS = ("hop_shift", "n_ramp")  # the shifting runs, by their summary key
+STEPS = ("shift", "static", "stable", "nramp", "nstatic")
 TRSIM = [sys.executable, "-m", "tokenrouter.cli.trsim"]
 
 
@@ -139,6 +144,21 @@ def phase_starts(changes: list[tuple[float, float | None, float]], hops: list[fl
     return out
 
 
+def fill_starts(starts: list[float | None], hops: list[float], phase_s: float) -> list[float | None]:
+    """A phase that keeps the previous phase's hop rate shows no change on the server: it starts `phase_s` after
+    the previous one (the bench's own clock), when that one was seen."""
+    out = list(starts)
+    for k in range(1, len(out)):
+        if out[k] is None and out[k - 1] is not None and math.isclose(hops[k], hops[k - 1]):
+            out[k] = out[k - 1] + phase_s
+    return out
+
+
+def regime_key(hop: float, n: int) -> str:
+    """summary['static'] key of a regime: the hop rate at N = 8 (as the first runs wrote it), `hop@N=n` else."""
+    return f"{hop:g}" if n == N else f"{hop:g}@N={n}"
+
+
 def shift_windows(shifts: list[float | None], phase_s: float, settle_s: float, end_t: float,
                   min_s: float = 1.0) -> list[tuple[float, float] | None]:  # fmt: skip
     """The measuring window after each shift: [shift + settle_s, min(shift + phase_s, next shift, end_t)]; None
@@ -187,7 +207,8 @@ class Study:
         self.startup_s: list[float] = []
         self.key = "autotune-study"
         self.names: list[str] = []
-        self.shift: dict | None = None  # the hop-shift run's samples and phases, for the gaps and the plot
+        self.runs: dict[str, dict] = {}  # per shifting run: its samples and phases, for the gaps and the plot
+        self.sims: dict[str, subprocess.Popen] = {}  # per shifting run: the simulator's prediction, running
         self.live: list[tuple[str, subprocess.Popen, Poller]] = []  # servers up (stopped by `cleanup` on errors)
         self.benches: list[subprocess.Popen] = []
         specs = _workload_specs(a.max_output)
@@ -276,11 +297,11 @@ class Study:
 
     # benches
 
-    def bench(self, url: str, workload: str, num: int, tag: str,
-              duration_s: float | None = None) -> tuple[subprocess.Popen, list[str], Path]:  # fmt: skip
+    def bench(self, url: str, workload: str, num: int, tag: str, duration_s: float | None = None,
+              n: int = N) -> tuple[subprocess.Popen, list[str], Path]:  # fmt: skip
         jf = self.out / f"bench_{tag}.json"
         jf.unlink(missing_ok=True)
-        cmd = [*TR, "bench", "--url", url, "-n", str(N), "--workload", workload, "--num-requests", str(num),
+        cmd = [*TR, "bench", "--url", url, "-n", str(n), "--workload", workload, "--num-requests", str(num),
                "--max-output", str(self.a.max_output), "--seed", "0", "--admin-key", self.key,
                "--json", str(jf)]  # fmt: skip
         if duration_s is not None:  # stops sending then and lets running requests end: a JSON, nothing cut
@@ -322,12 +343,13 @@ class Study:
                 return
             time.sleep(0.3)
 
-    def steady_cell(self, url: str, poller: Poller, tag: str, seconds: float) -> dict:
+    def steady_cell(self, url: str, poller: Poller, tag: str, seconds: float, n: int = N) -> dict:
         """A closed-loop bench at N for the policy in force: the counter rate over [first token + warmup,
         + seconds]; the bench is stopped when the window is over (it gets three times the requests that
         --tok-s-guess says it needs: a cell that runs out early measures less, one stopped costs nothing)."""
         start = self.now()
-        proc, _, _ = self.bench(url, "low-effort", self.requests_for(self.a.warmup_s + seconds + 5, 3.0), tag)
+        proc, _, _ = self.bench(url, "low-effort", self.requests_for((self.a.warmup_s + seconds + 5) * n / N, 3.0),
+                                tag, n=n)  # fmt: skip
         base = poller.samples[-1].tokens if poller.samples else 0.0
         t_first = None
         t_b = math.inf
@@ -357,30 +379,37 @@ class Study:
         out["b_mode"] = mode_b(ss, a, b)
         return out
 
-    # (a) the hop shift
+    # (a) the hop shift and the N ramp: one autotune server, a bench whose phases move the regime
 
-    def hop_shift(self) -> None:
+    def shifting(self, name: str, regimes: list[tuple[float, int]]) -> None:
+        """`regimes`: (hop rate, clients) per phase of `--phase-s`. Phase starts are read off the server: the
+        hop rate the bench sets at each phase (GET /admin/policy), and, for a phase that keeps the hop rate (the N
+        ramp), the previous start + `--phase-s` on the bench's clock. When the first phase keeps the server's hop
+        rate, the server is moved to another rate before the bench starts, so the bench's first phase shows."""
         a = self.a
-        hops = [a.hop_low, a.hop_high, a.hop_low]
-        spec = {"workload": "low-effort",
-                "phases": [{"at_s": k * a.phase_s, "hop_rate": h} for k, h in enumerate(hops)]}  # fmt: skip
-        spec_path = self.out / "spec_shift.json"
+        hops = [h for h, _ in regimes]
+        spec = {"workload": "low-effort", "phases": [{"at_s": k * a.phase_s, "hop_rate": h, "concurrency": n}
+                                                     for k, (h, n) in enumerate(regimes)]}  # fmt: skip
+        spec_path = self.out / f"spec_{name}.json"
         spec_path.write_text(json.dumps(spec, indent=1) + "\n")
-        total = len(hops) * a.phase_s
-        num = self.requests_for(total, a.margin)
-        self.sim = self.start_sim(spec_path, num)
-        got = self.serve("autotune_shift", autotune=True)
+        total = len(regimes) * a.phase_s
+        num = self.requests_for(total * max(n for _, n in regimes) / N, a.margin)
+        self.sims[name] = self.start_sim(name, spec_path, num, regimes[0][1])
+        got = self.serve(f"autotune_{name}", autotune=True)
         if got is None:
             return
         proc_s, url, poller = got
+        if math.isclose(self.current_hop(url), hops[0]):
+            self.admin(url, {"hop_rate": a.hop_high if not math.isclose(hops[0], a.hop_high) else a.hop_low})
+            time.sleep(2.5)  # a poll or two at the marker rate
         t_launch = self.now()
-        proc, _, jf = self.bench(url, str(spec_path), num, "shift", duration_s=total + a.tail_s)
+        proc, _, jf = self.bench(url, str(spec_path), num, name, duration_s=total + a.tail_s)
         kill_at = t_launch + 10.0 + total + a.tail_s + KILL_GRACE_S
         stopped_at = None
         while proc.poll() is None:
-            starts = phase_starts(hop_changes(poller.samples), hops)
-            if starts[1] is not None:  # the bench's clock, as the server saw it: phase 0 began at shift 1 - phase_s
-                kill_at = starts[1] - a.phase_s + total + a.tail_s + KILL_GRACE_S
+            starts = fill_starts(phase_starts(hop_changes(poller.samples), hops), hops, a.phase_s)
+            if starts[0] is not None:  # the bench's clock, as the server saw it
+                kill_at = starts[0] + total + a.tail_s + KILL_GRACE_S
             if self.now() >= kill_at or self.left() < 0:
                 stopped_at = self.now()
                 self.stop_bench(proc)
@@ -388,13 +417,13 @@ class Study:
             time.sleep(0.5)
         t_end = stopped_at if stopped_at is not None else self.now()
         time.sleep(1.5)  # one more poll after the end
-        samples = self.unserve("autotune_shift", proc_s, poller)
-        starts = phase_starts(hop_changes(samples), hops)
+        samples = self.unserve(f"autotune_{name}", proc_s, poller)
+        starts = fill_starts(phase_starts(hop_changes(samples), hops), hops, a.phase_s)
         t0 = starts[0] if starts[0] is not None else (starts[1] - a.phase_s if starts[1] is not None else t_launch)
         rec = json.loads(jf.read_text()) if jf.exists() else None
         if stopped_at is None and proc.returncode != 0:  # the bench itself failed: no lost count to trust
-            tail = (self.out / "bench_shift.log").read_text(errors="replace")[-600:]
-            self.summary.setdefault("errors", []).append(f"shift bench exited {proc.returncode}: {tail}")
+            tail = (self.out / f"bench_{name}.log").read_text(errors="replace")[-600:]
+            self.summary.setdefault("errors", []).append(f"{name} bench exited {proc.returncode}: {tail}")
         # A bench that ran out of requests ends with a drain (fewer than N live): keep it out of the last window.
         end_t = t_end if stopped_at is not None else t_end - 3.0
         windows = shift_windows(starts[1:], a.phase_s, a.settle_s, end_t)
@@ -411,8 +440,8 @@ class Study:
             source = ("server counter tokenrouter_http_requests_total{outcome=error} over the run: the bench "
                       "was stopped after the last phase, so it wrote no JSON; its cut requests count as "
                       "aborted")  # fmt: skip
-        self.shift = {"t0": t0, "starts": starts, "windows": windows, "samples": samples, "hops": hops,
-                      "end_t": end_t}  # fmt: skip
+        self.runs[name] = {"t0": t0, "starts": starts, "windows": windows, "samples": samples, "regimes": regimes,
+                           "end_t": end_t}  # fmt: skip
         phase_tok_s = []
         for k, s in enumerate(starts):
             e = min(starts[k + 1] if k + 1 < len(starts) and starts[k + 1] else math.inf, end_t,
@@ -423,10 +452,10 @@ class Study:
             ending = "stopped after the last phase"
         elif rec and rec.get("requests_sent", num) < num:
             ending = "stopped sending at --duration"
-        self.summary["hop_shift"] = {
-            "phases": spec["phases"], "hops": hops, "num_requests": num, "mean_output_tokens": self.mean_output,
-            "tok_s_guess": a.tok_s_guess, "bench_wall_s": round(t_end - t_launch, 1),
-            "bench_end": ending,
+        self.summary[name] = {
+            "phases": spec["phases"], "hops": hops, "clients": [n for _, n in regimes], "num_requests": num,
+            "mean_output_tokens": self.mean_output, "tok_s_guess": a.tok_s_guess,
+            "bench_wall_s": round(t_end - t_launch, 1), "bench_end": ending,
             "phase_start_s": [None if s is None else round(s - t0, 2) for s in starts],
             "phase_tok_s": phase_tok_s,
             "windows_s": [None if w is None else [round(w[0] - t0, 2), round(w[1] - t0, 2)] for w in windows],
@@ -437,42 +466,53 @@ class Study:
             "server_errors": errors, "server_aborted": (last.aborted - first.aborted) if first else None,
             "server_ok": (last.ok - first.ok) if first else None,
             "autotune_changes": None if last is None else last.changes,
+            "lost_requests": lost, "lost_requests_source": source, "b_timeline": _b_changes(samples, t0),
         }  # fmt: skip
-        self.summary["lost_requests"], self.summary["lost_requests_source"] = lost, source
-        self.summary["b_timeline"] = _b_changes(samples, t0)
+        lost_all = [r["lost_requests"] for r in (self.summary.get(k) for k in RUNS) if r]
+        self.summary["lost_requests"] = None if None in lost_all else sum(lost_all)
+        srcs = [f"{k}: {self.summary[k]['lost_requests_source']}" for k in RUNS if self.summary.get(k)]
+        self.summary["lost_requests_source"] = "; ".join(srcs)
+        if name == "hop_shift":
+            self.summary["b_timeline"] = self.summary[name]["b_timeline"]
         self.summary["b_names"] = self.names
         self.fill_gaps()
-        print(f"hop shift: phases {phase_tok_s} tok/s, windows {self.summary['hop_shift']['window_tok_s']}, "
-              f"lost {lost}, bench {self.summary['hop_shift']['bench_end']}", flush=True)  # fmt: skip
+        print(f"{name}: phases {phase_tok_s} tok/s, windows {self.summary[name]['window_tok_s']}, "
+              f"lost {lost}, bench {ending}", flush=True)  # fmt: skip
         self.save()
+
+    def current_hop(self, url: str) -> float:
+        r = httpx.get(url + "/admin/policy", headers={"Authorization": f"Bearer {self.key}"}, timeout=10)
+        return float(r.json().get("hop_rate") or math.nan)
 
     # (b) the static sweep, (c) the stable run
 
-    def static_cells(self, cells: list[tuple[float, tuple[int, ...]]], tag: str) -> None:
-        """One server without autotune; each cell sets (hop rate, B) through the admin endpoint and runs a steady
-        bench. Results land in summary['static'][hop][B] as they come."""
+    def static_cells(self, cells: list[tuple[float, int, tuple[int, ...]]], tag: str) -> None:
+        """One server without autotune; each cell (hop rate, clients, B) sets the hop rate and B through the admin
+        endpoint and runs a steady bench. Results land in summary['static'][regime_key][B] as they come."""
         need = self.startup_guess() + self.a.warmup_s + self.a.static_s + 10
         if self.left() < need:
-            for h, b in cells:
-                self.skip(f"static hop {h:g} B {b_str(b)}")
+            for h, n, b in cells:
+                self.skip(f"static {regime_key(h, n)} B {b_str(b)}")
             return
         got = self.serve(tag, autotune=False)
         if got is None:
             return
         proc_s, url, poller = got
-        for h, b in cells:
+        for h, n, b in cells:
+            what = f"static {regime_key(h, n)} B {b_str(b)}"
             if self.left() < self.a.warmup_s + self.a.static_s + 10:
-                self.skip(f"static hop {h:g} B {b_str(b)}")
+                self.skip(what)
                 continue
             try:
                 self.admin(url, {"policy": "delayed", "thresholds": list(b), "hop_rate": h})
             except (RuntimeError, httpx.HTTPError) as e:
-                self.summary.setdefault("errors", []).append(f"static hop {h:g} B {b_str(b)}: {e}")
+                self.summary.setdefault("errors", []).append(f"{what}: {e}")
                 continue
-            cell = self.steady_cell(url, poller, f"static_h{h:g}_B{b_str(b).replace(',', '-')}", self.a.static_s)
-            self.summary.setdefault("static", {}).setdefault(f"{h:g}", {})[b_str(b)] = cell["tok_s"]
-            self.summary.setdefault("static_cells", []).append({"hop_rate": h, "B": b_str(b), **cell})
-            print(f"static hop {h:g} B {b_str(b)}: {_f(cell['tok_s'])} tok/s", flush=True)
+            cell_tag = f"static_h{h:g}{'' if n == N else f'_n{n}'}_B{b_str(b).replace(',', '-')}"
+            cell = self.steady_cell(url, poller, cell_tag, self.a.static_s, n=n)
+            self.summary.setdefault("static", {}).setdefault(regime_key(h, n), {})[b_str(b)] = cell["tok_s"]
+            self.summary.setdefault("static_cells", []).append({"hop_rate": h, "clients": n, "B": b_str(b), **cell})
+            print(f"{what}: {_f(cell['tok_s'])} tok/s", flush=True)
             self.fill_gaps()
             self.save()
         self.unserve(tag, proc_s, poller)
@@ -504,25 +544,30 @@ class Study:
         return settled
 
     def fill_gaps(self) -> None:
-        """Best static per regime (so far) and the gap after each shift."""
+        """Best static per regime (so far) and the gap after each shift of each shifting run."""
         static = self.summary.get("static", {})
         best = {}
-        for h, row in static.items():
+        for key, row in static.items():
             got = {b: v for b, v in row.items() if v is not None}
             if got:
                 bb = max(got, key=got.get)
-                best[h] = {"B": bb, "tok_s": got[bb], "candidates_measured": len(got)}
+                best[key] = {"B": bb, "tok_s": got[bb], "candidates_measured": len(got)}
         self.summary["best_static"] = best
-        hs = self.summary.get("hop_shift")
-        if not hs:
-            return
         gaps = []
-        hops = hs["hops"]
-        for k, (w, tok_s) in enumerate(zip(hs["windows_s"], hs["window_tok_s"], strict=True)):
-            ref = best.get(f"{hops[k + 1]:g}", {})
-            gaps.append({"shift": f"{hops[k]:g} -> {hops[k + 1]:g}", "window_s": w, "tok_s": tok_s,
-                         "best_static_B": ref.get("B"), "best_static_tok_s": ref.get("tok_s"),
-                         "gap": gap(tok_s, ref.get("tok_s"))})  # fmt: skip
+        for name in RUNS:
+            run = self.summary.get(name)
+            if not run:
+                continue
+            regs = list(zip(run["hops"], run.get("clients") or [N] * len(run["hops"]), strict=True))
+            for k, (w, tok_s) in enumerate(zip(run["windows_s"], run["window_tok_s"], strict=True)):
+                (h0, n0), (h1, n1) = regs[k], regs[k + 1]
+                what = f"hop {h0:g} -> {h1:g}" if name == "hop_shift" else f"N {n0} -> {n1}"
+                ref = best.get(regime_key(h1, n1), {})
+                gaps.append({"run": name, "shift": what, "window_s": w, "tok_s": tok_s,
+                             "best_static_B": ref.get("B"), "best_static_tok_s": ref.get("tok_s"),
+                             "gap": gap(tok_s, ref.get("tok_s"))})  # fmt: skip
+        if not gaps:
+            return
         self.summary["gaps"] = gaps
         known = [g["gap"] for g in gaps if g["gap"] is not None]
         self.summary["worst_gap_after_shift"] = max(known) if known else None
@@ -541,31 +586,32 @@ class Study:
 
     # the simulator's prediction
 
-    def start_sim(self, spec: Path, num: int) -> subprocess.Popen:
-        cmd = [*TRSIM, "run", "--config", self.a.config, "--autotune", "--workload", str(spec), "-n", str(N),
+    def start_sim(self, name: str, spec: Path, num: int, n: int) -> subprocess.Popen:
+        cmd = [*TRSIM, "run", "--config", self.a.config, "--autotune", "--workload", str(spec), "-n", str(n),
                "--num-requests", str(num), "--max-output", str(self.a.max_output), "--seed", "0",
-               "--json", str(self.out / "sim_shift.json")]  # fmt: skip
+               "--json", str(self.out / f"sim_{name}.json")]  # fmt: skip
         self.summary["commands"].append(shlex.join(["trsim", *cmd[len(TRSIM) :]]))
-        log = (self.out / "sim_shift.log").open("w")
+        log = (self.out / f"sim_{name}.log").open("w")
         return subprocess.Popen(["nice", "-n", "10", *cmd], stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)  # fmt: skip
 
-    def finish_sim(self) -> None:
-        proc = getattr(self, "sim", None)
-        if proc is None:
-            return
-        try:
-            proc.wait(timeout=max(1.0, self.left()))
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        f = self.out / "sim_shift.json"
-        if not f.exists():
-            self.summary["sim"] = {"error": "trsim run did not finish (see sim_shift.log)"}
-            return
-        r = json.loads(f.read_text())
-        self.summary["sim"] = {k: r.get(k) for k in ("autotune_initial", "autotune_changes", "autotune_timeline",
-                                                     "output_throughput_tok_s", "duration_s")}  # fmt: skip
+    def finish_sims(self) -> None:
+        """Wait for the simulator's predictions (summary['sim'] for the hop shift, summary['sim_n_ramp'])."""
+        for name, proc in self.sims.items():
+            try:
+                proc.wait(timeout=max(1.0, self.left()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            key = "sim" if name == "hop_shift" else f"sim_{name}"
+            f = self.out / f"sim_{name}.json"
+            if not f.exists():
+                self.summary[key] = {"error": f"trsim run did not finish (see sim_{name}.log)"}
+                continue
+            r = json.loads(f.read_text())
+            self.summary[key] = {k: r.get(k) for k in ("autotune_initial", "autotune_changes", "autotune_timeline",
+                                                       "output_throughput_tok_s", "duration_s")}  # fmt: skip
+        self.sims.clear()
         self.save()
 
 
@@ -588,16 +634,17 @@ def _parse_timeline(text: str | None) -> list[tuple[float, tuple[int, ...]]]:
     return out
 
 
-def plot(study: Study, path: Path) -> None:
-    """Throughput over time (1 s counter deltas, 5 s rolling mean) with the phases shaded, the best static level
-    per phase and the measuring windows; below, B in force (live, and the simulator's large-model B dashed)."""
+def plot(study: Study, name: str, path: Path) -> None:
+    """One shifting run: throughput over time (1 s counter deltas, 5 s rolling mean) with the phases shaded, the
+    best static level per phase and the measuring windows; below, B in force (live, and the simulator's
+    large-model B dashed)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import pandas as pd
 
-    sh = study.shift
+    sh = study.runs[name]
     a = study.a
     t0 = sh["t0"]
     s = sh["samples"]
@@ -606,16 +653,17 @@ def plot(study: Study, path: Path) -> None:
     fig, (ax, bx) = plt.subplots(2, 1, figsize=(11, 7), sharex=True, gridspec_kw={"height_ratios": [2, 1]})
     ax.plot(df["t"], rate, color="C0", lw=1.4, label="autotune, live (5 s mean)")
     best = study.summary.get("best_static", {})
-    colors = {a.hop_low: "#dbe9f6", a.hop_high: "#fde2cf"}
+    shades = ["#dbe9f6", "#fde2cf"]
     labeled = False
-    for st, h in zip(sh["starts"], sh["hops"], strict=True):
+    for k, (st, (h, n)) in enumerate(zip(sh["starts"], sh["regimes"], strict=True)):
         if st is None:
             continue
         x0, x1 = st - t0, st - t0 + a.phase_s
-        ax.axvspan(x0, x1, color=colors.get(h, "#eeeeee"), alpha=0.8, lw=0)
-        bx.axvspan(x0, x1, color=colors.get(h, "#eeeeee"), alpha=0.8, lw=0)
-        ax.text(x0 + 1, 0.06, f"hop {h:g}", transform=ax.get_xaxis_transform(), fontsize=9)
-        ref = best.get(f"{h:g}")
+        ax.axvspan(x0, x1, color=shades[k % 2], alpha=0.8, lw=0)
+        bx.axvspan(x0, x1, color=shades[k % 2], alpha=0.8, lw=0)
+        ax.text(x0 + 1, 0.06, f"hop {h:g}" if name == "hop_shift" else f"N = {n}", transform=ax.get_xaxis_transform(),
+                fontsize=9)  # fmt: skip
+        ref = best.get(regime_key(h, n))
         if ref:
             ax.hlines(ref["tok_s"], x0, x1, colors="C3", linestyles="--", lw=1.2,
                       label=None if labeled else "best static B of the regime")  # fmt: skip
@@ -625,9 +673,11 @@ def plot(study: Study, path: Path) -> None:
         if w is not None:
             ax.axvspan(w[0] - t0, w[1] - t0, ymin=0, ymax=0.04, color="C2", lw=0)
     ax.set_ylabel("output tok/s")
-    worst = study.summary.get("worst_gap_after_shift")
-    ax.set_title(f"tr serve --autotune, hop-rate shift at N = {N} (green: measuring windows; worst gap after a "
-                 f"shift {'-' if worst is None else f'{100 * worst:+.1f}%'})", fontsize=10)  # fmt: skip
+    known = [g["gap"] for g in study.summary.get("gaps", []) if g["run"] == name and g["gap"] is not None]
+    worst = max(known) if known else None
+    what = f"hop-rate shift at N = {N}" if name == "hop_shift" else f"N ramp at hop {sh['regimes'][0][0]:g}"
+    ax.set_title(f"tr serve --autotune, {what} (green: measuring windows; worst gap after a shift "
+                 f"{'-' if worst is None else f'{100 * worst:+.1f}%'})", fontsize=10)  # fmt: skip
     ax.set_ylim(bottom=0)
     ax.legend(loc="lower right", fontsize=8)
     names = study.names
@@ -635,7 +685,8 @@ def plot(study: Study, path: Path) -> None:
         pts = [(x.t - t0, x.b[i]) for x in s if x.b is not None]
         if pts:
             bx.step(*zip(*pts, strict=True), where="post", label=f"B {n} (live)", color=f"C{i}")
-    sim = _parse_timeline((study.summary.get("sim") or {}).get("autotune_timeline"))
+    sim = _parse_timeline((study.summary.get("sim" if name == "hop_shift" else f"sim_{name}") or {})
+                          .get("autotune_timeline"))  # fmt: skip
     if sim:
         xs = [t for t, _ in sim] + [df["t"].max()]
         ys = [b[-1] for _, b in sim] + [sim[-1][1][-1]]
@@ -663,11 +714,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-output", type=int, default=256)
     p.add_argument("--port", type=int, default=8300)
     p.add_argument("--steps", default="shift,static,stable",
-                   help="which steps to run (a later call with `--steps stable` and the same --out adds to its "
-                   "summary.json)")  # fmt: skip
+                   help="which steps to run, of shift, static, stable, nramp (the N ramp's autotune run) and "
+                   "nstatic (its static sweep); a later call with other steps and the same --out adds to its "
+                   "summary.json")  # fmt: skip
     p.add_argument("--hop-low", type=float, default=0.05)
     p.add_argument("--hop-high", type=float, default=0.2)
     p.add_argument("--hop-stable", type=float, default=0.1)
+    p.add_argument("--n-low", type=int, default=4, help="the N ramp: clients of its first and last phase")
+    p.add_argument("--n-high", type=int, default=16, help="the N ramp: clients of its middle phase")
+    p.add_argument("--hop-ramp", type=float, default=0.1, help="the N ramp's hop rate")
+    p.add_argument("--n-candidates", default="16:1,6;1,8;1,12;1,14 4:1,2;1,3;1,4",
+                   help="static B to try per N of the ramp: 'N:B;B N:B;B'")  # fmt: skip
     p.add_argument("--tok-s-guess", type=float, default=1200.0, help="sizes the benches' request counts")
     p.add_argument("--margin", type=float, default=1.5,
                    help="the shift bench gets requests for this many times its phases at --tok-s-guess: it must "
@@ -676,9 +733,16 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     a.out = a.out or str(ROOT / "studies/autotune/results" / dt.date.today().isoformat())
     cands = [parse_b(c) for c in a.candidates.split(";")]
+    try:
+        n_cands = {int(n): [parse_b(c) for c in bs.split(";")] for n, bs in
+                   (part.split(":", 1) for part in a.n_candidates.split())}  # fmt: skip
+    except ValueError:
+        p.error(f"--n-candidates: 'N:B;B N:B;B', e.g. '16:1,8;1,12 4:1,3;1,4'; got {a.n_candidates!r}")
     steps = a.steps.split(",")
-    if not set(steps) <= {"shift", "static", "stable"}:
-        p.error(f"--steps: shift, static, stable; got {a.steps}")
+    if not set(steps) <= set(STEPS):
+        p.error(f"--steps: {', '.join(STEPS)}; got {a.steps}")
+    if "nstatic" in steps and not {a.n_low, a.n_high} <= set(n_cands):
+        p.error(f"--n-candidates needs B for N = {a.n_low} and {a.n_high}")
     st = Study(a)
     st.summary.setdefault("args", {})[a.steps] = vars(a)
     st.save()
@@ -686,9 +750,9 @@ def main(argv: list[str] | None = None) -> int:
 
     def static_sweep() -> None:
         # Interleaved so that a cut sweep still has a (partial) best for both regimes.
-        cells = [(h, b) for b in cands for h in (a.hop_high, a.hop_low)]
+        cells = [(h, N, b) for b in cands for h in (a.hop_high, a.hop_low)]
         if "stable" in steps:
-            cells.append((a.hop_stable, table_b))  # the stable run's reference, if time allows
+            cells.append((a.hop_stable, N, table_b))  # the stable run's reference, if time allows
         st.static_cells(cells, "static")
 
     def stable() -> None:
@@ -696,10 +760,25 @@ def main(argv: list[str] | None = None) -> int:
         have = set(st.summary.get("static", {}).get(f"{a.hop_stable:g}", {}))
         refs = [b for b in dict.fromkeys([table_b, settled]) if b is not None and b_str(b) not in have]
         if settled is not None and refs:
-            st.static_cells([(a.hop_stable, b) for b in refs], "static_stable")
+            st.static_cells([(a.hop_stable, N, b) for b in refs], "static_stable")
 
+    def n_static() -> None:
+        # Interleaved like the hop sweep; the high N first (its cells take the longest to warm up).
+        high, low = n_cands[a.n_high], n_cands[a.n_low]
+        cells = [c for k in range(max(len(high), len(low))) for c in
+                 ((a.hop_ramp, a.n_high, high[k]) if k < len(high) else None,
+                  (a.hop_ramp, a.n_low, low[k]) if k < len(low) else None) if c is not None]  # fmt: skip
+        st.static_cells(cells, "static_n")
+
+    runs = {
+        "shift": lambda: st.shifting("hop_shift", [(a.hop_low, N), (a.hop_high, N), (a.hop_low, N)]),
+        "static": static_sweep,
+        "stable": stable,
+        "nramp": lambda: st.shifting("n_ramp", [(a.hop_ramp, a.n_low), (a.hop_ramp, a.n_high), (a.hop_ramp, a.n_low)]),
+        "nstatic": n_static,
+    }
     try:
-        for name, step in (("shift", st.hop_shift), ("static", static_sweep), ("stable", stable)):
+        for name, step in runs.items():
             if name not in steps:
                 continue
             try:
@@ -712,15 +791,17 @@ def main(argv: list[str] | None = None) -> int:
                 st.cleanup()
                 st.save()
     finally:
-        st.finish_sim()
+        st.finish_sims()
         st.save()
-    if st.shift is not None and st.shift["samples"]:
-        plot(st, Path(a.out) / "autotune.png")
+    for name, run in st.runs.items():
+        if run["samples"]:
+            plot(st, name, Path(a.out) / ("autotune.png" if name == "hop_shift" else f"autotune_{name}.png"))
     keys = ("worst_gap_after_shift", "stable_cost", "lost_requests", "gaps", "best_static", "stable", "sim",
-            "skipped", "gpu", "commit")  # fmt: skip
+            "sim_n_ramp", "skipped", "gpu", "commit")  # fmt: skip
     print("SUMMARY " + json.dumps(_clean({k: st.summary.get(k) for k in keys})))
     print(f"done in {st.now():.0f} s; wrote {a.out}/summary.json")
-    wanted = {"shift": "worst_gap_after_shift", "static": "best_static", "stable": "stable_cost"}
+    wanted = {"shift": "worst_gap_after_shift", "static": "best_static", "stable": "stable_cost",
+              "nramp": "n_ramp", "nstatic": "best_static"}  # fmt: skip
     return 0 if all(st.summary.get(wanted[s]) is not None for s in steps) else 1
 
 

@@ -78,3 +78,20 @@ def test_timeline_text_parses(study):
     assert study._parse_timeline("0:1,6;41.0:1,2") == [(0.0, (1, 6)), (41.0, (1, 2))]
     assert study._parse_timeline(None) == []
     assert not math.isnan(study.gap(1.0, 2.0))
+
+
+def test_a_phase_that_keeps_the_hop_rate_starts_a_phase_after_the_previous_one(study):
+    # The N ramp: every phase at hop 0.1; the server saw only the first (the bench's phase 0 moved it from 0.2).
+    samples = [_sample(study, t, hop=h) for t, h in ((0.0, 0.2), (1.0, 0.2), (2.0, 0.1), (50.0, 0.1), (95.0, 0.1))]
+    starts = study.phase_starts(study.hop_changes(samples), [0.1, 0.1, 0.1])
+    assert starts == [1.5, None, None]
+    assert study.fill_starts(starts, [0.1, 0.1, 0.1], 45.0) == [1.5, 46.5, 91.5]
+    # A phase whose hop rate changed but was not seen (the run was cut) stays unknown, and so does what follows.
+    assert study.fill_starts([1.5, None, None], [0.05, 0.2, 0.2], 45.0) == [1.5, None, None]
+    assert study.fill_starts([None, None], [0.1, 0.1], 45.0) == [None, None]
+
+
+def test_regime_keys_keep_the_first_runs_hop_keys_at_n_8(study):
+    assert study.regime_key(0.05, study.N) == "0.05"
+    assert study.regime_key(0.1, 16) == "0.1@N=16"
+    assert study.regime_key(0.1, 4) != study.regime_key(0.1, 16)
