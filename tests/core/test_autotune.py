@@ -182,7 +182,9 @@ def test_live_n_follows_a_ramp_within_half_a_half_life():
 
 # ---- the controller -----------------------------------------------------------------------------------------
 CFG = AutotuneConfig(observe_s=1.0, interval_s=5.0, tolerance=0.1, min_gain=0.03, hold_s=10.0, half_life_s=5.0,
-                     step_half_life_s=60.0, min_steps=20)  # fmt: skip
+                     step_half_life_s=60.0, min_steps=20, verify_s=0.0)  # fmt: skip
+"""The model's decisions alone (the tests of verification, at the end, turn it on: CFG_VERIFY)."""
+CFG_VERIFY = AutotuneConfig(**{**{f: getattr(CFG, f) for f in CFG.__dataclass_fields__}, "verify_s": 10.0})
 
 
 class TableSolve:
@@ -325,3 +327,92 @@ def test_no_solve_while_idle():
         srv.window()
         ctrl.observe(srv.snapshot(live=0), float(t))  # counters move (a drain) but nothing is live any more
     assert solve.calls == [] and ctrl.status.startswith("idle")
+
+
+# --- verification: a change is measured against the B before it, and undone when it measured slower ---
+
+
+def drive_rates(ctrl: AutotuneController, srv: SyntheticServer, t0: int, t1: int, steps_under, shift=None,
+                stop_at_first=False):  # fmt: skip
+    """Like `drive`, with the tokens a window commits set by the B in force (`steps_under(B)` steps per model per
+    window: the server's true throughput under that B, which the model does not know); `shift(t)` may move the
+    workload. Every decision is applied. Returns the decisions (and stops after the first, if asked)."""
+    decisions = []
+    for t in range(t0, t1):
+        if stop_at_first and decisions:
+            break
+        if shift is not None:
+            shift(t)
+        srv.window(steps_per_model=10 * steps_under(ctrl.policy.thresholds))  # many tokens: rates barely noisy
+        d = ctrl.observe(srv.snapshot(), float(t))
+        if d is not None:
+            decisions.append(d)
+            ctrl.applied(d)
+    return decisions
+
+
+def predicts_1_3_wins(b, est):
+    return 1500.0 if b == (1, 3) else 1000.0  # the model's (wrong or right) ranking, the same at any estimates
+
+
+def test_a_change_that_measures_slower_is_reverted_and_not_tried_again():
+    ctrl = AutotuneController(CFG_VERIFY, Policy(PolicyKind.DELAYED, (1, 1)), TableSolve(predicts_1_3_wins), DROPS)
+    srv = SyntheticServer(16, noise=0.0)
+    ds = drive_rates(ctrl, srv, 0, 120, lambda b: 30 if b == (1, 3) else 40)  # (1,3) is 25% slower in truth
+    assert [(d.old, d.new, d.revert) for d in ds] == [((1, 1), (1, 3), False), ((1, 3), (1, 1), True)]
+    change, revert = ds
+    # The trial: two observations of settling, then verify_s measured; the revert follows at its end.
+    assert revert.at == change.at + 2 * CFG_VERIFY.observe_s + CFG_VERIFY.verify_s
+    assert revert.predicted_gain == pytest.approx(40 / 30 - 1, rel=0.1)  # measured: the old B's rate over the new
+    assert "revert" in revert.describe() and revert.as_dict()["revert"] is True
+    assert ctrl.policy.thresholds == (1, 1) and ctrl.reverts == 1 and ctrl.changes == 2
+    assert "measured slower" in ctrl.status  # the model still ranks (1,3) first; it is held, for 100 s
+
+
+def test_a_change_that_measures_faster_or_equal_stays():
+    ctrl = AutotuneController(CFG_VERIFY, Policy(PolicyKind.DELAYED, (1, 1)), TableSolve(predicts_1_3_wins), DROPS)
+    ds = drive_rates(ctrl, SyntheticServer(17), 0, 80, lambda b: 44 if b == (1, 3) else 40)
+    assert [(d.new, d.revert) for d in ds] == [((1, 3), False)]
+    assert ctrl.reverts == 0 and ctrl.trial is None and ctrl.policy.thresholds == (1, 3)
+
+
+def test_no_revert_when_the_workload_moved_during_the_trial_or_verification_is_off():
+    srv = SyntheticServer(18, noise=0.0)
+    ctrl = AutotuneController(CFG_VERIFY, Policy(PolicyKind.DELAYED, (1, 1)), TableSolve(predicts_1_3_wins), DROPS)
+    first = drive_rates(ctrl, srv, 0, 40, lambda b: 40, stop_at_first=True)
+    assert [d.new for d in first] == [(1, 3)] and ctrl.trial is not None
+    t = int(first[0].at) + 1
+
+    def shift(t):  # the hop rate moves right after the change: the two windows are not comparable
+        srv.p0 = 0.45
+
+    later = drive_rates(ctrl, srv, t, t + 60, lambda b: 30 if b == (1, 3) else 40, shift)
+    assert later == [] and ctrl.policy.thresholds == (1, 3) and ctrl.reverts == 0
+
+    off = AutotuneController(CFG, Policy(PolicyKind.DELAYED, (1, 1)), TableSolve(predicts_1_3_wins), DROPS)
+    assert CFG.verify_s == 0
+    ds = drive_rates(off, SyntheticServer(19, noise=0.0), 0, 100, lambda b: 30 if b == (1, 3) else 40)
+    assert [d.new for d in ds] == [(1, 3)] and off.reverts == 0
+
+
+def test_a_rejected_b_is_tried_again_once_the_workload_moved():
+    srv = SyntheticServer(20, noise=0.0)
+    ctrl = AutotuneController(CFG_VERIFY, Policy(PolicyKind.DELAYED, (1, 1)), TableSolve(predicts_1_3_wins), DROPS)
+    ds = drive_rates(ctrl, srv, 0, 60, lambda b: 30 if b == (1, 3) else 40)
+    assert [d.revert for d in ds] == [False, True] and (1, 3) in ctrl.rejected
+    srv.p0 = 0.45  # a new regime: (1,3) may be right now, and this time it is
+    ds = drive_rates(ctrl, srv, 60, 160, lambda b: 40)
+    assert [d.new for d in ds] == [(1, 3)] and ctrl.policy.thresholds == (1, 3) and (1, 3) not in ctrl.rejected
+
+
+def test_an_operator_change_ends_a_trial():
+    ctrl = AutotuneController(CFG_VERIFY, Policy(PolicyKind.DELAYED, (1, 1)), TableSolve(predicts_1_3_wins), DROPS)
+    srv = SyntheticServer(21, noise=0.0)
+    first = drive_rates(ctrl, srv, 0, 40, lambda b: 40, stop_at_first=True)
+    assert [d.new for d in first] == [(1, 3)] and ctrl.trial is not None
+    t = int(first[0].at) + 1
+    ctrl.reset(Policy(PolicyKind.DELAYED, (2, 2)), float(t))
+    assert ctrl.trial is None
+    # (2,2) measured slower than (1,3) was: not autotune's change to undo; it moves on by the model instead.
+    ds = drive_rates(ctrl, srv, t + 1, t + 40, lambda b: 30 if b == (2, 2) else 40)
+    assert ds and not any(d.revert for d in ds) and ds[0].old == (2, 2)

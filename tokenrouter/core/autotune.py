@@ -31,6 +31,15 @@ Hysteresis: a new B is applied only when it is predicted to gain at least `min_g
 last change is at least `hold_s` old. Two near-equal B therefore never alternate, and a shift of the workload
 changes B once (after it, the new B is the best and nothing gains).
 
+Verification: the model can rank two B wrongly (the chain's step times are averages at one batch size; measured,
+it holds the large model for smaller batches than the best), and a wrong change under a stable workload would
+cost for as long as the workload stays. So a change is a trial: for `verify_s` after it (and two observations of
+settling) the committed-token rate is measured (`RateLog`) against the rate under the old B in the `verify_s`
+before it. When the new B measured slower by more than `verify_margin` and the estimates held still across both
+windows, the controller reverts (a `Decision` with `revert`) and will not pick that B again until the estimates
+move. When the workload moved across the windows, the two rates are not comparable and the change stays (the
+model is the only guide while the regime shifts).
+
 Pure and clock-free: the driver passes snapshots and its clock (`observe(snapshot, now)`), runs the controller
 where a solve does not stall serving (the simulator: between events; the runtime: a worker thread of the
 front-end process), applies a `Decision` as an operator's change is applied (`Scheduler.set_policy` on every
@@ -156,11 +165,9 @@ class Estimates:
 
     def moved_from(self, old: Estimates, tolerance: float) -> str | None:
         """What moved by more than `tolerance` (relative) since `old`, or None."""
-        if self.concurrency != old.concurrency:
-            return f"N {old.concurrency} -> {self.concurrency}"
-        for i, (p, q) in enumerate(zip(self.hop_prob, old.hop_prob, strict=True)):
-            if (p is None) != (q is None) or (p is not None and abs(p - q) > tolerance * max(q, 0.01)):  # type: ignore[operator]
-                return f"hop probability of model {i}"
+        moved = self.workload_moved_from(old, tolerance)
+        if moved is not None:
+            return moved
         for i, (s, t) in enumerate(zip(self.step, old.step, strict=True)):
             if (s is None) != (t is None):
                 return f"step time of model {i}"
@@ -171,6 +178,18 @@ class Estimates:
         a, b = self.mean_output, old.mean_output
         if (a is None) != (b is None) or (a is not None and abs(a - b) > tolerance * b):  # type: ignore[operator]
             return "mean output length"
+        return None
+
+    def workload_moved_from(self, old: Estimates, tolerance: float) -> str | None:
+        """What of the workload (N, hop probabilities) moved by more than `tolerance` since `old`, or None. Step
+        times are left out: they move with B itself (batch sizes, co-location), so they cannot tell whether two
+        B were measured under one workload. The mean output is left out too: its estimate is the noisiest, and
+        it moves a closed loop's rate little."""
+        if self.concurrency != old.concurrency:
+            return f"N {old.concurrency} -> {self.concurrency}"
+        for i, (p, q) in enumerate(zip(self.hop_prob, old.hop_prob, strict=True)):
+            if (p is None) != (q is None) or (p is not None and abs(p - q) > tolerance * max(q, 0.01)):  # type: ignore[operator]
+                return f"hop probability of model {i}"
         return None
 
     def describe(self) -> str:
@@ -310,15 +329,62 @@ class Decision:
     predicted_gain: float
     predicted_tok_s: float
     note: str = ""
+    revert: bool = False  # a change that measured slower, undone: `predicted_*` are then the measured rates
 
     def describe(self) -> str:
         b = lambda x: ",".join(map(str, x))  # noqa: E731
-        return (f"B {b(self.old)} -> {b(self.new)} (predicted {self.predicted_gain:+.1%}, "
+        what = "revert, measured" if self.revert else "predicted"
+        return (f"B {b(self.old)} -> {b(self.new)} ({what} {self.predicted_gain:+.1%}, "
                 f"{self.predicted_tok_s:,.1f} tok/s) at {self.estimates.describe()}")  # fmt: skip
 
     def as_dict(self) -> dict[str, object]:
         return {"at": self.at, "old": list(self.old), "new": list(self.new), "predicted_gain": self.predicted_gain,
-                "predicted_tok_s": self.predicted_tok_s, "estimates": self.estimates.as_dict()}  # fmt: skip
+                "predicted_tok_s": self.predicted_tok_s, "estimates": self.estimates.as_dict(),
+                "revert": self.revert}  # fmt: skip
+
+
+class RateLog:
+    """Recent (time, cumulative committed output tokens, estimates) from the snapshots, for the measured output
+    rate of a window. Tokens that went backwards (a restarted subserver) start the log again."""
+
+    def __init__(self, keep_s: float) -> None:
+        self.keep_s = keep_s
+        self.points: deque[tuple[float, int, Estimates | None]] = deque()
+
+    def add(self, now: float, snap: CounterSnapshot, est: Estimates | None) -> None:
+        tokens = sum(m.tokens for m in snap.models)
+        if self.points and tokens < self.points[-1][1]:
+            self.points.clear()
+        self.points.append((now, tokens, est))
+        while len(self.points) > 2 and self.points[1][0] < now - self.keep_s:
+            self.points.popleft()
+
+    def at_or_before(self, t: float) -> tuple[float, int, Estimates | None] | None:
+        """The last point at or before `t` (None: the log starts later)."""
+        best = None
+        for p in self.points:
+            if p[0] > t:
+                break
+            best = p
+        return best
+
+    def rate(self, a: float, b: float) -> float | None:
+        """Tokens per second from the last point at or before `a` to the last at or before `b`; None when the log
+        does not reach back to `a` or the span is under half of [a, b]."""
+        p0, p1 = self.at_or_before(a), self.at_or_before(b)
+        if p0 is None or p1 is None or p1[0] - p0[0] < 0.5 * (b - a) or p1[0] <= p0[0]:
+            return None
+        return (p1[1] - p0[1]) / (p1[0] - p0[0])
+
+
+@dataclass(slots=True, frozen=True)
+class Trial:
+    """A change under verification: measured from `start` (the change plus settling) for `verify_s`, against
+    `baseline_tok_s` (the rate under the old B in the `verify_s` before the change)."""
+
+    decision: Decision
+    baseline_tok_s: float
+    start: float
 
 
 class AutotuneController:
@@ -346,24 +412,39 @@ class AutotuneController:
         self._solved: Estimates | None = None  # the estimates of the last solve
         self._solved_at: float | None = None
         self._changed_at: float | None = None
+        self.reverts = 0
+        self.trial: Trial | None = None
+        self.rejected: dict[tuple[int, ...], Estimates] = {}  # B measured slower, and the estimates it was under
+        self.rates = RateLog(keep_s=2 * config.verify_s + 4 * config.observe_s)
 
     def current(self, concurrency: int) -> tuple[int, ...]:
         """The B in force for `concurrency`, as every subserver derives it (eager = all 1; clamped)."""
         return self.policy.thresholds_for(concurrency, self.num_models)
 
     def observe(self, snap: CounterSnapshot, now: float) -> Decision | None:
-        """Update the estimates; re-solve when due; a Decision when a new B passes the hysteresis."""
+        """Update the estimates; end a trial that is due (a revert, or nothing); re-solve when due; a Decision when
+        a new B passes the hysteresis."""
         self.estimator.update(snap, now)
         short = [i for i in range(self.num_models) if self.estimator.steps(i) < self.config.min_steps]
         if short:
+            self.rates.add(now, snap, None)
             self.status = f"waiting: model {short[0]} ran {self.estimator.steps(short[0]):.0f} of " \
                           f"{self.config.min_steps} steps"  # fmt: skip
             return None
-        if self.estimator.idle():
+        idle = self.estimator.idle()
+        est = None if idle else self.estimator.estimates()
+        self.rates.add(now, snap, est)
+        if est is None:
+            self.trial = None  # nothing to measure a B by
             self.status = "idle: no live requests"
             return None
-        est = self.estimator.estimates()
         self.estimates = est
+        if self.trial is not None:
+            if now < self.trial.start + self.config.verify_s:
+                return None  # the trial is under way: no other change meanwhile
+            revert = self._end_trial(est, now)
+            if revert is not None:
+                return revert
         why = self._due(est, now)
         if why is None:
             return None
@@ -390,17 +471,50 @@ class AutotuneController:
             return f"moved: {moved}"
         return None
 
+    def _end_trial(self, est: Estimates, now: float) -> Decision | None:
+        """The trial's verdict: a revert when the new B measured slower under unchanged estimates, else None."""
+        t, self.trial = self.trial, None
+        assert t is not None
+        d = t.decision
+        b = lambda x: ",".join(map(str, x))  # noqa: E731
+        rate = self.rates.rate(t.start, now)
+        moved = est.workload_moved_from(d.estimates, self.config.tolerance)
+        if rate is None or moved is not None:
+            self.status = f"kept B {b(d.new)} unverified ({'no rate' if rate is None else moved + ' moved'})"
+            return None
+        if rate >= t.baseline_tok_s * (1.0 - self.config.verify_margin):
+            self.status = f"kept B {b(d.new)}: measured {rate:,.0f} tok/s against {t.baseline_tok_s:,.0f} under B " \
+                          f"{b(d.old)}"  # fmt: skip
+            return None
+        self.status = f"revert B {b(d.new)} -> {b(d.old)}: measured {rate:,.0f} tok/s against {t.baseline_tok_s:,.0f}"
+        note = f"B {b(d.new)} measured {rate:,.1f} tok/s against {t.baseline_tok_s:,.1f} under B {b(d.old)} before it"
+        return Decision(now, d.new, d.old, est, t.baseline_tok_s / max(rate, 1e-9) - 1.0, t.baseline_tok_s, note,
+                        revert=True)  # fmt: skip
+
     def _decide(self, sol: Solution, cur: tuple[int, ...], est: Estimates, now: float, why: str) -> Decision | None:
         b = lambda x: ",".join(map(str, x))  # noqa: E731
         if sol.thresholds == cur:
             self.status = f"solved ({why}): B {b(cur)} in force is the best"
             return None
+        seen = self.rejected.get(tuple(sol.thresholds))
+        if seen is not None:
+            if est.workload_moved_from(seen, self.config.tolerance) is None:
+                self.status = f"solved ({why}): B {b(sol.thresholds)} measured slower than B {b(cur)} here: hold"
+                return None
+            del self.rejected[tuple(sol.thresholds)]  # the workload moved since: the model may be right now
         if sol.throughput_tok_s is None or not sol.current_tok_s or sol.current_tok_s <= 0:
             self.status = f"solved ({why}): no prediction to compare B {b(sol.thresholds)} with B {b(cur)}"
             return None
         gain = sol.throughput_tok_s / sol.current_tok_s - 1.0
         if gain < self.config.min_gain:
             self.status = f"solved ({why}): B {b(sol.thresholds)} gains {gain:+.1%} < {self.config.min_gain:.1%}: hold"
+            return None
+        v = self.config.verify_s
+        start = self.rates.at_or_before(now - v)
+        if v > 0 and (start is None or start[2] is None or (self._changed_at or -1e18) > now - v):
+            # Not a `verify_s` of the B in force measured yet (start-up, or just after a change): without it the
+            # change could not be verified, so wait for it (a moving workload is no reason: that is checked later).
+            self.status = f"solved ({why}): B {b(sol.thresholds)} gains {gain:+.1%}; measuring B {b(cur)} first"
             return None
         if self._changed_at is not None and now - self._changed_at < self.config.hold_s:
             self.status = f"solved ({why}): B {b(sol.thresholds)} gains {gain:+.1%}, but the last change is " \
@@ -412,10 +526,30 @@ class AutotuneController:
     def applied(self, decision: Decision) -> None:
         """The driver applied `decision` on every subserver: it is the B in force from now on (flat: a table
         of the old policy is replaced, since it was tuned for the workload that shifted)."""
+        before = self._changed_at
         self.policy = Policy(PolicyKind.DELAYED, tuple(decision.new), max_wait=self.policy.max_wait)
         self.changes += 1
         self._changed_at = decision.at
         self.history.append(decision)
+        if decision.revert:
+            self.reverts += 1
+            self.rejected[tuple(decision.old)] = decision.estimates
+            return
+        self.trial = self._trial_of(decision, before)
+
+    def _trial_of(self, d: Decision, before: float | None) -> Trial | None:
+        """A trial for change `d` when the old B's rate over the `verify_s` before it is measurable: the old B was
+        in force all that window (`before`: the previous change) and the estimates did not move across it."""
+        v = self.config.verify_s
+        if v <= 0 or (before is not None and before > d.at - v):
+            return None
+        start = self.rates.at_or_before(d.at - v)
+        base = self.rates.rate(d.at - v, d.at)
+        if start is None or base is None or base <= 0 or start[2] is None:
+            return None
+        if d.estimates.workload_moved_from(start[2], self.config.tolerance) is not None:
+            return None
+        return Trial(d, base, d.at + 2 * self.config.observe_s)
 
     def reset(self, policy: Policy, now: float) -> None:
         """Someone else changed the policy (the admin endpoint): follow it, hold for `hold_s`, re-solve soon."""
@@ -424,3 +558,5 @@ class AutotuneController:
         self.policy = policy
         self._changed_at = now
         self._solved = None
+        self.trial = None  # the operator's B is not autotune's to verify, nor what it measured before
+        self.rejected.clear()

@@ -102,6 +102,11 @@ class AutotuneConfig:
     probabilities, mean output and N, `step_half_life_s` for step times (a property of the hardware and the
     context, slower to move). No solve before every model ran `min_steps` steps (decayed count). `max_states`
     is the Markov search's state budget: its time box (about 1 s per 50,000 states on one core).
+
+    A change is verified: for `verify_s` after it the output-token rate under the new B is measured against the
+    rate under the old B just before it; when it fell by more than `verify_margin` (relative) while the estimates
+    held still, the old B comes back and the new one is not tried again until the estimates move. `verify_s` 0
+    trusts the model alone.
     """
 
     observe_s: float = 1.0
@@ -113,13 +118,15 @@ class AutotuneConfig:
     step_half_life_s: float = 60.0
     min_steps: int = 50
     max_states: int = 50_000
+    verify_s: float = 10.0
+    verify_margin: float = 0.02
 
     def __post_init__(self) -> None:
         for name in ("observe_s", "interval_s", "half_life_s", "step_half_life_s"):
             v = getattr(self, name)
             if not (isinstance(v, int | float) and math.isfinite(v) and v > 0):
                 raise ConfigError(f"policy.autotune.{name} must be a number > 0, got {v!r}")
-        for name in ("tolerance", "min_gain", "hold_s"):
+        for name in ("tolerance", "min_gain", "hold_s", "verify_s", "verify_margin"):
             v = getattr(self, name)
             if not (isinstance(v, int | float) and math.isfinite(v) and v >= 0):
                 raise ConfigError(f"policy.autotune.{name} must be a number >= 0, got {v!r}")

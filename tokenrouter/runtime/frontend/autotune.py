@@ -53,8 +53,9 @@ class AutotuneTask:
         self._task = asyncio.create_task(self._run())
         cfg = self.controller.config
         log.info("autotune on: observe every %g s, re-solve every %g s (or on a %.0f%% move), apply at >= %.1f%% "
-                 "predicted gain, hold %g s", cfg.observe_s, cfg.interval_s, cfg.tolerance * 100,
-                 cfg.min_gain * 100, cfg.hold_s)  # fmt: skip
+                 "predicted gain, hold %g s, %s", cfg.observe_s, cfg.interval_s, cfg.tolerance * 100,
+                 cfg.min_gain * 100, cfg.hold_s, f"verify each change for {cfg.verify_s:g} s" if cfg.verify_s > 0
+                 else "changes not verified")  # fmt: skip
 
     async def stop(self) -> None:
         if self._task is not None:

@@ -121,6 +121,8 @@ class PolicyCollector(Collector):
         c = self.autotune.controller
         yield CounterMetricFamily("tokenrouter_autotune_changes", "B changes autotune applied", value=c.changes)
         yield CounterMetricFamily("tokenrouter_autotune_solves", "Markov solves autotune ran", value=c.solves)
+        yield CounterMetricFamily("tokenrouter_autotune_reverts", "B changes autotune undid because the new B "
+                                  "measured slower (counted in changes too)", value=c.reverts)  # fmt: skip
         if self.autotune.last_gain is not None:
             yield GaugeMetricFamily("tokenrouter_autotune_predicted_gain", "predicted relative throughput gain of "
                                     "the last B change", value=self.autotune.last_gain)  # fmt: skip
