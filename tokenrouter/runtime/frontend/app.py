@@ -6,6 +6,7 @@ the app's lifespan, so an app can be created, served and torn down repeatedly in
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import re
@@ -162,13 +163,15 @@ def create_app(
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         check_model(body.model)
-        ids = params.completion_prompt(body, tokenizer.encode)
+        # In a worker thread (the tokenizer releases the GIL): a long prompt must not stall the event loop that
+        # streams every other request and answers /health.
+        ids = await asyncio.to_thread(params.completion_prompt, body, tokenizer.encode)
         return await answer(job(body, ids, default_max=16), request)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest, request: Request):
         check_model(body.model)
-        ids = params.chat_prompt(body, tokenizer)
+        ids = await asyncio.to_thread(params.chat_prompt, body, tokenizer)
         return await answer(job(body, ids, default_max=None), request)
 
     @app.get("/v1/models")
