@@ -390,7 +390,7 @@ class Server:
             if i not in self.ready or seen is None or p.exitcode is not None or not isinstance(p, BaseProcess):
                 continue
             if now - seen > self.heartbeat_timeout_s:
-                why = f"no heartbeat for {now - seen:.1f} s: hung, killed"
+                why = f"no heartbeat for {now - seen:.1f} s (hung)"
                 log.error("subserver %d (%s) sent no heartbeat for %.1f s: killing it (pid %s)", i,
                           self.config.models[i].name, now - seen, p.pid)  # fmt: skip
                 self.dead.setdefault(i, why)
