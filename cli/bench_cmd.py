@@ -183,7 +183,7 @@ def register(app: typer.Typer) -> None:
             if len(out.samples.thresholds) > 1:
                 console.print(f"B over time (server's thresholds in force): {threshold_timeline(out, names)}")
         if out.errors:
-            err_console.print(f"{len(out.errors)} requests failed; first: {out.errors[0]}")
+            err_console.print(f"{len(out.errors)} requests failed; first: {out.errors[0]}", soft_wrap=True)
         record: dict[str, Any] = {
             "url": url,
             "models": ",".join(names),
@@ -222,3 +222,7 @@ def register(app: typer.Typer) -> None:
             cell = RunCell.of_sim(sim_res, models=names) if sim_res else live
             written = plot_bench(out, plot, sim=sim_res.metrics if sim_res else None, cell=cell)
             typer.echo(f"wrote {written}", err=json_out == "-")  # stdout stays pure JSON with --json -
+        if out.unreachable is not None:  # the results so far are written; the run itself is not complete
+            typer.echo(f"tokenrouter: error: the server at {url} went away during the run ({out.unreachable}); "
+                       f"{len(out.errors)} of {out.requests_sent} requests failed", err=True)  # fmt: skip
+            raise typer.Exit(1)

@@ -50,8 +50,10 @@ def serve(
                    "head here). The launcher and the HTTP front-end stay in this process. Needs the 'ray' extra.")
                    ] = None,
     ray_cpus: Annotated[float, Opt(help="--ray: CPUs each subserver's actor reserves.")] = 1.0,
-    heartbeat_timeout: Annotated[float, Opt(help="A subserver this process did not start (external: true, or a "
-                                 "Ray actor) that sends no heartbeat for this many seconds has failed.")] = 10.0,
+    heartbeat_timeout: Annotated[float, Opt(help="A subserver that sends no heartbeat for this many seconds has "
+                                 "failed: one this process started is hung and gets killed (then restarted with "
+                                 "--restart-on-failure, else the server exits 1); one it did not start (external: "
+                                 "true, or a Ray actor) is given up.")] = 10.0,
     join_timeout: Annotated[float, Opt(help="Over tcp: seconds start-up waits for every subserver to join (an "
                             "external one is started by hand: `tokenrouter subserver --join ...`).")] = 300.0,
     shutdown_timeout: Annotated[float, Opt(help="Seconds running requests get to finish on SIGTERM/SIGINT; "
@@ -122,7 +124,8 @@ def serve(
         from tokenrouter.baselines.launcher import BaselineServer
 
         try:
-            server: Server = BaselineServer(cfg, baseline, device=device, record_hops=record_hops)
+            server: Server = BaselineServer(cfg, baseline, device=device, record_hops=record_hops,
+                                            heartbeat_timeout_s=heartbeat_timeout)  # fmt: skip
         except ValueError as e:
             raise CliError(f"--baseline {baseline}: {e}") from None
     else:
@@ -133,13 +136,14 @@ def serve(
                                      config_path=str(deploy.config) if deploy.config else None)  # fmt: skip
         try:
             server = Server(cfg, device=device, record_hops=record_hops, restart_on_failure=restart_on_failure,
-                            cluster=cluster)  # fmt: skip
+                            cluster=cluster, heartbeat_timeout_s=heartbeat_timeout)  # fmt: skip
         except (ValueError, ImportError, RuntimeError, ConnectionError) as e:
             # a deployment the cluster layer refuses (runtime.cluster), Ray missing, unreachable or too small
             raise CliError(str(e).splitlines()[0]) from None
     with server, contextlib.suppress(KeyboardInterrupt):
         serve_http(server, host=host, port=port, api_key=api_key, tokenizer=tok, shutdown_timeout_s=shutdown_timeout,
-                   access_log=not no_access_log, t0=server.t0, admin_key=admin_key)  # fmt: skip
+                   access_log=not no_access_log, t0=server.t0, admin_key=admin_key,
+                   heartbeat_timeout_s=heartbeat_timeout)  # fmt: skip
     if server.failure is not None:  # a subserver died: exit non-zero so a supervisor restarts the server
         raise typer.Exit(1)
 

@@ -202,3 +202,38 @@ def test_duration_stops_sending_and_lets_running_requests_finish(server, tmp_pat
 def test_duration_must_be_positive(capsys):
     assert run(["bench", "--url", "http://127.0.0.1:9", "--duration", "0"]) == 2
     assert "--duration must be a positive number" in capsys.readouterr().err
+
+
+def test_a_server_that_goes_away_mid_run_keeps_the_results_and_exits_1(tmp_path, capsys):
+    """The server stops after a few requests: the remaining ones fail at once, the table, JSON and CSV hold what
+    was measured, and the exit code and one stderr line say that the run did not complete."""
+    import threading
+    import time
+
+    srv = start(token_delay_s=0.01)
+
+    def stop_after_4_submits():
+        deadline = time.monotonic() + 60
+        while sum(type(m).__name__ == "Submit" for m in srv.fake.received) < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        srv.close()
+
+    stopper = threading.Thread(target=stop_after_4_submits)
+    stopper.start()
+    out_json, out_csv = tmp_path / "gone.json", tmp_path / "gone.csv"
+    try:
+        argv = ["bench", "--url", srv.url, "--workload", "fixed:8,10", "--num-requests", "40", "-n", "2",
+                "--json", str(out_json), "--csv", str(out_csv)]  # fmt: skip
+        assert run(argv) == 1
+    finally:
+        stopper.join(60)
+        srv.close()
+    captured = capsys.readouterr()
+    assert "output throughput tok/s" in captured.out
+    last = captured.err.strip().splitlines()[-1]
+    assert last.startswith(f"tokenrouter: error: the server at {srv.url} went away during the run"), captured.err
+    rec = json.loads(out_json.read_text())
+    assert rec["requests_completed"] >= 2 and rec["requests_failed"] >= 1
+    assert rec["requests_completed"] + rec["requests_failed"] == rec["requests_sent"] == 40
+    assert rec["total_output_tokens"] == 10 * rec["requests_completed"]
+    assert len(pd.read_csv(out_csv)) >= rec["requests_completed"]

@@ -5,6 +5,9 @@ character."""
 from __future__ import annotations
 
 import json
+import random
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -44,6 +47,29 @@ def test_encode_decode_round_trip(text):
     ids = tok.encode(text)
     assert ids and all(0 <= i < tok.vocab_size for i in ids)
     assert tok.decode(ids) == text
+    assert ids == tok.tokenizer.encode(text, add_special_tokens=False).ids  # the library's own single encode
+
+
+def test_a_lone_surrogate_is_a_value_error():
+    with pytest.raises(ValueError, match="lone surrogate"):
+        load_tokenizer("tiny").encode("ab\ud800")
+
+
+def test_encode_lets_other_threads_run():
+    """The front-end tokenizes in a worker thread so that the event loop keeps serving; that only works if the
+    tokenizer releases the GIL. The main thread counts 1 ms sleeps while a long text is encoded: it gets about
+    one turn when the GIL is held throughout, hundreds when it is released."""
+    tok = load_tokenizer("tiny")
+    text = "".join(random.Random(0).choice("abcdefghij ") for _ in range(1_500_000))
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (tok.encode(text), done.set()))
+    turns = 0
+    worker.start()
+    while not done.is_set():
+        time.sleep(0.001)
+        turns += 1
+    worker.join()
+    assert turns >= 20, turns
 
 
 def test_special_tokens_are_single_ids_and_skipped_on_decode():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 
 import httpx
@@ -12,6 +13,7 @@ import pytest
 from fake_backend import HANG, NAMES, REJECT
 from live_server import start
 
+from tokenrouter.models.tokenizer import TextTokenizer
 from tokenrouter.runtime import protocol as P
 
 MODEL = "+".join(NAMES)
@@ -78,6 +80,9 @@ def assert_error(r: httpx.Response, status: int, param: str | None = None) -> No
         ({"model": MODEL, "prompt": [1, 2], "max_tokens": 2**70}, 400, "max_tokens"),
         ({"model": MODEL, "prompt": [1, 2], "stop_token_ids": [2**40]}, 400, "stop_token_ids.0"),
         ({"model": MODEL, "prompt": [1, 2**40]}, 400, "prompt"),
+        # JSON's \ud800 spells a lone surrogate: valid JSON, not valid Unicode (the tokenizer cannot take it)
+        ({"model": MODEL, "prompt": "ab\ud800cd"}, 400, "prompt"),
+        ({"model": MODEL, "prompt": ["\udfff"]}, 400, "prompt"),
     ],
 )
 def test_bad_completion_requests(small_kv, body, status, param):
@@ -116,10 +121,13 @@ CHAT_OK = [{"role": "user", "content": "hi"}]
         ({"model": MODEL, "messages": CHAT_OK, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
         ({"model": MODEL, "messages": CHAT_OK, "tool_choice": "auto"}, "tool_choice"),
         ({"model": MODEL, "messages": CHAT_OK, "response_format": {"type": "json_object"}}, "response_format"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "hi \ud800"}]}, "messages"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": [{"type": "text", "text": "\udc00"}]}]}, "messages"),
     ],
 )
 def test_bad_chat_requests(small_kv, body, param):
-    assert_error(httpx.post(small_kv.url + "/v1/chat/completions", json=body), 400, param)
+    r = httpx.post(small_kv.url + "/v1/chat/completions", content=json.dumps(body), headers=JSON)
+    assert_error(r, 400, param)
 
 
 def test_defaults_of_unsupported_parameters_are_accepted(small_kv):
@@ -143,6 +151,34 @@ def test_bad_requests_never_reach_subservers_and_server_keeps_serving(small_kv):
     assert sum(isinstance(m, P.Submit) for m in small_kv.fake.received) == before
     r = httpx.post(small_kv.url + "/v1/completions", json={"model": MODEL, "prompt": [1, 2], "max_tokens": 5})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 5
+
+
+def test_a_prompt_being_tokenized_does_not_stall_other_requests(small_kv, monkeypatch):
+    """Tokenizing happens off the event loop: while one text prompt is in the tokenizer (held there until the
+    other requests answered), /health and another completion are answered."""
+    entered, release = threading.Event(), threading.Event()
+    real = TextTokenizer.encode
+
+    def held(self, text: str) -> list[int]:
+        if text == "held":
+            entered.set()
+            release.wait(30)
+        return real(self, text)
+
+    monkeypatch.setattr(TextTokenizer, "encode", held)
+    url, slow = small_kv.url, {}
+    body = {"model": MODEL, "prompt": "held", "max_tokens": 3}
+    t = threading.Thread(target=lambda: slow.update(r=httpx.post(url + "/v1/completions", json=body, timeout=60)))
+    t.start()
+    try:
+        assert entered.wait(10)
+        assert httpx.get(url + "/health", timeout=5).status_code == 200
+        r = httpx.post(url + "/v1/completions", json={"model": MODEL, "prompt": [1, 2], "max_tokens": 3}, timeout=5)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+    finally:
+        release.set()
+        t.join(30)
+    assert slow["r"].status_code == 200 and slow["r"].json()["usage"]["completion_tokens"] == 3
 
 
 def test_rejected_by_subserver_is_a_4xx_streaming_or_not(small_kv):

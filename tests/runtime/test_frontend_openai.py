@@ -78,3 +78,30 @@ def test_refused_parameter_is_a_bad_request_naming_it(client):
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model=MODEL, prompt=[1, 2], seed=2**64 - 1)
     assert e.value.param == "seed"
+
+
+def test_include_usage_sends_a_usage_chunk_with_empty_choices(client):
+    """OpenAI's `stream_options.include_usage`: the last chunk before [DONE] has no choices and the request's
+    usage (what clients such as vLLM's benchmark read it from); without it no such chunk is sent."""
+    whole = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=7)
+    chunks = list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=7, stream=True,
+                                            stream_options={"include_usage": True}))  # fmt: skip
+    assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage
+    assert chunks[-2].choices[0].finish_reason == "length"
+    assert all(c.choices for c in chunks[:-1])
+    plain = list(client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=7, stream=True))
+    assert all(c.choices for c in plain)
+    msgs = [{"role": "user", "content": "hello"}]
+    whole_chat = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=5)
+    chat = list(client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=5, stream=True,
+                                               stream_options={"include_usage": True}))  # fmt: skip
+    assert chat[-1].choices == [] and chat[-1].usage == whole_chat.usage
+    assert "".join(c.choices[0].delta.content or "" for c in chat[:-1]) == whole_chat.choices[0].message.content
+
+
+def test_models_retrieve(client):
+    assert client.models.retrieve(MODEL).id == MODEL
+    assert client.models.retrieve(NAMES[1]).id == NAMES[1]
+    with pytest.raises(openai.NotFoundError) as e:
+        client.models.retrieve("gpt-4")
+    assert e.value.body["code"] == "model_not_found"

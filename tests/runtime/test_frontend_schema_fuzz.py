@@ -29,7 +29,11 @@ junk = st.recursive(
 )
 bad = st.one_of(junk, ints, floats)  # what a mutation puts in a field
 
-text = st.text(min_size=1, max_size=16)
+# A quarter of the texts carry a lone surrogate: JSON's \ud800 escapes spell one, so it is valid JSON but not valid
+# Unicode (hypothesis' text() never draws one).
+lone_surrogate = st.integers(0xD800, 0xDFFF).map(chr)
+plain = st.text(min_size=1, max_size=16)
+text = st.one_of(plain, plain, plain, st.tuples(st.text(max_size=8), lone_surrogate, st.text(max_size=8)).map("".join))
 token_ids = st.lists(st.integers(0, 1023), min_size=1, max_size=8)
 VALID_COMMON = {
     "max_tokens": st.integers(1, 12),

@@ -166,20 +166,25 @@ def test_killed_subserver_fails_streams_and_the_server_exits_nonzero(tmp_path):
 
 
 def test_restart_on_failure_serves_again_after_each_subserver_dies(tmp_path):
+    """Killed, or hung (SIGSTOP: alive but silent, as a wedged device leaves it): the streams it held end with an
+    error, the launcher kills what is hung, and the model is restarted and serves again."""
     srv = Served.start(tmp_path, write_config(tmp_path / "serve.yaml", "r2r", hop_rate=0.3), kv_tokens=8192,
-                       extra=("--restart-on-failure",))  # fmt: skip
+                       extra=("--restart-on-failure", "--heartbeat-timeout", "3"))  # fmt: skip
     try:
-        for victim in (1, 0):  # the large model, then the entry
+        # the large model, the entry, then the large model hung
+        for victim, sig in ((1, signal.SIGKILL), (0, signal.SIGKILL), (1, signal.SIGSTOP)):
             pid = srv.subserver_pids()[victim]
+            proc = psutil.Process(pid)
 
-            async def kill(pid=pid):
-                os.kill(pid, signal.SIGKILL)
+            async def kill(pid=pid, sig=sig):
+                os.kill(pid, sig)
 
             seen, _ = asyncio.run(_streams_then(srv.url, 4, 3000, kill))
             assert all(_ended_with_error_and_done(s) for s in seen), seen
             assert wait_until(lambda: healthy(srv.url), 30.0), srv.log.read_text()[-3000:]
             assert srv.proc.poll() is None
             assert pid not in srv.subserver_pids()
+            assert not live_processes([proc]), f"subserver {pid} ({sig.name}) still runs"
 
             async def batch():
                 async with httpx.AsyncClient(timeout=120) as c:
@@ -189,7 +194,8 @@ def test_restart_on_failure_serves_again_after_each_subserver_dies(tmp_path):
             assert all(s.error is None and s.done and s.tokens == 12 and s.finish == "length" for s in again), again
         assert wait_until(lambda: all(u == 0 for u in srv.kv_pages_used()), 10.0), srv.kv_pages_used()
         log = srv.log.read_text()
-        assert log.count("restarting subserver") == 2 and "Traceback" not in log.split("restarting")[0]
+        assert log.count("restarting subserver") == 3 and "Traceback" not in log.split("restarting")[0]
+        assert "subserver 1 (tiny-large) sent no heartbeat for" in log, log[-3000:]
         srv.proc.send_signal(signal.SIGTERM)
         assert srv.proc.wait(60) == 0
     finally:

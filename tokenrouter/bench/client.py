@@ -36,6 +36,8 @@ class BenchOutcome:
     # steady-state window, as in the simulator (`sim.clients.ClosedLoop.exhausted_at`).
     exhausted_at: float | None = None
     requests_sent: int = 0
+    # Why the server could not be reached when the run ended (it went away during the run); None: it answered.
+    unreachable: str | None = None
 
 
 def prompt_ids(spec: RequestSpec, seed: int, vocab: int = 1000) -> list[int]:
@@ -138,7 +140,10 @@ async def run_bench(
             out.exhausted_at = None if loop is None else loop.exhausted_at
         finally:
             scrape_task.cancel()
-            out.samples.add(now(), (await client.get("/metrics")).text)
+            try:
+                out.samples.add(now(), (await client.get("/metrics")).text)
+            except httpx.HTTPError as e:  # the server went away: what was measured until then is kept
+                out.unreachable = f"{type(e).__name__}: {e}"
         out.wall_s = now()
         return out
 

@@ -68,8 +68,17 @@ class TextTokenizer:
         return "chatml" if IM_START in t and IM_END in t else None
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of `text`; special-token strings in it become their ids (as HF tokenizers do)."""
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
+        """Token ids of `text`; special-token strings in it become their ids (as HF tokenizers do).
+
+        Raises ValueError for text that is not valid Unicode (a lone surrogate, which JSON's `\\ud800` can
+        spell). Runs through `encode_batch`, which releases the GIL (`encode` holds it), so a long prompt
+        tokenized in a worker thread does not stall the thread that serves the other requests."""
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(f"the text is not valid Unicode: a lone surrogate {text[e.start]!r} at character "
+                             f"{e.start}") from None  # fmt: skip
+        return self.tokenizer.encode_batch([text], add_special_tokens=False)[0].ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)

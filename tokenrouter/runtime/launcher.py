@@ -16,8 +16,9 @@ every request in flight). Then, by default, the server gives up: `failure` says 
 `add_fatal_listener` callback runs (the HTTP front-end exits, and `tr serve` exits non-zero so systemd or
 Kubernetes restarts it). With `restart_on_failure` the launcher tells every survivor (`Restarted`: drop all
 requests, reconnect) and starts the dead subserver again in place; the front-end serves again once its
-`Ready` arrives. A subserver that dies again before it is ready is a failure. Subservers die with the launcher
-(`parent_watch`), and the run directory is removed on every exit path (`rundir`).
+`Ready` arrives. A subserver that dies again before it is ready is a failure. A ready subserver of ours that
+sends no `Stats` for `heartbeat_timeout_s` is hung and is killed, so that it takes the same path. Subservers die
+with the launcher (`parent_watch`), and the run directory is removed on every exit path (`rundir`).
 Invariant: after `stop()` returns, no subserver process, auxiliary process (`aux`), coordinator thread or MPS daemon of
 this server runs.
 """
@@ -34,6 +35,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
@@ -112,9 +114,11 @@ class Server:
         stats_interval_s: float = 0.5,
         restart_on_failure: bool = False,
         cluster: ClusterOptions | None = None,
+        heartbeat_timeout_s: float | None = None,
     ) -> None:
         """`cluster`: how a tcp deployment runs (Ray, heartbeat and join timeouts; `runtime.cluster`); a config
-        on tcp without it gets the defaults."""
+        on tcp without it gets the defaults. `heartbeat_timeout_s`: a ready subserver this launcher started that
+        sends nothing for this long is hung and gets killed (None: 10 s, or 4 Stats intervals if longer)."""
         if device not in ("cpu", "cuda"):
             raise ValueError(f"device must be cpu or cuda, got {device!r}")
         check_tp(config, device)  # tensor-parallel models: heads split evenly, one GPU per rank
@@ -139,6 +143,13 @@ class Server:
         self.engine_overrides = engine_overrides or {}
         self.ready_timeout_s = ready_timeout_s
         self.stats_interval_s = stats_interval_s
+        if heartbeat_timeout_s is not None and not heartbeat_timeout_s >= 2 * stats_interval_s:
+            raise ValueError(f"the heartbeat timeout ({heartbeat_timeout_s} s) must be at least twice the Stats "
+                             f"interval ({stats_interval_s} s)")  # fmt: skip
+        if heartbeat_timeout_s is None:
+            heartbeat_timeout_s = max(10.0, 4 * stats_interval_s)
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self._last_seen: dict[int, float] = {}  # model -> monotonic time of its latest Ready/Stats
         self.ready: dict[int, P.Ready] = {}
         self.stats: dict[int, P.Stats] = {}
         self.dead: dict[int, str] = {}
@@ -330,6 +341,8 @@ class Server:
                     self.cluster.on_join(data)
                 continue
             msg = P.decode_for_frontend(data)
+            if isinstance(msg, P.Ready | P.Stats):
+                self._last_seen[msg.model] = time.monotonic()
             if isinstance(msg, P.Ready):
                 if self.restarts[msg.model] and msg.model not in self.ready:
                     log.warning("model %d (%s) is serving again (restart %d, %.1f s to start)", msg.model,
@@ -359,11 +372,29 @@ class Server:
                         if p.exitcode is not None and self._handled.get(i) is not p:
                             self._handled[i] = p
                             self._on_exit(i, p, tell)
+                    self._kill_hung()
                     for name, p, _ in self.aux:
                         if p.exitcode is not None and self.failure is None:
                             self._on_aux_exit(name, p)
         finally:
             tell.close()
+
+    def _kill_hung(self) -> None:
+        """A ready subserver of ours whose heartbeat (`Stats`, every `stats_interval_s`) stopped is hung: a stuck
+        step, a wedged device, a stopped process. It is killed, so that its exit takes the path of any death
+        (restarted in place, or the server gives up) instead of leaving a live process the front-end calls dead.
+        Subservers on other hosts and Ray actors have their own heartbeat check (`runtime.remote`)."""
+        now = time.monotonic()
+        for i, p in enumerate(self.processes):
+            seen = self._last_seen.get(i)
+            if i not in self.ready or seen is None or p.exitcode is not None or not isinstance(p, BaseProcess):
+                continue
+            if now - seen > self.heartbeat_timeout_s:
+                why = f"no heartbeat for {now - seen:.1f} s (hung)"
+                log.error("subserver %d (%s) sent no heartbeat for %.1f s: killing it (pid %s)", i,
+                          self.config.models[i].name, now - seen, p.pid)  # fmt: skip
+                self.dead.setdefault(i, why)
+                p.kill()
 
     def _on_exit(self, i: int, p: Any, tell: zmq.Socket) -> None:
         name = self.config.models[i].name

@@ -6,6 +6,7 @@ the app's lifespan, so an app can be created, served and torn down repeatedly in
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import re
@@ -157,26 +158,42 @@ def create_app(
         sp = params.sampling(body, ids, limits(), default_max=default_max)
         stop = params.stop_strings(body)
         chat = isinstance(body, ChatRequest)
-        return generate.Job(ids, sp, tuple(tokenizer.eos_token_ids), body.model, chat, bool(body.stream), stop)
+        usage = bool(body.stream_options is not None and body.stream_options.include_usage)
+        return generate.Job(ids, sp, tuple(tokenizer.eos_token_ids), body.model, chat, bool(body.stream), stop,
+                            include_usage=usage)  # fmt: skip
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         check_model(body.model)
-        ids = params.completion_prompt(body, tokenizer.encode)
+        # In a worker thread (the tokenizer releases the GIL): a long prompt must not stall the event loop that
+        # streams every other request and answers /health.
+        ids = await asyncio.to_thread(params.completion_prompt, body, tokenizer.encode)
         return await answer(job(body, ids, default_max=16), request)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest, request: Request):
         check_model(body.model)
-        ids = params.chat_prompt(body, tokenizer)
+        ids = await asyncio.to_thread(params.chat_prompt, body, tokenizer)
         return await answer(job(body, ids, default_max=None), request)
+
+    def model_card(model_id: str) -> dict:
+        card = {"id": model_id, "object": "model", "created": int(time.time()), "owned_by": "tokenrouter"}
+        card["max_model_len"] = server.max_context_len
+        card["tokenrouter"] = {"models": names, "entry": server.entry}
+        return card
 
     @app.get("/v1/models")
     async def models() -> dict:
-        card = {"id": name, "object": "model", "created": int(time.time()), "owned_by": "tokenrouter"}
-        card["max_model_len"] = server.max_context_len
-        card["tokenrouter"] = {"models": names, "entry": server.entry}
-        return {"object": "list", "data": [card]}
+        return {"object": "list", "data": [model_card(name)]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def retrieve_model(model_id: str):
+        """OpenAI's model retrieval: the card of any name a request may use (the pair's, or one model's). Not a
+        generation request, so an unknown name is a 404 that the request counters do not count."""
+        if model_id not in accepted:
+            msg = f"the model {model_id!r} does not exist; this server serves {name!r}"
+            return error_response(404, msg, "model", "model_not_found")
+        return model_card(model_id)
 
     @app.get("/health")
     async def health() -> JSONResponse:

@@ -50,6 +50,7 @@ class Job:
     chat: bool
     stream: bool
     stop: tuple[str, ...] = ()
+    include_usage: bool = False  # stream_options.include_usage: a usage-only chunk before [DONE]
     rid: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -230,7 +231,8 @@ def _sse_line(obj: dict[str, Any] | str) -> bytes:
 async def _sse(job: Job, stream: RequestStream, first, backend: Backend, out: Output,
                on_outcome: OnOutcome) -> AsyncIterator[bytes]:  # fmt: skip
     """SSE chunks: one per in-order run of tokens (text delta plus, as an extension, the model of each token),
-    then a last chunk with the finish reason, `usage` and `tokenrouter`, then `[DONE]`."""
+    then a chunk with the finish reason, `usage` and `tokenrouter`, with `include_usage` a chunk with empty
+    `choices` and `usage` (what OpenAI clients read usage from), then `[DONE]`."""
     ev, done, sent_first = first, False, False
     try:
         while isinstance(ev, Chunk):
@@ -261,6 +263,8 @@ async def _sse(job: Job, stream: RequestStream, first, backend: Backend, out: Ou
         body["usage"] = out.usage()
         on_outcome("ok")
         yield _sse_line(body)
+        if job.include_usage:  # OpenAI's shape: empty choices, the whole request's usage
+            yield _sse_line({**_envelope(job, stream=True), "choices": [], "usage": out.usage()})
         yield _sse_line("[DONE]")
     finally:
         if not done:  # closed early: the client disconnected (or the server is stopping)

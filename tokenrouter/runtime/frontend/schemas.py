@@ -27,6 +27,12 @@ class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
 
 
+class StreamOptions(_Strict):
+    include_usage: bool | None = Field(
+        None, description="Also send a last chunk with empty `choices` and the request's `usage` before [DONE]."
+    )
+
+
 class _Sampling(_Strict):
     model: str = Field(..., description="The served pair's name (see /v1/models) or one of its model names.")
     max_tokens: Annotated[int, Field(ge=1, le=INT64_MAX)] | None = None
@@ -40,6 +46,7 @@ class _Sampling(_Strict):
     )
     n: Annotated[int, Field(ge=1, le=INT64_MAX)] | None = None
     stream: bool | None = None
+    stream_options: StreamOptions | None = None
     stop: str | Annotated[list[str], Field(max_length=4)] | None = Field(
         None, description="Up to 4 non-empty strings; the output ends before the first one that appears."
     )
