@@ -351,14 +351,40 @@ def drive_rates(ctrl: AutotuneController, srv: SyntheticServer, t0: int, t1: int
     return decisions
 
 
-def predicts_1_3_wins(b, est):
-    return 1500.0 if b == (1, 3) else 1000.0  # the model's (wrong or right) ranking, the same at any estimates
+class Prefers:
+    """The model's ranking (right or wrong): `best` predicted 50% above every other B, whatever the estimates."""
+
+    def __init__(self, best=(1, 1)):
+        self.best = best
+
+    def __call__(self, b, est):
+        return 1500.0 if b == self.best else 1000.0
+
+
+def warmed(srv: SyntheticServer, steps_under, t1: int = 20) -> AutotuneController:
+    """A controller that served (1,1) for `t1` s (the model agreeing), then is told (1,3) is better: the change
+    comes with a measured baseline of (1,1), so it is a trial. (A change at start-up has none: unverified.)"""
+    prefers = Prefers((1, 1))
+    ctrl = AutotuneController(CFG_VERIFY, Policy(PolicyKind.DELAYED, (1, 1)), TableSolve(prefers), DROPS)
+    assert drive_rates(ctrl, srv, 0, t1, steps_under) == []
+    prefers.best = (1, 3)
+    return ctrl
+
+
+def in_trial(seed: int) -> tuple[SyntheticServer, AutotuneController, int]:
+    """`warmed`, driven on until its change to (1,3) (the same rate under every B so far): the server, the
+    controller with the trial under way, and the next second to drive from."""
+    srv = SyntheticServer(seed, noise=0.0)
+    ctrl = warmed(srv, lambda b: 40)
+    first = drive_rates(ctrl, srv, 20, 60, lambda b: 40, stop_at_first=True)
+    assert [d.new for d in first] == [(1, 3)] and ctrl.trial is not None
+    return srv, ctrl, int(first[0].at) + 1
 
 
 def test_a_change_that_measures_slower_is_reverted_and_not_tried_again():
-    ctrl = AutotuneController(CFG_VERIFY, Policy(PolicyKind.DELAYED, (1, 1)), TableSolve(predicts_1_3_wins), DROPS)
     srv = SyntheticServer(16, noise=0.0)
-    ds = drive_rates(ctrl, srv, 0, 120, lambda b: 30 if b == (1, 3) else 40)  # (1,3) is 25% slower in truth
+    ctrl = warmed(srv, lambda b: 40)
+    ds = drive_rates(ctrl, srv, 20, 140, lambda b: 30 if b == (1, 3) else 40)  # (1,3) is 25% slower in truth
     assert [(d.old, d.new, d.revert) for d in ds] == [((1, 1), (1, 3), False), ((1, 3), (1, 1), True)]
     change, revert = ds
     # The trial: two observations of settling, then verify_s measured; the revert follows at its end.
@@ -370,18 +396,15 @@ def test_a_change_that_measures_slower_is_reverted_and_not_tried_again():
 
 
 def test_a_change_that_measures_faster_or_equal_stays():
-    ctrl = AutotuneController(CFG_VERIFY, Policy(PolicyKind.DELAYED, (1, 1)), TableSolve(predicts_1_3_wins), DROPS)
-    ds = drive_rates(ctrl, SyntheticServer(17), 0, 80, lambda b: 44 if b == (1, 3) else 40)
+    srv = SyntheticServer(17)
+    ctrl = warmed(srv, lambda b: 40)
+    ds = drive_rates(ctrl, srv, 20, 100, lambda b: 44 if b == (1, 3) else 40)
     assert [(d.new, d.revert) for d in ds] == [((1, 3), False)]
     assert ctrl.reverts == 0 and ctrl.trial is None and ctrl.policy.thresholds == (1, 3)
 
 
 def test_no_revert_when_the_workload_moved_during_the_trial_or_verification_is_off():
-    srv = SyntheticServer(18, noise=0.0)
-    ctrl = AutotuneController(CFG_VERIFY, Policy(PolicyKind.DELAYED, (1, 1)), TableSolve(predicts_1_3_wins), DROPS)
-    first = drive_rates(ctrl, srv, 0, 40, lambda b: 40, stop_at_first=True)
-    assert [d.new for d in first] == [(1, 3)] and ctrl.trial is not None
-    t = int(first[0].at) + 1
+    srv, ctrl, t = in_trial(18)
 
     def shift(t):  # the hop rate moves right after the change: the two windows are not comparable
         srv.p0 = 0.45
@@ -389,7 +412,17 @@ def test_no_revert_when_the_workload_moved_during_the_trial_or_verification_is_o
     later = drive_rates(ctrl, srv, t, t + 60, lambda b: 30 if b == (1, 3) else 40, shift)
     assert later == [] and ctrl.policy.thresholds == (1, 3) and ctrl.reverts == 0
 
-    off = AutotuneController(CFG, Policy(PolicyKind.DELAYED, (1, 1)), TableSolve(predicts_1_3_wins), DROPS)
+    # The clients leave during the trial (N 8 -> 3, each window's median N tells, the decayed estimate not yet):
+    # the rate falls with them, and that is no verdict on the B.
+    srv2, ctrl2, t = in_trial(22)
+
+    def leave(t_now):
+        srv2.live = 8 if t_now < t + 4 else 3
+
+    assert drive_rates(ctrl2, srv2, t, t + 14, lambda b: 40 if srv2.live == 8 else 15, leave) == []
+    assert ctrl2.reverts == 0 and ctrl2.trial is None and ctrl2.policy.thresholds == (1, 3)
+
+    off = AutotuneController(CFG, Policy(PolicyKind.DELAYED, (1, 1)), TableSolve(Prefers((1, 3))), DROPS)
     assert CFG.verify_s == 0
     ds = drive_rates(off, SyntheticServer(19, noise=0.0), 0, 100, lambda b: 30 if b == (1, 3) else 40)
     assert [d.new for d in ds] == [(1, 3)] and off.reverts == 0
@@ -397,22 +430,45 @@ def test_no_revert_when_the_workload_moved_during_the_trial_or_verification_is_o
 
 def test_a_rejected_b_is_tried_again_once_the_workload_moved():
     srv = SyntheticServer(20, noise=0.0)
-    ctrl = AutotuneController(CFG_VERIFY, Policy(PolicyKind.DELAYED, (1, 1)), TableSolve(predicts_1_3_wins), DROPS)
-    ds = drive_rates(ctrl, srv, 0, 60, lambda b: 30 if b == (1, 3) else 40)
+    ctrl = warmed(srv, lambda b: 40)
+    ds = drive_rates(ctrl, srv, 20, 80, lambda b: 30 if b == (1, 3) else 40)
     assert [d.revert for d in ds] == [False, True] and (1, 3) in ctrl.rejected
     srv.p0 = 0.45  # a new regime: (1,3) may be right now, and this time it is
-    ds = drive_rates(ctrl, srv, 60, 160, lambda b: 40)
+    ds = drive_rates(ctrl, srv, 80, 180, lambda b: 40)
     assert [d.new for d in ds] == [(1, 3)] and ctrl.policy.thresholds == (1, 3) and (1, 3) not in ctrl.rejected
 
 
 def test_an_operator_change_ends_a_trial():
-    ctrl = AutotuneController(CFG_VERIFY, Policy(PolicyKind.DELAYED, (1, 1)), TableSolve(predicts_1_3_wins), DROPS)
-    srv = SyntheticServer(21, noise=0.0)
-    first = drive_rates(ctrl, srv, 0, 40, lambda b: 40, stop_at_first=True)
-    assert [d.new for d in first] == [(1, 3)] and ctrl.trial is not None
-    t = int(first[0].at) + 1
+    srv, ctrl, t = in_trial(21)
     ctrl.reset(Policy(PolicyKind.DELAYED, (2, 2)), float(t))
     assert ctrl.trial is None
     # (2,2) measured slower than (1,3) was: not autotune's change to undo; it moves on by the model instead.
     ds = drive_rates(ctrl, srv, t + 1, t + 40, lambda b: 30 if b == (2, 2) else 40)
     assert ds and not any(d.revert for d in ds) and ds[0].old == (2, 2)
+
+
+def test_a_change_without_a_measured_baseline_is_not_verified():
+    # At start-up the B in force has no verify_s of its own measured yet: the first change cannot be compared.
+    ctrl = AutotuneController(CFG_VERIFY, Policy(PolicyKind.DELAYED, (1, 1)), TableSolve(Prefers((1, 3))), DROPS)
+    ds = drive_rates(ctrl, SyntheticServer(23, noise=0.0), 0, 60, lambda b: 30 if b == (1, 3) else 40)
+    assert [(d.new, d.revert) for d in ds] == [((1, 3), False)] and ds[0].at < CFG_VERIFY.verify_s
+    assert ctrl.reverts == 0
+
+
+def test_a_baseline_window_that_straddles_a_change_of_n_is_no_baseline():
+    # 16 clients until t = 15, then 4 (the rate falls with them); the model turns to (1,3) at t = 20, when the
+    # `verify_s` before the change holds both regimes: comparing (1,3) at N = 4 with it would undo a B for a fall
+    # that N made.
+    srv = SyntheticServer(24, noise=0.0)
+    srv.live = 16
+    prefers = Prefers((1, 1))
+    ctrl = AutotuneController(CFG_VERIFY, Policy(PolicyKind.DELAYED, (1, 1)), TableSolve(prefers), DROPS)
+
+    def ramp_down(t):
+        srv.live = 16 if t < 15 else 4
+        if t == 20:
+            prefers.best = (1, 3)
+
+    ds = drive_rates(ctrl, srv, 0, 60, lambda b: 40 if srv.live == 16 else 10, ramp_down)
+    assert [(d.new, d.revert) for d in ds] == [((1, 3), False)] and ds[0].at >= 20
+    assert ctrl.reverts == 0

@@ -34,11 +34,12 @@ changes B once (after it, the new B is the best and nothing gains).
 Verification: the model can rank two B wrongly (the chain's step times are averages at one batch size; measured,
 it holds the large model for smaller batches than the best), and a wrong change under a stable workload would
 cost for as long as the workload stays. So a change is a trial: for `verify_s` after it (and two observations of
-settling) the committed-token rate is measured (`RateLog`) against the rate under the old B in the `verify_s`
-before it. When the new B measured slower by more than `verify_margin` and the estimates held still across both
-windows, the controller reverts (a `Decision` with `revert`) and will not pick that B again until the estimates
-move. When the workload moved across the windows, the two rates are not comparable and the change stays (the
-model is the only guide while the regime shifts).
+settling) what serving does is measured (`RateLog.window`: committed-token rate, hop probabilities, live N) against
+the same for the old B in the `verify_s` before it. When the new B measured slower by more than `verify_margin`
+and both windows served one workload (`Window.same_workload`), the controller reverts (a `Decision` with
+`revert`) and will not pick that B again until the estimates move. When the workload moved across the windows,
+or the old B had not run `verify_s` before the change (start-up, right after another change), the two are not
+comparable and the change stays (the model is the only guide then).
 
 Pure and clock-free: the driver passes snapshots and its clock (`observe(snapshot, now)`), runs the controller
 where a solve does not stall serving (the simulator: between events; the runtime: a worker thread of the
@@ -343,47 +344,85 @@ class Decision:
                 "revert": self.revert}  # fmt: skip
 
 
+@dataclass(slots=True, frozen=True)
+class Window:
+    """What one stretch of serving measured on its own: the committed-token rate, each model's hop probability
+    (hand-offs over decisions in the window; None where it decided nothing), the median live count, and whether
+    the live count held (`steady`: every sample within one request, or 10%, of the median; a closed loop dips by
+    one for a moment at each finish, a ramp leaves samples far from it)."""
+
+    tok_s: float
+    hop_prob: tuple[float | None, ...]
+    live: float
+    steady: bool = True
+
+    def same_workload(self, other: Window, tolerance: float) -> bool:
+        """The two windows served one workload: the same median N, hop probabilities within `tolerance` (relative
+        to the larger of the probability and 0.1). Each window's own values, not the decayed estimates: those lag
+        a shift by a half-life, so a window on each side of one could look alike."""
+        if self.live != other.live or not (self.steady and other.steady):
+            return False
+        for p, q in zip(self.hop_prob, other.hop_prob, strict=True):
+            if (p is None) != (q is None) or (p is not None and abs(p - q) > tolerance * max(q, 0.1)):  # type: ignore[operator]
+                return False
+        return True
+
+
 class RateLog:
-    """Recent (time, cumulative committed output tokens, estimates) from the snapshots, for the measured output
-    rate of a window. Tokens that went backwards (a restarted subserver) start the log again."""
+    """Recent snapshots as (time, committed tokens, per-model hand-offs, per-model decisions, live count), for what a
+    window of serving measured (`window`). Tokens that went backwards (a restarted subserver) start it again."""
 
-    def __init__(self, keep_s: float) -> None:
+    def __init__(self, keep_s: float, drops_token: Sequence[bool]) -> None:
         self.keep_s = keep_s
-        self.points: deque[tuple[float, int, Estimates | None]] = deque()
+        self.drops = tuple(drops_token)
+        self.points: deque[tuple[float, int, tuple[int, ...], tuple[int, ...], int]] = deque()
 
-    def add(self, now: float, snap: CounterSnapshot, est: Estimates | None) -> None:
+    def add(self, now: float, snap: CounterSnapshot) -> None:
         tokens = sum(m.tokens for m in snap.models)
         if self.points and tokens < self.points[-1][1]:
             self.points.clear()
-        self.points.append((now, tokens, est))
+        hops = tuple(m.hops for m in snap.models)
+        decisions = tuple(m.tokens + (m.hops if d else 0) for m, d in zip(snap.models, self.drops, strict=True))
+        self.points.append((now, tokens, hops, decisions, int(snap.live)))
         while len(self.points) > 2 and self.points[1][0] < now - self.keep_s:
             self.points.popleft()
 
-    def at_or_before(self, t: float) -> tuple[float, int, Estimates | None] | None:
-        """The last point at or before `t` (None: the log starts later)."""
+    def _index_at_or_before(self, t: float) -> int | None:
         best = None
-        for p in self.points:
+        for k, p in enumerate(self.points):
             if p[0] > t:
                 break
-            best = p
+            best = k
         return best
 
-    def rate(self, a: float, b: float) -> float | None:
-        """Tokens per second from the last point at or before `a` to the last at or before `b`; None when the log
-        does not reach back to `a` or the span is under half of [a, b]."""
-        p0, p1 = self.at_or_before(a), self.at_or_before(b)
-        if p0 is None or p1 is None or p1[0] - p0[0] < 0.5 * (b - a) or p1[0] <= p0[0]:
+    def covers(self, t: float) -> bool:
+        """The log reaches back to `t`."""
+        return self._index_at_or_before(t) is not None
+
+    def window(self, a: float, b: float) -> Window | None:
+        """[a, b] as measured between the last snapshots at or before each end; None when the log does not reach
+        back to `a` or the span is under half of [a, b]."""
+        i, j = self._index_at_or_before(a), self._index_at_or_before(b)
+        if i is None or j is None:
             return None
-        return (p1[1] - p0[1]) / (p1[0] - p0[0])
+        p0, p1 = self.points[i], self.points[j]
+        if p1[0] <= p0[0] or p1[0] - p0[0] < 0.5 * (b - a):
+            return None
+        hop = tuple((h1 - h0) / (d1 - d0) if d1 > d0 else None
+                    for h0, h1, d0, d1 in zip(p0[2], p1[2], p0[3], p1[3], strict=True))  # fmt: skip
+        live = [p[4] for k, p in enumerate(self.points) if i < k <= j]
+        mid = float(statistics.median(live))
+        steady = all(abs(n - mid) <= max(1.0, 0.1 * mid) for n in live)
+        return Window((p1[1] - p0[1]) / (p1[0] - p0[0]), hop, mid, steady)
 
 
 @dataclass(slots=True, frozen=True)
 class Trial:
     """A change under verification: measured from `start` (the change plus settling) for `verify_s`, against
-    `baseline_tok_s` (the rate under the old B in the `verify_s` before the change)."""
+    `baseline` (what the old B measured in the `verify_s` before the change)."""
 
     decision: Decision
-    baseline_tok_s: float
+    baseline: Window
     start: float
 
 
@@ -415,7 +454,7 @@ class AutotuneController:
         self.reverts = 0
         self.trial: Trial | None = None
         self.rejected: dict[tuple[int, ...], Estimates] = {}  # B measured slower, and the estimates it was under
-        self.rates = RateLog(keep_s=2 * config.verify_s + 4 * config.observe_s)
+        self.rates = RateLog(2 * config.verify_s + 4 * config.observe_s, drops_token)
 
     def current(self, concurrency: int) -> tuple[int, ...]:
         """The B in force for `concurrency`, as every subserver derives it (eager = all 1; clamped)."""
@@ -427,13 +466,13 @@ class AutotuneController:
         self.estimator.update(snap, now)
         short = [i for i in range(self.num_models) if self.estimator.steps(i) < self.config.min_steps]
         if short:
-            self.rates.add(now, snap, None)
+            self.rates.add(now, snap)
             self.status = f"waiting: model {short[0]} ran {self.estimator.steps(short[0]):.0f} of " \
                           f"{self.config.min_steps} steps"  # fmt: skip
             return None
         idle = self.estimator.idle()
         est = None if idle else self.estimator.estimates()
-        self.rates.add(now, snap, est)
+        self.rates.add(now, snap)
         if est is None:
             self.trial = None  # nothing to measure a B by
             self.status = "idle: no live requests"
@@ -441,6 +480,8 @@ class AutotuneController:
         self.estimates = est
         if self.trial is not None:
             if now < self.trial.start + self.config.verify_s:
+                self.status = f"verifying B {','.join(map(str, self.trial.decision.new))}: " \
+                              f"{self.trial.start + self.config.verify_s - now:.0f} s left"  # fmt: skip
                 return None  # the trial is under way: no other change meanwhile
             revert = self._end_trial(est, now)
             if revert is not None:
@@ -477,18 +518,17 @@ class AutotuneController:
         assert t is not None
         d = t.decision
         b = lambda x: ",".join(map(str, x))  # noqa: E731
-        rate = self.rates.rate(t.start, now)
-        moved = est.workload_moved_from(d.estimates, self.config.tolerance)
-        if rate is None or moved is not None:
-            self.status = f"kept B {b(d.new)} unverified ({'no rate' if rate is None else moved + ' moved'})"
+        w, base = self.rates.window(t.start, now), t.baseline
+        if w is None or not w.same_workload(base, self.config.tolerance):
+            self.status = f"kept B {b(d.new)} unverified ({'no measurement' if w is None else 'the workload moved'})"
             return None
-        if rate >= t.baseline_tok_s * (1.0 - self.config.verify_margin):
-            self.status = f"kept B {b(d.new)}: measured {rate:,.0f} tok/s against {t.baseline_tok_s:,.0f} under B " \
+        if w.tok_s >= base.tok_s * (1.0 - self.config.verify_margin):
+            self.status = f"kept B {b(d.new)}: measured {w.tok_s:,.0f} tok/s against {base.tok_s:,.0f} under B " \
                           f"{b(d.old)}"  # fmt: skip
             return None
-        self.status = f"revert B {b(d.new)} -> {b(d.old)}: measured {rate:,.0f} tok/s against {t.baseline_tok_s:,.0f}"
-        note = f"B {b(d.new)} measured {rate:,.1f} tok/s against {t.baseline_tok_s:,.1f} under B {b(d.old)} before it"
-        return Decision(now, d.new, d.old, est, t.baseline_tok_s / max(rate, 1e-9) - 1.0, t.baseline_tok_s, note,
+        self.status = f"revert B {b(d.new)} -> {b(d.old)}: measured {w.tok_s:,.0f} tok/s against {base.tok_s:,.0f}"
+        note = f"B {b(d.new)} measured {w.tok_s:,.1f} tok/s against {base.tok_s:,.1f} under B {b(d.old)} before it"
+        return Decision(now, d.new, d.old, est, base.tok_s / max(w.tok_s, 1e-9) - 1.0, base.tok_s, note,
                         revert=True)  # fmt: skip
 
     def _decide(self, sol: Solution, cur: tuple[int, ...], est: Estimates, now: float, why: str) -> Decision | None:
@@ -508,13 +548,6 @@ class AutotuneController:
         gain = sol.throughput_tok_s / sol.current_tok_s - 1.0
         if gain < self.config.min_gain:
             self.status = f"solved ({why}): B {b(sol.thresholds)} gains {gain:+.1%} < {self.config.min_gain:.1%}: hold"
-            return None
-        v = self.config.verify_s
-        start = self.rates.at_or_before(now - v)
-        if v > 0 and (start is None or start[2] is None or (self._changed_at or -1e18) > now - v):
-            # Not a `verify_s` of the B in force measured yet (start-up, or just after a change): without it the
-            # change could not be verified, so wait for it (a moving workload is no reason: that is checked later).
-            self.status = f"solved ({why}): B {b(sol.thresholds)} gains {gain:+.1%}; measuring B {b(cur)} first"
             return None
         if self._changed_at is not None and now - self._changed_at < self.config.hold_s:
             self.status = f"solved ({why}): B {b(sol.thresholds)} gains {gain:+.1%}, but the last change is " \
@@ -538,16 +571,13 @@ class AutotuneController:
         self.trial = self._trial_of(decision, before)
 
     def _trial_of(self, d: Decision, before: float | None) -> Trial | None:
-        """A trial for change `d` when the old B's rate over the `verify_s` before it is measurable: the old B was
-        in force all that window (`before`: the previous change) and the estimates did not move across it."""
+        """A trial for change `d` when what the old B did over the `verify_s` before it is measurable: the old B was
+        in force all that window (`before`: the previous change) and the log reaches back to its start."""
         v = self.config.verify_s
         if v <= 0 or (before is not None and before > d.at - v):
             return None
-        start = self.rates.at_or_before(d.at - v)
-        base = self.rates.rate(d.at - v, d.at)
-        if start is None or base is None or base <= 0 or start[2] is None:
-            return None
-        if d.estimates.workload_moved_from(start[2], self.config.tolerance) is not None:
+        base = self.rates.window(d.at - v, d.at)
+        if base is None or base.tok_s <= 0:
             return None
         return Trial(d, base, d.at + 2 * self.config.observe_s)
 
