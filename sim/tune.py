@@ -201,6 +201,7 @@ def simulate_thresholds(cfg: SimConfig, thresholds: tuple[int, ...]) -> SimResul
     c.deployment = copy.deepcopy(cfg.deployment)
     c.deployment.policy.kind = PolicyKind.DELAYED.value
     c.deployment.policy.thresholds = list(thresholds)
+    c.deployment.policy.table = {}  # a tuned config's B(N) table would win over the candidate at its N
     c.deployment.policy.autotune = None  # a candidate is judged as it is, not as autotune would move it
     return run_sim(c)
 

@@ -74,3 +74,14 @@ def test_autotune_under_mps_leaves_a_b_that_overloads_the_shared_gpu():
     static = dataclasses.replace(run, num_requests=96)
     assert (simulate_thresholds(static, final).summary["steady_output_throughput_tok_s"]
             > simulate_thresholds(static, (1, 2)).summary["steady_output_throughput_tok_s"])  # fmt: skip
+
+
+def test_a_candidate_is_simulated_as_given_even_from_a_tuned_config_with_a_table():
+    # `trsim tune --config serve.yaml` on a config a previous tune wrote: its B(N) table must not replace the
+    # candidates (every candidate would then run the table's B).
+    plain = _cfg(8)
+    table = PolicyConfig(kind="delayed", thresholds=[1, 1], table={1: [1, 1], 8: [1, 2]})
+    tuned = dataclasses.replace(plain, deployment=dataclasses.replace(plain.deployment, policy=table))
+    want = simulate_thresholds(plain, (1, 6)).summary["steady_output_throughput_tok_s"]
+    assert simulate_thresholds(tuned, (1, 6)).summary["steady_output_throughput_tok_s"] == want
+    assert tuned.deployment.policy.table  # the caller's config is left as it was
