@@ -115,8 +115,9 @@ def print_result(res: SimResult, console: Console | None = None) -> None:
         for c in tune["changes"]:
             est = c["estimates"]
             hop = "/".join("-" if p is None else f"{p:.3f}" for p in est["hop_prob"])
+            what = "revert, measured" if c.get("revert") else "predicted"
             console.print(f"  {c['at']:8.1f} s: B {','.join(map(str, c['old']))} -> {','.join(map(str, c['new']))} "
-                          f"(predicted {c['predicted_gain']:+.1%}, {c['predicted_tok_s']:,.0f} tok/s; N = "
+                          f"({what} {c['predicted_gain']:+.1%}, {c['predicted_tok_s']:,.0f} tok/s; N = "
                           f"{est['concurrency']}, hop {hop})")  # fmt: skip
     console.print(gpu_line(res))
     for note in res.extra.get("estimated", []):
