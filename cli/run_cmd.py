@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from tokenrouter.cli.common import CliError
+from tokenrouter.cli.common import CliError, check_output
 from tokenrouter.cli.options import (
     ArrivalRate,
     Concurrency,
@@ -105,6 +105,10 @@ def register(app: typer.Typer) -> None:
         dry_run: DryRun = False,
     ) -> None:
         """Simulate a routed model pair on a GPU profile (CPU only) and print the metrics."""
+        if not dry_run:
+            check_output(json_out, "--json")
+            check_output(csv_out, "--csv")
+            check_output(plot, "--plot", figure=True)
         cfg, auto = sim_config(
             deploy,
             concurrency=concurrency,

@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from tokenrouter.cli.common import parse_list
+from tokenrouter.cli.common import check_output, parse_list
 from tokenrouter.cli.options import DeploymentFlags, deployment_flags, point_flags
 from tokenrouter.cli.report import result_record
 from tokenrouter.cli.run_cmd import sim_config, simulate
@@ -74,6 +74,9 @@ def register(app: typer.Typer) -> None:
 
         Every deployment flag is an axis (comma list; `;` between values of per-model lists such as
         --thresholds '1,1;1,7'); flags not given keep the config's (or the default deployment's) value."""
+        if not dry_run:
+            check_output(out, "--out")
+            check_output(plot, "--plot", figure=True)
         axes_in: dict[str, Any] = dict(deploy)  # type: ignore[call-overload]
         config = axes_in.pop("config")
         run_given = {"concurrency": concurrency, "workload": workload, "seed": seed, "num_requests": num_requests,

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tokenrouter.cli.common import CliError, parse_list
+from tokenrouter.cli.common import CliError, check_output, parse_list
 from tokenrouter.cli.options import DeploymentFlags, DryRun, MaxOutput, Seed, Workload, deployment_flags
 from tokenrouter.cli.run_cmd import sim_config
 from tokenrouter.core.names import Layout, TuneObjective, parse_name
@@ -68,6 +68,8 @@ def register(app: typer.Typer) -> None:
         The deployment tuned is `--config` (or the default pair) with the flags applied; its policy becomes
         delayed. With --placements and/or --sm-splits every candidate deployment is tuned so, and the best at
         --compare-n is written."""
+        if not dry_run:
+            check_output(out, "--out")
         ns = sorted(set(parse_list(concurrency, int, "--concurrency")))
         if ns[0] < 1:
             raise ValueError("--concurrency values must be >= 1")

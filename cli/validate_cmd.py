@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tokenrouter.cli.common import CliError
+from tokenrouter.cli.common import CliError, check_output
 from tokenrouter.cli.options import pop_deployment_flags
 
 METRICS = {"throughput": "output_throughput_tok_s", "tpot_p50": "tpot_ms_p50"}
@@ -84,6 +84,7 @@ def validate(
     ] = None,
 ) -> None:
     """Run the simulator on every cell of a live-results file and print its error per cell, median and max."""
+    check_output(json_out, "--json")
     import pandas as pd
 
     try:

@@ -109,6 +109,30 @@ def test_run_plot_says_wrote_and_names_the_cell(tmp_path: Path, capsys, monkeypa
     assert rc == 0 and json.loads(out)["requests_completed"] == 8 and f"wrote {p}" in err
 
 
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["run", *FAST, "--json", "{missing}/r.json"], "--json"),
+        (["run", *FAST, "--csv", "{missing}/r.csv"], "--csv"),
+        (["run", *FAST, "--plot", "{missing}/r.png"], "--plot"),
+        (["run", *FAST, "--plot", "{tmp}/r.txt"], "--plot"),
+        (["run", *FAST, "--json", "{tmp}"], "--json"),
+        (["sweep", *FAST, "--hop-rate", "0.1,0.2", "-o", "{missing}/s.csv"], "--out"),
+        (["sweep", *FAST, "--hop-rate", "0.1,0.2", "--plot", "{missing}/s.png"], "--plot"),
+        (["tune", "-n", "2", "--workload", "fixed:16,40", "-o", "{missing}/serve.yaml"], "--out"),
+    ],
+)
+def test_unwritable_output_fails_before_simulating(argv, flag, tmp_path: Path, capsys):
+    """A destination that cannot be written (its folder missing, a folder itself, a format matplotlib lacks) is a
+    one-line error naming the flag before any simulation runs, not after minutes of work are thrown away."""
+    missing = tmp_path / "no" / "such"
+    argv = [a.format(missing=missing, tmp=tmp_path) for a in argv]
+    rc, out, err = call(trsim.main, argv, capsys)
+    assert_one_line_error(rc, err, flag)
+    assert out == "" and "sweep" not in err and "tune" not in err  # no table, no progress bar: nothing ran
+    assert not missing.exists()
+
+
 def test_run_json_to_stdout_is_pure_json(capsys):
     rc, out, _ = call(trsim.main, ["run", *FAST, "--thresholds", "1,2", "--json", "-"], capsys)
     assert rc == 0 and json.loads(out)["thresholds"] == "1,2"
