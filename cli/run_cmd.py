@@ -25,6 +25,7 @@ from tokenrouter.cli.report import print_result, result_record, write_json
 from tokenrouter.core.names import PolicyName
 from tokenrouter.core.policy import guard_holds
 from tokenrouter.sim.run import SimConfig, SimResult, run_sim
+from tokenrouter.sim.tune import check_search_concurrency
 from tokenrouter.workloads import initial_phase, load_phases
 
 
@@ -49,6 +50,8 @@ def sim_config(
     given = deploy.overrides.thresholds is not None
     auto = deploy.thresholds_auto or (deploy.config is None and not given)
     auto = auto and dep.policy.kind == PolicyName.DELAYED
+    if auto:
+        check_search_concurrency(concurrency, "; give --thresholds to simulate a B of your choice")
     if given and dep.policy.kind == PolicyName.DELAYED and not guard_holds(dep.policy.thresholds, concurrency):
         raise CliError(
             f"--thresholds {','.join(map(str, dep.policy.thresholds))} infeasible for concurrency {concurrency}: "

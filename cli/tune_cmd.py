@@ -16,7 +16,7 @@ from tokenrouter.cli.run_cmd import sim_config
 from tokenrouter.core.names import Layout, TuneObjective, parse_name
 from tokenrouter.deploy.placement import gpus_used, layout
 from tokenrouter.sim.run import estimated_notes
-from tokenrouter.sim.tune import Candidate, choose, tune_point
+from tokenrouter.sim.tune import Candidate, check_search_concurrency, choose, tune_point
 
 
 def register(app: typer.Typer) -> None:
@@ -31,7 +31,8 @@ def register(app: typer.Typer) -> None:
                 "--concurrency",
                 "-n",
                 help="Concurrencies to tune, e.g. 1,2,4,8,16. The Markov search is exact up to about N = 8; "
-                "larger N runs a reduced search (coarser quantum, threshold grid, or B scaled from N/2) and says so.",
+                "larger N runs a reduced search (coarser quantum, threshold grid, or B scaled from N/2) and says so; "
+                "N > 1024 is refused.",
             ),
         ] = "1,2,4,8,16",
         workload: Workload = "low-effort",
@@ -73,6 +74,7 @@ def register(app: typer.Typer) -> None:
         ns = sorted(set(parse_list(concurrency, int, "--concurrency")))
         if ns[0] < 1:
             raise ValueError("--concurrency values must be >= 1")
+        check_search_concurrency(ns[-1])  # before any N is tuned
         goal = parse_name(TuneObjective, objective, "--objective")
         layouts = [parse_name(Layout, x, "--placements") for x in parse_list(placements, str, "--placements")] \
             if placements else [None]  # fmt: skip

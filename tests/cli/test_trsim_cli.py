@@ -43,6 +43,11 @@ def assert_one_line_error(rc: int, err: str, needle: str) -> None:
         (["run", "--async"], "--async"),  # renamed: CPU-GPU overlap is --overlap
         (["model", "--step-ms", "6,27.9", "--hop-rate", "2", "--concurrency", "4"], "error"),
         (["model", "--step-ms", "6,27.9", "--hop-rate", "0.3", "--concurrency", "4", "--thresholds", "4,4"], "error"),
+        # The Markov search's time grows with N even within its state budget: past the limit, refused at once.
+        (["model", "--step-ms", "6,27.9", "--hop-rate", "0.1", "--concurrency", "100000"], "N <= 1,024"),
+        (["model", "--step-ms", "6,27.9", "-p", "0.1", "-n", "100000", "--thresholds", "1,9"], "N <= 1,024"),
+        (["run", "--concurrency", "100000", "--num-requests", "4"], "--thresholds"),
+        (["tune", "--concurrency", "8,100000", "--dry-run"], "N <= 1,024"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(argv, needle, capsys):
