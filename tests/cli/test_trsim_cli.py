@@ -48,6 +48,11 @@ def assert_one_line_error(rc: int, err: str, needle: str) -> None:
         (["model", "--step-ms", "6,27.9", "-p", "0.1", "-n", "100000", "--thresholds", "1,9"], "N <= 1,024"),
         (["run", "--concurrency", "100000", "--num-requests", "4"], "--thresholds"),
         (["tune", "--concurrency", "8,100000", "--dry-run"], "N <= 1,024"),
+        # A tp that does not split the model's heads cannot be deployed (the engine refuses it): not simulated either.
+        (["run", "--tp", "3", "--dry-run"], "tp=3 does not divide"),
+        (["run", "--placement", "separate", "--tp", "1,16", "--dry-run"], "its 8 KV heads"),
+        (["cost", "--model", "qwen3-32b", "--tp", "3"], "tp=3 does not divide"),
+        (["tune", "--placements", "tp", "--num-gpus", "16", "-n", "2"], "its 8 KV heads"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(argv, needle, capsys):
