@@ -17,6 +17,7 @@ from tokenrouter.cli.common import check_output, parse_list
 from tokenrouter.cli.options import DeploymentFlags, deployment_flags, point_flags
 from tokenrouter.cli.report import result_record
 from tokenrouter.cli.run_cmd import sim_config, simulate
+from tokenrouter.sim.run import prepare_sim
 
 
 def _opt_int(t: str) -> int | None:
@@ -89,7 +90,10 @@ def register(app: typer.Typer) -> None:
         for point in grid:
             dep_point = {k: v for k, v in point.items() if k not in RUN_AXES}
             run_point = {k: v for k, v in point.items() if k in RUN_AXES}
-            configs.append(sim_config(point_flags(config, dep_point), **run_point))
+            cfg, auto = sim_config(point_flags(config, dep_point), **run_point)
+            if not dry_run:
+                prepare_sim(cfg)  # profile, models, workload, seed, router: whatever a run would refuse
+            configs.append((cfg, auto))
         if dry_run:
             typer.echo("\n---\n".join(c.deployment.to_yaml().rstrip() for c, _ in configs))
             return

@@ -204,6 +204,25 @@ def test_sweep_writes_grid(tmp_path: Path, capsys):
     assert png.stat().st_size > 10_000
 
 
+@pytest.mark.parametrize(
+    ("axis", "needle"),
+    [
+        (["--workload", "fixed:16,40,nope"], "unknown workload 'nope'"),
+        (["--seed", "0,-1"], "seed"),
+        (["--max-output", "none,0"], "max_output"),
+        (["--profile", "h200,nope"], "nope"),
+        (["--small", "qwen3-0.6b,nope"], "nope"),
+        (["--router", "r2r,trace", "--thresholds", "1,1"], "hop trace"),
+    ],
+)
+def test_sweep_checks_every_point_before_running_any(axis, needle, tmp_path: Path, capsys):
+    """The second point is bad: found before the first runs (one line on stderr: no progress bar was drawn)."""
+    out = tmp_path / "s.csv"
+    argv = ["sweep", "--workload", "fixed:16,40", "--num-requests", "4", "-n", "2", "-o", str(out), *axis]
+    rc, _, err = call(trsim.main, argv, capsys)
+    assert_one_line_error(rc, err, needle)
+
+
 def test_tune_writes_config_that_tr_accepts_and_trsim_runs(tmp_path: Path, capsys):
     cfg = tmp_path / "serve.yaml"
     argv = [
