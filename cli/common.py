@@ -30,7 +30,7 @@ def _click_classes(name: str) -> tuple[type[Exception], ...]:
     return tuple(found)
 
 
-_USAGE_ERRORS = _click_classes("UsageError")
+USAGE_ERRORS = _click_classes("UsageError")
 _ABORTS = (*_click_classes("Abort"), typer.Abort)  # typer 0.29 keeps Abort out of its vendored exceptions
 
 
@@ -77,7 +77,7 @@ def run_app(app: typer.Typer, prog: str, argv: list[str] | None = None) -> None:
     """
     try:
         rc = app(args=argv, prog_name=prog, standalone_mode=False)
-    except _USAGE_ERRORS as e:
+    except USAGE_ERRORS as e:
         fail(prog, e.format_message())
     except _ABORTS:
         fail(prog, "aborted")

@@ -75,6 +75,8 @@ def register(app: typer.Typer) -> None:
         if ns[0] < 1:
             raise ValueError("--concurrency values must be >= 1")
         check_search_concurrency(ns[-1])  # before any N is tuned
+        if top < 1:
+            raise CliError(f"--top must be >= 1 (Markov candidates simulated per N), got {top}")
         goal = parse_name(TuneObjective, objective, "--objective")
         layouts = [parse_name(Layout, x, "--placements") for x in parse_list(placements, str, "--placements")] \
             if placements else [None]  # fmt: skip

@@ -53,6 +53,7 @@ def assert_one_line_error(rc: int, err: str, needle: str) -> None:
         (["run", "--placement", "separate", "--tp", "1,16", "--dry-run"], "its 8 KV heads"),
         (["cost", "--model", "qwen3-32b", "--tp", "3"], "tp=3 does not divide"),
         (["tune", "--placements", "tp", "--num-gpus", "16", "-n", "2"], "its 8 KV heads"),
+        (["tune", "-n", "2", "--top", "-1"], "--top must be >= 1"),  # it dropped the last candidate
     ],
 )
 def test_bad_input_exits_2_with_one_line(argv, needle, capsys):
