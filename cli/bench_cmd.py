@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tokenrouter.cli.common import CliError, require_extras
+from tokenrouter.cli.common import CliError, check_output, require_extras
 from tokenrouter.cli.options import (
     ArrivalRate,
     Concurrency,
@@ -136,6 +136,9 @@ def register(app: typer.Typer) -> None:
         if dry_run:
             typer.echo(deploy.resolve().to_yaml().rstrip())
             return
+        check_output(json_out, "--json")
+        check_output(csv_out, "--csv")
+        check_output(plot, "--plot", figure=True)
         specs = make_workload(workload, num_requests, seed, arrival_rate=arrival_rate, max_output=max_output)
         phases = load_phases(workload)
         if any(ph.hop_rate is not None for ph in phases) and admin_key is None:

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tokenrouter.cli.common import CliError, parse_list
+from tokenrouter.cli.common import CliError, parse_list, require_extras
 
 DEFAULT_SPLITS = "100/100,70/100,60/40,40/60"
 
@@ -124,6 +124,10 @@ def calibrate(
         raise CliError(f"--placement must be mps or separate, got {placement!r}")
     if device not in ("cuda", "cpu"):
         raise CliError(f"--device must be cuda or cpu, got {device!r}")
+    if not refit:  # measuring runs the engine and the runtime's transport in worker processes
+        require_extras("calibrate", ("engine", "serve"))
+        if device == "cuda":
+            _require_cuda()
     for m in model:
         load_spec(m)
     names = [load_spec(m).name for m in model]
@@ -180,6 +184,22 @@ def calibrate(
     _write(_with_link(assemble(cal.partial), link_address), out, console)
 
 
+def _require_cuda() -> None:
+    """Stop at once, with one line, on a machine without a CUDA device: every task would fail in its worker and
+    the run would end asking to be resumed, which cannot help. Counts devices without creating a context (the
+    workers are spawned, so this process may touch the driver)."""
+    import torch
+
+    if not torch.backends.cuda.is_built():
+        why = f"torch {torch.__version__} is a CPU build"
+    elif torch.cuda.device_count() == 0:
+        why = f"torch {torch.__version__} sees no CUDA device (CUDA_VISIBLE_DEVICES, driver)"
+    else:
+        return
+    raise CliError(f"no CUDA GPU here ({why}): tr calibrate measures the GPU it runs on; --device cpu --quick "
+                   "checks the tool with the tiny models")  # fmt: skip
+
+
 def _link_address(link: str | None) -> str | None:
     if link is None:
         return None
@@ -196,7 +216,6 @@ def _with_link(profile, address: str | None):  # type: ignore[no-untyped-def]
     """`profile` with the link to `address` measured into it (unchanged without --link)."""
     if address is None:
         return profile
-    from tokenrouter.cli.common import require_extras
 
     require_extras("calibrate --link", ("serve",), ("zmq",))
     from tokenrouter.calibration.profiler.link import apply_link, measure_link

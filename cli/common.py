@@ -6,6 +6,7 @@ import importlib
 import importlib.util
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NoReturn
 
 import typer
@@ -29,7 +30,7 @@ def _click_classes(name: str) -> tuple[type[Exception], ...]:
     return tuple(found)
 
 
-_USAGE_ERRORS = _click_classes("UsageError")
+USAGE_ERRORS = _click_classes("UsageError")
 _ABORTS = (*_click_classes("Abort"), typer.Abort)  # typer 0.29 keeps Abort out of its vendored exceptions
 
 
@@ -76,13 +77,32 @@ def run_app(app: typer.Typer, prog: str, argv: list[str] | None = None) -> None:
     """
     try:
         rc = app(args=argv, prog_name=prog, standalone_mode=False)
-    except _USAGE_ERRORS as e:
+    except USAGE_ERRORS as e:
         fail(prog, e.format_message())
     except _ABORTS:
         fail(prog, "aborted")
     except (ValueError, OSError) as e:
         fail(prog, str(e) or type(e).__name__)
     raise SystemExit(rc if isinstance(rc, int) else 0)
+
+
+def check_output(path: str | Path | None, flag: str, *, figure: bool = False) -> None:
+    """Refuse an output destination that cannot be written before any work is done (a long sweep or tune
+    otherwise fails only when it writes): its folder must exist, it must not be a folder, and a figure's suffix
+    must be a format matplotlib saves. None and '-' (stdout) pass."""
+    if path is None or str(path) == "-":
+        return
+    p = Path(path)
+    if p.is_dir():
+        raise CliError(f"{flag} {p}: is a directory, not a file")
+    if not p.parent.is_dir():
+        raise CliError(f"{flag} {p}: no such directory {p.parent} (create it first)")
+    if figure and p.suffix:
+        from matplotlib.figure import Figure
+
+        formats = Figure().canvas.get_supported_filetypes()
+        if p.suffix[1:].lower() not in formats:
+            raise CliError(f"{flag} {p}: cannot write a figure as {p.suffix!r}; use one of .{', .'.join(formats)}")
 
 
 def parse_list(text: str, conv: Callable[[str], Any], what: str) -> list[Any]:

@@ -16,6 +16,7 @@ from tokenrouter.calibration.cost import CostModel
 from tokenrouter.calibration.step_stats import SHORT_ROW_TOKENS, StepStats
 from tokenrouter.cli.common import CliError
 from tokenrouter.core.graph_rule import GraphRule
+from tokenrouter.deploy.placement import check_tp_divides
 
 
 def register(app: typer.Typer) -> None:
@@ -54,6 +55,8 @@ def cost(
     for what, v in (("--batch", batch), ("--tokens-per-row", tokens_per_row), ("--tp", tp)):
         if v < 1:
             raise CliError(f"{what} must be >= 1, got {v}")
+    if tp > 1:
+        check_tp_divides(model, tp)
     if context < tokens_per_row:
         raise CliError(f"--context ({context}) must be at least --tokens-per-row ({tokens_per_row})")
     for what, v in (("--sm-percent", sm_percent), ("--corun-sm-percent", corun_sm_percent)):

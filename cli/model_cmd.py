@@ -23,6 +23,7 @@ from tokenrouter.cli.options import HOP_RATE_HELP
 from tokenrouter.core.names import RouterName
 from tokenrouter.markov import MarkovModel, ThroughputResult, evaluate_thresholds, router_matrices, search_thresholds
 from tokenrouter.markov.search import SEARCH_STATES
+from tokenrouter.sim.tune import check_search_concurrency
 
 ROUTERS = (RouterName.R2R, RouterName.R_STITCH, RouterName.ME)
 
@@ -87,7 +88,7 @@ def model(
             "--concurrency",
             "-n",
             help="closed-loop requests N; the search is exact up to about N = 8 (two models, 0.1 ms quantum), "
-            "larger N is reduced within --max-states",
+            "larger N is reduced within --max-states; N > 1024 is refused (the search would take minutes to hours)",
         ),
     ] = None,
     thresholds: Annotated[
@@ -140,6 +141,10 @@ def model(
         raise _fail(f"--concurrency must be positive, got {concurrency}")
     if max_states < 1:
         raise _fail(f"--max-states must be positive, got {max_states}")
+    try:
+        check_search_concurrency(concurrency)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
     try:
         routing, commit = router_matrices(key, len(steps), hop_rate=hop_rate or 0.0, return_prob=return_prob)
         chain = MarkovModel.create(steps, routing, commit, concurrency, delta_ms, mean_output)

@@ -82,7 +82,7 @@ DEPLOYMENT_FLAGS: tuple[Flag, ...] = (
          "every hop a new request that re-matches its prefix).", str, str, default="delayed"),
     Flag("thresholds", ("--thresholds",), "Delayed-batching B per model, e.g. 1,7 (flat: replaces a config's "
          "per-N table). trsim and bench --sim also take 'auto': the Markov model's B* for this concurrency (exact "
-         "up to about N = 8; larger N runs a reduced search and says so).",
+         "up to about N = 8; larger N runs a reduced search and says so; N > 1024 is refused).",
          str, _ints, per_model=True),
     Flag("placement", ("--placement",), f"{_CHOICES['placement']}: all models on GPU 0 under CUDA MPS, one GPU "
          "each (model i on GPU i unless --gpus), or one host each.", str, str, default="mps"),

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from tokenrouter.cli.common import CliError
+from tokenrouter.cli.common import CliError, check_output
 from tokenrouter.cli.options import (
     ArrivalRate,
     Concurrency,
@@ -25,6 +25,7 @@ from tokenrouter.cli.report import print_result, result_record, write_json
 from tokenrouter.core.names import PolicyName
 from tokenrouter.core.policy import guard_holds
 from tokenrouter.sim.run import SimConfig, SimResult, run_sim
+from tokenrouter.sim.tune import check_search_concurrency
 from tokenrouter.workloads import initial_phase, load_phases
 
 
@@ -49,6 +50,8 @@ def sim_config(
     given = deploy.overrides.thresholds is not None
     auto = deploy.thresholds_auto or (deploy.config is None and not given)
     auto = auto and dep.policy.kind == PolicyName.DELAYED
+    if auto:
+        check_search_concurrency(concurrency, "; give --thresholds to simulate a B of your choice")
     if given and dep.policy.kind == PolicyName.DELAYED and not guard_holds(dep.policy.thresholds, concurrency):
         raise CliError(
             f"--thresholds {','.join(map(str, dep.policy.thresholds))} infeasible for concurrency {concurrency}: "
@@ -105,6 +108,10 @@ def register(app: typer.Typer) -> None:
         dry_run: DryRun = False,
     ) -> None:
         """Simulate a routed model pair on a GPU profile (CPU only) and print the metrics."""
+        if not dry_run:
+            check_output(json_out, "--json")
+            check_output(csv_out, "--csv")
+            check_output(plot, "--plot", figure=True)
         cfg, auto = sim_config(
             deploy,
             concurrency=concurrency,

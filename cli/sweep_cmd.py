@@ -13,10 +13,11 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from tokenrouter.cli.common import parse_list
+from tokenrouter.cli.common import check_output, parse_list
 from tokenrouter.cli.options import DeploymentFlags, deployment_flags, point_flags
 from tokenrouter.cli.report import result_record
 from tokenrouter.cli.run_cmd import sim_config, simulate
+from tokenrouter.sim.run import prepare_sim
 
 
 def _opt_int(t: str) -> int | None:
@@ -74,6 +75,9 @@ def register(app: typer.Typer) -> None:
 
         Every deployment flag is an axis (comma list; `;` between values of per-model lists such as
         --thresholds '1,1;1,7'); flags not given keep the config's (or the default deployment's) value."""
+        if not dry_run:
+            check_output(out, "--out")
+            check_output(plot, "--plot", figure=True)
         axes_in: dict[str, Any] = dict(deploy)  # type: ignore[call-overload]
         config = axes_in.pop("config")
         run_given = {"concurrency": concurrency, "workload": workload, "seed": seed, "num_requests": num_requests,
@@ -86,7 +90,10 @@ def register(app: typer.Typer) -> None:
         for point in grid:
             dep_point = {k: v for k, v in point.items() if k not in RUN_AXES}
             run_point = {k: v for k, v in point.items() if k in RUN_AXES}
-            configs.append(sim_config(point_flags(config, dep_point), **run_point))
+            cfg, auto = sim_config(point_flags(config, dep_point), **run_point)
+            if not dry_run:
+                prepare_sim(cfg)  # profile, models, workload, seed, router: whatever a run would refuse
+            configs.append((cfg, auto))
         if dry_run:
             typer.echo("\n---\n".join(c.deployment.to_yaml().rstrip() for c, _ in configs))
             return

@@ -10,13 +10,13 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tokenrouter.cli.common import CliError, parse_list
+from tokenrouter.cli.common import CliError, check_output, parse_list
 from tokenrouter.cli.options import DeploymentFlags, DryRun, MaxOutput, Seed, Workload, deployment_flags
 from tokenrouter.cli.run_cmd import sim_config
 from tokenrouter.core.names import Layout, TuneObjective, parse_name
 from tokenrouter.deploy.placement import gpus_used, layout
 from tokenrouter.sim.run import estimated_notes
-from tokenrouter.sim.tune import Candidate, choose, tune_point
+from tokenrouter.sim.tune import Candidate, check_search_concurrency, choose, tune_point
 
 
 def register(app: typer.Typer) -> None:
@@ -31,7 +31,8 @@ def register(app: typer.Typer) -> None:
                 "--concurrency",
                 "-n",
                 help="Concurrencies to tune, e.g. 1,2,4,8,16. The Markov search is exact up to about N = 8; "
-                "larger N runs a reduced search (coarser quantum, threshold grid, or B scaled from N/2) and says so.",
+                "larger N runs a reduced search (coarser quantum, threshold grid, or B scaled from N/2) and says so; "
+                "N > 1024 is refused.",
             ),
         ] = "1,2,4,8,16",
         workload: Workload = "low-effort",
@@ -68,9 +69,14 @@ def register(app: typer.Typer) -> None:
         The deployment tuned is `--config` (or the default pair) with the flags applied; its policy becomes
         delayed. With --placements and/or --sm-splits every candidate deployment is tuned so, and the best at
         --compare-n is written."""
+        if not dry_run:
+            check_output(out, "--out")
         ns = sorted(set(parse_list(concurrency, int, "--concurrency")))
         if ns[0] < 1:
             raise ValueError("--concurrency values must be >= 1")
+        check_search_concurrency(ns[-1])  # before any N is tuned
+        if top < 1:
+            raise CliError(f"--top must be >= 1 (Markov candidates simulated per N), got {top}")
         goal = parse_name(TuneObjective, objective, "--objective")
         layouts = [parse_name(Layout, x, "--placements") for x in parse_list(placements, str, "--placements")] \
             if placements else [None]  # fmt: skip

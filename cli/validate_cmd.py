@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tokenrouter.cli.common import CliError
+from tokenrouter.cli.common import USAGE_ERRORS, CliError, check_output
 from tokenrouter.cli.options import pop_deployment_flags
 
 METRICS = {"throughput": "output_throughput_tok_s", "tpot_p50": "tpot_ms_p50"}
@@ -84,6 +84,7 @@ def validate(
     ] = None,
 ) -> None:
     """Run the simulator on every cell of a live-results file and print its error per cell, median and max."""
+    check_output(json_out, "--json")
     import pandas as pd
 
     try:
@@ -93,9 +94,30 @@ def validate(
     missing = [c for c in ("args", *METRICS.values()) if c not in df.columns]
     if missing:
         raise CliError(f"{live}: missing column(s) {', '.join(missing)} (args + the live metrics of each cell)")
+    for key in METRICS.values():
+        for i, raw in enumerate(df[key]):
+            if pd.isna(raw):
+                continue  # not measured: left out of the summary
+            try:
+                v = float(raw)
+            except (TypeError, ValueError):
+                v = math.nan
+            if not (math.isfinite(v) and v > 0):
+                raise CliError(f"{live}: line {i + 2}: {key} must be a number > 0 (or empty), got {raw!r}")
+    from tokenrouter.sim.run import prepare_sim
+
     base = live.resolve().parent
     rows: list[dict[str, Any]] = []
-    configs = [cell_config(str(a), base, profile) for a in df["args"]]  # every cell parses before any runs
+    configs = []  # every cell is checked as a run would check it before any runs
+    for i, a in enumerate(df["args"]):
+        try:
+            cfg, auto = cell_config(str(a), base, profile)
+            prepare_sim(cfg)
+        except USAGE_ERRORS as e:
+            raise CliError(f"{live}: line {i + 2}: {e.format_message()}") from None
+        except ValueError as e:
+            raise CliError(f"{live}: line {i + 2}: {e}") from None
+        configs.append((cfg, auto))
     from tokenrouter.cli.run_cmd import simulate
 
     err_console = Console(stderr=True)

@@ -67,17 +67,26 @@ class SimResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def run_sim(cfg: SimConfig) -> SimResult:
-    t_wall = time.perf_counter()
+def prepare_sim(cfg: SimConfig) -> tuple[Profile, Any, list[RequestSpec], Deployment]:
+    """What a run is built from: the profile, the step cost, the requests and the deployment (schedulers, routers,
+    KV pools). Every user error a run can raise (an unknown profile or model, a bad workload, seed or output cap, a
+    router without its trace) is raised here, before any simulated time, so callers can check a whole grid first."""
     dep = cfg.deployment
     profile = load_profile(dep.profile)
     cost = cfg.cost if cfg.cost is not None else cost_model(dep, profile)
-    analytic = cfg.cost is None and profile.kind == "analytic"
     specs = make_workload(
         cfg.workload, cfg.num_requests, cfg.seed, arrival_rate=cfg.arrival_rate, max_output=cfg.max_output
     )
     traces = {s.rid: s.runs or [] for s in specs} if any(s.runs for s in specs) else None
     deployment = build_deployment(dep, gpu_memory_gb=profile.gpu.memory_gb, seed=cfg.seed, traces=traces)
+    return profile, cost, specs, deployment
+
+
+def run_sim(cfg: SimConfig) -> SimResult:
+    t_wall = time.perf_counter()
+    dep = cfg.deployment
+    profile, cost, specs, deployment = prepare_sim(cfg)
+    analytic = cfg.cost is None and profile.kind == "analytic"
 
     env = simpy.Environment()
     metrics = MetricsCollector(deployment.num_models)

@@ -32,6 +32,19 @@ DELTA_MS = 0.1
 CO_RUN_CANDIDATES = 3  # the co-location pass's best B re-solved at their own load (beside the large-batch ladder)
 CO_RUN_ITERATIONS = 6
 CO_RUN_TOL = 0.01
+MAX_SEARCH_CONCURRENCY = 1024
+"""Largest N the Markov model is solved at. Its state budget bounds each chain, not the search: the fallbacks
+(coarser quanta, then the search at N/2, recursively) explore capped chains whose transitions and thresholds grow
+with N, so the time grows about linearly in N: about 20 s at N = 1,000 on one core (two passes under MPS), over
+2 minutes at N = 4,096, hours at N = 100,000. Past this N a command refuses at once instead."""
+
+
+def check_search_concurrency(n: int, hint: str = "") -> None:
+    """ValueError (a one-line user error on the command lines) when N is past `MAX_SEARCH_CONCURRENCY`."""
+    if n > MAX_SEARCH_CONCURRENCY:
+        raise ValueError(f"N = {n:,} is too large for the Markov model: it is solved at N <= "
+                         f"{MAX_SEARCH_CONCURRENCY:,} (its time grows with N: minutes at a few thousand, hours "
+                         f"beyond){hint}")  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -137,6 +150,7 @@ def expected_step_ms(cost: ModelStepCost, rows: int, tokens_per_row: float, cont
 
 def predict_thresholds(cfg: SimConfig, concurrency: int | None = None) -> Prediction:
     n = concurrency or cfg.concurrency
+    check_search_concurrency(n)
     P, C = routing_matrices(cfg)
     _, mean_output = _workload_means(cfg)
     search = search_thresholds(MarkovModel.create(step_time_fns(cfg), P, C, n, DELTA_MS, mean_output))

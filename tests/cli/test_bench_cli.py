@@ -79,6 +79,15 @@ def test_bench_user_errors(capsys):
     assert run(["bench", "--url", "http://127.0.0.1:9", "--workload", "nope"]) == 2
 
 
+def test_bench_refuses_an_unwritable_output_before_sending(tmp_path, capsys):
+    """The destination is checked before the run, so a long bench is not thrown away at the end (here the
+    server is unreachable too: the output error comes first, so nothing was sent)."""
+    argv = ["bench", "--url", "http://127.0.0.1:9", "--num-requests", "2", "--workload", "fixed:4,4"]
+    assert run([*argv, "--csv", str(tmp_path / "no" / "b.csv")]) == 2
+    err = capsys.readouterr().err
+    assert "--csv" in err and "no such directory" in err and "cannot benchmark" not in err
+
+
 def _poll(steps: float, rows: float, step_s: float, busy_s: float | None) -> str:
     """A /metrics page of one model as the front-end writes it (busy_s None: a server without the counter)."""
     lines = [

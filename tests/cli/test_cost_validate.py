@@ -103,3 +103,22 @@ def test_validate_bad_files(tmp_path, capsys):
     assert rc == 2 and "missing column" in err
     rc, _, err = call(["validate", str(tmp_path / "nope.csv")], capsys)
     assert rc == 2 and "nope.csv" in err
+
+
+@pytest.mark.parametrize(
+    ("row", "needles"),
+    [
+        ('c,"-n 2 --workload fixed:16,20 --num-requests 4",abc,5', ["line 3", "output_throughput_tok_s", "'abc'"]),
+        ('c,"-n 2 --workload fixed:16,20 --num-requests 4",0,5', ["line 3", "output_throughput_tok_s", "> 0"]),
+        ('c,"-n 2 --workload fixed:16,20 --num-requests 4",100,-1', ["line 3", "tpot_ms_p50"]),
+        ('c,"-n 2 --bogus",100,5', ["line 3", "--bogus"]),
+        ('c,"-n 2 --workload nope",100,5', ["line 3", "nope"]),
+    ],
+)
+def test_validate_names_the_line_of_a_bad_cell_before_simulating(row, needles, tmp_path, capsys):
+    live = tmp_path / "live.csv"
+    good = 'a,"-n 2 --workload fixed:16,20 --num-requests 4",100,5'
+    live.write_text(f"cell,args,output_throughput_tok_s,tpot_ms_p50\n{good}\n{row}\n")
+    rc, out, err = call(["validate", str(live)], capsys)
+    assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1, err  # one line: no progress bar either
+    assert "live.csv" in err and all(n in err for n in needles), err

@@ -6,6 +6,7 @@ fail, as if absent) before it runs the CLI's main."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -51,3 +52,26 @@ def test_a_command_without_its_extra_is_one_line_and_exit_2(blocked, argv, line)
 def test_simulator_commands_still_run_without_the_extras():
     p = run_without(SERVE_EXTRA + ENGINE_EXTRA, ["models"])
     assert p.returncode == 0 and "qwen3-32b" in p.stdout, p.stderr
+
+
+def test_calibrate_without_its_extras_stops_before_measuring(tmp_path):
+    out = tmp_path / "p.json"
+    p = run_without(SERVE_EXTRA + ENGINE_EXTRA, ["calibrate", "-m", "qwen3-0.6b", "-o", str(out)])
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.splitlines() == [
+        "tokenrouter: error: calibrate needs the 'engine' and 'serve' extras (missing: torch, safetensors, "
+        "tokenizers, zmq, fastapi, uvicorn, prometheus_client, httpx): pip install 'tokenrouter[engine,serve]'"
+    ], p.stderr
+    assert not list(tmp_path.iterdir())  # no partial to "resume": nothing could have been measured
+
+
+def test_calibrate_on_a_machine_without_a_gpu_says_so_at_once(tmp_path):
+    """Without a CUDA device (hidden here, so the test means the same on a GPU machine) `tr calibrate` stops with
+    one line pointing at --device cpu, instead of failing every task and asking to run it again (exit 3)."""
+    out = tmp_path / "p.json"
+    cmd = [sys.executable, "-m", "tokenrouter.cli.tr", "calibrate", "-m", "tiny-small", "-o", str(out)]
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    assert p.returncode == 2, p.stderr
+    assert len(p.stderr.splitlines()) == 1 and "no CUDA GPU" in p.stderr and "--device cpu" in p.stderr, p.stderr
+    assert not list(tmp_path.iterdir())

@@ -43,6 +43,17 @@ def assert_one_line_error(rc: int, err: str, needle: str) -> None:
         (["run", "--async"], "--async"),  # renamed: CPU-GPU overlap is --overlap
         (["model", "--step-ms", "6,27.9", "--hop-rate", "2", "--concurrency", "4"], "error"),
         (["model", "--step-ms", "6,27.9", "--hop-rate", "0.3", "--concurrency", "4", "--thresholds", "4,4"], "error"),
+        # The Markov search's time grows with N even within its state budget: past the limit, refused at once.
+        (["model", "--step-ms", "6,27.9", "--hop-rate", "0.1", "--concurrency", "100000"], "N <= 1,024"),
+        (["model", "--step-ms", "6,27.9", "-p", "0.1", "-n", "100000", "--thresholds", "1,9"], "N <= 1,024"),
+        (["run", "--concurrency", "100000", "--num-requests", "4"], "--thresholds"),
+        (["tune", "--concurrency", "8,100000", "--dry-run"], "N <= 1,024"),
+        # A tp that does not split the model's heads cannot be deployed (the engine refuses it): not simulated either.
+        (["run", "--tp", "3", "--dry-run"], "tp=3 does not divide"),
+        (["run", "--placement", "separate", "--tp", "1,16", "--dry-run"], "its 8 KV heads"),
+        (["cost", "--model", "qwen3-32b", "--tp", "3"], "tp=3 does not divide"),
+        (["tune", "--placements", "tp", "--num-gpus", "16", "-n", "2"], "its 8 KV heads"),
+        (["tune", "-n", "2", "--top", "-1"], "--top must be >= 1"),  # it dropped the last candidate
     ],
 )
 def test_bad_input_exits_2_with_one_line(argv, needle, capsys):
@@ -109,6 +120,30 @@ def test_run_plot_says_wrote_and_names_the_cell(tmp_path: Path, capsys, monkeypa
     assert rc == 0 and json.loads(out)["requests_completed"] == 8 and f"wrote {p}" in err
 
 
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["run", *FAST, "--json", "{missing}/r.json"], "--json"),
+        (["run", *FAST, "--csv", "{missing}/r.csv"], "--csv"),
+        (["run", *FAST, "--plot", "{missing}/r.png"], "--plot"),
+        (["run", *FAST, "--plot", "{tmp}/r.txt"], "--plot"),
+        (["run", *FAST, "--json", "{tmp}"], "--json"),
+        (["sweep", *FAST, "--hop-rate", "0.1,0.2", "-o", "{missing}/s.csv"], "--out"),
+        (["sweep", *FAST, "--hop-rate", "0.1,0.2", "--plot", "{missing}/s.png"], "--plot"),
+        (["tune", "-n", "2", "--workload", "fixed:16,40", "-o", "{missing}/serve.yaml"], "--out"),
+    ],
+)
+def test_unwritable_output_fails_before_simulating(argv, flag, tmp_path: Path, capsys):
+    """A destination that cannot be written (its folder missing, a folder itself, a format matplotlib lacks) is a
+    one-line error naming the flag before any simulation runs, not after minutes of work are thrown away."""
+    missing = tmp_path / "no" / "such"
+    argv = [a.format(missing=missing, tmp=tmp_path) for a in argv]
+    rc, out, err = call(trsim.main, argv, capsys)
+    assert_one_line_error(rc, err, flag)
+    assert out == "" and "sweep" not in err and "tune" not in err  # no table, no progress bar: nothing ran
+    assert not missing.exists()
+
+
 def test_run_json_to_stdout_is_pure_json(capsys):
     rc, out, _ = call(trsim.main, ["run", *FAST, "--thresholds", "1,2", "--json", "-"], capsys)
     assert rc == 0 and json.loads(out)["thresholds"] == "1,2"
@@ -168,6 +203,25 @@ def test_sweep_writes_grid(tmp_path: Path, capsys):
     df = pd.read_csv(out_csv)
     assert len(df) == 4 and set(df["arg_policy"]) == {"eager", "delayed"}
     assert png.stat().st_size > 10_000
+
+
+@pytest.mark.parametrize(
+    ("axis", "needle"),
+    [
+        (["--workload", "fixed:16,40,nope"], "unknown workload 'nope'"),
+        (["--seed", "0,-1"], "seed"),
+        (["--max-output", "none,0"], "max_output"),
+        (["--profile", "h200,nope"], "nope"),
+        (["--small", "qwen3-0.6b,nope"], "nope"),
+        (["--router", "r2r,trace", "--thresholds", "1,1"], "hop trace"),
+    ],
+)
+def test_sweep_checks_every_point_before_running_any(axis, needle, tmp_path: Path, capsys):
+    """The second point is bad: found before the first runs (one line on stderr: no progress bar was drawn)."""
+    out = tmp_path / "s.csv"
+    argv = ["sweep", "--workload", "fixed:16,40", "--num-requests", "4", "-n", "2", "-o", str(out), *axis]
+    rc, _, err = call(trsim.main, argv, capsys)
+    assert_one_line_error(rc, err, needle)
 
 
 def test_tune_writes_config_that_tr_accepts_and_trsim_runs(tmp_path: Path, capsys):

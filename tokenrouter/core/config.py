@@ -6,7 +6,11 @@ goes through msgspec (types) plus the checks below (meaning); every problem is a
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import math
+import types
+import typing
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -257,6 +261,12 @@ def validate(cfg: DeploymentConfig) -> None:
     for mc in cfg.models:
         if mc.tp < 1 or not mc.gpus or any(g < 0 for g in mc.gpus):
             raise ConfigError(f"model {mc.name}: tp must be >= 1 and gpus a non-empty list of indices")
+        if mc.kv_budget_gb is not None and not (math.isfinite(mc.kv_budget_gb) and mc.kv_budget_gb > 0):
+            raise ConfigError(f"model {mc.name}: kv_budget_gb must be a number > 0 (GB) or null, got {mc.kv_budget_gb}")
+        share = mc.mps_active_thread_percentage
+        if share is not None and not 1 <= share <= 100:
+            raise ConfigError(f"model {mc.name}: mps_active_thread_percentage must be in 1..100 or null (no cap), "
+                              f"got {share}")  # fmt: skip
         try:
             mc.graph_rule()
         except ValueError as e:
@@ -264,6 +274,12 @@ def validate(cfg: DeploymentConfig) -> None:
     if cfg.placement.transport == "ipc" and any(mc.host or mc.external for mc in cfg.models):
         raise ConfigError("placement.transport ipc keeps every process on one host: a model with a host or "
                           "external: true needs tcp (or null)")  # fmt: skip
+    for what, v, lo_ok in (("link_latency_ms", cfg.placement.link_latency_ms, True),
+                           ("link_bandwidth_gbps", cfg.placement.link_bandwidth_gbps, False)):  # fmt: skip
+        if v is not None and not (math.isfinite(v) and (v > 0 or (lo_ok and v == 0))):
+            raise ConfigError(f"placement.{what} must be a number {'>=' if lo_ok else '>'} 0 or null, got {v}")
+    if cfg.policy.max_wait_ms is not None and not math.isfinite(cfg.policy.max_wait_ms):
+        raise ConfigError(f"policy.max_wait must be a finite number of ms >= 0 or null, got {cfg.policy.max_wait_ms}")
     if cfg.placement.port_base is not None and cfg.placement.port_base + 4 + m > 65_535:
         raise ConfigError(f"placement.port_base {cfg.placement.port_base} leaves no room for {m} models' ports")
     if cfg.scheduler.page_size < 1 or cfg.scheduler.max_batch_size < 1 or cfg.scheduler.max_batch_tokens < 1:
@@ -307,10 +323,46 @@ def config_from_yaml(text: str) -> DeploymentConfig:
         raise ConfigError(f"not valid YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(raw, dict):
         raise ConfigError("expected a mapping at the top level")
+    check_keys(raw, DeploymentConfig, "$")
     try:
         return msgspec.convert(raw, DeploymentConfig, strict=False)
     except msgspec.ValidationError as e:
         raise ConfigError(str(e)) from None
+
+
+def check_keys(raw: Any, cls: type, where: str) -> None:
+    """Refuse a key the schema lacks, at any depth: msgspec ignores unknown keys of a dataclass, so a typo
+    (`threshold:`, `polcy:`) would otherwise load as the default it meant to replace. `where` is the path in
+    msgspec's notation (`$.policy`). Values of the wrong shape are left to msgspec, which names them."""
+    if not isinstance(raw, dict):
+        return
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    for key in raw:
+        if key not in hints:
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f"; did you mean `{close[0]}`?" if close else f"; known: {', '.join(names)}"
+            raise ConfigError(f"unknown key `{key}` at `{where}`{hint}")
+        inner = _dataclass_in(hints[key])
+        if inner is None:
+            continue
+        value = raw[key]
+        if isinstance(value, list) and typing.get_origin(hints[key]) is list:
+            for i, item in enumerate(value):
+                check_keys(item, inner, f"{where}.{key}[{i}]")
+        else:
+            check_keys(value, inner, f"{where}.{key}")
+
+
+def _dataclass_in(tp: Any) -> type | None:
+    """The config dataclass a field holds: itself, in `X | None`, or as the items of `list[X]`; else None."""
+    if dataclasses.is_dataclass(tp):
+        return tp  # type: ignore[return-value]
+    if typing.get_origin(tp) in (list, types.UnionType, typing.Union):
+        for arg in typing.get_args(tp):
+            if dataclasses.is_dataclass(arg):
+                return arg  # type: ignore[return-value]
+    return None
 
 
 def _named(enum: Any, value: Any, what: str) -> Any:

@@ -3,6 +3,8 @@ the layouts `trsim tune --placements` compares.
 
 Invariants (checked by `check_gpus`, which the resolver applies to every deployment a CLI builds):
 - a model at tensor-parallel degree tp occupies exactly tp distinct GPUs; `gpus` lists them in rank order;
+- tp divides the model's attention heads, KV heads and MLP width (the engine shards each evenly), so the simulator
+  never prices a layout the runtime cannot run;
 - under `separate` no two models share a GPU; under `cross-host` each model has its own host, so GPU ids are per
   host and may repeat across models;
 - under `mps`, models whose GPU lists intersect are co-located: their passes slow each other down (a model at
@@ -46,6 +48,8 @@ def check_gpus(cfg: DeploymentConfig) -> None:
                               "(give --gpus the first GPU of each model, or leave --gpus out)")  # fmt: skip
         if len(set(m.gpus)) != len(m.gpus):
             raise ConfigError(f"model {m.name}: gpus {m.gpus} name a GPU twice")
+        if m.tp > 1:
+            check_tp_divides(m.path or m.name, m.tp, m.name)
     if cfg.placement.mode == Placement.SEPARATE:
         owner: dict[int, str] = {}
         for m in cfg.models:
@@ -54,6 +58,21 @@ def check_gpus(cfg: DeploymentConfig) -> None:
                     raise ConfigError(f"placement separate: {owner[g]} and {m.name} both on GPU {g}; give each "
                                       "model its own GPUs (--gpus) or use --placement mps")  # fmt: skip
                 owner[g] = m.name
+
+
+def check_tp_divides(model: str, tp: int, name: str | None = None) -> None:
+    """One-line ConfigError when `tp` does not divide the attention heads, KV heads and MLP width of `model` (a
+    bundled name or an HF directory; `name` labels it). A shape that cannot be loaded is left to whoever loads it
+    (an unknown model is its own error there)."""
+    try:
+        spec = load_spec(model)
+    except (ValueError, OSError):
+        return
+    for what, n in (("attention heads", spec.num_heads), ("KV heads", spec.num_kv_heads),
+                    ("MLP intermediate size", spec.intermediate_size)):  # fmt: skip
+        if n % tp:
+            raise ConfigError(f"model {name or model}: tp={tp} does not divide its {n} {what}; use a tp that divides "
+                              f"{spec.num_heads} attention heads and {spec.num_kv_heads} KV heads")  # fmt: skip
 
 
 def colocated(cfg: DeploymentConfig, model: int) -> list[int]:
@@ -84,10 +103,10 @@ def layout(choice: Layout | str, num_gpus: int, cfg: DeploymentConfig) -> tuple[
     tps = [1, 1]
     if choice is Layout.TP:
         m = cfg.models[large]
-        spec = load_spec(m.path or m.name)
-        if spec.num_heads % num_gpus or (spec.num_kv_heads % num_gpus and num_gpus % spec.num_kv_heads):
-            raise ValueError(f"layout tp: tp={num_gpus} does not split {m.name}'s {spec.num_heads} attention heads "
-                             f"/ {spec.num_kv_heads} KV heads evenly")  # fmt: skip
+        try:
+            check_tp_divides(m.path or m.name, num_gpus, m.name)
+        except ConfigError as e:
+            raise ValueError(f"layout tp: {e}") from None
         tps[large] = num_gpus
     mode = Placement.SEPARATE if choice is Layout.SEPARATE else Placement.MPS
     return mode, tps

@@ -1,0 +1,66 @@
+"""Deployment YAML loading: a key the schema lacks or a number out of its range is a one-line ConfigError,
+never a silent default or a crash deep in the simulator."""
+
+from __future__ import annotations
+
+import pytest
+
+from tokenrouter.core.config import ConfigError, DeploymentConfig, ModelConfig, config_from_yaml
+
+PAIR = "models: [{name: qwen3-0.6b}, {name: qwen3-32b}]\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "needles"),
+    [
+        (PAIR + "polcy: {kind: eager}\n", ["`polcy`", "`$`", "`policy`"]),
+        (PAIR + "policy: {kind: delayed, threshold: [1, 4]}\n", ["`threshold`", "`$.policy`", "`thresholds`"]),
+        ("models: [{name: qwen3-0.6b, gpu: [1]}, {name: qwen3-32b}]\n", ["`gpu`", "`$.models[0]`", "`gpus`"]),
+        (PAIR + "policy: {kind: delayed, autotune: {interval: 2}}\n", ["`interval`", "`$.policy.autotune`"]),
+        (PAIR + "scheduler: {pagesize: 32}\n", ["`pagesize`", "`$.scheduler`", "`page_size`"]),
+        (PAIR + "router: {name: r2r, zzz: 1}\n", ["`zzz`", "`$.router`"]),
+    ],
+)
+def test_unknown_key_is_an_error_naming_it_and_where(text, needles):
+    with pytest.raises(ConfigError) as e:
+        config_from_yaml(text)
+    msg = str(e.value)
+    assert "\n" not in msg
+    for needle in needles:
+        assert needle in msg, msg
+
+
+def test_every_written_key_reads_back_and_notes_stay_free_form():
+    dep = DeploymentConfig([ModelConfig("qwen3-0.6b"), ModelConfig("qwen3-32b")], notes={"anything": {"x": 1}})
+    back = config_from_yaml(dep.to_yaml())
+    assert back == dep
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        (PAIR + "placement: {mode: cross-host, link_bandwidth_gbps: 0}\n", "link_bandwidth_gbps"),
+        (PAIR + "placement: {mode: cross-host, link_bandwidth_gbps: .nan}\n", "link_bandwidth_gbps"),
+        (PAIR + "placement: {mode: cross-host, link_latency_ms: -1}\n", "link_latency_ms"),
+        ("models: [{name: qwen3-0.6b, kv_budget_gb: -3}, {name: qwen3-32b}]\n", "kv_budget_gb"),
+        ("models: [{name: qwen3-0.6b, mps_active_thread_percentage: 150}, {name: qwen3-32b}]\n",
+         "mps_active_thread_percentage"),
+        ("models: [{name: qwen3-0.6b, mps_active_thread_percentage: 0}, {name: qwen3-32b}]\n",
+         "mps_active_thread_percentage"),
+        (PAIR + "policy: {kind: delayed, max_wait_ms: .nan}\n", "max_wait"),
+    ],
+)  # fmt: skip
+def test_numbers_out_of_range_are_errors(text, needle):
+    with pytest.raises(ConfigError) as e:
+        config_from_yaml(text)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_numbers_in_range_load():
+    dep = config_from_yaml(
+        "models: [{name: qwen3-0.6b, kv_budget_gb: 20, mps_active_thread_percentage: 40},"
+        " {name: qwen3-32b, mps_active_thread_percentage: 100}]\n"
+        "placement: {mode: cross-host, link_latency_ms: 0, link_bandwidth_gbps: 25}\n"
+        "policy: {kind: delayed, max_wait_ms: 0}\n"
+    )
+    assert dep.placement.link_bandwidth_gbps == 25 and dep.models[0].kv_budget_gb == 20
