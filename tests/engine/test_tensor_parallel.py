@@ -129,7 +129,7 @@ def test_tp_must_divide_the_heads():
     with pytest.raises(ModelLoadError, match="tp=4 does not divide its 2 KV heads"):
         check_divides(spec, 4)
     cfg = DeploymentConfig(models=[ModelConfig("tiny-small"), ModelConfig("tiny-large", tp=4, gpus=[0, 1, 2, 3])])
-    with pytest.raises(ConfigError, match="model 1 \\(tiny-large\\): tp 4 does not divide its 2 KV heads"):
+    with pytest.raises(ConfigError, match="model 1 \\(tiny-large\\): tp=4 does not divide its 2 KV heads"):
         check_tp(cfg, "cpu")
 
 

@@ -7,7 +7,7 @@ The ranks themselves are started by the model's subserver (rank 0), not by the l
 from __future__ import annotations
 
 from tokenrouter.core.config import ConfigError, DeploymentConfig, ModelConfig
-from tokenrouter.models import load_spec
+from tokenrouter.deploy.placement import check_tp_divides
 
 # NVLink multicast (NVLS) stays off in every process of a tensor-parallel model (rank 0 passes it on to its ranks).
 NCCL_ENV = {"NCCL_NVLS_ENABLE": "0"}
@@ -19,15 +19,7 @@ def check_tp(config: DeploymentConfig, device: str) -> None:
     for i, m in enumerate(config.models):
         if m.tp == 1:
             continue
-        try:
-            spec = load_spec(m.path or m.name)
-        except (ValueError, OSError):
-            continue  # the subserver names an unloadable model itself
-        for what, n in (("attention heads", spec.num_heads), ("KV heads", spec.num_kv_heads),
-                        ("intermediate size", spec.intermediate_size)):  # fmt: skip
-            if n % m.tp:
-                raise ConfigError(f"model {i} ({m.name}): tp {m.tp} does not divide its {n} {what} (heads "
-                                  f"{spec.num_heads}, KV heads {spec.num_kv_heads})")  # fmt: skip
+        check_tp_divides(m.path or m.name, m.tp, name=f"{i} ({m.name})")  # an unloadable model: the subserver says
         if device == "cuda" and len(m.gpus) != m.tp:
             raise ConfigError(f"model {i} ({m.name}): tp {m.tp} needs one GPU per rank in gpus, got {m.gpus} "
                               f"({len(m.gpus)} GPUs)")  # fmt: skip
