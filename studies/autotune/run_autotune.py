@@ -256,8 +256,6 @@ class Study:
         proc, url, up = start_server(args, self.a.port, log, timeout_s=max(60.0, min(400.0, self.left())))
         if up is None:
             print(f"{tag}: server did not come up: {log.read_text()[-800:]}", flush=True)
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
             self.summary.setdefault("errors", []).append(f"{tag}: server did not come up (see {log.name})")
             return None
         self.startup_s.append(up)

@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
-import signal
 import subprocess
 import sys
 import time
@@ -112,8 +110,6 @@ def main() -> int:
         proc, url, up = start_server(args, port, log)
         if up is None:
             print(f"server {fam} {split} did not come up:\n{log.read_text()[-2000:]}", flush=True)
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
             continue
         print(f"server {fam} {split}: up in {up:.0f} s", flush=True)
         try:

@@ -17,9 +17,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import platform
-import signal
 import subprocess
 import sys
 import time
@@ -107,8 +105,6 @@ def main() -> int:
         raw["servers"][tag] = {"startup_s": up}
         if up is None:
             print(f"{tag}: server did not come up: {log.read_text()[-600:]}")
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
             continue
         models = [m["id"] for m in _get(url + "/v1/models")["data"]]
         names = models[0].split("+")

@@ -29,9 +29,7 @@ import copy
 import datetime as dt
 import json
 import math
-import os
 import platform
-import signal
 import subprocess
 import sys
 import time
@@ -169,8 +167,6 @@ def run_live(cands: dict[str, Candidate], live: list[str], ns: list[int], a: arg
         proc, url, up = start_server(["--config", str(cfg_path), "--device", a.device, "--no-access-log"], port, log)
         if up is None:
             print(f"server {k} did not come up:\n{log.read_text()[-2000:]}", flush=True)
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
             continue
         print(f"server {k}: up in {up:.0f} s", flush=True)
         try:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -19,21 +20,23 @@ TR = [sys.executable, "-m", "tokenrouter.cli.tr"]
 def start_server(args: Sequence[str], port: int, log: Path, *, timeout_s: float = 420.0,
                  env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str, float | None]:  # fmt: skip
     """`tokenrouter serve ARGS --port PORT` in its own process group, output to `log`; returns the process, its
-    URL and the seconds until /health answered 200 (None: it exited or did not come up within `timeout_s`)."""
+    URL and the seconds until /health answered 200 (None: it exited or did not come up within `timeout_s`; then
+    its process group is killed, so the port and the GPU are free for the caller's next try)."""
     cmd = [*TR, "serve", *args, "--port", str(port)]
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
                             env={**os.environ, **(env or {})})  # fmt: skip
     url = f"http://127.0.0.1:{port}"
-    while time.monotonic() - t0 < timeout_s:
-        if proc.poll() is not None:
-            return proc, url, None
+    while time.monotonic() - t0 < timeout_s and proc.poll() is None:
         try:
             if httpx.get(url + "/health", timeout=2).status_code == 200:
                 return proc, url, time.monotonic() - t0
         except httpx.TransportError:
             pass
         time.sleep(0.5)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)  # its children too, also when the launcher itself already exited
+    proc.wait()
     return proc, url, None
 
 
