@@ -74,6 +74,8 @@ from typing import Any
 
 import numpy as np
 
+from tokenrouter.core.hop_law import check_prob
+
 __all__ = [
     "WORKLOADS",
     "Phase",
@@ -439,8 +441,8 @@ def parse_phases(raw: Any, where: str) -> list[Phase]:
         if out and t <= out[-1].at_s:
             raise WorkloadError(f"{at}: 'at_s' must increase ({t} after {out[-1].at_s})")
         p = ph.get("hop_rate")
-        if p is not None and (isinstance(p, bool) or not isinstance(p, int | float) or not 0 <= p <= 1):
-            raise WorkloadError(f"{at}: 'hop_rate' must be a probability in [0, 1], got {p!r}")
+        if p is not None:
+            check_prob(p, f"{at}: 'hop_rate'", WorkloadError)
         n = ph.get("concurrency")
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
             raise WorkloadError(f"{at}: 'concurrency' must be an int >= 1, got {n!r}")

@@ -20,6 +20,7 @@ import msgspec
 import yaml
 
 from tokenrouter.core.graph_rule import DEFAULT_GRAPH_BUCKETS, DEFAULT_GRAPH_MAX_ROW_TOKENS, GraphRule
+from tokenrouter.core.hop_law import MARKOV_ROUTERS, check_prob
 from tokenrouter.core.names import Placement, PolicyName, RouterName, parse_name
 from tokenrouter.core.policy import Policy, PolicyKind
 
@@ -33,13 +34,6 @@ CONFIG_VERSION = 1
 
 class ConfigError(ValueError):
     pass
-
-
-def check_prob(x: float, what: str) -> float:
-    """`x` if it is a probability, else a one-line ValueError naming `what`."""
-    if not 0.0 <= x <= 1.0:
-        raise ValueError(f"{what} must be in [0, 1], got {x}")
-    return float(x)
 
 
 @dataclass(slots=True)
@@ -138,11 +132,6 @@ class AutotuneConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise ConfigError(f"policy.autotune.{name} must be an integer >= {lo}, got {v!r}")
-
-
-# Routers whose hop law the Markov model describes (`tokenrouter.markov.router_matrices`): autotune needs one.
-AUTOTUNE_ROUTERS = frozenset({RouterName.R2R, RouterName.CITER, RouterName.CO_LLM, RouterName.R_STITCH,
-                              RouterName.MARKOV, RouterName.ME})  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -251,10 +240,7 @@ def validate(cfg: DeploymentConfig) -> None:
         raise ConfigError(f"entry {cfg.entry} is not a model index (0..{m - 1})")
     rc = cfg.router
     for what, x in (("router hop_rate", rc.hop_rate), ("router return_prob", rc.return_prob)):
-        try:
-            check_prob(x, what)
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
+        check_prob(x, what, ConfigError)
     for b in [cfg.policy.thresholds, *cfg.policy.table.values()]:
         if b and len(b) != m:
             raise ConfigError(f"thresholds {b} must have one value per model ({m})")
@@ -296,7 +282,7 @@ def validate(cfg: DeploymentConfig) -> None:
         if cfg.policy.kind not in (PolicyName.DELAYED, PolicyName.EAGER):
             raise ConfigError(f"policy.autotune tunes delayed-batching thresholds: it needs policy delayed or eager, "
                               f"not {cfg.policy.kind}")  # fmt: skip
-        if rc.name not in AUTOTUNE_ROUTERS or (rc.name != RouterName.ME and m != 2):
+        if rc.name not in MARKOV_ROUTERS or (rc.name != RouterName.ME and m != 2):
             raise ConfigError(
                 f"policy.autotune needs a router the Markov model describes (r2r, citer, co-llm, "
                 f"r-stitch, markov over two models; me over more), not {rc.name} over {m} models"

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from tokenrouter.core.hop_law import check_prob
 from tokenrouter.core.names import RouterName
 from tokenrouter.core.router import Router
 from tokenrouter.routers.learned.checkpoint import load_router_checkpoint
@@ -82,8 +83,7 @@ def make_learned_router(
         return EnsembleRouter(num_models, ensemble_weights, ensemble_top_k, seed)
     if num_models != 2:
         raise ValueError(f"router {key!r} routes between 2 models, not {num_models}")
-    if not 0.0 <= hop_rate <= 1.0:
-        raise ValueError(f"hop rate must be in [0, 1], got {hop_rate}")
+    check_prob(hop_rate, "hop rate")
     if key == RouterName.R_STITCH:
         return _r_stitch(model_file, is_random, hop_rate, return_prob, threshold, device, model, calibration_rows)
     cls, above, inclusive = _GATE_RULE[key]

@@ -14,6 +14,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from tokenrouter.core.hop_law import check_prob
+
 
 class ScoreGate(nn.Module):
     """Row goes to `hop` when its score passes the threshold, else to `stay` (absolute model indices).
@@ -87,9 +89,7 @@ def calibrate_threshold(scores: torch.Tensor, hop_rate: float, *, hop_above: boo
     hop, the p quantile when low scores do. p = 0 and p = 1 give infinite cuts (never / always), so the
     edge cases hold exactly rather than up to one sample.
     """
-    p = float(hop_rate)
-    if not 0.0 <= p <= 1.0:
-        raise ValueError(f"hop rate must be in [0, 1], got {hop_rate}")
+    p = check_prob(hop_rate, "hop rate")
     if p in (0.0, 1.0):
         never = math.inf if hop_above else -math.inf
         return never if p == 0.0 else -never

@@ -1,0 +1,101 @@
+"""Hop laws: each router's transition law, the one source for the synthetic routers and the Markov model.
+
+A law is (P, C) over the models, model 0 the entry (small) model: P[i][j] is the probability that a request leaving
+a step on model i goes to model j (j = i: it stays), C[i][j] whether the token sampled on that route is committed
+(False: it is dropped and the destination regenerates it).
+
+| router | small -> large | large does | hands back |
+| r2r, citer, co-llm | hop w.p. p, small token dropped | regenerates one token (committed) | after 1 token |
+| r-stitch | hop w.p. p, small token dropped | keeps writing (committed) | w.p. q per token (geometric run) |
+| markov | as r-stitch with p = 1/mean_small_run, q = 1/mean_large_run |
+| me | every token visits models 0..M-1 in turn; only the last commits (it combines the logits) |
+
+A trace router replays recorded hops and has no law. Pure Python, so the core's config can check names and rates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from numbers import Real
+
+from tokenrouter.core.names import RouterName
+
+ONE_TOKEN_HANDBACK = frozenset({RouterName.R2R, RouterName.CITER, RouterName.CO_LLM})
+SYNTHETIC_HOP_RATE = ONE_TOKEN_HANDBACK | {RouterName.R_STITCH}
+"""Routers whose synthetic hops are a draw of the hop rate, which a running deployment may change."""
+MARKOV_ROUTERS = SYNTHETIC_HOP_RATE | {RouterName.MARKOV, RouterName.ME}
+"""Routers with a stationary hop law, which the Markov model describes (and autotune therefore tunes)."""
+
+
+def check_prob(x: object, what: str, error: type[ValueError] = ValueError) -> float:
+    """`x` as a float if it is a probability (a real number in [0, 1], not a bool), else a one-line `error`
+    naming `what`."""
+    if isinstance(x, bool) or not isinstance(x, Real) or not 0.0 <= x <= 1.0:
+        raise error(f"{what} must be in [0, 1], got {x if isinstance(x, Real) else repr(x)}")
+    return float(x)
+
+
+@dataclass(frozen=True, slots=True)
+class HopLaw:
+    """(P, C) of a router (module docstring). Rows of P sum to 1; both are square over the models."""
+
+    routing: tuple[tuple[float, ...], ...]
+    commit: tuple[tuple[bool, ...], ...]
+
+    @property
+    def drops_token(self) -> tuple[bool, ...]:
+        """Per model: does its hand-off drop the token it sampled (C is False off the diagonal)?"""
+        m = len(self.commit)
+        return tuple(not any(self.commit[i][j] for j in range(m) if j != i) for i in range(m))
+
+
+def geometric_run(hop_rate: float, return_prob: float = 1.0) -> HopLaw:
+    """Two models: the small one hops w.p. `hop_rate` per step and its token is dropped; the large one commits what
+    it writes and hands back w.p. `return_prob` per token (1: after one token, as R2R)."""
+    p, q = check_prob(hop_rate, "hop rate"), check_prob(return_prob, "return probability")
+    return HopLaw(((1.0 - p, p), (q, 1.0 - q)), ((True, False), (True, True)))
+
+
+def ensemble(num_models: int) -> HopLaw:
+    """ME: every token visits models 0, 1, .., M-1 in turn; the last commits it and hands the request back to 0."""
+    if num_models < 2:
+        raise ValueError(f"an ensemble needs at least 2 models, got {num_models}")
+    m = num_models
+    routing = tuple(tuple(1.0 if j == (i + 1) % m else 0.0 for j in range(m)) for i in range(m))
+    commit = tuple(tuple(i == m - 1 and j == 0 for j in range(m)) for i in range(m))
+    return HopLaw(routing, commit)
+
+
+def run_rates(mean_small_run: float | None, mean_large_run: float | None) -> tuple[float, float]:
+    """The `markov` router's (hop rate, return probability): one over each model's mean run length."""
+    if not mean_small_run or not mean_large_run or mean_small_run < 1 or mean_large_run < 1:
+        raise ValueError("markov router needs mean run lengths >= 1 on both models")
+    return 1.0 / mean_small_run, 1.0 / mean_large_run
+
+
+def hop_law(
+    name: str,
+    num_models: int = 2,
+    *,
+    hop_rate: float = 0.1,
+    return_prob: float = 1.0,
+    mean_small_run: float | None = None,
+    mean_large_run: float | None = None,
+) -> HopLaw:
+    """The law of router `name` over `num_models` models (`return_prob` counts for r-stitch only, the mean runs for
+    markov only). ValueError for a router without a law or for a two-model router over another number of models."""
+    key = str(name).lower()
+    if key == RouterName.ME:
+        return ensemble(num_models)
+    if key not in MARKOV_ROUTERS:
+        raise ValueError(f"router {name!r} has no hop law: choose one of {', '.join(sorted(MARKOV_ROUTERS))}")
+    if num_models != 2:
+        raise ValueError(f"router {name!r} routes between two models (small, large), not {num_models}")
+    if key == RouterName.MARKOV:
+        return geometric_run(*run_rates(mean_small_run, mean_large_run))
+    return geometric_run(hop_rate, return_prob if key == RouterName.R_STITCH else 1.0)
+
+
+def drops_token(name: str, num_models: int) -> tuple[bool, ...]:
+    """Per model of router `name`: does its hand-off drop the token it sampled? (independent of the rates)."""
+    return hop_law(name, num_models, mean_small_run=2.0, mean_large_run=2.0).drops_token
