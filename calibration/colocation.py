@@ -72,6 +72,11 @@ class Interference:
         x = math.log2(max(1, own_tokens))
         return interp1(self.xs_me, self.alone, x) / interp1(self.xs_me, self.ref, x)
 
+    def mixed(self, own_tokens: int, busy: float, other_tokens: float) -> float:
+        """The mean factor of a pass of `own_tokens` while the peer runs passes of `other_tokens` a fraction `busy`
+        of the time: co-run that share, alone under the SM cap the rest."""
+        return (1.0 - busy) * self.cap(own_tokens) + busy * self.factor(own_tokens, max(1, round(other_tokens)))
+
     @classmethod
     def fixed(cls, factor: float) -> Interference:
         return cls([0.0], [0.0], [1.0], [1.0], [[1.0]], constant=factor)

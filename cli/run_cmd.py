@@ -72,10 +72,10 @@ def sim_config(
 def simulate(cfg: SimConfig, auto: bool) -> SimResult:
     note = ""
     if auto:
-        from tokenrouter.sim.tune import predict_thresholds
+        from tokenrouter.sim.tune import predict_thresholds, with_thresholds
 
         pred = predict_thresholds(cfg)
-        cfg.deployment.policy.thresholds = list(pred.thresholds)
+        cfg = with_thresholds(cfg, pred.thresholds)
         predicted = "n/a" if math.isnan(pred.throughput) else f"{pred.throughput:,.0f} tok/s"
         fallback = f"; {pred.note}" if pred.note else ""
         note = f" (auto: Markov B* for N={cfg.concurrency}, predicted {predicted}{fallback})"

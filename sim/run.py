@@ -147,7 +147,7 @@ def run_sim(cfg: SimConfig) -> SimResult:
         set_router_hop_rate(subs, dep.router, first.hop_rate)
     tuner = None
     if dep.policy.autotune is not None:
-        from tokenrouter.markov.autotune import make_controller
+        from tokenrouter.deploy.autotune_controller import make_controller
 
         controller = make_controller(dep, policy=deployment.entry.policy, cost=cost)  # the sim's own co-run factors
         pending = (lambda: not loader.done) if isinstance(loader, OpenLoop) else (lambda: False)

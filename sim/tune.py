@@ -8,9 +8,10 @@ prefills, message latency and MPS interference, and the measured best wins.
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -23,15 +24,19 @@ from tokenrouter.core.names import Layout, TuneObjective
 from tokenrouter.core.policy import PolicyKind
 from tokenrouter.deploy.placement import colocated
 from tokenrouter.markov import MarkovModel, ThroughputResult, evaluate_thresholds, router_matrices, search_thresholds
-from tokenrouter.markov.colocation import Load, large_batch_ladder, peer_load, solve_at_load, tokens_per_row
-from tokenrouter.markov.explore import StateSpaceTooLarge
+from tokenrouter.markov.colocation import (
+    DELTA_MS,
+    Load,
+    large_batch_ladder,
+    peer_load,
+    solve_at_load,
+    solve_candidates,
+    tokens_per_row,
+)
+from tokenrouter.markov.search import SearchOutcome
 from tokenrouter.sim.run import SimConfig, SimResult, cost_model, run_sim
 from tokenrouter.workloads import make_workload
 
-DELTA_MS = 0.1
-CO_RUN_CANDIDATES = 3  # the co-location pass's best B re-solved at their own load (beside the large-batch ladder)
-CO_RUN_ITERATIONS = 6
-CO_RUN_TOL = 0.01
 MAX_SEARCH_CONCURRENCY = 1024
 """Largest N the Markov model is solved at. Its state budget bounds each chain, not the search: the fallbacks
 (coarser quanta, then the search at N/2, recursively) explore capped chains whose transitions and thresholds grow
@@ -108,8 +113,7 @@ def step_time_fns(cfg: SimConfig, load: list[tuple[float, float]] | None = None)
         def f(b: int, _c=mcost, _t=tpr[i], _r=rule, _o=overlap, _f=inter, _u=u, _p=peer_tokens) -> float:
             alone = expected_step_ms(_c, b, _t, ctx, _r) + _c.router_step_ms(b)
             if _f is not None:
-                own = max(1, round(b * _t))
-                alone *= (1.0 - _u) * _f.cap(own) + _u * _f.factor(own, max(1, round(_p)))
+                alone *= _f.mixed(max(1, round(b * _t)), _u, _p)
             return alone + (0.0 if _o else _c.host_ms(b))
 
         fns.append(f)
@@ -155,33 +159,28 @@ def predict_thresholds(cfg: SimConfig, concurrency: int | None = None) -> Predic
     _, mean_output = _workload_means(cfg)
     search = search_thresholds(MarkovModel.create(step_time_fns(cfg), P, C, n, DELTA_MS, mean_output))
     if not (_shares_a_gpu(cfg) and n > 1 and search.ranked and len(cfg.deployment.models) == 2):
-        ranked = [(r.thresholds, r.throughput_tok_s) for r in search.ranked]
-        predicted = search.throughput_tok_s if search.throughput_tok_s is not None else float("nan")
-        return Prediction(tuple(search.thresholds), float(predicted), ranked, search.note)
+        return _searched(search)
     # Second pass: slow each model down for the share of time its peer was busy at the first pass's B*, beside a
     # pass of the peer's mean batch (the co-run factor depends on what the peer runs).
     load = peer_load(search.ranked[0], tokens_per_row(P))
     search = search_thresholds(MarkovModel.create(step_time_fns(cfg, load), P, C, n, DELTA_MS, mean_output))
     # That load belongs to one B: a B that holds the large model for fuller batches keeps it busy less often, so the
-    # small model runs alone more and is faster than the pass assumed (at N = 8 on the H200 profile the pass ranked
-    # (1,2) first, the simulator and the live runtime (1,6)). Re-solve the pass's best and the large-batch ladder
-    # each at its own co-location fixed point.
-    cands = [tuple(r.thresholds) for r in search.ranked[:CO_RUN_CANDIDATES]]
-    held = max(b[-1] for b in cands)  # the bias is against holding the large model longer: only larger B join
-    cands += [b for b in ladder(n, len(cfg.deployment.models)) if b not in cands and b[-1] > held]
-    scored = []
-    for b in cands:
-        try:
-            scored.append((b, colocated_at(cfg, b, n, load).throughput_tok_s))
-        except (StateSpaceTooLarge, ValueError):  # infeasible or over the budget at this N: keep the others
-            continue
-    if not scored:
-        ranked = [(r.thresholds, r.throughput_tok_s) for r in search.ranked]
-        predicted = search.throughput_tok_s if search.throughput_tok_s is not None else float("nan")
-        return Prediction(tuple(search.thresholds), float(predicted), ranked, search.note)
-    scored.sort(key=lambda x: -x[1])
+    # small model runs alone more and is faster than the pass assumed. Re-solve the pass's best and the large-batch
+    # ladder each at its own co-location fixed point.
+    steps_at = lambda ld: step_time_fns(cfg, ld)  # noqa: E731
+    solved = solve_candidates(steps_at, P, C, n, DELTA_MS, mean_output, search, load)
+    if not solved:
+        return _searched(search)
+    scored = sorted(solved.items(), key=lambda x: -x[1])
     note = "; ".join(x for x in (search.note, "co-location solved at each candidate's own load") if x)
     return Prediction(scored[0][0], float(scored[0][1]), scored, note)
+
+
+def _searched(search: SearchOutcome) -> Prediction:
+    """The search's own prediction (nan when it was too large to predict anything)."""
+    predicted = search.throughput_tok_s if search.throughput_tok_s is not None else float("nan")
+    ranked = [(r.thresholds, r.throughput_tok_s) for r in search.ranked]
+    return Prediction(tuple(search.thresholds), float(predicted), ranked, search.note)
 
 
 def markov_at(cfg: SimConfig, thresholds: tuple[int, ...], concurrency: int | None = None) -> ThroughputResult:
@@ -202,39 +201,35 @@ def colocated_at(cfg: SimConfig, thresholds: tuple[int, ...], concurrency: int,
     P, C = routing_matrices(cfg)
     _, mean_output = _workload_means(cfg)
     steps_at = lambda ld: step_time_fns(cfg, ld)  # noqa: E731
-    return solve_at_load(steps_at, P, C, concurrency, DELTA_MS, mean_output, thresholds, tokens_per_row(P),
-                         load=load, iterations=CO_RUN_ITERATIONS, tol=CO_RUN_TOL)[0]  # fmt: skip
+    return solve_at_load(steps_at, P, C, concurrency, DELTA_MS, mean_output, thresholds, tokens_per_row(P), load=load)[
+        0
+    ]
 
 
 def _shares_a_gpu(cfg: SimConfig) -> bool:
     return any(colocated(cfg.deployment, i) for i in range(len(cfg.deployment.models)))
 
 
+def with_thresholds(cfg: SimConfig, thresholds: Sequence[int], **policy: Any) -> SimConfig:
+    """A new `cfg` whose policy runs `thresholds` (and the other `PolicyConfig` fields given); `cfg` stays as it is."""
+    pc = dataclasses.replace(cfg.deployment.policy, thresholds=list(thresholds), **policy)
+    return dataclasses.replace(cfg, deployment=dataclasses.replace(cfg.deployment, policy=pc))
+
+
 def simulate_thresholds(cfg: SimConfig, thresholds: tuple[int, ...]) -> SimResult:
-    c = copy.copy(cfg)
-    c.deployment = copy.deepcopy(cfg.deployment)
-    c.deployment.policy.kind = PolicyKind.DELAYED.value
-    c.deployment.policy.thresholds = list(thresholds)
-    c.deployment.policy.table = {}  # a tuned config's B(N) table would win over the candidate at its N
-    c.deployment.policy.autotune = None  # a candidate is judged as it is, not as autotune would move it
-    return run_sim(c)
-
-
-def ladder(concurrency: int, num_models: int) -> list[tuple[int, ...]]:
-    """The large-batch ladder (`tokenrouter.markov.colocation.large_batch_ladder`): the simulator checks it beside
-    the Markov model's top candidates."""
-    return large_batch_ladder(concurrency, num_models)
+    """A candidate B simulated as it is: delayed, without a tuned config's B(N) table (which would win over the
+    candidate at its N) and without autotune (which would move it)."""
+    return run_sim(with_thresholds(cfg, thresholds, kind=PolicyKind.DELAYED.value, table={}, autotune=None))
 
 
 def tune_point(cfg: SimConfig, concurrency: int, top: int = 3) -> TunePoint:
-    """B* for one concurrency: Markov top-k, eager (1,..,1) and the large-batch ladder (`ladder`), each checked in
+    """B* for one concurrency: Markov top-k, eager (1,..,1) and the large-batch ladder, each checked in
     the simulator; the fastest simulated wins."""
-    c = copy.copy(cfg)
-    c.concurrency = concurrency
+    c = dataclasses.replace(cfg, concurrency=concurrency)
     pred = predict_thresholds(c)
     cands = [b for b, _ in pred.ranked[:top]] or [pred.thresholds]
     eager = (1,) * len(cfg.deployment.models)
-    for b in [eager, *ladder(concurrency, len(cfg.deployment.models))]:
+    for b in [eager, *large_batch_ladder(concurrency, len(cfg.deployment.models))]:
         if b not in cands:
             cands.append(b)
     simulated = {}

@@ -14,8 +14,10 @@ from tokenrouter.core.config import (
     PolicyConfig,
     RouterConfig,
 )
+from tokenrouter.core.hop_law import drops_token
+from tokenrouter.deploy.autotune_controller import make_controller
 from tokenrouter.markov import MarkovModel, r2r_preset, rstitch_preset, search_thresholds
-from tokenrouter.markov.autotune import MarkovSolver, drops_token, make_controller
+from tokenrouter.markov.autotune_solve import CoRun, MarkovSolver
 
 
 def line(a: float, c: float = 0.0) -> StepLine:
@@ -99,8 +101,6 @@ def test_over_the_budget_at_n_it_compares_at_half_n_and_scales_back():
 
 def test_without_interference_the_colocated_solve_is_the_plain_search():
     """Co-location factors of 1 change nothing: the per-B re-pricing must give the search's own answer."""
-    from tokenrouter.markov.autotune import CoRun
-
     est = Estimates(6, (0.15, 0.99), (line(1.0, 0.05), line(18.0, 0.4)), 400.0)
     plain = MarkovSolver("r2r")(est, (1, 1))
     flat = MarkovSolver("r2r", corun=CoRun([lambda own, u, p: 1.0, lambda own, u, p: 1.0]))(est, (1, 1))
@@ -112,8 +112,6 @@ def test_the_colocated_solve_reprices_the_small_models_steps_per_b():
     """The small model's steps, measured at B = (1,1) (large model busy most of the time), are slowed 3x while the
     large one runs. Priced as measured, holding the large model looks no better; de-mixed and re-priced per B, a B
     that keeps the large model idle more often gains, and the B in force is priced as measured."""
-    from tokenrouter.markov.autotune import CoRun
-
     corun = CoRun([lambda own, u, p: (1 - u) + 3.0 * u, None])
     est = Estimates(8, (0.1, 0.99), (line(2.5, 0.05), line(18.0, 0.4)), 400.0)
     aware = MarkovSolver("r2r", corun=corun)(est, (1, 1))

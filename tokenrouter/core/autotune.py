@@ -23,8 +23,8 @@ decay (a half-life in seconds of the driver's clock), so old windows fade instea
 - Live N = the median of the live counts sampled over the last half-life (a closed loop dips below N for a
   moment at each finish; a median ignores that and follows a ramp within half a half-life).
 
-Solve: an injected callable (`Solve`; the Markov model's budgeted search in `tokenrouter.markov.autotune`, numpy
-and scipy, which the core does not import) that returns B* with its predicted throughput and the predicted
+Solve: an injected callable (`Solve`; the Markov model's budgeted search in `tokenrouter.markov.autotune_solve`,
+numpy and scipy, which the core does not import) that returns B* with its predicted throughput and the predicted
 throughput of the B in force, under the same estimates.
 
 Hysteresis: a new B is applied only when it is predicted to gain at least `min_gain` over the B in force and the

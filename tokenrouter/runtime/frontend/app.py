@@ -217,7 +217,7 @@ def autotune_task(server: ServerHandle, backend: Backend, policy: PolicyState) -
     cfg = getattr(server, "config", None)
     if cfg is None or cfg.policy.autotune is None:
         return None
-    from tokenrouter.markov.autotune import make_controller
+    from tokenrouter.deploy.autotune_controller import make_controller
 
     return AutotuneTask(backend, policy, make_controller(cfg), server.entry)
 

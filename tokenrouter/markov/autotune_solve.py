@@ -1,30 +1,25 @@
 """The Markov model as autotune's solve (`tokenrouter.core.autotune`): estimates -> B*, within a state budget.
 
 The core controller is pure and must not import scipy; the simulator and the runtime's front-end build the
-controller here (`make_controller`), with this solve injected, from the same deployment config, so both run the
-same controller with the same solve.
+controller with this solve injected (`tokenrouter.deploy.autotune_controller.make_controller`), from the same
+deployment config, so both run the same controller with the same solve.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
 
 import numpy as np
 
-from tokenrouter.core.autotune import AutotuneController, Estimates, Solution
-from tokenrouter.core.config import AutotuneConfig, DeploymentConfig
+from tokenrouter.core.autotune import Estimates, Solution
 from tokenrouter.core.names import RouterName
-from tokenrouter.core.policy import Policy, clamp_thresholds
-from tokenrouter.markov.colocation import Load, large_batch_ladder, peer_load, solve_at_load, tokens_per_row
+from tokenrouter.core.policy import clamp_thresholds
+from tokenrouter.markov.colocation import DELTA_MS, Load, peer_load, solve_candidates, tokens_per_row
 from tokenrouter.markov.explore import StateSpaceTooLarge
 from tokenrouter.markov.model import MarkovModel
-from tokenrouter.markov.presets import me_preset, r2r_preset, router_matrices, rstitch_preset
+from tokenrouter.markov.presets import router_matrices
 from tokenrouter.markov.search import SearchOutcome, evaluate_thresholds, scale_thresholds, search_thresholds
-
-DELTA_MS = 0.1  # the quantum `trsim tune` uses; the search coarsens it (within 2% per step) to fit its budget
-CO_RUN_CANDIDATES = 3  # as `trsim tune`: the search's best re-solved at their own co-location load, beside the ladder
 
 Slowdown = Callable[[int, float, float], float]
 """(own tokens per pass, peer busy fraction, peer tokens per pass) -> the model's mean step-time factor."""
@@ -63,14 +58,11 @@ class MarkovSolver:
 
     def matrices(self, hop_prob: tuple[float | None, ...]) -> tuple[np.ndarray, np.ndarray]:
         """(P, C) of the Markov model for the estimated hop probabilities."""
-        key = str(self.router).lower()
-        if key == RouterName.ME:
-            return me_preset(self.num_models)
         p = hop_prob[0] if hop_prob and hop_prob[0] is not None else self.hop_rate
         q = hop_prob[1] if len(hop_prob) > 1 and hop_prob[1] is not None else self.return_prob
-        if key in (RouterName.R_STITCH, RouterName.MARKOV):
-            return rstitch_preset(p, max(q, 1e-6))  # q = 0 would never hand back: no stationary regime
-        return r2r_preset(p)
+        # markov's law is r-stitch's with its run rates estimated; q = 0 would never hand back: no stationary regime
+        name = RouterName.R_STITCH if str(self.router).lower() == RouterName.MARKOV else self.router
+        return router_matrices(name, self.num_models, hop_rate=p, return_prob=max(q, 1e-6))
 
     def __call__(self, est: Estimates, current: tuple[int, ...]) -> Solution:
         P, C = self.matrices(est.hop_prob)
@@ -111,9 +103,8 @@ class MarkovSolver:
         tpr = tokens_per_row(P)
         measured = est.step_table(n)
         cur = clamp_thresholds(current, n)
-        at_cur = evaluate_thresholds(MarkovModel.create(measured, P, C, n, self.delta_ms, est.mean_output), cur,
-                                     self.max_states)[0]  # fmt: skip
-        load_cur = peer_load(at_cur, tpr)
+        model = MarkovModel.create(measured, P, C, n, self.delta_ms, est.mean_output)
+        load_cur = peer_load(evaluate_thresholds(model, cur, self.max_states)[0], tpr)
         alone = [[measured[i][b - 1] / corun.mix(i, b * tpr[i], load_cur) for b in range(1, n + 1)]
                  for i in range(len(measured))]  # fmt: skip
 
@@ -121,21 +112,9 @@ class MarkovSolver:
             return [[alone[i][b - 1] * corun.mix(i, b * tpr[i], load) for b in range(1, n + 1)]
                     for i in range(len(alone))]  # fmt: skip
 
-        search = search_thresholds(MarkovModel.create(measured, P, C, n, self.delta_ms, est.mean_output),
-                                   self.max_states)  # fmt: skip
-        cands = [tuple(r.thresholds) for r in search.ranked[:CO_RUN_CANDIDATES]] or [tuple(search.thresholds)]
-        held = max(b[-1] for b in cands)
-        cands += [b for b in large_batch_ladder(n, 2) if b not in cands and b[-1] > held]
-        if cur not in cands:
-            cands.append(cur)
-        scored: dict[tuple[int, ...], float] = {}
-        for b in cands:
-            try:
-                res, _ = solve_at_load(steps_at, P, C, n, self.delta_ms, est.mean_output, b, tpr, load=load_cur,
-                                       max_states=self.max_states)  # fmt: skip
-            except (StateSpaceTooLarge, ValueError):
-                continue
-            scored[b] = res.throughput_tok_s
+        scored = solve_candidates(steps_at, P, C, n, self.delta_ms, est.mean_output,
+                                  search_thresholds(model, self.max_states), load_cur, also=(cur,),
+                                  max_states=self.max_states)  # fmt: skip
         if cur not in scored:
             raise StateSpaceTooLarge(self.max_states, self.num_models, n)
         best = max(scored, key=lambda b: (scored[b], b == cur))
@@ -153,53 +132,3 @@ class MarkovSolver:
         except StateSpaceTooLarge:
             return None
         return res.throughput_tok_s
-
-
-def drops_token(router: str, num_models: int) -> tuple[bool, ...]:
-    """Per model: does its hand-off drop the token it sampled? (the commit matrix's off-diagonal is 0)."""
-    _, C = router_matrices(str(router), num_models, hop_rate=0.5, return_prob=0.5, mean_small_run=2.0,
-                           mean_large_run=2.0)  # fmt: skip
-    return tuple(all(C[i][j] == 0 for j in range(num_models) if j != i) for i in range(num_models))
-
-
-def make_controller(dep: DeploymentConfig, config: AutotuneConfig | None = None,
-                    policy: Policy | None = None, cost: CostLike | None = None) -> AutotuneController:  # fmt: skip
-    """The controller of a deployment: its `policy.autotune` settings (or `config`), its policy in force (or
-    `policy`), the Markov solve for its router, with co-location factors from `cost` (the simulator passes its cost
-    model; default: the deployment's profile). ValueError when the deployment cannot be autotuned."""
-    cfg = config or dep.policy.autotune or AutotuneConfig()
-    rc, m = dep.router, len(dep.models)
-    p, q = rc.hop_rate, rc.return_prob
-    if rc.name == RouterName.MARKOV and rc.mean_small_run and rc.mean_large_run:
-        p, q = 1.0 / rc.mean_small_run, 1.0 / rc.mean_large_run
-    solver = MarkovSolver(str(rc.name), m, p, q, cfg.max_states, corun=corun_of(dep, cost))
-    return AutotuneController(cfg, policy or dep.policy.build(), solver, drops_token(str(rc.name), m))
-
-
-class CostLike(Protocol):
-    def interference(self, model: int, peer: int) -> Any: ...
-
-
-def corun_of(dep: DeploymentConfig, cost: CostLike | None = None) -> CoRun | None:
-    """The co-location factors (`cost`'s, else the deployment profile's) of a deployment whose models share a GPU
-    under MPS; None when none do or the profile cannot price the pair (autotune then solves on the measured step
-    times as they are)."""
-    from tokenrouter.deploy.placement import colocated
-
-    peers = [colocated(dep, i) for i in range(len(dep.models))]
-    if not any(peers):
-        return None
-    try:
-        if cost is None:
-            from tokenrouter.calibration.cost import CostModel
-
-            cost = CostModel(dep.profile, dep.placement.mode, models=[m.name for m in dep.models],
-                             shares=[m.mps_active_thread_percentage for m in dep.models])  # fmt: skip
-        inter = [cost.interference(i, p[0]) if p else None for i, p in enumerate(peers)]
-    except (ValueError, KeyError):  # ProfileError and ColocationError are ValueErrors
-        return None
-
-    def slowdown(f) -> Slowdown:
-        return lambda own, u, peer_tokens: (1.0 - u) * f.cap(own) + u * f.factor(own, max(1, round(peer_tokens)))
-
-    return CoRun([None if f is None else slowdown(f) for f in inter])
