@@ -23,7 +23,7 @@ from tokenrouter.core.graph_rule import GraphRule
 from tokenrouter.core.names import Layout, TuneObjective
 from tokenrouter.core.policy import PolicyKind
 from tokenrouter.deploy.placement import colocated
-from tokenrouter.markov import MarkovModel, ThroughputResult, evaluate_thresholds, router_matrices, search_thresholds
+from tokenrouter.markov import MarkovModel, ThroughputResult, evaluate_thresholds, search_thresholds
 from tokenrouter.markov.colocation import (
     DELTA_MS,
     Load,
@@ -33,7 +33,9 @@ from tokenrouter.markov.colocation import (
     solve_candidates,
     tokens_per_row,
 )
+from tokenrouter.markov.presets import matrices
 from tokenrouter.markov.search import SearchOutcome
+from tokenrouter.routers.presets import router_law
 from tokenrouter.sim.run import SimConfig, SimResult, cost_model, run_sim
 from tokenrouter.workloads import make_workload
 
@@ -73,15 +75,7 @@ class TunePoint:
 
 
 def routing_matrices(cfg: SimConfig) -> tuple[np.ndarray, np.ndarray]:
-    rc = cfg.deployment.router
-    return router_matrices(
-        rc.name,
-        len(cfg.deployment.models),
-        hop_rate=rc.hop_rate,
-        return_prob=rc.return_prob,
-        mean_small_run=rc.mean_small_run,
-        mean_large_run=rc.mean_large_run,
-    )
+    return matrices(router_law(cfg.deployment.router, len(cfg.deployment.models)))
 
 
 def _workload_means(cfg: SimConfig) -> tuple[float, float]:

@@ -62,10 +62,11 @@ def test_no_row_is_prepared_for_a_request_the_router_says_surely_leaves():
     small = c.scheds[0]
     small.router.may_stay = lambda req: req.rid != "a"
     assert small.schedule(0.0) is not None and small.schedule(0.0) is None
-    from tokenrouter.routers import one_token_handback
+    from tokenrouter.core.hop_law import geometric_run
+    from tokenrouter.routers import synthetic_router
 
-    large = one_token_handback(0.1).bind(1, 2)
-    assert not large.may_stay(small.reqs["a"]) and one_token_handback(0.1).bind(0, 2).may_stay(small.reqs["a"])
+    large, entry = synthetic_router(geometric_run(0.1)).bind(1, 2), synthetic_router(geometric_run(0.1)).bind(0, 2)
+    assert not large.may_stay(small.reqs["a"]) and entry.may_stay(small.reqs["a"])
 
 
 def test_sync_policies_never_prepare_ahead():

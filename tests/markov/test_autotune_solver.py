@@ -14,7 +14,7 @@ from tokenrouter.core.config import (
     PolicyConfig,
     RouterConfig,
 )
-from tokenrouter.core.hop_law import drops_token
+from tokenrouter.core.hop_law import hop_law
 from tokenrouter.deploy.autotune_controller import make_controller
 from tokenrouter.markov import MarkovModel, r2r_preset, rstitch_preset, search_thresholds
 from tokenrouter.markov.autotune_solve import CoRun, MarkovSolver
@@ -55,9 +55,9 @@ def test_infeasible_current_b_is_compared_as_the_scheduler_clamps_it():
 
 
 def test_which_hand_offs_drop_the_token():
-    assert drops_token("r2r", 2) == (True, False)
-    assert drops_token("r-stitch", 2) == (True, False)
-    assert drops_token("me", 3) == (True, True, False)
+    assert hop_law("r2r", 2).drops_token == (True, False)
+    assert hop_law("r-stitch", 2, return_prob=0.5).drops_token == (True, False)
+    assert hop_law("me", 3).drops_token == (True, True, False)
 
 
 def _dep(router: str = "r2r", policy: str = "delayed", models: int = 2) -> DeploymentConfig:

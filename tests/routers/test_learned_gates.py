@@ -217,11 +217,12 @@ def test_device_part_replays_in_a_cuda_graph(name):
 
 
 def test_calibratable_is_the_learned_routers_with_a_gate():
+    from tokenrouter.core.hop_law import hop_law
     from tokenrouter.routers.learned import Calibratable, EnsembleRouter
-    from tokenrouter.routers.presets import make_preset
+    from tokenrouter.routers.presets import synthetic_router
 
     for name in ("r2r", "citer", "co-llm", "r-stitch"):
         r = make_learned_router(name, "random", 0.2, H, V, "cpu").bind(0, 2)
         assert isinstance(r, Calibratable), name
     assert not isinstance(EnsembleRouter(3), Calibratable)
-    assert not isinstance(make_preset("r2r", hop_rate=0.2), Calibratable)
+    assert not isinstance(synthetic_router(hop_law("r2r", hop_rate=0.2)), Calibratable)

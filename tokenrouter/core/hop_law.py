@@ -66,13 +66,6 @@ def ensemble(num_models: int) -> HopLaw:
     return HopLaw(routing, commit)
 
 
-def run_rates(mean_small_run: float | None, mean_large_run: float | None) -> tuple[float, float]:
-    """The `markov` router's (hop rate, return probability): one over each model's mean run length."""
-    if not mean_small_run or not mean_large_run or mean_small_run < 1 or mean_large_run < 1:
-        raise ValueError("markov router needs mean run lengths >= 1 on both models")
-    return 1.0 / mean_small_run, 1.0 / mean_large_run
-
-
 def hop_law(
     name: str,
     num_models: int = 2,
@@ -91,11 +84,8 @@ def hop_law(
         raise ValueError(f"router {name!r} has no hop law: choose one of {', '.join(sorted(MARKOV_ROUTERS))}")
     if num_models != 2:
         raise ValueError(f"router {name!r} routes between two models (small, large), not {num_models}")
-    if key == RouterName.MARKOV:
-        return geometric_run(*run_rates(mean_small_run, mean_large_run))
-    return geometric_run(hop_rate, return_prob if key == RouterName.R_STITCH else 1.0)
-
-
-def drops_token(name: str, num_models: int) -> tuple[bool, ...]:
-    """Per model of router `name`: does its hand-off drop the token it sampled? (independent of the rates)."""
-    return hop_law(name, num_models, mean_small_run=2.0, mean_large_run=2.0).drops_token
+    if key != RouterName.MARKOV:
+        return geometric_run(hop_rate, return_prob if key == RouterName.R_STITCH else 1.0)
+    if not mean_small_run or not mean_large_run or mean_small_run < 1 or mean_large_run < 1:
+        raise ValueError("markov router needs mean run lengths >= 1 on both models")
+    return geometric_run(1.0 / mean_small_run, 1.0 / mean_large_run)

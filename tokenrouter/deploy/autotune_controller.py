@@ -5,37 +5,29 @@ both build theirs here, from the same deployment config, so both run the same co
 
 from __future__ import annotations
 
-from typing import Any, Protocol
-
-from tokenrouter.calibration.cost import CostModel
+from tokenrouter.calibration.cost import CostModel, StepCost
 from tokenrouter.core.autotune import AutotuneController
 from tokenrouter.core.config import AutotuneConfig, DeploymentConfig
-from tokenrouter.core.hop_law import drops_token, run_rates
-from tokenrouter.core.names import RouterName
 from tokenrouter.core.policy import Policy
 from tokenrouter.deploy.placement import colocated
 from tokenrouter.markov.autotune_solve import CoRun, MarkovSolver
-
-
-class CostLike(Protocol):
-    def interference(self, model: int, peer: int) -> Any: ...
+from tokenrouter.routers.presets import router_law
 
 
 def make_controller(dep: DeploymentConfig, config: AutotuneConfig | None = None,
-                    policy: Policy | None = None, cost: CostLike | None = None) -> AutotuneController:  # fmt: skip
+                    policy: Policy | None = None, cost: StepCost | None = None) -> AutotuneController:  # fmt: skip
     """The controller of a deployment: its `policy.autotune` settings (or `config`), its policy in force (or
     `policy`), the Markov solve for its router, with co-location factors from `cost` (the simulator passes its cost
     model; default: the deployment's profile). ValueError when the deployment cannot be autotuned."""
     cfg = config or dep.policy.autotune or AutotuneConfig()
     rc, m = dep.router, len(dep.models)
-    p, q = rc.hop_rate, rc.return_prob
-    if rc.name == RouterName.MARKOV and rc.mean_small_run and rc.mean_large_run:
-        p, q = run_rates(rc.mean_small_run, rc.mean_large_run)
+    law = router_law(rc, m)
+    p, q = (law.routing[0][1], law.routing[1][0]) if m == 2 else (rc.hop_rate, rc.return_prob)
     solver = MarkovSolver(str(rc.name), m, p, q, cfg.max_states, corun=corun_of(dep, cost))
-    return AutotuneController(cfg, policy or dep.policy.build(), solver, drops_token(str(rc.name), m))
+    return AutotuneController(cfg, policy or dep.policy.build(), solver, law.drops_token)
 
 
-def corun_of(dep: DeploymentConfig, cost: CostLike | None = None) -> CoRun | None:
+def corun_of(dep: DeploymentConfig, cost: StepCost | None = None) -> CoRun | None:
     """The co-location factors (`cost`'s, else the deployment profile's) of a deployment whose models share a GPU
     under MPS; None when none do or the profile cannot price the pair (autotune then solves on the measured step
     times as they are)."""

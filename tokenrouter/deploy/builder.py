@@ -23,7 +23,7 @@ from tokenrouter.deploy.engine_args import engine_kwargs
 from tokenrouter.deploy.kv_budget import kv_capacity_tokens
 from tokenrouter.deploy.placement import colocated
 from tokenrouter.models import load_spec
-from tokenrouter.routers import TraceRouter, make_preset
+from tokenrouter.routers import TraceRouter, router_law, synthetic_router
 from tokenrouter.workloads import load_hop_trace
 
 Runs = Sequence[tuple[int, int]]
@@ -89,15 +89,7 @@ def build_router(rc: RouterConfig, num_models: int, seed: int, traces: Mapping[s
         if not runs:
             raise ValueError("router 'trace' needs a hop trace: --trace FILE or a workload with runs")
         return TraceRouter(runs)
-    return make_preset(
-        rc.name,
-        hop_rate=rc.hop_rate,
-        return_prob=rc.return_prob,
-        mean_small_run=rc.mean_small_run,
-        mean_large_run=rc.mean_large_run,
-        num_models=num_models,
-        seed=seed,
-    )
+    return synthetic_router(router_law(rc, num_models), seed)
 
 
 def max_context_len(cfg: DeploymentConfig) -> int:

@@ -1,14 +1,6 @@
 """Routers usable by both the simulator and the runtime."""
 
-from tokenrouter.routers.presets import PRESETS, ensemble, geometric_run, make_preset, one_token_handback
+from tokenrouter.routers.presets import router_law, set_hop_rate, synthetic_router
 from tokenrouter.routers.synthetic import ProbRouter, TraceRouter
 
-__all__ = [
-    "PRESETS",
-    "ProbRouter",
-    "TraceRouter",
-    "ensemble",
-    "geometric_run",
-    "make_preset",
-    "one_token_handback",
-]
+__all__ = ["ProbRouter", "TraceRouter", "router_law", "set_hop_rate", "synthetic_router"]

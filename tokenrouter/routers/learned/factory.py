@@ -1,6 +1,6 @@
 """`make_learned_router`: what `tr serve --router NAME --router-model FILE|random` builds on each subserver.
 
-Without `--router-model` the runtime keeps the synthetic presets (`tokenrouter.routers.make_preset`); this
+Without `--router-model` the runtime keeps the synthetic presets (`tokenrouter.routers.synthetic_router`); this
 factory is only for learned signals. `model_file`:
 - a checkpoint path (R2R's release format, or our CITER / Co-LLM heads in the same format), threshold from
   the file unless `threshold` overrides it;
