@@ -459,7 +459,7 @@ SWEEP_TILES = [(64, 2, 1), (64, 2, 2), (64, 4, 1), (64, 4, 2), (32, 2, 1), (128,
 def attn_shape(label: str, hq: int, hkv: int, b: int, ctx: int, copies: int, deadline: float) -> list[dict]:
     """One shape of `attn_sweep`: every config timed over `copies` KV caches in one graph."""
     from tokenrouter.engine.attention import split_counters
-    from tokenrouter.engine.attention.triton_common import DECODE_CONFIG, KernelConfig
+    from tokenrouter.engine.attention.triton_common import KernelConfig, decode_config
     from tokenrouter.engine.attention.triton_decode import decode_attention_triton, decode_num_splits
 
     dev, page, d, bf = torch.device("cuda"), 16, 128, torch.bfloat16
@@ -475,7 +475,7 @@ def attn_shape(label: str, hq: int, hkv: int, b: int, ctx: int, copies: int, dea
     ctr = split_counters(b, hkv, dev)
     default = decode_num_splits(b, hkv, width, page, dev)
     ref = decode_attention_triton(q, *caches[0], bt, sl, d**-0.5, counters=ctr).float()
-    configs = [(DECODE_CONFIG, default)]
+    configs = [(decode_config(default, width * page), default)]  # the engine's choice first
     for bn, nw, ns in SWEEP_TILES:
         for sp in sorted({default, max(1, default // 2)}):
             c = (KernelConfig(block_n=bn, num_warps=nw, num_stages=ns), sp)
