@@ -116,6 +116,32 @@ def split_replays(events: list[dict], n: int) -> list[list[dict]]:
     return [events[i * k : (i + 1) * k] for i in range(n)]
 
 
+def profile_graph(g, s, n: int, tmp: Path) -> tuple[list[dict], list[list[dict]]]:
+    """torch.profiler over n replays of graph `g` on stream `s` (CUPTI records the kernels inside graph replays):
+    (`representative` kernels of one replay, the kernels of every replay)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            g.replay()
+        s.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(n):
+                g.replay()
+                s.synchronize()
+    path = tmp / "trace.json"
+    prof.export_chrome_trace(str(path))
+    trace = json.loads(path.read_text())["traceEvents"]
+    path.unlink()
+    evs = [{"name": e["name"], "ts": float(e["ts"]), "dur": float(e.get("dur", 0)),
+            "corr": (e.get("args") or {}).get("correlation")}
+           for e in trace if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]  # fmt: skip
+    if not evs:
+        raise RuntimeError("the profiler recorded no kernels inside the graph replays")
+    replays = split_replays(evs, n)
+    return representative(replays[1:] if len(replays) > 2 else replays), replays
+
+
 def representative(replays: list[list[dict]]) -> list[dict]:
     """One replay: names of the first, per-position median duration and start offset over all of them."""
     base = replays[0]
@@ -469,7 +495,6 @@ class Probe(eb.Harness):
         """torch.profiler over 20 graph replays of a b=1, ctx 1024 decode step; see `analyze`."""
         if not (self.cuda and eng.graphs_enabled):
             return self.profile_smoke(eng, spec, vname)
-        from torch.profiler import ProfilerActivity, profile
 
         reqs = eb.make_requests(eng, 1, 1024)
         bat = Batch(0, 0, [BatchRow(reqs[0], 1023, 1)])
@@ -479,27 +504,7 @@ class Probe(eb.Harness):
             self.sync()
             g, s, n = eng.graphs.graphs[bucket], eng.stream, 20
             wall = gt.time_replays(g.replay, s, n=40).median_us
-            with torch.cuda.stream(s):
-                for _ in range(3):
-                    g.replay()
-                s.synchronize()
-                with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                    for _ in range(n):
-                        g.replay()
-                        s.synchronize()
-            path = self.tmp / "trace.json"
-            prof.export_chrome_trace(str(path))
-            trace = json.loads(path.read_text())["traceEvents"]
-            path.unlink()
-            evs = [
-                {"name": e["name"], "ts": float(e["ts"]), "dur": float(e.get("dur", 0)),
-                 "corr": (e.get("args") or {}).get("correlation")}
-                for e in trace if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
-            ]  # fmt: skip
-            if not evs:
-                raise RuntimeError("the profiler recorded no kernels inside the graph replays")
-            replays = split_replays(evs, n)
-            kernels = representative(replays[1:] if len(replays) > 2 else replays)
+            kernels, replays = profile_graph(g, s, n, self.tmp)
             res = analyze(kernels, spec.num_layers, layer_gemm_bytes(spec))
             res["wall_us"] = wall
             res["span_spread_us"] = statistics.pstdev(max(e["ts"] + e["dur"] for e in r) - r[0]["ts"] for r in replays)

@@ -69,6 +69,35 @@ def markov_bound(config: str, n: int, max_output: int | None) -> tuple[float, li
     return markov_at(cfg, b).throughput_tok_s, list(b)
 
 
+def bench_cell(
+    url: str,
+    config: str,
+    names: list[str],
+    jf: Path,
+    *,
+    n: int,
+    requests: int,
+    workload: str,
+    max_output: int | None,
+    bench_args: list[str],
+    timeout: float,
+) -> tuple[dict, dict]:
+    """One `tokenrouter bench` (with `--sim` when it names a policy) against a running server: its JSON record and
+    each model's loop counters over the cell (`small_loop`); RuntimeError when the bench fails."""
+    before = scrape(url)
+    cmd = [*TR, "bench", "--url", url, "-n", str(n), "--num-requests", str(requests), "--workload", workload,
+           "--seed", "0", "--json", str(jf), "--config", config, *bench_args]  # fmt: skip
+    cmd += ["--max-output", str(max_output)] if max_output else []
+    cmd += ["--sim"] if bench_args else []
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    after = scrape(url)
+    if res.returncode != 0 or not jf.exists():
+        raise RuntimeError(f"bench failed: {(res.stderr or res.stdout)[-400:]}")
+    rec = json.loads(jf.read_text())
+    jf.unlink()
+    return rec, {m: small_loop(before, after, m) for m in names}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", required=True)
@@ -112,23 +141,16 @@ def main() -> int:
             if time.monotonic() - t_start > a.deadline - 20:
                 print(f"skip {tag} {c.key}: deadline")
                 continue
-            before = scrape(url)
-            jf = out / f"bench_{tag}_{c.key}.json"
             reqs = max(2, round(c.requests_per_client * c.n * a.scale))
-            cmd = [*TR, "bench", "--url", url, "-n", str(c.n), "--num-requests", str(reqs), "--workload",
-                   c.workload, "--seed", "0", "--json", str(jf), "--config", a.config, *bench_args]  # fmt: skip
-            if c.max_output or a.scale != 1.0:
-                cmd += ["--max-output", str(max(8, int((c.max_output or 2048) * a.scale)))]
-            cmd += ["--sim"] if bench_args else []
+            max_out = max(8, int((c.max_output or 2048) * a.scale)) if c.max_output or a.scale != 1.0 else None
             t0 = time.monotonic()
-            res = subprocess.run(cmd, capture_output=True, text=True, timeout=max(60.0, a.deadline))
-            after = scrape(url)
-            if res.returncode != 0 or not jf.exists():
-                print(f"{tag} {c.key}: bench failed: {(res.stderr or res.stdout)[-400:]}")
+            try:
+                rec, loops = bench_cell(url, a.config, names, out / f"bench_{tag}_{c.key}.json", n=c.n, requests=reqs,
+                                        workload=c.workload, max_output=max_out, bench_args=bench_args,
+                                        timeout=max(60.0, a.deadline))  # fmt: skip
+            except RuntimeError as e:
+                print(f"{tag} {c.key}: {e}")
                 continue
-            rec = json.loads(jf.read_text())
-            jf.unlink()
-            loops = {m: small_loop(before, after, m) for m in names}
             raw[f"{tag}/{c.key}"] = {"bench": rec, "loops": loops, "wall_s": time.monotonic() - t0}
             live = rec.get("output_throughput_tok_s")
             row = {"server": tag, "key": c.key, "N": c.n, "workload": c.workload, "max_output": c.max_output,

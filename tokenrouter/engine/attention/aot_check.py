@@ -34,6 +34,7 @@ from tokenrouter.engine.attention.triton_common import (
     DECODE_CONFIG,
     EXTEND_CONFIG,
     MIN_DOT_DIM,
+    decode_config,
     fwd_constexprs,
     merge_chunk,
     reduce_constexprs,
@@ -84,11 +85,14 @@ def variants(quick: bool) -> list[Variant]:
             out.append(Variant(f"decode G={group} single={single}", "paged_attention_fwd_kernel",
                                fwd_constexprs(**dec, single_split=single), DECODE_CONFIG.num_warps,
                                DECODE_CONFIG.num_stages))  # fmt: skip
-        # Fused split merge (+ PDL) at the splits a batch-1 step of an 8k-context engine uses (33).
-        fused = fwd_constexprs(**dec, single_split=False, fused_reduce=True, use_pdl=True,
-                               merge_chunk=merge_chunk(33, group, dim, DECODE_CONFIG))  # fmt: skip
-        out.append(Variant(f"decode G={group} fused+pdl", "paged_attention_fwd_kernel", fused,
-                           DECODE_CONFIG.num_warps, DECODE_CONFIG.num_stages))  # fmt: skip
+        # Fused split merge (+ PDL) at the splits batch-1 and batch-8 steps of an 8k-context engine use (33, 9),
+        # each with the tile config `decode_config` gives them.
+        for splits in (33, 9):
+            cfg = decode_config(splits, 8256)
+            fused = fwd_constexprs(**dec, single_split=False, fused_reduce=True, use_pdl=True,
+                                   merge_chunk=merge_chunk(splits, group, dim, cfg))  # fmt: skip
+            out.append(Variant(f"decode G={group} fused+pdl S={splits}", "paged_attention_fwd_kernel", fused,
+                               cfg.num_warps, cfg.num_stages))  # fmt: skip
         for max_q, single in ((2048, True),) if quick else ((2048, True), (8, False), (1, False)):
             block_q, group_pad = extend_tiling(max_q, group, EXTEND_CONFIG)
             ext = fwd_constexprs(group=group, group_pad=group_pad, block_q=block_q, block_n=EXTEND_CONFIG.block_n,
@@ -189,7 +193,9 @@ def main(argv: list[str] | None = None) -> int:
     ok = True
     for v in variants(args.quick) + varlen_variants(args.quick):
         r = compile_variant(v)
-        bad = r.spill_bytes > 0 or (v.kernel == "paged_attention_fwd_kernel" and not r.pipelined) or not r.fused_ok
+        # cp.async wherever stages were asked for (one stage, the short-split decode, has nothing to pipeline)
+        staged = v.kernel == "paged_attention_fwd_kernel" and v.num_stages > 1
+        bad = r.spill_bytes > 0 or (staged and not r.pipelined) or not r.fused_ok
         ok &= not bad
         print(f"{'FAIL' if bad else 'ok  '} {r.label:36s} regs={r.registers:3d} spill={r.spill_bytes:4d}B "
               f"cp.async={r.pipelined} sync={r.fused_ok} {r.seconds:.1f}s")  # fmt: skip

@@ -34,6 +34,11 @@ class KernelConfig:
 
 
 DECODE_CONFIG = KernelConfig(block_n=64, num_warps=4, num_stages=2)
+# Decode whose splits are short (at most SHORT_SPLIT_TILES key tiles even at full width): with no tiles to
+# pipeline, two warps and one stage cut the latency (H200, studies/engine/step_profile.py attn: Qwen3-0.6B b=1
+# 7.8 -> 6.6 us at context 1k); long splits keep the pipelined tile (b=8 at 8k: 78 vs 90 us without it).
+SHORT_DECODE_CONFIG = KernelConfig(block_n=64, num_warps=2, num_stages=1)
+SHORT_SPLIT_TILES = 4
 EXTEND_CONFIG = KernelConfig(block_n=64, block_m=64, num_warps=4, num_stages=2)
 
 
@@ -58,6 +63,13 @@ def choose_num_splits(
     wanted = math.ceil(4 * sm_count / num_programs)
     useful = math.ceil(max_kv_len / min_split_tokens)
     return max(1, min(wanted, useful, max_splits))
+
+
+def decode_config(num_splits: int, max_kv_len: int) -> KernelConfig:
+    """The decode tile config for a launch whose rows hold up to `max_kv_len` keys in `num_splits` splits
+    (shapes only, so graph-stable)."""
+    tiles = math.ceil(max_kv_len / num_splits / DECODE_CONFIG.block_n)
+    return SHORT_DECODE_CONFIG if tiles <= SHORT_SPLIT_TILES else DECODE_CONFIG
 
 
 def block_d(head_dim: int) -> int:

@@ -17,10 +17,10 @@ import torch
 import triton
 
 from tokenrouter.engine.attention.triton_common import (
-    DECODE_CONFIG,
     MIN_DOT_DIM,
     KernelConfig,
     choose_num_splits,
+    decode_config,
     launch_paged_attention,
     num_sms,
 )
@@ -41,7 +41,7 @@ def decode_attention_triton(
     *,
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
-    config: KernelConfig = DECODE_CONFIG,
+    config: KernelConfig | None = None,
     counters: torch.Tensor | None = None,
     pdl: bool = False,
     row_slots: torch.Tensor | None = None,
@@ -49,7 +49,8 @@ def decode_attention_triton(
     """q `[B, Hq, D]` at position `seq_lens[b] - 1` of row b; its own KV must already be in the cache.
 
     `counters`: a zeroed int32 buffer of >= B * Hkv entries (`tokenrouter.engine.attention.split_counters`) turns on the
-    fused merge; it is zero again when the kernel ends. `pdl`: programmatic dependent launch."""
+    fused merge; it is zero again when the kernel ends. `pdl`: programmatic dependent launch. `config`: None picks
+    `decode_config` (by the longest split the block-table width allows)."""
     batch, num_heads, _ = q.shape
     num_kv_heads, page_size = k_cache.shape[2], k_cache.shape[1]
     if (row_slots is None and block_tables.shape[0] != batch) or seq_lens.shape != (batch,):
@@ -60,6 +61,8 @@ def decode_attention_triton(
         num_splits = decode_num_splits(batch, num_kv_heads, block_tables.shape[1], page_size, q.device)
     if num_splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+    if config is None:
+        config = decode_config(num_splits, block_tables.shape[1] * page_size)
     if out is None:
         out = torch.empty_like(q)
     group = num_heads // max(num_kv_heads, 1)

@@ -1,0 +1,165 @@
+"""Curve study (issue 24): throughput and TPOT against concurrency N for the routed runtime and its baselines on
+one GPU, the simulator's prediction beside every cell, and the 8,192-token cells.
+
+    python studies/serving/curve/run_curve.py --config studies/serving/headline.yaml --out OUT [--deadline 540]
+
+Servers (one `tokenrouter serve` each, cells `tokenrouter bench --sim`): routed (delayed, the config's tuned table),
+eager, std-serving (`--baseline std-serving`), step-sync (N <= 16 only: it is slowest and the issue asks no more);
+N in `--n` (1, 2, 4, 8, 16, 32, 64, 128), 4 N requests per cell, low-effort prompts, outputs 256; plus N = 8 with
+outputs 8,192 for routed and std-serving. Cells run server by server, N ascending, none past `--deadline`; the
+CSV/JSON are rewritten after every cell. Writes curve.csv, cells.json, curve.json (the issue's headline keys:
+`n8_tok_s`, `n64_tok_s`, `min_ratio_vs_std_4_64`, `long_output_ratio`) and curve.png (throughput against N; TPOT
+p50 against throughput). `small_b1_step_ms` comes from studies/engine/step_profile.py, not from here.
+CPU smoke: a config naming tiny-small/tiny-large with `--device cpu --scale 0.05 --n 1,2`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from headline import _f, _get, _gpu_name, bench_cell
+from run_serving import KEYS
+
+from tokenrouter.bench.server import start_server, stop_server
+
+# tag -> (serve args beyond --config/--device, bench args, largest N)
+SERVERS: dict[str, tuple[list[str], list[str], int]] = {
+    "routed": ([], ["--policy", "delayed"], 1 << 30),
+    "std-serving": (["--baseline", "std-serving"], ["--policy", "std-serving"], 1 << 30),
+    "eager": (["--policy", "eager"], ["--policy", "eager"], 1 << 30),
+    "step-sync": (["--policy", "step-sync"], ["--policy", "step-sync"], 16),
+}
+LONG_CELLS = {"routed", "std-serving"}  # N = 8 with outputs LONG_OUTPUT beside the SHORT_OUTPUT cells
+SHORT_OUTPUT, LONG_OUTPUT = 256, 8192
+EXTRA = ("tpot_ms_p50", "tpot_ms_p99", "ttft_ms_p99")
+
+
+def headline_keys(rows: list[dict]) -> dict[str, float]:
+    """The issue's keys from the cells measured so far (absent when a cell is missing)."""
+    df = pd.DataFrame(rows)
+    out: dict[str, float] = {}
+    if df.empty:
+        return out
+    short = df[df.max_output == SHORT_OUTPUT]
+
+    def tok(server: str, n: int, frame=short) -> float | None:
+        hit = frame[(frame.server == server) & (frame["N"] == n)]
+        return float(hit.output_throughput_tok_s.iloc[0]) if len(hit) else None
+
+    for n, key in ((8, "n8_tok_s"), (64, "n64_tok_s")):
+        if tok("routed", n) is not None:
+            out[key] = tok("routed", n)
+    ratios = [tok("routed", n) / tok("std-serving", n) for n in (4, 8, 16, 32, 64)
+              if tok("routed", n) and tok("std-serving", n)]  # fmt: skip
+    if ratios:
+        out["min_ratio_vs_std_4_64"] = min(ratios)
+    long = tok("routed", 8, df[df.max_output == LONG_OUTPUT])
+    if long and tok("routed", 8):
+        out["long_output_ratio"] = long / tok("routed", 8)
+    return out
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    df = pd.DataFrame(rows)
+    df = df[df.max_output == SHORT_OUTPUT]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for server, g in df.groupby("server"):
+        g = g.sort_values("N")
+        ax1.plot(g.N, g.output_throughput_tok_s, "o-", label=f"{server} live")
+        ax1.plot(g.N, g.sim_output_throughput_tok_s, "x--", alpha=0.6, label=f"{server} sim")
+        ax2.plot(g.output_throughput_tok_s, g.tpot_ms_p50, "o-", label=server)
+    ax1.set(xscale="log", xlabel="concurrency N", ylabel="output tok/s (whole run)")
+    ax2.set(xlabel="output tok/s", ylabel="TPOT p50 ms")
+    ax1.legend(fontsize=7)
+    ax2.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--servers", default=",".join(SERVERS))
+    p.add_argument("--n", default="1,2,4,8,16,32,64,128", help="concurrency levels")
+    p.add_argument("--deadline", type=float, default=540.0)
+    p.add_argument("--port", type=int, default=8300)
+    p.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run with the tiny models")
+    p.add_argument("--scale", type=float, default=1.0, help="multiply requests and output caps (smoke runs)")
+    a = p.parse_args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t_start = time.monotonic()
+    ns = [int(x) for x in a.n.split(",")]
+    rows: list[dict] = []
+    raw: dict = {"servers": {}}
+    meta = {"gpu": _gpu_name(a.device), "date": dt.date.today().isoformat(),
+            "command": "python " + " ".join(sys.argv)}  # fmt: skip
+
+    def save() -> None:
+        pd.DataFrame(rows).to_csv(out / "curve.csv", index=False)
+        (out / "cells.json").write_text(json.dumps(raw, indent=1, default=str))
+        (out / "curve.json").write_text(json.dumps({**meta, **headline_keys(rows)}, indent=1))
+
+    for tag in a.servers.split(","):
+        serve_args, bench_args, n_max = SERVERS[tag]
+        cells = [(n, SHORT_OUTPUT) for n in ns if n <= n_max]
+        cells += [(8, LONG_OUTPUT)] if tag in LONG_CELLS and 8 in ns else []
+        if time.monotonic() - t_start > a.deadline - 60:
+            print(f"skip {tag}: deadline")
+            continue
+        proc, url, up = start_server(["--config", a.config, "--device", a.device, *serve_args], a.port,
+                                     out / f"serve_{tag}.log", timeout_s=300)  # fmt: skip
+        raw["servers"][tag] = {"startup_s": up}
+        if up is None:
+            print(f"{tag}: server did not come up")
+            continue
+        names = next(m["id"] for m in _get(url + "/v1/models")["data"]).split("+")
+        for n, max_out in cells:
+            if time.monotonic() - t_start > a.deadline - 20:
+                print(f"skip {tag} N={n} out={max_out}: deadline")
+                continue
+            reqs = max(2, round(4 * n * a.scale))
+            t0 = time.monotonic()
+            try:
+                rec, loops = bench_cell(url, a.config, names, out / f"bench_{tag}_{n}_{max_out}.json", n=n,
+                                        requests=reqs, workload="low-effort",
+                                        max_output=max(8, int(max_out * a.scale)), bench_args=bench_args,
+                                        timeout=max(60.0, a.deadline))  # fmt: skip
+            except RuntimeError as e:
+                print(f"{tag} N={n}: {e}")
+                continue
+            raw[f"{tag}/{n}/{max_out}"] = {"bench": rec, "loops": loops, "wall_s": time.monotonic() - t0}
+            row = {"server": tag, "N": n, "max_output": max_out, "requests": reqs,
+                   **{k: rec.get(k) for k in (*KEYS, *EXTRA)},
+                   **{f"sim_{k}": rec.get(f"sim_{k}") for k in ("output_throughput_tok_s", *EXTRA)}}  # fmt: skip
+            for m, lp in loops.items():
+                row[f"{m}_step_ms"], row[f"{m}_rows_per_step"] = lp["step_ms"], lp["rows_per_step"]
+            rows.append(row)
+            save()
+            live, sim = _f(row["output_throughput_tok_s"]), _f(row["sim_output_throughput_tok_s"])
+            print(f"{tag} N={n} out={max_out}: live {live} tok/s, sim {sim}, {time.monotonic() - t0:.0f} s", flush=True)
+        raw["servers"][tag]["shutdown_s"] = stop_server(proc, timeout_s=30)
+        save()
+    if rows:
+        plot(rows, out / "curve.png")
+    print(json.dumps(headline_keys(rows)))
+    print(f"done in {time.monotonic() - t_start:.0f} s: {len(rows)} cells")
+    return 0 if rows else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
