@@ -41,7 +41,7 @@ import pandas as pd
 from tokenrouter.calibration.cost import CostModel
 from tokenrouter.calibration.step_stats import StepStats
 from tokenrouter.cli.options import DeploymentFlags
-from tokenrouter.cli.run_cmd import sim_config
+from tokenrouter.sim.simulate import sim_config
 from tokenrouter.core.graph_rule import GraphRule
 from tokenrouter.core.names import Layout
 from tokenrouter.deploy import DeploymentOverrides, resolve_deployment
