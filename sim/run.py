@@ -90,27 +90,7 @@ def run_sim(cfg: SimConfig) -> SimResult:
 
     env = simpy.Environment()
     metrics = MetricsCollector(deployment.num_models)
-    gpus = shared_gpus(deployment, cost)
-    margin = cost.prepare_margin_ms()
-    gate_ms = cost.gate_ms_per_step(dep.policy.kind)
-    subs = []
-    for i, sched in enumerate(deployment.schedulers):
-        mc = cost.for_model(i)
-        subs.append(
-            SimSubserver(
-                env,
-                sched,
-                cost=mc,
-                rule=deployment.graph_rules[i],
-                metrics=metrics,
-                gpu=gpus[i],
-                host_ms=mc.host_ms,
-                device_ms=mc.router_step_ms,
-                gate_ms=gate_ms if deployment.gate is not None else 0.0,
-                overlap_frac=cost.overlap_frac(i),
-                prepare_margin_ms=margin,
-            )
-        )
+    subs = subservers(env, deployment, cost, metrics, dep.policy.kind)
     done: dict[str, simpy.Event] = {}
     finishes = FinishCounter()
     wire = _Links(env, deployment, subs, cost, metrics, done, finishes)
@@ -189,6 +169,34 @@ def run_sim(cfg: SimConfig) -> SimResult:
         rematch_rows=sum(s.rematch_rows for s in subs),
         extra=extra,
     )
+
+
+def subservers(env: simpy.Environment, deployment: Deployment, cost: StepCost, metrics: MetricsCollector,
+               policy: str) -> list[SimSubserver]:  # fmt: skip
+    """One simulated subserver per model, priced by `cost`: co-located models share a `SharedGpu`; the sync
+    coordinator's round trips (`policy`'s) are paid when the deployment has a gate."""
+    gpus = shared_gpus(deployment, cost)
+    margin = cost.prepare_margin_ms()
+    gate_ms = cost.gate_ms_per_step(policy) if deployment.gate is not None else 0.0
+    subs = []
+    for i, sched in enumerate(deployment.schedulers):
+        mc = cost.for_model(i)
+        subs.append(
+            SimSubserver(
+                env,
+                sched,
+                cost=mc,
+                rule=deployment.graph_rules[i],
+                metrics=metrics,
+                gpu=gpus[i],
+                host_ms=mc.host_ms,
+                device_ms=mc.router_step_ms,
+                gate_ms=gate_ms,
+                overlap_frac=cost.overlap_frac(i),
+                prepare_margin_ms=margin,
+            )
+        )
+    return subs
 
 
 def cost_model(dep: DeploymentConfig, profile: Profile) -> CostModel:
