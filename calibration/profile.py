@@ -28,12 +28,11 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from .measured import CoRunGrid, HostCosts, MeasuredPasses, ProfileStruct, RouterCost, RuntimeInfo
+from .measured import CoRunGrid, HostCosts, MeasuredPasses, NonNeg, ProfileStruct, RouterCost, RuntimeInfo
 
 SCHEMA_VERSION = 2
 DEFAULT_PROFILE = "h200"
 
-NonNeg = Annotated[float, msgspec.Meta(ge=0.0)]
 Positive = Annotated[float, msgspec.Meta(gt=0.0)]
 Slowdown = Annotated[float, msgspec.Meta(ge=1.0)]
 

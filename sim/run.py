@@ -119,7 +119,7 @@ def run_sim(cfg: SimConfig) -> SimResult:
     n0 = first.concurrency if first is not None and first.concurrency is not None else cfg.concurrency
     loader = (
         OpenLoop(env, specs, submit)
-        if cfg.arrival_rate is not None or _has_arrivals(specs)
+        if cfg.arrival_rate is not None or any(s.arrival is not None for s in specs)
         else ClosedLoop(env, specs, n0, submit)
     )
     driver = PhaseDriver(env, phases, loader, subs, dep.router) if phases else None
@@ -301,7 +301,3 @@ class _Links:
     def _later(self, msg: PeerMsg, delay_s: float):
         yield self.env.timeout(delay_s)
         self.deliver(msg)
-
-
-def _has_arrivals(specs: list[RequestSpec]) -> bool:
-    return any(s.arrival is not None for s in specs)
