@@ -67,7 +67,9 @@ class ModelStepCost(Protocol):
 
 @runtime_checkable
 class StepCost(Protocol):
-    """What the simulator needs from a cost model. `model` is a name or an index into the model list."""
+    """What the simulator needs from a cost model. `model` is a name or an index into the model list. A class that
+    derives from it gets the defaults below: no overlap cost, no prepare margin, no coordinator round trips, every
+    price measured."""
 
     def for_model(self, model: ModelKey) -> ModelStepCost: ...
 
@@ -79,13 +81,17 @@ class StepCost(Protocol):
 
     def interference(self, model: int, peer: int) -> Interference: ...
 
-    def overlap_frac(self, model: ModelKey) -> float: ...
+    def overlap_frac(self, model: ModelKey) -> float:
+        return 0.0
 
-    def prepare_margin_ms(self) -> float | None: ...
+    def prepare_margin_ms(self) -> float | None:
+        return None
 
-    def gate_ms_per_step(self, policy: str) -> float: ...
+    def gate_ms_per_step(self, policy: str) -> float:
+        return 0.0
 
-    def notes(self) -> list[str]: ...
+    def notes(self) -> list[str]:
+        return []
 
 
 def _part_ms(c: StepCoeffs, p: PartStats) -> float:
@@ -371,7 +377,7 @@ class ConstantModelCost:
         return self.router_ms
 
 
-class ConstantCost:
+class ConstantCost(StepCost):
     """`StepCost` with L_i per model and nothing else: messages, router, overlap and coordinator cost 0, and so
     does the host's scheduling unless `sched_ms` is given (tests of overlap use it).
 
@@ -410,15 +416,3 @@ class ConstantCost:
     def interference(self, model: int, peer: int) -> Interference:
         """Constant step times: co-located models do not slow each other (the Markov model's assumption)."""
         return Interference.fixed(1.0)
-
-    def overlap_frac(self, model: ModelKey) -> float:
-        return 0.0
-
-    def prepare_margin_ms(self) -> float | None:
-        return None
-
-    def gate_ms_per_step(self, policy: str) -> float:
-        return 0.0
-
-    def notes(self) -> list[str]:
-        return []

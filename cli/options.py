@@ -227,6 +227,8 @@ def parse_run_args(argv: list[str]) -> tuple[DeploymentFlags, dict[str, Any]]:
     parsed without a command: the flags, and the run flags given, as keyword arguments of `sim_config`.
     ValueError (click's wording) for an unknown flag, a missing value or a value of the wrong type."""
     opts: dict[str, tuple[str, Callable[[str], Any] | bool]] = {"--config": ("config", Path), **RUN_ARGS}
+    # trsim run's outputs: taken as a run takes them, not part of the cell
+    opts.update({"--json": ("", str), "--csv": ("", str), "--plot": ("", str), "--dry-run": ("", True)})
     for f in DEPLOYMENT_FLAGS:
         on, _, off = f.decls[0].partition("/")
         if off:
@@ -251,6 +253,7 @@ def parse_run_args(argv: list[str]) -> tuple[DeploymentFlags, dict[str, Any]]:
         except ValueError:
             raise ValueError(f"Invalid value for '{flag}': {text!r}") from None
     run = {k: values.pop(k) for k in RUN_KEYS if k in values}
+    values.pop("", None)
     return DeploymentFlags.parse(values.pop("config", None), values), run
 
 
