@@ -4,7 +4,7 @@
 simulator's hot path (~1e5 steps a run) is a handful of float operations:
 
     mc = cost.for_model("qwen3-0.6b")                          # resolve once (name, or index into `models`)
-    t = mc.step_ms(StepStats.of_batch(batch, rule), corunning=True)   # per step
+    t = mc.step_ms(StepStats.of_batch(batch, rule))            # per step
 
 A step is split by the core's `GraphRule` into a CUDA-graph part and an eager part (`StepStats`), each one
 forward pass. For a part of B rows feeding T tokens (E of them in extend/prefill rows) attending C context
@@ -12,14 +12,13 @@ tokens, with the graph or eager coefficients:
 
     part_ms  = c0 + c_row*B + c_ctx*C + c_tok*T + c_ext*E
     gpu_ms   = graph part_ms + eager part_ms              (each 0 when its part is empty)
-    gpu_ms  *= mps slowdown          only when placement == "mps" and the step co-runs with another model
     step_ms  = max(gpu_ms, floor) + R*hop_overhead_ms + (P/1000)*hop_overhead_ms_per_ktok
 
 `floor` is the host time to issue the step: the eager floor when there is an eager part (its kernels are
 issued while the GPU replays the graph part, so the two overlap), else the graph floor. R re-matched rows
 with P prefix tokens in all are the standard-serving baseline's bookkeeping, host work that MPS does not
-slow. An empty step costs 0. `ConstantCost` has the same interface with step time depending only on the
-model (and optionally batch size), and zero message/router/scheduler costs: the Markov model's assumption.
+slow. An empty step costs 0. `ConstantCost` has the same interface with step time depending only on the model
+(and optionally batch size), and zero message/router/scheduler costs: the Markov model's assumption.
 
 A measured profile (`tr calibrate`) replaces the coefficients with the engine's measured passes
 (`calibration.passes`): the graph part runs in a decode graph, the eager part as one varlen pass (a varlen
@@ -59,7 +58,7 @@ class ModelStepCost(Protocol):
     router_ms: float
     sched_ms: float
 
-    def step_ms(self, stats: StepStats, *, corunning: bool = False) -> float: ...
+    def step_ms(self, stats: StepStats) -> float: ...
 
     def host_ms(self, rows: int) -> float: ...
 
@@ -68,7 +67,9 @@ class ModelStepCost(Protocol):
 
 @runtime_checkable
 class StepCost(Protocol):
-    """What the simulator needs from a cost model. `model` is a name or an index into the model list."""
+    """What the simulator needs from a cost model. `model` is a name or an index into the model list. A class that
+    derives from it gets the defaults below: no overlap cost, no prepare margin, no coordinator round trips, every
+    price measured."""
 
     def for_model(self, model: ModelKey) -> ModelStepCost: ...
 
@@ -80,6 +81,18 @@ class StepCost(Protocol):
 
     def interference(self, model: int, peer: int) -> Interference: ...
 
+    def overlap_frac(self, model: ModelKey) -> float:
+        return 0.0
+
+    def prepare_margin_ms(self) -> float | None:
+        return None
+
+    def gate_ms_per_step(self, policy: str) -> float:
+        return 0.0
+
+    def notes(self) -> list[str]:
+        return []
+
 
 def _part_ms(c: StepCoeffs, p: PartStats) -> float:
     return c.c0 + c.c_row * p.rows + c.c_ctx * p.context_tokens + c.c_tok * p.tokens + c.c_ext * p.extend_tokens
@@ -87,11 +100,10 @@ def _part_ms(c: StepCoeffs, p: PartStats) -> float:
 
 @dataclass(slots=True)
 class ModelCost:
-    """One model's costs: measured passes when the profile has them, else graph and eager coefficients; the
-    analytic placement factor; host and router costs."""
+    """One model's costs: measured passes when the profile has them, else graph and eager coefficients; host
+    and router costs."""
 
     name: str
-    slowdown: float  # analytic profiles: applied when corunning; 1.0 unless placement == "mps"
     hop_ms: float
     hop_ms_per_tok: float
     router_ms: float
@@ -104,16 +116,14 @@ class ModelCost:
     tp: int = 1
     estimated: str = ""  # why these numbers are not measured ("" when the profile has the model at this tp)
 
-    def step_ms(self, stats: StepStats, *, corunning: bool = False) -> float:
-        """Step time (ms) alone on the GPU with no SM cap (see the module docstring). `corunning` applies the
-        analytic profile's constant MPS factor; measured co-location is the simulator's (`interference`)."""
+    def step_ms(self, stats: StepStats) -> float:
+        """Step time (ms) alone on the GPU with no SM cap (see the module docstring); co-location is the
+        simulator's (`CostModel.interference`)."""
         g, e = stats.graph, stats.eager
         if not g.rows and not e.rows:
             return 0.0
         if self.passes is not None:
             t = self._measured_ms(stats)
-            if corunning:
-                t *= self.slowdown
         else:
             gpu = floor = 0.0
             if g.rows:
@@ -122,8 +132,6 @@ class ModelCost:
             if e.rows:
                 gpu += _part_ms(self.eager, e)
                 floor = max(floor, self.eager.floor_ms)
-            if corunning:
-                gpu *= self.slowdown
             t = gpu if gpu > floor else floor
         if stats.rematch_rows:
             t += stats.rematch_rows * self.hop_ms + stats.rematch_prefix_tokens * self.hop_ms_per_tok
@@ -139,10 +147,6 @@ class ModelCost:
         if e.rows:
             t += p.varlen_pass(e.tokens, e.rows, e.context_tokens, e.extend_tokens, e.long_rows, stats.graphs)
         return t
-
-    def pass_tokens(self, stats: StepStats) -> int:
-        """Tokens of the step's pass, the size co-location is looked up at."""
-        return stats.graph.tokens + stats.eager.tokens
 
     def host_ms(self, rows: int) -> float:
         """Host time of the loop per step (forming, planning, post-processing): visible without overlap."""
@@ -250,14 +254,9 @@ class CostModel:
             est = estimate_tp(p.model(name), load_spec(name), tp, AllReduceCost.of(p.allreduce), name)
             m, estimated = est.entry, est.note
             self._notes[f"tp:{name}:{tp}"] = estimated
-        others = [o for o in self.models if o != name]
-        slowdown = 1.0
-        if self.placement is Placement.MPS:
-            slowdown = max((p.mps_slowdown(name, o) for o in others), default=p.mps.default_slowdown)
         learned = m.routers.get(self.learned_router) if self.learned_router else None
         return ModelCost(
             name=name,
-            slowdown=slowdown,
             hop_ms=p.std_serving.hop_overhead_ms,
             hop_ms_per_tok=p.std_serving.hop_overhead_ms_per_ktok / 1000.0,
             router_ms=0.0 if m.passes is not None and learned is None else p.router_ms_for(name),
@@ -367,7 +366,7 @@ class ConstantModelCost:
             return float(lat(batch_size))
         return float(lat)  # type: ignore[arg-type]
 
-    def step_ms(self, stats: StepStats, *, corunning: bool = False) -> float:
+    def step_ms(self, stats: StepStats) -> float:
         n = stats.rows
         return self.at(n) if n > 0 else 0.0
 
@@ -378,9 +377,9 @@ class ConstantModelCost:
         return self.router_ms
 
 
-class ConstantCost:
-    """`StepCost` with L_i per model and nothing else: messages and router cost 0, and so does the host's
-    scheduling unless `sched_ms` is given (tests of overlap use it).
+class ConstantCost(StepCost):
+    """`StepCost` with L_i per model and nothing else: messages, router, overlap and coordinator cost 0, and so
+    does the host's scheduling unless `sched_ms` is given (tests of overlap use it).
 
     latency_ms: a sequence indexed by model index, or a mapping keyed by model name and/or index; each
     value a constant (ms), a function of batch size, or a {batch_size: ms} table.

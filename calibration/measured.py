@@ -20,11 +20,12 @@ NonNeg = Annotated[float, msgspec.Meta(ge=0.0)]
 Share = Annotated[int, msgspec.Meta(ge=1, le=100)]
 
 
-class _S(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
-    pass
+class ProfileStruct(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Base of every part of a profile: immutable, keyword-only, and strict (a misspelt field is an error, not
+    silently ignored). Defaults are written out, so a saved profile does not depend on today's defaults."""
 
 
-class PassPoint(_S, kw_only=True):
+class PassPoint(ProfileStruct, kw_only=True):
     """One measured pass: `rows` rows feeding `tokens` tokens (`extend_tokens` of them in rows of more than one
     token), attending `context_tokens` keys in all; `ms` the median over repeats, `spread` (p90 - p10) / median."""
 
@@ -36,7 +37,7 @@ class PassPoint(_S, kw_only=True):
     spread: NonNeg = 0.0
 
 
-class FitError(_S, kw_only=True):
+class FitError(ProfileStruct, kw_only=True):
     """Relative error |fit - measured| / measured on points the fit did not see."""
 
     median: NonNeg
@@ -44,7 +45,7 @@ class FitError(_S, kw_only=True):
     points: Annotated[int, msgspec.Meta(ge=0)]
 
 
-class PassTable(_S, kw_only=True):
+class PassTable(ProfileStruct, kw_only=True):
     """Time of one kind of forward pass, measured and fitted.
 
     `fit == "buckets"`: ms = knot_ms(T) + ctx_ms * context_tokens + row_ms * rows + ext_ms * extend_tokens, where
@@ -70,7 +71,7 @@ class PassTable(_S, kw_only=True):
     errors: dict[str, FitError] = msgspec.field(default_factory=dict)
 
 
-class MeasuredPasses(_S, kw_only=True):
+class MeasuredPasses(ProfileStruct, kw_only=True):
     """The three passes of the engine: `decode` (decode CUDA graphs: rows of at most `max_row_tokens` tokens, at
     most the largest knot in all), `varlen` (varlen CUDA graphs, up to `varlen_max_long_rows` long rows) and
     `eager` (a varlen pass without a graph: graphs off, a step no varlen graph holds, or more padding than
@@ -84,7 +85,7 @@ class MeasuredPasses(_S, kw_only=True):
     varlen_max_long_rows: Annotated[int, msgspec.Meta(ge=1)] = 8
 
 
-class HostCosts(_S, kw_only=True):
+class HostCosts(ProfileStruct, kw_only=True):
     """Host time of the subserver loop per step (forming the batch, planning, post-processing):
     `c0_ms + row_ms * rows`. Without overlap it adds to the GPU time; with overlap the loop adds
     `overlap_frac` of the GPU time (what the host could not hide)."""
@@ -94,14 +95,14 @@ class HostCosts(_S, kw_only=True):
     overlap_frac: NonNeg = 0.0
 
 
-class RouterCost(_S, kw_only=True):
+class RouterCost(ProfileStruct, kw_only=True):
     """A learned router's device part inside the step: `c0_ms + row_ms * rows`."""
 
     c0_ms: NonNeg
     row_ms: NonNeg = 0.0
 
 
-class RuntimeInfo(_S, kw_only=True):
+class RuntimeInfo(ProfileStruct, kw_only=True):
     """The runtime's own costs, measured on the calibrating machine.
 
     `ipc_ms` / `tcp_ms`: one peer message one way (ZeroMQ PUSH/PULL, ipc:// and tcp loopback); `gate_rtt_ms`:
@@ -117,7 +118,7 @@ class RuntimeInfo(_S, kw_only=True):
     prepare_margin_ms: NonNeg = 1.0
 
 
-class CoRunShare(_S, kw_only=True):
+class CoRunShare(ProfileStruct, kw_only=True):
     """One MPS SM split of a pair (a, b): each model's decode step alone under its own share, and while the other
     steps back to back at each of its batch sizes. `corun_a_ms[i][j]`: a at batches_a[i] beside b at
     batches_b[j]; `corun_b_ms[i][j]`: b at batches_b[j] beside a at batches_a[i]."""
@@ -130,7 +131,7 @@ class CoRunShare(_S, kw_only=True):
     corun_b_ms: list[list[float]]
 
 
-class CoRunGrid(_S, kw_only=True):
+class CoRunGrid(ProfileStruct, kw_only=True):
     """Co-location of models a and b on one GPU, at decode steps of `context` tokens per row.
 
     `arrangement`: "mps" (one process per model under CUDA MPS; `shares` holds each measured SM split), or a

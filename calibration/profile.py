@@ -28,12 +28,11 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from .measured import CoRunGrid, HostCosts, MeasuredPasses, RouterCost, RuntimeInfo
+from .measured import CoRunGrid, HostCosts, MeasuredPasses, NonNeg, ProfileStruct, RouterCost, RuntimeInfo
 
 SCHEMA_VERSION = 2
 DEFAULT_PROFILE = "h200"
 
-NonNeg = Annotated[float, msgspec.Meta(ge=0.0)]
 Positive = Annotated[float, msgspec.Meta(gt=0.0)]
 Slowdown = Annotated[float, msgspec.Meta(ge=1.0)]
 
@@ -42,11 +41,7 @@ class ProfileError(ValueError):
     """A profile that cannot be used. The message is one line: `<file>: <problem>`."""
 
 
-class _S(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Base: immutable, keyword-only, and strict (a misspelt field is an error, not silently ignored)."""
-
-
-class StepCoeffs(_S):
+class StepCoeffs(ProfileStruct):
     """step_ms = max(c0 + c_row*B + c_ctx*C + c_tok*T + c_ext*E, floor_ms), all in ms.
 
     c0: per step (weight streaming + launch); c_row: per batch row (sampling, LM-head row, metadata);
@@ -73,14 +68,14 @@ class StepCoeffs(_S):
         return max(t, self.floor_ms)
 
 
-class StepModes(_S):
+class StepModes(ProfileStruct):
     """Coefficients with CUDA graphs (`graph`) and without (`eager`)."""
 
     graph: StepCoeffs
     eager: StepCoeffs
 
 
-class ModelProfile(_S, kw_only=True):
+class ModelProfile(ProfileStruct, kw_only=True):
     """One model on this GPU. `weight_bytes`: all weights (every TP shard together); `kv_bytes_per_token`:
     K and V of one token over all layers. `step` coefficients (and `passes`) are for this `tp` degree. A model
     measured at several degrees has one entry per degree > 1 under the key `NAME@tpK` beside its plain entry.
@@ -101,7 +96,7 @@ class ModelProfile(_S, kw_only=True):
     routers: dict[str, RouterCost] = msgspec.field(default_factory=dict)
 
 
-class GpuInfo(_S):
+class GpuInfo(ProfileStruct):
     """mem_bw_gbs: measured device copy bandwidth (GB/s); matmul_tflops: measured dense bf16 GEMM."""
 
     name: str
@@ -110,14 +105,14 @@ class GpuInfo(_S):
     memory_gb: Positive
 
 
-class LinkInfo(_S):
+class LinkInfo(ProfileStruct):
     """Cross-host peer link: one message costs latency_ms + bytes / (bandwidth_gbps * 1e9 / 8 B/s)."""
 
     latency_ms: NonNeg
     bandwidth_gbps: Positive
 
 
-class AllReduceInfo(_S):
+class AllReduceInfo(ProfileStruct):
     """Tensor parallelism: one all-reduce of n bytes over `tp` ranks costs latency_ms + n * 2(tp-1)/tp /
     (bus_bandwidth_gbs * 1e9 B/s) (NCCL's bus-bandwidth convention), measured at `measured_tp` ranks."""
 
@@ -126,14 +121,14 @@ class AllReduceInfo(_S):
     measured_tp: Annotated[int, msgspec.Meta(ge=2)] = 2
 
 
-class MpsInfo(_S):
+class MpsInfo(ProfileStruct):
     """Co-location under CUDA MPS: `pairs["a|b"]` is the slowdown factor of model a's step while b runs."""
 
     default_slowdown: Slowdown
     pairs: dict[str, Slowdown] = msgspec.field(default_factory=dict)
 
 
-class StdServingInfo(_S):
+class StdServingInfo(ProfileStruct):
     """Standard-serving baseline: bookkeeping per re-matched row (prefix match, radix insert, locks).
 
     cost per rematch row = hop_overhead_ms + hop_overhead_ms_per_ktok * prefix_tokens / 1000.
@@ -143,7 +138,7 @@ class StdServingInfo(_S):
     hop_overhead_ms_per_ktok: NonNeg
 
 
-class Profile(_S, kw_only=True):
+class Profile(ProfileStruct, kw_only=True):
     """A whole profile. Load with `Profile.load(path)` / `load_profile(name_or_path)`; write with `save`.
 
     Provenance: `created` (ISO date or datetime), `source` (how it was made), `command` (the exact command

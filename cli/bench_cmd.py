@@ -7,7 +7,7 @@ import asyncio
 import json
 import math
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -24,7 +24,11 @@ from tokenrouter.cli.options import (
     deployment_flags,
 )
 from tokenrouter.cli.report import _clean, _f, metrics_table
-from tokenrouter.workloads import initial_phase, load_phases, make_workload
+from tokenrouter.sim.simulate import sim_config, simulate
+from tokenrouter.workloads import Phase, RequestSpec, initial_phase, load_phases, make_workload
+
+if TYPE_CHECKING:
+    from tokenrouter.bench.client import BenchOutcome
 
 _COMPARE = (
     ("output throughput tok/s", "output_throughput_tok_s", 1),
@@ -81,151 +85,153 @@ def _compare_table(live: dict[str, Any], sim: dict[str, Any], names: list[str]) 
     return t
 
 
+def _check_phases(phases: list[Phase], specs: list[RequestSpec], admin_key: str | None,
+                  arrival_rate: float | None) -> None:  # fmt: skip
+    """Refuse a workload whose phases this bench cannot apply, before any request goes out."""
+    if any(ph.hop_rate is not None for ph in phases) and admin_key is None:
+        raise CliError("the workload's phases change the hop rate: give --admin-key (the server's)")
+    open_loop = arrival_rate is not None or any(sp.arrival is not None for sp in specs)
+    if open_loop and any(ph.concurrency is not None for ph in phases):
+        raise CliError("workload phases that set 'concurrency' need a closed loop (no --arrival-rate or arrivals)")
+
+
+def _run_live(url: str, specs: list[RequestSpec], phases: list[Phase], console: Console, *, concurrency: int,
+              arrival_rate: float | None, seed: int, api_key: str | None, admin_key: str | None,
+              duration: float | None) -> BenchOutcome:  # fmt: skip
+    """Send the workload to the server at `url` with a progress bar; an unreachable server is one line."""
+    import httpx
+
+    from tokenrouter.bench.client import run_bench
+
+    cols = (TextColumn("bench"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*cols, console=console) as bar:
+        task = bar.add_task("requests", total=len(specs))
+        try:
+            run = run_bench(url.rstrip("/"), specs, concurrency=concurrency, arrival_rate=arrival_rate, seed=seed,
+                            api_key=api_key, on_done=lambda: bar.advance(task), phases=phases, admin_key=admin_key,
+                            duration_s=duration)  # fmt: skip
+            return asyncio.run(run)
+        except (httpx.HTTPError, RuntimeError) as e:
+            raise CliError(f"cannot benchmark {url}: {type(e).__name__}: {e}") from None
+
+
+def _print_run(console: Console, out: BenchOutcome, phases: list[Phase], workload: str, num_specs: int,
+               concurrency: int, arrival_rate: float | None, seed: int) -> None:  # fmt: skip
+    """The line under the table: the workload, the load, the phases applied and B over time."""
+    first = initial_phase(phases)
+    n0 = first.concurrency if first is not None and first.concurrency else concurrency
+    ramps = " (then as the phases say)" if any(ph.concurrency for ph in phases if ph.at_s > 0) else ""
+    mode = f"Poisson {arrival_rate} req/s" if arrival_rate else f"N = {n0}{ramps}"
+    sent = "" if out.requests_sent == num_specs else f" ({out.requests_sent} sent before --duration)"
+    console.print(f"{workload} x {num_specs}{sent}, {mode}, seed {seed}; wall {out.wall_s:.2f} s")
+    for t, ph in out.phases:
+        parts = [f"hop rate {ph.hop_rate}" if ph.hop_rate is not None else "",
+                 f"N = {ph.concurrency}" if ph.concurrency is not None else ""]  # fmt: skip
+        console.print(f"phase at {t:.1f} s: {', '.join(w for w in parts if w)}")
+    if len(out.samples.thresholds) > 1:
+        console.print(f"B over time (server's thresholds in force): {threshold_timeline(out, out.model_names)}")
+
+
 def register(app: typer.Typer) -> None:
-    @app.command("bench")
-    @deployment_flags()
-    def bench(
-        deploy: DeploymentFlags,
-        url: Annotated[str, typer.Option(help="Server base URL, e.g. http://127.0.0.1:8000")],
-        concurrency: Concurrency = 8,
-        arrival_rate: ArrivalRate = None,
-        workload: Workload = "low-effort",
-        num_requests: Annotated[int, typer.Option(help="Requests to send.")] = 64,
-        duration: Annotated[
-            float | None,
-            typer.Option(help="Stop sending after this many seconds (running requests finish); the run then ends "
-                         "at whichever comes first, --num-requests or the time. The JSON's requests_sent counts "
-                         "what went out."),
-        ] = None,
-        max_output: MaxOutput = None,
-        seed: Annotated[int, typer.Option(help="Seed of the workload (and of --sim).")] = 0,
-        api_key: Annotated[str | None, typer.Option(help="Bearer key if the server has one.")] = None,
-        admin_key: Annotated[
-            str | None,
-            typer.Option(
-                envvar="TOKENROUTER_ADMIN_KEY",
-                help="The server's admin key: needed when the workload's phases change the hop rate (set live "
-                "through POST /admin/policy).",
-            ),
-        ] = None,
-        json_out: Annotated[str | None, typer.Option("--json", help="Metrics as JSON to FILE ('-' = stdout).")] = None,
-        csv_out: Annotated[Path | None, typer.Option("--csv", help="Per-request rows as CSV.")] = None,
-        plot: Annotated[Path | None, typer.Option(help="PNG of the run (with --sim: live and simulated).")] = None,
-        sim: Annotated[
-            bool,
-            typer.Option(
-                "--sim/--no-sim",
-                help="Also simulate this cell and compare: the deployment is --config (what the server runs) with "
-                "the deployment flags applied, as `tr serve` applies them.",
-            ),
-        ] = False,
-        dry_run: Annotated[
-            bool, typer.Option("--dry-run", help="Print the deployment --sim would simulate (YAML) and exit.")
-        ] = False,
-    ) -> None:
-        """Benchmark a running server (streaming, token-id prompts, ignore_eos) and print the metrics table."""
-        require_extras("bench", ("serve",), modules=("httpx", "prometheus_client"))
-        import httpx
+    app.command("bench")(bench)
 
-        from tokenrouter.bench.client import run_bench
 
-        if concurrency < 1:
-            raise CliError(f"--concurrency must be >= 1, got {concurrency}")
-        if duration is not None and not duration > 0:
-            raise CliError(f"--duration must be a positive number of seconds, got {duration}")
-        if dry_run:
-            typer.echo(deploy.resolve().to_yaml().rstrip())
-            return
-        check_output(json_out, "--json")
-        check_output(csv_out, "--csv")
-        check_output(plot, "--plot", figure=True)
-        specs = make_workload(workload, num_requests, seed, arrival_rate=arrival_rate, max_output=max_output)
-        phases = load_phases(workload)
-        if any(ph.hop_rate is not None for ph in phases) and admin_key is None:
-            raise CliError("the workload's phases change the hop rate: give --admin-key (the server's)")
-        open_loop = arrival_rate is not None or any(sp.arrival is not None for sp in specs)
-        if open_loop and any(ph.concurrency is not None for ph in phases):
-            raise CliError("workload phases that set 'concurrency' need a closed loop (no --arrival-rate or arrivals)")
-        err_console = Console(stderr=True)
-        console = err_console if json_out == "-" else Console()
-        with Progress(
-            TextColumn("bench"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err_console
-        ) as bar:
-            task = bar.add_task("requests", total=len(specs))
-            try:
-                out = asyncio.run(
-                    run_bench(
-                        url.rstrip("/"),
-                        specs,
-                        concurrency=concurrency,
-                        arrival_rate=arrival_rate,
-                        seed=seed,
-                        api_key=api_key,
-                        on_done=lambda: bar.advance(task),
-                        phases=phases,
-                        admin_key=admin_key,
-                        duration_s=duration,
-                    )
-                )
-            except (httpx.HTTPError, RuntimeError) as e:
-                raise CliError(f"cannot benchmark {url}: {type(e).__name__}: {e}") from None
-        live = live_summary(out)
-        names = out.model_names
+@deployment_flags()
+def bench(
+    deploy: DeploymentFlags,
+    url: Annotated[str, typer.Option(help="Server base URL, e.g. http://127.0.0.1:8000")],
+    concurrency: Concurrency = 8,
+    arrival_rate: ArrivalRate = None,
+    workload: Workload = "low-effort",
+    num_requests: Annotated[int, typer.Option(help="Requests to send.")] = 64,
+    duration: Annotated[
+        float | None,
+        typer.Option(
+            help="Stop sending after this many seconds (running requests finish); the run then ends "
+            "at whichever comes first, --num-requests or the time. The JSON's requests_sent counts "
+            "what went out."
+        ),
+    ] = None,
+    max_output: MaxOutput = None,
+    seed: Annotated[int, typer.Option(help="Seed of the workload (and of --sim).")] = 0,
+    api_key: Annotated[str | None, typer.Option(help="Bearer key if the server has one.")] = None,
+    admin_key: Annotated[
+        str | None,
+        typer.Option(
+            envvar="TOKENROUTER_ADMIN_KEY",
+            help="The server's admin key: needed when the workload's phases change the hop rate (set live "
+            "through POST /admin/policy).",
+        ),
+    ] = None,
+    json_out: Annotated[str | None, typer.Option("--json", help="Metrics as JSON to FILE ('-' = stdout).")] = None,
+    csv_out: Annotated[Path | None, typer.Option("--csv", help="Per-request rows as CSV.")] = None,
+    plot: Annotated[Path | None, typer.Option(help="PNG of the run (with --sim: live and simulated).")] = None,
+    sim: Annotated[
+        bool,
+        typer.Option(
+            "--sim/--no-sim",
+            help="Also simulate this cell and compare: the deployment is --config (what the server runs) with "
+            "the deployment flags applied, as `tr serve` applies them.",
+        ),
+    ] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the deployment --sim would simulate (YAML) and exit.")
+    ] = False,
+) -> None:
+    """Benchmark a running server (streaming, token-id prompts, ignore_eos) and print the metrics table."""
+    require_extras("bench", ("serve",), modules=("httpx", "prometheus_client"))
+    if concurrency < 1:
+        raise CliError(f"--concurrency must be >= 1, got {concurrency}")
+    if duration is not None and not duration > 0:
+        raise CliError(f"--duration must be a positive number of seconds, got {duration}")
+    if dry_run:
+        typer.echo(deploy.resolve().to_yaml().rstrip())
+        return
+    check_output(json_out, "--json")
+    check_output(csv_out, "--csv")
+    check_output(plot, "--plot", figure=True)
+    specs = make_workload(workload, num_requests, seed, arrival_rate=arrival_rate, max_output=max_output)
+    phases = load_phases(workload)
+    _check_phases(phases, specs, admin_key, arrival_rate)
+    err_console = Console(stderr=True)
+    console = err_console if json_out == "-" else Console()
+    out = _run_live(url, specs, phases, err_console, concurrency=concurrency, arrival_rate=arrival_rate, seed=seed,
+                    api_key=api_key, admin_key=admin_key, duration=duration)  # fmt: skip
+    live = live_summary(out)
+    names = out.model_names
+    if json_out != "-":
+        console.print(metrics_table(live, names, f"tr bench: {out.served_model} at {url}", missing="-"))
+        _print_run(console, out, phases, workload, len(specs), concurrency, arrival_rate, seed)
+    if out.errors:
+        err_console.print(f"{len(out.errors)} requests failed; first: {out.errors[0]}", soft_wrap=True)
+    record = {"url": url, "models": ",".join(names), "workload": workload, "num_requests": len(specs),
+              "requests_sent": out.requests_sent, "duration_limit_s": duration,
+              "concurrency": None if arrival_rate else concurrency, "arrival_rate": arrival_rate, "seed": seed,
+              "thresholds_timeline": threshold_timeline(out, names), **live}  # fmt: skip
+    sim_res = None
+    if sim:
+        sent = out.requests_sent if duration is not None else num_requests  # --duration: as many as went out
+        cfg, auto = sim_config(deploy, concurrency=concurrency, workload=workload, num_requests=max(1, sent),
+                               seed=seed, arrival_rate=arrival_rate, max_output=max_output)  # fmt: skip
+        sim_res = simulate(cfg, auto)
         if json_out != "-":
-            console.print(metrics_table(live, names, f"tr bench: {out.served_model} at {url}", missing="-"))
-            first = initial_phase(phases)
-            n0 = first.concurrency if first is not None and first.concurrency else concurrency
-            ramps = " (then as the phases say)" if any(ph.concurrency for ph in phases if ph.at_s > 0) else ""
-            mode = f"Poisson {arrival_rate} req/s" if arrival_rate else f"N = {n0}{ramps}"
-            sent = "" if out.requests_sent == len(specs) else f" ({out.requests_sent} sent before --duration)"
-            console.print(f"{workload} x {len(specs)}{sent}, {mode}, seed {seed}; wall {out.wall_s:.2f} s")
-            for t, ph in out.phases:
-                what = [f"hop rate {ph.hop_rate}" if ph.hop_rate is not None else "",
-                        f"N = {ph.concurrency}" if ph.concurrency is not None else ""]  # fmt: skip
-                console.print(f"phase at {t:.1f} s: {', '.join(w for w in what if w)}")
-            if len(out.samples.thresholds) > 1:
-                console.print(f"B over time (server's thresholds in force): {threshold_timeline(out, names)}")
-        if out.errors:
-            err_console.print(f"{len(out.errors)} requests failed; first: {out.errors[0]}", soft_wrap=True)
-        record: dict[str, Any] = {
-            "url": url,
-            "models": ",".join(names),
-            "workload": workload,
-            "num_requests": len(specs),
-            "requests_sent": out.requests_sent,
-            "duration_limit_s": duration,
-            "concurrency": None if arrival_rate else concurrency,
-            "arrival_rate": arrival_rate,
-            "seed": seed,
-            "thresholds_timeline": threshold_timeline(out, names),
-            **live,
-        }
-        sim_res = None
-        if sim:
-            from tokenrouter.cli.run_cmd import sim_config, simulate
+            console.print(_compare_table(live, sim_res.summary, names))
+            console.print(f"simulated with profile {cfg.deployment.profile}, policy {cfg.deployment.policy.kind}")
+        record.update({f"sim_{k}": v for k, v in sim_res.summary.items()})
+    if json_out:
+        text = json.dumps(_clean(record), indent=2)
+        print(text) if json_out == "-" else Path(json_out).write_text(text + "\n")
+    if csv_out:
+        out.metrics.to_frame().to_csv(csv_out, index=False)
+    if plot:
+        from tokenrouter.plots import RunCell, plot_bench
 
-            sent = out.requests_sent if duration is not None else num_requests  # --duration: as many as went out
-            cfg, auto = sim_config(deploy, concurrency=concurrency, workload=workload, num_requests=max(1, sent),
-                                   seed=seed, arrival_rate=arrival_rate, max_output=max_output)  # fmt: skip
-            sim_res = simulate(cfg, auto)
-            if json_out != "-":
-                console.print(_compare_table(live, sim_res.summary, names))
-                console.print(f"simulated with profile {cfg.deployment.profile}, policy {cfg.deployment.policy.kind}")
-            record.update({f"sim_{k}": v for k, v in sim_res.summary.items()})
-        if json_out:
-            text = json.dumps(_clean(record), indent=2)
-            print(text) if json_out == "-" else Path(json_out).write_text(text + "\n")
-        if csv_out:
-            out.metrics.to_frame().to_csv(csv_out, index=False)
-        if plot:
-            from tokenrouter.plots import RunCell, plot_bench
-
-            # The title's router, policy and B come from the --sim cell; the server reports only its models.
-            live = RunCell(names, concurrency=None if arrival_rate else concurrency, arrival_rate=arrival_rate)
-            cell = RunCell.of_sim(sim_res, models=names) if sim_res else live
-            written = plot_bench(out, plot, sim=sim_res.metrics if sim_res else None, cell=cell)
-            typer.echo(f"wrote {written}", err=json_out == "-")  # stdout stays pure JSON with --json -
-        if out.unreachable is not None:  # the results so far are written; the run itself is not complete
-            typer.echo(f"tokenrouter: error: the server at {url} went away during the run ({out.unreachable}); "
-                       f"{len(out.errors)} of {out.requests_sent} requests failed", err=True)  # fmt: skip
-            raise typer.Exit(1)
+        # The title's router, policy and B come from the --sim cell; the server reports only its models.
+        live = RunCell(names, concurrency=None if arrival_rate else concurrency, arrival_rate=arrival_rate)
+        cell = RunCell.of_sim(sim_res, models=names) if sim_res else live
+        written = plot_bench(out, plot, sim=sim_res.metrics if sim_res else None, cell=cell)
+        typer.echo(f"wrote {written}", err=json_out == "-")  # stdout stays pure JSON with --json -
+    if out.unreachable is not None:  # the results so far are written; the run itself is not complete
+        typer.echo(f"tokenrouter: error: the server at {url} went away during the run ({out.unreachable}); "
+                   f"{len(out.errors)} of {out.requests_sent} requests failed", err=True)  # fmt: skip
+        raise typer.Exit(1)

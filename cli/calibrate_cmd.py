@@ -12,32 +12,19 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tokenrouter.cli.common import CliError, parse_list, require_extras
+from tokenrouter.cli.common import CliError, parse_list, parse_sm_splits, require_extras
+
+if TYPE_CHECKING:
+    from tokenrouter.calibration.profiler.run import Calibration, Plan
 
 DEFAULT_SPLITS = "100/100,70/100,60/40,40/60"
-
-
-def _splits(text: str) -> list[tuple[int, int]]:
-    out = []
-    for item in parse_list(text, str, "--sm-splits"):
-        a, sep, b = item.partition("/")
-        try:
-            pair = (int(a), int(b))
-        except ValueError:
-            raise CliError(f"--sm-splits: {item!r} is not SMALL/LARGE percentages, e.g. 60/40") from None
-        if not sep or not all(1 <= x <= 100 for x in pair):
-            raise CliError(f"--sm-splits: {item!r}: each share must be a percentage in 1..100")
-        out.append(pair)
-    if (100, 100) in out:
-        out.remove((100, 100))
-    return [(100, 100), *out]
 
 
 def calibrate(
@@ -60,13 +47,17 @@ def calibrate(
     ] = "r2r,citer,co-llm,r-stitch",
     arrangements: Annotated[
         str,
-        typer.Option(help="One-process alternatives to MPS measured per pair: stream-priority, green-context "
-                     "(both engines in one process, one thread each), or 'none'."),
+        typer.Option(
+            help="One-process alternatives to MPS measured per pair: stream-priority, green-context "
+            "(both engines in one process, one thread each), or 'none'."
+        ),
     ] = "none",
     max_tokens: Annotated[
         int,
-        typer.Option(help="Largest step in tokens (the engine's varlen graphs go this far; as the deployment's "
-                     "scheduler.max_batch_tokens)."),
+        typer.Option(
+            help="Largest step in tokens (the engine's varlen graphs go this far; as the deployment's "
+            "scheduler.max_batch_tokens)."
+        ),
     ] = 2048,
     max_decode: Annotated[int, typer.Option(help="Largest decode batch measured.")] = 64,
     corun_small: Annotated[
@@ -91,75 +82,83 @@ def calibrate(
     ] = None,
     link: Annotated[
         str | None,
-        typer.Option(help="Also measure the tcp link to HOST:PORT, where `tokenrouter link-probe --listen :PORT` "
-                     "runs: one-way latency (median of small round trips / 2) and bandwidth (large messages) go "
-                     "into the profile's `link` (what `placement: cross-host` pays per peer message). Without "
-                     "--model only the link is measured, into OUT (or a copy of --link-base)."),
+        typer.Option(
+            help="Also measure the tcp link to HOST:PORT, where `tokenrouter link-probe --listen :PORT` "
+            "runs: one-way latency (median of small round trips / 2) and bandwidth (large messages) go "
+            "into the profile's `link` (what `placement: cross-host` pays per peer message). Without "
+            "--model only the link is measured, into OUT (or a copy of --link-base)."
+        ),
     ] = None,
     link_base: Annotated[
         str | None,
-        typer.Option(help="--link without --model: the profile (name or file) to copy with the measured link "
-                     "into OUT; default OUT itself."),
+        typer.Option(
+            help="--link without --model: the profile (name or file) to copy with the measured link "
+            "into OUT; default OUT itself."
+        ),
     ] = None,
 ) -> None:
     """Profile the engine on this GPU and write a measured profile (schema 2) for `trsim --profile`; with --link,
     measure the tcp link to another host too (or only that)."""
     from tokenrouter.calibration.profiler.assemble import assemble
-    from tokenrouter.calibration.profiler.assemble import merge as merge_profiles
-    from tokenrouter.calibration.profiler.run import Calibration, Plan, command_line
-    from tokenrouter.models import load_spec
+    from tokenrouter.calibration.profiler.run import Calibration, command_line
 
     link_address = _link_address(link)
     if merge:
-        from tokenrouter.calibration import load_profile
-
-        _write(_with_link(merge_profiles([load_profile(p) for p in merge]), link_address), out, Console(stderr=True))
+        _merge(merge, out, link_address)
         return
     if not model and link_address is not None:
         _link_only(link_address, out, link_base)
         return
     if not model:
         raise CliError("give at least one --model (or --merge FILES, or --link HOST:PORT)")
-    if placement not in ("mps", "separate"):
-        raise CliError(f"--placement must be mps or separate, got {placement!r}")
-    if device not in ("cuda", "cpu"):
-        raise CliError(f"--device must be cuda or cpu, got {device!r}")
-    if not refit:  # measuring runs the engine and the runtime's transport in worker processes
-        require_extras("calibrate", ("engine", "serve"))
-        if device == "cuda":
-            _require_cuda()
-    for m in model:
-        load_spec(m)
-    names = [load_spec(m).name for m in model]
-    pairs: list[tuple[str, str]] = []
-    if placement == "mps":
-        given = [tuple(parse_list(p, str, "--pair")) for p in pair or []]
-        if any(len(p) != 2 for p in given):
-            raise CliError("--pair takes SMALL,LARGE")
-        pairs = [(load_spec(a).name, load_spec(b).name) for a, b in given] or [(names[0], n) for n in names[1:]]
-        missing = {m for p in pairs for m in p} - set(names)
-        if missing:
-            raise CliError(f"--pair names {', '.join(sorted(missing))}, which no --model gives")
-    router_list = [] if routers.strip().lower() == "none" else parse_list(routers, str, "--routers")
-    try:
-        plan = Plan(
-            models=names, pairs=pairs, splits=_splits(sm_splits) if pairs else [(100, 100)],
-            corun_batches_a=parse_list(corun_small, int, "--corun-small"),
-            corun_batches_b=parse_list(corun_large, int, "--corun-large"), routers=router_list,
-            arrangements=[] if arrangements == "none" else parse_list(arrangements, str, "--arrangements"),
-            max_tokens=max_tokens, max_decode=max_decode, device=device, quick=quick,
-        )  # fmt: skip
-    except ValueError as e:
-        raise CliError(str(e)) from None
-    if quick:
-        plan.corun_batches_a, plan.corun_batches_b, plan.corun_held = [1, 2], [1, 2], [(1, 2)]
-        plan.corun_context = 32
+    _check_flags(placement, device, refit)
+    plan = _plan(model, (pair or []) if placement == "mps" else None, sm_splits, routers, arrangements, corun_small,
+                 corun_large, max_tokens=max_tokens, max_decode=max_decode, device=device, quick=quick)  # fmt: skip
     console = Console(stderr=True)
     cal = Calibration(plan, out, command_line(sys.argv[1:]) if not refit else "", deadline)
     if refit:
         cal.load()
         _write(_with_link(assemble(cal.partial), link_address), out, console)
         return
+    _measure(cal, console)
+    _write(_with_link(assemble(cal.partial), link_address), out, console)
+
+
+def _plan(models: list[str], pair: list[str] | None, sm_splits: str, routers: str, arrangements: str,
+          corun_small: str, corun_large: str, **kw: Any) -> Plan:  # fmt: skip
+    """The calibration the flags ask for (`pair` None: no co-location, --placement separate); `kw`: the Plan's
+    own fields as given. --quick measures a small co-run grid."""
+    from tokenrouter.calibration.profiler.run import Plan, colocated_pairs
+    from tokenrouter.models import load_spec
+
+    names = [load_spec(m).name for m in models]
+    pairs = [] if pair is None else colocated_pairs(names, [parse_list(p, str, "--pair") for p in pair])
+    splits = [(100, 100), *(s for s in parse_sm_splits(sm_splits) if s != (100, 100))] if pairs else [(100, 100)]
+    router_list = [] if routers.strip().lower() == "none" else parse_list(routers, str, "--routers")
+    try:
+        plan = Plan(models=names, pairs=pairs, splits=splits, routers=router_list,
+                    corun_batches_a=parse_list(corun_small, int, "--corun-small"),
+                    corun_batches_b=parse_list(corun_large, int, "--corun-large"),
+                    arrangements=[] if arrangements == "none" else parse_list(arrangements, str, "--arrangements"),
+                    **kw)  # fmt: skip
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    if plan.quick:
+        plan.corun_batches_a, plan.corun_batches_b, plan.corun_held = [1, 2], [1, 2], [(1, 2)]
+        plan.corun_context = 32
+    return plan
+
+
+def _merge(profiles: list[Path], out: Path, link_address: str | None) -> None:
+    from tokenrouter.calibration import load_profile
+    from tokenrouter.calibration.profiler.assemble import merge
+
+    _write(_with_link(merge([load_profile(p) for p in profiles]), link_address), out, Console(stderr=True))
+
+
+def _measure(cal: Calibration, console: Console) -> None:
+    """Run the calibration with one progress bar per task and print the tasks that failed; exit 3 when tasks are
+    left (the measured ones stay in the partial file, for the same command to resume)."""
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console) as bar:  # fmt: skip
         bars: dict[str, int] = {}
@@ -181,7 +180,17 @@ def calibrate(
         console.print(f"tr calibrate: {len(left)} tasks left ({', '.join(left)}); measured so far is in "
                       f"{cal.partial_path}: run the same command again to resume")  # fmt: skip
         raise typer.Exit(3)
-    _write(_with_link(assemble(cal.partial), link_address), out, console)
+
+
+def _check_flags(placement: str, device: str, refit: bool) -> None:
+    if placement not in ("mps", "separate"):
+        raise CliError(f"--placement must be mps or separate, got {placement!r}")
+    if device not in ("cuda", "cpu"):
+        raise CliError(f"--device must be cuda or cpu, got {device!r}")
+    if not refit:  # measuring runs the engine and the runtime's transport in worker processes
+        require_extras("calibrate", ("engine", "serve"))
+        if device == "cuda":
+            _require_cuda()
 
 
 def _require_cuda() -> None:

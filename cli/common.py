@@ -113,3 +113,14 @@ def parse_list(text: str, conv: Callable[[str], Any], what: str) -> list[Any]:
         return [conv(t) for t in items]
     except ValueError:
         raise CliError(f"{what}: cannot parse {text!r}") from None
+
+
+def parse_sm_splits(text: str) -> list[tuple[int, int]]:
+    """`--sm-splits SMALL/LARGE,...`: MPS SM shares in percent (each 1..100), in the order given."""
+    out = []
+    for item in parse_list(text, str, "--sm-splits"):
+        a, sep, b = item.partition("/")
+        if not sep or not a.isdigit() or not b.isdigit() or not (1 <= int(a) <= 100 and 1 <= int(b) <= 100):
+            raise CliError(f"--sm-splits: {item!r} is not SMALL/LARGE percentages (each 1..100), e.g. 40/60")
+        out.append((int(a), int(b)))
+    return out

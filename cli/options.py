@@ -222,6 +222,41 @@ def point_flags(config: Path | None, point: dict[str, str]) -> DeploymentFlags:
     return DeploymentFlags.parse(config, {f.name: point.get(f.name) for f in DEPLOYMENT_FLAGS})
 
 
+def parse_run_args(argv: list[str]) -> tuple[DeploymentFlags, dict[str, Any]]:
+    """`trsim run`'s `--config`, deployment flags and run flags in `argv` (as a live-results cell records them),
+    parsed without a command: the flags, and the run flags given, as keyword arguments of `sim_config`.
+    ValueError (click's wording) for an unknown flag, a missing value or a value of the wrong type."""
+    opts: dict[str, tuple[str, Callable[[str], Any] | bool]] = {"--config": ("config", Path), **RUN_ARGS}
+    # trsim run's outputs: taken as a run takes them, not part of the cell
+    opts.update({"--json": ("", str), "--csv": ("", str), "--plot": ("", str), "--dry-run": ("", True)})
+    for f in DEPLOYMENT_FLAGS:
+        on, _, off = f.decls[0].partition("/")
+        if off:
+            opts.update({on: (f.name, True), off: (f.name, False)})
+        else:
+            opts.update({d: (f.name, f.typ if f.typ in (int, float) else str) for d in f.decls})
+    values: dict[str, Any] = {}
+    args = iter(argv)
+    for arg in args:
+        flag, eq, text = arg.partition("=") if arg.startswith("--") else (arg, "", "")
+        if flag not in opts:
+            raise ValueError(f"No such option: {flag}")
+        name, conv = opts[flag]
+        if isinstance(conv, bool):
+            values[name] = conv
+            continue
+        text = text if eq else next(args, None)
+        if text is None:
+            raise ValueError(f"Option '{flag}' requires an argument.")
+        try:
+            values[name] = conv(text)
+        except ValueError:
+            raise ValueError(f"Invalid value for '{flag}': {text!r}") from None
+    run = {k: values.pop(k) for k in RUN_KEYS if k in values}
+    values.pop("", None)
+    return DeploymentFlags.parse(values.pop("config", None), values), run
+
+
 def _param(name: str, annotation: Any, default: Any = None) -> inspect.Parameter:
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
 
@@ -237,3 +272,11 @@ ArrivalRate = Annotated[
 ]
 MaxOutput = Annotated[int | None, typer.Option(help="Cap output lengths (tokens).")]
 DryRun = Annotated[bool, typer.Option("--dry-run", help="Print the resolved deployment (YAML) and exit.")]
+
+# The run flags above as flag -> (sim_config keyword, parser), for `parse_run_args`.
+RUN_ARGS: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "--concurrency": ("concurrency", int), "-n": ("concurrency", int), "--workload": ("workload", str),
+    "--num-requests": ("num_requests", int), "--seed": ("seed", int), "--arrival-rate": ("arrival_rate", float),
+    "--max-output": ("max_output", int),
+}  # fmt: skip
+RUN_KEYS = tuple(dict.fromkeys(name for name, _ in RUN_ARGS.values()))

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from tokenrouter.cli.common import CliError, check_output
+from tokenrouter.cli.common import check_output
 from tokenrouter.cli.options import (
     ArrivalRate,
     Concurrency,
@@ -22,126 +20,70 @@ from tokenrouter.cli.options import (
     deployment_flags,
 )
 from tokenrouter.cli.report import print_result, result_record, write_json
-from tokenrouter.core.names import PolicyName
-from tokenrouter.core.policy import guard_holds
-from tokenrouter.sim.run import SimConfig, SimResult, run_sim
-from tokenrouter.sim.tune import check_search_concurrency
-from tokenrouter.workloads import initial_phase, load_phases
-
-
-def sim_config(
-    deploy: DeploymentFlags,
-    *,
-    concurrency: int = 8,
-    workload: str = "low-effort",
-    num_requests: int = 64,
-    seed: int = 0,
-    arrival_rate: float | None = None,
-    max_output: int | None = None,
-) -> tuple[SimConfig, bool]:
-    """The SimConfig of one simulated run: the resolved deployment and the run flags; also whether thresholds are
-    'auto' (the Markov model's B* for this N: asked for, or the default of a delayed run without a config)."""
-    dep = deploy.resolve()
-    first = initial_phase(load_phases(workload))  # a phase at 0 s replaces --concurrency / --hop-rate
-    if first is not None and first.concurrency is not None:
-        concurrency = first.concurrency
-    if first is not None and first.hop_rate is not None:
-        dep = dataclasses.replace(dep, router=dataclasses.replace(dep.router, hop_rate=first.hop_rate))
-    given = deploy.overrides.thresholds is not None
-    auto = deploy.thresholds_auto or (deploy.config is None and not given)
-    auto = auto and dep.policy.kind == PolicyName.DELAYED
-    if auto:
-        check_search_concurrency(concurrency, "; give --thresholds to simulate a B of your choice")
-    if given and dep.policy.kind == PolicyName.DELAYED and not guard_holds(dep.policy.thresholds, concurrency):
-        raise CliError(
-            f"--thresholds {','.join(map(str, dep.policy.thresholds))} infeasible for concurrency {concurrency}: "
-            "the deadlock guard needs sum(B_i - 1) < N"
-        )
-    cfg = SimConfig(
-        dep,
-        workload=workload,
-        num_requests=num_requests,
-        concurrency=concurrency,
-        arrival_rate=arrival_rate,
-        seed=seed,
-        max_output=max_output,
-    )
-    return cfg, auto
-
-
-def simulate(cfg: SimConfig, auto: bool) -> SimResult:
-    note = ""
-    if auto:
-        from tokenrouter.sim.tune import predict_thresholds, with_thresholds
-
-        pred = predict_thresholds(cfg)
-        cfg = with_thresholds(cfg, pred.thresholds)
-        predicted = "n/a" if math.isnan(pred.throughput) else f"{pred.throughput:,.0f} tok/s"
-        fallback = f"; {pred.note}" if pred.note else ""
-        note = f" (auto: Markov B* for N={cfg.concurrency}, predicted {predicted}{fallback})"
-    res = run_sim(cfg)
-    res.extra["thresholds_note"] = note
-    return res
+from tokenrouter.sim.run import SimResult
+from tokenrouter.sim.simulate import sim_config, simulate
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("run")
-    @deployment_flags()
-    def run(
-        deploy: DeploymentFlags,
-        concurrency: Concurrency = 8,
-        workload: Workload = "low-effort",
-        num_requests: NumRequests = 64,
-        seed: Seed = 0,
-        arrival_rate: ArrivalRate = None,
-        max_output: MaxOutput = None,
-        json_out: Annotated[
-            str | None, typer.Option("--json", help="Write metrics as JSON to FILE ('-' = stdout).")
-        ] = None,
-        csv_out: Annotated[Path | None, typer.Option("--csv", help="Write per-request rows as CSV.")] = None,
-        plot: Annotated[
-            Path | None,
-            typer.Option(
-                help="PNG: per model queue and busy fraction over time, batch histogram; throughput; latency CDFs."
-            ),
-        ] = None,
-        dry_run: DryRun = False,
-    ) -> None:
-        """Simulate a routed model pair on a GPU profile (CPU only) and print the metrics."""
-        if not dry_run:
-            check_output(json_out, "--json")
-            check_output(csv_out, "--csv")
-            check_output(plot, "--plot", figure=True)
-        cfg, auto = sim_config(
-            deploy,
-            concurrency=concurrency,
-            workload=workload,
-            num_requests=num_requests,
-            seed=seed,
-            arrival_rate=arrival_rate,
-            max_output=max_output,
-        )
-        if dry_run:
-            typer.echo(cfg.deployment.to_yaml().rstrip())
-            return
-        res = simulate(cfg, auto)
-        if json_out != "-":
-            print_result(res)
-        if json_out:
-            write_json(res, json_out)
-        if csv_out:
-            df = res.metrics.to_frame()
-            for k, v in result_record(res).items():
-                if k in ("models", "router", "policy", "thresholds", "placement", "workload", "seed"):
-                    df[k] = v
-            df.to_csv(csv_out, index=False)
-        if plot:
-            from tokenrouter.plots import RunCell, plot_run
+    app.command("run")(run)
 
-            cell = RunCell.of_sim(res)
-            written = plot_run(res.metrics, plot, title=cell.title("trsim run"), names=cell.models,
-                               marks=run_marks(res))  # fmt: skip
-            typer.echo(f"wrote {written}", err=json_out == "-")  # stdout stays pure JSON with --json -
+
+@deployment_flags()
+def run(
+    deploy: DeploymentFlags,
+    concurrency: Concurrency = 8,
+    workload: Workload = "low-effort",
+    num_requests: NumRequests = 64,
+    seed: Seed = 0,
+    arrival_rate: ArrivalRate = None,
+    max_output: MaxOutput = None,
+    json_out: Annotated[
+        str | None, typer.Option("--json", help="Write metrics as JSON to FILE ('-' = stdout).")
+    ] = None,
+    csv_out: Annotated[Path | None, typer.Option("--csv", help="Write per-request rows as CSV.")] = None,
+    plot: Annotated[
+        Path | None,
+        typer.Option(
+            help="PNG: per model queue and busy fraction over time, batch histogram; throughput; latency CDFs."
+        ),
+    ] = None,
+    dry_run: DryRun = False,
+) -> None:
+    """Simulate a routed model pair on a GPU profile (CPU only) and print the metrics."""
+    if not dry_run:
+        check_output(json_out, "--json")
+        check_output(csv_out, "--csv")
+        check_output(plot, "--plot", figure=True)
+    cfg, auto = sim_config(
+        deploy,
+        concurrency=concurrency,
+        workload=workload,
+        num_requests=num_requests,
+        seed=seed,
+        arrival_rate=arrival_rate,
+        max_output=max_output,
+    )
+    if dry_run:
+        typer.echo(cfg.deployment.to_yaml().rstrip())
+        return
+    res = simulate(cfg, auto)
+    if json_out != "-":
+        print_result(res)
+    if json_out:
+        write_json(res, json_out)
+    if csv_out:
+        df = res.metrics.to_frame()
+        for k, v in result_record(res).items():
+            if k in ("models", "router", "policy", "thresholds", "placement", "workload", "seed"):
+                df[k] = v
+        df.to_csv(csv_out, index=False)
+    if plot:
+        from tokenrouter.plots import RunCell, plot_run
+
+        cell = RunCell.of_sim(res)
+        written = plot_run(res.metrics, plot, title=cell.title("trsim run"), names=cell.models,
+                           marks=run_marks(res))  # fmt: skip
+        typer.echo(f"wrote {written}", err=json_out == "-")  # stdout stays pure JSON with --json -
 
 
 def run_marks(res: SimResult) -> list[tuple[float, str]]:

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from tokenrouter.cli.common import CliError, require_extras
 from tokenrouter.cli.options import DeploymentFlags, DryRun, deployment_flags
+from tokenrouter.core.config import DeploymentConfig
+
+if TYPE_CHECKING:
+    from tokenrouter.runtime.launcher import Server
 
 Opt = typer.Option
 
@@ -81,19 +85,9 @@ def serve(
         typer.echo("tr serve: --no-cuda-graph is deprecated; use --no-graphs", err=True)
         ov.graphs = False
     cfg = deploy.resolve()
-    from tokenrouter.baselines.modes import BASELINES, baseline_config
+    from tokenrouter.baselines.modes import baseline_config
 
-    if baseline is None and cfg.policy.std_serving:
-        baseline = "std-serving"
-    if baseline is not None:
-        if baseline not in BASELINES:
-            raise CliError(f"--baseline must be one of {', '.join(BASELINES)}, got {baseline!r}")
-        if restart_on_failure:
-            raise CliError("--restart-on-failure is for the routed runtime; a baseline stops when a process dies")
-        try:
-            baseline_config(cfg, baseline)  # the deployment it runs (a single model for llm-only / slm-only)
-        except ValueError as e:
-            raise CliError(f"--baseline {baseline}: {e}") from None
+    baseline = _baseline(cfg, baseline, restart_on_failure)
     if restart_on_failure and cfg.policy.build().is_sync:
         raise CliError("--restart-on-failure needs an asynchronous policy (eager, delayed), not " + cfg.policy.kind)
     if shutdown_timeout < 0:
@@ -105,7 +99,6 @@ def serve(
         require_extras("serve --ray", ("ray",))
     if heartbeat_timeout <= 0 or join_timeout <= 0 or ray_cpus <= 0:
         raise CliError("--heartbeat-timeout, --join-timeout and --ray-cpus must be > 0")
-    from tokenrouter.runtime.cluster import ClusterOptions
     from tokenrouter.runtime.launcher import Server, with_cpu_kv_tokens
 
     if device == "cpu":
@@ -120,32 +113,63 @@ def serve(
     tok = entry_tokenizer(cfg if baseline is None else baseline_config(cfg, baseline))
     Server.install_signal_handlers()
     # SIGINT/SIGTERM while starting: leave the `with`, which stops everything; once serving, serve_http drains.
-    if baseline is not None:
-        from tokenrouter.baselines.launcher import BaselineServer
-
-        try:
-            server: Server = BaselineServer(cfg, baseline, device=device, record_hops=record_hops,
-                                            heartbeat_timeout_s=heartbeat_timeout)  # fmt: skip
-        except ValueError as e:
-            raise CliError(f"--baseline {baseline}: {e}") from None
-    else:
-        cluster = None
-        if ray is not None or cfg.transport == "tcp":
-            cluster = ClusterOptions(ray=ray, heartbeat_timeout_s=heartbeat_timeout, join_timeout_s=join_timeout,
-                                     ray_num_cpus=ray_cpus,
-                                     config_path=str(deploy.config) if deploy.config else None)  # fmt: skip
-        try:
-            server = Server(cfg, device=device, record_hops=record_hops, restart_on_failure=restart_on_failure,
-                            cluster=cluster, heartbeat_timeout_s=heartbeat_timeout)  # fmt: skip
-        except (ValueError, ImportError, RuntimeError, ConnectionError) as e:
-            # a deployment the cluster layer refuses (runtime.cluster), Ray missing, unreachable or too small
-            raise CliError(str(e).splitlines()[0]) from None
+    server = _server(cfg, baseline, deploy.config, device=device, record_hops=record_hops,
+                     restart_on_failure=restart_on_failure, ray=ray, ray_cpus=ray_cpus,
+                     heartbeat_timeout=heartbeat_timeout, join_timeout=join_timeout)  # fmt: skip
     with server, contextlib.suppress(KeyboardInterrupt):
         serve_http(server, host=host, port=port, api_key=api_key, tokenizer=tok, shutdown_timeout_s=shutdown_timeout,
                    access_log=not no_access_log, t0=server.t0, admin_key=admin_key,
                    heartbeat_timeout_s=heartbeat_timeout)  # fmt: skip
     if server.failure is not None:  # a subserver died: exit non-zero so a supervisor restarts the server
         raise typer.Exit(1)
+
+
+def _baseline(cfg: DeploymentConfig, baseline: str | None, restart_on_failure: bool) -> str | None:
+    """The baseline to serve (--baseline, or std-serving for --policy std-serving), checked against the
+    deployment; None: the routed runtime."""
+    from tokenrouter.baselines.modes import BASELINES, baseline_config
+
+    if baseline is None and cfg.policy.std_serving:
+        baseline = "std-serving"
+    if baseline is not None:
+        if baseline not in BASELINES:
+            raise CliError(f"--baseline must be one of {', '.join(BASELINES)}, got {baseline!r}")
+        if restart_on_failure:
+            raise CliError("--restart-on-failure is for the routed runtime; a baseline stops when a process dies")
+        try:
+            baseline_config(cfg, baseline)  # the deployment it runs (a single model for llm-only / slm-only)
+        except ValueError as e:
+            raise CliError(f"--baseline {baseline}: {e}") from None
+    return baseline
+
+
+def _server(cfg: DeploymentConfig, baseline: str | None, config_path: Path | None, *, device: str,
+            record_hops: Path | None, restart_on_failure: bool, ray: str | None, ray_cpus: float,
+            heartbeat_timeout: float, join_timeout: float) -> Server:  # fmt: skip
+    """The server to run (not started): the baseline's, or the routed runtime's (over a cluster with --ray or a
+    tcp transport). What it refuses is one line."""
+    from tokenrouter.runtime.cluster import ClusterOptions
+    from tokenrouter.runtime.launcher import Server
+
+    if baseline is not None:
+        from tokenrouter.baselines.launcher import BaselineServer
+
+        try:
+            return BaselineServer(cfg, baseline, device=device, record_hops=record_hops,
+                                  heartbeat_timeout_s=heartbeat_timeout)  # fmt: skip
+        except ValueError as e:
+            raise CliError(f"--baseline {baseline}: {e}") from None
+    cluster = None
+    if ray is not None or cfg.transport == "tcp":
+        cluster = ClusterOptions(ray=ray, heartbeat_timeout_s=heartbeat_timeout, join_timeout_s=join_timeout,
+                                 ray_num_cpus=ray_cpus,
+                                 config_path=str(config_path) if config_path else None)  # fmt: skip
+    try:
+        return Server(cfg, device=device, record_hops=record_hops, restart_on_failure=restart_on_failure,
+                      cluster=cluster, heartbeat_timeout_s=heartbeat_timeout)  # fmt: skip
+    except (ValueError, ImportError, RuntimeError, ConnectionError) as e:
+        # a deployment the cluster layer refuses (runtime.cluster), Ray missing, unreachable or too small
+        raise CliError(str(e).splitlines()[0]) from None
 
 
 def entry_tokenizer(cfg):

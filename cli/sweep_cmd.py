@@ -16,8 +16,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from tokenrouter.cli.common import check_output, parse_list
 from tokenrouter.cli.options import DeploymentFlags, deployment_flags, point_flags
 from tokenrouter.cli.report import result_record
-from tokenrouter.cli.run_cmd import sim_config, simulate
 from tokenrouter.sim.run import prepare_sim
+from tokenrouter.sim.simulate import sim_config, simulate
 
 
 def _opt_int(t: str) -> int | None:

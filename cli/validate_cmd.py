@@ -21,23 +21,19 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from tokenrouter.cli.common import USAGE_ERRORS, CliError, check_output
-from tokenrouter.cli.options import pop_deployment_flags
+from tokenrouter.cli.options import parse_run_args
+from tokenrouter.sim.run import SimConfig, prepare_sim
+from tokenrouter.sim.simulate import sim_config, simulate
 
 METRICS = {"throughput": "output_throughput_tok_s", "tpot_p50": "tpot_ms_p50"}
-RUN_KEYS = ("concurrency", "workload", "num_requests", "seed", "arrival_rate", "max_output")
 
 
 def register(app: typer.Typer) -> None:
     app.command("validate")(validate)
 
 
-def cell_config(args: str, base: Path, profile: str | None = None) -> tuple[Any, bool]:
+def cell_config(args: str, base: Path, profile: str | None = None) -> tuple[SimConfig, bool]:
     """The SimConfig `trsim run ARGS` would simulate (paths relative to `base`), and its 'auto' flag."""
-    from typer.main import get_command
-
-    from tokenrouter.cli.run_cmd import sim_config
-    from tokenrouter.cli.trsim import app
-
     argv = shlex.split(args)
     for flag in ("--config", "--profile", "--trace", "--workload"):
         if flag in argv[:-1]:
@@ -47,11 +43,8 @@ def cell_config(args: str, base: Path, profile: str | None = None) -> tuple[Any,
                 argv[i] = str(p)
     if profile is not None:
         argv += ["--profile", profile]
-    run = get_command(app).commands["run"]  # type: ignore[attr-defined]
-    ctx = run.make_context("run", argv)
-    params = dict(ctx.params)
-    deploy = pop_deployment_flags(params)
-    return sim_config(deploy, **{k: params[k] for k in RUN_KEYS})
+    deploy, run = parse_run_args(argv)
+    return sim_config(deploy, **run)
 
 
 def _err(sim: float, live: float) -> float:
@@ -76,9 +69,7 @@ def validate(
     ] = None,
     max_median_error: Annotated[float, typer.Option(help="Fail (exit 1) above this median |throughput error|.")] = 0.03,
     max_error: Annotated[float, typer.Option(help="Fail above this largest |throughput error|.")] = 0.08,
-    max_tpot_median_error: Annotated[
-        float, typer.Option(help="Fail above this median |TPOT p50 error|.")
-    ] = 0.05,
+    max_tpot_median_error: Annotated[float, typer.Option(help="Fail above this median |TPOT p50 error|.")] = 0.05,
     json_out: Annotated[
         str | None, typer.Option("--json", help="Write the per-cell errors as JSON ('-' = stdout).")
     ] = None,
@@ -104,8 +95,6 @@ def validate(
                 v = math.nan
             if not (math.isfinite(v) and v > 0):
                 raise CliError(f"{live}: line {i + 2}: {key} must be a number > 0 (or empty), got {raw!r}")
-    from tokenrouter.sim.run import prepare_sim
-
     base = live.resolve().parent
     rows: list[dict[str, Any]] = []
     configs = []  # every cell is checked as a run would check it before any runs
@@ -118,8 +107,6 @@ def validate(
         except ValueError as e:
             raise CliError(f"{live}: line {i + 2}: {e}") from None
         configs.append((cfg, auto))
-    from tokenrouter.cli.run_cmd import simulate
-
     err_console = Console(stderr=True)
     cols = (TextColumn("validate"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*cols, console=err_console) as bar:

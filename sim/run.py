@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 import simpy
 
-from tokenrouter.calibration.cost import CostModel
+from tokenrouter.calibration.cost import CostModel, StepCost
 from tokenrouter.calibration.profile import LinkInfo, Profile, load_profile
 from tokenrouter.core.config import DeploymentConfig
 from tokenrouter.core.messages import Action, Emit, Finish, PeerMsg, PeerReq, Send
@@ -40,7 +40,7 @@ class SimConfig:
     arrival_rate: float | None = None  # requests/s: open loop; None: closed loop with `concurrency` clients
     seed: int = 0
     max_output: int | None = None
-    cost: Any = None  # a StepCost to use instead of the profile's (tests use ConstantCost)
+    cost: StepCost | None = None  # instead of the profile's (tests use ConstantCost)
 
     def __post_init__(self) -> None:
         if self.num_requests < 1:
@@ -67,7 +67,7 @@ class SimResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def prepare_sim(cfg: SimConfig) -> tuple[Profile, Any, list[RequestSpec], Deployment]:
+def prepare_sim(cfg: SimConfig) -> tuple[Profile, StepCost, list[RequestSpec], Deployment]:
     """What a run is built from: the profile, the step cost, the requests and the deployment (schedulers, routers,
     KV pools). Every user error a run can raise (an unknown profile or model, a bad workload, seed or output cap, a
     router without its trace) is raised here, before any simulated time, so callers can check a whole grid first."""
@@ -90,27 +90,7 @@ def run_sim(cfg: SimConfig) -> SimResult:
 
     env = simpy.Environment()
     metrics = MetricsCollector(deployment.num_models)
-    gpus = shared_gpus(deployment, cost)
-    margin = cost.prepare_margin_ms() if hasattr(cost, "prepare_margin_ms") else None
-    gate_ms = cost.gate_ms_per_step(dep.policy.kind) if hasattr(cost, "gate_ms_per_step") else 0.0
-    subs = []
-    for i, sched in enumerate(deployment.schedulers):
-        mc = cost.for_model(i)
-        subs.append(
-            SimSubserver(
-                env,
-                sched,
-                cost=mc,
-                rule=deployment.graph_rules[i],
-                metrics=metrics,
-                gpu=gpus[i],
-                host_ms=mc.host_ms,
-                device_ms=mc.router_step_ms,
-                gate_ms=gate_ms if deployment.gate is not None else 0.0,
-                overlap_frac=cost.overlap_frac(i) if hasattr(cost, "overlap_frac") else 0.0,
-                prepare_margin_ms=margin,
-            )
-        )
+    subs = subservers(env, deployment, cost, metrics, dep.policy.kind)
     done: dict[str, simpy.Event] = {}
     finishes = FinishCounter()
     wire = _Links(env, deployment, subs, cost, metrics, done, finishes)
@@ -139,7 +119,7 @@ def run_sim(cfg: SimConfig) -> SimResult:
     n0 = first.concurrency if first is not None and first.concurrency is not None else cfg.concurrency
     loader = (
         OpenLoop(env, specs, submit)
-        if cfg.arrival_rate is not None or _has_arrivals(specs)
+        if cfg.arrival_rate is not None or any(s.arrival is not None for s in specs)
         else ClosedLoop(env, specs, n0, submit)
     )
     driver = PhaseDriver(env, phases, loader, subs, dep.router) if phases else None
@@ -163,7 +143,7 @@ def run_sim(cfg: SimConfig) -> SimResult:
     summary.update(per_gpu(summary, gpus_used(dep)))
     n_end = next((p.concurrency for p in reversed(phases) if p.concurrency is not None), n0)
     extra: dict[str, Any] = {}
-    if hasattr(cost, "notes") and cost.notes():
+    if cost.notes():
         extra["estimated"] = cost.notes()
     if driver is not None:
         applied = ([(0.0, first)] if first else []) + driver.applied
@@ -189,6 +169,34 @@ def run_sim(cfg: SimConfig) -> SimResult:
         rematch_rows=sum(s.rematch_rows for s in subs),
         extra=extra,
     )
+
+
+def subservers(env: simpy.Environment, deployment: Deployment, cost: StepCost, metrics: MetricsCollector,
+               policy: str) -> list[SimSubserver]:  # fmt: skip
+    """One simulated subserver per model, priced by `cost`: co-located models share a `SharedGpu`; the sync
+    coordinator's round trips (`policy`'s) are paid when the deployment has a gate."""
+    gpus = shared_gpus(deployment, cost)
+    margin = cost.prepare_margin_ms()
+    gate_ms = cost.gate_ms_per_step(policy) if deployment.gate is not None else 0.0
+    subs = []
+    for i, sched in enumerate(deployment.schedulers):
+        mc = cost.for_model(i)
+        subs.append(
+            SimSubserver(
+                env,
+                sched,
+                cost=mc,
+                rule=deployment.graph_rules[i],
+                metrics=metrics,
+                gpu=gpus[i],
+                host_ms=mc.host_ms,
+                device_ms=mc.router_step_ms,
+                gate_ms=gate_ms,
+                overlap_frac=cost.overlap_frac(i),
+                prepare_margin_ms=margin,
+            )
+        )
+    return subs
 
 
 def cost_model(dep: DeploymentConfig, profile: Profile) -> CostModel:
@@ -227,7 +235,7 @@ def per_gpu(summary: dict[str, float], gpus: int) -> dict[str, float]:
     return out
 
 
-def shared_gpus(deployment: Deployment, cost: Any) -> list[SharedGpu]:
+def shared_gpus(deployment: Deployment, cost: StepCost) -> list[SharedGpu]:
     """One `SharedGpu` per group of co-located models (MPS on one GPU), one each otherwise; index = model."""
     m = deployment.num_models
     group = list(range(m))
@@ -293,7 +301,3 @@ class _Links:
     def _later(self, msg: PeerMsg, delay_s: float):
         yield self.env.timeout(delay_s)
         self.deliver(msg)
-
-
-def _has_arrivals(specs: list[RequestSpec]) -> bool:
-    return any(s.arrival is not None for s in specs)

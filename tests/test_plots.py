@@ -103,8 +103,8 @@ def test_cdf_panels_follow_the_rule():
 
 def test_title_names_the_cell():
     from tokenrouter.cli.options import DeploymentFlags
-    from tokenrouter.cli.run_cmd import sim_config, simulate
     from tokenrouter.deploy import DeploymentOverrides
+    from tokenrouter.sim.simulate import sim_config, simulate
 
     ov = DeploymentOverrides(hop_rate=0.25, small="tiny-small", large="tiny-large", thresholds=[1, 3],
                              profile="h200-analytic")  # fmt: skip

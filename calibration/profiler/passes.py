@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -149,39 +149,3 @@ class PassTimer:
 
 def kind_of(path: str) -> str:
     return path.split(":")[0]
-
-
-def measure_grid(timer: PassTimer, grid: Grid, on_point: Callable[[], None] = lambda: None) -> dict[str, list[dict]]:
-    """Every point of `grid`, filed by the path the engine took: {"decode"|"varlen"|"eager": [point dicts]}
-    with "held_out" marking points not to fit. Points whose path differs from the intended kind go where they
-    ran (and say so in "intended")."""
-    out: dict[str, list[dict]] = {"decode": [], "varlen": [], "eager": []}
-    plan: list[tuple[str, list[int], int, bool, bool]] = []
-    for b, c in grid.decode:
-        plan.append(("decode", [1] * b, c, True, False))
-    for b, c in grid.decode_held:
-        plan.append(("decode", [1] * b, c, True, True))
-    for t, mix, c in grid.varlen:
-        plan.append(("varlen", row_tokens(t, mix), c, True, False))
-    for t, mix, c in grid.varlen_held:
-        plan.append(("varlen", row_tokens(t, mix), c, True, True))
-    for t, mix, c in grid.eager:
-        plan.append(("eager", row_tokens(t, mix), c, False, False))
-    for t, mix, c in grid.eager_held:
-        plan.append(("eager", row_tokens(t, mix), c, False, True))
-    for kind, rows, ctx, graphs, held in plan:
-        pp, path = timer.point(rows, ctx, graphs=graphs)
-        ran = kind_of(path) if graphs else "eager"
-        rec = {**{f: getattr(pp, f) for f in pp.__struct_fields__}, "held_out": held, "path": path}
-        if ran != kind:
-            rec["intended"] = kind
-        out.setdefault(ran, []).append(rec)
-        on_point()
-    return out
-
-
-def grid_size(grid: Grid) -> int:
-    return sum(len(x) for x in (grid.decode, grid.decode_held, grid.varlen, grid.varlen_held, grid.eager,
-                                grid.eager_held))  # fmt: skip
-
-

@@ -29,9 +29,22 @@ from tokenrouter.calibration.profiler.corun import WindowSpec, corun_worker, eng
 from tokenrouter.calibration.profiler.model_worker import ModelJob, model_worker
 from tokenrouter.calibration.profiler.passes import Timing
 from tokenrouter.core.names import RouterName
+from tokenrouter.models import load_spec
 
 PARTIAL_FORMAT = "tokenrouter-calibration-partial/1"
 ROUTERS = tuple(r.value for r in (RouterName.R2R, RouterName.CITER, RouterName.CO_LLM, RouterName.R_STITCH))
+
+
+def colocated_pairs(models: list[str], given: list[list[str]]) -> list[tuple[str, str]]:
+    """The (small, large) pairs to measure side by side: `given` (names resolved), else the first of `models` with
+    each other one. ValueError when a pair is not two names or names a model `models` lacks."""
+    if any(len(p) != 2 for p in given):
+        raise ValueError("--pair takes SMALL,LARGE")
+    pairs = [(load_spec(a).name, load_spec(b).name) for a, b in given] or [(models[0], n) for n in models[1:]]
+    missing = {m for p in pairs for m in p} - set(models)
+    if missing:
+        raise ValueError(f"--pair names {', '.join(sorted(missing))}, which no --model gives")
+    return pairs
 
 
 @dataclass(slots=True)

@@ -41,12 +41,12 @@ import pandas as pd
 from tokenrouter.calibration.cost import CostModel
 from tokenrouter.calibration.step_stats import StepStats
 from tokenrouter.cli.options import DeploymentFlags
-from tokenrouter.cli.run_cmd import sim_config
 from tokenrouter.core.graph_rule import GraphRule
 from tokenrouter.core.names import Layout
 from tokenrouter.deploy import DeploymentOverrides, resolve_deployment
 from tokenrouter.deploy.placement import gpus_used, layout
 from tokenrouter.sim.run import SimConfig, estimated_notes, run_sim
+from tokenrouter.sim.simulate import sim_config
 from tokenrouter.sim.tune import Candidate, choose, tune_point
 
 HERE = Path(__file__).resolve().parent
@@ -262,8 +262,16 @@ def main() -> int:
         "machine": machine(a.device),
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         "pair": [small, large],
-        "cells": {"router": "r2r", "hop_rate": a.hop_rate, "workload": a.workload, "max_output": a.max_output,
-                  "requests": "max(8, 3N)", "ns": ns, "seed": 0, "weights": "dummy"},
+        "cells": {
+            "router": "r2r",
+            "hop_rate": a.hop_rate,
+            "workload": a.workload,
+            "max_output": a.max_output,
+            "requests": "max(8, 3N)",
+            "ns": ns,
+            "seed": 0,
+            "weights": "dummy",
+        },
         "profile": a.profile or profile,
         f"separate_over_mps_n{cmp_n}": {
             "measured": ratio_at(rows, cmp_n, "live_output_throughput_tok_s"),
@@ -271,14 +279,18 @@ def main() -> int:
             "meaning": f"output tok/s at N={cmp_n}, separate GPUs over MPS on one GPU, each with its tuned B",
         },
         "tp2_over_tp1_b1": {"measured": (tp_bench or {}).get("tp2_over_tp1_b1"), **tp},
-        "tp2_greedy_equal": {"measured": (tp_bench or {}).get("tp2_greedy_equal"), "predicted": None,
-                             "meaning": "tp=2 greedy output equals tp=1's token for token: a correctness check, not "
-                                        "a simulator quantity"},
-        "separate_over_mps_by_n": {str(n): {"measured": ratio_at(rows, n, "live_output_throughput_tok_s"),
-                                            "predicted": sim_ratio[n]} for n in ns},
+        "tp2_greedy_equal": {
+            "measured": (tp_bench or {}).get("tp2_greedy_equal"),
+            "predicted": None,
+            "meaning": "tp=2 greedy output equals tp=1's token for token: a correctness check, not "
+            "a simulator quantity",
+        },
+        "separate_over_mps_by_n": {
+            str(n): {"measured": ratio_at(rows, n, "live_output_throughput_tok_s"), "predicted": sim_ratio[n]}
+            for n in ns
+        },
         "tune_choice_at_n": verdict,
-        "predicted_tok_s": {k: {str(n): round(preds[(k, n)]["output_throughput_tok_s"], 1) for n in ns}
-                            for k in cands},
+        "predicted_tok_s": {k: {str(n): round(preds[(k, n)]["output_throughput_tok_s"], 1) for n in ns} for k in cands},
         "estimated": list(dict.fromkeys(n for c in cands.values() for n in c.estimated)),
         "tp_bench": tp_bench,
         "tp_bench_file": str(tp_file) if tp_bench is not None else None,

@@ -102,43 +102,36 @@ def test_empty_step_is_free(cost: CostModel) -> None:
     assert cost.for_model("qwen3-8b").step_ms(StepStats.of_batch(_batch([]), RULE)) == 0.0
 
 
-def test_mps_slowdown_only_under_mps_when_corunning(profile: Profile) -> None:
+def test_step_alone_is_the_same_under_every_placement(profile: Profile) -> None:
     s = one(8, 8, 0, 8192)
     base = CostModel(profile, "separate").for_model("qwen3-8b").step_ms(s)
-    for placement in ("separate", "cross-host"):
-        assert CostModel(profile, placement).for_model("qwen3-8b").step_ms(s, corunning=True) == base
-    mps = CostModel(profile, "mps").for_model("qwen3-8b")
-    assert mps.step_ms(s) == base
-    assert mps.step_ms(s, corunning=True) == pytest.approx(base * profile.mps.default_slowdown)
+    for placement in ("mps", "cross-host"):
+        assert CostModel(profile, placement).for_model("qwen3-8b").step_ms(s) == base
 
 
 def test_mps_pair_slowdown_against_colocated_model(profile: Profile) -> None:
     pairs = {"qwen3-0.6b|qwen3-32b": 1.6, "qwen3-32b|qwen3-0.6b": 1.1}
     p = msgspec.structs.replace(profile, mps=msgspec.structs.replace(profile.mps, pairs=pairs))
     c = CostModel(p, "mps", models=["qwen3-0.6b", "qwen3-32b"])
-    small = c.for_model(0)
-    assert small.name == "qwen3-0.6b"
-    s = one(4, 4, 0, 4000)
-    assert small.step_ms(s, corunning=True) == pytest.approx(1.6 * small.step_ms(s))
-    big = c.for_model(1)
-    assert big.step_ms(s, corunning=True) == pytest.approx(1.1 * big.step_ms(s))
+    assert c.for_model(0).name == "qwen3-0.6b"
+    assert c.interference(0, 1).factor(4, 4) == pytest.approx(1.6)
+    assert c.interference(1, 0).factor(4, 4) == pytest.approx(1.1)
     with pytest.raises(ProfileError, match="out of range"):
         c.for_model(2)
 
 
-def test_eager_floor_is_not_slowed_by_mps(profile: Profile) -> None:
+def test_a_small_eager_step_costs_the_eager_floor(profile: Profile) -> None:
     mc = CostModel(profile, "mps").for_model("qwen3-0.6b")
     floor = profile.model("qwen3-0.6b").step.eager.floor_ms
-    assert mc.step_ms(one(1, 1, 0, 100, graph=False), corunning=True) == pytest.approx(floor)
+    assert mc.step_ms(one(1, 1, 0, 100, graph=False)) == pytest.approx(floor)
 
 
 def test_rematch_adds_bookkeeping_per_row_and_prefix(profile: Profile) -> None:
     mc = CostModel(profile, "mps").for_model("qwen3-0.6b")
     s = profile.std_serving
-    plain = mc.step_ms(one(8, 8, 0, 8000), corunning=True)
+    plain = mc.step_ms(one(8, 8, 0, 8000))
     rm = StepStats(one(8, 8, 0, 8000).graph, rematch_rows=3, rematch_prefix_tokens=6000)
-    with_rm = mc.step_ms(rm, corunning=True)
-    # Host bookkeeping: added after the MPS factor, not multiplied by it.
+    with_rm = mc.step_ms(rm)
     assert with_rm - plain == pytest.approx(3 * s.hop_overhead_ms + 6 * s.hop_overhead_ms_per_ktok)
     all_rows = mc.step_ms(StepStats(one(8, 8, 0, 8192).graph, rematch_rows=8, rematch_prefix_tokens=8 * 1023))
     assert all_rows > 5 * mc.step_ms(one(8, 8, 0, 8192))  # bookkeeping dominates, as in the paper
@@ -173,7 +166,7 @@ def test_constant_cost() -> None:
     b3 = StepStats.of_batch(_batch([_row(10), _row(20), _row(30, 8)]), RULE)  # split 2 + 1: still 3 rows
     assert c.for_model("small").step_ms(b3) == 1.0 and c.for_model("large").step_ms(b3) == 13.0
     assert c.for_model(2).step_ms(one(7, 7)) == 5.0 and c.for_model(2).step_ms(one(8, 8)) == 6.0
-    assert c.for_model(2).step_ms(StepStats(one(100, 100).graph, rematch_rows=3), corunning=True) == 6.0
+    assert c.for_model(2).step_ms(StepStats(one(100, 100).graph, rematch_rows=3)) == 6.0
     assert c.for_model("small").step_ms(StepStats()) == 0.0
     assert c.message_ms(10**9) == c.router_ms("small") == c.sched_ms() == 0.0
     by_index = ConstantCost([2.0, 30.0], sched_ms=0.5)

@@ -122,3 +122,27 @@ def test_validate_names_the_line_of_a_bad_cell_before_simulating(row, needles, t
     rc, out, err = call(["validate", str(live)], capsys)
     assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1, err  # one line: no progress bar either
     assert "live.csv" in err and all(n in err for n in needles), err
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        "-n 2 --workload fixed:16,20 --num-requests 4",
+        "--config serve.yaml --policy eager --hop-rate 0.2 -n 4 --seed 3 --max-output 64 --thresholds 1,7",
+        "--thresholds auto --no-overlap --graphs --sm-percent 40,60 --arrival-rate 2.5 --profile=h200-analytic",
+        "--models a,b,c --placement separate --tp 1,2,1 -p 0.3 --json - --dry-run",
+    ],
+)
+def test_a_cell_parses_as_trsim_run_parses_its_flags(args):
+    import inspect
+
+    from typer.main import get_command
+
+    from tokenrouter.cli.options import RUN_KEYS, parse_run_args, pop_deployment_flags
+    from tokenrouter.sim.simulate import sim_config
+
+    params = dict(get_command(trsim.app).commands["run"].make_context("run", args.split()).params)
+    flags, run = parse_run_args(args.split())
+    assert flags == pop_deployment_flags(params)
+    defaults = {k: p.default for k, p in inspect.signature(sim_config).parameters.items() if k in RUN_KEYS}
+    assert {**defaults, **run} == {k: params[k] for k in RUN_KEYS}

@@ -70,11 +70,6 @@ class Batch:
         return sum(r.num_tokens for r in self.rows)
 
     @property
-    def num_extend_tokens(self) -> int:
-        """Tokens fed by rows that are not plain decodes (prefills and peer returns)."""
-        return sum(r.num_tokens for r in self.rows if r.num_tokens > 1)
-
-    @property
     def context_tokens(self) -> int:
         return sum(r.context_len for r in self.rows)
 

@@ -31,11 +31,6 @@ class KVPool:
         self.page_size = page_size
         self._free: deque[int] = deque(range(1, num_pages))
 
-    @classmethod
-    def from_budget(cls, budget_bytes: int, kv_bytes_per_token: int, page_size: int) -> KVPool:
-        """Size the pool from a byte budget, as a shared-GPU deployment gives each engine."""
-        return cls(max(2, budget_bytes // (kv_bytes_per_token * page_size)), page_size)
-
     @property
     def num_free(self) -> int:
         return len(self._free)

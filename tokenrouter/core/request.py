@@ -97,10 +97,6 @@ class Request:
         """Tokens the next step must feed (1 for a plain decode)."""
         return len(self.token_ids) - self.num_computed
 
-    @property
-    def last_token(self) -> int:
-        return self.token_ids[-1]
-
     def stop_reason(self) -> str | None:
         """Why the request is done after its last committed token, or None."""
         if self.num_output <= 0:

@@ -120,12 +120,6 @@ class GraphRunner:
         self.stream.synchronize()
         self.capture_s = time.perf_counter() - t0
 
-    def run_padding(self) -> None:
-        """Emulation/warmup: run every bucket once on all-padding inputs (compiles what the bodies launch)."""
-        for bucket in reversed(self.buckets):
-            self._fill_padding(bucket)
-            self.run_eager(bucket)
-
     def load(self, packed_host: torch.Tensor, bucket: int) -> None:
         """Upload one prepared step (int32, bucket layout) into the static buffer (async from pinned memory)."""
         n = self.layouts[bucket].size

@@ -207,10 +207,3 @@ class PageTable:
         self.owner[s] = None
         self.written[s] = 0
         self._free.append(s)
-
-    def release_finished(self) -> int:
-        """Free slots whose request holds no pages any more (finished or aborted); returns how many."""
-        gone = [s for s in range(1, self.num_slots) if self.owner[s] is not None and not self.owner[s].pages]
-        for s in gone:
-            self._drop(s)
-        return len(gone)

@@ -1,0 +1,84 @@
+"""One simulated run as a command asks for it: the `SimConfig` of a deployment and run flags, and the run with
+B chosen by the Markov model when the thresholds are 'auto' (`trsim run | sweep | tune | validate`,
+`tr bench --sim`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Protocol
+
+from tokenrouter.core.config import DeploymentConfig
+from tokenrouter.core.names import PolicyName
+from tokenrouter.core.policy import guard_holds
+from tokenrouter.deploy.overrides import DeploymentOverrides
+from tokenrouter.sim.run import SimConfig, SimResult, run_sim
+from tokenrouter.sim.tune import check_search_concurrency, predict_thresholds, with_thresholds
+from tokenrouter.workloads import initial_phase, load_phases
+
+
+class DeploymentSource(Protocol):
+    """A deployment as a command line gives it (`cli.options.DeploymentFlags`): `--config`, the flags given
+    (None = not given), whether `--thresholds auto` was given, and `resolve()`, the config with the flags applied."""
+
+    config: Path | None
+    overrides: DeploymentOverrides
+    thresholds_auto: bool
+
+    def resolve(self) -> DeploymentConfig: ...
+
+
+def sim_config(
+    deploy: DeploymentSource,
+    *,
+    concurrency: int = 8,
+    workload: str = "low-effort",
+    num_requests: int = 64,
+    seed: int = 0,
+    arrival_rate: float | None = None,
+    max_output: int | None = None,
+) -> tuple[SimConfig, bool]:
+    """The SimConfig of one simulated run: the resolved deployment and the run flags; also whether thresholds are
+    'auto' (the Markov model's B* for this N: asked for, or the default of a delayed run without a config)."""
+    dep = deploy.resolve()
+    first = initial_phase(load_phases(workload))  # a phase at 0 s replaces --concurrency / --hop-rate
+    if first is not None and first.concurrency is not None:
+        concurrency = first.concurrency
+    if first is not None and first.hop_rate is not None:
+        dep = dataclasses.replace(dep, router=dataclasses.replace(dep.router, hop_rate=first.hop_rate))
+    given = deploy.overrides.thresholds is not None
+    auto = deploy.thresholds_auto or (deploy.config is None and not given)
+    auto = auto and dep.policy.kind == PolicyName.DELAYED
+    if auto:
+        check_search_concurrency(concurrency, "; give --thresholds to simulate a B of your choice")
+    if given and dep.policy.kind == PolicyName.DELAYED and not guard_holds(dep.policy.thresholds, concurrency):
+        raise ValueError(
+            f"--thresholds {','.join(map(str, dep.policy.thresholds))} infeasible for concurrency {concurrency}: "
+            "the deadlock guard needs sum(B_i - 1) < N"
+        )
+    cfg = SimConfig(
+        dep,
+        workload=workload,
+        num_requests=num_requests,
+        concurrency=concurrency,
+        arrival_rate=arrival_rate,
+        seed=seed,
+        max_output=max_output,
+    )
+    return cfg, auto
+
+
+def simulate(cfg: SimConfig, auto: bool) -> SimResult:
+    """Run `cfg`; with `auto`, at the Markov model's B* for its concurrency (a new config: `cfg` is left as it is).
+    The result's extra["thresholds_note"] says how B was chosen ("" when not auto)."""
+    note = ""
+    if auto:
+        pred = predict_thresholds(cfg)
+        cfg = with_thresholds(cfg, pred.thresholds)
+        predicted = "n/a" if math.isnan(pred.throughput) else f"{pred.throughput:,.0f} tok/s"
+        fallback = f"; {pred.note}" if pred.note else ""
+        note = f" (auto: Markov B* for N={cfg.concurrency}, predicted {predicted}{fallback})"
+    res = run_sim(cfg)
+    res.extra["thresholds_note"] = note
+    return res
