@@ -143,6 +143,15 @@ class StdServingInfo(_S):
     hop_overhead_ms_per_ktok: NonNeg
 
 
+class EstimatedFrom(_S):
+    """Where an estimated profile's numbers come from: the `anchor` profile measured on another GPU, the `method`
+    that carried it over (`calibration.estimate`), and the `target` GPU kind."""
+
+    anchor: str
+    method: str
+    target: str
+
+
 class Profile(_S, kw_only=True):
     """A whole profile. Load with `Profile.load(path)` / `load_profile(name_or_path)`; write with `save`.
 
@@ -152,7 +161,8 @@ class Profile(_S, kw_only=True):
     for pairs not measured."""
 
     schema_version: int
-    kind: Literal["analytic", "measured"]
+    kind: Literal["analytic", "measured", "estimated"]
+    estimated_from: EstimatedFrom | msgspec.UnsetType = msgspec.UNSET  # kind "estimated" only (omitted otherwise)
     gpu: GpuInfo
     created: str
     source: str
@@ -350,7 +360,8 @@ def load_profile(name_or_path: str | Path = DEFAULT_PROFILE) -> Profile:
     """A bundled profile by name or a path to a JSON file.
 
     Name lookup for `NAME`: `NAME.json`, then `NAME-measured.json`, then `NAME-analytic.json` in the bundled
-    folder, so "h200" means the measured H200 profile once one is bundled and the analytic one until then.
+    folder, so "h200" means the measured H200 profile once one is bundled and the analytic one until then; then
+    a GPU kind of `calibration.gpus` (`l4`): the default profile estimated for it (`calibration.estimate`).
     """
     p = Path(name_or_path)
     if p.suffix == ".json" or p.is_file() or len(p.parts) > 1:
@@ -363,5 +374,14 @@ def load_profile(name_or_path: str | Path = DEFAULT_PROFILE) -> Profile:
         f = d / f"{stem}.json"
         if f.is_file():
             return Profile.load(f)
+    from .gpus import GPU_SPECS  # the estimate imports this module: import on demand
+
+    if name in GPU_SPECS:
+        from .estimate import estimate_profile
+
+        return estimate_profile(load_profile(DEFAULT_PROFILE), name, anchor_name=DEFAULT_PROFILE)
     names = ", ".join(bundled_profile_names()) or "(none)"
-    raise ProfileError(f"{name_or_path}: unknown profile; bundled: {names} (or pass a path to a .json file)")
+    raise ProfileError(
+        f"{name_or_path}: unknown profile; bundled: {names}; GPU kinds (estimated from {DEFAULT_PROFILE}): "
+        f"{', '.join(GPU_SPECS)} (or pass a path to a .json file)"
+    )
