@@ -1,9 +1,9 @@
 """Profile schema (version 2): what the cost model knows about one GPU and the models run on it.
 
-A profile is versioned JSON, written by `tr calibrate` (kind "measured") or by `analytic.py` (kind
-"analytic"). Units everywhere: milliseconds (ms) for times, bytes for sizes, GB/s = 1e9 B/s for memory
-bandwidth, TFLOP/s = 1e12 FLOP/s, GB = 1e9 B for memory and KV budgets, and Gbit/s = 1e9 bit/s for the
-cross-host link (network convention: `link.bandwidth_gbps`).
+A profile is versioned JSON, written by `tr calibrate` (kind "measured"), by `analytic.py` (kind
+"analytic") or by `estimate.py` for a GPU not at hand (kind "estimated"). Units everywhere: milliseconds (ms)
+for times, bytes for sizes, GB/s = 1e9 B/s for memory bandwidth, TFLOP/s = 1e12 FLOP/s, GB = 1e9 B for memory
+and KV budgets, and Gbit/s = 1e9 bit/s for the cross-host link (network convention: `link.bandwidth_gbps`).
 
 Step time of one model (see `StepCoeffs`), for a batch of B rows feeding T tokens of which E belong to
 extend/prefill rows, attending C context tokens in total:
