@@ -1,9 +1,9 @@
 """Profile schema (version 2): what the cost model knows about one GPU and the models run on it.
 
-A profile is versioned JSON, written by `tr calibrate` (kind "measured") or by `analytic.py` (kind
-"analytic"). Units everywhere: milliseconds (ms) for times, bytes for sizes, GB/s = 1e9 B/s for memory
-bandwidth, TFLOP/s = 1e12 FLOP/s, GB = 1e9 B for memory and KV budgets, and Gbit/s = 1e9 bit/s for the
-cross-host link (network convention: `link.bandwidth_gbps`).
+A profile is versioned JSON, written by `tr calibrate` (kind "measured"), by `analytic.py` (kind
+"analytic") or by `estimate.py` for a GPU not at hand (kind "estimated"). Units everywhere: milliseconds (ms)
+for times, bytes for sizes, GB/s = 1e9 B/s for memory bandwidth, TFLOP/s = 1e12 FLOP/s, GB = 1e9 B for memory
+and KV budgets, and Gbit/s = 1e9 bit/s for the cross-host link (network convention: `link.bandwidth_gbps`).
 
 Step time of one model (see `StepCoeffs`), for a batch of B rows feeding T tokens of which E belong to
 extend/prefill rows, attending C context tokens in total:
@@ -138,6 +138,15 @@ class StdServingInfo(ProfileStruct):
     hop_overhead_ms_per_ktok: NonNeg
 
 
+class EstimatedFrom(ProfileStruct):
+    """Where an estimated profile's numbers come from: the `anchor` profile measured on another GPU, the `method`
+    that carried it over (`calibration.estimate`), and the `target` GPU kind."""
+
+    anchor: str
+    method: str
+    target: str
+
+
 class Profile(ProfileStruct, kw_only=True):
     """A whole profile. Load with `Profile.load(path)` / `load_profile(name_or_path)`; write with `save`.
 
@@ -147,7 +156,8 @@ class Profile(ProfileStruct, kw_only=True):
     for pairs not measured."""
 
     schema_version: int
-    kind: Literal["analytic", "measured"]
+    kind: Literal["analytic", "measured", "estimated"]
+    estimated_from: EstimatedFrom | msgspec.UnsetType = msgspec.UNSET  # kind "estimated" only (omitted otherwise)
     gpu: GpuInfo
     created: str
     source: str
@@ -345,7 +355,8 @@ def load_profile(name_or_path: str | Path = DEFAULT_PROFILE) -> Profile:
     """A bundled profile by name or a path to a JSON file.
 
     Name lookup for `NAME`: `NAME.json`, then `NAME-measured.json`, then `NAME-analytic.json` in the bundled
-    folder, so "h200" means the measured H200 profile once one is bundled and the analytic one until then.
+    folder, so "h200" means the measured H200 profile once one is bundled and the analytic one until then; then
+    a GPU kind of `calibration.gpus` (`l4`): the default profile estimated for it (`calibration.estimate`).
     """
     p = Path(name_or_path)
     if p.suffix == ".json" or p.is_file() or len(p.parts) > 1:
@@ -358,5 +369,14 @@ def load_profile(name_or_path: str | Path = DEFAULT_PROFILE) -> Profile:
         f = d / f"{stem}.json"
         if f.is_file():
             return Profile.load(f)
+    from .gpus import GPU_SPECS  # the estimate imports this module: import on demand
+
+    if name in GPU_SPECS:
+        from .estimate import estimate_profile
+
+        return estimate_profile(load_profile(DEFAULT_PROFILE), name, anchor_name=DEFAULT_PROFILE)
     names = ", ".join(bundled_profile_names()) or "(none)"
-    raise ProfileError(f"{name_or_path}: unknown profile; bundled: {names} (or pass a path to a .json file)")
+    raise ProfileError(
+        f"{name_or_path}: unknown profile; bundled: {names}; GPU kinds (estimated from {DEFAULT_PROFILE}): "
+        f"{', '.join(GPU_SPECS)} (or pass a path to a .json file)"
+    )

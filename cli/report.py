@@ -130,11 +130,14 @@ def print_result(res: SimResult, console: Console | None = None) -> None:
     )
     src = "ANALYTIC (bytes over bandwidth, not measured)" if res.analytic else "measured"
     if not res.analytic and res.config.cost is None:
+        from tokenrouter.calibration.estimate import profile_label
         from tokenrouter.calibration.profile import load_profile
 
         prof = load_profile(dep.profile)
         torch_v = prof.versions.get("torch", "?")
         src = f"MEASURED on {prof.gpu.name} by tr calibrate ({prof.created[:10]}, torch {torch_v}, dummy weights)"
+        if prof.kind == "estimated":
+            src = f"{profile_label(prof)} for {prof.gpu.name}"
         if res.extra.get("estimated"):
             src += ", with the ESTIMATES above"
     console.print(

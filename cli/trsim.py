@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from tokenrouter.cli import cost_cmd, model_cmd, run_cmd, sweep_cmd, tune_cmd, validate_cmd
+from tokenrouter.cli import cost_cmd, estimate_cmd, model_cmd, run_cmd, sweep_cmd, tune_cmd, validate_cmd
 from tokenrouter.cli.common import run_app
 
 app = typer.Typer(
@@ -20,6 +20,7 @@ tune_cmd.register(app)
 model_cmd.register(app)
 cost_cmd.register(app)
 validate_cmd.register(app)
+estimate_cmd.register(app)
 
 
 def main(argv: list[str] | None = None) -> None:

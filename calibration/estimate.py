@@ -1,0 +1,179 @@
+"""Estimated profiles: a measured profile carried to a GPU kind the user does not have, by datasheet figures.
+
+    load_profile("l4")                       # the bundled h200 profile, estimated for an L4
+    trsim profile --gpu l4 -o l4.json        # the same, written to a file (`tr calibrate` on an L4 replaces it)
+
+Method ("bytes/FLOPs scaling"). Each knot time of a measured pass table (a pass feeding T tokens) splits in three:
+
+    knot_ms(T) = weights + compute(T) + launch
+    weights    = min(weight bytes the pass streams / anchor bandwidth, knot_ms(T))
+    launch     = max(0, T0's knot_ms - weights - T0 x FLOPs per token / anchor FLOP/s), T0 the smallest knot
+    compute(T) = max(0, the rest): the ideal FLOP time at T0, plus what the pass gains above T0's time
+
+with the anchor's *measured* copy bandwidth and GEMM rate (its `gpu`). On the target, `weights` and the KV reads (ctx
+terms) scale by the bandwidth ratio, `compute` and prefill attention (tok/ext terms) by the FLOP/s ratio, per-row
+terms (sampler, LM-head row) by the bandwidth ratio, and `launch` is kept. A linear fit's intercept splits into
+launch + weights the same way. The target's rates are its datasheet figures times the anchor's efficiency
+(measured / datasheet), so the ratios applied are the datasheet ratios.
+
+Kept as measured: host, router and runtime costs, the link, the std-serving bookkeeping, and the co-location grids
+(the simulator reads only their slowdown ratios, which are kept). Memory is the datasheet's: a model's KV budget is
+capped by what its weights leave of `USABLE_MEMORY_FRAC` of memory, and `fits` says whether a model fits at all.
+
+The same split estimates one model's passes from another's on one GPU (weight bytes, KV bytes and FLOPs ratios in
+place of the GPUs'): `studies/placement_cost/method_check.py` reports that error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import msgspec
+
+from tokenrouter.models.spec import load_spec
+
+from .gpus import GPU_SPECS, GpuSpec, gpu_kind
+from .measured import PassTable
+from .profile import EstimatedFrom, GpuInfo, ModelProfile, Profile, StepCoeffs, StepModes
+
+METHOD = "bytes/FLOPs scaling"
+USABLE_MEMORY_FRAC = 0.9  # the rest: activations, CUDA graphs, allocator slack (vLLM's default utilisation)
+MIN_KV_GB = 1.0  # the least KV cache a model needs beside its weights to count as fitting
+
+_replace = msgspec.structs.replace
+
+
+@dataclass(frozen=True, slots=True)
+class Scale:
+    """Factors on times (> 1: slower): `bandwidth` on weight streaming and per-row terms, `kv` on KV reads (ctx
+    terms), `flops` on compute (tok/ext terms). Launch and host costs take none."""
+
+    bandwidth: float
+    kv: float
+    flops: float
+
+
+def scale_table(t: PassTable, weights_ms: float, flop_ms_per_token: float, s: Scale) -> PassTable:
+    """`t` with its parts scaled (module docstring). `weights_ms`: the pass's weight streaming on the anchor;
+    `flop_ms_per_token`: the ideal compute per fed token there. Measured points are dropped: none were measured."""
+    weights = [min(weights_ms, ms) for ms in t.knot_ms]
+    # Launch is read where the pass computes least; every knot keeps it. Written as the measured time plus what
+    # changes, so unit factors give the table back bit for bit.
+    launch = max(0.0, t.knot_ms[0] - weights[0] - t.knots[0] * flop_ms_per_token)
+    knot_ms = [
+        ms + w * (s.bandwidth - 1.0) + max(0.0, ms - w - launch) * (s.flops - 1.0)
+        for ms, w in zip(t.knot_ms, weights, strict=True)
+    ]
+    lin = _scale_line(t.linear_c0, weights_ms, s)
+    return _replace(
+        t, points=[], held_out=[], errors={}, knot_ms=knot_ms, ctx_ms=t.ctx_ms * s.kv,
+        row_ms=t.row_ms * s.bandwidth, ext_ms=t.ext_ms * s.flops, linear_c0=lin,
+        linear_c_row=t.linear_c_row * s.bandwidth, linear_c_ctx=t.linear_c_ctx * s.kv,
+        linear_c_tok=t.linear_c_tok * s.flops, linear_c_ext=t.linear_c_ext * s.flops,
+    )  # fmt: skip
+
+
+def _scale_line(c0: float, weights_ms: float, s: Scale) -> float:
+    """An intercept (no tokens fed, so no compute): launch kept, weight streaming scaled."""
+    return c0 + min(weights_ms, c0) * (s.bandwidth - 1.0)
+
+
+def _scale_coeffs(c: StepCoeffs, weights_ms: float, s: Scale) -> StepCoeffs:
+    return _replace(
+        c, c0=_scale_line(c.c0, weights_ms, s), c_row=c.c_row * s.bandwidth, c_ctx=c.c_ctx * s.kv,
+        c_tok=c.c_tok * s.flops, c_ext=c.c_ext * s.flops,
+    )  # fmt: skip
+
+
+def scale_entry(m: ModelProfile, weights_ms: float, flop_ms_per_token: float, s: Scale) -> ModelProfile:
+    """One model's step coefficients and pass tables scaled; host and router costs kept."""
+    p = m.passes
+    if p is not None:
+        p = _replace(
+            p,
+            decode=scale_table(p.decode, weights_ms, flop_ms_per_token, s),
+            varlen=None if p.varlen is None else scale_table(p.varlen, weights_ms, flop_ms_per_token, s),
+            eager=scale_table(p.eager, weights_ms, flop_ms_per_token, s),
+        )
+    step = StepModes(graph=_scale_coeffs(m.step.graph, weights_ms, s), eager=_scale_coeffs(m.step.eager, weights_ms, s))
+    return _replace(m, step=step, passes=p)
+
+
+def anchor_rates(anchor: Profile, name: str, m: ModelProfile) -> tuple[float, float]:
+    """(ms to stream the weights a pass reads, ideal compute ms per fed token) of entry `name` on the anchor's GPU,
+    at its measured bandwidth and GEMM rate, per tp rank."""
+    spec = load_spec(name.partition("@tp")[0])
+    weights_ms = spec.decode_weight_bytes / m.tp / (anchor.gpu.mem_bw_gbs * 1e6)  # GB/s -> bytes per ms
+    return weights_ms, spec.flops_per_token / m.tp / (anchor.gpu.matmul_tflops * 1e9)  # TFLOP/s -> FLOP per ms
+
+
+def estimate_profile(anchor: Profile, target: str, *, anchor_name: str = "") -> Profile:
+    """`anchor` (a profile of a GPU in `GPU_SPECS`) estimated for GPU kind `target` (module docstring). ProfileError
+    (one line) for a GPU kind the table does not know."""
+    have, want = GPU_SPECS[gpu_kind(anchor.gpu.name)], GPU_SPECS[gpu_kind(target)]
+    s = Scale(have.mem_bw_gbs / want.mem_bw_gbs, have.mem_bw_gbs / want.mem_bw_gbs, have.bf16_tflops / want.bf16_tflops)
+    models = {}
+    for name, m in anchor.models.items():
+        e = scale_entry(m, *anchor_rates(anchor, name, m), s)
+        room = want.memory_gb * USABLE_MEMORY_FRAC - m.weight_bytes / m.tp / 1e9
+        budget = anchor.kv_budget_gb if m.kv_budget_gb is None else m.kv_budget_gb
+        models[name] = e if room >= budget else _replace(e, kv_budget_gb=max(0.0, room))
+    allreduce = anchor.allreduce
+    if allreduce is not None:
+        bus = allreduce.bus_bandwidth_gbs * want.interconnect_gbs / have.interconnect_gbs
+        allreduce = _replace(allreduce, bus_bandwidth_gbs=bus)
+    src = EstimatedFrom(anchor=f"{anchor_name or anchor.gpu.name} {anchor.kind} {anchor.created[:10]}", method=METHOD,
+                        target=gpu_kind(target))  # fmt: skip
+    prof = _replace(
+        anchor,
+        kind="estimated",
+        estimated_from=src,
+        gpu=GpuInfo(
+            name=want.name,
+            mem_bw_gbs=want.mem_bw_gbs * anchor.gpu.mem_bw_gbs / have.mem_bw_gbs,
+            matmul_tflops=want.bf16_tflops * anchor.gpu.matmul_tflops / have.bf16_tflops,
+            memory_gb=want.memory_gb,
+        ),
+        source=f"estimated for {want.name} from {src.anchor} ({anchor.gpu.name}) by {METHOD} of datasheet figures "
+        "(tokenrouter.calibration.estimate)",
+        command="",
+        models=models,
+        allreduce=allreduce,
+        notes={"scale": {"bandwidth": s.bandwidth, "kv": s.kv, "flops": s.flops},
+               "kept": "launch and host costs, router/runtime costs, link, std_serving, co-location slowdown ratios"},
+    )  # fmt: skip
+    return Profile.from_json(prof.to_json(), source=f"<{src.target} estimated from {src.anchor}>")
+
+
+def profile_label(profile: Profile) -> str:
+    """The mark printed beside every number resting on an estimated profile; "" for a measured or analytic one."""
+    e = profile.estimated_from
+    if profile.kind != "estimated" or isinstance(e, msgspec.UnsetType):
+        return ""
+    return f"ESTIMATED ({e.target} from {e.anchor}, {e.method})"
+
+
+def fit_error(
+    gpu: str | GpuSpec | Profile, models: str | Sequence[str], tp: int = 1, min_kv_gb: float = MIN_KV_GB
+) -> str:
+    """Why `models` (bundled names or config paths, sharing one GPU, each split over `tp` GPUs) do not fit `gpu`: one
+    line, or "" when their weights plus `min_kv_gb` of KV each fit `USABLE_MEMORY_FRAC` of its memory."""
+    if isinstance(gpu, Profile):
+        mem, label = gpu.gpu.memory_gb, gpu.gpu.name
+    else:
+        spec = gpu if isinstance(gpu, GpuSpec) else GPU_SPECS[gpu_kind(gpu)]
+        mem, label = spec.memory_gb, spec.name
+    names = [models] if isinstance(models, str) else list(models)
+    weights = sum(load_spec(n).weight_bytes for n in names) / tp / 1e9
+    need = weights + min_kv_gb * len(names)
+    if need <= mem * USABLE_MEMORY_FRAC:
+        return ""
+    return (f"{' + '.join(names)} at tp={tp} needs {need:.1f} GB per GPU ({weights:.1f} GB weights + {min_kv_gb:g} GB "
+            f"KV each) but {label} has {mem * USABLE_MEMORY_FRAC:.1f} GB usable ({USABLE_MEMORY_FRAC:.0%} of "
+            f"{mem:g} GB)")  # fmt: skip
+
+
+def fits(gpu: str | GpuSpec | Profile, models: str | Sequence[str], tp: int = 1, min_kv_gb: float = MIN_KV_GB) -> bool:
+    """Whether `models` fit `gpu` (see `fit_error`)."""
+    return not fit_error(gpu, models, tp, min_kv_gb)

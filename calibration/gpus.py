@@ -1,0 +1,49 @@
+"""Datasheet figures of the GPU kinds an estimated profile can target (`calibration.estimate`).
+
+Vendor peak figures, not measurements: `mem_bw_gbs` memory bandwidth (GB/s), `bf16_tflops` dense BF16 Tensor
+Core (the datasheets print twice this "with sparsity"), `memory_gb` (GB), `sms` streaming multiprocessors,
+`interconnect_gbs` the GPU-to-GPU link (NVLink, or PCIe where the card has none; bidirectional GB/s). Each
+figure's source, and which were confirmed against a second public listing, is in docs/calibration.md
+("Estimated profiles for other GPUs").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .profile import ProfileError
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSpec:
+    """One GPU kind. `name` is the device name `torch.cuda.get_device_name` reports (how a measured profile's
+    `gpu.name` finds its datasheet)."""
+
+    name: str
+    mem_bw_gbs: float
+    bf16_tflops: float
+    memory_gb: float
+    sms: int
+    interconnect: str
+    interconnect_gbs: float
+
+
+GPU_SPECS: dict[str, GpuSpec] = {
+    "h200": GpuSpec("NVIDIA H200", 4800.0, 989.0, 141.0, 132, "NVLink 4", 900.0),
+    "h100": GpuSpec("NVIDIA H100 80GB HBM3", 3350.0, 989.0, 80.0, 132, "NVLink 4", 900.0),
+    "a100": GpuSpec("NVIDIA A100-SXM4-80GB", 2039.0, 312.0, 80.0, 108, "NVLink 3", 600.0),
+    "l40s": GpuSpec("NVIDIA L40S", 864.0, 362.05, 48.0, 142, "PCIe Gen4 x16", 64.0),
+    "l4": GpuSpec("NVIDIA L4", 300.0, 121.0, 24.0, 58, "PCIe Gen4 x16", 64.0),
+}
+
+
+def gpu_kind(name: str) -> str:
+    """The table's key for a kind (`l4`) or a device name (`NVIDIA L4`), case-insensitive; ProfileError (one line,
+    listing the known kinds) for any other."""
+    key = name.strip().lower()
+    if key in GPU_SPECS:
+        return key
+    for kind, spec in GPU_SPECS.items():
+        if spec.name.lower() == key:
+            return kind
+    raise ProfileError(f"unknown GPU kind {name!r}; known: {', '.join(GPU_SPECS)}")
