@@ -22,8 +22,8 @@ from tokenrouter.cli.options import (
     deployment_flags,
 )
 from tokenrouter.cli.report import print_result, result_record, write_json
-from tokenrouter.core.names import PolicyName
-from tokenrouter.core.policy import guard_holds
+from tokenrouter.core.config import ConfigError
+from tokenrouter.core.policy import PolicyKind
 from tokenrouter.sim.run import SimConfig, SimResult, run_sim
 from tokenrouter.sim.tune import check_search_concurrency
 from tokenrouter.workloads import initial_phase, load_phases
@@ -49,14 +49,14 @@ def sim_config(
         dep = dataclasses.replace(dep, router=dataclasses.replace(dep.router, hop_rate=first.hop_rate))
     given = deploy.overrides.thresholds is not None
     auto = deploy.thresholds_auto or (deploy.config is None and not given)
-    auto = auto and dep.policy.kind == PolicyName.DELAYED
+    auto = auto and dep.policy.kind == PolicyKind.DELAYED
     if auto:
         check_search_concurrency(concurrency, "; give --thresholds to simulate a B of your choice")
-    if given and dep.policy.kind == PolicyName.DELAYED and not guard_holds(dep.policy.thresholds, concurrency):
-        raise CliError(
-            f"--thresholds {','.join(map(str, dep.policy.thresholds))} infeasible for concurrency {concurrency}: "
-            "the deadlock guard needs sum(B_i - 1) < N"
-        )
+    if given and dep.policy.kind == PolicyKind.DELAYED:
+        try:
+            dep.policy.check(len(dep.models), concurrency)
+        except ConfigError as e:
+            raise CliError(f"--thresholds: {e}") from None
     cfg = SimConfig(
         dep,
         workload=workload,
@@ -75,7 +75,8 @@ def simulate(cfg: SimConfig, auto: bool) -> SimResult:
         from tokenrouter.sim.tune import predict_thresholds
 
         pred = predict_thresholds(cfg)
-        cfg.deployment.policy.thresholds = list(pred.thresholds)
+        pc = cfg.deployment.policy.with_thresholds(pred.thresholds)
+        cfg = dataclasses.replace(cfg, deployment=dataclasses.replace(cfg.deployment, policy=pc))
         predicted = "n/a" if math.isnan(pred.throughput) else f"{pred.throughput:,.0f} tok/s"
         fallback = f"; {pred.note}" if pred.note else ""
         note = f" (auto: Markov B* for N={cfg.concurrency}, predicted {predicted}{fallback})"

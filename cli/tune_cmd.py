@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -127,9 +128,8 @@ def register(app: typer.Typer) -> None:
                 dep = cfg.deployment
                 candidates.append(Candidate(label, dep, points, gpus_used(dep), lay, split, estimated_notes(dep)))
         best = choose(candidates, ref_n, goal)
-        dep = best.deployment
-        dep.policy.table = {p.concurrency: list(p.best) for p in best.points}
-        dep.policy.thresholds = list(best.points[-1].best)
+        table = {p.concurrency: p.best for p in best.points}
+        dep = replace(best.deployment, policy=best.deployment.policy.with_thresholds(best.points[-1].best, table))
         if len(candidates) > 1:
             Console().print(_candidates_table(candidates, best, ref_n, goal))
         dep.notes = {

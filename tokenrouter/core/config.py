@@ -11,7 +11,8 @@ import difflib
 import math
 import types
 import typing
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -20,15 +21,12 @@ import msgspec
 import yaml
 
 from tokenrouter.core.graph_rule import DEFAULT_GRAPH_BUCKETS, DEFAULT_GRAPH_MAX_ROW_TOKENS, GraphRule
-from tokenrouter.core.names import Placement, PolicyName, RouterName, parse_name
-from tokenrouter.core.policy import Policy, PolicyKind
+from tokenrouter.core.names import Baseline, Placement, RouterName, parse_name
+from tokenrouter.core.policy import Policy, PolicyKind, check_thresholds
 
 PLACEMENTS: tuple[str, ...] = tuple(p.value for p in Placement)
-# Standard serving (one server per model, every hop a new request) is a deployment mode, not a policy of
-# the core scheduler: its schedulers run eager and the driver re-matches each hop's prefix.
-STD_SERVING = PolicyName.STD_SERVING
-POLICY_NAMES: tuple[str, ...] = tuple(p.value for p in PolicyName)
-CONFIG_VERSION = 1
+# What writers write; `migrate` reads every older version.
+CONFIG_VERSION = 2
 
 
 class ConfigError(ValueError):
@@ -147,23 +145,43 @@ AUTOTUNE_ROUTERS = frozenset({RouterName.R2R, RouterName.CITER, RouterName.CO_LL
 
 @dataclass(slots=True)
 class PolicyConfig:
-    kind: PolicyName = PolicyName.DELAYED  # a PolicyKind value, or std-serving
+    """The batching policy: the one carrier of B above the core (the YAML section, the flags' result, the admin
+    endpoint's state, `SetPolicy` on the wire); `build()` gives the core's `Policy`. Construction checks what it
+    can alone (B >= 1, the deadlock guard on table rows); `check(num_models)` adds one value per model. Never
+    changed once built: `with_thresholds` and `dataclasses.replace` give a new one."""
+
+    kind: PolicyKind = PolicyKind.DELAYED
     thresholds: list[int] = field(default_factory=list)
     table: dict[int, list[int]] = field(default_factory=dict)  # concurrency N -> thresholds
     max_wait_ms: float | None = None
     autotune: AutotuneConfig | None = None  # re-tune B while serving (None: B stays as configured)
 
     def __post_init__(self) -> None:
-        self.kind = _named(PolicyName, self.kind, "policy")
+        self.kind = _named(PolicyKind, self.kind, "policy")
+        self.check()
 
-    @property
-    def std_serving(self) -> bool:
-        return self.kind == STD_SERVING
+    def check(self, num_models: int | None = None, concurrency: int | None = None) -> None:
+        """The one check of a policy, which every entry runs (`core.policy.check_thresholds`; `concurrency`: the
+        flat thresholds must hold the guard there too) plus a finite max_wait >= 0; a one-line ConfigError."""
+        try:
+            check_thresholds(self.thresholds, self.table, num_models, concurrency)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        if self.max_wait_ms is not None and not (math.isfinite(self.max_wait_ms) and self.max_wait_ms >= 0):
+            raise ConfigError(f"policy.max_wait_ms must be a finite number of ms >= 0 or null, got {self.max_wait_ms}")
+
+    def with_thresholds(self, thresholds: Sequence[int], table: Mapping[int, Sequence[int]] | None = None
+                        ) -> PolicyConfig:  # fmt: skip
+        """This policy, delayed at a tuned B: flat `thresholds` and `table` (none: the old table goes, since its
+        rows would win over the new B at their N); max_wait and autotune kept. The one way a B found by a solve,
+        a search or the autotune controller becomes a policy (`build()` for the core's)."""
+        rows = {int(n): [int(x) for x in b] for n, b in (table or {}).items()}
+        return replace(self, kind=PolicyKind.DELAYED, thresholds=[int(x) for x in thresholds], table=rows)
 
     def build(self) -> Policy:
-        """The core policy; standard serving runs its schedulers eager."""
+        """The core policy."""
         return Policy(
-            PolicyKind.EAGER if self.std_serving else PolicyKind(self.kind),
+            self.kind,
             thresholds=tuple(self.thresholds),
             table={int(n): tuple(b) for n, b in self.table.items()},
             max_wait=None if self.max_wait_ms is None else self.max_wait_ms / 1000.0,
@@ -209,13 +227,23 @@ class DeploymentConfig:
     entry: int = 0
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
+    # std-serving: serve as standard serving (one server per model, every returning hop a new request that
+    # re-matches its prefix; its schedulers run the policy, eager) instead of the routed runtime; None: routed.
+    baseline: Baseline | None = None
     router: RouterConfig = field(default_factory=RouterConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     profile: str = "h200"
     notes: dict[str, Any] = field(default_factory=dict)  # provenance: tune inputs, predicted throughput
 
     def __post_init__(self) -> None:
+        if self.baseline is not None:
+            self.baseline = _named(Baseline, self.baseline, "baseline")
         validate(self)
+
+    @property
+    def policy_label(self) -> str:
+        """How reports name the way this deployment batches: its baseline when set, else its policy kind."""
+        return str(self.baseline or self.policy.kind)
 
     @property
     def small_model(self) -> int:
@@ -255,9 +283,13 @@ def validate(cfg: DeploymentConfig) -> None:
             check_prob(x, what)
         except ValueError as e:
             raise ConfigError(str(e)) from None
-    for b in [cfg.policy.thresholds, *cfg.policy.table.values()]:
-        if b and len(b) != m:
-            raise ConfigError(f"thresholds {b} must have one value per model ({m})")
+    if cfg.baseline not in (None, Baseline.STD_SERVING):
+        raise ConfigError(f"baseline {cfg.baseline} is a `tr serve --baseline` mode, not a deployment's; "
+                          "a deployment's baseline is std-serving or null")  # fmt: skip
+    if cfg.baseline is not None and cfg.policy.kind is not PolicyKind.EAGER:
+        raise ConfigError(f"baseline {cfg.baseline} batches continuously: give it policy kind eager, not "
+                          f"{cfg.policy.kind}")  # fmt: skip
+    cfg.policy.check(m)
     for mc in cfg.models:
         if mc.tp < 1 or not mc.gpus or any(g < 0 for g in mc.gpus):
             raise ConfigError(f"model {mc.name}: tp must be >= 1 and gpus a non-empty list of indices")
@@ -278,8 +310,6 @@ def validate(cfg: DeploymentConfig) -> None:
                            ("link_bandwidth_gbps", cfg.placement.link_bandwidth_gbps, False)):  # fmt: skip
         if v is not None and not (math.isfinite(v) and (v > 0 or (lo_ok and v == 0))):
             raise ConfigError(f"placement.{what} must be a number {'>=' if lo_ok else '>'} 0 or null, got {v}")
-    if cfg.policy.max_wait_ms is not None and not math.isfinite(cfg.policy.max_wait_ms):
-        raise ConfigError(f"policy.max_wait must be a finite number of ms >= 0 or null, got {cfg.policy.max_wait_ms}")
     if cfg.placement.port_base is not None and cfg.placement.port_base + 4 + m > 65_535:
         raise ConfigError(f"placement.port_base {cfg.placement.port_base} leaves no room for {m} models' ports")
     if cfg.scheduler.page_size < 1 or cfg.scheduler.max_batch_size < 1 or cfg.scheduler.max_batch_tokens < 1:
@@ -288,14 +318,10 @@ def validate(cfg: DeploymentConfig) -> None:
         raise ConfigError("scheduler kv_growth_tokens must be >= 1 or null")
     if cfg.scheduler.max_model_len is not None and cfg.scheduler.max_model_len < 2:
         raise ConfigError("scheduler max_model_len must be >= 2 (a prompt token and an output token) or null")
-    try:
-        cfg.policy.build()
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
     if cfg.policy.autotune is not None:
-        if cfg.policy.kind not in (PolicyName.DELAYED, PolicyName.EAGER):
+        if cfg.policy.kind.is_sync or cfg.baseline is not None:
             raise ConfigError(f"policy.autotune tunes delayed-batching thresholds: it needs policy delayed or eager, "
-                              f"not {cfg.policy.kind}")  # fmt: skip
+                              f"not {cfg.policy_label}")  # fmt: skip
         if rc.name not in AUTOTUNE_ROUTERS or (rc.name != RouterName.ME and m != 2):
             raise ConfigError(
                 f"policy.autotune needs a router the Markov model describes (r2r, citer, co-llm, "
@@ -323,11 +349,30 @@ def config_from_yaml(text: str) -> DeploymentConfig:
         raise ConfigError(f"not valid YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(raw, dict):
         raise ConfigError("expected a mapping at the top level")
+    raw = migrate(raw)
     check_keys(raw, DeploymentConfig, "$")
     try:
         return msgspec.convert(raw, DeploymentConfig, strict=False)
     except msgspec.ValidationError as e:
         raise ConfigError(str(e)) from None
+
+
+def migrate(raw: dict[str, Any]) -> dict[str, Any]:
+    """A saved deployment's mapping in the current schema, so a file keeps loading and meaning the same. Version 1
+    (also a file without `version`: hand-written ones leave it out) differs in one place: standard serving was
+    `policy.kind: std-serving`, and is `baseline: std-serving` with an eager policy now."""
+    version = raw.get("version", 1)
+    if version == CONFIG_VERSION:
+        return raw
+    if version != 1:
+        raise ConfigError(f"config version {version!r} is not supported: this tokenrouter reads versions 1 to "
+                          f"{CONFIG_VERSION} (a newer one wrote it?)")  # fmt: skip
+    out = {**raw, "version": CONFIG_VERSION}
+    policy = raw.get("policy")
+    if isinstance(policy, dict) and str(policy.get("kind")).strip().lower() == Baseline.STD_SERVING:
+        out["policy"] = {**policy, "kind": PolicyKind.EAGER.value}
+        out["baseline"] = Baseline.STD_SERVING.value
+    return out
 
 
 def check_keys(raw: Any, cls: type, where: str) -> None:

@@ -16,6 +16,8 @@ Rules, one per flag:
 - gpus: one id (every model on it) or one per model: the model's first GPU; a model at tp = k takes k
   consecutive GPUs from it.
 - every deployment resolved is checked by `placement.check_gpus`: tp GPUs per model, none shared under separate.
+- policy: sets `policy.kind` and clears the baseline; `std-serving` (an alias kept for the CLIs) sets
+  `baseline: std-serving` and an eager policy instead.
 - thresholds: flat thresholds replace the config's per-N table (`tr serve --thresholds` semantics).
 - autotune: on sets `policy.autotune` (the config's settings if it has them, else the defaults); off clears it.
 - overlap: sets `scheduler.overlap` and clears every model's own `overlap`, so the flag holds for all.
@@ -38,7 +40,8 @@ from tokenrouter.core.config import (
     RouterConfig,
     check_prob,
 )
-from tokenrouter.core.names import Placement, PolicyName, RouterName, parse_name
+from tokenrouter.core.names import Baseline, Placement, RouterName, parse_name
+from tokenrouter.core.policy import PolicyKind
 from tokenrouter.deploy.placement import check_gpus, default_gpus, gpus_from_first
 
 DEFAULT_SMALL = "qwen3-0.6b"
@@ -55,7 +58,7 @@ class DeploymentOverrides:
     placement: Placement | str | None = None
     gpus: list[int] | None = None
     tp: list[int] | None = None
-    policy: PolicyName | str | None = None
+    policy: PolicyKind | Baseline | str | None = None  # a policy kind, or std-serving (sets the baseline)
     thresholds: list[int] | None = None
     router: RouterName | str | None = None
     router_model: str | None = None
@@ -113,11 +116,13 @@ def resolve_deployment(base: DeploymentConfig | None, ov: DeploymentOverrides) -
         v = getattr(ov, name)
         if v is not None:
             sched = replace(sched, **{name: v})
+    baseline, policy = _policy(cfg.baseline, cfg.policy, ov)
     out = dataclasses.replace(
         cfg,
         models=models,
         placement=place,
-        policy=_policy(cfg.policy, ov, len(models)),
+        policy=policy,
+        baseline=baseline,
         router=_router(cfg.router, ov),
         scheduler=sched,
         profile=ov.profile if ov.profile is not None else cfg.profile,
@@ -170,18 +175,18 @@ def _shares(shares: list[int], m: int) -> list[int | None]:
     return [None if s in (0, 100) else s for s in full]
 
 
-def _policy(pc: PolicyConfig, ov: DeploymentOverrides, m: int) -> PolicyConfig:
+def _policy(baseline: Baseline | None, pc: PolicyConfig, ov: DeploymentOverrides
+            ) -> tuple[Baseline | None, PolicyConfig]:  # fmt: skip
+    """The baseline and policy after `--autotune`, `--thresholds` and `--policy` (checked by the deployment)."""
     if ov.autotune is not None:
         pc = replace(pc, autotune=(pc.autotune or AutotuneConfig()) if ov.autotune else None)
-    if ov.policy is None and ov.thresholds is None:
-        return pc
-    kind = _parse(PolicyName, ov.policy, "policy") if ov.policy is not None else pc.kind
-    if ov.thresholds is None:
-        return replace(pc, kind=kind)
-    if len(ov.thresholds) != m:
-        raise ConfigError(f"--thresholds needs one value per model ({m}), got {ov.thresholds}")
-    return PolicyConfig(kind=kind, thresholds=list(ov.thresholds), table={}, max_wait_ms=pc.max_wait_ms,
-                        autotune=pc.autotune)  # fmt: skip
+    if ov.thresholds is not None:
+        pc = replace(pc.with_thresholds(ov.thresholds), kind=pc.kind)
+    if ov.policy is None:
+        return baseline, pc
+    if str(ov.policy).strip().lower() == Baseline.STD_SERVING:
+        return Baseline.STD_SERVING, replace(pc, kind=PolicyKind.EAGER)
+    return None, replace(pc, kind=_parse(PolicyKind, ov.policy, "policy"))
 
 
 def _router(rc: RouterConfig, ov: DeploymentOverrides) -> RouterConfig:
@@ -205,4 +210,3 @@ def _parse(enum, value, what: str):  # type: ignore[no-untyped-def]
         return parse_name(enum, value, what)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import msgspec
 import zmq
 import zmq.asyncio
 
@@ -188,7 +189,7 @@ class Backend:
         if self._ctx is None:
             raise APIError(503, "the server is not running")
         self._policy_seq += 1
-        msg = P.SetPolicy(self._policy_seq, msg.kind, msg.thresholds, msg.table, msg.max_wait_ms, msg.hop_rate)
+        msg = msgspec.structs.replace(msg, seq=self._policy_seq)
         loop = asyncio.get_running_loop()
         futs = {i: loop.create_future() for i in range(len(self.models))}
         for i, f in futs.items():
