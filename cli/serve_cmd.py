@@ -36,9 +36,8 @@ def serve(
     no_cuda_graph: Annotated[bool, Opt("--no-cuda-graph", hidden=True, help="Deprecated: --no-graphs.")] = False,
     baseline: Annotated[str | None, Opt(help="Run a baseline on the same engine instead of the routed runtime: "
                         "std-serving (one continuous-batching server per model with prefix caching, and a dispatcher "
-                        "that sends every hop as a new request carrying the whole sequence; also what a config's "
-                        "`baseline: std-serving` and its alias --policy std-serving run), llm-only or slm-only (the "
-                        "large or the small model alone, no routing).")
+                        "that sends every hop as a new request carrying the whole sequence; also what `baseline: "
+                        "std-serving` and --policy std-serving run), llm-only or slm-only (the large or small model).")
                         ] = None,
     dry_run: DryRun = False,
     # ---- supervision, shutdown, logs -----------------------------------------------------------
@@ -84,8 +83,7 @@ def serve(
     cfg = deploy.resolve()
     from tokenrouter.baselines.modes import BASELINES, baseline_config
 
-    if baseline is None and cfg.baseline is not None:
-        baseline = str(cfg.baseline)
+    baseline = baseline or cfg.baseline
     if baseline is not None:
         if baseline not in BASELINES:
             raise CliError(f"--baseline must be one of {', '.join(BASELINES)}, got {baseline!r}")

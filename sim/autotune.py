@@ -108,8 +108,7 @@ class SimAutotune:
             decision = self.controller.observe(snap, self.env.now)
             if decision is None:
                 continue
-            self.policy = self.policy.with_thresholds(decision.new)
-            policy = self.policy.build()
+            policy = self.policy.with_thresholds(decision.new).build()
             for s in self.subs:
                 s.sched.set_policy(policy)
             self.controller.applied(decision, policy)

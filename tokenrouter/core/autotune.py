@@ -557,9 +557,8 @@ class AutotuneController:
         return Decision(now, cur, tuple(sol.thresholds), est, gain, float(sol.throughput_tok_s), sol.note)
 
     def applied(self, decision: Decision, policy: Policy) -> None:
-        """The driver applied `decision` on every subserver as `policy` (its `PolicyConfig.with_thresholds(new)`,
-        built: flat, since a table of the old policy was tuned for the workload that shifted): the policy in force
-        from now on."""
+        """The driver applied `decision` on every subserver as `policy` (`PolicyConfig.with_thresholds(new)`, built:
+        flat, a table of the old policy was tuned for the workload that shifted), in force from now on."""
         before = self._changed_at
         self.policy = policy
         self.changes += 1

@@ -21,11 +21,10 @@ import msgspec
 import yaml
 
 from tokenrouter.core.graph_rule import DEFAULT_GRAPH_BUCKETS, DEFAULT_GRAPH_MAX_ROW_TOKENS, GraphRule
-from tokenrouter.core.names import Baseline, Placement, RouterName, parse_name
-from tokenrouter.core.policy import Policy, PolicyKind, check_thresholds
+from tokenrouter.core.names import Baseline, E, Placement, RouterName, parse_name
+from tokenrouter.core.policy import Policy, PolicyKind, check_policy
 
 PLACEMENTS: tuple[str, ...] = tuple(p.value for p in Placement)
-# What writers write; `migrate` reads every older version.
 CONFIG_VERSION = 2
 
 
@@ -86,7 +85,7 @@ class PlacementConfig:
     launcher_host: str | None = None
 
     def __post_init__(self) -> None:
-        self.mode = _named(Placement, self.mode, "placement")
+        self.mode = parse_config_name(Placement, self.mode, "placement")
         if self.transport not in (None, "ipc", "tcp"):
             raise ConfigError(f"placement.transport must be ipc, tcp or null, got {self.transport!r}")
         if self.port_base is not None and not 1 <= self.port_base <= 65_000:
@@ -145,10 +144,9 @@ AUTOTUNE_ROUTERS = frozenset({RouterName.R2R, RouterName.CITER, RouterName.CO_LL
 
 @dataclass(slots=True)
 class PolicyConfig:
-    """The batching policy: the one carrier of B above the core (the YAML section, the flags' result, the admin
-    endpoint's state, `SetPolicy` on the wire); `build()` gives the core's `Policy`. Construction checks what it
-    can alone (B >= 1, the deadlock guard on table rows); `check(num_models)` adds one value per model. Never
-    changed once built: `with_thresholds` and `dataclasses.replace` give a new one."""
+    """The batching policy, the one carrier of B above the core (YAML, the flags' result, the admin endpoint's
+    state, `SetPolicy`); `build()` gives the core's `Policy`. Checked when made (`check`; the number of models
+    where it is known). Never changed once made: `with_thresholds` and `dataclasses.replace` give a new one."""
 
     kind: PolicyKind = PolicyKind.DELAYED
     thresholds: list[int] = field(default_factory=list)
@@ -157,26 +155,21 @@ class PolicyConfig:
     autotune: AutotuneConfig | None = None  # re-tune B while serving (None: B stays as configured)
 
     def __post_init__(self) -> None:
-        self.kind = _named(PolicyKind, self.kind, "policy")
+        self.kind = parse_config_name(PolicyKind, self.kind, "policy")
         self.check()
 
     def check(self, num_models: int | None = None, concurrency: int | None = None) -> None:
-        """The one check of a policy, which every entry runs (`core.policy.check_thresholds`; `concurrency`: the
-        flat thresholds must hold the guard there too) plus a finite max_wait >= 0; a one-line ConfigError."""
+        """`core.policy.check_policy`, the one check of a policy that every entry runs, as a ConfigError."""
         try:
-            check_thresholds(self.thresholds, self.table, num_models, concurrency)
+            check_policy(self.thresholds, self.table, self.max_wait_ms, num_models, concurrency)
         except ValueError as e:
-            raise ConfigError(str(e)) from None
-        if self.max_wait_ms is not None and not (math.isfinite(self.max_wait_ms) and self.max_wait_ms >= 0):
-            raise ConfigError(f"policy.max_wait_ms must be a finite number of ms >= 0 or null, got {self.max_wait_ms}")
+            raise ConfigError(f"policy: {e}") from None
 
-    def with_thresholds(self, thresholds: Sequence[int], table: Mapping[int, Sequence[int]] | None = None
-                        ) -> PolicyConfig:  # fmt: skip
-        """This policy, delayed at a tuned B: flat `thresholds` and `table` (none: the old table goes, since its
-        rows would win over the new B at their N); max_wait and autotune kept. The one way a B found by a solve,
-        a search or the autotune controller becomes a policy (`build()` for the core's)."""
-        rows = {int(n): [int(x) for x in b] for n, b in (table or {}).items()}
-        return replace(self, kind=PolicyKind.DELAYED, thresholds=[int(x) for x in thresholds], table=rows)
+    def with_thresholds(self, b: Sequence[int], table: Mapping[int, Sequence[int]] | None = None) -> PolicyConfig:
+        """This policy, delayed at a tuned B: flat `b` and `table` (none: the old table goes, its rows would win
+        over the new B); max_wait and autotune kept. The one way a tuned B becomes a policy (`build()`: the core's)."""
+        rows = {int(n): [int(x) for x in row] for n, row in (table or {}).items()}
+        return replace(self, kind=PolicyKind.DELAYED, thresholds=[int(x) for x in b], table=rows)
 
     def build(self) -> Policy:
         """The core policy."""
@@ -199,7 +192,7 @@ class RouterConfig:
     weights: str | None = None  # learned router weights: a checkpoint file, or "random" (calibrated)
 
     def __post_init__(self) -> None:
-        self.name = _named(RouterName, self.name, "router")
+        self.name = parse_config_name(RouterName, self.name, "router")
 
 
 @dataclass(slots=True)
@@ -227,8 +220,7 @@ class DeploymentConfig:
     entry: int = 0
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
-    # std-serving: serve as standard serving (one server per model, every returning hop a new request that
-    # re-matches its prefix; its schedulers run the policy, eager) instead of the routed runtime; None: routed.
+    # std-serving: standard serving (a server per model, a returning hop is a new request) instead of routing.
     baseline: Baseline | None = None
     router: RouterConfig = field(default_factory=RouterConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -236,8 +228,6 @@ class DeploymentConfig:
     notes: dict[str, Any] = field(default_factory=dict)  # provenance: tune inputs, predicted throughput
 
     def __post_init__(self) -> None:
-        if self.baseline is not None:
-            self.baseline = _named(Baseline, self.baseline, "baseline")
         validate(self)
 
     @property
@@ -283,12 +273,11 @@ def validate(cfg: DeploymentConfig) -> None:
             check_prob(x, what)
         except ValueError as e:
             raise ConfigError(str(e)) from None
-    if cfg.baseline not in (None, Baseline.STD_SERVING):
-        raise ConfigError(f"baseline {cfg.baseline} is a `tr serve --baseline` mode, not a deployment's; "
-                          "a deployment's baseline is std-serving or null")  # fmt: skip
-    if cfg.baseline is not None and cfg.policy.kind is not PolicyKind.EAGER:
-        raise ConfigError(f"baseline {cfg.baseline} batches continuously: give it policy kind eager, not "
-                          f"{cfg.policy.kind}")  # fmt: skip
+    if cfg.baseline is not None and (cfg.baseline != Baseline.STD_SERVING or cfg.policy.kind != PolicyKind.EAGER):
+        raise ConfigError(
+            f"a deployment's baseline is std-serving, with policy kind eager (it batches continuously; "
+            f"the others are `tr serve --baseline` modes); got {cfg.baseline}, {cfg.policy.kind}"
+        )
     cfg.policy.check(m)
     for mc in cfg.models:
         if mc.tp < 1 or not mc.gpus or any(g < 0 for g in mc.gpus):
@@ -358,21 +347,14 @@ def config_from_yaml(text: str) -> DeploymentConfig:
 
 
 def migrate(raw: dict[str, Any]) -> dict[str, Any]:
-    """A saved deployment's mapping in the current schema, so a file keeps loading and meaning the same. Version 1
-    (also a file without `version`: hand-written ones leave it out) differs in one place: standard serving was
-    `policy.kind: std-serving`, and is `baseline: std-serving` with an eager policy now."""
-    version = raw.get("version", 1)
-    if version == CONFIG_VERSION:
-        return raw
-    if version != 1:
-        raise ConfigError(f"config version {version!r} is not supported: this tokenrouter reads versions 1 to "
-                          f"{CONFIG_VERSION} (a newer one wrote it?)")  # fmt: skip
-    out = {**raw, "version": CONFIG_VERSION}
-    policy = raw.get("policy")
-    if isinstance(policy, dict) and str(policy.get("kind")).strip().lower() == Baseline.STD_SERVING:
-        out["policy"] = {**policy, "kind": PolicyKind.EAGER.value}
-        out["baseline"] = Baseline.STD_SERVING.value
-    return out
+    """A saved deployment's mapping in the current schema, meaning the same. Version 1 (or no `version`) differs in
+    one place: its `policy.kind: std-serving` is `baseline: std-serving` with an eager policy."""
+    version, policy = raw.get("version", 1), raw.get("policy")
+    if version not in (1, CONFIG_VERSION):
+        raise ConfigError(f"config version {version!r} is not supported (this tokenrouter reads 1 to {CONFIG_VERSION})")
+    if version == 1 and isinstance(policy, dict) and str(policy.get("kind")).lower() == Baseline.STD_SERVING:
+        raw = {**raw, "policy": {**policy, "kind": PolicyKind.EAGER.value}, "baseline": Baseline.STD_SERVING.value}
+    return {**raw, "version": CONFIG_VERSION}
 
 
 def check_keys(raw: Any, cls: type, where: str) -> None:
@@ -410,7 +392,8 @@ def _dataclass_in(tp: Any) -> type | None:
     return None
 
 
-def _named(enum: Any, value: Any, what: str) -> Any:
+def parse_config_name(enum: type[E], value: str | E, what: str) -> E:
+    """`names.parse_name` whose error is a ConfigError (every config and flag value goes through it)."""
     try:
         return parse_name(enum, value, what)
     except ValueError as e:

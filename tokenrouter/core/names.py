@@ -51,10 +51,8 @@ class TuneObjective(StrEnum):
 
 
 class Baseline(StrEnum):
-    """What `tr serve --baseline` serves instead of the routed runtime. Standard serving (one server per model,
-    every returning hop a new request that re-matches its prefix) is also a deployment's `baseline` field, which
-    the simulator and `tr serve` read; the single-model baselines derive another deployment
-    (`baselines.modes.single_model_config`). The batching policies are `core.policy.PolicyKind`."""
+    """What `tr serve --baseline` serves instead of the routed runtime; std-serving (a server per model, every hop
+    a new request) is also a deployment's `baseline`. The batching policies are `core.policy.PolicyKind`."""
 
     STD_SERVING = "std-serving"
     LLM_ONLY = "llm-only"

@@ -23,6 +23,7 @@ reported.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -41,14 +42,11 @@ class PolicyKind(StrEnum):
         return self in (PolicyKind.STEP_SYNC, PolicyKind.MODEL_SYNC)
 
 
-POLICIES: tuple[str, ...] = tuple(k.value for k in PolicyKind)
-
-
 def parse_kind(kind: PolicyKind | str) -> PolicyKind:
     try:
         return PolicyKind(kind)
     except ValueError:
-        raise ValueError(f"unknown policy {kind!r}; choose one of {', '.join(POLICIES)}") from None
+        raise ValueError(f"unknown policy {kind!r}; choose one of {', '.join(PolicyKind)}") from None
 
 
 def guard_holds(thresholds: Sequence[int], concurrency: int) -> bool:
@@ -56,16 +54,11 @@ def guard_holds(thresholds: Sequence[int], concurrency: int) -> bool:
     return sum(b - 1 for b in thresholds) < concurrency
 
 
-def check_thresholds(
-    thresholds: Sequence[int],
-    table: Mapping[int, Sequence[int]],
-    num_models: int | None = None,
-    concurrency: int | None = None,
-) -> None:
-    """The one check of B that every entry runs (config load, flags, the admin endpoint, autotune): one value per
-    model when `num_models` is known (empty flat thresholds: all 1), every B_i >= 1, and the deadlock guard
-    sum_i (B_i - 1) < N on every table row (keyed by N) and, given `concurrency`, on the flat thresholds (a run at
-    a fixed N, where the scheduler would silently clamp them). A one-line ValueError naming the first problem."""
+def check_policy(thresholds: Sequence[int], table: Mapping[int, Sequence[int]], max_wait: float | None = None,
+                 num_models: int | None = None, concurrency: int | None = None) -> None:  # fmt: skip
+    """The one check of a policy that every entry runs: one value per model when `num_models` is known (empty flat
+    thresholds: all 1), every B_i >= 1, the deadlock guard on table rows (keyed by N) and, given `concurrency`, on
+    the flat thresholds, and a finite max_wait >= 0. A one-line ValueError naming the first problem."""
     rows = [("thresholds", concurrency, thresholds), *((f"table row {n}", n, b) for n, b in table.items())]
     for what, n, b in rows:
         if num_models is not None and (b or what != "thresholds") and len(b) != num_models:
@@ -74,6 +67,8 @@ def check_thresholds(
             raise ValueError(f"thresholds must be >= 1, got {tuple(b)}")
         if n is not None and b and not guard_holds(b, n):
             raise ValueError(f"thresholds {tuple(b)} infeasible for N={n}: the deadlock guard needs sum(B_i - 1) < N")
+    if max_wait is not None and not (math.isfinite(max_wait) and max_wait >= 0):
+        raise ValueError(f"max_wait must be a finite number >= 0 or null, got {max_wait}")
 
 
 def clamp_thresholds(thresholds: Sequence[int], concurrency: int) -> tuple[int, ...]:
@@ -106,9 +101,7 @@ class Policy:
 
     def __post_init__(self) -> None:
         self.kind = parse_kind(self.kind)
-        check_thresholds(self.thresholds, self.table)
-        if self.max_wait is not None and self.max_wait < 0:
-            raise ValueError(f"max_wait must be >= 0, got {self.max_wait}")
+        check_policy(self.thresholds, self.table, self.max_wait)
 
     @property
     def is_sync(self) -> bool:
@@ -129,7 +122,6 @@ class Policy:
         return tuple(int(x) for x in base)
 
     def thresholds_for(self, concurrency: int, num_models: int) -> tuple[int, ...]:
-        """The B every subserver applies at live `concurrency`: the nominal B, clamped to hold the guard."""
         return clamp_thresholds(self.nominal_thresholds(concurrency, num_models), concurrency)
 
 

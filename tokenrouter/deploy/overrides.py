@@ -39,8 +39,9 @@ from tokenrouter.core.config import (
     PolicyConfig,
     RouterConfig,
     check_prob,
+    parse_config_name,
 )
-from tokenrouter.core.names import Baseline, Placement, RouterName, parse_name
+from tokenrouter.core.names import Baseline, Placement, RouterName
 from tokenrouter.core.policy import PolicyKind
 from tokenrouter.deploy.placement import check_gpus, default_gpus, gpus_from_first
 
@@ -98,7 +99,7 @@ def resolve_deployment(base: DeploymentConfig | None, ov: DeploymentOverrides) -
             models = [m if m.name == n else replace(m, name=n) for m, n in zip(models, names, strict=True)]
     place = cfg.placement
     if ov.placement is not None:
-        place = replace(place, mode=_parse(Placement, ov.placement, "placement"))
+        place = replace(place, mode=parse_config_name(Placement, ov.placement, "placement"))
     if ov.tp is not None:
         models = [replace(m, tp=t) for m, t in zip(models, _tps(ov.tp, len(models)), strict=True)]
     gpus = _gpus(ov, models, place.mode, relayout=ov.placement is not None)
@@ -116,13 +117,11 @@ def resolve_deployment(base: DeploymentConfig | None, ov: DeploymentOverrides) -
         v = getattr(ov, name)
         if v is not None:
             sched = replace(sched, **{name: v})
-    baseline, policy = _policy(cfg.baseline, cfg.policy, ov)
     out = dataclasses.replace(
         cfg,
         models=models,
         placement=place,
-        policy=policy,
-        baseline=baseline,
+        **_policy(cfg, ov),
         router=_router(cfg.router, ov),
         scheduler=sched,
         profile=ov.profile if ov.profile is not None else cfg.profile,
@@ -175,18 +174,18 @@ def _shares(shares: list[int], m: int) -> list[int | None]:
     return [None if s in (0, 100) else s for s in full]
 
 
-def _policy(baseline: Baseline | None, pc: PolicyConfig, ov: DeploymentOverrides
-            ) -> tuple[Baseline | None, PolicyConfig]:  # fmt: skip
-    """The baseline and policy after `--autotune`, `--thresholds` and `--policy` (checked by the deployment)."""
+def _policy(cfg: DeploymentConfig, ov: DeploymentOverrides) -> dict[str, Baseline | PolicyConfig | None]:
+    """`baseline` and `policy` after `--autotune`, `--thresholds` and `--policy` (checked by the deployment)."""
+    pc = cfg.policy
     if ov.autotune is not None:
         pc = replace(pc, autotune=(pc.autotune or AutotuneConfig()) if ov.autotune else None)
     if ov.thresholds is not None:
         pc = replace(pc.with_thresholds(ov.thresholds), kind=pc.kind)
     if ov.policy is None:
-        return baseline, pc
+        return {"baseline": cfg.baseline, "policy": pc}
     if str(ov.policy).strip().lower() == Baseline.STD_SERVING:
-        return Baseline.STD_SERVING, replace(pc, kind=PolicyKind.EAGER)
-    return None, replace(pc, kind=_parse(PolicyKind, ov.policy, "policy"))
+        return {"baseline": Baseline.STD_SERVING, "policy": replace(pc, kind=PolicyKind.EAGER)}
+    return {"baseline": None, "policy": replace(pc, kind=parse_config_name(PolicyKind, ov.policy, "policy"))}
 
 
 def _router(rc: RouterConfig, ov: DeploymentOverrides) -> RouterConfig:
@@ -195,7 +194,7 @@ def _router(rc: RouterConfig, ov: DeploymentOverrides) -> RouterConfig:
     if ov.return_prob is not None:
         check_prob(ov.return_prob, "--return-prob")
     given = {
-        "name": _parse(RouterName, ov.router, "router") if ov.router is not None else None,
+        "name": parse_config_name(RouterName, ov.router, "router") if ov.router is not None else None,
         "hop_rate": ov.hop_rate,
         "return_prob": ov.return_prob,
         "trace": ov.trace,
@@ -203,10 +202,3 @@ def _router(rc: RouterConfig, ov: DeploymentOverrides) -> RouterConfig:
     }
     changes = {k: v for k, v in given.items() if v is not None}
     return replace(rc, **changes) if changes else rc
-
-
-def _parse(enum, value, what: str):  # type: ignore[no-untyped-def]
-    try:
-        return parse_name(enum, value, what)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None

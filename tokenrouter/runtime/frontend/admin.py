@@ -28,10 +28,10 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from tokenrouter.core.config import DeploymentConfig, PolicyConfig
-from tokenrouter.runtime import protocol as P
 from tokenrouter.runtime.frontend.errors import APIError
 
 Threshold = Annotated[int, Field(strict=True, ge=1, le=1_000_000)]
+Concurrency = Annotated[str, Field(pattern=r"^[1-9][0-9]{0,8}$")]  # a live N >= 1, as a JSON key
 
 
 class PolicyBody(BaseModel):
@@ -42,7 +42,7 @@ class PolicyBody(BaseModel):
 
     policy: Literal["step-sync", "model-sync", "eager", "delayed"] | None = None
     thresholds: list[Threshold] = []
-    table: dict[str, list[Threshold]] = {}  # live N -> thresholds (JSON keys are strings: "8": [1, 7])
+    table: dict[Concurrency, list[Threshold]] = {}  # live N -> thresholds (JSON keys are strings: "8": [1, 7])
     max_wait_ms: Annotated[float, Field(ge=0)] | None = None
     hop_rate: Annotated[float, Field(ge=0, le=1)] | None = None
 
@@ -53,9 +53,6 @@ class PolicyBody(BaseModel):
             if given or self.hop_rate is None:
                 raise APIError(400, "without 'policy' give only 'hop_rate' (the policy in force stays)", "policy")
             return None
-        bad = [k for k in self.table if not (k.isdigit() and int(k) >= 1)]
-        if bad:
-            raise APIError(400, f"table keys are concurrencies N >= 1, got {bad[0]!r}", "table")
         table = {int(k): list(v) for k, v in self.table.items()}
         try:
             return PolicyConfig(self.policy, list(self.thresholds), table, self.max_wait_ms)
@@ -100,7 +97,7 @@ class PolicyState:
             policy.check(self.num_models)
         except ValueError as e:
             raise APIError(400, str(e), "policy") from None
-        errors = await self.backend.set_policy(P.SetPolicy(0, policy, hop_rate))
+        errors = await self.backend.set_policy(policy, hop_rate)
         if errors:
             raise APIError(409, "; ".join(errors), "policy")
         changed = policy != self.policy
