@@ -71,6 +71,7 @@ class PolicyState:
         # The autotune settings stay with the task that runs them: the policy in force is B and its kind.
         self.policy = None if config is None else replace(config.policy, autotune=None)
         self.hop_rate = None if config is None else config.router.hop_rate
+        self.baseline = None if config is None else config.baseline  # a baseline server refuses every change
         self.lock = asyncio.Lock()
         self.version = 0
         self.listeners: list[Callable[[PolicyConfig, str], None]] = []
@@ -81,7 +82,7 @@ class PolicyState:
         if pc is None:
             return {}
         table = {str(n): list(b) for n, b in pc.table.items()}
-        return {"policy": pc.kind.value, "thresholds": list(pc.thresholds), "table": table,
+        return {"policy": str(self.baseline or pc.kind), "thresholds": list(pc.thresholds), "table": table,
                 "max_wait_ms": pc.max_wait_ms, "hop_rate": self.hop_rate}  # fmt: skip
 
     async def apply(self, policy: PolicyConfig | None, hop_rate: float | None = None,
