@@ -216,7 +216,7 @@ def bench(
         sim_res = simulate(cfg, auto)
         if json_out != "-":
             console.print(_compare_table(live, sim_res.summary, names))
-            console.print(f"simulated with profile {cfg.deployment.profile}, policy {cfg.deployment.policy.kind}")
+            console.print(f"simulated with profile {cfg.deployment.profile}, policy {cfg.deployment.policy_label}")
         record.update({f"sim_{k}": v for k, v in sim_res.summary.items()})
     if json_out:
         text = json.dumps(_clean(record), indent=2)

@@ -21,7 +21,8 @@ from typing import Annotated, Any
 import typer
 
 from tokenrouter.core.config import DeploymentConfig, load_config
-from tokenrouter.core.names import Placement, PolicyName, RouterName
+from tokenrouter.core.names import Placement, RouterName
+from tokenrouter.core.policy import PolicyKind
 from tokenrouter.deploy.overrides import DEFAULT_LARGE, DEFAULT_SMALL, DeploymentOverrides, resolve_deployment
 
 HOP_RATE_HELP = (
@@ -60,7 +61,7 @@ class Flag:
 
 
 _CHOICES = {
-    "policy": ", ".join(p.value for p in PolicyName),
+    "policy": ", ".join(p.value for p in PolicyKind),
     "placement": ", ".join(p.value for p in Placement),
     "router": ", ".join(r.value for r in RouterName),
 }
@@ -78,8 +79,8 @@ DEPLOYMENT_FLAGS: tuple[Flag, ...] = (
     Flag("return_prob", ("--return-prob",), "r-stitch: probability that the large model hands back after each "
          "token (mean run 1/q).", float, float, default="1.0"),
     Flag("trace", ("--trace",), "Hop trace JSONL for --router trace.", str, str),
-    Flag("policy", ("--policy",), f"Batching policy: {_CHOICES['policy']} (std-serving: one server per model, "
-         "every hop a new request that re-matches its prefix).", str, str, default="delayed"),
+    Flag("policy", ("--policy",), f"Batching policy: {_CHOICES['policy']}; std-serving is an alias that sets the "
+         "deployment's baseline (one server per model, every hop a new request).", str, str, default="delayed"),
     Flag("thresholds", ("--thresholds",), "Delayed-batching B per model, e.g. 1,7 (flat: replaces a config's "
          "per-N table). trsim and bench --sim also take 'auto': the Markov model's B* for this concurrency (exact "
          "up to about N = 8; larger N runs a reduced search and says so; N > 1024 is refused).",

@@ -25,7 +25,7 @@ def result_record(res: SimResult) -> dict[str, Any]:
         "models": ",".join(m.name for m in dep.models),
         "router": dep.router.name,
         "hop_rate": dep.router.hop_rate,
-        "policy": dep.policy.kind,
+        "policy": dep.policy_label,
         "thresholds": ",".join(map(str, res.thresholds)),
         "placement": dep.placement.mode,
         "tp": ",".join(str(m.tp) for m in dep.models),
@@ -101,7 +101,7 @@ def print_result(res: SimResult, console: Console | None = None) -> None:
     console.print(metrics_table(s, names, f"trsim run: {' + '.join(names)}"))
     rc = dep.router
     console.print(
-        f"router {rc.name} (hop rate {rc.hop_rate}), policy {dep.policy.kind}, thresholds B = "
+        f"router {rc.name} (hop rate {rc.hop_rate}), policy {dep.policy_label}, thresholds B = "
         f"{','.join(map(str, res.thresholds))}{_thr_note(res)}, placement {dep.placement.mode}, "
         f"{res.config.workload} x {res.config.num_requests}, N = {res.config.concurrency}"
     )
@@ -162,7 +162,7 @@ def _thr_note(res: SimResult) -> str:
         start = ",".join(map(str, tune["initial"]))
         return f" at the end (autotune; at the start B = {start}{res.extra.get('thresholds_note', '')})"
     if res.config.deployment.policy.kind != PolicyKind.DELAYED:
-        return f" ({res.config.deployment.policy.kind}: no delay)"
+        return f" ({res.config.deployment.policy_label}: no delay)"
     return res.extra.get("thresholds_note", "")
 
 

@@ -40,8 +40,8 @@ def serve(
     no_cuda_graph: Annotated[bool, Opt("--no-cuda-graph", hidden=True, help="Deprecated: --no-graphs.")] = False,
     baseline: Annotated[str | None, Opt(help="Run a baseline on the same engine instead of the routed runtime: "
                         "std-serving (one continuous-batching server per model with prefix caching, and a dispatcher "
-                        "that sends every hop as a new request carrying the whole sequence; also what --policy "
-                        "std-serving runs), llm-only or slm-only (the large or the small model alone, no routing).")
+                        "that sends every hop as a new request carrying the whole sequence; also what `baseline: "
+                        "std-serving` and --policy std-serving run), llm-only or slm-only (the large or small model).")
                         ] = None,
     dry_run: DryRun = False,
     # ---- supervision, shutdown, logs -----------------------------------------------------------
@@ -129,8 +129,7 @@ def _baseline(cfg: DeploymentConfig, baseline: str | None, restart_on_failure: b
     deployment; None: the routed runtime."""
     from tokenrouter.baselines.modes import BASELINES, baseline_config
 
-    if baseline is None and cfg.policy.std_serving:
-        baseline = "std-serving"
+    baseline = baseline or cfg.baseline
     if baseline is not None:
         if baseline not in BASELINES:
             raise CliError(f"--baseline must be one of {', '.join(BASELINES)}, got {baseline!r}")

@@ -77,8 +77,8 @@ def check_config(path: Annotated[Path, typer.Argument(help="Deployment YAML (fro
     c.print(f"models: {', '.join(f'{m.name} on GPU {m.gpus}' for m in cfg.models)}; placement {cfg.placement.mode}")
     pol = cfg.policy
     tune = "; autotune on" if pol.autotune is not None else ""
-    c.print(f"policy: {pol.kind} thresholds {pol.thresholds or '-'} table {pol.table or '-'}; router {cfg.router.name}"
-            f"{tune}")  # fmt: skip
+    c.print(f"policy: {cfg.policy_label} thresholds {pol.thresholds or '-'} table {pol.table or '-'}; "
+            f"router {cfg.router.name}{tune}")  # fmt: skip
 
 
 bench_cmd.register(app)

@@ -19,12 +19,11 @@ from typing import TYPE_CHECKING
 import simpy
 
 from tokenrouter.core.autotune import AutotuneController, CounterSnapshot, Decision, ModelCounters
-from tokenrouter.core.policy import Policy, PolicyKind
 from tokenrouter.routers.presets import set_hop_rate
 from tokenrouter.workloads import Phase
 
 if TYPE_CHECKING:
-    from tokenrouter.core.config import RouterConfig
+    from tokenrouter.core.config import PolicyConfig, RouterConfig
     from tokenrouter.sim.subserver import SimSubserver
 
 
@@ -76,15 +75,16 @@ STALL_OBSERVES = 600  # unchanged snapshots in a row (10 simulated minutes at 1 
 
 
 class SimAutotune:
-    """Runs `controller` on the simulated counters until `finished()` (module docstring). `timeline`: every
-    decision applied, in order. A run that stalls (nothing moves, no arrival to come: `arrivals_pending()` False)
-    would keep this process ticking forever; after STALL_OBSERVES unchanged snapshots it stops, so the simulation
-    ends and reports the stall as it does without autotune."""
+    """Runs `controller` on the simulated counters until `finished()` (module docstring), starting from `policy`
+    (the deployment's). `timeline`: every decision applied, in order. A run that stalls (nothing moves, no arrival
+    to come: `arrivals_pending()` False) would keep this process ticking forever; after STALL_OBSERVES unchanged
+    snapshots it stops, so the simulation ends and reports the stall as it does without autotune."""
 
-    def __init__(self, env: simpy.Environment, controller: AutotuneController, subs: list[SimSubserver],
-                 finishes: FinishCounter, finished: Callable[[], bool],
+    def __init__(self, env: simpy.Environment, controller: AutotuneController, policy: PolicyConfig,
+                 subs: list[SimSubserver], finishes: FinishCounter, finished: Callable[[], bool],
                  arrivals_pending: Callable[[], bool] = lambda: False) -> None:  # fmt: skip
         self.env, self.controller, self.subs, self.finishes, self.finished = env, controller, subs, finishes, finished
+        self.policy = policy
         self.arrivals_pending = arrivals_pending
         self.entry = next(s for s in subs if s.sched.is_entry)
         self.timeline: list[Decision] = []
@@ -108,10 +108,10 @@ class SimAutotune:
             decision = self.controller.observe(snap, self.env.now)
             if decision is None:
                 continue
-            policy = Policy(PolicyKind.DELAYED, decision.new, max_wait=self.controller.policy.max_wait)
+            policy = self.policy.with_thresholds(decision.new).build()
             for s in self.subs:
                 s.sched.set_policy(policy)
-            self.controller.applied(decision)
+            self.controller.applied(decision, policy)
             self.timeline.append(decision)
             for s in self.subs:
                 s.kick()  # a lower threshold may let a waiting model launch now

@@ -131,7 +131,7 @@ def run_sim(cfg: SimConfig) -> SimResult:
 
         controller = make_controller(dep, policy=deployment.entry.policy, cost=cost)  # the sim's own co-run factors
         pending = (lambda: not loader.done) if isinstance(loader, OpenLoop) else (lambda: False)
-        tuner = SimAutotune(env, controller, subs, finishes, lambda: loader.done and not done, pending)
+        tuner = SimAutotune(env, controller, dep.policy, subs, finishes, lambda: loader.done and not done, pending)
         initial = controller.current(n0)
     env.run()
     if done:

@@ -9,9 +9,8 @@ import math
 from pathlib import Path
 from typing import Protocol
 
-from tokenrouter.core.config import DeploymentConfig
-from tokenrouter.core.names import PolicyName
-from tokenrouter.core.policy import guard_holds
+from tokenrouter.core.config import ConfigError, DeploymentConfig
+from tokenrouter.core.policy import PolicyKind
 from tokenrouter.deploy.overrides import DeploymentOverrides
 from tokenrouter.sim.run import SimConfig, SimResult, run_sim
 from tokenrouter.sim.tune import check_search_concurrency, predict_thresholds, with_thresholds
@@ -49,14 +48,14 @@ def sim_config(
         dep = dataclasses.replace(dep, router=dataclasses.replace(dep.router, hop_rate=first.hop_rate))
     given = deploy.overrides.thresholds is not None
     auto = deploy.thresholds_auto or (deploy.config is None and not given)
-    auto = auto and dep.policy.kind == PolicyName.DELAYED
+    auto = auto and dep.policy.kind == PolicyKind.DELAYED
     if auto:
         check_search_concurrency(concurrency, "; give --thresholds to simulate a B of your choice")
-    if given and dep.policy.kind == PolicyName.DELAYED and not guard_holds(dep.policy.thresholds, concurrency):
-        raise ValueError(
-            f"--thresholds {','.join(map(str, dep.policy.thresholds))} infeasible for concurrency {concurrency}: "
-            "the deadlock guard needs sum(B_i - 1) < N"
-        )
+    if given and dep.policy.kind == PolicyKind.DELAYED:
+        try:
+            dep.policy.check(len(dep.models), concurrency)
+        except ConfigError as e:
+            raise ValueError(f"--thresholds: {e}") from None
     cfg = SimConfig(
         dep,
         workload=workload,

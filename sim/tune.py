@@ -21,7 +21,6 @@ from tokenrouter.calibration.step_stats import SHORT_ROW_TOKENS, PartStats, Step
 from tokenrouter.core.config import DeploymentConfig
 from tokenrouter.core.graph_rule import GraphRule
 from tokenrouter.core.names import Layout, TuneObjective
-from tokenrouter.core.policy import PolicyKind
 from tokenrouter.deploy.placement import colocated
 from tokenrouter.markov import MarkovModel, ThroughputResult, evaluate_thresholds, search_thresholds
 from tokenrouter.markov.colocation import (
@@ -205,15 +204,16 @@ def _shares_a_gpu(cfg: SimConfig) -> bool:
 
 
 def with_thresholds(cfg: SimConfig, thresholds: Sequence[int], **policy: Any) -> SimConfig:
-    """A new `cfg` whose policy runs `thresholds` (and the other `PolicyConfig` fields given); `cfg` stays as it is."""
-    pc = dataclasses.replace(cfg.deployment.policy, thresholds=list(thresholds), **policy)
+    """A new `cfg` delayed at `thresholds` (`PolicyConfig.with_thresholds`: a config's B(N) table goes), with the
+    other `PolicyConfig` fields given; `cfg` stays as it is."""
+    pc = dataclasses.replace(cfg.deployment.policy.with_thresholds(thresholds), **policy)
     return dataclasses.replace(cfg, deployment=dataclasses.replace(cfg.deployment, policy=pc))
 
 
 def simulate_thresholds(cfg: SimConfig, thresholds: tuple[int, ...]) -> SimResult:
     """A candidate B simulated as it is: delayed, without a tuned config's B(N) table (which would win over the
     candidate at its N) and without autotune (which would move it)."""
-    return run_sim(with_thresholds(cfg, thresholds, kind=PolicyKind.DELAYED.value, table={}, autotune=None))
+    return run_sim(with_thresholds(cfg, thresholds, autotune=None))
 
 
 def tune_point(cfg: SimConfig, concurrency: int, top: int = 3) -> TunePoint:

@@ -93,8 +93,7 @@ def tuned_config(best: Candidate, candidates: list[Candidate], n: int, goal: Tun
     """`best`'s deployment with its tuned B(N) table (flat B: the largest N's) and notes saying how it was
     chosen (`n`: the concurrency candidates were compared at)."""
     dep = best.deployment
-    policy = dataclasses.replace(dep.policy, table={p.concurrency: list(p.best) for p in best.points},
-                                 thresholds=list(best.points[-1].best))  # fmt: skip
+    policy = dep.policy.with_thresholds(best.points[-1].best, {p.concurrency: p.best for p in best.points})
     notes = {
         "tuned_by": "trsim tune",
         "hop_rate": dep.router.hop_rate,

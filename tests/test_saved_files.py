@@ -9,9 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tokenrouter.calibration.profile import load_profile
-from tokenrouter.core.config import load_config
+from tokenrouter.core.config import CONFIG_VERSION, ConfigError, load_config
 from tokenrouter.sim.run import SimConfig, run_sim
 
 SAVED = Path(__file__).parent / "fixtures" / "saved-2026-12-01"
@@ -53,6 +54,30 @@ def test_saved_deployment_simulates_as_it_did(name, tok_s, duration_s, rematch_r
     assert res.summary["duration_s"] == pytest.approx(duration_s, rel=1e-9)
     # Standard serving re-matches each returning hop's prefix; a routed deployment never does.
     assert res.rematch_rows == rematch_rows
+
+
+def test_a_v1_std_serving_file_loads_as_the_baseline_and_saves_as_the_current_version(tmp_path):
+    cfg = load_config(SAVED / "serve_std_v1.yaml")
+    assert cfg.baseline == "std-serving" and cfg.policy.kind == "eager"
+    assert cfg.version == CONFIG_VERSION == 2
+    cfg.save(tmp_path / "again.yaml")
+    again = yaml.safe_load((tmp_path / "again.yaml").read_text())
+    assert again["version"] == 2 and again["baseline"] == "std-serving" and again["policy"]["kind"] == "eager"
+    assert load_config(tmp_path / "again.yaml") == cfg
+
+
+@pytest.mark.parametrize("name", ["serve_tuned_v1.yaml", "serve_delayed_v1.yaml", "serve_autotune_v1.yaml"])
+def test_other_v1_files_read_back_unchanged_but_for_the_version(name):
+    raw = yaml.safe_load((SAVED / name).read_text())
+    assert yaml.safe_load(load_config(SAVED / name).to_yaml()) == {**raw, "version": 2, "baseline": None}
+
+
+def test_a_file_of_a_future_version_is_a_one_line_error(tmp_path):
+    path = tmp_path / "future.yaml"
+    path.write_text((SAVED / "serve_delayed_v1.yaml").read_text().replace("version: 1", "version: 3"))
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert "version 3" in str(e.value) and "\n" not in str(e.value)
 
 
 def test_saved_profile_loads_with_its_measurements():

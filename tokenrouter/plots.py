@@ -64,7 +64,7 @@ class RunCell:
             models=list(models) if models is not None else [m.name for m in dep.models],
             router=dep.router.name,
             hop_rate=dep.router.hop_rate,
-            policy=dep.policy.kind,
+            policy=dep.policy_label,
             thresholds=tuple(res.thresholds),
             concurrency=None if cfg.arrival_rate else cfg.concurrency,
             arrival_rate=cfg.arrival_rate,

@@ -27,7 +27,8 @@ from scipy.optimize import brentq, minimize
 
 from tokenrouter.calibration.profile import Profile, StdServingInfo, load_profile
 from tokenrouter.core.config import load_config
-from tokenrouter.core.names import PolicyName
+from tokenrouter.core.names import Baseline
+from tokenrouter.core.policy import PolicyKind
 from tokenrouter.sim.run import SimConfig, cost_model, run_sim
 
 
@@ -47,7 +48,9 @@ def main() -> int:
     p.add_argument("--write", default=None, help="profile JSON to write the fitted std_serving into")
     a = p.parse_args()
     dep = load_config(a.config)
-    dep = dataclasses.replace(dep, policy=dataclasses.replace(dep.policy, kind=PolicyName.STD_SERVING))
+    dep = dataclasses.replace(
+        dep, baseline=Baseline.STD_SERVING, policy=dataclasses.replace(dep.policy, kind=PolicyKind.EAGER)
+    )
     profile = load_profile(a.profile or dep.profile)
     df = pd.concat([pd.read_csv(f) for f in a.cells])
     cells = df[df["server"] == "std-serving"].reset_index(drop=True)

@@ -171,6 +171,17 @@ def test_small_and_large_rename_entry_and_last():
     assert [m.name for m in got.models] == ["x", "y", "z"] and got.entry == 0
 
 
+def test_policy_std_serving_is_an_alias_that_sets_the_baseline():
+    base = resolve_deployment(None, DeploymentOverrides(thresholds=[1, 3]))
+    std = resolve_deployment(base, DeploymentOverrides(policy="std-serving"))
+    assert std.baseline == "std-serving" and std.policy.kind == "eager" and std.policy.thresholds == [1, 3]
+    assert std.policy_label == "std-serving"
+    routed = resolve_deployment(std, DeploymentOverrides(policy="delayed"))
+    assert routed.baseline is None and routed.policy == base.policy
+    kept = resolve_deployment(std, DeploymentOverrides(thresholds=[1, 5]))
+    assert kept.baseline == "std-serving" and kept.policy.kind == "eager" and kept.policy.thresholds == [1, 5]
+
+
 @pytest.mark.parametrize(
     ("ov", "needle"),
     [

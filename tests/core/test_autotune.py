@@ -208,7 +208,7 @@ def drive(ctrl: AutotuneController, srv: SyntheticServer, t0: int, t1: int, appl
         if d is not None:
             decisions.append(d)
             if apply:
-                ctrl.applied(d)
+                ctrl.applied(d, Policy(PolicyKind.DELAYED, d.new))
     return decisions
 
 
@@ -256,7 +256,7 @@ def test_hold_time_between_changes():
         srv.window()
         d = ctrl.observe(srv.snapshot(), float(t))
         if d is not None:
-            ctrl.applied(d)
+            ctrl.applied(d, Policy(PolicyKind.DELAYED, d.new))
             changes.append(d)
             state["good"] = (1, 4)  # at once the next solve (interval_s later) wants another change: it must wait
     assert [d.new for d in changes] == [(1, 2), (1, 4)]
@@ -347,7 +347,7 @@ def drive_rates(ctrl: AutotuneController, srv: SyntheticServer, t0: int, t1: int
         d = ctrl.observe(srv.snapshot(), float(t))
         if d is not None:
             decisions.append(d)
-            ctrl.applied(d)
+            ctrl.applied(d, Policy(PolicyKind.DELAYED, d.new))
     return decisions
 
 

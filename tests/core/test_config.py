@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from tokenrouter.core.config import ConfigError, DeploymentConfig, ModelConfig, config_from_yaml
+from tokenrouter.core.config import (
+    AutotuneConfig,
+    ConfigError,
+    DeploymentConfig,
+    ModelConfig,
+    PolicyConfig,
+    config_from_yaml,
+)
 
 PAIR = "models: [{name: qwen3-0.6b}, {name: qwen3-32b}]\n"
 
@@ -54,6 +61,40 @@ def test_numbers_out_of_range_are_errors(text, needle):
     with pytest.raises(ConfigError) as e:
         config_from_yaml(text)
     assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        (PAIR + "policy: {kind: delayed, table: {8: [1, 2, 3]}}\n", "one value per model"),
+        (PAIR + "policy: {kind: delayed, thresholds: [1, 2, 3]}\n", "one value per model"),
+        (PAIR + "policy: {kind: delayed, table: {4: [1, 5]}}\n", "deadlock guard"),
+        (PAIR + "policy: {kind: delayed, thresholds: [0, 2]}\n", ">= 1"),
+        (PAIR + "version: 2\npolicy: {kind: std-serving}\n", "'std-serving' - at `$.policy.kind`"),
+        (PAIR + "version: 2\nbaseline: std-serving\npolicy: {kind: delayed}\n", "eager"),
+        (PAIR + "version: 2\nbaseline: llm-only\npolicy: {kind: eager}\n", "tr serve --baseline"),
+        (PAIR + "baseline: std-serving\npolicy: {kind: eager, autotune: {}}\n", "autotune"),
+    ],
+)
+def test_policy_and_baseline_are_checked_in_one_place(text, needle):
+    with pytest.raises(ConfigError) as e:
+        config_from_yaml(text)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_file_without_version_reads_as_version_1():
+    dep = config_from_yaml(PAIR + "policy: {kind: std-serving}\n")
+    assert dep.version == 2 and dep.baseline == "std-serving" and dep.policy.kind == "eager"
+
+
+def test_with_thresholds_returns_a_new_delayed_policy_without_the_old_table():
+    pc = PolicyConfig("eager", [1, 2], {1: [1, 1], 8: [1, 3]}, max_wait_ms=5.0, autotune=AutotuneConfig())
+    tuned = pc.with_thresholds((1, 4))
+    assert tuned == PolicyConfig("delayed", [1, 4], {}, 5.0, AutotuneConfig())
+    assert pc.kind == "eager" and pc.table == {1: [1, 1], 8: [1, 3]}  # unchanged
+    assert pc.with_thresholds((1, 4), {8: (1, 6)}).build().thresholds_for(8, 2) == (1, 6)
+    with pytest.raises(ConfigError, match="deadlock guard"):
+        pc.with_thresholds((1, 4), {2: (1, 6)})
 
 
 def test_numbers_in_range_load():

@@ -56,7 +56,7 @@ def test_kv_capacity_is_the_joint_budget_under_mps_and_the_weights_leftover_apar
 def test_sync_policies_share_one_gate_and_std_serving_runs_eager_schedulers():
     d = build_deployment(config(policy=PolicyConfig("model-sync")), gpu_memory_gb=141.0)
     assert d.gate is not None and all(s.gate is d.gate for s in d.schedulers) and list(d.wakes(0)) == [0, 1]
-    d = build_deployment(config(policy=PolicyConfig("std-serving")), gpu_memory_gb=141.0)
+    d = build_deployment(config(policy=PolicyConfig("eager"), baseline="std-serving"), gpu_memory_gb=141.0)
     assert d.std_serving and all(s.policy.kind is PolicyKind.EAGER for s in d.schedulers)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from tokenrouter.core.config import PolicyConfig
 from tokenrouter.runtime import protocol as P
 
 
@@ -42,6 +43,15 @@ def test_subserver_messages_round_trip(msg):
 )
 def test_frontend_messages_round_trip(msg):
     assert P.decode_for_frontend(P.encode(msg)) == msg
+
+
+def test_set_policy_carries_the_config_section_and_is_checked_on_decoding():
+    pc = PolicyConfig("delayed", [1, 3], {1: [1, 1], 8: [1, 6]}, max_wait_ms=2.5)
+    msg = P.SetPolicy(4, pc, hop_rate=0.2)
+    assert P.decode_for_subserver(P.encode(msg)) == msg
+    bad = {"type": "set_policy", "seq": 5, "policy": {"kind": "delayed", "table": {8: [1, 9]}}}
+    with pytest.raises(msgspec.ValidationError, match="deadlock guard"):
+        P.decode_for_subserver(msgspec.msgpack.encode(bad))  # a row breaking the guard never reaches a scheduler
 
 
 def test_a_frontend_event_is_not_a_subserver_command():

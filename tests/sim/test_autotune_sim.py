@@ -145,7 +145,7 @@ def test_the_tuner_does_not_keep_a_stalled_simulation_alive():
     sub = SimpleNamespace(tokens=0, hops=0, batches=BatchTimes(), sched=SimpleNamespace(is_entry=True, active=3),
                           kick=lambda: None)  # fmt: skip
     ctrl = AutotuneController(TUNE, Policy(), lambda est, cur: Solution(cur, 1.0, 1.0), (True, False))
-    tuner = SimAutotune(env, ctrl, [sub, sub], FinishCounter(), finished=lambda: False)
+    tuner = SimAutotune(env, ctrl, PolicyConfig("eager"), [sub, sub], FinishCounter(), finished=lambda: False)
     env.run()
     assert env.now == pytest.approx((STALL_OBSERVES + 1) * TUNE.observe_s) and not tuner.timeline
     env2 = simpy.Environment()
@@ -155,6 +155,7 @@ def test_the_tuner_does_not_keep_a_stalled_simulation_alive():
         ticks["n"] += 1
         return ticks["n"] < 50
 
-    SimAutotune(env2, ctrl, [sub, sub], FinishCounter(), finished=lambda: False, arrivals_pending=pending)
+    SimAutotune(env2, ctrl, PolicyConfig("eager"), [sub, sub], FinishCounter(), finished=lambda: False,
+                arrivals_pending=pending)  # fmt: skip
     env2.run()
     assert env2.now == pytest.approx((STALL_OBSERVES + 50) * TUNE.observe_s)

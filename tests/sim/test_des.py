@@ -13,7 +13,8 @@ def deployment(
     return DeploymentConfig(
         models=[ModelConfig("qwen3-0.6b"), ModelConfig("qwen3-32b", gpus=[0] if placement == "mps" else [1])],
         placement=PlacementConfig(placement),
-        policy=PolicyConfig(policy, list(thresholds)),
+        policy=PolicyConfig("eager" if policy == "std-serving" else policy, list(thresholds)),
+        baseline="std-serving" if policy == "std-serving" else None,
         router=RouterConfig(router, hop_rate=hop, **router_kw),
     )
 

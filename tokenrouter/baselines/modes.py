@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tokenrouter.core.config import DeploymentConfig, PolicyConfig
+from tokenrouter.core.names import Baseline
 from tokenrouter.models import load_spec
 
-BASELINES: tuple[str, ...] = ("std-serving", "llm-only", "slm-only")
+BASELINES: tuple[str, ...] = tuple(b.value for b in Baseline)
 
 
 def single_model_config(cfg: DeploymentConfig, which: str) -> DeploymentConfig:
@@ -22,11 +23,11 @@ def single_model_config(cfg: DeploymentConfig, which: str) -> DeploymentConfig:
         k = max(others, key=lambda i: load_spec(cfg.models[i].path or cfg.models[i].name).num_params)
     else:
         raise ValueError(f"not a single-model baseline: {which!r}")
-    return replace(cfg, models=[cfg.models[k]], entry=0, policy=PolicyConfig("eager"))
+    return replace(cfg, models=[cfg.models[k]], entry=0, policy=PolicyConfig("eager"), baseline=None)
 
 
 def baseline_config(cfg: DeploymentConfig, mode: str) -> DeploymentConfig:
     """What `BaselineServer` runs for `mode` (one of `BASELINES`)."""
-    if mode == "std-serving":
-        return replace(cfg, policy=PolicyConfig("std-serving"))
+    if mode == Baseline.STD_SERVING:
+        return replace(cfg, baseline=Baseline.STD_SERVING, policy=PolicyConfig("eager"))
     return single_model_config(cfg, mode)

@@ -56,7 +56,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tokenrouter.core.config import AutotuneConfig
-from tokenrouter.core.policy import Policy, PolicyKind
+from tokenrouter.core.policy import Policy
 
 BATCH_BUCKETS: tuple[int, ...] = (*range(1, 17), 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 """Upper bounds of the batch-size buckets of the step-time counters (bucket k holds sizes in
@@ -428,8 +428,8 @@ class Trial:
 
 class AutotuneController:
     """Estimator + solve + hysteresis (module docstring). The driver calls `observe` every `config.observe_s` with
-    a fresh snapshot; a returned `Decision` is applied by the driver, which then calls `applied(decision)` (not
-    applied: it does not call it, and the controller keeps the old B). `reset(policy, now)` records a change
+    a fresh snapshot; a returned `Decision` is applied by the driver, which then calls `applied(decision, policy)`
+    (not applied: it does not call it, and the controller keeps the old B). `reset(policy, now)` records a change
     made by someone else (an operator through the admin endpoint).
 
     `status`: one line on what the last `observe` did (waiting for data, solved and held, ...), for logs."""
@@ -556,11 +556,11 @@ class AutotuneController:
         self.status = f"solved ({why}): change B {b(cur)} -> {b(sol.thresholds)} ({gain:+.1%})"
         return Decision(now, cur, tuple(sol.thresholds), est, gain, float(sol.throughput_tok_s), sol.note)
 
-    def applied(self, decision: Decision) -> None:
-        """The driver applied `decision` on every subserver: it is the B in force from now on (flat: a table
-        of the old policy is replaced, since it was tuned for the workload that shifted)."""
+    def applied(self, decision: Decision, policy: Policy) -> None:
+        """The driver applied `decision` on every subserver as `policy` (`PolicyConfig.with_thresholds(new)`, built:
+        flat, a table of the old policy was tuned for the workload that shifted), in force from now on."""
         before = self._changed_at
-        self.policy = Policy(PolicyKind.DELAYED, tuple(decision.new), max_wait=self.policy.max_wait)
+        self.policy = policy
         self.changes += 1
         self._changed_at = decision.at
         self.history.append(decision)

@@ -11,7 +11,8 @@ import difflib
 import math
 import types
 import typing
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -21,15 +22,11 @@ import yaml
 
 from tokenrouter.core.graph_rule import DEFAULT_GRAPH_BUCKETS, DEFAULT_GRAPH_MAX_ROW_TOKENS, GraphRule
 from tokenrouter.core.hop_law import MARKOV_ROUTERS, check_prob
-from tokenrouter.core.names import Placement, PolicyName, RouterName, parse_name
-from tokenrouter.core.policy import Policy, PolicyKind
+from tokenrouter.core.names import Baseline, E, Placement, RouterName, parse_name
+from tokenrouter.core.policy import Policy, PolicyKind, check_policy
 
 PLACEMENTS: tuple[str, ...] = tuple(p.value for p in Placement)
-# Standard serving (one server per model, every hop a new request) is a deployment mode, not a policy of
-# the core scheduler: its schedulers run eager and the driver re-matches each hop's prefix.
-STD_SERVING = PolicyName.STD_SERVING
-POLICY_NAMES: tuple[str, ...] = tuple(p.value for p in PolicyName)
-CONFIG_VERSION = 1
+CONFIG_VERSION = 2
 
 
 class ConfigError(ValueError):
@@ -82,7 +79,7 @@ class PlacementConfig:
     launcher_host: str | None = None
 
     def __post_init__(self) -> None:
-        self.mode = _named(Placement, self.mode, "placement")
+        self.mode = parse_config_name(Placement, self.mode, "placement")
         if self.transport not in (None, "ipc", "tcp"):
             raise ConfigError(f"placement.transport must be ipc, tcp or null, got {self.transport!r}")
         if self.port_base is not None and not 1 <= self.port_base <= 65_000:
@@ -136,23 +133,37 @@ class AutotuneConfig:
 
 @dataclass(slots=True)
 class PolicyConfig:
-    kind: PolicyName = PolicyName.DELAYED  # a PolicyKind value, or std-serving
+    """The batching policy, the one carrier of B above the core (YAML, the flags' result, the admin endpoint's
+    state, `SetPolicy`); `build()` gives the core's `Policy`. Checked when made (`check`; the number of models
+    where it is known). Never changed once made: `with_thresholds` and `dataclasses.replace` give a new one."""
+
+    kind: PolicyKind = PolicyKind.DELAYED
     thresholds: list[int] = field(default_factory=list)
     table: dict[int, list[int]] = field(default_factory=dict)  # concurrency N -> thresholds
     max_wait_ms: float | None = None
     autotune: AutotuneConfig | None = None  # re-tune B while serving (None: B stays as configured)
 
     def __post_init__(self) -> None:
-        self.kind = _named(PolicyName, self.kind, "policy")
+        self.kind = parse_config_name(PolicyKind, self.kind, "policy")
+        self.check()
 
-    @property
-    def std_serving(self) -> bool:
-        return self.kind == STD_SERVING
+    def check(self, num_models: int | None = None, concurrency: int | None = None) -> None:
+        """`core.policy.check_policy`, the one check of a policy that every entry runs, as a ConfigError."""
+        try:
+            check_policy(self.thresholds, self.table, self.max_wait_ms, num_models, concurrency)
+        except ValueError as e:
+            raise ConfigError(f"policy: {e}") from None
+
+    def with_thresholds(self, b: Sequence[int], table: Mapping[int, Sequence[int]] | None = None) -> PolicyConfig:
+        """This policy, delayed at a tuned B: flat `b` and `table` (none: the old table goes, its rows would win
+        over the new B); max_wait and autotune kept. The one way a tuned B becomes a policy (`build()`: the core's)."""
+        rows = {int(n): [int(x) for x in row] for n, row in (table or {}).items()}
+        return replace(self, kind=PolicyKind.DELAYED, thresholds=[int(x) for x in b], table=rows)
 
     def build(self) -> Policy:
-        """The core policy; standard serving runs its schedulers eager."""
+        """The core policy."""
         return Policy(
-            PolicyKind.EAGER if self.std_serving else PolicyKind(self.kind),
+            self.kind,
             thresholds=tuple(self.thresholds),
             table={int(n): tuple(b) for n, b in self.table.items()},
             max_wait=None if self.max_wait_ms is None else self.max_wait_ms / 1000.0,
@@ -170,7 +181,7 @@ class RouterConfig:
     weights: str | None = None  # learned router weights: a checkpoint file, or "random" (calibrated)
 
     def __post_init__(self) -> None:
-        self.name = _named(RouterName, self.name, "router")
+        self.name = parse_config_name(RouterName, self.name, "router")
 
 
 @dataclass(slots=True)
@@ -198,6 +209,8 @@ class DeploymentConfig:
     entry: int = 0
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
+    # std-serving: standard serving (a server per model, a returning hop is a new request) instead of routing.
+    baseline: Baseline | None = None
     router: RouterConfig = field(default_factory=RouterConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     profile: str = "h200"
@@ -205,6 +218,11 @@ class DeploymentConfig:
 
     def __post_init__(self) -> None:
         validate(self)
+
+    @property
+    def policy_label(self) -> str:
+        """How reports name the way this deployment batches: its baseline when set, else its policy kind."""
+        return str(self.baseline or self.policy.kind)
 
     @property
     def small_model(self) -> int:
@@ -241,9 +259,12 @@ def validate(cfg: DeploymentConfig) -> None:
     rc = cfg.router
     for what, x in (("router hop_rate", rc.hop_rate), ("router return_prob", rc.return_prob)):
         check_prob(x, what, ConfigError)
-    for b in [cfg.policy.thresholds, *cfg.policy.table.values()]:
-        if b and len(b) != m:
-            raise ConfigError(f"thresholds {b} must have one value per model ({m})")
+    if cfg.baseline is not None and (cfg.baseline != Baseline.STD_SERVING or cfg.policy.kind != PolicyKind.EAGER):
+        raise ConfigError(
+            f"a deployment's baseline is std-serving, with policy kind eager (it batches continuously; "
+            f"the others are `tr serve --baseline` modes); got {cfg.baseline}, {cfg.policy.kind}"
+        )
+    cfg.policy.check(m)
     for mc in cfg.models:
         if mc.tp < 1 or not mc.gpus or any(g < 0 for g in mc.gpus):
             raise ConfigError(f"model {mc.name}: tp must be >= 1 and gpus a non-empty list of indices")
@@ -264,8 +285,6 @@ def validate(cfg: DeploymentConfig) -> None:
                            ("link_bandwidth_gbps", cfg.placement.link_bandwidth_gbps, False)):  # fmt: skip
         if v is not None and not (math.isfinite(v) and (v > 0 or (lo_ok and v == 0))):
             raise ConfigError(f"placement.{what} must be a number {'>=' if lo_ok else '>'} 0 or null, got {v}")
-    if cfg.policy.max_wait_ms is not None and not math.isfinite(cfg.policy.max_wait_ms):
-        raise ConfigError(f"policy.max_wait must be a finite number of ms >= 0 or null, got {cfg.policy.max_wait_ms}")
     if cfg.placement.port_base is not None and cfg.placement.port_base + 4 + m > 65_535:
         raise ConfigError(f"placement.port_base {cfg.placement.port_base} leaves no room for {m} models' ports")
     if cfg.scheduler.page_size < 1 or cfg.scheduler.max_batch_size < 1 or cfg.scheduler.max_batch_tokens < 1:
@@ -274,14 +293,10 @@ def validate(cfg: DeploymentConfig) -> None:
         raise ConfigError("scheduler kv_growth_tokens must be >= 1 or null")
     if cfg.scheduler.max_model_len is not None and cfg.scheduler.max_model_len < 2:
         raise ConfigError("scheduler max_model_len must be >= 2 (a prompt token and an output token) or null")
-    try:
-        cfg.policy.build()
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
     if cfg.policy.autotune is not None:
-        if cfg.policy.kind not in (PolicyName.DELAYED, PolicyName.EAGER):
+        if cfg.policy.kind.is_sync or cfg.baseline is not None:
             raise ConfigError(f"policy.autotune tunes delayed-batching thresholds: it needs policy delayed or eager, "
-                              f"not {cfg.policy.kind}")  # fmt: skip
+                              f"not {cfg.policy_label}")  # fmt: skip
         if rc.name not in MARKOV_ROUTERS or (rc.name != RouterName.ME and m != 2):
             raise ConfigError(
                 f"policy.autotune needs a router the Markov model describes (r2r, citer, co-llm, "
@@ -309,11 +324,23 @@ def config_from_yaml(text: str) -> DeploymentConfig:
         raise ConfigError(f"not valid YAML ({str(e).splitlines()[0]})") from None
     if not isinstance(raw, dict):
         raise ConfigError("expected a mapping at the top level")
+    raw = migrate(raw)
     check_keys(raw, DeploymentConfig, "$")
     try:
         return msgspec.convert(raw, DeploymentConfig, strict=False)
     except msgspec.ValidationError as e:
         raise ConfigError(str(e)) from None
+
+
+def migrate(raw: dict[str, Any]) -> dict[str, Any]:
+    """A saved deployment's mapping in the current schema, meaning the same. Version 1 (or no `version`) differs in
+    one place: its `policy.kind: std-serving` is `baseline: std-serving` with an eager policy."""
+    version, policy = raw.get("version", 1), raw.get("policy")
+    if version not in (1, CONFIG_VERSION):
+        raise ConfigError(f"config version {version!r} is not supported (this tokenrouter reads 1 to {CONFIG_VERSION})")
+    if version == 1 and isinstance(policy, dict) and str(policy.get("kind")).lower() == Baseline.STD_SERVING:
+        raw = {**raw, "policy": {**policy, "kind": PolicyKind.EAGER.value}, "baseline": Baseline.STD_SERVING.value}
+    return {**raw, "version": CONFIG_VERSION}
 
 
 def check_keys(raw: Any, cls: type, where: str) -> None:
@@ -351,7 +378,8 @@ def _dataclass_in(tp: Any) -> type | None:
     return None
 
 
-def _named(enum: Any, value: Any, what: str) -> Any:
+def parse_config_name(enum: type[E], value: str | E, what: str) -> E:
+    """`names.parse_name` whose error is a ConfigError (every config and flag value goes through it)."""
     try:
         return parse_name(enum, value, what)
     except ValueError as e:

@@ -50,15 +50,13 @@ class TuneObjective(StrEnum):
     PER_GPU = "per-gpu"
 
 
-class PolicyName(StrEnum):
-    """A deployment's batching policy: the core's `PolicyKind` values plus standard serving, which is a mode of
-    the driver (its schedulers run eager; every returning hop is a new request), not a policy of the core."""
+class Baseline(StrEnum):
+    """What `tr serve --baseline` serves instead of the routed runtime; std-serving (a server per model, every hop
+    a new request) is also a deployment's `baseline`. The batching policies are `core.policy.PolicyKind`."""
 
-    STEP_SYNC = "step-sync"
-    MODEL_SYNC = "model-sync"
-    EAGER = "eager"
-    DELAYED = "delayed"
     STD_SERVING = "std-serving"
+    LLM_ONLY = "llm-only"
+    SLM_ONLY = "slm-only"
 
 
 def parse_name(enum: type[E], value: str | E, what: str) -> E:

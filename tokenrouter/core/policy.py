@@ -7,7 +7,8 @@ Asynchronous policies decide from local state alone:
   `tokenrouter.core.live_count` for why it holds while peers' views of N lag).
 
 Standard serving (one server per model, every hop a new request) is not a policy of this scheduler: it is
-a mode of the driver that runs it (the simulator's `--policy std-serving`, the baselines package live).
+the deployment's `baseline`, a mode of the driver that runs it (the simulator's re-matched hops, the baselines
+package live); its schedulers run eager.
 
 Synchronous baselines need a `SyncGate` shared by all subservers of a deployment:
 - `step-sync`: rounds with a global barrier; a round starts when nothing runs, every model with work (ready
@@ -22,6 +23,7 @@ reported.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -40,19 +42,33 @@ class PolicyKind(StrEnum):
         return self in (PolicyKind.STEP_SYNC, PolicyKind.MODEL_SYNC)
 
 
-POLICIES: tuple[str, ...] = tuple(k.value for k in PolicyKind)
-
-
 def parse_kind(kind: PolicyKind | str) -> PolicyKind:
     try:
         return PolicyKind(kind)
     except ValueError:
-        raise ValueError(f"unknown policy {kind!r}; choose one of {', '.join(POLICIES)}") from None
+        raise ValueError(f"unknown policy {kind!r}; choose one of {', '.join(PolicyKind)}") from None
 
 
 def guard_holds(thresholds: Sequence[int], concurrency: int) -> bool:
     """The deadlock guard: if all N live requests waited below their thresholds, sum_i k_i <= sum_i (B_i-1)."""
     return sum(b - 1 for b in thresholds) < concurrency
+
+
+def check_policy(thresholds: Sequence[int], table: Mapping[int, Sequence[int]], max_wait: float | None = None,
+                 num_models: int | None = None, concurrency: int | None = None) -> None:  # fmt: skip
+    """The one check of a policy that every entry runs: one value per model when `num_models` is known (empty flat
+    thresholds: all 1), every B_i >= 1, the deadlock guard on table rows (keyed by N) and, given `concurrency`, on
+    the flat thresholds, and a finite max_wait >= 0. A one-line ValueError naming the first problem."""
+    rows = [("thresholds", concurrency, thresholds), *((f"table row {n}", n, b) for n, b in table.items())]
+    for what, n, b in rows:
+        if num_models is not None and (b or what != "thresholds") and len(b) != num_models:
+            raise ValueError(f"{what} {list(b)} must have one value per model ({num_models})")
+        if any(int(x) < 1 for x in b):
+            raise ValueError(f"thresholds must be >= 1, got {tuple(b)}")
+        if n is not None and b and not guard_holds(b, n):
+            raise ValueError(f"thresholds {tuple(b)} infeasible for N={n}: the deadlock guard needs sum(B_i - 1) < N")
+    if max_wait is not None and not (math.isfinite(max_wait) and max_wait >= 0):
+        raise ValueError(f"max_wait must be a finite number >= 0 or null, got {max_wait}")
 
 
 def clamp_thresholds(thresholds: Sequence[int], concurrency: int) -> tuple[int, ...]:
@@ -85,20 +101,15 @@ class Policy:
 
     def __post_init__(self) -> None:
         self.kind = parse_kind(self.kind)
-        for b in (self.thresholds, *self.table.values()):
-            if any(int(x) < 1 for x in b):
-                raise ValueError(f"thresholds must be >= 1, got {tuple(b)}")
-        for n, b in self.table.items():
-            if not guard_holds(b, n):
-                raise ValueError(f"thresholds {tuple(b)} for N={n} violate the deadlock guard sum(B_i - 1) < N")
-        if self.max_wait is not None and self.max_wait < 0:
-            raise ValueError(f"max_wait must be >= 0, got {self.max_wait}")
+        check_policy(self.thresholds, self.table, self.max_wait)
 
     @property
     def is_sync(self) -> bool:
         return self.kind.is_sync
 
-    def thresholds_for(self, concurrency: int, num_models: int) -> tuple[int, ...]:
+    def nominal_thresholds(self, concurrency: int, num_models: int) -> tuple[int, ...]:
+        """B as configured for `concurrency` (the table's row, else the flat thresholds; all 1 unless delayed),
+        before the deadlock guard's clamp."""
         if self.kind is not PolicyKind.DELAYED:
             return (1,) * num_models
         base: Sequence[int] = self.thresholds or (1,) * num_models
@@ -108,7 +119,10 @@ class Policy:
             base = self.table[below[-1] if below else keys[0]]
         if len(base) != num_models:
             raise ValueError(f"policy has {len(base)} thresholds for {num_models} models")
-        return clamp_thresholds(base, concurrency)
+        return tuple(int(x) for x in base)
+
+    def thresholds_for(self, concurrency: int, num_models: int) -> tuple[int, ...]:
+        return clamp_thresholds(self.nominal_thresholds(concurrency, num_models), concurrency)
 
 
 class SyncGate:

@@ -16,6 +16,7 @@ from tokenrouter.core.config import DeploymentConfig, RouterConfig
 from tokenrouter.core.graph_rule import GraphRule
 from tokenrouter.core.kv import KVPool
 from tokenrouter.core.messages import Action, PeerMsg
+from tokenrouter.core.names import Baseline
 from tokenrouter.core.policy import SyncGate
 from tokenrouter.core.router import Router
 from tokenrouter.core.scheduler import Scheduler
@@ -57,7 +58,7 @@ class Deployment:
     @property
     def std_serving(self) -> bool:
         """Standard-serving mode: the driver treats every returning hop as a new request (prefix re-match)."""
-        return self.config.policy.std_serving
+        return self.config.baseline == Baseline.STD_SERVING
 
     def deliver(self, msg: PeerMsg, now: float) -> list[Action]:
         """A message reached its destination: the destination's reaction, to be dispatched like any other."""

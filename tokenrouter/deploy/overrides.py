@@ -16,6 +16,8 @@ Rules, one per flag:
 - gpus: one id (every model on it) or one per model: the model's first GPU; a model at tp = k takes k
   consecutive GPUs from it.
 - every deployment resolved is checked by `placement.check_gpus`: tp GPUs per model, none shared under separate.
+- policy: sets `policy.kind` and clears the baseline; `std-serving` (an alias kept for the CLIs) sets
+  `baseline: std-serving` and an eager policy instead.
 - thresholds: flat thresholds replace the config's per-N table (`tr serve --thresholds` semantics).
 - autotune: on sets `policy.autotune` (the config's settings if it has them, else the defaults); off clears it.
 - overlap: sets `scheduler.overlap` and clears every model's own `overlap`, so the flag holds for all.
@@ -37,8 +39,10 @@ from tokenrouter.core.config import (
     PolicyConfig,
     RouterConfig,
     check_prob,
+    parse_config_name,
 )
-from tokenrouter.core.names import Placement, PolicyName, RouterName, parse_name
+from tokenrouter.core.names import Baseline, Placement, RouterName
+from tokenrouter.core.policy import PolicyKind
 from tokenrouter.deploy.placement import check_gpus, default_gpus, gpus_from_first
 
 DEFAULT_SMALL = "qwen3-0.6b"
@@ -55,7 +59,7 @@ class DeploymentOverrides:
     placement: Placement | str | None = None
     gpus: list[int] | None = None
     tp: list[int] | None = None
-    policy: PolicyName | str | None = None
+    policy: PolicyKind | Baseline | str | None = None  # a policy kind, or std-serving (sets the baseline)
     thresholds: list[int] | None = None
     router: RouterName | str | None = None
     router_model: str | None = None
@@ -95,7 +99,7 @@ def resolve_deployment(base: DeploymentConfig | None, ov: DeploymentOverrides) -
             models = [m if m.name == n else replace(m, name=n) for m, n in zip(models, names, strict=True)]
     place = cfg.placement
     if ov.placement is not None:
-        place = replace(place, mode=_parse(Placement, ov.placement, "placement"))
+        place = replace(place, mode=parse_config_name(Placement, ov.placement, "placement"))
     if ov.tp is not None:
         models = [replace(m, tp=t) for m, t in zip(models, _tps(ov.tp, len(models)), strict=True)]
     gpus = _gpus(ov, models, place.mode, relayout=ov.placement is not None)
@@ -117,7 +121,7 @@ def resolve_deployment(base: DeploymentConfig | None, ov: DeploymentOverrides) -
         cfg,
         models=models,
         placement=place,
-        policy=_policy(cfg.policy, ov, len(models)),
+        **_policy(cfg, ov),
         router=_router(cfg.router, ov),
         scheduler=sched,
         profile=ov.profile if ov.profile is not None else cfg.profile,
@@ -170,18 +174,18 @@ def _shares(shares: list[int], m: int) -> list[int | None]:
     return [None if s in (0, 100) else s for s in full]
 
 
-def _policy(pc: PolicyConfig, ov: DeploymentOverrides, m: int) -> PolicyConfig:
+def _policy(cfg: DeploymentConfig, ov: DeploymentOverrides) -> dict[str, Baseline | PolicyConfig | None]:
+    """`baseline` and `policy` after `--autotune`, `--thresholds` and `--policy` (checked by the deployment)."""
+    pc = cfg.policy
     if ov.autotune is not None:
         pc = replace(pc, autotune=(pc.autotune or AutotuneConfig()) if ov.autotune else None)
-    if ov.policy is None and ov.thresholds is None:
-        return pc
-    kind = _parse(PolicyName, ov.policy, "policy") if ov.policy is not None else pc.kind
-    if ov.thresholds is None:
-        return replace(pc, kind=kind)
-    if len(ov.thresholds) != m:
-        raise ConfigError(f"--thresholds needs one value per model ({m}), got {ov.thresholds}")
-    return PolicyConfig(kind=kind, thresholds=list(ov.thresholds), table={}, max_wait_ms=pc.max_wait_ms,
-                        autotune=pc.autotune)  # fmt: skip
+    if ov.thresholds is not None:
+        pc = replace(pc.with_thresholds(ov.thresholds), kind=pc.kind)
+    if ov.policy is None:
+        return {"baseline": cfg.baseline, "policy": pc}
+    if str(ov.policy).strip().lower() == Baseline.STD_SERVING:
+        return {"baseline": Baseline.STD_SERVING, "policy": replace(pc, kind=PolicyKind.EAGER)}
+    return {"baseline": None, "policy": replace(pc, kind=parse_config_name(PolicyKind, ov.policy, "policy"))}
 
 
 def _router(rc: RouterConfig, ov: DeploymentOverrides) -> RouterConfig:
@@ -190,7 +194,7 @@ def _router(rc: RouterConfig, ov: DeploymentOverrides) -> RouterConfig:
     if ov.return_prob is not None:
         check_prob(ov.return_prob, "--return-prob")
     given = {
-        "name": _parse(RouterName, ov.router, "router") if ov.router is not None else None,
+        "name": parse_config_name(RouterName, ov.router, "router") if ov.router is not None else None,
         "hop_rate": ov.hop_rate,
         "return_prob": ov.return_prob,
         "trace": ov.trace,
@@ -198,11 +202,3 @@ def _router(rc: RouterConfig, ov: DeploymentOverrides) -> RouterConfig:
     }
     changes = {k: v for k, v in given.items() if v is not None}
     return replace(rc, **changes) if changes else rc
-
-
-def _parse(enum, value, what: str):  # type: ignore[no-untyped-def]
-    try:
-        return parse_name(enum, value, what)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-

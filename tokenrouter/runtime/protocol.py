@@ -24,6 +24,7 @@ from array import array
 import msgspec
 
 from tokenrouter.core.batch import TokenLogprobs
+from tokenrouter.core.config import PolicyConfig
 from tokenrouter.core.request import SamplingParams
 
 PEER = b"peer"
@@ -97,14 +98,12 @@ class Restarted(msgspec.Struct, tag="restarted", frozen=True):
 
 
 class SetPolicy(msgspec.Struct, tag="set_policy", frozen=True):
-    """From the front-end's admin endpoint to every subserver: a new batching policy (the config's `policy`
-    section) and, for a synthetic router, a new hop rate; applied between steps and acknowledged (`PolicySet`)."""
+    """From the front-end (the admin endpoint, autotune) to every subserver: the batching policy to run (the
+    config's section, checked by the sender and again on decoding) and, for a synthetic router, a new hop rate
+    (None: keep it); applied between steps and acknowledged (`PolicySet`)."""
 
     seq: int
-    kind: str
-    thresholds: list[int] = []
-    table: dict[int, list[int]] = {}
-    max_wait_ms: float | None = None
+    policy: PolicyConfig
     hop_rate: float | None = None
 
 

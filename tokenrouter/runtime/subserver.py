@@ -146,13 +146,11 @@ class Subserver(EngineLoop):
 
     def _set_policy(self, msg: P.SetPolicy) -> None:
         """The admin endpoint's policy (and hop rate): applied before the next `schedule`, then acknowledged."""
-        from tokenrouter.core.config import PolicyConfig
         from tokenrouter.routers.presets import set_hop_rate
 
         error = None
         try:
-            pc = PolicyConfig(msg.kind, list(msg.thresholds), {int(k): list(v) for k, v in msg.table.items()},
-                              msg.max_wait_ms)  # fmt: skip
+            pc = msg.policy
             old = self.sched.policy
             self.sched.set_policy(pc.build())
             if msg.hop_rate is not None:

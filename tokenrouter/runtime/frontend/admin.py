@@ -19,87 +19,99 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import math
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from tokenrouter.core.config import PolicyConfig
-from tokenrouter.runtime import protocol as P
+from tokenrouter.core.config import DeploymentConfig, PolicyConfig
 from tokenrouter.runtime.frontend.errors import APIError
 
 Threshold = Annotated[int, Field(strict=True, ge=1, le=1_000_000)]
+Concurrency = Annotated[str, Field(pattern=r"^[1-9][0-9]{0,8}$")]  # a live N >= 1, as a JSON key
 
 
 class PolicyBody(BaseModel):
     """The deployment config's `policy` section, plus an optional hop rate for a synthetic router. Without
-    `policy`, only `hop_rate` may be given: the policy in force stays."""
+    `policy`, only `hop_rate` may be given: the policy in force stays. The only place B has string keys (JSON's)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
     policy: Literal["step-sync", "model-sync", "eager", "delayed"] | None = None
     thresholds: list[Threshold] = []
-    table: dict[str, list[Threshold]] = {}  # live N -> thresholds (JSON keys are strings: "8": [1, 7])
+    table: dict[Concurrency, list[Threshold]] = {}  # live N -> thresholds (JSON keys are strings: "8": [1, 7])
     max_wait_ms: Annotated[float, Field(ge=0)] | None = None
     hop_rate: Annotated[float, Field(ge=0, le=1)] | None = None
 
+    def policy_config(self) -> PolicyConfig | None:
+        """The policy section as the config's (None without `policy`); a 400 for what it cannot be."""
+        if self.policy is None:
+            given = [k for k in ("thresholds", "table", "max_wait_ms") if k in self.model_fields_set]
+            if given or self.hop_rate is None:
+                raise APIError(400, "without 'policy' give only 'hop_rate' (the policy in force stays)", "policy")
+            return None
+        table = {int(k): list(v) for k, v in self.table.items()}
+        try:
+            return PolicyConfig(self.policy, list(self.thresholds), table, self.max_wait_ms)
+        except ValueError as e:
+            raise APIError(400, str(e), "policy") from None
+
 
 class PolicyState:
-    """The policy in force as GET /admin/policy reports it (`current`, the admin body's shape), and the one path
+    """The policy in force (`policy`, None while unknown: a handle without a config; `hop_rate`) and the one path
     every change takes (`apply`, under `lock`). `version` counts applied changes, so a change computed from an
-    older state (autotune's solve ran while an operator changed the policy) can tell it is stale.
-    `listeners` are called with (new policy dict, source) after every applied change of the policy section (not
-    after a hop rate alone)."""
+    older state (autotune's solve ran while an operator changed the policy) can tell it is stale. `listeners` are
+    called with (new policy, source) after every applied change of the policy (not after a hop rate alone)."""
 
-    def __init__(self, backend: Any, initial: dict[str, Any]) -> None:
-        self.backend = backend
-        self.current: dict[str, Any] = dict(initial)
+    def __init__(self, backend: Any, num_models: int, config: DeploymentConfig | None = None) -> None:
+        self.backend, self.num_models = backend, num_models
+        # The autotune settings stay with the task that runs them: the policy in force is B and its kind.
+        self.policy = None if config is None else replace(config.policy, autotune=None)
+        self.hop_rate = None if config is None else config.router.hop_rate
+        self.baseline = None if config is None else config.baseline  # a baseline server refuses every change
         self.lock = asyncio.Lock()
         self.version = 0
-        self.listeners: list[Callable[[dict[str, Any], str], None]] = []
+        self.listeners: list[Callable[[PolicyConfig, str], None]] = []
 
-    async def apply(self, body: dict[str, Any], source: str = "admin") -> dict[str, Any]:
-        """Send `body` (the admin body's fields; `policy` None: keep the policy in force, change the hop rate)
-        to every subserver and wait for their acks; the policy now in force. Hold `lock` around it when the
-        change depends on the state (`apply` does not take it: the caller decides what is atomic)."""
-        if body.get("policy") is None:
-            if not self.current.get("policy"):
+    def describe(self) -> dict[str, Any]:
+        """The policy in force in the admin body's shape (GET /admin/policy); empty while unknown."""
+        pc = self.policy
+        if pc is None:
+            return {}
+        table = {str(n): list(b) for n, b in pc.table.items()}
+        return {"policy": str(self.baseline or pc.kind), "thresholds": list(pc.thresholds), "table": table,
+                "max_wait_ms": pc.max_wait_ms, "hop_rate": self.hop_rate}  # fmt: skip
+
+    async def apply(self, policy: PolicyConfig | None, hop_rate: float | None = None,
+                    source: str = "admin") -> dict[str, Any]:  # fmt: skip
+        """Check `policy` (None: keep the one in force, change the hop rate; `hop_rate` None: keep the rate), send
+        it to every subserver and wait for their acks; the policy now in force (`describe`). Hold `lock` around
+        it when the change depends on the state (`apply` does not take it: the caller decides what is atomic)."""
+        if policy is None:
+            if self.policy is None:
                 raise APIError(409, "the policy in force is unknown: give 'policy' with the hop rate", "policy")
-            body = {**{k: self.current.get(k) for k in ("policy", "thresholds", "table", "max_wait_ms")},
-                    "hop_rate": body.get("hop_rate")}  # fmt: skip
-        table = {int(k): list(v) for k, v in (body.get("table") or {}).items()}
-        msg = P.SetPolicy(0, body["policy"], list(body.get("thresholds") or []), table, body.get("max_wait_ms"),
-                          body.get("hop_rate"))  # fmt: skip
-        errors = await self.backend.set_policy(msg)
+            policy = self.policy
+        try:
+            policy.check(self.num_models)
+        except ValueError as e:
+            raise APIError(400, str(e), "policy") from None
+        errors = await self.backend.set_policy(policy, hop_rate)
         if errors:
             raise APIError(409, "; ".join(errors), "policy")
-        new = {"policy": body["policy"], "thresholds": list(body.get("thresholds") or []),
-               "table": {str(k): list(v) for k, v in table.items()}, "max_wait_ms": body.get("max_wait_ms"),
-               "hop_rate": body.get("hop_rate")}  # fmt: skip
-        if new["hop_rate"] is None:  # not given: the router keeps its rate
-            new["hop_rate"] = self.current.get("hop_rate")
-        keys = ("policy", "thresholds", "table", "max_wait_ms")
-        changed = any(new[k] != self.current.get(k) for k in keys)
-        self.current = new
+        changed = policy != self.policy
+        self.policy = policy
+        self.hop_rate = self.hop_rate if hop_rate is None else hop_rate
         self.version += 1
         if changed:  # a hop rate alone changes no policy
             for fn in self.listeners:
-                fn(new, source)
-        return new
-
-    def policy_config(self) -> PolicyConfig | None:
-        """The policy in force as a config section (None when unknown)."""
-        c = self.current
-        if not c.get("policy"):
-            return None
-        table = {int(k): list(v) for k, v in (c.get("table") or {}).items()}
-        return PolicyConfig(c["policy"], list(c.get("thresholds") or []), table, c.get("max_wait_ms"))
+                fn(policy, source)
+        return self.describe()
 
 
-def add_admin_routes(app: FastAPI, state: PolicyState, num_models: int, admin_key: str | None,
+def add_admin_routes(app: FastAPI, state: PolicyState, admin_key: str | None,
                      extra: Callable[[], dict[str, Any]] | None = None) -> None:  # fmt: skip
     """Mount /admin/policy on `app`. `state`: the policy in force and the path every change takes; `extra`: more
     for GET to answer (autotune's state)."""
@@ -115,31 +127,14 @@ def add_admin_routes(app: FastAPI, state: PolicyState, num_models: int, admin_ke
     @router.get("/admin/policy")
     async def get_policy(request: Request) -> JSONResponse:
         authorize(request)
-        return JSONResponse({**state.current, **(extra() if extra is not None else {})})
+        return JSONResponse({**state.describe(), **(extra() if extra is not None else {})})
 
     @router.post("/admin/policy")
     async def set_policy(body: PolicyBody, request: Request) -> JSONResponse:
         authorize(request)
-        if body.policy is None:
-            given = [k for k in ("thresholds", "table", "max_wait_ms") if k in body.model_fields_set]
-            if given or body.hop_rate is None:
-                raise APIError(400, "without 'policy' give only 'hop_rate' (the policy in force stays)", "policy")
-        if body.max_wait_ms is not None and not math.isfinite(body.max_wait_ms):
-            raise APIError(400, "max_wait_ms must be a finite number", "max_wait_ms")
-        for what, b in [("thresholds", body.thresholds), *((f"table.{n}", b) for n, b in body.table.items())]:
-            if b and len(b) != num_models:
-                raise APIError(400, f"{what} needs one value per model ({num_models}), got {len(b)}", "thresholds")
-        bad = [k for k in body.table if not (k.isdigit() and int(k) >= 1)]
-        if bad:
-            raise APIError(400, f"table keys are concurrencies N >= 1, got {bad[0]!r}", "table")
-        if body.policy is not None:
-            table = {int(k): list(v) for k, v in body.table.items()}
-            try:
-                PolicyConfig(body.policy, list(body.thresholds), table, body.max_wait_ms).build()
-            except ValueError as e:
-                raise APIError(400, str(e), "policy") from None
+        policy = body.policy_config()
         async with state.lock:
-            new = await state.apply(body.model_dump(), source="admin")
+            new = await state.apply(policy, body.hop_rate, source="admin")
         return JSONResponse({"applied": new})
 
     app.include_router(router)

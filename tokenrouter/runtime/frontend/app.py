@@ -64,7 +64,7 @@ def create_app(
     request on the `tokenrouter.access` logger (`frontend.access`)."""
     backend = Backend(server, heartbeat_timeout_s=heartbeat_timeout_s, access_log=access_log)
     metrics = FrontendMetrics(backend)
-    policy = PolicyState(backend, initial_policy(server))
+    policy = PolicyState(backend, len(server.model_names), getattr(server, "config", None))
     tuner = autotune_task(server, backend, policy)
     metrics.registry.register(PolicyCollector(backend, policy, tuner))
     name = served_model_name(server)
@@ -208,7 +208,7 @@ def create_app(
     async def prometheus() -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    add_admin_routes(app, policy, len(names), admin_key, tuner.describe if tuner is not None else None)
+    add_admin_routes(app, policy, admin_key, tuner.describe if tuner is not None else None)
     return app
 
 
@@ -220,14 +220,3 @@ def autotune_task(server: ServerHandle, backend: Backend, policy: PolicyState) -
     from tokenrouter.deploy.autotune_controller import make_controller
 
     return AutotuneTask(backend, policy, make_controller(cfg), server.entry)
-
-
-def initial_policy(server: ServerHandle) -> dict:
-    """The policy a server started with, as the admin endpoint reports it (empty when the handle has no config)."""
-    cfg = getattr(server, "config", None)
-    if cfg is None:
-        return {}
-    pc = cfg.policy
-    table = {str(k): v for k, v in pc.table.items()}
-    return {"policy": str(pc.kind), "thresholds": list(pc.thresholds), "table": table, "max_wait_ms": pc.max_wait_ms,
-            "hop_rate": cfg.router.hop_rate}  # fmt: skip

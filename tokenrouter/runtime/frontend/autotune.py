@@ -20,6 +20,7 @@ import logging
 from typing import Any
 
 from tokenrouter.core.autotune import AutotuneController, CounterSnapshot, Decision, ModelCounters
+from tokenrouter.core.config import PolicyConfig
 from tokenrouter.runtime.frontend.admin import PolicyState
 from tokenrouter.runtime.frontend.errors import APIError
 
@@ -44,7 +45,7 @@ class AutotuneTask:
         self.backend, self.state, self.controller, self.entry = backend, state, controller, entry
         self.changes: list[Decision] = []
         self.last_gain: float | None = None
-        self._reset: tuple[dict[str, Any], float] | None = None  # an operator's change, for the next round
+        self._reset: tuple[PolicyConfig, float] | None = None  # an operator's change, for the next round
         self._status = ""
         self._task: asyncio.Task | None = None
         state.listeners.append(self._on_policy)
@@ -64,7 +65,7 @@ class AutotuneTask:
                 await self._task
             self._task = None
 
-    def _on_policy(self, policy: dict[str, Any], source: str) -> None:
+    def _on_policy(self, policy: PolicyConfig, source: str) -> None:
         if source != "autotune":
             self._reset = (policy, self.backend.clock())
 
@@ -89,11 +90,10 @@ class AutotuneTask:
         if self._reset is not None:
             policy, at = self._reset
             self._reset = None
-            pc = self.state.policy_config()
-            if pc is not None and policy.get("policy") in ("eager", "delayed"):
-                self.controller.reset(pc.build(), at)
-                log.info("autotune: follows the policy set by the admin endpoint (%s %s)", policy.get("policy"),
-                         policy.get("thresholds") or policy.get("table") or "")  # fmt: skip
+            if not policy.kind.is_sync:
+                self.controller.reset(policy.build(), at)
+                log.info("autotune: follows the policy set by the admin endpoint (%s %s)", policy.kind,
+                         policy.thresholds or policy.table or "")  # fmt: skip
         if self.backend.unhealthy() or self.controller.policy.is_sync:
             return
         snap = snapshot(self.backend, self.entry)
@@ -112,15 +112,15 @@ class AutotuneTask:
             if self.state.version != version or self._reset is not None:
                 log.info("autotune: dropped %s: the policy changed meanwhile", d.describe())
                 return
-            max_wait = self.state.current.get("max_wait_ms")
-            body = {"policy": "delayed", "thresholds": list(d.new), "table": {}, "max_wait_ms": max_wait,
-                    "hop_rate": None}  # fmt: skip
+            if self.state.policy is None:
+                return
+            policy = self.state.policy.with_thresholds(d.new)
             try:
-                await self.state.apply(body, source="autotune")
+                await self.state.apply(policy, source="autotune")
             except APIError as e:
                 log.warning("autotune: %s not applied: %s", d.describe(), e.message)
                 return
-            self.controller.applied(d)
+            self.controller.applied(d, policy.build())
             self.changes.append(d)
             self.last_gain = d.predicted_gain
         note = f"; {d.note}" if d.note else ""

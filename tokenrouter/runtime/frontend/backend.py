@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import zmq
 import zmq.asyncio
 
+from tokenrouter.core.config import PolicyConfig
 from tokenrouter.runtime import protocol as P
 from tokenrouter.runtime.frontend import access
 from tokenrouter.runtime.frontend.errors import APIError
@@ -182,13 +183,13 @@ class Backend:
         while self.streams and self.clock() < end:
             await asyncio.sleep(0.02)
 
-    async def set_policy(self, msg: P.SetPolicy, timeout_s: float = 10.0) -> list[str]:
+    async def set_policy(self, policy: PolicyConfig, hop_rate: float | None, timeout_s: float = 10.0) -> list[str]:
         """Send a new policy to every subserver and wait until each applied it (so the next request sees it
         everywhere); the errors of those that refused it (empty: all applied)."""
         if self._ctx is None:
             raise APIError(503, "the server is not running")
         self._policy_seq += 1
-        msg = P.SetPolicy(self._policy_seq, msg.kind, msg.thresholds, msg.table, msg.max_wait_ms, msg.hop_rate)
+        msg = P.SetPolicy(self._policy_seq, policy, hop_rate)
         loop = asyncio.get_running_loop()
         futs = {i: loop.create_future() for i in range(len(self.models))}
         for i, f in futs.items():

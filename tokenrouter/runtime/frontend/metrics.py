@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from tokenrouter.core.config import PolicyConfig
 from tokenrouter.runtime.frontend.backend import Backend
 
 _GAUGES = (
@@ -81,18 +82,13 @@ class StatsCollector(Collector):
         yield from (batch, step_ms)
 
 
-def nominal_thresholds(pc, live: int, num_models: int) -> tuple[int, ...] | None:
+def nominal_thresholds(pc: PolicyConfig, live: int, num_models: int) -> tuple[int, ...] | None:
     """B as configured for live N, before the deadlock guard's clamp (which follows every dip of N at a finish and
-    would make a steady B look like it flaps): the flat thresholds, or the table row for N; all 1 when not
-    delayed. None when it does not fit the models."""
-    if pc.kind != "delayed":
-        return (1,) * num_models
-    b = list(pc.thresholds) or [1] * num_models
-    if pc.table:
-        keys = sorted(pc.table)
-        below = [k for k in keys if k <= max(1, live)]
-        b = list(pc.table[below[-1] if below else keys[0]])
-    return tuple(int(x) for x in b) if len(b) == num_models else None
+    would make a steady B look like it flaps): `Policy.nominal_thresholds`. None when it does not fit the models."""
+    try:
+        return pc.build().nominal_thresholds(max(1, live), num_models)
+    except ValueError:
+        return None
 
 
 class PolicyCollector(Collector):
@@ -104,7 +100,7 @@ class PolicyCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         names = [m.name for m in self.backend.models]
-        pc = self.state.policy_config()
+        pc = self.state.policy
         if pc is not None:
             entry = self.backend.handle.entry
             stats = self.backend.models[entry].stats
