@@ -36,13 +36,15 @@ from typing import Any
 
 import zmq
 
+from tokenrouter.core.kv import KVPool
+from tokenrouter.models.tp_rules import NCCL_ENV
 from tokenrouter.runtime.logs import configure_logging
 from tokenrouter.runtime.parent_watch import die_with_parent
+from tokenrouter.runtime.supervision import describe_exit, report_failed
 
 log = logging.getLogger(__name__)
 
 HOST = "127.0.0.1"  # every rank of a model runs on rank 0's host
-NCCL_ENV = {"NCCL_NVLS_ENABLE": "0"}
 
 
 @dataclass(slots=True)
@@ -77,6 +79,8 @@ class TPRanks:
     def __init__(self, size: int, engine_kwargs: dict[str, Any], *, num_pages: int | None = None,
                  on_death: Callable[[str], None] | None = None, log_level: int = logging.WARNING,
                  timeout_s: float = 300.0) -> None:  # fmt: skip
+        # torch (the `engine` extra) loads only in a process that runs a model: the launcher imports this module too
+        # (through `runtime.build`) and never loads torch.
         from tokenrouter.engine.config import EngineConfig
         from tokenrouter.engine.parallel import TensorParallel, serve_store
 
@@ -126,8 +130,6 @@ class TPRanks:
             s.send(data)
 
     def _watch(self) -> None:
-        from tokenrouter.runtime.launcher import describe_exit
-
         alive = {p.sentinel: (r, p) for r, p in enumerate(self.procs, start=1)}
         while alive and not self._closing.is_set():
             for sentinel in wait(list(alive), timeout=0.2):
@@ -177,8 +179,7 @@ def follower_main(spec: FollowerSpec) -> None:
     ctx = zmq.Context()
     sock = ctx.socket(zmq.PULL)
     sock.connect(spec.steps_address)
-    try:
-        from tokenrouter.core.kv import KVPool
+    try:  # the engine (torch) loads here: an import error is this rank's failure, reported as any other
         from tokenrouter.engine.config import EngineConfig
         from tokenrouter.engine.parallel import TensorParallel
         from tokenrouter.engine.runner import Engine
@@ -212,6 +213,7 @@ def follower_main(spec: FollowerSpec) -> None:
 def start_ranks(spec: Any, engine_kwargs: dict[str, Any], pool: Any) -> Any:
     """Rank 0's engine of subserver `spec` (a `SubserverSpec`) for a model with `tp > 1`: starts its followers, then
     builds the engine (every rank at once). A follower that dies from here on fails the subserver."""
+    # torch (the `engine` extra): lazily, as in `TPRanks`.
     from tokenrouter.engine.config import EngineConfig
     from tokenrouter.engine.loader import resolve_spec
     from tokenrouter.engine.parallel import check_divides
@@ -222,10 +224,8 @@ def start_ranks(spec: Any, engine_kwargs: dict[str, Any], pool: Any) -> Any:
     check_divides(resolve_spec(cfg.model)[0], size)
 
     def on_death(why: str) -> None:
-        from tokenrouter.runtime.subserver import _report_failed
-
         try:
-            _report_failed(spec, why)
+            report_failed(spec.addresses, spec.model, why)
         finally:
             os._exit(1)  # rank 0 may be blocked in a collective with the dead rank: no orderly shutdown
 
