@@ -87,7 +87,7 @@ class Subserver(EngineLoop):
 
     # ---- hooks (a baseline's model server overrides them: `baselines.model_server`) ------------------------------
     def build(self, spec: SubserverSpec) -> tuple[Any, Any, Any]:
-        """(deployment, this model's scheduler, its engine), called once from `__init__` before any socket opens;
+        """(deployment, this model's scheduler, its engine), called once from `__init__` before its sockets open;
         the scheduler's pool must be the engine's. Here: the simulator's builder, same call."""
         return build_part(spec, self.gate)
 
