@@ -28,7 +28,7 @@ class FakeSub:
         self.next_stats, self.stats_sent, self.stats_sig = 0.0, float("-inf"), ()
         self.sent: list[P.Stats] = []
 
-    def _control(self, msg: P.Stats) -> None:
+    def send_control(self, msg: P.Stats) -> None:
         self.sent.append(msg)
 
     def tick(self, now: float) -> P.Stats | None:
