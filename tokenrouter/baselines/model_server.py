@@ -30,17 +30,17 @@ from tokenrouter.baselines.kv import PrefixCaching, RefCountedKVPool
 from tokenrouter.core.batch import Batch
 from tokenrouter.core.messages import Action, Emit, Finish
 from tokenrouter.core.policy import Policy
-from tokenrouter.core.request import ReqStatus
+from tokenrouter.core.request import ReqStatus, Request
 from tokenrouter.core.router import Router
-from tokenrouter.core.scheduler import RequestTooLong, Scheduler
+from tokenrouter.core.scheduler import Scheduler
 from tokenrouter.deploy.builder import max_context_len
 from tokenrouter.deploy.engine_args import engine_kwargs
 from tokenrouter.deploy.kv_budget import kv_capacity_tokens
 from tokenrouter.runtime import protocol as P
 from tokenrouter.runtime.build import SubserverSpec, process_engine_kwargs
 from tokenrouter.runtime.sockets import push_socket
-from tokenrouter.runtime.subserver import Subserver
-from tokenrouter.runtime.supervision import fail_and_exit, start_child
+from tokenrouter.runtime.subserver import Subserver, serve
+from tokenrouter.runtime.supervision import start_child
 
 log = logging.getLogger(__name__)
 
@@ -91,16 +91,8 @@ class ModelServer(Subserver):
         return self.caching
 
     # ---- inputs ---------------------------------------------------------------------------------------------
-    def submit(self, msg: P.Submit, now: float) -> None:
-        try:
-            req = self.request_from(msg, 1, 0)  # a one-model server: the request starts and stays here
-            acts = self.sched.add(req, now)
-        except (RequestTooLong, ValueError, TypeError) as e:
-            self.out.send_multipart([P.CTL, P.encode(P.Rejected(msg.rid, 400, str(e)))])
-            return
+    def after_add(self, req: Request) -> None:
         self.cache.admit(req)  # before the first `schedule`: the scheduler extends from the matched prefix
-        self.hops.write({"rid": msg.rid, "prompt_len": req.prompt_len})
-        self.deliver(acts)
 
     def set_policy(self, msg: P.SetPolicy) -> None:
         err = "a standard-serving model server has no batching policy to change (it runs continuous batching)"
@@ -133,12 +125,5 @@ class ModelServer(Subserver):
 
 def main(spec: ModelServerSpec) -> None:
     """Process entry point (multiprocessing spawn target), as `runtime.subserver.main`."""
-    sub = spec.sub
-    start_child(sub.log_level, sub.run_dir)
-    server: ModelServer | None = None
-    try:
-        server = ModelServer(spec)
-        server.run()
-    except BaseException as e:
-        fail_and_exit(sub.addresses, sub.model, e, server)
-    server.close()
+    start_child(spec.sub.log_level, spec.sub.run_dir)
+    serve(spec.sub, make=lambda sub, joined: ModelServer(spec))

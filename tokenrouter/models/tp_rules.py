@@ -1,6 +1,5 @@
-"""What holds for every tensor-parallel model, in every process that handles one: which degrees its shape splits
-by (`tp_split_error`) and the NCCL settings its ranks run with (`NCCL_ENV`). Pure (no torch): the launcher and the
-placement checks read it as the engine does."""
+"""What holds for a tensor-parallel model in every process: the degrees its shape splits by and the NCCL settings
+its ranks run with. Pure (no torch): the launcher and the placement checks read it as the engine does."""
 
 from __future__ import annotations
 

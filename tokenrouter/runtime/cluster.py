@@ -4,9 +4,8 @@
 the address table and the launcher's socket at construction (`bind_launcher`), each subserver's start
 (`prepare`, then `start_remote`: a handle instead of a child process for an `external` model or a Ray actor),
 the JOIN frames on the launcher's socket (`on_join`), start-up (`wait_joined`, then `welcome_all` once a sync
-policy's coordinator listens) and `close` on stop. The `Cluster` owns the address table of a tcp deployment: the
-calls that change it return it, and the launcher keeps what they return. It sees its launcher only through
-`Launcher`.
+policy's coordinator listens) and `close` on stop. It owns the tcp address table (a call that changes it returns it)
+and sees the launcher through `Launcher` only.
 
 Where things run and listen (`runtime.addresses`):
 - a model with `external: true` runs wherever it was started by hand (`tokenrouter subserver --join`); its
@@ -53,6 +52,7 @@ from tokenrouter.runtime.addresses import (
 from tokenrouter.runtime.build import SubserverSpec
 from tokenrouter.runtime.ray_cluster import RayCluster
 from tokenrouter.runtime.remote import RemoteSubserver
+from tokenrouter.runtime.sockets import send_once
 from tokenrouter.runtime.supervision import StartupError, exit_reason
 
 log = logging.getLogger(__name__)
@@ -79,10 +79,9 @@ class ClusterOptions:
 
 
 class Launcher(Protocol):
-    """What `Cluster` reads of the launcher that owns it (`runtime.launcher.Server`). `processes[i]`: model i's
-    process or `RemoteSubserver` handle; `dead`: model -> the failure it reported; both as they stand now.
-    `poll_control` handles what arrived on the launcher's socket (JOIN frames come back through `on_join`);
-    `serving` is False once the launcher stops or gave up."""
+    """What `Cluster` reads of its launcher (`runtime.launcher.Server`): `processes[i]` (model i's process or
+    `RemoteSubserver`) and `dead` (model -> its reported failure) as they stand now; `poll_control` handles what
+    reached the launcher's socket (JOIN frames come back through `on_join`); `serving()` is False once it stops."""
 
     config: DeploymentConfig
     device: str
@@ -100,7 +99,6 @@ class Cluster:
     def __init__(self, launcher: Launcher, options: ClusterOptions, ctx: zmq.Context) -> None:
         """`ctx`: the launcher's ZeroMQ context (the Welcome and Refused frames go out on sockets of it)."""
         cfg = launcher.config
-        device = launcher.device
         self.config = cfg
         self.options = options
         self.names = [m.name for m in cfg.models]
@@ -120,9 +118,9 @@ class Cluster:
         if options.ray:
             if any(m.external for m in cfg.models):
                 raise ValueError("--ray starts every model as an actor; external: true is for a model started by hand")
-            if device == "cuda" and pl.mode == "mps":
+            if launcher.device == "cuda" and pl.mode == "mps":
                 raise ValueError("--ray gives each model its own GPUs: use placement separate or cross-host, not mps")
-            self.ray = RayCluster(options.ray, cfg, device, num_cpus=options.ray_num_cpus)
+            self.ray = RayCluster(options.ray, cfg, launcher.device, num_cpus=options.ray_num_cpus)
         self.local = self._is_local()
         listen = self._listen()
         here = LOOPBACK if listen in (LOOPBACK, ANY) else listen
@@ -287,11 +285,7 @@ class Cluster:
         self._send(join.endpoint, w)
 
     def _send(self, endpoint: str, msg: J.JoinMessage) -> None:
-        s = self.ctx.socket(zmq.PUSH)
-        s.setsockopt(zmq.LINGER, 2000)
-        s.connect(endpoint)
-        s.send_multipart([P.JOIN, J.encode(msg)])
-        s.close()
+        send_once(self.ctx, endpoint, [P.JOIN, J.encode(msg)])
 
     def on_control(self, msg: P.Ready | P.Stats | P.Failed) -> None:
         """A listener of the launcher: heartbeats and failures for the handles of remote subservers."""

@@ -52,6 +52,7 @@ from tokenrouter.runtime.gate import Coordinator
 from tokenrouter.runtime.hoptrace import merge_hop_logs
 from tokenrouter.runtime.mps import MpsDaemon
 from tokenrouter.runtime.rundir import create_run_dir
+from tokenrouter.runtime.sockets import push_socket, send_once
 from tokenrouter.runtime.supervision import StartupError, describe_exit, environ, exit_reason
 from tokenrouter.runtime.tp_config import check_tp, tp_environment
 
@@ -351,9 +352,7 @@ class Server:
 
     def _watch(self) -> None:
         """Watcher thread: control messages, and the exit of any subserver (with or without a `Failed`)."""
-        tell = self._ctx.socket(zmq.PUSH)
-        tell.setsockopt(zmq.LINGER, 0)
-        tell.connect(self.addresses.frontend)
+        tell = push_socket(self._ctx, self.addresses.frontend, linger_ms=0)
         try:
             while not self._watch_done.is_set():
                 self.poll_control(100)
@@ -367,7 +366,7 @@ class Server:
                     self._kill_hung()
                     for name, p, _ in self.aux:
                         if p.exitcode is not None and self.failure is None:
-                            self._on_aux_exit(name, p)
+                            self._give_up(f"{name} died ({describe_exit(p.exitcode)})")
         finally:
             tell.close()
 
@@ -404,15 +403,11 @@ class Server:
             self._restart(i)
             return
         why = msg if was_ready or not self.restart_on_failure else f"{msg}, before it was ready again"
-        self.failure = why
-        log.error("giving up: %s%s", why, "" if self.restart_on_failure else " (--restart-on-failure restarts it)")
-        for fn in self._fatal_listeners:
-            fn(why)
+        self._give_up(why, "" if self.restart_on_failure else " (--restart-on-failure restarts it)")
 
-    def _on_aux_exit(self, name: str, p: Any) -> None:
-        why = f"{name} died ({describe_exit(p.exitcode)})"
-        log.error("giving up: %s", why)
+    def _give_up(self, why: str, hint: str = "") -> None:
         self.failure = why
+        log.error("giving up: %s%s", why, hint)
         for fn in self._fatal_listeners:
             fn(why)
 
@@ -421,11 +416,7 @@ class Server:
         the dead one reaches it); then subserver i starts again with the same spec."""
         for j, addr in enumerate(self.addresses.subservers):
             if j != i:
-                s = self._ctx.socket(zmq.PUSH)
-                s.setsockopt(zmq.LINGER, 1000)
-                s.connect(addr)
-                s.send_multipart([P.CTL, P.encode(P.Restarted(i))])
-                s.close()
+                send_once(self._ctx, addr, [P.CTL, P.encode(P.Restarted(i))], linger_ms=1000)
         self.restarts[i] += 1
         log.warning("restarting subserver %d (%s), restart %d", i, self.config.models[i].name, self.restarts[i])
         self.processes[i] = self._spawn(i)
@@ -444,11 +435,7 @@ class Server:
                 for addr in (*self.addresses.subservers, *(a for _, _, a in self.aux)):
                     if not Addresses.known(addr):
                         continue  # over tcp: a subserver that never joined (it is killed below)
-                    s = self._ctx.socket(zmq.PUSH)
-                    s.setsockopt(zmq.LINGER, 500)
-                    s.connect(addr)
-                    s.send_multipart([P.CTL, P.encode(P.Shutdown())])
-                    s.close()
+                    send_once(self._ctx, addr, [P.CTL, P.encode(P.Shutdown())], linger_ms=500)
             deadline = time.monotonic() + timeout_s
             every = [*self.processes, *(p for _, p, _ in self.aux)]
             for p in every:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -85,15 +86,14 @@ class Subserver(EngineLoop):
         self.stats_sent = float("-inf")
         self.stats_sig: tuple[int, ...] = ()
 
-    # ---- hooks (a baseline's model server overrides them: `baselines.model_server`) ------------------------------
+    # ---- hooks (`baselines.model_server` overrides them) ----------------------------------------------------
     def build(self, spec: SubserverSpec) -> tuple[Any, Any, Any]:
         """(deployment, this model's scheduler, its engine), called once from `__init__` before its sockets open;
         the scheduler's pool must be the engine's. Here: the simulator's builder, same call."""
         return build_part(spec, self.gate)
 
     def reply_socket(self, spec: SubserverSpec) -> zmq.Socket:
-        """Where a request's tokens and its end go (called once, after `front` opened): the front-end (a baseline's
-        model server answers its dispatcher)."""
+        """Where a request's tokens and its end go (once, after `front` opened): the front-end here."""
         return self.front
 
     def _push(self, addr: str) -> zmq.Socket:
@@ -126,18 +126,22 @@ class Subserver(EngineLoop):
             self.gate.on_grant(data)  # a grant: the loop asks `schedule` next
 
     def submit(self, msg: P.Submit, now: float) -> None:
-        """A client's request: added to the scheduler and its first actions delivered, or `Rejected` (400) on
-        `reply_socket` when it cannot be served."""
+        """A client's request: added to the scheduler (then `after_add`) and its first actions delivered, or
+        `Rejected` (400) on `reply_socket` when it cannot be served."""
         try:
-            req = self.request_from(msg, self.dep.num_models, self.sched.entry)
+            req = self.request_from(msg)
             acts = self.sched.add(req, now)
         except (RequestTooLong, ValueError, TypeError) as e:
             self.out.send_multipart([P.CTL, P.encode(P.Rejected(msg.rid, 400, str(e)))])
             return
+        self.after_add(req)
         self.hops.write({"rid": msg.rid, "prompt_len": req.prompt_len})
         self.deliver(acts)
 
-    def request_from(self, msg: P.Submit, num_models: int, entry: int) -> Request:
+    def after_add(self, req: Request) -> None:
+        """`req` was just added to the scheduler; its first `schedule` comes later."""
+
+    def request_from(self, msg: P.Submit) -> Request:
         """The core request of a client's submission; ValueError (or TypeError from the sampling fields) for what
         the front-end could not check: an empty prompt, an id outside this model's vocabulary."""
         ids = P.unpack_ids(msg.prompt_ids)
@@ -147,7 +151,7 @@ class Subserver(EngineLoop):
         if bad:
             raise ValueError(f"token id {bad[0]} out of the vocabulary (0..{self.vocab - 1})")
         sp = SamplingParams(**{f: getattr(msg.sampling, f) for f in msg.sampling.__struct_fields__})
-        return Request(msg.rid, ids, len(ids), sp, num_models=num_models, entry=entry,
+        return Request(msg.rid, ids, len(ids), sp, num_models=self.sched.num_models, entry=self.sched.entry,
                        eos_token_ids=tuple(msg.eos_token_ids))  # fmt: skip
 
     def set_policy(self, msg: P.SetPolicy) -> None:
@@ -302,11 +306,12 @@ def main(spec: SubserverSpec) -> None:
     serve(spec)
 
 
-def serve(spec: SubserverSpec, joined: Joined | None = None, *, watch_launcher: bool = False) -> None:
-    """Run one subserver in this process until `Shutdown`: a multiprocessing child (`main`), a Ray actor or
-    `tokenrouter subserver`. Over tcp it first joins the launcher (`runtime.join`) unless `joined` says it did;
-    `watch_launcher`: exit when the connection to the launcher drops (a process the launcher did not start).
-    On an error: `Failed` to the front-end and the launcher, then `os._exit(1)`."""
+def serve(spec: SubserverSpec, joined: Joined | None = None, *, watch_launcher: bool = False,
+          make: Callable[[SubserverSpec, Joined | None], Subserver] = Subserver) -> None:  # fmt: skip
+    """Run one subserver (`make(spec, joined)`) in this process until `Shutdown`: a multiprocessing child (`main`),
+    a Ray actor or `tokenrouter subserver`. Over tcp it first joins the launcher (`runtime.join`) unless `joined`
+    says it did; `watch_launcher`: exit when the connection to the launcher drops (a process the launcher did not
+    start). On an error: `Failed` to the front-end and the launcher, then `os._exit(1)`."""
     sub: Subserver | None = None
     try:
         if joined is None and is_tcp(spec.addresses.launcher):
@@ -316,10 +321,10 @@ def serve(spec: SubserverSpec, joined: Joined | None = None, *, watch_launcher: 
             spec = spec_from_welcome(spec, joined.welcome)
         if joined is not None and watch_launcher:
             joined.link.watch(lambda: _launcher_lost(spec.model, joined.link.address))
-        sub = Subserver(spec, joined)
+        sub = make(spec, joined)
         sub.run()
     except BaseException as e:
-        fail_and_exit(spec.addresses, spec.model, e, sub)
+        fail_and_exit(spec.addresses, spec.model, e, sub.send_control if sub is not None else None)
     if joined is not None:
         joined.link.send(Left(spec.model))
     sub.close()

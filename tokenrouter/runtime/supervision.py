@@ -1,11 +1,7 @@
-"""What the runtime's processes share to supervise one another: how a child ended (`describe_exit`,
-`exit_reason`), the start-up error, how a dying subserver-like process reports `Failed` (`report_failed`,
-`fail_and_exit`), how a child process starts (`start_child`: logging, dies with its parent, removes an orphaned
-run directory) and the environment a spawned child inherits (`environ`).
-
-Low on purpose: it imports only the wire protocol, the address table and the run directory, so the launcher, the
-cluster, the subservers, the tensor-parallel ranks and the baselines import it, never each other, for these.
-"""
+"""What the runtime's processes share to supervise one another: how a child ended, how a dying process reports
+`Failed`, how a child starts (logging, dies with its parent, removes an orphaned run directory) and the environment
+a spawned child inherits. Low on purpose (the protocol, the address table, the run directory): the launcher, the
+cluster, the subservers, the tensor-parallel ranks and the baselines import it, never each other, for these."""
 
 from __future__ import annotations
 
@@ -14,10 +10,10 @@ import multiprocessing as mp
 import os
 import signal
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, NoReturn, Protocol
+from typing import Any, NoReturn
 
 import zmq
 
@@ -26,19 +22,13 @@ from tokenrouter.runtime import rundir
 from tokenrouter.runtime.addresses import Addresses
 from tokenrouter.runtime.logs import configure_logging
 from tokenrouter.runtime.parent_watch import die_with_parent
-from tokenrouter.runtime.sockets import push_socket
+from tokenrouter.runtime.sockets import send_once
 
 log = logging.getLogger(__name__)
 
 
 class StartupError(RuntimeError):
     """A subserver failed or timed out during start-up; the message names the model."""
-
-
-class ControlSender(Protocol):
-    """A process that already opened its control sockets (`runtime.subserver.Subserver`)."""
-
-    def send_control(self, msg: P.Ready | P.Stats | P.Failed) -> None: ...
 
 
 def describe_exit(code: int | None) -> str:
@@ -64,22 +54,21 @@ def report_failed(addresses: Addresses, model: int, msg: str) -> None:
     ctx = zmq.Context()
     for addr in (addresses.frontend, addresses.launcher):
         if Addresses.known(addr):  # over tcp the front-end's port may not be published yet
-            s = push_socket(ctx, addr)
-            s.send_multipart([P.CTL, P.encode(P.Failed(model, msg))])
-            s.close()
+            send_once(ctx, addr, [P.CTL, P.encode(P.Failed(model, msg))])
     ctx.term()
 
 
-def fail_and_exit(addresses: Addresses, model: int, exc: BaseException, process: ControlSender | None) -> NoReturn:
+def fail_and_exit(addresses: Addresses, model: int, exc: BaseException,
+                  send_control: Callable[[P.Failed], None] | None) -> NoReturn:  # fmt: skip
     """A subserver-like process (a subserver, a baseline's model server) died: log it, tell the front-end and the
-    launcher `Failed` (through the process's own control sockets, or fresh ones if it died before opening them),
-    and exit at once (`os._exit`: no atexit or finalizer may hang a dead process)."""
+    launcher `Failed` (through `send_control`, the process's own control sockets, or fresh ones if it died before
+    opening them), and exit at once (`os._exit`: no atexit or finalizer may hang a dead process)."""
     msg = f"{type(exc).__name__}: {exc}"
     log.error("model %d: %s", model, msg)
     traceback.print_exc()
     try:
-        if process is not None:
-            process.send_control(P.Failed(model, msg))
+        if send_control is not None:
+            send_control(P.Failed(model, msg))
         else:
             report_failed(addresses, model, msg)
     finally:
@@ -87,8 +76,8 @@ def fail_and_exit(addresses: Addresses, model: int, exc: BaseException, process:
 
 
 def start_child(log_level: int, run_dir: str | None = None) -> None:
-    """Call first in a process the launcher spawned: log at the launcher's level and die with the launcher; when
-    it dies, `run_dir` (the server's run directory) is removed if its owner is gone."""
+    """Call first in a spawned child: log at its parent's level (`log_level`) and die with its parent; when it
+    dies, `run_dir` (the server's run directory) is removed if its owner is gone."""
     configure_logging(log_level)
     parent = mp.parent_process()
 

@@ -38,9 +38,7 @@ import zmq
 
 from tokenrouter.core.kv import KVPool
 from tokenrouter.models.tp_rules import NCCL_ENV
-from tokenrouter.runtime.logs import configure_logging
-from tokenrouter.runtime.parent_watch import die_with_parent
-from tokenrouter.runtime.supervision import describe_exit, report_failed
+from tokenrouter.runtime.supervision import describe_exit, report_failed, start_child
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +56,6 @@ class FollowerSpec:
     page_size: int
     store_port: int
     steps_address: str
-    leader_pid: int
     log_level: int = logging.WARNING
     timeout_s: float = 300.0
 
@@ -109,7 +106,7 @@ class TPRanks:
                 self._socks.append(s)
                 kw = {**engine_kwargs, "device": rank_device(leader_device, r)}
                 spec = FollowerSpec(r, size, kw, num_pages, int(engine_kwargs.get("page_size", 16)), self._store.port,
-                                    f"tcp://{HOST}:{port}", os.getpid(), log_level, timeout_s)  # fmt: skip
+                                    f"tcp://{HOST}:{port}", log_level, timeout_s)  # fmt: skip
                 p = ctx.Process(target=follower_main, args=(spec,), name=f"tokenrouter-tp{r}", daemon=True)
                 p.start()
                 self.procs.append(p)
@@ -173,8 +170,7 @@ class TPRanks:
 def follower_main(spec: FollowerSpec) -> None:
     """Process entry point of rank `spec.rank` (multiprocessing spawn target). Exits 0 after `Stop`, 1 on an error;
     at once when rank 0 is gone."""
-    configure_logging(spec.log_level)
-    die_with_parent(spec.leader_pid, lambda: None)
+    start_child(spec.log_level)
     code = 0
     ctx = zmq.Context()
     sock = ctx.socket(zmq.PULL)
