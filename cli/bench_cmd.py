@@ -23,7 +23,7 @@ from tokenrouter.cli.options import (
     Workload,
     deployment_flags,
 )
-from tokenrouter.cli.report import _clean, _f, metrics_table
+from tokenrouter.cli.report import fmt_num, json_safe, metrics_table
 from tokenrouter.sim.simulate import sim_config, simulate
 from tokenrouter.workloads import Phase, RequestSpec, initial_phase, load_phases, make_workload
 
@@ -81,7 +81,7 @@ def _compare_table(live: dict[str, Any], sim: dict[str, Any], names: list[str]) 
     for label, key, nd in rows:
         a, b = live.get(key, float("nan")), sim.get(key, float("nan"))
         ratio = b / a if a and not math.isnan(a) and not math.isnan(b) else float("nan")
-        t.add_row(label, _f(a, nd, "-"), _f(b, nd, "-"), _f(ratio, 2, "-"))
+        t.add_row(label, fmt_num(a, nd, "-"), fmt_num(b, nd, "-"), fmt_num(ratio, 2, "-"))
     return t
 
 
@@ -219,7 +219,7 @@ def bench(
             console.print(f"simulated with profile {cfg.deployment.profile}, policy {cfg.deployment.policy_label}")
         record.update({f"sim_{k}": v for k, v in sim_res.summary.items()})
     if json_out:
-        text = json.dumps(_clean(record), indent=2)
+        text = json.dumps(json_safe(record), indent=2)
         print(text) if json_out == "-" else Path(json_out).write_text(text + "\n")
     if csv_out:
         out.metrics.to_frame().to_csv(csv_out, index=False)

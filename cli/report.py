@@ -14,7 +14,7 @@ from tokenrouter.core.policy import PolicyKind
 from tokenrouter.sim.run import SimResult
 
 
-def _f(x: float, nd: int = 1, missing: str = "nan") -> str:
+def fmt_num(x: float, nd: int = 1, missing: str = "nan") -> str:
     return missing if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:,.{nd}f}"
 
 
@@ -66,7 +66,7 @@ def metrics_table(s: dict[str, Any], names: list[str], title: str, missing: str 
     t = Table(title=title, title_justify="left")
     for col, just in (("metric", "left"), ("mean", "right"), ("p50", "right"), ("p99", "right")):
         t.add_column(col, justify=just)  # type: ignore[arg-type]
-    f = lambda x, nd=1: _f(x, nd, missing)  # noqa: E731
+    f = lambda x, nd=1: fmt_num(x, nd, missing)  # noqa: E731
     t.add_row("output throughput tok/s", f(s["output_throughput_tok_s"]), "", "")
     steady = s.get("steady_output_throughput_tok_s")
     if steady is not None:
@@ -152,8 +152,8 @@ def gpu_line(res: SimResult) -> str:
     where = "; ".join(f"{m.name}{f' tp={m.tp}' if m.tp > 1 else ''} on GPU{'s' if len(m.gpus) > 1 else ''} "
                       f"{','.join(map(str, m.gpus))}" for m in dep.models)  # fmt: skip
     steady = s.get("steady_output_throughput_per_gpu_tok_s")
-    tail = f" (steady {_f(steady)})" if steady is not None else ""
-    return f"GPUs: {int(s['gpus_used'])} ({where}); per GPU {_f(s['output_throughput_per_gpu_tok_s'])} tok/s{tail}"
+    tail = f" (steady {fmt_num(steady)})" if steady is not None else ""
+    return f"GPUs: {int(s['gpus_used'])} ({where}); per GPU {fmt_num(s['output_throughput_per_gpu_tok_s'])} tok/s{tail}"
 
 
 def _thr_note(res: SimResult) -> str:
@@ -167,13 +167,13 @@ def _thr_note(res: SimResult) -> str:
 
 
 def write_json(res: SimResult, path: str) -> None:
-    text = json.dumps(_clean(result_record(res)), indent=2)
+    text = json.dumps(json_safe(result_record(res)), indent=2)
     if path == "-":
         print(text)
     else:
         Path(path).write_text(text + "\n")
 
 
-def _clean(rec: dict[str, Any]) -> dict[str, Any]:
+def json_safe(rec: dict[str, Any]) -> dict[str, Any]:
     """NaN is not JSON: write null instead."""
     return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in rec.items()}

@@ -63,7 +63,11 @@ def package_modules(pkg_dir: Path, pkg_name: str) -> dict[str, Path]:
 def import_cycles(pkg_dir: Path, pkg_name: str) -> list[list[str]]:
     """Every strongly connected group of more than one module (or a module importing itself) in the package's
     import graph, each sorted, in sorted order; [] when the graph is acyclic."""
-    mods = package_modules(pkg_dir, pkg_name)
+    return module_cycles(package_modules(pkg_dir, pkg_name))
+
+
+def module_cycles(mods: dict[str, Path]) -> list[list[str]]:
+    """`import_cycles` over the modules `mods` (dotted name -> source file), imports among them only."""
     known = set(mods)
     graph = {m: imported_modules(f, known) for m, f in mods.items()}
     # Tarjan's strongly connected components (iterative: no recursion limit on deep packages).

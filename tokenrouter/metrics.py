@@ -206,12 +206,12 @@ class MetricsCollector:
             f"tokens_model{i}": float(tokens),
             f"token_frac_model{i}": _ratio(tokens, out_tokens),
             f"steps_model{i}": float(len(size)),
-            f"busy_frac_model{i}": _ratio(_busy_time(start, end, t0, t0 + dur), dur),
+            f"busy_frac_model{i}": _ratio(busy_time(start, end, t0, t0 + dur), dur),
             f"batch_mean_model{i}": float(size.mean()) if len(size) else float("nan"),
             f"batch_p50_model{i}": float(np.percentile(size, 50)) if len(size) else float("nan"),
             f"batch_p99_model{i}": float(np.percentile(size, 99)) if len(size) else float("nan"),
             f"batch_max_model{i}": float(size.max()) if len(size) else float("nan"),
-            f"queue_mean_model{i}": _time_weighted_mean(q_t, q_n, t0, t0 + dur),
+            f"queue_mean_model{i}": time_weighted_mean(q_t, q_n, t0, t0 + dur),
         }
 
     def _window_summary(self, window: tuple[float, float]) -> dict[str, float]:
@@ -231,7 +231,7 @@ class MetricsCollector:
         }
         for i in self.models:
             start, end, _ = self.batch_series(i)
-            s[f"steady_busy_frac_model{i}"] = _busy_time(start, end, t0, t1) / width
+            s[f"steady_busy_frac_model{i}"] = busy_time(start, end, t0, t1) / width
         return s
 
     def to_frame(self) -> pd.DataFrame:
@@ -288,7 +288,7 @@ def _itl(records: list[RequestRecord]) -> np.ndarray:
     return np.repeat(gaps, counts[follow])
 
 
-def _busy_time(start: np.ndarray, end: np.ndarray, t0: float, t1: float) -> float:
+def busy_time(start: np.ndarray, end: np.ndarray, t0: float, t1: float) -> float:
     """Length of the union of [start, end) intervals inside [t0, t1) (s); overlapping steps count once."""
     if not len(start) or not t1 > t0:
         return 0.0
@@ -300,7 +300,7 @@ def _busy_time(start: np.ndarray, end: np.ndarray, t0: float, t1: float) -> floa
     return float(np.clip(e - np.maximum(s, prev_end), 0.0, None).sum())
 
 
-def _time_weighted_mean(t: np.ndarray, v: np.ndarray, t0: float, t1: float) -> float:
+def time_weighted_mean(t: np.ndarray, v: np.ndarray, t0: float, t1: float) -> float:
     """Mean over [t0, t1) of the step function that takes value v[k] from t[k] on (0 before t[0])."""
     if not len(t) or not t1 > t0:
         return float("nan")

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tokenrouter.metrics import _busy_time, _time_weighted_mean
+from tokenrouter.metrics import busy_time, time_weighted_mean
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -139,8 +139,8 @@ def series_from_collector(collector: MetricsCollector, names: list[str], label: 
     for i in collector.models:
         start, end, size = collector.batch_series(i)
         q_t, q_n = collector.queue_series(i)
-        busy = np.array([_busy_time(start, end, a, b) / (b - a) for a, b in itertools.pairwise(edges)])
-        queue = np.array([_time_weighted_mean(q_t, q_n, a, b) for a, b in itertools.pairwise(edges)])
+        busy = np.array([busy_time(start, end, a, b) / (b - a) for a, b in itertools.pairwise(edges)])
+        queue = np.array([time_weighted_mean(q_t, q_n, a, b) for a, b in itertools.pairwise(edges)])
         name = names[i] if i < len(names) else f"model {i}"
         rs.models[name] = ModelSeries((mid, queue), (mid, busy), size.astype(float), np.ones(len(size)))
     return rs

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
-import os
 import shlex
 import subprocess
 import sys
@@ -30,6 +29,7 @@ from tokenrouter.calibration.profiler.model_worker import ModelJob, model_worker
 from tokenrouter.calibration.profiler.passes import Timing
 from tokenrouter.core.names import RouterName
 from tokenrouter.models import load_spec
+from tokenrouter.runtime.supervision import environ
 
 PARTIAL_FORMAT = "tokenrouter-calibration-partial/1"
 ROUTERS = tuple(r.value for r in (RouterName.R2R, RouterName.CITER, RouterName.CO_LLM, RouterName.R_STITCH))
@@ -304,7 +304,7 @@ class _CoRunPair:
             if plan.device == "cpu":
                 kw["cuda_graphs"] = False
             all_batches = sorted(set(kw["graph_buckets"]))
-            with _environ(env):
+            with environ(env):
                 proc = ctx.Process(target=corun_worker, args=(theirs, kw, all_batches, plan.corun_context),
                                    name=f"trcal-corun-{model}", daemon=True)  # fmt: skip
                 proc.start()
@@ -419,7 +419,7 @@ def _worker(target: Callable[..., None], args: tuple, env: dict[str, str]) -> It
     """Run `target(conn, *args)` in a spawned process and yield what it sends until it ends."""
     ctx = mp.get_context("spawn")
     mine, theirs = ctx.Pipe()
-    with _environ(env):
+    with environ(env):
         proc = ctx.Process(target=target, args=(theirs, *args), daemon=True)
         proc.start()
     theirs.close()
@@ -438,21 +438,6 @@ def _worker(target: Callable[..., None], args: tuple, env: dict[str, str]) -> It
         proc.join(60)
         if proc.is_alive():
             proc.kill()
-
-
-@contextmanager
-def _environ(env: dict[str, str]) -> Iterator[None]:
-    """Variables for a child started inside the `with` (spawn copies the parent's environment at start)."""
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _plan_key(plan: dict[str, Any]) -> str:

@@ -1,4 +1,4 @@
-"""A subserver's `Stats`: on the heartbeat, and within `_STATS_MIN_GAP_S` of any change of its pages, queues,
+"""A subserver's `Stats`: on the heartbeat, and within `STATS_MIN_GAP_S` of any change of its pages, queues,
 requests or steps (so /metrics follows a finished run at once instead of up to a heartbeat later), never more
 often than that. Driven on a hand clock through `Subserver._stats` with stand-ins for its scheduler."""
 
@@ -11,9 +11,9 @@ import pytest
 
 from tokenrouter.runtime import protocol as P
 from tokenrouter.runtime.stats import Counters
-from tokenrouter.runtime.subserver import _STATS_MIN_GAP_S, Subserver
+from tokenrouter.runtime.subserver import STATS_MIN_GAP_S, Subserver
 
-GAP = _STATS_MIN_GAP_S
+GAP = STATS_MIN_GAP_S
 
 
 class FakeSub:
@@ -28,7 +28,7 @@ class FakeSub:
         self.next_stats, self.stats_sent, self.stats_sig = 0.0, float("-inf"), ()
         self.sent: list[P.Stats] = []
 
-    def _control(self, msg: P.Stats) -> None:
+    def send_control(self, msg: P.Stats) -> None:
         self.sent.append(msg)
 
     def tick(self, now: float) -> P.Stats | None:

@@ -21,7 +21,6 @@ format `runtime.hoptrace.merge_hop_logs` reads (`--record-hops`).
 from __future__ import annotations
 
 import logging
-import multiprocessing as mp
 import os
 import time
 import traceback
@@ -35,10 +34,11 @@ from tokenrouter.baselines.run_plan import RunPlan, check_router, plan_run
 from tokenrouter.core.batch import TokenLogprobs
 from tokenrouter.core.config import DeploymentConfig
 from tokenrouter.core.request import Request, SamplingParams
+from tokenrouter.deploy.builder import build_router
 from tokenrouter.runtime import protocol as P
-from tokenrouter.runtime.logs import JsonlLog, configure_logging
-from tokenrouter.runtime.parent_watch import die_with_parent
+from tokenrouter.runtime.logs import JsonlLog
 from tokenrouter.runtime.sockets import push_socket
+from tokenrouter.runtime.supervision import start_child
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +77,6 @@ class Flow:
 
 def build_routers(cfg: DeploymentConfig, seed: int) -> list[Any]:
     """One router per model, bound as each routed subserver binds its own (ProbRouter: stream (seed, model))."""
-    from tokenrouter.deploy.builder import build_router
-
     if cfg.router.weights:
         raise ValueError(f"router {cfg.router.name!r} with weights {cfg.router.weights!r} is a learned router: it "
                          "reads the model's outputs, which a standard server does not return; std-serving runs the "
@@ -263,9 +261,7 @@ class Dispatcher:
 
 def main(spec: DispatcherSpec) -> None:
     """Process entry point (multiprocessing spawn target). Exits 1 on an error (the launcher sees the exit)."""
-    configure_logging(spec.log_level)
-    parent = mp.parent_process()
-    die_with_parent(parent.pid if parent is not None else os.getppid(), lambda: None)
+    start_child(spec.log_level)
     d: Dispatcher | None = None
     try:
         d = Dispatcher(spec)

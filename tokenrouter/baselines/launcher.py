@@ -19,6 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from tokenrouter.baselines import dispatcher, model_server
 from tokenrouter.baselines.modes import BASELINES, baseline_config
 from tokenrouter.core.config import DeploymentConfig
 from tokenrouter.runtime.build import SubserverSpec
@@ -42,10 +43,8 @@ class BaselineServer(Server):
             raise ValueError("a baseline runs every process on one host over ipc (placement.transport tcp, a model's "
                              "host or external, and --ray are for the routed runtime)")  # fmt: skip
         cfg = baseline_config(config, mode)
-        if mode == "std-serving":
-            from tokenrouter.baselines.dispatcher import build_routers
-
-            build_routers(cfg, kw.get("seed", 0))  # refuse a router standard serving cannot run, before any start
+        if mode == "std-serving":  # refuse a router standard serving cannot run, before any process starts
+            dispatcher.build_routers(cfg, kw.get("seed", 0))
         super().__init__(cfg, **kw)
         if mode == "std-serving":
             self.addresses = replace(self.addresses, submit=f"ipc://{self.run_dir / 'dispatcher'}")
@@ -53,22 +52,18 @@ class BaselineServer(Server):
     def visit_log(self) -> Path:
         return self.run_dir / "visits.jsonl"
 
-    def _target(self, spec: SubserverSpec) -> tuple[Callable[[Any], None], Any]:
-        from tokenrouter.baselines import model_server
-
+    def subserver_target(self, spec: SubserverSpec) -> tuple[Callable[[Any], None], Any]:
         if self.mode == "std-serving":
             spec = replace(spec, hop_log=None)  # the dispatcher records the trace: per client request, not per visit
         reply = self.addresses.submit or self.addresses.frontend
         return model_server.main, model_server.ModelServerSpec(spec, reply)
 
-    def _hop_logs(self) -> list[Path]:
-        return [self._trace_log()] if self.mode == "std-serving" else super()._hop_logs()
+    def hop_logs(self) -> list[Path]:
+        return [self._trace_log()] if self.mode == "std-serving" else super().hop_logs()
 
-    def _start_aux(self) -> None:
+    def start_aux(self) -> None:
         if self.mode != "std-serving":
             return
-        from tokenrouter.baselines import dispatcher
-
         spec = dispatcher.DispatcherSpec(
             self.config, self.addresses, self.seed, logging.getLogger("tokenrouter").getEffectiveLevel(),
             hop_log=str(self.visit_log()) if self.step_logs else None,

@@ -20,8 +20,6 @@ layer only.
 from __future__ import annotations
 
 import logging
-import multiprocessing as mp
-import os
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -32,14 +30,17 @@ from tokenrouter.baselines.kv import PrefixCaching, RefCountedKVPool
 from tokenrouter.core.batch import Batch
 from tokenrouter.core.messages import Action, Emit, Finish
 from tokenrouter.core.policy import Policy
-from tokenrouter.core.request import ReqStatus
+from tokenrouter.core.request import ReqStatus, Request
 from tokenrouter.core.router import Router
-from tokenrouter.core.scheduler import RequestTooLong, Scheduler
+from tokenrouter.core.scheduler import Scheduler
+from tokenrouter.deploy.builder import max_context_len
+from tokenrouter.deploy.engine_args import engine_kwargs
+from tokenrouter.deploy.kv_budget import kv_capacity_tokens
 from tokenrouter.runtime import protocol as P
 from tokenrouter.runtime.build import SubserverSpec, process_engine_kwargs
-from tokenrouter.runtime.logs import configure_logging
-from tokenrouter.runtime.parent_watch import die_with_parent
-from tokenrouter.runtime.subserver import Subserver, _remove_orphaned_run_dir, fail_and_exit
+from tokenrouter.runtime.sockets import push_socket
+from tokenrouter.runtime.subserver import Subserver, serve
+from tokenrouter.runtime.supervision import start_child
 
 log = logging.getLogger(__name__)
 
@@ -55,9 +56,7 @@ class ModelServerSpec:
 def build_server_part(spec: SubserverSpec) -> tuple[None, Scheduler, Any, PrefixCaching]:
     """Model `spec.model` of the deployment as an independent one-model server, with the routed deployment's sizes
     (the builder's KV split, batch limits, context limit, graph rule and engine settings)."""
-    from tokenrouter.deploy.builder import max_context_len
-    from tokenrouter.deploy.engine_args import engine_kwargs
-    from tokenrouter.deploy.kv_budget import kv_capacity_tokens
+    # torch (the `engine` extra) loads in the model server's process only: the launcher imports this module.
     from tokenrouter.engine import Engine, EngineConfig
 
     cfg, i = spec.config, spec.model
@@ -79,12 +78,12 @@ class ModelServer(Subserver):
         super().__init__(spec.sub)
         self.model = spec.sub.model  # the deployment's index (the one-model scheduler calls itself 0)
 
-    def _build(self, spec: SubserverSpec) -> tuple[Any, Any, Any]:
+    def build(self, spec: SubserverSpec) -> tuple[Any, Any, Any]:
         dep, sched, engine, self.caching = build_server_part(spec)
         return dep, sched, engine
 
-    def _reply_socket(self, spec: SubserverSpec) -> zmq.Socket:
-        return self._push(self.reply_to)
+    def reply_socket(self, spec: SubserverSpec) -> zmq.Socket:
+        return push_socket(self.ctx, self.reply_to)
 
     @property
     def cache(self) -> PrefixCaching:
@@ -92,18 +91,10 @@ class ModelServer(Subserver):
         return self.caching
 
     # ---- inputs ---------------------------------------------------------------------------------------------
-    def _submit(self, msg: P.Submit, now: float) -> None:
-        try:
-            req = self._request_from(msg, 1, 0)  # a one-model server: the request starts and stays here
-            acts = self.sched.add(req, now)
-        except (RequestTooLong, ValueError, TypeError) as e:
-            self.out.send_multipart([P.CTL, P.encode(P.Rejected(msg.rid, 400, str(e)))])
-            return
+    def after_add(self, req: Request) -> None:
         self.cache.admit(req)  # before the first `schedule`: the scheduler extends from the matched prefix
-        self.hops.write({"rid": msg.rid, "prompt_len": req.prompt_len})
-        self.deliver(acts)
 
-    def _set_policy(self, msg: P.SetPolicy) -> None:
+    def set_policy(self, msg: P.SetPolicy) -> None:
         err = "a standard-serving model server has no batching policy to change (it runs continuous batching)"
         self.front.send_multipart([P.CTL, P.encode(P.PolicySet(self.model, msg.seq, err))])
 
@@ -121,7 +112,7 @@ class ModelServer(Subserver):
         # Emits carry the one-model scheduler's index 0: the answer names the deployment's model.
         super().deliver([replace(a, model=self.model) if isinstance(a, Emit) else a for a in acts], failed)
 
-    def _control(self, msg: P.Ready | P.Stats | P.Failed) -> None:
+    def send_control(self, msg: P.Ready | P.Stats | P.Failed) -> None:
         if isinstance(msg, P.Stats) and self.caching is not None:
             c = self.caching.counters
             msg = msgspec.structs.replace(
@@ -129,20 +120,10 @@ class ModelServer(Subserver):
                 prefix_matched_tokens=c.matched_tokens, prefix_evicted_pages=c.evicted_pages,
                 prefix_host_ms=c.host_s * 1e3, prefix_cached_pages=self.caching.cached_pages,
             )  # fmt: skip
-        super()._control(msg)
+        super().send_control(msg)
 
 
 def main(spec: ModelServerSpec) -> None:
     """Process entry point (multiprocessing spawn target), as `runtime.subserver.main`."""
-    sub = spec.sub
-    configure_logging(sub.log_level)
-    parent = mp.parent_process()
-    die_with_parent(parent.pid if parent is not None else os.getppid(),
-                    lambda: _remove_orphaned_run_dir(sub.run_dir))  # fmt: skip
-    server: ModelServer | None = None
-    try:
-        server = ModelServer(spec)
-        server.run()
-    except BaseException as e:
-        fail_and_exit(sub, e, server)
-    server.close()
+    start_child(spec.sub.log_level, spec.sub.run_dir)
+    serve(spec.sub, make=lambda sub, joined: ModelServer(spec))

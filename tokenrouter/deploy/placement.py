@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from tokenrouter.core.config import ConfigError, DeploymentConfig
 from tokenrouter.core.names import Layout, Placement
 from tokenrouter.models import load_spec
+from tokenrouter.models.tp_rules import tp_split_error
 
 
 def default_gpus(mode: Placement | str, tps: Sequence[int]) -> list[list[int]]:
@@ -68,11 +69,9 @@ def check_tp_divides(model: str, tp: int, name: str | None = None) -> None:
         spec = load_spec(model)
     except (ValueError, OSError):
         return
-    for what, n in (("attention heads", spec.num_heads), ("KV heads", spec.num_kv_heads),
-                    ("MLP intermediate size", spec.intermediate_size)):  # fmt: skip
-        if n % tp:
-            raise ConfigError(f"model {name or model}: tp={tp} does not divide its {n} {what}; use a tp that divides "
-                              f"{spec.num_heads} attention heads and {spec.num_kv_heads} KV heads")  # fmt: skip
+    why = tp_split_error(spec, tp)
+    if why is not None:
+        raise ConfigError(f"model {name or model}: {why}")
 
 
 def colocated(cfg: DeploymentConfig, model: int) -> list[int]:

@@ -30,20 +30,14 @@ import torch
 
 from tokenrouter.engine.errors import ModelLoadError
 from tokenrouter.models.spec import ModelSpec
-
-# NVLink multicast (NVLS) stays off for every NCCL communicator this code creates (see docs/tensor-parallel.md).
-NCCL_ENV = {"NCCL_NVLS_ENABLE": "0"}
+from tokenrouter.models.tp_rules import NCCL_ENV, tp_split_error
 
 
 def check_divides(spec: ModelSpec, size: int) -> None:
     """Refuse a tensor-parallel size that does not split the model's heads and MLP evenly (one line naming why)."""
-    if size < 1:
-        raise ModelLoadError(f"{spec.name}: tensor-parallel size must be >= 1, got {size}")
-    for what, n in (("attention heads", spec.num_heads), ("KV heads", spec.num_kv_heads),
-                    ("intermediate size", spec.intermediate_size)):  # fmt: skip
-        if n % size:
-            raise ModelLoadError(f"{spec.name}: tp={size} does not divide its {n} {what}; use a tp that divides "
-                                 f"{spec.num_heads} attention heads and {spec.num_kv_heads} KV heads")  # fmt: skip
+    why = tp_split_error(spec, size)
+    if why is not None:
+        raise ModelLoadError(f"{spec.name}: {why}")
 
 
 @dataclass(frozen=True, slots=True)

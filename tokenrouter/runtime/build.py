@@ -13,6 +13,7 @@ from tokenrouter.core.names import RouterName
 from tokenrouter.core.policy import SyncGate
 from tokenrouter.core.scheduler import Scheduler
 from tokenrouter.deploy.builder import Deployment, build_deployment
+from tokenrouter.runtime.tp_ranks import start_ranks
 
 
 @dataclass(slots=True)
@@ -55,6 +56,7 @@ def process_engine_kwargs(spec: SubserverSpec, engine_args: dict[str, Any]) -> d
 
 def build_part(spec: SubserverSpec, gate: SyncGate | None) -> tuple[Deployment, Scheduler, Any]:
     """Deployment, this model's scheduler and its engine (router installed, calibrated if `random`)."""
+    # torch (the `engine` extra) loads in the subserver process only: the launcher imports this module for the spec.
     from tokenrouter.engine import Engine, EngineConfig
 
     cfg = spec.config
@@ -62,15 +64,11 @@ def build_part(spec: SubserverSpec, gate: SyncGate | None) -> tuple[Deployment, 
     model_index = spec.model
     sched = dep.schedulers[model_index]
     kw = process_engine_kwargs(spec, dep.engine_args[model_index])
-    model_cfg = cfg.models[model_index]
-    if model_cfg.tp > 1:
-        from tokenrouter.runtime.tp_ranks import start_ranks
-
-        engine = start_ranks(spec, kw, sched.kv)
-    else:
-        engine = Engine(EngineConfig(**kw), kv_pool=sched.kv)
+    tp = cfg.models[model_index].tp > 1
+    engine = start_ranks(spec, kw, sched.kv) if tp else Engine(EngineConfig(**kw), kv_pool=sched.kv)
     rc = cfg.router
     if rc.weights:
+        # A learned router is a torch module (the `engine` extra).
         from tokenrouter.routers.learned import Calibratable, calibrate_on_runner, make_learned_router
 
         small = cfg.is_small(model_index)

@@ -11,6 +11,7 @@ import zmq
 
 from tokenrouter.runtime import protocol as P
 from tokenrouter.runtime.addresses import Addresses
+from tokenrouter.runtime.sockets import push_socket
 
 
 class RuntimeClient:
@@ -18,9 +19,7 @@ class RuntimeClient:
         self.ctx = zmq.Context()
         self.pull = self.ctx.socket(zmq.PULL)
         self.pull.bind(addresses.bind(addresses.frontend))
-        self.push = self.ctx.socket(zmq.PUSH)
-        self.push.setsockopt(zmq.LINGER, 0)
-        self.push.connect(addresses.entry_address(entry))
+        self.push = push_socket(self.ctx, addresses.entry_address(entry), linger_ms=0)
 
     def submit(self, rid: str, prompt_ids: Sequence[int], sampling: P.Sampling,
                eos_token_ids: Sequence[int] = ()) -> None:  # fmt: skip

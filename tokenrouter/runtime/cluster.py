@@ -4,7 +4,8 @@
 the address table and the launcher's socket at construction (`bind_launcher`), each subserver's start
 (`prepare`, then `start_remote`: a handle instead of a child process for an `external` model or a Ray actor),
 the JOIN frames on the launcher's socket (`on_join`), start-up (`wait_joined`, then `welcome_all` once a sync
-policy's coordinator listens) and `close` on stop.
+policy's coordinator listens) and `close` on stop. It owns the tcp address table (a call that changes it returns it)
+and sees the launcher through `Launcher` only.
 
 Where things run and listen (`runtime.addresses`):
 - a model with `external: true` runs wherever it was started by hand (`tokenrouter subserver --join`); its
@@ -26,11 +27,13 @@ from __future__ import annotations
 import logging
 import shlex
 import socket
+import time
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import zmq
 
+from tokenrouter.core.config import DeploymentConfig
 from tokenrouter.runtime import join as J
 from tokenrouter.runtime import protocol as P
 from tokenrouter.runtime.addresses import (
@@ -46,11 +49,11 @@ from tokenrouter.runtime.addresses import (
     split_tcp,
     tcp_endpoint,
 )
+from tokenrouter.runtime.build import SubserverSpec
+from tokenrouter.runtime.ray_cluster import RayCluster
 from tokenrouter.runtime.remote import RemoteSubserver
-
-if TYPE_CHECKING:
-    from tokenrouter.runtime.build import SubserverSpec
-    from tokenrouter.runtime.launcher import Server
+from tokenrouter.runtime.sockets import send_once
+from tokenrouter.runtime.supervision import StartupError, exit_reason
 
 log = logging.getLogger(__name__)
 
@@ -75,18 +78,36 @@ class ClusterOptions:
             raise ValueError("heartbeat_timeout_s, join_timeout_s and ray_num_cpus must be > 0")
 
 
+class Launcher(Protocol):
+    """What `Cluster` reads of its launcher (`runtime.launcher.Server`): `processes[i]` (model i's process or
+    `RemoteSubserver`) and `dead` (model -> its reported failure) as they stand now; `poll_control` handles what
+    reached the launcher's socket (JOIN frames come back through `on_join`); `serving()` is False once it stops."""
+
+    config: DeploymentConfig
+    device: str
+    stats_interval_s: float
+    restart_on_failure: bool
+    processes: list[Any]
+    dead: dict[int, str]
+
+    def poll_control(self, timeout_ms: int) -> None: ...
+
+    def serving(self) -> bool: ...
+
+
 class Cluster:
-    def __init__(self, server: Server, options: ClusterOptions) -> None:
-        cfg = server.config
+    def __init__(self, launcher: Launcher, options: ClusterOptions, ctx: zmq.Context) -> None:
+        """`ctx`: the launcher's ZeroMQ context (the Welcome and Refused frames go out on sockets of it)."""
+        cfg = launcher.config
         self.config = cfg
         self.options = options
         self.names = [m.name for m in cfg.models]
         pl = cfg.placement
         remote = bool(options.ray) or any(m.external for m in cfg.models)
-        if remote and server.stats_interval_s * 2 > options.heartbeat_timeout_s:
+        if remote and launcher.stats_interval_s * 2 > options.heartbeat_timeout_s:
             raise ValueError(f"the heartbeat timeout ({options.heartbeat_timeout_s} s) must be at least twice the "
-                             f"Stats interval ({server.stats_interval_s} s)")  # fmt: skip
-        if server.restart_on_failure and pl.port_base is None and any(m.external for m in cfg.models):
+                             f"Stats interval ({launcher.stats_interval_s} s)")  # fmt: skip
+        if launcher.restart_on_failure and pl.port_base is None and any(m.external for m in cfg.models):
             raise ValueError("restarting an external subserver in place needs fixed ports (placement.port_base): "
                              "its peers must find it where it was")  # fmt: skip
         for m in cfg.models:
@@ -97,16 +118,10 @@ class Cluster:
         if options.ray:
             if any(m.external for m in cfg.models):
                 raise ValueError("--ray starts every model as an actor; external: true is for a model started by hand")
-            if server.device == "cuda" and pl.mode == "mps":
+            if launcher.device == "cuda" and pl.mode == "mps":
                 raise ValueError("--ray gives each model its own GPUs: use placement separate or cross-host, not mps")
-            from tokenrouter.runtime.ray_cluster import RayCluster
-
-            self.ray = RayCluster(options.ray, cfg, server.device, num_cpus=options.ray_num_cpus)
+            self.ray = RayCluster(options.ray, cfg, launcher.device, num_cpus=options.ray_num_cpus)
         self.local = self._is_local()
-        if (server.record_hops or server.step_logs) and not self.local:
-            self.close()
-            raise ValueError("--record-hops and step logs are written into the run directory: they need every "
-                             "subserver on this host")  # fmt: skip
         listen = self._listen()
         here = LOOPBACK if listen in (LOOPBACK, ANY) else listen
         self.here = here
@@ -120,8 +135,10 @@ class Cluster:
                             coordinator=tcp_endpoint(here, free_tcp_port(listen)))  # fmt: skip
         self.addresses = table
         self.joins: dict[int, J.Join] = {}
+        self.specs: dict[int, SubserverSpec] = {}  # model -> the spec it last started with (its Welcome says it)
         self.open = False  # every model joined and the table went out: later joins are welcomed at once
-        self.server = server
+        self.launcher = launcher
+        self.ctx = ctx
 
     # ---- layout ---------------------------------------------------------------------------------------------
     def _is_local(self) -> bool:
@@ -148,16 +165,18 @@ class Cluster:
         base = self.config.placement.port_base
         return 0 if base is None else base + SUBSERVER_OFFSET + i
 
-    def bind_launcher(self, sock: zmq.Socket, addresses: Addresses) -> Addresses:
+    def bind_launcher(self, sock: zmq.Socket) -> Addresses:
         """Bind the launcher's PULL; the table with its port."""
-        sock.bind(addresses.bind(addresses.launcher))
-        return replace(addresses, launcher=bound_endpoint(sock, addresses.launcher))
+        a = self.addresses
+        sock.bind(a.bind(a.launcher))
+        self.addresses = replace(a, launcher=bound_endpoint(sock, a.launcher))
+        return self.addresses
 
     def join_command(self, i: int) -> str:
         """How to start external model i on its host."""
         cfg = self.options.config_path or "DEPLOYMENT.yaml"
         at = self.config.placement.launcher_host or (LOOPBACK if self.local else socket.getfqdn())
-        port = split_tcp(self.server.addresses.launcher)[1]
+        port = split_tcp(self.addresses.launcher)[1]
         return (f"tokenrouter subserver --config {shlex.quote(cfg)} --model {shlex.quote(self.names[i])} "
                 f"--join tcp://{at}:{port}")  # fmt: skip
 
@@ -165,10 +184,11 @@ class Cluster:
     def prepare(self, i: int, spec: SubserverSpec) -> SubserverSpec:
         """The spec model i starts with: the table as seen from its host, with the endpoint it must bind (the one
         it had, after a restart)."""
-        own = self.server.addresses.subservers[i]
+        self.specs[i] = spec
+        own = self.addresses.subservers[i]
         if not Addresses.known(own):
             own = self.intended[i]
-        seen = self.server.addresses
+        seen = self.addresses
         if self.ray is not None and not self.local:
             seen = seen.as_seen_from(self.ray.driver_ip)
         return replace(spec, addresses=seen.with_subserver(i, own), run_dir=None if self.ray else spec.run_dir)
@@ -187,14 +207,10 @@ class Cluster:
 
     def wait_joined(self) -> None:
         """Until every subserver joined (`StartupError` when one failed, or after `join_timeout_s`)."""
-        import time
-
-        from tokenrouter.runtime.launcher import StartupError, exit_reason
-
-        srv = self.server
+        srv = self.launcher
         deadline = time.monotonic() + self.options.join_timeout_s
         while len(self.joins) < len(self.names):
-            srv._poll_control(100)
+            srv.poll_control(100)
             for i, p in enumerate(srv.processes):
                 if i not in self.joins and p.exitcode is not None:
                     why = srv.dead.get(i) or exit_reason(p)
@@ -202,7 +218,7 @@ class Cluster:
             if time.monotonic() > deadline:
                 missing = ", ".join(self.names[i] for i in range(len(self.names)) if i not in self.joins)
                 raise StartupError(f"{missing} did not join within {self.options.join_timeout_s:.0f} s")
-        log.info("every subserver joined: %s", ", ".join(srv.addresses.subservers))
+        log.info("every subserver joined: %s", ", ".join(self.addresses.subservers))
 
     def welcome_all(self) -> None:
         self.open = True
@@ -210,31 +226,32 @@ class Cluster:
             self._welcome(self.joins[i])
 
     # ---- joins ----------------------------------------------------------------------------------------------
-    def on_join(self, data: bytes) -> None:
-        """A JOIN frame on the launcher's socket (start-up or watcher thread)."""
+    def on_join(self, data: bytes) -> Addresses:
+        """A JOIN frame on the launcher's socket (start-up or watcher thread); the table, with the endpoint of a
+        subserver that joined."""
         msg = J.decode(data)
-        srv = self.server
-        handle = srv.processes[msg.model] if isinstance(msg, J.Join | J.Left) and msg.model < len(srv.processes) \
-            else None  # fmt: skip
+        procs = self.launcher.processes
+        handle = procs[msg.model] if isinstance(msg, J.Join | J.Left) and msg.model < len(procs) else None
         if isinstance(msg, J.Left):
             if isinstance(handle, RemoteSubserver):
                 handle.on_left()
-            return
+            return self.addresses
         if not isinstance(msg, J.Join):
-            return
+            return self.addresses
         why = self._refusal(msg, handle)
         if why is not None:
             log.error("refused a join for model %d (%s) from %s: %s", msg.model, msg.name, msg.endpoint, why)
             self._send(msg.endpoint, J.Refused(msg.model, why))
-            return
+            return self.addresses
         if isinstance(handle, RemoteSubserver):
             handle.on_join(msg)
         self.joins[msg.model] = msg
-        srv.addresses = srv.addresses.with_subserver(msg.model, msg.endpoint)
+        self.addresses = self.addresses.with_subserver(msg.model, msg.endpoint)
         log.info("model %d (%s) joined from %s (host %s, pid %d)", msg.model, msg.name, msg.endpoint, msg.hostname,
                  msg.pid)  # fmt: skip
         if self.open:
             self._welcome(msg)
+        return self.addresses
 
     def _refusal(self, msg: J.Join, handle: Any) -> str | None:
         n = len(self.names)
@@ -244,7 +261,7 @@ class Cluster:
             return f"the deployment differs: this launcher serves {self.names}, the joiner's config {msg.models}"
         if msg.external != self.config.models[msg.model].external or (msg.external and self.ray is not None):
             return "the launcher starts this model itself (external: false in its config)"
-        if self.server._stopping.is_set() or self.server.failure is not None:
+        if not self.launcher.serving():
             return "the server is stopping"
         old = self.joins.get(msg.model)
         if old is not None and (old.pid, old.hostname) != (msg.pid, msg.hostname):
@@ -257,26 +274,22 @@ class Cluster:
         return None
 
     def _welcome(self, join: J.Join) -> None:
-        srv = self.server
-        seen = srv.addresses.as_seen_from(self.config.placement.launcher_host or join.via)
+        spec = self.specs[join.model]
+        seen = self.addresses.as_seen_from(self.config.placement.launcher_host or join.via)
         w = J.Welcome(
             join.model, seen.frontend, list(seen.subservers), seen.coordinator, seen.launcher, seen.submit,
-            config_yaml=self.config.to_yaml() if join.external else "", device=srv.device, memory_gb=srv.memory_gb,
-            seed=srv.seed, engine_overrides=dict(srv.engine_overrides), stats_interval_s=srv.stats_interval_s,
-            log_level=logging.getLogger("tokenrouter").getEffectiveLevel(),
+            config_yaml=self.config.to_yaml() if join.external else "", device=spec.device, memory_gb=spec.memory_gb,
+            seed=spec.seed, engine_overrides=dict(spec.engine_overrides), stats_interval_s=spec.stats_interval_s,
+            log_level=spec.log_level,
         )  # fmt: skip
         self._send(join.endpoint, w)
 
     def _send(self, endpoint: str, msg: J.JoinMessage) -> None:
-        s = self.server._ctx.socket(zmq.PUSH)
-        s.setsockopt(zmq.LINGER, 2000)
-        s.connect(endpoint)
-        s.send_multipart([P.JOIN, J.encode(msg)])
-        s.close()
+        send_once(self.ctx, endpoint, [P.JOIN, J.encode(msg)])
 
     def on_control(self, msg: P.Ready | P.Stats | P.Failed) -> None:
         """A listener of the launcher: heartbeats and failures for the handles of remote subservers."""
-        procs = self.server.processes
+        procs = self.launcher.processes
         if 0 <= msg.model < len(procs) and isinstance(procs[msg.model], RemoteSubserver):
             procs[msg.model].on_control(msg)
 

@@ -41,6 +41,7 @@ import zmq
 
 from tokenrouter.core.policy import SyncGate
 from tokenrouter.runtime.protocol import GATE
+from tokenrouter.runtime.sockets import push_socket
 
 COMPLETE, PASS, UPDATE = "complete", "pass", "update"
 
@@ -97,11 +98,7 @@ class Coordinator:
         self._sock.bind(self.address)
         self._push = []
         for addr in self.subservers:
-            s = self._ctx.socket(zmq.PUSH)
-            s.setsockopt(zmq.LINGER, 0)
-            s.setsockopt(zmq.SNDHWM, 0)
-            s.connect(addr)
-            self._push.append(s)
+            self._push.append(push_socket(self._ctx, addr, linger_ms=0))
         self._enc = msgspec.msgpack.Encoder()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="sync-coordinator", daemon=True)
@@ -181,10 +178,7 @@ class RemoteGate:
 
     def __init__(self, model: int, num_models: int, address: str, ctx: zmq.Context) -> None:
         self.model = model
-        self._sock = ctx.socket(zmq.PUSH)
-        self._sock.setsockopt(zmq.LINGER, 1000)
-        self._sock.setsockopt(zmq.SNDHWM, 0)
-        self._sock.connect(address)
+        self._sock = push_socket(ctx, address, linger_ms=1000)
         self._ready: Callable[[], int] = lambda: 0
         self.sent = [0] * num_models  # gated messages sent, cumulative, per destination
         self.arrived = 0  # gated messages received, cumulative

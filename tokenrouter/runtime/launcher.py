@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
-import os
 import shutil
 import signal
 import subprocess
@@ -43,7 +42,9 @@ import zmq
 
 from tokenrouter.core.config import DeploymentConfig, ModelConfig
 from tokenrouter.core.policy import SyncGate
+from tokenrouter.models import load_spec
 from tokenrouter.runtime import protocol as P
+from tokenrouter.runtime import subserver
 from tokenrouter.runtime.addresses import Addresses
 from tokenrouter.runtime.build import SubserverSpec
 from tokenrouter.runtime.cluster import Cluster, ClusterOptions
@@ -51,37 +52,17 @@ from tokenrouter.runtime.gate import Coordinator
 from tokenrouter.runtime.hoptrace import merge_hop_logs
 from tokenrouter.runtime.mps import MpsDaemon
 from tokenrouter.runtime.rundir import create_run_dir
+from tokenrouter.runtime.sockets import push_socket, send_once
+from tokenrouter.runtime.supervision import StartupError, describe_exit, environ, exit_reason
 from tokenrouter.runtime.tp_config import check_tp, tp_environment
 
 Listener = Callable[[P.Ready | P.Stats | P.Failed], None]
 log = logging.getLogger(__name__)
 
 
-def describe_exit(code: int | None) -> str:
-    """`exit code 1`, `killed by SIGKILL`, ... from a multiprocessing exit code."""
-    if code is None:
-        return "still running"
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
-
-
-def exit_reason(p: Any) -> str:
-    """How a subserver's process (or a `runtime.remote` handle, which says it itself) ended."""
-    return getattr(p, "exit_reason", None) or describe_exit(p.exitcode)
-
-
-class StartupError(RuntimeError):
-    """A subserver failed or timed out during start-up; the message names the model."""
-
-
 def with_cpu_kv_tokens(cfg: DeploymentConfig, tokens: int) -> DeploymentConfig:
     """On CPU there is no GPU memory to split: give every model the same KV capacity of `tokens` (the joint
     budget's rule) through `kv_budget_gb`, unless the config sets one."""
-    from tokenrouter.models import load_spec
 
     def budget(m: ModelConfig) -> ModelConfig:
         if m.kv_budget_gb is not None:
@@ -174,8 +155,11 @@ class Server:
         self.cluster: Cluster | None = None
         if cluster is not None or config.transport == "tcp":
             try:
-                self.cluster = Cluster(self, cluster or ClusterOptions())
-                self.addresses = self.cluster.bind_launcher(self._pull, self.cluster.addresses)
+                self.cluster = Cluster(self, cluster or ClusterOptions(), self._ctx)
+                if (record_hops or step_logs) and not self.cluster.local:
+                    raise ValueError("--record-hops and step logs are written into the run directory: they need "
+                                     "every subserver on this host")  # fmt: skip
+                self.addresses = self.cluster.bind_launcher(self._pull)
             except BaseException:
                 if self.cluster is not None:
                     self.cluster.close()
@@ -194,8 +178,9 @@ class Server:
     def step_log(self, model: int) -> Path:
         return self.run_dir / f"steps{model}.jsonl"
 
-    def _hop_logs(self) -> list[Path]:
-        """The emit logs `record_hops` merges into the hop trace on stop."""
+    def hop_logs(self) -> list[Path]:
+        """The emit logs `record_hops` merges into the hop trace on stop (a hook: a server whose processes log
+        elsewhere names its own)."""
         return [self.hop_log(i) for i in range(self.num_models)]
 
     def add_listener(self, fn: Listener) -> None:
@@ -206,6 +191,10 @@ class Server:
         self._fatal_listeners.append(fn)
         if self.failure is not None:
             fn(self.failure)
+
+    def serving(self) -> bool:
+        """False once `stop()` began or the server gave up (`failure`)."""
+        return not self._stopping.is_set() and self.failure is None
 
     def healthy(self) -> bool:
         return not self.dead and len(self.ready) == self.num_models
@@ -261,7 +250,7 @@ class Server:
             if policy.is_sync:
                 self._start_coordinator()
             self.cluster.welcome_all()
-        self._start_aux()
+        self.start_aux()
         self._wait_ready()
         self._watcher = threading.Thread(target=self._watch, name="tokenrouter-watch", daemon=True)
         self._watcher.start()
@@ -271,13 +260,16 @@ class Server:
         a = self.addresses
         self.coordinator = Coordinator(gate, a.bind(a.coordinator), a.subservers).start()
 
-    def _start_aux(self) -> None:
-        """Start the processes that run beside the subservers (`aux`); none here."""
+    # ---- hooks of a server that runs other processes (`baselines.launcher.BaselineServer`) --------------------
+    def start_aux(self) -> None:
+        """Start the processes that run beside the subservers, once every subserver started (before their Ready
+        is awaited). Each goes into `aux` as (name, process, address): its exit fails the server, start-up
+        included, and `stop` sends `Shutdown` to its address. None here."""
 
-    def _target(self, spec: SubserverSpec) -> tuple[Callable[[Any], None], Any]:
-        """The process entry point of a subserver and its argument."""
-        from tokenrouter.runtime import subserver
-
+    def subserver_target(self, spec: SubserverSpec) -> tuple[Callable[[Any], None], Any]:
+        """The process entry point of subserver `spec.model` and its (picklable) argument. The process must send
+        `Ready`, then `Stats` at least every `stats_interval_s`, to the launcher and the front-end, and stop on
+        `Shutdown`, as `runtime.subserver.main` does."""
         return subserver.main, spec
 
     def _spawn(self, i: int) -> Any:
@@ -302,9 +294,9 @@ class Server:
             if mc.mps_active_thread_percentage is not None:
                 env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(mc.mps_active_thread_percentage)
         env.update(tp_environment(mc, self.device))  # rank 0 starts the model's other ranks (runtime.tp_ranks)
-        target, arg = self._target(spec)
+        target, arg = self.subserver_target(spec)
         ctx = mp.get_context("spawn")
-        with _environ(env):  # a spawned child copies the parent's environment at start
+        with environ(env):  # a spawned child copies the parent's environment at start
             p = ctx.Process(target=target, args=(arg,), name=f"tokenrouter-sub{i}", daemon=False)
             p.start()
         return p
@@ -312,13 +304,13 @@ class Server:
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.ready_timeout_s
         while len(self.ready) < self.num_models:
-            self._poll_control(100)
+            self.poll_control(100)
             for i, p in enumerate(self.processes):
                 if i in self.dead:
                     name = self.config.models[i].name
                     raise StartupError(f"subserver {i} ({name}) failed during start-up: {self.dead[i]}")
                 if p.exitcode is not None and i not in self.ready:
-                    self._poll_control(200)  # its Failed may still be in flight
+                    self.poll_control(200)  # its Failed may still be in flight
                     why = self.dead.get(i, getattr(p, "exit_reason", None) or f"process exited with code {p.exitcode}")
                     raise StartupError(f"subserver {i} ({self.config.models[i].name}) failed during start-up: {why}")
             for name, p, _ in self.aux:
@@ -328,7 +320,8 @@ class Server:
                 missing = [self.config.models[i].name for i in range(self.num_models) if i not in self.ready]
                 raise StartupError(f"no Ready within {self.ready_timeout_s:.0f} s from {', '.join(missing)}")
 
-    def _poll_control(self, timeout_ms: int) -> None:
+    def poll_control(self, timeout_ms: int) -> None:
+        """Handle what arrived on the launcher's socket within `timeout_ms`: JOIN frames, Ready/Stats/Failed."""
         if not self._pull.poll(timeout_ms):
             return
         while True:
@@ -338,7 +331,7 @@ class Server:
                 return
             if chan == P.JOIN:
                 if self.cluster is not None:
-                    self.cluster.on_join(data)
+                    self.addresses = self.cluster.on_join(data)
                 continue
             msg = P.decode_for_frontend(data)
             if isinstance(msg, P.Ready | P.Stats):
@@ -359,14 +352,12 @@ class Server:
 
     def _watch(self) -> None:
         """Watcher thread: control messages, and the exit of any subserver (with or without a `Failed`)."""
-        tell = self._ctx.socket(zmq.PUSH)
-        tell.setsockopt(zmq.LINGER, 0)
-        tell.connect(self.addresses.frontend)
+        tell = push_socket(self._ctx, self.addresses.frontend, linger_ms=0)
         try:
             while not self._watch_done.is_set():
-                self._poll_control(100)
+                self.poll_control(100)
                 with self._lock:
-                    if self._stopping.is_set() or self.failure is not None:
+                    if not self.serving():
                         continue
                     for i, p in enumerate(self.processes):
                         if p.exitcode is not None and self._handled.get(i) is not p:
@@ -375,7 +366,7 @@ class Server:
                     self._kill_hung()
                     for name, p, _ in self.aux:
                         if p.exitcode is not None and self.failure is None:
-                            self._on_aux_exit(name, p)
+                            self._give_up(f"{name} died ({describe_exit(p.exitcode)})")
         finally:
             tell.close()
 
@@ -412,15 +403,11 @@ class Server:
             self._restart(i)
             return
         why = msg if was_ready or not self.restart_on_failure else f"{msg}, before it was ready again"
-        self.failure = why
-        log.error("giving up: %s%s", why, "" if self.restart_on_failure else " (--restart-on-failure restarts it)")
-        for fn in self._fatal_listeners:
-            fn(why)
+        self._give_up(why, "" if self.restart_on_failure else " (--restart-on-failure restarts it)")
 
-    def _on_aux_exit(self, name: str, p: Any) -> None:
-        why = f"{name} died ({describe_exit(p.exitcode)})"
-        log.error("giving up: %s", why)
+    def _give_up(self, why: str, hint: str = "") -> None:
         self.failure = why
+        log.error("giving up: %s%s", why, hint)
         for fn in self._fatal_listeners:
             fn(why)
 
@@ -429,11 +416,7 @@ class Server:
         the dead one reaches it); then subserver i starts again with the same spec."""
         for j, addr in enumerate(self.addresses.subservers):
             if j != i:
-                s = self._ctx.socket(zmq.PUSH)
-                s.setsockopt(zmq.LINGER, 1000)
-                s.connect(addr)
-                s.send_multipart([P.CTL, P.encode(P.Restarted(i))])
-                s.close()
+                send_once(self._ctx, addr, [P.CTL, P.encode(P.Restarted(i))], linger_ms=1000)
         self.restarts[i] += 1
         log.warning("restarting subserver %d (%s), restart %d", i, self.config.models[i].name, self.restarts[i])
         self.processes[i] = self._spawn(i)
@@ -452,11 +435,7 @@ class Server:
                 for addr in (*self.addresses.subservers, *(a for _, _, a in self.aux)):
                     if not Addresses.known(addr):
                         continue  # over tcp: a subserver that never joined (it is killed below)
-                    s = self._ctx.socket(zmq.PUSH)
-                    s.setsockopt(zmq.LINGER, 500)
-                    s.connect(addr)
-                    s.send_multipart([P.CTL, P.encode(P.Shutdown())])
-                    s.close()
+                    send_once(self._ctx, addr, [P.CTL, P.encode(P.Shutdown())], linger_ms=500)
             deadline = time.monotonic() + timeout_s
             every = [*self.processes, *(p for _, p, _ in self.aux)]
             for p in every:
@@ -477,7 +456,7 @@ class Server:
             if self.cluster is not None:
                 self.cluster.close()
             if self.record_hops:
-                merge_hop_logs(self._hop_logs(), self.record_hops)
+                merge_hop_logs(self.hop_logs(), self.record_hops)
             self._pull.close()
             self._ctx.term()
             if self._own_dir and not self.step_logs:
@@ -498,23 +477,3 @@ class Server:
             raise KeyboardInterrupt(f"signal {signum}")
 
         signal.signal(signal.SIGTERM, _raise)
-
-
-class _environ:
-    """Set variables for the duration of a `with` (the launcher's own thread only), then restore them."""
-
-    def __init__(self, env: dict[str, str]) -> None:
-        self.env = env
-        self.saved: dict[str, str | None] = {}
-
-    def __enter__(self) -> None:
-        for k, v in self.env.items():
-            self.saved[k] = os.environ.get(k)
-            os.environ[k] = v
-
-    def __exit__(self, *exc: object) -> None:
-        for k, old in self.saved.items():
-            if old is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = old

@@ -20,7 +20,9 @@ import os
 from typing import Any
 
 from tokenrouter.core.config import DeploymentConfig
+from tokenrouter.runtime import subserver
 from tokenrouter.runtime.addresses import LOOPBACK
+from tokenrouter.runtime.logs import configure_logging
 from tokenrouter.runtime.remote import RemoteSubserver
 
 log = logging.getLogger(__name__)
@@ -44,9 +46,6 @@ class SubserverActor:
     """The Ray actor of one subserver (made remote in `RayCluster.start`, so importing this module needs no Ray)."""
 
     def run(self, spec: Any) -> None:
-        from tokenrouter.runtime import subserver
-        from tokenrouter.runtime.logs import configure_logging
-
         configure_logging(spec.log_level)
         subserver.serve(spec, watch_launcher=True)
 

@@ -17,6 +17,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from tokenrouter.runtime.mps import MpsDaemon
+
 log = logging.getLogger(__name__)
 
 PREFIX = "tokenrouter-"
@@ -81,8 +83,6 @@ def owner_gone(d: Path) -> bool:
 def remove(d: Path) -> None:
     """Remove a run directory, stopping an MPS daemon whose pipes live in it first."""
     if (d / "mps-pipe").is_dir():
-        from tokenrouter.runtime.mps import MpsDaemon
-
         daemon = MpsDaemon(d)
         daemon.started = True
         try:

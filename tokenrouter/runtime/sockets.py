@@ -14,3 +14,11 @@ def push_socket(ctx: zmq.Context, addr: str, *, linger_ms: int = 2000) -> zmq.So
     s.setsockopt(zmq.SNDHWM, 0)
     s.connect(addr)
     return s
+
+
+def send_once(ctx: zmq.Context, addr: str, frames: list[bytes], *, linger_ms: int = 2000) -> None:
+    """One message to `addr` on a socket of its own (to a process this one holds no socket to); the close waits up to
+    `linger_ms` for it to leave."""
+    s = push_socket(ctx, addr, linger_ms=linger_ms)
+    s.send_multipart(frames)
+    s.close()

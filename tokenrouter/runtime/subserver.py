@@ -12,11 +12,10 @@ next Stats heartbeat: no busy spinning.
 from __future__ import annotations
 
 import logging
-import multiprocessing as mp
 import os
 import time
-import traceback
-from typing import Any, NoReturn
+from collections.abc import Callable
+from typing import Any
 
 import zmq
 
@@ -25,17 +24,18 @@ from tokenrouter.core.batch import Batch
 from tokenrouter.core.messages import Action, Emit, Finish, PeerReq, Send
 from tokenrouter.core.request import Request, SamplingParams
 from tokenrouter.core.scheduler import RequestTooLong
+from tokenrouter.routers.presets import set_hop_rate
 from tokenrouter.runtime import protocol as P
-from tokenrouter.runtime.addresses import Addresses, is_tcp
+from tokenrouter.runtime.addresses import is_tcp
 from tokenrouter.runtime.build import SubserverSpec, build_part
 from tokenrouter.runtime.engine_loop import EngineLoop
 from tokenrouter.runtime.gate import RemoteGate
 from tokenrouter.runtime.join import Joined, Left, join_launcher, spec_from_welcome
-from tokenrouter.runtime.logs import JsonlLog, configure_logging
-from tokenrouter.runtime.parent_watch import die_with_parent
+from tokenrouter.runtime.logs import JsonlLog
 from tokenrouter.runtime.sockets import push_socket
+from tokenrouter.runtime.supervision import fail_and_exit, start_child
 
-_STATS_MIN_GAP_S = 0.05  # Stats sent on a change: at most this often (the heartbeat still comes every interval)
+STATS_MIN_GAP_S = 0.05  # Stats sent on a change: at most this often (the heartbeat still comes every interval)
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ class Subserver(EngineLoop):
         self.tag = f"model {spec.model} ({mc.name})"
         log.info("%s: loading %s on %s", self.tag, f"weights from {mc.path}" if mc.path else "dummy weights",
                  spec.device)  # fmt: skip
-        self.dep, sched, engine = self._build(spec)
+        self.dep, sched, engine = self.build(spec)
         super().__init__(engine, sched, prepare_margin_s=spec.prepare_margin_ms / 1000.0,
                          step_log=JsonlLog(spec.step_log))  # fmt: skip
         _log_start_phases(self.tag, self.engine, time.monotonic() - t0)
@@ -68,7 +68,7 @@ class Subserver(EngineLoop):
             if j != spec.model:
                 self.peers[j] = self._push(a)
         self.front = self._push(addrs.frontend)
-        self.out = self._reply_socket(spec)  # Tokens / Finished / Rejected go here
+        self.out = self.reply_socket(spec)  # Tokens / Finished / Rejected go here
         self.launcher = self._push(addrs.launcher) if addrs.launcher else None
         self.poller = zmq.Poller()
         self.poller.register(self.pull, zmq.POLLIN)
@@ -79,24 +79,27 @@ class Subserver(EngineLoop):
         context = min(self.engine.max_context_len, self.sched.max_context_len or self.engine.max_context_len)
         ready = P.Ready(spec.model, spec.config.models[spec.model].name, self.sched.kv.capacity_tokens,
                         context, self.vocab, time.monotonic() - t0)  # fmt: skip
-        self._control(ready)
+        self.send_control(ready)
         log.info("%s: ready in %.1f s (context %d tokens, pid %d)", self.tag, ready.startup_s, context, os.getpid())
         self.next_stats = 0.0
         self.stats_sent = float("-inf")
         self.stats_sig: tuple[int, ...] = ()
 
-    def _build(self, spec: SubserverSpec) -> tuple[Any, Any, Any]:
-        """(deployment, this model's scheduler, its engine): the simulator's builder, same call."""
+    # ---- hooks (`baselines.model_server` overrides them) ----------------------------------------------------
+    def build(self, spec: SubserverSpec) -> tuple[Any, Any, Any]:
+        """(deployment, this model's scheduler, its engine), called once from `__init__` before its sockets open;
+        the scheduler's pool must be the engine's. Here: the simulator's builder, same call."""
         return build_part(spec, self.gate)
 
-    def _reply_socket(self, spec: SubserverSpec) -> zmq.Socket:
-        """Where a request's tokens and its end go: the front-end (a baseline's model server answers its dispatcher)."""
+    def reply_socket(self, spec: SubserverSpec) -> zmq.Socket:
+        """Where a request's tokens and its end go (once, after `front` opened): the front-end here."""
         return self.front
 
     def _push(self, addr: str) -> zmq.Socket:
         return push_socket(self.ctx, addr)
 
-    def _control(self, msg: P.Ready | P.Stats | P.Failed) -> None:
+    def send_control(self, msg: P.Ready | P.Stats | P.Failed) -> None:
+        """Every Ready/Stats/Failed of this process goes out here, to the front-end and the launcher."""
         data = P.encode(msg)
         self.front.send_multipart([P.CTL, data])
         if self.launcher is not None:
@@ -109,7 +112,7 @@ class Subserver(EngineLoop):
         elif chan == P.CTL:
             msg = P.decode_for_subserver(data)
             if isinstance(msg, P.Submit):
-                self._submit(msg, now)
+                self.submit(msg, now)
             elif isinstance(msg, P.Abort):
                 self.deliver(self.sched.abort(msg.rid, now))
             elif isinstance(msg, P.Shutdown):
@@ -117,21 +120,27 @@ class Subserver(EngineLoop):
             elif isinstance(msg, P.Restarted):
                 self._on_peer_restarted(msg.model, now)
             elif isinstance(msg, P.SetPolicy):
-                self._set_policy(msg)
+                self.set_policy(msg)
         elif chan == P.GATE and self.gate is not None:
             self.gate.on_grant(data)  # a grant: the loop asks `schedule` next
 
-    def _submit(self, msg: P.Submit, now: float) -> None:
+    def submit(self, msg: P.Submit, now: float) -> None:
+        """A client's request: added to the scheduler (then `after_add`) and its first actions delivered, or
+        `Rejected` (400) on `reply_socket` when it cannot be served."""
         try:
-            req = self._request_from(msg, self.dep.num_models, self.sched.entry)
+            req = self.request_from(msg)
             acts = self.sched.add(req, now)
         except (RequestTooLong, ValueError, TypeError) as e:
             self.out.send_multipart([P.CTL, P.encode(P.Rejected(msg.rid, 400, str(e)))])
             return
+        self.after_add(req)
         self.hops.write({"rid": msg.rid, "prompt_len": req.prompt_len})
         self.deliver(acts)
 
-    def _request_from(self, msg: P.Submit, num_models: int, entry: int) -> Request:
+    def after_add(self, req: Request) -> None:
+        """`req` was just added to the scheduler; its first `schedule` comes later."""
+
+    def request_from(self, msg: P.Submit) -> Request:
         """The core request of a client's submission; ValueError (or TypeError from the sampling fields) for what
         the front-end could not check: an empty prompt, an id outside this model's vocabulary."""
         ids = P.unpack_ids(msg.prompt_ids)
@@ -141,13 +150,12 @@ class Subserver(EngineLoop):
         if bad:
             raise ValueError(f"token id {bad[0]} out of the vocabulary (0..{self.vocab - 1})")
         sp = SamplingParams(**{f: getattr(msg.sampling, f) for f in msg.sampling.__struct_fields__})
-        return Request(msg.rid, ids, len(ids), sp, num_models=num_models, entry=entry,
+        return Request(msg.rid, ids, len(ids), sp, num_models=self.sched.num_models, entry=self.sched.entry,
                        eos_token_ids=tuple(msg.eos_token_ids))  # fmt: skip
 
-    def _set_policy(self, msg: P.SetPolicy) -> None:
-        """The admin endpoint's policy (and hop rate): applied before the next `schedule`, then acknowledged."""
-        from tokenrouter.routers.presets import set_hop_rate
-
+    def set_policy(self, msg: P.SetPolicy) -> None:
+        """The admin endpoint's policy (and hop rate): applied before the next `schedule`, then acknowledged with
+        one `PolicySet` to the front-end (its `error` set, and nothing changed, when it cannot be applied)."""
         error = None
         try:
             pc = msg.policy
@@ -231,7 +239,7 @@ class Subserver(EngineLoop):
         return max(0, int((wake - now) * 1000) + 1)
 
     def _stats(self, now: float, force: bool = False) -> None:
-        """Send `Stats` on the heartbeat and, at most every `_STATS_MIN_GAP_S`, soon after the state changes (pages,
+        """Send `Stats` on the heartbeat and, at most every `STATS_MIN_GAP_S`, soon after the state changes (pages,
         queues, requests, steps), so the front-end's gauges follow a change instead of lagging up to a heartbeat.
         A change pulls `next_stats` in, which also bounds the idle poll. Cheap when nothing is sent: the change
         test reads sizes only."""
@@ -240,13 +248,13 @@ class Subserver(EngineLoop):
         sig = (kv.num_free, len(s.waiting), len(s.admit_queue), len(s.reqs), s.step_id, self.counters.steps)
         if sig != self.stats_sig:
             self.stats_sig = sig
-            self.next_stats = min(self.next_stats, self.stats_sent + _STATS_MIN_GAP_S)
+            self.next_stats = min(self.next_stats, self.stats_sent + STATS_MIN_GAP_S)
         if not force and now < self.next_stats:
             return
         pending = sum(1 for r in s.reqs.values() if r.status.name == "PENDING")
         running = sum(1 for r in s.reqs.values() if r.status.name == "RUNNING")
         c = self.counters
-        self._control(P.Stats(self.model, now, kv.num_pages - 1 - kv.num_free, kv.num_pages - 1, running,
+        self.send_control(P.Stats(self.model, now, kv.num_pages - 1 - kv.num_free, kv.num_pages - 1, running,
                               len(s.waiting) + len(s.admit_queue), pending, c.steps, c.rows, c.step_ms, c.tokens,
                               c.hops, c.loop_steps, c.loop_rows, c.loop_ms, c.loop_gpu_ms, c.busy_ms,
                               batch_steps=list(c.batches.steps), batch_rows=list(c.batches.rows),
@@ -289,30 +297,19 @@ def _size(nbytes: int) -> str:
     return f"{nbytes / 1e9:.2f} GB" if nbytes >= 1e8 else f"{nbytes / 1e6:.1f} MB"
 
 
-def _remove_orphaned_run_dir(run_dir: str | None) -> None:
-    from pathlib import Path
-
-    from tokenrouter.runtime import rundir
-
-    if run_dir and rundir.owner_gone(Path(run_dir)):
-        rundir.remove(Path(run_dir))
-
-
 def main(spec: SubserverSpec) -> None:
     """Process entry point (multiprocessing spawn target). Exits non-zero after sending `Failed` on an error;
     exits at once (removing the run directory) when the server process is gone."""
-    configure_logging(spec.log_level)
-    parent = mp.parent_process()
-    die_with_parent(parent.pid if parent is not None else os.getppid(),
-                    lambda: _remove_orphaned_run_dir(spec.run_dir))  # fmt: skip
+    start_child(spec.log_level, spec.run_dir)
     serve(spec)
 
 
-def serve(spec: SubserverSpec, joined: Joined | None = None, *, watch_launcher: bool = False) -> None:
-    """Run one subserver in this process until `Shutdown`: a multiprocessing child (`main`), a Ray actor or
-    `tokenrouter subserver`. Over tcp it first joins the launcher (`runtime.join`) unless `joined` says it did;
-    `watch_launcher`: exit when the connection to the launcher drops (a process the launcher did not start).
-    On an error: `Failed` to the front-end and the launcher, then `os._exit(1)`."""
+def serve(spec: SubserverSpec, joined: Joined | None = None, *, watch_launcher: bool = False,
+          make: Callable[[SubserverSpec, Joined | None], Subserver] = Subserver) -> None:  # fmt: skip
+    """Run one subserver (`make(spec, joined)`) in this process until `Shutdown`: a multiprocessing child (`main`),
+    a Ray actor or `tokenrouter subserver`. Over tcp it first joins the launcher (`runtime.join`) unless `joined`
+    says it did; `watch_launcher`: exit when the connection to the launcher drops (a process the launcher did not
+    start). On an error: `Failed` to the front-end and the launcher, then `os._exit(1)`."""
     sub: Subserver | None = None
     try:
         if joined is None and is_tcp(spec.addresses.launcher):
@@ -322,10 +319,10 @@ def serve(spec: SubserverSpec, joined: Joined | None = None, *, watch_launcher: 
             spec = spec_from_welcome(spec, joined.welcome)
         if joined is not None and watch_launcher:
             joined.link.watch(lambda: _launcher_lost(spec.model, joined.link.address))
-        sub = Subserver(spec, joined)
+        sub = make(spec, joined)
         sub.run()
     except BaseException as e:
-        fail_and_exit(spec, e, sub)
+        fail_and_exit(spec.addresses, spec.model, e, sub.send_control if sub is not None else None)
     if joined is not None:
         joined.link.send(Left(spec.model))
     sub.close()
@@ -336,30 +333,3 @@ def serve(spec: SubserverSpec, joined: Joined | None = None, *, watch_launcher: 
 def _launcher_lost(model: int, address: str) -> None:
     log.error("model %d: lost the launcher at %s: exiting", model, address)
     os._exit(1)
-
-
-def fail_and_exit(spec: SubserverSpec, exc: BaseException, process: Subserver | None) -> NoReturn:
-    """A subserver-like process (a subserver, a baseline's model server) died: log it, tell the front-end and the
-    launcher `Failed` (through the process's own control socket, or fresh sockets if it died before opening them),
-    and exit at once (`os._exit`: no atexit or finalizer may hang a dead process)."""
-    msg = f"{type(exc).__name__}: {exc}"
-    log.error("model %d: %s", spec.model, msg)
-    traceback.print_exc()
-    try:
-        if process is not None:
-            process._control(P.Failed(spec.model, msg))
-        else:
-            _report_failed(spec, msg)
-    finally:
-        os._exit(1)
-
-
-def _report_failed(spec: SubserverSpec, msg: str) -> None:
-    """`Failed` from a subserver that died during start-up (no sockets yet)."""
-    ctx = zmq.Context()
-    for addr in (spec.addresses.frontend, spec.addresses.launcher):
-        if Addresses.known(addr):  # over tcp the front-end's port may not be published yet
-            s = push_socket(ctx, addr)
-            s.send_multipart([P.CTL, P.encode(P.Failed(spec.model, msg))])
-            s.close()
-    ctx.term()

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 from tokenrouter.core.config import ConfigError, DeploymentConfig, ModelConfig
 from tokenrouter.deploy.placement import check_tp_divides
-
-# NVLink multicast (NVLS) stays off in every process of a tensor-parallel model (rank 0 passes it on to its ranks).
-NCCL_ENV = {"NCCL_NVLS_ENABLE": "0"}
+from tokenrouter.models.tp_rules import NCCL_ENV
 
 
 def check_tp(config: DeploymentConfig, device: str) -> None:
@@ -26,5 +24,6 @@ def check_tp(config: DeploymentConfig, device: str) -> None:
 
 
 def tp_environment(model: ModelConfig, device: str) -> dict[str, str]:
-    """Environment for the subserver process of `model` (rank 0), set before it starts."""
+    """Environment for the subserver process of `model` (rank 0), set before it starts (rank 0 passes it on to
+    its ranks)."""
     return dict(NCCL_ENV) if model.tp > 1 and device == "cuda" else {}

@@ -36,13 +36,13 @@ from typing import Any
 
 import zmq
 
-from tokenrouter.runtime.logs import configure_logging
-from tokenrouter.runtime.parent_watch import die_with_parent
+from tokenrouter.core.kv import KVPool
+from tokenrouter.models.tp_rules import NCCL_ENV
+from tokenrouter.runtime.supervision import describe_exit, report_failed, start_child
 
 log = logging.getLogger(__name__)
 
 HOST = "127.0.0.1"  # every rank of a model runs on rank 0's host
-NCCL_ENV = {"NCCL_NVLS_ENABLE": "0"}
 
 
 @dataclass(slots=True)
@@ -56,7 +56,6 @@ class FollowerSpec:
     page_size: int
     store_port: int
     steps_address: str
-    leader_pid: int
     log_level: int = logging.WARNING
     timeout_s: float = 300.0
 
@@ -77,6 +76,8 @@ class TPRanks:
     def __init__(self, size: int, engine_kwargs: dict[str, Any], *, num_pages: int | None = None,
                  on_death: Callable[[str], None] | None = None, log_level: int = logging.WARNING,
                  timeout_s: float = 300.0) -> None:  # fmt: skip
+        # torch (the `engine` extra) loads only in a process that runs a model: the launcher imports this module too
+        # (through `runtime.build`) and never loads torch.
         from tokenrouter.engine.config import EngineConfig
         from tokenrouter.engine.parallel import TensorParallel, serve_store
 
@@ -105,7 +106,7 @@ class TPRanks:
                 self._socks.append(s)
                 kw = {**engine_kwargs, "device": rank_device(leader_device, r)}
                 spec = FollowerSpec(r, size, kw, num_pages, int(engine_kwargs.get("page_size", 16)), self._store.port,
-                                    f"tcp://{HOST}:{port}", os.getpid(), log_level, timeout_s)  # fmt: skip
+                                    f"tcp://{HOST}:{port}", log_level, timeout_s)  # fmt: skip
                 p = ctx.Process(target=follower_main, args=(spec,), name=f"tokenrouter-tp{r}", daemon=True)
                 p.start()
                 self.procs.append(p)
@@ -126,8 +127,6 @@ class TPRanks:
             s.send(data)
 
     def _watch(self) -> None:
-        from tokenrouter.runtime.launcher import describe_exit
-
         alive = {p.sentinel: (r, p) for r, p in enumerate(self.procs, start=1)}
         while alive and not self._closing.is_set():
             for sentinel in wait(list(alive), timeout=0.2):
@@ -171,14 +170,12 @@ class TPRanks:
 def follower_main(spec: FollowerSpec) -> None:
     """Process entry point of rank `spec.rank` (multiprocessing spawn target). Exits 0 after `Stop`, 1 on an error;
     at once when rank 0 is gone."""
-    configure_logging(spec.log_level)
-    die_with_parent(spec.leader_pid, lambda: None)
+    start_child(spec.log_level)
     code = 0
     ctx = zmq.Context()
     sock = ctx.socket(zmq.PULL)
     sock.connect(spec.steps_address)
-    try:
-        from tokenrouter.core.kv import KVPool
+    try:  # the engine (torch) loads here: an import error is this rank's failure, reported as any other
         from tokenrouter.engine.config import EngineConfig
         from tokenrouter.engine.parallel import TensorParallel
         from tokenrouter.engine.runner import Engine
@@ -212,6 +209,7 @@ def follower_main(spec: FollowerSpec) -> None:
 def start_ranks(spec: Any, engine_kwargs: dict[str, Any], pool: Any) -> Any:
     """Rank 0's engine of subserver `spec` (a `SubserverSpec`) for a model with `tp > 1`: starts its followers, then
     builds the engine (every rank at once). A follower that dies from here on fails the subserver."""
+    # torch (the `engine` extra): lazily, as in `TPRanks`.
     from tokenrouter.engine.config import EngineConfig
     from tokenrouter.engine.loader import resolve_spec
     from tokenrouter.engine.parallel import check_divides
@@ -222,10 +220,8 @@ def start_ranks(spec: Any, engine_kwargs: dict[str, Any], pool: Any) -> Any:
     check_divides(resolve_spec(cfg.model)[0], size)
 
     def on_death(why: str) -> None:
-        from tokenrouter.runtime.subserver import _report_failed
-
         try:
-            _report_failed(spec, why)
+            report_failed(spec.addresses, spec.model, why)
         finally:
             os._exit(1)  # rank 0 may be blocked in a collective with the dead rank: no orderly shutdown
 

@@ -19,6 +19,7 @@ from fastapi.exceptions import RequestValidationError, StarletteHTTPException
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from tokenrouter.deploy.autotune_controller import make_controller
 from tokenrouter.runtime.frontend import access, generate, params
 from tokenrouter.runtime.frontend.admin import PolicyState, add_admin_routes
 from tokenrouter.runtime.frontend.autotune import AutotuneTask
@@ -217,6 +218,4 @@ def autotune_task(server: ServerHandle, backend: Backend, policy: PolicyState) -
     cfg = getattr(server, "config", None)
     if cfg is None or cfg.policy.autotune is None:
         return None
-    from tokenrouter.deploy.autotune_controller import make_controller
-
     return AutotuneTask(backend, policy, make_controller(cfg), server.entry)

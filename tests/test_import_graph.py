@@ -1,0 +1,92 @@
+"""The project's import graph: no cycle of files, and no private name imported across modules (docs/design.md).
+
+The graph spans `tokenrouter/` and the top-level folders pyproject maps into its namespace (`sim/` ->
+`tokenrouter.sim`, ...), and counts every import: at module level, inside functions (a lazy import hides a cycle,
+it does not remove it) and under `TYPE_CHECKING`. A cycle is reported as the list of its modules."""
+
+from __future__ import annotations
+
+import ast
+import tomllib
+from pathlib import Path
+
+from importscan import import_cycles, module_cycles, package_modules
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def project_modules() -> dict[str, Path]:
+    """Dotted name -> source file of every module of the installed namespace."""
+    dirs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    mods: dict[str, Path] = {}
+    for pkg, folder in dirs.items():
+        mods.update(package_modules(ROOT / folder, pkg))
+    return mods
+
+
+def cycles_report(cycles: list[list[str]]) -> str:
+    return "import cycles (each a list of modules that import one another):\n" + "\n".join(map(str, cycles))
+
+
+def test_the_graph_spans_every_mapped_folder():
+    mods = project_modules()
+    assert len(mods) >= 150
+    for m in ("tokenrouter.runtime.launcher", "tokenrouter.sim.run", "tokenrouter.calibration.profile",
+              "tokenrouter.cli.tr"):  # fmt: skip
+        assert m in mods
+
+
+def test_no_import_cycle_among_project_files():
+    cycles = module_cycles(project_modules())
+    assert cycles == [], cycles_report(cycles)
+
+
+def test_a_function_level_import_that_closes_a_cycle_is_reported(tmp_path):
+    """The project test fails on a cycle: one lazy import back from a low runtime module to the launcher."""
+    mods = project_modules()
+    low = tmp_path / "supervision.py"
+    low.write_text(mods["tokenrouter.runtime.supervision"].read_text() + "\n\ndef f():\n"
+                   "    from tokenrouter.runtime.launcher import Server\n")  # fmt: skip
+    mods["tokenrouter.runtime.supervision"] = low
+    pair = {"tokenrouter.runtime.launcher", "tokenrouter.runtime.supervision"}
+    assert [c for c in module_cycles(mods) if pair <= set(c)] != []
+
+
+def test_the_scanner_finds_a_cycle_closed_by_a_type_checking_import(tmp_path):
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "runner.py").write_text("from pkg import forward\nfrom pkg.sub import leaf\n")
+    (pkg / "forward.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.runner import Runner\n"
+    )
+    (pkg / "sub" / "leaf.py").write_text("import importlib\nops = importlib.import_module('pkg.sub.ops')\n")
+    (pkg / "sub" / "ops.py").write_text("def f():\n    from pkg.sub import leaf\n")
+    assert import_cycles(pkg, "pkg") == [["pkg.forward", "pkg.runner"], ["pkg.sub.leaf", "pkg.sub.ops"]]
+    (pkg / "forward.py").write_text("x = 1\n")
+    (pkg / "sub" / "ops.py").write_text("x = 1\n")
+    assert import_cycles(pkg, "pkg") == []
+
+
+def private_imports(path: Path, root: Path = ROOT) -> list[str]:
+    """`from tokenrouter.<module> import _name` anywhere in `path` (dunder names are not private). A test's own
+    helpers (`from rt_helpers import _x`) are not project modules and do not count."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "tokenrouter":
+            out += [f"{path.relative_to(root)}:{node.lineno}: {a.name} from {node.module}" for a in node.names
+                    if a.name.startswith("_") and not a.name.startswith("__")]  # fmt: skip
+    return out
+
+
+def test_no_private_name_is_imported_from_another_module():
+    files = [*project_modules().values(), *sorted((ROOT / "tests").rglob("*.py"))]
+    found = [hit for f in files for hit in private_imports(f)]
+    assert found == [], "private names imported across modules:\n" + "\n".join(found)
+
+
+def test_the_private_import_check_sees_one(tmp_path):
+    f = tmp_path / "probe.py"
+    f.write_text("def g():\n    from tokenrouter.metrics import _ratio, __doc__\nfrom helpers import _x\n")
+    assert private_imports(f, tmp_path) == ["probe.py:2: _ratio from tokenrouter.metrics"]
