@@ -49,10 +49,10 @@ class Served:
 
     @classmethod
     def start(cls, tmp: Path, config: Path, *, kv_tokens: int = 2048, timeout_s: float = 180.0,
-              extra: tuple[str, ...] = ()) -> Served:  # fmt: skip
+              extra: tuple[str, ...] = (), device: str = "cpu") -> Served:  # fmt: skip
         port = free_port()
         log = tmp / f"serve-{port}.log"
-        cmd = [sys.executable, "-m", "tokenrouter.cli.tr", "serve", "--config", str(config), "--device", "cpu",
+        cmd = [sys.executable, "-m", "tokenrouter.cli.tr", "serve", "--config", str(config), "--device", device,
                "--port", str(port), "--kv-tokens", str(kv_tokens), *extra]  # fmt: skip
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True, env=env)
