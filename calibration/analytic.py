@@ -8,9 +8,8 @@ regenerates the bundled H200 file (deterministic: `created` is fixed unless pass
 
 Per model and mode (see `StepCoeffs`: step_ms = max(c0 + c_row*B + c_ctx*C + c_tok*T + c_ext*E, floor_ms)):
 - c0 = decode_weight_bytes / bw_eff + kernel floor + launch.
-  bw_eff = copy bandwidth x measured weight-streaming efficiency (studies/calibration/README.md, "Reference
-  H200 measurements": a 2-layer SwiGLU MLP under a CUDA graph streamed 1,722 GB/s at Qwen3-0.6B shapes, 3,947
-  at 8B, 4,185 at 32B, of 4,255 GB/s copy),
+  bw_eff = copy bandwidth x measured weight-streaming efficiency (`MEASURED_STREAM_GBS` over `MEASURED_COPY_GBS`:
+  a 2-layer SwiGLU MLP under a CUDA graph at each model's shapes; small matrices do not fill the chip),
   interpolated linearly in log(parameter count), clamped outside 0.6B..32B; GEMM-to-GEMM gaps are inside it.
   Kernel floor: every non-GEMM kernel (norms, RoPE, KV store, attention, activation, residual adds) costs
   `kernel_us` of device time even inside a graph, `small_kernels_per_layer` of them per layer plus
@@ -28,11 +27,9 @@ Per model and mode (see `StepCoeffs`: step_ms = max(c0 + c_row*B + c_ctx*C + c_t
   per key) / matmul_tflops: the summary numbers do not carry each row's prefix, so a reference length is used.
 - TP > 1: bytes and FLOPs split over tp ranks, plus 2 all-reduces per layer at `allreduce_ms`.
 
-Leads measured once on the H200 for these terms (2026-11-29, a throwaway plain-torch unfused Qwen3 decode
-stack, random weights; not kept in the repo, so treat them as assumptions until `tr calibrate` measures the
-real engine): a tiny kernel inside a graph 2.1 us; an eager op 9.9 us of host time;
-one-kernel graph replay + sync 14 us; graph decode step at batch 1 / 1k context 3.9 ms (0.6B), 8.1 (8B),
-23.6 (32B), eager 16.7 / 22.1 / 40.9 ms; decode attention read KV at ~4.6 TB/s at batch 32.
+The per-kernel, per-op and launch terms (`Assumptions`'s "measured" fields) come from one measurement of a
+throwaway plain-torch unfused Qwen3 decode stack, not of this project's engine, so they are assumptions until
+`tr calibrate` measures the real engine; the measurements are listed in docs/calibration.md (The analytic profile).
 
 Standard serving (`std_serving`): the TokenRouter paper measured small-model inference at 4.2% of a step in
 standard serving, and a 58-85% throughput loss going from 2,048 to 8,192 max output tokens. Reference step:
@@ -71,7 +68,8 @@ from .profile import (
 
 H200 = GpuInfo(name="NVIDIA H200", mem_bw_gbs=4255.0, matmul_tflops=790.0, memory_gb=141.0)
 H200_CREATED = "2026-11-29"  # the date of the H200 measurements it uses (studies/calibration/README.md)
-# Weight streaming measured on the H200 (GB/s) at these models' MLP shapes; the copy ceiling was 4,255.
+# Weight streaming measured on the H200 (GB/s) at these models' MLP shapes, and the copy ceiling of that machine
+# (studies/calibration/README.md, Reference H200 measurements).
 MEASURED_STREAM_GBS: dict[str, float] = {"qwen3-0.6b": 1722.0, "qwen3-8b": 3947.0, "qwen3-32b": 4185.0}
 MEASURED_COPY_GBS = 4255.0
 

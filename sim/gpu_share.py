@@ -8,7 +8,7 @@ every pass there is brought up to date and re-rated, and its subserver is told t
 
 Why not a fixed slowdown charged at launch: the measured slowdown of a model's step depends on what the other
 model runs (its batch, or nothing), which changes during the step; pricing at launch also leaves the pass
-that started first unslowed (before: the 32B's step, measured 21-25 ms beside the 0.6B against 16.7 alone).
+that started first unslowed, although a large model's step slows measurably beside a small one (docs/simulator.md).
 """
 
 from __future__ import annotations

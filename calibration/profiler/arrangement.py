@@ -20,7 +20,7 @@ ARRANGEMENTS = ("stream-priority", "green-context")
 def arrangement_kwargs(name: str, sm_count: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """Engine options of (small, large) for an arrangement: the small model's stream at the highest priority, or
     the SMs split between two green contexts (a third for the small model: its step is launch-bound, the large
-    model's bandwidth-bound step reaches full bandwidth on about 52 of the H200's 132 SMs)."""
+    model's bandwidth-bound step reaches near full bandwidth on well under half of the SMs: docs/calibration.md)."""
     if name == "stream-priority":
         return {"stream_priority": -3}, {"stream_priority": 0}
     if name == "green-context":

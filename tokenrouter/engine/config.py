@@ -88,9 +88,8 @@ class EngineConfig:
     fuse_step_ops: bool = True
     # Triton skinny GEMM (`triton_gemv`) for the four projections of graph steps of up to `gemv_max_rows`
     # tokens (graph buckets <= it), with SwiGLU folded into the down projection; larger buckets and eager steps
-    # keep cuBLAS. Needs the Triton ops (CUDA, or ops_backend="triton"). On the H200 (2026-11-30,
-    # studies/engine/results/2026-11-30-h200-gemv-v2) it cut b=1 decode 0.6B 1.40 -> 0.93 ms, 8B 4.84 -> 4.60,
-    # 32B 18.19 -> 16.93, and b=4/8 likewise.
+    # keep cuBLAS. Needs the Triton ops (CUDA, or ops_backend="triton"). On because it shortens the decode step of
+    # every Qwen3 size at b=1/4/8 (docs/engine.md, Measured choices).
     triton_gemv: bool = True
     gemv_max_rows: int = 8  # 1..16
     # Memory sizing from measurement (see the class doc) and the eager pass's largest token count, which the
@@ -192,8 +191,8 @@ class EngineConfig:
         return _DTYPES[self.dtype]
 
 
-# The engine as first measured on the H200 (2026-11-29): every launch-overhead switch off, cuBLAS for every
-# projection (whatever the defaults become).
+# Every launch-overhead switch off and cuBLAS for every projection, whatever the defaults are: the reference the
+# engine studies time each switch against (docs/engine.md, Measured choices).
 BASELINE_SWITCHES: dict[str, bool] = {
     "decode_fused_reduce": False,
     "triton_pdl": False,

@@ -89,12 +89,12 @@ class GemvState:
     enabled: bool = False
     max_rows: int = 8
     pdl: bool = False
-    # L2 prefetch of the first weight bytes before the PDL wait: measured slower on the H200 (b=1 0.6B 0.927 vs
-    # 0.901 ms without, 8B 4.601 vs 4.547, 32B 16.93 vs 16.77), so off by default.
+    # L2 prefetch of the first weight bytes before the PDL wait: off by default, the b=1 step was slower with it
+    # at every Qwen3 size (docs/engine.md, Measured choices).
     prefetch: bool = False
     active: bool = False
-    # Fold SiLU(gate)*up into the down projection only up to this intermediate size: on the H200 the fold
-    # won at K=3072 (8.8 -> 5.7 us) and lost at 12288 and 25600 (31.9 -> 36.5, 71 -> 81-113 us).
+    # Fold SiLU(gate)*up into the down projection only up to this intermediate size: the fold saves a launch
+    # at small K but is slower than the separate SwiGLU kernel + GEMM at large K (docs/engine.md, Measured choices).
     silu_fold_max_k: int = 4096
 
     def applies(self, x: torch.Tensor) -> bool:

@@ -1,8 +1,8 @@
 """Triton skinny GEMM for the linear layers of small decode steps: y[M, N] = x[M, K] @ W[N, K]^T (+ bias).
 
 Why: at decode (a few tokens per step) the four projections of a layer stream their weights once per step,
-and cuBLAS reached 2.6-4.0 TB/s on them on the H200 (copy ceiling 4.24 TB/s), while a plain Triton GEMV was
-faster on every batch-1 Qwen3 shape (studies/engine/perf_probe.py [d]). Owning the kernel also lets the
+and cuBLAS streamed them below the copy bandwidth, while a plain Triton GEMV was faster on every batch-1 Qwen3
+shape (studies/engine/perf_probe.py [d]; docs/engine.md, Measured choices). Owning the kernel also lets the
 SwiGLU activation ride in the down projection (`silu=True`: one launch less per layer) and lets every
 projection use programmatic dependent launch like our other kernels.
 
@@ -44,7 +44,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from tokenrouter.engine.triton_ops import pdl_kwargs
 
 MAX_ROWS = 16  # largest M the kernel takes (the DOT path pads rows to 16)
-FMA_MAX_ROWS = 1  # rows up to this use CUDA-core FMAs, more use tensor cores (H200: dot won at M=2)
+FMA_MAX_ROWS = 1  # rows up to this use CUDA-core FMAs, more use tensor cores (faster from M = 2: docs/engine.md)
 DOT_ROWS = 16  # token rows of a DOT-path tile (tl.dot needs >= 16)
 DEFAULT_NUM_SMS = 132  # H200; used without a CUDA device (interpreter)
 PREFETCH_BYTES_PER_PROGRAM = 32 * 1024  # L2 prefetch per program before the PDL wait
@@ -61,7 +61,7 @@ class GemvConfig:
     num_stages: int = 3
 
 
-# Measured winners (H200, 2026-11-29, perf_probe [d], M = 1) of the FMA tile (block_n, block_k) per (N, K):
+# The fastest FMA tile (block_n, block_k) per (N, K) at M = 1 (perf_probe [d]: docs/engine.md, Measured choices):
 # Qwen3-8B qkv/o/gate_up/down, then Qwen3-0.6B. Shapes not listed follow `_fma_rule`, which reproduces them.
 FMA_TABLE: dict[tuple[int, int], tuple[int, int]] = {
     (6144, 4096): (16, 512),

@@ -156,7 +156,8 @@ def _sample_kernel(
     r = tl.program_id(0)
     row = Logits + r.to(tl.int64) * stride_l
     # Greedy rows take the argmax computed before this kernel by a parallel reduction (one program walking a
-    # 152k vocabulary alone cost the 0.6B decode graph ~40 us on the H200); sampled rows need its value too.
+    # 152k vocabulary alone is a visible share of a small model's decode step: docs/engine.md, Measured choices);
+    # sampled rows need its value too.
     best_i = tl.load(Greedy + r).to(tl.int32)
     tok = best_i
     inv = tl.load(InvT + r)

@@ -33,8 +33,8 @@ DEFAULT_SHORT_Q = 16  # longest row of the short group
 
 def default_buckets(max_tokens: int, smallest: int = 16) -> tuple[int, ...]:
     """Powers of two from `smallest`, with the midpoint 1.5x between neighbours from 24 up, up to and including
-    `max_tokens`: a step pads by less than half of its tokens (powers of two alone nearly doubled a 520-token
-    step; compute-bound models pay that in full: studies/engine/results/2026-11-30-serving-loop)."""
+    `max_tokens`: a step pads by less than half of its tokens (powers of two alone nearly double a 520-token
+    step, and compute-bound models pay padding in full: docs/engine.md, Measured choices)."""
     out, b = [], smallest
     while b < max_tokens:
         out.append(b)
@@ -50,8 +50,8 @@ def max_pad_tokens(num_params: int, num_layers: int, *, tflops: float = 790.0, e
     """How many padding tokens a varlen graph may carry before an eager pass of the real tokens is cheaper.
 
     A padded token costs about 2 * params FLOPs; an eager pass instead pays its Python launch overhead, about
-    `launch_ms_per_layer` per layer (measured on the H200, 2026-11-30: a 520-token step eager vs in a 1024-token
-    graph was 11.9 vs 5.1 ms for Qwen3-0.6B, 51 vs 94 ms for Qwen3-32B). Defaults: H200 bf16 peak. The budget is
+    `launch_ms_per_layer` per layer (set from eager and graph step times of a small and a large model:
+    docs/engine.md, Measured choices). Defaults: H200 bf16 peak. The budget is
     then ~3,700 tokens for 0.6B (always a graph) and ~150 for 32B (eager unless the bucket is nearly full).
     """
     per_token_ms = 2.0 * num_params / (tflops * 1e12 * efficiency) * 1e3

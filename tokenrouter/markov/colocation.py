@@ -53,8 +53,8 @@ def tokens_per_row(P: np.ndarray) -> list[float]:
 def large_batch_ladder(concurrency: int, num_models: int) -> list[tuple[int, ...]]:
     """Thresholds that hold the large model for fuller batches, (1, b) for b = 2, 3, 4, 6, 8, 12, ... < N + 1
     (two models only): checked beside the search's best because the chain's step times are averages (one batch
-    size, the mean context), which undervalue fuller large-model batches (measured on the H200: the Markov
-    candidates alone missed the live best B by 11-16% at N = 4, 8 and 16)."""
+    size, the mean context), which undervalue fuller large-model batches (live, the Markov candidates alone missed
+    the best B: docs/simulator.md, Choosing B)."""
     if num_models != 2:
         return []
     out, b = [], 2

@@ -17,7 +17,7 @@ launcher's host binds every interface (or `placement.launcher_host` when it is n
 another host gets the table with the launcher's endpoints renamed to the address it reached the launcher at
 (`placement.launcher_host` when given).
 
-The launcher's table holds a subserver's endpoint only once it joined (port 0 before: nothing connects to it);
+The launcher's table holds a subserver's endpoint only once it joined (port 0 until then: nothing connects to it);
 a restarted subserver binds the endpoint it had, so the survivors' table stays right (an external one can only
 do so with `placement.port_base`).
 """

@@ -35,8 +35,8 @@ class KernelConfig:
 
 DECODE_CONFIG = KernelConfig(block_n=64, num_warps=4, num_stages=2)
 # Decode whose splits are short (at most SHORT_SPLIT_TILES key tiles even at full width): with no tiles to
-# pipeline, two warps and one stage cut the latency (H200, studies/engine/step_profile.py attn: Qwen3-0.6B b=1
-# 7.8 -> 6.6 us at context 1k); long splits keep the pipelined tile (b=8 at 8k: 78 vs 90 us without it).
+# pipeline, two warps and one stage cut the latency; long splits keep the pipelined tile, which stays faster
+# there (studies/engine/step_profile.py attn; docs/engine.md, Measured choices).
 SHORT_DECODE_CONFIG = KernelConfig(block_n=64, num_warps=2, num_stages=1)
 SHORT_SPLIT_TILES = 4
 EXTEND_CONFIG = KernelConfig(block_n=64, block_m=64, num_warps=4, num_stages=2)
