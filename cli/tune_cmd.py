@@ -16,7 +16,14 @@ from tokenrouter.cli.options import DeploymentFlags, DryRun, GpuPrices, MaxOutpu
 from tokenrouter.core.config import DeploymentConfig
 from tokenrouter.core.names import Layout, TuneObjective, parse_name
 from tokenrouter.sim.tune import Candidate, check_search_concurrency, choose
-from tokenrouter.sim.tune_layouts import candidate_specs, parse_placement, tune_candidates, tuned_config, tuning_flags
+from tokenrouter.sim.tune_layouts import (
+    candidate_prices,
+    candidate_specs,
+    parse_placement,
+    tune_candidates,
+    tuned_config,
+    tuning_flags,
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -108,13 +115,14 @@ def tune(
         raise CliError(f"--compare-n {ref_n} must be one of --concurrency {concurrency}")
     splits = parse_sm_splits(sm_splits) if sm_splits else [None]
     specs = candidate_specs(layouts, splits, deploy.resolve(), num_gpus)
+    usd = candidate_prices(deploy, specs, prices)
     cols = (TextColumn("tune {task.fields[what]} N={task.fields[n]}"), BarColumn(), MofNCompleteColumn(),
             TimeElapsedColumn())  # fmt: skip
     with Progress(*cols, console=Console(stderr=True)) as bar:
         task = bar.add_task("tune", total=len(ns) * len(specs), n=ns[0], what="")
         progress = lambda label, n, done: bar.update(task, n=n, what=label, advance=done)  # noqa: E731
         candidates = tune_candidates(deploy, specs, ns, workload=workload, num_requests=num_requests, top=top,
-                                     seed=seed, max_output=max_output, prices=prices, progress=progress)  # fmt: skip
+                                     seed=seed, max_output=max_output, usd=usd, progress=progress)  # fmt: skip
     best = choose(candidates, ref_n, goal)
     if len(candidates) > 1:
         Console().print(_candidates_table(candidates, best, ref_n, goal))

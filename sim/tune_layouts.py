@@ -78,15 +78,14 @@ def tune_candidates(
     top: int,
     seed: int,
     max_output: int | None,
-    prices: dict[str, float] | None = None,
+    usd: list[float | None] | None = None,
     progress: Callable[[str, int, int], None] = lambda label, n, done: None,
 ) -> list[Candidate]:
-    """Each candidate tuned at every N in `ns` (`num_requests` per simulator check; 0: 4N, at least 32) and priced
-    at `prices` (USD per GPU-hour by kind; every kind in use needs one, checked before anything is tuned).
-    `progress(label, n, done)` is called before (done 0) and after (done 1) each point."""
+    """Each candidate tuned at every N in `ns` (`num_requests` per simulator check; 0: 4N, at least 32); `usd`:
+    what each one's GPUs cost an hour (`candidate_prices`). `progress(label, n, done)` is called before (done 0)
+    and after (done 1) each point."""
     flags = [candidate_flags(deploy, spec) for spec in specs]
-    deps = [spec.deployment(fl) for spec, fl in zip(specs, flags, strict=True)]
-    usd = [None if prices is None else usd_per_hour(gpu_kinds(dep), prices) for dep in deps]
+    usd = usd or [None] * len(specs)
     out = []
     for spec, fl, cost in zip(specs, flags, usd, strict=True):
         points, dep = [], None
@@ -104,6 +103,15 @@ def tune_candidates(
         out.append(Candidate(spec.label, dep, points, gpus_used(dep), spec.layout, spec.split, estimated_notes(dep),
                              cost))  # fmt: skip
     return out
+
+
+def candidate_prices(deploy: DeploymentSource, specs: list[CandidateSpec],
+                     prices: dict[str, float] | None) -> list[float | None]:  # fmt: skip
+    """What each candidate's GPUs cost an hour at `prices` (USD per GPU-hour by kind; None: not priced).
+    ProfileError (one line) for a kind in use without a price."""
+    if prices is None:
+        return [None] * len(specs)
+    return [usd_per_hour(gpu_kinds(spec.deployment(candidate_flags(deploy, spec))), prices) for spec in specs]
 
 
 def candidate_flags(deploy: DeploymentSource, spec: CandidateSpec) -> DeploymentSource:
