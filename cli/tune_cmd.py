@@ -101,10 +101,7 @@ def tune(
     check_search_concurrency(ns[-1])  # before any N is tuned
     if top < 1:
         raise CliError(f"--top must be >= 1 (Markov candidates simulated per N), got {top}")
-    goal = parse_name(TuneObjective, objective, "--objective")
-    prices = load_gpu_prices(gpu_prices) if gpu_prices else None
-    if goal is TuneObjective.COST and prices is None:
-        raise CliError("--objective cost needs --gpu-prices (USD per GPU-hour by kind)")
+    goal, prices = _objective(objective, gpu_prices)
     layouts = _layouts(placements, deploy)
     deploy = tuning_flags(deploy)
     if dry_run:
@@ -133,6 +130,15 @@ def tune(
     for note in dict.fromkeys(n for c in candidates for n in c.estimated):
         Console().print(f"[yellow]{note}[/yellow]")
     Console().print(f"wrote {out}")
+
+
+def _objective(objective: str, gpu_prices: str | None) -> tuple[TuneObjective, dict[str, float] | None]:
+    """--objective and the --gpu-prices it may need (USD per GPU-hour by kind)."""
+    goal = parse_name(TuneObjective, objective, "--objective")
+    prices = load_gpu_prices(gpu_prices) if gpu_prices else None
+    if goal is TuneObjective.COST and prices is None:
+        raise CliError("--objective cost needs --gpu-prices (USD per GPU-hour by kind)")
+    return goal, prices
 
 
 def _layouts(placements: str | None, deploy: DeploymentFlags) -> list[Layout | tuple[str, str] | None]:
