@@ -145,7 +145,7 @@ def on_kinds(cfg: DeploymentConfig, kinds: tuple[str, str]) -> DeploymentConfig:
             raise ValueError(f"placement {'+'.join(kinds)}: {err}")
         own = None if kind == home else kind
         room = GPU_SPECS[kind].memory_gb * MEM_FRACTION - load_spec(m.path or m.name).weight_bytes / 1e9
-        budget = m.kv_budget_gb if m.kv_budget_gb is not None or own is None else room
+        budget = m.kv_budget_gb if m.kv_budget_gb is not None or own is None else round(room, 2)
         models.append(dataclasses.replace(m, gpus=[0], tp=1, profile=own, kv_budget_gb=budget))
     mode = dataclasses.replace(cfg.placement, mode=Placement.CROSS_HOST)
     return dataclasses.replace(cfg, models=models, placement=mode)
