@@ -41,6 +41,7 @@ from tokenrouter.core.names import Placement, parse_name
 from tokenrouter.models.spec import load_spec
 
 from .colocation import Interference, pair_interference
+from .estimate import profile_label
 from .measured import HostCosts, RouterCost
 from .passes import ModelPasses
 from .profile import Profile, ProfileError, StepCoeffs, load_profile
@@ -174,6 +175,9 @@ class CostModel:
     fit: force "buckets" or "linear" pass fits (default: each table's chosen fit).
     tp: each model's tensor-parallel degree (default 1): the profile's entry at that degree, else an estimate
     from the tp=1 entry (`calibration.tensor_parallel`), listed in `notes()`.
+    profiles: the profile of the GPU each model runs on (None: `profile`); a model's passes, host costs and KV
+    budget come from its own, while messages, the runtime's costs and co-location come from `profile`. With every
+    model on `profile` the prices are `profile`'s alone. An estimated profile's label is listed in `notes()`.
     Which rows run in a graph is not the cost model's business: `StepStats` carries the GraphRule's split.
     """
 
@@ -187,6 +191,7 @@ class CostModel:
         learned_router: str | None = None,
         fit: str | None = None,
         tp: Sequence[int] | None = None,
+        profiles: Sequence[Profile | None] | None = None,
     ) -> None:
         self.profile = profile if isinstance(profile, Profile) else load_profile(profile)
         self.placement = parse_name(Placement, placement, "placement")
@@ -202,6 +207,10 @@ class CostModel:
         if any(t < 1 for t in tps):
             raise ValueError(f"tp must be >= 1, got {tps}")
         self.tp: tuple[int, ...] = tuple(int(t) for t in tps) or (1,) * len(self.models)
+        own = list(profiles or [])
+        if own and len(own) != len(self.models):
+            raise ValueError(f"profiles: one per model ({len(self.models)}), got {len(own)}")
+        self.profiles: tuple[Profile, ...] = tuple(p or self.profile for p in own) or (self.profile,) * len(self.models)
         self._notes: dict[str, str] = {}  # what is estimated rather than measured, in the order it was met
         self.learned_router = learned_router
         self.fit = fit
@@ -214,26 +223,25 @@ class CostModel:
 
     @property
     def measured(self) -> bool:
-        return self.profile.kind == "measured"
+        return all(p.kind == "measured" for p in (self.profile, *self.profiles))
 
     def for_model(self, model: ModelKey) -> ModelCost:
         """The resolved per-model cost object (cached); `model` is a name or an index into `models`."""
         mc = self._cache.get(model)
         if mc is None:
             name = self._name(model)
-            tp = self.tp[model] if isinstance(model, int) else self._tp_of(name)
-            mc = self._build(name, tp)
+            i = model if isinstance(model, int) else self.models.index(name) if name in self.models else None
+            mc = self._build(name, 1, self.profile) if i is None else self._build(name, self.tp[i], self.profiles[i])
             self._cache[model] = mc
         return mc
-
-    def _tp_of(self, name: str) -> int:
-        return self.tp[self.models.index(name)] if name in self.models else 1
 
     def notes(self) -> list[str]:
         """What the prices so far rest on that the profile did not measure (tp estimates, co-location of a tp
         model), one line each; empty when everything priced was measured (or the profile is analytic at tp=1)."""
-        for i in range(len(self.models)):
+        for i, p in enumerate(self.profiles):
             self.for_model(i)
+            if profile_label(p):
+                self._notes[f"est:{self.models[i]}"] = f"{self.models[i]}: {profile_label(p)}"
         return [v for k, v in sorted(self._notes.items(), key=lambda kv: not kv[0].startswith("tp:"))]
 
     def _name(self, model: ModelKey) -> str:
@@ -243,8 +251,7 @@ class CostModel:
             return self.models[model]
         return self.profile.resolve_name(model)
 
-    def _build(self, name: str, tp: int = 1) -> ModelCost:
-        p = self.profile
+    def _build(self, name: str, tp: int, p: Profile) -> ModelCost:
         m = p.entry_at(name, tp)
         estimated = ""
         if m is None and tp == 1:
@@ -275,12 +282,15 @@ class CostModel:
         when the profile has the pair under MPS, else the profile's constant MPS factor. ColocationError when
         the pair was measured but not at these SM shares."""
         a, b = self._name(model), self._name(peer)
-        for g in self.profile.colocation:
+        prof = self.profiles[model]
+        if prof.gpu != self.profiles[peer].gpu:
+            raise ProfileError(f"{a} and {b} share a GPU but are priced from profiles of different GPUs")
+        for g in prof.colocation:
             if g.arrangement == "mps" and {g.model_a, g.model_b} == {a, b}:
                 if max(self.tp[model], self.tp[peer]) > 1:
                     self._note_colocation(a, b, model, peer, "the pair's measured tp=1 co-location factors")
                 return pair_interference(g, a, self.shares[model], self.shares[peer])
-        factor = self.profile.mps_slowdown(a, b)
+        factor = prof.mps_slowdown(a, b)
         if max(self.tp[model], self.tp[peer]) > 1:
             self._note_colocation(a, b, model, peer, f"the profile's constant MPS factor x{factor:.2f}")
         return Interference.fixed(factor)
@@ -328,7 +338,8 @@ class CostModel:
         return rt.gate_rtts_per_step.get(str(policy), 0.0) * rt.gate_rtt_ms
 
     def kv_budget_gb(self, model: ModelKey) -> float:
-        return self.profile.kv_budget_gb_for(self._name(model))
+        name = self._name(model)
+        return (self.profiles[self.models.index(name)] if name in self.models else self.profile).kv_budget_gb_for(name)
 
 
 # -- constant step times (the Markov model's assumption) ---------------------------------------------------

@@ -9,7 +9,11 @@ figure's source, and which were confirmed against a second public listing, is in
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
 
 from .profile import ProfileError
 
@@ -47,3 +51,45 @@ def gpu_kind(name: str) -> str:
         if spec.name.lower() == key:
             return kind
     raise ProfileError(f"unknown GPU kind {name!r}; known: {', '.join(GPU_SPECS)}")
+
+
+def load_gpu_prices(text: str) -> dict[str, float]:
+    """USD per GPU-hour by kind, from `KIND=USD,...` or a YAML file holding that mapping (at the top or under
+    `usd_per_gpu_hour`, beside any `date` and `source`). ProfileError (one line) for an unknown kind, a price that
+    is not a number >= 0, or a file that cannot be read. No prices are built in: they change, and are the user's."""
+    if "=" in text:
+        pairs = [item.partition("=")[::2] for item in text.split(",") if item.strip()]
+    else:
+        try:
+            raw = yaml.safe_load(Path(text).read_text())
+        except (OSError, yaml.YAMLError) as e:
+            raise ProfileError(f"--gpu-prices {text}: {str(e).splitlines()[0]}") from None
+        raw = raw.get("usd_per_gpu_hour", raw) if isinstance(raw, dict) else raw
+        if not isinstance(raw, dict):
+            raise ProfileError(f"--gpu-prices {text}: expected a mapping of GPU kind to USD per hour")
+        pairs = list(raw.items())
+    prices = {}
+    for kind, usd in pairs:
+        try:
+            price = float(usd)
+        except (TypeError, ValueError):
+            price = -1.0
+        if not price >= 0:
+            raise ProfileError(
+                f"--gpu-prices: the price of {kind!r} must be a number of USD per hour >= 0, got {usd!r}"
+            )
+        prices[gpu_kind(str(kind))] = price
+    return prices
+
+
+def usd_per_hour(kinds: Sequence[str], prices: dict[str, float]) -> float:
+    """What GPUs of `kinds` (one entry per GPU) cost an hour; ProfileError (one line) for a kind without a price."""
+    missing = [k for k in dict.fromkeys(kinds) if k not in prices]
+    if missing:
+        raise ProfileError(f"--gpu-prices has no price for {', '.join(missing)} (in use); give KIND=USD_PER_HOUR")
+    return sum(prices[k] for k in kinds)
+
+
+def usd_per_mtok(usd_hour: float, tok_s: float) -> float:
+    """USD per million output tokens of GPUs costing `usd_hour` an hour that write `tok_s` tokens a second."""
+    return usd_hour / (tok_s * 3600.0) * 1e6 if tok_s > 0 else float("inf")

@@ -273,6 +273,14 @@ ArrivalRate = Annotated[
 ]
 MaxOutput = Annotated[int | None, typer.Option(help="Cap output lengths (tokens).")]
 DryRun = Annotated[bool, typer.Option("--dry-run", help="Print the resolved deployment (YAML) and exit.")]
+GpuPrices = Annotated[
+    str | None,
+    typer.Option(
+        help="USD per GPU-hour by GPU kind, KIND=USD,... (h200=3.5,l4=0.8) or a YAML file of them (example: "
+        "studies/placement_cost/prices-2026-12-01.yaml): prices every candidate in USD per million output tokens. "
+        "No prices are built in; every kind in use needs one."
+    ),
+]
 
 # The run flags above as flag -> (sim_config keyword, parser), for `parse_run_args`.
 RUN_ARGS: dict[str, tuple[str, Callable[[str], Any]]] = {

@@ -10,12 +10,20 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from tokenrouter.calibration.gpus import load_gpu_prices
 from tokenrouter.cli.common import CliError, check_output, parse_list, parse_sm_splits
-from tokenrouter.cli.options import DeploymentFlags, DryRun, MaxOutput, Seed, Workload, deployment_flags
+from tokenrouter.cli.options import DeploymentFlags, DryRun, GpuPrices, MaxOutput, Seed, Workload, deployment_flags
 from tokenrouter.core.config import DeploymentConfig
 from tokenrouter.core.names import Layout, TuneObjective, parse_name
 from tokenrouter.sim.tune import Candidate, check_search_concurrency, choose
-from tokenrouter.sim.tune_layouts import candidate_specs, tune_candidates, tuned_config, tuning_flags
+from tokenrouter.sim.tune_layouts import (
+    candidate_prices,
+    candidate_specs,
+    parse_placement,
+    tune_candidates,
+    tuned_config,
+    tuning_flags,
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -54,14 +62,21 @@ def tune(
         typer.Option(
             help="Also choose where the models run, among these layouts on --num-gpus GPUs: mps (both on "
             "GPU 0 under MPS; 1 GPU), separate (small on GPU 0, large on GPU 1; 2 GPUs), tp (the large "
-            "model tensor-parallel over all G GPUs, the small one beside it on GPU 0 under MPS; G GPUs). "
+            "model tensor-parallel over all G GPUs, the small one beside it on GPU 0 under MPS; G GPUs), "
+            "SMALL+LARGE GPU kinds such as l4+h200 (each model on a GPU of its kind, two hosts over the cross-host "
+            "link; a kind other than the profile's is priced from its ESTIMATED profile). "
             "Each is tuned with its own B; the best by --objective at --compare-n is written."
         ),
     ] = None,
     num_gpus: Annotated[int, typer.Option(help="GPUs the --placements layouts may use (G).")] = 2,
     objective: Annotated[
-        str, typer.Option(help="What --placements maximises: total (tok/s) or per-gpu (tok/s per GPU used).")
+        str,
+        typer.Option(
+            help="What --placements optimises: total (tok/s), per-gpu (tok/s per GPU used) or cost "
+            "(least USD per million output tokens; needs --gpu-prices)."
+        ),
     ] = "total",
+    gpu_prices: GpuPrices = None,
     compare_n: Annotated[
         int | None,
         typer.Option(
@@ -86,14 +101,8 @@ def tune(
     check_search_concurrency(ns[-1])  # before any N is tuned
     if top < 1:
         raise CliError(f"--top must be >= 1 (Markov candidates simulated per N), got {top}")
-    goal = parse_name(TuneObjective, objective, "--objective")
-    layouts = [parse_name(Layout, x, "--placements") for x in parse_list(placements, str, "--placements")] \
-        if placements else [None]  # fmt: skip
-    if placements:
-        given = [f for f in ("placement", "gpus", "tp") if getattr(deploy.overrides, f) is not None]
-        if given:
-            raise CliError(f"--placements sets placement, GPUs and tp per layout: leave out --{given[0]} (the "
-                           "number of GPUs is --num-gpus)")  # fmt: skip
+    goal, prices = _objective(objective, gpu_prices)
+    layouts = _layouts(placements, deploy)
     deploy = tuning_flags(deploy)
     if dry_run:
         typer.echo(deploy.resolve().to_yaml().rstrip())
@@ -103,13 +112,14 @@ def tune(
         raise CliError(f"--compare-n {ref_n} must be one of --concurrency {concurrency}")
     splits = parse_sm_splits(sm_splits) if sm_splits else [None]
     specs = candidate_specs(layouts, splits, deploy.resolve(), num_gpus)
+    usd = candidate_prices(deploy, specs, prices)
     cols = (TextColumn("tune {task.fields[what]} N={task.fields[n]}"), BarColumn(), MofNCompleteColumn(),
             TimeElapsedColumn())  # fmt: skip
     with Progress(*cols, console=Console(stderr=True)) as bar:
         task = bar.add_task("tune", total=len(ns) * len(specs), n=ns[0], what="")
         progress = lambda label, n, done: bar.update(task, n=n, what=label, advance=done)  # noqa: E731
         candidates = tune_candidates(deploy, specs, ns, workload=workload, num_requests=num_requests, top=top,
-                                     seed=seed, max_output=max_output, progress=progress)  # fmt: skip
+                                     seed=seed, max_output=max_output, usd=usd, progress=progress)  # fmt: skip
     best = choose(candidates, ref_n, goal)
     if len(candidates) > 1:
         Console().print(_candidates_table(candidates, best, ref_n, goal))
@@ -122,11 +132,31 @@ def tune(
     Console().print(f"wrote {out}")
 
 
+def _objective(objective: str, gpu_prices: str | None) -> tuple[TuneObjective, dict[str, float] | None]:
+    """--objective and the --gpu-prices it may need (USD per GPU-hour by kind)."""
+    goal = parse_name(TuneObjective, objective, "--objective")
+    prices = load_gpu_prices(gpu_prices) if gpu_prices else None
+    if goal is TuneObjective.COST and prices is None:
+        raise CliError("--objective cost needs --gpu-prices (USD per GPU-hour by kind)")
+    return goal, prices
+
+
+def _layouts(placements: str | None, deploy: DeploymentFlags) -> list[Layout | tuple[str, str] | None]:
+    """The --placements items (None: the flags' placement alone)."""
+    if not placements:
+        return [None]
+    given = [f for f in ("placement", "gpus", "tp") if getattr(deploy.overrides, f) is not None]
+    if given:
+        raise CliError(f"--placements sets placement, GPUs and tp per layout: leave out --{given[0]} (the "
+                       "number of GPUs is --num-gpus)")  # fmt: skip
+    return [parse_placement(x) for x in parse_list(placements, str, "--placements")]
+
+
 def _print_points(dep: DeploymentConfig, best: Candidate, workload: str) -> None:
     """The tuned B per N beside the Markov model's B* and eager, and the Markov model's notes."""
     names = " + ".join(m.name for m in dep.models)
     t = Table(title=f"trsim tune: {names}, {dep.router.name} hop rate {dep.router.hop_rate}, "
-              f"{best.label}, {workload}")  # fmt: skip
+              f"{best.label}, {workload}{', ESTIMATED (below)' if best.estimated else ''}")  # fmt: skip
     for col in ("N", "Markov B*", "Markov tok/s", "sim tok/s @B*", "chosen B", "sim tok/s", "eager tok/s"):
         t.add_column(col, justify="right")
     eager = (1,) * len(dep.models)
@@ -147,16 +177,27 @@ def _print_points(dep: DeploymentConfig, best: Candidate, workload: str) -> None
 
 
 def _candidates_table(candidates: list[Candidate], best: Candidate, n: int, goal: TuneObjective) -> Table:
-    t = Table(title=f"candidates at N={n}, each with its own tuned B; chosen by {goal} throughput")
-    for col in ("candidate", "GPUs", "GPU ids", "B", "sim tok/s", "per GPU", "Markov tok/s", ""):
-        t.add_column(col, justify="left" if col in ("candidate", "GPU ids") else "right")
+    """Each candidate at N: tok/s, per GPU, USD per million output tokens (with prices), TPOT, the chosen B; each
+    number resting on an estimate is marked * ESTIMATED (what was estimated is printed below the tables)."""
+    t = Table(title=f"candidates at N={n}, each with its own tuned B; chosen by {goal}")
+    priced = any(c.usd_per_hour is not None for c in candidates)
+    cols = ("candidate", "GPUs", "GPU ids", "B", "sim tok/s", "per GPU", *(("USD/Mtok",) if priced else ()),
+            "TPOT p50 ms", "TPOT p99 ms", "Markov tok/s", "")  # fmt: skip
+    for col in cols:
+        t.add_column(col, justify="left" if col in ("candidate", "GPU ids", "") else "right")
     for c in candidates:
         # GPU ids per model in model order, e.g. "0 + 0,1 tp2": the small on GPU 0, the large over 0 and 1
-        where = " + ".join(",".join(map(str, m.gpus)) + (f" tp{m.tp}" if m.tp > 1 else "") for m in c.deployment.models)
-        p = c.point(n)
-        mark = ", ".join(x for x in ("chosen" if c is best else "", "est." if c.estimated else "") if x)
-        t.add_row(c.label, str(c.gpus), where, _b(p.best), f"{c.throughput(n):,.0f}", f"{c.per_gpu(n):,.0f}",
-                  f"{p.prediction.throughput:,.0f}", mark)  # fmt: skip
+        where = " + ".join(",".join(map(str, m.gpus)) + (f" tp{m.tp}" if m.tp > 1 else "")
+                           + (f" {m.profile}" if m.profile else "") for m in c.deployment.models)  # fmt: skip
+        p, est = c.point(n), "*" if c.estimated else ""
+        usd = c.usd_per_mtok(n)
+        cost = ([f"{usd:,.3f}"] if usd is not None else ["-"]) if priced else []
+        nums = [f"{c.throughput(n):,.0f}", f"{c.per_gpu(n):,.0f}", *cost, f"{p.tpot_ms[0]:.2f}",
+                f"{p.tpot_ms[1]:.2f}", f"{p.prediction.throughput:,.0f}"]  # fmt: skip
+        mark = ", ".join(x for x in ("chosen" if c is best else "", "ESTIMATED*" if c.estimated else "") if x)
+        t.add_row(c.label, str(c.gpus), where, _b(p.best), *(x + est for x in nums), mark)
+    if any(c.estimated for c in candidates):
+        t.caption = "* ESTIMATED: rests on the estimates listed below"
     return t
 
 

@@ -200,8 +200,9 @@ def subservers(env: simpy.Environment, deployment: Deployment, cost: StepCost, m
 
 
 def cost_model(dep: DeploymentConfig, profile: Profile) -> CostModel:
-    """The deployment's cost model: its placement, models, tp degrees, SM shares and router (learned routers are
-    priced); the config's `placement.link_latency_ms` / `link_bandwidth_gbps`, when set, replace the profile's link."""
+    """The deployment's cost model: its placement, models, tp degrees, SM shares, each model's own GPU profile and
+    router (learned routers are priced); the config's `placement.link_latency_ms` / `link_bandwidth_gbps`, when
+    set, replace the profile's link."""
     pl = dep.placement
     if pl.link_latency_ms is not None or pl.link_bandwidth_gbps is not None:
         old = profile.link
@@ -212,8 +213,9 @@ def cost_model(dep: DeploymentConfig, profile: Profile) -> CostModel:
     names = [m.name for m in dep.models]
     shares = [m.mps_active_thread_percentage for m in dep.models]
     learned = dep.router.name if dep.router.weights else None
+    own = [None if m.profile is None else load_profile(m.profile) for m in dep.models]
     return CostModel(profile, dep.placement.mode, models=names, shares=shares, learned_router=learned,
-                     tp=[m.tp for m in dep.models])  # fmt: skip
+                     tp=[m.tp for m in dep.models], profiles=own)  # fmt: skip
 
 
 def estimated_notes(dep: DeploymentConfig) -> list[str]:

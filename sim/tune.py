@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from tokenrouter.calibration.cost import ModelStepCost
+from tokenrouter.calibration.gpus import usd_per_mtok
 from tokenrouter.calibration.profile import load_profile
 from tokenrouter.calibration.step_stats import SHORT_ROW_TOKENS, PartStats, StepStats
 from tokenrouter.core.config import DeploymentConfig
@@ -67,6 +68,7 @@ class TunePoint:
     prediction: Prediction
     simulated: dict[tuple[int, ...], float]  # thresholds -> steady throughput in the DES
     best: tuple[int, ...]
+    tpot_ms: tuple[float, float] = (float("nan"), float("nan"))  # TPOT p50, p99 of the simulation at `best`
 
     @property
     def best_throughput(self) -> float:
@@ -226,12 +228,13 @@ def tune_point(cfg: SimConfig, concurrency: int, top: int = 3) -> TunePoint:
     for b in [eager, *large_batch_ladder(concurrency, len(cfg.deployment.models))]:
         if b not in cands:
             cands.append(b)
-    simulated = {}
+    simulated, tpot = {}, {}
     for b in cands:
         s = simulate_thresholds(c, b).summary
         simulated[b] = s.get("steady_output_throughput_tok_s", s["output_throughput_tok_s"])
+        tpot[b] = (s["tpot_ms_p50"], s["tpot_ms_p99"])
     best = max(simulated, key=lambda b: (simulated[b], b == pred.thresholds))
-    return TunePoint(concurrency, pred, simulated, best)
+    return TunePoint(concurrency, pred, simulated, best, tpot[best])
 
 
 # -- choosing among placements (and SM splits): each candidate with its own tuned B --------------------------------
@@ -249,6 +252,7 @@ class Candidate:
     layout: Layout | None = None
     split: tuple[int, int] | None = None
     estimated: list[str] = field(default_factory=list)  # what its prices rest on that was not measured
+    usd_per_hour: float | None = None  # what its GPUs cost an hour (None: no prices given)
 
     def point(self, n: int) -> TunePoint:
         return next(p for p in self.points if p.concurrency == n)
@@ -260,11 +264,22 @@ class Candidate:
     def per_gpu(self, n: int) -> float:
         return self.throughput(n) / self.gpus
 
+    def usd_per_mtok(self, n: int) -> float | None:
+        """USD per million output tokens at N: the GPUs' price an hour over the tokens they write in one."""
+        return None if self.usd_per_hour is None else usd_per_mtok(self.usd_per_hour, self.throughput(n))
+
     def score(self, n: int, objective: TuneObjective | str) -> float:
-        return self.per_gpu(n) if TuneObjective(str(objective)) is TuneObjective.PER_GPU else self.throughput(n)
+        goal = TuneObjective(str(objective))
+        if goal is TuneObjective.COST:
+            usd = self.usd_per_mtok(n)
+            if usd is None:
+                raise ValueError("--objective cost needs --gpu-prices")
+            return -usd
+        return self.per_gpu(n) if goal is TuneObjective.PER_GPU else self.throughput(n)
 
 
 def choose(candidates: list[Candidate], n: int, objective: TuneObjective | str) -> Candidate:
-    """The candidate with the highest objective at N; on a tie the one with fewer GPUs, then the first listed."""
+    """The candidate with the best objective at N (most tok/s, most per GPU, or least USD per million tokens); on a
+    tie the one with fewer GPUs, then the first listed."""
     order = {id(c): k for k, c in enumerate(candidates)}
     return max(candidates, key=lambda c: (c.score(n, objective), -c.gpus, -order[id(c)]))

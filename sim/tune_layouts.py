@@ -1,5 +1,6 @@
-"""`trsim tune`'s candidates: each layout on G GPUs (`deploy.placement.layout`) and each MPS SM split asked for,
-tuned at every N (`sim.tune.tune_point`), and the deployment config written for the best one.
+"""`trsim tune`'s candidates: each layout on G GPUs (`deploy.placement.layout`), each pair of GPU kinds
+(`SMALL+LARGE`, `deploy.placement.on_kinds`) and each MPS SM split asked for, tuned at every N
+(`sim.tune.tune_point`), priced when GPU prices are given, and the deployment config written for the best one.
 
 Every candidate is the command's deployment flags with its own placement, tp and SM shares: new flags each
 time, so no candidate sees another's.
@@ -10,9 +11,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+from tokenrouter.calibration.gpus import usd_per_hour
 from tokenrouter.core.config import DeploymentConfig
-from tokenrouter.core.names import Layout, Placement, TuneObjective
-from tokenrouter.deploy.placement import gpus_used, layout
+from tokenrouter.core.names import Layout, Placement, TuneObjective, parse_name
+from tokenrouter.deploy.placement import gpu_kinds, gpus_used, layout, on_kinds, parse_kinds
 from tokenrouter.sim.run import estimated_notes
 from tokenrouter.sim.simulate import DeploymentSource, sim_config
 from tokenrouter.sim.tune import Candidate, tune_point
@@ -23,12 +25,18 @@ Split = tuple[int, int]  # MPS SM shares SMALL/LARGE in percent
 @dataclasses.dataclass(frozen=True, slots=True)
 class CandidateSpec:
     """One deployment to tune: a layout (None: the flags' placement) with the placement mode and tp per model it
-    sets, and an SM split (None: the flags' shares)."""
+    sets, and an SM split (None: the flags' shares); or the GPU kinds of the small and the large model's GPUs."""
 
     layout: Layout | None
     split: Split | None
     label: str
     placement: tuple[Placement, list[int]] | None = None
+    kinds: tuple[str, str] | None = None
+
+    def deployment(self, flags: DeploymentSource) -> DeploymentConfig:
+        """This candidate's deployment from `flags` (`candidate_flags`)."""
+        dep = flags.resolve()
+        return dep if self.kinds is None else on_kinds(dep, self.kinds)
 
 
 def tuning_flags(deploy: DeploymentSource) -> DeploymentSource:
@@ -37,12 +45,21 @@ def tuning_flags(deploy: DeploymentSource) -> DeploymentSource:
     return dataclasses.replace(deploy, overrides=overrides, thresholds_auto=False)
 
 
-def candidate_specs(layouts: list[Layout | None], splits: list[Split | None], base: DeploymentConfig,
-                    num_gpus: int) -> list[CandidateSpec]:  # fmt: skip
+def parse_placement(choice: str) -> Layout | tuple[str, str]:
+    """A `--placements` item: a layout (`mps`) or GPU kinds `SMALL+LARGE` (`l4+h200`)."""
+    return parse_kinds(choice) if "+" in choice else parse_name(Layout, choice, "--placements")
+
+
+def candidate_specs(layouts: list[Layout | tuple[str, str] | None], splits: list[Split | None],
+                    base: DeploymentConfig, num_gpus: int) -> list[CandidateSpec]:  # fmt: skip
     """Every layout on `num_gpus` GPUs, times every split where the two models share a GPU (an SM split means
-    nothing apart). ValueError (one line) for a layout that does not fit."""
+    nothing apart), and every pair of GPU kinds. ValueError (one line) for a layout or a model that does not fit."""
     out = []
     for lay in layouts:
+        if isinstance(lay, tuple):
+            on_kinds(base, lay)  # refuses a model that does not fit before anything is tuned
+            out.append(CandidateSpec(None, None, "+".join(lay), (Placement.CROSS_HOST, [1, 1]), lay))
+            continue
         where = layout(lay, num_gpus, base) if lay is not None else None
         shared = lay is not Layout.SEPARATE and (lay is not None or base.placement.mode == Placement.MPS)
         for sp in splits if shared else [None]:
@@ -61,31 +78,51 @@ def tune_candidates(
     top: int,
     seed: int,
     max_output: int | None,
+    usd: list[float | None] | None = None,
     progress: Callable[[str, int, int], None] = lambda label, n, done: None,
 ) -> list[Candidate]:
-    """Each candidate tuned at every N in `ns` (`num_requests` per simulator check; 0: 4N, at least 32).
-    `progress(label, n, done)` is called before (done 0) and after (done 1) each point."""
+    """Each candidate tuned at every N in `ns` (`num_requests` per simulator check; 0: 4N, at least 32); `usd`:
+    what each one's GPUs cost an hour (`candidate_prices`). `progress(label, n, done)` is called before (done 0)
+    and after (done 1) each point."""
+    flags = [candidate_flags(deploy, spec) for spec in specs]
+    usd = usd or [None] * len(specs)
     out = []
-    for spec in specs:
-        changes: dict = {}
-        if spec.placement is not None:
-            mode, tps = spec.placement
-            changes.update(placement=mode, tp=tps, gpus=None)
-        if spec.split is not None:
-            changes["sm_percent"] = list(spec.split)
-        flags = dataclasses.replace(deploy, overrides=dataclasses.replace(deploy.overrides, **changes))
+    for spec, fl, cost in zip(specs, flags, usd, strict=True):
         points, dep = [], None
         for n in ns:
             progress(spec.label, n, 0)
             reqs = num_requests or max(32, 4 * n)
-            cfg, _ = sim_config(flags, concurrency=n, workload=workload, num_requests=reqs, seed=seed,
+            cfg, _ = sim_config(fl, concurrency=n, workload=workload, num_requests=reqs, seed=seed,
                                 max_output=max_output)  # fmt: skip
+            if spec.kinds is not None:
+                cfg = dataclasses.replace(cfg, deployment=on_kinds(cfg.deployment, spec.kinds))
             points.append(tune_point(cfg, n, top=top))
             dep = cfg.deployment
             progress(spec.label, n, 1)
         assert dep is not None  # ns is not empty
-        out.append(Candidate(spec.label, dep, points, gpus_used(dep), spec.layout, spec.split, estimated_notes(dep)))
+        out.append(Candidate(spec.label, dep, points, gpus_used(dep), spec.layout, spec.split, estimated_notes(dep),
+                             cost))  # fmt: skip
     return out
+
+
+def candidate_prices(deploy: DeploymentSource, specs: list[CandidateSpec],
+                     prices: dict[str, float] | None) -> list[float | None]:  # fmt: skip
+    """What each candidate's GPUs cost an hour at `prices` (USD per GPU-hour by kind; None: not priced).
+    ProfileError (one line) for a kind in use without a price."""
+    if prices is None:
+        return [None] * len(specs)
+    return [usd_per_hour(gpu_kinds(spec.deployment(candidate_flags(deploy, spec))), prices) for spec in specs]
+
+
+def candidate_flags(deploy: DeploymentSource, spec: CandidateSpec) -> DeploymentSource:
+    """The command's flags with the candidate's placement, tp and SM shares."""
+    changes: dict = {}
+    if spec.placement is not None:
+        mode, tps = spec.placement
+        changes.update(placement=mode, tp=tps, gpus=None)
+    if spec.split is not None:
+        changes["sm_percent"] = list(spec.split)
+    return dataclasses.replace(deploy, overrides=dataclasses.replace(deploy.overrides, **changes))
 
 
 def tuned_config(best: Candidate, candidates: list[Candidate], n: int, goal: TuneObjective, *, workload: str,
@@ -141,5 +178,7 @@ def _candidate_note(c: Candidate, n: int) -> dict:
         "B": list(c.point(n).best),
         "sim_tok_s": round(c.throughput(n), 1),
         "sim_tok_s_per_gpu": round(c.per_gpu(n), 1),
+        "tpot_ms_p50_p99": [round(x, 2) for x in c.point(n).tpot_ms],
+        **({} if c.usd_per_hour is None else {"usd_per_hour": c.usd_per_hour, "usd_per_mtok": c.usd_per_mtok(n)}),
         "estimated": c.estimated,
     }

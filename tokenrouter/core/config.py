@@ -58,6 +58,9 @@ class ModelConfig:
     overlap: bool | None = None  # None: the scheduler section's `overlap`
     # MPS SM share of this model's process (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, set by the launcher); None: all.
     mps_active_thread_percentage: int | None = None
+    # The GPU this model runs on, for the simulator's prices: a GPU kind (l4, estimated unless bundled) or a
+    # profile file; None: the deployment's `profile`.
+    profile: str | None = None
 
     def graph_rule(self) -> GraphRule:
         return GraphRule(self.cuda_graphs, tuple(self.graph_buckets), self.graph_max_row_tokens, self.graph_split)
@@ -270,6 +273,8 @@ def validate(cfg: DeploymentConfig) -> None:
             raise ConfigError(f"model {mc.name}: tp must be >= 1 and gpus a non-empty list of indices")
         if mc.kv_budget_gb is not None and not (math.isfinite(mc.kv_budget_gb) and mc.kv_budget_gb > 0):
             raise ConfigError(f"model {mc.name}: kv_budget_gb must be a number > 0 (GB) or null, got {mc.kv_budget_gb}")
+        if mc.profile is not None and not mc.profile.strip():
+            raise ConfigError(f"model {mc.name}: profile must name a GPU kind or a profile file, or be null")
         share = mc.mps_active_thread_percentage
         if share is not None and not 1 <= share <= 100:
             raise ConfigError(f"model {mc.name}: mps_active_thread_percentage must be in 1..100 or null (no cap), "

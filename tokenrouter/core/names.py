@@ -44,10 +44,12 @@ class Layout(StrEnum):
 
 
 class TuneObjective(StrEnum):
-    """What `trsim tune` maximises when it chooses among layouts: throughput, or throughput per GPU used."""
+    """What `trsim tune` optimises when it chooses among layouts: throughput, throughput per GPU used, or (least)
+    USD per million output tokens at the GPUs' prices."""
 
     TOTAL = "total"
     PER_GPU = "per-gpu"
+    COST = "cost"
 
 
 class Baseline(StrEnum):
