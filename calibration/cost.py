@@ -24,7 +24,7 @@ A measured profile (`tr calibrate`) replaces the coefficients with the engine's 
 (`calibration.passes`): the graph part runs in a decode graph, the eager part as one varlen pass (a varlen
 graph when one holds it within the padding budget, else eager), each priced from its table. Co-location is
 not a constant there: `CostModel.interference(i, j)` gives model i's slowdown factor while model j runs a pass,
-as a function of both passes' sizes and the models' SM shares (`calibration.colocation`); the simulator
+as a function of both passes' sizes and the models' SM shares (`calibration.interference`); the simulator
 applies it while the two passes overlap. Host, router, message and sync-coordinator costs come from the
 profile's measured runtime costs when it has them.
 """
@@ -40,8 +40,8 @@ from typing import Protocol, runtime_checkable
 from tokenrouter.core.names import Placement, parse_name
 from tokenrouter.models.spec import load_spec
 
-from .colocation import Interference, pair_interference
 from .estimate import profile_label
+from .interference import Interference, pair_interference
 from .measured import HostCosts, RouterCost
 from .passes import ModelPasses
 from .profile import Profile, ProfileError, StepCoeffs, load_profile

@@ -11,8 +11,8 @@ from typing import Annotated
 
 import typer
 
-from tokenrouter.calibration.colocation import pair_interference
 from tokenrouter.calibration.cost import CostModel
+from tokenrouter.calibration.interference import pair_interference
 from tokenrouter.calibration.step_stats import SHORT_ROW_TOKENS, StepStats
 from tokenrouter.cli.common import CliError
 from tokenrouter.core.graph_rule import GraphRule
@@ -47,8 +47,13 @@ def cost(
     sm_percent: Annotated[int, typer.Option(help="MPS SM share of --model in percent (100 = no cap).")] = 100,
     corun_sm_percent: Annotated[int, typer.Option(help="MPS SM share of the --corun model in percent.")] = 100,
     graphs: Annotated[bool, typer.Option("--graphs/--no-graphs", help="CUDA graphs.")] = True,
-    tp: Annotated[int, typer.Option(help="Tensor-parallel degree of --model: the profile's entry at it, else an "
-                                    "estimate from the tp=1 entry (printed as ESTIMATED).")] = 1,
+    tp: Annotated[
+        int,
+        typer.Option(
+            help="Tensor-parallel degree of --model: the profile's entry at it, else an "
+            "estimate from the tp=1 entry (printed as ESTIMATED)."
+        ),
+    ] = 1,
     profile: Annotated[str, typer.Option(help="Profile name (h200) or JSON file.")] = "h200",
 ) -> None:
     """Predicted step time (ms) of one step of --model: alone, under an SM cap, or beside a co-running model."""

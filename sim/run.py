@@ -24,8 +24,8 @@ from tokenrouter.core.request import Request, SamplingParams
 from tokenrouter.deploy import Deployment, build_deployment
 from tokenrouter.deploy.placement import colocated, gpus_used
 from tokenrouter.metrics import MetricsCollector
-from tokenrouter.sim.autotune import FinishCounter, PhaseDriver, SimAutotune, set_router_hop_rate
 from tokenrouter.sim.clients import ClosedLoop, OpenLoop
+from tokenrouter.sim.drivers import FinishCounter, PhaseDriver, SimAutotune, set_router_hop_rate
 from tokenrouter.sim.gpu_share import SharedGpu
 from tokenrouter.sim.subserver import SimSubserver
 from tokenrouter.workloads import RequestSpec, initial_phase, load_phases, make_workload

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 from scipy.optimize import nnls
 
-from tokenrouter.calibration.colocation import pair_interference
 from tokenrouter.calibration.fit import fit_passes
+from tokenrouter.calibration.interference import pair_interference
 from tokenrouter.calibration.measured import (
     CoRunGrid,
     CoRunShare,
@@ -169,7 +169,7 @@ def _with_errors(grid: CoRunGrid, splits: list[tuple[str, dict[str, Any]]]) -> C
 
 
 def _interp_ref(bs: list[int], ms: list[float], x: int) -> float:
-    from tokenrouter.calibration.colocation import interp1
+    from tokenrouter.calibration.interference import interp1
 
     return interp1([math.log2(max(1, v)) for v in bs], ms, math.log2(max(1, x)))
 

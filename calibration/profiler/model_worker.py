@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from tokenrouter.calibration.profiler.passes import Grid, PassTimer, Timing, kind_of, row_tokens
+from tokenrouter.calibration.profiler.pass_timing import Grid, PassTimer, Timing, kind_of, row_tokens
 
 ROUTER_BATCHES = (1, 8, 32)
 HOST_BATCHES = (1, 8)

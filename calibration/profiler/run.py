@@ -26,7 +26,7 @@ from typing import Any
 
 from tokenrouter.calibration.profiler.corun import WindowSpec, corun_worker, engine_kwargs_for_corun
 from tokenrouter.calibration.profiler.model_worker import ModelJob, model_worker
-from tokenrouter.calibration.profiler.passes import Timing
+from tokenrouter.calibration.profiler.pass_timing import Timing
 from tokenrouter.core.names import RouterName
 from tokenrouter.models import load_spec
 from tokenrouter.runtime.supervision import environ

@@ -85,11 +85,11 @@ def _free_ports(k: int) -> list[int]:
 
 def gate_rtt_ms(n: int = 2000) -> float:
     """One round trip to the sync Coordinator (ipc://), ms (median): a subserver's completion report out, the next
-    grant back (`runtime.gate`'s complete-and-ask), for a model that is alone in its step-sync rounds."""
+    grant back (`runtime.sync_coordinator`'s complete-and-ask), for a model that is alone in its step-sync rounds."""
     import zmq
 
     from tokenrouter.core.policy import SyncGate
-    from tokenrouter.runtime.gate import Coordinator, RemoteGate
+    from tokenrouter.runtime.sync_coordinator import Coordinator, RemoteGate
 
     with tempfile.TemporaryDirectory(prefix="trcal-") as d:
         subs = (f"ipc://{d}/s0", f"ipc://{d}/s1")

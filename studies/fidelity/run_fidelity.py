@@ -45,8 +45,13 @@ def set_policy(url: str, policy: str, hop: float, thresholds: list[int] | None, 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", required=True, type=Path, help="deployment YAML (delayed cells use its table)")
-    p.add_argument("--config-for-hop", action="append", default=[], metavar="P=FILE",
-                   help="tuned config for hop rate P (delayed cells at P use its table)")
+    p.add_argument(
+        "--config-for-hop",
+        action="append",
+        default=[],
+        metavar="P=FILE",
+        help="tuned config for hop rate P (delayed cells at P use its table)",
+    )
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--ns", default="8,1,4,16")
     p.add_argument("--hops", default="0.1,0.05,0.2")
@@ -55,8 +60,12 @@ def main() -> int:
     p.add_argument("--max-output", type=int, default=256)
     p.add_argument("--sweep", default="", help="'N:B;B,...' flat delayed thresholds tried live, e.g. '8:1,1;1,7'")
     p.add_argument("--sweep-hop", type=float, default=0.1)
-    p.add_argument("--splits", default="", help="SM splits SMALL/LARGE tried at --split-n (delayed), each with its "
-                   "tuned B (flat) or the config's table: '40/60=1,4;60/40=2,6;70/100'")
+    p.add_argument(
+        "--splits",
+        default="",
+        help="SM splits SMALL/LARGE tried at --split-n (delayed), each with its "
+        "tuned B (flat) or the config's table: '40/60=1,4;60/40=2,6;70/100'",
+    )
     p.add_argument("--split-n", type=int, default=8)
     p.add_argument("--deadline", type=float, default=540.0)
     p.add_argument("--device", default="cuda")
@@ -81,7 +90,8 @@ def main() -> int:
         for b in bs.split(";"):
             th = [int(x) for x in b.split(",")]
             groups.setdefault(("async", "100/100"), []).append(
-                (f"delayed B={b} p={a.sweep_hop} N={n_text}", "delayed", a.sweep_hop, int(n_text), th))
+                (f"delayed B={b} p={a.sweep_hop} N={n_text}", "delayed", a.sweep_hop, int(n_text), th)
+            )
     for item in filter(None, a.splits.split(";")):
         split, _, b = item.partition("=")
         th = [int(x) for x in b.split(",")] if b else None

@@ -231,5 +231,7 @@ def test_tp_is_a_sweep_axis(capsys):
     rc, text, err = call(trsim.main, ["sweep", "--tp", "1,1;1,2", "--dry-run"], capsys)
     assert rc == 0, err
     docs = [d for d in yaml.safe_load_all(text) if d]
-    assert [[(m["tp"], m["gpus"]) for m in d["models"]] for d in docs] == [[(1, [0]), (1, [0])],
-                                                                          [(1, [0]), (2, [0, 1])]]
+    assert [[(m["tp"], m["gpus"]) for m in d["models"]] for d in docs] == [
+        [(1, [0]), (1, [0])],
+        [(1, [0]), (2, [0, 1])],
+    ]

@@ -42,8 +42,14 @@ class Seen:
 async def stream(client: httpx.AsyncClient, url: str, prompt: list[int], max_tokens: int,
                  started: asyncio.Event | None = None, leave_after: int | None = None) -> Seen:  # fmt: skip
     """Stream a completion; set `started` at the first token chunk; disconnect after `leave_after` chunks."""
-    body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "stream": True, "ignore_eos": True,
-            "temperature": 0}
+    body = {
+        "model": MODEL,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "stream": True,
+        "ignore_eos": True,
+        "temperature": 0,
+    }
     try:
         return await _stream(client, url, body, started, leave_after)
     finally:

@@ -139,7 +139,7 @@ def test_the_tuner_does_not_keep_a_stalled_simulation_alive():
 
     from tokenrouter.core.autotune import AutotuneController, BatchTimes, Solution
     from tokenrouter.core.policy import Policy
-    from tokenrouter.sim.autotune import STALL_OBSERVES, FinishCounter, SimAutotune
+    from tokenrouter.sim.drivers import STALL_OBSERVES, FinishCounter, SimAutotune
 
     env = simpy.Environment()
     sub = SimpleNamespace(tokens=0, hops=0, batches=BatchTimes(), sched=SimpleNamespace(is_entry=True, active=3),

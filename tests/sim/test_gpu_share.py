@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tokenrouter.calibration.colocation import Interference, interp2
+from tokenrouter.calibration.interference import Interference, interp2
 from tokenrouter.sim.gpu_share import GpuPass, SharedGpu
 
 

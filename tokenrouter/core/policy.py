@@ -17,7 +17,7 @@ Synchronous baselines need a `SyncGate` shared by all subservers of a deployment
 - `model-sync`: one model at a time, round-robin over models that have work; the model whose turn it is
   launches once its messages have landed.
 A model waits only for the messages addressed to it: that is what a lockstep coordinator can enforce at one
-round trip per step (`runtime.gate`), where waiting for every message of the round would need each arrival
+round trip per step (`runtime.sync_coordinator`), where waiting for every message of the round would need each arrival
 reported.
 """
 

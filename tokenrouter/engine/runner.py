@@ -30,11 +30,11 @@ from tokenrouter.engine import tp_step
 from tokenrouter.engine import warmup as warm
 from tokenrouter.engine.attention import resolve_backend, split_counters
 from tokenrouter.engine.base import ModelRunner
-from tokenrouter.engine.colocation import check_mps, make_stream
 from tokenrouter.engine.config import EngineConfig, arch_config
 from tokenrouter.engine.errors import BatchError, EngineError, ModelLoadError, StepFailed
 from tokenrouter.engine.faults import FaultInjection
 from tokenrouter.engine.forward import StepForward
+from tokenrouter.engine.gpu_sharing import check_mps, make_stream
 from tokenrouter.engine.graphs import GraphRunner
 from tokenrouter.engine.handles import HostExtras, OutputRing, Staging, StepHandle
 from tokenrouter.engine.inputs import Layout

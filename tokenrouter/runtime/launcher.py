@@ -48,12 +48,12 @@ from tokenrouter.runtime import subserver
 from tokenrouter.runtime.addresses import Addresses
 from tokenrouter.runtime.build import SubserverSpec
 from tokenrouter.runtime.cluster import Cluster, ClusterOptions
-from tokenrouter.runtime.gate import Coordinator
 from tokenrouter.runtime.hoptrace import merge_hop_logs
 from tokenrouter.runtime.mps import MpsDaemon
 from tokenrouter.runtime.rundir import create_run_dir
 from tokenrouter.runtime.sockets import push_socket, send_once
 from tokenrouter.runtime.supervision import StartupError, describe_exit, environ, exit_reason
+from tokenrouter.runtime.sync_coordinator import Coordinator
 from tokenrouter.runtime.tp_config import check_tp, tp_environment
 
 Listener = Callable[[P.Ready | P.Stats | P.Failed], None]

@@ -4,7 +4,7 @@ The loop (schedule -> engine.step -> complete, overlap, late prepare, loop count
 this class is its transport: `receive` drains every queued message (Submit -> `add`, Abort -> `abort`, PEER ->
 `resume`, GATE -> the sync coordinator's grant, then the loop asks `schedule`) and sends the Stats heartbeat;
 `deliver` sends actions (Send -> peer PUSH as `core.wire`, Emit -> `Tokens`, Finish -> `Finished`), then, under a
-sync policy, the gate's report (`runtime.gate`: one per completed step). When nothing runs and `schedule`
+sync policy, the gate's report (`runtime.sync_coordinator`: one per completed step). When nothing runs and `schedule`
 says wait, `wait_idle` blocks in `zmq.Poller.poll` until a message, the policy deadline (`next_deadline`) or the
 next Stats heartbeat: no busy spinning.
 """
@@ -29,11 +29,11 @@ from tokenrouter.runtime import protocol as P
 from tokenrouter.runtime.addresses import is_tcp
 from tokenrouter.runtime.build import SubserverSpec, build_part
 from tokenrouter.runtime.engine_loop import EngineLoop
-from tokenrouter.runtime.gate import RemoteGate
 from tokenrouter.runtime.join import Joined, Left, join_launcher, spec_from_welcome
 from tokenrouter.runtime.logs import JsonlLog
 from tokenrouter.runtime.sockets import push_socket
 from tokenrouter.runtime.supervision import fail_and_exit, start_child
+from tokenrouter.runtime.sync_coordinator import RemoteGate
 
 STATS_MIN_GAP_S = 0.05  # Stats sent on a change: at most this often (the heartbeat still comes every interval)
 

@@ -7,7 +7,6 @@ from tokenrouter.routers.learned.calibrate import Calibratable, calibrate_on_run
 from tokenrouter.routers.learned.checkpoint import LoadedRouter, load_router_checkpoint, save_router_checkpoint
 from tokenrouter.routers.learned.ensemble import EnsembleRouter
 from tokenrouter.routers.learned.factory import LEARNED_ROUTERS, make_learned_router
-from tokenrouter.routers.learned.gate import ConstantDestination, ScoreGate, calibrate_threshold
 from tokenrouter.routers.learned.r2r import R2R_INPUTS, R2RClassifier
 from tokenrouter.routers.learned.routers import (
     CiterRouter,
@@ -17,6 +16,7 @@ from tokenrouter.routers.learned.routers import (
     R2RRouter,
     RStitchRouter,
 )
+from tokenrouter.routers.learned.score_gate import ConstantDestination, ScoreGate, calibrate_threshold
 from tokenrouter.routers.learned.scorers import ConfidenceMLP, DeferralHead, NormalizedEntropy
 
 __all__ = [

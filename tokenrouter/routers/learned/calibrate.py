@@ -13,7 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 from tokenrouter.core.batch import Batch, BatchRow
 from tokenrouter.core.request import Request, SamplingParams
 from tokenrouter.engine.base import ModelRunner
-from tokenrouter.routers.learned.gate import ScoreGate
+from tokenrouter.routers.learned.score_gate import ScoreGate
 
 
 @runtime_checkable

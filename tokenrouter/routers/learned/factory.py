@@ -23,7 +23,6 @@ from tokenrouter.core.names import RouterName
 from tokenrouter.core.router import Router
 from tokenrouter.routers.learned.checkpoint import load_router_checkpoint
 from tokenrouter.routers.learned.ensemble import EnsembleRouter
-from tokenrouter.routers.learned.gate import ScoreGate
 from tokenrouter.routers.learned.r2r import R2R_INPUTS, R2RClassifier
 from tokenrouter.routers.learned.routers import (
     LARGE,
@@ -33,6 +32,7 @@ from tokenrouter.routers.learned.routers import (
     R2RRouter,
     RStitchRouter,
 )
+from tokenrouter.routers.learned.score_gate import ScoreGate
 from tokenrouter.routers.learned.scorers import ConfidenceMLP, DeferralHead, NormalizedEntropy
 
 LEARNED_ROUTERS = tuple(r.value for r in RouterName if r not in (RouterName.MARKOV, RouterName.TRACE))

@@ -24,7 +24,7 @@ from tokenrouter.core.batch import Batch, StepResult
 from tokenrouter.core.names import RouterName
 from tokenrouter.core.request import Request
 from tokenrouter.core.router import DeviceRouter, Router
-from tokenrouter.routers.learned.gate import ConstantDestination, ScoreGate
+from tokenrouter.routers.learned.score_gate import ConstantDestination, ScoreGate
 
 SMALL, LARGE = 0, 1
 HANDBACK_KEEP = ((True, False), (True, True))  # row i -> j: is model i's token committed?

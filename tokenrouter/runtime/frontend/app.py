@@ -22,7 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from tokenrouter.deploy.autotune_controller import make_controller
 from tokenrouter.runtime.frontend import access, generate, params
 from tokenrouter.runtime.frontend.admin import PolicyState, add_admin_routes
-from tokenrouter.runtime.frontend.autotune import AutotuneTask
+from tokenrouter.runtime.frontend.autotune_task import AutotuneTask
 from tokenrouter.runtime.frontend.backend import Backend
 from tokenrouter.runtime.frontend.errors import APIError, error_response
 from tokenrouter.runtime.frontend.handle import ServerHandle

@@ -1,6 +1,7 @@
-"""The sync coordinator (`runtime.gate`) in one process: its grants against `core.policy.SyncGate`'s rules worked
-out by hand, what `RemoteGate` sends (one report per completed step, updates only for unexplained changes, passes),
-and a randomized check that the coordinator protocol launches exactly what the in-process `SyncGate` launches.
+"""The sync coordinator (`runtime.sync_coordinator`) in one process: its grants against `core.policy.SyncGate`'s
+rules worked out by hand, what `RemoteGate` sends (one report per completed step, updates only for unexplained
+changes, passes), and a randomized check that the coordinator protocol launches exactly what the in-process
+`SyncGate` launches.
 
 References are derived here from `SyncGate`'s rules or by running `SyncGate` itself in process (what the simulator
 runs), never read back from the coordinator under test."""
@@ -17,8 +18,8 @@ import pytest
 zmq = pytest.importorskip("zmq")
 
 from tokenrouter.core.policy import PolicyKind, SyncGate  # noqa: E402
-from tokenrouter.runtime.gate import COMPLETE, PASS, UPDATE, Coordinator, GateReport, RemoteGate  # noqa: E402
 from tokenrouter.runtime.protocol import GATE  # noqa: E402
+from tokenrouter.runtime.sync_coordinator import COMPLETE, PASS, UPDATE, Coordinator, GateReport, RemoteGate  # noqa: E402
 
 
 def _coordinator(tmp_path, kind: PolicyKind, m: int = 2):
