@@ -69,11 +69,29 @@ def fail(prog: str, msg: str) -> NoReturn:
     raise SystemExit(2)
 
 
+def add_version_option(app: typer.Typer) -> None:
+    """`PROG --version`: print the installed package's version (importlib.metadata) and exit 0, before any
+    command is parsed."""
+
+    def show(ctx: typer.Context, value: bool) -> None:
+        if value:
+            from importlib.metadata import version
+
+            typer.echo(f"{ctx.find_root().info_name} (tokenrouter) {version('tokenrouter')}")
+            raise typer.Exit()
+
+    @app.callback()
+    def _root(
+        _version: bool = typer.Option(False, "--version", is_eager=True, callback=show, help="Print the version."),
+    ) -> None:
+        pass
+
+
 def run_app(app: typer.Typer, prog: str, argv: list[str] | None = None) -> None:
     """Run a typer app so every user error is one line on stderr with exit code 2, never a traceback.
 
     click's usage errors (unknown flag, non-number) and our ValueErrors (bad probability, malformed
-    profile or trace, unknown workload) all land here.
+    profile or trace, unknown workload) all land here. `--version` works on every app run here.
     """
     try:
         rc = app(args=argv, prog_name=prog, standalone_mode=False)

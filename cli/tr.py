@@ -17,7 +17,7 @@ from rich.table import Table
 
 from tokenrouter.cli import bench_cmd
 from tokenrouter.cli.calibrate_cmd import calibrate
-from tokenrouter.cli.common import run_app
+from tokenrouter.cli.common import add_version_option, run_app
 from tokenrouter.cli.link_cmd import link_probe
 from tokenrouter.cli.serve_cmd import serve
 from tokenrouter.cli.subserver_cmd import subserver
@@ -33,6 +33,7 @@ app = typer.Typer(
 )
 
 
+add_version_option(app)
 app.command("serve")(serve)
 app.command("calibrate")(calibrate)
 app.command("subserver")(subserver)
