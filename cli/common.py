@@ -38,6 +38,10 @@ class CliError(ValueError):
     """A user error: printed as one line, exit code 2."""
 
 
+class RunFailed(RuntimeError):
+    """A run that started and could not go on (a subserver failed during start-up): one line, exit code 1."""
+
+
 # Top-level modules of each optional extra (pyproject's [project.optional-dependencies]) that commands import.
 EXTRA_MODULES = {
     "serve": ("tokenizers", "zmq", "fastapi", "pydantic", "uvicorn", "prometheus_client", "httpx"),
@@ -64,9 +68,9 @@ def require_extras(command: str, extras: tuple[str, ...], modules: tuple[str, ..
     raise CliError(f"{command} needs {what} (missing: {mods}): pip install 'tokenrouter[{','.join(names)}]'")
 
 
-def fail(prog: str, msg: str) -> NoReturn:
+def fail(prog: str, msg: str, code: int = 2) -> NoReturn:
     print(f"{prog}: error: {msg.splitlines()[0] if msg else 'invalid input'}", file=sys.stderr)
-    raise SystemExit(2)
+    raise SystemExit(code)
 
 
 def add_version_option(app: typer.Typer) -> None:
@@ -101,6 +105,8 @@ def run_app(app: typer.Typer, prog: str, argv: list[str] | None = None) -> None:
         fail(prog, "aborted")
     except (ValueError, OSError) as e:
         fail(prog, str(e) or type(e).__name__)
+    except RunFailed as e:
+        fail(prog, str(e), code=1)
     raise SystemExit(rc if isinstance(rc, int) else 0)
 
 

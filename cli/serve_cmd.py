@@ -8,14 +8,17 @@ the resolved deployment.
 from __future__ import annotations
 
 import contextlib
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from tokenrouter.cli.common import CliError, require_extras
+from tokenrouter.cli.common import CliError, RunFailed, require_extras
 from tokenrouter.cli.options import DeploymentFlags, DryRun, deployment_flags
 from tokenrouter.core.config import DeploymentConfig
+from tokenrouter.runtime.preflight import preflight
 
 if TYPE_CHECKING:
     from tokenrouter.runtime.launcher import Server
@@ -103,20 +106,20 @@ def serve(
 
     if device == "cpu":
         cfg = with_cpu_kv_tokens(cfg, kv_tokens)
+    served = cfg if baseline is None else baseline_config(cfg, baseline)
     if dry_run:
-        typer.echo((cfg if baseline is None else baseline_config(cfg, baseline)).to_yaml().rstrip())
+        typer.echo(served.to_yaml().rstrip())
         return
-    try:
-        from tokenrouter.runtime.frontend import serve_http
-    except ImportError as e:
-        raise CliError(f"the HTTP front-end is not available (tokenrouter.runtime.frontend: {e})") from None
-    tok = entry_tokenizer(cfg if baseline is None else baseline_config(cfg, baseline))
+    from tokenrouter.runtime.frontend import serve_http
+
+    preflight(served, device=device, host=host, port=port, local=ray is None and cfg.transport != "tcp")
+    tok = entry_tokenizer(served)
     Server.install_signal_handlers()
     # SIGINT/SIGTERM while starting: leave the `with`, which stops everything; once serving, serve_http drains.
     server = _server(cfg, baseline, deploy.config, device=device, record_hops=record_hops,
                      restart_on_failure=restart_on_failure, ray=ray, ray_cpus=ray_cpus,
                      heartbeat_timeout=heartbeat_timeout, join_timeout=join_timeout)  # fmt: skip
-    with server, contextlib.suppress(KeyboardInterrupt):
+    with _started(server), contextlib.suppress(KeyboardInterrupt):
         serve_http(server, host=host, port=port, api_key=api_key, tokenizer=tok, shutdown_timeout_s=shutdown_timeout,
                    access_log=not no_access_log, t0=server.t0, admin_key=admin_key,
                    heartbeat_timeout_s=heartbeat_timeout)  # fmt: skip
@@ -170,6 +173,23 @@ def _server(cfg: DeploymentConfig, baseline: str | None, config_path: Path | Non
     except (ValueError, ImportError, RuntimeError, ConnectionError) as e:
         # a deployment the cluster layer refuses (runtime.cluster), Ray missing, unreachable or too small
         raise CliError(str(e).splitlines()[0]) from None
+
+
+@contextlib.contextmanager
+def _started(server: Server) -> Iterator[Server]:
+    """`with server`, where a subserver that fails during start-up is one line (exit 1); its traceback is in the
+    log at debug level."""
+    from tokenrouter.runtime.launcher import StartupError
+
+    try:
+        server.start()
+    except StartupError as e:
+        logging.getLogger(__name__).debug("start-up failed", exc_info=True)
+        raise RunFailed(str(e)) from None
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 def entry_tokenizer(cfg):

@@ -15,7 +15,6 @@ import logging
 import multiprocessing as mp
 import os
 import time
-import traceback
 from typing import Any, NoReturn
 
 import zmq
@@ -346,7 +345,8 @@ def fail_and_exit(spec: SubserverSpec, exc: BaseException, process: Subserver | 
     and exit at once (`os._exit`: no atexit or finalizer may hang a dead process)."""
     msg = f"{type(exc).__name__}: {exc}"
     log.error("model %d: %s", spec.model, msg)
-    traceback.print_exc()
+    # Start-up (no process yet): the launcher reports it in one line, so the traceback is for debugging only.
+    log.log(logging.ERROR if process is not None else logging.DEBUG, "model %d: traceback", spec.model, exc_info=True)
     try:
         if process is not None:
             process._control(P.Failed(spec.model, msg))
