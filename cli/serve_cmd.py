@@ -112,7 +112,7 @@ def serve(
         return
     from tokenrouter.runtime.frontend import serve_http
 
-    preflight(served, device=device, host=host, port=port, local=ray is None and cfg.transport != "tcp")
+    _before_start(served, baseline, device=device, host=host, port=port, local=ray is None and cfg.transport != "tcp")
     tok = entry_tokenizer(served)
     Server.install_signal_handlers()
     # SIGINT/SIGTERM while starting: leave the `with`, which stops everything; once serving, serve_http drains.
@@ -173,6 +173,17 @@ def _server(cfg: DeploymentConfig, baseline: str | None, config_path: Path | Non
     except (ValueError, ImportError, RuntimeError, ConnectionError) as e:
         # a deployment the cluster layer refuses (runtime.cluster), Ray missing, unreachable or too small
         raise CliError(str(e).splitlines()[0]) from None
+
+
+def _before_start(served: DeploymentConfig, baseline: str | None, *, device: str, host: str, port: int,
+                  local: bool) -> None:  # fmt: skip
+    """Refuse what can be checked before loading (one line, exit 2), then say what runs, at every log level."""
+    from tokenrouter.deploy.summary import describe_deployment
+
+    preflight(served, device=device, host=host, port=port, local=local)
+    url = f"http://{f'[{host}]' if ':' in host else host}:{port}/v1"
+    for line in describe_deployment(served, device=device, baseline=baseline, url=url):
+        typer.echo(f"tr serve: {line}", err=True)
 
 
 @contextlib.contextmanager

@@ -22,6 +22,7 @@ from tokenrouter.cli.link_cmd import link_probe
 from tokenrouter.cli.serve_cmd import serve
 from tokenrouter.cli.subserver_cmd import subserver
 from tokenrouter.core.config import load_config
+from tokenrouter.deploy.summary import describe_deployment
 from tokenrouter.models import bundled_model_names, load_spec
 
 app = typer.Typer(
@@ -73,13 +74,7 @@ def check_config(path: Annotated[Path, typer.Argument(help="Deployment YAML (fro
     cfg = load_config(path)
     for m in cfg.models:
         load_spec(m.path or m.name)
-    c = Console()
-    c.print(f"{path}: ok")
-    c.print(f"models: {', '.join(f'{m.name} on GPU {m.gpus}' for m in cfg.models)}; placement {cfg.placement.mode}")
-    pol = cfg.policy
-    tune = "; autotune on" if pol.autotune is not None else ""
-    c.print(f"policy: {pol.kind} thresholds {pol.thresholds or '-'} table {pol.table or '-'}; router {cfg.router.name}"
-            f"{tune}")  # fmt: skip
+    typer.echo("\n".join([f"{path}: ok", *describe_deployment(cfg)]))
 
 
 bench_cmd.register(app)

@@ -17,3 +17,40 @@ def test_version_prints_the_package_version(main, prog, capsys):
         main(["--version"])
     assert int(e.value.code or 0) == 0
     assert capsys.readouterr().out.strip() == f"{prog} (tokenrouter) {version('tokenrouter')}"
+
+
+def test_the_deployment_summary_says_what_runs():
+    from tokenrouter.core.config import AutotuneConfig, DeploymentConfig, ModelConfig, PolicyConfig, RouterConfig
+    from tokenrouter.deploy.summary import describe_deployment
+
+    cfg = DeploymentConfig(
+        models=[ModelConfig("qwen3-0.6b"), ModelConfig("qwen3-32b", gpus=[1])],
+        policy=PolicyConfig(kind="delayed", thresholds=[1, 4], table={4: [1, 3]}, autotune=AutotuneConfig()),
+        router=RouterConfig(hop_rate=0.2, weights="random"),
+    )
+    lines = describe_deployment(cfg, device="cuda", baseline="std-serving", url="http://127.0.0.1:8000/v1")
+    assert lines == [
+        "models: qwen3-0.6b on GPU [0], qwen3-32b on GPU [1]; placement mps",
+        "policy: delayed thresholds [1, 4] table {4: [1, 3]}; autotune on",
+        "router: r2r, learned with random weights, calibrated at start-up to hop rate 0.2",
+        "baseline: std-serving (instead of the routed runtime)",
+        "url: http://127.0.0.1:8000/v1",
+    ]
+    plain = DeploymentConfig(models=[ModelConfig("tiny-small"), ModelConfig("tiny-large")])
+    assert describe_deployment(plain, device="cpu") == [
+        "models: tiny-small, tiny-large on cpu",
+        "policy: delayed thresholds [1, 1] (default); autotune off",
+        "router: r2r, synthetic, hop rate 0.1",
+    ]
+
+
+def test_check_config_prints_the_summary(tmp_path, capsys):
+    from tokenrouter.core.config import DeploymentConfig, ModelConfig
+
+    path = tmp_path / "serve.yaml"
+    DeploymentConfig(models=[ModelConfig("tiny-small"), ModelConfig("tiny-large")]).save(path)
+    with pytest.raises(SystemExit) as e:
+        tr.main(["check-config", str(path)])
+    assert int(e.value.code or 0) == 0
+    out = capsys.readouterr().out
+    assert "autotune off" in out and "router: r2r, synthetic, hop rate 0.1" in out

@@ -82,6 +82,9 @@ def test_subserver_start_up_failure_is_one_line_exit_1(tmp_path):
            "--log-level", "warning")  # fmt: skip
     assert r.returncode == 1, r.stderr
     assert "Traceback" not in r.stderr, r.stderr
+    # what runs is said before loading, even at --log-level warning
+    assert "tr serve: models: tiny-small, tiny-large on cpu" in r.stderr
+    assert "tr serve: url: http://127.0.0.1:18731/v1" in r.stderr
     assert (
         r.stderr.strip()
         .splitlines()[-1]
