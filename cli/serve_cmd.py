@@ -18,6 +18,7 @@ import typer
 from tokenrouter.cli.common import CliError, RunFailed, require_extras
 from tokenrouter.cli.options import DeploymentFlags, DryRun, deployment_flags
 from tokenrouter.core.config import DeploymentConfig
+from tokenrouter.deploy.overrides import DeploymentOverrides
 from tokenrouter.runtime.preflight import preflight
 
 if TYPE_CHECKING:
@@ -88,8 +89,6 @@ def serve(
         typer.echo("tr serve: --no-cuda-graph is deprecated; use --no-graphs", err=True)
         ov.graphs = False
     cfg = deploy.resolve()
-    from tokenrouter.baselines.modes import baseline_config
-
     baseline = _baseline(cfg, baseline, restart_on_failure)
     if restart_on_failure and cfg.policy.build().is_sync:
         raise CliError("--restart-on-failure needs an asynchronous policy (eager, delayed), not " + cfg.policy.kind)
@@ -102,11 +101,9 @@ def serve(
         require_extras("serve --ray", ("ray",))
     if heartbeat_timeout <= 0 or join_timeout <= 0 or ray_cpus <= 0:
         raise CliError("--heartbeat-timeout, --join-timeout and --ray-cpus must be > 0")
-    from tokenrouter.runtime.launcher import Server, with_cpu_kv_tokens
+    from tokenrouter.runtime.launcher import Server
 
-    if device == "cpu":
-        cfg = with_cpu_kv_tokens(cfg, kv_tokens)
-    served = cfg if baseline is None else baseline_config(cfg, baseline)
+    cfg, served = _on_device(cfg, ov, device, kv_tokens, baseline)
     if dry_run:
         typer.echo(served.to_yaml().rstrip())
         return
@@ -173,6 +170,27 @@ def _server(cfg: DeploymentConfig, baseline: str | None, config_path: Path | Non
     except (ValueError, ImportError, RuntimeError, ConnectionError) as e:
         # a deployment the cluster layer refuses (runtime.cluster), Ray missing, unreachable or too small
         raise CliError(str(e).splitlines()[0]) from None
+
+
+def _on_device(cfg: DeploymentConfig, ov: DeploymentOverrides, device: str, kv_tokens: int,
+               baseline: str | None) -> tuple[DeploymentConfig, DeploymentConfig]:  # fmt: skip
+    """The deployment on `device` and what runs (the baseline's deployment when one runs). A flag that would
+    change nothing is refused (--autotune beside a baseline, which has no B to tune) or, GPU-only ones on CPU,
+    named in one warning line."""
+    from tokenrouter.baselines.modes import baseline_config
+    from tokenrouter.runtime.launcher import with_cpu_kv_tokens
+
+    if baseline is not None and ov.autotune:
+        raise CliError(f"--autotune re-tunes the routed runtime's B; --baseline {baseline} has none to tune")
+    if device == "cpu":
+        if kv_tokens < 1:
+            raise CliError(f"--kv-tokens must be >= 1, got {kv_tokens}")
+        on_gpu = ov.placement in ("mps", "separate")  # cross-host also sets the transport, which CPU runs use
+        given = {"--sm-percent": ov.sm_percent, f"--placement {ov.placement}": on_gpu or None, "--gpus": ov.gpus}
+        if gpu_only := [flag for flag, v in given.items() if v is not None]:
+            typer.echo(f"tr serve: {', '.join(gpu_only)} only apply on GPUs: ignored with --device cpu", err=True)
+        cfg = with_cpu_kv_tokens(cfg, kv_tokens)
+    return cfg, cfg if baseline is None else baseline_config(cfg, baseline)
 
 
 def _before_start(served: DeploymentConfig, baseline: str | None, *, device: str, host: str, port: int,

@@ -54,3 +54,48 @@ def test_check_config_prints_the_summary(tmp_path, capsys):
     assert int(e.value.code or 0) == 0
     out = capsys.readouterr().out
     assert "autotune off" in out and "router: r2r, synthetic, hop rate 0.1" in out
+
+
+def _call(main, argv, capsys) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    out, err = capsys.readouterr()
+    return int(e.value.code or 0), out, err
+
+
+PAIR = ["serve", "--small", "tiny-small", "--large", "tiny-large", "--device", "cpu", "--dry-run"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (["--autotune", "--baseline", "std-serving"], "--autotune re-tunes the routed runtime's B"),
+        (["--kv-tokens", "-5"], "--kv-tokens must be >= 1, got -5"),
+    ],
+)
+def test_serve_refuses_a_flag_it_would_drop(flags, needle, capsys):
+    rc, _, err = _call(tr.main, [*PAIR, *flags], capsys)
+    lines = err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1 and lines[0].startswith(f"tr: error: {needle}"), err
+
+
+def test_gpu_only_flags_on_cpu_are_named(capsys):
+    rc, out, err = _call(tr.main, [*PAIR, "--sm-percent", "40,60", "--placement", "separate", "--gpus", "3,7"], capsys)
+    assert rc == 0 and out.startswith("models:")
+    assert "--sm-percent, --placement separate, --gpus only apply on GPUs: ignored with --device cpu" in err
+
+
+def test_a_mistyped_model_is_unknown_not_missing_from_the_profile(capsys):
+    rc, _, err = _call(trsim.main, ["run", "--small", "qwen3-06b", "--num-requests", "2"], capsys)
+    assert rc == 2 and len(err.strip().splitlines()) == 1
+    assert "unknown model 'qwen3-06b'; did you mean 'qwen3-0.6b'?" in err and "tr models" in err
+    assert "h200-analytic" not in err
+
+
+def test_an_unmeasured_split_names_the_real_flag():
+    from types import SimpleNamespace
+
+    from tokenrouter.calibration.colocation import ColocationError, split_of
+
+    with pytest.raises(ColocationError, match=r"run `tr calibrate --sm-splits 40/60`"):
+        split_of(SimpleNamespace(shares=[], model_a="a", model_b="b"), 40, 60)
