@@ -99,3 +99,23 @@ def test_an_unmeasured_split_names_the_real_flag():
 
     with pytest.raises(ColocationError, match=r"run `tr calibrate --sm-splits 40/60`"):
         split_of(SimpleNamespace(shares=[], model_a="a", model_b="b"), 40, 60)
+
+
+def test_refit_takes_the_partials_own_plan(tmp_path, monkeypatch, capsys):
+    """`tr calibrate -o OUT --refit`, as docs/calibration.md shows it: no --model, the partial says what it holds."""
+    import json
+
+    import tokenrouter.calibration.profiler.assemble as assemble_mod
+    from tokenrouter.calibration import load_profile
+    from tokenrouter.calibration.profiler.run import PARTIAL_FORMAT
+
+    out = tmp_path / "h.json"
+    partial = {"format": PARTIAL_FORMAT, "plan": {"models": ["tiny-small"]}, "results": {"model/tiny-small": {}}}
+    (tmp_path / "h.json.partial.json").write_text(json.dumps(partial))
+    seen = []
+    monkeypatch.setattr(assemble_mod, "assemble", lambda p: seen.append(p) or load_profile("h200-analytic"))
+    rc, _, err = _call(tr.main, ["calibrate", "-o", str(out), "--refit"], capsys)
+    assert rc == 0, err
+    assert seen == [partial] and load_profile(out).gpu.name == load_profile("h200-analytic").gpu.name
+    rc, _, err = _call(tr.main, ["calibrate", "-o", str(tmp_path / "none.json"), "--refit"], capsys)
+    assert rc == 2 and "--refit: cannot read" in err and len(err.strip().splitlines()) == 1
