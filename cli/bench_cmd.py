@@ -110,9 +110,11 @@ def _run_live(url: str, specs: list[RequestSpec], phases: list[Phase], console: 
             run = run_bench(url.rstrip("/"), specs, concurrency=concurrency, arrival_rate=arrival_rate, seed=seed,
                             api_key=api_key, on_done=lambda: bar.advance(task), phases=phases, admin_key=admin_key,
                             duration_s=duration)  # fmt: skip
-            return asyncio.run(run)
+            out = asyncio.run(run)
         except (httpx.HTTPError, RuntimeError) as e:
             raise CliError(f"cannot benchmark {url}: {type(e).__name__}: {e}") from None
+        bar.update(task, total=out.requests_sent)  # --duration: out of what was sent, not what was planned
+    return out
 
 
 def _print_run(console: Console, out: BenchOutcome, phases: list[Phase], workload: str, num_specs: int,

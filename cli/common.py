@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -32,6 +33,9 @@ def _click_classes(name: str) -> tuple[type[Exception], ...]:
 
 USAGE_ERRORS = _click_classes("UsageError")
 _ABORTS = (*_click_classes("Abort"), typer.Abort)  # typer 0.29 keeps Abort out of its vendored exceptions
+
+
+PIPE_WIDTH = 120  # columns of rich output that is not a terminal
 
 
 class CliError(ValueError):
@@ -95,8 +99,13 @@ def run_app(app: typer.Typer, prog: str, argv: list[str] | None = None) -> None:
     """Run a typer app so every user error is one line on stderr with exit code 2, never a traceback.
 
     click's usage errors (unknown flag, non-number) and our ValueErrors (bad probability, malformed
-    profile or trace, unknown workload) all land here. `--version` works on every app run here.
+    profile or trace, unknown workload) all land here. `--version` works on every app run here. Output that
+    goes to a pipe or file is PIPE_WIDTH columns wide (rich's 80 breaks summary lines mid-phrase); COLUMNS, when
+    set, wins.
     """
+    piped = "COLUMNS" not in os.environ and not sys.stdout.isatty()
+    if piped:
+        os.environ["COLUMNS"] = str(PIPE_WIDTH)  # rich reads it at every print
     try:
         rc = app(args=argv, prog_name=prog, standalone_mode=False)
     except USAGE_ERRORS as e:
@@ -107,6 +116,9 @@ def run_app(app: typer.Typer, prog: str, argv: list[str] | None = None) -> None:
         fail(prog, str(e) or type(e).__name__)
     except RunFailed as e:
         fail(prog, str(e), code=1)
+    finally:
+        if piped:
+            os.environ.pop("COLUMNS", None)
     raise SystemExit(rc if isinstance(rc, int) else 0)
 
 

@@ -266,3 +266,12 @@ def test_sim_is_checked_before_any_request(server, capsys):
     err = capsys.readouterr().err
     assert "runs tiny-small + tiny-large, the simulated deployment qwen3-0.6b + qwen3-32b" in err, err
     assert _submits(server) == before
+
+
+def test_a_bench_ended_by_duration_counts_out_of_what_was_sent(server, tmp_path, capsys):
+    out_json = tmp_path / "d.json"
+    argv = ["bench", "--url", server.url, "--workload", "fixed:8,6", "--num-requests", "400", "-n", "2"]
+    assert run([*argv, "--duration", "0.3", "--json", str(out_json)]) == 0
+    sent = json.loads(out_json.read_text())["requests_sent"]
+    err = capsys.readouterr().err
+    assert 0 < sent < 400 and f"{sent}/{sent}" in err and "/400" not in err, err

@@ -119,3 +119,31 @@ def test_refit_takes_the_partials_own_plan(tmp_path, monkeypatch, capsys):
     assert seen == [partial] and load_profile(out).gpu.name == load_profile("h200-analytic").gpu.name
     rc, _, err = _call(tr.main, ["calibrate", "-o", str(tmp_path / "none.json"), "--refit"], capsys)
     assert rc == 2 and "--refit: cannot read" in err and len(err.strip().splitlines()) == 1
+
+
+def test_piped_output_is_wider_than_80_columns(monkeypatch, capsys):
+    import os
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    rc, out, _ = _call(trsim.main, ["run", "--workload", "fixed:16,8", "--num-requests", "4", "--thresholds", "1,1"],
+                       capsys)  # fmt: skip
+    widths = [len(line) for line in out.splitlines()]
+    assert rc == 0 and 80 < max(widths) <= 120, widths
+    assert "COLUMNS" not in os.environ
+
+
+def test_no_doc_page_repeats_a_paragraph():
+    import re
+    from collections import Counter
+    from pathlib import Path
+
+    for page in sorted((Path(__file__).resolve().parents[2] / "docs").glob("*.md")):
+        paras = [" ".join(p.split()) for p in re.split(r"\n\s*\n", page.read_text())]
+        repeated = [p[:80] for p, n in Counter(p for p in paras if len(p) > 120).items() if n > 1]
+        assert not repeated, (page.name, repeated)
+
+
+def test_tune_help_reads_as_whole_sentences(capsys):
+    rc, out, _ = _call(trsim.main, ["tune", "--help"], capsys)
+    text = " ".join(out.replace("│", " ").split())
+    assert rc == 0 and "each candidate deployment is tuned this way and the one that is best at --compare-n" in text
