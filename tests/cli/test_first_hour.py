@@ -147,3 +147,26 @@ def test_tune_help_reads_as_whole_sentences(capsys):
     rc, out, _ = _call(trsim.main, ["tune", "--help"], capsys)
     text = " ".join(out.replace("│", " ").split())
     assert rc == 0 and "each candidate deployment is tuned this way and the one that is best at --compare-n" in text
+
+
+def test_readme_says_what_the_random_router_is_calibrated_on():
+    import inspect
+    from pathlib import Path
+
+    from tokenrouter.routers.learned.calibrate import calibrate_on_runner
+
+    defaults = {k: p.default for k, p in inspect.signature(calibrate_on_runner).parameters.items()}
+    readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
+    assert f"{defaults['num_prompts']} prompts of {defaults['prompt_len']} token ids" in readme
+    assert "with short English text prompts" in readme
+
+
+def test_docs_say_what_a_cpu_profile_is_good_for():
+    from pathlib import Path
+
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    calibration = " ".join((docs / "calibration.md").read_text().split())
+    autotune = " ".join((docs / "autotune.md").read_text().split())
+    assert "a check of the tool, not a profile of a CPU server" in calibration
+    assert "Do not choose B with it (`trsim tune`)" in calibration
+    assert "Autotune needs no profile" in autotune and "`tr calibrate --device cpu --quick`" in autotune
