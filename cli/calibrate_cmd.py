@@ -187,11 +187,11 @@ def _measure(cal: Calibration, console: Console) -> None:
         cal.on_event = on_event
         complete = cal.run()
     for task, why in cal.partial.get("failed", {}).items():
-        console.print(f"tr calibrate: {task} failed: {why}")
+        console.print(f"tr calibrate: {task} failed: {why}", soft_wrap=True)
     if not complete:
         left = cal.pending()
         console.print(f"tr calibrate: {len(left)} tasks left ({', '.join(left)}); measured so far is in "
-                      f"{cal.partial_path}: run the same command again to resume")  # fmt: skip
+                      f"{cal.partial_path}: run the same command again to resume", soft_wrap=True)  # fmt: skip
         raise typer.Exit(3)
 
 
