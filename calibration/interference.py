@@ -93,7 +93,7 @@ def split_of(grid: CoRunGrid, share_a: int, share_b: int) -> CoRunShare:
     measured = ", ".join(f"{s.share_a}/{s.share_b}" for s in grid.shares)
     raise ColocationError(
         f"SM split {share_a}/{share_b} of {grid.model_a}+{grid.model_b} was not measured; measured splits: "
-        f"{measured} (run `tr calibrate --sm-split {share_a}/{share_b}`)"
+        f"{measured} (run `tr calibrate --sm-splits {share_a}/{share_b}`)"
     )
 
 

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from tokenrouter.cli.bench_sim import check_sim, simulate_sent
 from tokenrouter.cli.common import CliError, check_output, require_extras
 from tokenrouter.cli.options import (
     ArrivalRate,
@@ -24,7 +25,6 @@ from tokenrouter.cli.options import (
     deployment_flags,
 )
 from tokenrouter.cli.report import fmt_num, json_safe, metrics_table
-from tokenrouter.sim.simulate import sim_config, simulate
 from tokenrouter.workloads import Phase, RequestSpec, initial_phase, load_phases, make_workload
 
 if TYPE_CHECKING:
@@ -110,9 +110,11 @@ def _run_live(url: str, specs: list[RequestSpec], phases: list[Phase], console: 
             run = run_bench(url.rstrip("/"), specs, concurrency=concurrency, arrival_rate=arrival_rate, seed=seed,
                             api_key=api_key, on_done=lambda: bar.advance(task), phases=phases, admin_key=admin_key,
                             duration_s=duration)  # fmt: skip
-            return asyncio.run(run)
+            out = asyncio.run(run)
         except (httpx.HTTPError, RuntimeError) as e:
             raise CliError(f"cannot benchmark {url}: {type(e).__name__}: {e}") from None
+        bar.update(task, total=out.requests_sent)  # --duration: out of what was sent, not what was planned
+    return out
 
 
 def _print_run(console: Console, out: BenchOutcome, phases: list[Phase], workload: str, num_specs: int,
@@ -193,6 +195,8 @@ def bench(
     specs = make_workload(workload, num_requests, seed, arrival_rate=arrival_rate, max_output=max_output)
     phases = load_phases(workload)
     _check_phases(phases, specs, admin_key, arrival_rate)
+    checked = check_sim(deploy, url, api_key, concurrency=concurrency, workload=workload, num_requests=num_requests,
+                        seed=seed, arrival_rate=arrival_rate, max_output=max_output) if sim else None  # fmt: skip
     err_console = Console(stderr=True)
     console = err_console if json_out == "-" else Console()
     out = _run_live(url, specs, phases, err_console, concurrency=concurrency, arrival_rate=arrival_rate, seed=seed,
@@ -209,14 +213,12 @@ def bench(
               "concurrency": None if arrival_rate else concurrency, "arrival_rate": arrival_rate, "seed": seed,
               "thresholds_timeline": threshold_timeline(out, names), **live}  # fmt: skip
     sim_res = None
-    if sim:
-        sent = out.requests_sent if duration is not None else num_requests  # --duration: as many as went out
-        cfg, auto = sim_config(deploy, concurrency=concurrency, workload=workload, num_requests=max(1, sent),
-                               seed=seed, arrival_rate=arrival_rate, max_output=max_output)  # fmt: skip
-        sim_res = simulate(cfg, auto)
+    if checked is not None:
+        sim_res = simulate_sent(checked, out.requests_sent if duration is not None else num_requests)
         if json_out != "-":
+            dep = sim_res.config.deployment
             console.print(_compare_table(live, sim_res.summary, names))
-            console.print(f"simulated with profile {cfg.deployment.profile}, policy {cfg.deployment.policy_label}")
+            console.print(f"simulated with profile {dep.profile}, policy {dep.policy_label}")
         record.update({f"sim_{k}": v for k, v in sim_res.summary.items()})
     if json_out:
         text = json.dumps(json_safe(record), indent=2)

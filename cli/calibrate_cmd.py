@@ -10,6 +10,7 @@ routers' device parts, the serving loop's host time, the runtime's message and c
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -106,20 +107,18 @@ def calibrate(
     if merge:
         _merge(merge, out, link_address)
         return
+    if refit:  # the partial's own plan: no measuring, so the flags that shape one do not matter
+        return _write(_with_link(assemble(_partial(out)), link_address), out, Console(stderr=True))
     if not model and link_address is not None:
         _link_only(link_address, out, link_base)
         return
     if not model:
         raise CliError("give at least one --model (or --merge FILES, or --link HOST:PORT)")
-    _check_flags(placement, device, refit)
+    _check_flags(placement, device)
     plan = _plan(model, (pair or []) if placement == "mps" else None, sm_splits, routers, arrangements, corun_small,
                  corun_large, max_tokens=max_tokens, max_decode=max_decode, device=device, quick=quick)  # fmt: skip
     console = Console(stderr=True)
-    cal = Calibration(plan, out, command_line(sys.argv[1:]) if not refit else "", deadline)
-    if refit:
-        cal.load()
-        _write(_with_link(assemble(cal.partial), link_address), out, console)
-        return
+    cal = Calibration(plan, out, command_line(sys.argv[1:]), deadline)
     _measure(cal, console)
     _write(_with_link(assemble(cal.partial), link_address), out, console)
 
@@ -149,6 +148,20 @@ def _plan(models: list[str], pair: list[str] | None, sm_splits: str, routers: st
     return plan
 
 
+def _partial(out: Path) -> dict[str, Any]:
+    """OUT.partial.json as --refit reads it: the results, with the plan they were measured under."""
+    from tokenrouter.calibration.profiler.run import PARTIAL_FORMAT
+
+    path = out.with_name(out.name + ".partial.json")
+    try:
+        partial = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise CliError(f"--refit: cannot read {path} ({e}); an interrupted `tr calibrate -o {out}` leaves it") from None
+    if not isinstance(partial, dict) or partial.get("format") != PARTIAL_FORMAT:
+        raise CliError(f"--refit: {path} is not a calibration partial of this version")
+    return partial
+
+
 def _merge(profiles: list[Path], out: Path, link_address: str | None) -> None:
     from tokenrouter.calibration import load_profile
     from tokenrouter.calibration.profiler.assemble import merge
@@ -174,23 +187,22 @@ def _measure(cal: Calibration, console: Console) -> None:
         cal.on_event = on_event
         complete = cal.run()
     for task, why in cal.partial.get("failed", {}).items():
-        console.print(f"tr calibrate: {task} failed: {why}")
+        console.print(f"tr calibrate: {task} failed: {why}", soft_wrap=True)
     if not complete:
         left = cal.pending()
         console.print(f"tr calibrate: {len(left)} tasks left ({', '.join(left)}); measured so far is in "
-                      f"{cal.partial_path}: run the same command again to resume")  # fmt: skip
+                      f"{cal.partial_path}: run the same command again to resume", soft_wrap=True)  # fmt: skip
         raise typer.Exit(3)
 
 
-def _check_flags(placement: str, device: str, refit: bool) -> None:
+def _check_flags(placement: str, device: str) -> None:
     if placement not in ("mps", "separate"):
         raise CliError(f"--placement must be mps or separate, got {placement!r}")
     if device not in ("cuda", "cpu"):
         raise CliError(f"--device must be cuda or cpu, got {device!r}")
-    if not refit:  # measuring runs the engine and the runtime's transport in worker processes
-        require_extras("calibrate", ("engine", "serve"))
-        if device == "cuda":
-            _require_cuda()
+    require_extras("calibrate", ("engine", "serve"))  # measuring runs the engine and the runtime's transport
+    if device == "cuda":
+        _require_cuda()
 
 
 def _require_cuda() -> None:

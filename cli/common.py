@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -34,8 +35,15 @@ USAGE_ERRORS = _click_classes("UsageError")
 _ABORTS = (*_click_classes("Abort"), typer.Abort)  # typer 0.29 keeps Abort out of its vendored exceptions
 
 
+PIPE_WIDTH = 120  # columns of rich output that is not a terminal
+
+
 class CliError(ValueError):
     """A user error: printed as one line, exit code 2."""
+
+
+class RunFailed(RuntimeError):
+    """A run that started and could not go on (a subserver failed during start-up): one line, exit code 1."""
 
 
 # Top-level modules of each optional extra (pyproject's [project.optional-dependencies]) that commands import.
@@ -64,17 +72,40 @@ def require_extras(command: str, extras: tuple[str, ...], modules: tuple[str, ..
     raise CliError(f"{command} needs {what} (missing: {mods}): pip install 'tokenrouter[{','.join(names)}]'")
 
 
-def fail(prog: str, msg: str) -> NoReturn:
+def fail(prog: str, msg: str, code: int = 2) -> NoReturn:
     print(f"{prog}: error: {msg.splitlines()[0] if msg else 'invalid input'}", file=sys.stderr)
-    raise SystemExit(2)
+    raise SystemExit(code)
+
+
+def add_version_option(app: typer.Typer) -> None:
+    """`PROG --version`: print the installed package's version (importlib.metadata) and exit 0, before any
+    command is parsed."""
+
+    def show(ctx: typer.Context, value: bool) -> None:
+        if value:
+            from importlib.metadata import version
+
+            typer.echo(f"{ctx.find_root().info_name} (tokenrouter) {version('tokenrouter')}")
+            raise typer.Exit()
+
+    @app.callback()
+    def _root(
+        _version: bool = typer.Option(False, "--version", is_eager=True, callback=show, help="Print the version."),
+    ) -> None:
+        pass
 
 
 def run_app(app: typer.Typer, prog: str, argv: list[str] | None = None) -> None:
     """Run a typer app so every user error is one line on stderr with exit code 2, never a traceback.
 
     click's usage errors (unknown flag, non-number) and our ValueErrors (bad probability, malformed
-    profile or trace, unknown workload) all land here.
+    profile or trace, unknown workload) all land here. `--version` works on every app run here. Output that
+    goes to a pipe or file is PIPE_WIDTH columns wide (rich's 80 breaks summary lines mid-phrase); COLUMNS, when
+    set, wins.
     """
+    piped = "COLUMNS" not in os.environ and not sys.stdout.isatty()
+    if piped:
+        os.environ["COLUMNS"] = str(PIPE_WIDTH)  # rich reads it at every print
     try:
         rc = app(args=argv, prog_name=prog, standalone_mode=False)
     except USAGE_ERRORS as e:
@@ -83,6 +114,11 @@ def run_app(app: typer.Typer, prog: str, argv: list[str] | None = None) -> None:
         fail(prog, "aborted")
     except (ValueError, OSError) as e:
         fail(prog, str(e) or type(e).__name__)
+    except RunFailed as e:
+        fail(prog, str(e), code=1)
+    finally:
+        if piped:
+            os.environ.pop("COLUMNS", None)
     raise SystemExit(rc if isinstance(rc, int) else 0)
 
 

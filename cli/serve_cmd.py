@@ -8,14 +8,18 @@ the resolved deployment.
 from __future__ import annotations
 
 import contextlib
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from tokenrouter.cli.common import CliError, require_extras
+from tokenrouter.cli.common import CliError, RunFailed, require_extras
 from tokenrouter.cli.options import DeploymentFlags, DryRun, deployment_flags
 from tokenrouter.core.config import DeploymentConfig
+from tokenrouter.deploy.overrides import DeploymentOverrides
+from tokenrouter.runtime.preflight import preflight
 
 if TYPE_CHECKING:
     from tokenrouter.runtime.launcher import Server
@@ -85,8 +89,6 @@ def serve(
         typer.echo("tr serve: --no-cuda-graph is deprecated; use --no-graphs", err=True)
         ov.graphs = False
     cfg = deploy.resolve()
-    from tokenrouter.baselines.modes import baseline_config
-
     baseline = _baseline(cfg, baseline, restart_on_failure)
     if restart_on_failure and cfg.policy.build().is_sync:
         raise CliError("--restart-on-failure needs an asynchronous policy (eager, delayed), not " + cfg.policy.kind)
@@ -99,24 +101,22 @@ def serve(
         require_extras("serve --ray", ("ray",))
     if heartbeat_timeout <= 0 or join_timeout <= 0 or ray_cpus <= 0:
         raise CliError("--heartbeat-timeout, --join-timeout and --ray-cpus must be > 0")
-    from tokenrouter.runtime.launcher import Server, with_cpu_kv_tokens
+    from tokenrouter.runtime.launcher import Server
 
-    if device == "cpu":
-        cfg = with_cpu_kv_tokens(cfg, kv_tokens)
+    cfg, served = _on_device(cfg, ov, device, kv_tokens, baseline)
     if dry_run:
-        typer.echo((cfg if baseline is None else baseline_config(cfg, baseline)).to_yaml().rstrip())
+        typer.echo(served.to_yaml().rstrip())
         return
-    try:
-        from tokenrouter.runtime.frontend import serve_http
-    except ImportError as e:
-        raise CliError(f"the HTTP front-end is not available (tokenrouter.runtime.frontend: {e})") from None
-    tok = entry_tokenizer(cfg if baseline is None else baseline_config(cfg, baseline))
+    from tokenrouter.runtime.frontend import serve_http
+
+    _before_start(served, baseline, device=device, host=host, port=port, local=ray is None and cfg.transport != "tcp")
+    tok = entry_tokenizer(served)
     Server.install_signal_handlers()
     # SIGINT/SIGTERM while starting: leave the `with`, which stops everything; once serving, serve_http drains.
     server = _server(cfg, baseline, deploy.config, device=device, record_hops=record_hops,
                      restart_on_failure=restart_on_failure, ray=ray, ray_cpus=ray_cpus,
                      heartbeat_timeout=heartbeat_timeout, join_timeout=join_timeout)  # fmt: skip
-    with server, contextlib.suppress(KeyboardInterrupt):
+    with _started(server), contextlib.suppress(KeyboardInterrupt):
         serve_http(server, host=host, port=port, api_key=api_key, tokenizer=tok, shutdown_timeout_s=shutdown_timeout,
                    access_log=not no_access_log, t0=server.t0, admin_key=admin_key,
                    heartbeat_timeout_s=heartbeat_timeout)  # fmt: skip
@@ -169,6 +169,55 @@ def _server(cfg: DeploymentConfig, baseline: str | None, config_path: Path | Non
     except (ValueError, ImportError, RuntimeError, ConnectionError) as e:
         # a deployment the cluster layer refuses (runtime.cluster), Ray missing, unreachable or too small
         raise CliError(str(e).splitlines()[0]) from None
+
+
+def _on_device(cfg: DeploymentConfig, ov: DeploymentOverrides, device: str, kv_tokens: int,
+               baseline: str | None) -> tuple[DeploymentConfig, DeploymentConfig]:  # fmt: skip
+    """The deployment on `device` and what runs (the baseline's deployment when one runs). A flag that would
+    change nothing is refused (--autotune beside a baseline, which has no B to tune) or, GPU-only ones on CPU,
+    named in one warning line."""
+    from tokenrouter.baselines.modes import baseline_config
+    from tokenrouter.runtime.launcher import with_cpu_kv_tokens
+
+    if baseline is not None and ov.autotune:
+        raise CliError(f"--autotune re-tunes the routed runtime's B; --baseline {baseline} has none to tune")
+    if device == "cpu":
+        if kv_tokens < 1:
+            raise CliError(f"--kv-tokens must be >= 1, got {kv_tokens}")
+        on_gpu = ov.placement in ("mps", "separate")  # cross-host also sets the transport, which CPU runs use
+        given = {"--sm-percent": ov.sm_percent, f"--placement {ov.placement}": on_gpu or None, "--gpus": ov.gpus}
+        if gpu_only := [flag for flag, v in given.items() if v is not None]:
+            typer.echo(f"tr serve: {', '.join(gpu_only)} only apply on GPUs: ignored with --device cpu", err=True)
+        cfg = with_cpu_kv_tokens(cfg, kv_tokens)
+    return cfg, cfg if baseline is None else baseline_config(cfg, baseline)
+
+
+def _before_start(served: DeploymentConfig, baseline: str | None, *, device: str, host: str, port: int,
+                  local: bool) -> None:  # fmt: skip
+    """Refuse what can be checked before loading (one line, exit 2), then say what runs, at every log level."""
+    from tokenrouter.deploy.summary import describe_deployment
+
+    preflight(served, device=device, host=host, port=port, local=local)
+    url = f"http://{f'[{host}]' if ':' in host else host}:{port}/v1"
+    for line in describe_deployment(served, device=device, baseline=baseline, url=url):
+        typer.echo(f"tr serve: {line}", err=True)
+
+
+@contextlib.contextmanager
+def _started(server: Server) -> Iterator[Server]:
+    """`with server`, where a subserver that fails during start-up is one line (exit 1); its traceback is in the
+    log at debug level."""
+    from tokenrouter.runtime.launcher import StartupError
+
+    try:
+        server.start()
+    except StartupError as e:
+        logging.getLogger(__name__).debug("start-up failed", exc_info=True)
+        raise RunFailed(str(e)) from None
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 def entry_tokenizer(cfg):

@@ -17,11 +17,12 @@ from rich.table import Table
 
 from tokenrouter.cli import bench_cmd
 from tokenrouter.cli.calibrate_cmd import calibrate
-from tokenrouter.cli.common import run_app
+from tokenrouter.cli.common import add_version_option, run_app
 from tokenrouter.cli.link_cmd import link_probe
 from tokenrouter.cli.serve_cmd import serve
 from tokenrouter.cli.subserver_cmd import subserver
 from tokenrouter.core.config import load_config
+from tokenrouter.deploy.summary import describe_deployment
 from tokenrouter.models import bundled_model_names, load_spec
 
 app = typer.Typer(
@@ -33,6 +34,7 @@ app = typer.Typer(
 )
 
 
+add_version_option(app)
 app.command("serve")(serve)
 app.command("calibrate")(calibrate)
 app.command("subserver")(subserver)
@@ -72,13 +74,7 @@ def check_config(path: Annotated[Path, typer.Argument(help="Deployment YAML (fro
     cfg = load_config(path)
     for m in cfg.models:
         load_spec(m.path or m.name)
-    c = Console()
-    c.print(f"{path}: ok")
-    c.print(f"models: {', '.join(f'{m.name} on GPU {m.gpus}' for m in cfg.models)}; placement {cfg.placement.mode}")
-    pol = cfg.policy
-    tune = "; autotune on" if pol.autotune is not None else ""
-    c.print(f"policy: {cfg.policy_label} thresholds {pol.thresholds or '-'} table {pol.table or '-'}; "
-            f"router {cfg.router.name}{tune}")  # fmt: skip
+    typer.echo("\n".join([f"{path}: ok", *describe_deployment(cfg)]))
 
 
 bench_cmd.register(app)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from tokenrouter.cli import cost_cmd, estimate_cmd, model_cmd, run_cmd, sweep_cmd, tune_cmd, validate_cmd
-from tokenrouter.cli.common import run_app
+from tokenrouter.cli.common import add_version_option, run_app
 
 app = typer.Typer(
     name="trsim",
@@ -14,6 +14,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+add_version_option(app)
 run_cmd.register(app)
 sweep_cmd.register(app)
 tune_cmd.register(app)

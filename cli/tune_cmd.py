@@ -91,8 +91,8 @@ def tune(
     """For each N: B* from the Markov model, the top candidates checked in the simulator; the measured best
     goes into the config's B(N) table, which `tr serve --config` follows as live concurrency changes.
     The deployment tuned is `--config` (or the default pair) with the flags applied; its policy becomes
-    delayed. With --placements and/or --sm-splits every candidate deployment is tuned so, and the best at
-    --compare-n is written."""
+    delayed. With --placements and/or --sm-splits, each candidate deployment is tuned this way and the one
+    that is best at --compare-n is written."""
     if not dry_run:
         check_output(out, "--out")
     ns = sorted(set(parse_list(concurrency, int, "--concurrency")))

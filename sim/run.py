@@ -17,13 +17,14 @@ import msgspec
 import simpy
 
 from tokenrouter.calibration.cost import CostModel, StepCost
-from tokenrouter.calibration.profile import LinkInfo, Profile, load_profile
+from tokenrouter.calibration.profile import LinkInfo, Profile, ProfileError, load_profile
 from tokenrouter.core.config import DeploymentConfig
 from tokenrouter.core.messages import Action, Emit, Finish, PeerMsg, PeerReq, Send
 from tokenrouter.core.request import Request, SamplingParams
 from tokenrouter.deploy import Deployment, build_deployment
 from tokenrouter.deploy.placement import colocated, gpus_used
 from tokenrouter.metrics import MetricsCollector
+from tokenrouter.models import load_spec
 from tokenrouter.sim.clients import ClosedLoop, OpenLoop
 from tokenrouter.sim.drivers import FinishCounter, PhaseDriver, SimAutotune, set_router_hop_rate
 from tokenrouter.sim.gpu_share import SharedGpu
@@ -211,6 +212,12 @@ def cost_model(dep: DeploymentConfig, profile: Profile) -> CostModel:
         link = LinkInfo(latency_ms=latency, bandwidth_gbps=bandwidth)
         profile = msgspec.structs.replace(profile, link=link)
     names = [m.name for m in dep.models]
+    for m in dep.models:
+        try:
+            profile.resolve_name(m.name)
+        except ProfileError:
+            load_spec(m.path or m.name)  # a typo is an unknown model (with the closest name), not the profile's gap
+            raise
     shares = [m.mps_active_thread_percentage for m in dep.models]
     learned = dep.router.name if dep.router.weights else None
     own = [None if m.profile is None else load_profile(m.profile) for m in dep.models]

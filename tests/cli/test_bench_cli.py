@@ -61,7 +61,9 @@ def test_bench_poisson_and_sim(server, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(plots, "plot_series", lambda runs, path, title=None: titles.append(title) or str(path))
     out_json, png = tmp_path / "p.json", tmp_path / "p.png"
     argv = ["bench", "--url", server.url, "--workload", "fixed:8,6", "--num-requests", "6", "--arrival-rate", "200"]
-    sim = ["--sim", "--thresholds", "1,1", "--hop-rate", "0.2"]
+    # --sim simulates what the server runs (the fake serves the tiny pair; any bundled shape prices analytically)
+    sim = ["--sim", "--thresholds", "1,1", "--hop-rate", "0.2", *("--small", "tiny-small", "--large", "tiny-large"),
+           "--profile", "h200-analytic"]  # fmt: skip
     assert run([*argv, *sim, "--json", str(out_json), "--plot", str(png)]) == 0
     text = capsys.readouterr().out
     assert "live vs simulated" in text and f"wrote {png}" in text
@@ -246,3 +248,30 @@ def test_a_server_that_goes_away_mid_run_keeps_the_results_and_exits_1(tmp_path,
     assert rec["requests_completed"] + rec["requests_failed"] == rec["requests_sent"] == 40
     assert rec["total_output_tokens"] == 10 * rec["requests_completed"]
     assert len(pd.read_csv(out_csv)) >= rec["requests_completed"]
+
+
+def _submits(server) -> int:
+    return sum(type(m).__name__ == "Submit" for m in server.fake.received)
+
+
+def test_sim_is_checked_before_any_request(server, capsys):
+    """A simulated side that cannot run (a shape the measured profile lacks) or simulates other models than the
+    server runs is refused in one line before the live run sends anything."""
+    argv = ["bench", "--url", server.url, "--workload", "fixed:8,6", "--num-requests", "4", "--sim"]
+    before = _submits(server)
+    assert run([*argv, "--small", "tiny-small", "--large", "tiny-large"]) == 2
+    err = capsys.readouterr().err
+    assert "has no model 'tiny-small'" in err and len(err.strip().splitlines()) == 1
+    assert run([*argv, "--profile", "h200-analytic"]) == 2
+    err = capsys.readouterr().err
+    assert "runs tiny-small + tiny-large, the simulated deployment qwen3-0.6b + qwen3-32b" in err, err
+    assert _submits(server) == before
+
+
+def test_a_bench_ended_by_duration_counts_out_of_what_was_sent(server, tmp_path, capsys):
+    out_json = tmp_path / "d.json"
+    argv = ["bench", "--url", server.url, "--workload", "fixed:8,6", "--num-requests", "400", "-n", "2"]
+    assert run([*argv, "--duration", "0.3", "--json", str(out_json)]) == 0
+    sent = json.loads(out_json.read_text())["requests_sent"]
+    err = capsys.readouterr().err
+    assert 0 < sent < 400 and f"{sent}/{sent}" in err and "/400" not in err, err

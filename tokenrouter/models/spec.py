@@ -6,6 +6,7 @@ simulator's "bytes per step" and the executor's real tensors cannot drift apart.
 
 from __future__ import annotations
 
+import difflib
 import json
 from dataclasses import dataclass
 from importlib import resources
@@ -122,5 +123,8 @@ def load_spec(name_or_path: str | Path) -> ModelSpec:
     key = str(name_or_path).lower().split("/")[-1]
     cfg_file = resources.files("tokenrouter.models").joinpath("configs", f"{key}.json")
     if not cfg_file.is_file():
-        raise ValueError(f"unknown model {str(name_or_path)!r}; bundled: {', '.join(bundled_model_names())}")
+        close = difflib.get_close_matches(key, bundled_model_names(), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"unknown model {str(name_or_path)!r}{hint} bundled shapes (`tr models`): "
+                         f"{', '.join(bundled_model_names())}")  # fmt: skip
     return ModelSpec.from_hf_config(json.loads(cfg_file.read_text()), name=key)

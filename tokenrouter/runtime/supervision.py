@@ -9,7 +9,6 @@ import logging
 import multiprocessing as mp
 import os
 import signal
-import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -65,7 +64,8 @@ def fail_and_exit(addresses: Addresses, model: int, exc: BaseException,
     opening them), and exit at once (`os._exit`: no atexit or finalizer may hang a dead process)."""
     msg = f"{type(exc).__name__}: {exc}"
     log.error("model %d: %s", model, msg)
-    traceback.print_exc()
+    # Start-up (no control sockets yet): the launcher reports it in one line, so the traceback is for debugging.
+    log.log(logging.ERROR if send_control is not None else logging.DEBUG, "model %d: traceback", model, exc_info=True)
     try:
         if send_control is not None:
             send_control(P.Failed(model, msg))
