@@ -101,7 +101,6 @@ def calibrate(
     """Profile the engine on this GPU and write a measured profile (schema 2) for `trsim --profile`; with --link,
     measure the tcp link to another host too (or only that)."""
     from tokenrouter.calibration.profiler.assemble import assemble
-    from tokenrouter.calibration.profiler.run import Calibration, command_line
 
     link_address = _link_address(link)
     if merge:
@@ -115,6 +114,8 @@ def calibrate(
     if not model:
         raise CliError("give at least one --model (or --merge FILES, or --link HOST:PORT)")
     _check_flags(placement, device)
+    from tokenrouter.calibration.profiler.run import Calibration, command_line  # the extras it needs are checked
+
     plan = _plan(model, (pair or []) if placement == "mps" else None, sm_splits, routers, arrangements, corun_small,
                  corun_large, max_tokens=max_tokens, max_decode=max_decode, device=device, quick=quick)  # fmt: skip
     console = Console(stderr=True)

@@ -39,6 +39,7 @@ EXTRA_FOR: dict[str, str | tuple[str, ...]] = {
     "tokenrouter.runtime.tp_ranks": ("engine", "serve"),  # a tensor-parallel rank runs an engine (torch, lazily)
     "tokenrouter.bench": "serve",
     "tokenrouter.cli.bench_cmd": "serve",
+    "tokenrouter.cli.bench_sim": "serve",  # `tr bench --sim` asks the server for its models
     "tokenrouter.cli.calibrate_cmd": ("engine", "serve"),  # checks the extras, then asks torch for a GPU (lazily)
     "tokenrouter.baselines": ("engine", "serve"),  # the model servers and the dispatcher (the cache itself is pure)
 }
