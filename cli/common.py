@@ -77,9 +77,11 @@ def fail(prog: str, msg: str, code: int = 2) -> NoReturn:
     raise SystemExit(code)
 
 
-def add_version_option(app: typer.Typer) -> None:
-    """`PROG --version`: print the installed package's version (importlib.metadata) and exit 0, before any
-    command is parsed."""
+def new_app(name: str, help: str) -> typer.Typer:
+    """A command-line app as both of ours are made: help without arguments, no shell-completion commands, plain
+    tracebacks (`run_app` turns user errors into one line), and `PROG --version`, which prints the installed
+    package's version (importlib.metadata) and exits 0 before any command is parsed."""
+    app = typer.Typer(name=name, help=help, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 
     def show(ctx: typer.Context, value: bool) -> None:
         if value:
@@ -93,6 +95,8 @@ def add_version_option(app: typer.Typer) -> None:
         _version: bool = typer.Option(False, "--version", is_eager=True, callback=show, help="Print the version."),
     ) -> None:
         pass
+
+    return app
 
 
 def run_app(app: typer.Typer, prog: str, argv: list[str] | None = None) -> None:

@@ -17,7 +17,7 @@ from rich.table import Table
 
 from tokenrouter.cli import bench_cmd
 from tokenrouter.cli.calibrate_cmd import calibrate
-from tokenrouter.cli.common import add_version_option, run_app
+from tokenrouter.cli.common import new_app, run_app
 from tokenrouter.cli.link_cmd import link_probe
 from tokenrouter.cli.serve_cmd import serve
 from tokenrouter.cli.subserver_cmd import subserver
@@ -25,16 +25,7 @@ from tokenrouter.core.config import load_config
 from tokenrouter.deploy.summary import describe_deployment
 from tokenrouter.models import bundled_model_names, load_spec
 
-app = typer.Typer(
-    name="tr",
-    help="TokenRouter serving tools.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
-
-
-add_version_option(app)
+app = new_app("tr", "TokenRouter serving tools.")
 app.command("serve")(serve)
 app.command("calibrate")(calibrate)
 app.command("subserver")(subserver)

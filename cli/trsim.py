@@ -2,19 +2,10 @@
 
 from __future__ import annotations
 
-import typer
-
 from tokenrouter.cli import cost_cmd, estimate_cmd, model_cmd, run_cmd, sweep_cmd, tune_cmd, validate_cmd
-from tokenrouter.cli.common import add_version_option, run_app
+from tokenrouter.cli.common import new_app, run_app
 
-app = typer.Typer(
-    name="trsim",
-    help="Simulate token-level routing deployments (small + large model subservers) on a GPU profile.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
-add_version_option(app)
+app = new_app("trsim", "Simulate token-level routing deployments (small + large model subservers) on a GPU profile.")
 run_cmd.register(app)
 sweep_cmd.register(app)
 tune_cmd.register(app)
