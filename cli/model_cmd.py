@@ -38,18 +38,12 @@ def _fail(message: str) -> typer.Exit:
     return typer.Exit(2)
 
 
-def _floats(text: str, what: str) -> list[float]:
+def _numbers(text: str, what: str, kind: type[int] | type[float]) -> list:
     try:
-        return [float(x) for x in text.split(",")]
+        return [kind(x) for x in text.split(",")]
     except ValueError:
-        raise _fail(f"{what} must be comma-separated numbers, got {text!r}") from None
-
-
-def _ints(text: str, what: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",")]
-    except ValueError:
-        raise _fail(f"{what} must be comma-separated integers, got {text!r}") from None
+        noun = "integers" if kind is int else "numbers"
+        raise _fail(f"{what} must be comma-separated {noun}, got {text!r}") from None
 
 
 def _load_table(path: Path) -> list[list[float]]:
@@ -123,7 +117,7 @@ def model(
         hop_rate = hop_prob
     if (step_ms is None) == (step_ms_table is None):
         raise _fail("give exactly one of --step-ms and --step-ms-table")
-    steps: list = _floats(step_ms, "--step-ms") if step_ms is not None else _load_table(step_ms_table)  # type: ignore[arg-type]
+    steps: list = _numbers(step_ms, "--step-ms", float) if step_ms is not None else _load_table(step_ms_table)  # type: ignore[arg-type]
     key = router.lower()
     if key == RouterName.R2R and return_prob != 1.0:
         key = RouterName.R_STITCH
@@ -148,7 +142,7 @@ def model(
     try:
         routing, commit = router_matrices(key, len(steps), hop_rate=hop_rate or 0.0, return_prob=return_prob)
         chain = MarkovModel.create(steps, routing, commit, concurrency, delta_ms, mean_output)
-        b = chain.check_thresholds(_ints(thresholds, "--thresholds")) if thresholds is not None else None
+        b = chain.check_thresholds(_numbers(thresholds, "--thresholds", int)) if thresholds is not None else None
     except ValueError as exc:
         raise _fail(str(exc)) from None
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import shlex
+import statistics
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -57,9 +58,7 @@ def _summary(errs: list[float]) -> tuple[float, float]:
     a = sorted(abs(e) for e in errs if not math.isnan(e))
     if not a:
         return float("nan"), float("nan")
-    mid = len(a) // 2
-    med = a[mid] if len(a) % 2 else (a[mid - 1] + a[mid]) / 2
-    return med, a[-1]
+    return statistics.median(a), a[-1]
 
 
 def validate(
