@@ -78,6 +78,15 @@ class Harness:
         if self.cuda:
             torch.cuda.synchronize()
 
+    def engine(self, model: str, **kw: Any) -> Engine:
+        """An engine of `model` on this device (dummy weights unless `kw` says otherwise; on CPU the fp32 torch
+        path with emulated graphs); `kw` overrides any `EngineConfig` field."""
+        cfg: dict[str, Any] = {"model": model, "device": str(self.device), "page_size": 16, "seed": 0}
+        if not self.cuda:
+            cfg.update(dtype="float32", attention_backend="torch", ops_backend="torch", graph_emulation=True)
+        cfg.update(kw)
+        return Engine(EngineConfig(**cfg))
+
     def free(self) -> None:
         gc.collect()
         if self.cuda:
@@ -112,14 +121,6 @@ class Bench(Harness):
     def __init__(self, args: argparse.Namespace) -> None:
         self.start(args, torch.cuda.is_available() and not args.cpu, "engine_bench_")
         self.out: dict[str, Any] = {"env": env_info(self.device), "errors": [], "correctness": [], "timing": []}
-
-    # ---- helpers ---------------------------------------------------------------------------------------
-    def engine(self, model: str, **kw: Any) -> Engine:
-        cfg = {"model": model, "device": str(self.device), "page_size": 16, "seed": 0}
-        if not self.cuda:
-            cfg.update(dtype="float32", attention_backend="torch", ops_backend="torch", graph_emulation=True)
-        cfg.update(kw)
-        return Engine(EngineConfig(**cfg))
 
     # ---- copy bandwidth ----------------------------------------------------------------------------------
     def copy_bandwidth(self) -> None:

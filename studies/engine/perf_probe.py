@@ -49,7 +49,7 @@ import engine_bench as eb
 import graph_timing as gt
 
 from tokenrouter.core.batch import Batch, BatchRow
-from tokenrouter.engine.config import BASELINE_SWITCHES, EngineConfig
+from tokenrouter.engine.config import BASELINE_SWITCHES
 from tokenrouter.engine.launch_count import count_graph_body_launches
 from tokenrouter.engine.runner import Engine
 from tokenrouter.models.spec import load_spec
@@ -227,13 +227,6 @@ class Probe(eb.Harness):
             "attention": {}, "skipped": [],
         }  # fmt: skip
         self.bench = eb.Bench(SimpleNamespace(cpu=not self.cuda))  # for its tiny checkpoint and helpers
-
-    def engine(self, model: str, **kw: Any) -> Engine:
-        cfg: dict[str, Any] = {"model": model, "device": str(self.device), "page_size": 16, "seed": 0}
-        if not self.cuda:
-            cfg.update(dtype="float32", attention_backend="torch", ops_backend="torch", graph_emulation=True)
-        cfg.update(kw)
-        return Engine(EngineConfig(**cfg))
 
     # ---- environment ------------------------------------------------------------------------------------------
     def environment(self) -> None:

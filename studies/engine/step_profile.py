@@ -133,12 +133,7 @@ class Profiler(eb.Harness):
         self.bench = eb.Bench(argparse.Namespace(cpu=not self.cuda))
 
     def engine(self, model: str, **kw: Any) -> Engine:
-        cfg: dict[str, Any] = {"model": model, "device": str(self.device), "page_size": 16, "seed": 0,
-                               "load_format": "dummy", "varlen_graphs": False, "warmup": False}  # fmt: skip
-        if not self.cuda:
-            cfg.update(dtype="float32", attention_backend="torch", ops_backend="torch", graph_emulation=True)
-        cfg.update(kw)
-        return Engine(EngineConfig(**cfg))
+        return super().engine(model, **{"load_format": "dummy", "varlen_graphs": False, "warmup": False, **kw})
 
     def run(self) -> None:
         self.bench.copy_bandwidth()

@@ -98,16 +98,21 @@ def bench_cell(
     return rec, {m: small_loop(before, after, m) for m in names}
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def study_args(doc: str | None, servers: str, port: int) -> argparse.ArgumentParser:
+    """The flags every live serving study here takes (the `--servers` groups it runs, a port to start them from)."""
+    p = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
     p.add_argument("--config", required=True)
     p.add_argument("--out", required=True)
-    p.add_argument("--servers", default=",".join(s[0] for s in SERVERS), help="which server groups to run")
+    p.add_argument("--servers", default=servers, help="which server groups to run")
     p.add_argument("--deadline", type=float, default=540.0)
-    p.add_argument("--port", type=int, default=8200)
+    p.add_argument("--port", type=int, default=port)
     p.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run with the tiny models")
     p.add_argument("--scale", type=float, default=1.0, help="multiply requests and output caps (smoke runs)")
-    a = p.parse_args()
+    return p
+
+
+def main() -> int:
+    a = study_args(__doc__, ",".join(s[0] for s in SERVERS), 8200).parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.monotonic()

@@ -35,24 +35,23 @@ def _coordinator(tmp_path, kind: PolicyKind, m: int = 2):
     return ctx, coord, pulls
 
 
-@pytest.fixture
-def step_sync(tmp_path):
-    ctx, coord, pulls = _coordinator(tmp_path, PolicyKind.STEP_SYNC)
+def _running(tmp_path, kind: PolicyKind):
+    ctx, coord, pulls = _coordinator(tmp_path, kind)
     yield coord, pulls
     coord.stop()
     for s in pulls:
         s.close()
     ctx.term()
+
+
+@pytest.fixture
+def step_sync(tmp_path):
+    yield from _running(tmp_path, PolicyKind.STEP_SYNC)
 
 
 @pytest.fixture
 def model_sync(tmp_path):
-    ctx, coord, pulls = _coordinator(tmp_path, PolicyKind.MODEL_SYNC)
-    yield coord, pulls
-    coord.stop()
-    for s in pulls:
-        s.close()
-    ctx.term()
+    yield from _running(tmp_path, PolicyKind.MODEL_SYNC)
 
 
 def _grants(sock, wait_ms: int = 300) -> list[int]:

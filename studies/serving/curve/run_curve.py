@@ -15,7 +15,6 @@ CPU smoke: a config naming tiny-small/tiny-large with `--device cpu --scale 0.05
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import json
 import sys
@@ -25,7 +24,7 @@ from pathlib import Path
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from headline import _f, _get, _gpu_name, bench_cell
+from headline import _f, _get, _gpu_name, bench_cell, study_args
 from run_serving import KEYS
 
 from tokenrouter.bench.server import start_server, stop_server
@@ -90,15 +89,8 @@ def plot(rows: list[dict], path: Path) -> None:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--config", required=True)
-    p.add_argument("--out", required=True)
-    p.add_argument("--servers", default=",".join(SERVERS))
+    p = study_args(__doc__, ",".join(SERVERS), 8300)
     p.add_argument("--n", default="1,2,4,8,16,32,64,128", help="concurrency levels")
-    p.add_argument("--deadline", type=float, default=540.0)
-    p.add_argument("--port", type=int, default=8300)
-    p.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run with the tiny models")
-    p.add_argument("--scale", type=float, default=1.0, help="multiply requests and output caps (smoke runs)")
     a = p.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
