@@ -27,11 +27,24 @@ def parse_level(level: str | int) -> int:
     return logging.getLevelNamesMapping()[level.upper()]
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to `sys.stderr` as it is at each record, not as it was at set-up: a command run in-process (a test
+    harness, a notebook) swaps stderr and closes the stream it swapped in."""
+
+    @property  # type: ignore[override]
+    def stream(self) -> TextIO:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _: TextIO) -> None:
+        pass
+
+
 def configure_logging(level: str | int) -> None:
     """One stderr handler on the root logger (replacing any), `level` for `tokenrouter.*`; noisy libraries at
     WARNING unless `level` is DEBUG."""
     lvl = parse_level(level)
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _StderrHandler()
     handler.setFormatter(logging.Formatter(FORMAT, DATEFMT))
     root = logging.getLogger()
     for h in list(root.handlers):

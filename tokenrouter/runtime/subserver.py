@@ -24,6 +24,7 @@ from tokenrouter.core.batch import Batch
 from tokenrouter.core.messages import Action, Emit, Finish, PeerReq, Send
 from tokenrouter.core.request import Request, SamplingParams
 from tokenrouter.core.scheduler import RequestTooLong
+from tokenrouter.engine.errors import EngineError
 from tokenrouter.routers.presets import set_hop_rate
 from tokenrouter.runtime import protocol as P
 from tokenrouter.runtime.addresses import is_tcp
@@ -34,6 +35,7 @@ from tokenrouter.runtime.logs import JsonlLog
 from tokenrouter.runtime.sockets import push_socket
 from tokenrouter.runtime.supervision import fail_and_exit, start_child
 from tokenrouter.runtime.sync_coordinator import RemoteGate
+from tokenrouter.runtime.tp_ranks import TPRanks
 
 STATS_MIN_GAP_S = 0.05  # Stats sent on a change: at most this often (the heartbeat still comes every interval)
 
@@ -263,7 +265,13 @@ class Subserver(EngineLoop):
         self.next_stats = now + self.spec.stats_interval_s
 
     def run(self, max_steps: int | None = None) -> None:
-        super().run(max_steps)
+        try:
+            super().run(max_steps)
+        except EngineError:
+            followers = getattr(self.engine, "followers", None)
+            if isinstance(followers, TPRanks):
+                followers.await_death(timeout_s=5.0)
+            raise
         self._stats(time.monotonic(), force=True)
 
     def close(self) -> None:

@@ -142,6 +142,14 @@ class TPRanks:
                 if self.on_death is not None:
                     self.on_death(msg)
 
+    def await_death(self, timeout_s: float) -> None:
+        """Wait up to `timeout_s` for a follower to exit. Rank 0 calls this when a step failed: a collective fails
+        at once when a peer dies, usually before the watcher has reaped it, and the dead rank, not the failed
+        collective, is the cause worth reporting; if one died, the watcher reports it and ends this process."""
+        live = [p.sentinel for p in self.procs if p.exitcode is None]
+        if live and wait(live, timeout=timeout_s) and self._watcher.is_alive():
+            self._watcher.join(timeout_s + 5.0)  # it reaps (up to 5 s), reports, then `on_death` exits
+
     def close(self, timeout_s: float = 30.0) -> None:
         """Join the followers (the engine published `Stop` first), kill what is left, release sockets."""
         if self._closed:
