@@ -15,12 +15,14 @@ from tokenrouter.cli.common import CliError, check_output, parse_list, parse_sm_
 from tokenrouter.cli.options import DeploymentFlags, DryRun, GpuPrices, MaxOutput, Seed, Workload, deployment_flags
 from tokenrouter.core.config import DeploymentConfig
 from tokenrouter.core.names import Layout, TuneObjective, parse_name
-from tokenrouter.sim.tune import Candidate, check_search_concurrency, choose
+from tokenrouter.sim.sim_pool import available_cores, sim_pool
+from tokenrouter.sim.tune import Candidate, check_search_concurrency
 from tokenrouter.sim.tune_layouts import (
     candidate_prices,
     candidate_specs,
     parse_placement,
-    tune_candidates,
+    points_to_tune,
+    tune_and_choose,
     tuned_config,
     tuning_flags,
 )
@@ -65,7 +67,8 @@ def tune(
             "model tensor-parallel over all G GPUs, the small one beside it on GPU 0 under MPS; G GPUs), "
             "SMALL+LARGE GPU kinds such as l4+h200 (each model on a GPU of its kind, two hosts over the cross-host "
             "link; a kind other than the profile's is priced from its ESTIMATED profile). "
-            "Each is tuned with its own B; the best by --objective at --compare-n is written."
+            "Each is tuned with its own B at --compare-n; the best by --objective there is tuned at every N "
+            "and written."
         ),
     ] = None,
     num_gpus: Annotated[int, typer.Option(help="GPUs the --placements layouts may use (G).")] = 2,
@@ -86,13 +89,22 @@ def tune(
             "compared (one of --concurrency; default 8 if tuned, else the largest).",
         ),
     ] = None,
+    jobs: Annotated[
+        int,
+        typer.Option(
+            "--jobs",
+            "-j",
+            help="Processes that run the simulator checks at once (0: one per core). Any number gives the same "
+            "numbers.",
+        ),
+    ] = 0,
     dry_run: DryRun = False,
 ) -> None:
     """For each N: B* from the Markov model, the top candidates checked in the simulator; the measured best
     goes into the config's B(N) table, which `tr serve --config` follows as live concurrency changes.
     The deployment tuned is `--config` (or the default pair) with the flags applied; its policy becomes
-    delayed. With --placements and/or --sm-splits, each candidate deployment is tuned this way and the one
-    that is best at --compare-n is written."""
+    delayed. With --placements and/or --sm-splits, each candidate deployment is tuned this way at --compare-n,
+    and the best one there is tuned at every N and written."""
     if not dry_run:
         check_output(out, "--out")
     ns = sorted(set(parse_list(concurrency, int, "--concurrency")))
@@ -113,14 +125,16 @@ def tune(
     splits = parse_sm_splits(sm_splits) if sm_splits else [None]
     specs = candidate_specs(layouts, splits, deploy.resolve(), num_gpus)
     usd = candidate_prices(deploy, specs, prices)
+    if jobs < 0:
+        raise CliError(f"--jobs must be >= 0 (0: one per core), got {jobs}")
     cols = (TextColumn("tune {task.fields[what]} N={task.fields[n]}"), BarColumn(), MofNCompleteColumn(),
             TimeElapsedColumn())  # fmt: skip
-    with Progress(*cols, console=Console(stderr=True)) as bar:
-        task = bar.add_task("tune", total=len(ns) * len(specs), n=ns[0], what="")
+    with sim_pool(jobs or available_cores()) as pool, Progress(*cols, console=Console(stderr=True)) as bar:
+        task = bar.add_task("tune", total=points_to_tune(len(specs), len(ns)), n=ns[0], what="")
         progress = lambda label, n, done: bar.update(task, n=n, what=label, advance=done)  # noqa: E731
-        candidates = tune_candidates(deploy, specs, ns, workload=workload, num_requests=num_requests, top=top,
-                                     seed=seed, max_output=max_output, usd=usd, progress=progress)  # fmt: skip
-    best = choose(candidates, ref_n, goal)
+        best, candidates = tune_and_choose(deploy, specs, ns, ref_n, goal, usd=usd, progress=progress, pool=pool,
+                                           workload=workload, num_requests=num_requests, top=top, seed=seed,
+                                           max_output=max_output)  # fmt: skip
     if len(candidates) > 1:
         Console().print(_candidates_table(candidates, best, ref_n, goal))
     dep = tuned_config(best, candidates, ref_n, goal, workload=workload, num_gpus=num_gpus,
@@ -185,16 +199,17 @@ def _candidates_table(candidates: list[Candidate], best: Candidate, n: int, goal
             "TPOT p50 ms", "TPOT p99 ms", "Markov tok/s", "")  # fmt: skip
     for col in cols:
         t.add_column(col, justify="left" if col in ("candidate", "GPU ids", "") else "right")
+    t.columns[-1].min_width = len("ESTIMATED")  # a narrow terminal wraps the numbers' headers before this word
     for c in candidates:
-        # GPU ids per model in model order, e.g. "0 + 0,1 tp2": the small on GPU 0, the large over 0 and 1
-        where = " + ".join(",".join(map(str, m.gpus)) + (f" tp{m.tp}" if m.tp > 1 else "")
-                           + (f" {m.profile}" if m.profile else "") for m in c.deployment.models)  # fmt: skip
+        # GPU ids per model in model order, e.g. "0 + 0,1 tp2": the small on GPU 0, the large over 0 and 1 (GPU kinds
+        # are in the label: "l4+h200" puts each on GPU 0 of its own host)
+        where = " + ".join(",".join(map(str, m.gpus)) + (f" tp{m.tp}" if m.tp > 1 else "") for m in c.deployment.models)
         p, est = c.point(n), "*" if c.estimated else ""
         usd = c.usd_per_mtok(n)
         cost = ([f"{usd:,.3f}"] if usd is not None else ["-"]) if priced else []
         nums = [f"{c.throughput(n):,.0f}", f"{c.per_gpu(n):,.0f}", *cost, f"{p.tpot_ms[0]:.2f}",
                 f"{p.tpot_ms[1]:.2f}", f"{p.prediction.throughput:,.0f}"]  # fmt: skip
-        mark = ", ".join(x for x in ("chosen" if c is best else "", "ESTIMATED*" if c.estimated else "") if x)
+        mark = ", ".join(x for x in ("chosen" if c is best else "", "ESTIMATED" if c.estimated else "") if x)
         t.add_row(c.label, str(c.gpus), where, _b(p.best), *(x + est for x in nums), mark)
     if any(c.estimated for c in candidates):
         t.caption = "* ESTIMATED: rests on the estimates listed below"

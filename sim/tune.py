@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -218,9 +219,14 @@ def simulate_thresholds(cfg: SimConfig, thresholds: tuple[int, ...]) -> SimResul
     return run_sim(with_thresholds(cfg, thresholds, autotune=None))
 
 
-def tune_point(cfg: SimConfig, concurrency: int, top: int = 3) -> TunePoint:
+def simulated_summary(cfg: SimConfig, thresholds: tuple[int, ...]) -> dict[str, Any]:
+    """`simulate_thresholds`' summary: what a worker process sends back (`sim.sim_pool`)."""
+    return simulate_thresholds(cfg, thresholds).summary
+
+
+def tune_point(cfg: SimConfig, concurrency: int, top: int = 3, pool: Executor | None = None) -> TunePoint:
     """B* for one concurrency: Markov top-k, eager (1,..,1) and the large-batch ladder, each checked in
-    the simulator; the fastest simulated wins."""
+    the simulator (on `pool`'s processes when given: the same numbers, sooner); the fastest simulated wins."""
     c = dataclasses.replace(cfg, concurrency=concurrency)
     pred = predict_thresholds(c)
     cands = [b for b, _ in pred.ranked[:top]] or [pred.thresholds]
@@ -229,8 +235,8 @@ def tune_point(cfg: SimConfig, concurrency: int, top: int = 3) -> TunePoint:
         if b not in cands:
             cands.append(b)
     simulated, tpot = {}, {}
-    for b in cands:
-        s = simulate_thresholds(c, b).summary
+    runs = (pool.map if pool is not None else map)(simulated_summary, [c] * len(cands), cands)
+    for b, s in zip(cands, runs, strict=True):
         simulated[b] = s.get("steady_output_throughput_tok_s", s["output_throughput_tok_s"])
         tpot[b] = (s["tpot_ms_p50"], s["tpot_ms_p99"])
     best = max(simulated, key=lambda b: (simulated[b], b == pred.thresholds))

@@ -1,6 +1,7 @@
 """`trsim tune`'s candidates: each layout on G GPUs (`deploy.placement.layout`), each pair of GPU kinds
 (`SMALL+LARGE`, `deploy.placement.on_kinds`) and each MPS SM split asked for, tuned at every N
 (`sim.tune.tune_point`), priced when GPU prices are given, and the deployment config written for the best one.
+With several candidates each is tuned at the N they are compared at, and only the chosen one at every N.
 
 Every candidate is the command's deployment flags with its own placement, tp and SM shares: new flags each
 time, so no candidate sees another's.
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from concurrent.futures import Executor
+from typing import Any
 
 from tokenrouter.calibration.gpus import usd_per_hour
 from tokenrouter.core.config import DeploymentConfig
@@ -17,7 +20,7 @@ from tokenrouter.core.names import Layout, Placement, TuneObjective, parse_name
 from tokenrouter.deploy.placement import gpu_kinds, gpus_used, layout, on_kinds, parse_kinds
 from tokenrouter.sim.run import estimated_notes
 from tokenrouter.sim.simulate import DeploymentSource, sim_config
-from tokenrouter.sim.tune import Candidate, tune_point
+from tokenrouter.sim.tune import Candidate, choose, tune_point
 
 Split = tuple[int, int]  # MPS SM shares SMALL/LARGE in percent
 
@@ -80,10 +83,11 @@ def tune_candidates(
     max_output: int | None,
     usd: list[float | None] | None = None,
     progress: Callable[[str, int, int], None] = lambda label, n, done: None,
+    pool: Executor | None = None,
 ) -> list[Candidate]:
     """Each candidate tuned at every N in `ns` (`num_requests` per simulator check; 0: 4N, at least 32); `usd`:
     what each one's GPUs cost an hour (`candidate_prices`). `progress(label, n, done)` is called before (done 0)
-    and after (done 1) each point."""
+    and after (done 1) each point; `pool` runs the simulator checks (`sim.sim_pool`)."""
     flags = [candidate_flags(deploy, spec) for spec in specs]
     usd = usd or [None] * len(specs)
     out = []
@@ -96,13 +100,49 @@ def tune_candidates(
                                 max_output=max_output)  # fmt: skip
             if spec.kinds is not None:
                 cfg = dataclasses.replace(cfg, deployment=on_kinds(cfg.deployment, spec.kinds))
-            points.append(tune_point(cfg, n, top=top))
+            points.append(tune_point(cfg, n, top=top, pool=pool))
             dep = cfg.deployment
             progress(spec.label, n, 1)
         assert dep is not None  # ns is not empty
         out.append(Candidate(spec.label, dep, points, gpus_used(dep), spec.layout, spec.split, estimated_notes(dep),
                              cost))  # fmt: skip
     return out
+
+
+def tune_and_choose(
+    deploy: DeploymentSource,
+    specs: list[CandidateSpec],
+    ns: list[int],
+    compare_n: int,
+    objective: TuneObjective,
+    *,
+    usd: list[float | None] | None = None,
+    progress: Callable[[str, int, int], None] = lambda label, n, done: None,
+    **tune: Any,
+) -> tuple[Candidate, list[Candidate]]:
+    """The best candidate by `objective` at `compare_n`, tuned at every N in `ns`, and every candidate. Only the
+    chosen one is tuned beyond `compare_n`: a point depends on its own N alone, so the others' points at other
+    N could not change the choice, and skipping them makes a many-placement tune cost about one placement's
+    sweep plus a point per other candidate (`points_to_tune`). `tune`: `tune_candidates`' keywords."""
+    usd = usd or [None] * len(specs)
+    if len(specs) == 1:
+        candidates = tune_candidates(deploy, specs, ns, usd=usd, progress=progress, **tune)
+        return candidates[0], candidates
+    candidates = tune_candidates(deploy, specs, [compare_n], usd=usd, progress=progress, **tune)
+    k = candidates.index(choose(candidates, compare_n, objective))
+    rest = [n for n in ns if n != compare_n]
+    if rest:
+        more = tune_candidates(deploy, [specs[k]], rest, usd=[usd[k]], progress=progress, **tune)[0]
+        points = sorted(candidates[k].points + more.points, key=lambda p: p.concurrency)
+        # the deployment as simulated at the largest N, as when a single candidate is tuned
+        dep = more.deployment if rest[-1] > compare_n else candidates[k].deployment
+        candidates[k] = dataclasses.replace(candidates[k], points=points, deployment=dep)
+    return candidates[k], candidates
+
+
+def points_to_tune(num_specs: int, num_ns: int) -> int:
+    """How many (candidate, N) points `tune_and_choose` tunes."""
+    return num_ns if num_specs == 1 else num_specs + num_ns - 1
 
 
 def candidate_prices(deploy: DeploymentSource, specs: list[CandidateSpec],

@@ -146,7 +146,10 @@ def test_no_doc_page_repeats_a_paragraph():
 def test_tune_help_reads_as_whole_sentences(capsys):
     rc, out, _ = _call(trsim.main, ["tune", "--help"], capsys)
     text = " ".join(out.replace("│", " ").split())
-    assert rc == 0 and "each candidate deployment is tuned this way and the one that is best at --compare-n" in text
+    assert (
+        rc == 0
+        and "each candidate deployment is tuned this way at --compare-n, and the best one there is tuned" in text
+    )
 
 
 def test_readme_says_what_the_random_router_is_calibrated_on():
