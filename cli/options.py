@@ -273,6 +273,14 @@ ArrivalRate = Annotated[
 ]
 MaxOutput = Annotated[int | None, typer.Option(help="Cap output lengths (tokens).")]
 DryRun = Annotated[bool, typer.Option("--dry-run", help="Print the resolved deployment (YAML) and exit.")]
+Jobs = Annotated[
+    int,
+    typer.Option(
+        "--jobs",
+        "-j",
+        help="Processes that run the simulator checks at once (0: one per core). Any number gives the same numbers.",
+    ),
+]
 GpuPrices = Annotated[
     str | None,
     typer.Option(

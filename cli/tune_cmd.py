@@ -12,10 +12,19 @@ from rich.table import Table
 
 from tokenrouter.calibration.gpus import load_gpu_prices
 from tokenrouter.cli.common import CliError, check_output, parse_list, parse_sm_splits
-from tokenrouter.cli.options import DeploymentFlags, DryRun, GpuPrices, MaxOutput, Seed, Workload, deployment_flags
+from tokenrouter.cli.options import (
+    DeploymentFlags,
+    DryRun,
+    GpuPrices,
+    Jobs,
+    MaxOutput,
+    Seed,
+    Workload,
+    deployment_flags,
+)
 from tokenrouter.core.config import DeploymentConfig
 from tokenrouter.core.names import Layout, TuneObjective, parse_name
-from tokenrouter.sim.sim_pool import available_cores, sim_pool
+from tokenrouter.sim.sim_pool import sim_pool
 from tokenrouter.sim.tune import Candidate, check_search_concurrency
 from tokenrouter.sim.tune_layouts import (
     candidate_prices,
@@ -89,15 +98,7 @@ def tune(
             "compared (one of --concurrency; default 8 if tuned, else the largest).",
         ),
     ] = None,
-    jobs: Annotated[
-        int,
-        typer.Option(
-            "--jobs",
-            "-j",
-            help="Processes that run the simulator checks at once (0: one per core). Any number gives the same "
-            "numbers.",
-        ),
-    ] = 0,
+    jobs: Jobs = 0,
     dry_run: DryRun = False,
 ) -> None:
     """For each N: B* from the Markov model, the top candidates checked in the simulator; the measured best
@@ -107,10 +108,7 @@ def tune(
     and the best one there is tuned at every N and written."""
     if not dry_run:
         check_output(out, "--out")
-    ns = sorted(set(parse_list(concurrency, int, "--concurrency")))
-    if ns[0] < 1:
-        raise ValueError("--concurrency values must be >= 1")
-    check_search_concurrency(ns[-1])  # before any N is tuned
+    ns, ref_n = _concurrencies(concurrency, compare_n)
     if top < 1:
         raise CliError(f"--top must be >= 1 (Markov candidates simulated per N), got {top}")
     goal, prices = _objective(objective, gpu_prices)
@@ -119,17 +117,12 @@ def tune(
     if dry_run:
         typer.echo(deploy.resolve().to_yaml().rstrip())
         return
-    ref_n = compare_n if compare_n is not None else (8 if 8 in ns else ns[-1])
-    if ref_n not in ns:
-        raise CliError(f"--compare-n {ref_n} must be one of --concurrency {concurrency}")
     splits = parse_sm_splits(sm_splits) if sm_splits else [None]
     specs = candidate_specs(layouts, splits, deploy.resolve(), num_gpus)
     usd = candidate_prices(deploy, specs, prices)
-    if jobs < 0:
-        raise CliError(f"--jobs must be >= 0 (0: one per core), got {jobs}")
     cols = (TextColumn("tune {task.fields[what]} N={task.fields[n]}"), BarColumn(), MofNCompleteColumn(),
             TimeElapsedColumn())  # fmt: skip
-    with sim_pool(jobs or available_cores()) as pool, Progress(*cols, console=Console(stderr=True)) as bar:
+    with sim_pool(jobs) as pool, Progress(*cols, console=Console(stderr=True)) as bar:
         task = bar.add_task("tune", total=points_to_tune(len(specs), len(ns)), n=ns[0], what="")
         progress = lambda label, n, done: bar.update(task, n=n, what=label, advance=done)  # noqa: E731
         best, candidates = tune_and_choose(deploy, specs, ns, ref_n, goal, usd=usd, progress=progress, pool=pool,
@@ -144,6 +137,18 @@ def tune(
     for note in dict.fromkeys(n for c in candidates for n in c.estimated):
         Console().print(f"[yellow]{note}[/yellow]")
     Console().print(f"wrote {out}")
+
+
+def _concurrencies(concurrency: str, compare_n: int | None) -> tuple[list[int], int]:
+    """The N to tune, in order, and the one candidates are compared at; checked before any N is tuned."""
+    ns = sorted(set(parse_list(concurrency, int, "--concurrency")))
+    if ns[0] < 1:
+        raise ValueError("--concurrency values must be >= 1")
+    check_search_concurrency(ns[-1])
+    ref_n = compare_n if compare_n is not None else (8 if 8 in ns else ns[-1])
+    if ref_n not in ns:
+        raise CliError(f"--compare-n {ref_n} must be one of --concurrency {concurrency}")
+    return ns, ref_n
 
 
 def _objective(objective: str, gpu_prices: str | None) -> tuple[TuneObjective, dict[str, float] | None]:

@@ -19,8 +19,12 @@ def available_cores() -> int:
 
 @contextmanager
 def sim_pool(jobs: int) -> Iterator[Executor | None]:
-    """A pool of `jobs` worker processes, or None for one job (the runs stay in this process). The workers ignore
-    Ctrl-C: the command's own process takes it, drops the runs not yet started and waits for those under way."""
+    """A pool of `jobs` worker processes (0: one per core), or None for one job (the runs stay in this process).
+    The workers ignore Ctrl-C: the command's own process takes it, drops the runs not yet started and waits for
+    those under way. ValueError (one line, naming --jobs) for a negative `jobs`."""
+    if jobs < 0:
+        raise ValueError(f"--jobs must be >= 0 (0: one per core), got {jobs}")
+    jobs = jobs or available_cores()
     if jobs <= 1:
         yield None
         return
