@@ -76,3 +76,11 @@ def test_negative_jobs_is_a_one_line_error(capsys, tmp_path):
         trsim.main(["tune", "--jobs", "-1", "-o", str(tmp_path / "x.yaml")])
     err = capsys.readouterr().err
     assert e.value.code == 2 and "--jobs must be >= 0" in err and "Traceback" not in err
+
+
+def test_a_compare_n_not_tuned_is_a_one_line_error_before_anything_runs(capsys, tmp_path):
+    with pytest.raises(SystemExit) as e:
+        trsim.main(["tune", "-n", "2,4", "--compare-n", "8", "--dry-run"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--compare-n 8 must be one of --concurrency 2,4" in err
+    assert len(err.strip().splitlines()) == 1
