@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 
 @dataclass(slots=True, eq=False)
@@ -29,7 +28,6 @@ class GpuPass:
     done_ms: float = 0.0
     rate: float = 1.0
     last_s: float = 0.0
-    payload: Any = None
 
     def remaining_s(self, now_s: float) -> float:
         """Seconds to the end at the current rate."""

@@ -94,7 +94,6 @@ class SimSubserver:
         self.dispatch: Callable[[int, list[Action]], None] = lambda model, actions: None
         self.rematch: set[str] = set()
         self.inflight: deque[_InFlight] = deque()  # launch order; only the head executes on the GPU
-        self.busy_time = 0.0
         self.wasted_rows = 0
         self.rematch_rows = 0
         # The counters a runtime subserver exports (`runtime.stats.Counters`), for autotune: steps per batch size
@@ -193,7 +192,6 @@ class SimSubserver:
         self.gpu.end(f.gpu, env.now)
         self.inflight.popleft()
         start = f.started_s if f.started_s is not None else env.now
-        self.busy_time += env.now - start
         self.batches.add(len(f.batch.rows), (env.now - max(start, self._busy_until)) * 1000.0)
         self._busy_until = env.now
         self.metrics.on_batch(self.model, start, env.now, len(f.batch.rows))

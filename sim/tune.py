@@ -87,6 +87,12 @@ def _workload_means(cfg: SimConfig) -> tuple[float, float]:
     return ctx, max(1.0, float(np.mean([s.output_len for s in specs])))
 
 
+def _markov_inputs(cfg: SimConfig) -> tuple[np.ndarray, np.ndarray, float]:
+    """The routing and commit matrices and the mean output length the Markov model of `cfg` takes."""
+    P, C = routing_matrices(cfg)
+    return P, C, _workload_means(cfg)[1]
+
+
 def step_time_fns(cfg: SimConfig, load: list[tuple[float, float]] | None = None) -> list[Callable[[int], float]]:
     """L_i(b) in ms, from the simulator's own cost model: b rows at the workload's mean context, rows of the
     hop pattern's mean length, split as the model's graph rule splits them (in expectation), plus the router's
@@ -151,8 +157,7 @@ def expected_step_ms(cost: ModelStepCost, rows: int, tokens_per_row: float, cont
 def predict_thresholds(cfg: SimConfig, concurrency: int | None = None) -> Prediction:
     n = concurrency or cfg.concurrency
     check_search_concurrency(n)
-    P, C = routing_matrices(cfg)
-    _, mean_output = _workload_means(cfg)
+    P, C, mean_output = _markov_inputs(cfg)
     search = search_thresholds(MarkovModel.create(step_time_fns(cfg), P, C, n, DELTA_MS, mean_output))
     if not (_shares_a_gpu(cfg) and n > 1 and search.ranked and len(cfg.deployment.models) == 2):
         return _searched(search)
@@ -185,8 +190,7 @@ def markov_at(cfg: SimConfig, thresholds: tuple[int, ...], concurrency: int | No
     n = concurrency or cfg.concurrency
     if _shares_a_gpu(cfg) and n > 1:
         return colocated_at(cfg, thresholds, n)
-    P, C = routing_matrices(cfg)
-    _, mean_output = _workload_means(cfg)
+    P, C, mean_output = _markov_inputs(cfg)
     return evaluate_thresholds(MarkovModel.create(step_time_fns(cfg), P, C, n, DELTA_MS, mean_output), thresholds)[0]
 
 
@@ -194,12 +198,10 @@ def colocated_at(cfg: SimConfig, thresholds: tuple[int, ...], concurrency: int,
                  load: Load | None = None) -> ThroughputResult:  # fmt: skip
     """T(B) with each model slowed by its co-runner as often as the chain at this very B keeps that peer busy
     (`tokenrouter.markov.colocation`); `load` is the start (default: the peers alone)."""
-    P, C = routing_matrices(cfg)
-    _, mean_output = _workload_means(cfg)
+    P, C, mean_output = _markov_inputs(cfg)
     steps_at = lambda ld: step_time_fns(cfg, ld)  # noqa: E731
-    return solve_at_load(steps_at, P, C, concurrency, DELTA_MS, mean_output, thresholds, tokens_per_row(P), load=load)[
-        0
-    ]
+    solved = solve_at_load(steps_at, P, C, concurrency, DELTA_MS, mean_output, thresholds, tokens_per_row(P), load=load)
+    return solved[0]
 
 
 def _shares_a_gpu(cfg: SimConfig) -> bool:

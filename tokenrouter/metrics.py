@@ -149,10 +149,6 @@ class MetricsCollector:
         m = self._models.get(model, _ModelTrace())
         return np.asarray(m.queue_t, float), np.asarray(m.queue_n, np.int64)
 
-    def batch_histogram(self, model: int) -> np.ndarray:
-        """``h[b]`` = number of ``model``'s steps with batch size b."""
-        return np.bincount(self.batch_series(model)[2], minlength=1)
-
     # ---- end of run --------------------------------------------------------------------------------------
     def completed(self) -> list[RequestRecord]:
         return [r for r in self.records.values() if r.finish is not None]

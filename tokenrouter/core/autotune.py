@@ -281,11 +281,9 @@ class Estimator:
         for i in range(self.num_models):
             d = self.decisions(i)
             hop.append(min(1.0, self.hops[i] / d) if d > 0 else None)
-            pts = [(self.b_rows[i][k] / s, self.b_ms[i][k] / s, s)
-                   for k, s in enumerate(self.b_steps[i]) if s >= MIN_BUCKET_STEPS]  # fmt: skip
-            if not pts:  # young counters: every bucket, however few its steps
-                pts = [(self.b_rows[i][k] / s, self.b_ms[i][k] / s, s) for k, s in enumerate(self.b_steps[i]) if s > 0]
-            lines.append(fit_step_line(pts))
+            pts = [(self.b_rows[i][k] / s, self.b_ms[i][k] / s, s) for k, s in enumerate(self.b_steps[i]) if s > 0]
+            # Young counters (no bucket with MIN_BUCKET_STEPS yet): every bucket, however few its steps.
+            lines.append(fit_step_line([p for p in pts if p[2] >= MIN_BUCKET_STEPS] or pts))
         live = [n for _, n in self.live]
         n = max(1, round(statistics.median(live))) if live else 1
         mean_out = self.finished_tokens / self.finished if self.finished >= 1.0 else None
@@ -395,10 +393,6 @@ class RateLog:
             best = k
         return best
 
-    def covers(self, t: float) -> bool:
-        """The log reaches back to `t`."""
-        return self._index_at_or_before(t) is not None
-
     def window(self, a: float, b: float) -> Window | None:
         """[a, b] as measured between the last snapshots at or before each end; None when the log does not reach
         back to `a` or the span is under half of [a, b]."""
@@ -446,7 +440,6 @@ class AutotuneController:
         self.changes = 0
         self.history: list[Decision] = []
         self.estimates: Estimates | None = None
-        self.solution: Solution | None = None
         self.status = "waiting for counters"
         self._solved: Estimates | None = None  # the estimates of the last solve
         self._solved_at: float | None = None
@@ -497,7 +490,6 @@ class AutotuneController:
             self.status = f"solve failed ({why}): {type(e).__name__}: {e}"
             return None
         self.solves += 1
-        self.solution = sol
         return self._decide(sol, cur, est, now, why)
 
     def _due(self, est: Estimates, now: float) -> str | None:

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from collections import deque
 
-NULL_PAGE = 0
-
 
 class KVPool:
     """Fixed-size pool of KV pages of `page_size` tokens each.

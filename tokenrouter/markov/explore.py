@@ -134,16 +134,13 @@ class _KeyIndex:
             self.weights = np.asarray(w, dtype=np.int64)
         self.ids: dict = {}
 
-    def keys(self, rows: np.ndarray) -> list:
-        return [tuple(r) for r in rows.tolist()]
-
     def lookup_or_add(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Ids for `rows` (new states get the next ids); returns (ids, row indices of the new states)."""
         if self.weights is None:
             pos: dict = {}
             first_l: list[int] = []
             inverse = np.empty(len(rows), dtype=np.int64)
-            for j, key in enumerate(self.keys(rows)):
+            for j, key in enumerate(map(tuple, rows.tolist())):
                 u = pos.get(key)
                 if u is None:
                     u = pos[key] = len(pos)
