@@ -14,6 +14,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 
+import msgspec
 import numpy as np
 from scipy.optimize import nnls
 
@@ -21,11 +22,9 @@ from .measured import FitError, PassPoint, PassTable
 from .passes import PassFn
 
 
-def _knot(knots: Sequence[int], tokens: int, round_up: bool) -> int:
-    i = bisect.bisect_left(knots, tokens)
-    if round_up:
-        return knots[min(i, len(knots) - 1)]
-    return knots[i] if i < len(knots) and knots[i] == tokens else -1
+def _knot(knots: Sequence[int], tokens: int) -> int:
+    """The smallest knot >= `tokens` (the last knot past the end)."""
+    return knots[min(bisect.bisect_left(knots, tokens), len(knots) - 1)]
 
 
 def _error(fn: PassFn, pts: Sequence[PassPoint]) -> FitError:
@@ -49,8 +48,8 @@ def fit_passes(
     if not points:
         raise ValueError("no measured points to fit")
     ks = sorted(set(knots if knots is not None else (p.tokens for p in points)))
-    used = sorted({_knot(ks, p.tokens, True) for p in points})
-    groups = [_knot(used, p.tokens, True) for p in points]
+    used = sorted({_knot(ks, p.tokens) for p in points})
+    groups = [_knot(used, p.tokens) for p in points]
     # A slope is fitted only where the grid identifies it: some knot has points that differ in that variable
     # (else the knot intercepts absorb it, e.g. rows = tokens in every decode-graph point).
     names = ["context_tokens", "rows"] + (["extend_tokens"] if ext_slope else [])
@@ -83,7 +82,7 @@ def fit_passes(
     # The line has five coefficients: with fewer points than that it is not determined, only the table is.
     eligible = [f for f in errors if f == "buckets" or len(points) > 5]
     best = min(eligible, key=lambda f: (errors[f].median, errors[f].max))
-    return PassTable(**{**_fields(table), "fit": best, "errors": errors})
+    return msgspec.structs.replace(table, fit=best, errors=errors)
 
 
 def _varies(points: Sequence[PassPoint], groups: Sequence[int], name: str) -> bool:
@@ -91,7 +90,3 @@ def _varies(points: Sequence[PassPoint], groups: Sequence[int], name: str) -> bo
     for p, g in zip(points, groups, strict=True):
         seen.setdefault(g, set()).add(getattr(p, name))
     return any(len(v) > 1 for v in seen.values())
-
-
-def _fields(t: PassTable) -> dict:
-    return {f: getattr(t, f) for f in t.__struct_fields__}
