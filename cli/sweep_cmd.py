@@ -118,10 +118,7 @@ def register(app: typer.Typer) -> None:
             numeric = [k for k in varying if k in NUMERIC]
             x = numeric[0] if numeric else (varying[0] if varying else "concurrency")
             hue = next((k for k in varying if k != x), None)
-            y = (
-                "steady_output_throughput_tok_s"
-                if df.get("steady_output_throughput_tok_s") is not None
-                else ("output_throughput_tok_s")
-            )
+            steady = "steady_output_throughput_tok_s"
+            y = steady if steady in df else "output_throughput_tok_s"
             plot_sweep(df, f"arg_{x}", y, f"arg_{hue}" if hue else None, plot, title=f"trsim sweep: {y}")
             console.print(f"wrote {plot}")
