@@ -40,11 +40,10 @@ def fit_passes(
     *,
     round_up: bool,
     knots: Sequence[int] | None = None,
-    ext_slope: bool = False,
 ) -> PassTable:
     """Fit `points` (measured passes of one kind). `round_up`: a captured graph (time of the smallest knot >= T);
-    `knots`: the graph buckets (default: the measured token counts); `ext_slope`: fit a slope in extend tokens
-    too (only when the points vary extend tokens apart from tokens)."""
+    `knots`: the graph buckets (default: the measured token counts). The table's extend-token slope stays 0 (the
+    linear fit has one)."""
     if not points:
         raise ValueError("no measured points to fit")
     ks = sorted(set(knots if knots is not None else (p.tokens for p in points)))
@@ -52,8 +51,7 @@ def fit_passes(
     groups = [_knot(used, p.tokens) for p in points]
     # A slope is fitted only where the grid identifies it: some knot has points that differ in that variable
     # (else the knot intercepts absorb it, e.g. rows = tokens in every decode-graph point).
-    names = ["context_tokens", "rows"] + (["extend_tokens"] if ext_slope else [])
-    slopes = [n for n in names if _varies(points, groups, n)]
+    slopes = [n for n in ("context_tokens", "rows") if _varies(points, groups, n)]
     a = np.asarray([[1.0 if g == u else 0.0 for u in used] + [float(getattr(p, n)) for n in slopes]
                     for p, g in zip(points, groups, strict=True)])  # fmt: skip
     b = np.asarray([p.ms for p in points], float)
@@ -62,7 +60,7 @@ def fit_passes(
     coef = coef / scale
     knot_ms = [float(c) for c in coef[: len(used)]]
     fitted = dict(zip(slopes, (float(c) for c in coef[len(used) :]), strict=True))
-    ctx_ms, row_ms, ext_ms = (fitted.get(n, 0.0) for n in ("context_tokens", "rows", "extend_tokens"))
+    ctx_ms, row_ms = (fitted.get(n, 0.0) for n in ("context_tokens", "rows"))
 
     lin_a = np.asarray([[1.0, p.rows, p.context_tokens, p.tokens, p.extend_tokens] for p in points], float)
     lscale = np.maximum(np.abs(lin_a).max(axis=0), 1e-12)
@@ -71,7 +69,7 @@ def fit_passes(
 
     table = PassTable(
         points=list(points), held_out=list(held_out), fit="buckets", round_up=round_up, knots=used,
-        knot_ms=knot_ms, ctx_ms=ctx_ms, row_ms=row_ms, ext_ms=ext_ms, linear_c0=float(lin[0]),
+        knot_ms=knot_ms, ctx_ms=ctx_ms, row_ms=row_ms, linear_c0=float(lin[0]),
         linear_c_row=float(lin[1]), linear_c_ctx=float(lin[2]), linear_c_tok=float(lin[3]),
         linear_c_ext=float(lin[4]),
     )  # fmt: skip

@@ -59,8 +59,7 @@ def fit_model_passes(raw: dict[str, Any]) -> MeasuredPasses:
         pts, held = _points(recs, kind, False), _points(recs, kind, True)
         if pts:
             graph = kind != "eager"
-            tables[kind] = fit_passes(pts, held, round_up=graph, knots=knots.get(kind) if graph else None,
-                                      ext_slope=False)  # fmt: skip
+            tables[kind] = fit_passes(pts, held, round_up=graph, knots=knots.get(kind) if graph else None)
     if "decode" not in tables:  # no decode graphs ran (CPU, graphs off): decode points priced as they ran
         pts, held = _points(recs, "decode", False, "intended"), _points(recs, "decode", True, "intended")
         tables["decode"] = fit_passes(pts, held, round_up=False)
