@@ -171,7 +171,6 @@ class CostModel:
     shares: each model's MPS SM share in percent (None or 100: no cap), for measured co-location.
     learned_router: the deployment runs a learned router of this name (its measured device part is priced;
     a synthetic router costs nothing on the device).
-    fit: force "buckets" or "linear" pass fits (default: each table's chosen fit).
     tp: each model's tensor-parallel degree (default 1): the profile's entry at that degree, else an estimate
     from the tp=1 entry (`calibration.tensor_parallel`), listed in `notes()`.
     profiles: the profile of the GPU each model runs on (None: `profile`); a model's passes, host costs and KV
@@ -188,7 +187,6 @@ class CostModel:
         models: Sequence[str] | None = None,
         shares: Sequence[int | None] | None = None,
         learned_router: str | None = None,
-        fit: str | None = None,
         tp: Sequence[int] | None = None,
         profiles: Sequence[Profile | None] | None = None,
     ) -> None:
@@ -212,7 +210,6 @@ class CostModel:
         self.profiles: tuple[Profile, ...] = tuple(p or self.profile for p in own) or (self.profile,) * len(self.models)
         self._notes: dict[str, str] = {}  # what is estimated rather than measured, in the order it was met
         self.learned_router = learned_router
-        self.fit = fit
         link = self.profile.link
         self._link_latency_ms = link.latency_ms
         self._link_ms_per_byte = 8.0 / (link.bandwidth_gbps * 1e6)  # Gbit/s -> ms per byte
@@ -269,7 +266,7 @@ class CostModel:
             sched_ms=p.sched_ms,
             graph=m.step.graph,
             eager=m.step.eager,
-            passes=ModelPasses.of(m.passes, self.fit) if m.passes is not None else None,
+            passes=ModelPasses.of(m.passes) if m.passes is not None else None,
             host=m.host,
             learned_router=learned,
             tp=tp,
