@@ -134,10 +134,6 @@ def _print_run(console: Console, out: BenchOutcome, phases: list[Phase], workloa
         console.print(f"B over time (server's thresholds in force): {threshold_timeline(out, out.model_names)}")
 
 
-def register(app: typer.Typer) -> None:
-    app.command("bench")(bench)
-
-
 @deployment_flags()
 def bench(
     deploy: DeploymentFlags,

@@ -24,10 +24,6 @@ from tokenrouter.sim.run import SimResult
 from tokenrouter.sim.simulate import sim_config, simulate
 
 
-def register(app: typer.Typer) -> None:
-    app.command("run")(run)
-
-
 @deployment_flags()
 def run(
     deploy: DeploymentFlags,

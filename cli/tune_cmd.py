@@ -27,25 +27,18 @@ from tokenrouter.sim.tune_layouts import (
     tuning_flags,
 )
 
-
-def register(app: typer.Typer) -> None:
-    app.command("tune")(tune)
+CONCURRENCY_HELP = (
+    "Concurrencies to tune, e.g. 1,2,4,8,16. The Markov search is exact up to about N = 8; larger N runs a reduced "
+    "search (coarser quantum, threshold grid, or B scaled from N/2) and says so; N > 1024 is refused."
+)
+JOBS_HELP = "Processes that run the simulator checks at once (0: one per core). Any number gives the same numbers."
 
 
 @deployment_flags()
 def tune(
     deploy: DeploymentFlags,
     out: Annotated[Path, typer.Option("--out", "-o", help="Deployment YAML to write.")] = Path("serve.yaml"),
-    concurrency: Annotated[
-        str,
-        typer.Option(
-            "--concurrency",
-            "-n",
-            help="Concurrencies to tune, e.g. 1,2,4,8,16. The Markov search is exact up to about N = 8; "
-            "larger N runs a reduced search (coarser quantum, threshold grid, or B scaled from N/2) and says so; "
-            "N > 1024 is refused.",
-        ),
-    ] = "1,2,4,8,16",
+    concurrency: Annotated[str, typer.Option("--concurrency", "-n", help=CONCURRENCY_HELP)] = "1,2,4,8,16",
     workload: Workload = "low-effort",
     num_requests: Annotated[int, typer.Option(help="Requests per simulator check (default 4N, >= 32).")] = 0,
     top: Annotated[int, typer.Option(help="Markov candidates checked in the simulator per N.")] = 3,
@@ -89,15 +82,7 @@ def tune(
             "compared (one of --concurrency; default 8 if tuned, else the largest).",
         ),
     ] = None,
-    jobs: Annotated[
-        int,
-        typer.Option(
-            "--jobs",
-            "-j",
-            help="Processes that run the simulator checks at once (0: one per core). Any number gives the same "
-            "numbers.",
-        ),
-    ] = 0,
+    jobs: Annotated[int, typer.Option("--jobs", "-j", help=JOBS_HELP)] = 0,
     dry_run: DryRun = False,
 ) -> None:
     """For each N: B* from the Markov model, the top candidates checked in the simulator; the measured best
