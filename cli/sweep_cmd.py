@@ -6,6 +6,7 @@ Every flag of `trsim run` that sets the deployment or the run is an axis here (o
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -20,12 +21,9 @@ from tokenrouter.sim.run import prepare_sim
 from tokenrouter.sim.simulate import sim_config, simulate
 
 
-def _opt_int(t: str) -> int | None:
-    return None if t.lower() == "none" else int(t)
-
-
-def _opt_float(t: str) -> float | None:
-    return None if t.lower() == "none" else float(t)
+def _or_none(conv: Callable[[str], Any]) -> Callable[[str], Any]:
+    """`conv`, with 'none' read as None (no output cap, a closed loop)."""
+    return lambda t: None if t.lower() == "none" else conv(t)
 
 
 # Run axes (the deployment axes come from the shared deployment flags): name -> converter.
@@ -34,8 +32,8 @@ RUN_AXES: dict[str, Any] = {
     "workload": str,
     "seed": int,
     "num_requests": int,
-    "max_output": _opt_int,
-    "arrival_rate": _opt_float,
+    "max_output": _or_none(int),
+    "arrival_rate": _or_none(float),
 }
 NUMERIC = {"hop_rate", "return_prob", "concurrency", "seed", "num_requests", "max_output", "arrival_rate",
            "page_size", "max_batch_size", "max_batch_tokens"}  # fmt: skip
