@@ -31,9 +31,8 @@ profile's measured runtime costs when it has them.
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -172,7 +171,6 @@ class CostModel:
     shares: each model's MPS SM share in percent (None or 100: no cap), for measured co-location.
     learned_router: the deployment runs a learned router of this name (its measured device part is priced;
     a synthetic router costs nothing on the device).
-    fit: force "buckets" or "linear" pass fits (default: each table's chosen fit).
     tp: each model's tensor-parallel degree (default 1): the profile's entry at that degree, else an estimate
     from the tp=1 entry (`calibration.tensor_parallel`), listed in `notes()`.
     profiles: the profile of the GPU each model runs on (None: `profile`); a model's passes, host costs and KV
@@ -189,7 +187,6 @@ class CostModel:
         models: Sequence[str] | None = None,
         shares: Sequence[int | None] | None = None,
         learned_router: str | None = None,
-        fit: str | None = None,
         tp: Sequence[int] | None = None,
         profiles: Sequence[Profile | None] | None = None,
     ) -> None:
@@ -213,7 +210,6 @@ class CostModel:
         self.profiles: tuple[Profile, ...] = tuple(p or self.profile for p in own) or (self.profile,) * len(self.models)
         self._notes: dict[str, str] = {}  # what is estimated rather than measured, in the order it was met
         self.learned_router = learned_router
-        self.fit = fit
         link = self.profile.link
         self._link_latency_ms = link.latency_ms
         self._link_ms_per_byte = 8.0 / (link.bandwidth_gbps * 1e6)  # Gbit/s -> ms per byte
@@ -270,7 +266,7 @@ class CostModel:
             sched_ms=p.sched_ms,
             graph=m.step.graph,
             eager=m.step.eager,
-            passes=ModelPasses.of(m.passes, self.fit) if m.passes is not None else None,
+            passes=ModelPasses.of(m.passes) if m.passes is not None else None,
             host=m.host,
             learned_router=learned,
             tp=tp,
@@ -344,42 +340,27 @@ class CostModel:
 
 # -- constant step times (the Markov model's assumption) ---------------------------------------------------
 
-LatencySpec = float | Callable[[int], float] | Mapping[int, float]
+LatencySpec = float | Callable[[int], float]
 
 
 @dataclass(slots=True)
 class ConstantModelCost:
-    """Step time L(b) of one model: a constant, a function of batch size, or a table {b: ms} (step function:
-    the entry of the largest b' <= b, or the smallest entry below the table)."""
+    """Step time L(b) of one model: a constant, or a function of batch size."""
 
     name: str
     latency: LatencySpec
     router_ms: float = 0.0
     sched_ms: float = 0.0
-    _keys: list[int] | None = field(default=None, init=False, repr=False)
-    _vals: list[float] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        if isinstance(self.latency, Mapping):
-            if not self.latency:
-                raise ValueError(f"empty latency table for {self.name}")
-            items = sorted((int(k), float(v)) for k, v in self.latency.items())
-            self._keys, self._vals = [k for k, _ in items], [v for _, v in items]
-        elif not callable(self.latency) and float(self.latency) < 0:
+        if not callable(self.latency) and float(self.latency) < 0:
             raise ValueError(f"negative step time for {self.name}: {self.latency}")
 
-    def at(self, batch_size: int) -> float:
-        lat = self.latency
-        if self._keys is not None:
-            i = bisect.bisect_right(self._keys, batch_size) - 1
-            return self._vals[max(i, 0)]  # type: ignore[index]
-        if callable(lat):
-            return float(lat(batch_size))
-        return float(lat)  # type: ignore[arg-type]
-
     def step_ms(self, stats: StepStats) -> float:
-        n = stats.rows
-        return self.at(n) if n > 0 else 0.0
+        n, lat = stats.rows, self.latency
+        if n == 0:
+            return 0.0
+        return float(lat(n)) if callable(lat) else float(lat)
 
     def host_ms(self, rows: int) -> float:
         return self.sched_ms
@@ -393,7 +374,7 @@ class ConstantCost(StepCost):
     does the host's scheduling unless `sched_ms` is given (tests of overlap use it).
 
     latency_ms: a sequence indexed by model index, or a mapping keyed by model name and/or index; each
-    value a constant (ms), a function of batch size, or a {batch_size: ms} table.
+    value a constant (ms) or a function of batch size.
     """
 
     def __init__(

@@ -14,6 +14,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 
+import msgspec
 import numpy as np
 from scipy.optimize import nnls
 
@@ -21,11 +22,9 @@ from .measured import FitError, PassPoint, PassTable
 from .passes import PassFn
 
 
-def _knot(knots: Sequence[int], tokens: int, round_up: bool) -> int:
-    i = bisect.bisect_left(knots, tokens)
-    if round_up:
-        return knots[min(i, len(knots) - 1)]
-    return knots[i] if i < len(knots) and knots[i] == tokens else -1
+def _knot(knots: Sequence[int], tokens: int) -> int:
+    """The smallest knot >= `tokens` (the last knot past the end)."""
+    return knots[min(bisect.bisect_left(knots, tokens), len(knots) - 1)]
 
 
 def _error(fn: PassFn, pts: Sequence[PassPoint]) -> FitError:
@@ -41,20 +40,18 @@ def fit_passes(
     *,
     round_up: bool,
     knots: Sequence[int] | None = None,
-    ext_slope: bool = False,
 ) -> PassTable:
     """Fit `points` (measured passes of one kind). `round_up`: a captured graph (time of the smallest knot >= T);
-    `knots`: the graph buckets (default: the measured token counts); `ext_slope`: fit a slope in extend tokens
-    too (only when the points vary extend tokens apart from tokens)."""
+    `knots`: the graph buckets (default: the measured token counts). The table's extend-token slope stays 0 (the
+    linear fit has one)."""
     if not points:
         raise ValueError("no measured points to fit")
     ks = sorted(set(knots if knots is not None else (p.tokens for p in points)))
-    used = sorted({_knot(ks, p.tokens, True) for p in points})
-    groups = [_knot(used, p.tokens, True) for p in points]
+    used = sorted({_knot(ks, p.tokens) for p in points})
+    groups = [_knot(used, p.tokens) for p in points]
     # A slope is fitted only where the grid identifies it: some knot has points that differ in that variable
     # (else the knot intercepts absorb it, e.g. rows = tokens in every decode-graph point).
-    names = ["context_tokens", "rows"] + (["extend_tokens"] if ext_slope else [])
-    slopes = [n for n in names if _varies(points, groups, n)]
+    slopes = [n for n in ("context_tokens", "rows") if _varies(points, groups, n)]
     a = np.asarray([[1.0 if g == u else 0.0 for u in used] + [float(getattr(p, n)) for n in slopes]
                     for p, g in zip(points, groups, strict=True)])  # fmt: skip
     b = np.asarray([p.ms for p in points], float)
@@ -63,7 +60,7 @@ def fit_passes(
     coef = coef / scale
     knot_ms = [float(c) for c in coef[: len(used)]]
     fitted = dict(zip(slopes, (float(c) for c in coef[len(used) :]), strict=True))
-    ctx_ms, row_ms, ext_ms = (fitted.get(n, 0.0) for n in ("context_tokens", "rows", "extend_tokens"))
+    ctx_ms, row_ms = (fitted.get(n, 0.0) for n in ("context_tokens", "rows"))
 
     lin_a = np.asarray([[1.0, p.rows, p.context_tokens, p.tokens, p.extend_tokens] for p in points], float)
     lscale = np.maximum(np.abs(lin_a).max(axis=0), 1e-12)
@@ -72,7 +69,7 @@ def fit_passes(
 
     table = PassTable(
         points=list(points), held_out=list(held_out), fit="buckets", round_up=round_up, knots=used,
-        knot_ms=knot_ms, ctx_ms=ctx_ms, row_ms=row_ms, ext_ms=ext_ms, linear_c0=float(lin[0]),
+        knot_ms=knot_ms, ctx_ms=ctx_ms, row_ms=row_ms, linear_c0=float(lin[0]),
         linear_c_row=float(lin[1]), linear_c_ctx=float(lin[2]), linear_c_tok=float(lin[3]),
         linear_c_ext=float(lin[4]),
     )  # fmt: skip
@@ -83,7 +80,7 @@ def fit_passes(
     # The line has five coefficients: with fewer points than that it is not determined, only the table is.
     eligible = [f for f in errors if f == "buckets" or len(points) > 5]
     best = min(eligible, key=lambda f: (errors[f].median, errors[f].max))
-    return PassTable(**{**_fields(table), "fit": best, "errors": errors})
+    return msgspec.structs.replace(table, fit=best, errors=errors)
 
 
 def _varies(points: Sequence[PassPoint], groups: Sequence[int], name: str) -> bool:
@@ -91,7 +88,3 @@ def _varies(points: Sequence[PassPoint], groups: Sequence[int], name: str) -> bo
     for p, g in zip(points, groups, strict=True):
         seen.setdefault(g, set()).add(getattr(p, name))
     return any(len(v) > 1 for v in seen.values())
-
-
-def _fields(t: PassTable) -> dict:
-    return {f: getattr(t, f) for f in t.__struct_fields__}

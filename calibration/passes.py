@@ -70,11 +70,11 @@ class ModelPasses:
     varlen_max_long_rows: int
 
     @classmethod
-    def of(cls, p: MeasuredPasses, fit: str | None = None) -> ModelPasses:
+    def of(cls, p: MeasuredPasses) -> ModelPasses:
         return cls(
-            PassFn.of(p.decode, fit),
-            PassFn.of(p.varlen, fit) if p.varlen is not None else None,
-            PassFn.of(p.eager, fit),
+            PassFn.of(p.decode),
+            PassFn.of(p.varlen) if p.varlen is not None else None,
+            PassFn.of(p.eager),
             p.max_row_tokens,
             p.varlen_max_pad,
             p.varlen_max_long_rows,

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import msgspec
+
 from tokenrouter.models.spec import ModelSpec
 
 from .analytic import Assumptions
@@ -44,9 +46,6 @@ class AllReduceCost:
         src = info or ASSUMED_ALLREDUCE
         return cls(src.latency_ms, src.bus_bandwidth_gbs, measured=info is not None)
 
-    def ms(self, nbytes: float, tp: int) -> float:
-        return self.latency_ms + self.ms_per_byte(tp) * nbytes
-
     def ms_per_byte(self, tp: int) -> float:
         return 2.0 * (tp - 1) / tp / (self.bus_bandwidth_gbs * 1e6)  # GB/s -> bytes per ms
 
@@ -60,9 +59,6 @@ class TpEstimate:
     """How a tp entry was made: `note` is the line the CLIs print."""
 
     entry: ModelProfile
-    floor_graph_ms: float
-    floor_eager_ms: float
-    allreduce_per_step_ms: float  # the latency part of a step's 2 x layers all-reduces
     note: str
 
 
@@ -115,18 +111,9 @@ def estimate_tp(
         passes = MeasuredPasses(decode=table(p.decode, fg), varlen=varlen, eager=table(p.eager, fe),
                                 max_row_tokens=p.max_row_tokens, varlen_max_pad=p.varlen_max_pad,
                                 varlen_max_long_rows=p.varlen_max_long_rows)  # fmt: skip
-    out = ModelProfile(
-        weight_bytes=entry.weight_bytes,
-        kv_bytes_per_token=entry.kv_bytes_per_token,
-        tp=tp,
-        step=StepModes(graph=coeffs(entry.step.graph, fg), eager=coeffs(entry.step.eager, fe)),
-        router_ms=entry.router_ms,
-        kv_budget_gb=entry.kv_budget_gb,
-        passes=passes,
-        host=entry.host,
-        routers=dict(entry.routers),
-    )
+    step = StepModes(graph=coeffs(entry.step.graph, fg), eager=coeffs(entry.step.eager, fe))
+    out = msgspec.structs.replace(entry, tp=tp, step=step, passes=passes, routers=dict(entry.routers))
     note = (f"{name or spec.name} at tp={tp}: ESTIMATED from its tp=1 entry, not measured: time beyond a "
             f"{fg:.2f} ms per-pass floor split over {tp} ranks, plus {calls} all-reduces per step at "
             f"{allreduce.describe()}")  # fmt: skip
-    return TpEstimate(out, fg, fe, ar0, note)
+    return TpEstimate(out, note)

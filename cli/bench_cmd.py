@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -24,7 +23,7 @@ from tokenrouter.cli.options import (
     Workload,
     deployment_flags,
 )
-from tokenrouter.cli.report import fmt_num, json_safe, metrics_table
+from tokenrouter.cli.report import fmt_num, metrics_table, write_json
 from tokenrouter.workloads import Phase, RequestSpec, initial_phase, load_phases, make_workload
 
 if TYPE_CHECKING:
@@ -134,10 +133,6 @@ def _print_run(console: Console, out: BenchOutcome, phases: list[Phase], workloa
         console.print(f"B over time (server's thresholds in force): {threshold_timeline(out, out.model_names)}")
 
 
-def register(app: typer.Typer) -> None:
-    app.command("bench")(bench)
-
-
 @deployment_flags()
 def bench(
     deploy: DeploymentFlags,
@@ -221,8 +216,7 @@ def bench(
             console.print(f"simulated with profile {dep.profile}, policy {dep.policy_label}")
         record.update({f"sim_{k}": v for k, v in sim_res.summary.items()})
     if json_out:
-        text = json.dumps(json_safe(record), indent=2)
-        print(text) if json_out == "-" else Path(json_out).write_text(text + "\n")
+        write_json(record, json_out)
     if csv_out:
         out.metrics.to_frame().to_csv(csv_out, index=False)
     if plot:

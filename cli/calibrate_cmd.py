@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from tokenrouter.calibration.profile import ProfileError, load_profile
 from tokenrouter.cli.common import CliError, parse_list, parse_sm_splits, require_extras
 
 if TYPE_CHECKING:
@@ -104,10 +105,11 @@ def calibrate(
 
     link_address = _link_address(link)
     if merge:
-        _merge(merge, out, link_address)
-        return
+        from tokenrouter.calibration.profiler.assemble import merge as merge_profiles
+
+        return _write(_with_link(merge_profiles([load_profile(p) for p in merge]), link_address), out)
     if refit:  # the partial's own plan: no measuring, so the flags that shape one do not matter
-        return _write(_with_link(assemble(_partial(out)), link_address), out, Console(stderr=True))
+        return _write(_with_link(assemble(_partial(out)), link_address), out)
     if not model and link_address is not None:
         _link_only(link_address, out, link_base)
         return
@@ -121,7 +123,7 @@ def calibrate(
     console = Console(stderr=True)
     cal = Calibration(plan, out, command_line(sys.argv[1:]), deadline)
     _measure(cal, console)
-    _write(_with_link(assemble(cal.partial), link_address), out, console)
+    _write(_with_link(assemble(cal.partial), link_address), out)
 
 
 def _plan(models: list[str], pair: list[str] | None, sm_splits: str, routers: str, arrangements: str,
@@ -161,13 +163,6 @@ def _partial(out: Path) -> dict[str, Any]:
     if not isinstance(partial, dict) or partial.get("format") != PARTIAL_FORMAT:
         raise CliError(f"--refit: {path} is not a calibration partial of this version")
     return partial
-
-
-def _merge(profiles: list[Path], out: Path, link_address: str | None) -> None:
-    from tokenrouter.calibration import load_profile
-    from tokenrouter.calibration.profiler.assemble import merge
-
-    _write(_with_link(merge([load_profile(p) for p in profiles]), link_address), out, Console(stderr=True))
 
 
 def _measure(cal: Calibration, console: Console) -> None:
@@ -252,9 +247,6 @@ def _with_link(profile, address: str | None):  # type: ignore[no-untyped-def]
 
 
 def _link_only(address: str, out: Path, base: str | None) -> None:
-    from tokenrouter.calibration import load_profile
-    from tokenrouter.calibration.profile import ProfileError
-
     source = base if base is not None else out
     if base is None and not out.exists():
         raise CliError(f"--link without --model updates a profile: {out} does not exist (give --link-base h200 "
@@ -268,7 +260,7 @@ def _link_only(address: str, out: Path, base: str | None) -> None:
     Console().print(f"wrote {out}: link {prof.link.latency_ms} ms, {prof.link.bandwidth_gbps} Gbit/s")
 
 
-def _write(profile, out: Path, console: Console) -> None:  # type: ignore[no-untyped-def]
+def _write(profile, out: Path) -> None:  # type: ignore[no-untyped-def]
     profile.save(out)
     t = Table(title=f"{out}: {profile.gpu.name}, held-out error of each fit (median / max)")
     for col in ("model", "pass", "fit", "points", "knots", "error"):

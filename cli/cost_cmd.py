@@ -19,10 +19,6 @@ from tokenrouter.core.graph_rule import GraphRule
 from tokenrouter.deploy.placement import check_tp_divides
 
 
-def register(app: typer.Typer) -> None:
-    app.command("cost")(cost)
-
-
 def _corun(text: str) -> tuple[str, int]:
     name, sep, batch = text.rpartition(":")
     if not sep or not name:

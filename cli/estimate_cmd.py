@@ -21,10 +21,6 @@ from tokenrouter.calibration.passes import PassFn
 from tokenrouter.calibration.profile import DEFAULT_PROFILE, load_profile
 
 
-def register(app: typer.Typer) -> None:
-    app.command("profile")(profile)
-
-
 def profile(
     gpu: Annotated[str, typer.Option(help="Target GPU kind (h200, h100, a100, l40s, l4).")],
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the estimated profile here.")] = None,

@@ -28,11 +28,6 @@ from tokenrouter.sim.tune import check_search_concurrency
 ROUTERS = (RouterName.R2R, RouterName.R_STITCH, RouterName.ME)
 
 
-def register(app: typer.Typer) -> None:
-    """Add the `model` command to `app`."""
-    app.command("model")(model)
-
-
 def _fail(message: str) -> typer.Exit:
     typer.echo(f"trsim: error: {message}", err=True)
     return typer.Exit(2)

@@ -140,11 +140,10 @@ class DeploymentFlags:
         for name, v in values.items():
             if v is None:
                 continue
-            flag = _BY_NAME[name]
             if name == "thresholds" and str(v).strip().lower() == "auto":
                 auto = True
                 continue
-            ov[name] = _parse_value(flag, v)
+            ov[name] = _parse_value(_BY_NAME[name], v)
         return cls(config, DeploymentOverrides(**ov), auto)
 
 

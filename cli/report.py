@@ -166,8 +166,9 @@ def _thr_note(res: SimResult) -> str:
     return res.extra.get("thresholds_note", "")
 
 
-def write_json(res: SimResult, path: str) -> None:
-    text = json.dumps(json_safe(result_record(res)), indent=2)
+def write_json(rec: dict[str, Any], path: str) -> None:
+    """`rec` as JSON (NaN as null) to `path`, or to stdout for '-'."""
+    text = json.dumps(json_safe(rec), indent=2)
     if path == "-":
         print(text)
     else:

@@ -24,10 +24,6 @@ from tokenrouter.sim.run import SimResult
 from tokenrouter.sim.simulate import sim_config, simulate
 
 
-def register(app: typer.Typer) -> None:
-    app.command("run")(run)
-
-
 @deployment_flags()
 def run(
     deploy: DeploymentFlags,
@@ -70,7 +66,7 @@ def run(
     if json_out != "-":
         print_result(res)
     if json_out:
-        write_json(res, json_out)
+        write_json(result_record(res), json_out)
     if csv_out:
         df = res.metrics.to_frame()
         for k, v in result_record(res).items():

@@ -6,6 +6,7 @@ Every flag of `trsim run` that sets the deployment or the run is an axis here (o
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -20,12 +21,9 @@ from tokenrouter.sim.run import prepare_sim
 from tokenrouter.sim.simulate import sim_config, simulate
 
 
-def _opt_int(t: str) -> int | None:
-    return None if t.lower() == "none" else int(t)
-
-
-def _opt_float(t: str) -> float | None:
-    return None if t.lower() == "none" else float(t)
+def _or_none(conv: Callable[[str], Any]) -> Callable[[str], Any]:
+    """`conv`, with 'none' read as None (no output cap, a closed loop)."""
+    return lambda t: None if t.lower() == "none" else conv(t)
 
 
 # Run axes (the deployment axes come from the shared deployment flags): name -> converter.
@@ -34,8 +32,8 @@ RUN_AXES: dict[str, Any] = {
     "workload": str,
     "seed": int,
     "num_requests": int,
-    "max_output": _opt_int,
-    "arrival_rate": _opt_float,
+    "max_output": _or_none(int),
+    "arrival_rate": _or_none(float),
 }
 NUMERIC = {"hop_rate", "return_prob", "concurrency", "seed", "num_requests", "max_output", "arrival_rate",
            "page_size", "max_batch_size", "max_batch_tokens"}  # fmt: skip
@@ -54,74 +52,69 @@ def _run_axis(name: str, text: str) -> list[Any]:
     return items
 
 
-def register(app: typer.Typer) -> None:
-    @app.command("sweep")
-    @deployment_flags(axes=True)
-    def sweep(
-        deploy: DeploymentFlags,
-        out: Annotated[Path, typer.Option("--out", "-o", help="CSV file (one row per run).")] = Path("sweep.csv"),
-        plot: Annotated[Path | None, typer.Option(help="PNG of throughput over the first numeric axis.")] = None,
-        concurrency: Annotated[str, typer.Option("--concurrency", "-n", help="Clients N, e.g. 1,4,8,16")] = "8",
-        workload: Annotated[str, typer.Option(help="Workloads, e.g. low-effort,fixed:100,200")] = "low-effort",
-        seed: Annotated[str, typer.Option(help="Seeds, e.g. 0,1,2")] = "0",
-        num_requests: Annotated[str, typer.Option(help="Requests per run, e.g. 64,256")] = "64",
-        max_output: Annotated[str, typer.Option(help="Output caps, e.g. none,2048,8192")] = "none",
-        arrival_rate: Annotated[str, typer.Option(help="Open-loop rates (req/s) or none (closed loop)")] = "none",
-        dry_run: Annotated[
-            bool, typer.Option("--dry-run", help="Print each grid point's deployment (YAML documents) and exit.")
-        ] = False,
-    ) -> None:
-        """Run every combination of the list-valued flags; write one CSV row per run (and a plot).
+@deployment_flags(axes=True)
+def sweep(
+    deploy: DeploymentFlags,
+    out: Annotated[Path, typer.Option("--out", "-o", help="CSV file (one row per run).")] = Path("sweep.csv"),
+    plot: Annotated[Path | None, typer.Option(help="PNG of throughput over the first numeric axis.")] = None,
+    concurrency: Annotated[str, typer.Option("--concurrency", "-n", help="Clients N, e.g. 1,4,8,16")] = "8",
+    workload: Annotated[str, typer.Option(help="Workloads, e.g. low-effort,fixed:100,200")] = "low-effort",
+    seed: Annotated[str, typer.Option(help="Seeds, e.g. 0,1,2")] = "0",
+    num_requests: Annotated[str, typer.Option(help="Requests per run, e.g. 64,256")] = "64",
+    max_output: Annotated[str, typer.Option(help="Output caps, e.g. none,2048,8192")] = "none",
+    arrival_rate: Annotated[str, typer.Option(help="Open-loop rates (req/s) or none (closed loop)")] = "none",
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print each grid point's deployment (YAML documents) and exit.")
+    ] = False,
+) -> None:
+    """Run every combination of the list-valued flags; write one CSV row per run (and a plot).
 
-        Every deployment flag is an axis (comma list; `;` between values of per-model lists such as
-        --thresholds '1,1;1,7'); flags not given keep the config's (or the default deployment's) value."""
+    Every deployment flag is an axis (comma list; `;` between values of per-model lists such as
+    --thresholds '1,1;1,7'); flags not given keep the config's (or the default deployment's) value."""
+    if not dry_run:
+        check_output(out, "--out")
+        check_output(plot, "--plot", figure=True)
+    axes_in: dict[str, Any] = dict(deploy)  # type: ignore[call-overload]
+    config = axes_in.pop("config")
+    run_given = {"concurrency": concurrency, "workload": workload, "seed": seed, "num_requests": num_requests,
+                 "max_output": max_output, "arrival_rate": arrival_rate}  # fmt: skip
+    axes: dict[str, list[Any]] = {k: _run_axis(k, v) for k, v in run_given.items()}
+    axes.update(axes_in)
+    grid = [dict(zip(axes, combo, strict=True)) for combo in itertools.product(*axes.values())]
+    # Validate every point before spending minutes on the first ones.
+    configs = []
+    for point in grid:
+        dep_point = {k: v for k, v in point.items() if k not in RUN_AXES}
+        run_point = {k: v for k, v in point.items() if k in RUN_AXES}
+        cfg, auto = sim_config(point_flags(config, dep_point), **run_point)
         if not dry_run:
-            check_output(out, "--out")
-            check_output(plot, "--plot", figure=True)
-        axes_in: dict[str, Any] = dict(deploy)  # type: ignore[call-overload]
-        config = axes_in.pop("config")
-        run_given = {"concurrency": concurrency, "workload": workload, "seed": seed, "num_requests": num_requests,
-                     "max_output": max_output, "arrival_rate": arrival_rate}  # fmt: skip
-        axes: dict[str, list[Any]] = {k: _run_axis(k, v) for k, v in run_given.items()}
-        axes.update(axes_in)
-        grid = [dict(zip(axes, combo, strict=True)) for combo in itertools.product(*axes.values())]
-        # Validate every point before spending minutes on the first ones.
-        configs = []
-        for point in grid:
-            dep_point = {k: v for k, v in point.items() if k not in RUN_AXES}
-            run_point = {k: v for k, v in point.items() if k in RUN_AXES}
-            cfg, auto = sim_config(point_flags(config, dep_point), **run_point)
-            if not dry_run:
-                prepare_sim(cfg)  # profile, models, workload, seed, router: whatever a run would refuse
-            configs.append((cfg, auto))
-        if dry_run:
-            typer.echo("\n---\n".join(c.deployment.to_yaml().rstrip() for c, _ in configs))
-            return
-        rows = []
-        console = Console(stderr=True)
-        cols = (TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-        with Progress(*cols, console=console, transient=False) as bar:
-            task = bar.add_task("sweep", total=len(grid))
-            for point, (cfg, auto) in zip(grid, configs, strict=True):
-                res = simulate(cfg, auto)
-                rows.append({**{f"arg_{k}": v for k, v in point.items()}, **result_record(res)})
-                bar.advance(task)
-        import pandas as pd
+            prepare_sim(cfg)  # profile, models, workload, seed, router: whatever a run would refuse
+        configs.append((cfg, auto))
+    if dry_run:
+        typer.echo("\n---\n".join(c.deployment.to_yaml().rstrip() for c, _ in configs))
+        return
+    rows = []
+    console = Console(stderr=True)
+    cols = (TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*cols, console=console, transient=False) as bar:
+        task = bar.add_task("sweep", total=len(grid))
+        for point, (cfg, auto) in zip(grid, configs, strict=True):
+            res = simulate(cfg, auto)
+            rows.append({**{f"arg_{k}": v for k, v in point.items()}, **result_record(res)})
+            bar.advance(task)
+    import pandas as pd
 
-        df = pd.DataFrame(rows)
-        df.to_csv(out, index=False)
-        varying = [k for k, v in axes.items() if len(v) > 1]
-        console.print(f"wrote {len(df)} rows to {out}")
-        if plot:
-            from tokenrouter.plots import plot_sweep
+    df = pd.DataFrame(rows)
+    df.to_csv(out, index=False)
+    varying = [k for k, v in axes.items() if len(v) > 1]
+    console.print(f"wrote {len(df)} rows to {out}")
+    if plot:
+        from tokenrouter.plots import plot_sweep
 
-            numeric = [k for k in varying if k in NUMERIC]
-            x = numeric[0] if numeric else (varying[0] if varying else "concurrency")
-            hue = next((k for k in varying if k != x), None)
-            y = (
-                "steady_output_throughput_tok_s"
-                if df.get("steady_output_throughput_tok_s") is not None
-                else ("output_throughput_tok_s")
-            )
-            plot_sweep(df, f"arg_{x}", y, f"arg_{hue}" if hue else None, plot, title=f"trsim sweep: {y}")
-            console.print(f"wrote {plot}")
+        numeric = [k for k in varying if k in NUMERIC]
+        x = numeric[0] if numeric else (varying[0] if varying else "concurrency")
+        hue = next((k for k in varying if k != x), None)
+        steady = "steady_output_throughput_tok_s"
+        y = steady if steady in df else "output_throughput_tok_s"
+        plot_sweep(df, f"arg_{x}", y, f"arg_{hue}" if hue else None, plot, title=f"trsim sweep: {y}")
+        console.print(f"wrote {plot}")

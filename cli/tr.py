@@ -68,7 +68,7 @@ def check_config(path: Annotated[Path, typer.Argument(help="Deployment YAML (fro
     typer.echo("\n".join([f"{path}: ok", *describe_deployment(cfg)]))
 
 
-bench_cmd.register(app)
+app.command("bench")(bench_cmd.bench)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -6,13 +6,13 @@ from tokenrouter.cli import cost_cmd, estimate_cmd, model_cmd, run_cmd, sweep_cm
 from tokenrouter.cli.common import new_app, run_app
 
 app = new_app("trsim", "Simulate token-level routing deployments (small + large model subservers) on a GPU profile.")
-run_cmd.register(app)
-sweep_cmd.register(app)
-tune_cmd.register(app)
-model_cmd.register(app)
-cost_cmd.register(app)
-validate_cmd.register(app)
-estimate_cmd.register(app)
+app.command("run")(run_cmd.run)
+app.command("sweep")(sweep_cmd.sweep)
+app.command("tune")(tune_cmd.tune)
+app.command("model")(model_cmd.model)
+app.command("cost")(cost_cmd.cost)
+app.command("validate")(validate_cmd.validate)
+app.command("profile")(estimate_cmd.profile)
 
 
 def main(argv: list[str] | None = None) -> None:

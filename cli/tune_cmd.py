@@ -36,25 +36,17 @@ from tokenrouter.sim.tune_layouts import (
     tuning_flags,
 )
 
-
-def register(app: typer.Typer) -> None:
-    app.command("tune")(tune)
+CONCURRENCY_HELP = (
+    "Concurrencies to tune, e.g. 1,2,4,8,16. The Markov search is exact up to about N = 8; larger N runs a reduced "
+    "search (coarser quantum, threshold grid, or B scaled from N/2) and says so; N > 1024 is refused."
+)
 
 
 @deployment_flags()
 def tune(
     deploy: DeploymentFlags,
     out: Annotated[Path, typer.Option("--out", "-o", help="Deployment YAML to write.")] = Path("serve.yaml"),
-    concurrency: Annotated[
-        str,
-        typer.Option(
-            "--concurrency",
-            "-n",
-            help="Concurrencies to tune, e.g. 1,2,4,8,16. The Markov search is exact up to about N = 8; "
-            "larger N runs a reduced search (coarser quantum, threshold grid, or B scaled from N/2) and says so; "
-            "N > 1024 is refused.",
-        ),
-    ] = "1,2,4,8,16",
+    concurrency: Annotated[str, typer.Option("--concurrency", "-n", help=CONCURRENCY_HELP)] = "1,2,4,8,16",
     workload: Workload = "low-effort",
     num_requests: Annotated[int, typer.Option(help="Requests per simulator check (default 4N, >= 32).")] = 0,
     top: Annotated[int, typer.Option(help="Markov candidates checked in the simulator per N.")] = 3,

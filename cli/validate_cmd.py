@@ -29,10 +29,6 @@ from tokenrouter.sim.simulate import sim_config, simulate
 METRICS = {"throughput": "output_throughput_tok_s", "tpot_p50": "tpot_ms_p50"}
 
 
-def register(app: typer.Typer) -> None:
-    app.command("validate")(validate)
-
-
 def cell_config(args: str, base: Path, profile: str | None = None) -> tuple[SimConfig, bool]:
     """The SimConfig `trsim run ARGS` would simulate (paths relative to `base`), and its 'auto' flag."""
     argv = shlex.split(args)

@@ -11,11 +11,12 @@ import statistics
 from datetime import datetime
 from typing import Any
 
+import msgspec
 import numpy as np
 from scipy.optimize import nnls
 
 from tokenrouter.calibration.fit import fit_passes
-from tokenrouter.calibration.interference import pair_interference
+from tokenrouter.calibration.interference import interp1, pair_interference
 from tokenrouter.calibration.measured import (
     CoRunGrid,
     CoRunShare,
@@ -58,8 +59,7 @@ def fit_model_passes(raw: dict[str, Any]) -> MeasuredPasses:
         pts, held = _points(recs, kind, False), _points(recs, kind, True)
         if pts:
             graph = kind != "eager"
-            tables[kind] = fit_passes(pts, held, round_up=graph, knots=knots.get(kind) if graph else None,
-                                      ext_slope=False)  # fmt: skip
+            tables[kind] = fit_passes(pts, held, round_up=graph, knots=knots.get(kind) if graph else None)
     if "decode" not in tables:  # no decode graphs ran (CPU, graphs off): decode points priced as they ran
         pts, held = _points(recs, "decode", False, "intended"), _points(recs, "decode", True, "intended")
         tables["decode"] = fit_passes(pts, held, round_up=False)
@@ -113,11 +113,7 @@ def arrangement_grid(raw: dict[str, Any], name: str, a: str, b: str, mps: CoRunG
     """A one-process arrangement's grid (one split, shares 100); references from the MPS grid's 100/100 when the
     pair has one (the models alone without any arrangement), else the arrangement's own alone times."""
     ba, bb = raw["batches_a"], raw["batches_b"]
-    share = CoRunShare(
-        alone_a_ms=[raw["alone_a"][str(x)] for x in ba], alone_b_ms=[raw["alone_b"][str(x)] for x in bb],
-        corun_a_ms=[[raw["corun"][f"{x},{y}"]["a"] for y in bb] for x in ba],
-        corun_b_ms=[[raw["corun"][f"{x},{y}"]["b"] for y in bb] for x in ba],
-    )  # fmt: skip
+    share = _share(raw, ba, bb)
     same = mps is not None and mps.batches_a == list(ba) and mps.batches_b == list(bb)
     grid = CoRunGrid(
         arrangement=name, detail={k: int(v) for k, v in raw.get("detail", {}).items()}, model_a=a, model_b=b,
@@ -137,15 +133,7 @@ def corun_grid(pair_raw: dict[str, dict[str, Any]], a: str, b: str) -> CoRunGrid
     ba, bb = first["batches_a"], first["batches_b"]
     ref_a = [first["alone_a"][str(x)] for x in ba]
     ref_b = [first["alone_b"][str(x)] for x in bb]
-    shares = []
-    for key, r in splits:
-        sa, sb = (int(x) for x in key.split("-"))
-        shares.append(CoRunShare(
-            share_a=sa, share_b=sb, alone_a_ms=[r["alone_a"][str(x)] for x in ba],
-            alone_b_ms=[r["alone_b"][str(x)] for x in bb],
-            corun_a_ms=[[r["corun"][f"{x},{y}"]["a"] for y in bb] for x in ba],
-            corun_b_ms=[[r["corun"][f"{x},{y}"]["b"] for y in bb] for x in ba],
-        ))  # fmt: skip
+    shares = [_share(r, ba, bb, *(int(x) for x in key.split("-"))) for key, r in splits]
     grid = CoRunGrid(model_a=a, model_b=b, context=int(first["context"]), batches_a=list(ba), batches_b=list(bb),
                      reference_a_ms=ref_a, reference_b_ms=ref_b, shares=shares)  # fmt: skip
     return _with_errors(grid, splits)
@@ -165,12 +153,20 @@ def _with_errors(grid: CoRunGrid, splits: list[tuple[str, dict[str, Any]]]) -> C
             rel.append(abs(fa.factor(x, y) * ref_a - got["a"]) / got["a"])
             rel.append(abs(fb.factor(y, x) * ref_b - got["b"]) / got["b"])
     errors = {"interp": FitError(median=statistics.median(rel), max=max(rel), points=len(rel))} if rel else {}
-    return CoRunGrid(**{**{f: getattr(grid, f) for f in grid.__struct_fields__}, "errors": errors})
+    return msgspec.structs.replace(grid, errors=errors)
+
+
+def _share(raw: dict[str, Any], ba: list[int], bb: list[int], share_a: int = 100, share_b: int = 100) -> CoRunShare:
+    """One split's step times (alone, and co-run at every pair of batch sizes) from its raw results."""
+    return CoRunShare(
+        share_a=share_a, share_b=share_b, alone_a_ms=[raw["alone_a"][str(x)] for x in ba],
+        alone_b_ms=[raw["alone_b"][str(x)] for x in bb],
+        corun_a_ms=[[raw["corun"][f"{x},{y}"]["a"] for y in bb] for x in ba],
+        corun_b_ms=[[raw["corun"][f"{x},{y}"]["b"] for y in bb] for x in ba],
+    )  # fmt: skip
 
 
 def _interp_ref(bs: list[int], ms: list[float], x: int) -> float:
-    from tokenrouter.calibration.interference import interp1
-
     return interp1([math.log2(max(1, v)) for v in bs], ms, math.log2(max(1, x)))
 
 
@@ -264,11 +260,9 @@ def merge(profiles: list[Profile]) -> Profile:
         for g in p.colocation:
             grids[(g.arrangement, g.model_a, g.model_b)] = g
     runtime = next((p.runtime for p in profiles if p.runtime is not None), None)
-    fields = {f: getattr(first, f) for f in first.__struct_fields__}
-    fields.update(
-        models=models, colocation=list(grids.values()), runtime=runtime,
+    out = msgspec.structs.replace(
+        first, models=models, colocation=list(grids.values()), runtime=runtime,
         command=" && ".join(p.command for p in profiles if p.command),
         notes={**first.notes, "merged_from": [p.created for p in profiles]},
     )  # fmt: skip
-    out = Profile(**fields)
     return Profile.from_json(out.to_json(), source="<merged profile>")

@@ -31,7 +31,6 @@ class ModelJob:
     grid_args: dict[str, Any]
     routers: tuple[str, ...] = ()
     small: bool = True
-    host: bool = True
     deadline: float = float("inf")  # monotonic: stop before starting work that would pass it
     done: set[str] = field(default_factory=set)
     timing: Timing = field(default_factory=Timing)
@@ -97,16 +96,15 @@ def model_worker(conn: Any, job: ModelJob) -> None:
                 return
             conn.send(("router", name, router_cost(eng, timer, name, job.small, base)))
         eng.set_router(None) if job.routers else None
-        if job.host:
-            for b in HOST_BATCHES:
-                for overlap in (False, True):
-                    key = f"host/{b}/{'overlap' if overlap else 'sync'}"
-                    if key in job.done:
-                        continue
-                    if time.monotonic() > job.deadline:
-                        conn.send(("deadline", key))
-                        return
-                    conn.send(("host", key, host_cost(eng, b, overlap)))
+        for b in HOST_BATCHES:
+            for overlap in (False, True):
+                key = f"host/{b}/{'overlap' if overlap else 'sync'}"
+                if key in job.done:
+                    continue
+                if time.monotonic() > job.deadline:
+                    conn.send(("deadline", key))
+                    return
+                conn.send(("host", key, host_cost(eng, b, overlap)))
         eng.close()
         conn.send(("done", None))
     except BaseException as e:  # the calibrator records the failure and goes on with other tasks

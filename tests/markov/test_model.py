@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 import tokenrouter.markov.explore as explore_mod
 import tokenrouter.markov.solve as solve_mod
-from tokenrouter.cli.model_cmd import register
+from tokenrouter.cli.model_cmd import model as model_command
 from tokenrouter.markov import (
     MarkovModel,
     feasible_thresholds,
@@ -232,7 +232,7 @@ def test_best_thresholds_table() -> None:
 
 def _app() -> typer.Typer:
     app = typer.Typer()
-    register(app)
+    app.command("model")(model_command)
 
     @app.callback()
     def main() -> None:  # a callback keeps `model` a named subcommand, as in `trsim`
