@@ -108,7 +108,6 @@ class Dispatcher:
         self.trace = JsonlLog(spec.trace_log)
         self.dec = msgspec.msgpack.Decoder(P.ToSubserver | P.ToFrontend)
         self.stopping = False
-        self.visits = 0
 
     def _push(self, addr: str) -> zmq.Socket:
         return push_socket(self.ctx, addr)
@@ -182,7 +181,6 @@ class Dispatcher:
         sampling = msgspec.structs.replace(flow.sampling, max_tokens=flow.plan.tokens)
         submit = P.Submit(flow.visit_rid, P.pack_ids(flow.req.token_ids), sampling, flow.req.eos_token_ids)
         self.servers[flow.model].send_multipart([P.CTL, P.encode(submit)])
-        self.visits += 1
 
     def _tokens(self, msg: P.Tokens, now: float) -> None:
         flow = self.by_visit.get(msg.rid)

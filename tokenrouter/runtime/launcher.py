@@ -234,12 +234,11 @@ class Server:
         policy = self.config.policy.build()
         if policy.is_sync and self.cluster is None:
             self._start_coordinator()
-        env_common: dict[str, str] = {}
+        self._env_common: dict[str, str] = {}
         if self.device == "cuda" and self.config.placement.mode == "mps":
             self.mps = MpsDaemon(self.run_dir)
             self.mps.start()
-            env_common = self.mps.environment()
-        self._env_common = env_common
+            self._env_common = self.mps.environment()
         names = ", ".join(m.name for m in self.config.models)
         log.info("starting %d subservers (%s) on %s; run directory %s", self.num_models, names, self.device,
                  self.run_dir)  # fmt: skip

@@ -15,6 +15,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import zmq
@@ -30,7 +31,7 @@ from tokenrouter.runtime import protocol as P
 from tokenrouter.runtime.addresses import is_tcp
 from tokenrouter.runtime.build import SubserverSpec, build_part
 from tokenrouter.runtime.engine_loop import EngineLoop
-from tokenrouter.runtime.join import Joined, Left, join_launcher, spec_from_welcome
+from tokenrouter.runtime.join import Joined, Left, join_launcher
 from tokenrouter.runtime.logs import JsonlLog
 from tokenrouter.runtime.sockets import push_socket
 from tokenrouter.runtime.supervision import fail_and_exit, start_child
@@ -324,7 +325,7 @@ def serve(spec: SubserverSpec, joined: Joined | None = None, *, watch_launcher: 
             joined = join_launcher(spec.addresses, spec.model, spec.config.models[spec.model].name)
             if joined is None:
                 return  # the launcher stopped before we were welcomed
-            spec = spec_from_welcome(spec, joined.welcome)
+            spec = replace(spec, addresses=joined.welcome.addresses)  # the published table; it knows the rest
         if joined is not None and watch_launcher:
             joined.link.watch(lambda: _launcher_lost(spec.model, joined.link.address))
         sub = make(spec, joined)

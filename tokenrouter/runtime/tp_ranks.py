@@ -118,10 +118,6 @@ class TPRanks:
             self.close(timeout_s=0.0)
             raise
 
-    @property
-    def pids(self) -> list[int]:
-        return [p.pid for p in self.procs]
-
     def publish(self, data: bytes) -> None:
         for s in self._socks:
             s.send(data)
