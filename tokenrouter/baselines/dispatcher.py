@@ -100,17 +100,14 @@ class Dispatcher:
         self.ctx = zmq.Context()
         self.pull = self.ctx.socket(zmq.PULL)
         self.pull.bind(addrs.bind(addrs.submit))
-        self.servers = [self._push(a) for a in addrs.subservers]
-        self.front = self._push(addrs.frontend)
+        self.servers = [push_socket(self.ctx, a) for a in addrs.subservers]
+        self.front = push_socket(self.ctx, addrs.frontend)
         self.flows: dict[str, Flow] = {}
         self.by_visit: dict[str, Flow] = {}
         self.hop_log = JsonlLog(spec.hop_log)
         self.trace = JsonlLog(spec.trace_log)
         self.dec = msgspec.msgpack.Decoder(P.ToSubserver | P.ToFrontend)
         self.stopping = False
-
-    def _push(self, addr: str) -> zmq.Socket:
-        return push_socket(self.ctx, addr)
 
     def _to_front(self, msg: P.ToFrontend) -> None:
         self.front.send_multipart([P.CTL, P.encode(msg)])

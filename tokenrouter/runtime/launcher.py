@@ -305,12 +305,11 @@ class Server:
         while len(self.ready) < self.num_models:
             self.poll_control(100)
             for i, p in enumerate(self.processes):
-                if i in self.dead:
-                    name = self.config.models[i].name
-                    raise StartupError(f"subserver {i} ({name}) failed during start-up: {self.dead[i]}")
-                if p.exitcode is not None and i not in self.ready:
+                why = self.dead.get(i)
+                if why is None and p.exitcode is not None and i not in self.ready:
                     self.poll_control(200)  # its Failed may still be in flight
                     why = self.dead.get(i, getattr(p, "exit_reason", None) or f"process exited with code {p.exitcode}")
+                if why is not None:
                     raise StartupError(f"subserver {i} ({self.config.models[i].name}) failed during start-up: {why}")
             for name, p, _ in self.aux:
                 if p.exitcode is not None:

@@ -94,9 +94,7 @@ class Coordinator:
         self._sock = self._ctx.socket(zmq.PULL)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.bind(self.address)
-        self._push = []
-        for addr in self.subservers:
-            self._push.append(push_socket(self._ctx, addr, linger_ms=0))
+        self._push = [push_socket(self._ctx, addr, linger_ms=0) for addr in self.subservers]
         self._enc = msgspec.msgpack.Encoder()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="sync-coordinator", daemon=True)
