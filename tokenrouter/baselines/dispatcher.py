@@ -100,18 +100,14 @@ class Dispatcher:
         self.ctx = zmq.Context()
         self.pull = self.ctx.socket(zmq.PULL)
         self.pull.bind(addrs.bind(addrs.submit))
-        self.servers = [self._push(a) for a in addrs.subservers]
-        self.front = self._push(addrs.frontend)
+        self.servers = [push_socket(self.ctx, a) for a in addrs.subservers]
+        self.front = push_socket(self.ctx, addrs.frontend)
         self.flows: dict[str, Flow] = {}
         self.by_visit: dict[str, Flow] = {}
         self.hop_log = JsonlLog(spec.hop_log)
         self.trace = JsonlLog(spec.trace_log)
         self.dec = msgspec.msgpack.Decoder(P.ToSubserver | P.ToFrontend)
         self.stopping = False
-        self.visits = 0
-
-    def _push(self, addr: str) -> zmq.Socket:
-        return push_socket(self.ctx, addr)
 
     def _to_front(self, msg: P.ToFrontend) -> None:
         self.front.send_multipart([P.CTL, P.encode(msg)])
@@ -182,7 +178,6 @@ class Dispatcher:
         sampling = msgspec.structs.replace(flow.sampling, max_tokens=flow.plan.tokens)
         submit = P.Submit(flow.visit_rid, P.pack_ids(flow.req.token_ids), sampling, flow.req.eos_token_ids)
         self.servers[flow.model].send_multipart([P.CTL, P.encode(submit)])
-        self.visits += 1
 
     def _tokens(self, msg: P.Tokens, now: float) -> None:
         flow = self.by_visit.get(msg.rid)

@@ -139,10 +139,6 @@ class Addresses:
         )
 
     @property
-    def transport(self) -> str:
-        return "tcp" if is_tcp(self.frontend) else "ipc"
-
-    @property
     def here(self) -> str:
         """tcp: the host part that marks an endpoint on the launcher's host (the front-end's)."""
         return split_tcp(self.frontend)[0]
@@ -160,9 +156,6 @@ class Addresses:
     def known(endpoint: str) -> bool:
         """False for a tcp endpoint whose port is not chosen yet (nothing may connect to it)."""
         return bool(endpoint) and (not is_tcp(endpoint) or split_tcp(endpoint)[1] != 0)
-
-    def complete(self) -> bool:
-        return all(self.known(a) for a in (self.frontend, self.coordinator, self.launcher, *self.subservers))
 
     def with_subserver(self, model: int, endpoint: str) -> Addresses:
         subs = list(self.subservers)

@@ -24,7 +24,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -198,8 +198,3 @@ def _close(ctx: zmq.Context, pull: zmq.Socket, link: LauncherLink) -> None:
     pull.close(linger=0)
     ctx.term()
     link.close()
-
-
-def spec_from_welcome(spec: Any, welcome: Welcome) -> Any:
-    """`SubserverSpec` `spec` with the published table (a subserver the launcher started knows the rest)."""
-    return replace(spec, addresses=welcome.addresses)

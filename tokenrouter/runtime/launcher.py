@@ -234,12 +234,11 @@ class Server:
         policy = self.config.policy.build()
         if policy.is_sync and self.cluster is None:
             self._start_coordinator()
-        env_common: dict[str, str] = {}
+        self._env_common: dict[str, str] = {}
         if self.device == "cuda" and self.config.placement.mode == "mps":
             self.mps = MpsDaemon(self.run_dir)
             self.mps.start()
-            env_common = self.mps.environment()
-        self._env_common = env_common
+            self._env_common = self.mps.environment()
         names = ", ".join(m.name for m in self.config.models)
         log.info("starting %d subservers (%s) on %s; run directory %s", self.num_models, names, self.device,
                  self.run_dir)  # fmt: skip
@@ -306,12 +305,11 @@ class Server:
         while len(self.ready) < self.num_models:
             self.poll_control(100)
             for i, p in enumerate(self.processes):
-                if i in self.dead:
-                    name = self.config.models[i].name
-                    raise StartupError(f"subserver {i} ({name}) failed during start-up: {self.dead[i]}")
-                if p.exitcode is not None and i not in self.ready:
+                why = self.dead.get(i)
+                if why is None and p.exitcode is not None and i not in self.ready:
                     self.poll_control(200)  # its Failed may still be in flight
                     why = self.dead.get(i, getattr(p, "exit_reason", None) or f"process exited with code {p.exitcode}")
+                if why is not None:
                     raise StartupError(f"subserver {i} ({self.config.models[i].name}) failed during start-up: {why}")
             for name, p, _ in self.aux:
                 if p.exitcode is not None:

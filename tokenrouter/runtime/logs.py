@@ -66,10 +66,6 @@ class JsonlLog:
         if self._f is not None:
             self._f.write(json.dumps(obj, separators=(",", ":")) + "\n")
 
-    def flush(self) -> None:
-        if self._f is not None:
-            self._f.flush()
-
     def close(self) -> None:
         if self._f is not None:
             self._f.close()

@@ -15,6 +15,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import zmq
@@ -30,7 +31,7 @@ from tokenrouter.runtime import protocol as P
 from tokenrouter.runtime.addresses import is_tcp
 from tokenrouter.runtime.build import SubserverSpec, build_part
 from tokenrouter.runtime.engine_loop import EngineLoop
-from tokenrouter.runtime.join import Joined, Left, join_launcher, spec_from_welcome
+from tokenrouter.runtime.join import Joined, Left, join_launcher
 from tokenrouter.runtime.logs import JsonlLog
 from tokenrouter.runtime.sockets import push_socket
 from tokenrouter.runtime.supervision import fail_and_exit, start_child
@@ -68,10 +69,10 @@ class Subserver(EngineLoop):
         self.peers: dict[int, zmq.Socket] = {}
         for j, a in enumerate(addrs.subservers):
             if j != spec.model:
-                self.peers[j] = self._push(a)
-        self.front = self._push(addrs.frontend)
+                self.peers[j] = push_socket(self.ctx, a)
+        self.front = push_socket(self.ctx, addrs.frontend)
         self.out = self.reply_socket(spec)  # Tokens / Finished / Rejected go here
-        self.launcher = self._push(addrs.launcher) if addrs.launcher else None
+        self.launcher = push_socket(self.ctx, addrs.launcher) if addrs.launcher else None
         self.poller = zmq.Poller()
         self.poller.register(self.pull, zmq.POLLIN)
         self.hops = JsonlLog(spec.hop_log)
@@ -96,9 +97,6 @@ class Subserver(EngineLoop):
     def reply_socket(self, spec: SubserverSpec) -> zmq.Socket:
         """Where a request's tokens and its end go (once, after `front` opened): the front-end here."""
         return self.front
-
-    def _push(self, addr: str) -> zmq.Socket:
-        return push_socket(self.ctx, addr)
 
     def send_control(self, msg: P.Ready | P.Stats | P.Failed) -> None:
         """Every Ready/Stats/Failed of this process goes out here, to the front-end and the launcher."""
@@ -183,7 +181,7 @@ class Subserver(EngineLoop):
         it so nothing queued for the dead process reaches the new one."""
         if peer in self.peers:
             self.peers[peer].close(linger=0)
-            self.peers[peer] = self._push(self.spec.addresses.subservers[peer])
+            self.peers[peer] = push_socket(self.ctx, self.spec.addresses.subservers[peer])
         acts = self.sched.on_peer_restart(peer, now)
         log.warning("%s: model %d restarts: %d requests here dropped", self.tag, peer,
                     sum(isinstance(a, Finish) for a in acts))  # fmt: skip
@@ -324,7 +322,7 @@ def serve(spec: SubserverSpec, joined: Joined | None = None, *, watch_launcher: 
             joined = join_launcher(spec.addresses, spec.model, spec.config.models[spec.model].name)
             if joined is None:
                 return  # the launcher stopped before we were welcomed
-            spec = spec_from_welcome(spec, joined.welcome)
+            spec = replace(spec, addresses=joined.welcome.addresses)  # the published table; it knows the rest
         if joined is not None and watch_launcher:
             joined.link.watch(lambda: _launcher_lost(spec.model, joined.link.address))
         sub = make(spec, joined)

@@ -24,9 +24,7 @@ Why this keeps `SyncGate`'s semantics (what the simulator runs) without reportin
   back with a `pass`, which ends that model's turn or round slot.
 
 Message cost per launched step: one report in, one grant out (`Coordinator.calls` counts the reports and updates
-received, `grants` the grants pushed). The earlier protocol (a synchronous `may` ask before each launch, a flush
-after each completion and each arrival, releases, and a wake to every other model on each change) paid 5-6
-request-reply round trips and 2-3 wakes per step.
+received, `grants` the grants pushed).
 """
 
 from __future__ import annotations
@@ -96,9 +94,7 @@ class Coordinator:
         self._sock = self._ctx.socket(zmq.PULL)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.bind(self.address)
-        self._push = []
-        for addr in self.subservers:
-            self._push.append(push_socket(self._ctx, addr, linger_ms=0))
+        self._push = [push_socket(self._ctx, addr, linger_ms=0) for addr in self.subservers]
         self._enc = msgspec.msgpack.Encoder()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="sync-coordinator", daemon=True)
@@ -186,7 +182,6 @@ class RemoteGate:
         self.running = False
         self._completed = False
         self._reported = (0, 0)  # (ready, arrived) of the last message the coordinator got from us
-        self.reports = 0
 
     def attach(self, model: int, ready: Callable[[], int]) -> None:
         # The builder builds every model's scheduler in every process, all with this gate: only ours counts.
@@ -242,7 +237,6 @@ class RemoteGate:
 
     def _send(self, what: str) -> None:
         self._reported = (self._ready(), self.arrived)
-        self.reports += 1
         self._sock.send(_report_enc.encode(GateReport(self.model, what, self._reported[0], self.arrived, self.sent)))
 
     def close(self) -> None:

@@ -89,7 +89,6 @@ class TPRanks:
         self._closing = threading.Event()
         self._closed = False
         device = EngineConfig(**engine_kwargs).torch_device()
-        leader_device = str(device)
         if device.type == "cuda":
             os.environ.update(NCCL_ENV)  # the followers inherit it; NCCL reads it when a communicator starts
         self._store = serve_store(size, HOST, timeout_s)
@@ -104,7 +103,7 @@ class TPRanks:
                 s.setsockopt(zmq.LINGER, 0)
                 port = s.bind_to_random_port(f"tcp://{HOST}")
                 self._socks.append(s)
-                kw = {**engine_kwargs, "device": rank_device(leader_device, r)}
+                kw = {**engine_kwargs, "device": rank_device(str(device), r)}
                 spec = FollowerSpec(r, size, kw, num_pages, int(engine_kwargs.get("page_size", 16)), self._store.port,
                                     f"tcp://{HOST}:{port}", log_level, timeout_s)  # fmt: skip
                 p = ctx.Process(target=follower_main, args=(spec,), name=f"tokenrouter-tp{r}", daemon=True)
@@ -117,10 +116,6 @@ class TPRanks:
         except BaseException:
             self.close(timeout_s=0.0)
             raise
-
-    @property
-    def pids(self) -> list[int]:
-        return [p.pid for p in self.procs]
 
     def publish(self, data: bytes) -> None:
         for s in self._socks:

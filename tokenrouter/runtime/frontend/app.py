@@ -121,9 +121,6 @@ def create_app(
     async def http_error(_: Request, e: StarletteHTTPException) -> JSONResponse:
         return error_response(e.status_code, str(e.detail))
 
-    def limits() -> params.Limits:
-        return params.Limits(server.vocab_size, backend.kv_capacity_tokens, server.max_context_len)
-
     def check_model(model: str) -> str:
         if model not in accepted:
             raise APIError(
@@ -156,7 +153,8 @@ def create_app(
             raise
 
     def job(body: CompletionRequest | ChatRequest, ids: list[int], default_max: int | None) -> generate.Job:
-        sp = params.sampling(body, ids, limits(), default_max=default_max)
+        limits = params.Limits(server.vocab_size, backend.kv_capacity_tokens, server.max_context_len)
+        sp = params.sampling(body, ids, limits, default_max=default_max)
         stop = params.stop_strings(body)
         chat = isinstance(body, ChatRequest)
         usage = bool(body.stream_options is not None and body.stream_options.include_usage)

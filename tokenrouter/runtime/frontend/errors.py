@@ -20,9 +20,6 @@ class APIError(Exception):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
 
-    def body(self) -> dict[str, Any]:
-        return error_body(self.status, self.message, self.param, self.code)
-
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
     kind = _TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")

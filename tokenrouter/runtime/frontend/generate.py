@@ -152,12 +152,10 @@ async def run(job: Job, backend: Backend, tokenizer, names: Sequence[str], reque
         first = await _or_disconnect(first_task, request)
     except BaseException:
         first_task.cancel()
-        backend.abort_nowait(job.rid)
-        on_outcome("aborted")
+        _abandon(backend, job.rid, on_outcome)
         raise
     if first is None:  # the client left before anything came back
-        backend.abort_nowait(job.rid)
-        on_outcome("aborted")
+        _abandon(backend, job.rid, on_outcome)
         return error_response(499, "client closed the request")
     if isinstance(first, Outcome) and first.status is not None:
         backend.release(job.rid)
@@ -203,8 +201,7 @@ async def _whole(job: Job, stream: RequestStream, first, backend: Backend, out: 
             break
         ev = await _or_disconnect(asyncio.ensure_future(stream.next()), request)
         if ev is None:
-            backend.abort_nowait(job.rid)
-            on_outcome("aborted")
+            _abandon(backend, job.rid, on_outcome)
             return error_response(499, "client closed the request")
     if out.stopped:
         backend.abort_nowait(job.rid)  # ends it on the subservers; the answer is complete

@@ -58,8 +58,7 @@ class StatsCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         up = GaugeMetricFamily("tokenrouter_subserver_up", "1 while the subserver is alive and ready", labels=["model"])
         gauges = {k: GaugeMetricFamily(f"tokenrouter_{k}", h, labels=["model"]) for k, h, _ in _GAUGES}
-        counters = {k: CounterMetricFamily(f"tokenrouter_{k}", h, labels=["model"]) for k, h, _ in _COUNTERS}
-        seconds = {k: CounterMetricFamily(f"tokenrouter_{k}", h, labels=["model"]) for k, h, _ in _SECONDS}
+        counters = {k: CounterMetricFamily(f"tokenrouter_{k}", h, labels=["model"]) for k, h, _ in _COUNTERS + _SECONDS}
         batch = GaugeMetricFamily("tokenrouter_batch_size_mean", "mean rows per step since start", labels=["model"])
         step_ms = GaugeMetricFamily("tokenrouter_step_time_ms_mean", "mean step time since start", labels=["model"])
         for m in self.backend.models:
@@ -72,13 +71,12 @@ class StatsCollector(Collector):
             for k, _, attr in _COUNTERS:
                 counters[k].add_metric([m.name], float(getattr(s, attr)))
             for k, _, attr in _SECONDS:
-                seconds[k].add_metric([m.name], getattr(s, attr) / 1e3)
+                counters[k].add_metric([m.name], getattr(s, attr) / 1e3)
             batch.add_metric([m.name], s.step_rows / s.steps if s.steps else 0.0)
             step_ms.add_metric([m.name], s.step_ms / s.steps if s.steps else 0.0)
         yield up
         yield from gauges.values()
         yield from counters.values()
-        yield from seconds.values()
         yield from (batch, step_ms)
 
 

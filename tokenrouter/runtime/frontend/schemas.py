@@ -17,7 +17,6 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 INT32_MAX = 2**31 - 1
 
 Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
-Float = Annotated[float, Field(allow_inf_nan=False)]
 
 # The roles of OpenAI's chat API (`function` is its deprecated form of `tool`).
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
