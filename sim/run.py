@@ -252,15 +252,23 @@ def shared_gpus(deployment: Deployment, cost: StepCost) -> list[SharedGpu]:
         for j in deployment.colocated(i):
             gi, gj = group[i], group[j]
             group = [gi if g == gj else g for g in group]
-    factors = {(i, j): cost.interference(i, j) for i in range(m) for j in deployment.colocated(i)}
+    peers = [deployment.colocated(i) for i in range(m)]
+    factors = {(i, j): cost.interference(i, j) for i in range(m) for j in peers[i]}
+    # Lookups are pure functions of integer token counts that recur every step: remember them.
+    seen_factor: dict[tuple[int, int, int, int], float] = {}
+    seen_cap: dict[tuple[int, int], float] = {}
 
     def factor(model: int, own: int, peer: int, peer_tokens: int) -> float:
-        f = factors.get((model, peer))
-        return 1.0 if f is None else f.factor(own, peer_tokens)
+        key = (model, own, peer, peer_tokens)
+        if key not in seen_factor:
+            f = factors.get((model, peer))
+            seen_factor[key] = 1.0 if f is None else f.factor(own, peer_tokens)
+        return seen_factor[key]
 
     def cap(model: int, own: int) -> float:
-        peers = deployment.colocated(model)
-        return factors[(model, peers[0])].cap(own) if peers else 1.0
+        if (model, own) not in seen_cap:
+            seen_cap[model, own] = factors[(model, peers[model][0])].cap(own) if peers[model] else 1.0
+        return seen_cap[model, own]
 
     by_group: dict[int, SharedGpu] = {}
     return [by_group.setdefault(g, SharedGpu(factor, cap)) for g in group]
@@ -279,20 +287,21 @@ class _Links:
     def dispatch(self, src: int, actions: list[Action]) -> None:
         env = self.env
         for a in actions:
-            if isinstance(a, Send):
+            kind = type(a)
+            if kind is Send:
                 if isinstance(a.msg, PeerReq) and not a.msg.finished:
                     self.subs[a.msg.src].hops += 1  # what a runtime subserver counts as a hop
                 link = (a.msg.src, a.msg.dst)
                 at = max(env.now + self.cost.message_ms(a.msg.nbytes) / 1000.0, self._free.get(link, 0.0))
                 self._free[link] = at
                 if at > env.now:
-                    env.process(self._later(a.msg, at - env.now))
+                    env.timeout(at - env.now, a.msg).callbacks.append(self._landed)
                 else:
                     self.deliver(a.msg)
-            elif isinstance(a, Emit):
+            elif kind is Emit:
                 self.subs[a.model].tokens += len(a.tokens)
                 self.metrics.on_tokens(a.rid, len(a.tokens), env.now, a.model)
-            elif isinstance(a, Finish):
+            elif kind is Finish:
                 self.finishes.on_finish(a.num_output)
                 self.metrics.on_finish(a.rid, env.now, a.num_hops)
                 ev = self.done.pop(a.rid, None)
@@ -307,6 +316,5 @@ class _Links:
             dst.rematch.add(msg.rid)  # standard serving: a returning hop is a new request that re-matches
         self.dispatch(msg.dst, self.dep.deliver(msg, self.env.now))
 
-    def _later(self, msg: PeerMsg, delay_s: float):
-        yield self.env.timeout(delay_s)
-        self.deliver(msg)
+    def _landed(self, event: simpy.Event) -> None:
+        self.deliver(event.value)

@@ -104,7 +104,7 @@ class SimSubserver:
         self.hops = 0
         self._busy_until = float("-inf")
         self._wake: simpy.Event | None = None
-        self._retime: simpy.Event | None = None
+        self._waiting: tuple[simpy.Process, float, float] | None = None  # a `_wait`: (process, wake time, lead)
         self.proc = env.process(self._run())
 
     def kick(self) -> None:
@@ -113,53 +113,65 @@ class SimSubserver:
             self._wake.succeed()
 
     def retime(self) -> None:
-        """The running pass changed rate (a co-located pass started or ended): re-time the wait for its end."""
-        if self._retime is not None and not self._retime.triggered:
-            self._retime.succeed()
+        """The running pass changed rate (a co-located pass started or ended): re-time the wait for its end.
+
+        Only a wait that would now end too late is cut short (an interrupt): one that ends too early wakes, finds
+        work left and waits again, which costs less than waking every wait on every rate change."""
+        w = self._waiting
+        if w is not None and self.inflight:
+            target = self.env.now + self.inflight[0].gpu.remaining_s(self.env.now) - w[2]
+            if target < w[1] - EPS_S:
+                self._waiting = None
+                w[0].interrupt()
 
     def _run(self):
-        env, sched = self.env, self.sched
+        env, sched, inflight = self.env, self.sched, self.inflight
         while True:
-            if not self.inflight:
-                batch = sched.schedule(env.now)
-                self.metrics.on_queue(self.model, env.now, len(sched.waiting))
+            now = env.now
+            if not inflight:
+                batch = sched.schedule(now)
+                self.metrics.on_queue(self.model, now, len(sched.waiting))
                 if batch is None:
                     yield from self._idle()
                     continue
                 # Nothing runs: the host's work (and a sync policy's coordinator time) is on the critical path.
                 host_s = self.host_ms(len(batch.rows)) / 1000.0 + self.gate_s
-                self.inflight.append(self._prepare(batch, env.now + host_s))
+                inflight.append(self._prepare(batch, now + host_s))
                 continue
-            head = self.inflight[0]
+            head = inflight[0]
             if head.started_s is None:  # a prepared pass whose host work is not done yet (nothing else runs)
-                yield env.timeout(max(0.0, head.ready_s - env.now))
+                yield env.timeout(max(0.0, head.ready_s - now))
                 self._start(head)
                 continue
-            if self.overlap and len(self.inflight) == 1 and not head.next_formed:
-                end = env.now + head.gpu.remaining_s(env.now)
+            wait = lead = 0.0
+            if self.overlap and len(inflight) == 1 and not head.next_formed:
+                end = now + head.gpu.remaining_s(now)
                 margin = self.margin_ms if self.margin_ms is not None else self.host_ms(len(head.batch.rows))
                 at = prepare_time(end, margin / 1000.0)
-                if at - env.now > EPS_S:
-                    yield from self._wait(at - env.now)
-                    continue
-                head.next_formed = True
-                nxt = sched.schedule(env.now)
-                if nxt is not None:  # the host works on it until now + host time, while step k still runs
-                    self.inflight.append(self._prepare(nxt, env.now + self.host_ms(len(nxt.rows)) / 1000.0))
-            left = head.gpu.remaining_s(env.now)
-            if left > EPS_S:
-                yield from self._wait(left)
+                if at - now > EPS_S:
+                    wait, lead = at - now, end - at
+                else:
+                    head.next_formed = True
+                    nxt = sched.schedule(now)
+                    if nxt is not None:  # the host works on it until now + host time, while step k still runs
+                        inflight.append(self._prepare(nxt, now + self.host_ms(len(nxt.rows)) / 1000.0))
+            if not wait:
+                left = head.gpu.remaining_s(now)
+                wait = left if left > EPS_S else 0.0
+            if wait:
+                # Sleep, or less when the running pass is re-timed so that the wait's target (`lead` before the
+                # pass's end) comes sooner (`retime`).
+                self._waiting = (self.proc, now + wait, lead)
+                try:
+                    yield env.timeout(wait)
+                except simpy.Interrupt:
+                    pass
+                self._waiting = None
                 continue
             self._complete(head)
-            if self.inflight and self.inflight[0].started_s is None and self.inflight[0].ready_s <= env.now:
-                self._start(self.inflight[0])  # the prepared step follows at once (before the zero-delay yield)
+            if inflight and inflight[0].started_s is None and inflight[0].ready_s <= now:
+                self._start(inflight[0])  # the prepared step follows at once (before the zero-delay yield)
             yield env.timeout(0)
-
-    def _wait(self, dt: float):
-        """Sleep `dt` seconds, or until the running pass is re-timed (its end moved)."""
-        self._retime = self.env.event()
-        yield self.env.timeout(dt) | self._retime
-        self._retime = None
 
     def _idle(self):
         self._wake = self.env.event()

@@ -47,7 +47,9 @@ class KVPool:
 
     def grow(self, pages: list[int], num_tokens: int) -> bool:
         """Extend `pages` in place to cover `num_tokens`; all-or-nothing, False when the pool is short."""
-        need = self.extra_pages(pages, num_tokens)
+        need = -(-num_tokens // self.page_size) - len(pages)
+        if need <= 0:
+            return True
         if need > len(self._free):
             return False
         pages.extend(self._free.popleft() for _ in range(need))

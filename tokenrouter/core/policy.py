@@ -98,6 +98,8 @@ class Policy:
     thresholds: tuple[int, ...] = ()
     table: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
     max_wait: float | None = None
+    # thresholds_for by (N, M): asked before every launch, and a policy is replaced, never changed, once made
+    _memo: dict[tuple[int, int], tuple[int, ...]] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.kind = parse_kind(self.kind)
@@ -122,7 +124,11 @@ class Policy:
         return tuple(int(x) for x in base)
 
     def thresholds_for(self, concurrency: int, num_models: int) -> tuple[int, ...]:
-        return clamp_thresholds(self.nominal_thresholds(concurrency, num_models), concurrency)
+        key = (concurrency, num_models)
+        b = self._memo.get(key)
+        if b is None:
+            b = self._memo[key] = clamp_thresholds(self.nominal_thresholds(concurrency, num_models), concurrency)
+        return b
 
 
 class SyncGate:

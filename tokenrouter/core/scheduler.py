@@ -293,9 +293,11 @@ class Scheduler:
         dests = _to_list(self.router.route(batch, result))
         lps = _committed_logprobs(result, toks)
         actions: list[Action] = []
+        model, keep_token, admission = self.model, self.router.keep_token, self.admission
+        running, finished = ReqStatus.RUNNING, ReqStatus.FINISHED
         for i, (row, tok, dst) in enumerate(zip(batch.rows, toks, dests, strict=True)):
             req = row.req
-            if row.version != req.version or req.status != ReqStatus.RUNNING:
+            if row.version != req.version or req.status != running:
                 continue  # stale: the request left after this batch was prepared
             req.num_computed = row.start + row.num_tokens
             req.num_inflight -= 1
@@ -304,23 +306,23 @@ class Scheduler:
                 if last:
                     self._requeue(req, now, front=True)
                 continue
-            req.token_ids.append(int(tok))
-            dst = int(dst)
-            if dst != self.model and not self.router.keep_token(req, dst):
+            tok, dst = int(tok), int(dst)
+            req.token_ids.append(tok)
+            if dst != model and not keep_token(req, dst):
                 req.token_ids.pop()
                 self._hand_off(req, dst, actions)
                 continue
             lp = [lps[i]] if lps is not None and req.sampling.logprobs is not None else None
-            actions.append(Emit(req.rid, [int(tok)], req.num_output - 1, self.model, lp))
+            actions.append(Emit(req.rid, [tok], len(req.token_ids) - req.prompt_len - 1, model, lp))
             reason = req.stop_reason()
             if reason is not None:
                 actions.extend(self._finish(req, reason, now))
-            elif dst != self.model:
+            elif dst != model:
                 self._hand_off(req, dst, actions)
             elif last:
                 self._requeue(req, now)
-            if self.admission is not None and req.status != ReqStatus.FINISHED:
-                self.admission.observe(req)
+            if admission is not None and req.status != finished:
+                admission.observe(req)
         return actions
 
     # ---- batch formation ----------------------------------------------------------------------------
@@ -329,12 +331,13 @@ class Scheduler:
         if not self.prepares_ahead or not self.inflight:
             return []
         out = []
+        may_stay = self.router.may_stay
         for row in self.inflight[-1].rows:
             req = row.req
-            live = row.sample and row.version == req.version and req.status == ReqStatus.RUNNING
+            if not row.sample or row.version != req.version or req.status != ReqStatus.RUNNING:
+                continue
             # Leave out rows that would only be wasted: the request's last token, or a request that surely leaves.
-            useful = req.num_output + 1 < req.sampling.max_tokens and self.router.may_stay(req)
-            if live and req.num_inflight == 1 and useful:
+            if req.num_inflight == 1 and req.num_output + 1 < req.sampling.max_tokens and may_stay(req):
                 out.append(row)
         return out
 

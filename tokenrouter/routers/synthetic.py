@@ -47,6 +47,9 @@ class ProbRouter(Router):
             raise ValueError("each row of P must be probabilities summing to 1")
         self.P = P_arr
         self._cum = np.cumsum(P_arr, axis=1)
+        # Plain-Python copies for the per-step draw (numpy calls cost more than the work at a few rows)
+        self._cum_rows = self._cum.tolist()
+        self._stays = [bool(P_arr[i][i] > 0) for i in range(len(P_arr))]
 
     def bind(self, model: int, num_models: int) -> Router:
         if num_models != len(self.P):
@@ -56,15 +59,21 @@ class ProbRouter(Router):
         return self
 
     def route(self, batch: Batch, result: StepResult) -> Sequence[int]:
-        cum = self._cum[self.model]
-        u = self._rng.random(len(batch.rows))
-        return np.minimum(np.searchsorted(cum, u, side="right"), self.num_models - 1).tolist()
+        """Destination j of each row: the first j with u < cum[j] for a uniform u (the last model past the end)."""
+        cum, last = self._cum_rows[self.model], self.num_models - 1
+        out = []
+        for u in self._rng.random(len(batch.rows)).tolist():
+            j = 0
+            while j < last and u >= cum[j]:
+                j += 1
+            out.append(j)
+        return out
 
     def keep_token(self, req: Request, dst: int) -> bool:
         return self.keep[self.model][dst]
 
     def may_stay(self, req: Request) -> bool:
-        return bool(self.P[self.model][self.model] > 0)
+        return self._stays[self.model]
 
 
 class TraceRouter(Router):
