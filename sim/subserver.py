@@ -18,6 +18,7 @@ co-located model starts or ends a pass, so the subserver re-times its wait when 
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -162,10 +163,8 @@ class SimSubserver:
                 # Sleep, or less when the running pass is re-timed so that the wait's target (`lead` before the
                 # pass's end) comes sooner (`retime`).
                 self._waiting = (self.proc, now + wait, lead)
-                try:
+                with contextlib.suppress(simpy.Interrupt):
                     yield env.timeout(wait)
-                except simpy.Interrupt:
-                    pass
                 self._waiting = None
                 continue
             self._complete(head)
