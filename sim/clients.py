@@ -30,6 +30,7 @@ class ClosedLoop:
         self._it: Iterator[RequestSpec] = iter(specs)
         self.submit = submit
         self.exhausted_at: float | None = None
+        self.exhausted = env.event()  # succeeds at `exhausted_at` (a trial run stops there)
         self.target = concurrency
         self.clients = 0  # running client processes
         self.procs: list[simpy.Process] = []
@@ -59,6 +60,7 @@ class ClosedLoop:
         else:
             if self.exhausted_at is None:
                 self.exhausted_at = self.env.now
+                self.exhausted.succeed()
         self.clients -= 1
 
 

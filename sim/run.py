@@ -42,6 +42,8 @@ class SimConfig:
     seed: int = 0
     max_output: int | None = None
     cost: StepCost | None = None  # instead of the profile's (tests use ConstantCost)
+    # A trial (the decider's): stop when the closed loop runs out of requests; only the steady window is measured
+    trial: bool = False
 
     def __post_init__(self) -> None:
         if self.num_requests < 1:
@@ -134,8 +136,9 @@ def run_sim(cfg: SimConfig) -> SimResult:
         pending = (lambda: not loader.done) if isinstance(loader, OpenLoop) else (lambda: False)
         tuner = SimAutotune(env, controller, dep.policy, subs, finishes, lambda: loader.done and not done, pending)
         initial = controller.current(n0)
-    env.run()
-    if done:
+    stop_early = cfg.trial and isinstance(loader, ClosedLoop) and not phases and tuner is None
+    env.run(until=loader.exhausted if stop_early else None)
+    if done and not stop_early:
         raise RuntimeError(f"simulation stalled with {len(done)} requests unfinished (scheduler deadlock?)")
     window = None
     if isinstance(loader, ClosedLoop) and loader.exhausted_at and loader.exhausted_at > 0:

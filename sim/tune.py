@@ -87,7 +87,7 @@ def _workload_means(cfg: SimConfig) -> tuple[float, float]:
     return ctx, max(1.0, float(np.mean([s.output_len for s in specs])))
 
 
-def _markov_inputs(cfg: SimConfig) -> tuple[np.ndarray, np.ndarray, float]:
+def markov_inputs(cfg: SimConfig) -> tuple[np.ndarray, np.ndarray, float]:
     """The routing and commit matrices and the mean output length the Markov model of `cfg` takes."""
     P, C = routing_matrices(cfg)
     return P, C, _workload_means(cfg)[1]
@@ -157,9 +157,9 @@ def expected_step_ms(cost: ModelStepCost, rows: int, tokens_per_row: float, cont
 def predict_thresholds(cfg: SimConfig, concurrency: int | None = None) -> Prediction:
     n = concurrency or cfg.concurrency
     check_search_concurrency(n)
-    P, C, mean_output = _markov_inputs(cfg)
+    P, C, mean_output = markov_inputs(cfg)
     search = search_thresholds(MarkovModel.create(step_time_fns(cfg), P, C, n, DELTA_MS, mean_output))
-    if not (_shares_a_gpu(cfg) and n > 1 and search.ranked and len(cfg.deployment.models) == 2):
+    if not (shares_a_gpu(cfg) and n > 1 and search.ranked and len(cfg.deployment.models) == 2):
         return _searched(search)
     # Second pass: slow each model down for the share of time its peer was busy at the first pass's B*, beside a
     # pass of the peer's mean batch (the co-run factor depends on what the peer runs).
@@ -188,9 +188,9 @@ def markov_at(cfg: SimConfig, thresholds: tuple[int, ...], concurrency: int | No
     """The Markov model's T(B) at one given B (the deployed one, not B*); under MPS at the co-location fixed point of
     that B (`colocated_at`)."""
     n = concurrency or cfg.concurrency
-    if _shares_a_gpu(cfg) and n > 1:
+    if shares_a_gpu(cfg) and n > 1:
         return colocated_at(cfg, thresholds, n)
-    P, C, mean_output = _markov_inputs(cfg)
+    P, C, mean_output = markov_inputs(cfg)
     return evaluate_thresholds(MarkovModel.create(step_time_fns(cfg), P, C, n, DELTA_MS, mean_output), thresholds)[0]
 
 
@@ -198,13 +198,13 @@ def colocated_at(cfg: SimConfig, thresholds: tuple[int, ...], concurrency: int,
                  load: Load | None = None) -> ThroughputResult:  # fmt: skip
     """T(B) with each model slowed by its co-runner as often as the chain at this very B keeps that peer busy
     (`tokenrouter.markov.colocation`); `load` is the start (default: the peers alone)."""
-    P, C, mean_output = _markov_inputs(cfg)
+    P, C, mean_output = markov_inputs(cfg)
     steps_at = lambda ld: step_time_fns(cfg, ld)  # noqa: E731
     solved = solve_at_load(steps_at, P, C, concurrency, DELTA_MS, mean_output, thresholds, tokens_per_row(P), load=load)
     return solved[0]
 
 
-def _shares_a_gpu(cfg: SimConfig) -> bool:
+def shares_a_gpu(cfg: SimConfig) -> bool:
     return any(colocated(cfg.deployment, i) for i in range(len(cfg.deployment.models)))
 
 

@@ -1,0 +1,272 @@
+"""The one decider of the delayed-batching thresholds B: the Markov model proposes, the simulator ranks, the best
+simulated B wins. `trsim run` (automatic B), `trsim tune` (every N of every candidate) and autotune (in the
+simulator and live) all call `decide` or, with their own way of running a candidate, `search`.
+
+Why both models: the Markov model answers in a fraction of a second but ranks B poorly where its assumptions
+break (two models sharing a GPU: it sees each model's mean slowdown, not that a held small model runs while the
+large one idles), while the simulator is the more accurate model and costs a run per B. So the Markov model's best
+B start a compass search in the simulator: each round simulates the untried neighbours of the best B so far (one
+step up and down per model's B_i), moves to a better one, or halves the steps; it ends when no neighbour at step 1
+beats the best, or at the time budget (then the best so far wins and the choice says so). Small N, whose feasible
+set is a handful of B, are simulated whole.
+
+A trial is the deployment at B under a closed loop of N clients and `trial_requests(N)` requests of the run's
+workload and seed, stopped when the loop runs out of requests (`SimConfig.trial`): its steady output throughput
+(tokens over the time every client was busy) and its TPOT percentiles. Every trial of one decision shares the
+workload (common random numbers), so two B are compared on the same requests.
+
+Objective: the highest steady throughput; with `slo_tpot_ms`, the highest among the B whose TPOT p99 meets it
+(goodput, as serving papers report it), and no B when none does (the choice then names the fastest and the lowest
+TPOT it saw).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+
+from tokenrouter.core.policy import guard_holds
+from tokenrouter.sim.run import SimConfig, run_sim
+
+B = tuple[int, ...]
+
+EXHAUSTIVE_LIMIT = 12
+"""Feasible sets this small are simulated whole (N <= 4 for two models)."""
+START_CANDIDATES = 3
+"""Markov proposals simulated before the compass search."""
+DEFAULT_BUDGET_S = 60.0
+"""Wall-clock budget of one decision unless the caller gives one."""
+
+
+@dataclass(frozen=True, slots=True)
+class Trial:
+    """What one simulated candidate measured: steady output throughput (tok/s) and TPOT p50/p99 (ms)."""
+
+    thresholds: B
+    tok_s: float
+    tpot_p50_ms: float
+    tpot_p99_ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class Objective:
+    """What "best" means. Without an SLO: the most steady tok/s. With `slo_tpot_ms`: the most tok/s among the B
+    whose TPOT p99 is at most the SLO; a B that misses it ranks below every B that meets it, and among those that
+    miss, the lower TPOT ranks higher (so a search that starts outside the SLO walks towards it)."""
+
+    slo_tpot_ms: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.slo_tpot_ms is not None and not (math.isfinite(self.slo_tpot_ms) and self.slo_tpot_ms > 0):
+            raise ValueError(f"--slo-tpot-ms must be a number of ms > 0, got {self.slo_tpot_ms}")
+
+    def meets(self, t: Trial) -> bool:
+        return self.slo_tpot_ms is None or t.tpot_p99_ms <= self.slo_tpot_ms
+
+    def rank(self, t: Trial) -> tuple[bool, float]:
+        return (True, t.tok_s) if self.meets(t) else (False, -t.tpot_p99_ms)
+
+    def describe(self) -> str:
+        return "steady tok/s" if self.slo_tpot_ms is None else f"steady tok/s with TPOT p99 <= {self.slo_tpot_ms:g} ms"
+
+
+@dataclass(slots=True)
+class Choice:
+    """A decision at one N. `thresholds`: the chosen B (None when no B met the objective's SLO); `trials`: every B
+    simulated, in the order simulated; `markov`: the Markov model's proposals (B, predicted tok/s), best first;
+    `note`: what limited the search ("" when it ended by itself)."""
+
+    concurrency: int
+    thresholds: B | None
+    trials: dict[B, Trial]
+    markov: list[tuple[B, float]]
+    objective: Objective
+    note: str = ""
+    seconds: float = 0.0
+
+    @property
+    def best(self) -> Trial | None:
+        return None if self.thresholds is None else self.trials[self.thresholds]
+
+    @property
+    def fastest(self) -> Trial:
+        return max(self.trials.values(), key=lambda t: t.tok_s)
+
+    @property
+    def markov_best(self) -> B | None:
+        return self.markov[0][0] if self.markov else None
+
+    def describe(self) -> str:
+        """One line: what was chosen and how, as the commands print it."""
+        n, tried = self.concurrency, len(self.trials)
+        mk = f"; Markov proposed {format_b(self.markov_best)}" if self.markov else ""
+        how = f"best of {tried} simulated B at N={n} ({self.objective.describe()}{mk})"
+        if self.thresholds is None:
+            low = min(self.trials.values(), key=lambda t: t.tpot_p99_ms)
+            how = (f"no B meets TPOT p99 <= {self.objective.slo_tpot_ms:g} ms at N={n}: the lowest simulated was "
+                   f"{low.tpot_p99_ms:.2f} ms at B = {format_b(low.thresholds)} ({tried} B simulated)")  # fmt: skip
+        return how + (f"; {self.note}" if self.note else "")
+
+
+def format_b(b: Sequence[int] | None) -> str:
+    """B as the commands print and parse it: "1,6"."""
+    return "-" if b is None else ",".join(str(int(x)) for x in b)
+
+
+# -- the search --------------------------------------------------------------------------------------------------
+
+
+def feasible(b: Sequence[int], concurrency: int) -> bool:
+    """B the deployment may run at N: every B_i >= 1 and the core's deadlock guard."""
+    return all(x >= 1 for x in b) and guard_holds(b, concurrency)
+
+
+def feasible_set(num_models: int, concurrency: int, limit: int) -> list[B] | None:
+    """Every feasible B in lexicographic order, or None when there are more than `limit`."""
+    out: list[B] = []
+
+    def rec(prefix: tuple[int, ...]) -> bool:
+        if len(prefix) == num_models:
+            if feasible(prefix, concurrency):
+                out.append(prefix)
+            return len(out) <= limit
+        x = 1
+        while feasible((*prefix, x) + (1,) * (num_models - len(prefix) - 1), concurrency):
+            if not rec((*prefix, x)):
+                return False
+            x += 1
+        return True
+
+    return out if rec(()) else None
+
+
+def neighbours(b: B, steps: Sequence[int], concurrency: int) -> list[B]:
+    """One step up and down along each model's B_i, feasible ones only."""
+    out = []
+    for i, s in enumerate(steps):
+        for d in (s, -s):
+            c = tuple(x + d if k == i else x for k, x in enumerate(b))
+            if feasible(c, concurrency):
+                out.append(c)
+    return out
+
+
+Evaluate = Callable[[list[B]], list[Trial]]
+"""Simulates candidates (possibly in parallel) and returns their trials in the same order."""
+
+
+def search(evaluate: Evaluate, start: Sequence[B], concurrency: int, num_models: int, objective: Objective,
+           budget_s: float, *, progress: Callable[[int, Trial], None] | None = None,
+           clock: Callable[[], float] = time.monotonic) -> tuple[dict[B, Trial], str]:  # fmt: skip
+    """Trials of the B the search simulated, and a note ("" unless the budget cut it short). Small feasible sets
+    are simulated whole; otherwise `start` (feasible B, in the order given) and then the compass search of the
+    module docstring. `progress(done, trial)` after each trial."""
+    t0 = clock()
+    trials: dict[B, Trial] = {}
+
+    def run(cands: list[B]) -> None:
+        cands = [c for c in dict.fromkeys(cands) if c not in trials]
+        for t in evaluate(cands) if cands else []:
+            trials[t.thresholds] = t
+            if progress is not None:
+                progress(len(trials), t)
+
+    def over() -> bool:
+        return clock() - t0 > budget_s
+
+    whole = feasible_set(num_models, concurrency, EXHAUSTIVE_LIMIT)
+    if whole is not None:
+        run(whole)
+        return trials, ""
+    run([b for b in start if feasible(b, concurrency)] or [(1,) * num_models])
+    best = max(trials.values(), key=objective.rank).thresholds
+    steps = [max(1, x // 4) for x in best]
+    while not over():
+        cands = [c for c in neighbours(best, steps, concurrency) if c not in trials]
+        run(cands)
+        top = max(trials.values(), key=objective.rank).thresholds
+        if objective.rank(trials[top]) > objective.rank(trials[best]):
+            best = top
+            continue
+        if all(s == 1 for s in steps):
+            return trials, ""
+        steps = [max(1, s // 2) for s in steps]
+    return trials, f"stopped at the time budget of {budget_s:g} s after {len(trials)} simulated B"
+
+
+def choose(trials: dict[B, Trial], objective: Objective) -> B | None:
+    """The best B of `trials` by `objective` (None when an SLO is set and none meets it); on a tie the first
+    simulated."""
+    best = max(trials.values(), key=objective.rank)
+    return best.thresholds if objective.meets(best) else None
+
+
+# -- the simulator as the judge ----------------------------------------------------------------------------------
+
+
+def trial_requests(concurrency: int) -> int:
+    """Requests of one trial: about three generations of N clients, and at least 24."""
+    return max(24, 3 * concurrency)
+
+
+def trial_config(cfg: SimConfig, concurrency: int) -> SimConfig:
+    """`cfg` as a trial at N: closed loop of N clients, `trial_requests(N)` requests, no autotune, stopped when the
+    loop runs out of requests. Open-loop rates and workload phases are not what B is chosen for: the trial is the
+    closed loop at the N asked about."""
+    policy = dataclasses.replace(cfg.deployment.policy, autotune=None)
+    dep = dataclasses.replace(cfg.deployment, policy=policy)
+    return dataclasses.replace(cfg, deployment=dep, concurrency=concurrency, num_requests=trial_requests(concurrency),
+                               arrival_rate=None, trial=True)  # fmt: skip
+
+
+def run_trial(cfg: SimConfig, thresholds: B) -> Trial:
+    """One candidate simulated as a trial (`cfg` from `trial_config`); a top-level function, so a process pool can
+    run it."""
+    dep = cfg.deployment
+    policy = dep.policy.with_thresholds(thresholds)
+    res = run_sim(dataclasses.replace(cfg, deployment=dataclasses.replace(dep, policy=policy)))
+    s = res.summary
+    tok_s = s.get("steady_output_throughput_tok_s", s["output_throughput_tok_s"])
+    return Trial(tuple(thresholds), float(tok_s), float(s["tpot_ms_p50"]), float(s["tpot_ms_p99"]))
+
+
+def simulator_evaluate(cfg: SimConfig, pool: Executor | None = None) -> Evaluate:
+    """Trials of `cfg` (a trial config), on `pool`'s processes when given."""
+
+    def evaluate(cands: list[B]) -> list[Trial]:
+        if pool is None or len(cands) < 2:
+            return [run_trial(cfg, b) for b in cands]
+        return list(pool.map(run_trial, [cfg] * len(cands), cands))
+
+    return evaluate
+
+
+@dataclass(slots=True)
+class Proposals:
+    """The Markov model's candidates at one N, best first, with predicted tok/s (nan where it predicted none)."""
+
+    ranked: list[tuple[B, float]] = field(default_factory=list)
+    note: str = ""
+
+
+def decide(cfg: SimConfig, concurrency: int | None = None, objective: Objective = Objective(), *,
+           budget_s: float = DEFAULT_BUDGET_S, pool: Executor | None = None, proposals: Proposals | None = None,
+           progress: Callable[[int, Trial], None] | None = None) -> Choice:  # fmt: skip
+    """B for `cfg`'s deployment at N (default `cfg.concurrency`), chosen as the module docstring says. `proposals`:
+    the Markov model's, when the caller already has them (default: solved here)."""
+    from tokenrouter.sim.propose import propose  # the Markov side, imported only when a decision is made
+
+    t0 = time.monotonic()
+    n = concurrency or cfg.concurrency
+    m = len(cfg.deployment.models)
+    if proposals is None:
+        proposals = propose(cfg, n) if feasible_set(m, n, EXHAUSTIVE_LIMIT) is None else Proposals()
+    start = [b for b, _ in proposals.ranked[:START_CANDIDATES]]
+    evaluate = simulator_evaluate(trial_config(cfg, n), pool)
+    trials, note = search(evaluate, start, n, m, objective, budget_s, progress=progress)
+    notes = "; ".join(x for x in (proposals.note, note) if x)
+    return Choice(n, choose(trials, objective), trials, proposals.ranked, objective, notes, time.monotonic() - t0)
