@@ -13,8 +13,8 @@ pre-completion chain described in `explore.py`. If the reachable chain has sever
 possible with degenerate routing), results are the long-run averages expected from the start state: each
 class's ratio weighted by its absorption probability.
 
-Feasible thresholds: B in {1..N}^M with sum_i (B_i - 1) < N, so that some model can always launch (deadlock
-guard).
+Feasible thresholds: B in {1..N}^M that the core's deadlock guard admits (`core.policy.guard_holds`: sum_i (B_i -
+1) < N, so that some model can always launch); the guard, the clamp and the check are the core's, not copies.
 
 Completions (`mean_output`). Without them the N requests circulate forever, and under deterministic routing
 (ME: every token visits 0, 1, .., M-1) the chain is one lockstep orbit, all N requests in one batch everywhere.
@@ -44,6 +44,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import scipy.sparse as sp
 
+from tokenrouter.core import policy
 from tokenrouter.markov.explore import DEFAULT_MAX_STATES, ExploredChains, explore
 from tokenrouter.markov.solve import class_distributions
 from tokenrouter.markov.steps import StepQuanta, StepSpec, feasible_thresholds, quantize_steps, quantize_table
@@ -149,15 +150,16 @@ class MarkovModel:
         return self.routing.shape[0]
 
     def check_thresholds(self, thresholds: Sequence[int]) -> tuple[int, ...]:
-        """Validate B (length M, integers in 1..N, sum_i (B_i - 1) < N); raise ValueError otherwise."""
-        n, m = self.concurrency, self.num_models
+        """B as M integers that pass the core's check of a policy (`core.policy.check_policy`: every B_i >= 1
+        and the deadlock guard at N); raise ValueError otherwise."""
+        m = self.num_models
+        # The chain needs one integer per model; the core's check lets an empty B mean all 1 and 1.5 pass as 1.
         if len(thresholds) != m:
             raise ValueError(f"need {m} thresholds, got {len(thresholds)}")
-        if any(isinstance(x, bool) or int(x) != x or not 1 <= x <= n for x in thresholds):
-            raise ValueError(f"thresholds must be integers in 1..{n}, got {tuple(thresholds)}")
+        if any(isinstance(x, bool) or int(x) != x for x in thresholds):
+            raise ValueError(f"thresholds must be integers, got {tuple(thresholds)}")
         b = tuple(int(x) for x in thresholds)
-        if sum(x - 1 for x in b) >= n:
-            raise ValueError(f"thresholds {b} can deadlock: need sum(B_i - 1) < N = {n}")
+        policy.check_policy(b, {}, num_models=m, concurrency=self.concurrency)
         return b
 
     def with_quantum(self, delta_ms: float) -> MarkovModel:

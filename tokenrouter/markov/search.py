@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tokenrouter.core import policy
 from tokenrouter.markov.explore import StateSpaceTooLarge
 from tokenrouter.markov.model import MarkovModel, ThroughputResult
 from tokenrouter.markov.steps import feasible_thresholds
@@ -115,7 +116,7 @@ def threshold_grid(num_models: int, concurrency: int) -> list[tuple[int, ...]]:
     """Feasible B whose entries are powers of two or N (lexicographic order)."""
     values = sorted({1 << e for e in range(concurrency.bit_length())} | {concurrency})
     grid = itertools.product(values, repeat=num_models)
-    return [b for b in grid if sum(x - 1 for x in b) < concurrency]
+    return [b for b in grid if policy.guard_holds(b, concurrency)]
 
 
 def search_thresholds(model: MarkovModel, max_states: int = SEARCH_STATES) -> SearchOutcome:
@@ -160,12 +161,11 @@ def _scaled_from_smaller(model: MarkovModel, max_states: int, why: str) -> Searc
 
 
 def scale_thresholds(thresholds: Sequence[int], from_n: int, to_n: int) -> tuple[int, ...]:
-    """B scaled by to_n / from_n (rounded; entries of 1 stay 1), then the largest entries lowered until
-    sum_i (B_i - 1) < to_n."""
+    """B scaled by to_n / from_n (rounded; entries of 1 stay 1), then made feasible by the core's clamp
+    (`core.policy.clamp_thresholds`), ties lowered first entry first: the clamp lowers the last entry on ties, so
+    it runs on B reversed."""
     b = [1 if x == 1 else max(1, round(x * to_n / from_n)) for x in thresholds]  # an eager model stays eager
-    while sum(x - 1 for x in b) >= to_n:
-        b[b.index(max(b))] -= 1
-    return tuple(b)
+    return policy.clamp_thresholds(b[::-1], to_n)[::-1]
 
 
 def evaluate_thresholds(

@@ -14,6 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+# Through the module, so each call finds the rule the core has then (one a test swaps in, too).
+from tokenrouter.core import policy
+
 StepSpec = float | Sequence[float] | Callable[[int], float]
 """Step time of one model in ms: a constant, L(b) for b = 1..N as a sequence (index b - 1), or a callable."""
 
@@ -82,28 +85,26 @@ def check_concurrency(concurrency: int) -> int:
 
 
 def feasible_thresholds(num_models: int, concurrency: int) -> list[tuple[int, ...]]:
-    """All B in {1..N}^M with sum_i (B_i - 1) < N, in lexicographic order."""
+    """All B in {1..N}^M that the core's deadlock guard (`core.policy.guard_holds`) admits at N, in lexicographic
+    order: the guard is the core's, so a rule changed there changes the candidates here."""
     n = check_concurrency(concurrency)
 
-    def rec(left: int, budget: int) -> Iterator[tuple[int, ...]]:
-        # budget = how much sum_i (B_i - 1) may still grow while staying < N
+    def rec(prefix: tuple[int, ...], left: int) -> Iterator[tuple[int, ...]]:
         if left == 0:
-            yield ()
+            yield prefix
             return
-        for extra in range(min(budget, n - 1) + 1):
-            for rest in rec(left - 1, budget - extra):
-                yield (1 + extra, *rest)
+        for x in range(1, n + 1):
+            # Raising one B_i never makes the guard easier, so once the prefix with every later B_j = 1 fails,
+            # every larger x fails too: stop there instead of listing all N^M vectors.
+            if not policy.guard_holds((*prefix, x, *(1,) * (left - 1)), n):
+                break
+            yield from rec((*prefix, x), left - 1)
 
-    return list(rec(num_models, n - 1))
+    return list(rec((), num_models))
 
 
 def live_thresholds(thresholds: Sequence[int], live: int) -> tuple[int, ...]:
-    """The B a scheduler applies while only `live` requests are in the system: the largest entries (the last
-    on ties) lowered until sum_i (B_i - 1) < live. The same rule as the core's policy clamp, so the model sees
-    what the schedulers do between a request's finish and its replacement's admission."""
-    b = [max(1, int(x)) for x in thresholds]
-    n = max(1, live)
-    while sum(x - 1 for x in b) >= n:
-        i = len(b) - 1 - b[::-1].index(max(b))
-        b[i] -= 1
-    return tuple(b)
+    """The B a scheduler applies while only `live` requests are in the system: the core's clamp
+    (`core.policy.clamp_thresholds`) itself, so the model sees what the schedulers do between a request's finish
+    and its replacement's admission."""
+    return policy.clamp_thresholds(thresholds, live)
