@@ -23,7 +23,7 @@ from tokenrouter.cli.options import HOP_RATE_HELP
 from tokenrouter.core.names import RouterName
 from tokenrouter.markov import MarkovModel, ThroughputResult, evaluate_thresholds, router_matrices, search_thresholds
 from tokenrouter.markov.search import SEARCH_STATES
-from tokenrouter.sim.tune import check_search_concurrency
+from tokenrouter.sim.propose import check_search_concurrency
 
 ROUTERS = (RouterName.R2R, RouterName.R_STITCH, RouterName.ME)
 

@@ -82,8 +82,8 @@ DEPLOYMENT_FLAGS: tuple[Flag, ...] = (
     Flag("policy", ("--policy",), f"Batching policy: {_CHOICES['policy']}; std-serving is an alias that sets the "
          "deployment's baseline (one server per model, every hop a new request).", str, str, default="delayed"),
     Flag("thresholds", ("--thresholds",), "Delayed-batching B per model, e.g. 1,7 (flat: replaces a config's "
-         "per-N table). trsim and bench --sim also take 'auto': the Markov model's B* for this concurrency (exact "
-         "up to about N = 8; larger N runs a reduced search and says so; N > 1024 is refused).",
+         "per-N table). trsim and bench --sim also take 'auto': the B the decider chooses for this concurrency (the "
+         "Markov model proposes, the simulator ranks: docs/simulator.md, Choosing B; N > 1024 is refused).",
          str, _ints, per_model=True),
     Flag("placement", ("--placement",), f"{_CHOICES['placement']}: all models on GPU 0 under CUDA MPS, one GPU "
          "each (model i on GPU i unless --gpus), or one host each.", str, str, default="mps"),
@@ -296,3 +296,19 @@ RUN_ARGS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "--max-output": ("max_output", int),
 }  # fmt: skip
 RUN_KEYS = tuple(dict.fromkeys(name for name, _ in RUN_ARGS.values()))
+SloTpot = Annotated[
+    float | None,
+    typer.Option(
+        "--slo-tpot-ms",
+        help="Latency objective: choose the B of highest throughput whose simulated TPOT p99 is at most this many ms "
+        "(goodput); a clear line when no B meets it.",
+    ),
+]
+SearchBudget = Annotated[
+    float,
+    typer.Option(
+        "--search-budget",
+        help="Seconds the choice of B may take per N (then the best B simulated so far is chosen, and the output "
+        "says so).",
+    ),
+]

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.console import Console
 
 from tokenrouter.cli.common import check_output
 from tokenrouter.cli.options import (
@@ -13,14 +14,20 @@ from tokenrouter.cli.options import (
     Concurrency,
     DeploymentFlags,
     DryRun,
+    Jobs,
     MaxOutput,
     NumRequests,
+    SearchBudget,
     Seed,
+    SloTpot,
     Workload,
     deployment_flags,
 )
+from tokenrouter.cli.progress import Heartbeat
 from tokenrouter.cli.report import print_result, result_record, write_json
+from tokenrouter.sim.decide import DEFAULT_BUDGET_S, Objective, Trial, format_b
 from tokenrouter.sim.run import SimResult
+from tokenrouter.sim.sim_pool import sim_pool
 from tokenrouter.sim.simulate import sim_config, simulate
 
 
@@ -43,9 +50,16 @@ def run(
             help="PNG: per model queue and busy fraction over time, batch histogram; throughput; latency CDFs."
         ),
     ] = None,
+    slo_tpot_ms: SloTpot = None,
+    search_budget: SearchBudget = DEFAULT_BUDGET_S,
+    jobs: Jobs = 0,
     dry_run: DryRun = False,
 ) -> None:
-    """Simulate a routed model pair on a GPU profile (CPU only) and print the metrics."""
+    """Simulate a routed model pair on a GPU profile (CPU only) and print the metrics. Without --thresholds (or
+    with 'auto') B is chosen first: the Markov model proposes, the simulator ranks (docs/simulator.md)."""
+    objective = Objective(slo_tpot_ms)
+    if search_budget <= 0:
+        raise ValueError(f"--search-budget must be > 0 seconds, got {search_budget}")
     if not dry_run:
         check_output(json_out, "--json")
         check_output(csv_out, "--csv")
@@ -62,7 +76,14 @@ def run(
     if dry_run:
         typer.echo(cfg.deployment.to_yaml().rstrip())
         return
-    res = simulate(cfg, auto)
+    with sim_pool(jobs if auto else 1) as pool, Heartbeat(Console(stderr=True)) as beat:
+        beat.set(f"choosing B at N={cfg.concurrency}" if auto else "simulating")
+
+        def progress(done: int, t: Trial) -> None:
+            beat.set(f"choosing B at N={cfg.concurrency}: {done} B simulated, last {format_b(t.thresholds)} "
+                     f"{t.tok_s:,.0f} tok/s")  # fmt: skip
+
+        res = simulate(cfg, auto, objective=objective, pool=pool, budget_s=search_budget, progress=progress)
     if json_out != "-":
         print_result(res)
     if json_out:

@@ -7,7 +7,6 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from tokenrouter.calibration.gpus import load_gpu_prices
@@ -18,14 +17,19 @@ from tokenrouter.cli.options import (
     GpuPrices,
     Jobs,
     MaxOutput,
+    SearchBudget,
     Seed,
+    SloTpot,
     Workload,
     deployment_flags,
 )
+from tokenrouter.cli.progress import Heartbeat
 from tokenrouter.core.config import DeploymentConfig
 from tokenrouter.core.names import Layout, TuneObjective, parse_name
+from tokenrouter.sim.decide import DEFAULT_BUDGET_S, Objective, format_b
+from tokenrouter.sim.propose import check_search_concurrency
 from tokenrouter.sim.sim_pool import sim_pool
-from tokenrouter.sim.tune import Candidate, check_search_concurrency
+from tokenrouter.sim.tune import Candidate
 from tokenrouter.sim.tune_layouts import (
     candidate_prices,
     candidate_specs,
@@ -36,9 +40,12 @@ from tokenrouter.sim.tune_layouts import (
     tuning_flags,
 )
 
+REQUESTS_HELP = (
+    "Requests per simulated trial of a B (default 3N, >= 24; a trial stops when the closed loop runs out of them)."
+)
 CONCURRENCY_HELP = (
-    "Concurrencies to tune, e.g. 1,2,4,8,16. The Markov search is exact up to about N = 8; larger N runs a reduced "
-    "search (coarser quantum, threshold grid, or B scaled from N/2) and says so; N > 1024 is refused."
+    "Concurrencies to tune, e.g. 1,2,4,8,16; N > 1024 is refused. Between two tuned N the served B is interpolated "
+    "(docs/config.md)."
 )
 
 
@@ -48,8 +55,8 @@ def tune(
     out: Annotated[Path, typer.Option("--out", "-o", help="Deployment YAML to write.")] = Path("serve.yaml"),
     concurrency: Annotated[str, typer.Option("--concurrency", "-n", help=CONCURRENCY_HELP)] = "1,2,4,8,16",
     workload: Workload = "low-effort",
-    num_requests: Annotated[int, typer.Option(help="Requests per simulator check (default 4N, >= 32).")] = 0,
-    top: Annotated[int, typer.Option(help="Markov candidates checked in the simulator per N.")] = 3,
+    num_requests: Annotated[int, typer.Option(help=REQUESTS_HELP)] = 0,
+    top: Annotated[int, typer.Option(help="Markov proposals that start the simulator's search per N.")] = 3,
     seed: Seed = 0,
     max_output: MaxOutput = None,
     sm_splits: Annotated[
@@ -90,11 +97,13 @@ def tune(
             "compared (one of --concurrency; default 8 if tuned, else the largest).",
         ),
     ] = None,
+    slo_tpot_ms: SloTpot = None,
+    search_budget: SearchBudget = DEFAULT_BUDGET_S,
     jobs: Jobs = 0,
     dry_run: DryRun = False,
 ) -> None:
-    """For each N: B* from the Markov model, the top candidates checked in the simulator; the measured best
-    goes into the config's B(N) table, which `tr serve --config` follows as live concurrency changes.
+    """For each N the decider chooses B (the Markov model proposes, the simulator ranks: docs/simulator.md); the
+    chosen B goes into the config's B(N) table, which `tr serve --config` follows as live concurrency changes.
     The deployment tuned is `--config` (or the default pair) with the flags applied; its policy becomes
     delayed. With --placements and/or --sm-splits, each candidate deployment is tuned this way at --compare-n,
     and the best one there is tuned at every N and written."""
@@ -102,7 +111,10 @@ def tune(
         check_output(out, "--out")
     ns, ref_n = _concurrencies(concurrency, compare_n)
     if top < 1:
-        raise CliError(f"--top must be >= 1 (Markov candidates simulated per N), got {top}")
+        raise CliError(f"--top must be >= 1 (Markov proposals simulated per N), got {top}")
+    if search_budget <= 0:
+        raise CliError(f"--search-budget must be > 0 seconds, got {search_budget}")
+    target = Objective(slo_tpot_ms)  # which B is best at each N (--objective chooses among placements)
     goal, prices = _objective(objective, gpu_prices)
     layouts = _layouts(placements, deploy)
     deploy = tuning_flags(deploy)
@@ -112,14 +124,18 @@ def tune(
     splits = parse_sm_splits(sm_splits) if sm_splits else [None]
     specs = candidate_specs(layouts, splits, deploy.resolve(), num_gpus)
     usd = candidate_prices(deploy, specs, prices)
-    cols = (TextColumn("tune {task.fields[what]} N={task.fields[n]}"), BarColumn(), MofNCompleteColumn(),
-            TimeElapsedColumn())  # fmt: skip
-    with sim_pool(jobs) as pool, Progress(*cols, console=Console(stderr=True)) as bar:
-        task = bar.add_task("tune", total=points_to_tune(len(specs), len(ns)), n=ns[0], what="")
-        progress = lambda label, n, done: bar.update(task, n=n, what=label, advance=done)  # noqa: E731
+    with sim_pool(jobs) as pool, Heartbeat(Console(stderr=True)) as beat:
+        total = points_to_tune(len(specs), len(ns))
+        done = [0]
+
+        def progress(label: str, n: int, finished: int) -> None:
+            done[0] += finished
+            beat.set(f"tune {label} N={n}: {done[0]} of {total} points done")
+
         best, candidates = tune_and_choose(deploy, specs, ns, ref_n, goal, usd=usd, progress=progress, pool=pool,
                                            workload=workload, num_requests=num_requests, top=top, seed=seed,
-                                           max_output=max_output)  # fmt: skip
+                                           max_output=max_output, target=target,
+                                           budget_s=search_budget)  # fmt: skip
     if len(candidates) > 1:
         Console().print(_candidates_table(candidates, best, ref_n, goal))
     dep = tuned_config(best, candidates, ref_n, goal, workload=workload, num_gpus=num_gpus,
@@ -164,27 +180,35 @@ def _layouts(placements: str | None, deploy: DeploymentFlags) -> list[Layout | t
 
 
 def _print_points(dep: DeploymentConfig, best: Candidate, workload: str) -> None:
-    """The tuned B per N beside the Markov model's B* and eager, and the Markov model's notes."""
+    """The tuned B per N beside the Markov model's proposal and eager, and what limited a search."""
     names = " + ".join(m.name for m in dep.models)
     t = Table(title=f"trsim tune: {names}, {dep.router.name} hop rate {dep.router.hop_rate}, "
               f"{best.label}, {workload}{', ESTIMATED (below)' if best.estimated else ''}")  # fmt: skip
-    for col in ("N", "Markov B*", "Markov tok/s", "sim tok/s @B*", "chosen B", "sim tok/s", "eager tok/s"):
+    cols = ("N", "Markov B*", "Markov tok/s", "sim tok/s @B*", "chosen B", "sim tok/s", "TPOT p99 ms", "B simulated")
+    for col in cols:
         t.add_column(col, justify="right")
-    eager = (1,) * len(dep.models)
+    slo = best.points[0].choice.objective.slo_tpot_ms if best.points else None
     for p in best.points:
+        mb, mtok = p.markov
+        at_mb = p.simulated.get(mb) if mb is not None else None
         t.add_row(
             str(p.concurrency),
-            _b(p.prediction.thresholds),
-            f"{p.prediction.throughput:,.0f}",
-            f"{p.simulated[p.prediction.thresholds]:,.0f}",
-            _b(p.best),
+            format_b(mb),
+            "-" if mtok != mtok else f"{mtok:,.0f}",
+            "-" if at_mb is None else f"{at_mb:,.0f}",
+            format_b(p.best) + ("" if p.meets_slo else " (SLO missed)"),
             f"{p.best_throughput:,.0f}",
-            f"{p.simulated.get(eager, float('nan')):,.0f}",
+            f"{p.tpot_ms[1]:.2f}",
+            str(len(p.simulated)),
         )
+    if slo is not None:
+        t.caption = f"B of highest simulated steady tok/s whose TPOT p99 <= {slo:g} ms"
     Console().print(t)
     for p in best.points:
-        if p.prediction.note:
-            Console().print(f"N={p.concurrency}: {p.prediction.note}")
+        if p.choice.note:
+            Console().print(f"N={p.concurrency}: {p.choice.note}")
+        if not p.meets_slo:
+            Console().print(f"[yellow]N={p.concurrency}: {p.choice.describe()}; written: the B of lowest TPOT[/yellow]")
 
 
 def _candidates_table(candidates: list[Candidate], best: Candidate, n: int, goal: TuneObjective) -> Table:
@@ -205,13 +229,9 @@ def _candidates_table(candidates: list[Candidate], best: Candidate, n: int, goal
         usd = c.usd_per_mtok(n)
         cost = ([f"{usd:,.3f}"] if usd is not None else ["-"]) if priced else []
         nums = [f"{c.throughput(n):,.0f}", f"{c.per_gpu(n):,.0f}", *cost, f"{p.tpot_ms[0]:.2f}",
-                f"{p.tpot_ms[1]:.2f}", f"{p.prediction.throughput:,.0f}"]  # fmt: skip
+                f"{p.tpot_ms[1]:.2f}", f"{p.markov[1]:,.0f}"]  # fmt: skip
         mark = ", ".join(x for x in ("chosen" if c is best else "", "ESTIMATED" if c.estimated else "") if x)
-        t.add_row(c.label, str(c.gpus), where, _b(p.best), *(x + est for x in nums), mark)
+        t.add_row(c.label, str(c.gpus), where, format_b(p.best), *(x + est for x in nums), mark)
     if any(c.estimated for c in candidates):
         t.caption = "* ESTIMATED: rests on the estimates listed below"
     return t
-
-
-def _b(b: tuple[int, ...]) -> str:
-    return ",".join(map(str, b))

@@ -27,12 +27,11 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from tokenrouter.core.policy import guard_holds
+from tokenrouter.sim.propose import B, Proposals, propose
 from tokenrouter.sim.run import SimConfig, run_sim
-
-B = tuple[int, ...]
 
 EXHAUSTIVE_LIMIT = 12
 """Feasible sets this small are simulated whole (N <= 4 for two models)."""
@@ -74,6 +73,10 @@ class Objective:
         return "steady tok/s" if self.slo_tpot_ms is None else f"steady tok/s with TPOT p99 <= {self.slo_tpot_ms:g} ms"
 
 
+THROUGHPUT = Objective()
+"""The default objective: the most steady tok/s, no latency target."""
+
+
 @dataclass(slots=True)
 class Choice:
     """A decision at one N. `thresholds`: the chosen B (None when no B met the objective's SLO); `trials`: every B
@@ -87,6 +90,7 @@ class Choice:
     objective: Objective
     note: str = ""
     seconds: float = 0.0
+    markov_note: str = ""  # what the Markov search reduced to fit its budget
 
     @property
     def best(self) -> Trial | None:
@@ -213,14 +217,16 @@ def trial_requests(concurrency: int) -> int:
     return max(24, 3 * concurrency)
 
 
-def trial_config(cfg: SimConfig, concurrency: int) -> SimConfig:
-    """`cfg` as a trial at N: closed loop of N clients, `trial_requests(N)` requests, no autotune, stopped when the
-    loop runs out of requests. Open-loop rates and workload phases are not what B is chosen for: the trial is the
-    closed loop at the N asked about."""
+def trial_config(cfg: SimConfig, concurrency: int, requests: int | None = None) -> SimConfig:
+    """`cfg` as a trial at N: closed loop of N clients, `requests` requests (default `trial_requests(N)`; at least
+    N + 1, so the loop runs out while every client is busy), no autotune, stopped when the loop runs out of requests.
+    Open-loop rates and workload phases are not what B is chosen for: the trial is the closed loop at the N asked
+    about."""
     policy = dataclasses.replace(cfg.deployment.policy, autotune=None)
     dep = dataclasses.replace(cfg.deployment, policy=policy)
-    return dataclasses.replace(cfg, deployment=dep, concurrency=concurrency, num_requests=trial_requests(concurrency),
-                               arrival_rate=None, trial=True)  # fmt: skip
+    reqs = max(concurrency + 1, requests or trial_requests(concurrency))
+    return dataclasses.replace(cfg, deployment=dep, concurrency=concurrency, num_requests=reqs, arrival_rate=None,
+                               trial=True)  # fmt: skip
 
 
 def run_trial(cfg: SimConfig, thresholds: B) -> Trial:
@@ -245,28 +251,21 @@ def simulator_evaluate(cfg: SimConfig, pool: Executor | None = None) -> Evaluate
     return evaluate
 
 
-@dataclass(slots=True)
-class Proposals:
-    """The Markov model's candidates at one N, best first, with predicted tok/s (nan where it predicted none)."""
-
-    ranked: list[tuple[B, float]] = field(default_factory=list)
-    note: str = ""
-
-
-def decide(cfg: SimConfig, concurrency: int | None = None, objective: Objective = Objective(), *,
+def decide(cfg: SimConfig, concurrency: int | None = None, objective: Objective = THROUGHPUT, *,
            budget_s: float = DEFAULT_BUDGET_S, pool: Executor | None = None, proposals: Proposals | None = None,
+           start: int = START_CANDIDATES, requests: int | None = None,
            progress: Callable[[int, Trial], None] | None = None) -> Choice:  # fmt: skip
     """B for `cfg`'s deployment at N (default `cfg.concurrency`), chosen as the module docstring says. `proposals`:
-    the Markov model's, when the caller already has them (default: solved here)."""
-    from tokenrouter.sim.propose import propose  # the Markov side, imported only when a decision is made
-
+    the Markov model's, when the caller already has them (default: solved here); `start`: how many of them start the
+    search; `requests`: per trial (default `trial_requests(N)`)."""
     t0 = time.monotonic()
     n = concurrency or cfg.concurrency
     m = len(cfg.deployment.models)
     if proposals is None:
-        proposals = propose(cfg, n) if feasible_set(m, n, EXHAUSTIVE_LIMIT) is None else Proposals()
-    start = [b for b, _ in proposals.ranked[:START_CANDIDATES]]
-    evaluate = simulator_evaluate(trial_config(cfg, n), pool)
-    trials, note = search(evaluate, start, n, m, objective, budget_s, progress=progress)
-    notes = "; ".join(x for x in (proposals.note, note) if x)
-    return Choice(n, choose(trials, objective), trials, proposals.ranked, objective, notes, time.monotonic() - t0)
+        proposals = propose(cfg, n)
+    first = [b for b, _ in proposals.ranked[:start]]
+    evaluate = simulator_evaluate(trial_config(cfg, n, requests), pool)
+    trials, note = search(evaluate, first, n, m, objective, budget_s, progress=progress)
+    choice = Choice(n, choose(trials, objective), trials, proposals.ranked, objective, note, time.monotonic() - t0)
+    choice.markov_note = proposals.note
+    return choice

@@ -1,12 +1,19 @@
-"""Simulator runs spread over processes. A tune's candidate checks are independent runs, each of one seeded config,
-so they give the same numbers in any order and on any number of cores; on a laptop the cores cut a
-many-placement `trsim tune` by about their number."""
+"""Simulator runs spread over processes. A decision's trials and a tune's points are independent runs, each of one
+seeded config, so they give the same numbers in any order and on any number of cores.
+
+Workers are forked where the OS can (Linux) and this process runs no other thread yet: a fork inherits the imports,
+so a worker is ready at once instead of spending a second importing the simulator again (what `trsim run`'s few
+seconds cannot afford). The pool is started before any progress thread: a forked child would inherit a running
+thread stopped, with whatever lock it held. Elsewhere workers are spawned.
+"""
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
 import signal
+import sys
+import threading
 from collections.abc import Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor
 from contextlib import contextmanager
@@ -19,18 +26,20 @@ def available_cores() -> int:
 
 @contextmanager
 def sim_pool(jobs: int) -> Iterator[Executor | None]:
-    """A pool of `jobs` worker processes (0: one per core), or None for one job (the runs stay in this process).
-    The workers ignore Ctrl-C: the command's own process takes it, drops the runs not yet started and waits for
-    those under way. ValueError (one line, naming --jobs) for a negative `jobs`."""
+    """A pool of `jobs` worker processes (0: one per core), already started, or None for one job (the runs stay in
+    this process). The workers ignore Ctrl-C: the command's own process takes it, drops the runs not yet started and
+    waits for those under way. ValueError (one line, naming --jobs) for a negative `jobs`."""
     if jobs < 0:
         raise ValueError(f"--jobs must be >= 0 (0: one per core), got {jobs}")
     jobs = jobs or available_cores()
     if jobs <= 1:
         yield None
         return
-    # spawn, not fork: the command may hold threads (a progress bar's) that a forked child would inherit stopped
-    pool = ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn"), initializer=_ignore_sigint)
+    fork = sys.platform.startswith("linux") and threading.active_count() == 1
+    pool = ProcessPoolExecutor(jobs, mp_context=mp.get_context("fork" if fork else "spawn"), initializer=_ignore_sigint)
     try:
+        # Start every worker now (a forking pool starts them all at its first task), before any progress thread.
+        list(pool.map(_nothing, range(jobs)))
         yield pool
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
@@ -38,3 +47,7 @@ def sim_pool(jobs: int) -> Iterator[Executor | None]:
 
 def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _nothing(_: int) -> None:
+    return None

@@ -1,19 +1,22 @@
 """One simulated run as a command asks for it: the `SimConfig` of a deployment and run flags, and the run with
-B chosen by the Markov model when the thresholds are 'auto' (`trsim run | sweep | tune | validate`,
+B chosen by the decider (`sim.decide`) when the thresholds are 'auto' (`trsim run | sweep | tune | validate`,
 `tr bench --sim`)."""
 
 from __future__ import annotations
 
 import dataclasses
-import math
+from collections.abc import Callable
+from concurrent.futures import Executor
 from pathlib import Path
 from typing import Protocol
 
 from tokenrouter.core.config import ConfigError, DeploymentConfig
 from tokenrouter.core.policy import PolicyKind
 from tokenrouter.deploy.overrides import DeploymentOverrides
+from tokenrouter.sim.decide import DEFAULT_BUDGET_S, THROUGHPUT, Objective, Trial, decide
+from tokenrouter.sim.propose import check_search_concurrency
 from tokenrouter.sim.run import SimConfig, SimResult, run_sim
-from tokenrouter.sim.tune import check_search_concurrency, predict_thresholds, with_thresholds
+from tokenrouter.sim.tune import with_thresholds
 from tokenrouter.workloads import initial_phase, load_phases
 
 
@@ -39,7 +42,7 @@ def sim_config(
     max_output: int | None = None,
 ) -> tuple[SimConfig, bool]:
     """The SimConfig of one simulated run: the resolved deployment and the run flags; also whether thresholds are
-    'auto' (the Markov model's B* for this N: asked for, or the default of a delayed run without a config)."""
+    'auto' (the decider's B for this N: asked for, or the default of a delayed run without a config)."""
     dep = deploy.resolve()
     first = initial_phase(load_phases(workload))  # a phase at 0 s replaces --concurrency / --hop-rate
     if first is not None and first.concurrency is not None:
@@ -68,16 +71,21 @@ def sim_config(
     return cfg, auto
 
 
-def simulate(cfg: SimConfig, auto: bool) -> SimResult:
-    """Run `cfg`; with `auto`, at the Markov model's B* for its concurrency (a new config: `cfg` is left as it is).
-    The result's extra["thresholds_note"] says how B was chosen ("" when not auto)."""
+def simulate(cfg: SimConfig, auto: bool, *, objective: Objective = THROUGHPUT, pool: Executor | None = None,
+             budget_s: float = DEFAULT_BUDGET_S,
+             progress: Callable[[int, Trial], None] | None = None) -> SimResult:  # fmt: skip
+    """Run `cfg`; with `auto`, at the B `sim.decide.decide` chooses for its concurrency (a new config: `cfg` is left as
+    it is). The result's extra["thresholds_note"] says how B was chosen ("" when not auto) and extra["choice"] holds
+    the `Choice`. ValueError (one line) when an SLO is set and no B meets it."""
     note = ""
     if auto:
-        pred = predict_thresholds(cfg)
-        cfg = with_thresholds(cfg, pred.thresholds)
-        predicted = "n/a" if math.isnan(pred.throughput) else f"{pred.throughput:,.0f} tok/s"
-        fallback = f"; {pred.note}" if pred.note else ""
-        note = f" (auto: Markov B* for N={cfg.concurrency}, predicted {predicted}{fallback})"
+        choice = decide(cfg, objective=objective, budget_s=budget_s, pool=pool, progress=progress)
+        if choice.thresholds is None:
+            raise ValueError(choice.describe())
+        cfg = with_thresholds(cfg, choice.thresholds)
+        note = f" (auto: {choice.describe()})"
     res = run_sim(cfg)
     res.extra["thresholds_note"] = note
+    if auto:
+        res.extra["choice"] = choice
     return res

@@ -170,7 +170,8 @@ class SimSubserver:
             self._complete(head)
             if inflight and inflight[0].started_s is None and inflight[0].ready_s <= now:
                 self._start(inflight[0])  # the prepared step follows at once (before the zero-delay yield)
-            yield env.timeout(0)
+            if env.peek() == now:  # other events at this instant (completions) go first; none: nothing to wait for
+                yield env.timeout(0)
 
     def _idle(self):
         self._wake = self.env.event()

@@ -14,198 +14,53 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
-from tokenrouter.calibration.cost import ModelStepCost
 from tokenrouter.calibration.gpus import usd_per_mtok
-from tokenrouter.calibration.profile import load_profile
-from tokenrouter.calibration.step_stats import SHORT_ROW_TOKENS, PartStats, StepStats
 from tokenrouter.core.config import DeploymentConfig
-from tokenrouter.core.graph_rule import GraphRule
 from tokenrouter.core.names import Layout, TuneObjective
-from tokenrouter.deploy.placement import colocated
-from tokenrouter.markov import MarkovModel, ThroughputResult, evaluate_thresholds, search_thresholds
-from tokenrouter.markov.colocation import (
-    DELTA_MS,
-    Load,
-    large_batch_ladder,
-    peer_load,
-    solve_at_load,
-    solve_candidates,
-    tokens_per_row,
-)
-from tokenrouter.markov.presets import matrices
-from tokenrouter.markov.search import SearchOutcome
-from tokenrouter.routers.presets import router_law
-from tokenrouter.sim.run import SimConfig, SimResult, cost_model, run_sim
-from tokenrouter.workloads import make_workload
-
-MAX_SEARCH_CONCURRENCY = 1024
-"""Largest N the Markov model is solved at. Its state budget bounds each chain, not the search: the fallbacks
-(coarser quanta, then the search at N/2, recursively) explore capped chains whose transitions and thresholds grow
-with N, so the time grows about linearly in N: about 20 s at N = 1,000 on one core (two passes under MPS), over
-2 minutes at N = 4,096, hours at N = 100,000. Past this N a command refuses at once instead."""
-
-
-def check_search_concurrency(n: int, hint: str = "") -> None:
-    """ValueError (a one-line user error on the command lines) when N is past `MAX_SEARCH_CONCURRENCY`."""
-    if n > MAX_SEARCH_CONCURRENCY:
-        raise ValueError(f"N = {n:,} is too large for the Markov model: it is solved at N <= "
-                         f"{MAX_SEARCH_CONCURRENCY:,} (its time grows with N: minutes at a few thousand, hours "
-                         f"beyond){hint}")  # fmt: skip
-
-
-@dataclass(slots=True)
-class Prediction:
-    thresholds: tuple[int, ...]
-    throughput: float  # tok/s, Markov model (nan when the search was too large to predict anything)
-    ranked: list[tuple[tuple[int, ...], float]] = field(default_factory=list)
-    note: str = ""  # what the Markov search reduced and why ("" when exact)
+from tokenrouter.sim.decide import DEFAULT_BUDGET_S, START_CANDIDATES, THROUGHPUT, Choice, Objective, Trial, decide
+from tokenrouter.sim.run import SimConfig, SimResult, run_sim
 
 
 @dataclass(slots=True)
 class TunePoint:
+    """One N of a tune: the decider's `Choice` there (`sim.decide`)."""
+
     concurrency: int
-    prediction: Prediction
-    simulated: dict[tuple[int, ...], float]  # thresholds -> steady throughput in the DES
-    best: tuple[int, ...]
-    tpot_ms: tuple[float, float] = (float("nan"), float("nan"))  # TPOT p50, p99 of the simulation at `best`
+    choice: Choice
+
+    @property
+    def best(self) -> tuple[int, ...]:
+        """The chosen B; where no B met the SLO, the one of lowest TPOT p99 (what serves that N best, flagged by
+        `meets_slo`)."""
+        c = self.choice
+        if c.thresholds is not None:
+            return c.thresholds
+        return min(c.trials.values(), key=lambda t: t.tpot_p99_ms).thresholds
+
+    @property
+    def meets_slo(self) -> bool:
+        return self.choice.thresholds is not None
+
+    @property
+    def simulated(self) -> dict[tuple[int, ...], float]:
+        """Steady tok/s of every B simulated at this N."""
+        return {b: t.tok_s for b, t in self.choice.trials.items()}
 
     @property
     def best_throughput(self) -> float:
-        return self.simulated[self.best]
+        return self.choice.trials[self.best].tok_s
 
+    @property
+    def tpot_ms(self) -> tuple[float, float]:
+        """TPOT p50, p99 of the simulation at `best`."""
+        t = self.choice.trials[self.best]
+        return t.tpot_p50_ms, t.tpot_p99_ms
 
-def routing_matrices(cfg: SimConfig) -> tuple[np.ndarray, np.ndarray]:
-    return matrices(router_law(cfg.deployment.router, len(cfg.deployment.models)))
-
-
-def _workload_means(cfg: SimConfig) -> tuple[float, float]:
-    """(mean context a row attends, mean output tokens) of the configured workload."""
-    specs = make_workload(cfg.workload, min(cfg.num_requests, 256), cfg.seed, max_output=cfg.max_output)
-    ctx = float(np.mean([s.prompt_len + s.output_len / 2 for s in specs]))
-    return ctx, max(1.0, float(np.mean([s.output_len for s in specs])))
-
-
-def markov_inputs(cfg: SimConfig) -> tuple[np.ndarray, np.ndarray, float]:
-    """The routing and commit matrices and the mean output length the Markov model of `cfg` takes."""
-    P, C = routing_matrices(cfg)
-    return P, C, _workload_means(cfg)[1]
-
-
-def step_time_fns(cfg: SimConfig, load: list[tuple[float, float]] | None = None) -> list[Callable[[int], float]]:
-    """L_i(b) in ms, from the simulator's own cost model: b rows at the workload's mean context, rows of the
-    hop pattern's mean length, split as the model's graph rule splits them (in expectation), plus the router's
-    device part and (without overlap) the host time. `load[i]` = (fraction of time the co-located peer runs,
-    tokens of its pass): model i's pass is slowed by the co-run factor that share of the time and by its SM-cap
-    factor the rest (the simulator applies the same factors pass by pass)."""
-    dep = cfg.deployment
-    cost = cfg.cost if cfg.cost is not None else cost_model(dep, load_profile(dep.profile))
-    ctx, _ = _workload_means(cfg)
-    tpr = tokens_per_row(routing_matrices(cfg)[0])
-    peers = [colocated(dep, i) for i in range(len(dep.models))]  # models sharing a GPU with model i under MPS
-    fns = []
-    for i, mc in enumerate(dep.models):
-        mcost = cost.for_model(i)
-        overlap = dep.scheduler.overlap if mc.overlap is None else mc.overlap
-        rule = mc.graph_rule()
-        inter = cost.interference(i, peers[i][0]) if peers[i] else None
-        u, peer_tokens = load[i] if load is not None and inter is not None else (0.0, 0.0)
-
-        def f(b: int, _c=mcost, _t=tpr[i], _r=rule, _o=overlap, _f=inter, _u=u, _p=peer_tokens) -> float:
-            alone = expected_step_ms(_c, b, _t, ctx, _r) + _c.router_step_ms(b)
-            if _f is not None:
-                alone *= _f.mixed(max(1, round(b * _t)), _u, _p)
-            return alone + (0.0 if _o else _c.host_ms(b))
-
-        fns.append(f)
-    return fns
-
-
-def expected_step_ms(cost: ModelStepCost, rows: int, tokens_per_row: float, context: float, rule: GraphRule) -> float:
-    """Expected step time of `rows` rows whose lengths are geometric with mean `tokens_per_row` (1 = decodes),
-    split as `rule` splits them: without `allow_split` the step runs in the decode graphs when every row fits
-    (probability P(len <= m)^rows) and as one varlen pass otherwise; with it, the short rows stay in the graph
-    and the rest form a second pass (the split in expectation)."""
-    if rows < 1:
-        return 0.0
-    t = max(1.0, tokens_per_row)
-    m = min(rule.max_row_tokens, rule.max_tokens)
-    fit = 1.0 - (1.0 - 1.0 / t) ** m if rule.enabled else 0.0  # P(length <= m)
-    # E[length | <= m] and E[length | > m] (memoryless: m + t) of a geometric length with mean t.
-    t_fit = (t - (m + t) * (1.0 - fit)) / fit if fit > 0 else 0.0
-    p_long = (1.0 - 1.0 / t) ** SHORT_ROW_TOKENS  # P(length > 16): long rows of a varlen pass
-
-    def part(n: float, k: float, long_frac: float = 0.0) -> PartStats:
-        if n <= 0:
-            return PartStats()
-        toks = max(1, round(n * k))
-        ext = toks if k > 1.0 + 1e-9 else 0
-        return PartStats(max(1, round(n)), toks, ext, round(n * context), round(n * long_frac))
-
-    if not rule.enabled or fit <= 0.0:
-        return cost.step_ms(StepStats(eager=part(rows, t, p_long), graphs=rule.enabled))
-    if rule.allow_split:
-        n_graph = rows * fit
-        return cost.step_ms(StepStats(part(n_graph, t_fit), part(rows - n_graph, m + t, p_long)))
-    all_fit = fit**rows
-    graph = cost.step_ms(StepStats(graph=part(rows, t_fit)))
-    varlen = cost.step_ms(StepStats(eager=part(rows, t, p_long)))
-    return all_fit * graph + (1.0 - all_fit) * varlen
-
-
-def predict_thresholds(cfg: SimConfig, concurrency: int | None = None) -> Prediction:
-    n = concurrency or cfg.concurrency
-    check_search_concurrency(n)
-    P, C, mean_output = markov_inputs(cfg)
-    search = search_thresholds(MarkovModel.create(step_time_fns(cfg), P, C, n, DELTA_MS, mean_output))
-    if not (shares_a_gpu(cfg) and n > 1 and search.ranked and len(cfg.deployment.models) == 2):
-        return _searched(search)
-    # Second pass: slow each model down for the share of time its peer was busy at the first pass's B*, beside a
-    # pass of the peer's mean batch (the co-run factor depends on what the peer runs).
-    load = peer_load(search.ranked[0], tokens_per_row(P))
-    search = search_thresholds(MarkovModel.create(step_time_fns(cfg, load), P, C, n, DELTA_MS, mean_output))
-    # That load belongs to one B: a B that holds the large model for fuller batches keeps it busy less often, so the
-    # small model runs alone more and is faster than the pass assumed. Re-solve the pass's best and the large-batch
-    # ladder each at its own co-location fixed point.
-    steps_at = lambda ld: step_time_fns(cfg, ld)  # noqa: E731
-    solved = solve_candidates(steps_at, P, C, n, DELTA_MS, mean_output, search, load)
-    if not solved:
-        return _searched(search)
-    scored = sorted(solved.items(), key=lambda x: -x[1])
-    note = "; ".join(x for x in (search.note, "co-location solved at each candidate's own load") if x)
-    return Prediction(scored[0][0], float(scored[0][1]), scored, note)
-
-
-def _searched(search: SearchOutcome) -> Prediction:
-    """The search's own prediction (nan when it was too large to predict anything)."""
-    predicted = search.throughput_tok_s if search.throughput_tok_s is not None else float("nan")
-    ranked = [(r.thresholds, r.throughput_tok_s) for r in search.ranked]
-    return Prediction(tuple(search.thresholds), float(predicted), ranked, search.note)
-
-
-def markov_at(cfg: SimConfig, thresholds: tuple[int, ...], concurrency: int | None = None) -> ThroughputResult:
-    """The Markov model's T(B) at one given B (the deployed one, not B*); under MPS at the co-location fixed point of
-    that B (`colocated_at`)."""
-    n = concurrency or cfg.concurrency
-    if shares_a_gpu(cfg) and n > 1:
-        return colocated_at(cfg, thresholds, n)
-    P, C, mean_output = markov_inputs(cfg)
-    return evaluate_thresholds(MarkovModel.create(step_time_fns(cfg), P, C, n, DELTA_MS, mean_output), thresholds)[0]
-
-
-def colocated_at(cfg: SimConfig, thresholds: tuple[int, ...], concurrency: int,
-                 load: Load | None = None) -> ThroughputResult:  # fmt: skip
-    """T(B) with each model slowed by its co-runner as often as the chain at this very B keeps that peer busy
-    (`tokenrouter.markov.colocation`); `load` is the start (default: the peers alone)."""
-    P, C, mean_output = markov_inputs(cfg)
-    steps_at = lambda ld: step_time_fns(cfg, ld)  # noqa: E731
-    solved = solve_at_load(steps_at, P, C, concurrency, DELTA_MS, mean_output, thresholds, tokens_per_row(P), load=load)
-    return solved[0]
-
-
-def shares_a_gpu(cfg: SimConfig) -> bool:
-    return any(colocated(cfg.deployment, i) for i in range(len(cfg.deployment.models)))
+    @property
+    def markov(self) -> tuple[tuple[int, ...] | None, float]:
+        """The Markov model's B* here and its predicted tok/s (None, nan when it proposed nothing)."""
+        ranked = self.choice.markov
+        return (ranked[0][0], ranked[0][1]) if ranked else (None, float("nan"))
 
 
 def with_thresholds(cfg: SimConfig, thresholds: Sequence[int], **policy: Any) -> SimConfig:
@@ -226,23 +81,14 @@ def simulated_summary(cfg: SimConfig, thresholds: tuple[int, ...]) -> dict[str, 
     return simulate_thresholds(cfg, thresholds).summary
 
 
-def tune_point(cfg: SimConfig, concurrency: int, top: int = 3, pool: Executor | None = None) -> TunePoint:
-    """B* for one concurrency: Markov top-k, eager (1,..,1) and the large-batch ladder, each checked in
-    the simulator (on `pool`'s processes when given: the same numbers, sooner); the fastest simulated wins."""
-    c = dataclasses.replace(cfg, concurrency=concurrency)
-    pred = predict_thresholds(c)
-    cands = [b for b, _ in pred.ranked[:top]] or [pred.thresholds]
-    eager = (1,) * len(cfg.deployment.models)
-    for b in [eager, *large_batch_ladder(concurrency, len(cfg.deployment.models))]:
-        if b not in cands:
-            cands.append(b)
-    simulated, tpot = {}, {}
-    runs = (pool.map if pool is not None else map)(simulated_summary, [c] * len(cands), cands)
-    for b, s in zip(cands, runs, strict=True):
-        simulated[b] = s.get("steady_output_throughput_tok_s", s["output_throughput_tok_s"])
-        tpot[b] = (s["tpot_ms_p50"], s["tpot_ms_p99"])
-    best = max(simulated, key=lambda b: (simulated[b], b == pred.thresholds))
-    return TunePoint(concurrency, pred, simulated, best, tpot[best])
+def tune_point(cfg: SimConfig, concurrency: int, top: int = START_CANDIDATES, pool: Executor | None = None, *,
+               objective: Objective = THROUGHPUT, budget_s: float = DEFAULT_BUDGET_S, requests: int | None = None,
+               progress: Callable[[int, Trial], None] | None = None) -> TunePoint:  # fmt: skip
+    """B for one concurrency, chosen by the decider (`sim.decide.decide`: the Markov model's `top` proposals start a
+    search in the simulator, on `pool`'s processes when given: the same numbers, sooner)."""
+    choice = decide(cfg, concurrency, objective, budget_s=budget_s, pool=pool, start=top, requests=requests,
+                    progress=progress)  # fmt: skip
+    return TunePoint(concurrency, choice)
 
 
 # -- choosing among placements (and SM splits): each candidate with its own tuned B --------------------------------

@@ -18,6 +18,7 @@ from tokenrouter.calibration.gpus import usd_per_hour
 from tokenrouter.core.config import DeploymentConfig
 from tokenrouter.core.names import Layout, Placement, TuneObjective, parse_name
 from tokenrouter.deploy.placement import gpu_kinds, gpus_used, layout, on_kinds, parse_kinds
+from tokenrouter.sim.decide import DEFAULT_BUDGET_S, THROUGHPUT, Objective, trial_requests
 from tokenrouter.sim.run import estimated_notes
 from tokenrouter.sim.simulate import DeploymentSource, sim_config
 from tokenrouter.sim.tune import Candidate, choose, tune_point
@@ -84,8 +85,11 @@ def tune_candidates(
     usd: list[float | None] | None = None,
     progress: Callable[[str, int, int], None] = lambda label, n, done: None,
     pool: Executor | None = None,
+    target: Objective = THROUGHPUT,
+    budget_s: float = DEFAULT_BUDGET_S,
 ) -> list[Candidate]:
-    """Each candidate tuned at every N in `ns` (`num_requests` per simulator check; 0: 4N, at least 32); `usd`:
+    """Each candidate tuned at every N in `ns` by the decider (`num_requests` per trial; 0: `trial_requests(N)`),
+    to `target` within `budget_s` per N; `usd`:
     what each one's GPUs cost an hour (`candidate_prices`). `progress(label, n, done)` is called before (done 0)
     and after (done 1) each point; `pool` runs the simulator checks (`sim.sim_pool`)."""
     flags = [candidate_flags(deploy, spec) for spec in specs]
@@ -95,12 +99,12 @@ def tune_candidates(
         points, dep = [], None
         for n in ns:
             progress(spec.label, n, 0)
-            reqs = num_requests or max(32, 4 * n)
-            cfg, _ = sim_config(fl, concurrency=n, workload=workload, num_requests=reqs, seed=seed,
+            cfg, _ = sim_config(fl, concurrency=n, workload=workload, num_requests=trial_requests(n), seed=seed,
                                 max_output=max_output)  # fmt: skip
             if spec.kinds is not None:
                 cfg = dataclasses.replace(cfg, deployment=on_kinds(cfg.deployment, spec.kinds))
-            points.append(tune_point(cfg, n, top=top, pool=pool))
+            points.append(tune_point(cfg, n, top=top, pool=pool, objective=target, budget_s=budget_s,
+                                     requests=num_requests or None))  # fmt: skip
             dep = cfg.deployment
             progress(spec.label, n, 1)
         assert dep is not None  # ns is not empty
@@ -180,8 +184,8 @@ def tuned_config(best: Candidate, candidates: list[Candidate], n: int, goal: Tun
         "points": [
             {
                 "N": p.concurrency,
-                "markov_B": list(p.prediction.thresholds),
-                "markov_tok_s": round(p.prediction.throughput, 1),
+                "markov_B": None if p.markov[0] is None else list(p.markov[0]),
+                "markov_tok_s": round(p.markov[1], 1),
                 "chosen_B": list(p.best),
                 "sim_tok_s": round(p.best_throughput, 1),
             }

@@ -40,8 +40,9 @@ def main() -> None:
     ap.add_argument("-n", default="1,2,4,8,16,32,64")
     ap.add_argument("-o", type=Path, default=Path("studies/decider/results.csv"))
     ap.add_argument("-j", type=int, default=0)
+    ap.add_argument("--all", type=Path, default=None, help="also write every swept B's trial here (CSV)")
     args = ap.parse_args()
-    rows = []
+    rows, every = [], []
     with sim_pool(args.j) as pool:
         for hop in [float(x) for x in args.hops.split(",")]:
             for n in [int(x) for x in args.n.split(",")]:
@@ -51,21 +52,43 @@ def main() -> None:
                 secs = time.monotonic() - t0
                 tcfg = trial_config(cfg, n)
                 cands = sweep_set(n)
-                runs = list(pool.map(run_trial, [tcfg] * len(cands), cands)) if pool else [run_trial(tcfg, b) for b in cands]
+                runs = list((pool.map if pool else map)(run_trial, [tcfg] * len(cands), cands))
                 best = max(runs, key=lambda t: t.tok_s)
+                every += [
+                    {
+                        "hop": hop,
+                        "N": n,
+                        "B": format_b(t.thresholds),
+                        "tok_s": round(t.tok_s, 1),
+                        "tpot_p99_ms": round(t.tpot_p99_ms, 3),
+                    }
+                    for t in runs
+                ]
                 got = choice.best
                 assert got is not None
-                row = {"hop": hop, "N": n, "decider_B": format_b(got.thresholds), "decider_tok_s": round(got.tok_s, 1),
-                       "best_B": format_b(best.thresholds), "best_tok_s": round(best.tok_s, 1),
-                       "gap": round(got.tok_s / best.tok_s - 1.0, 4), "markov_B": format_b(choice.markov_best),
-                       "trials": len(choice.trials), "decider_s": round(secs, 2), "swept": len(cands)}
+                row = {
+                    "hop": hop,
+                    "N": n,
+                    "decider_B": format_b(got.thresholds),
+                    "decider_tok_s": round(got.tok_s, 1),
+                    "best_B": format_b(best.thresholds),
+                    "best_tok_s": round(best.tok_s, 1),
+                    "gap": round(got.tok_s / best.tok_s - 1.0, 4),
+                    "markov_B": format_b(choice.markov_best),
+                    "trials": len(choice.trials),
+                    "decider_s": round(secs, 2),
+                    "swept": len(cands),
+                }
                 rows.append(row)
                 print(row, flush=True)
-    args.o.parent.mkdir(parents=True, exist_ok=True)
-    with args.o.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    for path, table in ((args.o, rows), (args.all, every)):
+        if path is None:
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(table[0]))
+            w.writeheader()
+            w.writerows(table)
 
 
 if __name__ == "__main__":

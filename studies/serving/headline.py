@@ -59,8 +59,8 @@ SERVERS: list[tuple[str, list[str], list[str], list[Cell]]] = [
 def markov_bound(config: str, n: int, max_output: int | None) -> tuple[float, list[int]]:
     """T(B) of the Markov model at the config's B for N = n (its per-N table, else its flat thresholds)."""
     from tokenrouter.core.config import load_config
+    from tokenrouter.sim.propose import markov_at
     from tokenrouter.sim.run import SimConfig
-    from tokenrouter.sim.tune import markov_at
 
     dep = load_config(config)
     table = dep.policy.table or {}

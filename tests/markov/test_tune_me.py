@@ -11,8 +11,9 @@ import pytest
 
 from tokenrouter.calibration.cost import ConstantCost
 from tokenrouter.core.config import DeploymentConfig, ModelConfig, PolicyConfig, RouterConfig
+from tokenrouter.sim.propose import propose
 from tokenrouter.sim.run import SimConfig
-from tokenrouter.sim.tune import predict_thresholds, simulate_thresholds, tune_point
+from tokenrouter.sim.tune import simulate_thresholds, tune_point
 
 ME_MS = [0.9, 4.6, 17.0]
 N = 4
@@ -36,22 +37,23 @@ def simulated(cfg: SimConfig, b: tuple[int, ...]) -> float:
 
 
 def test_markov_ranks_me_thresholds_as_the_simulator(cfg: SimConfig) -> None:
-    pred = predict_thresholds(cfg)
+    pred = propose(cfg, N)
     assert pred.note == ""  # N = 4 with three models is an exact search
     predicted = dict(pred.ranked)
-    picks = [(1, 1, 1), (2, 2, 1), (4, 1, 1), pred.thresholds]
+    best, best_tok_s = pred.ranked[0]
+    picks = [(1, 1, 1), (2, 2, 1), (4, 1, 1), best]
     sim = {b: simulated(cfg, b) for b in picks}
     for a in picks:
         for b in picks:
             if sim[a] > 1.05 * sim[b]:  # a clear difference in the simulator: the model must order them alike
                 assert predicted[a] > predicted[b], (a, b, sim, predicted)
-    assert sim[pred.thresholds] >= 0.98 * max(sim.values())
+    assert sim[best] >= 0.98 * max(sim.values())
     # Eager ME falls out of lockstep: the model that knows it no longer ties eager with the best.
-    assert predicted[(1, 1, 1)] < 0.8 * pred.throughput
+    assert predicted[(1, 1, 1)] < 0.8 * best_tok_s
 
 
 def test_tune_picks_the_best_simulated_candidate(cfg: SimConfig) -> None:
     point = tune_point(cfg, N, top=3)
     assert point.best != (1, 1, 1)
     assert point.best_throughput == max(point.simulated.values())
-    assert point.simulated[point.prediction.thresholds] >= 0.98 * point.best_throughput
+    assert point.simulated[point.markov[0]] >= 0.98 * point.best_throughput

@@ -1,22 +1,15 @@
-"""The Markov model under MPS co-location: each candidate B is solved at its own co-location fixed point, so a B
-that holds the large model for fuller batches (and leaves the small model alone more often) is not priced with the
-interference of a B that keeps the large model busy. The reference is the discrete-event simulator, which applies
-the measured co-run factors pass by pass (an independent model of the same profile)."""
+"""The Markov model under MPS co-location: a B solved at its own co-location fixed point (`colocated_at`), and
+autotune under MPS against the discrete-event simulator, which applies the measured co-run factors pass by pass."""
 
 from __future__ import annotations
 
 import dataclasses
 
 from tokenrouter.core.config import DeploymentConfig, ModelConfig, PolicyConfig, RouterConfig
-from tokenrouter.markov.colocation import peer_load
+from tokenrouter.markov.colocation import peer_load, tokens_per_row
+from tokenrouter.sim.propose import colocated_at, routing_matrices
 from tokenrouter.sim.run import SimConfig
-from tokenrouter.sim.tune import (
-    colocated_at,
-    predict_thresholds,
-    routing_matrices,
-    simulate_thresholds,
-    tokens_per_row,
-)
+from tokenrouter.sim.tune import simulate_thresholds
 
 
 def _cfg(n: int) -> SimConfig:
@@ -36,23 +29,6 @@ def test_the_fixed_point_reproduces_its_own_load():
     again = colocated_at(cfg, (1, 6), 8, load=peer_load(res, tokens_per_row(P)))
     assert abs(again.throughput_tok_s / res.throughput_tok_s - 1) < 0.02
     assert abs(again.busy_fraction[1] - res.busy_fraction[1]) < 0.03
-
-
-def test_markov_ranks_large_b_as_the_simulator_does_under_mps():
-    cfg = _cfg(8)
-    pred = dict(predict_thresholds(cfg).ranked)
-    sim = {b: simulate_thresholds(cfg, b).summary["steady_output_throughput_tok_s"] for b in ((1, 2), (1, 6))}
-    assert sim[(1, 6)] > sim[(1, 2)] * 1.1  # the premise: holding the 32B for fuller batches wins on this profile
-    assert pred[(1, 6)] > pred[(1, 2)]
-
-
-def test_separate_gpus_are_solved_once_without_a_fixed_point():
-    cfg = _cfg(8)
-    dep = dataclasses.replace(cfg.deployment, models=[dataclasses.replace(cfg.deployment.models[1], gpus=[1]),
-                                                     cfg.deployment.models[0]][::-1])  # fmt: skip
-    sep = SimConfig(dataclasses.replace(dep, placement=dataclasses.replace(dep.placement, mode="separate")),
-                    workload="low-effort", num_requests=48, concurrency=8, seed=0)  # fmt: skip
-    assert "co-location" not in (predict_thresholds(sep).note or "")
 
 
 def test_autotune_under_mps_leaves_a_b_that_overloads_the_shared_gpu():

@@ -189,7 +189,7 @@ def test_overlap_prices_the_rows_a_hop_wastes():
 def test_tune_token_per_row_estimate_matches_r2r_and_rstitch():
     import numpy as np
 
-    from tokenrouter.sim.tune import tokens_per_row
+    from tokenrouter.markov.colocation import tokens_per_row
 
     p = 0.1
     assert tokens_per_row(np.array([[1 - p, p], [1.0, 0.0]])) == pytest.approx([1.0, 1 / p])

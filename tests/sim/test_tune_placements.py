@@ -36,8 +36,10 @@ from tokenrouter.core.config import (
 )
 from tokenrouter.deploy.placement import gpu_kinds, on_kinds
 from tokenrouter.models import load_spec
+from tokenrouter.sim.decide import THROUGHPUT, Choice, Trial
+from tokenrouter.sim.propose import propose
 from tokenrouter.sim.run import SimConfig, run_sim
-from tokenrouter.sim.tune import Candidate, TunePoint, choose, predict_thresholds, simulate_thresholds
+from tokenrouter.sim.tune import Candidate, TunePoint, choose, simulate_thresholds
 
 FAST = ["--workload", "fixed:16,64", "--top", "1", "--hop-rate", "0.2"]
 
@@ -94,8 +96,12 @@ def test_free_colocation_makes_mps_win_per_gpu_and_tp_win_on_total(tmp_path, cap
 
 
 def _candidate(label: str, gpus: int, tok_s: float) -> Candidate:
-    point = TunePoint(8, None, {(1, 2): tok_s}, (1, 2))  # type: ignore[arg-type]
-    return Candidate(label, None, [point], gpus)  # type: ignore[arg-type]
+    return Candidate(label, None, [_point(tok_s)], gpus)  # type: ignore[arg-type]
+
+
+def _point(tok_s: float) -> TunePoint:
+    """N = 8 where one B, (1, 2), was simulated at `tok_s`."""
+    return TunePoint(8, Choice(8, (1, 2), {(1, 2): Trial((1, 2), tok_s, 5.0, 6.0)}, [], THROUGHPUT))
 
 
 def test_choice_by_objective_and_ties_go_to_fewer_gpus():
@@ -126,9 +132,9 @@ def test_markov_matches_the_simulator_for_a_model_on_its_own_gpus(tp):
         scheduler=SchedulerConfig(overlap=False),
     )
     cfg = SimConfig(dep, workload="fixed:16,400", num_requests=24, concurrency=4, seed=3)
-    pred = predict_thresholds(cfg)
-    sim = simulate_thresholds(cfg, pred.thresholds).summary["steady_output_throughput_tok_s"]
-    assert sim == pytest.approx(pred.throughput, rel=0.05)
+    best, predicted = propose(cfg, 4).ranked[0]
+    sim = simulate_thresholds(cfg, best).summary["steady_output_throughput_tok_s"]
+    assert sim == pytest.approx(predicted, rel=0.05)
 
 
 # -- across GPU kinds and prices: each model priced from its own GPU's profile, the cost objective, refusals ----
@@ -172,8 +178,7 @@ def _weights_gb(name: str) -> float:
 
 
 def _priced(label: str, gpus: int, tok_s: float, usd_hour: float) -> Candidate:
-    point = TunePoint(8, None, {(1, 2): tok_s}, (1, 2))  # type: ignore[arg-type]
-    return Candidate(label, None, [point], gpus, usd_per_hour=usd_hour)  # type: ignore[arg-type]
+    return Candidate(label, None, [_point(tok_s)], gpus, usd_per_hour=usd_hour)  # type: ignore[arg-type]
 
 
 def test_cost_ranking_matches_the_hand_computation():
