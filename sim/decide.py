@@ -4,16 +4,19 @@ simulator and live) all call `decide` or, with their own way of running a candid
 
 Why both models: the Markov model answers in a fraction of a second but ranks B poorly where its assumptions
 break (two models sharing a GPU: it sees each model's mean slowdown, not that a held small model runs while the
-large one idles), while the simulator is the more accurate model and costs a run per B. So the Markov model's best
-B start a compass search in the simulator: each round simulates the untried neighbours of the best B so far (one
-step up and down per model's B_i), moves to a better one, or halves the steps; it ends when no neighbour at step 1
-beats the best, or at the time budget (then the best so far wins and the choice says so). Small N, whose feasible
-set is a handful of B, are simulated whole.
+large one idles), while the simulator is the more accurate model and costs a run per B. So:
+1. the Markov model's best B start a compass search in the simulator on short trials ("scouting"): each round
+   simulates the untried neighbours of the best B so far (one step up and down per model's B_i, and one step traded
+   between two models, which walks along the deadlock guard's edge), moves to a better one, or halves the steps; it
+   ends when no neighbour at step 1 beats the best, or at the time budget (the choice then says so). Small N, whose
+   feasible set is a handful of B, are scouted whole;
+2. the `FINALISTS` best scouted B run full trials, and the best full trial wins.
 
 A trial is the deployment at B under a closed loop of N clients and `trial_requests(N)` requests of the run's
 workload and seed, stopped when the loop runs out of requests (`SimConfig.trial`): its steady output throughput
-(tokens over the time every client was busy) and its TPOT percentiles. Every trial of one decision shares the
-workload (common random numbers), so two B are compared on the same requests.
+(tokens over the time every client was busy) and its TPOT percentiles. A scouting trial is the same with half the
+requests (about a quarter of the cost: the long requests of the workload's tail are what a longer trial adds).
+Every trial of one decision shares the workload (common random numbers), so two B are compared on the same requests.
 
 Objective: the highest steady throughput; with `slo_tpot_ms`, the highest among the B whose TPOT p99 meets it
 (goodput, as serving papers report it), and no B when none does (the choice then names the fastest and the lowest
@@ -27,7 +30,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tokenrouter.core.policy import guard_holds
 from tokenrouter.sim.propose import B, Proposals, propose
@@ -37,6 +40,8 @@ EXHAUSTIVE_LIMIT = 12
 """Feasible sets this small are simulated whole (N <= 4 for two models)."""
 START_CANDIDATES = 3
 """Markov proposals simulated before the compass search."""
+FINALISTS = 3
+"""Scouted B judged on full trials."""
 DEFAULT_BUDGET_S = 60.0
 """Wall-clock budget of one decision unless the caller gives one."""
 
@@ -79,9 +84,10 @@ THROUGHPUT = Objective()
 
 @dataclass(slots=True)
 class Choice:
-    """A decision at one N. `thresholds`: the chosen B (None when no B met the objective's SLO); `trials`: every B
-    simulated, in the order simulated; `markov`: the Markov model's proposals (B, predicted tok/s), best first;
-    `note`: what limited the search ("" when it ended by itself)."""
+    """A decision at one N. `thresholds`: the chosen B (None when no B met the objective's SLO); `trials`: the
+    finalists' full trials, which the choice is made on; `scouted`: the search's short trials; `markov`: the Markov
+    model's proposals (B, predicted tok/s), best first; `note`: what limited the search ("" when it ended by
+    itself)."""
 
     concurrency: int
     thresholds: B | None
@@ -91,6 +97,7 @@ class Choice:
     note: str = ""
     seconds: float = 0.0
     markov_note: str = ""  # what the Markov search reduced to fit its budget
+    scouted: dict[B, Trial] = field(default_factory=dict)  # the short trials of the search
 
     @property
     def best(self) -> Trial | None:
@@ -106,9 +113,9 @@ class Choice:
 
     def describe(self) -> str:
         """One line: what was chosen and how, as the commands print it."""
-        n, tried = self.concurrency, len(self.trials)
+        n, tried = self.concurrency, len(self.scouted) or len(self.trials)
         mk = f"; Markov proposed {format_b(self.markov_best)}" if self.markov else ""
-        how = f"best of {tried} simulated B at N={n} ({self.objective.describe()}{mk})"
+        how = f"best of {tried} B simulated at N={n} ({self.objective.describe()}{mk})"
         if self.thresholds is None:
             low = min(self.trials.values(), key=lambda t: t.tpot_p99_ms)
             how = (f"no B meets TPOT p99 <= {self.objective.slo_tpot_ms:g} ms at N={n}: the lowest simulated was "
@@ -149,13 +156,17 @@ def feasible_set(num_models: int, concurrency: int, limit: int) -> list[B] | Non
 
 
 def neighbours(b: B, steps: Sequence[int], concurrency: int) -> list[B]:
-    """One step up and down along each model's B_i, feasible ones only."""
+    """One step up and down along each model's B_i, then one step traded between two models (B_i up, B_j down):
+    the best B often sits on the deadlock guard's edge, sum_i (B_i - 1) = N - 1, where no single step stays
+    feasible but a trade does. Feasible ones only."""
     out = []
-    for i, s in enumerate(steps):
-        for d in (s, -s):
-            c = tuple(x + d if k == i else x for k, x in enumerate(b))
-            if feasible(c, concurrency):
-                out.append(c)
+    m = len(b)
+    moves = [{i: d} for i, s in enumerate(steps) for d in (s, -s)]
+    moves += [{i: s, j: -s} for i in range(m) for j in range(m) if i != j for s in [min(steps[i], steps[j])]]
+    for mv in moves:
+        c = tuple(x + mv.get(k, 0) for k, x in enumerate(b))
+        if feasible(c, concurrency) and c not in out:
+            out.append(c)
     return out
 
 
@@ -163,12 +174,12 @@ Evaluate = Callable[[list[B]], list[Trial]]
 """Simulates candidates (possibly in parallel) and returns their trials in the same order."""
 
 
-def search(evaluate: Evaluate, start: Sequence[B], concurrency: int, num_models: int, objective: Objective,
-           budget_s: float, *, progress: Callable[[int, Trial], None] | None = None,
-           clock: Callable[[], float] = time.monotonic) -> tuple[dict[B, Trial], str]:  # fmt: skip
-    """Trials of the B the search simulated, and a note ("" unless the budget cut it short). Small feasible sets
-    are simulated whole; otherwise `start` (feasible B, in the order given) and then the compass search of the
-    module docstring. `progress(done, trial)` after each trial."""
+def scout(evaluate: Evaluate, start: Sequence[B], concurrency: int, num_models: int, objective: Objective,
+          budget_s: float, *, progress: Callable[[int, Trial], None] | None = None,
+          clock: Callable[[], float] = time.monotonic) -> tuple[dict[B, Trial], str]:  # fmt: skip
+    """Trials of the B the search visited, and a note ("" unless the budget cut it short). Small feasible sets are
+    simulated whole; otherwise `start` (feasible B, in the order given) and then the compass search of the module
+    docstring. `progress(done, trial)` after each trial."""
     t0 = clock()
     trials: dict[B, Trial] = {}
 
@@ -179,9 +190,6 @@ def search(evaluate: Evaluate, start: Sequence[B], concurrency: int, num_models:
             if progress is not None:
                 progress(len(trials), t)
 
-    def over() -> bool:
-        return clock() - t0 > budget_s
-
     whole = feasible_set(num_models, concurrency, EXHAUSTIVE_LIMIT)
     if whole is not None:
         run(whole)
@@ -189,9 +197,8 @@ def search(evaluate: Evaluate, start: Sequence[B], concurrency: int, num_models:
     run([b for b in start if feasible(b, concurrency)] or [(1,) * num_models])
     best = max(trials.values(), key=objective.rank).thresholds
     steps = [max(1, x // 4) for x in best]
-    while not over():
-        cands = [c for c in neighbours(best, steps, concurrency) if c not in trials]
-        run(cands)
+    while clock() - t0 <= budget_s:
+        run([c for c in neighbours(best, steps, concurrency) if c not in trials])
         top = max(trials.values(), key=objective.rank).thresholds
         if objective.rank(trials[top]) > objective.rank(trials[best]):
             best = top
@@ -200,6 +207,11 @@ def search(evaluate: Evaluate, start: Sequence[B], concurrency: int, num_models:
             return trials, ""
         steps = [max(1, s // 2) for s in steps]
     return trials, f"stopped at the time budget of {budget_s:g} s after {len(trials)} simulated B"
+
+
+def finalists(scouted: dict[B, Trial], objective: Objective, k: int = FINALISTS) -> list[B]:
+    """The `k` best scouted B by `objective`, best first."""
+    return [t.thresholds for t in sorted(scouted.values(), key=objective.rank, reverse=True)[:k]]
 
 
 def choose(trials: dict[B, Trial], objective: Objective) -> B | None:
@@ -229,6 +241,17 @@ def trial_config(cfg: SimConfig, concurrency: int, requests: int | None = None) 
                                trial=True)  # fmt: skip
 
 
+def scout_requests(concurrency: int) -> int:
+    """Requests of one scouting trial: half of `trial_requests`, so the loop runs out when about half the clients
+    finished their first request (in the study, such trials ranked B as the full ones do: Spearman 0.99+)."""
+    return max(12, trial_requests(concurrency) // 2)
+
+
+def scout_config(cfg: SimConfig, concurrency: int, requests: int | None = None) -> SimConfig:
+    """`trial_config` with `scout_requests(N)` (or half of `requests`)."""
+    return trial_config(cfg, concurrency, requests // 2 if requests else scout_requests(concurrency))
+
+
 def run_trial(cfg: SimConfig, thresholds: B) -> Trial:
     """One candidate simulated as a trial (`cfg` from `trial_config`); a top-level function, so a process pool can
     run it."""
@@ -254,18 +277,25 @@ def simulator_evaluate(cfg: SimConfig, pool: Executor | None = None) -> Evaluate
 def decide(cfg: SimConfig, concurrency: int | None = None, objective: Objective = THROUGHPUT, *,
            budget_s: float = DEFAULT_BUDGET_S, pool: Executor | None = None, proposals: Proposals | None = None,
            start: int = START_CANDIDATES, requests: int | None = None,
-           progress: Callable[[int, Trial], None] | None = None) -> Choice:  # fmt: skip
+           progress: Callable[[int, Trial], None] | None = None,
+           speculate: Callable[[B], object] | None = None) -> Choice:  # fmt: skip
     """B for `cfg`'s deployment at N (default `cfg.concurrency`), chosen as the module docstring says. `proposals`:
     the Markov model's, when the caller already has them (default: solved here); `start`: how many of them start the
-    search; `requests`: per trial (default `trial_requests(N)`)."""
+    search; `requests`: per trial (default `trial_requests(N)`); `speculate(leader)`: called with the scouting
+    leader just before the finalists are judged, so a caller can start work on it alongside (`trsim run` starts its
+    own run of that B, which is the choice most of the time)."""
     t0 = time.monotonic()
     n = concurrency or cfg.concurrency
     m = len(cfg.deployment.models)
     if proposals is None:
         proposals = propose(cfg, n)
     first = [b for b, _ in proposals.ranked[:start]]
-    evaluate = simulator_evaluate(trial_config(cfg, n, requests), pool)
-    trials, note = search(evaluate, first, n, m, objective, budget_s, progress=progress)
-    choice = Choice(n, choose(trials, objective), trials, proposals.ranked, objective, note, time.monotonic() - t0)
-    choice.markov_note = proposals.note
+    scouted, note = scout(simulator_evaluate(scout_config(cfg, n, requests), pool), first, n, m, objective, budget_s,
+                          progress=progress)  # fmt: skip
+    best = finalists(scouted, objective)
+    if speculate is not None:
+        speculate(best[0])
+    judged = {t.thresholds: t for t in simulator_evaluate(trial_config(cfg, n, requests), pool)(best)}
+    choice = Choice(n, choose(judged, objective), judged, proposals.ranked, objective, note, time.monotonic() - t0,
+                    proposals.note, scouted)  # fmt: skip
     return choice

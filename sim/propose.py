@@ -156,8 +156,8 @@ class Proposals:
     note: str = ""
 
 
-PROPOSAL_STATES = 20_000
-"""State budget of each of the two searches (a few tenths of a second at N = 8, about one second at N = 64)."""
+PROPOSAL_STATES = 5_000
+"""State budget of each of the two searches (about 0.2 s at N = 8, 0.6-1.3 s at N = 64, on one core)."""
 
 
 def propose(cfg: SimConfig, concurrency: int) -> Proposals:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future
 from pathlib import Path
 from typing import Protocol
 
@@ -78,14 +78,25 @@ def simulate(cfg: SimConfig, auto: bool, *, objective: Objective = THROUGHPUT, p
     it is). The result's extra["thresholds_note"] says how B was chosen ("" when not auto) and extra["choice"] holds
     the `Choice`. ValueError (one line) when an SLO is set and no B meets it."""
     note = ""
-    if auto:
-        choice = decide(cfg, objective=objective, budget_s=budget_s, pool=pool, progress=progress)
-        if choice.thresholds is None:
-            raise ValueError(choice.describe())
-        cfg = with_thresholds(cfg, choice.thresholds)
-        note = f" (auto: {choice.describe()})"
-    res = run_sim(cfg)
-    res.extra["thresholds_note"] = note
-    if auto:
-        res.extra["choice"] = choice
+    if not auto:
+        res = run_sim(cfg)
+        res.extra["thresholds_note"] = note
+        return res
+    ahead: dict[tuple[int, ...], Future[SimResult]] = {}
+
+    def speculate(leader: tuple[int, ...]) -> None:
+        if pool is not None:  # the run itself at the scouting leader, beside the finalists' trials
+            ahead[leader] = pool.submit(run_sim, with_thresholds(cfg, leader))
+
+    choice = decide(cfg, objective=objective, budget_s=budget_s, pool=pool, progress=progress, speculate=speculate)
+    if choice.thresholds is None:
+        for f in ahead.values():
+            f.cancel()
+        raise ValueError(choice.describe())
+    fut = ahead.pop(choice.thresholds, None)
+    for f in ahead.values():
+        f.cancel()
+    res = fut.result() if fut is not None else run_sim(with_thresholds(cfg, choice.thresholds))
+    res.extra["thresholds_note"] = f" (auto: {choice.describe()})"
+    res.extra["choice"] = choice
     return res

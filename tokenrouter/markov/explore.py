@@ -22,10 +22,10 @@ the state key), so numpy's per-call overhead is paid once per BFS level instead 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.special import gammaln
 
 from tokenrouter.markov.steps import live_thresholds
 
@@ -88,6 +88,7 @@ def multinomial_outcomes(routing: np.ndarray, n_max: int) -> tuple[np.ndarray, n
     probability 1), used for models that are not completing.
     """
     m, d = routing.shape
+    _log_factorial = np.array([math.lgamma(k + 1) for k in range(n_max + 1)])  # log k!, k = 0..n_max
     counts: list[np.ndarray] = [np.zeros((1, d), dtype=np.int64)]
     probs: list[np.ndarray] = [np.ones(1)]
     start = np.zeros((m, n_max + 1), dtype=np.int64)
@@ -100,7 +101,7 @@ def multinomial_outcomes(routing: np.ndarray, n_max: int) -> tuple[np.ndarray, n
             comp = _compositions(b, len(support))
             full = np.zeros((len(comp), d), dtype=np.int64)
             full[:, support] = comp
-            logpmf = gammaln(b + 1) - gammaln(comp + 1).sum(axis=1) + (comp * logp).sum(axis=1)
+            logpmf = _log_factorial[b] - _log_factorial[comp].sum(axis=1) + (comp * logp).sum(axis=1)
             counts.append(full)
             probs.append(np.exp(logpmf))
             start[i, b], count[i, b] = row, len(comp)
