@@ -36,8 +36,8 @@ from tokenrouter.core.policy import guard_holds
 from tokenrouter.sim.propose import B, Proposals, propose
 from tokenrouter.sim.run import SimConfig, run_sim
 
-EXHAUSTIVE_LIMIT = 12
-"""Feasible sets this small are simulated whole (N <= 4 for two models)."""
+EXHAUSTIVE_LIMIT = 6
+"""Feasible sets this small are scouted whole (N <= 3 for two models)."""
 START_CANDIDATES = 3
 """Markov proposals simulated before the compass search."""
 FINALISTS = 3
@@ -277,25 +277,28 @@ def simulator_evaluate(cfg: SimConfig, pool: Executor | None = None) -> Evaluate
 def decide(cfg: SimConfig, concurrency: int | None = None, objective: Objective = THROUGHPUT, *,
            budget_s: float = DEFAULT_BUDGET_S, pool: Executor | None = None, proposals: Proposals | None = None,
            start: int = START_CANDIDATES, requests: int | None = None,
-           progress: Callable[[int, Trial], None] | None = None,
+           progress: Callable[[int, Trial], None] | None = None, also: Sequence[B] = (), finals: int = FINALISTS,
            speculate: Callable[[B], object] | None = None) -> Choice:  # fmt: skip
     """B for `cfg`'s deployment at N (default `cfg.concurrency`), chosen as the module docstring says. `proposals`:
     the Markov model's, when the caller already has them (default: solved here); `start`: how many of them start the
     search; `requests`: per trial (default `trial_requests(N)`); `speculate(leader)`: called with the scouting
     leader just before the finalists are judged, so a caller can start work on it alongside (`trsim run` starts its
-    own run of that B, which is the choice most of the time)."""
+    own run of that B, which is the choice most of the time); `also`: B judged beside the finalists whatever the
+    scouting found, and the first to be scouted (autotune's B in force: its gain is measured like with like, and the
+    search starts where serving is); `finals`: how many scouted B are judged."""
     t0 = time.monotonic()
     n = concurrency or cfg.concurrency
     m = len(cfg.deployment.models)
     if proposals is None:
         proposals = propose(cfg, n)
-    first = [b for b, _ in proposals.ranked[:start]]
+    first = [*(b for b in also if feasible(b, n)), *(b for b, _ in proposals.ranked[:start])]
     scouted, note = scout(simulator_evaluate(scout_config(cfg, n, requests), pool), first, n, m, objective, budget_s,
                           progress=progress)  # fmt: skip
-    best = finalists(scouted, objective)
+    best = finalists(scouted, objective, finals)
     if speculate is not None:
         speculate(best[0])
-    judged = {t.thresholds: t for t in simulator_evaluate(trial_config(cfg, n, requests), pool)(best)}
+    judge = list(dict.fromkeys([*best, *(b for b in also if feasible(b, n))]))
+    judged = {t.thresholds: t for t in simulator_evaluate(trial_config(cfg, n, requests), pool)(judge)}
     choice = Choice(n, choose(judged, objective), judged, proposals.ranked, objective, note, time.monotonic() - t0,
                     proposals.note, scouted)  # fmt: skip
     return choice

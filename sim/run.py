@@ -130,9 +130,9 @@ def run_sim(cfg: SimConfig) -> SimResult:
         set_router_hop_rate(subs, dep.router, first.hop_rate)
     tuner = None
     if dep.policy.autotune is not None:
-        from tokenrouter.deploy.autotune_controller import make_controller
+        from tokenrouter.sim.autotune_solve import make_controller
 
-        controller = make_controller(dep, policy=deployment.entry.policy, cost=cost)  # the sim's own co-run factors
+        controller = make_controller(dep, policy=deployment.entry.policy, cost=cost)  # the sim's own step prices
         pending = (lambda: not loader.done) if isinstance(loader, OpenLoop) else (lambda: False)
         tuner = SimAutotune(env, controller, dep.policy, subs, finishes, lambda: loader.done and not done, pending)
         initial = controller.current(n0)

@@ -496,12 +496,15 @@ class AutotuneController:
         if self._solved is None or self._solved_at is None:
             return "first solve"
         since = now - self._solved_at
-        if since >= self.config.interval_s:
-            return "interval"
         moved = est.moved_from(self._solved, self.config.tolerance)
         # Estimates that keep drifting (a shift under way) re-solve at most four times per interval.
         if moved is not None and since >= self.config.interval_s / 4:
             return f"moved: {moved}"
+        # A solve is a few simulations: on the interval only for a drift of half the tolerance (same estimates,
+        # same answer).
+        drift = est.moved_from(self._solved, self.config.tolerance / 2)
+        if since >= self.config.interval_s and drift is not None:
+            return f"interval, {drift} drifted"
         return None
 
     def _end_trial(self, est: Estimates, now: float) -> Decision | None:

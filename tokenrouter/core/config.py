@@ -98,13 +98,16 @@ class AutotuneConfig:
     applies the new B only when the model predicts at least `min_gain` (relative) over the B in force and the
     last change is at least `hold_s` old (hysteresis). Estimates forget with half-lives: `half_life_s` for hop
     probabilities, mean output and N, `step_half_life_s` for step times (a property of the hardware and the
-    context, slower to move). No solve before every model ran `min_steps` steps (decayed count). `max_states`
-    is the Markov search's state budget: its time box (about 1 s per 50,000 states on one core).
+    context, slower to move). No solve before every model ran `min_steps` steps (decayed count).
 
     A change is verified: for `verify_s` after it the output-token rate under the new B is measured against the
     rate under the old B just before it; when it fell by more than `verify_margin` (relative) while the estimates
     held still, the old B comes back and the new one is not tried again until the estimates move. `verify_s` 0
     trusts the model alone.
+
+    Each solve is the decider's (`sim.decide`) on the measured step times, with a search budget of `search_s`
+    seconds; `slo_tpot_ms` makes it choose the fastest B whose simulated TPOT p99 meets it (no change when none
+    does). `max_states` bounds the Markov model's proposals and the co-location load it measures at the B in force.
     """
 
     observe_s: float = 1.0
@@ -118,9 +121,11 @@ class AutotuneConfig:
     max_states: int = 50_000
     verify_s: float = 10.0
     verify_margin: float = 0.02
+    search_s: float = 4.0
+    slo_tpot_ms: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("observe_s", "interval_s", "half_life_s", "step_half_life_s"):
+        for name in ("observe_s", "interval_s", "half_life_s", "step_half_life_s", "search_s"):
             v = getattr(self, name)
             if not (isinstance(v, int | float) and math.isfinite(v) and v > 0):
                 raise ConfigError(f"policy.autotune.{name} must be a number > 0, got {v!r}")
@@ -132,6 +137,9 @@ class AutotuneConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
                 raise ConfigError(f"policy.autotune.{name} must be an integer >= {lo}, got {v!r}")
+        v = self.slo_tpot_ms
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0):
+            raise ConfigError(f"policy.autotune.slo_tpot_ms must be a number of ms > 0 or null, got {v!r}")
 
 
 @dataclass(slots=True)

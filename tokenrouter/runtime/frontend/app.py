@@ -19,7 +19,6 @@ from fastapi.exceptions import RequestValidationError, StarletteHTTPException
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from tokenrouter.deploy.autotune_controller import make_controller
 from tokenrouter.runtime.frontend import access, generate, params
 from tokenrouter.runtime.frontend.admin import PolicyState, add_admin_routes
 from tokenrouter.runtime.frontend.autotune_task import AutotuneTask
@@ -216,4 +215,6 @@ def autotune_task(server: ServerHandle, backend: Backend, policy: PolicyState) -
     cfg = getattr(server, "config", None)
     if cfg is None or cfg.policy.autotune is None:
         return None
-    return AutotuneTask(backend, policy, make_controller(cfg), server.entry)
+    from tokenrouter.sim.autotune_solve import make_controller  # the simulator, loaded only for autotune
+
+    return AutotuneTask(backend, policy, make_controller(cfg, offload=True), server.entry)

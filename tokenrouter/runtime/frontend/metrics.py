@@ -114,7 +114,9 @@ class PolicyCollector(Collector):
             return
         c = self.autotune.controller
         yield CounterMetricFamily("tokenrouter_autotune_changes", "B changes autotune applied", value=c.changes)
-        yield CounterMetricFamily("tokenrouter_autotune_solves", "Markov solves autotune ran", value=c.solves)
+        yield CounterMetricFamily(
+            "tokenrouter_autotune_solves", "solves autotune ran (simulator decisions)", value=c.solves
+        )
         yield CounterMetricFamily("tokenrouter_autotune_reverts", "B changes autotune undid because the new B "
                                   "measured slower (counted in changes too)", value=c.reverts)  # fmt: skip
         if self.autotune.last_gain is not None:

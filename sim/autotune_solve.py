@@ -1,0 +1,252 @@
+"""Autotune's solve: the decider (`sim.decide`) on what serving measured, in the simulator and live alike.
+
+The controller (`core.autotune`) hands over its estimates: live N, each model's hop probability, its step time per
+batch size as measured (a line fitted to buckets of busy time per batch size), the mean output. They become a
+simulator config:
+- the deployment with the router's hop probability (and r-stitch's hand-back probability) as estimated;
+- a workload `mean:P,O` of the estimated mean output (serving measures the mean, not the spread; the prompt length
+  P matters little: the measured step times do not depend on context);
+- a cost model whose step times are the measured lines (`MeasuredCost`). Models that share a GPU under MPS measured
+  them under the co-location of the B in force, which another B changes: the B in force's load (how often the peer
+  runs and how big its passes are, from the Markov chain at that B on the measured times) is divided out with the
+  profile's co-run factors, and the simulator multiplies back, pass by pass, what each candidate's own co-runs cost.
+Then `decide` at the live N with the B in force among the finalists, so the predicted gain compares like with like.
+
+Live, the front-end runs the controller in a worker thread; a simulation there would hold the GIL the event loop
+needs, so the runtime runs this solve in a process of its own (`OffloadedSolve`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing as mp
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+
+from tokenrouter.calibration.cost import Interference, StepCost
+from tokenrouter.calibration.profile import Profile, load_profile
+from tokenrouter.calibration.step_stats import StepStats
+from tokenrouter.core.autotune import AutotuneController, Estimates, Solution
+from tokenrouter.core.config import AutotuneConfig, DeploymentConfig, RouterConfig
+from tokenrouter.core.hop_law import ONE_TOKEN_HANDBACK
+from tokenrouter.core.names import RouterName
+from tokenrouter.core.policy import Policy, clamp_thresholds
+from tokenrouter.deploy.placement import colocated
+from tokenrouter.markov import MarkovModel, evaluate_thresholds
+from tokenrouter.markov.colocation import DELTA_MS, Load, peer_load, tokens_per_row
+from tokenrouter.markov.explore import StateSpaceTooLarge
+from tokenrouter.routers.presets import router_law
+from tokenrouter.sim.decide import Objective, decide
+from tokenrouter.sim.propose import routing_matrices
+from tokenrouter.sim.run import SimConfig, cost_model
+
+PROMPT_TOKENS = 128
+"""Prompt length of the solve's trials (module docstring)."""
+ASSUMED_MEAN_OUTPUT = 840
+"""Mean output of the trials before any request finished (the low-effort workload's)."""
+
+
+@dataclass(slots=True)
+class MeasuredModelCost:
+    """One model's step time from a measured function of the batch's rows; host time as the profile prices it (the
+    measured busy time runs from launch to end: the host work before a launch is not in it)."""
+
+    name: str
+    alone_ms: Callable[[int], float]
+    host: Callable[[int], float]
+    router_ms: float = 0.0
+    sched_ms: float = 0.0
+
+    def step_ms(self, stats: StepStats) -> float:
+        return self.alone_ms(stats.rows) if stats.rows else 0.0
+
+    def host_ms(self, rows: int) -> float:
+        return self.host(rows)
+
+    def router_step_ms(self, rows: int) -> float:
+        return 0.0  # the measured steps hold the router's device part
+
+
+class MeasuredCost(StepCost):
+    """`base` (the deployment's cost model) with each model's step time replaced by `alone_ms[i](rows)`: links,
+    co-location factors, the prepare margin and the sync coordinator stay the profile's."""
+
+    def __init__(self, base: StepCost, names: Sequence[str], alone_ms: Sequence[Callable[[int], float]]) -> None:
+        self.base = base
+        self.models = [MeasuredModelCost(n, f, base.for_model(i).host_ms) for i, (n, f) in
+                       enumerate(zip(names, alone_ms, strict=True))]  # fmt: skip
+
+    def for_model(self, model: int | str) -> MeasuredModelCost:
+        if isinstance(model, int):
+            return self.models[model]
+        return next(m for m in self.models if m.name == model)
+
+    def message_ms(self, nbytes: int = 0) -> float:
+        return self.base.message_ms(nbytes)
+
+    def router_ms(self, model: int | str | None = None) -> float:
+        return 0.0
+
+    def sched_ms(self, model: int | str | None = None) -> float:
+        return self.base.sched_ms(model)
+
+    def interference(self, model: int, peer: int) -> Interference:
+        return self.base.interference(model, peer)
+
+    def overlap_frac(self, model: int | str) -> float:
+        return 0.0  # what the loop adds under overlap is in the measured busy time
+
+    def prepare_margin_ms(self) -> float | None:
+        return self.base.prepare_margin_ms()
+
+    def gate_ms_per_step(self, policy: str) -> float:
+        return self.base.gate_ms_per_step(policy)
+
+
+@dataclass(slots=True)
+class SimulatedSolve:
+    """`core.autotune.Solve` by the decider (module docstring). `base`: the deployment's cost model (the simulator's
+    own when autotune runs in the simulator); `budget_s`: the search's time budget per solve."""
+
+    deployment: DeploymentConfig
+    base: StepCost
+    objective: Objective = dataclasses.field(default_factory=Objective)
+    budget_s: float = 4.0
+    max_states: int = 50_000  # the Markov chain that measures the B in force's co-location load
+
+    def __call__(self, est: Estimates, current: tuple[int, ...]) -> Solution:
+        n = est.concurrency
+        cfg = self.trial_config(est, current)
+        cur = clamp_thresholds(current, n)
+        choice = decide(cfg, n, self.objective, budget_s=self.budget_s, also=(cur,), finals=2)
+        best = choice.thresholds
+        if best is None:  # nothing meets the SLO: keep the B in force (the controller changes nothing)
+            return Solution(cur, None, None, choice.describe())
+        now = choice.trials.get(cur)
+        return Solution(best, choice.trials[best].tok_s, None if now is None else now.tok_s,
+                        f"simulated {len(choice.scouted)} B at the measured step times")  # fmt: skip
+
+    def trial_config(self, est: Estimates, current: tuple[int, ...]) -> SimConfig:
+        """The estimates as a simulator config (module docstring)."""
+        n = est.concurrency
+        dep = dataclasses.replace(self.deployment, router=_estimated_router(self.deployment, est))
+        mean = est.mean_output or ASSUMED_MEAN_OUTPUT
+        cfg = SimConfig(dep, workload=f"mean:{PROMPT_TOKENS},{max(1, round(mean))}", concurrency=n)
+        measured = est.step_table(n)
+        alone = self._alone(cfg, measured, clamp_thresholds(current, n), est)
+        names = [m.name for m in dep.models]
+        return dataclasses.replace(cfg, cost=MeasuredCost(self.base, names, [_table_fn(t) for t in alone]))
+
+    def _alone(self, cfg: SimConfig, measured: list[list[float]], current: tuple[int, ...],
+               est: Estimates) -> list[list[float]]:  # fmt: skip
+        """The measured step tables with the B in force's co-location divided out (unchanged without MPS)."""
+        peers = [colocated(cfg.deployment, i) for i in range(len(measured))]
+        if len(measured) != 2 or not any(peers) or est.concurrency < 2:
+            return measured
+        P, C = routing_matrices(cfg)
+        tpr = tokens_per_row(P)
+        try:
+            chain = MarkovModel.create(measured, P, C, est.concurrency, DELTA_MS, est.mean_output)
+            load: Load = peer_load(evaluate_thresholds(chain, current, self.max_states)[0], tpr)
+        except (StateSpaceTooLarge, ValueError):
+            return measured  # no load to divide out: the measured times as they are
+        out = []
+        for i, row in enumerate(measured):
+            if not peers[i]:
+                out.append(row)
+                continue
+            inter = self.base.interference(i, peers[i][0])
+            u, peer_tokens = load[i]
+            out.append([row[b - 1] / inter.mixed(max(1, round(b * tpr[i])), u, peer_tokens) for b in
+                        range(1, len(row) + 1)])  # fmt: skip
+        return out
+
+
+def _table_fn(table: list[float]) -> Callable[[int], float]:
+    """L(rows) from a table for rows 1..N; beyond it, the last two points' line (never below the last value)."""
+    n = len(table)
+
+    def f(rows: int) -> float:
+        if rows <= n:
+            return table[max(1, rows) - 1]
+        slope = table[-1] - table[-2] if n > 1 else 0.0
+        return table[-1] + max(0.0, slope) * (rows - n)
+
+    return f
+
+
+def _estimated_router(dep: DeploymentConfig, est: Estimates) -> RouterConfig:
+    """The deployment's router with its synthetic probabilities as serving measured them (learned routers are
+    simulated by the synthetic law of the measured rates: the trial needs the hop pattern, not the classifier)."""
+    rc = dep.router
+    p = est.hop_prob[0]
+    q = est.hop_prob[1] if len(est.hop_prob) > 1 else None
+    name = RouterName(str(rc.name))
+    if name is RouterName.ME or name is RouterName.TRACE:
+        return rc
+    changes: dict = {"weights": None}
+    if p is not None:
+        changes["hop_rate"] = min(1.0, max(0.0, p))
+    if name is RouterName.MARKOV:
+        # its law from the measured rates: mean runs 1/p on the small model, 1/q on the large one
+        law = router_law(rc, 2)
+        p_now = p if p is not None else law.routing[0][1]
+        q_now = q if q is not None else law.routing[1][0]
+        return dataclasses.replace(rc, name=RouterName.R_STITCH, hop_rate=max(1e-6, p_now),
+                                   return_prob=max(1e-6, q_now), mean_small_run=None, mean_large_run=None)  # fmt: skip
+    if name not in ONE_TOKEN_HANDBACK and q is not None:
+        changes["return_prob"] = min(1.0, max(1e-6, q))
+    return dataclasses.replace(rc, **changes)
+
+
+def make_controller(dep: DeploymentConfig, config: AutotuneConfig | None = None, policy: Policy | None = None,
+                    cost: StepCost | None = None, *, offload: bool = False) -> AutotuneController:  # fmt: skip
+    """The controller of a deployment: its `policy.autotune` settings (or `config`), its policy in force (or
+    `policy`), and `SimulatedSolve` priced by `cost` (the simulator passes its own; default: the deployment's
+    profile). `offload`: run each solve in a process of its own (the runtime's front-end). ValueError when the
+    deployment cannot be autotuned."""
+    cfg = config or dep.policy.autotune or AutotuneConfig()
+    law = router_law(dep.router, len(dep.models))
+    base = cost if cost is not None else cost_model(dep, _profile(dep))
+    objective = Objective(cfg.slo_tpot_ms)
+    solve: Callable[[Estimates, tuple[int, ...]], Solution] = SimulatedSolve(dep, base, objective, cfg.search_s,
+                                                                              cfg.max_states)  # fmt: skip
+    if offload:
+        solve = OffloadedSolve(dep, objective, cfg.search_s, cfg.max_states)
+    return AutotuneController(cfg, policy or dep.policy.build(), solve, law.drops_token)
+
+
+def _profile(dep: DeploymentConfig) -> Profile:
+    return load_profile(dep.profile)
+
+
+class OffloadedSolve:
+    """`SimulatedSolve` in a process of its own, started on first use (module docstring). Picklable inputs only:
+    the deployment, the objective and the budget; the process builds its cost model once."""
+
+    def __init__(self, dep: DeploymentConfig, objective: Objective, budget_s: float, max_states: int) -> None:
+        self.args = (dep, objective, budget_s, max_states)
+        self._pool: ProcessPoolExecutor | None = None
+
+    def __call__(self, est: Estimates, current: tuple[int, ...]) -> Solution:
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(1, mp_context=mp.get_context("spawn"), initializer=_start_solver,
+                                             initargs=self.args)  # fmt: skip
+        return self._pool.submit(_solve_there, est, current).result()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+
+_SOLVER: list[SimulatedSolve] = []  # the solver of this worker process (`OffloadedSolve`'s, one per process)
+
+
+def _start_solver(dep: DeploymentConfig, objective: Objective, budget_s: float, max_states: int) -> None:
+    _SOLVER.append(SimulatedSolve(dep, cost_model(dep, _profile(dep)), objective, budget_s, max_states))
+
+
+def _solve_there(est: Estimates, current: tuple[int, ...]) -> Solution:
+    return _SOLVER[0](est, current)
