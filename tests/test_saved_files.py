@@ -74,9 +74,13 @@ def test_a_v1_std_serving_file_loads_as_the_baseline_and_saves_as_the_current_ve
 @pytest.mark.parametrize("name", ["serve_tuned_v1.yaml", "serve_delayed_v1.yaml", "serve_autotune_v1.yaml"])
 def test_other_v1_files_read_back_unchanged_but_for_the_version(name):
     raw = yaml.safe_load((SAVED / name).read_text())
-    # Fields added since then come back at their defaults: the deployment's `baseline`, each model's `profile`.
+    # Fields added since then come back at their defaults: the deployment's `baseline`, each model's `profile`,
+    # autotune's search budget and latency target.
     models = [{**m, "profile": None} for m in raw["models"]]
     expected = {**raw, "models": models, "version": 2, "baseline": None}
+    if raw["policy"].get("autotune"):
+        autotune = {**raw["policy"]["autotune"], "search_s": 4.0, "slo_tpot_ms": None}
+        expected["policy"] = {**raw["policy"], "autotune": autotune}
     assert yaml.safe_load(load_config(SAVED / name).to_yaml()) == expected
 
 

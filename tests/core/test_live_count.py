@@ -10,7 +10,7 @@ from direct_cluster import Cluster
 
 from tokenrouter.core.live_count import LiveView
 from tokenrouter.core.messages import LiveCount, Send
-from tokenrouter.core.policy import Policy, clamp_thresholds
+from tokenrouter.core.policy import Policy, clamp_thresholds, table_thresholds
 from tokenrouter.routers import ProbRouter
 
 # The shape `trsim tune` writes: a B(N) table.
@@ -69,7 +69,7 @@ def test_every_n_a_peer_may_believe_gets_guarded_thresholds(n):
     `live_count` needs exactly this at the quiescent state, where every belief equals the true N)."""
     b = Policy("delayed", table=TABLE).thresholds_for(n, 2)
     assert sum(x - 1 for x in b) < n
-    assert b == clamp_thresholds(TABLE[max(k for k in TABLE if k <= n)] if n >= 1 else TABLE[1], n)
+    assert b == clamp_thresholds(table_thresholds(TABLE, n), n)  # the table's rule, then the clamp
 
 
 @pytest.mark.parametrize("seed", range(12))

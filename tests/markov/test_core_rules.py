@@ -49,9 +49,9 @@ def test_live_and_scaled_thresholds_follow_the_core_clamp(half_guard) -> None:
     # (4, 3) at live 6 needs sum(B_i - 1) <= 2; the clamp lowers the largest (last on ties): (3,3) (3,2) (2,2).
     assert live_thresholds((4, 3), 6) == (2, 2)
     assert live_thresholds((1, 5), 3) == (1, 2)  # sum <= 1
-    # (4, 4) scaled from N = 4 to 8 is (8, 8); sum(B_i - 1) <= 3 and ties lowered first entry first:
-    # (7,8) (7,7) (6,7) (6,6) (5,6) (5,5) (4,5) (4,4) (3,4) (3,3) (2,3).
-    assert scale_thresholds((4, 4), 4, 8) == (2, 3)
+    # (4, 4) scaled from N = 4 to 8 is (8, 8); sum(B_i - 1) <= 3 and the clamp lowers the last on ties:
+    # (8,7) (7,7) (7,6) (6,6) (6,5) (5,5) (5,4) (4,4) (4,3) (3,3) (3,2).
+    assert scale_thresholds((4, 4), 4, 8) == (3, 2)
 
 
 def test_live_thresholds_follow_a_swapped_clamp(monkeypatch: pytest.MonkeyPatch) -> None:

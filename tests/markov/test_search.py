@@ -128,7 +128,7 @@ def test_scaled_fallback_never_raises_and_explores_little(monkeypatch: pytest.Mo
 
 @pytest.mark.parametrize(
     ("b", "frm", "to", "want"),
-    [((3, 4), 16, 64, (12, 16)), ((1, 4), 8, 16, (1, 8)), ((16, 1, 1), 16, 32, (32, 1, 1)), ((5, 5), 8, 16, (8, 9))],
+    [((3, 4), 16, 64, (12, 16)), ((1, 4), 8, 16, (1, 8)), ((16, 1, 1), 16, 32, (32, 1, 1)), ((5, 5), 8, 16, (9, 8))],
 )
 def test_scale_thresholds(b, frm, to, want) -> None:
     assert scale_thresholds(b, frm, to) == want

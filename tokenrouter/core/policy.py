@@ -85,13 +85,40 @@ def clamp_thresholds(thresholds: Sequence[int], concurrency: int) -> tuple[int, 
     return tuple(b)
 
 
+def scale_thresholds(thresholds: Sequence[int], from_n: int, to_n: int) -> tuple[int, ...]:
+    """B tuned for `from_n` requests carried to `to_n`: each B_i > 1 scaled by to_n / from_n and rounded (half up),
+    entries of 1 kept (an eager model stays eager), then clamped for `to_n`. B grows about in proportion to N: both
+    the queue a batch waits for and the requests that fill it do."""
+    b = [1 if int(x) == 1 else max(1, math.floor(int(x) * to_n / from_n + 0.5)) for x in thresholds]
+    return clamp_thresholds(b, to_n)
+
+
+def table_thresholds(table: Mapping[int, Sequence[int]], concurrency: int) -> tuple[int, ...]:
+    """B for live N from a table tuned at some N (`trsim tune`'s B(N)), before the guard's clamp:
+    - N a row: that row;
+    - N between rows k1 < N < k2: each B_i interpolated linearly in N between the two rows, rounded half up;
+    - N above the last row: the last row scaled to N (`scale_thresholds`); below the first row: the first row.
+    Never a row tuned for a much smaller N as it is: at N = 7 between rows 1 and 8, B is close to row 8's."""
+    keys = sorted(table)
+    if concurrency in table:
+        return tuple(int(x) for x in table[concurrency])
+    if concurrency < keys[0]:
+        return tuple(int(x) for x in table[keys[0]])
+    if concurrency > keys[-1]:
+        return scale_thresholds(table[keys[-1]], keys[-1], concurrency)
+    hi = next(k for k in keys if k > concurrency)
+    lo = max(k for k in keys if k < concurrency)
+    w = (concurrency - lo) / (hi - lo)
+    return tuple(max(1, math.floor(a + w * (b - a) + 0.5)) for a, b in zip(table[lo], table[hi], strict=True))
+
+
 @dataclass(slots=True)
 class Policy:
     """Batching policy of a deployment. Thresholds are per model (index = model id).
 
-    `table` maps a concurrency N to thresholds; the entry with the largest key <= live N is used (the
-    smallest key if N is below all keys). `max_wait` (seconds, same clock as `now`) lets a delayed
-    subserver launch under its threshold once its oldest ready request has waited that long.
+    `table` maps a concurrency N to thresholds, read for the live N by `table_thresholds` (interpolated between
+    rows). `max_wait` (seconds, same clock as `now`) lets a delayed subserver launch under its threshold once its
+    oldest ready request has waited that long.
     """
 
     kind: PolicyKind = PolicyKind.EAGER
@@ -116,9 +143,7 @@ class Policy:
             return (1,) * num_models
         base: Sequence[int] = self.thresholds or (1,) * num_models
         if self.table:
-            keys = sorted(self.table)
-            below = [k for k in keys if k <= concurrency]
-            base = self.table[below[-1] if below else keys[0]]
+            base = table_thresholds(self.table, concurrency)
         if len(base) != num_models:
             raise ValueError(f"policy has {len(base)} thresholds for {num_models} models")
         return tuple(int(x) for x in base)

@@ -161,11 +161,9 @@ def _scaled_from_smaller(model: MarkovModel, max_states: int, why: str) -> Searc
 
 
 def scale_thresholds(thresholds: Sequence[int], from_n: int, to_n: int) -> tuple[int, ...]:
-    """B scaled by to_n / from_n (rounded; entries of 1 stay 1), then made feasible by the core's clamp
-    (`core.policy.clamp_thresholds`), ties lowered first entry first: the clamp lowers the last entry on ties, so
-    it runs on B reversed."""
-    b = [1 if x == 1 else max(1, round(x * to_n / from_n)) for x in thresholds]  # an eager model stays eager
-    return policy.clamp_thresholds(b[::-1], to_n)[::-1]
+    """B scaled from `from_n` to `to_n`: the core's rule (`core.policy.scale_thresholds`, which a tuned table
+    follows above its last row)."""
+    return policy.scale_thresholds(thresholds, from_n, to_n)
 
 
 def evaluate_thresholds(
