@@ -119,6 +119,8 @@ def print_result(res: SimResult, console: Console | None = None) -> None:
             console.print(f"  {c['at']:8.1f} s: B {','.join(map(str, c['old']))} -> {','.join(map(str, c['new']))} "
                           f"({what} {c['predicted_gain']:+.1%}, {c['predicted_tok_s']:,.0f} tok/s; N = "
                           f"{est['concurrency']}, hop {hop})")  # fmt: skip
+        for text in tune.get("notices", []):
+            console.print(f"[yellow]{text}[/yellow]")
     console.print(gpu_line(res))
     for note in res.extra.get("estimated", []):
         console.print(f"[yellow]{note}[/yellow]")

@@ -158,6 +158,7 @@ def run_sim(cfg: SimConfig) -> SimResult:
             "changes": [d.as_dict() for d in tuner.timeline],
             "solves": tuner.controller.solves,
             "status": tuner.controller.status,
+            "notices": list(tuner.controller.notices),
         }
     return SimResult(
         summary=summary,

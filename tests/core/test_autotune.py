@@ -472,3 +472,69 @@ def test_a_baseline_window_that_straddles_a_change_of_n_is_no_baseline():
     ds = drive_rates(ctrl, srv, 0, 60, lambda b: 40 if srv.live == 16 else 10, ramp_down)
     assert [(d.new, d.revert) for d in ds] == [((1, 3), False)] and ds[0].at >= 20
     assert ctrl.reverts == 0
+
+
+# --- the contract, pinned: the margin both ways, a line that cannot go negative --------------------------------
+
+
+def exact_rates(ctrl: AutotuneController, srv: SyntheticServer, t0: int, t1: int, steps_under) -> list:
+    """`drive_rates` with windows whose committed tokens are exactly steps x rows: fixed batch sizes (4 on the small
+    model, 2 on the large one) and no hops (`srv.p0 = 0`), so a B's measured rate is what `steps_under(B)` says."""
+    decisions = []
+    for t in range(t0, t1):
+        srv.window(steps_per_model=steps_under(ctrl.policy.thresholds), sizes=((4, 4), (2, 2)))
+        d = ctrl.observe(srv.snapshot(), float(t))
+        if d is not None:
+            decisions.append(d)
+            ctrl.applied(d, Policy(PolicyKind.DELAYED, d.new))
+    return decisions
+
+
+@pytest.mark.parametrize(("new_steps", "reverted"), [(97, True), (99, False), (100, False), (103, False)])
+def test_the_revert_margin_both_ways(new_steps, reverted):
+    """verify_margin 2% (CFG_VERIFY): a B measured 3% slower than the B before it is undone; 1% slower, equal or
+    faster is kept. (A margin of the wrong sign would undo the 1% and the equal one; a 20% margin would keep the
+    3% one.)"""
+    assert CFG_VERIFY.verify_margin == 0.02
+    srv = SyntheticServer(31, noise=0.0, p0=0.0)
+    prefers = Prefers((1, 1))
+    ctrl = AutotuneController(CFG_VERIFY, Policy(PolicyKind.DELAYED, (1, 1)), TableSolve(prefers), DROPS)
+    steps = lambda b: new_steps if b == (1, 3) else 100  # noqa: E731
+    assert exact_rates(ctrl, srv, 0, 20, steps) == []
+    prefers.best = (1, 3)
+    ds = exact_rates(ctrl, srv, 20, 60, steps)
+    assert [(d.new, d.revert) for d in ds] == [((1, 3), False)] + ([((1, 1), True)] if reverted else [])
+    if reverted:  # the measured ratio, old over new: 100 / 97
+        assert ds[1].predicted_gain == pytest.approx(100 / 97 - 1, rel=1e-6)
+
+
+def test_a_line_fitted_to_a_convex_curve_never_goes_below_zero():
+    # Chord of a convex step curve through batch sizes 8 and 16: ms = 1 + b^2 / 8 at b = 8, 16 (9 and 33 ms) has
+    # slope 3 and intercept -15 unconstrained; constrained to a >= 0 it goes through the origin: slope = sum(r m) /
+    # sum(r^2) = (8*9 + 16*33) / (64 + 256) = 600 / 320 = 1.875.
+    line = fit_step_line([(8.0, 9.0, 1.0), (16.0, 33.0, 1.0)])
+    assert line is not None
+    assert line.intercept_ms == 0.0 and line.per_row_ms == pytest.approx(1.875)
+    assert all(line.at(b) > 0 for b in range(1, 65))
+    assert line.at(1) == pytest.approx(4.5)  # the floor: half the fastest bucket's 9 ms (1.875 alone is below it)
+    # A line with a positive intercept is the plain least-squares one: 2 + 0.5 b through b = 1..4.
+    plain = fit_step_line([(b, 2.0 + 0.5 * b, 1.0) for b in (1.0, 2.0, 3.0, 4.0)])
+    assert plain is not None and (plain.intercept_ms, plain.per_row_ms) == pytest.approx((2.0, 0.5))
+
+
+def test_a_load_that_never_holds_steady_changes_no_b_and_says_so_once():
+    """Open-loop arrivals: the live count wanders, so no change could be measured against the B before it; the
+    controller holds B and leaves one notice for the driver's log."""
+    srv = SyntheticServer(32, noise=0.0)
+    prefers = Prefers((1, 1))
+    ctrl = AutotuneController(CFG_VERIFY, Policy(PolicyKind.DELAYED, (1, 1)), TableSolve(prefers), DROPS)
+    rng = random.Random(5)
+
+    def wander(t):
+        srv.live = rng.choice((3, 8, 14))  # a queue that fills and drains
+        if t == 25:
+            prefers.best = (1, 3)
+
+    ds = drive_rates(ctrl, srv, 0, 80, lambda b: 40, wander)
+    assert ds == [] and ctrl.policy.thresholds == (1, 1)
+    assert len(ctrl.notices) == 1 and "open-loop" in ctrl.notices[0]

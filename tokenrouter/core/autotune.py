@@ -130,8 +130,10 @@ class StepLine:
 
 
 def fit_step_line(points: Sequence[tuple[float, float, float]]) -> StepLine | None:
-    """Weighted least squares of ms on rows over (mean rows, mean ms, weight) points; slope clamped at >= 0
-    (a step never gets faster with more rows; a negative slope is noise). None without points."""
+    """Weighted least squares of ms on rows over (mean rows, mean ms, weight) points, with both coefficients >= 0:
+    a step never gets faster with more rows (a negative slope is noise), and a step of no rows costs no less than
+    nothing (a negative intercept, which a convex curve's chord through large batches gives, would price a small
+    batch below zero: the line then goes through the origin). None without points."""
     pts = [(r, m, w) for r, m, w in points if w > 0]
     if not pts:
         return None
@@ -141,9 +143,12 @@ def fit_step_line(points: Sequence[tuple[float, float, float]]) -> StepLine | No
     var = sum(w * (r - r_bar) ** 2 for r, _, w in pts)
     slope = sum(w * (r - r_bar) * (m - m_bar) for r, m, w in pts) / var if var > 1e-12 * wsum else 0.0
     slope = max(0.0, slope)
+    intercept = m_bar - slope * r_bar
+    if intercept < 0.0:  # the constrained optimum lies on a = 0: least squares through the origin
+        intercept, slope = 0.0, sum(w * r * m for r, m, w in pts) / sum(w * r * r for r, _, w in pts)
     floor = 0.5 * min(m for _, m, _ in pts)
     sizes = (min(r for r, _, _ in pts), max(r for r, _, _ in pts))
-    return StepLine(m_bar - slope * r_bar, slope, floor, sizes)
+    return StepLine(intercept, slope, floor, sizes)
 
 
 @dataclass(slots=True, frozen=True)
@@ -426,7 +431,12 @@ class AutotuneController:
     (not applied: it does not call it, and the controller keeps the old B). `reset(policy, now)` records a change
     made by someone else (an operator through the admin endpoint).
 
-    `status`: one line on what the last `observe` did (waiting for data, solved and held, ...), for logs."""
+    `status`: one line on what the last `observe` did (waiting for data, solved and held, ...), for logs;
+    `notices`: warnings worth one log line each (a load that never holds steady: open-loop arrivals).
+
+    A change waits for a load it can be verified against: with `verify_s` > 0 and the live count not steady over the
+    last `verify_s` (an open loop's count wanders; a closed loop's holds but for a moment at each finish), no B
+    changes until it is (at start-up, before the log reaches back `verify_s`, a change goes unverified)."""
 
     def __init__(self, config: AutotuneConfig, policy: Policy, solve: Solve, drops_token: Sequence[bool]) -> None:
         if policy.is_sync:
@@ -448,6 +458,8 @@ class AutotuneController:
         self.trial: Trial | None = None
         self.rejected: dict[tuple[int, ...], Estimates] = {}  # B measured slower, and the estimates it was under
         self.rates = RateLog(2 * config.verify_s + 4 * config.observe_s, drops_token)
+        self.notices: list[str] = []  # one-time messages for the driver to log (it takes them: `notices.clear()`)
+        self._noticed: set[str] = set()
 
     def current(self, concurrency: int) -> tuple[int, ...]:
         """The B in force for `concurrency`, as every subserver derives it (eager = all 1; clamped)."""
@@ -548,8 +560,22 @@ class AutotuneController:
             self.status = f"solved ({why}): B {b(sol.thresholds)} gains {gain:+.1%}, but the last change is " \
                           f"{now - self._changed_at:.1f} s old (< {self.config.hold_s:g} s): hold"  # fmt: skip
             return None
+        v = self.config.verify_s
+        base = self.rates.window(now - v, now) if v > 0 else None
+        if base is not None and not base.steady:
+            self.status = f"solved ({why}): B {b(sol.thresholds)} gains {gain:+.1%}, held: the live count moved " \
+                          f"within the last {v:g} s, so the change could not be measured"  # fmt: skip
+            self._notice("unsteady", f"autotune: the live request count keeps moving (open-loop arrivals?); a B "
+                         f"change waits for {v:g} s of steady load, against which it can be verified")  # fmt: skip
+            return None
         self.status = f"solved ({why}): change B {b(cur)} -> {b(sol.thresholds)} ({gain:+.1%})"
         return Decision(now, cur, tuple(sol.thresholds), est, gain, float(sol.throughput_tok_s), sol.note)
+
+    def _notice(self, key: str, text: str) -> None:
+        """A one-time message for the driver's log (`notices`), once per kind."""
+        if key not in self._noticed:
+            self._noticed.add(key)
+            self.notices.append(text)
 
     def applied(self, decision: Decision, policy: Policy) -> None:
         """The driver applied `decision` on every subserver as `policy` (`PolicyConfig.with_thresholds(new)`, built:

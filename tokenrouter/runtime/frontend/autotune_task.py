@@ -2,9 +2,9 @@
 
 The front-end already receives every subserver's `Stats` (cumulative counters: committed tokens, hand-offs, steps
 per batch size with their busy time, the entry's live count) and every `Finished`; `AutotuneTask` snapshots them
-every `observe_s`, runs the core's `AutotuneController` (the object the simulator runs, with the same Markov
-solve) in a worker thread, so the solve stalls neither the subservers' serving loops (other processes) nor this
-event loop, and applies a decision through the admin endpoint's path (`PolicyState.apply`: `SetPolicy` to every
+every `observe_s`, runs the core's `AutotuneController` (the object the simulator runs, with the same solve: the
+decider, `sim.autotune_solve`) in a worker thread whose solves run in a process of their own, so a solve stalls
+neither the subservers' serving loops nor this event loop, and applies a decision through the admin endpoint's path (`PolicyState.apply`: `SetPolicy` to every
 subserver, applied between steps, acknowledged). Each change is logged on `tokenrouter.autotune` with the old and
 new B, the estimates and the predicted gain, and counted in /metrics (`frontend.metrics.AutotuneCollector`).
 
@@ -64,6 +64,9 @@ class AutotuneTask:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        close = getattr(self.controller.solve, "close", None)
+        if close is not None:  # the solve's own process
+            close()
 
     def _on_policy(self, policy: PolicyConfig, source: str) -> None:
         if source != "autotune":
@@ -101,6 +104,9 @@ class AutotuneTask:
             return
         version = self.state.version
         decision = await asyncio.to_thread(self.controller.observe, snap, self.backend.clock())
+        for text in self.controller.notices:
+            log.warning("%s", text)
+        self.controller.notices.clear()
         if self.controller.status != self._status:
             self._status = self.controller.status
             log.debug("autotune: %s", self._status)
