@@ -1,0 +1,94 @@
+"""The decider (`sim.decide`) against the simulator's own best: every feasible B simulated as a full trial (the
+reference, computed here independently of the search), and the decider's pick beside it."""
+
+from __future__ import annotations
+
+import pytest
+
+from tokenrouter.cli.options import DeploymentFlags
+from tokenrouter.deploy.overrides import DeploymentOverrides
+from tokenrouter.sim.decide import (
+    Objective,
+    decide,
+    feasible_set,
+    neighbours,
+    run_trial,
+    trial_config,
+)
+from tokenrouter.sim.propose import Proposals
+from tokenrouter.sim.simulate import sim_config
+
+N = 8
+WORKLOAD = "fixed:100,256"
+
+
+def config(hop: float):
+    cfg, _ = sim_config(DeploymentFlags(None, DeploymentOverrides(hop_rate=hop)), concurrency=N, workload=WORKLOAD)
+    return cfg
+
+
+@pytest.fixture(scope="module", params=[0.05, 0.2])
+def swept(request):
+    """(hop, config, every feasible B's full trial at N = 8)."""
+    cfg = config(request.param)
+    tcfg = trial_config(cfg, N)
+    every = feasible_set(2, N, 1000)
+    assert every is not None and len(every) == 36  # B_i >= 1 with B_0 + B_1 - 2 < 8: 8 + 7 + ... + 1
+    return request.param, cfg, {b: run_trial(tcfg, b) for b in every}
+
+
+def test_the_pick_is_within_one_percent_of_the_simulators_best(swept):
+    _, cfg, trials = swept
+    best = max(trials.values(), key=lambda t: t.tok_s)
+    choice = decide(cfg, N)
+    assert choice.thresholds is not None
+    assert trials[choice.thresholds].tok_s >= 0.99 * best.tok_s, (choice.thresholds, best.thresholds)
+    assert choice.trials[choice.thresholds] == trials[choice.thresholds]  # the judge is the same run
+
+
+def test_the_fastest_simulated_b_wins_where_the_markov_proposal_is_not_it(swept):
+    _, cfg, trials = swept
+    best = max(trials.values(), key=lambda t: t.tok_s)
+    wrong = (1, 1)  # eager: far from the best at N = 8 on this profile
+    assert trials[wrong].tok_s < 0.9 * best.tok_s
+    choice = decide(cfg, N, proposals=Proposals([(wrong, 1e9)]))
+    assert choice.markov_best == wrong and choice.thresholds != wrong
+    assert trials[choice.thresholds].tok_s >= 0.99 * best.tok_s
+
+
+def test_a_latency_objective_picks_the_fastest_b_that_meets_it(swept):
+    _, cfg, trials = swept
+    tpots = sorted(t.tpot_p99_ms for t in trials.values())
+    slo = tpots[len(tpots) // 3]  # a third of the feasible B meet it
+    meeting = [t for t in trials.values() if t.tpot_p99_ms <= slo]
+    choice = decide(cfg, N, Objective(slo))
+    assert choice.thresholds is not None and choice.best is not None
+    assert choice.best.tpot_p99_ms <= slo
+    assert choice.best.tok_s >= 0.99 * max(t.tok_s for t in meeting)
+
+
+def test_no_b_meets_an_impossible_slo_and_the_choice_says_so(swept):
+    _, cfg, trials = swept
+    slo = 0.5 * min(t.tpot_p99_ms for t in trials.values())
+    choice = decide(cfg, N, Objective(slo))
+    assert choice.thresholds is None and choice.best is None
+    assert f"no B meets TPOT p99 <= {slo:g} ms" in choice.describe()
+
+
+def test_the_budget_stops_the_search_and_the_choice_says_so():
+    choice = decide(config(0.1), N, budget_s=1e-9, proposals=Proposals([((1, 2), 1.0)]))
+    assert choice.thresholds is not None
+    assert "stopped at the time budget" in choice.note and len(choice.scouted) <= 7
+
+
+def test_neighbours_step_each_b_and_trade_along_the_guard():
+    # At N = 8, (2, 7) sits on the guard's edge: 1 + 6 = 7 = N - 1. Up-steps leave the feasible set; trades stay.
+    assert set(neighbours((2, 7), [1, 1], 8)) == {(1, 7), (2, 6), (3, 6), (1, 8)}
+    assert set(neighbours((3, 3), [2, 2], 8)) == {(5, 3), (1, 3), (3, 5), (3, 1), (5, 1), (1, 5)}
+
+
+def test_feasible_sets_by_hand():
+    assert feasible_set(2, 1, 100) == [(1, 1)]
+    assert feasible_set(2, 3, 100) == [(1, 1), (1, 2), (1, 3), (2, 1), (2, 2), (3, 1)]
+    assert feasible_set(3, 2, 100) == [(1, 1, 1), (1, 1, 2), (1, 2, 1), (2, 1, 1)]
+    assert feasible_set(2, 8, 10) is None  # 36 > 10
