@@ -184,7 +184,8 @@ def _print_points(dep: DeploymentConfig, best: Candidate, workload: str) -> None
     names = " + ".join(m.name for m in dep.models)
     t = Table(title=f"trsim tune: {names}, {dep.router.name} hop rate {dep.router.hop_rate}, "
               f"{best.label}, {workload}{', ESTIMATED (below)' if best.estimated else ''}")  # fmt: skip
-    cols = ("N", "Markov B*", "Markov tok/s", "sim tok/s @B*", "chosen B", "sim tok/s", "TPOT p99 ms", "B simulated")
+    cols = ("N", "Markov B*", "Markov tok/s", "sim tok/s @B*", "chosen B", "sim tok/s", "TPOT p99 ms",
+            "B scouted")  # fmt: skip
     for col in cols:
         t.add_column(col, justify="right")
     slo = best.points[0].choice.objective.slo_tpot_ms if best.points else None
@@ -199,7 +200,7 @@ def _print_points(dep: DeploymentConfig, best: Candidate, workload: str) -> None
             format_b(p.best) + ("" if p.meets_slo else " (SLO missed)"),
             f"{p.best_throughput:,.0f}",
             f"{p.tpot_ms[1]:.2f}",
-            str(len(p.simulated)),
+            str(len(p.choice.scouted)),
         )
     if slo is not None:
         t.caption = f"B of highest simulated steady tok/s whose TPOT p99 <= {slo:g} ms"

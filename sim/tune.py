@@ -18,6 +18,7 @@ from tokenrouter.calibration.gpus import usd_per_mtok
 from tokenrouter.core.config import DeploymentConfig
 from tokenrouter.core.names import Layout, TuneObjective
 from tokenrouter.sim.decide import DEFAULT_BUDGET_S, START_CANDIDATES, THROUGHPUT, Choice, Objective, Trial, decide
+from tokenrouter.sim.propose import propose
 from tokenrouter.sim.run import SimConfig, SimResult, run_sim
 
 
@@ -86,8 +87,10 @@ def tune_point(cfg: SimConfig, concurrency: int, top: int = START_CANDIDATES, po
                progress: Callable[[int, Trial], None] | None = None) -> TunePoint:  # fmt: skip
     """B for one concurrency, chosen by the decider (`sim.decide.decide`: the Markov model's `top` proposals start a
     search in the simulator, on `pool`'s processes when given: the same numbers, sooner)."""
+    proposals = propose(cfg, concurrency)
+    markov = [b for b, _ in proposals.ranked[:1]]  # judged too: the table shows what the choice gains over it
     choice = decide(cfg, concurrency, objective, budget_s=budget_s, pool=pool, start=top, requests=requests,
-                    progress=progress)  # fmt: skip
+                    progress=progress, proposals=proposals, also=markov)  # fmt: skip
     return TunePoint(concurrency, choice)
 
 

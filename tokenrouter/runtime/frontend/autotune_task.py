@@ -4,7 +4,8 @@ The front-end already receives every subserver's `Stats` (cumulative counters: c
 per batch size with their busy time, the entry's live count) and every `Finished`; `AutotuneTask` snapshots them
 every `observe_s`, runs the core's `AutotuneController` (the object the simulator runs, with the same solve: the
 decider, `sim.autotune_solve`) in a worker thread whose solves run in a process of their own, so a solve stalls
-neither the subservers' serving loops nor this event loop, and applies a decision through the admin endpoint's path (`PolicyState.apply`: `SetPolicy` to every
+neither the subservers' serving loops nor this event loop, and applies a decision through the admin endpoint's
+path (`PolicyState.apply`: `SetPolicy` to every
 subserver, applied between steps, acknowledged). Each change is logged on `tokenrouter.autotune` with the old and
 new B, the estimates and the predicted gain, and counted in /metrics (`frontend.metrics.AutotuneCollector`).
 
