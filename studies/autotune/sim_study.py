@@ -64,9 +64,9 @@ def gap(tok_s: float, best: float) -> float:
 
 
 def ladder(n: int) -> list[tuple[int, int]]:
-    """Static B to try at N: the small model at 1 (what every tune at these hop rates picks) and the large model's
-    threshold over 1..N in steps that cover the region the tuner chooses from."""
-    return [(1, b) for b in sorted({1, 2, 3, 4, 6, 8, 10, 12, 14, 16} | {n}) if b <= n]
+    """Static B to try at N: every feasible (B_small, B_large) with B_small <= 5 (the simulator's best has held the
+    small model for up to N / 3 requests; the decider's picks in studies/decider sit there too)."""
+    return [(a, b) for a in range(1, 6) for b in range(1, n + 1) if a + b - 2 < n]
 
 
 def requests_for(seconds: float, n: int, tok_s_per_client: float, margin: float) -> int:
