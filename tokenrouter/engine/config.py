@@ -92,6 +92,15 @@ class EngineConfig:
     # every Qwen3 size at b=1/4/8 (docs/engine.md, Measured choices).
     triton_gemv: bool = True
     gemv_max_rows: int = 8  # 1..16
+    # In those steps: weight tiles loaded before the PDL wait (`GemvState.preload`), and residual add + RMSNorm
+    # folded into the qkv and gate|up projections (`GemvState.fold_norm`, two launches fewer per layer).
+    gemv_preload: bool = False
+    gemv_fold_norm: bool = False
+    # Triton decode attention loads the older keys of each split's first tile before the PDL wait.
+    decode_preload_kv: bool = False
+    # Greedy argmax by our chunked kernel (merged in the sampler) over chunks of this many logits; 0: torch's
+    # reduction kernel (one program walked much of the vocabulary at batch 1).
+    argmax_chunk: int = 0
     # Memory sizing from measurement (see the class doc) and the eager pass's largest token count, which the
     # start-up profile runs to measure the activation peak.
     memory_budget_bytes: int | None = None

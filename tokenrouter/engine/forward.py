@@ -96,6 +96,8 @@ class StepForward:
             row_slots=v["row_slots"],
             long_rows=groups[0] if groups else None,
             short_q_len=groups[1] if groups else 1,
+            # decode graph rows hold at most graph_max_row_tokens tokens, the only keys written in this step
+            preload_kv=c.graph_max_row_tokens if c.decode_preload_kv else 0,
         )
         model = e.model
         if not fuse:
@@ -135,7 +137,8 @@ class StepForward:
         lp_out = e.out_ids[lp0 : lp0 + n * LOGPROB_WORDS]
         args = (v["inv_temp"], v["top_p"], v["top_k"], v["seed"], v["sample_pos"])
         if self.ops is not None:
-            self.ops.sample(logits, *args, v["out_slot"], out, e.slot_tokens, v["logprobs_k1"], lp_out, pdl=e.pdl)
+            self.ops.sample(logits, *args, v["out_slot"], out, e.slot_tokens, v["logprobs_k1"], lp_out, pdl=e.pdl,
+                            argmax_chunk=e.config.argmax_chunk)  # fmt: skip
         else:
             tok = sample_rows(logits, *args)
             out.copy_(tok)

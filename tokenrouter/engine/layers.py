@@ -96,6 +96,13 @@ class GemvState:
     # Fold SiLU(gate)*up into the down projection only up to this intermediate size: the fold saves a launch
     # at small K but is slower than the separate SwiGLU kernel + GEMM at large K (docs/engine.md, Measured choices).
     silu_fold_max_k: int = 4096
+    # Each program loads its first weight tiles into registers before the PDL wait, so the weight stream starts
+    # while the previous kernel runs (the arithmetic and its order are unchanged).
+    preload: bool = False
+    # Residual add + RMSNorm ride in the qkv and gate|up projections that follow them (every program recomputes
+    # the rows' RMS, which is cheap only while the hidden size is small): two launches fewer per layer.
+    fold_norm: bool = False
+    norm_fold_max_k: int = 4096
 
     def applies(self, x: torch.Tensor) -> bool:
         return self.enabled and self.active and 0 < x.shape[0] <= self.max_rows
@@ -103,10 +110,14 @@ class GemvState:
     def folds_silu(self, gate_up: torch.Tensor) -> bool:
         return self.applies(gate_up) and gate_up.shape[1] // 2 <= self.silu_fold_max_k
 
-    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, silu: bool = False):
+    def folds_norm(self, x: torch.Tensor) -> bool:
+        return self.fold_norm and self.applies(x) and x.shape[1] <= self.norm_fold_max_k
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, silu: bool = False, **norm):
         return self.ops.skinny_gemm(
-            x, weight, bias, silu=silu, counters=self.counters, pdl=self.pdl, prefetch=self.prefetch
-        )
+            x, weight, bias, silu=silu, counters=self.counters, pdl=self.pdl, prefetch=self.prefetch,
+            preload=self.preload, **norm,
+        )  # fmt: skip
 
 
 class MergedLinear(nn.Module):
@@ -189,6 +200,17 @@ class MergedLinear(nn.Module):
             assert self.gemv is not None
             return self.gemv.linear(x, self.weight, self.live_bias)
         return F.linear(x, self.weight, self.live_bias)
+
+    def forward_norm(self, norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(this layer applied to norm(x + residual), x + residual): one launch where the skinny GEMM folds the
+        norm (`GemvState.folds_norm`), else the norm kernel and this layer."""
+        if self.gemv is None or not self.gemv.folds_norm(x):
+            h, s = norm(x, residual)
+            return self(h), s
+        s = torch.empty_like(x)
+        y = self.gemv.linear(x, self.weight, self.live_bias, norm=(norm.weight, norm.eps), residual=residual,
+                             sum_out=s)  # fmt: skip
+        return y, s
 
     def forward_silu(self, gate_up: torch.Tensor) -> torch.Tensor:
         """This layer applied to SiLU(gate) * up of a fused gate|up activation [T, 2 * in_features], in one
