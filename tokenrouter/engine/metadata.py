@@ -36,9 +36,6 @@ class AttentionMetadata:
     # (at most `short_q_len` queries each) in a second launch with `short_q_len`. None: one launch.
     long_rows: int | None = None
     short_q_len: int = 1
-    # Triton decode: > 0 loads the older keys of each split's first tile before the PDL wait; no row may have
-    # more than this many keys written since the forward began (`attention.decode_attention`).
-    preload_kv: int = 0
 
     @property
     def is_decode(self) -> bool:

@@ -62,7 +62,6 @@ def decode_attention(
     counters: torch.Tensor | None = None,
     pdl: bool = False,
     row_slots: torch.Tensor | None = None,
-    preload_kv: int = 0,
 ) -> torch.Tensor:
     """One new query per row. q `[B, Hq, D]`, block_tables `[B, max_pages]` int32, seq_lens `[B]` int32 = KV
     length including the token being decoded (its KV already stored). Returns `[B, Hq, D]` (into `out` if
@@ -70,9 +69,7 @@ def decode_attention(
     affects the Triton backend; None picks one from (B, Hkv, max_pages). Triton only: `counters` (zeroed int32,
     >= B * Hkv entries) merges the KV splits inside the attention kernel instead of a second launch; `pdl`
     launches with programmatic dependent launch. `row_slots` ([B] int32): row b reads the page table
-    `block_tables[row_slots[b]]` (the engine's persistent per-request table slots) instead of row b.
-    `preload_kv` (Triton, > 0): no row has more than this many keys written since the step's forward began (the
-    decode graphs' row limit); older keys of each split's first tile are loaded before the PDL wait."""
+    `block_tables[row_slots[b]]` (the engine's persistent per-request table slots) instead of row b."""
     if resolve_backend(backend, q.device) == "torch":
         bt = block_tables if row_slots is None else block_tables.index_select(0, row_slots.long())
         return decode_attention_torch(q, k_cache, v_cache, bt, seq_lens, scale, out=out)
@@ -80,7 +77,7 @@ def decode_attention(
 
     return decode_attention_triton(
         q, k_cache, v_cache, block_tables, seq_lens, scale, out=out, num_splits=num_splits, counters=counters,
-        pdl=pdl, row_slots=row_slots, preload_kv=preload_kv,
+        pdl=pdl, row_slots=row_slots,
     )  # fmt: skip
 
 

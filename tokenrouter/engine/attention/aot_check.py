@@ -93,9 +93,6 @@ def variants(quick: bool) -> list[Variant]:
                                    merge_chunk=merge_chunk(splits, group, dim, cfg))  # fmt: skip
             out.append(Variant(f"decode G={group} fused+pdl S={splits}", "paged_attention_fwd_kernel", fused,
                                cfg.num_warps, cfg.num_stages))  # fmt: skip
-            pre = {**fused, "PRELOAD_KV": 8}  # the decode graphs' row limit
-            out.append(Variant(f"decode G={group} fused+pdl+preload S={splits}", "paged_attention_fwd_kernel", pre,
-                               cfg.num_warps, cfg.num_stages))  # fmt: skip
         for max_q, single in ((2048, True),) if quick else ((2048, True), (8, False), (1, False)):
             block_q, group_pad = extend_tiling(max_q, group, EXTEND_CONFIG)
             ext = fwd_constexprs(group=group, group_pad=group_pad, block_q=block_q, block_n=EXTEND_CONFIG.block_n,
@@ -180,8 +177,6 @@ def compile_variant(v: Variant) -> Report:
         fused_ok &= "bar.sync" in ptx and "ld.global.cg" in ptx
     if v.constexprs.get("USE_PDL"):
         fused_ok &= "griddepcontrol.wait" in ptx
-    if v.constexprs.get("PRELOAD_KV"):  # the first tile's K/V loads are issued before the wait
-        fused_ok &= bool(re.search(r"ld\.global[^\n]*\n(?:.*\n)*?\s*griddepcontrol\.wait", ptx))
     return Report(v.label, regs, int(spills.group(1)) if spills else 0, "cp.async" in ptx, seconds, fused_ok)
 
 

@@ -91,7 +91,6 @@ def fwd_constexprs(
     merge_chunk: int = 1,
     use_pdl: bool = False,
     has_slots: bool = False,
-    preload_kv: int = 0,
 ) -> dict[str, int | bool | str]:
     """Compile-time parameters of `paged_attention_fwd_kernel`, shared by launches and `aot_check`."""
     return {
@@ -112,7 +111,6 @@ def fwd_constexprs(
         "MERGE_CHUNK": merge_chunk,
         "USE_PDL": use_pdl,
         "HAS_SLOTS": has_slots,
-        "PRELOAD_KV": preload_kv if is_decode else 0,
     }
 
 
@@ -167,7 +165,6 @@ def launch_paged_attention(
     counters: torch.Tensor | None = None,
     pdl: bool = False,
     row_slots: torch.Tensor | None = None,
-    preload_kv: int = 0,
 ) -> torch.Tensor:
     """Launch the forward kernel (and the reduce when `num_splits > 1`). `cu_seqlens_q is None` = decode.
 
@@ -205,7 +202,7 @@ def launch_paged_attention(
         group=group, group_pad=group_pad, block_q=block_q, block_n=config.block_n,
         head_dim=head_dim, page_size=k_cache.shape[1], is_decode=is_decode, single_split=single, dtype=q.dtype,
         fused_reduce=fused, merge_chunk=merge_chunk(num_splits, group, head_dim, config) if fused else 1,
-        use_pdl=pdl, has_slots=row_slots is not None, preload_kv=preload_kv,
+        use_pdl=pdl, has_slots=row_slots is not None,
     )  # fmt: skip
     grid = (num_rows, num_kv_heads * num_q_blocks, num_splits)
     launch = {"num_warps": config.num_warps, "num_stages": config.num_stages, **({"launch_pdl": True} if pdl else {})}

@@ -45,14 +45,12 @@ def decode_attention_triton(
     counters: torch.Tensor | None = None,
     pdl: bool = False,
     row_slots: torch.Tensor | None = None,
-    preload_kv: int = 0,
 ) -> torch.Tensor:
     """q `[B, Hq, D]` at position `seq_lens[b] - 1` of row b; its own KV must already be in the cache.
 
     `counters`: a zeroed int32 buffer of >= B * Hkv entries (`tokenrouter.engine.attention.split_counters`) turns on the
     fused merge; it is zero again when the kernel ends. `pdl`: programmatic dependent launch. `config`: None picks
-    `decode_config` (by the longest split the block-table width allows). `preload_kv`: see
-    `attention.decode_attention`."""
+    `decode_config` (by the longest split the block-table width allows)."""
     batch, num_heads, _ = q.shape
     num_kv_heads, page_size = k_cache.shape[2], k_cache.shape[1]
     if (row_slots is None and block_tables.shape[0] != batch) or seq_lens.shape != (batch,):
@@ -72,5 +70,4 @@ def decode_attention_triton(
         q, k_cache, v_cache, block_tables, seq_lens, None, scale, out,
         num_rows=batch, block_q=1, group_pad=max(MIN_DOT_DIM, triton.next_power_of_2(group)),
         num_q_blocks=1, num_splits=num_splits, config=config, counters=counters, pdl=pdl, row_slots=row_slots,
-        preload_kv=preload_kv,
     )  # fmt: skip

@@ -35,64 +35,6 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
 @triton.jit
-def _load_kv(start, lim, pages, K, V, kvh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, offs_d,
-             PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-             MASKED: tl.constexpr, lo_lim=0, k_old=0.0, v_old=0.0):  # fmt: skip
-    """K and V [BLOCK_N, BLOCK_D] of keys `start ..` through their page ids `pages` [BLOCK_N]. MASKED: only keys
-    in [lo_lim, lim) are read, the others are `k_old` / `v_old` (0 by default: the null page may hold NaN/inf
-    garbage and 0 * NaN = NaN; a tile loaded earlier to complete it)."""
-    page = pages.to(tl.int64)  # int64: page * stride overflows int32 once a per-layer cache passes 2^31 elements
-    offs_n = start + tl.arange(0, BLOCK_N)
-    tok = offs_n % PAGE_SIZE
-    k_off = page * stride_kp + tok * stride_ks + kvh * stride_kh
-    v_off = page * stride_vp + tok * stride_vs + kvh * stride_vh
-    if MASKED:
-        kv_mask = ((offs_n >= lo_lim) & (offs_n < lim))[:, None] & (offs_d < HEAD_DIM)[None, :]
-        k = tl.load(K + k_off[:, None] + offs_d[None, :], mask=kv_mask, other=k_old)
-        v = tl.load(V + v_off[:, None] + offs_d[None, :], mask=kv_mask, other=v_old)
-    elif HEAD_DIM == BLOCK_D:
-        k = tl.load(K + k_off[:, None] + offs_d[None, :])
-        v = tl.load(V + v_off[:, None] + offs_d[None, :])
-    else:
-        d_mask = (offs_d < HEAD_DIM)[None, :]
-        k = tl.load(K + k_off[:, None] + offs_d[None, :], mask=d_mask, other=0.0)
-        v = tl.load(V + v_off[:, None] + offs_d[None, :], mask=d_mask, other=0.0)
-    return k, v
-
-
-@triton.jit
-def _tile_pages(start, hi, bt_row, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
-    """Page id of every key of the tile at `start` (out-of-range keys: the null page, never past the table)."""
-    offs_n = start + tl.arange(0, BLOCK_N)
-    if MASKED:
-        return tl.load(bt_row + offs_n // PAGE_SIZE, mask=offs_n < hi, other=0)
-    return tl.load(bt_row + offs_n // PAGE_SIZE)
-
-
-@triton.jit
-def _attend_kv(acc, m_i, l_i, q, k, v, start, hi, q_pos, scale_log2, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
-               DOT_PRECISION: tl.constexpr):  # fmt: skip
-    """One online-softmax step over the loaded keys `start .. start + BLOCK_N - 1` (base-2 exponent domain).
-
-    MASKED tiles apply the causal mask and the split end `hi`; unmasked tiles are known to lie entirely
-    below every query's position and inside the split, so they skip both."""
-    offs_n = start + tl.arange(0, BLOCK_N)
-    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
-    if MASKED:
-        visible = (offs_n[None, :] <= q_pos[:, None]) & (offs_n < hi)[None, :]
-        qk = tl.where(visible, qk, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(qk, 1))
-    # A row may have seen no key yet (padding row, or a query below this split): keep it at exactly 0
-    # instead of exp2(-inf - -inf) = NaN.
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp2(m_i - m_safe)
-    p = tl.exp2(qk - m_safe[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-    return acc, m_new, l_i
-
-
-@triton.jit
 def _attend_tile(
     acc,
     m_i,
@@ -120,11 +62,49 @@ def _attend_tile(
     MASKED: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """Load the tile of keys `start .. start + BLOCK_N - 1` and take its online-softmax step (`_attend_kv`)."""
-    pages = _tile_pages(start, hi, bt_row, PAGE_SIZE, BLOCK_N, MASKED)
-    k, v = _load_kv(start, hi, pages, K, V, kvh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-                    offs_d, PAGE_SIZE, BLOCK_N, HEAD_DIM, BLOCK_D, MASKED)  # fmt: skip
-    return _attend_kv(acc, m_i, l_i, q, k, v, start, hi, q_pos, scale_log2, BLOCK_N, MASKED, DOT_PRECISION)
+    """One online-softmax step over keys `start .. start + BLOCK_N - 1` (base-2 exponent domain).
+
+    MASKED tiles apply the causal mask and the split end `hi`; unmasked tiles are known to lie entirely
+    below every query's position and inside the split, so they skip both (and the page-table bound).
+    """
+    offs_n = start + tl.arange(0, BLOCK_N)
+    if MASKED:
+        n_ok = offs_n < hi
+        # Out-of-range keys read the null page instead of past the end of the block table.
+        page = tl.load(bt_row + offs_n // PAGE_SIZE, mask=n_ok, other=0)
+    else:
+        page = tl.load(bt_row + offs_n // PAGE_SIZE)
+    # int64: page * stride overflows int32 once a per-layer cache passes 2^31 elements.
+    page = page.to(tl.int64)
+    tok = offs_n % PAGE_SIZE
+    k_off = page * stride_kp + tok * stride_ks + kvh * stride_kh
+    v_off = page * stride_vp + tok * stride_vs + kvh * stride_vh
+    if MASKED:
+        # Masked loads, not just masked scores: the null page may hold NaN/inf garbage and 0 * NaN = NaN.
+        kv_mask = n_ok[:, None] & (offs_d < HEAD_DIM)[None, :]
+        k = tl.load(K + k_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(V + v_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+    elif HEAD_DIM == BLOCK_D:
+        k = tl.load(K + k_off[:, None] + offs_d[None, :])
+        v = tl.load(V + v_off[:, None] + offs_d[None, :])
+    else:
+        d_mask = (offs_d < HEAD_DIM)[None, :]
+        k = tl.load(K + k_off[:, None] + offs_d[None, :], mask=d_mask, other=0.0)
+        v = tl.load(V + v_off[:, None] + offs_d[None, :], mask=d_mask, other=0.0)
+
+    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
+    if MASKED:
+        visible = (offs_n[None, :] <= q_pos[:, None]) & n_ok[None, :]
+        qk = tl.where(visible, qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    # A row may have seen no key yet (padding row, or a query below this split): keep it at exactly 0
+    # instead of exp2(-inf - -inf) = NaN.
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(qk - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return acc, m_new, l_i
 
 
 @triton.jit
@@ -236,38 +216,19 @@ def paged_attention_fwd_kernel(
     MERGE_CHUNK: tl.constexpr,
     USE_PDL: tl.constexpr,
     HAS_SLOTS: tl.constexpr,
-    PRELOAD_KV: tl.constexpr = 0,
 ):
     """Grid (rows, Hkv * num_q_blocks, num_splits). Q/Out are `[T, Hq, D]`, MidO `[T, Hq, S, D]` fp32,
     MidLse `[T, Hq, S]` fp32; head_dim strides are 1. Decode passes IS_DECODE (token index = row).
     FUSED_REDUCE (decode with splits only): Counters is int32 `[rows * Hkv]`, all zero on entry and exit.
-    HAS_SLOTS: row r reads the page-table row `RowSlots[r]` of BlockTables.
-    PRELOAD_KV > 0 (decode): the keys of this split's first tile below position seq_len - PRELOAD_KV (written by
-    earlier steps; this step writes at most PRELOAD_KV tokens of a row) are loaded before the PDL wait, with the
-    page table and seq_lens (written before this step's forward began), so their DRAM latency overlaps the
-    previous kernel; the tile's newer keys are loaded after the wait. Same tile, same arithmetic."""
+    HAS_SLOTS: row r reads the page-table row `RowSlots[r]` of BlockTables."""
+    if USE_PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     row = tl.program_id(0)
     pid1 = tl.program_id(1)
     split = tl.program_id(2)
     kvh = pid1 // num_q_blocks
     q_blk = pid1 % num_q_blocks
-    offs_d = tl.arange(0, BLOCK_D)
-    if PRELOAD_KV > 0:
-        seq_len0 = tl.load(SeqLens + row)
-        if HAS_SLOTS:  # noqa: SIM108 - a constexpr branch, kept as a statement for Triton
-            bt_idx0 = tl.load(RowSlots + row).to(tl.int64)
-        else:
-            bt_idx0 = row.to(tl.int64)
-        split_len0 = tl.cdiv(tl.cdiv(seq_len0, num_splits), BLOCK_N) * BLOCK_N
-        lo0 = split * split_len0
-        hi0 = tl.minimum(lo0 + split_len0, seq_len0)
-        pages0 = _tile_pages(lo0, hi0, BlockTables + bt_idx0 * stride_bt, PAGE_SIZE, BLOCK_N, True)
-        old_end = tl.minimum(hi0, seq_len0 - PRELOAD_KV)
-        k_pre, v_pre = _load_kv(lo0, old_end, pages0, K, V, kvh, stride_kp, stride_ks, stride_kh, stride_vp,
-                                stride_vs, stride_vh, offs_d, PAGE_SIZE, BLOCK_N, HEAD_DIM, BLOCK_D, True)  # fmt: skip
-    if USE_PDL:
-        gdc_wait()
-        gdc_launch_dependents()
 
     seq_len = tl.load(SeqLens + row)
     if IS_DECODE:
@@ -282,6 +243,7 @@ def paged_attention_fwd_kernel(
         return
 
     offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
     qi = q_begin + offs_m // GROUP_PAD
     g = offs_m % GROUP_PAD
     row_ok = (qi < q_len) & (g < GROUP)
@@ -309,20 +271,7 @@ def paged_attention_fwd_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    if PRELOAD_KV > 0:
-        # The first tile as one masked step (on a tile with every key visible the mask changes nothing), its
-        # keys from seq_len - PRELOAD_KV on read now; the loops below start after it.
-        if lo < hi:
-            k, v = _load_kv(lo, hi, pages0, K, V, kvh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs,
-                            stride_vh, offs_d, PAGE_SIZE, BLOCK_N, HEAD_DIM, BLOCK_D, True, lo_lim=old_end,
-                            k_old=k_pre, v_old=v_pre)  # fmt: skip
-            acc, m_i, l_i = _attend_kv(acc, m_i, l_i, q, k, v, lo, hi, q_pos, scale_log2, BLOCK_N, True,
-                                       DOT_PRECISION)  # fmt: skip
-        lo_loop = lo + BLOCK_N
-        full_end = tl.maximum(full_end, lo_loop)
-    else:
-        lo_loop = lo
-    for start in range(lo_loop, full_end, BLOCK_N):
+    for start in range(lo, full_end, BLOCK_N):
         acc, m_i, l_i = _attend_tile(
             acc, m_i, l_i, q, start, hi, q_pos, bt_row, K, V, kvh,
             stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, scale_log2, offs_d,
