@@ -5,9 +5,11 @@
     python studies/engine/step_variants.py --out OUT_DIR --smoke          # tiny model, CPU (checks the script)
 
 Switches (`EngineConfig` fields; toggled on one built engine, graphs recaptured in between):
-- `gemv_preload`: each skinny-GEMM program loads its weight tiles into registers before the PDL wait;
-- `decode_preload_kv`: decode attention loads the older keys of each split's first tile before the wait;
-- `gemv_fold_norm`: residual add + RMSNorm ride in the qkv and gate|up projections (two launches fewer a layer);
+- `gemv_preload`: each skinny-GEMM program loads its weight tiles into registers before the PDL wait (inputs
+  of one row: `GemvState.preload_max_rows`);
+- `gemv_fold_norm`: residual add + RMSNorm ride in the qkv and gate|up projections (two launches fewer a layer;
+  one row, hidden <= 4096);
+- `gemv_lm_head`: the LM head of one-row graph steps through the skinny GEMM instead of cuBLAS;
 - `argmax_chunk`: the greedy argmax by our chunked kernel, merged in the sampler (not torch's reduction).
 
 Per model (Qwen3-0.6B, then Qwen3-32B while the time budget lasts), per variant, in the order given (the
@@ -36,28 +38,84 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import step_profile as sp
 
-OFF = {"gemv_preload": False, "decode_preload_kv": False, "gemv_fold_norm": False, "argmax_chunk": 0}
-ALL = {"gemv_preload": True, "decode_preload_kv": True, "gemv_fold_norm": True, "argmax_chunk": 1024}
+OFF = {"gemv_preload": False, "gemv_fold_norm": False, "gemv_lm_head": False, "argmax_chunk": 0}
+DEFAULT = {"gemv_preload": True, "gemv_fold_norm": True, "gemv_lm_head": False, "argmax_chunk": 1024}
 VARIANTS: list[tuple[str, dict[str, Any]]] = [
     ("base", OFF),
     ("preload", {**OFF, "gemv_preload": True}),
-    ("preload_kv", {**OFF, "gemv_preload": True, "decode_preload_kv": True}),
-    ("fold", {**ALL, "argmax_chunk": 0}),
-    ("all", ALL),
-    ("argmax", {**OFF, "argmax_chunk": 1024}),
+    ("fold", {**OFF, "gemv_preload": True, "gemv_fold_norm": True}),
+    ("default", DEFAULT),
+    ("lm_head", {**DEFAULT, "gemv_lm_head": True}),
     ("base_again", OFF),
-    ("all_again", ALL),
+    ("default_again", DEFAULT),
 ]
-MODELS = {"qwen3-0.6b": (1, 8), "qwen3-32b": (8,)}
+MODELS = {"qwen3-0.6b": (1, 8), "qwen3-32b": (1, 8)}
 
 
 def apply(eng, sw: dict[str, Any]) -> None:
     """Set the switches on a built engine and recapture its graphs."""
     g = eng.model.gemv
-    g.preload, g.fold_norm = sw["gemv_preload"], sw["gemv_fold_norm"]
-    eng.config.decode_preload_kv = sw["decode_preload_kv"]
+    g.preload, g.fold_norm, g.lm_head = sw["gemv_preload"], sw["gemv_fold_norm"], sw["gemv_lm_head"]
     eng.config.argmax_chunk = sw["argmax_chunk"]
     eng.recapture()
+
+
+ROW_CASES = [(1, 10), (4, 10), (8, 10), (8, 16), (16, 10)]  # (rows, tokens a row) of a large model's steps
+
+
+def rows_study(prof: sp.Profiler, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """A large model's steps whose rows carry 9-16 tokens (the small model's run since its last visit): in the
+    decode graphs (every token a virtual decode row; graph_max_row_tokens 16) against the varlen path (the
+    default limit 8 sends them there: a varlen graph, or eager where padding would cost more). One engine, the
+    rule switched between the two; ms per step (result waited each step) and the logits of the two paths."""
+    import engine_bench as eb
+
+    from tokenrouter.core.batch import Batch, BatchRow
+
+    cuda = prof.cuda
+    model, ctx = ("qwen3-32b", 1024) if cuda else ("tiny-small", 40)
+    kw = {} if cuda else {"ops_backend": "triton", "attention_backend": "triton"}
+    eng = prof.engine(model, num_pages=16 * 80 + sp.WIDTH // 16 + 64 if cuda else 400, graph_max_row_tokens=16,
+                      max_context_len=sp.WIDTH if cuda else 256, max_num_batched_tokens=2048, **kw)  # fmt: skip
+    out: list[dict[str, Any]] = []
+    try:
+        for b, t in ROW_CASES if cuda else [(2, 10)]:
+            if prof.elapsed() > args.budget:
+                prof.out["errors"].append(f"rows {b}x{t}: skipped (time budget)")
+                continue
+            reqs = eb.make_requests(eng, b, ctx)
+            try:
+                bat = Batch(0, 0, [BatchRow(r, ctx - t, t) for r in reqs])
+                rec: dict[str, Any] = {"model": model, "rows": b, "tokens": t}
+                logits = {}
+                for limit in (8, 16):
+                    eng.config.graph_max_row_tokens = limit
+                    eng._rules.clear()
+                    path = "graph" if eng.graph_bucket_for(bat) is not None else "varlen"
+                    n = 20 if cuda else 1
+                    for _ in range(3):
+                        eng.step(bat).result()
+                    prof.sync()
+                    t0 = time.perf_counter()
+                    for _ in range(n):
+                        eng.step(bat).result()
+                    prof.sync()
+                    rec[f"limit{limit}_path"] = path
+                    rec[f"limit{limit}_ms"] = (time.perf_counter() - t0) / n * 1e3
+                    h = eng.step(bat, return_logits=True)
+                    logits[limit] = h.result().logits.float()
+                    rec[f"limit{limit}_varlen_bucket"] = getattr(h, "varlen_bucket", None)
+                la, lb = logits[8], logits[16]
+                rec["logit_rel"] = float((la - lb).abs().max() / lb.abs().max())
+                rec["argmax_equal"] = bool((la.argmax(-1) == lb.argmax(-1)).all())
+                out.append(rec)
+                prof.log(f"rows {b}x{t}: " + json.dumps(rec))
+            finally:
+                eb.release(eng, reqs)
+    finally:
+        eng.config.graph_max_row_tokens = 16
+        eng.close()
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variants", default="", help="comma list (default: all)")
     p.add_argument("--steps", type=int, default=32, help="greedy decode steps per comparison")
     p.add_argument("--budget", type=float, default=330.0, help="seconds; later models/variants are skipped")
+    p.add_argument("--rows", action="store_true", help="only the large model's 9-16 token rows (rows_study)")
     args = p.parse_args(argv)
     args.cases, args.tmp = "", ""
     prof = sp.Profiler(args)
@@ -79,6 +138,18 @@ def main(argv: list[str] | None = None) -> int:
     if cuda:
         prof.bench.copy_bandwidth()
         prof.copy_gbps = res["copy_gbps"] = prof.bench.copy_gbps
+    if args.rows:
+        res["rows_study"] = rows = rows_study(prof, args)
+        (out / "step_variants.json").write_text(json.dumps(res, indent=1, default=str))
+        print("ROWS (ms per step, result waited; limit 8: the default rule, limit 16: rows in the decode graphs)")
+        for r in rows:
+            print(f"  {r['model']} {r['rows']:2d} x {r['tokens']:2d}: limit 8 {r['limit8_ms']:.3f} "
+                  f"({r['limit8_path']}, varlen bucket {r['limit8_varlen_bucket']}) "
+                  f"limit 16 {r['limit16_ms']:.3f} ({r['limit16_path']}) logits rel {r['logit_rel']:.1e} "
+                  f"argmax equal {r['argmax_equal']}")  # fmt: skip
+        for e in res["errors"]:
+            print("ERROR", e)
+        return 0
     variants = [v for v in VARIANTS if not args.variants or v[0] in args.variants.split(",")]
     models = {"tiny-small": (1, 4)} if not cuda else {m: MODELS[m] for m in args.models.split(",")}
     for model, batches in models.items():
@@ -101,8 +172,8 @@ def main(argv: list[str] | None = None) -> int:
                 if prof.elapsed() > args.budget:
                     prof.out["errors"].append(f"{model} {name}: skipped (time budget)")
                     continue
-                if model == "qwen3-32b" and name in ("fold", "argmax"):
-                    continue  # no fold at hidden 5120; the argmax is the same kernel as on the 0.6B
+                if model == "qwen3-32b" and name in ("fold", "lm_head"):
+                    continue  # no fold at hidden 5120; the LM head switch is for small models
                 try:
                     apply(eng, sw)
                     rec: dict[str, Any] = {"model": model, "variant": name, **sw}

@@ -99,33 +99,6 @@ def test_triton_decode_fused_merge(
         assert counters.eq(0).all()
 
 
-@pytest.mark.parametrize(
-    ("page_size", "num_splits", "small", "preload_kv", "fused"),
-    [
-        (4, 3, True, 1, True),  # one new key per row; split tiles of 16 keys
-        (4, 5, True, 8, True),  # the decode graphs' margin: new keys reach into the tile before the last
-        (16, 2, True, 3, False),  # reduce kernel; full first tiles (unmasked in the plain kernel)
-        (4, 1, True, 8, False),  # single split: the first tile then the loops
-        (16, None, False, 8, True),  # heuristic splits, default 64-key tiles
-    ],
-)
-def test_triton_decode_preload_kv(tri, page_size, num_splits, small, preload_kv, fused) -> None:
-    """Older keys of each split's first tile loaded before the (PDL) wait: bit-identical to the plain kernel on
-    rows longer and shorter than a tile, a 1-token row and a zero-length padding row."""
-    lens = [37, 1, 20, 0, 64, 9]
-    case = make_case(lens, 2, 16, page_size, seed=17)
-    q = torch.randn(len(lens), 4, 16, generator=torch.Generator().manual_seed(18))
-    args = (q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens, 0.25)
-    cfg = tri.common.KernelConfig(**SMALL) if small else tri.common.DECODE_CONFIG
-    outs = []
-    for pre in (0, preload_kv):
-        counters = split_counters(len(lens), 2, "cpu") if fused else None
-        outs.append(tri.decode.decode_attention_triton(*args, out=nan_like(q), num_splits=num_splits, config=cfg,
-                                                       counters=counters, preload_kv=pre))  # fmt: skip
-    assert not outs[1].isnan().any() and torch.equal(outs[0], outs[1])
-    assert rel_err(outs[1], oracle(q, case, [1] * len(lens), 0.25)) < 1e-4
-
-
 def test_fused_merge_falls_back_to_reduce_kernel(tri) -> None:
     """Counters too small for the batch, or one split: the reduce-kernel / single-pass paths, same result."""
     case = make_case([30, 9], 2, 16, 4, seed=15)

@@ -96,8 +96,6 @@ class StepForward:
             row_slots=v["row_slots"],
             long_rows=groups[0] if groups else None,
             short_q_len=groups[1] if groups else 1,
-            # decode graph rows hold at most graph_max_row_tokens tokens, the only keys written in this step
-            preload_kv=c.graph_max_row_tokens if c.decode_preload_kv else 0,
         )
         model = e.model
         if not fuse:

@@ -97,12 +97,19 @@ class GemvState:
     # at small K but is slower than the separate SwiGLU kernel + GEMM at large K (docs/engine.md, Measured choices).
     silu_fold_max_k: int = 4096
     # Each program loads its first weight tiles into registers before the PDL wait, so the weight stream starts
-    # while the previous kernel runs (the arithmetic and its order are unchanged).
+    # while the previous kernel runs (the arithmetic and its order are unchanged); inputs of up to
+    # `preload_max_rows` rows only: it shortened the FMA path (M = 1) and lengthened the tensor-core path
+    # (M = 8) on the H200 (docs/engine.md, Measured choices).
     preload: bool = False
+    preload_max_rows: int = 1
     # Residual add + RMSNorm ride in the qkv and gate|up projections that follow them (every program recomputes
-    # the rows' RMS, which is cheap only while the hidden size is small): two launches fewer per layer.
+    # the rows' RMS, which is cheap only while the hidden size and the rows are small): two launches fewer per
+    # layer. Up to `norm_fold_max_rows` rows: at M = 8 the fold lengthened the step.
     fold_norm: bool = False
     norm_fold_max_k: int = 4096
+    norm_fold_max_rows: int = 1
+    # The LM head of graph steps of up to `preload_max_rows` rows through the skinny GEMM instead of cuBLAS.
+    lm_head: bool = False
 
     def applies(self, x: torch.Tensor) -> bool:
         return self.enabled and self.active and 0 < x.shape[0] <= self.max_rows
@@ -111,12 +118,21 @@ class GemvState:
         return self.applies(gate_up) and gate_up.shape[1] // 2 <= self.silu_fold_max_k
 
     def folds_norm(self, x: torch.Tensor) -> bool:
-        return self.fold_norm and self.applies(x) and x.shape[1] <= self.norm_fold_max_k
+        return (
+            self.fold_norm
+            and self.applies(x)
+            and x.shape[0] <= self.norm_fold_max_rows
+            and x.shape[1] <= self.norm_fold_max_k
+        )
 
-    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, silu: bool = False, **norm):
+    def runs_lm_head(self, h: torch.Tensor) -> bool:
+        return self.lm_head and self.applies(h) and h.shape[0] <= self.preload_max_rows
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, silu: bool = False, **kw):
+        """`skinny_gemm` with this state's switches; `kw`: the norm fold's arguments, `out`."""
         return self.ops.skinny_gemm(
             x, weight, bias, silu=silu, counters=self.counters, pdl=self.pdl, prefetch=self.prefetch,
-            preload=self.preload, **norm,
+            preload=self.preload and x.shape[0] <= self.preload_max_rows, **kw,
         )  # fmt: skip
 
 

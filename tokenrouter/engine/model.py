@@ -100,7 +100,7 @@ class DecoderAttention(nn.Module):
             o = attention.decode_attention(
                 q, k_cache, v_cache, meta.block_tables, meta.seq_lens, self.scale,
                 num_splits=meta.num_splits, backend=meta.backend, counters=meta.split_counters, pdl=meta.pdl,
-                row_slots=meta.row_slots, preload_kv=meta.preload_kv,
+                row_slots=meta.row_slots,
             )  # fmt: skip
         elif meta.long_rows is None:
             o = attention.extend_attention(
@@ -256,7 +256,10 @@ class CausalLM(nn.Module):
         h, _ = self.norm(hidden, residual, index=index, store_sum=False, out=out_hidden)
         if out_logits is None:
             return h, F.linear(h, self.lm_head)
-        torch.mm(h, self.lm_head.t(), out=out_logits)
+        if self.gemv is not None and self.gemv.runs_lm_head(h):
+            self.gemv.linear(h, self.lm_head, None, out=out_logits)
+        else:
+            torch.mm(h, self.lm_head.t(), out=out_logits)
         return h, out_logits
 
     def set_pdl(self, enabled: bool) -> None:

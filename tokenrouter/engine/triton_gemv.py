@@ -296,26 +296,26 @@ def skinny_gemm_kernel(
     if PRE_TILES >= 1:
         kk = k_lo + offs_k
         acc = _apply_tile(acc, w0, X, R, NW, inv, kk, kk < k_hi, m_mask, offs_m, K, stride_xm, stride_rm,
-                           BLOCK_M, USE_DOT, SILU, EVEN_K, NORM, NORM_RES, DOT_PRECISION)
+                           BLOCK_M, USE_DOT, SILU, EVEN_K, NORM, NORM_RES, DOT_PRECISION)  # fmt: skip
     if PRE_TILES >= 2:
         kk = k_lo + BLOCK_K + offs_k
         acc = _apply_tile(acc, w1, X, R, NW, inv, kk, kk < k_hi, m_mask, offs_m, K, stride_xm, stride_rm,
-                           BLOCK_M, USE_DOT, SILU, EVEN_K, NORM, NORM_RES, DOT_PRECISION)
+                           BLOCK_M, USE_DOT, SILU, EVEN_K, NORM, NORM_RES, DOT_PRECISION)  # fmt: skip
     if PRE_TILES >= 3:
         kk = k_lo + 2 * BLOCK_K + offs_k
         acc = _apply_tile(acc, w2, X, R, NW, inv, kk, kk < k_hi, m_mask, offs_m, K, stride_xm, stride_rm,
-                           BLOCK_M, USE_DOT, SILU, EVEN_K, NORM, NORM_RES, DOT_PRECISION)
+                           BLOCK_M, USE_DOT, SILU, EVEN_K, NORM, NORM_RES, DOT_PRECISION)  # fmt: skip
     if PRE_TILES >= 4:
         kk = k_lo + 3 * BLOCK_K + offs_k
         acc = _apply_tile(acc, w3, X, R, NW, inv, kk, kk < k_hi, m_mask, offs_m, K, stride_xm, stride_rm,
-                           BLOCK_M, USE_DOT, SILU, EVEN_K, NORM, NORM_RES, DOT_PRECISION)
+                           BLOCK_M, USE_DOT, SILU, EVEN_K, NORM, NORM_RES, DOT_PRECISION)  # fmt: skip
     w_ptrs += PRE_TILES * BLOCK_K
     for i in range(PRE_TILES, n_iter):
         kk = k_lo + i * BLOCK_K + offs_k
         k_mask = kk < k_hi
         w = _load_w(w_ptrs, k_mask, EVEN_K)
         acc = _apply_tile(acc, w, X, R, NW, inv, kk, k_mask, m_mask, offs_m, K, stride_xm, stride_rm,
-                           BLOCK_M, USE_DOT, SILU, EVEN_K, NORM, NORM_RES, DOT_PRECISION)
+                           BLOCK_M, USE_DOT, SILU, EVEN_K, NORM, NORM_RES, DOT_PRECISION)  # fmt: skip
         w_ptrs += BLOCK_K
 
     if USE_DOT:
