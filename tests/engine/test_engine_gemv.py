@@ -7,6 +7,7 @@ in a fresh process (see test_engine_triton_ops._run_self)."""
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import re
 import subprocess
@@ -129,7 +130,7 @@ def _check_kernels(G):
 def _check_preload(G):
     """Weight tiles loaded before the PDL wait (`preload`): bit-identical to the plain loop on every tile path
     (FMA, FMA + split-K, tensor cores with and without split-K), with K tails, one to four pre-loaded tiles and
-    fewer tiles than pre-load slots (the last split's)."""
+    fewer tiles than pre-load slots (the last split's); the policy pre-loads whole K slices or nothing."""
     C = G.GemvConfig
     cases = [(C(dot=False, block_n=4, block_k=16), 1), (C(dot=False, block_n=8, block_k=16, split_k=3), 1),
              (C(dot=True, block_n=16, block_k=16), 3), (C(dot=True, block_n=32, block_k=16, split_k=2), 5)]  # fmt: skip
@@ -140,20 +141,16 @@ def _check_preload(G):
             w = torch.randn(n, k, generator=g)
             ctr = torch.zeros(G.num_counters(n), dtype=torch.int32)
             plain = G.skinny_gemm(x, w, silu=silu, config=cfg, counters=ctr)
-            for budget in (1, 2, 3, 4):  # pre-loaded tiles: 1..4 tiles of 16 columns
-                tiles = G.pre_tiles(k, cfg, 4, max_bytes=budget * cfg.block_n * cfg.block_k * 4)
-                assert 1 <= tiles <= budget
+            slice_tiles = math.ceil(math.ceil(k / cfg.split_k) / cfg.block_k)  # K tiles of a split
+            for tiles in (1, 2, 3, 4):  # pre-loaded tiles of 16 columns: part of the slice, all, more than all
+                budget = G.pre_tiles(k, cfg, 4, max_bytes=tiles * cfg.block_n * cfg.block_k * 4)
+                assert budget == (slice_tiles if slice_tiles <= tiles else 0)
                 y = torch.full((m, n), float("nan"))
-                consts, _ = G.kernel_constexprs(m, n, k, cfg, silu=silu, bias=False, dtype=x.dtype, pdl=False,
-                                                prefetch_lines=0, pre_tiles=tiles)  # fmt: skip
-                assert consts["PRE_TILES"] == tiles
-                real = G.PRELOAD_BYTES_PER_PROGRAM
-                G.PRELOAD_BYTES_PER_PROGRAM = budget * cfg.block_n * cfg.block_k * 4
-                try:
-                    G.skinny_gemm(x, w, silu=silu, config=cfg, counters=ctr, out=y, preload=True)
-                finally:
-                    G.PRELOAD_BYTES_PER_PROGRAM = real
+                G.skinny_gemm(x, w, silu=silu, config=cfg, counters=ctr, out=y, pre_tiles_override=tiles)
                 assert torch.equal(y, plain), f"{cfg} m={m} n={n} k={k} pre={tiles}: differs from the plain loop"
+            y = torch.full((m, n), float("nan"))
+            G.skinny_gemm(x, w, silu=silu, config=cfg, counters=ctr, out=y, preload=True)
+            assert torch.equal(y, plain)
             assert ctr.eq(0).all()
 
 
@@ -371,7 +368,7 @@ def _aot_compile() -> int:
     for label, m, n, k, silu, pdl, preload, norm in aot_variants():
         cfg = G.gemv_config(m, n, k, 132)
         pf = G.prefetch_lines_per_row(k, cfg, 2) if pdl and not preload else 0
-        pre = G.pre_tiles(k, cfg, 2) if preload else 0
+        pre = (G.pre_tiles(k, cfg, 2) or 2) if preload else 0  # the variant compiles the pre-load path either way
         consts, _ = G.kernel_constexprs(m, n, k, cfg, silu=silu, bias=False, dtype=torch.bfloat16, pdl=pdl,
                                         prefetch_lines=pf, pre_tiles=pre, norm=norm, norm_res=norm)  # fmt: skip
         sig = {a: "constexpr" if a in consts else ptr.get(a, "i32") for a in fn.arg_names}

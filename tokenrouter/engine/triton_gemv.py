@@ -378,12 +378,13 @@ def kernel_constexprs(m: int, n: int, k: int, cfg: GemvConfig, *, silu: bool, bi
 
 
 def pre_tiles(k: int, cfg: GemvConfig, elem_size: int, max_bytes: int = PRELOAD_BYTES_PER_PROGRAM) -> int:
-    """Weight tiles a program loads before the PDL wait: all of its K slice's tiles, up to `max_bytes` per program
-    and MAX_PRE_TILES (at least one)."""
+    """Weight tiles a program loads before the PDL wait: all of its K slice's tiles when they fit `max_bytes` and
+    MAX_PRE_TILES, else none. All or nothing: whole slices in registers shortened the Qwen3-0.6B's b=1 step
+    (every projection, 1-3 tiles), the first 2 of 10 tiles lengthened the Qwen3-32B's (docs/engine.md)."""
     k_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
     tiles = triton.cdiv(k_split, cfg.block_k)
-    fit = max(1, max_bytes // (cfg.block_n * cfg.block_k * elem_size))
-    return min(tiles, fit, MAX_PRE_TILES)
+    fit = max_bytes // (cfg.block_n * cfg.block_k * elem_size)
+    return tiles if tiles <= min(fit, MAX_PRE_TILES) else 0
 
 
 def prefetch_lines_per_row(k: int, cfg: GemvConfig, elem_size: int) -> int:
@@ -405,6 +406,7 @@ def skinny_gemm(
     pdl: bool = False,
     prefetch: bool = True,
     preload: bool = False,
+    pre_tiles_override: int | None = None,
     num_sms: int | None = None,
     norm: tuple[torch.Tensor, float] | None = None,
     residual: torch.Tensor | None = None,
@@ -416,7 +418,8 @@ def skinny_gemm(
     int32 split-K arrival counters (`arrival_counters`), needed when the config splits K (else a zeroed buffer
     is allocated: one memset launch). `config`: override `gemv_config`. `pdl`: programmatic dependent launch
     (+ L2 prefetch of the first weight bytes before the wait, with `prefetch`). `preload`: each program loads its
-    first weight tiles (`pre_tiles`) into registers before the PDL wait (same arithmetic, same order).
+    weight tiles (`pre_tiles`) into registers before the PDL wait (same arithmetic, same order);
+    `pre_tiles_override`: exactly that many (0..MAX_PRE_TILES; tests and ablations).
     `norm` = (norm weight [K], eps): y = RMSNorm(s) @ weight.T with s = x (+ `residual`), rounded as
     `triton_ops.rms_norm` rounds; with a residual, s is written to `sum_out` ([M, K], not x or residual)."""
     m = x.shape[0]
@@ -458,6 +461,11 @@ def skinny_gemm(
         counters = counters if counters is not None else y
     pf = prefetch_lines_per_row(k, cfg, weight.element_size()) if (pdl and prefetch) else 0
     pre = pre_tiles(k, cfg, weight.element_size()) if preload else 0
+    if pre_tiles_override is not None:
+        if not 0 <= pre_tiles_override <= MAX_PRE_TILES:
+            raise ValueError(f"pre_tiles_override must be in 0..{MAX_PRE_TILES}, got {pre_tiles_override}")
+        # never more than the slice's tiles: unmasked (EVEN_K) loads past it would read the next split's columns
+        pre = min(pre_tiles_override, triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k))
     consts, k_split = kernel_constexprs(m, n, k, cfg, silu=silu, bias=bias is not None, dtype=weight.dtype, pdl=pdl,
                                         prefetch_lines=pf, pre_tiles=pre, norm=norm is not None,
                                         norm_res=residual is not None)  # fmt: skip
