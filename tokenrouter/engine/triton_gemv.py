@@ -24,7 +24,12 @@ Design (one launch per projection, graph-safe: the grid and every constexpr depe
 - `pdl=True` (sm_90+): programmatic dependent launch. Weights do not depend on the previous kernel, so with
   `prefetch` each program first asks L2 for the first bytes of its weight rows (`prefetch.global.L2`, one
   128-byte line per address, up to 32 KB per program), then waits (`griddepcontrol.wait`) before touching
-  x, the workspace or the counters: the weight stream starts while the previous kernel drains.
+  x, the workspace or the counters: the weight stream starts while the previous kernel drains. With `preload`
+  (PRE_TILES) the program instead loads its weight tiles into registers before the wait and applies them in the
+  loop's order afterwards (bit-identical); that shortened the 0.6B's b=1 step where the L2 prefetch had not.
+- `norm=`: x is RMSNorm(x (+ residual)); every program reduces each row's RMS as a 1-D vector the way
+  `triton_ops.rms_norm` does (same rounding) and one program writes the new residual stream: the norm kernel
+  before the qkv and gate|up projections disappears.
 
 Configs: `gemv_config(M, N, K)` picks one from a small table keyed by (N, K) (Qwen3 shapes measured on the
 H200) or a shape rule; no autotuning at run time (graph capture must see fixed kernels).
