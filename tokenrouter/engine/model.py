@@ -5,7 +5,8 @@ paged attention -> o_proj -> +residual -> RMSNorm -> fused gate|up -> SiLU(gate)
 Each residual add is fused into the RMSNorm that follows it; on CUDA q/k-norm + RoPE + KV store is one
 kernel (`triton_ops`), so a decode layer is 9 launches: 4 GEMMs, 2 norms, 1 rope/store, 1 attention (splits
 merged in-kernel; 10 with the separate split reduce), 1 SwiGLU; with the skinny GEMM (`attach_gemv`, graph
-bodies only) SwiGLU rides in the down projection: 8. With `forward_stream` + `compute_logits(
+bodies only) SwiGLU rides in the down projection: 8; for one-row steps the two norms ride in the qkv and gate|up
+projections too (`MergedLinear.forward_norm`): 6. With `forward_stream` + `compute_logits(
 hidden, residual, index)` the embedding lookup rides in the first layer's norm and the last residual add,
 the logit-row gather and the final norm are one kernel.
 
