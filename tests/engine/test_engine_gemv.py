@@ -7,6 +7,7 @@ in a fresh process (see test_engine_triton_ops._run_self)."""
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import re
 import subprocess
@@ -126,6 +127,71 @@ def _check_kernels(G):
             bad()
 
 
+def _check_preload(G):
+    """Weight tiles loaded before the PDL wait (`preload`): bit-identical to the plain loop on every tile path
+    (FMA, FMA + split-K, tensor cores with and without split-K), with K tails, one to four pre-loaded tiles and
+    fewer tiles than pre-load slots (the last split's); the policy pre-loads whole K slices or nothing."""
+    C = G.GemvConfig
+    cases = [(C(dot=False, block_n=4, block_k=16), 1), (C(dot=False, block_n=8, block_k=16, split_k=3), 1),
+             (C(dot=True, block_n=16, block_k=16), 3), (C(dot=True, block_n=32, block_k=16, split_k=2), 5)]  # fmt: skip
+    g = torch.Generator().manual_seed(31)
+    for cfg, m in cases:
+        for n, k, silu in ((40, 64, False), (24, 80, True), (20, 40, False)):
+            x = torch.randn(m, 2 * k if silu else k, generator=g)
+            w = torch.randn(n, k, generator=g)
+            ctr = torch.zeros(G.num_counters(n), dtype=torch.int32)
+            plain = G.skinny_gemm(x, w, silu=silu, config=cfg, counters=ctr)
+            slice_tiles = math.ceil(math.ceil(k / cfg.split_k) / cfg.block_k)  # K tiles of a split
+            for tiles in (1, 2, 3, 4):  # pre-loaded tiles of 16 columns: part of the slice, all, more than all
+                budget = G.pre_tiles(k, cfg, 4, max_bytes=tiles * cfg.block_n * cfg.block_k * 4)
+                assert budget == (slice_tiles if slice_tiles <= tiles else 0)
+                y = torch.full((m, n), float("nan"))
+                G.skinny_gemm(x, w, silu=silu, config=cfg, counters=ctr, out=y, pre_tiles_override=tiles)
+                assert torch.equal(y, plain), f"{cfg} m={m} n={n} k={k} pre={tiles}: differs from the plain loop"
+            y = torch.full((m, n), float("nan"))
+            G.skinny_gemm(x, w, silu=silu, config=cfg, counters=ctr, out=y, preload=True)
+            assert torch.equal(y, plain)
+            assert ctr.eq(0).all()
+
+
+def _check_norm_fold(G):
+    """The folded residual add + RMSNorm (`norm=`) against the `rms_norm` kernel then the plain skinny GEMM
+    (bit-identical: same per-row reduction, same rounding points) and RMSNorm + a float64 matmul: every tile path,
+    K tails, with and without a residual and pre-loaded tiles; the sum written once, exactly, never into x or r."""
+    from tokenrouter.engine import triton_ops
+    from tokenrouter.engine.layers import rms_norm_ref
+
+    C = G.GemvConfig
+    cases = [(C(dot=False, block_n=4, block_k=32), 1), (C(dot=False, block_n=8, block_k=16, split_k=3), 1),
+             (C(dot=True, block_n=16, block_k=16), 3), (C(dot=True, block_n=32, block_k=32, split_k=2), 5),
+             (None, 1), (None, 4)]  # fmt: skip
+    g = torch.Generator().manual_seed(21)
+    for i, (cfg, m) in enumerate(cases):
+        for n, k in ((40, 64), (24, 80)):
+            x, r = torch.randn(m, k, generator=g), torch.randn(m, k, generator=g)
+            w, nw = torch.randn(n, k, generator=g), torch.rand(k, generator=g) + 0.5
+            x0, r0 = x.clone(), r.clone()
+            res = i % 2 == 0
+            s_out = torch.full((m, k), float("nan")) if res else None
+            ctr = torch.zeros(G.num_counters(n), dtype=torch.int32)
+            for preload in (False, True):
+                y = torch.full((m, n), float("nan"))
+                G.skinny_gemm(x, w, config=cfg, counters=ctr, out=y, norm=(nw, 1e-6), residual=r if res else None,
+                              sum_out=s_out, preload=preload)  # fmt: skip
+                s = x + r if res else x
+                ref = rms_norm_ref(s.double(), nw.double(), 1e-6) @ w.double().T
+                err = float((y.double() - ref).abs().max() / ref.abs().max())
+                assert not y.isnan().any() and err < 1e-5, f"{cfg} m={m} n={n} k={k} res={res}: rel err {err:.2e}"
+                h, s2 = triton_ops.rms_norm(x, nw, 1e-6, r if res else None)
+                two = G.skinny_gemm(h, w, config=cfg, counters=ctr)
+                assert torch.equal(y, two), f"{cfg} m={m} n={n} k={k}: fold differs from norm + GEMM"
+                assert torch.equal(x, x0) and torch.equal(r, r0)
+                if res:
+                    assert torch.equal(s_out, s2), f"{cfg} m={m}: sum not written exactly"
+    with pytest.raises(ValueError):
+        G.skinny_gemm(torch.randn(2, 64), torch.randn(8, 64), norm=(torch.ones(64), 1e-6), residual=torch.randn(2, 64))
+
+
 def _check_engine_matches_hf(G):
     """The engine with `triton_gemv` on (graph path emulated on CPU, Triton elementwise ops) matches HF over the
     whole scenario, launching the skinny GEMM only in graph steps of <= gemv_max_rows tokens (eager steps and
@@ -141,7 +207,9 @@ def _check_engine_matches_hf(G):
     with tempfile.TemporaryDirectory() as tmp:
         hf = make_hf_checkpoint(Path(tmp), seed=14)
         # torch attention keeps the interpreter run short; only the projections change here
-        eng = tiny_engine(tmp, ops_backend="triton", graph_emulation=True, triton_gemv=True, gemv_max_rows=4)
+        eng = tiny_engine(
+            tmp, ops_backend="triton", graph_emulation=True, triton_gemv=True, gemv_max_rows=4, gemv_fold_norm=False
+        )  # the SiLU fold alone here; the norm fold: _check_engine_speed_switches
         assert eng.gemv_enabled and eng.model.gemv.ops is G
         calls: list[int] = []
         real = G.skinny_gemm
@@ -192,6 +260,47 @@ def _check_engine_matches_hf(G):
         assert eng.model.gemv.counters.eq(0).all()
 
 
+SPEED_SWITCHES = {"gemv_preload": True, "gemv_fold_norm": True, "gemv_lm_head": True, "argmax_chunk": 64}
+
+
+def _check_engine_speed_switches(G):
+    """The engine with the decode-step switches on (weight tiles before the wait, norms folded into the qkv and
+    gate|up projections, older keys before the wait, the chunked greedy argmax) and off (emulated graphs,
+    Triton ops and attention): the same greedy tokens and logits to fp32 rounding through the whole scenario,
+    both against HF; two launches fewer per decode layer (one in the first, whose norm gathers the embedding)."""
+    from pathlib import Path
+
+    from engine_testlib import Scenario, check_against_hf, make_hf_checkpoint, rel_err, tiny_engine
+
+    from tokenrouter.core.batch import Batch, BatchRow
+    from tokenrouter.core.request import Request
+    from tokenrouter.engine.launch_count import count_graph_body_launches
+
+    with tempfile.TemporaryDirectory() as tmp:
+        hf = make_hf_checkpoint(Path(tmp), seed=15)
+        runs, counts = [], []
+        for on in (True, False):
+            sw = SPEED_SWITCHES if on else dict.fromkeys(SPEED_SWITCHES, False) | {"argmax_chunk": 0}
+            eng = tiny_engine(tmp, ops_backend="triton", attention_backend="triton", graph_emulation=True,
+                              decode_num_splits=3, **sw)  # fmt: skip
+            assert eng.model.gemv.fold_norm is on and eng.model.gemv.preload is on
+            scn = Scenario(eng, seed=15)
+            scn.finish()
+            check_against_hf(scn, hf, tol=1e-4)
+            runs.append(scn.records)
+            req = Request("x", list(range(1, 21)), 20)
+            assert eng.kv_pool.grow(req.pages, 21)
+            eng.step(Batch(0, 0, [BatchRow(req, 0, 20)]))
+            req.num_computed = 20
+            req.token_ids.append(5)
+            lc = count_graph_body_launches(eng, Batch(0, 1, [BatchRow(req, 20, 1)]))
+            counts.append((lc.per_layer(), len(lc.sections["step"])))
+            assert eng.model.gemv.counters.eq(0).all() and eng.split_counters.eq(0).all()
+        for a, b in zip(*runs, strict=True):
+            assert a.token == b.token and rel_err(a.logits, b.logits) < 1e-5, (a.rid, a.pos)
+        assert counts == [([7, 6], 5), ([8, 8], 5)], counts
+
+
 def _interpret() -> int:
     from triton.runtime.interpreter import InterpretedFunction
 
@@ -204,7 +313,8 @@ def _interpret() -> int:
 
     patch_interpreter_for_numpy24()  # runtime-bound loops under numpy >= 2.4
     failed = 0
-    for fn in (_check_kernels, _check_engine_matches_hf):
+    checks = (_check_kernels, _check_preload, _check_norm_fold, _check_engine_matches_hf, _check_engine_speed_switches)
+    for fn in checks:
         try:
             fn(G)
             print("ok  ", fn.__name__)
@@ -216,17 +326,25 @@ def _interpret() -> int:
 
 # ---- ahead-of-time sm_90 compile -------------------------------------------------------------------------------
 def aot_variants():
-    """(label, m, n, k, silu, pdl): one of each distinct kernel the engine compiles for Qwen3 (FMA tiles at 1 and
-    2 rows, tensor-core tiles with and without split-K, the SiLU fold, PDL + L2 prefetch)."""
+    """(label, m, n, k, silu, pdl, preload, norm): one of each distinct kernel the engine compiles for Qwen3 (FMA
+    tiles at 1 and 2 rows, tensor-core tiles with and without split-K, the SiLU and norm folds, PDL with the L2
+    prefetch or with weight tiles pre-loaded before the wait)."""
     return [
-        ("0.6b qkv M=1", 1, 4096, 1024, False, False),
-        ("8b gate_up M=1 pdl", 1, 24576, 4096, False, True),
-        ("8b down+silu M=1 pdl", 1, 4096, 12288, True, True),
-        ("8b qkv M=2 pdl", 2, 6144, 4096, False, True),
-        ("32b down+silu M=2 pdl", 2, 5120, 25600, True, True),
-        ("8b o M=8 (split-K)", 8, 4096, 4096, False, False),
-        ("32b gate_up M=16 pdl", 16, 51200, 5120, False, True),
-        ("0.6b down+silu M=8 pdl (split-K)", 8, 1024, 3072, True, True),
+        ("0.6b qkv M=1", 1, 4096, 1024, False, False, False, False),
+        ("8b gate_up M=1 pdl", 1, 24576, 4096, False, True, False, False),
+        ("8b down+silu M=1 pdl", 1, 4096, 12288, True, True, False, False),
+        ("8b qkv M=2 pdl", 2, 6144, 4096, False, True, False, False),
+        ("32b down+silu M=2 pdl", 2, 5120, 25600, True, True, False, False),
+        ("8b o M=8 (split-K)", 8, 4096, 4096, False, False, False, False),
+        ("32b gate_up M=16 pdl", 16, 51200, 5120, False, True, False, False),
+        ("0.6b down+silu M=8 pdl (split-K)", 8, 1024, 3072, True, True, False, False),
+        ("0.6b o M=1 pdl preload", 1, 1024, 2048, False, True, True, False),
+        ("0.6b down+silu M=1 pdl preload", 1, 1024, 3072, True, True, True, False),
+        ("0.6b o M=8 pdl preload (split-K)", 8, 1024, 2048, False, True, True, False),
+        ("32b gate_up M=8 pdl preload", 8, 51200, 5120, False, True, True, False),
+        ("0.6b norm+qkv M=1 pdl preload", 1, 4096, 1024, False, True, True, True),
+        ("0.6b norm+gate_up M=1 pdl preload", 1, 6144, 1024, False, True, True, True),
+        ("0.6b norm+gate_up M=8 pdl preload", 8, 6144, 1024, False, True, True, True),
     ]
 
 
@@ -243,14 +361,16 @@ def _aot_compile() -> int:
         print("this triton build has no bundled ptxas/cuobjdump", file=sys.stderr)
         return 2
     fn = G.skinny_gemm_kernel
-    ptr = {"X": "*bf16", "W": "*bf16", "Bias": "*bf16", "Y": "*bf16", "Part": "*fp32", "Counters": "*i32"}
-    divisible = {"N", "K", "K_SPLIT", "stride_xm", "stride_wn", "stride_ym"}  # what the JIT sees on Qwen3 shapes
+    ptr = {"X": "*bf16", "W": "*bf16", "Bias": "*bf16", "Y": "*bf16", "Part": "*fp32", "Counters": "*i32",
+           "R": "*bf16", "NW": "*bf16", "RO": "*bf16", "eps": "fp32"}  # fmt: skip
+    divisible = {"N", "K", "K_SPLIT", "stride_xm", "stride_wn", "stride_ym", "stride_rm", "stride_rom"}
     bad = 0
-    for label, m, n, k, silu, pdl in aot_variants():
+    for label, m, n, k, silu, pdl, preload, norm in aot_variants():
         cfg = G.gemv_config(m, n, k, 132)
-        pf = G.prefetch_lines_per_row(k, cfg, 2) if pdl else 0
+        pf = G.prefetch_lines_per_row(k, cfg, 2) if pdl and not preload else 0
+        pre = (G.pre_tiles(k, cfg, 2) or 2) if preload else 0  # the variant compiles the pre-load path either way
         consts, _ = G.kernel_constexprs(m, n, k, cfg, silu=silu, bias=False, dtype=torch.bfloat16, pdl=pdl,
-                                        prefetch_lines=pf)  # fmt: skip
+                                        prefetch_lines=pf, pre_tiles=pre, norm=norm, norm_res=norm)  # fmt: skip
         sig = {a: "constexpr" if a in consts else ptr.get(a, "i32") for a in fn.arg_names}
         attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
                  if sig[a].startswith("*") or a in divisible}  # fmt: skip
@@ -274,15 +394,19 @@ def _aot_compile() -> int:
             problems.append("no 16-byte weight loads")
         if cfg.dot and "HGMMA" not in sass:
             problems.append("no wgmma")
+        early = 0
         if pdl:
             wait = sass.find("ACQBULK")  # griddepcontrol.wait
+            early = len(re.findall(r"LDG\.E\.(?:64|128)", sass[: max(wait, 0)]))
             if wait < 0:
                 problems.append("no griddepcontrol.wait")
             elif pf and not 0 <= sass.find("CCTL.E.PF2") < wait:
                 problems.append("L2 prefetch missing or after the wait")
+            elif pre and early == 0:
+                problems.append("no weight load before the wait")
         bad += bool(problems)
         print(f"{'FAIL' if problems else 'ok  '} {label:34s} {cfg} regs={regs} 16B-loads={wide} "
-              f"prefetch_lines={pf} {'; '.join(problems)}")  # fmt: skip
+              f"prefetch_lines={pf} pre_tiles={pre} loads-before-wait={early} {'; '.join(problems)}")  # fmt: skip
     return 1 if bad else 0
 
 

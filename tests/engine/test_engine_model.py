@@ -114,8 +114,10 @@ def test_switch_defaults_and_baseline_keys():
     cfg = EngineConfig("qwen3-0.6b")
     assert cfg.decode_fused_reduce and cfg.triton_pdl and cfg.fuse_step_ops
     assert cfg.triton_gemv and cfg.gemv_max_rows == 8  # on since the H200 measurement of 2026-11-30
+    # on since the H200 measurements of 2026-12-02 (docs/engine.md, Measured choices)
+    assert cfg.gemv_preload and cfg.gemv_fold_norm and cfg.argmax_chunk == 1024 and not cfg.gemv_lm_head
     # The baseline turns every switch off, each differing from its (on) default.
-    assert all(hasattr(cfg, k) and v is False for k, v in BASELINE_SWITCHES.items())
+    assert all(hasattr(cfg, k) and v in (False, 0) for k, v in BASELINE_SWITCHES.items())
     assert all(getattr(cfg, k) for k in BASELINE_SWITCHES)
     with pytest.raises(ValueError, match="gemv_max_rows"):
         EngineConfig("qwen3-0.6b", gemv_max_rows=17)

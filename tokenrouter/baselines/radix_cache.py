@@ -10,6 +10,13 @@ path); only leaves with no lock are evicted, least recently used first (`evict`)
 once its last child is gone. Recency is a counter bumped by every `match` and `insert`, stamped on the nodes the
 call walks through, so the order is a function of the calls alone (no clock).
 
+Cost: a serving loop calls `evict` for the few pages one step is short of, once the pool is full of cache, so
+eviction must not walk the tree. Candidates live in a heap of (stamp, node) entries pushed whenever a node may
+have become an unlocked leaf (an unlock to zero, a leaf inserted unlocked, a last child evicted); entries are
+checked when popped (a node no longer a free leaf is dropped, one stamped since is pushed again with its stamp),
+so `evict` costs O(log n) per node it takes. A request extending the leaf it alone holds grows that leaf in place
+instead of hanging a one-page child under it, so the tree has a node per cached sequence, not per page.
+
 The tree holds page ids only: which pages are free is the pool's business (`baselines.kv.RefCountedKVPool`); the
 tree reports the pages it takes (`insert`) and drops (`evict`). Pure Python, no torch.
 """
@@ -42,7 +49,11 @@ class RadixCache:
         self.page_size = page_size
         self.root = Node((), [], None, lock=1)  # never evicted
         self.num_pages = 0
+        self.num_nodes = 0  # without the root
         self._clock = 0
+        # Eviction candidates: (stamp when pushed, push order, node); checked when popped (see the module doc).
+        self._heap: list[tuple[int, int, Node]] = []
+        self._pushes = 0
 
     # ---- lookups ------------------------------------------------------------------------------------------------
     def match(self, tokens: Sequence[int], max_tokens: int | None = None) -> tuple[list[int], Node]:
@@ -57,8 +68,9 @@ class RadixCache:
         of it are not taken); the rest becomes a new leaf with the caller's pages. Returns the node where `tokens`
         end and the pages the tree took.
 
-        `below`: `tokens` continue the path that ends at this node (a request extending what it cached before), so
-        the walk starts there instead of at the root: a request's growth costs its new pages, not its length."""
+        `below`: `tokens` continue the path that ends at this node (a request extending what it cached before, which
+        holds a lock on it), so the walk starts there instead of at the root: a request's growth costs its new pages,
+        not its length. When that node is a leaf and the caller's lock is its only one, it grows in place."""
         ps = self.page_size
         if len(tokens) != len(pages) * ps:
             raise ValueError(f"{len(tokens)} tokens do not fill {len(pages)} pages of {ps}")
@@ -66,9 +78,18 @@ class RadixCache:
         if done == len(tokens):
             return node, []
         taken = list(pages[done // ps :])
+        self.num_pages += len(taken)
+        if node is below and node is not self.root and not node.children and node.lock == 1:
+            # The leaf this caller extends and nobody else holds: grow it in place (one node per sequence).
+            node.key += tuple(tokens[done:])
+            node.pages.extend(taken)
+            node.last_use = self._clock
+            self._push(node)
+            return node, taken
         leaf = Node(tuple(tokens[done:]), taken, node, last_use=self._clock)
         node.children[leaf.key[:ps]] = leaf
-        self.num_pages += len(taken)
+        self.num_nodes += 1
+        self._push(leaf)
         return leaf, taken
 
     def _walk(self, tokens: Sequence[int], limit: int, start: Node | None = None) -> tuple[list[int], Node, int]:
@@ -107,6 +128,7 @@ class RadixCache:
         parent.children[upper.key[:ps]] = upper
         node.key, node.pages, node.parent = node.key[k * ps :], node.pages[k:], upper
         upper.children[node.key[:ps]] = node
+        self.num_nodes += 1
         return upper
 
     # ---- locks and eviction ---------------------------------------------------------------------------------------
@@ -122,6 +144,8 @@ class RadixCache:
             if n.lock <= 0:
                 raise RuntimeError("unlock of a path that is not locked")
             n.lock -= 1
+            if n.lock == 0 and not n.children:
+                self._push(n)
             n = n.parent
 
     def evict(self, num_pages: int) -> list[int]:
@@ -130,18 +154,38 @@ class RadixCache:
         out: list[int] = []
         if num_pages <= 0:
             return out
-        heap = [(n.last_use, id(n), n) for n in self._leaves() if n.lock == 0]
-        heapq.heapify(heap)
+        heap = self._heap
         while heap and len(out) < num_pages:
-            _, _, n = heapq.heappop(heap)
+            stamp, _, n = heapq.heappop(heap)
+            if not self._free_leaf(n):
+                continue  # evicted already, locked, or a parent again: a later event pushes it anew
+            if stamp != n.last_use:
+                self._push(n)  # used since it was pushed: back in at its stamp
+                continue
             parent = n.parent
             assert parent is not None
             del parent.children[n.key[: self.page_size]]
+            n.parent = None  # marks it gone for the entries still in the heap
             out.extend(n.pages)
             self.num_pages -= len(n.pages)
+            self.num_nodes -= 1
             if parent is not self.root and not parent.children and parent.lock == 0:
-                heapq.heappush(heap, (parent.last_use, id(parent), parent))
+                self._push(parent)
+        if len(heap) > 4 * self.num_nodes + 64:  # stale entries pile up: rebuild from the free leaves
+            self._heap = []
+            for n in self._leaves():
+                if n.lock == 0:
+                    self._push(n)
         return out
+
+    def _push(self, node: Node) -> None:
+        self._pushes += 1
+        heapq.heappush(self._heap, (node.last_use, self._pushes, node))
+
+    def _free_leaf(self, n: Node) -> bool:
+        """`n` is in the tree, unlocked and childless (an eviction candidate)."""
+        p = n.parent
+        return p is not None and n.lock == 0 and not n.children and p.children.get(n.key[: self.page_size]) is n
 
     def evictable_pages(self) -> int:
         """Pages no request holds a lock on (all of them can be evicted, leaves first)."""

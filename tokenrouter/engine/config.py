@@ -92,6 +92,15 @@ class EngineConfig:
     # every Qwen3 size at b=1/4/8 (docs/engine.md, Measured choices).
     triton_gemv: bool = True
     gemv_max_rows: int = 8  # 1..16
+    # In those steps of one row: weight tiles loaded before the PDL wait (`GemvState.preload`), residual add +
+    # RMSNorm folded into the qkv and gate|up projections (`GemvState.fold_norm`, two launches fewer per layer),
+    # the LM head through the skinny GEMM (`GemvState.lm_head`).
+    gemv_preload: bool = True
+    gemv_fold_norm: bool = True
+    gemv_lm_head: bool = False
+    # Greedy argmax by our chunked kernel (merged in the sampler) over chunks of this many logits; 0: torch's
+    # reduction kernel (one program walked much of the vocabulary at batch 1).
+    argmax_chunk: int = 1024
     # Memory sizing from measurement (see the class doc) and the eager pass's largest token count, which the
     # start-up profile runs to measure the activation peak.
     memory_budget_bytes: int | None = None
@@ -193,11 +202,12 @@ class EngineConfig:
 
 # Every launch-overhead switch off and cuBLAS for every projection, whatever the defaults are: the reference the
 # engine studies time each switch against (docs/engine.md, Measured choices).
-BASELINE_SWITCHES: dict[str, bool] = {
+BASELINE_SWITCHES: dict[str, bool | int] = {
     "decode_fused_reduce": False,
     "triton_pdl": False,
     "fuse_step_ops": False,
     "triton_gemv": False,
+    "argmax_chunk": 0,
 }
 
 

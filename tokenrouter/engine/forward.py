@@ -135,7 +135,8 @@ class StepForward:
         lp_out = e.out_ids[lp0 : lp0 + n * LOGPROB_WORDS]
         args = (v["inv_temp"], v["top_p"], v["top_k"], v["seed"], v["sample_pos"])
         if self.ops is not None:
-            self.ops.sample(logits, *args, v["out_slot"], out, e.slot_tokens, v["logprobs_k1"], lp_out, pdl=e.pdl)
+            self.ops.sample(logits, *args, v["out_slot"], out, e.slot_tokens, v["logprobs_k1"], lp_out, pdl=e.pdl,
+                            argmax_chunk=e.config.argmax_chunk)  # fmt: skip
         else:
             tok = sample_rows(logits, *args)
             out.copy_(tok)

@@ -96,6 +96,20 @@ class GemvState:
     # Fold SiLU(gate)*up into the down projection only up to this intermediate size: the fold saves a launch
     # at small K but is slower than the separate SwiGLU kernel + GEMM at large K (docs/engine.md, Measured choices).
     silu_fold_max_k: int = 4096
+    # Each program loads its first weight tiles into registers before the PDL wait, so the weight stream starts
+    # while the previous kernel runs (the arithmetic and its order are unchanged); inputs of up to
+    # `preload_max_rows` rows only: it shortened the FMA path (M = 1) and lengthened the tensor-core path
+    # (M = 8) on the H200 (docs/engine.md, Measured choices).
+    preload: bool = False
+    preload_max_rows: int = 1
+    # Residual add + RMSNorm ride in the qkv and gate|up projections that follow them (every program recomputes
+    # the rows' RMS, which is cheap only while the hidden size and the rows are small): two launches fewer per
+    # layer. Up to `norm_fold_max_rows` rows: at M = 8 the fold lengthened the step.
+    fold_norm: bool = False
+    norm_fold_max_k: int = 4096
+    norm_fold_max_rows: int = 1
+    # The LM head of graph steps of up to `preload_max_rows` rows through the skinny GEMM instead of cuBLAS.
+    lm_head: bool = False
 
     def applies(self, x: torch.Tensor) -> bool:
         return self.enabled and self.active and 0 < x.shape[0] <= self.max_rows
@@ -103,10 +117,23 @@ class GemvState:
     def folds_silu(self, gate_up: torch.Tensor) -> bool:
         return self.applies(gate_up) and gate_up.shape[1] // 2 <= self.silu_fold_max_k
 
-    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, silu: bool = False):
-        return self.ops.skinny_gemm(
-            x, weight, bias, silu=silu, counters=self.counters, pdl=self.pdl, prefetch=self.prefetch
+    def folds_norm(self, x: torch.Tensor) -> bool:
+        return (
+            self.fold_norm
+            and self.applies(x)
+            and x.shape[0] <= self.norm_fold_max_rows
+            and x.shape[1] <= self.norm_fold_max_k
         )
+
+    def runs_lm_head(self, h: torch.Tensor) -> bool:
+        return self.lm_head and self.applies(h) and h.shape[0] <= self.preload_max_rows
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, silu: bool = False, **kw):
+        """`skinny_gemm` with this state's switches; `kw`: the norm fold's arguments, `out`."""
+        return self.ops.skinny_gemm(
+            x, weight, bias, silu=silu, counters=self.counters, pdl=self.pdl, prefetch=self.prefetch,
+            preload=self.preload and x.shape[0] <= self.preload_max_rows, **kw,
+        )  # fmt: skip
 
 
 class MergedLinear(nn.Module):
@@ -189,6 +216,17 @@ class MergedLinear(nn.Module):
             assert self.gemv is not None
             return self.gemv.linear(x, self.weight, self.live_bias)
         return F.linear(x, self.weight, self.live_bias)
+
+    def forward_norm(self, norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(this layer applied to norm(x + residual), x + residual): one launch where the skinny GEMM folds the
+        norm (`GemvState.folds_norm`), else the norm kernel and this layer."""
+        if self.gemv is None or not self.gemv.folds_norm(x):
+            h, s = norm(x, residual)
+            return self(h), s
+        s = torch.empty_like(x)
+        y = self.gemv.linear(x, self.weight, self.live_bias, norm=(norm.weight, norm.eps), residual=residual,
+                             sum_out=s)  # fmt: skip
+        return y, s
 
     def forward_silu(self, gate_up: torch.Tensor) -> torch.Tensor:
         """This layer applied to SiLU(gate) * up of a fused gate|up activation [T, 2 * in_features], in one

@@ -5,7 +5,8 @@ paged attention -> o_proj -> +residual -> RMSNorm -> fused gate|up -> SiLU(gate)
 Each residual add is fused into the RMSNorm that follows it; on CUDA q/k-norm + RoPE + KV store is one
 kernel (`triton_ops`), so a decode layer is 9 launches: 4 GEMMs, 2 norms, 1 rope/store, 1 attention (splits
 merged in-kernel; 10 with the separate split reduce), 1 SwiGLU; with the skinny GEMM (`attach_gemv`, graph
-bodies only) SwiGLU rides in the down projection: 8. With `forward_stream` + `compute_logits(
+bodies only) SwiGLU rides in the down projection: 8; for one-row steps the two norms ride in the qkv and gate|up
+projections too (`MergedLinear.forward_norm`): 6. With `forward_stream` + `compute_logits(
 hidden, residual, index)` the embedding lookup rides in the first layer's norm and the last residual add,
 the logit-row gather and the final norm are one kernel.
 
@@ -75,8 +76,11 @@ class DecoderAttention(nn.Module):
         self.pdl = False
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, kv: KVLayer) -> torch.Tensor:
-        t = x.shape[0]
-        qkv = self.qkv_proj(x)
+        return self.attend(self.qkv_proj(x), positions, meta, kv)
+
+    def attend(self, qkv: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, kv: KVLayer) -> torch.Tensor:
+        """The layer after its qkv projection: q/k norm, RoPE, KV write, attention, o projection."""
+        t = qkv.shape[0]
         k_cache, v_cache = kv
         if self._ops is not None:
             norm_w = None if self.qk_norm_weight is None else self.qk_norm_weight.view(2, self.head_dim)
@@ -132,7 +136,10 @@ class DecoderMLP(nn.Module):
                                       **kw)  # fmt: skip
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x)
+        return self.down(self.gate_up_proj(x))
+
+    def down(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """The MLP after its gate|up projection."""
         gemv = self.down_proj.gemv
         if gemv is not None and gemv.folds_silu(gate_up):  # skinny GEMM, SiLU(gate) * up applied while loading x
             return self.tp.all_reduce(self.down_proj.forward_silu(gate_up))
@@ -161,16 +168,18 @@ class DecoderLayer(nn.Module):
         """(layer output, residual stream): the residual add is fused into the next norm, so the stream after
         this layer is `output + residual` (None on entry to the first layer: the stream is the embedding).
         First layer only: with `index`, `x` is the embedding table and the norm gathers the rows itself."""
+        attn, mlp = self.self_attn, self.mlp
         if index is not None:
             h, residual = self.input_layernorm(x, index=index, store_sum=True)
+            qkv = attn.qkv_proj(h)
         elif residual is None:
-            h, _ = self.input_layernorm(x)
+            qkv = attn.qkv_proj(self.input_layernorm(x)[0])
             residual = x
-        else:
-            h, residual = self.input_layernorm(x, residual)
-        h = self.self_attn(h, positions, meta, kv)
-        h, residual = self.post_attention_layernorm(h, residual)
-        return self.mlp(h), residual
+        else:  # the norms fold into the projections after them where the skinny GEMM runs (forward_norm)
+            qkv, residual = attn.qkv_proj.forward_norm(self.input_layernorm, x, residual)
+        h = attn.attend(qkv, positions, meta, kv)
+        gate_up, residual = mlp.gate_up_proj.forward_norm(self.post_attention_layernorm, h, residual)
+        return mlp.down(gate_up), residual
 
 
 class CausalLM(nn.Module):
@@ -248,7 +257,10 @@ class CausalLM(nn.Module):
         h, _ = self.norm(hidden, residual, index=index, store_sum=False, out=out_hidden)
         if out_logits is None:
             return h, F.linear(h, self.lm_head)
-        torch.mm(h, self.lm_head.t(), out=out_logits)
+        if self.gemv is not None and self.gemv.runs_lm_head(h):
+            self.gemv.linear(h, self.lm_head, None, out=out_logits)
+        else:
+            torch.mm(h, self.lm_head.t(), out=out_logits)
         return h, out_logits
 
     def set_pdl(self, enabled: bool) -> None:

@@ -24,7 +24,12 @@ Design (one launch per projection, graph-safe: the grid and every constexpr depe
 - `pdl=True` (sm_90+): programmatic dependent launch. Weights do not depend on the previous kernel, so with
   `prefetch` each program first asks L2 for the first bytes of its weight rows (`prefetch.global.L2`, one
   128-byte line per address, up to 32 KB per program), then waits (`griddepcontrol.wait`) before touching
-  x, the workspace or the counters: the weight stream starts while the previous kernel drains.
+  x, the workspace or the counters: the weight stream starts while the previous kernel drains. With `preload`
+  (PRE_TILES) the program instead loads its weight tiles into registers before the wait and applies them in the
+  loop's order afterwards (bit-identical); that shortened the 0.6B's b=1 step where the L2 prefetch had not.
+- `norm=`: x is RMSNorm(x (+ residual)); every program reduces each row's RMS as a 1-D vector the way
+  `triton_ops.rms_norm` does (same rounding) and one program writes the new residual stream: the norm kernel
+  before the qkv and gate|up projections disappears.
 
 Configs: `gemv_config(M, N, K)` picks one from a small table keyed by (N, K) (Qwen3 shapes measured on the
 H200) or a shape rule; no autotuning at run time (graph capture must see fixed kernels).
@@ -48,6 +53,8 @@ FMA_MAX_ROWS = 1  # rows up to this use CUDA-core FMAs, more use tensor cores (f
 DOT_ROWS = 16  # token rows of a DOT-path tile (tl.dot needs >= 16)
 DEFAULT_NUM_SMS = 132  # H200; used without a CUDA device (interpreter)
 PREFETCH_BYTES_PER_PROGRAM = 32 * 1024  # L2 prefetch per program before the PDL wait
+PRELOAD_BYTES_PER_PROGRAM = 32 * 1024  # weight bytes a program loads into registers before the PDL wait
+MAX_PRE_TILES = 4  # the kernel unrolls at most this many pre-loaded tiles
 MIN_BLOCK_N = 4  # smallest tile of any config: sizes the arrival-counter buffer
 
 
@@ -161,25 +168,113 @@ def _load_x(ptrs, mask, K, SILU: tl.constexpr, MASKED: tl.constexpr):
 
 
 @triton.jit
+def _load_w(ptrs, k_mask, EVEN_K: tl.constexpr):
+    """One [BLOCK_N, BLOCK_K] weight tile (K-masked unless EVEN_K)."""
+    if EVEN_K:
+        return tl.load(ptrs)
+    return tl.load(ptrs, mask=k_mask[None, :], other=0.0)
+
+
+@triton.jit
+def _sum_row(X, R, cols, mask, HAS_RES: tl.constexpr):
+    """s = x (+ r) of one row in fp32, the residual stream rounded to the dtype like `triton_ops.rms_norm`."""
+    s = tl.load(X + cols, mask=mask, other=0.0).to(tl.float32)
+    if HAS_RES:
+        r = tl.load(R + cols, mask=mask, other=0.0).to(tl.float32)
+        s = (s + r).to(R.dtype.element_ty).to(tl.float32)
+    return s
+
+
+@triton.jit
+def _norm_inv(X, R, RO, offs_m, M, K, eps, stride_xm, stride_rm, stride_rom, store,
+              HAS_RES: tl.constexpr, BLOCK_M: tl.constexpr, NORM_BLOCK: tl.constexpr):  # fmt: skip
+    """1 / RMS of each of the M rows of s = x (+ r) ([BLOCK_M] fp32), each row reduced as a 1-D [NORM_BLOCK]
+    vector exactly as `triton_ops.rms_norm` reduces it (same shape, same warps: the same rounding); rows are
+    unrolled so their loads are in flight together. Where `store` (one program of the grid), s goes to RO."""
+    cols = tl.arange(0, NORM_BLOCK)
+    inv = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for m in tl.static_range(BLOCK_M):
+        mask = (cols < K) & (m < M)
+        s = _sum_row(X + m * stride_xm, R + m * stride_rm, cols, mask, HAS_RES)
+        tl.store(RO + m * stride_rom + cols, s.to(RO.dtype.element_ty), mask=mask & store)
+        inv_m = tl.rsqrt(tl.sum(s * s, axis=0) / K + eps)
+        inv = tl.where(offs_m == m, inv_m, inv)
+    return inv
+
+
+@triton.jit
+def _load_normed(X, R, NW, offs_m, kk, mask, K, stride_xm, stride_rm, inv, HAS_RES: tl.constexpr):
+    """RMSNorm(s)[:, kk] rounded like `rms_norm`: (s * inv) to the dtype, times the weight, to the dtype."""
+    dt = X.dtype.element_ty
+    s = tl.load(X + offs_m[:, None] * stride_xm + kk[None, :], mask=mask, other=0.0).to(tl.float32)
+    if HAS_RES:
+        r = tl.load(R + offs_m[:, None] * stride_rm + kk[None, :], mask=mask, other=0.0).to(tl.float32)
+        s = (s + r).to(R.dtype.element_ty).to(tl.float32)
+    w = tl.load(NW + kk, mask=kk < K, other=0.0).to(tl.float32)
+    return ((s * inv[:, None]).to(dt).to(tl.float32) * w[None, :]).to(dt)
+
+
+@triton.jit
+def _apply_tile(acc, w, X, R, NW, inv, kk, k_mask, m_mask, offs_m, K, stride_xm, stride_rm,
+                BLOCK_M: tl.constexpr, USE_DOT: tl.constexpr, SILU: tl.constexpr, EVEN_K: tl.constexpr,
+                NORM: tl.constexpr, NORM_RES: tl.constexpr, DOT_PRECISION: tl.constexpr):  # fmt: skip
+    """acc += this K tile's contribution: x[:, kk] (SiLU(gate) * up with SILU, RMSNorm(x (+ r)) with NORM) times
+    the weight tile `w` [BLOCK_N, BLOCK_K]."""
+    if EVEN_K:  # noqa: SIM108 - a constexpr branch
+        x_mask = m_mask[:, None]  # no K mask: x loads stay 16-byte vectors
+    else:
+        x_mask = m_mask[:, None] & k_mask[None, :]
+    if NORM:
+        x = _load_normed(X, R, NW, offs_m, kk, m_mask[:, None] & k_mask[None, :], K, stride_xm, stride_rm, inv,
+                         NORM_RES)  # fmt: skip
+    elif USE_DOT or BLOCK_M > 1:
+        x = _load_x(X + offs_m[:, None] * stride_xm + kk[None, :], x_mask, K, SILU, True)
+    else:
+        x = _load_x(X + kk, k_mask, K, SILU, not EVEN_K)
+    if USE_DOT:
+        acc = tl.dot(w, tl.trans(x), acc, input_precision=DOT_PRECISION)
+    elif BLOCK_M == 1:
+        acc += w.to(tl.float32) * tl.reshape(x, [w.shape[1]]).to(tl.float32)[None, :]
+    else:
+        acc += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+    return acc
+
+
+@triton.jit
 def skinny_gemm_kernel(
-    X, W, Bias, Y, Part, Counters,
-    M, N, K, K_SPLIT,
-    stride_xm, stride_wn, stride_ym,
+    X, W, Bias, Y, Part, Counters, R, NW, RO,
+    M, N, K, K_SPLIT, eps,
+    stride_xm, stride_wn, stride_ym, stride_rm, stride_rom,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     USE_DOT: tl.constexpr, SILU: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr, PRE_TILES: tl.constexpr,
+    NORM: tl.constexpr, NORM_RES: tl.constexpr, NORM_BLOCK: tl.constexpr,
 ):  # fmt: skip
     """y[:M, n-tile] = x[:M] @ W[n-tile]^T over this program's K slice [k_lo, k_lo + K_SPLIT) (see module doc).
 
     BLOCK_M: token rows of the tile (DOT: 16; FMA: next power of two >= M). SPLIT: split_k > 1 (Part is fp32
     [split_k, M, N], Counters int32 with one zero entry per N tile). EVEN_K: K is a multiple of K_SPLIT and
-    K_SPLIT of BLOCK_K (no K masks)."""
+    K_SPLIT of BLOCK_K (no K masks). PRE_TILES (0..4): the first K tiles of the slice are loaded before the PDL
+    wait (weights never depend on the previous kernel) and applied first, in the loop's order. NORM: the
+    kernel's x is RMSNorm(X (+ R with NORM_RES), weight NW) over all K (NORM_BLOCK = next power of two >= K):
+    every program takes the rows' RMS first; program (0, 0) writes the sum X + R to RO (never X or R)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rows_w = tl.minimum(offs_n, N - 1).to(tl.int64)  # clamped: weight loads need no N mask (stores are masked)
     k_lo = pid_k * K_SPLIT
     k_hi = tl.minimum(K, k_lo + K_SPLIT)
+    offs_k = tl.arange(0, BLOCK_K)
+    w_ptrs = W + rows_w[:, None] * stride_wn + (k_lo + offs_k)[None, :]
+    # Weight tiles loaded before the wait stream while the previous kernel still runs.
+    if PRE_TILES >= 1:
+        w0 = _load_w(w_ptrs, k_lo + offs_k < k_hi, EVEN_K)
+    if PRE_TILES >= 2:
+        w1 = _load_w(w_ptrs + BLOCK_K, k_lo + BLOCK_K + offs_k < k_hi, EVEN_K)
+    if PRE_TILES >= 3:
+        w2 = _load_w(w_ptrs + 2 * BLOCK_K, k_lo + 2 * BLOCK_K + offs_k < k_hi, EVEN_K)
+    if PRE_TILES >= 4:
+        w3 = _load_w(w_ptrs + 3 * BLOCK_K, k_lo + 3 * BLOCK_K + offs_k < k_hi, EVEN_K)
     if USE_PDL:
         if PREFETCH_LINES > 0:  # weights never depend on the previous kernel: start streaming them now
             line = 128 * 8 // W.dtype.element_ty.primitive_bitwidth  # elements per 128-byte line
@@ -187,10 +282,14 @@ def skinny_gemm_kernel(
             _prefetch_l2(W + rows_w[:, None] * stride_wn + cols[None, :])
         gdc_wait()
         gdc_launch_dependents()
-    offs_k = tl.arange(0, BLOCK_K)
     offs_m = tl.arange(0, BLOCK_M)
     m_mask = offs_m < M
-    w_ptrs = W + rows_w[:, None] * stride_wn + (k_lo + offs_k)[None, :]
+    if NORM:
+        first = (pid_n == 0) & (pid_k == 0) & NORM_RES
+        inv = _norm_inv(X, R, RO, offs_m, M, K, eps, stride_xm, stride_rm, stride_rom, first, NORM_RES, BLOCK_M,
+                        NORM_BLOCK)  # fmt: skip
+    else:
+        inv = tl.zeros([BLOCK_M], dtype=tl.float32)
     n_iter = tl.cdiv(tl.maximum(k_hi - k_lo, 0), BLOCK_K)
 
     if USE_DOT:
@@ -199,26 +298,29 @@ def skinny_gemm_kernel(
         acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
-    for i in range(0, n_iter):
+    if PRE_TILES >= 1:
+        kk = k_lo + offs_k
+        acc = _apply_tile(acc, w0, X, R, NW, inv, kk, kk < k_hi, m_mask, offs_m, K, stride_xm, stride_rm,
+                           BLOCK_M, USE_DOT, SILU, EVEN_K, NORM, NORM_RES, DOT_PRECISION)  # fmt: skip
+    if PRE_TILES >= 2:
+        kk = k_lo + BLOCK_K + offs_k
+        acc = _apply_tile(acc, w1, X, R, NW, inv, kk, kk < k_hi, m_mask, offs_m, K, stride_xm, stride_rm,
+                           BLOCK_M, USE_DOT, SILU, EVEN_K, NORM, NORM_RES, DOT_PRECISION)  # fmt: skip
+    if PRE_TILES >= 3:
+        kk = k_lo + 2 * BLOCK_K + offs_k
+        acc = _apply_tile(acc, w2, X, R, NW, inv, kk, kk < k_hi, m_mask, offs_m, K, stride_xm, stride_rm,
+                           BLOCK_M, USE_DOT, SILU, EVEN_K, NORM, NORM_RES, DOT_PRECISION)  # fmt: skip
+    if PRE_TILES >= 4:
+        kk = k_lo + 3 * BLOCK_K + offs_k
+        acc = _apply_tile(acc, w3, X, R, NW, inv, kk, kk < k_hi, m_mask, offs_m, K, stride_xm, stride_rm,
+                           BLOCK_M, USE_DOT, SILU, EVEN_K, NORM, NORM_RES, DOT_PRECISION)  # fmt: skip
+    w_ptrs += PRE_TILES * BLOCK_K
+    for i in range(PRE_TILES, n_iter):
         kk = k_lo + i * BLOCK_K + offs_k
         k_mask = kk < k_hi
-        if EVEN_K:
-            w = tl.load(w_ptrs)
-            x_mask = m_mask[:, None]  # no K mask: x loads stay 16-byte vectors
-        else:
-            w = tl.load(w_ptrs, mask=k_mask[None, :], other=0.0)
-            x_mask = m_mask[:, None] & k_mask[None, :]
-        if USE_DOT:
-            x_ptrs = X + offs_m[:, None] * stride_xm + kk[None, :]
-            x = _load_x(x_ptrs, x_mask, K, SILU, True)
-            acc = tl.dot(w, tl.trans(x), acc, input_precision=DOT_PRECISION)
-        elif BLOCK_M == 1:
-            x = _load_x(X + kk, k_mask, K, SILU, not EVEN_K)
-            acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
-        else:
-            x_ptrs = X + offs_m[:, None] * stride_xm + kk[None, :]
-            x = _load_x(x_ptrs, x_mask, K, SILU, True)
-            acc += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+        w = _load_w(w_ptrs, k_mask, EVEN_K)
+        acc = _apply_tile(acc, w, X, R, NW, inv, kk, k_mask, m_mask, offs_m, K, stride_xm, stride_rm,
+                           BLOCK_M, USE_DOT, SILU, EVEN_K, NORM, NORM_RES, DOT_PRECISION)  # fmt: skip
         w_ptrs += BLOCK_K
 
     if USE_DOT:
@@ -255,7 +357,8 @@ def skinny_gemm_kernel(
 
 # ---- host side ---------------------------------------------------------------------------------------------
 def kernel_constexprs(m: int, n: int, k: int, cfg: GemvConfig, *, silu: bool, bias: bool, dtype: torch.dtype,
-                      pdl: bool, prefetch_lines: int) -> tuple[dict, int]:  # fmt: skip
+                      pdl: bool, prefetch_lines: int, pre_tiles: int = 0, norm: bool = False,
+                      norm_res: bool = False) -> tuple[dict, int]:  # fmt: skip
     """(constexprs of `skinny_gemm_kernel`, K elements per split) for one launch."""
     k_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
     even_k = k % cfg.split_k == 0 and (k // cfg.split_k) % cfg.block_k == 0
@@ -271,8 +374,22 @@ def kernel_constexprs(m: int, n: int, k: int, cfg: GemvConfig, *, silu: bool, bi
         "DOT_PRECISION": "ieee" if dtype == torch.float32 else "tf32",
         "USE_PDL": pdl,
         "PREFETCH_LINES": prefetch_lines if pdl else 0,
+        "PRE_TILES": pre_tiles,
+        "NORM": norm,
+        "NORM_RES": norm_res,
+        "NORM_BLOCK": triton.next_power_of_2(k) if norm else 1,
     }
     return consts, k_split
+
+
+def pre_tiles(k: int, cfg: GemvConfig, elem_size: int, max_bytes: int = PRELOAD_BYTES_PER_PROGRAM) -> int:
+    """Weight tiles a program loads before the PDL wait: all of its K slice's tiles when they fit `max_bytes` and
+    MAX_PRE_TILES, else none. All or nothing: whole slices in registers shortened the Qwen3-0.6B's b=1 step
+    (every projection, 1-3 tiles), the first 2 of 10 tiles lengthened the Qwen3-32B's (docs/engine.md)."""
+    k_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
+    tiles = triton.cdiv(k_split, cfg.block_k)
+    fit = max_bytes // (cfg.block_n * cfg.block_k * elem_size)
+    return tiles if tiles <= min(fit, MAX_PRE_TILES) else 0
 
 
 def prefetch_lines_per_row(k: int, cfg: GemvConfig, elem_size: int) -> int:
@@ -293,18 +410,32 @@ def skinny_gemm(
     out: torch.Tensor | None = None,
     pdl: bool = False,
     prefetch: bool = True,
+    preload: bool = False,
+    pre_tiles_override: int | None = None,
     num_sms: int | None = None,
+    norm: tuple[torch.Tensor, float] | None = None,
+    residual: torch.Tensor | None = None,
+    sum_out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """y = x @ weight.T (+ bias) for x [M, K] with M <= 16, weight [N, K] (rows contiguous), fp32 accumulation.
 
     `silu`: x is a fused gate|up activation [M, 2K] and y = (SiLU(gate) * up) @ weight.T. `counters`: zeroed
     int32 split-K arrival counters (`arrival_counters`), needed when the config splits K (else a zeroed buffer
     is allocated: one memset launch). `config`: override `gemv_config`. `pdl`: programmatic dependent launch
-    (+ L2 prefetch of the first weight bytes before the wait, with `prefetch`)."""
+    (+ L2 prefetch of the first weight bytes before the wait, with `prefetch`). `preload`: each program loads its
+    weight tiles (`pre_tiles`) into registers before the PDL wait (same arithmetic, same order);
+    `pre_tiles_override`: exactly that many (0..MAX_PRE_TILES; tests and ablations).
+    `norm` = (norm weight [K], eps): y = RMSNorm(s) @ weight.T with s = x (+ `residual`), rounded as
+    `triton_ops.rms_norm` rounds; with a residual, s is written to `sum_out` ([M, K], not x or residual)."""
     m = x.shape[0]
     n, k = weight.shape
     if x.dim() != 2 or x.shape[1] != (2 * k if silu else k):
         raise ValueError(f"x {tuple(x.shape)} does not match weight {tuple(weight.shape)} (silu={silu})")
+    if norm is not None and (silu or (residual is not None) != (sum_out is not None)):
+        raise ValueError("a norm fold takes no silu, and a residual exactly when a sum_out")
+    for t in (residual, sum_out):
+        if t is not None and (t.shape != x.shape or t.stride(1) != 1):
+            raise ValueError(f"residual and sum_out must be [{m}, {k}] with a contiguous last dim")
     if m > MAX_ROWS:
         raise ValueError(f"skinny_gemm takes at most {MAX_ROWS} rows, got {m}")
     if x.stride(1) != 1 or weight.stride(1) != 1:
@@ -334,12 +465,21 @@ def skinny_gemm(
         part = y
         counters = counters if counters is not None else y
     pf = prefetch_lines_per_row(k, cfg, weight.element_size()) if (pdl and prefetch) else 0
+    pre = pre_tiles(k, cfg, weight.element_size()) if preload else 0
+    if pre_tiles_override is not None:
+        if not 0 <= pre_tiles_override <= MAX_PRE_TILES:
+            raise ValueError(f"pre_tiles_override must be in 0..{MAX_PRE_TILES}, got {pre_tiles_override}")
+        # never more than the slice's tiles: unmasked (EVEN_K) loads past it would read the next split's columns
+        pre = min(pre_tiles_override, triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k))
     consts, k_split = kernel_constexprs(m, n, k, cfg, silu=silu, bias=bias is not None, dtype=weight.dtype, pdl=pdl,
-                                        prefetch_lines=pf)  # fmt: skip
+                                        prefetch_lines=pf, pre_tiles=pre, norm=norm is not None,
+                                        norm_res=residual is not None)  # fmt: skip
+    r = residual if residual is not None else x
+    ro = sum_out if sum_out is not None else x
     skinny_gemm_kernel[(tiles, cfg.split_k)](
-        x, weight, bias if bias is not None else weight, y, part, counters,
-        m, n, k, k_split,
-        x.stride(0), weight.stride(0), y.stride(0),
+        x, weight, bias if bias is not None else weight, y, part, counters, r, norm[0] if norm else weight, ro,
+        m, n, k, k_split, norm[1] if norm else 0.0,
+        x.stride(0), weight.stride(0), y.stride(0), r.stride(0), ro.stride(0),
         **consts, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_kwargs(pdl),
     )  # fmt: skip
     return y

@@ -146,9 +146,40 @@ def _row_logprobs(row, V, best_i, tok, k, LpI, LpF, BLOCK: tl.constexpr, LP_TOP:
 
 
 @triton.jit
+def _argmax_chunks_kernel(Logits, stride_l, PartV, PartI, V, CHUNK: tl.constexpr, NCHUNK: tl.constexpr,
+                          USE_PDL: tl.constexpr):  # fmt: skip
+    """Grid (rows, NCHUNK): the maximum of one CHUNK of a logit row and its first index, into PartV / PartI
+    [rows, NCHUNK]; `_sample_kernel` merges a row's chunks (earliest chunk on ties: the row's first maximum)."""
+    if USE_PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    r = tl.program_id(0)
+    c = tl.program_id(1)
+    offs = c * CHUNK + tl.arange(0, CHUNK)
+    x = tl.load(Logits + r.to(tl.int64) * stride_l + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
+    m = tl.max(x, axis=0)
+    i = tl.argmax(x, axis=0, tie_break_left=True).to(tl.int32) + c * CHUNK
+    tl.store(PartV + r * NCHUNK + c, m)
+    tl.store(PartI + r * NCHUNK + c, i)
+
+
+@triton.jit
+def _merge_argmax(PartV, PartI, r, NCHUNK: tl.constexpr, NCHUNK_P2: tl.constexpr):
+    """The first index of a row's maximum from its chunk partials (`_argmax_chunks_kernel`)."""
+    c = tl.arange(0, NCHUNK_P2)
+    ok = c < NCHUNK
+    v = tl.load(PartV + r * NCHUNK + c, mask=ok, other=float("-inf"))
+    idx = tl.load(PartI + r * NCHUNK + c, mask=ok, other=0)
+    m = tl.max(v, axis=0)
+    first = tl.min(tl.where(ok & (v == m), c, NCHUNK_P2), axis=0)
+    return tl.sum(tl.where(c == first, idx, 0), axis=0)
+
+
+@triton.jit
 def _sample_kernel(
     Logits, stride_l, Greedy, InvT, TopP, TopK, Seed, Pos, OutSlot, Out, SlotTok, LpK1, LpI, LpF, V,
     BLOCK: tl.constexpr, LP_WORDS: tl.constexpr, LP_TOP: tl.constexpr, USE_PDL: tl.constexpr,
+    PartV=None, NCHUNK: tl.constexpr = 0, NCHUNK_P2: tl.constexpr = 1,
 ):  # fmt: skip
     if USE_PDL:
         gdc_wait()
@@ -158,7 +189,10 @@ def _sample_kernel(
     # Greedy rows take the argmax computed before this kernel by a parallel reduction (one program walking a
     # 152k vocabulary alone is a visible share of a small model's decode step: docs/engine.md, Measured choices);
     # sampled rows need its value too.
-    best_i = tl.load(Greedy + r).to(tl.int32)
+    if NCHUNK > 0:  # noqa: SIM108 - a constexpr branch: Greedy holds the chunk indices (PartI)
+        best_i = _merge_argmax(PartV, Greedy, r, NCHUNK, NCHUNK_P2)
+    else:
+        best_i = tl.load(Greedy + r).to(tl.int32)
     tok = best_i
     inv = tl.load(InvT + r)
     if inv > 0:
@@ -200,17 +234,31 @@ def _sample_kernel(
 def sample(logits: torch.Tensor, inv_temp: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor,
            seed: torch.Tensor, pos: torch.Tensor, out_slot: torch.Tensor, out: torch.Tensor,
            slot_tokens: torch.Tensor, logprobs_k1: torch.Tensor, logprobs_out: torch.Tensor, *,
-           pdl: bool = False) -> None:  # fmt: skip
+           pdl: bool = False, argmax_chunk: int = 0) -> None:  # fmt: skip
     """Tokens of logits [L, V] (last dim contiguous) into `out` [L] int32 and `slot_tokens[out_slot]`; for rows
     with `logprobs_k1` > 0 their log-probabilities into `logprobs_out` (int32 [L * LOGPROB_WORDS], floats as bits,
-    the layout `sampler.LOGPROB_WORDS` describes)."""
+    the layout `sampler.LOGPROB_WORDS` describes). `argmax_chunk` > 0: the greedy argmax by our kernel over
+    chunks of that many logits (merged in the sampler), else by torch's reduction (and its memset)."""
     rows, vocab = logits.shape
     if rows == 0:
         return
     block = min(2048, triton.next_power_of_2(vocab))
-    greedy = logits.argmax(dim=-1)  # first index of the maximum, as torch.argmax and the reference define it
+    extra: dict = {}
+    if argmax_chunk > 0:
+        chunk = min(argmax_chunk, triton.next_power_of_2(vocab))
+        nchunk = triton.cdiv(vocab, chunk)
+        part_v = torch.empty(rows, nchunk, dtype=torch.float32, device=logits.device)
+        greedy = torch.empty(rows, nchunk, dtype=torch.int32, device=logits.device)
+        _argmax_chunks_kernel[(rows, nchunk)](
+            logits, logits.stride(0), part_v, greedy, vocab, CHUNK=chunk, NCHUNK=nchunk, USE_PDL=pdl, num_warps=4,
+            **pdl_kwargs(pdl),
+        )  # fmt: skip
+        extra = {"PartV": part_v, "NCHUNK": nchunk, "NCHUNK_P2": triton.next_power_of_2(nchunk)}
+    else:
+        greedy = logits.argmax(dim=-1)  # first index of the maximum, as torch.argmax and the reference define it
     _sample_kernel[(rows,)](
         logits, logits.stride(0), greedy, inv_temp, top_p, top_k, seed, pos, out_slot, out, slot_tokens,
         logprobs_k1, logprobs_out, logprobs_out.view(torch.float32), vocab,
         BLOCK=block, LP_WORDS=LOGPROB_WORDS, LP_TOP=MAX_LOGPROBS, USE_PDL=pdl, num_warps=8, **pdl_kwargs(pdl),
+        **extra,
     )  # fmt: skip

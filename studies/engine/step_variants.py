@@ -1,0 +1,233 @@
+#!/usr/bin/env python
+"""The decode-step switches of issue 30, A/B on one engine: step time, kernels, and greedy equality.
+
+    python studies/engine/step_variants.py --out OUT_DIR                  # one H200: ~3-5 min
+    python studies/engine/step_variants.py --out OUT_DIR --smoke          # tiny model, CPU (checks the script)
+
+Switches (`EngineConfig` fields; toggled on one built engine, graphs recaptured in between):
+- `gemv_preload`: each skinny-GEMM program loads its weight tiles into registers before the PDL wait (inputs
+  of one row: `GemvState.preload_max_rows`);
+- `gemv_fold_norm`: residual add + RMSNorm ride in the qkv and gate|up projections (two launches fewer a layer;
+  one row, hidden <= 4096);
+- `gemv_lm_head`: the LM head of one-row graph steps through the skinny GEMM instead of cuBLAS;
+- `argmax_chunk`: the greedy argmax by our chunked kernel, merged in the sampler (not torch's reduction).
+
+Per model (Qwen3-0.6B, then Qwen3-32B while the time budget lasts), per variant, in the order given (the
+first variant is the reference; `base` and `all` are repeated at the end, so A/B/A/B shows the spread):
+graph decode step at ctx 1k (engine.step back to back / waiting each result / the replay alone, ms),
+torch.profiler kernels of the b=1 replay (count, busy/span), and greedy decoding of fixed random prompts
+(b=1 and b=8, `--steps` steps) against the reference variant: rows with identical tokens, the step of first
+divergence, the first decode step's max relative logit difference.
+
+Writes OUT_DIR/step_variants.json, variants.csv, kernels_<model>_<variant>.csv; prints a summary last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import step_profile as sp
+
+OFF = {"gemv_preload": False, "gemv_fold_norm": False, "gemv_lm_head": False, "argmax_chunk": 0}
+DEFAULT = {"gemv_preload": True, "gemv_fold_norm": True, "gemv_lm_head": False, "argmax_chunk": 1024}
+VARIANTS: list[tuple[str, dict[str, Any]]] = [
+    ("base", OFF),
+    ("preload", {**OFF, "gemv_preload": True}),
+    ("fold", {**OFF, "gemv_preload": True, "gemv_fold_norm": True}),
+    ("default", DEFAULT),
+    ("lm_head", {**DEFAULT, "gemv_lm_head": True}),
+    ("base_again", OFF),
+    ("default_again", DEFAULT),
+]
+MODELS = {"qwen3-0.6b": (1, 8), "qwen3-32b": (1, 8)}
+
+
+def apply(eng, sw: dict[str, Any]) -> None:
+    """Set the switches on a built engine and recapture its graphs."""
+    g = eng.model.gemv
+    g.preload, g.fold_norm, g.lm_head = sw["gemv_preload"], sw["gemv_fold_norm"], sw["gemv_lm_head"]
+    eng.config.argmax_chunk = sw["argmax_chunk"]
+    eng.recapture()
+
+
+ROW_CASES = [(1, 10), (4, 10), (8, 10), (8, 16), (16, 10)]  # (rows, tokens a row) of a large model's steps
+
+
+def rows_study(prof: sp.Profiler, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """A large model's steps whose rows carry 9-16 tokens (the small model's run since its last visit): in the
+    decode graphs (every token a virtual decode row; graph_max_row_tokens 16) against the varlen path (the
+    default limit 8 sends them there: a varlen graph, or eager where padding would cost more). One engine, the
+    rule switched between the two; ms per step (result waited each step) and the logits of the two paths."""
+    import engine_bench as eb
+
+    from tokenrouter.core.batch import Batch, BatchRow
+
+    cuda = prof.cuda
+    model, ctx = ("qwen3-32b", 1024) if cuda else ("tiny-small", 40)
+    kw = {} if cuda else {"ops_backend": "triton", "attention_backend": "triton"}
+    # varlen graphs on (the profiler's engines leave them off) up to 256 tokens: the default rule's path for these rows
+    eng = prof.engine(model, num_pages=16 * 80 + sp.WIDTH // 16 + 64 if cuda else 400, graph_max_row_tokens=16,
+                      max_context_len=sp.WIDTH if cuda else 256, max_num_batched_tokens=256,
+                      varlen_graphs=args.rows_varlen, **kw)  # fmt: skip
+    out: list[dict[str, Any]] = []
+    try:
+        for b, t in ROW_CASES if cuda else [(2, 10)]:
+            if prof.elapsed() > args.budget:
+                prof.out["errors"].append(f"rows {b}x{t}: skipped (time budget)")
+                continue
+            reqs = eb.make_requests(eng, b, ctx)
+            try:
+                bat = Batch(0, 0, [BatchRow(r, ctx - t, t) for r in reqs])
+                rec: dict[str, Any] = {"model": model, "rows": b, "tokens": t}
+                logits = {}
+                for limit in (8, 16):
+                    eng.config.graph_max_row_tokens = limit
+                    eng._rules.clear()
+                    path = "graph" if eng.graph_bucket_for(bat) is not None else "varlen"
+                    n = 20 if cuda else 1
+                    for _ in range(3):
+                        eng.step(bat).result()
+                    prof.sync()
+                    t0 = time.perf_counter()
+                    for _ in range(n):
+                        eng.step(bat).result()
+                    prof.sync()
+                    rec[f"limit{limit}_path"] = path
+                    rec[f"limit{limit}_ms"] = (time.perf_counter() - t0) / n * 1e3
+                    h = eng.step(bat, return_logits=True)
+                    logits[limit] = h.result().logits.float()
+                    rec[f"limit{limit}_varlen_bucket"] = getattr(h, "varlen_bucket", None)
+                la, lb = logits[8], logits[16]
+                rec["logit_rel"] = float((la - lb).abs().max() / lb.abs().max())
+                rec["argmax_equal"] = bool((la.argmax(-1) == lb.argmax(-1)).all())
+                out.append(rec)
+                prof.log(f"rows {b}x{t}: " + json.dumps(rec))
+            finally:
+                eb.release(eng, reqs)
+    finally:
+        eng.config.graph_max_row_tokens = 16
+        eng.close()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--smoke", action="store_true")
+    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--variants", default="", help="comma list (default: all)")
+    p.add_argument("--steps", type=int, default=32, help="greedy decode steps per comparison")
+    p.add_argument("--budget", type=float, default=330.0, help="seconds; later models/variants are skipped")
+    p.add_argument("--rows", action="store_true", help="only the large model's 9-16 token rows (rows_study)")
+    p.add_argument("--rows-eager", dest="rows_varlen", action="store_false",
+                   help="rows study without varlen graphs (the limit-8 path runs eagerly)")  # fmt: skip
+    args = p.parse_args(argv)
+    args.cases, args.tmp = "", ""
+    prof = sp.Profiler(args)
+    cuda = prof.cuda
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = []
+    res: dict[str, Any] = {"env": prof.out["env"], "errors": prof.out["errors"], "rows": rows}
+    if cuda:
+        prof.bench.copy_bandwidth()
+        prof.copy_gbps = res["copy_gbps"] = prof.bench.copy_gbps
+    if args.rows:
+        res["rows_study"] = rows = rows_study(prof, args)
+        (out / "step_variants.json").write_text(json.dumps(res, indent=1, default=str))
+        print("ROWS (ms per step, result waited; limit 8: the default rule, limit 16: rows in the decode graphs)")
+        for r in rows:
+            print(f"  {r['model']} {r['rows']:2d} x {r['tokens']:2d}: limit 8 {r['limit8_ms']:.3f} "
+                  f"({r['limit8_path']}, varlen bucket {r['limit8_varlen_bucket']}) "
+                  f"limit 16 {r['limit16_ms']:.3f} ({r['limit16_path']}) logits rel {r['logit_rel']:.1e} "
+                  f"argmax equal {r['argmax_equal']}")  # fmt: skip
+        for e in res["errors"]:
+            print("ERROR", e)
+        return 0
+    variants = [v for v in VARIANTS if not args.variants or v[0] in args.variants.split(",")]
+    models = {"tiny-small": (1, 4)} if not cuda else {m: MODELS[m] for m in args.models.split(",")}
+    for model, batches in models.items():
+        if prof.elapsed() > args.budget:
+            prof.out["errors"].append(f"{model}: skipped (time budget)")
+            continue
+        eng = None
+        try:
+            t = time.perf_counter()
+            kw = {"ops_backend": "triton", "attention_backend": "triton"} if not cuda else {}
+            eng = prof.engine(model, num_pages=8 * 80 + sp.WIDTH // 16 + 64 if cuda else 400,
+                              max_context_len=sp.WIDTH if cuda else 256, graph_buckets=(1, 8), **kw)  # fmt: skip
+            prof.log(f"{model}: built in {time.perf_counter() - t:.1f}s")
+            g = torch.Generator().manual_seed(5)
+            lo, hi = (100, 900) if cuda else (5, 40)
+            prompts = [torch.randint(0, eng.spec.vocab_size, (int(n),), generator=g).tolist()
+                       for n in torch.randint(lo, hi, (8,), generator=g)]  # fmt: skip
+            ref: dict[int, Any] = {}
+            for name, sw in variants:
+                if prof.elapsed() > args.budget:
+                    prof.out["errors"].append(f"{model} {name}: skipped (time budget)")
+                    continue
+                if model == "qwen3-32b" and name in ("fold", "lm_head"):
+                    continue  # no fold at hidden 5120; the LM head switch is for small models
+                try:
+                    apply(eng, sw)
+                    rec: dict[str, Any] = {"model": model, "variant": name, **sw}
+                    for b in batches:
+                        greedy = sp.greedy_run(eng, prompts[:b], args.steps if cuda else 3)
+                        if b not in ref:
+                            ref[b] = greedy
+                        c = sp.compare(ref[b], greedy)
+                        rec[f"b{b}_rows_identical"] = c["rows_identical"]
+                        rec[f"b{b}_first_divergence"] = c["first_divergence"]
+                        rec[f"b{b}_logit_rel"] = c["first_step_logit_rel"]
+                        m = prof.measure(eng, f"{model}_{name}_b{b}", b, 1024 if cuda else 30)
+                        for k in ("step_ms", "step_wait_ms", "replay_ms", "floor_ms", "kernels", "busy_us", "span_us"):
+                            if k in m:
+                                rec[f"b{b}_{k}"] = m[k]
+                    rows.append(rec)
+                    prof.log(f"{model} {name}: " + " ".join(
+                        f"b{b} {rec.get(f'b{b}_step_ms', 0):.3f}/{rec.get(f'b{b}_replay_ms', 0):.3f} ms "
+                        f"k{rec.get(f'b{b}_kernels', '-')} same {rec[f'b{b}_rows_identical']}/{b} "
+                        f"rel {rec[f'b{b}_logit_rel']:.1e}" for b in batches))  # fmt: skip
+                except Exception as e:
+                    prof.error(f"{model} {name}", e)
+        except Exception as e:
+            prof.error(model, e)
+        finally:
+            if eng is not None:
+                eng.close()
+            del eng
+            prof.free()
+    (out / "step_variants.json").write_text(json.dumps(res, indent=1, default=str))
+    if rows:
+        cols = list(dict.fromkeys(k for r in rows for k in r if not isinstance(r[k], list)))
+        with open(out / "variants.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
+            w.writeheader()
+            w.writerows(rows)
+    print(f"STEP VARIANTS {res['env'].get('gpu', '')} copy {res.get('copy_gbps', 0):.0f} GB/s "
+          "(ms: step back to back / replay; kernels; greedy rows identical to the first variant)")  # fmt: skip
+    for r in rows:
+        parts = []
+        for b in MODELS.get(r["model"], (1, 4)):
+            if f"b{b}_step_ms" in r:
+                parts.append(f"b{b} {r[f'b{b}_step_ms']:.3f}/{r.get(f'b{b}_replay_ms', 0):.3f} "
+                             f"k{r.get(f'b{b}_kernels', '-')} same {r[f'b{b}_rows_identical']}/{b} "
+                             f"rel {r[f'b{b}_logit_rel']:.1e}")  # fmt: skip
+        print(f"  {r['model']:11s} {r['variant']:11s} " + " | ".join(parts))
+    for e in res["errors"]:
+        print("ERROR", e)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
