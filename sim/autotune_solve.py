@@ -24,8 +24,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
-from tokenrouter.calibration.cost import Interference, StepCost
-from tokenrouter.calibration.profile import Profile, load_profile
+from tokenrouter.calibration.cost import ConstantCost, Interference, ModelStepCost, StepCost
+from tokenrouter.calibration.profile import load_profile
 from tokenrouter.calibration.step_stats import StepStats
 from tokenrouter.core.autotune import AutotuneController, Estimates, Solution
 from tokenrouter.core.config import AutotuneConfig, DeploymentConfig, RouterConfig
@@ -38,13 +38,15 @@ from tokenrouter.markov.colocation import DELTA_MS, Load, peer_load, tokens_per_
 from tokenrouter.markov.explore import StateSpaceTooLarge
 from tokenrouter.routers.presets import router_law
 from tokenrouter.sim.decide import Objective, decide
-from tokenrouter.sim.propose import routing_matrices
+from tokenrouter.sim.propose import routing_matrices, step_time_fns
 from tokenrouter.sim.run import SimConfig, cost_model
 
 PROMPT_TOKENS = 128
 """Prompt length of the solve's trials (module docstring)."""
 ASSUMED_MEAN_OUTPUT = 840
 """Mean output of the trials before any request finished (the low-effort workload's)."""
+ASSUMED_OUTPUT_SIGMA = 0.6
+"""Lognormal spread of the trials' outputs before two requests finished (the synthetic workloads')."""
 
 
 @dataclass(slots=True)
@@ -105,15 +107,84 @@ class MeasuredCost(StepCost):
 
 
 @dataclass(slots=True)
+class ScaledModelCost:
+    """The profile's prices of one model's step, times `level` (what serving measured over what the profile says)."""
+
+    base: ModelStepCost
+    level: float
+
+    @property
+    def name(self) -> str:
+        return self.base.name
+
+    @property
+    def router_ms(self) -> float:
+        return self.base.router_ms
+
+    @property
+    def sched_ms(self) -> float:
+        return self.base.sched_ms
+
+    def step_ms(self, stats: StepStats) -> float:
+        return self.level * self.base.step_ms(stats)
+
+    def host_ms(self, rows: int) -> float:
+        return self.base.host_ms(rows)
+
+    def router_step_ms(self, rows: int) -> float:
+        return self.level * self.base.router_step_ms(rows)
+
+
+class ScaledCost(StepCost):
+    """`base` with each model's step times scaled by `levels[i]`; everything else `base`'s."""
+
+    def __init__(self, base: StepCost, levels: Sequence[float]) -> None:
+        self.base = base
+        self.models = [ScaledModelCost(base.for_model(i), k) for i, k in enumerate(levels)]
+
+    def for_model(self, model: int | str) -> ScaledModelCost:
+        if isinstance(model, int):
+            return self.models[model]
+        return next(m for m in self.models if m.name == model)
+
+    def message_ms(self, nbytes: int = 0) -> float:
+        return self.base.message_ms(nbytes)
+
+    def router_ms(self, model: int | str | None = None) -> float:
+        return self.base.router_ms(model)
+
+    def sched_ms(self, model: int | str | None = None) -> float:
+        return self.base.sched_ms(model)
+
+    def interference(self, model: int, peer: int) -> Interference:
+        return self.base.interference(model, peer)
+
+    def overlap_frac(self, model: int | str) -> float:
+        return self.base.overlap_frac(model)
+
+    def prepare_margin_ms(self) -> float | None:
+        return self.base.prepare_margin_ms()
+
+    def gate_ms_per_step(self, policy: str) -> float:
+        return self.base.gate_ms_per_step(policy)
+
+
+LEVEL_RANGE = (0.25, 4.0)
+"""A measured level outside this, relative to the profile, is clamped: the profile is of another machine or model."""
+
+
+@dataclass(slots=True)
 class SimulatedSolve:
     """`core.autotune.Solve` by the decider (module docstring). `base`: the deployment's cost model (the simulator's
-    own when autotune runs in the simulator); `budget_s`: the search's time budget per solve."""
+    own when autotune runs in the simulator); `priced`: whether `base` prices the models' steps (a profile of this
+    pair), else only the measured lines are used; `budget_s`: the search's time budget per solve."""
 
     deployment: DeploymentConfig
     base: StepCost
     objective: Objective = dataclasses.field(default_factory=Objective)
     budget_s: float = 4.0
     max_states: int = 50_000  # the Markov chain that measures the B in force's co-location load
+    priced: bool = True
 
     def __call__(self, est: Estimates, current: tuple[int, ...]) -> Solution:
         n = est.concurrency
@@ -131,32 +202,55 @@ class SimulatedSolve:
         """The estimates as a simulator config (module docstring)."""
         n = est.concurrency
         dep = dataclasses.replace(self.deployment, router=_estimated_router(self.deployment, est))
-        mean = est.mean_output or ASSUMED_MEAN_OUTPUT
-        cfg = SimConfig(dep, workload=f"mean:{PROMPT_TOKENS},{max(1, round(mean))}", concurrency=n)
-        measured = est.step_table(n)
-        alone = self._alone(cfg, measured, clamp_thresholds(current, n), est)
+        mean = max(1, round(est.mean_output or ASSUMED_MEAN_OUTPUT))
+        sigma = ASSUMED_OUTPUT_SIGMA if est.output_sigma is None else est.output_sigma
+        cfg = SimConfig(dep, workload=f"mean:{PROMPT_TOKENS},{mean},{sigma:.3g}", concurrency=n, cost=self.base)
+        load = self._load(cfg, est, clamp_thresholds(current, n))
+        if self.priced:
+            return dataclasses.replace(cfg, cost=ScaledCost(self.base, self._levels(cfg, est, load)))
+        alone = self._alone(cfg, est.step_table(n), load)
         names = [m.name for m in dep.models]
         return dataclasses.replace(cfg, cost=MeasuredCost(self.base, names, [_table_fn(t) for t in alone]))
 
-    def _alone(self, cfg: SimConfig, measured: list[list[float]], current: tuple[int, ...],
-               est: Estimates) -> list[list[float]]:  # fmt: skip
-        """The measured step tables with the B in force's co-location divided out (unchanged without MPS)."""
-        peers = [colocated(cfg.deployment, i) for i in range(len(measured))]
-        if len(measured) != 2 or not any(peers) or est.concurrency < 2:
-            return measured
+    def _load(self, cfg: SimConfig, est: Estimates, current: tuple[int, ...]) -> Load | None:
+        """The co-location load of the B in force (each model's busiest peer's busy fraction and pass size), from
+        the Markov chain at that B on the measured step times; None without MPS or when the chain does not fit."""
+        m = len(cfg.deployment.models)
+        if m != 2 or est.concurrency < 2 or not any(colocated(cfg.deployment, i) for i in range(m)):
+            return None
         P, C = routing_matrices(cfg)
-        tpr = tokens_per_row(P)
         try:
-            chain = MarkovModel.create(measured, P, C, est.concurrency, DELTA_MS, est.mean_output)
-            load: Load = peer_load(evaluate_thresholds(chain, current, self.max_states)[0], tpr)
+            chain = MarkovModel.create(est.step_table(), P, C, est.concurrency, DELTA_MS, est.mean_output)
+            return peer_load(evaluate_thresholds(chain, current, self.max_states)[0], tokens_per_row(P))
         except (StateSpaceTooLarge, ValueError):
-            return measured  # no load to divide out: the measured times as they are
+            return None
+
+    def _levels(self, cfg: SimConfig, est: Estimates, load: Load | None) -> list[float]:
+        """Per model: measured step time over the profile's at the batch sizes measured (weighted by steps), the
+        profile's priced as the B in force ran them (co-run share `load`, the loop's overlap cost)."""
+        fns = step_time_fns(cfg, load)
+        dep = cfg.deployment
+        levels = []
+        for i, pts in enumerate(est.step_points or [()] * len(fns)):
+            overlap = dep.scheduler.overlap if dep.models[i].overlap is None else dep.models[i].overlap
+            extra = 1.0 + (self.base.overlap_frac(i) if overlap else 0.0)
+            predicted = sum(w * fns[i](max(1, round(r))) * extra for r, _, w in pts)
+            k = sum(w * ms for _, ms, w in pts) / predicted if predicted > 0 else 1.0
+            levels.append(min(LEVEL_RANGE[1], max(LEVEL_RANGE[0], k)))
+        return levels
+
+    def _alone(self, cfg: SimConfig, measured: list[list[float]], load: Load | None) -> list[list[float]]:
+        """The measured step tables with the B in force's co-location divided out (unchanged without it)."""
+        if load is None:
+            return measured
+        tpr = tokens_per_row(routing_matrices(cfg)[0])
         out = []
         for i, row in enumerate(measured):
-            if not peers[i]:
+            peers = colocated(cfg.deployment, i)
+            if not peers:
                 out.append(row)
                 continue
-            inter = self.base.interference(i, peers[i][0])
+            inter = self.base.interference(i, peers[0])
             u, peer_tokens = load[i]
             out.append([row[b - 1] / inter.mixed(max(1, round(b * tpr[i])), u, peer_tokens) for b in
                         range(1, len(row) + 1)])  # fmt: skip
@@ -208,17 +302,26 @@ def make_controller(dep: DeploymentConfig, config: AutotuneConfig | None = None,
     deployment cannot be autotuned."""
     cfg = config or dep.policy.autotune or AutotuneConfig()
     law = router_law(dep.router, len(dep.models))
-    base = cost if cost is not None else cost_model(dep, _profile(dep))
     objective = Objective(cfg.slo_tpot_ms)
-    solve: Callable[[Estimates, tuple[int, ...]], Solution] = SimulatedSolve(dep, base, objective, cfg.search_s,
-                                                                              cfg.max_states)  # fmt: skip
+    solve: Callable[[Estimates, tuple[int, ...]], Solution]
     if offload:
         solve = OffloadedSolve(dep, objective, cfg.search_s, cfg.max_states)
+    else:
+        solve = solver_for(dep, cost, objective, cfg.search_s, cfg.max_states)
     return AutotuneController(cfg, policy or dep.policy.build(), solve, law.drops_token)
 
 
-def _profile(dep: DeploymentConfig) -> Profile:
-    return load_profile(dep.profile)
+def solver_for(dep: DeploymentConfig, cost: StepCost | None, objective: Objective, budget_s: float,
+               max_states: int) -> SimulatedSolve:  # fmt: skip
+    """The solve of a deployment: priced by `cost`, else by its profile; a profile that cannot price the pair (the
+    tiny CPU models on the H200 profile) leaves the measured lines alone, beside free links and no co-location."""
+    if cost is not None:
+        return SimulatedSolve(dep, cost, objective, budget_s, max_states)
+    try:
+        return SimulatedSolve(dep, cost_model(dep, load_profile(dep.profile)), objective, budget_s, max_states)
+    except ValueError:  # ProfileError: not a pair the profile measured
+        bare = ConstantCost([1.0] * len(dep.models))
+        return SimulatedSolve(dep, bare, objective, budget_s, max_states, priced=False)
 
 
 class OffloadedSolve:
@@ -245,7 +348,7 @@ _SOLVER: list[SimulatedSolve] = []  # the solver of this worker process (`Offloa
 
 
 def _start_solver(dep: DeploymentConfig, objective: Objective, budget_s: float, max_states: int) -> None:
-    _SOLVER.append(SimulatedSolve(dep, cost_model(dep, _profile(dep)), objective, budget_s, max_states))
+    _SOLVER.append(solver_for(dep, None, objective, budget_s, max_states))
 
 
 def _solve_there(est: Estimates, current: tuple[int, ...]) -> Solution:

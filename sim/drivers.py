@@ -33,10 +33,12 @@ class FinishCounter:
     def __init__(self) -> None:
         self.finished = 0
         self.tokens = 0
+        self.tokens_sq = 0
 
     def on_finish(self, num_output: int) -> None:
         self.finished += 1
         self.tokens += num_output
+        self.tokens_sq += num_output**2
 
 
 def set_router_hop_rate(subs: list[SimSubserver], rc: RouterConfig, hop_rate: float) -> None:
@@ -92,7 +94,9 @@ class SimAutotune:
 
     def snapshot(self) -> CounterSnapshot:
         models = tuple(ModelCounters.of(s.tokens, s.hops, s.batches) for s in self.subs)
-        return CounterSnapshot(models, self.entry.sched.active, self.finishes.finished, self.finishes.tokens)
+        return CounterSnapshot(
+            models, self.entry.sched.active, self.finishes.finished, self.finishes.tokens, self.finishes.tokens_sq
+        )
 
     def _run(self):
         last, same = None, 0

@@ -15,8 +15,8 @@ Synthetic workloads (lengths are rounded to int, then clipped; "lognormal(median
     high-effort  normal(150, 30)     clip [32, 512]     lognormal(median 3000, sigma 0.6) clip [64, 8192]
     agentic      normal(8192, 1024)  clip [2048, 16384] lognormal(median 300,  sigma 0.6) clip [16, 1024]
     fixed:P,O    every request P prompt tokens, O output tokens
-    mean:P,O     every request P prompt tokens; outputs lognormal(sigma 0.6) of mean O, clip [1, 8 O]
-                 (autotune's trials: serving measures the mean output, not its spread)
+    mean:P,O[,S] every request P prompt tokens; outputs lognormal of mean O and sigma S (default 0.6),
+                 clip [1, 8 O] (autotune's trials: what serving measured of the outputs)
 
 With sigma 0.6 about 4% (low-effort), 5% (high-effort) and 2% (agentic) of outputs sit at the cap, like
 real reasoning traces that hit ``max_tokens``.
@@ -135,7 +135,7 @@ _SYNTHETIC: dict[str, _Synthetic] = {
     "agentic": _Synthetic(8192, 1024, 2048, 16384, 300, 0.6, 16, 1024),
 }
 
-WORKLOADS: tuple[str, ...] = (*_SYNTHETIC, "fixed:P,O", "mean:P,O")
+WORKLOADS: tuple[str, ...] = (*_SYNTHETIC, "fixed:P,O", "mean:P,O[,S]")
 _MEAN_SIGMA = 0.6  # the synthetic workloads' spread, for mean:P,O
 
 # Independent random streams per quantity keep workloads prefix-stable and lengths independent of arrivals.
@@ -174,9 +174,9 @@ def make_workload(
         p, o = _parse_fixed(name_or_path)
         specs = [RequestSpec(f"r{i}", p, o, None) for i in range(num_requests)]
     elif name_or_path.startswith("mean:"):
-        p, o = _parse_fixed(name_or_path, "mean")
-        median = o / math.exp(_MEAN_SIGMA**2 / 2)  # lognormal mean = median * exp(sigma^2 / 2)
-        w = _Synthetic(p, 0.0, p, p, median, _MEAN_SIGMA, 1, 8 * o)
+        p, o, sigma = _parse_mean(name_or_path)
+        median = o / math.exp(sigma**2 / 2)  # lognormal mean = median * exp(sigma^2 / 2)
+        w = _Synthetic(p, 0.0, p, p, median, sigma, 1, 8 * o)
         specs = _synthetic(w, num_requests, seed)
     elif os.path.isfile(name_or_path) and str(name_or_path).endswith(".json"):
         source, _ = _load_spec(name_or_path)
@@ -211,15 +211,31 @@ def _synthetic(w: _Synthetic, n: int, seed: int) -> list[RequestSpec]:
     return [RequestSpec(f"r{i}", int(p), int(o), None) for i, (p, o) in enumerate(zip(prompts, outputs, strict=True))]
 
 
-def _parse_fixed(name: str, kind: str = "fixed") -> tuple[int, int]:
+def _parse_fixed(name: str) -> tuple[int, int]:
     try:
-        p_str, o_str = name.removeprefix(f"{kind}:").split(",")
+        p_str, o_str = name.removeprefix("fixed:").split(",")
         p, o = int(p_str), int(o_str)
     except ValueError:
-        raise WorkloadError(f"bad workload {name!r}: expected {kind}:PROMPT,OUTPUT, e.g. {kind}:128,512") from None
+        raise WorkloadError(f"bad workload {name!r}: expected fixed:PROMPT,OUTPUT, e.g. fixed:128,512") from None
     if p < 1 or o < 1:
         raise WorkloadError(f"bad workload {name!r}: lengths must be >= 1")
     return p, o
+
+
+def _parse_mean(name: str) -> tuple[int, int, float]:
+    parts = name.removeprefix("mean:").split(",")
+    try:
+        p, o = int(parts[0]), int(parts[1])
+        sigma = float(parts[2]) if len(parts) == 3 else _MEAN_SIGMA
+        if len(parts) > 3:
+            raise ValueError
+    except (ValueError, IndexError):
+        raise WorkloadError(
+            f"bad workload {name!r}: expected mean:PROMPT,OUTPUT[,SIGMA], e.g. mean:128,500,0.6"
+        ) from None
+    if p < 1 or o < 1 or not (math.isfinite(sigma) and sigma >= 0):
+        raise WorkloadError(f"bad workload {name!r}: lengths must be >= 1 and sigma >= 0")
+    return p, o, sigma
 
 
 def _cap_output(spec: RequestSpec, cap: int) -> None:

@@ -23,23 +23,23 @@ decay (a half-life in seconds of the driver's clock), so old windows fade instea
 - Live N = the median of the live counts sampled over the last half-life (a closed loop dips below N for a
   moment at each finish; a median ignores that and follows a ramp within half a half-life).
 
-Solve: an injected callable (`Solve`; the Markov model's budgeted search in `tokenrouter.markov.autotune_solve`,
-numpy and scipy, which the core does not import) that returns B* with its predicted throughput and the predicted
+Solve: an injected callable (`Solve`; the decider on the measured step times in `tokenrouter.sim.autotune_solve`,
+the simulator, which the core does not import) that returns B* with its predicted throughput and the predicted
 throughput of the B in force, under the same estimates.
 
 Hysteresis: a new B is applied only when it is predicted to gain at least `min_gain` over the B in force and the
 last change is at least `hold_s` old. Two near-equal B therefore never alternate, and a shift of the workload
 changes B once (after it, the new B is the best and nothing gains).
 
-Verification: the model can rank two B wrongly (the chain's step times are averages at one batch size; measured,
-it holds the large model for smaller batches than the best), and a wrong change under a stable workload would
-cost for as long as the workload stays. So a change is a trial: for `verify_s` after it (and two observations of
-settling) what serving does is measured (`RateLog.window`: committed-token rate, hop probabilities, live N) against
-the same for the old B in the `verify_s` before it. When the new B measured slower by more than `verify_margin`
-and both windows served one workload (`Window.same_workload`), the controller reverts (a `Decision` with
-`revert`) and will not pick that B again until the estimates move. When the workload moved across the windows,
-or the old B had not run `verify_s` before the change (start-up, right after another change), the two are not
-comparable and the change stays (the model is the only guide then).
+Verification: the solve can rank two B wrongly (its step times are a line fitted to what was measured, its trials a
+few simulated seconds), and a wrong change under a stable workload would cost for as long as the workload stays. So
+a change is a trial: for `verify_s` after it (and two observations of settling) what serving does is measured
+(`RateLog.window`: committed-token rate, hop probabilities, live N) against the same for the old B in the `verify_s`
+before it. When the new B measured slower by more than `verify_margin` and both windows served one workload
+(`Window.same_workload`), the controller reverts (a `Decision` with `revert`) and will not pick that B again until
+the estimates move. When the workload moved across the windows, or the old B had not run `verify_s` before the
+change (start-up, right after another change), the two are not comparable and the change stays (the model is the
+only guide then).
 
 Pure and clock-free: the driver passes snapshots and its clock (`observe(snapshot, now)`), runs the controller
 where a solve does not stall serving (the simulator: between events; the runtime: a worker thread of the
@@ -49,6 +49,7 @@ subserver, between steps) and reports it back (`applied`).
 
 from __future__ import annotations
 
+import math
 import statistics
 from bisect import bisect_left
 from collections import deque
@@ -113,6 +114,7 @@ class CounterSnapshot:
     live: int
     finished: int = 0
     finished_tokens: int = 0
+    finished_tokens_sq: int = 0  # sum of squared output lengths (their spread)
 
 
 @dataclass(slots=True, frozen=True)
@@ -153,14 +155,16 @@ def fit_step_line(points: Sequence[tuple[float, float, float]]) -> StepLine | No
 
 @dataclass(slots=True, frozen=True)
 class Estimates:
-    """What the Markov model needs, as estimated: live N, hop probability per model (None: the model routed
-    nothing yet), step-time line per model (None: it ran no step yet), mean output length (None: nothing
-    finished yet)."""
+    """What the solve needs, as estimated: live N, hop probability per model (None: the model routed nothing yet),
+    step-time line per model (None: it ran no step yet) and the (mean rows, mean ms, weight) points it was fitted
+    to, mean output length (None: nothing finished yet) and the outputs' lognormal spread sigma (None: unknown)."""
 
     concurrency: int
     hop_prob: tuple[float | None, ...]
     step: tuple[StepLine | None, ...]
     mean_output: float | None
+    step_points: tuple[tuple[tuple[float, float, float], ...], ...] = ()
+    output_sigma: float | None = None
 
     def step_table(self, concurrency: int | None = None) -> list[list[float]]:
         """L_i(b) in ms for b = 1..N, one list per model; ValueError if a model has no step estimate."""
@@ -228,7 +232,7 @@ class Estimator:
         self.b_steps = [[0.0] * NUM_BATCH_BUCKETS for _ in range(m)]
         self.b_rows = [[0.0] * NUM_BATCH_BUCKETS for _ in range(m)]
         self.b_ms = [[0.0] * NUM_BATCH_BUCKETS for _ in range(m)]
-        self.finished = self.finished_tokens = 0.0
+        self.finished = self.finished_tokens = self.finished_tokens_sq = 0.0
         self.live: deque[tuple[float, int]] = deque()
         self._last: CounterSnapshot | None = None
         self._last_t: float | None = None
@@ -265,9 +269,11 @@ class Estimator:
                 self.b_rows[i][k] = self.b_rows[i][k] * slow + d_rows[k]
                 self.b_ms[i][k] = self.b_ms[i][k] * slow + d_ms[k]
         d_fin, d_fin_tok = snap.finished - prev.finished, snap.finished_tokens - prev.finished_tokens
-        if d_fin >= 0 and d_fin_tok >= 0:
+        d_fin_sq = snap.finished_tokens_sq - prev.finished_tokens_sq
+        if d_fin >= 0 and d_fin_tok >= 0 and d_fin_sq >= 0:
             self.finished = self.finished * fast + d_fin
             self.finished_tokens = self.finished_tokens * fast + d_fin_tok
+            self.finished_tokens_sq = self.finished_tokens_sq * fast + d_fin_sq
 
     def idle(self) -> bool:
         """No live request in most of the samples of the last half-life (nothing to tune for)."""
@@ -283,16 +289,24 @@ class Estimator:
     def estimates(self) -> Estimates:
         hop: list[float | None] = []
         lines: list[StepLine | None] = []
+        points = []
         for i in range(self.num_models):
             d = self.decisions(i)
             hop.append(min(1.0, self.hops[i] / d) if d > 0 else None)
             pts = [(self.b_rows[i][k] / s, self.b_ms[i][k] / s, s) for k, s in enumerate(self.b_steps[i]) if s > 0]
             # Young counters (no bucket with MIN_BUCKET_STEPS yet): every bucket, however few its steps.
-            lines.append(fit_step_line([p for p in pts if p[2] >= MIN_BUCKET_STEPS] or pts))
+            used = [p for p in pts if p[2] >= MIN_BUCKET_STEPS] or pts
+            lines.append(fit_step_line(used))
+            points.append(tuple(used))
         live = [n for _, n in self.live]
         n = max(1, round(statistics.median(live))) if live else 1
-        mean_out = self.finished_tokens / self.finished if self.finished >= 1.0 else None
-        return Estimates(n, tuple(hop), tuple(lines), None if mean_out is None else max(1.0, mean_out))
+        mean_out = sigma = None
+        if self.finished >= 1.0:
+            mean_out = max(1.0, self.finished_tokens / self.finished)
+            second = self.finished_tokens_sq / self.finished
+            # lognormal: E[X^2] / E[X]^2 = exp(sigma^2)
+            sigma = math.sqrt(max(0.0, math.log(max(1.0, second / mean_out**2)))) if second > 0 else None
+        return Estimates(n, tuple(hop), tuple(lines), mean_out, tuple(points), sigma)
 
 
 def _diff(cur: Sequence[float], prev: Sequence[float]) -> list[float] | None:

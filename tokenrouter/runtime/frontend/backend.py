@@ -68,6 +68,7 @@ class Backend:
         # mean output length (counted here: a request ends on whichever model wrote its last token).
         self.finished = 0
         self.finished_tokens = 0
+        self.finished_tokens_sq = 0
 
     # ---- lifecycle ------------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -238,6 +239,7 @@ class Backend:
             if isinstance(msg, P.Finished) and msg.reason in ("stop", "length"):
                 self.finished += 1
                 self.finished_tokens += msg.num_output
+                self.finished_tokens_sq += msg.num_output**2
             stream = self.streams.get(msg.rid)
             if stream is None:
                 return  # aborted or already failed: late events are dropped
