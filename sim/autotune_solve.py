@@ -38,8 +38,8 @@ from tokenrouter.markov.colocation import DELTA_MS, Load, peer_load, tokens_per_
 from tokenrouter.markov.explore import StateSpaceTooLarge
 from tokenrouter.routers.presets import router_law
 from tokenrouter.sim.decide import Objective, decide
+from tokenrouter.sim.loop import SimConfig, cost_model
 from tokenrouter.sim.propose import routing_matrices, step_time_fns
-from tokenrouter.sim.run import SimConfig, cost_model
 
 PROMPT_TOKENS = 128
 """Prompt length of the solve's trials (module docstring)."""

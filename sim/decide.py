@@ -33,8 +33,8 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
 from tokenrouter.core.policy import guard_holds
+from tokenrouter.sim.loop import SimConfig, simulate_config
 from tokenrouter.sim.propose import B, Proposals, propose
-from tokenrouter.sim.run import SimConfig, run_sim
 
 EXHAUSTIVE_LIMIT = 6
 """Feasible sets this small are scouted whole (N <= 3 for two models)."""
@@ -257,7 +257,7 @@ def run_trial(cfg: SimConfig, thresholds: B) -> Trial:
     run it."""
     dep = cfg.deployment
     policy = dep.policy.with_thresholds(thresholds)
-    res = run_sim(dataclasses.replace(cfg, deployment=dataclasses.replace(dep, policy=policy)))
+    res = simulate_config(dataclasses.replace(cfg, deployment=dataclasses.replace(dep, policy=policy)))
     s = res.summary
     tok_s = s.get("steady_output_throughput_tok_s", s["output_throughput_tok_s"])
     return Trial(tuple(thresholds), float(tok_s), float(s["tpot_ms_p50"]), float(s["tpot_ms_p99"]))

@@ -25,7 +25,7 @@ from tokenrouter.markov import MarkovModel, ThroughputResult, evaluate_threshold
 from tokenrouter.markov.colocation import DELTA_MS, Load, peer_load, solve_at_load, tokens_per_row
 from tokenrouter.markov.presets import matrices
 from tokenrouter.routers.presets import router_law
-from tokenrouter.sim.run import SimConfig, cost_model
+from tokenrouter.sim.loop import SimConfig, cost_model
 from tokenrouter.workloads import make_workload
 
 B = tuple[int, ...]

@@ -473,6 +473,8 @@ class AutotuneController:
         self.rejected: dict[tuple[int, ...], Estimates] = {}  # B measured slower, and the estimates it was under
         self.rates = RateLog(2 * config.verify_s + 4 * config.observe_s, drops_token)
         self.notices: list[str] = []  # one-time messages for the driver to log (it takes them: `notices.clear()`)
+        self._held: tuple[Solution, tuple[int, ...], Estimates, str] | None = None  # a solve whose change waits
+        self._waits = False
         self._noticed: set[str] = set()
 
     def current(self, concurrency: int) -> tuple[int, ...]:
@@ -507,7 +509,7 @@ class AutotuneController:
                 return revert
         why = self._due(est, now)
         if why is None:
-            return None
+            return self._retry_held(est, now)
         cur = self.current(est.concurrency)
         self._solved, self._solved_at = est, now
         try:
@@ -516,7 +518,26 @@ class AutotuneController:
             self.status = f"solve failed ({why}): {type(e).__name__}: {e}"
             return None
         self.solves += 1
-        return self._decide(sol, cur, est, now, why)
+        self._held = (sol, cur, est, why)
+        return self._take(self._decide(sol, cur, est, now, why))
+
+    def _retry_held(self, est: Estimates, now: float) -> Decision | None:
+        """A solve whose change waited (a steady load to verify against, the hold time) is decided again, without
+        solving again, while its estimates and the B in force still hold: the wait ends with the change."""
+        if self._held is None:
+            return None
+        sol, cur, solved, why = self._held
+        if cur != self.current(est.concurrency) or est.moved_from(solved, self.config.tolerance) is not None:
+            self._held = None  # what the solve answered no longer applies: the next solve decides
+            return None
+        return self._take(self._decide(sol, cur, est, now, why))
+
+    def _take(self, decision: Decision | None) -> Decision | None:
+        """Keep the solve for `_retry_held` only when its change waits for something that passes (`_decide` set
+        `_waits`: the hold time, a steady load); a decision, or a solve that keeps B, ends it."""
+        if decision is not None or not self._waits:
+            self._held = None
+        return decision
 
     def _due(self, est: Estimates, now: float) -> str | None:
         if self._solved is None or self._solved_at is None:
@@ -554,6 +575,7 @@ class AutotuneController:
 
     def _decide(self, sol: Solution, cur: tuple[int, ...], est: Estimates, now: float, why: str) -> Decision | None:
         b = lambda x: ",".join(map(str, x))  # noqa: E731
+        self._waits = False
         if sol.thresholds == cur:
             self.status = f"solved ({why}): B {b(cur)} in force is the best"
             return None
@@ -573,6 +595,7 @@ class AutotuneController:
         if self._changed_at is not None and now - self._changed_at < self.config.hold_s:
             self.status = f"solved ({why}): B {b(sol.thresholds)} gains {gain:+.1%}, but the last change is " \
                           f"{now - self._changed_at:.1f} s old (< {self.config.hold_s:g} s): hold"  # fmt: skip
+            self._waits = True
             return None
         v = self.config.verify_s
         base = self.rates.window(now - v, now) if v > 0 else None
@@ -581,6 +604,7 @@ class AutotuneController:
                           f"within the last {v:g} s, so the change could not be measured"  # fmt: skip
             self._notice("unsteady", f"autotune: the live request count keeps moving (open-loop arrivals?); a B "
                          f"change waits for {v:g} s of steady load, against which it can be verified")  # fmt: skip
+            self._waits = True
             return None
         self.status = f"solved ({why}): change B {b(cur)} -> {b(sol.thresholds)} ({gain:+.1%})"
         return Decision(now, cur, tuple(sol.thresholds), est, gain, float(sol.throughput_tok_s), sol.note)
