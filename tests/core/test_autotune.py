@@ -540,23 +540,16 @@ def test_a_load_that_never_holds_steady_changes_no_b_and_says_so_once():
     assert len(ctrl.notices) == 1 and "open-loop" in ctrl.notices[0]
 
 
-def test_a_change_that_waited_for_a_steady_load_is_made_once_it_holds_without_another_solve():
-    """N falls 16 -> 4 at t = 20; the solve that sees the new N must wait for `verify_s` of steady load. Nothing moves
-    after that (a wide tolerance, a long interval), so no solve is due: the waiting change is made when the window
-    steadies, from the same solve (without it, the next solve would be due 40 s after the last)."""
-    cfg = AutotuneConfig(**{**{f: getattr(CFG_VERIFY, f) for f in CFG_VERIFY.__dataclass_fields__},
-                            "tolerance": 0.5, "interval_s": 40.0})  # fmt: skip
+def test_a_change_that_waited_is_made_when_the_wait_ends_from_the_same_solve():
+    """An operator set B at t = 0 (held for `hold_s`); the first solve, at once, prefers another B and must wait. No
+    estimate moves and the interval is long, so no second solve comes: the change is made when the hold ends, from
+    the solve that waited (the live N-ramp case: a change waiting for a steady load, with nothing left to move)."""
+    cfg = AutotuneConfig(**{**{f: getattr(CFG, f) for f in CFG.__dataclass_fields__},
+                            "tolerance": 0.5, "interval_s": 1000.0, "hold_s": 10.0})  # fmt: skip
     srv = SyntheticServer(33, noise=0.0)
-    srv.live = 16
-    solve = TableSolve(lambda b, est: 1500.0 if (est.concurrency == 4 and b == (1, 3)) else 1000.0)
+    solve = TableSolve(Prefers((1, 3)))
     ctrl = AutotuneController(cfg, Policy(PolicyKind.DELAYED, (1, 1)), solve, DROPS)
-
-    def fall(t):
-        srv.live = 16 if t < 20 else 4
-
-    ds = drive_rates(ctrl, srv, 0, 60, lambda b: 40, fall)
-    assert [d.new for d in ds] == [(1, 3)]
-    at_4 = [k for k, (est, _) in enumerate(solve.calls) if est.concurrency == 4]
-    assert len(at_4) == 1  # one solve saw N = 4 ...
-    # ... and its change came when the last verify_s held N = 4 alone: 20 + verify_s, give or take the snapshots
-    assert ds[0].at == pytest.approx(20 + cfg.verify_s, abs=3.0)
+    ctrl.reset(Policy(PolicyKind.DELAYED, (1, 2)), 0.0)
+    ds = drive(ctrl, srv, 1, 30)
+    assert len(solve.calls) == 1 and solve.calls[0][1] == (1, 2)
+    assert [(d.old, d.new) for d in ds] == [((1, 2), (1, 3))] and ds[0].at == cfg.hold_s
