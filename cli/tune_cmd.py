@@ -29,10 +29,11 @@ from tokenrouter.core.names import Layout, TuneObjective, parse_name
 from tokenrouter.sim.decide import DEFAULT_BUDGET_S, Objective, format_b
 from tokenrouter.sim.propose import check_search_concurrency
 from tokenrouter.sim.sim_pool import sim_pool
-from tokenrouter.sim.tune import Candidate
+from tokenrouter.sim.tune import Candidate, at_sustained_load
 from tokenrouter.sim.tune_layouts import (
     candidate_prices,
     candidate_specs,
+    comparison_rule,
     parse_placement,
     points_to_tune,
     tune_and_choose,
@@ -75,16 +76,19 @@ def tune(
             "model tensor-parallel over all G GPUs, the small one beside it on GPU 0 under MPS; G GPUs), "
             "SMALL+LARGE GPU kinds such as l4+h200 (each model on a GPU of its kind, two hosts over the cross-host "
             "link; a kind other than the profile's is priced from its ESTIMATED profile). "
-            "Each is tuned with its own B at --compare-n; the best by --objective there is tuned at every N "
-            "and written."
+            "Each is tuned with its own B and compared by --objective (total: at --compare-n; per-gpu and cost: "
+            "at the highest N it sustains within --slo-tpot-ms); the best is tuned at every N and written."
         ),
     ] = None,
     num_gpus: Annotated[int, typer.Option(help="GPUs the --placements layouts may use (G).")] = 2,
     objective: Annotated[
         str,
         typer.Option(
-            help="What --placements optimises: total (tok/s), per-gpu (tok/s per GPU used) or cost "
-            "(least USD per million output tokens; needs --gpu-prices)."
+            help="What --placements optimises: total (tok/s at --compare-n), per-gpu (tok/s per GPU used) or cost "
+            "(least USD per million output tokens; needs --gpu-prices). per-gpu and cost compare each candidate at "
+            "the highest N of --concurrency it sustains with TPOT p99 <= --slo-tpot-ms (tuned upward until its "
+            "first miss; one that meets it at no N ranks last), so a placement on more GPUs is not priced at a load "
+            "that leaves them idle; without --slo-tpot-ms, at the largest N."
         ),
     ] = "total",
     gpu_prices: GpuPrices = None,
@@ -93,8 +97,9 @@ def tune(
         typer.Option(
             "--compare-n",
             "--split-n",
-            help="Concurrency at which SM splits and placements are "
-            "compared (one of --concurrency; default 8 if tuned, else the largest).",
+            help="Concurrency at which SM splits and placements are compared by --objective total (one of "
+            "--concurrency; default 8 if tuned, else the largest). per-gpu and cost compare each at the load it "
+            "sustains instead.",
         ),
     ] = None,
     slo_tpot_ms: SloTpot = None,
@@ -105,17 +110,17 @@ def tune(
     """For each N the decider chooses B (the Markov model proposes, the simulator ranks: docs/simulator.md); the
     chosen B goes into the config's B(N) table, which `tr serve --config` follows as live concurrency changes.
     The deployment tuned is `--config` (or the default pair) with the flags applied; its policy becomes
-    delayed. With --placements and/or --sm-splits, each candidate deployment is tuned this way at --compare-n,
-    and the best one there is tuned at every N and written."""
+    delayed. With --placements and/or --sm-splits, each candidate is tuned where --objective compares it
+    (docs/cli.md), and the best one is tuned at every N and written."""
     if not dry_run:
         check_output(out, "--out")
     ns, ref_n = _concurrencies(concurrency, compare_n)
+    goal, prices = _objective(objective, gpu_prices, compare_n)
     if top < 1:
         raise CliError(f"--top must be >= 1 (Markov proposals simulated per N), got {top}")
     if search_budget <= 0:
         raise CliError(f"--search-budget must be > 0 seconds, got {search_budget}")
     target = Objective(slo_tpot_ms)  # which B is best at each N (--objective chooses among placements)
-    goal, prices = _objective(objective, gpu_prices)
     layouts = _layouts(placements, deploy)
     deploy = tuning_flags(deploy)
     if dry_run:
@@ -125,7 +130,8 @@ def tune(
     specs = candidate_specs(layouts, splits, deploy.resolve(), num_gpus)
     usd = candidate_prices(deploy, specs, prices)
     with sim_pool(jobs) as pool, Heartbeat(Console(stderr=True)) as beat:
-        total = points_to_tune(len(specs), len(ns))
+        sweep = at_sustained_load(goal) and slo_tpot_ms is not None and len(specs) > 1
+        total = f"{'at most ' if sweep else ''}{points_to_tune(len(specs), len(ns), sweep)}"
         done = [0]
 
         def progress(label: str, n: int, finished: int) -> None:
@@ -137,7 +143,7 @@ def tune(
                                            max_output=max_output, target=target,
                                            budget_s=search_budget)  # fmt: skip
     if len(candidates) > 1:
-        Console().print(_candidates_table(candidates, best, ref_n, goal))
+        _print_candidates(candidates, best, ref_n, goal)
     dep = tuned_config(best, candidates, ref_n, goal, workload=workload, num_gpus=num_gpus,
                        placements=bool(placements), splits=bool(sm_splits))  # fmt: skip
     dep.save(out)
@@ -159,9 +165,13 @@ def _concurrencies(concurrency: str, compare_n: int | None) -> tuple[list[int], 
     return ns, ref_n
 
 
-def _objective(objective: str, gpu_prices: str | None) -> tuple[TuneObjective, dict[str, float] | None]:
-    """--objective and the --gpu-prices it may need (USD per GPU-hour by kind)."""
+def _objective(objective: str, gpu_prices: str | None,
+               compare_n: int | None) -> tuple[TuneObjective, dict[str, float] | None]:  # fmt: skip
+    """--objective and the --gpu-prices it may need (USD per GPU-hour by kind); --compare-n only where it is used."""
     goal = parse_name(TuneObjective, objective, "--objective")
+    if compare_n is not None and at_sustained_load(goal):
+        raise CliError(f"--compare-n applies to --objective total: {goal} compares each candidate at the highest N "
+                       "of --concurrency it sustains within --slo-tpot-ms (the largest N without it)")  # fmt: skip
     prices = load_gpu_prices(gpu_prices) if gpu_prices else None
     if goal is TuneObjective.COST and prices is None:
         raise CliError("--objective cost needs --gpu-prices (USD per GPU-hour by kind)")
@@ -212,13 +222,26 @@ def _print_points(dep: DeploymentConfig, best: Candidate, workload: str) -> None
             Console().print(f"[yellow]N={p.concurrency}: {p.choice.describe()}; written: the B of lowest TPOT[/yellow]")
 
 
-def _candidates_table(candidates: list[Candidate], best: Candidate, n: int, goal: TuneObjective) -> Table:
-    """Each candidate at N: tok/s, per GPU, USD per million output tokens (with prices), TPOT, the chosen B; each
-    number resting on an estimate is marked * ESTIMATED (what was estimated is printed below the tables)."""
-    t = Table(title=f"candidates at N={n}, each with its own tuned B; chosen by {goal}")
+def _print_candidates(candidates: list[Candidate], best: Candidate, compare_n: int, goal: TuneObjective) -> None:
+    """The candidates table, and a line when none met the SLO at any N (the one written is then the closest)."""
+    sustained = at_sustained_load(goal)
+    Console().print(candidates_table(candidates, best, None if sustained else compare_n, goal))
+    if sustained and best.sustained_n is None and best.slo_tpot_ms is not None:
+        Console().print(f"[yellow]no candidate meets TPOT p99 <= {best.slo_tpot_ms:g} ms at any N: written the one of "
+                        f"lowest TPOT p99 at N={best.first_n}, {best.label}[/yellow]")  # fmt: skip
+
+
+def candidates_table(candidates: list[Candidate], best: Candidate, n: int | None, goal: TuneObjective) -> Table:
+    """Each candidate at the N it was compared at (`n`, or with `n` None its sustained N: the "priced at N"
+    column): tok/s, per GPU, USD per million output tokens (with prices), TPOT, the chosen B; each number resting
+    on an estimate is marked * ESTIMATED (what was estimated is printed below the tables). A candidate that meets
+    the SLO at no N is shown at its smallest N and marked."""
+    slo = best.slo_tpot_ms
+    ns = sorted({p.concurrency for c in candidates for p in c.points})
+    t = Table(title=f"candidates {comparison_rule(n, slo, ns)}; each with its own tuned B; chosen by {goal}")
     priced = any(c.usd_per_hour is not None for c in candidates)
-    cols = ("candidate", "GPUs", "GPU ids", "B", "sim tok/s", "per GPU", *(("USD/Mtok",) if priced else ()),
-            "TPOT p50 ms", "TPOT p99 ms", "Markov tok/s", "")  # fmt: skip
+    cols = ("candidate", "GPUs", "GPU ids", *(("priced at N",) if n is None else ()), "B", "sim tok/s", "per GPU",
+            *(("USD/Mtok",) if priced else ()), "TPOT p50 ms", "TPOT p99 ms", "Markov tok/s", "")  # fmt: skip
     for col in cols:
         t.add_column(col, justify="left" if col in ("candidate", "GPU ids", "") else "right")
     t.columns[-1].min_width = len("ESTIMATED")  # a narrow terminal wraps the numbers' headers before this word
@@ -226,13 +249,19 @@ def _candidates_table(candidates: list[Candidate], best: Candidate, n: int, goal
         # GPU ids per model in model order, e.g. "0 + 0,1 tp2": the small on GPU 0, the large over 0 and 1 (GPU kinds
         # are in the label: "l4+h200" puts each on GPU 0 of its own host)
         where = " + ".join(",".join(map(str, m.gpus)) + (f" tp{m.tp}" if m.tp > 1 else "") for m in c.deployment.models)
-        p, est = c.point(n), "*" if c.estimated else ""
-        usd = c.usd_per_mtok(n)
+        at = c.priced_n(n)
+        shown = c.first_n if at is None else at  # meets the SLO at no N: its numbers at the smallest N
+        p, est = c.point(shown), "*" if c.estimated else ""
+        usd = c.usd_per_mtok(shown)
         cost = ([f"{usd:,.3f}"] if usd is not None else ["-"]) if priced else []
-        nums = [f"{c.throughput(n):,.0f}", f"{c.per_gpu(n):,.0f}", *cost, f"{p.tpot_ms[0]:.2f}",
-                f"{p.tpot_ms[1]:.2f}", f"{p.markov[1]:,.0f}"]  # fmt: skip
-        mark = ", ".join(x for x in ("chosen" if c is best else "", "ESTIMATED" if c.estimated else "") if x)
-        t.add_row(c.label, str(c.gpus), where, format_b(p.best), *(x + est for x in nums), mark)
+        nums = [f"{c.throughput(shown):,.0f}", f"{c.per_gpu(shown):,.0f}", *cost, f"{p.tpot_ms[0]:.2f}",
+                f"{p.tpot_ms[1]:.2f}", "-" if p.markov[0] is None else f"{p.markov[1]:,.0f}"]  # fmt: skip
+        missed = "" if p.meets_slo else f"SLO missed at N={shown}" + (", ranked last" if at is None else "")
+        mark = ", ".join(x for x in ("chosen" if c is best else "", missed, "ESTIMATED" if c.estimated else "") if x)
+        at_col = [str(at) if at is not None else "-"] if n is None else []
+        t.add_row(c.label, str(c.gpus), where, *at_col, format_b(p.best), *(x + est for x in nums), mark)
+    notes = [f"TPOT SLO: p99 <= {slo:g} ms" if slo is not None else "no TPOT SLO (--slo-tpot-ms)"]
     if any(c.estimated for c in candidates):
-        t.caption = "* ESTIMATED: rests on the estimates listed below"
+        notes.append("* ESTIMATED: rests on the estimates listed below")
+    t.caption = "; ".join(notes)
     return t

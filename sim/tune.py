@@ -97,6 +97,14 @@ def tune_point(cfg: SimConfig, concurrency: int, top: int = START_CANDIDATES, po
 # -- choosing among placements (and SM splits): each candidate with its own tuned B --------------------------------
 
 
+def at_sustained_load(objective: TuneObjective | str) -> bool:
+    """Whether `objective` compares candidates at the load each one sustains rather than at one N. Cost per token
+    and tok/s per GPU (cost at one price for every GPU) do: at one closed-loop N a two-GPU placement idles by
+    construction, so it would lose on any per-GPU measure before the SLO is even asked about. Total tok/s at one N
+    answers its own question ("fastest at my load") and stays at `--compare-n`."""
+    return TuneObjective(str(objective)) is not TuneObjective.TOTAL
+
+
 @dataclass(slots=True)
 class Candidate:
     """One deployment `trsim tune` compared: a layout on G GPUs and/or an MPS SM split, tuned at every N.
@@ -113,6 +121,32 @@ class Candidate:
 
     def point(self, n: int) -> TunePoint:
         return next(p for p in self.points if p.concurrency == n)
+
+    @property
+    def first_n(self) -> int:
+        """The smallest N tuned."""
+        return min(p.concurrency for p in self.points)
+
+    @property
+    def slo_tpot_ms(self) -> float | None:
+        """The TPOT p99 SLO its points were tuned to (None: none)."""
+        return self.points[0].choice.objective.slo_tpot_ms
+
+    @property
+    def sustained_n(self) -> int | None:
+        """The highest load it sustains within the SLO: the largest N tuned before the first N whose chosen B
+        misses it (a higher N only raises TPOT, so a sweep stops there, and an N tuned past it afterwards for the
+        written table does not count); every N tuned when there is no SLO. None when it misses at its smallest N."""
+        out = None
+        for p in sorted(self.points, key=lambda p: p.concurrency):
+            if not p.meets_slo:
+                break
+            out = p.concurrency
+        return out
+
+    def priced_n(self, n: int | None) -> int | None:
+        """The N it is compared at: `n` when given (one N for every candidate), else `sustained_n`."""
+        return self.sustained_n if n is None else n
 
     def throughput(self, n: int) -> float:
         """Simulated steady throughput at N with the B tuned for it (tok/s, all GPUs together)."""
@@ -135,8 +169,17 @@ class Candidate:
         return self.per_gpu(n) if goal is TuneObjective.PER_GPU else self.throughput(n)
 
 
-def choose(candidates: list[Candidate], n: int, objective: TuneObjective | str) -> Candidate:
-    """The candidate with the best objective at N (most tok/s, most per GPU, or least USD per million tokens); on a
-    tie the one with fewer GPUs, then the first listed."""
+def choose(candidates: list[Candidate], n: int | None, objective: TuneObjective | str) -> Candidate:
+    """The candidate with the best objective (most tok/s, most per GPU, or least USD per million tokens), each at
+    `n`, or with `n` None each at the highest N it sustains within the SLO (`Candidate.sustained_n`: equal footing
+    for placements of different sizes). A candidate that meets the SLO at no N ranks below every one that does (and
+    among such, the lower TPOT p99 at the smallest N first). On a tie the one with fewer GPUs, then the first
+    listed."""
     order = {id(c): k for k, c in enumerate(candidates)}
-    return max(candidates, key=lambda c: (c.score(n, objective), -c.gpus, -order[id(c)]))
+
+    def key(c: Candidate) -> tuple[bool, float, int, int]:
+        at = c.priced_n(n)
+        value = c.score(at, objective) if at is not None else -c.point(c.first_n).tpot_ms[1]
+        return at is not None, value, -c.gpus, -order[id(c)]
+
+    return max(candidates, key=key)

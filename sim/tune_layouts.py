@@ -1,7 +1,9 @@
 """`trsim tune`'s candidates: each layout on G GPUs (`deploy.placement.layout`), each pair of GPU kinds
 (`SMALL+LARGE`, `deploy.placement.on_kinds`) and each MPS SM split asked for, tuned at every N
 (`sim.tune.tune_point`), priced when GPU prices are given, and the deployment config written for the best one.
-With several candidates each is tuned at the N they are compared at, and only the chosen one at every N.
+With several candidates each is tuned at the N they are compared at, and only the chosen one at every N: by total
+tok/s, that is `--compare-n`; by cost or tok/s per GPU, the load each one sustains within the TPOT SLO (every N
+upward until its first miss; the largest N alone without an SLO: `sim.tune.at_sustained_load`).
 
 Every candidate is the command's deployment flags with its own placement, tp and SM shares: new flags each
 time, so no candidate sees another's.
@@ -21,7 +23,7 @@ from tokenrouter.deploy.placement import gpu_kinds, gpus_used, layout, on_kinds,
 from tokenrouter.sim.decide import DEFAULT_BUDGET_S, THROUGHPUT, Objective, trial_requests
 from tokenrouter.sim.run import estimated_notes
 from tokenrouter.sim.simulate import DeploymentSource, sim_config
-from tokenrouter.sim.tune import Candidate, choose, tune_point
+from tokenrouter.sim.tune import Candidate, at_sustained_load, choose, tune_point
 
 Split = tuple[int, int]  # MPS SM shares SMALL/LARGE in percent
 
@@ -87,11 +89,14 @@ def tune_candidates(
     pool: Executor | None = None,
     target: Objective = THROUGHPUT,
     budget_s: float = DEFAULT_BUDGET_S,
+    stop_at_miss: bool = False,
 ) -> list[Candidate]:
     """Each candidate tuned at every N in `ns` by the decider (`num_requests` per trial; 0: `trial_requests(N)`),
     to `target` within `budget_s` per N; `usd`:
     what each one's GPUs cost an hour (`candidate_prices`). `progress(label, n, done)` is called before (done 0)
-    and after (done 1) each point; `pool` runs the simulator checks (`sim.sim_pool`)."""
+    and after (done 1) each point; `pool` runs the simulator checks (`sim.sim_pool`). `stop_at_miss`: a candidate's
+    sweep (`ns` ascending) ends at the first N where no B meets `target`'s SLO: a higher N only raises TPOT, so
+    tuning it would cost the most expensive points and could not raise the load the candidate sustains."""
     flags = [candidate_flags(deploy, spec) for spec in specs]
     usd = usd or [None] * len(specs)
     out = []
@@ -107,6 +112,8 @@ def tune_candidates(
                                      requests=num_requests or None))  # fmt: skip
             dep = cfg.deployment
             progress(spec.label, n, 1)
+            if stop_at_miss and not points[-1].meets_slo:
+                break
         assert dep is not None  # ns is not empty
         out.append(Candidate(spec.label, dep, points, gpus_used(dep), spec.layout, spec.split, estimated_notes(dep),
                              cost))  # fmt: skip
@@ -122,31 +129,40 @@ def tune_and_choose(
     *,
     usd: list[float | None] | None = None,
     progress: Callable[[str, int, int], None] = lambda label, n, done: None,
+    target: Objective = THROUGHPUT,
     **tune: Any,
 ) -> tuple[Candidate, list[Candidate]]:
-    """The best candidate by `objective` at `compare_n`, tuned at every N in `ns`, and every candidate. Only the
-    chosen one is tuned beyond `compare_n`: a point depends on its own N alone, so the others' points at other
-    N could not change the choice, and skipping them makes a many-placement tune cost about one placement's
-    sweep plus a point per other candidate (`points_to_tune`). `tune`: `tune_candidates`' keywords."""
+    """The best candidate by `objective`, tuned at every N in `ns` (ascending), and every candidate. Total tok/s
+    compares them at `compare_n`; cost and tok/s per GPU at the highest N each sustains within `target`'s SLO
+    (`at_sustained_load`; without an SLO, the largest N). Only the chosen one is tuned beyond the N it was compared
+    at: a point depends on its own N alone, so the others' points at other N could not change the choice, and
+    skipping them makes a many-placement tune cost about one placement's sweep plus a point per other candidate
+    (`points_to_tune`). `tune`: `tune_candidates`' keywords."""
     usd = usd or [None] * len(specs)
     if len(specs) == 1:
-        candidates = tune_candidates(deploy, specs, ns, usd=usd, progress=progress, **tune)
+        candidates = tune_candidates(deploy, specs, ns, usd=usd, progress=progress, target=target, **tune)
         return candidates[0], candidates
-    candidates = tune_candidates(deploy, specs, [compare_n], usd=usd, progress=progress, **tune)
-    k = candidates.index(choose(candidates, compare_n, objective))
-    rest = [n for n in ns if n != compare_n]
+    sustained = at_sustained_load(objective)
+    sweep = sustained and target.slo_tpot_ms is not None
+    first = ns if sweep else [ns[-1]] if sustained else [compare_n]
+    candidates = tune_candidates(deploy, specs, first, usd=usd, progress=progress, target=target, stop_at_miss=sweep,
+                                 **tune)  # fmt: skip
+    k = candidates.index(choose(candidates, None if sustained else compare_n, objective))
+    tuned = {p.concurrency for p in candidates[k].points}
+    rest = [n for n in ns if n not in tuned]
     if rest:
-        more = tune_candidates(deploy, [specs[k]], rest, usd=[usd[k]], progress=progress, **tune)[0]
+        more = tune_candidates(deploy, [specs[k]], rest, usd=[usd[k]], progress=progress, target=target, **tune)[0]
         points = sorted(candidates[k].points + more.points, key=lambda p: p.concurrency)
         # the deployment as simulated at the largest N, as when a single candidate is tuned
-        dep = more.deployment if rest[-1] > compare_n else candidates[k].deployment
+        dep = more.deployment if rest[-1] > max(tuned) else candidates[k].deployment
         candidates[k] = dataclasses.replace(candidates[k], points=points, deployment=dep)
     return candidates[k], candidates
 
 
-def points_to_tune(num_specs: int, num_ns: int) -> int:
-    """How many (candidate, N) points `tune_and_choose` tunes."""
-    return num_ns if num_specs == 1 else num_specs + num_ns - 1
+def points_to_tune(num_specs: int, num_ns: int, sweep: bool = False) -> int:
+    """How many (candidate, N) points `tune_and_choose` tunes; with `sweep` (cost or per GPU under an SLO: every
+    candidate tuned upward until its first miss), at most this many."""
+    return num_ns if num_specs == 1 else num_specs * num_ns if sweep else num_specs + num_ns - 1
 
 
 def candidate_prices(deploy: DeploymentSource, specs: list[CandidateSpec],
@@ -172,7 +188,8 @@ def candidate_flags(deploy: DeploymentSource, spec: CandidateSpec) -> Deployment
 def tuned_config(best: Candidate, candidates: list[Candidate], n: int, goal: TuneObjective, *, workload: str,
                  num_gpus: int, placements: bool, splits: bool) -> DeploymentConfig:  # fmt: skip
     """`best`'s deployment with its tuned B(N) table (flat B: the largest N's) and notes saying how it was
-    chosen (`n`: the concurrency candidates were compared at)."""
+    chosen (`n`: the concurrency candidates were compared at by total tok/s; cost and per GPU compare each at
+    its sustained N)."""
     dep = best.deployment
     policy = dep.policy.with_thresholds(best.points[-1].best, {p.concurrency: p.best for p in best.points})
     notes = {
@@ -180,7 +197,8 @@ def tuned_config(best: Candidate, candidates: list[Candidate], n: int, goal: Tun
         "hop_rate": dep.router.hop_rate,
         "workload": workload,
         "profile": dep.profile,
-        **_choice_notes(candidates, best, n, goal, num_gpus, placements, splits),
+        "slo_tpot_ms_p99": best.slo_tpot_ms,
+        **_choice_notes(candidates, best, None if at_sustained_load(goal) else n, goal, num_gpus, placements, splits),
         "points": [
             {
                 "N": p.concurrency,
@@ -188,6 +206,8 @@ def tuned_config(best: Candidate, candidates: list[Candidate], n: int, goal: Tun
                 "markov_tok_s": round(p.markov[1], 1),
                 "chosen_B": list(p.best),
                 "sim_tok_s": round(p.best_throughput, 1),
+                "tpot_ms_p99": round(p.tpot_ms[1], 2),
+                "meets_slo": p.meets_slo,
             }
             for p in best.points
         ],
@@ -195,34 +215,69 @@ def tuned_config(best: Candidate, candidates: list[Candidate], n: int, goal: Tun
     return dataclasses.replace(dep, policy=policy, notes=notes)
 
 
-def _choice_notes(candidates: list[Candidate], best: Candidate, n: int, goal: TuneObjective, num_gpus: int,
+def comparison_rule(n: int | None, slo_tpot_ms: float | None, ns: list[int]) -> str:
+    """In words, the N candidates were compared at (`n` None: each at its sustained N), as the table and the
+    config's notes say it."""
+    if n is not None:
+        return f"at N={n}"
+    tuned = ",".join(map(str, ns))
+    if slo_tpot_ms is None:
+        return f"at the largest N tuned, N={ns[-1]} (no TPOT SLO: every N of {tuned} counts as sustained)"
+    return f"each at the highest N of {tuned} it sustains with TPOT p99 <= {slo_tpot_ms:g} ms"
+
+
+def _choice_notes(candidates: list[Candidate], best: Candidate, n: int | None, goal: TuneObjective, num_gpus: int,
                   placements: bool, splits: bool) -> dict:  # fmt: skip
-    """What the choice among candidates was, for the config's notes (nothing when there was one candidate)."""
+    """What the choice among candidates was, for the config's notes (nothing when there was one candidate); `n`
+    None: each candidate was compared at its sustained N."""
     out: dict = {}
-    if splits:
+    ns = sorted({p.concurrency for c in candidates for p in c.points})
+    if splits and n is not None:
         at = {f"{c.split[0]}/{c.split[1]}": round(c.throughput(n), 1) for c in candidates if c.split is not None}
         out["sm_splits_sim_tok_s_at_N"] = {str(n): at}
+    elif splits:
+        out["sm_splits_at_sustained_N"] = {
+            f"{c.split[0]}/{c.split[1]}": {"N": c.sustained_n, "sim_tok_s": _rounded(c.throughput, c.sustained_n)}
+            for c in candidates
+            if c.split is not None
+        }
     if placements:
         out["placements"] = {
             "num_gpus": num_gpus,
             "objective": str(goal),
-            "compared_at_N": n,
+            "slo_tpot_ms_p99": best.slo_tpot_ms,
+            "compared": comparison_rule(n, best.slo_tpot_ms, ns),
+            **({"compared_at_N": n} if n is not None else {}),
             "chosen": best.label,
             "candidates": [_candidate_note(c, n) for c in candidates],
         }
     return out
 
 
-def _candidate_note(c: Candidate, n: int) -> dict:
+def _rounded(f: Callable[[int], float | None], n: int | None, digits: int = 1) -> float | None:
+    v = None if n is None else f(n)
+    return None if v is None else round(v, digits)
+
+
+def _candidate_note(c: Candidate, n: int | None) -> dict:
+    """One candidate at the N it was priced at (`priced_at_N`; null when it meets the SLO at no N, and then its
+    numbers are at its smallest N, `numbers_at_N`)."""
+    at = c.priced_n(n)
+    shown = c.first_n if at is None else at
+    p, usd = c.point(shown), _rounded(c.usd_per_mtok, shown, 4)
     return {
         "candidate": c.label,
         "gpus": c.gpus,
         "tp": [m.tp for m in c.deployment.models],
         "gpu_ids": [list(m.gpus) for m in c.deployment.models],
-        "B": list(c.point(n).best),
-        "sim_tok_s": round(c.throughput(n), 1),
-        "sim_tok_s_per_gpu": round(c.per_gpu(n), 1),
-        "tpot_ms_p50_p99": [round(x, 2) for x in c.point(n).tpot_ms],
-        **({} if c.usd_per_hour is None else {"usd_per_hour": c.usd_per_hour, "usd_per_mtok": c.usd_per_mtok(n)}),
+        "priced_at_N": at,
+        **({"sustained_N": c.sustained_n} if n is None else {}),
+        "numbers_at_N": shown,
+        "meets_slo": p.meets_slo,
+        "B": list(p.best),
+        "sim_tok_s": round(c.throughput(shown), 1),
+        "sim_tok_s_per_gpu": round(c.per_gpu(shown), 1),
+        "tpot_ms_p50_p99": [round(x, 2) for x in p.tpot_ms],
+        **({} if c.usd_per_hour is None else {"usd_per_hour": c.usd_per_hour, "usd_per_mtok": usd}),
         "estimated": c.estimated,
     }

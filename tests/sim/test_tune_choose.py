@@ -1,6 +1,8 @@
 """`trsim tune` with several candidates: each is tuned at the N they are compared at and only the chosen one at
 every N, and the simulator checks spread over processes. References: the chosen candidate tuned alone at every N
-(what the tune did before it skipped the others' other N), and the same point tuned in this process."""
+(what the tune did before it skipped the others' other N), and the same point tuned in this process. Where cost is
+compared at the load each candidate sustains, the decider is replaced by a table of hand-made points, so which N
+are tuned, and in which order, is known without the simulator."""
 
 from __future__ import annotations
 
@@ -10,9 +12,11 @@ from tokenrouter.cli import trsim
 from tokenrouter.cli.options import DeploymentFlags
 from tokenrouter.core.names import Layout, TuneObjective
 from tokenrouter.deploy.overrides import DeploymentOverrides
+from tokenrouter.sim import tune_layouts
+from tokenrouter.sim.decide import THROUGHPUT, Choice, Objective, Trial
 from tokenrouter.sim.sim_pool import sim_pool
 from tokenrouter.sim.simulate import sim_config
-from tokenrouter.sim.tune import tune_point
+from tokenrouter.sim.tune import TunePoint, tune_point
 from tokenrouter.sim.tune_layouts import (
     candidate_specs,
     points_to_tune,
@@ -33,7 +37,7 @@ def test_only_the_chosen_candidate_is_tuned_beyond_the_compared_n():
     specs = candidate_specs([Layout.MPS, Layout.SEPARATE], [None], deploy.resolve(), 2)
     seen: list[tuple[str, int]] = []
     progress = lambda label, n, done: seen.append((label, n)) if done else None  # noqa: E731
-    best, cands = tune_and_choose(deploy, specs, [2, 4, 8], 4, TuneObjective.PER_GPU, progress=progress, **TUNE)
+    best, cands = tune_and_choose(deploy, specs, [2, 4, 8], 4, TuneObjective.TOTAL, progress=progress, **TUNE)
     assert best in cands and [c.label for c in cands] == ["mps", "separate"]
     assert len(seen) == points_to_tune(2, 3) == 4
     others = [c for c in cands if c is not best]
@@ -84,3 +88,70 @@ def test_a_compare_n_not_tuned_is_a_one_line_error_before_anything_runs(capsys, 
     err = capsys.readouterr().err
     assert e.value.code == 2 and "--compare-n 8 must be one of --concurrency 2,4" in err
     assert len(err.strip().splitlines()) == 1
+
+
+# -- cost at the load each candidate sustains: which N are tuned -------------------------------------------------
+
+# (tok/s, TPOT p99 ms) of the one B each hand-made point simulates: MPS on one GPU meets a 50 ms SLO up to N = 16,
+# two GPUs up to N = 64. A higher N only raises TPOT, as the sweep assumes.
+ROWS = {
+    "mps": {8: (1500.0, 10.0), 16: (2000.0, 30.0), 32: (2200.0, 60.0), 64: (2300.0, 120.0)},
+    "separate": {8: (1800.0, 8.0), 16: (3200.0, 12.0), 32: (5000.0, 20.0), 64: (6000.0, 45.0)},
+}
+NS = [8, 16, 32, 64]
+
+
+@pytest.fixture
+def tuned(monkeypatch) -> list[tuple[str, int]]:
+    """The decider replaced by ROWS; returns the (placement, N) points tuned, in order."""
+    calls: list[tuple[str, int]] = []
+
+    def fake(cfg, n, *, objective=THROUGHPUT, **_) -> TunePoint:
+        mode = str(cfg.deployment.placement.mode)
+        tok_s, p99 = ROWS[mode][n]
+        t = Trial((1, 2), tok_s, p99 / 2, p99)
+        calls.append((mode, n))
+        return TunePoint(n, Choice(n, (1, 2) if objective.meets(t) else None, {(1, 2): t}, [], objective))
+
+    monkeypatch.setattr(tune_layouts, "tune_point", fake)
+    return calls
+
+
+def _cost(usd: list[float], target: Objective = THROUGHPUT, compare_n: int = 8):
+    deploy = flags()
+    specs = candidate_specs([Layout.MPS, Layout.SEPARATE], [None], deploy.resolve(), 2)
+    return tune_and_choose(deploy, specs, NS, compare_n, TuneObjective.COST, usd=usd, target=target, **TUNE)
+
+
+def test_under_an_slo_each_candidate_is_swept_upward_and_stops_at_its_first_miss(tuned):
+    # one H200 at $4/h, two at $8/h. At N = 8 MPS is cheaper (4/(1500 x 3600) x 1e6 = 0.741 against 8/(1800 x 3600)
+    # x 1e6 = 1.235 USD/Mtok); at the load each sustains within 50 ms, MPS at N = 16 costs 4/(2000 x 3600) x 1e6 =
+    # 0.556 and two GPUs at N = 64 cost 8/(6000 x 3600) x 1e6 = 0.370: two GPUs win.
+    best, cands = _cost([4.0, 8.0], Objective(50.0))
+    assert tuned == [("mps", 8), ("mps", 16), ("mps", 32), *(("separate", n) for n in NS)]  # MPS never at 64
+    assert best.label == "separate" and [c.sustained_n for c in cands] == [16, 64]
+    assert best.usd_per_mtok(best.sustained_n) == pytest.approx(8 / (6000 * 3600) * 1e6)
+    assert [p.concurrency for p in best.points] == NS
+
+
+def test_the_chosen_candidate_is_tuned_past_its_miss_for_its_table_but_priced_where_it_sustains(tuned):
+    # MPS at $1/h: 1/(2000 x 3600) x 1e6 = 0.139 USD/Mtok at N = 16 beats two GPUs' 0.370 at N = 64
+    best, _ = _cost([1.0, 8.0], Objective(50.0))
+    assert best.label == "mps" and tuned[-1] == ("mps", 64) and tuned.count(("mps", 64)) == 1
+    assert [p.concurrency for p in best.points] == NS and not best.point(64).meets_slo
+    assert best.sustained_n == 16  # N = 64 was tuned after the choice, for the B(N) table: it does not count
+    assert points_to_tune(2, 4, sweep=True) == 8 >= len(tuned)
+
+
+def test_without_an_slo_cost_tunes_every_candidate_at_the_largest_n_only(tuned):
+    # no SLO: every N is sustained, so each is priced at N = 64: MPS 4/(2300 x 3600) x 1e6 = 0.483, two GPUs 0.370
+    best, cands = _cost([4.0, 8.0])
+    assert tuned == [("mps", 64), ("separate", 64), ("separate", 8), ("separate", 16), ("separate", 32)]
+    assert best.label == "separate" and [c.sustained_n for c in cands] == [64, 64]
+    assert len(tuned) == points_to_tune(2, 4)
+
+
+def test_total_throughput_still_compares_at_the_compare_n(tuned):
+    best, _ = tune_and_choose(flags(), candidate_specs([Layout.MPS, Layout.SEPARATE], [None], flags().resolve(), 2),
+                              NS, 8, TuneObjective.TOTAL, target=Objective(50.0), **TUNE)  # fmt: skip
+    assert tuned[:2] == [("mps", 8), ("separate", 8)] and best.label == "separate"  # 1,800 > 1,500 tok/s at N = 8

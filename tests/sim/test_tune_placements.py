@@ -10,7 +10,8 @@ profiles built here so that the right answer is known without the code under tes
 And where the Markov model applies (no co-location), its prediction for a tp=2 model matches the simulator.
 Across GPU kinds, references computed without the code under test: a deployment that names its own GPU's profile
 for every model simulates exactly as one that names none; a model's prices on another kind are that kind's
-profile's alone; USD per million tokens is the hand formula."""
+profile's alone; USD per million tokens is the hand formula. Cost across placements is compared at the load each
+one sustains within the TPOT SLO, on hand-made points whose winner and price are worked out in the comments."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from pathlib import Path
 import msgspec
 import pytest
 import yaml
+from rich.console import Console
 
 from tokenrouter.calibration.analytic import generate
 from tokenrouter.calibration.cost import CostModel
@@ -26,6 +28,7 @@ from tokenrouter.calibration.gpus import load_gpu_prices, usd_per_hour
 from tokenrouter.calibration.profile import AllReduceInfo, MpsInfo, load_profile
 from tokenrouter.calibration.step_stats import PartStats, StepStats
 from tokenrouter.cli import trsim
+from tokenrouter.cli.tune_cmd import candidates_table
 from tokenrouter.core.config import (
     DeploymentConfig,
     ModelConfig,
@@ -34,12 +37,14 @@ from tokenrouter.core.config import (
     RouterConfig,
     SchedulerConfig,
 )
+from tokenrouter.core.names import TuneObjective
 from tokenrouter.deploy.placement import gpu_kinds, on_kinds
 from tokenrouter.models import load_spec
-from tokenrouter.sim.decide import THROUGHPUT, Choice, Trial
+from tokenrouter.sim.decide import THROUGHPUT, Choice, Objective, Trial
 from tokenrouter.sim.propose import propose
 from tokenrouter.sim.run import SimConfig, run_sim
 from tokenrouter.sim.tune import Candidate, TunePoint, choose, simulate_thresholds
+from tokenrouter.sim.tune_layouts import tuned_config
 
 FAST = ["--workload", "fixed:16,64", "--top", "1", "--hop-rate", "0.2"]
 
@@ -199,7 +204,9 @@ def test_cost_ranking_matches_the_hand_computation():
      (["--placements", "mps,l4+h200", "--gpu-prices", "l4=0.5"], "no price for h200"),
      (["--placements", "l4+l4"], "qwen3-32b at tp=1 needs"),
      (["--placements", "mps", "--gpu-prices", "moon=1"], "unknown GPU kind 'moon'"),
-     (["--placements", "mps", "--objective", "cost"], "needs --gpu-prices")],
+     (["--placements", "mps", "--objective", "cost"], "needs --gpu-prices"),
+     (["--placements", "mps", "--objective", "cost", "--gpu-prices", "h200=4", "--compare-n", "4"],
+      "--compare-n applies to --objective total")],
 )  # fmt: skip
 def test_bad_kinds_prices_and_misfits_are_one_line_errors(argv, says, capsys, tmp_path):
     rc, _, err = call(["tune", *argv, *FAST, "-n", "4", "-o", str(tmp_path / "x.yaml")], capsys)
@@ -218,3 +225,106 @@ def test_table_prices_candidates_and_marks_estimates(capsys, tmp_path, monkeypat
     assert notes["l4+h200"]["usd_per_hour"] == 4.5 and notes["mps"]["usd_per_hour"] == 4.0
     assert notes["l4+h200"]["estimated"] and not notes["mps"]["estimated"]
     assert notes["mps"]["usd_per_mtok"] == pytest.approx(4.0 / (notes["mps"]["sim_tok_s"] * 3600) * 1e6, rel=1e-3)
+    # no SLO, one N: each priced at it, and the table says so
+    assert "priced at N" in text and "no TPOT SLO" in text and notes["mps"]["priced_at_N"] == 4
+
+
+# -- cost at the load each placement sustains within the SLO (hand-made points) ----------------------------------
+
+SLO = Objective(50.0)
+
+
+def _at(n: int, tok_s: float, p99: float, objective: Objective = SLO) -> TunePoint:
+    """N where one B, (1, 2), was simulated at `tok_s` and TPOT p99 `p99` ms: chosen when it meets the SLO."""
+    t = Trial((1, 2), tok_s, p99 / 2, p99)
+    return TunePoint(n, Choice(n, (1, 2) if objective.meets(t) else None, {(1, 2): t}, [], objective))
+
+
+def _swept(label: str, mode: str, gpus: int, usd_hour: float, rows: dict[int, tuple[float, float]],
+           objective: Objective = SLO) -> Candidate:  # fmt: skip
+    points = [_at(n, tok, p99, objective) for n, (tok, p99) in rows.items()]
+    return Candidate(label, _pair(mode), points, gpus, usd_per_hour=usd_hour)
+
+
+# one H200 at $4/h under MPS meets 50 ms up to N = 16 (its sweep stopped at the miss at 32); two at $8/h up to 64
+MPS = {8: (1500.0, 10.0), 16: (2000.0, 30.0), 32: (2200.0, 60.0)}
+SEPARATE = {8: (1800.0, 8.0), 16: (3200.0, 12.0), 32: (5000.0, 20.0), 64: (6000.0, 45.0)}
+NEVER = {8: (9000.0, 70.0)}  # the cheapest tokens of all at N = 8, but over the SLO already there
+
+
+def test_one_n_and_sustained_load_pick_different_winners_and_sustained_load_decides():
+    mps, sep = _swept("mps", "mps", 1, 4.0, MPS), _swept("separate", "separate", 2, 8.0, SEPARATE)
+    # at N = 8: MPS 4/(1500 x 3600) x 1e6 = 0.741 USD/Mtok, two GPUs 8/(1800 x 3600) x 1e6 = 1.235: MPS
+    assert choose([mps, sep], 8, "cost") is mps
+    assert mps.usd_per_mtok(8) == pytest.approx(0.7407, abs=1e-4) and sep.usd_per_mtok(8) == pytest.approx(
+        1.2346, abs=1e-4
+    )
+    # at the load each sustains: MPS at N = 16, 4/(2000 x 3600) x 1e6 = 0.556; two GPUs at N = 64, 8/(6000 x 3600) x
+    # 1e6 = 0.370: two GPUs, 33% cheaper
+    assert (mps.sustained_n, sep.sustained_n) == (16, 64)
+    assert choose([mps, sep], None, "cost") is sep
+    assert sep.usd_per_mtok(64) == pytest.approx(0.3704, abs=1e-4) and mps.usd_per_mtok(16) == pytest.approx(
+        0.5556, abs=1e-4
+    )
+    # per GPU is cost at one price per GPU: 1,500 against 900 at N = 8, 2,000 against 3,000 where each sustains
+    assert choose([mps, sep], 8, "per-gpu") is mps and choose([mps, sep], None, "per-gpu") is sep
+
+
+def test_without_an_slo_each_is_priced_at_the_largest_n():
+    # the same tok/s at N = 64 with no SLO: MPS 4/(2300 x 3600) x 1e6 = 0.483 (TPOT 120 ms counts for nothing), two
+    # GPUs 0.370
+    mps = _swept("mps", "mps", 1, 4.0, {64: (2300.0, 120.0)}, THROUGHPUT)
+    sep = _swept("separate", "separate", 2, 8.0, {64: (6000.0, 45.0)}, THROUGHPUT)
+    assert (mps.sustained_n, sep.sustained_n) == (64, 64) and choose([mps, sep], None, "cost") is sep
+    assert mps.usd_per_mtok(64) == pytest.approx(0.4831, abs=1e-4)
+
+
+def test_a_candidate_that_never_meets_the_slo_ranks_last_and_is_marked(monkeypatch):
+    mps, sep = _swept("mps", "mps", 1, 4.0, MPS), _swept("separate", "separate", 2, 8.0, SEPARATE)
+    never = _swept("l4+h200", "cross-host", 2, 4.5, NEVER)  # 4.5/(9000 x 3600) x 1e6 = 0.139 USD/Mtok at N = 8
+    assert never.sustained_n is None
+    assert choose([never, mps], None, "cost") is mps and choose([never, sep, mps], None, "cost") is sep
+    worse = _swept("h100+h100", "cross-host", 2, 6.0, {8: (9000.0, 90.0)})
+    assert choose([worse, never], None, "cost") is never  # none meets it: the lower TPOT p99 at the smallest N
+    monkeypatch.setenv("COLUMNS", "250")
+    con = Console(record=True, width=250)
+    con.print(candidates_table([mps, sep, never], sep, None, TuneObjective.COST))
+    text = con.export_text()
+    rows = {line.split("│")[1].strip(): [x.strip() for x in line.split("│")[1:-1]]
+            for line in text.splitlines() if line.startswith("│")}  # fmt: skip
+    assert "priced at N" in text and "TPOT p99 <= 50 ms" in text and "highest N of 8,16,32,64" in text
+    assert rows["mps"][3] == "16" and rows["separate"][3] == "64" and rows["l4+h200"][3] == "-"
+    assert rows["separate"][7] == "0.370" and rows["mps"][7] == "0.556"
+    assert "chosen" in rows["separate"][-1] and "SLO missed at N=8, ranked last" in rows["l4+h200"][-1]
+
+
+def test_the_config_records_the_choice_the_slo_and_each_sustained_n():
+    mps, sep = _swept("mps", "mps", 1, 4.0, MPS), _swept("separate", "separate", 2, 8.0, SEPARATE)
+    never = _swept("l4+h200", "cross-host", 2, 4.5, NEVER)
+    dep = tuned_config(sep, [mps, sep, never], 8, TuneObjective.COST, workload="low-effort", num_gpus=2,
+                       placements=True, splits=False)  # fmt: skip
+    note = dep.notes["placements"]
+    assert note["chosen"] == "separate" and note["slo_tpot_ms_p99"] == 50.0 == dep.notes["slo_tpot_ms_p99"]
+    assert "compared_at_N" not in note and "TPOT p99 <= 50 ms" in note["compared"]
+    by = {c["candidate"]: c for c in note["candidates"]}
+    assert [by[k]["sustained_N"] for k in ("mps", "separate", "l4+h200")] == [16, 64, None]
+    assert [by[k]["sim_tok_s"] for k in ("mps", "separate")] == [2000.0, 6000.0]
+    assert by["separate"]["usd_per_mtok"] == pytest.approx(0.3704, abs=1e-4)
+    assert by["mps"]["usd_per_mtok"] == pytest.approx(0.5556, abs=1e-4)
+    assert by["l4+h200"]["priced_at_N"] is None and not by["l4+h200"]["meets_slo"]
+    assert dep.policy.table == {n: [1, 2] for n in (8, 16, 32, 64)}
+
+
+def test_no_placement_meeting_the_slo_is_said_and_the_lowest_tpot_is_written(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    out = tmp_path / "slo.yaml"
+    rc, text, err = call(["tune", "--placements", "mps,separate", "--gpu-prices", "h200=4", "--objective", "cost",
+                          "--slo-tpot-ms", "0.5", *FAST, "-n", "2,4", "-o", str(out)], capsys)  # fmt: skip
+    assert rc == 0, err
+    note = yaml.safe_load(out.read_text())["notes"]["placements"]
+    by = {c["candidate"]: c for c in note["candidates"]}
+    assert [by[k]["priced_at_N"] for k in ("mps", "separate")] == [None, None]  # TPOT of 0.5 ms: never met
+    assert [by[k]["numbers_at_N"] for k in ("mps", "separate")] == [2, 2]  # each sweep stopped at its first N
+    low = min(by.values(), key=lambda c: (c["tpot_ms_p50_p99"][1], c["gpus"]))
+    assert note["chosen"] == low["candidate"] and note["slo_tpot_ms_p99"] == 0.5
+    assert "ranked last" in text and "no candidate meets TPOT p99 <= 0.5 ms at any N" in text
