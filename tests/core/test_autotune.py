@@ -220,7 +220,9 @@ def test_no_flapping_between_two_near_equal_b():
     solve = TableSolve(tp, candidates=((1, 3), (1, 4)))
     ctrl = AutotuneController(CFG, Policy(PolicyKind.DELAYED, (1, 3)), solve, DROPS)
     assert drive(ctrl, SyntheticServer(8), 0, 200) == []
-    assert len(solve.calls) >= 200 // 5 - 2 and ctrl.changes == 0
+    # The premise: it solved again and again (the synthetic counters' noise drifts the estimates past half the
+    # tolerance now and then; interval re-solves need such a drift), yet B never moved.
+    assert len(solve.calls) >= 10 and ctrl.changes == 0
     assert "hold" in ctrl.status
 
 
@@ -338,11 +340,14 @@ def drive_rates(ctrl: AutotuneController, srv: SyntheticServer, t0: int, t1: int
     window: the server's true throughput under that B, which the model does not know); `shift(t)` may move the
     workload. Every decision is applied. Returns the decisions (and stops after the first, if asked)."""
     decisions = []
+    base_p0 = srv.p0
     for t in range(t0, t1):
         if stop_at_first and decisions:
             break
         if shift is not None:
             shift(t)
+        else:  # the hop rate wobbles by 7% every 10 s: within the tolerance, past half of it, so the interval's
+            srv.p0 = base_p0 * (1.07 if (t // 10) % 2 else 1.0)  # re-solves come (a fake solve may change its mind)
         srv.window(steps_per_model=10 * steps_under(ctrl.policy.thresholds))  # many tokens: rates barely noisy
         d = ctrl.observe(srv.snapshot(), float(t))
         if d is not None:

@@ -271,9 +271,9 @@ class Estimator:
         d_fin, d_fin_tok = snap.finished - prev.finished, snap.finished_tokens - prev.finished_tokens
         d_fin_sq = snap.finished_tokens_sq - prev.finished_tokens_sq
         if d_fin >= 0 and d_fin_tok >= 0 and d_fin_sq >= 0:
-            self.finished = self.finished * fast + d_fin
-            self.finished_tokens = self.finished_tokens * fast + d_fin_tok
-            self.finished_tokens_sq = self.finished_tokens_sq * fast + d_fin_sq
+            self.finished = self.finished * slow + d_fin
+            self.finished_tokens = self.finished_tokens * slow + d_fin_tok
+            self.finished_tokens_sq = self.finished_tokens_sq * slow + d_fin_sq
 
     def idle(self) -> bool:
         """No live request in most of the samples of the last half-life (nothing to tune for)."""

@@ -93,12 +93,13 @@ class PlacementConfig:
 class AutotuneConfig:
     """`policy.autotune`: re-solve B while serving from the counters the subservers export (`core.autotune`).
 
-    Every `observe_s` the driver snapshots the counters; the controller re-solves B for the live N every
-    `interval_s`, or sooner when an estimate moved by more than `tolerance` (relative) since the last solve, and
-    applies the new B only when the model predicts at least `min_gain` (relative) over the B in force and the
-    last change is at least `hold_s` old (hysteresis). Estimates forget with half-lives: `half_life_s` for hop
-    probabilities, mean output and N, `step_half_life_s` for step times (a property of the hardware and the
-    context, slower to move). No solve before every model ran `min_steps` steps (decayed count).
+    Every `observe_s` the driver snapshots the counters; the controller re-solves B for the live N when an estimate
+    moved by more than `tolerance` (relative) since the last solve (at most four times per `interval_s`), or every
+    `interval_s` after a drift of half that, and applies the new B only when predicted to gain at least `min_gain`
+    (relative) over the B in force and the last change is at least `hold_s` old (hysteresis). Estimates forget
+    with half-lives: `half_life_s` for hop probabilities and N, `step_half_life_s` for step times and the outputs'
+    mean and spread (properties of the hardware, the context and the prompts: slower to move, noisier per
+    second). No solve before every model ran `min_steps` steps (decayed count).
 
     A change is verified: for `verify_s` after it the output-token rate under the new B is measured against the
     rate under the old B just before it; when it fell by more than `verify_margin` (relative) while the estimates
@@ -115,7 +116,7 @@ class AutotuneConfig:
     tolerance: float = 0.1
     min_gain: float = 0.03
     hold_s: float = 10.0
-    half_life_s: float = 10.0
+    half_life_s: float = 4.0
     step_half_life_s: float = 60.0
     min_steps: int = 50
     max_states: int = 50_000
