@@ -21,7 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from tokenrouter.calibration.profile import ProfileError, load_profile
-from tokenrouter.cli.common import CliError, parse_list, parse_sm_splits, require_extras
+from tokenrouter.cli.common import CliError, check_output, parse_list, parse_sm_splits, require_extras
 
 if TYPE_CHECKING:
     from tokenrouter.calibration.profiler.run import Calibration, Plan
@@ -103,6 +103,7 @@ def calibrate(
     measure the tcp link to another host too (or only that)."""
     from tokenrouter.calibration.profiler.assemble import assemble
 
+    check_output(out, "--out")
     link_address = _link_address(link)
     if merge:
         from tokenrouter.calibration.profiler.assemble import merge as merge_profiles
@@ -122,6 +123,7 @@ def calibrate(
                  corun_large, max_tokens=max_tokens, max_decode=max_decode, device=device, quick=quick)  # fmt: skip
     console = Console(stderr=True)
     cal = Calibration(plan, out, command_line(sys.argv[1:]), deadline)
+    check_output(cal.partial_path, "--out")  # written after every task: checked before the first
     _measure(cal, console)
     _write(_with_link(assemble(cal.partial), link_address), out)
 

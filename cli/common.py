@@ -127,9 +127,9 @@ def run_app(app: typer.Typer, prog: str, argv: list[str] | None = None) -> None:
 
 
 def check_output(path: str | Path | None, flag: str, *, figure: bool = False) -> None:
-    """Refuse an output destination that cannot be written before any work is done (a long sweep or tune
-    otherwise fails only when it writes): its folder must exist, it must not be a folder, and a figure's suffix
-    must be a format matplotlib saves. None and '-' (stdout) pass."""
+    """Refuse an output destination that cannot be written before any work is done (a long sweep, tune or
+    calibration otherwise fails only when it writes): its folder must exist, it must not be a folder, it must be
+    writable, and a figure's suffix must be a format matplotlib saves. None and '-' (stdout) pass."""
     if path is None or str(path) == "-":
         return
     p = Path(path)
@@ -137,12 +137,34 @@ def check_output(path: str | Path | None, flag: str, *, figure: bool = False) ->
         raise CliError(f"{flag} {p}: is a directory, not a file")
     if not p.parent.is_dir():
         raise CliError(f"{flag} {p}: no such directory {p.parent} (create it first)")
+    why = _unwritable(p)
+    if why:
+        raise CliError(f"{flag} {p}: cannot write there ({why})")
     if figure and p.suffix:
         from matplotlib.figure import Figure
 
         formats = Figure().canvas.get_supported_filetypes()
         if p.suffix[1:].lower() not in formats:
             raise CliError(f"{flag} {p}: cannot write a figure as {p.suffix!r}; use one of .{', .'.join(formats)}")
+
+
+def _unwritable(p: Path) -> str:
+    """Why `p` cannot be written ("" if it can). Tried, not asked: os.access says yes to root, and an immutable
+    folder or a sandbox refuses what the mode bits allow. An existing file is opened for appending (its content
+    and times stay as they are); a new one is tried as a scratch file beside it, removed at once."""
+    import tempfile
+
+    try:
+        if p.exists():
+            with p.open("ab"):
+                pass
+        else:
+            fd, scratch = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".check", dir=p.parent)
+            os.close(fd)
+            os.unlink(scratch)
+    except OSError as e:
+        return e.strerror or type(e).__name__
+    return ""
 
 
 def parse_list(text: str, conv: Callable[[str], Any], what: str) -> list[Any]:

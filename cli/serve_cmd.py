@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from tokenrouter.cli.common import CliError, RunFailed, require_extras
+from tokenrouter.cli.common import CliError, RunFailed, check_output, require_extras
 from tokenrouter.cli.options import DeploymentFlags, DryRun, deployment_flags
 from tokenrouter.core.config import DeploymentConfig
 from tokenrouter.deploy.overrides import DeploymentOverrides
@@ -94,6 +94,8 @@ def serve(
         raise CliError("--restart-on-failure needs an asynchronous policy (eager, delayed), not " + cfg.policy.kind)
     if shutdown_timeout < 0:
         raise CliError(f"--shutdown-timeout must be >= 0, got {shutdown_timeout}")
+    if not dry_run:
+        check_output(record_hops, "--record-hops")  # written on exit: found unwritable now, not after the serving
     require_extras("serve", ("serve", "engine"))
     if ray is not None:
         if baseline is not None:
