@@ -54,12 +54,26 @@ EXTRA_MODULES = {
 }
 
 
+# The torch the README installs on a machine without a GPU (a plain `torch` pulls a multi-GB CUDA build); the
+# install hint below repeats it, and a test keeps the two the same.
+CPU_TORCH = "torch==2.13.0"
+_EXTRAS_ORDER = ("engine", "serve", "ray")  # as the README writes `.[engine,serve]`
+
+
+def install_hint(extras: list[str]) -> str:
+    """The README's install command for `extras`, run in the repository (the package is installed from source)."""
+    names = sorted(extras, key=_EXTRAS_ORDER.index)
+    pin = f'"{CPU_TORCH}" ' if "engine" in names else ""
+    tail = " (the CPU torch; on a GPU machine leave out the pin)" if pin else ""
+    return f'in the repository, pip install {pin}-e ".[{",".join(names)}]"{tail}'
+
+
 def require_extras(command: str, extras: tuple[str, ...], modules: tuple[str, ...] | None = None) -> None:
     """Fail with one line naming the missing extra(s) and modules when `command` runs in an install without them
-    (the simulator installs light), instead of an import traceback. `modules` narrows the check to what the
-    command imports. Looks modules up without importing them."""
+    (the simulator installs light), instead of an import traceback, and how to install them. `modules` narrows
+    the check to what the command imports. Looks modules up without importing them."""
     missing: dict[str, list[str]] = {}
-    for extra in extras:
+    for extra in sorted(extras, key=_EXTRAS_ORDER.index):
         wanted = [m for m in EXTRA_MODULES[extra] if modules is None or m in modules]
         gone = [m for m in wanted if importlib.util.find_spec(m) is None]
         if gone:
@@ -69,7 +83,7 @@ def require_extras(command: str, extras: tuple[str, ...], modules: tuple[str, ..
     names = list(missing)
     what = f"the '{names[0]}' extra" if len(names) == 1 else "the " + " and ".join(f"'{n}'" for n in names) + " extras"
     mods = ", ".join(m for ms in missing.values() for m in ms)
-    raise CliError(f"{command} needs {what} (missing: {mods}): pip install 'tokenrouter[{','.join(names)}]'")
+    raise CliError(f"{command} needs {what} (missing: {mods}): {install_hint(names)}")
 
 
 def fail(prog: str, msg: str, code: int = 2) -> NoReturn:
