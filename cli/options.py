@@ -265,6 +265,13 @@ def _param(name: str, annotation: Any, default: Any = None) -> inspect.Parameter
 
 Concurrency = Annotated[int, typer.Option("--concurrency", "-n", help="Closed-loop clients N (live requests).")]
 Workload = Annotated[str, typer.Option(help="low-effort | high-effort | agentic | fixed:P,O | FILE.jsonl")]
+TraceWorkload = Annotated[
+    str | None,
+    typer.Option(
+        help="low-effort | high-effort | agentic | fixed:P,O | FILE.jsonl. Default: low-effort, or with --router "
+        "trace --trace FILE the trace's own requests (what it replays)."
+    ),
+]
 NumRequests = Annotated[int, typer.Option(help="Requests to run.")]
 Seed = Annotated[int, typer.Option(help="Seed for the workload and the routers.")]
 ArrivalRate = Annotated[

@@ -10,6 +10,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from tokenrouter.core.names import RouterName
 from tokenrouter.core.policy import PolicyKind
 from tokenrouter.sim.run import SimResult
 
@@ -100,10 +101,12 @@ def print_result(res: SimResult, console: Console | None = None) -> None:
     names = [m.name for m in dep.models]
     console.print(metrics_table(s, names, f"trsim run: {' + '.join(names)}"))
     rc = dep.router
+    hops = f"replays {rc.trace or res.config.workload}" if rc.name == RouterName.TRACE else f"hop rate {rc.hop_rate}"
+    ran = len(res.metrics.records)  # a workload file may hold fewer requests than asked for
     console.print(
-        f"router {rc.name} (hop rate {rc.hop_rate}), policy {dep.policy_label}, thresholds B = "
+        f"router {rc.name} ({hops}), policy {dep.policy_label}, thresholds B = "
         f"{','.join(map(str, res.thresholds))}{_thr_note(res)}, placement {dep.placement.mode}, "
-        f"{res.config.workload} x {res.config.num_requests}, N = {res.config.concurrency}"
+        f"{res.config.workload} x {ran}, N = {res.config.concurrency}"
     )
     for t, hop, n in res.extra.get("phases", []):
         what = ", ".join(x for x in (f"hop rate {hop}" if hop is not None else "", f"N = {n}" if n else "") if x)

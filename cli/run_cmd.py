@@ -16,7 +16,7 @@ from tokenrouter.cli.options import (
     MaxOutput,
     NumRequests,
     Seed,
-    Workload,
+    TraceWorkload,
     deployment_flags,
 )
 from tokenrouter.cli.report import print_result, result_record, write_json
@@ -28,7 +28,7 @@ from tokenrouter.sim.simulate import sim_config, simulate
 def run(
     deploy: DeploymentFlags,
     concurrency: Concurrency = 8,
-    workload: Workload = "low-effort",
+    workload: TraceWorkload = None,
     num_requests: NumRequests = 64,
     seed: Seed = 0,
     arrival_rate: ArrivalRate = None,

@@ -10,11 +10,13 @@ from pathlib import Path
 from typing import Protocol
 
 from tokenrouter.core.config import ConfigError, DeploymentConfig
+from tokenrouter.core.names import RouterName
 from tokenrouter.core.policy import PolicyKind
 from tokenrouter.deploy.overrides import DeploymentOverrides
+from tokenrouter.routers.trace_law import law_note, law_router, replayed_runs
 from tokenrouter.sim.run import SimConfig, SimResult, run_sim
 from tokenrouter.sim.tune import check_search_concurrency, predict_thresholds, with_thresholds
-from tokenrouter.workloads import initial_phase, load_phases
+from tokenrouter.workloads import initial_phase, load_phases, make_workload
 
 
 class DeploymentSource(Protocol):
@@ -32,15 +34,18 @@ def sim_config(
     deploy: DeploymentSource,
     *,
     concurrency: int = 8,
-    workload: str = "low-effort",
+    workload: str | None = None,
     num_requests: int = 64,
     seed: int = 0,
     arrival_rate: float | None = None,
     max_output: int | None = None,
 ) -> tuple[SimConfig, bool]:
     """The SimConfig of one simulated run: the resolved deployment and the run flags; also whether thresholds are
-    'auto' (the Markov model's B* for this N: asked for, or the default of a delayed run without a config)."""
+    'auto' (the Markov model's B* for this N: asked for, or the default of a delayed run without a config).
+    `workload` None: the trace a trace router replays (`--router trace --trace FILE`), else low-effort."""
     dep = deploy.resolve()
+    if workload is None:
+        workload = dep.router.trace if dep.router.name == RouterName.TRACE and dep.router.trace else "low-effort"
     first = initial_phase(load_phases(workload))  # a phase at 0 s replaces --concurrency / --hop-rate
     if first is not None and first.concurrency is not None:
         concurrency = first.concurrency
@@ -73,11 +78,23 @@ def simulate(cfg: SimConfig, auto: bool) -> SimResult:
     The result's extra["thresholds_note"] says how B was chosen ("" when not auto)."""
     note = ""
     if auto:
-        pred = predict_thresholds(cfg)
+        law, how = _markov_view(cfg)
+        pred = predict_thresholds(law)
         cfg = with_thresholds(cfg, pred.thresholds)
         predicted = "n/a" if math.isnan(pred.throughput) else f"{pred.throughput:,.0f} tok/s"
         fallback = f"; {pred.note}" if pred.note else ""
-        note = f" (auto: Markov B* for N={cfg.concurrency}, predicted {predicted}{fallback})"
+        note = f" (auto: Markov B* for N={cfg.concurrency}{how}, predicted {predicted}{fallback})"
     res = run_sim(cfg)
     res.extra["thresholds_note"] = note
     return res
+
+
+def _markov_view(cfg: SimConfig) -> tuple[SimConfig, str]:
+    """`cfg` as the Markov model takes it, and what was changed for it ("" when nothing): a trace replay has no
+    hop law of its own, so it is priced as the `markov` router of the replayed runs (`routers.trace_law`)."""
+    rc = cfg.deployment.router
+    if rc.name != RouterName.TRACE:
+        return cfg, ""
+    specs = make_workload(cfg.workload, cfg.num_requests, cfg.seed, max_output=cfg.max_output)
+    law = law_router(rc, replayed_runs(rc, specs))
+    return dataclasses.replace(cfg, deployment=dataclasses.replace(cfg.deployment, router=law)), f", {law_note(law)}"
