@@ -46,6 +46,10 @@ class RunFailed(RuntimeError):
     """A run that started and could not go on (a subserver failed during start-up): one line, exit code 1."""
 
 
+class Interrupted(RuntimeError):
+    """Ctrl-C (or SIGTERM) ended the command; the message says what was kept or stopped: one line, exit code 130."""
+
+
 # Top-level modules of each optional extra (pyproject's [project.optional-dependencies]) that commands import.
 EXTRA_MODULES = {
     "serve": ("tokenizers", "zmq", "fastapi", "pydantic", "uvicorn", "prometheus_client", "httpx"),
@@ -128,8 +132,10 @@ def run_app(app: typer.Typer, prog: str, argv: list[str] | None = None) -> None:
         rc = app(args=argv, prog_name=prog, standalone_mode=False)
     except USAGE_ERRORS as e:
         fail(prog, e.format_message())
-    except _ABORTS:
-        fail(prog, "aborted")
+    except Interrupted as e:
+        fail(prog, str(e), code=130)
+    except _ABORTS:  # click's word for a Ctrl-C it caught
+        fail(prog, "interrupted", code=130)
     except (ValueError, OSError) as e:
         fail(prog, str(e) or type(e).__name__)
     except RunFailed as e:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from tokenrouter.cli.common import CliError, RunFailed, check_output, require_extras
+from tokenrouter.cli.common import CliError, Interrupted, RunFailed, check_output, require_extras
 from tokenrouter.cli.options import DeploymentFlags, DryRun, deployment_flags
 from tokenrouter.core.config import DeploymentConfig
 from tokenrouter.deploy.overrides import DeploymentOverrides
@@ -216,6 +216,8 @@ def _started(server: Server) -> Iterator[Server]:
     except StartupError as e:
         logging.getLogger(__name__).debug("start-up failed", exc_info=True)
         raise RunFailed(str(e)) from None
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM while starting: `start` stopped what it started
+        raise Interrupted("interrupted during start-up; every process it started has stopped") from None
     try:
         yield server
     finally:

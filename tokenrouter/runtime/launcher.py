@@ -26,7 +26,6 @@ this server runs.
 from __future__ import annotations
 
 import logging
-import multiprocessing as mp
 import shutil
 import signal
 import subprocess
@@ -52,7 +51,8 @@ from tokenrouter.runtime.hoptrace import merge_hop_logs
 from tokenrouter.runtime.mps import MpsDaemon
 from tokenrouter.runtime.rundir import create_run_dir
 from tokenrouter.runtime.sockets import push_socket, send_once
-from tokenrouter.runtime.supervision import StartupError, describe_exit, environ, exit_reason
+from tokenrouter.runtime.spawn import start_spawned
+from tokenrouter.runtime.supervision import StartupError, describe_exit, exit_reason
 from tokenrouter.runtime.sync_coordinator import Coordinator
 from tokenrouter.runtime.tp_config import check_tp, tp_environment
 
@@ -294,11 +294,8 @@ class Server:
                 env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(mc.mps_active_thread_percentage)
         env.update(tp_environment(mc, self.device))  # rank 0 starts the model's other ranks (runtime.tp_ranks)
         target, arg = self.subserver_target(spec)
-        ctx = mp.get_context("spawn")
-        with environ(env):  # a spawned child copies the parent's environment at start
-            p = ctx.Process(target=target, args=(arg,), name=f"tokenrouter-sub{i}", daemon=False)
-            p.start()
-        return p
+        # imports only the subserver (not the CLI that started us), deaf to Ctrl-C until its handler is in place
+        return start_spawned(target, (arg,), name=f"tokenrouter-sub{i}", env=env)
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.ready_timeout_s
@@ -434,6 +431,9 @@ class Server:
                     if not Addresses.known(addr):
                         continue  # over tcp: a subserver that never joined (it is killed below)
                     send_once(self._ctx, addr, [P.CTL, P.encode(P.Shutdown())], linger_ms=500)
+            for i, p in enumerate(self.processes):
+                if i not in self.ready and p.exitcode is None:
+                    p.kill()  # still starting (a Ctrl-C in start-up): nothing to drain, and no socket read yet
             deadline = time.monotonic() + timeout_s
             every = [*self.processes, *(p for _, p, _ in self.aux)]
             for p in every:
