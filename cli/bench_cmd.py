@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from tokenrouter.cli.bench_sim import check_sim, simulate_sent
-from tokenrouter.cli.common import CliError, check_output, require_extras
+from tokenrouter.cli.common import CliError, check_output, note_cpu_profile, require_extras
 from tokenrouter.cli.options import (
     ArrivalRate,
     Concurrency,
@@ -23,6 +23,7 @@ from tokenrouter.cli.options import (
     Workload,
     deployment_flags,
 )
+from tokenrouter.cli.progress import progress_bar
 from tokenrouter.cli.report import fmt_num, metrics_table, write_json
 from tokenrouter.workloads import Phase, RequestSpec, initial_phase, load_phases, make_workload
 
@@ -103,7 +104,7 @@ def _run_live(url: str, specs: list[RequestSpec], phases: list[Phase], console: 
     from tokenrouter.bench.client import run_bench
 
     cols = (TextColumn("bench"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*cols, console=console) as bar:
+    with progress_bar(console, *cols) as bar:
         task = bar.add_task("requests", total=len(specs))
         try:
             run = run_bench(url.rstrip("/"), specs, concurrency=concurrency, arrival_rate=arrival_rate, seed=seed,
@@ -192,6 +193,8 @@ def bench(
     _check_phases(phases, specs, admin_key, arrival_rate)
     checked = check_sim(deploy, url, api_key, concurrency=concurrency, workload=workload, num_requests=num_requests,
                         seed=seed, arrival_rate=arrival_rate, max_output=max_output) if sim else None  # fmt: skip
+    if checked is not None:
+        note_cpu_profile("tr bench --sim", checked[0].deployment.profile)
     err_console = Console(stderr=True)
     console = err_console if json_out == "-" else Console()
     out = _run_live(url, specs, phases, err_console, concurrency=concurrency, arrival_rate=arrival_rate, seed=seed,

@@ -187,6 +187,23 @@ def _unwritable(p: Path) -> str:
     return ""
 
 
+CPU_PROFILE = ("was measured on CPU (tr calibrate --device cpu): it checks the tool, not a GPU's speed; do not choose "
+               "B or read throughput from it")  # fmt: skip
+
+
+def note_cpu_profile(prog: str, name: str) -> None:
+    """One line on stderr when profile `name` was measured on CPU (`Profile.device`), so a result priced with it is
+    not taken for a GPU's. Silent for any other profile, and for one that does not load (the command says why)."""
+    from tokenrouter.calibration.profile import load_profile
+
+    try:
+        made_on_cpu = load_profile(name).made_on_cpu
+    except (ValueError, OSError):
+        return
+    if made_on_cpu:
+        typer.echo(f"{prog}: profile {name} {CPU_PROFILE}", err=True)
+
+
 def parse_list(text: str, conv: Callable[[str], Any], what: str) -> list[Any]:
     items = [t.strip() for t in str(text).split(",") if t.strip()]
     if not items:

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from tokenrouter.cli.common import check_output
+from tokenrouter.cli.common import check_output, note_cpu_profile
 from tokenrouter.cli.options import (
     ArrivalRate,
     Concurrency,
@@ -62,6 +62,7 @@ def run(
     if dry_run:
         typer.echo(cfg.deployment.to_yaml().rstrip())
         return
+    note_cpu_profile("trsim run", cfg.deployment.profile)
     res = simulate(cfg, auto)
     if json_out != "-":
         print_result(res)

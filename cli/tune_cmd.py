@@ -7,11 +7,11 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from tokenrouter.calibration.gpus import load_gpu_prices
-from tokenrouter.cli.common import CliError, check_output, parse_list, parse_sm_splits
+from tokenrouter.cli.common import CliError, check_output, note_cpu_profile, parse_list, parse_sm_splits
 from tokenrouter.cli.options import (
     DeploymentFlags,
     DryRun,
@@ -22,6 +22,7 @@ from tokenrouter.cli.options import (
     Workload,
     deployment_flags,
 )
+from tokenrouter.cli.progress import progress_bar
 from tokenrouter.core.config import DeploymentConfig
 from tokenrouter.core.names import Layout, TuneObjective, parse_name
 from tokenrouter.sim.sim_pool import sim_pool
@@ -109,12 +110,13 @@ def tune(
     if dry_run:
         typer.echo(deploy.resolve().to_yaml().rstrip())
         return
+    note_cpu_profile("trsim tune", deploy.resolve().profile)
     splits = parse_sm_splits(sm_splits) if sm_splits else [None]
     specs = candidate_specs(layouts, splits, deploy.resolve(), num_gpus)
     usd = candidate_prices(deploy, specs, prices)
     cols = (TextColumn("tune {task.fields[what]} N={task.fields[n]}"), BarColumn(), MofNCompleteColumn(),
             TimeElapsedColumn())  # fmt: skip
-    with sim_pool(jobs) as pool, Progress(*cols, console=Console(stderr=True)) as bar:
+    with sim_pool(jobs) as pool, progress_bar(Console(stderr=True), *cols) as bar:
         task = bar.add_task("tune", total=points_to_tune(len(specs), len(ns)), n=ns[0], what="")
         progress = lambda label, n, done: bar.update(task, n=n, what=label, advance=done)  # noqa: E731
         best, candidates = tune_and_choose(deploy, specs, ns, ref_n, goal, usd=usd, progress=progress, pool=pool,

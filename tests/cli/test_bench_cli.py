@@ -275,3 +275,21 @@ def test_a_bench_ended_by_duration_counts_out_of_what_was_sent(server, tmp_path,
     sent = json.loads(out_json.read_text())["requests_sent"]
     err = capsys.readouterr().err
     assert 0 < sent < 400 and f"{sent}/{sent}" in err and "/400" not in err, err
+
+
+def test_sim_on_a_cpu_profile_says_what_it_is(server, tmp_path, capsys):
+    """`--sim` priced with a profile `tr calibrate --device cpu` made: one line saying it checks the tool."""
+    import msgspec
+
+    from tokenrouter.calibration import load_profile
+
+    cpu = msgspec.structs.replace(load_profile("h200-analytic"), device="cpu").save(tmp_path / "cpu.json")
+    argv = ["bench", "--url", server.url, "--workload", "fixed:8,6", "--num-requests", "4", "--sim",
+            "--small", "tiny-small", "--large", "tiny-large", "--thresholds", "1,1", "--profile", str(cpu)]  # fmt: skip
+    assert run(argv) == 0
+    err = capsys.readouterr().err
+    assert [line for line in err.splitlines() if "measured on CPU" in line] == [
+        f"tr bench --sim: profile {cpu} was measured on CPU (tr calibrate --device cpu): it checks the tool, not a "
+        "GPU's speed; do not choose B or read throughput from it"
+    ], err
+

@@ -38,6 +38,7 @@ def test_calibrate_resumes_and_writes_a_profile_the_simulator_reads(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     prof = load_profile(out)
     assert prof.kind == "measured" and set(prof.models) == {"tiny-small", "tiny-large"}
+    assert prof.made_on_cpu and "it checks the tool, not a GPU's speed" in " ".join(done.stdout.split())
     assert prof.versions["torch"].startswith("2.") and prof.command.startswith("tr calibrate")
     assert prof.runtime is not None and prof.runtime.ipc_ms > 0 and prof.runtime.gate_rtts_per_step["step-sync"] >= 1
     grid = prof.colocation[0]
@@ -60,3 +61,39 @@ def test_calibrate_resumes_and_writes_a_profile_the_simulator_reads(tmp_path):
     r = calibrate("-o", str(again), "--refit")
     assert r.returncode == 0, r.stderr
     assert load_profile(again).models == prof.models
+
+
+def test_on_cpu_the_pair_is_measured_at_one_split():
+    """A CPU has no SM shares: the co-run is measured once (100/100), not again at every default split; a GPU
+    still gets the default splits, and splits asked for are measured."""
+    from tokenrouter.cli.calibrate_cmd import DEFAULT_SPLITS, _plan
+
+    def plan(device: str, splits: str | None):
+        return _plan(["tiny-small", "tiny-large"], [], splits, "r2r", "none", "1", "1", max_tokens=64, max_decode=4,
+                     device=device, quick=True)  # fmt: skip
+
+    assert plan("cpu", None).splits == [(100, 100)]
+    assert len(plan("cuda", None).splits) == len(DEFAULT_SPLITS.split(","))
+    assert plan("cpu", "100/100,40/60").splits == [(100, 100), (40, 60)]
+
+
+def test_ctrl_c_keeps_what_was_measured_and_is_one_line(tmp_path, monkeypatch, capsys):
+    """Ctrl-C in the middle of a task: the points it measured are in the partial (the same command resumes from
+    them) and the command ends in one line, exit 130."""
+    from tokenrouter.calibration.profiler.run import Calibration
+    from tokenrouter.cli.tr import main_tokenrouter
+
+    def cut(self, task: str, model: str) -> None:
+        self.partial["results"].setdefault(task, {"points": {}})["points"]["decode/1x16"] = {"ms": 1.0}
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Calibration, "_model", cut)
+    out = tmp_path / "c.json"
+    with pytest.raises(SystemExit) as e:
+        main_tokenrouter(["calibrate", "-m", "tiny-small", "--device", "cpu", "--quick", "-o", str(out)])
+    err = capsys.readouterr().err
+    assert e.value.code == 130
+    assert err.strip().splitlines() == [f"tokenrouter: error: interrupted; what was measured is in {out}.partial.json: "
+                                        "run the same command again to resume"]  # fmt: skip
+    partial = json.loads((tmp_path / "c.json.partial.json").read_text())
+    assert partial["results"]["model/tiny-small"]["points"] == {"decode/1x16": {"ms": 1.0}}
