@@ -14,7 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsed
 from rich.table import Table
 
 from tokenrouter.cli.bench_sim import check_sim, simulate_sent
-from tokenrouter.cli.common import CliError, check_output, note_cpu_profile, require_extras
+from tokenrouter.cli.common import CliError, Interrupted, check_output, note_cpu_profile, require_extras
 from tokenrouter.cli.options import (
     ArrivalRate,
     Concurrency,
@@ -125,6 +125,10 @@ def _print_run(console: Console, out: BenchOutcome, phases: list[Phase], workloa
     ramps = " (then as the phases say)" if any(ph.concurrency for ph in phases if ph.at_s > 0) else ""
     mode = f"Poisson {arrival_rate} req/s" if arrival_rate else f"N = {n0}{ramps}"
     sent = "" if out.requests_sent == num_specs else f" ({out.requests_sent} sent before --duration)"
+    if out.interrupted:
+        done = int(out.metrics.summary()["requests_completed"])
+        sent = (f" (INTERRUPTED by Ctrl-C: {out.requests_sent} sent, {done} done, {out.requests_cancelled} in flight "
+                "cancelled and not counted)")  # fmt: skip
     console.print(f"{workload} x {num_specs}{sent}, {mode}, seed {seed}; wall {out.wall_s:.2f} s")
     for t, ph in out.phases:
         parts = [f"hop rate {ph.hop_rate}" if ph.hop_rate is not None else "",
@@ -202,7 +206,8 @@ def bench(
     live = live_summary(out)
     names = out.model_names
     if json_out != "-":
-        console.print(metrics_table(live, names, f"tr bench: {out.served_model} at {url}", missing="-"))
+        cut = " (INTERRUPTED: what was measured until Ctrl-C)" if out.interrupted else ""
+        console.print(metrics_table(live, names, f"tr bench: {out.served_model} at {url}{cut}", missing="-"))
         _print_run(console, out, phases, workload, len(specs), concurrency, arrival_rate, seed)
     if out.errors:
         err_console.print(f"{len(out.errors)} requests failed; first: {out.errors[0]}", soft_wrap=True)
@@ -210,8 +215,11 @@ def bench(
               "requests_sent": out.requests_sent, "duration_limit_s": duration,
               "concurrency": None if arrival_rate else concurrency, "arrival_rate": arrival_rate, "seed": seed,
               "thresholds_timeline": threshold_timeline(out, names), **live}  # fmt: skip
+    record.update(interrupted=out.interrupted, requests_cancelled=out.requests_cancelled)
     sim_res = None
-    if checked is not None:
+    if checked is not None and out.interrupted:
+        err_console.print("--sim: not simulated, the live run was interrupted")
+    elif checked is not None:
         sim_res = simulate_sent(checked, out.requests_sent if duration is not None else num_requests)
         if json_out != "-":
             dep = sim_res.config.deployment
@@ -230,7 +238,15 @@ def bench(
         cell = RunCell.of_sim(sim_res, models=names) if sim_res else live
         written = plot_bench(out, plot, sim=sim_res.metrics if sim_res else None, cell=cell)
         typer.echo(f"wrote {written}", err=json_out == "-")  # stdout stays pure JSON with --json -
-    if out.unreachable is not None:  # the results so far are written; the run itself is not complete
+    _end_of_run(out, url, len(specs), int(record["requests_completed"]))
+
+
+def _end_of_run(out: BenchOutcome, url: str, planned: int, done: int) -> None:
+    """After what was measured is printed and written: a run that did not complete ends in one line, non-zero."""
+    if out.interrupted:
+        raise Interrupted(f"interrupted after {done} of {planned} requests ({out.requests_cancelled} cancelled in "
+                          "flight); what was measured is above")  # fmt: skip
+    if out.unreachable is not None:
         typer.echo(f"tokenrouter: error: the server at {url} went away during the run ({out.unreachable}); "
                    f"{len(out.errors)} of {out.requests_sent} requests failed", err=True)  # fmt: skip
         raise typer.Exit(1)

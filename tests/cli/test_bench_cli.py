@@ -293,3 +293,36 @@ def test_sim_on_a_cpu_profile_says_what_it_is(server, tmp_path, capsys):
         "GPU's speed; do not choose B or read throughput from it"
     ], err
 
+
+def test_ctrl_c_keeps_and_prints_what_was_measured(server, tmp_path, monkeypatch, capsys):
+    """Ctrl-C after the third request is done, while the fourth streams: the table and --json say what the three
+    measured, marked interrupted; the fourth is cancelled, neither done nor failed, and the bar does not count it;
+    exit 130 with one error line."""
+    import signal
+
+    import tokenrouter.bench.client as client
+
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        pytest.skip("asyncio.run turns Ctrl-C into a cancel only under Python's default SIGINT handler")
+    real, done = client._stream_one, []
+
+    async def then_ctrl_c(*args, **kw):
+        await real(*args, **kw)
+        done.append(1)
+        if len(done) == 3:
+            signal.raise_signal(signal.SIGINT)  # what a terminal's Ctrl-C delivers
+
+    monkeypatch.setattr(client, "_stream_one", then_ctrl_c)
+    out_json = tmp_path / "i.json"
+    argv = ["bench", "--url", server.url, "--workload", "fixed:8,10", "--num-requests", "20", "-n", "1"]
+    assert run([*argv, "--json", str(out_json)]) == 130
+    captured = capsys.readouterr()
+    assert "INTERRUPTED" in captured.out and "output throughput tok/s" in captured.out
+    rec = json.loads(out_json.read_text())
+    assert rec["interrupted"] is True
+    assert (rec["requests_sent"], rec["requests_completed"], rec["requests_cancelled"]) == (4, 3, 1)
+    assert rec["requests_failed"] == 0 and rec["total_output_tokens"] == 30
+    errors = [line for line in captured.err.splitlines() if "error" in line]
+    assert errors == ["tokenrouter: error: interrupted after 3 of 20 requests (1 cancelled in flight); what was "
+                      "measured is above"], captured.err  # fmt: skip
+    assert "bench 3/4" in captured.err, "the bar counts the done requests, not the cancelled one"
