@@ -9,9 +9,11 @@ import math
 from pathlib import Path
 from typing import Protocol
 
+from tokenrouter.calibration.profile import load_profile
 from tokenrouter.core.config import ConfigError, DeploymentConfig
 from tokenrouter.core.names import RouterName
 from tokenrouter.core.policy import PolicyKind
+from tokenrouter.deploy.kv_budget import NoRoom, kv_capacity_tokens
 from tokenrouter.deploy.overrides import DeploymentOverrides
 from tokenrouter.routers.trace_law import law_note, law_router, replayed_runs
 from tokenrouter.sim.run import SimConfig, SimResult, run_sim
@@ -44,6 +46,7 @@ def sim_config(
     'auto' (the Markov model's B* for this N: asked for, or the default of a delayed run without a config).
     `workload` None: the trace a trace router replays (`--router trace --trace FILE`), else low-effort."""
     dep = deploy.resolve()
+    _check_fits(dep)
     if workload is None:
         workload = dep.router.trace if dep.router.name == RouterName.TRACE and dep.router.trace else "low-effort"
     first = initial_phase(load_phases(workload))  # a phase at 0 s replaces --concurrency / --hop-rate
@@ -98,3 +101,13 @@ def _markov_view(cfg: SimConfig) -> tuple[SimConfig, str]:
     specs = make_workload(cfg.workload, cfg.num_requests, cfg.seed, max_output=cfg.max_output)
     law = law_router(rc, replayed_runs(rc, specs))
     return dataclasses.replace(cfg, deployment=dataclasses.replace(cfg.deployment, router=law)), f", {law_note(law)}"
+
+
+def _check_fits(dep: DeploymentConfig) -> None:
+    """Every model fits its GPUs with room for a KV cache, checked now: the run would refuse it only after the
+    search for B (`build_deployment`), blaming whichever model it sized first."""
+    gpu = load_profile(dep.profile).gpu
+    try:
+        kv_capacity_tokens(dep, gpu.memory_gb)
+    except NoRoom as e:
+        raise ValueError(f"--profile {dep.profile} ({gpu.name}): {e}") from None
