@@ -111,7 +111,8 @@ DEPLOYMENT_FLAGS: tuple[Flag, ...] = (
     Flag("max_batch_tokens", ("--max-batch-tokens",), "Most tokens per step (longer prefills are chunked).", int,
          int, default="16384"),
     Flag("max_model_len", ("--max-model-len",), "Longest request, prompt + max_tokens, in tokens (longer: refused "
-         "at admission, 400 over HTTP); also caps a max_tokens left out. Default: the models' position limit.",
+         "at admission, 400 over HTTP); also caps a max_tokens left out. Default: the models' position limit; a longer "
+         "value is refused.",
          int, int),
 )  # fmt: skip
 _BY_NAME = {f.name: f for f in DEPLOYMENT_FLAGS}

@@ -13,6 +13,7 @@ from tokenrouter.calibration.profile import load_profile
 from tokenrouter.core.config import ConfigError, DeploymentConfig
 from tokenrouter.core.names import RouterName
 from tokenrouter.core.policy import PolicyKind
+from tokenrouter.deploy.builder import max_context_len
 from tokenrouter.deploy.kv_budget import NoRoom, kv_capacity_tokens
 from tokenrouter.deploy.overrides import DeploymentOverrides
 from tokenrouter.routers.trace_law import law_note, law_router, replayed_runs
@@ -104,8 +105,9 @@ def _markov_view(cfg: SimConfig) -> tuple[SimConfig, str]:
 
 
 def _check_fits(dep: DeploymentConfig) -> None:
-    """Every model fits its GPUs with room for a KV cache, checked now: the run would refuse it only after the
-    search for B (`build_deployment`), blaming whichever model it sized first."""
+    """Every model fits its GPUs with room for a KV cache and its context, checked now: the run would refuse it only
+    after the search for B (`build_deployment`), and a KV shortfall blaming whichever model it sized first."""
+    max_context_len(dep)  # a max_model_len past a model's context
     gpu = load_profile(dep.profile).gpu
     try:
         kv_capacity_tokens(dep, gpu.memory_gb)
