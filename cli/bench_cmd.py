@@ -21,6 +21,7 @@ from tokenrouter.cli.options import (
     DeploymentFlags,
     MaxOutput,
     Workload,
+    check_run_flags,
     deployment_flags,
 )
 from tokenrouter.cli.progress import progress_bar
@@ -182,8 +183,8 @@ def bench(
 ) -> None:
     """Benchmark a running server (streaming, token-id prompts, ignore_eos) and print the metrics table."""
     require_extras("bench", ("serve",), modules=("httpx", "prometheus_client"))
-    if concurrency < 1:
-        raise CliError(f"--concurrency must be >= 1, got {concurrency}")
+    check_run_flags(num_requests=num_requests, concurrency=concurrency, seed=seed, max_output=max_output,
+                    arrival_rate=arrival_rate)  # fmt: skip
     if duration is not None and not duration > 0:
         raise CliError(f"--duration must be a positive number of seconds, got {duration}")
     if dry_run:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -304,3 +305,17 @@ RUN_ARGS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "--max-output": ("max_output", int),
 }  # fmt: skip
 RUN_KEYS = tuple(dict.fromkeys(name for name, _ in RUN_ARGS.values()))
+
+
+def check_run_flags(*, num_requests: int | None = None, concurrency: int | None = None, seed: int | None = None,
+                    max_output: int | None = None, arrival_rate: float | None = None) -> None:  # fmt: skip
+    """The run flags given, refused by their flag's name (the workload and simulator checks behind them name their
+    own parameters, `num_requests`, which a user never typed)."""
+    rules = (("--num-requests", num_requests, "an int >= 1", lambda v: v >= 1),
+             ("--concurrency", concurrency, "an int >= 1", lambda v: v >= 1),
+             ("--seed", seed, "an int >= 0", lambda v: v >= 0),
+             ("--max-output", max_output, "an int >= 1 (tokens)", lambda v: v >= 1),
+             ("--arrival-rate", arrival_rate, "a number > 0", lambda v: math.isfinite(v) and v > 0))  # fmt: skip
+    for flag, value, what, ok in rules:
+        if value is not None and not ok(value):
+            raise typer.BadParameter(f"must be {what}, got {value}", param_hint=flag)

@@ -108,9 +108,11 @@ def print_result(res: SimResult, console: Console | None = None) -> None:
         f"{','.join(map(str, res.thresholds))}{_thr_note(res)}, placement {dep.placement.mode}, "
         f"{res.config.workload} x {ran}, N = {res.config.concurrency}"
     )
+    end = run_end(res)
     for t, hop, n in res.extra.get("phases", []):
         what = ", ".join(x for x in (f"hop rate {hop}" if hop is not None else "", f"N = {n}" if n else "") if x)
-        console.print(f"phase at {t:.1f} s: {what}")
+        late = f" (not reached: the run ended at {end:.1f} s)" if t > end else ""
+        console.print(f"phase at {t:.1f} s: {what}{late}")
     tune = res.extra.get("autotune")
     if tune is not None:
         console.print(f"autotune: B = {','.join(map(str, tune['initial']))} at the start; {len(tune['changes'])} "
@@ -147,6 +149,12 @@ def print_result(res: SimResult, console: Console | None = None) -> None:
         f"profile {dep.profile}: {src}; simulated {s['duration_s']:.2f} s in {res.wall_s:.2f} s wall; "
         f"seed {res.config.seed}"
     )
+
+
+def run_end(res: SimResult) -> float:
+    """When the last request finished (simulated s). The simulator applies a phase timed later anyway (its clock
+    runs on to the phase), so what a run saw is what came before this."""
+    return max((r.finish for r in res.metrics.completed() if r.finish is not None), default=0.0)
 
 
 def gpu_line(res: SimResult) -> str:

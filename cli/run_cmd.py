@@ -17,9 +17,10 @@ from tokenrouter.cli.options import (
     NumRequests,
     Seed,
     TraceWorkload,
+    check_run_flags,
     deployment_flags,
 )
-from tokenrouter.cli.report import print_result, result_record, write_json
+from tokenrouter.cli.report import print_result, result_record, run_end, write_json
 from tokenrouter.sim.run import SimResult
 from tokenrouter.sim.simulate import sim_config, simulate
 
@@ -46,6 +47,8 @@ def run(
     dry_run: DryRun = False,
 ) -> None:
     """Simulate a routed model pair on a GPU profile (CPU only) and print the metrics."""
+    check_run_flags(num_requests=num_requests, concurrency=concurrency, seed=seed, max_output=max_output,
+                    arrival_rate=arrival_rate)  # fmt: skip
     if not dry_run:
         check_output(json_out, "--json")
         check_output(csv_out, "--csv")
@@ -87,7 +90,7 @@ def run_marks(res: SimResult) -> list[tuple[float, str]]:
     """Workload phases and autotune's B changes, as (time s, label) marks for the plot."""
     marks = []
     for t, hop, n in res.extra.get("phases", []):
-        if t > 0:
+        if 0 < t <= run_end(res):  # a phase after the last request is not on the run's time axis
             what = ", ".join(x for x in (f"p={hop}" if hop is not None else "", f"N={n}" if n else "") if x)
             marks.append((t, f"phase: {what}"))
     for c in res.extra.get("autotune", {}).get("changes", []):

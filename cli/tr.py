@@ -65,7 +65,7 @@ def check_config(path: Annotated[Path, typer.Argument(help="Deployment YAML (fro
     """Validate a deployment config and print what it deploys."""
     cfg = load_config(path)
     max_context_len(cfg)  # every model's spec loads, and max_model_len is within their context
-    typer.echo("\n".join([f"{path}: ok", *describe_deployment(cfg)]))
+    typer.echo("\n".join([f"{path}: ok", *describe_deployment(cfg, baseline=cfg.baseline)]))
 
 
 app.command("bench")(bench_cmd.bench)
