@@ -23,7 +23,7 @@ def progress_bar(console: Console, *columns: ProgressColumn, every_s: float = HE
     the tasks still running, each line the text columns of that task (the bar itself left out)."""
     terminal = console.is_terminal and not console.is_dumb_terminal
     bar = Progress(*columns, console=console, disable=not terminal)
-    lines = None if terminal else _Lines(bar, console, every_s)
+    lines = None if terminal else ProgressLines(bar, console, every_s)
     with bar:
         if lines is not None:
             lines.start()
@@ -38,7 +38,7 @@ def progress_bar(console: Console, *columns: ProgressColumn, every_s: float = HE
             lines.stop(final=True)
 
 
-class _Lines(threading.Thread):
+class ProgressLines(threading.Thread):
     """Prints the progress of `bar`'s tasks as lines (module docstring)."""
 
     def __init__(self, bar: Progress, console: Console, every_s: float) -> None:

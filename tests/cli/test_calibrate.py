@@ -63,18 +63,16 @@ def test_calibrate_resumes_and_writes_a_profile_the_simulator_reads(tmp_path):
     assert load_profile(again).models == prof.models
 
 
-def test_on_cpu_the_pair_is_measured_at_one_split():
-    """A CPU has no SM shares: the co-run is measured once (100/100), not again at every default split; a GPU
-    still gets the default splits, and splits asked for are measured."""
-    from tokenrouter.cli.calibrate_cmd import DEFAULT_SPLITS, _plan
-
-    def plan(device: str, splits: str | None):
-        return _plan(["tiny-small", "tiny-large"], [], splits, "r2r", "none", "1", "1", max_tokens=64, max_decode=4,
-                     device=device, quick=True)  # fmt: skip
-
-    assert plan("cpu", None).splits == [(100, 100)]
-    assert len(plan("cuda", None).splits) == len(DEFAULT_SPLITS.split(","))
-    assert plan("cpu", "100/100,40/60").splits == [(100, 100), (40, 60)]
+def test_on_cpu_the_pair_is_measured_at_one_split(tmp_path):
+    """A CPU has no SM shares: the co-run is measured once (100/100), not again at every default split (the plan a
+    cut run records says so); splits asked for are still measured."""
+    base = ["-m", "tiny-small", "-m", "tiny-large", "--device", "cpu", "--quick", "--deadline", "0"]
+    for given, splits in (([], [[100, 100]]), (["--sm-splits", "100/100,40/60"], [[100, 100], [40, 60]])):
+        out = tmp_path / f"p{len(given)}.json"
+        cmd = [sys.executable, "-m", "tokenrouter.cli.tr", "calibrate", *base, *given, "-o", str(out)]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        assert p.returncode == 3, p.stderr  # cut by the deadline before any task: the plan is in the partial
+        assert json.loads((tmp_path / f"{out.name}.partial.json").read_text())["plan"]["splits"] == splits
 
 
 def test_ctrl_c_keeps_what_was_measured_and_is_one_line(tmp_path, monkeypatch, capsys):

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from tokenrouter.cli import tr
-from tokenrouter.cli.progress import _Lines, progress_bar
+from tokenrouter.cli.progress import ProgressLines, progress_bar
 
 COLS = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
 
@@ -34,7 +34,7 @@ def test_off_a_terminal_running_tasks_are_printed_when_due():
     bar = Progress(*COLS, console=console, disable=True)
     a = bar.add_task("corun/a|b/100-100", total=9)
     bar.advance(a, 4)
-    lines = _Lines(bar, console, every_s=10.0)
+    lines = ProgressLines(bar, console, every_s=10.0)
     lines.tick()
     assert buf.getvalue() == ""
     lines.last -= 10.0
