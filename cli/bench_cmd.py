@@ -50,9 +50,10 @@ def live_summary(out) -> dict[str, Any]:
     union of the model's step intervals over the run, so overlapped steps count once and it stays <= 100%."""
     window = (0.0, out.exhausted_at) if out.exhausted_at else None  # the simulator's steady window (closed loop)
     s = out.metrics.summary(window=window)
-    dur = s["duration_s"]
     for i, name in enumerate(out.model_names):
         steps, rows, _, busy_s = out.samples.totals(name)
+        # Interrupted, the server stepped for the cancelled requests after the last one done: busy over the polls
+        dur = out.samples.span(name) if out.interrupted else s["duration_s"]
         s[f"busy_frac_model{i}"] = busy_s / dur if dur and dur > 0 and steps else float("nan")
         s[f"batch_mean_model{i}"] = rows / steps if steps else float("nan")
         s[f"batch_p50_model{i}"] = s[f"batch_p99_model{i}"] = s[f"batch_max_model{i}"] = float("nan")

@@ -326,3 +326,13 @@ def test_ctrl_c_keeps_and_prints_what_was_measured(server, tmp_path, monkeypatch
     assert errors == ["tokenrouter: error: interrupted after 3 of 20 requests (1 cancelled in flight); what was "
                       "measured is above"], captured.err  # fmt: skip
     assert "bench 3/4" in captured.err, "the bar counts the done requests, not the cancelled one"
+
+
+def test_an_interrupted_bench_reports_busy_over_the_polls():
+    """Interrupted, the server stepped on for the cancelled requests after the last one done (here: done at 10 s,
+    polled until 20 s, 18 s busy): busy is over the polls' 20 s, 90%, not 180% over the done requests' 10 s."""
+    from tokenrouter.cli.bench_cmd import live_summary
+
+    out = _outcome([(0.0, _poll(0, 0, 0.0, 0.0)), (20.0, _poll(100, 400, 18.0, 18.0))])
+    out.interrupted = True
+    assert live_summary(out)["busy_frac_model0"] == pytest.approx(0.9)
