@@ -13,7 +13,6 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tokenrouter.cli.bench_sim import check_sim, simulate_sent
 from tokenrouter.cli.common import CliError, Interrupted, check_output, note_cpu_profile, require_extras
 from tokenrouter.cli.options import (
     ArrivalRate,
@@ -197,6 +196,8 @@ def bench(
     specs = make_workload(workload, num_requests, seed, arrival_rate=arrival_rate, max_output=max_output)
     phases = load_phases(workload)
     _check_phases(phases, specs, admin_key, arrival_rate)
+    from tokenrouter.cli.bench_sim import check_sim, simulate_sent  # the simulator: only for --sim
+
     checked = check_sim(deploy, url, api_key, concurrency=concurrency, workload=workload, num_requests=num_requests,
                         seed=seed, arrival_rate=arrival_rate, max_output=max_output) if sim else None  # fmt: skip
     if checked is not None:

@@ -143,6 +143,8 @@ def run_app(app: typer.Typer, prog: str, argv: list[str] | None = None) -> None:
     finally:
         if piped:
             os.environ.pop("COLUMNS", None)
+    if rc == 130:  # a recent typer's word for a Ctrl-C it caught (silently; older ones raise Abort, above)
+        fail(prog, "interrupted", code=130)
     raise SystemExit(rc if isinstance(rc, int) else 0)
 
 
@@ -187,7 +189,7 @@ def _unwritable(p: Path) -> str:
     return ""
 
 
-CPU_PROFILE = ("was measured on CPU (tr calibrate --device cpu): it checks the tool, not a GPU's speed; do not choose "
+CPU_PROFILE = ("was measured on CPU by tr calibrate --device cpu: it checks the tool, not a GPU's speed; do not choose "
                "B or read throughput from it")  # fmt: skip
 
 

@@ -5,14 +5,16 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
 
 from tokenrouter.core.names import RouterName
 from tokenrouter.core.policy import PolicyKind
-from tokenrouter.sim.run import SimResult
+
+if TYPE_CHECKING:  # the simulator is not imported by `tr serve` / `tr bench` (they print tables from here)
+    from tokenrouter.sim.run import SimResult
 
 
 def fmt_num(x: float, nd: int = 1, missing: str = "nan") -> str:

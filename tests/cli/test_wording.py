@@ -93,3 +93,24 @@ def test_link_probe_says_when_it_listens_on_every_interface(listen, every):
         p.wait(30)
     assert first.startswith("link-probe listening on"), first
     assert ("every interface" in first) is every, first
+
+
+def test_ctrl_c_in_any_command_is_one_line_and_exit_130(capsys):
+    """Whichever way the installed typer reports a Ctrl-C it caught (a silent exit code 130, or click's Abort), the
+    command ends in one line."""
+    from tokenrouter.cli.common import new_app, run_app
+
+    app = new_app("demo", "A demo app.")
+
+    @app.command("wait")
+    def wait() -> None:
+        raise KeyboardInterrupt
+
+    @app.command("other")
+    def other() -> None:
+        pass
+
+    with pytest.raises(SystemExit) as e:
+        run_app(app, "demo", ["wait"])
+    assert e.value.code == 130
+    assert capsys.readouterr().err.strip().splitlines() == ["demo: error: interrupted"]

@@ -78,3 +78,11 @@ def test_ctrl_c_while_the_subservers_start_is_one_line(tmp_path):
     assert errors == ["tr: error: interrupted during start-up; every process it started has stopped"], err
     assert err.splitlines()[-1] == errors[0]
     assert not any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in children)
+
+
+def test_the_serving_cli_does_not_import_the_simulator():
+    """`tr serve` and `tr bench` load the whole `tr` app first: without the simulator (its scipy, pandas, simpy),
+    which only `tr bench --sim` runs, so the window in which a Ctrl-C meets a half-imported CLI is short."""
+    code = f"import sys, tokenrouter.cli.tr; print(sorted(m for m in {NOT_RUN[1:]!r} if m in sys.modules))"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and p.stdout.strip() == "[]", (p.stdout, p.stderr)

@@ -243,7 +243,7 @@ class Server:
         log.info("starting %d subservers (%s) on %s; run directory %s", self.num_models, names, self.device,
                  self.run_dir)  # fmt: skip
         for i in range(self.num_models):
-            self.processes.append(self._spawn(i))
+            self._spawn(i, self.processes.append)
         if self.cluster is not None:  # tcp: the coordinator connects to the subservers' published endpoints
             self.cluster.wait_joined()
             if policy.is_sync:
@@ -271,9 +271,11 @@ class Server:
         `Shutdown`, as `runtime.subserver.main` does."""
         return subserver.main, spec
 
-    def _spawn(self, i: int) -> Any:
-        """Start subserver i. Its parent-death signal is tied to the calling thread: the main thread at start,
-        the watcher for a restart (the watcher outlives every process it starts: `stop()` joins them first)."""
+    def _spawn(self, i: int, started: Callable[[Any], None]) -> None:
+        """Start subserver i and hand its process to `started` (which records it) before a Ctrl-C can interrupt
+        (`runtime.spawn`), so `stop()` always finds it. Its parent-death signal is tied to the calling thread: the
+        main thread at start, the watcher for a restart (the watcher outlives every process it starts: `stop()`
+        joins them first)."""
         mc = self.config.models[i]
         spec = SubserverSpec(
             i, self.config, self.addresses, self.device, self.memory_gb, self.seed, dict(self.engine_overrides),
@@ -286,7 +288,8 @@ class Server:
             spec = self.cluster.prepare(i, spec)
             remote = self.cluster.start_remote(i, spec)
             if remote is not None:
-                return remote
+                started(remote)
+                return
         env = dict(self._env_common)
         if self.device == "cuda":
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in mc.gpus)
@@ -295,7 +298,7 @@ class Server:
         env.update(tp_environment(mc, self.device))  # rank 0 starts the model's other ranks (runtime.tp_ranks)
         target, arg = self.subserver_target(spec)
         # imports only the subserver (not the CLI that started us), deaf to Ctrl-C until its handler is in place
-        return start_spawned(target, (arg,), name=f"tokenrouter-sub{i}", env=env)
+        start_spawned(target, (arg,), name=f"tokenrouter-sub{i}", env=env, started=started)
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.ready_timeout_s
@@ -414,7 +417,11 @@ class Server:
                 send_once(self._ctx, addr, [P.CTL, P.encode(P.Restarted(i))], linger_ms=1000)
         self.restarts[i] += 1
         log.warning("restarting subserver %d (%s), restart %d", i, self.config.models[i].name, self.restarts[i])
-        self.processes[i] = self._spawn(i)
+
+        def replace_dead(p: Any) -> None:
+            self.processes[i] = p
+
+        self._spawn(i, replace_dead)
         self.dead.pop(i, None)
 
     # ---- stop -----------------------------------------------------------------------------------------

@@ -30,9 +30,12 @@ from tokenrouter.runtime.supervision import environ
 
 
 def start_spawned(target: Callable[..., Any], args: tuple[Any, ...], *, name: str | None = None,
-                  daemon: bool = False, env: dict[str, str] | None = None) -> BaseProcess:  # fmt: skip
+                  daemon: bool = False, env: dict[str, str] | None = None,
+                  started: Callable[[BaseProcess], None] | None = None) -> BaseProcess:  # fmt: skip
     """Start `target(*args)` in a spawned process (module docstring), with `env` added to the environment it copies.
-    Not thread-safe with other code that swaps `sys.modules["__main__"]` or `os.environ`."""
+    `started(process)` runs while SIGINT is still blocked here: a Ctrl-C that came during the start raises only
+    after the caller has recorded the process (to stop it), never between the start and the record. Not thread-safe
+    with other code that swaps `sys.modules["__main__"]` or `os.environ`."""
     ctx = mp.get_context("spawn")
     # Starting multiprocessing's resource tracker (the first spawn does) ends with SIGINT unblocked, whatever the
     # mask was: start it before the block, so the start below finds it running.
@@ -40,6 +43,8 @@ def start_spawned(target: Callable[..., Any], args: tuple[Any, ...], *, name: st
     with environ(env or {}), _main_hidden(), _sigint_blocked():
         proc = ctx.Process(target=target, args=args, name=name, daemon=daemon)
         proc.start()
+        if started is not None:
+            started(proc)
     return proc
 
 
