@@ -47,7 +47,6 @@ def sim_config(
     'auto' (the Markov model's B* for this N: asked for, or the default of a delayed run without a config).
     `workload` None: the trace a trace router replays (`--router trace --trace FILE`), else low-effort."""
     dep = deploy.resolve()
-    _check_fits(dep)
     if workload is None:
         workload = dep.router.trace if dep.router.name == RouterName.TRACE and dep.router.trace else "low-effort"
     first = initial_phase(load_phases(workload))  # a phase at 0 s replaces --concurrency / --hop-rate
@@ -81,6 +80,7 @@ def simulate(cfg: SimConfig, auto: bool) -> SimResult:
     """Run `cfg`; with `auto`, at the Markov model's B* for its concurrency (a new config: `cfg` is left as it is).
     The result's extra["thresholds_note"] says how B was chosen ("" when not auto)."""
     note = ""
+    _check_fits(cfg.deployment)  # before the search for B, which a deployment that cannot run would waste
     if auto:
         law, how = _markov_view(cfg)
         pred = predict_thresholds(law)

@@ -289,7 +289,7 @@ def test_sim_on_a_cpu_profile_says_what_it_is(server, tmp_path, capsys):
     assert run(argv) == 0
     err = capsys.readouterr().err
     assert [line for line in err.splitlines() if "measured on CPU" in line] == [
-        f"tr bench --sim: profile {cpu} was measured on CPU (tr calibrate --device cpu): it checks the tool, not a "
+        f"tr bench --sim: profile {cpu} was measured on CPU by tr calibrate --device cpu: it checks the tool, not a "
         "GPU's speed; do not choose B or read throughput from it"
     ], err
 

@@ -9,7 +9,7 @@ import pytest
 from tokenrouter.calibration import load_profile
 from tokenrouter.cli import trsim
 
-NOTE = "was measured on CPU (tr calibrate --device cpu): it checks the tool, not a GPU's speed"
+NOTE = "was measured on CPU by tr calibrate --device cpu: it checks the tool, not a GPU's speed"
 
 
 @pytest.fixture
