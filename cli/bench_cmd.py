@@ -196,12 +196,8 @@ def bench(
     specs = make_workload(workload, num_requests, seed, arrival_rate=arrival_rate, max_output=max_output)
     phases = load_phases(workload)
     _check_phases(phases, specs, admin_key, arrival_rate)
-    from tokenrouter.cli.bench_sim import check_sim, simulate_sent  # the simulator: only for --sim
-
-    checked = check_sim(deploy, url, api_key, concurrency=concurrency, workload=workload, num_requests=num_requests,
+    checked = _sim_cell(deploy, url, api_key, concurrency=concurrency, workload=workload, num_requests=num_requests,
                         seed=seed, arrival_rate=arrival_rate, max_output=max_output) if sim else None  # fmt: skip
-    if checked is not None:
-        note_cpu_profile("tr bench --sim", checked[0].deployment.profile)
     err_console = Console(stderr=True)
     console = err_console if json_out == "-" else Console()
     out = _run_live(url, specs, phases, err_console, concurrency=concurrency, arrival_rate=arrival_rate, seed=seed,
@@ -223,6 +219,8 @@ def bench(
     if checked is not None and out.interrupted:
         err_console.print("--sim: not simulated, the live run was interrupted")
     elif checked is not None:
+        from tokenrouter.cli.bench_sim import simulate_sent
+
         sim_res = simulate_sent(checked, out.requests_sent if duration is not None else num_requests)
         if json_out != "-":
             dep = sim_res.config.deployment
@@ -242,6 +240,16 @@ def bench(
         written = plot_bench(out, plot, sim=sim_res.metrics if sim_res else None, cell=cell)
         typer.echo(f"wrote {written}", err=json_out == "-")  # stdout stays pure JSON with --json -
     _end_of_run(out, url, len(specs), int(record["requests_completed"]))
+
+
+def _sim_cell(deploy: DeploymentFlags, url: str, api_key: str | None, **run: Any) -> Any:
+    """--sim's cell, checked before the live run (`bench_sim.check_sim`), and a line when its profile was measured
+    on CPU. The simulator is imported here: `tr bench` without --sim (and `tr serve`, the same app) runs without."""
+    from tokenrouter.cli.bench_sim import check_sim
+
+    checked = check_sim(deploy, url, api_key, **run)
+    note_cpu_profile("tr bench --sim", checked[0].deployment.profile)
+    return checked
 
 
 def _end_of_run(out: BenchOutcome, url: str, planned: int, done: int) -> None:
