@@ -158,6 +158,9 @@ class Profile(ProfileStruct, kw_only=True):
     schema_version: int
     kind: Literal["analytic", "measured", "estimated"]
     estimated_from: EstimatedFrom | msgspec.UnsetType = msgspec.UNSET  # kind "estimated" only (omitted otherwise)
+    # "cpu": measured by `tr calibrate --device cpu`, a check of the tool that says nothing of a GPU's speed; the
+    # tools that load such a profile say so (omitted for a GPU's profile)
+    device: Literal["cpu"] | msgspec.UnsetType = msgspec.UNSET
     gpu: GpuInfo
     created: str
     source: str
@@ -175,6 +178,10 @@ class Profile(ProfileStruct, kw_only=True):
     colocation: list[CoRunGrid] = msgspec.field(default_factory=list)
     allreduce: AllReduceInfo | None = None
     notes: dict[str, Any] = msgspec.field(default_factory=dict)
+
+    @property
+    def made_on_cpu(self) -> bool:
+        return self.device == "cpu"
 
     # -- lookups -------------------------------------------------------------------------------------
 

@@ -23,7 +23,7 @@ import msgspec
 
 from tokenrouter.models.spec import ModelSpec
 
-from .analytic import Assumptions
+from .assumptions import Assumptions
 from .measured import MeasuredPasses, PassTable
 from .profile import AllReduceInfo, ModelProfile, ProfileError, StepCoeffs, StepModes
 

@@ -10,19 +10,20 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tokenrouter.cli.bench_sim import check_sim, simulate_sent
-from tokenrouter.cli.common import CliError, check_output, require_extras
+from tokenrouter.cli.common import CliError, Interrupted, check_output, note_cpu_profile, require_extras
 from tokenrouter.cli.options import (
     ArrivalRate,
     Concurrency,
     DeploymentFlags,
     MaxOutput,
     Workload,
+    check_run_flags,
     deployment_flags,
 )
+from tokenrouter.cli.progress import progress_bar
 from tokenrouter.cli.report import fmt_num, metrics_table, write_json
 from tokenrouter.workloads import Phase, RequestSpec, initial_phase, load_phases, make_workload
 
@@ -48,9 +49,10 @@ def live_summary(out) -> dict[str, Any]:
     union of the model's step intervals over the run, so overlapped steps count once and it stays <= 100%."""
     window = (0.0, out.exhausted_at) if out.exhausted_at else None  # the simulator's steady window (closed loop)
     s = out.metrics.summary(window=window)
-    dur = s["duration_s"]
     for i, name in enumerate(out.model_names):
         steps, rows, _, busy_s = out.samples.totals(name)
+        # Interrupted, the server stepped for the cancelled requests after the last one done: busy over the polls
+        dur = out.samples.span(name) if out.interrupted else s["duration_s"]
         s[f"busy_frac_model{i}"] = busy_s / dur if dur and dur > 0 and steps else float("nan")
         s[f"batch_mean_model{i}"] = rows / steps if steps else float("nan")
         s[f"batch_p50_model{i}"] = s[f"batch_p99_model{i}"] = s[f"batch_max_model{i}"] = float("nan")
@@ -103,7 +105,7 @@ def _run_live(url: str, specs: list[RequestSpec], phases: list[Phase], console: 
     from tokenrouter.bench.client import run_bench
 
     cols = (TextColumn("bench"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*cols, console=console) as bar:
+    with progress_bar(console, *cols) as bar:
         task = bar.add_task("requests", total=len(specs))
         try:
             run = run_bench(url.rstrip("/"), specs, concurrency=concurrency, arrival_rate=arrival_rate, seed=seed,
@@ -124,6 +126,10 @@ def _print_run(console: Console, out: BenchOutcome, phases: list[Phase], workloa
     ramps = " (then as the phases say)" if any(ph.concurrency for ph in phases if ph.at_s > 0) else ""
     mode = f"Poisson {arrival_rate} req/s" if arrival_rate else f"N = {n0}{ramps}"
     sent = "" if out.requests_sent == num_specs else f" ({out.requests_sent} sent before --duration)"
+    if out.interrupted:
+        done = int(out.metrics.summary()["requests_completed"])
+        sent = (f" (INTERRUPTED by Ctrl-C: {out.requests_sent} sent, {done} done, {out.requests_cancelled} in flight "
+                "cancelled and not counted)")  # fmt: skip
     console.print(f"{workload} x {num_specs}{sent}, {mode}, seed {seed}; wall {out.wall_s:.2f} s")
     for t, ph in out.phases:
         parts = [f"hop rate {ph.hop_rate}" if ph.hop_rate is not None else "",
@@ -177,8 +183,8 @@ def bench(
 ) -> None:
     """Benchmark a running server (streaming, token-id prompts, ignore_eos) and print the metrics table."""
     require_extras("bench", ("serve",), modules=("httpx", "prometheus_client"))
-    if concurrency < 1:
-        raise CliError(f"--concurrency must be >= 1, got {concurrency}")
+    check_run_flags(num_requests=num_requests, concurrency=concurrency, seed=seed, max_output=max_output,
+                    arrival_rate=arrival_rate)  # fmt: skip
     if duration is not None and not duration > 0:
         raise CliError(f"--duration must be a positive number of seconds, got {duration}")
     if dry_run:
@@ -190,7 +196,7 @@ def bench(
     specs = make_workload(workload, num_requests, seed, arrival_rate=arrival_rate, max_output=max_output)
     phases = load_phases(workload)
     _check_phases(phases, specs, admin_key, arrival_rate)
-    checked = check_sim(deploy, url, api_key, concurrency=concurrency, workload=workload, num_requests=num_requests,
+    checked = _sim_cell(deploy, url, api_key, concurrency=concurrency, workload=workload, num_requests=num_requests,
                         seed=seed, arrival_rate=arrival_rate, max_output=max_output) if sim else None  # fmt: skip
     err_console = Console(stderr=True)
     console = err_console if json_out == "-" else Console()
@@ -199,7 +205,8 @@ def bench(
     live = live_summary(out)
     names = out.model_names
     if json_out != "-":
-        console.print(metrics_table(live, names, f"tr bench: {out.served_model} at {url}", missing="-"))
+        cut = " (INTERRUPTED: what was measured until Ctrl-C)" if out.interrupted else ""
+        console.print(metrics_table(live, names, f"tr bench: {out.served_model} at {url}{cut}", missing="-"))
         _print_run(console, out, phases, workload, len(specs), concurrency, arrival_rate, seed)
     if out.errors:
         err_console.print(f"{len(out.errors)} requests failed; first: {out.errors[0]}", soft_wrap=True)
@@ -207,8 +214,13 @@ def bench(
               "requests_sent": out.requests_sent, "duration_limit_s": duration,
               "concurrency": None if arrival_rate else concurrency, "arrival_rate": arrival_rate, "seed": seed,
               "thresholds_timeline": threshold_timeline(out, names), **live}  # fmt: skip
+    record.update(interrupted=out.interrupted, requests_cancelled=out.requests_cancelled)
     sim_res = None
-    if checked is not None:
+    if checked is not None and out.interrupted:
+        err_console.print("--sim: not simulated, the live run was interrupted")
+    elif checked is not None:
+        from tokenrouter.cli.bench_sim import simulate_sent
+
         sim_res = simulate_sent(checked, out.requests_sent if duration is not None else num_requests)
         if json_out != "-":
             dep = sim_res.config.deployment
@@ -227,7 +239,25 @@ def bench(
         cell = RunCell.of_sim(sim_res, models=names) if sim_res else live
         written = plot_bench(out, plot, sim=sim_res.metrics if sim_res else None, cell=cell)
         typer.echo(f"wrote {written}", err=json_out == "-")  # stdout stays pure JSON with --json -
-    if out.unreachable is not None:  # the results so far are written; the run itself is not complete
+    _end_of_run(out, url, len(specs), int(record["requests_completed"]))
+
+
+def _sim_cell(deploy: DeploymentFlags, url: str, api_key: str | None, **run: Any) -> Any:
+    """--sim's cell, checked before the live run (`bench_sim.check_sim`), and a line when its profile was measured
+    on CPU. The simulator is imported here: `tr bench` without --sim (and `tr serve`, the same app) runs without."""
+    from tokenrouter.cli.bench_sim import check_sim
+
+    checked = check_sim(deploy, url, api_key, **run)
+    note_cpu_profile("tr bench --sim", checked[0].deployment.profile)
+    return checked
+
+
+def _end_of_run(out: BenchOutcome, url: str, planned: int, done: int) -> None:
+    """After what was measured is printed and written: a run that did not complete ends in one line, non-zero."""
+    if out.interrupted:
+        raise Interrupted(f"interrupted after {done} of {planned} requests ({out.requests_cancelled} cancelled in "
+                          "flight); what was measured is above")  # fmt: skip
+    if out.unreachable is not None:
         typer.echo(f"tokenrouter: error: the server at {url} went away during the run ({out.unreachable}); "
                    f"{len(out.errors)} of {out.requests_sent} requests failed", err=True)  # fmt: skip
         raise typer.Exit(1)

@@ -17,16 +17,28 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from tokenrouter.calibration.fit_quality import poor_fits
 from tokenrouter.calibration.profile import ProfileError, load_profile
-from tokenrouter.cli.common import CliError, parse_list, parse_sm_splits, require_extras
+from tokenrouter.cli.common import (
+    CPU_PROFILE,
+    CliError,
+    Interrupted,
+    check_output,
+    parse_list,
+    parse_sm_splits,
+    require_extras,
+)
+from tokenrouter.cli.progress import progress_bar
 
 if TYPE_CHECKING:
     from tokenrouter.calibration.profiler.run import Calibration, Plan
 
 DEFAULT_SPLITS = "100/100,70/100,60/40,40/60"
+SPLITS_HELP = (f"MPS SM shares SMALL/LARGE in percent to measure each pair at (100/100 always). Default: "
+               f"{DEFAULT_SPLITS} on cuda; 100/100 alone on cpu, which has no SM shares to split.")  # fmt: skip
 
 
 def calibrate(
@@ -41,9 +53,7 @@ def calibrate(
         list[str] | None,
         typer.Option(help="SMALL,LARGE pair to co-locate (repeat); default: the first model with each other one."),
     ] = None,
-    sm_splits: Annotated[
-        str, typer.Option(help="MPS SM shares SMALL/LARGE in percent to measure each pair at (100/100 always).")
-    ] = DEFAULT_SPLITS,
+    sm_splits: Annotated[str | None, typer.Option(help=SPLITS_HELP)] = None,
     routers: Annotated[
         str, typer.Option(help="Learned routers whose device parts to time on the small model, or 'none'.")
     ] = "r2r,citer,co-llm,r-stitch",
@@ -103,6 +113,7 @@ def calibrate(
     measure the tcp link to another host too (or only that)."""
     from tokenrouter.calibration.profiler.assemble import assemble
 
+    check_output(out, "--out")
     link_address = _link_address(link)
     if merge:
         from tokenrouter.calibration.profiler.assemble import merge as merge_profiles
@@ -122,11 +133,12 @@ def calibrate(
                  corun_large, max_tokens=max_tokens, max_decode=max_decode, device=device, quick=quick)  # fmt: skip
     console = Console(stderr=True)
     cal = Calibration(plan, out, command_line(sys.argv[1:]), deadline)
+    check_output(cal.partial_path, "--out")  # written after every task: checked before the first
     _measure(cal, console)
     _write(_with_link(assemble(cal.partial), link_address), out)
 
 
-def _plan(models: list[str], pair: list[str] | None, sm_splits: str, routers: str, arrangements: str,
+def _plan(models: list[str], pair: list[str] | None, sm_splits: str | None, routers: str, arrangements: str,
           corun_small: str, corun_large: str, **kw: Any) -> Plan:  # fmt: skip
     """The calibration the flags ask for (`pair` None: no co-location, --placement separate); `kw`: the Plan's
     own fields as given. --quick measures a small co-run grid."""
@@ -135,6 +147,8 @@ def _plan(models: list[str], pair: list[str] | None, sm_splits: str, routers: st
 
     names = [load_spec(m).name for m in models]
     pairs = [] if pair is None else colocated_pairs(names, [parse_list(p, str, "--pair") for p in pair])
+    if sm_splits is None:  # on a CPU every split would measure the same co-run again
+        sm_splits = DEFAULT_SPLITS if kw.get("device", "cuda") == "cuda" else "100/100"
     splits = [(100, 100), *(s for s in parse_sm_splits(sm_splits) if s != (100, 100))] if pairs else [(100, 100)]
     router_list = [] if routers.strip().lower() == "none" else parse_list(routers, str, "--routers")
     try:
@@ -166,22 +180,28 @@ def _partial(out: Path) -> dict[str, Any]:
 
 
 def _measure(cal: Calibration, console: Console) -> None:
-    """Run the calibration with one progress bar per task and print the tasks that failed; exit 3 when tasks are
-    left (the measured ones stay in the partial file, for the same command to resume)."""
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console) as bar:  # fmt: skip
-        bars: dict[str, int] = {}
+    """Run the calibration with one progress bar per task (lines when not on a terminal) and print the tasks that
+    failed; exit 3 when tasks are left (the measured ones stay in the partial file, for the same command to
+    resume)."""
+    cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with progress_bar(console, *cols) as bar:
+        bars: dict[str, TaskID] = {}
 
         def on_event(task: str, what: str, done: int, total: int) -> None:
             if task not in bars:
                 bars[task] = bar.add_task(task, total=max(total, 1))
             if what == "failed":
                 bar.update(bars[task], description=f"{task} [red]failed[/red]")
-            else:
+                bar.stop_task(bars[task])
+            elif what != "start":
                 bar.update(bars[task], completed=done, total=max(total, done, 1))
 
         cal.on_event = on_event
-        complete = cal.run()
+        try:
+            complete = cal.run()
+        except KeyboardInterrupt:  # the workers are stopped and what they measured is saved (`Calibration.run`)
+            raise Interrupted(f"interrupted; what was measured is in {cal.partial_path}: run the same command "
+                              "again to resume") from None  # fmt: skip
     for task, why in cal.partial.get("failed", {}).items():
         console.print(f"tr calibrate: {task} failed: {why}", soft_wrap=True)
     if not complete:
@@ -282,4 +302,9 @@ def _write(profile, out: Path) -> None:  # type: ignore[no-untyped-def]
         splits = ", ".join(f"{s.share_a}/{s.share_b}" for s in g.shares)
         how = f"MPS splits {splits}" if g.arrangement == "mps" else f"{g.arrangement} {g.detail or ''}".strip()
         Console().print(f"co-location {g.model_a}+{g.model_b}: {how}; interpolation error {err}")
+    for line in poor_fits(profile):
+        Console().print(f"[yellow]warning: {line}; steps priced from this fit can be off as much[/yellow]",
+                        soft_wrap=True)  # fmt: skip
+    if profile.made_on_cpu:
+        Console().print(f"[yellow]{out} {CPU_PROFILE}[/yellow]", soft_wrap=True)
     Console().print(f"wrote {out}")

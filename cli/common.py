@@ -46,6 +46,10 @@ class RunFailed(RuntimeError):
     """A run that started and could not go on (a subserver failed during start-up): one line, exit code 1."""
 
 
+class Interrupted(RuntimeError):
+    """Ctrl-C (or SIGTERM) ended the command; the message says what was kept or stopped: one line, exit code 130."""
+
+
 # Top-level modules of each optional extra (pyproject's [project.optional-dependencies]) that commands import.
 EXTRA_MODULES = {
     "serve": ("tokenizers", "zmq", "fastapi", "pydantic", "uvicorn", "prometheus_client", "httpx"),
@@ -54,12 +58,26 @@ EXTRA_MODULES = {
 }
 
 
+# The torch the README installs on a machine without a GPU (a plain `torch` pulls a multi-GB CUDA build); the
+# install hint below repeats it, and a test keeps the two the same.
+CPU_TORCH = "torch==2.13.0"
+_EXTRAS_ORDER = ("engine", "serve", "ray")  # as the README writes `.[engine,serve]`
+
+
+def install_hint(extras: list[str]) -> str:
+    """The README's install command for `extras`, run in the repository (the package is installed from source)."""
+    names = sorted(extras, key=_EXTRAS_ORDER.index)
+    pin = f'"{CPU_TORCH}" ' if "engine" in names else ""
+    tail = " (the CPU torch; on a GPU machine leave out the pin)" if pin else ""
+    return f'in the repository, pip install {pin}-e ".[{",".join(names)}]"{tail}'
+
+
 def require_extras(command: str, extras: tuple[str, ...], modules: tuple[str, ...] | None = None) -> None:
     """Fail with one line naming the missing extra(s) and modules when `command` runs in an install without them
-    (the simulator installs light), instead of an import traceback. `modules` narrows the check to what the
-    command imports. Looks modules up without importing them."""
+    (the simulator installs light), instead of an import traceback, and how to install them. `modules` narrows
+    the check to what the command imports. Looks modules up without importing them."""
     missing: dict[str, list[str]] = {}
-    for extra in extras:
+    for extra in sorted(extras, key=_EXTRAS_ORDER.index):
         wanted = [m for m in EXTRA_MODULES[extra] if modules is None or m in modules]
         gone = [m for m in wanted if importlib.util.find_spec(m) is None]
         if gone:
@@ -69,7 +87,7 @@ def require_extras(command: str, extras: tuple[str, ...], modules: tuple[str, ..
     names = list(missing)
     what = f"the '{names[0]}' extra" if len(names) == 1 else "the " + " and ".join(f"'{n}'" for n in names) + " extras"
     mods = ", ".join(m for ms in missing.values() for m in ms)
-    raise CliError(f"{command} needs {what} (missing: {mods}): pip install 'tokenrouter[{','.join(names)}]'")
+    raise CliError(f"{command} needs {what} (missing: {mods}): {install_hint(names)}")
 
 
 def fail(prog: str, msg: str, code: int = 2) -> NoReturn:
@@ -114,8 +132,10 @@ def run_app(app: typer.Typer, prog: str, argv: list[str] | None = None) -> None:
         rc = app(args=argv, prog_name=prog, standalone_mode=False)
     except USAGE_ERRORS as e:
         fail(prog, e.format_message())
-    except _ABORTS:
-        fail(prog, "aborted")
+    except Interrupted as e:
+        fail(prog, str(e), code=130)
+    except _ABORTS:  # click's word for a Ctrl-C it caught
+        fail(prog, "interrupted", code=130)
     except (ValueError, OSError) as e:
         fail(prog, str(e) or type(e).__name__)
     except RunFailed as e:
@@ -123,13 +143,15 @@ def run_app(app: typer.Typer, prog: str, argv: list[str] | None = None) -> None:
     finally:
         if piped:
             os.environ.pop("COLUMNS", None)
+    if rc == 130:  # a recent typer's word for a Ctrl-C it caught (silently; older ones raise Abort, above)
+        fail(prog, "interrupted", code=130)
     raise SystemExit(rc if isinstance(rc, int) else 0)
 
 
 def check_output(path: str | Path | None, flag: str, *, figure: bool = False) -> None:
-    """Refuse an output destination that cannot be written before any work is done (a long sweep or tune
-    otherwise fails only when it writes): its folder must exist, it must not be a folder, and a figure's suffix
-    must be a format matplotlib saves. None and '-' (stdout) pass."""
+    """Refuse an output destination that cannot be written before any work is done (a long sweep, tune or
+    calibration otherwise fails only when it writes): its folder must exist, it must not be a folder, it must be
+    writable, and a figure's suffix must be a format matplotlib saves. None and '-' (stdout) pass."""
     if path is None or str(path) == "-":
         return
     p = Path(path)
@@ -137,12 +159,51 @@ def check_output(path: str | Path | None, flag: str, *, figure: bool = False) ->
         raise CliError(f"{flag} {p}: is a directory, not a file")
     if not p.parent.is_dir():
         raise CliError(f"{flag} {p}: no such directory {p.parent} (create it first)")
+    why = _unwritable(p)
+    if why:
+        raise CliError(f"{flag} {p}: cannot write there ({why})")
     if figure and p.suffix:
         from matplotlib.figure import Figure
 
         formats = Figure().canvas.get_supported_filetypes()
         if p.suffix[1:].lower() not in formats:
             raise CliError(f"{flag} {p}: cannot write a figure as {p.suffix!r}; use one of .{', .'.join(formats)}")
+
+
+def _unwritable(p: Path) -> str:
+    """Why `p` cannot be written ("" if it can). Tried, not asked: os.access says yes to root, and an immutable
+    folder or a sandbox refuses what the mode bits allow. An existing file is opened for appending (its content
+    and times stay as they are); a new one is tried as a scratch file beside it, removed at once."""
+    import tempfile
+
+    try:
+        if p.exists():
+            with p.open("ab"):
+                pass
+        else:
+            fd, scratch = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".check", dir=p.parent)
+            os.close(fd)
+            os.unlink(scratch)
+    except OSError as e:
+        return e.strerror or type(e).__name__
+    return ""
+
+
+CPU_PROFILE = ("was measured on CPU by tr calibrate --device cpu: it checks the tool, not a GPU's speed; do not choose "
+               "B or read throughput from it")  # fmt: skip
+
+
+def note_cpu_profile(prog: str, name: str) -> None:
+    """One line on stderr when profile `name` was measured on CPU (`Profile.device`), so a result priced with it is
+    not taken for a GPU's. Silent for any other profile, and for one that does not load (the command says why)."""
+    from tokenrouter.calibration.profile import load_profile
+
+    try:
+        made_on_cpu = load_profile(name).made_on_cpu
+    except (ValueError, OSError):
+        return
+    if made_on_cpu:
+        typer.echo(f"{prog}: profile {name} {CPU_PROFILE}", err=True)
 
 
 def parse_list(text: str, conv: Callable[[str], Any], what: str) -> list[Any]:

@@ -19,6 +19,7 @@ from rich.table import Table
 from tokenrouter.calibration.estimate import estimate_profile, fit_error, profile_label
 from tokenrouter.calibration.passes import PassFn
 from tokenrouter.calibration.profile import DEFAULT_PROFILE, load_profile
+from tokenrouter.cli.common import check_output
 
 
 def profile(
@@ -27,6 +28,7 @@ def profile(
     anchor: Annotated[str, typer.Option(help="Measured profile to start from (name or JSON file).")] = DEFAULT_PROFILE,
 ) -> None:
     """Estimate a profile for another GPU kind from a measured one by bytes/FLOPs scaling of datasheet figures."""
+    check_output(output, "--output")
     a = load_profile(anchor)
     est = estimate_profile(a, gpu, anchor_name=Path(anchor).stem)
     c = Console()

@@ -29,8 +29,12 @@ def link_probe(
     from tokenrouter.runtime.launcher import Server
 
     Server.install_signal_handlers()  # SIGTERM as Ctrl-C
+    # :PORT binds every interface (the far end of a link is another host); said, since anyone who reaches this
+    # host can then talk to the probe
+    every = " on every interface (any host that reaches this one can connect; ADDRESS:PORT binds one)"
+    where = every if bind.startswith("tcp://*:") else ""
     try:
-        serve_probe(bind, on_ready=lambda ep: typer.echo(f"link-probe listening on {ep} (Ctrl-C stops it)"))
+        serve_probe(bind, on_ready=lambda ep: typer.echo(f"link-probe listening on {ep}{where} (Ctrl-C stops it)"))
     except KeyboardInterrupt:
         pass
     except Exception as e:  # zmq.ZMQError: the port is taken, an address not of this host

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -111,7 +112,8 @@ DEPLOYMENT_FLAGS: tuple[Flag, ...] = (
     Flag("max_batch_tokens", ("--max-batch-tokens",), "Most tokens per step (longer prefills are chunked).", int,
          int, default="16384"),
     Flag("max_model_len", ("--max-model-len",), "Longest request, prompt + max_tokens, in tokens (longer: refused "
-         "at admission, 400 over HTTP); also caps a max_tokens left out. Default: the models' position limit.",
+         "at admission, 400 over HTTP); also caps a max_tokens left out. Default: the models' position limit; a longer "
+         "value is refused.",
          int, int),
 )  # fmt: skip
 _BY_NAME = {f.name: f for f in DEPLOYMENT_FLAGS}
@@ -265,6 +267,13 @@ def _param(name: str, annotation: Any, default: Any = None) -> inspect.Parameter
 
 Concurrency = Annotated[int, typer.Option("--concurrency", "-n", help="Closed-loop clients N (live requests).")]
 Workload = Annotated[str, typer.Option(help="low-effort | high-effort | agentic | fixed:P,O | FILE.jsonl")]
+TraceWorkload = Annotated[
+    str | None,
+    typer.Option(
+        help="low-effort | high-effort | agentic | fixed:P,O | FILE.jsonl. Default: low-effort, or with --router "
+        "trace --trace FILE the trace's own requests (what it replays)."
+    ),
+]
 NumRequests = Annotated[int, typer.Option(help="Requests to run.")]
 Seed = Annotated[int, typer.Option(help="Seed for the workload and the routers.")]
 ArrivalRate = Annotated[
@@ -312,3 +321,17 @@ SearchBudget = Annotated[
         "says so).",
     ),
 ]
+
+
+def check_run_flags(*, num_requests: int | None = None, concurrency: int | None = None, seed: int | None = None,
+                    max_output: int | None = None, arrival_rate: float | None = None) -> None:  # fmt: skip
+    """The run flags given, refused by their flag's name (the workload and simulator checks behind them name their
+    own parameters, `num_requests`, which a user never typed)."""
+    rules = (("--num-requests", num_requests, "an int >= 1", lambda v: v >= 1),
+             ("--concurrency", concurrency, "an int >= 1", lambda v: v >= 1),
+             ("--seed", seed, "an int >= 0", lambda v: v >= 0),
+             ("--max-output", max_output, "an int >= 1 (tokens)", lambda v: v >= 1),
+             ("--arrival-rate", arrival_rate, "a number > 0", lambda v: math.isfinite(v) and v > 0))  # fmt: skip
+    for flag, value, what, ok in rules:
+        if value is not None and not ok(value):
+            raise typer.BadParameter(f"must be {what}, got {value}", param_hint=flag)

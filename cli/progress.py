@@ -1,15 +1,91 @@
-"""Progress of long work as the commands show it: a live rich line on a terminal; on a pipe or a file, a plain line
-at least every `every_s` seconds while the work runs (a redirected `trsim tune` must not look hung), and nothing
-for work that ends sooner."""
+"""Progress of a long command, so a redirected run (`tr calibrate ... > log 2>&1`, CI, a `trsim tune` in a script)
+still shows it is alive: counted work as a rich bar on a terminal and as plain lines elsewhere (`progress_bar`), a
+search of unknown length as a status line on a terminal and as a line every few seconds elsewhere (`Heartbeat`),
+nothing for work that ends sooner. An error ends the display without leaving a bar behind it, so a one-line error is
+one line."""
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import TracebackType
 
 from rich.console import Console
+from rich.progress import Progress, ProgressColumn, Task
 from rich.status import Status
+from rich.text import Text
+
+HEARTBEAT_S = 10.0  # a redirected run prints its state at least this often
+
+
+@contextmanager
+def progress_bar(console: Console, *columns: ProgressColumn, every_s: float = HEARTBEAT_S) -> Iterator[Progress]:
+    """A `Progress` with `columns`, used as usual (add_task, update, advance). On a terminal it draws the bar; on
+    anything else it draws nothing and a thread prints a line per task when it ends and every `every_s` seconds
+    the tasks still running, each line the text columns of that task (the bar itself left out)."""
+    terminal = console.is_terminal and not console.is_dumb_terminal
+    bar = Progress(*columns, console=console, disable=not terminal)
+    lines = None if terminal else ProgressLines(bar, console, every_s)
+    with bar:
+        if lines is not None:
+            lines.start()
+        try:
+            yield bar
+        except BaseException:
+            bar.live.transient = True  # on a terminal the bar is erased; elsewhere it was never drawn
+            if lines is not None:
+                lines.stop(final=False)
+            raise
+        if lines is not None:
+            lines.stop(final=True)
+
+
+class ProgressLines(threading.Thread):
+    """Prints the progress of `bar`'s tasks as lines (module docstring)."""
+
+    def __init__(self, bar: Progress, console: Console, every_s: float) -> None:
+        super().__init__(name="progress-lines", daemon=True)
+        self.bar, self.console, self.every_s = bar, console, every_s
+        self.columns = bar.columns
+        self.done = threading.Event()
+        self.reported: set[int] = set()  # tasks whose end was printed
+        self.last = time.monotonic()
+
+    def run(self) -> None:
+        while not self.done.wait(min(1.0, self.every_s)):
+            self.tick()
+
+    def tick(self, final: bool = False) -> None:
+        """A line for each task that ended since the last tick; the running ones when `every_s` has passed."""
+        tasks = list(self.bar.tasks)
+        ended = [t for t in tasks if (t.finished or t.stop_time is not None) and t.id not in self.reported]
+        running = [t for t in tasks if not (t.finished or t.stop_time is not None) and t.started]
+        now = time.monotonic()
+        due = final or now - self.last >= self.every_s
+        for t in ended + (running if due else []):
+            self.console.print(self.line(t), soft_wrap=True, highlight=False)
+        self.reported.update(t.id for t in ended)
+        if ended or due:
+            self.last = now
+
+    def line(self, task: Task) -> str:
+        parts = []
+        for col in self.columns:
+            if isinstance(col, str):
+                parts.append(col.format(task=task))
+                continue
+            shown = col.render(task)
+            if isinstance(shown, Text):  # the bar is a renderable, not text: left out
+                parts.append(shown.plain)
+        return " ".join(p.strip() for p in parts if p.strip())
+
+    def stop(self, final: bool) -> None:
+        self.done.set()
+        self.join(5)
+        if final:
+            self.tick(final=True)
 
 
 class Heartbeat:

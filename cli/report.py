@@ -5,13 +5,16 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
 
+from tokenrouter.core.names import RouterName
 from tokenrouter.core.policy import PolicyKind
-from tokenrouter.sim.run import SimResult
+
+if TYPE_CHECKING:  # the simulator is not imported by `tr serve` / `tr bench` (they print tables from here)
+    from tokenrouter.sim.run import SimResult
 
 
 def fmt_num(x: float, nd: int = 1, missing: str = "nan") -> str:
@@ -100,14 +103,18 @@ def print_result(res: SimResult, console: Console | None = None) -> None:
     names = [m.name for m in dep.models]
     console.print(metrics_table(s, names, f"trsim run: {' + '.join(names)}"))
     rc = dep.router
+    hops = f"replays {rc.trace or res.config.workload}" if rc.name == RouterName.TRACE else f"hop rate {rc.hop_rate}"
+    ran = len(res.metrics.records)  # a workload file may hold fewer requests than asked for
     console.print(
-        f"router {rc.name} (hop rate {rc.hop_rate}), policy {dep.policy_label}, thresholds B = "
+        f"router {rc.name} ({hops}), policy {dep.policy_label}, thresholds B = "
         f"{','.join(map(str, res.thresholds))}{_thr_note(res)}, placement {dep.placement.mode}, "
-        f"{res.config.workload} x {res.config.num_requests}, N = {res.config.concurrency}"
+        f"{res.config.workload} x {ran}, N = {res.config.concurrency}"
     )
+    end = run_end(res)
     for t, hop, n in res.extra.get("phases", []):
         what = ", ".join(x for x in (f"hop rate {hop}" if hop is not None else "", f"N = {n}" if n else "") if x)
-        console.print(f"phase at {t:.1f} s: {what}")
+        late = f" (not reached: the run ended at {end:.1f} s)" if t > end else ""
+        console.print(f"phase at {t:.1f} s: {what}{late}")
     tune = res.extra.get("autotune")
     if tune is not None:
         console.print(f"autotune: B = {','.join(map(str, tune['initial']))} at the start; {len(tune['changes'])} "
@@ -146,6 +153,12 @@ def print_result(res: SimResult, console: Console | None = None) -> None:
         f"profile {dep.profile}: {src}; simulated {s['duration_s']:.2f} s in {res.wall_s:.2f} s wall; "
         f"seed {res.config.seed}"
     )
+
+
+def run_end(res: SimResult) -> float:
+    """When the last request finished (simulated s). The simulator applies a phase timed later anyway (its clock
+    runs on to the phase), so what a run saw is what came before this."""
+    return max((r.finish for r in res.metrics.completed() if r.finish is not None), default=0.0)
 
 
 def gpu_line(res: SimResult) -> str:

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from tokenrouter.cli.common import check_output
+from tokenrouter.cli.common import check_output, note_cpu_profile
 from tokenrouter.cli.options import (
     ArrivalRate,
     Concurrency,
@@ -20,11 +20,12 @@ from tokenrouter.cli.options import (
     SearchBudget,
     Seed,
     SloTpot,
-    Workload,
+    TraceWorkload,
+    check_run_flags,
     deployment_flags,
 )
 from tokenrouter.cli.progress import Heartbeat
-from tokenrouter.cli.report import print_result, result_record, write_json
+from tokenrouter.cli.report import print_result, result_record, run_end, write_json
 from tokenrouter.sim.decide import DEFAULT_BUDGET_S, Objective, Trial, format_b
 from tokenrouter.sim.run import SimResult
 from tokenrouter.sim.sim_pool import sim_pool
@@ -35,7 +36,7 @@ from tokenrouter.sim.simulate import sim_config, simulate
 def run(
     deploy: DeploymentFlags,
     concurrency: Concurrency = 8,
-    workload: Workload = "low-effort",
+    workload: TraceWorkload = None,
     num_requests: NumRequests = 64,
     seed: Seed = 0,
     arrival_rate: ArrivalRate = None,
@@ -60,6 +61,8 @@ def run(
     objective = Objective(slo_tpot_ms)
     if search_budget <= 0:
         raise ValueError(f"--search-budget must be > 0 seconds, got {search_budget}")
+    check_run_flags(num_requests=num_requests, concurrency=concurrency, seed=seed, max_output=max_output,
+                    arrival_rate=arrival_rate)  # fmt: skip
     if not dry_run:
         check_output(json_out, "--json")
         check_output(csv_out, "--csv")
@@ -76,6 +79,7 @@ def run(
     if dry_run:
         typer.echo(cfg.deployment.to_yaml().rstrip())
         return
+    note_cpu_profile("trsim run", cfg.deployment.profile)
     with sim_pool(jobs if auto else 1) as pool, Heartbeat(Console(stderr=True)) as beat:
         beat.set(f"choosing B at N={cfg.concurrency}" if auto else "simulating")
 
@@ -107,7 +111,7 @@ def run_marks(res: SimResult) -> list[tuple[float, str]]:
     """Workload phases and autotune's B changes, as (time s, label) marks for the plot."""
     marks = []
     for t, hop, n in res.extra.get("phases", []):
-        if t > 0:
+        if 0 < t <= run_end(res):  # a phase after the last request is not on the run's time axis
             what = ", ".join(x for x in (f"p={hop}" if hop is not None else "", f"N={n}" if n else "") if x)
             marks.append((t, f"phase: {what}"))
     for c in res.extra.get("autotune", {}).get("changes", []):

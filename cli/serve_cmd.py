@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from tokenrouter.cli.common import CliError, RunFailed, require_extras
+from tokenrouter.cli.common import CliError, Interrupted, RunFailed, check_output, require_extras
 from tokenrouter.cli.options import DeploymentFlags, DryRun, deployment_flags
 from tokenrouter.core.config import DeploymentConfig
 from tokenrouter.deploy.overrides import DeploymentOverrides
@@ -94,6 +94,8 @@ def serve(
         raise CliError("--restart-on-failure needs an asynchronous policy (eager, delayed), not " + cfg.policy.kind)
     if shutdown_timeout < 0:
         raise CliError(f"--shutdown-timeout must be >= 0, got {shutdown_timeout}")
+    if not dry_run:
+        check_output(record_hops, "--record-hops")  # written on exit: found unwritable now, not after the serving
     require_extras("serve", ("serve", "engine"))
     if ray is not None:
         if baseline is not None:
@@ -214,6 +216,8 @@ def _started(server: Server) -> Iterator[Server]:
     except StartupError as e:
         logging.getLogger(__name__).debug("start-up failed", exc_info=True)
         raise RunFailed(str(e)) from None
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM while starting: `start` stopped what it started
+        raise Interrupted("interrupted during start-up; every process it started has stopped") from None
     try:
         yield server
     finally:

@@ -12,10 +12,11 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
-from tokenrouter.cli.common import check_output, parse_list
+from tokenrouter.cli.common import check_output, note_cpu_profile, parse_list
 from tokenrouter.cli.options import DeploymentFlags, deployment_flags, point_flags
+from tokenrouter.cli.progress import progress_bar
 from tokenrouter.cli.report import result_record
 from tokenrouter.sim.run import prepare_sim
 from tokenrouter.sim.simulate import sim_config, simulate
@@ -93,10 +94,12 @@ def sweep(
     if dry_run:
         typer.echo("\n---\n".join(c.deployment.to_yaml().rstrip() for c, _ in configs))
         return
+    for name in dict.fromkeys(c.deployment.profile for c, _ in configs):
+        note_cpu_profile("trsim sweep", name)
     rows = []
     console = Console(stderr=True)
     cols = (TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*cols, console=console, transient=False) as bar:
+    with progress_bar(console, *cols) as bar:
         task = bar.add_task("sweep", total=len(grid))
         for point, (cfg, auto) in zip(grid, configs, strict=True):
             res = simulate(cfg, auto)

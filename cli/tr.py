@@ -22,6 +22,7 @@ from tokenrouter.cli.link_cmd import link_probe
 from tokenrouter.cli.serve_cmd import serve
 from tokenrouter.cli.subserver_cmd import subserver
 from tokenrouter.core.config import load_config
+from tokenrouter.deploy.builder import max_context_len
 from tokenrouter.deploy.summary import describe_deployment
 from tokenrouter.models import bundled_model_names, load_spec
 
@@ -63,9 +64,8 @@ def models() -> None:
 def check_config(path: Annotated[Path, typer.Argument(help="Deployment YAML (from `trsim tune`).")]) -> None:
     """Validate a deployment config and print what it deploys."""
     cfg = load_config(path)
-    for m in cfg.models:
-        load_spec(m.path or m.name)
-    typer.echo("\n".join([f"{path}: ok", *describe_deployment(cfg)]))
+    max_context_len(cfg)  # every model's spec loads, and max_model_len is within their context
+    typer.echo("\n".join([f"{path}: ok", *describe_deployment(cfg, baseline=cfg.baseline)]))
 
 
 app.command("bench")(bench_cmd.bench)

@@ -7,10 +7,11 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from tokenrouter.calibration.gpus import load_gpu_prices
-from tokenrouter.cli.common import CliError, check_output, parse_list, parse_sm_splits
+from tokenrouter.cli.common import CliError, check_output, note_cpu_profile, parse_list, parse_sm_splits
 from tokenrouter.cli.options import (
     DeploymentFlags,
     DryRun,
@@ -23,7 +24,7 @@ from tokenrouter.cli.options import (
     Workload,
     deployment_flags,
 )
-from tokenrouter.cli.progress import Heartbeat
+from tokenrouter.cli.progress import progress_bar
 from tokenrouter.core.config import DeploymentConfig
 from tokenrouter.core.names import Layout, TuneObjective, parse_name
 from tokenrouter.sim.decide import DEFAULT_BUDGET_S, Objective, format_b
@@ -126,18 +127,17 @@ def tune(
     if dry_run:
         typer.echo(deploy.resolve().to_yaml().rstrip())
         return
+    note_cpu_profile("trsim tune", deploy.resolve().profile)
     splits = parse_sm_splits(sm_splits) if sm_splits else [None]
     specs = candidate_specs(layouts, splits, deploy.resolve(), num_gpus)
     usd = candidate_prices(deploy, specs, prices)
-    with sim_pool(jobs) as pool, Heartbeat(Console(stderr=True)) as beat:
-        sweep = at_sustained_load(goal) and slo_tpot_ms is not None and len(specs) > 1
-        total = f"{'at most ' if sweep else ''}{points_to_tune(len(specs), len(ns), sweep)}"
-        done = [0]
-
-        def progress(label: str, n: int, finished: int) -> None:
-            done[0] += finished
-            beat.set(f"tune {label} N={n}: {done[0]} of {total} points done")
-
+    sweep = at_sustained_load(goal) and slo_tpot_ms is not None and len(specs) > 1
+    cols = (TextColumn("tune {task.fields[what]} N={task.fields[n]}"), BarColumn(), MofNCompleteColumn(),
+            TimeElapsedColumn())  # fmt: skip
+    with sim_pool(jobs) as pool, progress_bar(Console(stderr=True), *cols) as bar:
+        # sweeping placements upward stops at each one's first SLO miss: the total is then an upper bound
+        task = bar.add_task("tune", total=points_to_tune(len(specs), len(ns), sweep), n=ns[0], what="")
+        progress = lambda label, n, done: bar.update(task, n=n, what=label, advance=done)  # noqa: E731
         best, candidates = tune_and_choose(deploy, specs, ns, ref_n, goal, usd=usd, progress=progress, pool=pool,
                                            workload=workload, num_requests=num_requests, top=top, seed=seed,
                                            max_output=max_output, target=target,

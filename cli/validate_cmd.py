@@ -18,11 +18,12 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from tokenrouter.cli.common import USAGE_ERRORS, CliError, check_output
 from tokenrouter.cli.options import parse_run_args
+from tokenrouter.cli.progress import progress_bar
 from tokenrouter.sim.run import SimConfig, prepare_sim
 from tokenrouter.sim.simulate import sim_config, simulate
 
@@ -104,7 +105,7 @@ def validate(
         configs.append((cfg, auto))
     err_console = Console(stderr=True)
     cols = (TextColumn("validate"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*cols, console=err_console) as bar:
+    with progress_bar(err_console, *cols) as bar:
         task = bar.add_task("cells", total=len(df))
         for (_, rec), (cfg, auto) in zip(df.iterrows(), configs, strict=True):
             s = simulate(cfg, auto).summary

@@ -114,7 +114,9 @@ class Choice:
     def describe(self) -> str:
         """One line: what was chosen and how, as the commands print it."""
         n, tried = self.concurrency, len(self.scouted) or len(self.trials)
+        stand_in = self.markov_note.split(";")[0] if self.markov_note.startswith("the trace") else ""
         mk = f"; Markov proposed {format_b(self.markov_best)}" if self.markov else ""
+        mk += f" at {stand_in}" if stand_in and self.markov else ""
         how = f"best of {tried} B simulated at N={n} ({self.objective.describe()}{mk})"
         if self.thresholds is None:
             low = min(self.trials.values(), key=lambda t: t.tpot_p99_ms)

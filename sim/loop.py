@@ -23,11 +23,13 @@ from tokenrouter.calibration.cost import CostModel, StepCost
 from tokenrouter.calibration.profile import LinkInfo, Profile, ProfileError, load_profile
 from tokenrouter.core.config import DeploymentConfig
 from tokenrouter.core.messages import Action, Emit, Finish, PeerMsg, PeerReq, Send
+from tokenrouter.core.names import RouterName
 from tokenrouter.core.request import Request, SamplingParams
 from tokenrouter.deploy import Deployment, build_deployment
 from tokenrouter.deploy.placement import colocated, gpus_used
 from tokenrouter.metrics import MetricsCollector
 from tokenrouter.models import load_spec
+from tokenrouter.routers.trace_law import replayed_runs
 from tokenrouter.sim.clients import ClosedLoop, OpenLoop
 from tokenrouter.sim.drivers import FinishCounter, PhaseDriver, SimAutotune, set_router_hop_rate
 from tokenrouter.sim.gpu_share import SharedGpu
@@ -87,6 +89,8 @@ def prepare_sim(cfg: SimConfig) -> tuple[Profile, StepCost, list[RequestSpec], D
         cfg.workload, cfg.num_requests, cfg.seed, arrival_rate=cfg.arrival_rate, max_output=cfg.max_output
     )
     traces = {s.rid: s.runs or [] for s in specs} if any(s.runs for s in specs) else None
+    if dep.router.name == RouterName.TRACE:
+        traces = replayed_runs(dep.router, specs)  # one line when it would replay nothing
     deployment = build_deployment(dep, gpu_memory_gb=profile.gpu.memory_gb, seed=cfg.seed, traces=traces)
     return profile, cost, specs, deployment
 

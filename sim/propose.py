@@ -10,6 +10,7 @@ has to start the search near the best.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,11 +21,13 @@ from tokenrouter.calibration.cost import ModelStepCost
 from tokenrouter.calibration.profile import load_profile
 from tokenrouter.calibration.step_stats import SHORT_ROW_TOKENS, PartStats, StepStats
 from tokenrouter.core.graph_rule import GraphRule
+from tokenrouter.core.names import RouterName
 from tokenrouter.deploy.placement import colocated
 from tokenrouter.markov import MarkovModel, ThroughputResult, evaluate_thresholds, search_thresholds
 from tokenrouter.markov.colocation import DELTA_MS, Load, peer_load, solve_at_load, tokens_per_row
 from tokenrouter.markov.presets import matrices
 from tokenrouter.routers.presets import router_law
+from tokenrouter.routers.trace_law import law_note, law_router, replayed_runs
 from tokenrouter.sim.loop import SimConfig, cost_model
 from tokenrouter.workloads import make_workload
 
@@ -160,9 +163,22 @@ PROPOSAL_STATES = 5_000
 """State budget of each of the two searches (about 0.2 s at N = 8, 0.6-1.3 s at N = 64, on one core)."""
 
 
+def markov_view(cfg: SimConfig) -> tuple[SimConfig, str]:
+    """`cfg` as the Markov model takes it, and what was changed for it ("" when nothing): a trace replay has no hop
+    law of its own, so it is priced as the `markov` router of the replayed runs (`routers.trace_law`)."""
+    rc = cfg.deployment.router
+    if rc.name != RouterName.TRACE:
+        return cfg, ""
+    specs = make_workload(cfg.workload, cfg.num_requests, cfg.seed, max_output=cfg.max_output)
+    law = law_router(rc, replayed_runs(rc, specs))
+    return dataclasses.replace(cfg, deployment=dataclasses.replace(cfg.deployment, router=law)), law_note(law)
+
+
 def propose(cfg: SimConfig, concurrency: int) -> Proposals:
-    """The Markov model's candidates for `cfg`'s deployment at N, best first (module docstring)."""
+    """The Markov model's candidates for `cfg`'s deployment at N, best first (module docstring); a trace replay is
+    proposed for as the `markov` router of its replayed runs (`markov_view`)."""
     check_search_concurrency(concurrency)
+    cfg, stand_in = markov_view(cfg)
     P, C, mean_output = markov_inputs(cfg)
     model = MarkovModel.create(step_time_fns(cfg), P, C, concurrency, DELTA_MS, mean_output)
     alone = search_thresholds(model, PROPOSAL_STATES)
@@ -177,5 +193,5 @@ def propose(cfg: SimConfig, concurrency: int) -> Proposals:
     for s in searches:
         for r in s.ranked:
             ranked.setdefault(tuple(r.thresholds), r.throughput_tok_s)
-    note = searches[0].note
+    note = "; ".join(x for x in (stand_in, searches[0].note) if x)
     return Proposals(list(ranked.items()), note)

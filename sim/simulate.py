@@ -10,8 +10,12 @@ from concurrent.futures import Executor, Future
 from pathlib import Path
 from typing import Protocol
 
+from tokenrouter.calibration.profile import load_profile
 from tokenrouter.core.config import ConfigError, DeploymentConfig
+from tokenrouter.core.names import RouterName
 from tokenrouter.core.policy import PolicyKind
+from tokenrouter.deploy.builder import max_context_len
+from tokenrouter.deploy.kv_budget import NoRoom, kv_capacity_tokens
 from tokenrouter.deploy.overrides import DeploymentOverrides
 from tokenrouter.sim.decide import DEFAULT_BUDGET_S, THROUGHPUT, Objective, Trial, decide
 from tokenrouter.sim.propose import check_search_concurrency
@@ -35,15 +39,18 @@ def sim_config(
     deploy: DeploymentSource,
     *,
     concurrency: int = 8,
-    workload: str = "low-effort",
+    workload: str | None = None,
     num_requests: int = 64,
     seed: int = 0,
     arrival_rate: float | None = None,
     max_output: int | None = None,
 ) -> tuple[SimConfig, bool]:
     """The SimConfig of one simulated run: the resolved deployment and the run flags; also whether thresholds are
-    'auto' (the decider's B for this N: asked for, or the default of a delayed run without a config)."""
+    'auto' (the decider's B for this N: asked for, or the default of a delayed run without a config).
+    `workload` None: the trace a trace router replays (`--router trace --trace FILE`), else low-effort."""
     dep = deploy.resolve()
+    if workload is None:
+        workload = dep.router.trace if dep.router.name == RouterName.TRACE and dep.router.trace else "low-effort"
     first = initial_phase(load_phases(workload))  # a phase at 0 s replaces --concurrency / --hop-rate
     if first is not None and first.concurrency is not None:
         concurrency = first.concurrency
@@ -78,6 +85,7 @@ def simulate(cfg: SimConfig, auto: bool, *, objective: Objective = THROUGHPUT, p
     it is). The result's extra["thresholds_note"] says how B was chosen ("" when not auto) and extra["choice"] holds
     the `Choice`. ValueError (one line) when an SLO is set and no B meets it."""
     note = ""
+    _check_fits(cfg.deployment)  # before the search for B, which a deployment that cannot run would waste
     if not auto:
         res = run_sim(cfg)
         res.extra["thresholds_note"] = note
@@ -100,3 +108,14 @@ def simulate(cfg: SimConfig, auto: bool, *, objective: Objective = THROUGHPUT, p
     res.extra["thresholds_note"] = f" (auto: {choice.describe()})"
     res.extra["choice"] = choice
     return res
+
+
+def _check_fits(dep: DeploymentConfig) -> None:
+    """Every model fits its GPUs with room for a KV cache and its context, checked now: the run would refuse it only
+    after the search for B (`build_deployment`), and a KV shortfall blaming whichever model it sized first."""
+    max_context_len(dep)  # a max_model_len past a model's context
+    gpu = load_profile(dep.profile).gpu
+    try:
+        kv_capacity_tokens(dep, gpu.memory_gb)
+    except NoRoom as e:
+        raise ValueError(f"--profile {dep.profile} ({gpu.name}): {e}") from None

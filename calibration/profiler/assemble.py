@@ -220,8 +220,9 @@ def assemble(partial: dict[str, Any]) -> Profile:
     gpu = GpuInfo(name=env.get("gpu", "unknown"), mem_bw_gbs=float(env.get("copy_gbs") or analytic.gpu.mem_bw_gbs),
                   matmul_tflops=float(env.get("matmul_tflops") or analytic.gpu.matmul_tflops),
                   memory_gb=float(env.get("memory_gb") or analytic.gpu.memory_gb))  # fmt: skip
+    on_cpu = partial.get("plan", {}).get("device") == "cpu"
     prof = Profile(
-        schema_version=SCHEMA_VERSION, kind="measured", gpu=gpu,
+        schema_version=SCHEMA_VERSION, kind="measured", gpu=gpu, device="cpu" if on_cpu else msgspec.UNSET,
         created=partial.get("created") or datetime.now().isoformat(timespec="seconds"),
         source="tr calibrate: the engine's passes, loop and co-location measured on this GPU (dummy weights)",
         command=partial.get("command", ""), versions=dict(env.get("versions", {})), models=models,

@@ -17,6 +17,9 @@ from tokenrouter.calibration.profiler.pass_timing import Grid, PassTimer, Timing
 
 ROUTER_BATCHES = (1, 8, 32)
 HOST_BATCHES = (1, 8)
+# --quick (a check of the tool, on CPU in minutes): the router's line through two batch sizes, a shorter host loop
+QUICK_ROUTER_BATCHES = (1, 8)
+QUICK_HOST_STEPS = 20
 
 
 @dataclass(slots=True)
@@ -86,7 +89,8 @@ def model_worker(conn: Any, job: ModelJob) -> None:
             rec = {**{f: getattr(pp, f) for f in pp.__struct_fields__}, "held_out": held, "path": path,
                    "intended": kind, "ran": kind_of(path) if graphs else "eager"}  # fmt: skip
             conn.send(("point", pid, rec))
-        for b in ROUTER_BATCHES if job.routers else ():
+        quick = bool(job.grid_args.get("quick"))
+        for b in (QUICK_ROUTER_BATCHES if quick else ROUTER_BATCHES) if job.routers else ():
             base[b] = timer.point([1] * b, 1024)[0].ms
         for name in job.routers:
             if f"router/{name}" in job.done:
@@ -104,7 +108,7 @@ def model_worker(conn: Any, job: ModelJob) -> None:
                 if time.monotonic() > job.deadline:
                     conn.send(("deadline", key))
                     return
-                conn.send(("host", key, host_cost(eng, b, overlap)))
+                conn.send(("host", key, host_cost(eng, b, overlap, QUICK_HOST_STEPS if quick else 60)))
         eng.close()
         conn.send(("done", None))
     except BaseException as e:  # the calibrator records the failure and goes on with other tasks

@@ -29,9 +29,10 @@ from tokenrouter.calibration.profiler.model_worker import ModelJob, model_worker
 from tokenrouter.calibration.profiler.pass_timing import Timing
 from tokenrouter.core.names import RouterName
 from tokenrouter.models import load_spec
-from tokenrouter.runtime.supervision import environ
+from tokenrouter.runtime.spawn import start_spawned
 
 PARTIAL_FORMAT = "tokenrouter-calibration-partial/1"
+CELL_STEPS, CELL_STEPS_QUICK = 20, 10  # steps of the slower side a co-run cell's window is sized for
 ROUTERS = tuple(r.value for r in (RouterName.R2R, RouterName.CITER, RouterName.CO_LLM, RouterName.R_STITCH))
 
 
@@ -152,22 +153,25 @@ class Calibration:
         """Measure every pending task (until the deadline); True when all are done."""
         self.load()
         self.partial["env"].setdefault("host", _host_info())
-        with self._mps() as mps_env:
-            for task in self.pending():
-                if time.monotonic() > self.deadline:
-                    break
-                try:
-                    if task.startswith("model/"):
-                        self._model(task, task.split("/", 1)[1])
-                    elif task.startswith(("corun/", "arrangement/")):
-                        self._corun(task, mps_env)
-                    else:
-                        self._runtime(task)
-                except Exception as e:  # record and go on: other tasks may still be measured
-                    self.partial["failed"][task] = f"{type(e).__name__}: {e}"
-                    self.on_event(task, "failed", 0, 0)
-                self.save()
-        self.save()
+        try:
+            with self._mps() as mps_env:
+                for task in self.pending():
+                    if time.monotonic() > self.deadline:
+                        break
+                    self.on_event(task, "start", 0, 0)  # a worker may take a while to report: show the task at once
+                    try:
+                        if task.startswith("model/"):
+                            self._model(task, task.split("/", 1)[1])
+                        elif task.startswith(("corun/", "arrangement/")):
+                            self._corun(task, mps_env)
+                        else:
+                            self._runtime(task)
+                    except Exception as e:  # record and go on: other tasks may still be measured
+                        self.partial["failed"][task] = f"{type(e).__name__}: {e}"
+                        self.on_event(task, "failed", 0, 0)
+                    self.save()
+        finally:
+            self.save()  # also on Ctrl-C: the points of the task it cut are kept for the resume
         return not self.pending()
 
     # ---- tasks ---------------------------------------------------------------------------------------------
@@ -288,6 +292,7 @@ class _CoRunPair:
 
     def __init__(self, a: str, b: str, share_a: int, share_b: int, plan: Plan, mps_env: dict[str, str]) -> None:
         self.plan = plan
+        self.quick = plan.quick
         self.procs: list[Any] = []
         self.conns: list[Any] = []
         self.est = {"a": 0.0, "b": 0.0}
@@ -304,10 +309,8 @@ class _CoRunPair:
             if plan.device == "cpu":
                 kw["cuda_graphs"] = False
             all_batches = sorted(set(kw["graph_buckets"]))
-            with environ(env):
-                proc = ctx.Process(target=corun_worker, args=(theirs, kw, all_batches, plan.corun_context),
-                                   name=f"trcal-corun-{model}", daemon=True)  # fmt: skip
-                proc.start()
+            proc = start_spawned(corun_worker, (theirs, kw, all_batches, plan.corun_context),
+                                 name=f"trcal-corun-{model}", daemon=True, env=env)  # fmt: skip
             self.procs.append(proc)
             self.conns.append(mine)
 
@@ -343,7 +346,7 @@ class _CoRunPair:
         return got
 
     def cell(self, x: int | None, y: int | None) -> dict[str, float]:
-        return measure_cell(self, x, y)
+        return measure_cell(self, x, y, CELL_STEPS_QUICK if self.quick else CELL_STEPS)
 
 
 class _OneProcessPair:
@@ -352,6 +355,7 @@ class _OneProcessPair:
     def __init__(self, a: str, b: str, name: str, plan: Plan) -> None:
         from tokenrouter.calibration.profiler.arrangement import arrangement_worker
 
+        self.quick = plan.quick
         self.est = {"a": 0.0, "b": 0.0}
         self.startup: dict[str, float] = {}
         self.detail: dict[str, int] = {}
@@ -359,10 +363,9 @@ class _OneProcessPair:
         self.conn, theirs = ctx.Pipe()
         batches = (plan.corun_batches_a + [x for x, _ in plan.corun_held],
                    plan.corun_batches_b + [y for _, y in plan.corun_held])  # fmt: skip
-        self.proc = ctx.Process(target=arrangement_worker, args=(theirs, name, (a, b), batches, plan.corun_context,
-                                                                 plan.device), daemon=True)  # fmt: skip
         self.t0 = time.monotonic()
-        self.proc.start()
+        self.proc = start_spawned(arrangement_worker, (theirs, name, (a, b), batches, plan.corun_context, plan.device),
+                                  daemon=True)  # fmt: skip
 
     def __enter__(self) -> _OneProcessPair:
         msg = _recv(self.conn, 900)
@@ -387,19 +390,19 @@ class _OneProcessPair:
         return msg[1]
 
     def cell(self, x: int | None, y: int | None) -> dict[str, float]:
-        return measure_cell(self, x, y)
+        return measure_cell(self, x, y, CELL_STEPS_QUICK if self.quick else CELL_STEPS)
 
 
-def measure_cell(pair: Any, x: int | None, y: int | None) -> dict[str, float]:
+def measure_cell(pair: Any, x: int | None, y: int | None, steps: int = 20) -> dict[str, float]:
     """One cell of a co-run grid: both models step back to back over one window (or one alone); medians in ms.
-    The window holds about 20 steps of the slower side; a cell with too few steps is run again with a window three
-    times longer (twice at most)."""
+    The window holds about `steps` steps of the slower side; a cell with fewer than 40% of them is run again with a
+    window three times longer (twice at most)."""
     keys = [k for k, b in (("a", x), ("b", y)) if b is not None]
     est = max([pair.est[k] for k in keys] + [1.0])
-    length = 0.2 + 20 * est * (2.0 if len(keys) == 2 else 1.0) / 1000
+    length = 0.2 + steps * est * (2.0 if len(keys) == 2 else 1.0) / 1000
     for _ in range(3):
         got = pair.run(x, y, length)
-        if min(r["steps"] for r in got.values()) >= 8:
+        if min(r["steps"] for r in got.values()) >= max(2, round(0.4 * steps)):
             break
         length *= 3
     if min(r["steps"] for r in got.values()) == 0:
@@ -417,12 +420,10 @@ def _recv(conn: Any, timeout_s: float) -> Any:
 
 def _worker(target: Callable[..., None], args: tuple, env: dict[str, str]) -> Iterator[Any]:
     """Run `target(conn, *args)` in a spawned process and yield what it sends until it ends."""
-    ctx = mp.get_context("spawn")
-    mine, theirs = ctx.Pipe()
-    with environ(env):
-        proc = ctx.Process(target=target, args=(theirs, *args), daemon=True)
-        proc.start()
+    mine, theirs = mp.get_context("spawn").Pipe()
+    proc = start_spawned(target, (theirs, *args), daemon=True, env=env)
     theirs.close()
+    last = ""
     try:
         while True:
             try:
@@ -431,10 +432,13 @@ def _worker(target: Callable[..., None], args: tuple, env: dict[str, str]) -> It
                 if proc.exitcode not in (None, 0):
                     raise RuntimeError(f"calibration worker exited with code {proc.exitcode}") from None
                 return
+            last = msg[0]
             yield msg
-            if msg[0] in ("done", "error", "deadline"):
+            if last in ("done", "error", "deadline"):
                 return
     finally:
+        if last not in ("done", "error", "deadline"):  # cut short (Ctrl-C, an error): the worker, deaf to SIGINT,
+            proc.kill()  # would measure on
         proc.join(60)
         if proc.is_alive():
             proc.kill()

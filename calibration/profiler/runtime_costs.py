@@ -10,11 +10,12 @@ number (a property of the runtime's protocol, not of the device).
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import statistics
 import tempfile
 import time
 from typing import Any
+
+from tokenrouter.runtime.spawn import start_spawned
 
 PAYLOAD = b"x" * 96  # about a peer message of a few tokens (core.wire)
 
@@ -51,8 +52,7 @@ def message_ms(transport: str, n: int = 2000) -> float:
         pull.bind(back)
         push = ctx.socket(zmq.PUSH)
         push.connect(there)
-        proc = mp.get_context("spawn").Process(target=_echo, args=(there, back, n + 50), daemon=True)
-        proc.start()
+        proc = start_spawned(_echo, (there, back, n + 50), daemon=True)
         try:
             for _ in range(50):  # warm up the connection both ways
                 push.send(PAYLOAD)

@@ -109,8 +109,10 @@ def test_the_plot_marks_phases_and_b_changes():
     from tokenrouter.cli.run_cmd import run_marks
     from tokenrouter.plots import RunSeries, build_figure
 
+    last = SimpleNamespace(finish=10.0)  # the run ends after every mark
     res = SimpleNamespace(extra={"phases": [(0.0, 0.02, None), (3.0, 0.4, 8)],
-                                 "autotune": {"changes": [{"at": 5.0, "new": [1, 3]}]}})  # fmt: skip
+                                 "autotune": {"changes": [{"at": 5.0, "new": [1, 3]}]}},
+                          metrics=SimpleNamespace(completed=lambda: [last]))  # fmt: skip
     marks = run_marks(res)
     assert marks == [(3.0, "phase: p=0.4, N=8"), (5.0, "B=1,3")]
     fig = build_figure([RunSeries("sim", marks=marks)])

@@ -275,3 +275,64 @@ def test_a_bench_ended_by_duration_counts_out_of_what_was_sent(server, tmp_path,
     sent = json.loads(out_json.read_text())["requests_sent"]
     err = capsys.readouterr().err
     assert 0 < sent < 400 and f"{sent}/{sent}" in err and "/400" not in err, err
+
+
+def test_sim_on_a_cpu_profile_says_what_it_is(server, tmp_path, capsys):
+    """`--sim` priced with a profile `tr calibrate --device cpu` made: one line saying it checks the tool."""
+    import msgspec
+
+    from tokenrouter.calibration import load_profile
+
+    cpu = msgspec.structs.replace(load_profile("h200-analytic"), device="cpu").save(tmp_path / "cpu.json")
+    argv = ["bench", "--url", server.url, "--workload", "fixed:8,6", "--num-requests", "4", "--sim",
+            "--small", "tiny-small", "--large", "tiny-large", "--thresholds", "1,1", "--profile", str(cpu)]  # fmt: skip
+    assert run(argv) == 0
+    err = capsys.readouterr().err
+    assert [line for line in err.splitlines() if "measured on CPU" in line] == [
+        f"tr bench --sim: profile {cpu} was measured on CPU by tr calibrate --device cpu: it checks the tool, not a "
+        "GPU's speed; do not choose B or read throughput from it"
+    ], err
+
+
+def test_ctrl_c_keeps_and_prints_what_was_measured(server, tmp_path, monkeypatch, capsys):
+    """Ctrl-C after the third request is done, while the fourth streams: the table and --json say what the three
+    measured, marked interrupted; the fourth is cancelled, neither done nor failed, and the bar does not count it;
+    exit 130 with one error line."""
+    import signal
+
+    import tokenrouter.bench.client as client
+
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        pytest.skip("asyncio.run turns Ctrl-C into a cancel only under Python's default SIGINT handler")
+    real, done = client._stream_one, []
+
+    async def then_ctrl_c(*args, **kw):
+        await real(*args, **kw)
+        done.append(1)
+        if len(done) == 3:
+            signal.raise_signal(signal.SIGINT)  # what a terminal's Ctrl-C delivers
+
+    monkeypatch.setattr(client, "_stream_one", then_ctrl_c)
+    out_json = tmp_path / "i.json"
+    argv = ["bench", "--url", server.url, "--workload", "fixed:8,10", "--num-requests", "20", "-n", "1"]
+    assert run([*argv, "--json", str(out_json)]) == 130
+    captured = capsys.readouterr()
+    assert "INTERRUPTED" in captured.out and "output throughput tok/s" in captured.out
+    rec = json.loads(out_json.read_text())
+    assert rec["interrupted"] is True
+    assert (rec["requests_sent"], rec["requests_completed"], rec["requests_cancelled"]) == (4, 3, 1)
+    assert rec["requests_failed"] == 0 and rec["total_output_tokens"] == 30
+    errors = [line for line in captured.err.splitlines() if "error" in line]
+    assert errors == ["tokenrouter: error: interrupted after 3 of 20 requests (1 cancelled in flight); what was "
+                      "measured is above"], captured.err  # fmt: skip
+    assert "bench 3/4" in captured.err, "the bar counts the done requests, not the cancelled one"
+
+
+def test_an_interrupted_bench_reports_busy_over_the_polls():
+    """Interrupted, the server stepped on for the cancelled requests after the last one done (here: done at 10 s,
+    polled until 20 s, 18 s busy): busy is over the polls' 20 s, 90%, not 180% over the done requests' 10 s."""
+    from tokenrouter.cli.bench_cmd import live_summary
+
+    out = _outcome([(0.0, _poll(0, 0, 0.0, 0.0)), (20.0, _poll(100, 400, 18.0, 18.0))])
+    out.interrupted = True
+    assert live_summary(out)["busy_frac_model0"] == pytest.approx(0.9)

@@ -38,6 +38,7 @@ def test_calibrate_resumes_and_writes_a_profile_the_simulator_reads(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     prof = load_profile(out)
     assert prof.kind == "measured" and set(prof.models) == {"tiny-small", "tiny-large"}
+    assert prof.made_on_cpu and "it checks the tool, not a GPU's speed" in " ".join(done.stdout.split())
     assert prof.versions["torch"].startswith("2.") and prof.command.startswith("tr calibrate")
     assert prof.runtime is not None and prof.runtime.ipc_ms > 0 and prof.runtime.gate_rtts_per_step["step-sync"] >= 1
     grid = prof.colocation[0]
@@ -60,3 +61,37 @@ def test_calibrate_resumes_and_writes_a_profile_the_simulator_reads(tmp_path):
     r = calibrate("-o", str(again), "--refit")
     assert r.returncode == 0, r.stderr
     assert load_profile(again).models == prof.models
+
+
+def test_on_cpu_the_pair_is_measured_at_one_split(tmp_path):
+    """A CPU has no SM shares: the co-run is measured once (100/100), not again at every default split (the plan a
+    cut run records says so); splits asked for are still measured."""
+    base = ["-m", "tiny-small", "-m", "tiny-large", "--device", "cpu", "--quick", "--deadline", "0"]
+    for given, splits in (([], [[100, 100]]), (["--sm-splits", "100/100,40/60"], [[100, 100], [40, 60]])):
+        out = tmp_path / f"p{len(given)}.json"
+        cmd = [sys.executable, "-m", "tokenrouter.cli.tr", "calibrate", *base, *given, "-o", str(out)]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        assert p.returncode == 3, p.stderr  # cut by the deadline before any task: the plan is in the partial
+        assert json.loads((tmp_path / f"{out.name}.partial.json").read_text())["plan"]["splits"] == splits
+
+
+def test_ctrl_c_keeps_what_was_measured_and_is_one_line(tmp_path, monkeypatch, capsys):
+    """Ctrl-C in the middle of a task: the points it measured are in the partial (the same command resumes from
+    them) and the command ends in one line, exit 130."""
+    from tokenrouter.calibration.profiler.run import Calibration
+    from tokenrouter.cli.tr import main_tokenrouter
+
+    def cut(self, task: str, model: str) -> None:
+        self.partial["results"].setdefault(task, {"points": {}})["points"]["decode/1x16"] = {"ms": 1.0}
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Calibration, "_model", cut)
+    out = tmp_path / "c.json"
+    with pytest.raises(SystemExit) as e:
+        main_tokenrouter(["calibrate", "-m", "tiny-small", "--device", "cpu", "--quick", "-o", str(out)])
+    err = capsys.readouterr().err
+    assert e.value.code == 130
+    assert err.strip().splitlines() == [f"tokenrouter: error: interrupted; what was measured is in {out}.partial.json: "
+                                        "run the same command again to resume"]  # fmt: skip
+    partial = json.loads((tmp_path / "c.json.partial.json").read_text())
+    assert partial["results"]["model/tiny-small"]["points"] == {"decode/1x16": {"ms": 1.0}}

@@ -148,7 +148,8 @@ def test_tune_help_reads_as_whole_sentences(capsys):
     text = " ".join(out.replace("│", " ").split())
     assert (
         rc == 0
-        and "each candidate deployment is tuned this way at --compare-n, and the best one there is tuned" in text
+        and "each candidate is tuned where --objective compares it (docs/cli.md), and the best one is tuned at every N"
+        in text
     )
 
 

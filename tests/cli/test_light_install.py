@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -30,16 +31,22 @@ def run_without(modules: list[str], argv: list[str]) -> subprocess.CompletedProc
 SERVE = ["serve", "--small", "tiny-small", "--large", "tiny-large", "--device", "cpu", "--port", "9"]
 
 
+ENGINE_HINT = (
+    'in the repository, pip install "torch==2.13.0" -e ".[{}]" (the CPU torch; on a GPU machine leave out the pin)'
+)
+SERVE_HINT = 'in the repository, pip install -e ".[serve]"'
+
+
 @pytest.mark.parametrize(
     ("blocked", "argv", "line"),
     [
         (SERVE_EXTRA + ENGINE_EXTRA, SERVE,
-         "serve needs the 'serve' and 'engine' extras (missing: tokenizers, zmq, fastapi, uvicorn, "
-         "prometheus_client, httpx, torch, safetensors): pip install 'tokenrouter[serve,engine]'"),
-        (["zmq"], SERVE, "serve needs the 'serve' extra (missing: zmq): pip install 'tokenrouter[serve]'"),
-        (["torch"], SERVE, "serve needs the 'engine' extra (missing: torch): pip install 'tokenrouter[engine]'"),
+         "serve needs the 'engine' and 'serve' extras (missing: torch, safetensors, tokenizers, zmq, fastapi, "
+         f"uvicorn, prometheus_client, httpx): {ENGINE_HINT.format('engine,serve')}"),
+        (["zmq"], SERVE, f"serve needs the 'serve' extra (missing: zmq): {SERVE_HINT}"),
+        (["torch"], SERVE, f"serve needs the 'engine' extra (missing: torch): {ENGINE_HINT.format('engine')}"),
         (SERVE_EXTRA + ENGINE_EXTRA, ["bench", "--url", "http://127.0.0.1:9"],
-         "bench needs the 'serve' extra (missing: prometheus_client, httpx): pip install 'tokenrouter[serve]'"),
+         f"bench needs the 'serve' extra (missing: prometheus_client, httpx): {SERVE_HINT}"),
     ],
 )  # fmt: skip
 def test_a_command_without_its_extra_is_one_line_and_exit_2(blocked, argv, line):
@@ -47,6 +54,17 @@ def test_a_command_without_its_extra_is_one_line_and_exit_2(blocked, argv, line)
     assert p.returncode == 2, p.stderr
     assert p.stderr.splitlines() == [f"tokenrouter: error: {line}"], p.stderr
     assert "Traceback" not in p.stderr and p.stdout == ""
+
+
+def test_the_install_hint_is_the_readmes_command():
+    """The hint for the runtime's extras is, word for word, the README's CPU install of them (torch pinned to the
+    CPU build), so following it does not pull a CUDA torch."""
+    from tokenrouter.cli.common import install_hint
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    command = install_hint(["serve", "engine"]).removeprefix("in the repository, ").split(" (")[0]
+    assert command == 'pip install "torch==2.13.0" -e ".[engine,serve]"'
+    assert command in readme
 
 
 def test_simulator_commands_still_run_without_the_extras():
@@ -60,7 +78,7 @@ def test_calibrate_without_its_extras_stops_before_measuring(tmp_path):
     assert p.returncode == 2, p.stderr
     assert p.stderr.splitlines() == [
         "tokenrouter: error: calibrate needs the 'engine' and 'serve' extras (missing: torch, safetensors, "
-        "tokenizers, zmq, fastapi, uvicorn, prometheus_client, httpx): pip install 'tokenrouter[engine,serve]'"
+        f"tokenizers, zmq, fastapi, uvicorn, prometheus_client, httpx): {ENGINE_HINT.format('engine,serve')}"
     ], p.stderr
     assert not list(tmp_path.iterdir())  # no partial to "resume": nothing could have been measured
 

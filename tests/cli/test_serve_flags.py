@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from tokenrouter.core.config import DeploymentConfig, ModelConfig, SchedulerConfig
@@ -28,15 +29,20 @@ def test_max_model_len_lands_in_the_config():
     assert yaml.safe_load(r.stdout)["scheduler"]["max_model_len"] is None
 
 
-def test_every_scheduler_admits_by_the_smaller_of_max_model_len_and_the_position_limit():
+def test_every_scheduler_admits_by_max_model_len_or_the_position_limit():
     limit = min(load_spec(n).max_position_embeddings for n in ("tiny-small", "tiny-large"))
-    for mml, want in ((None, limit), (300, 300), (limit * 2, limit)):
-        cfg = DeploymentConfig(models=[ModelConfig("tiny-small"), ModelConfig("tiny-large")],
-                               scheduler=SchedulerConfig(max_model_len=mml))  # fmt: skip
-        dep = build_deployment(cfg, gpu_memory_gb=1.0)
+
+    def cfg(mml: int | None) -> DeploymentConfig:
+        return DeploymentConfig(models=[ModelConfig("tiny-small"), ModelConfig("tiny-large")],
+                                scheduler=SchedulerConfig(max_model_len=mml))  # fmt: skip
+
+    for mml, want in ((None, limit), (300, 300), (limit, limit)):
+        dep = build_deployment(cfg(mml), gpu_memory_gb=1.0)
         assert [s.max_context_len for s in dep.schedulers] == [want, want], mml
         if mml is not None:
             assert all(a["max_context_len"] == mml for a in dep.engine_args)
+    with pytest.raises(ValueError, match=f"longer than tiny-small's context of {limit} tokens"):
+        build_deployment(cfg(limit * 2), gpu_memory_gb=1.0)  # refused, not served at the shorter length
 
 
 def test_user_errors_are_one_line_exit_2():

@@ -18,7 +18,7 @@ from tokenrouter.runtime.ray_cluster import RayUnavailable, import_ray
 
 def test_without_ray_the_error_says_how_to_install_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # an import of ray now fails as if it were not installed
-    with pytest.raises(RayUnavailable, match=r"pip install 'tokenrouter\[ray\]'"):
+    with pytest.raises(RayUnavailable, match=r'pip install -e "\.\[ray\]"'):
         import_ray()
 
 

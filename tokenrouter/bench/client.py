@@ -38,6 +38,10 @@ class BenchOutcome:
     requests_sent: int = 0
     # Why the server could not be reached when the run ended (it went away during the run); None: it answered.
     unreachable: str | None = None
+    # Ctrl-C ended the run: nothing more was sent and the requests in flight were cancelled (neither done nor
+    # failed: their records stay unfinished).
+    interrupted: bool = False
+    requests_cancelled: int = 0
 
 
 def prompt_ids(spec: RequestSpec, seed: int, vocab: int = 1000) -> list[int]:
@@ -88,6 +92,9 @@ async def run_bench(
             out.requests_sent += 1
             try:
                 await _stream_one(client, spec, prompt_ids(spec, seed), served, out.metrics, now)
+            except asyncio.CancelledError:  # Ctrl-C: not done, not failed
+                out.requests_cancelled += 1
+                raise
             except Exception as e:  # one failed request is reported, the run goes on
                 out.errors.append(f"{spec.rid}: {type(e).__name__}: {e}")
             if on_done is not None:
@@ -135,9 +142,12 @@ async def run_bench(
             drive = asyncio.create_task(driver())
             try:
                 await (_open_loop(specs, one, now, duration_s) if loop is None else loop.run())
+            except asyncio.CancelledError:  # Ctrl-C: asyncio.run cancels this task; what was measured is kept
+                _interrupted(out, loop, now())
             finally:
                 drive.cancel()
-            out.exhausted_at = None if loop is None else loop.exhausted_at
+            if loop is not None and out.exhausted_at is None:
+                out.exhausted_at = loop.exhausted_at
         finally:
             scrape_task.cancel()
             try:
@@ -146,6 +156,18 @@ async def run_bench(
                 out.unreachable = f"{type(e).__name__}: {e}"
         out.wall_s = now()
         return out
+
+
+def _interrupted(out: BenchOutcome, loop: _Workers | None, t: float) -> None:
+    """The run was cancelled at `t` (its workers' requests cancelled already): mark it, end the closed loop's steady
+    window there (until then N requests were live), and take the cancel back so the end of the run (the last
+    /metrics poll) can still await. A second Ctrl-C is asyncio.run's own KeyboardInterrupt."""
+    out.interrupted = True
+    if loop is not None:
+        out.exhausted_at = loop.exhausted_at if loop.exhausted_at is not None else t
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()
 
 
 class _Workers:
@@ -191,20 +213,35 @@ class _Workers:
 
     async def run(self) -> None:
         self._start(self.target)
-        while pending := [t for t in self.tasks if not t.done()]:
-            await asyncio.wait(pending)
+        try:
+            while pending := [t for t in self.tasks if not t.done()]:
+                await asyncio.wait(pending)
+        except asyncio.CancelledError:
+            await _cancel(self.tasks)
+            raise
 
 
 async def _open_loop(specs: list[RequestSpec], one, now, duration_s: float | None = None) -> None:
     tasks = []
-    for spec in sorted(specs, key=lambda s: s.arrival or 0.0):
-        if duration_s is not None and (spec.arrival or 0.0) >= duration_s:
-            break
-        wait = (spec.arrival or 0.0) - now()
-        if wait > 0:
-            await asyncio.sleep(wait)
-        tasks.append(asyncio.create_task(one(spec)))
-    await asyncio.gather(*tasks)
+    try:
+        for spec in sorted(specs, key=lambda s: s.arrival or 0.0):
+            if duration_s is not None and (spec.arrival or 0.0) >= duration_s:
+                break
+            wait = (spec.arrival or 0.0) - now()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            tasks.append(asyncio.create_task(one(spec)))
+        await asyncio.gather(*tasks)
+    except asyncio.CancelledError:
+        await _cancel(tasks)
+        raise
+
+
+async def _cancel(tasks: list[asyncio.Task]) -> None:
+    """Cancel `tasks` and wait until each has ended (each cancelled request counts itself in `one`)."""
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def _stream_one(client: httpx.AsyncClient, spec, ids, served, metrics: MetricsCollector, now) -> None:

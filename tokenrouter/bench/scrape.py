@@ -55,3 +55,8 @@ class ServerSamples:
         if len(r) < 2:
             return 0.0, 0.0, 0.0, math.nan
         return tuple(r[-1][k] - r[0][k] for k in (2, 3, 4, 5))  # type: ignore[return-value]
+
+    def span(self, model: str) -> float:
+        """Seconds between the first and the last poll of `model` (what `totals` covers); 0 with fewer than two."""
+        r = self.rows.get(model, [])
+        return r[-1][0] - r[0][0] if len(r) >= 2 else 0.0

@@ -80,10 +80,10 @@ def hop_law(
     key = str(name).lower()
     if key == RouterName.ME:
         return ensemble(num_models)
-    if key not in MARKOV_ROUTERS:
-        raise ValueError(f"router {name!r} has no hop law: choose one of {', '.join(sorted(MARKOV_ROUTERS))}")
+    if key not in MARKOV_ROUTERS:  # the value, not the enum's repr
+        raise ValueError(f"router '{key}' has no hop law: choose one of {', '.join(sorted(MARKOV_ROUTERS))}")
     if num_models != 2:
-        raise ValueError(f"router {name!r} routes between two models (small, large), not {num_models}")
+        raise ValueError(f"router '{key}' routes between two models (small, large), not {num_models}")
     if key != RouterName.MARKOV:
         return geometric_run(hop_rate, return_prob if key == RouterName.R_STITCH else 1.0)
     if not mean_small_run or not mean_large_run or mean_small_run < 1 or mean_large_run < 1:

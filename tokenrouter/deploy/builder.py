@@ -94,11 +94,17 @@ def build_router(rc: RouterConfig, num_models: int, seed: int, traces: Mapping[s
 
 
 def max_context_len(cfg: DeploymentConfig) -> int:
-    """The longest request every model can run: the smallest `max_position_embeddings`, lowered to the
-    scheduler's `max_model_len` when set (a request may visit every model)."""
-    limit = min(load_spec(m.path or m.name).max_position_embeddings for m in cfg.models)
+    """The longest request every model can run: the smallest `max_position_embeddings`, or the scheduler's
+    `max_model_len` when set (a request may visit every model). ValueError for a `max_model_len` longer than a
+    model's context, which would be served at the shorter length without a word."""
+    limits = {m.name: load_spec(m.path or m.name).max_position_embeddings for m in cfg.models}
+    name, limit = min(limits.items(), key=lambda kv: kv[1])
     mml = cfg.scheduler.max_model_len
-    return limit if mml is None else min(limit, mml)
+    if mml is not None and mml > limit:
+        raise ValueError(f"max_model_len {mml} (--max-model-len or the config's scheduler.max_model_len) is longer "
+                         f"than {name}'s context of {limit} tokens (max_position_embeddings): give at most {limit}, "
+                         "or leave it out to serve the models' own limit")  # fmt: skip
+    return limit if mml is None else mml
 
 
 def build_deployment(

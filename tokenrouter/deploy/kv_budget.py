@@ -7,9 +7,14 @@ from __future__ import annotations
 
 from tokenrouter.core.config import DeploymentConfig
 from tokenrouter.models import load_spec
+from tokenrouter.models.spec import ModelSpec
 
 # Fraction of GPU memory an engine may use (weights + KV), as serving engines leave headroom.
 MEM_FRACTION = 0.9
+
+
+class NoRoom(ValueError):
+    """A model gets less than one KV page: its weights (or its GPU neighbours' with them) leave no room."""
 
 
 def joint_kv_tokens(free_bytes: float, kv_bytes_per_token: list[int]) -> int:
@@ -41,7 +46,27 @@ def kv_capacity_tokens(dep: DeploymentConfig, gpu_memory_gb: float) -> list[int]
             caps.append(joint_kv_tokens(free, [s.kv_bytes_per_token for s in sharing]))
         else:
             caps.append(int((gpu_bytes * len(m.gpus) - spec.weight_bytes) // spec.kv_bytes_per_token))
-    for m, c in zip(dep.models, caps, strict=True):
-        if c < dep.scheduler.page_size:
-            raise ValueError(f"model {m.name}: no memory left for KV cache on its GPUs")
+    if any(c < dep.scheduler.page_size for c in caps):
+        raise NoRoom(_no_room(dep, specs, caps, gpu_memory_gb))
     return caps
+
+
+def _no_room(dep: DeploymentConfig, specs: list[ModelSpec], caps: list[int], gpu_memory_gb: float) -> str:
+    """Why a model gets less than one KV page, naming the model whose weights do not fit (not a neighbour that
+    merely shares its GPU) and the numbers."""
+    usable = gpu_memory_gb * MEM_FRACTION
+    of = f"of the {usable:.1f} GB an engine may use on a {gpu_memory_gb:g} GB GPU ({MEM_FRACTION:.0%})"
+    per_gpu = [s.weight_bytes / 1e9 / len(m.gpus) for m, s in zip(dep.models, specs, strict=True)]
+    alone = [i for i, w in enumerate(per_gpu) if w >= usable]
+    if alone:
+        i = alone[0]
+        m = dep.models[i]
+        tp = f" (tp={m.tp}: {per_gpu[i]:.1f} GB per GPU)" if len(m.gpus) > 1 else ""
+        return (f"{m.name} does not fit: its weights take {specs[i].weight_bytes / 1e9:.1f} GB{tp}, more than all "
+                f"{of}; give it more GPUs (--tp) or a GPU with more memory")  # fmt: skip
+    i = next(i for i, c in enumerate(caps) if c < dep.scheduler.page_size)
+    gpu = dep.models[i].gpus[0]
+    on = [j for j, m in enumerate(dep.models) if gpu in m.gpus] if dep.placement.mode == "mps" else [i]
+    weights = " + ".join(f"{dep.models[j].name} {per_gpu[j]:.1f} GB" for j in on)
+    return (f"{' and '.join(dep.models[j].name for j in on)} leave no room for a KV cache on GPU {gpu}: weights "
+            f"({weights}) take {sum(per_gpu[j] for j in on):.1f} GB {of}")  # fmt: skip

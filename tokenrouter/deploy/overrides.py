@@ -29,7 +29,9 @@ Rules, one per flag:
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from tokenrouter.core.config import (
     AutotuneConfig,
@@ -189,6 +191,8 @@ def _policy(cfg: DeploymentConfig, ov: DeploymentOverrides) -> dict[str, Baselin
 
 
 def _router(rc: RouterConfig, ov: DeploymentOverrides) -> RouterConfig:
+    if ov.router_model is not None:
+        _check_router_model(ov.router_model)
     if ov.hop_rate is not None:
         check_prob(ov.hop_rate, "--hop-rate")
     if ov.return_prob is not None:
@@ -202,3 +206,12 @@ def _router(rc: RouterConfig, ov: DeploymentOverrides) -> RouterConfig:
     }
     changes = {k: v for k, v in given.items() if v is not None}
     return replace(rc, **changes) if changes else rc
+
+
+def _check_router_model(value: str) -> None:
+    """A `--router-model` that is neither a file nor 'random' but reads like a typo of 'random' is named as one
+    (a path that does not exist is otherwise for `tr serve`'s file check, which knows where it runs)."""
+    if value.lower() == "random" or Path(value).exists():
+        return
+    if difflib.get_close_matches(value.lower(), ["random"], n=1, cutoff=0.6):
+        raise ValueError(f"--router-model {value!r}: no such checkpoint file; did you mean 'random'?")

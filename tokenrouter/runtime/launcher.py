@@ -26,7 +26,6 @@ this server runs.
 from __future__ import annotations
 
 import logging
-import multiprocessing as mp
 import shutil
 import signal
 import subprocess
@@ -52,7 +51,8 @@ from tokenrouter.runtime.hoptrace import merge_hop_logs
 from tokenrouter.runtime.mps import MpsDaemon
 from tokenrouter.runtime.rundir import create_run_dir
 from tokenrouter.runtime.sockets import push_socket, send_once
-from tokenrouter.runtime.supervision import StartupError, describe_exit, environ, exit_reason
+from tokenrouter.runtime.spawn import start_spawned
+from tokenrouter.runtime.supervision import StartupError, describe_exit, exit_reason
 from tokenrouter.runtime.sync_coordinator import Coordinator
 from tokenrouter.runtime.tp_config import check_tp, tp_environment
 
@@ -243,7 +243,7 @@ class Server:
         log.info("starting %d subservers (%s) on %s; run directory %s", self.num_models, names, self.device,
                  self.run_dir)  # fmt: skip
         for i in range(self.num_models):
-            self.processes.append(self._spawn(i))
+            self._spawn(i, self.processes.append)
         if self.cluster is not None:  # tcp: the coordinator connects to the subservers' published endpoints
             self.cluster.wait_joined()
             if policy.is_sync:
@@ -271,9 +271,11 @@ class Server:
         `Shutdown`, as `runtime.subserver.main` does."""
         return subserver.main, spec
 
-    def _spawn(self, i: int) -> Any:
-        """Start subserver i. Its parent-death signal is tied to the calling thread: the main thread at start,
-        the watcher for a restart (the watcher outlives every process it starts: `stop()` joins them first)."""
+    def _spawn(self, i: int, started: Callable[[Any], None]) -> None:
+        """Start subserver i and hand its process to `started` (which records it) before a Ctrl-C can interrupt
+        (`runtime.spawn`), so `stop()` always finds it. Its parent-death signal is tied to the calling thread: the
+        main thread at start, the watcher for a restart (the watcher outlives every process it starts: `stop()`
+        joins them first)."""
         mc = self.config.models[i]
         spec = SubserverSpec(
             i, self.config, self.addresses, self.device, self.memory_gb, self.seed, dict(self.engine_overrides),
@@ -286,7 +288,8 @@ class Server:
             spec = self.cluster.prepare(i, spec)
             remote = self.cluster.start_remote(i, spec)
             if remote is not None:
-                return remote
+                started(remote)
+                return
         env = dict(self._env_common)
         if self.device == "cuda":
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in mc.gpus)
@@ -294,11 +297,8 @@ class Server:
                 env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(mc.mps_active_thread_percentage)
         env.update(tp_environment(mc, self.device))  # rank 0 starts the model's other ranks (runtime.tp_ranks)
         target, arg = self.subserver_target(spec)
-        ctx = mp.get_context("spawn")
-        with environ(env):  # a spawned child copies the parent's environment at start
-            p = ctx.Process(target=target, args=(arg,), name=f"tokenrouter-sub{i}", daemon=False)
-            p.start()
-        return p
+        # imports only the subserver (not the CLI that started us), deaf to Ctrl-C until its handler is in place
+        start_spawned(target, (arg,), name=f"tokenrouter-sub{i}", env=env, started=started)
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.ready_timeout_s
@@ -417,7 +417,11 @@ class Server:
                 send_once(self._ctx, addr, [P.CTL, P.encode(P.Restarted(i))], linger_ms=1000)
         self.restarts[i] += 1
         log.warning("restarting subserver %d (%s), restart %d", i, self.config.models[i].name, self.restarts[i])
-        self.processes[i] = self._spawn(i)
+
+        def replace_dead(p: Any) -> None:
+            self.processes[i] = p
+
+        self._spawn(i, replace_dead)
         self.dead.pop(i, None)
 
     # ---- stop -----------------------------------------------------------------------------------------
@@ -434,6 +438,9 @@ class Server:
                     if not Addresses.known(addr):
                         continue  # over tcp: a subserver that never joined (it is killed below)
                     send_once(self._ctx, addr, [P.CTL, P.encode(P.Shutdown())], linger_ms=500)
+            for i, p in enumerate(self.processes):
+                if i not in self.ready and p.exitcode is None:
+                    p.kill()  # still starting (a Ctrl-C in start-up): nothing to drain, and no socket read yet
             deadline = time.monotonic() + timeout_s
             every = [*self.processes, *(p for _, p, _ in self.aux)]
             for p in every:

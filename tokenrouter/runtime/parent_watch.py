@@ -60,6 +60,9 @@ def die_with_parent(parent_pid: int, on_orphan: Callable[[], None], poll_s: floa
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    # A child of `runtime.spawn.start_spawned` starts with SIGINT blocked (no KeyboardInterrupt while it imports):
+    # from here on the handler above takes it (one that came meanwhile is delivered now).
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     _set_pdeathsig(signal.SIGTERM)
     if os.getppid() != parent_pid:  # it died before the prctl took effect
         orphaned()

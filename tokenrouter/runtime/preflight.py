@@ -31,6 +31,16 @@ def check_files(cfg: DeploymentConfig) -> None:
             raise PreflightError(f"{what} {path} not found")
 
 
+def check_context(cfg: DeploymentConfig) -> None:
+    """`max_model_len`, when set, is within every model's context (`deploy.builder.max_context_len`)."""
+    from tokenrouter.deploy.builder import max_context_len
+
+    try:
+        max_context_len(cfg)
+    except ValueError as e:
+        raise PreflightError(str(e)) from None
+
+
 def check_port(host: str, port: int) -> None:
     """`port` is a TCP port number and nothing listens on it at `host` (a test bind, released at once)."""
     if not 1 <= port <= 65535:
@@ -100,6 +110,7 @@ def preflight(cfg: DeploymentConfig, *, device: str, host: str, port: int, local
     if not local or any(m.host is not None or m.external for m in cfg.models):
         return
     check_files(cfg)
+    check_context(cfg)
     if device == "cuda":
         check_cuda(cfg)
     else:

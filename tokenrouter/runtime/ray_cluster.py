@@ -27,7 +27,7 @@ from tokenrouter.runtime.remote import RemoteSubserver
 
 log = logging.getLogger(__name__)
 
-RAY_INSTALL = "pip install 'tokenrouter[ray]'"
+RAY_INSTALL = 'in the repository, pip install -e ".[ray]"'
 
 
 class RayUnavailable(ImportError):

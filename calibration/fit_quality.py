@@ -1,0 +1,38 @@
+"""Fits too poor to price steps with: what `tr calibrate` warns about after it writes a profile.
+
+Each table of a measured profile carries the error of its fit on points the fit did not see (`FitError`). On an
+H200 the pass fits miss their held-out points by at most 18% and the co-location grids' interpolation by 11% in
+the median (69% at worst, one cell of the 0.6B + 32B grid); on a loaded CPU the same fits have missed by 168% and
+more. The limits sit between the two, so a GPU calibration stays quiet and a fit that does not predict its own
+held-out points is named.
+"""
+
+from __future__ import annotations
+
+from .measured import FitError
+from .profile import Profile
+
+PASS_MAX = 0.5  # a pass fit that misses one of its held-out points by more than this
+GRID_MEDIAN = 0.25  # a co-location grid whose interpolation misses its held-out cells by this in the median
+GRID_MAX = 1.0  # ... or any one of them by more than this
+
+
+def poor_fits(profile: Profile) -> list[str]:
+    """One line per fit of `profile` above the limits (module docstring): what, and its held-out error."""
+    out = []
+    for name, m in profile.models.items():
+        for kind in ("decode", "varlen", "eager"):
+            tab = getattr(m.passes, kind) if m.passes is not None else None
+            e = tab.errors.get(tab.fit) if tab is not None else None
+            if e is not None and e.points and e.max > PASS_MAX:
+                out.append(f"{name} {kind} passes: the {tab.fit} fit misses held-out points by up to {_err(e)}")
+    for g in profile.colocation:
+        e = g.errors.get("interp")
+        if e is not None and e.points and (e.median > GRID_MEDIAN or e.max > GRID_MAX):
+            out.append(f"co-location {g.model_a}+{g.model_b} ({g.arrangement}): interpolation misses held-out cells "
+                       f"by {_err(e)}")  # fmt: skip
+    return out
+
+
+def _err(e: FitError) -> str:
+    return f"{e.max:.0%} (median {e.median:.0%} over {e.points})"
