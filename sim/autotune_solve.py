@@ -4,8 +4,9 @@ The controller (`core.autotune`) hands over its estimates: live N, each model's 
 batch size as measured (a line fitted to buckets of busy time per batch size), the mean output. They become a
 simulator config:
 - the deployment with the router's hop probability (and r-stitch's hand-back probability) as estimated;
-- a workload `mean:P,O` of the estimated mean output (serving measures the mean, not the spread; the prompt length
-  P matters little: the measured step times do not depend on context);
+- the output lengths of the last 256 requests that finished, replayed (their shape, not only their mean, decides which
+  of two near-equal B is faster), or before 16 finished a lognormal of their mean and spread (`mean:P,O,SIGMA`);
+  prompts of 128 tokens (their length matters little: the measured step times do not depend on context);
 - a cost model whose step times are the measured lines (`MeasuredCost`). Models that share a GPU under MPS measured
   them under the co-location of the B in force, which another B changes: the B in force's load (how often the peer
   runs and how big its passes are, from the Markov chain at that B on the measured times) is divided out with the
@@ -19,15 +20,20 @@ needs, so the runtime runs this solve in a process of its own (`OffloadedSolve`)
 from __future__ import annotations
 
 import dataclasses
+import json
 import multiprocessing as mp
+import tempfile
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
 
 from tokenrouter.calibration.cost import ConstantCost, Interference, ModelStepCost, StepCost
 from tokenrouter.calibration.profile import load_profile
 from tokenrouter.calibration.step_stats import StepStats
-from tokenrouter.core.autotune import AutotuneController, Estimates, Solution
+from tokenrouter.core.autotune import AutotuneController, Estimates, Solution, batch_bucket
 from tokenrouter.core.config import AutotuneConfig, DeploymentConfig, RouterConfig
 from tokenrouter.core.hop_law import ONE_TOKEN_HANDBACK
 from tokenrouter.core.names import RouterName
@@ -37,9 +43,9 @@ from tokenrouter.markov import MarkovModel, evaluate_thresholds
 from tokenrouter.markov.colocation import DELTA_MS, Load, peer_load, tokens_per_row
 from tokenrouter.markov.explore import StateSpaceTooLarge
 from tokenrouter.routers.presets import router_law
-from tokenrouter.sim.decide import Objective, decide
-from tokenrouter.sim.loop import SimConfig, cost_model
-from tokenrouter.sim.propose import routing_matrices, step_time_fns
+from tokenrouter.sim.decide import Objective, decide, trial_config, trial_requests
+from tokenrouter.sim.loop import SimConfig, cost_model, simulate_config
+from tokenrouter.sim.propose import routing_matrices
 
 PROMPT_TOKENS = 128
 """Prompt length of the solve's trials (module docstring)."""
@@ -47,6 +53,8 @@ ASSUMED_MEAN_OUTPUT = 840
 """Mean output of the trials before any request finished (the low-effort workload's)."""
 ASSUMED_OUTPUT_SIGMA = 0.6
 """Lognormal spread of the trials' outputs before two requests finished (the synthetic workloads')."""
+MIN_REPLAYED_OUTPUTS = 16
+"""Finished requests from which the trials replay the measured output lengths (fewer: their mean and spread)."""
 
 
 @dataclass(slots=True)
@@ -169,6 +177,13 @@ class ScaledCost(StepCost):
         return self.base.gate_ms_per_step(policy)
 
 
+def solve_requests(concurrency: int) -> int:
+    """Requests of a solve's judging trial: twice `trial_requests`. B that serve within 1-2% of each other (what a
+    change under a stable workload is about) swap places on a three-generation trial (in the simulator at hop 0.1,
+    N = 8: (2,7) a hair above (3,6) on 24 requests, 1.4% below on 48, 2% below over a minute)."""
+    return 2 * trial_requests(concurrency)
+
+
 LEVEL_RANGE = (0.25, 4.0)
 """A measured level outside this, relative to the profile, is clamped: the profile is of another machine or model."""
 
@@ -188,9 +203,11 @@ class SimulatedSolve:
 
     def __call__(self, est: Estimates, current: tuple[int, ...]) -> Solution:
         n = est.concurrency
-        cfg = self.trial_config(est, current)
-        cur = clamp_thresholds(current, n)
-        choice = decide(cfg, n, self.objective, budget_s=self.budget_s, also=(cur,), finals=2)
+        with tempfile.TemporaryDirectory(prefix="autotune-") as tmp:
+            cfg = self.trial_config(est, current, Path(tmp))
+            cur = clamp_thresholds(current, n)
+            choice = decide(cfg, n, self.objective, budget_s=self.budget_s, also=(cur,), finals=2,
+                            requests=solve_requests(n))  # fmt: skip
         best = choice.thresholds
         if best is None:  # nothing meets the SLO: keep the B in force (the controller changes nothing)
             return Solution(cur, None, None, choice.describe())
@@ -198,17 +215,23 @@ class SimulatedSolve:
         return Solution(best, choice.trials[best].tok_s, None if now is None else now.tok_s,
                         f"simulated {len(choice.scouted)} B at the measured step times")  # fmt: skip
 
-    def trial_config(self, est: Estimates, current: tuple[int, ...]) -> SimConfig:
-        """The estimates as a simulator config (module docstring)."""
+    def trial_config(self, est: Estimates, current: tuple[int, ...], folder: Path | None = None) -> SimConfig:
+        """The estimates as a simulator config (module docstring). With `folder`, and enough requests finished, the
+        trials replay the recent output lengths (a JSONL written there); else `mean:P,O,SIGMA` of their moments."""
         n = est.concurrency
         dep = dataclasses.replace(self.deployment, router=_estimated_router(self.deployment, est))
-        mean = max(1, round(est.mean_output or ASSUMED_MEAN_OUTPUT))
-        sigma = ASSUMED_OUTPUT_SIGMA if est.output_sigma is None else est.output_sigma
-        cfg = SimConfig(dep, workload=f"mean:{PROMPT_TOKENS},{mean},{sigma:.3g}", concurrency=n, cost=self.base)
-        load = self._load(cfg, est, clamp_thresholds(current, n))
+        if folder is not None and len(est.outputs) >= MIN_REPLAYED_OUTPUTS:
+            workload = str(_replay_file(folder, est.outputs, solve_requests(n)))
+        else:
+            mean = max(1, round(est.mean_output or ASSUMED_MEAN_OUTPUT))
+            sigma = ASSUMED_OUTPUT_SIGMA if est.output_sigma is None else est.output_sigma
+            workload = f"mean:{PROMPT_TOKENS},{mean},{sigma:.3g}"
+        cfg = SimConfig(dep, workload=workload, concurrency=n, cost=self.base)
         if self.priced:
-            return dataclasses.replace(cfg, cost=ScaledCost(self.base, self._levels(cfg, est, load)))
-        alone = self._alone(cfg, est.step_table(n), load)
+            return dataclasses.replace(
+                cfg, cost=ScaledCost(self.base, self._levels(cfg, est, clamp_thresholds(current, n)))
+            )
+        alone = self._alone(cfg, est.step_table(n), self._load(cfg, est, clamp_thresholds(current, n)))
         names = [m.name for m in dep.models]
         return dataclasses.replace(cfg, cost=MeasuredCost(self.base, names, [_table_fn(t) for t in alone]))
 
@@ -225,17 +248,20 @@ class SimulatedSolve:
         except (StateSpaceTooLarge, ValueError):
             return None
 
-    def _levels(self, cfg: SimConfig, est: Estimates, load: Load | None) -> list[float]:
-        """Per model: measured step time over the profile's at the batch sizes measured (weighted by steps), the
-        profile's priced as the B in force ran them (co-run share `load`, the loop's overlap cost)."""
-        fns = step_time_fns(cfg, load)
-        dep = cfg.deployment
+    def _levels(self, cfg: SimConfig, est: Estimates, current: tuple[int, ...]) -> list[float]:
+        """Per model: measured step time over the simulator's at the B in force, bucket by batch size (weighted by
+        the measured steps). Both are a step's own busy time under that B's co-location, so like is compared with
+        like: the profile's factors are averages, while delayed batching makes the two models' busy periods
+        anti-correlated (a small model held for a few requests runs while the large one idles)."""
+        tc = trial_config(cfg, est.concurrency, solve_requests(est.concurrency))
+        policy = tc.deployment.policy.with_thresholds(current)
+        sim = simulate_config(dataclasses.replace(tc, deployment=dataclasses.replace(tc.deployment, policy=policy)))
         levels = []
-        for i, pts in enumerate(est.step_points or [()] * len(fns)):
-            overlap = dep.scheduler.overlap if dep.models[i].overlap is None else dep.models[i].overlap
-            extra = 1.0 + (self.base.overlap_frac(i) if overlap else 0.0)
-            predicted = sum(w * fns[i](max(1, round(r))) * extra for r, _, w in pts)
-            k = sum(w * ms for _, ms, w in pts) / predicted if predicted > 0 else 1.0
+        for i, pts in enumerate(est.step_points or [()] * len(cfg.deployment.models)):
+            own = _bucket_means(*sim.metrics.batch_series(i))
+            pairs = [(w, ms, own[batch_bucket(round(r))]) for r, ms, w in pts if batch_bucket(round(r)) in own]
+            num, den = sum(w * ms for w, ms, _ in pairs), sum(w * s for w, _, s in pairs)
+            k = num / den if den > 0 else 1.0
             levels.append(min(LEVEL_RANGE[1], max(LEVEL_RANGE[0], k)))
         return levels
 
@@ -255,6 +281,27 @@ class SimulatedSolve:
             out.append([row[b - 1] / inter.mixed(max(1, round(b * tpr[i])), u, peer_tokens) for b in
                         range(1, len(row) + 1)])  # fmt: skip
         return out
+
+
+def _bucket_means(start: np.ndarray, end: np.ndarray, size: np.ndarray) -> dict[int, float]:
+    """Mean own busy time (ms) of a run's steps per batch-size bucket, as a subserver counts it (`BatchTimes`): from
+    the step's start, or the end of the step before it if later, to its end."""
+    sums: dict[int, list[float]] = {}
+    prev = float("-inf")
+    for a, b, rows in zip(start.tolist(), end.tolist(), size.tolist(), strict=True):
+        sums.setdefault(batch_bucket(rows), []).append((b - max(a, prev)) * 1000.0)
+        prev = b
+    return {k: sum(v) / len(v) for k, v in sums.items()}
+
+
+def _replay_file(folder: Path, outputs: Sequence[int], requests: int) -> Path:
+    """A request JSONL of `requests` lines: prompts of PROMPT_TOKENS, outputs the measured lengths in the order they
+    finished, cycled when there are fewer."""
+    path = folder / "outputs.jsonl"
+    lines = (json.dumps({"prompt_len": PROMPT_TOKENS, "output_len": int(outputs[k % len(outputs)])})
+             for k in range(max(requests, len(outputs))))  # fmt: skip
+    path.write_text("\n".join(lines) + "\n")
+    return path
 
 
 def _table_fn(table: list[float]) -> Callable[[int], float]:

@@ -13,12 +13,13 @@
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import simpy
 
-from tokenrouter.core.autotune import AutotuneController, CounterSnapshot, Decision, ModelCounters
+from tokenrouter.core.autotune import RECENT_OUTPUTS, AutotuneController, CounterSnapshot, Decision, ModelCounters
 from tokenrouter.routers.presets import set_hop_rate
 from tokenrouter.workloads import Phase
 
@@ -34,11 +35,13 @@ class FinishCounter:
         self.finished = 0
         self.tokens = 0
         self.tokens_sq = 0
+        self.recent: deque[int] = deque(maxlen=RECENT_OUTPUTS)
 
     def on_finish(self, num_output: int) -> None:
         self.finished += 1
         self.tokens += num_output
         self.tokens_sq += num_output**2
+        self.recent.append(num_output)
 
 
 def set_router_hop_rate(subs: list[SimSubserver], rc: RouterConfig, hop_rate: float) -> None:
@@ -95,7 +98,12 @@ class SimAutotune:
     def snapshot(self) -> CounterSnapshot:
         models = tuple(ModelCounters.of(s.tokens, s.hops, s.batches) for s in self.subs)
         return CounterSnapshot(
-            models, self.entry.sched.active, self.finishes.finished, self.finishes.tokens, self.finishes.tokens_sq
+            models,
+            self.entry.sched.active,
+            self.finishes.finished,
+            self.finishes.tokens,
+            self.finishes.tokens_sq,
+            tuple(self.finishes.recent),
         )
 
     def _run(self):

@@ -64,6 +64,11 @@ BATCH_BUCKETS: tuple[int, ...] = (*range(1, 17), 24, 32, 48, 64, 96, 128, 192, 2
 (BATCH_BUCKETS[k-1], BATCH_BUCKETS[k]]); one more bucket holds every larger batch."""
 NUM_BATCH_BUCKETS = len(BATCH_BUCKETS) + 1
 MIN_BUCKET_STEPS = 2.0  # a bucket with fewer (decayed) steps is too noisy to anchor the line
+FIRST_SOLVE_GENERATIONS = 2
+"""No first solve before this many times N requests finished (`AutotuneController.observe`)."""
+RECENT_OUTPUTS = 256
+"""Finished requests whose output lengths a snapshot carries: the solve's trials replay them (their shape, not only
+their mean, decides which of two near-equal B is faster)."""
 
 
 def batch_bucket(rows: int) -> int:
@@ -115,6 +120,7 @@ class CounterSnapshot:
     finished: int = 0
     finished_tokens: int = 0
     finished_tokens_sq: int = 0  # sum of squared output lengths (their spread)
+    recent_outputs: tuple[int, ...] = ()  # the output lengths of the last `RECENT_OUTPUTS` finished, newest last
 
 
 @dataclass(slots=True, frozen=True)
@@ -165,6 +171,7 @@ class Estimates:
     mean_output: float | None
     step_points: tuple[tuple[tuple[float, float, float], ...], ...] = ()
     output_sigma: float | None = None
+    outputs: tuple[int, ...] = ()  # recent output lengths, newest last (`CounterSnapshot.recent_outputs`)
 
     def step_table(self, concurrency: int | None = None) -> list[list[float]]:
         """L_i(b) in ms for b = 1..N, one list per model; ValueError if a model has no step estimate."""
@@ -233,6 +240,7 @@ class Estimator:
         self.b_rows = [[0.0] * NUM_BATCH_BUCKETS for _ in range(m)]
         self.b_ms = [[0.0] * NUM_BATCH_BUCKETS for _ in range(m)]
         self.finished = self.finished_tokens = self.finished_tokens_sq = 0.0
+        self.outputs: tuple[int, ...] = ()
         self.live: deque[tuple[float, int]] = deque()
         self._last: CounterSnapshot | None = None
         self._last_t: float | None = None
@@ -269,6 +277,8 @@ class Estimator:
                 self.b_rows[i][k] = self.b_rows[i][k] * slow + d_rows[k]
                 self.b_ms[i][k] = self.b_ms[i][k] * slow + d_ms[k]
         d_fin, d_fin_tok = snap.finished - prev.finished, snap.finished_tokens - prev.finished_tokens
+        if snap.recent_outputs:
+            self.outputs = tuple(snap.recent_outputs)
         d_fin_sq = snap.finished_tokens_sq - prev.finished_tokens_sq
         if d_fin >= 0 and d_fin_tok >= 0 and d_fin_sq >= 0:
             self.finished = self.finished * slow + d_fin
@@ -306,7 +316,7 @@ class Estimator:
             second = self.finished_tokens_sq / self.finished
             # lognormal: E[X^2] / E[X]^2 = exp(sigma^2)
             sigma = math.sqrt(max(0.0, math.log(max(1.0, second / mean_out**2)))) if second > 0 else None
-        return Estimates(n, tuple(hop), tuple(lines), mean_out, tuple(points), sigma)
+        return Estimates(n, tuple(hop), tuple(lines), mean_out, tuple(points), sigma, self.outputs)
 
 
 def _diff(cur: Sequence[float], prev: Sequence[float]) -> list[float] | None:
@@ -490,6 +500,13 @@ class AutotuneController:
             self.rates.add(now, snap)
             self.status = f"waiting: model {short[0]} ran {self.estimator.steps(short[0]):.0f} of " \
                           f"{self.config.min_steps} steps"  # fmt: skip
+            return None
+        if self._solved is None and snap.finished < FIRST_SOLVE_GENERATIONS * max(1, snap.live):
+            # The first requests to finish are the short ones: outputs measured before two generations finished
+            # would have the trials serve a workload shorter than the one that runs.
+            self.rates.add(now, snap)
+            self.status = f"waiting: {snap.finished} of {FIRST_SOLVE_GENERATIONS * max(1, snap.live)} requests " \
+                          "finished (two generations of N) before the first solve"  # fmt: skip
             return None
         idle = self.estimator.idle()
         est = None if idle else self.estimator.estimates()

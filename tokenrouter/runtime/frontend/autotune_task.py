@@ -36,7 +36,12 @@ def snapshot(backend: Any, entry: int) -> CounterSnapshot | None:
     models = tuple(ModelCounters(s.tokens, s.hops, tuple(s.batch_steps), tuple(s.batch_rows), tuple(s.batch_ms))
                    for s in stats)  # fmt: skip
     return CounterSnapshot(
-        models, stats[entry].live, backend.finished, backend.finished_tokens, backend.finished_tokens_sq
+        models,
+        stats[entry].live,
+        backend.finished,
+        backend.finished_tokens,
+        backend.finished_tokens_sq,
+        tuple(backend.recent_outputs),
     )
 
 

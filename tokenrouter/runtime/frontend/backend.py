@@ -14,12 +14,14 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import zmq
 import zmq.asyncio
 
+from tokenrouter.core.autotune import RECENT_OUTPUTS
 from tokenrouter.core.config import PolicyConfig
 from tokenrouter.runtime import protocol as P
 from tokenrouter.runtime.frontend import access
@@ -69,6 +71,7 @@ class Backend:
         self.finished = 0
         self.finished_tokens = 0
         self.finished_tokens_sq = 0
+        self.recent_outputs: deque[int] = deque(maxlen=RECENT_OUTPUTS)  # autotune's trials replay their shape
 
     # ---- lifecycle ------------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -240,6 +243,7 @@ class Backend:
                 self.finished += 1
                 self.finished_tokens += msg.num_output
                 self.finished_tokens_sq += msg.num_output**2
+                self.recent_outputs.append(msg.num_output)
             stream = self.streams.get(msg.rid)
             if stream is None:
                 return  # aborted or already failed: late events are dropped
