@@ -78,16 +78,14 @@ class MeasuredModelCost:
         return 0.0  # the measured steps hold the router's device part
 
 
-class MeasuredCost(StepCost):
-    """`base` (the deployment's cost model) with each model's step time replaced by `alone_ms[i](rows)`: links,
-    co-location factors, the prepare margin and the sync coordinator stay the profile's."""
+class _OverBase(StepCost):
+    """`base` (the deployment's cost model) with each model's step costs replaced (`models`): links, co-location
+    factors, the prepare margin and the sync coordinator stay the profile's."""
 
-    def __init__(self, base: StepCost, names: Sequence[str], alone_ms: Sequence[Callable[[int], float]]) -> None:
-        self.base = base
-        self.models = [MeasuredModelCost(n, f, base.for_model(i).host_ms) for i, (n, f) in
-                       enumerate(zip(names, alone_ms, strict=True))]  # fmt: skip
+    base: StepCost
+    models: Sequence[ModelStepCost]
 
-    def for_model(self, model: int | str) -> MeasuredModelCost:
+    def for_model(self, model: int | str) -> ModelStepCost:
         if isinstance(model, int):
             return self.models[model]
         return next(m for m in self.models if m.name == model)
@@ -96,7 +94,7 @@ class MeasuredCost(StepCost):
         return self.base.message_ms(nbytes)
 
     def router_ms(self, model: int | str | None = None) -> float:
-        return 0.0
+        return self.base.router_ms(model)
 
     def sched_ms(self, model: int | str | None = None) -> float:
         return self.base.sched_ms(model)
@@ -105,13 +103,28 @@ class MeasuredCost(StepCost):
         return self.base.interference(model, peer)
 
     def overlap_frac(self, model: int | str) -> float:
-        return 0.0  # what the loop adds under overlap is in the measured busy time
+        return self.base.overlap_frac(model)
 
     def prepare_margin_ms(self) -> float | None:
         return self.base.prepare_margin_ms()
 
     def gate_ms_per_step(self, policy: str) -> float:
         return self.base.gate_ms_per_step(policy)
+
+
+class MeasuredCost(_OverBase):
+    """Each model's step time `alone_ms[i](rows)`, as measured; the rest `base`'s (`_OverBase`)."""
+
+    def __init__(self, base: StepCost, names: Sequence[str], alone_ms: Sequence[Callable[[int], float]]) -> None:
+        self.base = base
+        self.models = [MeasuredModelCost(n, f, base.for_model(i).host_ms) for i, (n, f) in
+                       enumerate(zip(names, alone_ms, strict=True))]  # fmt: skip
+
+    def router_ms(self, model: int | str | None = None) -> float:
+        return 0.0  # in the measured steps
+
+    def overlap_frac(self, model: int | str) -> float:
+        return 0.0  # what the loop adds under overlap is in the measured busy time
 
 
 @dataclass(slots=True)
@@ -143,38 +156,12 @@ class ScaledModelCost:
         return self.level * self.base.router_step_ms(rows)
 
 
-class ScaledCost(StepCost):
-    """`base` with each model's step times scaled by `levels[i]`; everything else `base`'s."""
+class ScaledCost(_OverBase):
+    """Each model's step costs scaled by `levels[i]`; the rest `base`'s (`_OverBase`)."""
 
     def __init__(self, base: StepCost, levels: Sequence[float]) -> None:
         self.base = base
         self.models = [ScaledModelCost(base.for_model(i), k) for i, k in enumerate(levels)]
-
-    def for_model(self, model: int | str) -> ScaledModelCost:
-        if isinstance(model, int):
-            return self.models[model]
-        return next(m for m in self.models if m.name == model)
-
-    def message_ms(self, nbytes: int = 0) -> float:
-        return self.base.message_ms(nbytes)
-
-    def router_ms(self, model: int | str | None = None) -> float:
-        return self.base.router_ms(model)
-
-    def sched_ms(self, model: int | str | None = None) -> float:
-        return self.base.sched_ms(model)
-
-    def interference(self, model: int, peer: int) -> Interference:
-        return self.base.interference(model, peer)
-
-    def overlap_frac(self, model: int | str) -> float:
-        return self.base.overlap_frac(model)
-
-    def prepare_margin_ms(self) -> float | None:
-        return self.base.prepare_margin_ms()
-
-    def gate_ms_per_step(self, policy: str) -> float:
-        return self.base.gate_ms_per_step(policy)
 
 
 def solve_requests(concurrency: int) -> int:
