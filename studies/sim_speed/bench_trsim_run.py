@@ -28,9 +28,9 @@ def main() -> None:
     args = p.parse_args()
     exe = shutil.which("trsim")
     base = [exe] if exe else [sys.executable, "-m", "tokenrouter.cli.trsim"]
-    rec = {"date": date.today().isoformat(),
-           "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
-           "loadavg_before": os.getloadavg()[0], "runs": [timed(base, ["run", "--hop-rate", "0.1"], args.repeat)]}  # fmt: skip
+    machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    rec = {"date": date.today().isoformat(), "machine": machine, "loadavg_before": os.getloadavg()[0],
+           "runs": [timed(base, ["run", "--hop-rate", "0.1"], args.repeat)]}  # fmt: skip
     if args.tune:
         out = "/tmp/bench_trsim_tune.yaml"
         rec["runs"].append(timed(base, ["tune", "-n", "1,2,4,8,16,32,64", "-o", out], args.tune))
