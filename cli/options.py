@@ -103,10 +103,10 @@ DEPLOYMENT_FLAGS: tuple[Flag, ...] = (
     Flag("overlap", ("--overlap/--no-overlap",), "CPU-GPU overlap: prepare step k+1 while step k runs (sync "
          "policies never overlap).", bool, _on_off, default="on"),
     Flag("autotune", ("--autotune/--no-autotune",), "Re-tune delayed-batching B while serving: estimate hop "
-         "probabilities, step time per batch size and mean output from the subservers' counters, re-solve the "
-         "Markov model's B for the live N every few seconds, and apply a new B when it is predicted to gain "
-         ">= 3% (the config's policy.autotune sets the details). trsim runs the same controller.", bool, _on_off,
-         default="off"),
+         "probabilities, step time per batch size and output lengths from the subservers' counters, choose B for "
+         "the live N with the decider (Markov proposals ranked in the simulator) when they move, and apply a new B "
+         "when it is predicted to gain >= 2%, verified by measurement (the config's policy.autotune sets the "
+         "details). trsim runs the same controller.", bool, _on_off, default="off"),
     Flag("page_size", ("--page-size",), "KV page size in tokens.", int, int, default="16"),
     Flag("max_batch_size", ("--max-batch-size",), "Most rows per step.", int, int, default="256"),
     Flag("max_batch_tokens", ("--max-batch-tokens",), "Most tokens per step (longer prefills are chunked).", int,

@@ -74,7 +74,7 @@ def test_serve_flag_and_config_key(files, capsys):
     rc, out, _ = call(tr.main, [*base, "--autotune"], capsys)
     assert rc == 0
     tune = yaml.safe_load(out)["policy"]["autotune"]
-    assert tune["interval_s"] == 5.0 and tune["min_gain"] == 0.03 and tune["max_states"] == 50_000
+    assert tune["interval_s"] == 5.0 and tune["min_gain"] == 0.02 and tune["max_states"] == 50_000
     rc, out, _ = call(tr.main, base, capsys)
     assert rc == 0 and yaml.safe_load(out)["policy"]["autotune"] is None
     rc, out, _ = call(tr.main, ["serve", "--config", str(cfg), "--device", "cpu", "--dry-run"], capsys)

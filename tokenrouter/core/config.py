@@ -114,7 +114,7 @@ class AutotuneConfig:
     observe_s: float = 1.0
     interval_s: float = 5.0
     tolerance: float = 0.1
-    min_gain: float = 0.03
+    min_gain: float = 0.02
     hold_s: float = 10.0
     half_life_s: float = 4.0
     step_half_life_s: float = 60.0
