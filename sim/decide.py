@@ -6,10 +6,10 @@ Why both models: the Markov model answers in a fraction of a second but ranks B 
 break (two models sharing a GPU: it sees each model's mean slowdown, not that a held small model runs while the
 large one idles), while the simulator is the more accurate model and costs a run per B. So:
 1. the Markov model's best B start a compass search in the simulator on short trials ("scouting"): each round
-   simulates the untried neighbours of the best B so far (one step up and down per model's B_i, and one step traded
-   between two models, which walks along the deadlock guard's edge), moves to a better one, or halves the steps; it
-   ends when no neighbour at step 1 beats the best, or at the time budget (the choice then says so). Small N, whose
-   feasible set is a handful of B, are scouted whole;
+   simulates the untried neighbours of the best B so far (one step up and down per model's B_i, one step traded
+   between two models, which walks along the deadlock guard's edge, and both up or both down), moves to a better
+   one, or halves the steps (they start at N/8); it ends when no neighbour at step 1 beats the best, or at the time
+   budget (the choice then says so). Small N, whose feasible set is a handful of B, are scouted whole;
 2. the `FINALISTS` best scouted B run full trials, and the best full trial wins.
 
 A trial is the deployment at B under a closed loop of N clients and `trial_requests(N)` requests of the run's
@@ -158,13 +158,15 @@ def feasible_set(num_models: int, concurrency: int, limit: int) -> list[B] | Non
 
 
 def neighbours(b: B, steps: Sequence[int], concurrency: int) -> list[B]:
-    """One step up and down along each model's B_i, then one step traded between two models (B_i up, B_j down):
-    the best B often sits on the deadlock guard's edge, sum_i (B_i - 1) = N - 1, where no single step stays
-    feasible but a trade does. Feasible ones only."""
+    """One step up and down along each model's B_i, one step traded between two models (B_i up, B_j down: the best B
+    often sits on the deadlock guard's edge, sum_i (B_i - 1) = N - 1, where no single step stays feasible but a
+    trade does) and, for two models, both up or both down. Feasible ones only."""
     out = []
     m = len(b)
     moves = [{i: d} for i, s in enumerate(steps) for d in (s, -s)]
     moves += [{i: s, j: -s} for i in range(m) for j in range(m) if i != j for s in [min(steps[i], steps[j])]]
+    if m == 2:  # and both up or both down: on a flat ridge the best holds both models longer together
+        moves += [{0: d * steps[0], 1: d * steps[1]} for d in (1, -1)]
     for mv in moves:
         c = tuple(x + mv.get(k, 0) for k, x in enumerate(b))
         if feasible(c, concurrency) and c not in out:
@@ -198,7 +200,7 @@ def scout(evaluate: Evaluate, start: Sequence[B], concurrency: int, num_models: 
         return trials, ""
     run([b for b in start if feasible(b, concurrency)] or [(1,) * num_models])
     best = max(trials.values(), key=objective.rank).thresholds
-    steps = [max(1, x // 4) for x in best]
+    steps = [max(1, round(concurrency / 8))] * num_models
     while clock() - t0 <= budget_s:
         run([c for c in neighbours(best, steps, concurrency) if c not in trials])
         top = max(trials.values(), key=objective.rank).thresholds
@@ -280,6 +282,7 @@ def decide(cfg: SimConfig, concurrency: int | None = None, objective: Objective 
            budget_s: float = DEFAULT_BUDGET_S, pool: Executor | None = None, proposals: Proposals | None = None,
            start: int = START_CANDIDATES, requests: int | None = None,
            progress: Callable[[int, Trial], None] | None = None, also: Sequence[B] = (), finals: int = FINALISTS,
+           seeds: Sequence[B] = (),
            speculate: Callable[[B], object] | None = None) -> Choice:  # fmt: skip
     """B for `cfg`'s deployment at N (default `cfg.concurrency`), chosen as the module docstring says. `proposals`:
     the Markov model's, when the caller already has them (default: solved here); `start`: how many of them start the
@@ -287,13 +290,14 @@ def decide(cfg: SimConfig, concurrency: int | None = None, objective: Objective 
     leader just before the finalists are judged, so a caller can start work on it alongside (`trsim run` starts its
     own run of that B, which is the choice most of the time); `also`: B judged beside the finalists whatever the
     scouting found, and the first to be scouted (autotune's B in force: its gain is measured like with like, and the
-    search starts where serving is); `finals`: how many scouted B are judged."""
+    search starts where serving is); `finals`: how many scouted B are judged; `seeds`: B that start the scouting
+    beside the Markov proposals (`trsim tune`: the B chosen at the previous N, scaled)."""
     t0 = time.monotonic()
     n = concurrency or cfg.concurrency
     m = len(cfg.deployment.models)
     if proposals is None:
         proposals = propose(cfg, n)
-    first = [*(b for b in also if feasible(b, n)), *(b for b, _ in proposals.ranked[:start])]
+    first = [*(b for b in [*also, *seeds] if feasible(b, n)), *(b for b, _ in proposals.ranked[:start])]
     scouted, note = scout(simulator_evaluate(scout_config(cfg, n, requests), pool), first, n, m, objective, budget_s,
                           progress=progress)  # fmt: skip
     best = finalists(scouted, objective, finals)

@@ -82,9 +82,11 @@ def test_the_budget_stops_the_search_and_the_choice_says_so():
 
 
 def test_neighbours_step_each_b_and_trade_along_the_guard():
-    # At N = 8, (2, 7) sits on the guard's edge: 1 + 6 = 7 = N - 1. Up-steps leave the feasible set; trades stay.
-    assert set(neighbours((2, 7), [1, 1], 8)) == {(1, 7), (2, 6), (3, 6), (1, 8)}
-    assert set(neighbours((3, 3), [2, 2], 8)) == {(5, 3), (1, 3), (3, 5), (3, 1), (5, 1), (1, 5)}
+    # At N = 8, (2, 7) sits on the guard's edge: 1 + 6 = 7 = N - 1. Up-steps leave the feasible set; trades and the
+    # step down on both stay.
+    assert set(neighbours((2, 7), [1, 1], 8)) == {(1, 7), (2, 6), (3, 6), (1, 8), (1, 6)}
+    # axis (5,3) (1,3) (3,5) (3,1); trades (5,1) (1,5); both down (1,1); both up (5,5) has 4 + 4 = 8: out
+    assert set(neighbours((3, 3), [2, 2], 8)) == {(5, 3), (1, 3), (3, 5), (3, 1), (5, 1), (1, 5), (1, 1)}
 
 
 def test_feasible_sets_by_hand():
