@@ -262,9 +262,14 @@ def run_trial(cfg: SimConfig, thresholds: B) -> Trial:
     dep = cfg.deployment
     policy = dep.policy.with_thresholds(thresholds)
     res = simulate_config(dataclasses.replace(cfg, deployment=dataclasses.replace(dep, policy=policy)))
-    s = res.summary
-    tok_s = s.get("steady_output_throughput_tok_s", s["output_throughput_tok_s"])
-    return Trial(tuple(thresholds), float(tok_s), float(s["tpot_ms_p50"]), float(s["tpot_ms_p99"]))
+    return trial_of(thresholds, res.summary)
+
+
+def trial_of(thresholds: B, summary: dict[str, float]) -> Trial:
+    """What a run of B measured, as the decider ranks it: steady output throughput (the whole run's without a steady
+    window) and TPOT p50/p99."""
+    tok_s = summary.get("steady_output_throughput_tok_s", summary["output_throughput_tok_s"])
+    return Trial(tuple(thresholds), float(tok_s), float(summary["tpot_ms_p50"]), float(summary["tpot_ms_p99"]))
 
 
 def simulator_evaluate(cfg: SimConfig, pool: Executor | None = None) -> Evaluate:
@@ -282,16 +287,15 @@ def decide(cfg: SimConfig, concurrency: int | None = None, objective: Objective 
            budget_s: float = DEFAULT_BUDGET_S, pool: Executor | None = None, proposals: Proposals | None = None,
            start: int = START_CANDIDATES, requests: int | None = None,
            progress: Callable[[int, Trial], None] | None = None, also: Sequence[B] = (), finals: int = FINALISTS,
-           seeds: Sequence[B] = (),
-           speculate: Callable[[B], object] | None = None) -> Choice:  # fmt: skip
-    """B for `cfg`'s deployment at N (default `cfg.concurrency`), chosen as the module docstring says. `proposals`:
-    the Markov model's, when the caller already has them (default: solved here); `start`: how many of them start the
-    search; `requests`: per trial (default `trial_requests(N)`); `speculate(leader)`: called with the scouting
-    leader just before the finalists are judged, so a caller can start work on it alongside (`trsim run` starts its
-    own run of that B, which is the choice most of the time); `also`: B judged beside the finalists whatever the
-    scouting found, and the first to be scouted (autotune's B in force: its gain is measured like with like, and the
-    search starts where serving is); `finals`: how many scouted B are judged; `seeds`: B that start the scouting
-    beside the Markov proposals (`trsim tune`: the B chosen at the previous N, scaled)."""
+           seeds: Sequence[B] = (), judge: Evaluate | None = None) -> Choice:  # fmt: skip
+    """B for `cfg`'s deployment at N (default `cfg.concurrency`), chosen as the module docstring says. `proposals`: the
+    Markov model's, when the caller already has them (default: solved here); `start`: how many of them start the
+    search; `requests`: per trial (default `trial_requests(N)`); `judge`: how the finalists are judged instead of full
+    trials (`trsim run` judges its two best scouted B by its own run, which it needs anyway); `also`: B judged beside
+    the finalists whatever the scouting found, and the first to be scouted (autotune's B in force: its gain is
+    measured like with like, and the search starts where serving is); `finals`: how many scouted B are judged;
+    `seeds`: B that start the scouting beside the Markov proposals (`trsim tune`: the B chosen at the previous N,
+    scaled)."""
     t0 = time.monotonic()
     n = concurrency or cfg.concurrency
     m = len(cfg.deployment.models)
@@ -301,10 +305,9 @@ def decide(cfg: SimConfig, concurrency: int | None = None, objective: Objective 
     scouted, note = scout(simulator_evaluate(scout_config(cfg, n, requests), pool), first, n, m, objective, budget_s,
                           progress=progress)  # fmt: skip
     best = finalists(scouted, objective, finals)
-    if speculate is not None:
-        speculate(best[0])
-    judge = list(dict.fromkeys([*best, *(b for b in also if feasible(b, n))]))
-    judged = {t.thresholds: t for t in simulator_evaluate(trial_config(cfg, n, requests), pool)(judge)}
+    judged_b = list(dict.fromkeys([*best, *(b for b in also if feasible(b, n))]))
+    evaluate = judge or simulator_evaluate(trial_config(cfg, n, requests), pool)
+    judged = {t.thresholds: t for t in evaluate(judged_b)}
     choice = Choice(n, choose(judged, objective), judged, proposals.ranked, objective, note, time.monotonic() - t0,
                     proposals.note, scouted)  # fmt: skip
     return choice

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from concurrent.futures import Executor, Future
+from concurrent.futures import Executor
 from pathlib import Path
 from typing import Protocol
 
@@ -17,11 +17,23 @@ from tokenrouter.core.policy import PolicyKind
 from tokenrouter.deploy.builder import max_context_len
 from tokenrouter.deploy.kv_budget import NoRoom, kv_capacity_tokens
 from tokenrouter.deploy.overrides import DeploymentOverrides
-from tokenrouter.sim.decide import DEFAULT_BUDGET_S, THROUGHPUT, Objective, Trial, decide
+from tokenrouter.sim.decide import (
+    DEFAULT_BUDGET_S,
+    FINALISTS,
+    THROUGHPUT,
+    Objective,
+    Trial,
+    decide,
+    trial_of,
+    trial_requests,
+)
 from tokenrouter.sim.propose import check_search_concurrency
 from tokenrouter.sim.run import SimConfig, SimResult, run_sim
 from tokenrouter.sim.tune import with_thresholds
-from tokenrouter.workloads import initial_phase, load_phases
+from tokenrouter.workloads import initial_phase, load_phases, make_workload
+
+SELF_JUDGED = 2
+"""Finalists a run judges by running them itself (`_judges_itself`): two runs on two processes take one run's time."""
 
 
 class DeploymentSource(Protocol):
@@ -90,24 +102,36 @@ def simulate(cfg: SimConfig, auto: bool, *, objective: Objective = THROUGHPUT, p
         res = run_sim(cfg)
         res.extra["thresholds_note"] = note
         return res
-    ahead: dict[tuple[int, ...], Future[SimResult]] = {}
+    runs: dict[tuple[int, ...], SimResult] = {}
 
-    def speculate(leader: tuple[int, ...]) -> None:
-        if pool is not None:  # the run itself at the scouting leader, beside the finalists' trials
-            ahead[leader] = pool.submit(run_sim, with_thresholds(cfg, leader))
+    def judge(cands: list[tuple[int, ...]]) -> list[Trial]:
+        """The finalists judged by this very run (at least a trial's length of a closed loop): each one's run is
+        then the result if it wins, instead of a trial and a run."""
+        futs = [pool.submit(run_sim, with_thresholds(cfg, b)) for b in cands] if pool is not None else []
+        for k, b in enumerate(cands):
+            runs[b] = futs[k].result() if futs else run_sim(with_thresholds(cfg, b))
+        return [trial_of(b, runs[b].summary) for b in cands]
 
-    choice = decide(cfg, objective=objective, budget_s=budget_s, pool=pool, progress=progress, speculate=speculate)
+    own = _judges_itself(cfg)
+    choice = decide(cfg, objective=objective, budget_s=budget_s, pool=pool, progress=progress,
+                    judge=judge if own else None, finals=SELF_JUDGED if own else FINALISTS)  # fmt: skip
     if choice.thresholds is None:
-        for f in ahead.values():
-            f.cancel()
         raise ValueError(choice.describe())
-    fut = ahead.pop(choice.thresholds, None)
-    for f in ahead.values():
-        f.cancel()
-    res = fut.result() if fut is not None else run_sim(with_thresholds(cfg, choice.thresholds))
+    res = runs.get(choice.thresholds) or run_sim(with_thresholds(cfg, choice.thresholds))
     res.extra["thresholds_note"] = f" (auto: {choice.describe()})"
     res.extra["choice"] = choice
     return res
+
+
+def _judges_itself(cfg: SimConfig) -> bool:
+    """Whether the run is a judge as good as a trial: a closed loop of fixed clients (no arrival rate, no phases, no
+    autotune) with at least a trial's requests, so its steady window is at least a trial's."""
+    if cfg.arrival_rate is not None or load_phases(cfg.workload) or cfg.deployment.policy.autotune is not None:
+        return False
+    if cfg.num_requests < trial_requests(cfg.concurrency):
+        return False
+    specs = make_workload(cfg.workload, cfg.num_requests, cfg.seed, max_output=cfg.max_output)
+    return len(specs) >= trial_requests(cfg.concurrency) and all(spec.arrival is None for spec in specs)
 
 
 def _check_fits(dep: DeploymentConfig) -> None:
