@@ -67,6 +67,7 @@ def main() -> int:
         "tuned B (flat) or the config's table: '40/60=1,4;60/40=2,6;70/100'",
     )
     p.add_argument("--split-n", type=int, default=8)
+    p.add_argument("--requests-per-n", type=int, default=3, help="requests per cell: this many per client (at least 8)")
     p.add_argument("--deadline", type=float, default=540.0)
     p.add_argument("--device", default="cuda")
     p.add_argument("--port", type=int, default=8200)
@@ -134,7 +135,7 @@ def main() -> int:
 
                     table = yaml.safe_load(cfg.read_text())["policy"]["table"]
                 set_policy(url, pol, hop, th, table)
-                reqs = max(8, 3 * n)
+                reqs = max(8, a.requests_per_n * n)
                 jf = base / "cell.json"
                 cmd = [*TR, "bench", "--url", url, "-n", str(n), "--num-requests", str(reqs), "--workload", a.workload,
                        "--max-output", str(a.max_output), "--seed", "0", "--json", str(jf)]  # fmt: skip
