@@ -182,6 +182,32 @@ def check_against_hf(scn: Scenario, hf_model: torch.nn.Module, tol: float = 1e-4
     return len(scn.records)
 
 
+def decode_rows_beside_prefill(eng: Engine, prompts: list[int], prefill: int, *, seed: int = 3) -> tuple:
+    """The step shape that gave all-NaN logits live (Qwen3-0.6B, varlen bucket 48): requests of `prompts` tokens are
+    prefilled in one step, then one step carries a decode row of each, followed by a whole `prefill`-token prompt
+    of a new request that samples (all greedy). In a varlen graph the decode rows fill the short row group and the
+    prefill the long one. Returns (handle, result) of the second step."""
+    pool, vocab = eng.kv_pool, eng.spec.vocab_size
+    gen = torch.Generator().manual_seed(seed)
+
+    def request(rid: str, n: int) -> Request:
+        ids = torch.randint(0, vocab, (n,), generator=gen).tolist()
+        return Request(rid, ids, n, sampling=SamplingParams(temperature=0.0))
+
+    reqs = [request(f"d{i}", n) for i, n in enumerate(prompts)]
+    for r in reqs:
+        assert pool.grow(r.pages, r.num_tokens + 1)
+    first = eng.step(Batch(0, 0, [BatchRow(r, 0, r.num_tokens) for r in reqs])).result()
+    for r, tok in zip(reqs, first.next_token_ids.tolist(), strict=True):
+        r.num_computed = r.num_tokens
+        r.token_ids.append(tok)
+    new = request("p", prefill)
+    assert pool.grow(new.pages, prefill)
+    rows = [BatchRow(r, r.num_tokens - 1, 1) for r in reqs] + [BatchRow(new, 0, prefill)]
+    handle = eng.step(Batch(0, 1, rows), return_logits=True)
+    return handle, handle.result()
+
+
 def run_self(script: str, flag: str, interpret: bool) -> None:
     """Run a test file as a script in a fresh process: Triton decides interpreter vs compiled per @jit at
     import time, so interpreter and ahead-of-time runs must not share a process with code that imported triton

@@ -186,3 +186,35 @@ def test_split_heuristic_values(tri) -> None:
     assert choose(8, 8192, 132) == 32  # batch 1 x 8 KV heads at 8k: capped by 256 tokens per split
     assert choose(256, 8192, 132) == 3  # big batch: little splitting
     assert all(choose(p, 8192, 132) >= choose(2 * p, 8192, 132) for p in (8, 32, 128, 512))
+
+
+@pytest.mark.parametrize(
+    ("small", "long_splits", "short_splits"),
+    [
+        (False, 5, 2),  # the live Qwen3-0.6B bucket-48 step: production tiles, both groups split
+        (True, 1, 3),  # only the short group splits: its reduce must not touch the long group's tokens
+        (True, 3, 1),  # only the long group splits: the short group's tokens, written first, survive
+        (False, None, None),  # split counts from the heuristic, as the engine launches them
+    ],
+)
+def test_triton_extend_row_groups_share_one_output(tri, small, long_splits, short_splits) -> None:
+    """A varlen graph launches its two row groups (`varlen_shapes`) into one output: long rows with max_q_len = T,
+    then short rows with the short bound. Each launch, split reduce included, must write only its own rows'
+    tokens: the other group's tokens and the bucket's padding tokens stay as they were."""
+    long_q, short_q = [38, 0, 0, 0], [1, 1, 1, 0]  # a sampled prefill + 3 padding rows; 3 decode rows + 1
+    lens = [38, 1, 1, 1, 309, 276, 170, 1]  # padding rows: seq_len 1, zero queries
+    bucket, n_long = 48, len(long_q)
+    case = make_case(lens, 2, 16, 16, seed=21)
+    q = torch.randn(bucket, 4, 16, generator=torch.Generator().manual_seed(22))
+    cu = torch.tensor([0, *torch.tensor(long_q + short_q).cumsum(0).tolist()], dtype=torch.int32)
+    real = int(cu[-1])  # tokens real..bucket-1 are the bucket's padding: no row owns them
+    config = tri.common.KernelConfig(**SMALL) if small else tri.common.EXTEND_CONFIG
+    out = torch.full_like(q, 7.0)
+    groups = ((0, n_long, bucket, long_splits), (n_long, len(lens), 16, short_splits))
+    for a, b, max_q, splits in groups:
+        tri.extend.extend_attention_triton(
+            q, case.k_cache, case.v_cache, case.block_tables[a:b], cu[a : b + 1], case.seq_lens[a:b], 0.25,
+            max_q_len=max_q, out=out, num_splits=splits, config=config,
+        )  # fmt: skip
+    assert rel_err(out[:real], oracle(q, case, long_q + short_q, 0.25)[:real]) < 1e-4
+    assert out[real:].eq(7.0).all()

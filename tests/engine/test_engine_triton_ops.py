@@ -27,7 +27,8 @@ def _run_self(flag: str, interpret: bool) -> None:
 def test_triton_ops_match_torch_in_interpreter():
     """RMSNorm (+residual, +row gather), q/k-norm + RoPE + KV store, SwiGLU vs the torch paths; then the whole
     model on the Triton path (the CUDA code path) against HF, with the padded graph path, on CPU, for the
-    baseline and the default launch-overhead switches, and the kernels each launches per layer."""
+    baseline and the default launch-overhead switches, and the kernels each launches per layer; a varlen graph
+    step of decode rows beside a sampled prefill against the torch path."""
     _run_self("--interpret", interpret=True)
 
 
@@ -182,6 +183,29 @@ def _check_switches_match_hf_and_count_kernels(tops):
                 assert eng.split_counters.eq(0).all()
 
 
+def _check_varlen_graph_prefill_beside_decode_rows(tops):
+    """The step that sampled all-NaN logits live: 3 decode rows and a sampled 38-token prefill in the 48-token varlen
+    graph, Triton attention and ops, a block table wide enough (1024-token context, 63 pages) that both row groups split
+    the KV. The short group's split reduce once overwrote the prefill's attention output with its unwritten
+    partials; the logits must match the torch path's plain eager pass."""
+    import tempfile
+    from pathlib import Path
+
+    from engine_testlib import decode_rows_beside_prefill, make_hf_checkpoint, tiny_engine
+
+    kw = {"page_size": 16, "num_pages": 64, "max_batch_size": 8, "max_num_batched_tokens": 64}
+    with tempfile.TemporaryDirectory() as tmp:
+        make_hf_checkpoint(Path(tmp), seed=31, max_position_embeddings=1024)
+        eng = tiny_engine(tmp, attention_backend="triton", ops_backend="triton", graph_emulation=True, **kw)
+        h, res = decode_rows_beside_prefill(eng, [3, 5, 2], 38)
+        _, ref = decode_rows_beside_prefill(tiny_engine(tmp, **kw), [3, 5, 2], 38)
+    # ~1k tokens of block-table width (63 pages): both row groups split the KV (`choose_num_splits`, >= 256 a split)
+    assert h.varlen_bucket == 48 and eng.table.table.shape[1] * 16 > 3 * 256
+    assert torch.isfinite(res.logits).all()
+    assert res.next_token_ids.tolist() == ref.next_token_ids.tolist()
+    _close(res.logits, ref.logits, 1e-4)
+
+
 def _check_step_kernels(tops):
     """In-graph sampling (greedy, temperature, top-k, top-p, both; log-probabilities of the rows that ask) and the
     step prologue (page-table writes, from_prev tokens) against their torch definitions; vocab not a multiple of
@@ -294,6 +318,7 @@ def _interpret() -> int:
     checks.append((_check_attention_row_slots, ()))
     checks.append((_check_model_matches_hf, ()))
     checks.append((_check_switches_match_hf_and_count_kernels, ()))
+    checks.append((_check_varlen_graph_prefill_beside_decode_rows, ()))
     failed = 0
     for fn, args in checks:
         try:

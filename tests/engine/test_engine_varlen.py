@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_testlib import make_hf_checkpoint, tiny_engine
+from cuda_marks import cuda_only
+from engine_testlib import decode_rows_beside_prefill, make_hf_checkpoint, tiny_engine
 
 from tokenrouter.core.batch import Batch, BatchRow
 from tokenrouter.core.request import Request, SamplingParams
@@ -144,3 +145,20 @@ def test_steps_beyond_the_largest_bucket_run_eagerly(ckpt):
     assert h.varlen_bucket == 16 and a == a_ref and b == b_ref
     _, h3, _, _ = _drive(eng, [1], chunk=16)  # 17 tokens: one over the largest bucket
     assert h3.varlen_bucket is None and h3.graph_bucket is None and h3.eager_tokens == 17
+
+
+@cuda_only()
+def test_captured_varlen_graph_prefill_beside_decode_rows_matches_torch(tmp_path):
+    """The live NaN step on real CUDA graphs (the interpreter check is in test_engine_triton_ops.py): 3 decode rows
+    and a sampled 38-token prefill in the 48-token varlen graph, a block table wide enough that both row groups
+    split the KV; logits as the torch attention path's eager pass gives them."""
+    make_hf_checkpoint(tmp_path, seed=31, max_position_embeddings=1024)
+    kw = {"device": "cuda", "page_size": 16, "num_pages": 64, "max_batch_size": 8, "max_num_batched_tokens": 64}
+    graphed = tiny_engine(tmp_path, attention_backend="triton", cuda_graphs=True, **kw)
+    assert graphed.graphs_enabled, graphed.graph_error
+    h, res = decode_rows_beside_prefill(graphed, [3, 5, 2], 38)
+    ref_engine = tiny_engine(tmp_path, ops_backend="torch", **kw)  # torch attention (tiny_engine's default), eager
+    _, ref = decode_rows_beside_prefill(ref_engine, [3, 5, 2], 38)
+    assert h.varlen_bucket == 48 and torch.isfinite(res.logits).all()
+    assert res.next_token_ids.tolist() == ref.next_token_ids.tolist()
+    assert float((res.logits - ref.logits).abs().max()) < 1e-3 * float(ref.logits.abs().max())

@@ -8,7 +8,8 @@ A varlen graph of bucket T holds at most T fed tokens in two row groups, each a 
 Why two groups: the Triton extend attention's grid is rows x KV heads x query blocks of `max_q_len`, and
 programs past a row's end exit at once. One group of `short_rows + long_rows` rows at `max_q_len = T` would
 launch (rows x T / BLOCK_Q) programs per layer, nearly all empty (about 262k a layer for Qwen3-32B at T = 1024
-and 256 rows); two groups keep it near (long_rows x T + short_rows x short_q) / BLOCK_Q.
+and 256 rows); two groups keep it near (long_rows x T + short_rows x short_q) / BLOCK_Q. Both launches write
+one attention output, so each (its KV-split reduce included) must write only its own rows' tokens.
 
 Row placement (`VarlenShape.place`): long rows fill the long group first, in batch order; short rows fill the
 short group, then any long-group room left. A step fits the smallest bucket holding its tokens whose groups
@@ -17,7 +18,8 @@ hold its rows; else it runs eagerly (or, with several buckets, in a bigger one t
 Padding (as `inputs` documents for the graph layout): padded tokens have id 0, position 0, KV slot 0 (the null
 page) and no row (`cu_seqlens_q` stays at the last real token, so padded rows have zero queries and their
 attention programs exit); padded rows read the null page-table slot 0; padded logit rows read token 0 and
-sample greedily into the null slot. So padding never writes a real page or a real slot.
+sample greedily into the null slot. So padding never writes a real page or a real slot. No launch writes the
+padding tokens' attention output: their values (any, NaN included) reach only the null page.
 """
 
 from __future__ import annotations

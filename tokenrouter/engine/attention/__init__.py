@@ -103,7 +103,8 @@ def extend_attention(
     the row's total KV length (prefix + new, new KV already stored). Query i of row b sits at position
     `seq_lens[b] - q_len_b + i` and attends to keys 0..that position. Pass `max_q_len` (an upper bound on
     q_len_b) to avoid a host sync, as CUDA-graph capture requires. Output rows not covered by
-    `cu_seqlens_q` are unspecified. `row_slots`: as in `decode_attention`.
+    `cu_seqlens_q` are left untouched (a varlen graph launches its two row groups into one output).
+    `row_slots`: as in `decode_attention`.
     """
     if resolve_backend(backend, q.device) == "torch":
         bt = block_tables if row_slots is None else block_tables.index_select(0, row_slots.long())

@@ -44,7 +44,7 @@ from tokenrouter.engine.attention.triton_extend import extend_tiling
 FWD_POINTERS = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "Out": "*bf16", "BlockTables": "*i32",
                 "SeqLens": "*i32", "CuSeqlensQ": "*i32", "MidO": "*fp32", "MidLse": "*fp32",
                 "Counters": "*i32", "RowSlots": "*i32"}  # fmt: skip
-REDUCE_POINTERS = {"MidO": "*fp32", "MidLse": "*fp32", "Out": "*bf16"}
+REDUCE_POINTERS = {"MidO": "*fp32", "MidLse": "*fp32", "Out": "*bf16", "CuSeqlensQ": "*i32"}
 
 
 @dataclass(frozen=True)

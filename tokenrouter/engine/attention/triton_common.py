@@ -217,8 +217,11 @@ def launch_paged_attention(
         **meta, **launch,
     )  # fmt: skip
     if not single and not fused:
+        # Extend: the reduce writes only the tokens of this launch's rows (`cu_seqlens_q`), never other tokens of
+        # `out` (the varlen graphs launch two row groups into one output).
+        cu, cu_rows = (seq_lens, 0) if is_decode else (cu_seqlens_q, num_rows)
         split_reduce_kernel[(num_tokens, num_heads)](
-            mid_o, mid_lse, out, num_splits, *m_strides, *l_strides, out.stride(0), out.stride(1),
+            mid_o, mid_lse, out, cu, num_splits, cu_rows, *m_strides, *l_strides, out.stride(0), out.stride(1),
             **reduce_constexprs(num_splits, head_dim, pdl), num_warps=4 if head_dim >= 128 else 2,
             **({"launch_pdl": True} if pdl else {}),
         )  # fmt: skip

@@ -61,7 +61,7 @@ def extend_attention_triton(
     row_slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Packed q `[T, Hq, D]`; row b owns tokens `cu_seqlens_q[b]:cu_seqlens_q[b+1]`, the last of which sits at
-    position `seq_lens[b] - 1`. Tokens outside every row are left unspecified in `out`."""
+    position `seq_lens[b] - 1`. Tokens outside every row are left untouched in `out`."""
     num_rows = seq_lens.shape[0]
     num_heads, num_kv_heads = q.shape[1], k_cache.shape[2]
     if cu_seqlens_q.shape != (num_rows + 1,) or (row_slots is None and block_tables.shape[0] != num_rows):

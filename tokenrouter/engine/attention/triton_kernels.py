@@ -312,12 +312,14 @@ def paged_attention_fwd_kernel(
                 )  # fmt: skip
 
 
-@triton.jit(do_not_specialize=["num_splits"])
+@triton.jit(do_not_specialize=["num_splits", "cu_rows"])
 def split_reduce_kernel(
     MidO,
     MidLse,
     Out,
+    CuSeqlensQ,
     num_splits,
+    cu_rows,
     stride_mt,
     stride_mh,
     stride_ms,
@@ -331,12 +333,20 @@ def split_reduce_kernel(
     USE_PDL: tl.constexpr,
 ):
     """Grid (T, Hq): out = sum_s 2^(lse_s - m) o_s / sum_s 2^(lse_s - m). Empty splits (lse -inf) weigh 0;
-    a token with no visible key at all (seq_len 0) gets 0, not NaN."""
+    a token with no visible key at all (seq_len 0) gets 0, not NaN. Extend (`cu_rows` > 0): only the tokens
+    `CuSeqlensQ[0] .. CuSeqlensQ[cu_rows] - 1` of this launch's rows; decode (`cu_rows` == 0): every token."""
     if USE_PDL:
         gdc_wait()
         gdc_launch_dependents()
     tok = tl.program_id(0)
     head = tl.program_id(1)
+    # Tokens outside this launch's rows have no partials in MidO/MidLse (uninitialized memory) and may belong to
+    # another launch writing the same Out: a varlen graph's other row group, which may run before this one.
+    # (Decode reads CuSeqlensQ[0], a valid placeholder, and keeps every token.)
+    tok_lo = tl.load(CuSeqlensQ)
+    tok_hi = tl.load(CuSeqlensQ + cu_rows)
+    if (cu_rows > 0) & ((tok < tok_lo) | (tok >= tok_hi)):
+        return
     offs_s = tl.arange(0, SPLITS_PAD)
     offs_d = tl.arange(0, BLOCK_D)
     s_ok = offs_s < num_splits
