@@ -136,31 +136,37 @@ def test_page_tables_change_incrementally(ckpt):
     assert eng.table.table[slot, :3].tolist() == req.pages[:3]
 
 
+def _refused(eng, batch: Batch, match: str) -> tuple[str, ...]:
+    """The requests a refused batch's BatchError names (`rids`: what the runtime fails)."""
+    with pytest.raises(BatchError, match=match) as err:
+        eng.step(batch)
+    return err.value.rids
+
+
 def test_bad_inputs_name_the_row(ckpt):
     _, path = ckpt
     eng = tiny_engine(path)
     pool = eng.kv_pool
     a, b = _req("a", 3, pool, extra=1), _req("b", 3, pool)
-    with pytest.raises(BatchError, match="row 0 \\(request a\\): from_prev row, but step 0"):
-        eng.step(Batch(0, 1, [BatchRow(a, 3, 1, from_prev=True)]))
+    assert _refused(eng, Batch(0, 1, [BatchRow(a, 3, 1, from_prev=True)]),
+                    "row 0 \\(request a\\): from_prev row, but step 0") == ("a",)  # fmt: skip
     a.token_ids[1] = eng.spec.vocab_size
-    with pytest.raises(BatchError, match="row 1 \\(request a\\): token id 256 outside the vocabulary"):
-        eng.step(Batch(0, 1, [BatchRow(b, 0, 3), BatchRow(a, 0, 3)]))
+    assert _refused(eng, Batch(0, 1, [BatchRow(b, 0, 3), BatchRow(a, 0, 3)]),
+                    "row 1 \\(request a\\): token id 256 outside the vocabulary") == ("a",)  # fmt: skip
     a.token_ids[1] = 2
-    with pytest.raises(BatchError, match="row 0 \\(request a\\): 1 KV pages cannot hold 5 tokens"):
-        eng.step(Batch(0, 1, [BatchRow(a, 0, 5)]))
-    with pytest.raises(BatchError, match="beyond max_context_len"):
-        eng.step(Batch(0, 1, [BatchRow(a, 0, 200)]))
-    with pytest.raises(BatchError, match="empty"):
-        eng.step(Batch(0, 1, []))
-    with pytest.raises(BatchError, match="rows 0 and 1: request a appears twice"):
-        eng.step(Batch(0, 1, [BatchRow(a, 0, 3), BatchRow(a, 0, 3)]))
+    assert _refused(eng, Batch(0, 1, [BatchRow(a, 0, 5)]), "row 0 \\(request a\\): 1 KV pages cannot hold 5") == ("a",)
+    assert _refused(eng, Batch(0, 1, [BatchRow(a, 0, 200)]), "beyond max_context_len") == ("a",)
+    assert _refused(eng, Batch(0, 1, []), "empty") == ()  # the batch as a whole
+    assert _refused(
+        eng, Batch(0, 1, [BatchRow(a, 0, 3), BatchRow(a, 0, 3)]), "rows 0 and 1: request a appears twice"
+    ) == ("a",)
     saved = list(a.pages)
-    for bad, match in (([0], "page id 0"), ([eng.num_pages], f"page id {eng.num_pages}"), ([b.pages[0]], "both hold")):
+    for bad, match, rids in (([0], "page id 0", ("a",)), ([eng.num_pages], f"page id {eng.num_pages}", ("a",)),
+                             ([b.pages[0]], "both hold", ("a", "b"))):  # fmt: skip
         a.pages[:] = bad
         with pytest.raises(BatchError, match=match) as err:
             eng.step(Batch(0, 1, [BatchRow(b, 0, 3), BatchRow(a, 0, 3)]))
-        assert "row 1 (request a)" in str(err.value)
+        assert "row 1 (request a)" in str(err.value) and err.value.rids == rids
     a.pages[:] = saved
     # Nothing changed: the same batch now runs.
     eng.step(Batch(0, 1, [BatchRow(b, 0, 3), BatchRow(a, 0, 3)])).result()
@@ -183,8 +189,7 @@ def test_batch_limits(ckpt):
     _, path = ckpt
     eng = tiny_engine(path, max_batch_size=2)
     reqs = [_req(f"r{i}", 2, eng.kv_pool) for i in range(3)]
-    with pytest.raises(BatchError, match="max_batch_size"):
-        eng.step(Batch(0, 0, [BatchRow(r, 0, 2) for r in reqs]))
+    assert _refused(eng, Batch(0, 0, [BatchRow(r, 0, 2) for r in reqs]), "max_batch_size") == ()  # no row at fault
 
 
 def test_two_engines_in_one_process(tmp_path):

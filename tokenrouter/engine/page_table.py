@@ -113,11 +113,13 @@ class PageTable:
                         victims = self._victims(reqs)
                     s = next(victims, None)
                     if s is None:
-                        raise BatchError(f"{name(i)}: no free page-table slot ({self.num_slots - 1} in use)")
+                        raise BatchError(f"{name(i)}: no free page-table slot ({self.num_slots - 1} in use)",
+                                         (req.rid,))  # fmt: skip
                     plan.evict.append(s)
                 plan.new_owner[s] = req
             if need > width:
-                raise BatchError(f"{name(i)}: needs {need} pages, more than the page-table width {width}")
+                raise BatchError(f"{name(i)}: needs {need} pages, more than the page-table width {width}",
+                                 (req.rid,))  # fmt: skip
             if need > done:
                 self.plan_pages(plan, i, s, req, pages, done, need, reqs, name)
             if need > 0:
@@ -139,11 +141,12 @@ class PageTable:
         for col in range(done, need):
             p = pages[col]
             if not 0 < p < num_pages:
-                raise BatchError(f"{name(i)}: page id {p} at column {col} is outside 1..{num_pages - 1}")
+                raise BatchError(f"{name(i)}: page id {p} at column {col} is outside 1..{num_pages - 1}",
+                                 (req.rid,))  # fmt: skip
             c = claims.get(p)
             if c is not None and c[0] != s and not self.shared_pages:
                 j = plan.slots.index(c[0]) if c[0] in plan.slots else i
-                raise BatchError(f"{name(i)} and {name(j)}: both hold KV page {p}")
+                raise BatchError(f"{name(i)} and {name(j)}: both hold KV page {p}", (req.rid, reqs[j].rid))
             o = self.page_owner[p]
             if o > 0 and o != s and o not in plan.evict and not self.shared_pages:
                 other = self.owner[o]
@@ -151,7 +154,9 @@ class PageTable:
                 if other is not None and other is not req and len(other.pages) > c2 and other.pages[c2] == p:
                     k = next((k for k, r in enumerate(reqs) if r is other), None)
                     who = name(k) if k is not None else f"request {other.rid} (not in this batch)"
-                    raise BatchError(f"{name(i)} and {who}: both hold KV page {p}")
+                    # Only the row here is failed: the other request is not in this batch (its own rows meet
+                    # the same check while the page stays doubly held).
+                    raise BatchError(f"{name(i)} and {who}: both hold KV page {p}", (req.rid,))
             plan.upd_idx.append(s * width + col)
             plan.upd_val.append(p)
             claims[p] = (s, col)

@@ -13,6 +13,11 @@ t_k is the k-th largest x and t_p the largest value v whose tokens at or above i
 a radix select over the order-preserving 32-bit keys of x (8 passes of 4 bits); this module computes the same
 definition with a sort (CPU path and tests). Greedy rows (temperature 0) take the argmax of the raw logits.
 
+NaN logits count as -inf everywhere (`no_nan`): torch's argmax would take a NaN as the maximum and the kernel's
+reductions would take whatever their order gives, up to an index past the vocabulary (see `triton_step`). So a
+token is always in 0..V-1: the first maximum of the row with NaN as -inf, and token 0 for a row that holds no
+value above -inf (all NaN or all -inf); +inf is an ordinary maximum.
+
 The hash uses only int64 ops whose intermediates stay below 2^63 (32-bit multiplies are split into 16-bit
 halves), so CPU and CUDA give bit-identical noise, equal to the kernel's uint32 arithmetic.
 
@@ -111,10 +116,20 @@ class SamplingInputs:
                    not bool(sampled.any()), needs_filter)  # fmt: skip
 
 
+def no_nan(logits: torch.Tensor) -> torch.Tensor:
+    """`logits` with NaN replaced by -inf (infinities kept): what every sampling reduction reads."""
+    return torch.nan_to_num(logits, nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
+
+
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """Greedy token per row [R] int64: the first index of the maximum, NaN counting as -inf."""
+    return no_nan(logits).argmax(dim=-1)
+
+
 def sample(logits: torch.Tensor, s: SamplingInputs) -> torch.Tensor:
     """Next token per row [R] int64 from logits [R, V] (see the module doc for the definition)."""
     if s.all_greedy:
-        return logits.argmax(dim=-1)
+        return greedy_tokens(logits)
     return sample_rows(logits, s.inv_temp, s.top_p, s.top_k, s.seeds, s.positions).long()
 
 
@@ -128,6 +143,7 @@ def sample_rows(
 ) -> torch.Tensor:
     """The reference: int32 [R] tokens. Seeds may be given as int32 bit patterns (negative values)."""
     vocab = logits.shape[-1]
+    logits = no_nan(logits)
     greedy = logits.argmax(dim=-1)
     x = logits.float() * inv_temp.float()[:, None]
     thr = filter_thresholds(x, top_k.long(), top_p.float())
@@ -159,7 +175,7 @@ def filter_thresholds(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor)
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, k: int) -> tuple[torch.Tensor, ...]:
     """The reference for rows that ask: (log-probability of `tokens` [R], top ids [R, k] int64, top values [R, k])
     of logits [R, V], all fp32 (see the module doc: raw logits, ties by ascending id)."""
-    lp = torch.log_softmax(logits.float(), dim=-1)
+    lp = torch.log_softmax(no_nan(logits.float()), dim=-1)
     tok = lp.gather(1, tokens.long().view(-1, 1))[:, 0]
     k = min(k, lp.shape[-1])
     vals, ids = torch.sort(lp, dim=-1, descending=True, stable=True)

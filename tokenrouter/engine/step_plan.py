@@ -74,7 +74,7 @@ def plan_step(batch: Batch, ctx: PlanContext, staging: Callable[[int, int], np.n
         s = slots[k]
         if owner[s] is not reqs[k] or ledger[s] != want:
             raise BatchError(f"{name(k)}: from_prev row, but step {want} of this engine did not sample this "
-                             "request (failed, skipped or never run)")  # fmt: skip
+                             "request (failed, skipped or never run)", (reqs[k].rid,))  # fmt: skip
         prev_slot[k] = s
 
     rule = ctx.rule
@@ -216,22 +216,25 @@ def _check_rows(rows: list[BatchRow], ctx: PlanContext) -> _Checked:
         n, start = row.num_tokens, row.start
         end = start + n
         if n < 1 or start < 0:
-            raise BatchError(f"row {i} (request {req.rid}): feeds {n} tokens from {start}; need >= 1 from >= 0")
+            raise BatchError(f"row {i} (request {req.rid}): feeds {n} tokens from {start}; need >= 1 from >= 0",
+                             (req.rid,))  # fmt: skip
         if end > max_ctx:
             raise BatchError(f"row {i} (request {req.rid}): reaches position {end - 1}, beyond max_context_len "
-                             f"{max_ctx}")  # fmt: skip
+                             f"{max_ctx}", (req.rid,))  # fmt: skip
         need = (end + ps - 1) // ps
         if len(req.pages) < need:
-            raise BatchError(f"row {i} (request {req.rid}): {len(req.pages)} KV pages cannot hold {end} tokens")
+            raise BatchError(f"row {i} (request {req.rid}): {len(req.pages)} KV pages cannot hold {end} tokens",
+                             (req.rid,))  # fmt: skip
         j = seen.setdefault(id(req), i)
         if j != i:
-            raise BatchError(f"rows {j} and {i}: request {req.rid} appears twice in one batch")
+            raise BatchError(f"rows {j} and {i}: request {req.rid} appears twice in one batch", (req.rid,))
         if row.sample and logprobs_asked(req) == -1:
             raise BatchError(f"row {i} (request {req.rid}): logprobs {req.sampling.logprobs} outside "
-                             f"0..{MAX_LOGPROBS}")  # fmt: skip
+                             f"0..{MAX_LOGPROBS}", (req.rid,))  # fmt: skip
         if row.from_prev:
             if n != 1:
-                raise BatchError(f"row {i} (request {req.rid}): a from_prev row feeds exactly 1 token, not {n}")
+                raise BatchError(f"row {i} (request {req.rid}): a from_prev row feeds exactly 1 token, not {n}",
+                                 (req.rid,))  # fmt: skip
             from_prev.append(len(live))
         live.append(i)
         reqs.append(req)
@@ -310,7 +313,7 @@ def _write_part(known: _PlanRows, p: _Part) -> int:
             else:
                 tl = req.token_ids
                 if s >= len(tl):
-                    raise BatchError(f"{name(k)}: feeds 1 tokens but only 0 are known")
+                    raise BatchError(f"{name(k)}: feeds 1 tokens but only 0 are known", (req.rid,))
                 ids.append(tl[s])
             pos.append(s)
             smap.append(pages[s // ps] * ps + s % ps)
@@ -319,7 +322,7 @@ def _write_part(known: _PlanRows, p: _Part) -> int:
         else:
             tok = req.token_ids[s : s + m]
             if len(tok) != m:
-                raise BatchError(f"{name(k)}: feeds {m} tokens but only {len(tok)} are known")
+                raise BatchError(f"{name(k)}: feeds {m} tokens but only {len(tok)} are known", (req.rid,))
             if m <= _SMALL:
                 ids.extend(tok)
                 pos.extend(range(s, s + m))
@@ -400,4 +403,5 @@ def _bad_token(known: _PlanRows, part: list[int]) -> None:
             continue
         for tok in c.reqs[k].token_ids[c.starts[k] : c.starts[k] + c.ntok[k]]:
             if not (isinstance(tok, int | np.integer) and 0 <= tok < vocab):
-                raise BatchError(f"{known.name(k)}: token id {tok} outside the vocabulary (0..{vocab - 1})")
+                raise BatchError(f"{known.name(k)}: token id {tok} outside the vocabulary (0..{vocab - 1})",
+                                 (c.reqs[k].rid,))  # fmt: skip

@@ -11,6 +11,12 @@
   only reads its `logprobs_k1`. The definitions and their torch references are in `tokenrouter.engine.sampler`;
   the hash is the same uint32 arithmetic.
 
+NaN logits count as -inf in every reduction here (one `where` per loaded block), as in the sampler's definition.
+Triton's argmax combine compares with `>` and `==`, both false for NaN, so with a NaN in a row the winner depends
+on the reduction order and can be a masked lane past the vocabulary (loaded as -inf): an all-NaN greedy row gave
+token id V (docs/engine.md, Sampling). Without NaN the combine is order-free and takes the first maximum, and lane
+0 of every block is inside the vocabulary, so a masked lane never wins: every token id is in 0..V-1.
+
 Launch parameters depend only on shapes: graph-capturable. Import only where kernels run (CUDA, or
 TRITON_INTERPRET=1).
 """
@@ -73,6 +79,12 @@ def _key(x):
 
 
 @triton.jit
+def _no_nan(x):
+    """NaN -> -inf (see the module doc: a NaN must never reach an argmax)."""
+    return tl.where(x == x, x, float("-inf"))
+
+
+@triton.jit
 def _radix_select(row, V, inv, m, frac, BY_MASS: tl.constexpr, BLOCK: tl.constexpr):
     """Key of the largest x-value v with W(x >= v) >= target, W = count (target `frac`) or mass exp(x - m)
     (target `frac` * total mass). Returns 0 (no cut) when the total falls short of the target."""
@@ -87,7 +99,7 @@ def _radix_select(row, V, inv, m, frac, BY_MASS: tl.constexpr, BLOCK: tl.constex
         for v0 in range(0, V, BLOCK):
             offs = v0 + tl.arange(0, BLOCK)
             valid = offs < V
-            x = tl.load(row + offs, mask=valid, other=0.0).to(tl.float32) * inv
+            x = _no_nan(tl.load(row + offs, mask=valid, other=0.0).to(tl.float32) * inv)
             key = _key(x)
             inr = valid
             if step > 0:
@@ -114,14 +126,14 @@ def _radix_select(row, V, inv, m, frac, BY_MASS: tl.constexpr, BLOCK: tl.constex
 def _row_logprobs(row, V, best_i, tok, k, LpI, LpF, BLOCK: tl.constexpr, LP_TOP: tl.constexpr):
     """Log-softmax of one row of raw logits (fp32): the sampled token's value at LpF[0], the top k ids at
     LpI[1..k] and values at LpF[1 + LP_TOP ..]; `best_i` is the row's argmax (first index of the maximum)."""
-    m = tl.load(row + best_i).to(tl.float32)
+    m = _no_nan(tl.load(row + best_i).to(tl.float32))
     acc = tl.zeros([BLOCK], tl.float32)
     for v0 in range(0, V, BLOCK):
         offs = v0 + tl.arange(0, BLOCK)
-        x = tl.load(row + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
+        x = _no_nan(tl.load(row + offs, mask=offs < V, other=float("-inf")).to(tl.float32))
         acc += tl.exp(x - m)
     lse = m + tl.log(tl.sum(acc, axis=0))
-    tl.store(LpF, tl.load(row + tok).to(tl.float32) - lse)
+    tl.store(LpF, _no_nan(tl.load(row + tok).to(tl.float32)) - lse)
     if k > 0:
         tl.store(LpI + 1, best_i)
         tl.store(LpF + 1 + LP_TOP, m - lse)
@@ -132,7 +144,7 @@ def _row_logprobs(row, V, best_i, tok, k, LpI, LpF, BLOCK: tl.constexpr, LP_TOP:
         bi = tl.zeros([], tl.int32)
         for v0 in range(0, V, BLOCK):
             offs = v0 + tl.arange(0, BLOCK)
-            x = tl.load(row + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
+            x = _no_nan(tl.load(row + offs, mask=offs < V, other=float("-inf")).to(tl.float32))
             below = (offs < V) & ((x < pv) | ((x == pv) & (offs > pi)))
             xs = tl.where(below, x, float("-inf"))
             bm = tl.max(xs, axis=0)
@@ -143,6 +155,21 @@ def _row_logprobs(row, V, best_i, tok, k, LpI, LpF, BLOCK: tl.constexpr, LP_TOP:
         tl.store(LpF + 1 + LP_TOP + i, bv - lse)
         pv = bv
         pi = bi
+
+
+@triton.jit
+def _first_max(row, V, BLOCK: tl.constexpr):
+    """First index of the maximum of a row with NaN as -inf, by one program (0 when nothing is above -inf)."""
+    bv = tl.full([], float("-inf"), tl.float32)
+    bi = tl.zeros([], tl.int32)
+    for v0 in range(0, V, BLOCK):
+        offs = v0 + tl.arange(0, BLOCK)
+        x = _no_nan(tl.load(row + offs, mask=offs < V, other=float("-inf")).to(tl.float32))
+        bm = tl.max(x, axis=0)
+        bj = tl.argmax(x, axis=0).to(tl.int32) + v0
+        bi = tl.where(bm > bv, bj, bi)  # strict: on a tie the earlier block (smaller id) stays
+        bv = tl.maximum(bv, bm)
+    return bi
 
 
 @triton.jit
@@ -157,6 +184,7 @@ def _argmax_chunks_kernel(Logits, stride_l, PartV, PartI, V, CHUNK: tl.constexpr
     c = tl.program_id(1)
     offs = c * CHUNK + tl.arange(0, CHUNK)
     x = tl.load(Logits + r.to(tl.int64) * stride_l + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
+    x = _no_nan(x)  # lane 0 (< V) then wins every all -inf chunk: never a masked lane
     m = tl.max(x, axis=0)
     i = tl.argmax(x, axis=0, tie_break_left=True).to(tl.int32) + c * CHUNK
     tl.store(PartV + r * NCHUNK + c, m)
@@ -189,14 +217,17 @@ def _sample_kernel(
     # Greedy rows take the argmax computed before this kernel by a parallel reduction (one program walking a
     # 152k vocabulary alone is a visible share of a small model's decode step: docs/engine.md, Measured choices);
     # sampled rows need its value too.
-    if NCHUNK > 0:  # noqa: SIM108 - a constexpr branch: Greedy holds the chunk indices (PartI)
+    if NCHUNK > 0:  # a constexpr branch: Greedy holds the chunk indices (PartI)
         best_i = _merge_argmax(PartV, Greedy, r, NCHUNK, NCHUNK_P2)
     else:
         best_i = tl.load(Greedy + r).to(tl.int32)
+        lead = tl.load(row + best_i).to(tl.float32)
+        if lead != lead:  # torch's argmax takes a NaN as the maximum: only then walk the row with NaN as -inf
+            best_i = _first_max(row, V, BLOCK)
     tok = best_i
     inv = tl.load(InvT + r)
     if inv > 0:
-        best = tl.load(row + best_i).to(tl.float32)
+        best = _no_nan(tl.load(row + best_i).to(tl.float32))
         m = best * inv
         k = tl.load(TopK + r)
         p = tl.load(TopP + r)
@@ -213,7 +244,7 @@ def _sample_kernel(
         for v0 in range(0, V, BLOCK):
             offs = v0 + tl.arange(0, BLOCK)
             valid = offs < V
-            x = tl.load(row + offs, mask=valid, other=0.0).to(tl.float32) * inv
+            x = _no_nan(tl.load(row + offs, mask=valid, other=0.0).to(tl.float32) * inv)
             h = _fmix32(hkey ^ _fmix32(offs.to(tl.uint32) ^ 0x27D4EB2F))
             u = ((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
             score = x - tl.log(-tl.log(u))
@@ -255,7 +286,9 @@ def sample(logits: torch.Tensor, inv_temp: torch.Tensor, top_p: torch.Tensor, to
         )  # fmt: skip
         extra = {"PartV": part_v, "NCHUNK": nchunk, "NCHUNK_P2": triton.next_power_of_2(nchunk)}
     else:
-        greedy = logits.argmax(dim=-1)  # first index of the maximum, as torch.argmax and the reference define it
+        # First index of the maximum, as the reference defines it; a row with NaN is redone in the sampler (torch
+        # takes NaN as the maximum): NaN-safe here would cost a launch over [rows, V] on every step.
+        greedy = logits.argmax(dim=-1)
     _sample_kernel[(rows,)](
         logits, logits.stride(0), greedy, inv_temp, top_p, top_k, seed, pos, out_slot, out, slot_tokens,
         logprobs_k1, logprobs_out, logprobs_out.view(torch.float32), vocab,

@@ -6,7 +6,8 @@ messages), `wait_idle` (block while nothing can run) and `deliver` (send a step'
 One iteration, following the core's driver contract (`core.scheduler`):
     receive (wait_idle when nothing is in flight and the last iteration did nothing)
     late prepare: with step k in flight, wait until `prepare_margin_s` before k's estimated end, receiving
-    schedule(now) -> engine.step (a launch that fails ends its batch's requests with "error"; serving goes on)
+    schedule(now) -> engine.step (a launch that fails ends its batch's requests with "error"; a row the engine
+        refuses ends its own request with "error" and the step runs without it; serving goes on)
     complete the oldest step(s) -> deliver their actions
 
 Overlap (`Scheduler.prepares_ahead`, the core's one rule): step k+1 is launched before step k is completed, so
@@ -26,7 +27,7 @@ finishes or aborts it.
 
 from __future__ import annotations
 
-import sys
+import logging
 import time
 from abc import ABC, abstractmethod
 from collections import deque
@@ -37,10 +38,12 @@ from tokenrouter.core.batch import Batch, StepResult
 from tokenrouter.core.messages import Action
 from tokenrouter.core.overlap import prepare_time
 from tokenrouter.core.scheduler import Scheduler
-from tokenrouter.engine.errors import StepFailed
+from tokenrouter.engine.errors import BatchError, StepFailed
 from tokenrouter.runtime.logs import JsonlLog
 from tokenrouter.runtime.stats import Counters
 from tokenrouter.runtime.step_clock import StepClock
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -166,13 +169,10 @@ class EngineLoop(ABC):
         self.after_schedule(batch)
         if batch is None:
             return False
-        r = self.sched.router
         t0 = time.perf_counter()
         submitted = time.monotonic()
-        try:
-            handle = self.engine.step(batch, return_logits=r.needs_logits, return_hidden=r.needs_hidden)
-        except StepFailed as e:
-            self.fail_batch(batch, str(e))
+        handle = self.step_engine(batch)
+        if handle is None:
             return True
         self.times.step_s += time.perf_counter() - t0
         t = time.monotonic()
@@ -184,16 +184,54 @@ class EngineLoop(ABC):
             self.handles.append(handle)
         return True
 
+    def step_engine(self, batch: Batch) -> Any | None:
+        """`engine.step(batch)`, or None when nothing was launched (the batch failed).
+
+        A BatchError that names requests (a token outside the vocabulary, pages, context: checked before anything
+        is launched or changed) fails those requests only, and the same batch is stepped again: their rows are now
+        stale and skipped, so every other row runs in this step. Each retry drops at least one live row, so it
+        ends. A batch refused as a whole (no request named, or naming none of its live rows) and a failed launch
+        fail the whole batch, as before; the subserver serves on either way."""
+        r = self.sched.router
+        while True:
+            try:
+                return self.engine.step(batch, return_logits=r.needs_logits, return_hidden=r.needs_hidden)
+            except StepFailed as e:
+                self.fail_batch(batch, str(e))
+                return None
+            except BatchError as e:
+                if not self.fail_rows(batch, e):
+                    self.fail_batch(batch, f"step {batch.step_id} refused: {e}")
+                    return None
+
+    def fail_rows(self, batch: Batch, err: BatchError) -> bool:
+        """End the requests `err` names with "error" (their pages freed, every peer told, as for an abort), leaving
+        the batch's other rows live; False when it names no live row of the batch (nothing was changed)."""
+        named = set(err.rids)
+        rids = frozenset(row.req.rid for row in batch.rows if row.req.rid in named and row.version == row.req.version)
+        if not rids:
+            return False
+        now = time.monotonic()
+        acts: list[Action] = []
+        for rid in sorted(rids):
+            log.warning("model %d: request %s fails (error), step %d runs without it: %s", self.model, rid,
+                        batch.step_id, err)  # fmt: skip
+            acts += self.sched.abort(rid, now)
+        self.deliver(acts, rids)
+        # An abort that did not take (the core no longer knows the request) would make the retry loop forever.
+        return all(row.version != row.req.version for row in batch.rows if row.req.rid in rids)
+
     def fail_batch(self, batch: Batch, why: str) -> None:
         """A launch failed: its requests end with "error" (and are dropped on every peer); the loop goes on.
 
         Under overlap the step before it may still be in flight, and the core completes steps in launch order
         only: that step is completed first (its results are good: tokens of requests that are also in the
         failed batch are delivered before those requests end), then the failed batch is taken off."""
-        print(f"subserver {self.model}: {why}", file=sys.stderr)
+        rids = frozenset(row.req.rid for row in batch.rows)
+        log.warning("model %d: step %d fails with its %d requests (error): %s", self.model, batch.step_id, len(rids),
+                    why)  # fmt: skip
         while self.inflight:
             self.complete_oldest()
-        rids = frozenset(row.req.rid for row in batch.rows)
         acts: list[Action] = []
         for rid in rids:
             acts += self.sched.abort(rid, time.monotonic())
