@@ -140,7 +140,7 @@ def print_result(res: SimResult, console: Console | None = None) -> None:
     src = "ANALYTIC (bytes over bandwidth, not measured)" if res.analytic else "measured"
     if not res.analytic and res.config.cost is None:
         from tokenrouter.calibration.estimate import profile_label
-        from tokenrouter.calibration.profile import load_profile
+        from tokenrouter.calibration.resolve import load_profile
 
         prof = load_profile(dep.profile)
         torch_v = prof.versions.get("torch", "?")
