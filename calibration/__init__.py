@@ -5,7 +5,8 @@ the simulator installs light.
 """
 
 from .cost import ConstantCost, CostModel, ModelStepCost, StepCost
-from .profile import Profile, ProfileError, load_profile
+from .profile import Profile, ProfileError
+from .resolve import load_profile
 from .step_stats import PartStats, StepStats
 
 __all__ = [

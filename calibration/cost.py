@@ -43,7 +43,8 @@ from .estimate import profile_label
 from .interference import Interference, pair_interference
 from .measured import HostCosts, RouterCost
 from .passes import ModelPasses
-from .profile import Profile, ProfileError, StepCoeffs, load_profile
+from .profile import Profile, ProfileError, StepCoeffs
+from .resolve import load_profile
 from .step_stats import PartStats, StepStats
 from .tensor_parallel import AllReduceCost, estimate_tp
 

@@ -358,12 +358,12 @@ def bundled_profile_names() -> list[str]:
     return sorted(p.stem for p in d.glob("*.json")) if d.is_dir() else []
 
 
-def load_profile(name_or_path: str | Path = DEFAULT_PROFILE) -> Profile:
-    """A bundled profile by name or a path to a JSON file.
+def find_profile(name_or_path: str | Path = DEFAULT_PROFILE) -> Profile | None:
+    """A profile file by path, or a bundled profile by name; None for a name that is neither (the GPU kinds are
+    `calibration.resolve.load_profile`'s, which callers use).
 
     Name lookup for `NAME`: `NAME.json`, then `NAME-measured.json`, then `NAME-analytic.json` in the bundled
-    folder, so "h200" means the measured H200 profile once one is bundled and the analytic one until then; then
-    a GPU kind of `calibration.gpus` (`l4`): the default profile estimated for it (`calibration.estimate`).
+    folder, so "h200" means the measured H200 profile once one is bundled and the analytic one until then.
     """
     p = Path(name_or_path)
     if p.suffix == ".json" or p.is_file() or len(p.parts) > 1:
@@ -376,14 +376,4 @@ def load_profile(name_or_path: str | Path = DEFAULT_PROFILE) -> Profile:
         f = d / f"{stem}.json"
         if f.is_file():
             return Profile.load(f)
-    from .gpus import GPU_SPECS  # the estimate imports this module: import on demand
-
-    if name in GPU_SPECS:
-        from .estimate import estimate_profile
-
-        return estimate_profile(load_profile(DEFAULT_PROFILE), name, anchor_name=DEFAULT_PROFILE)
-    names = ", ".join(bundled_profile_names()) or "(none)"
-    raise ProfileError(
-        f"{name_or_path}: unknown profile; bundled: {names}; GPU kinds (estimated from {DEFAULT_PROFILE}): "
-        f"{', '.join(GPU_SPECS)} (or pass a path to a .json file)"
-    )
+    return None

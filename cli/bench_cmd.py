@@ -25,6 +25,7 @@ from tokenrouter.cli.options import (
 )
 from tokenrouter.cli.progress import progress_bar
 from tokenrouter.cli.report import fmt_num, metrics_table, write_json
+from tokenrouter.core.policy import format_b
 from tokenrouter.workloads import Phase, RequestSpec, initial_phase, load_phases, make_workload
 
 if TYPE_CHECKING:
@@ -66,7 +67,7 @@ def threshold_timeline(out, names: list[str]) -> str:
     parts = []
     for t, b in out.samples.thresholds:
         if all(n in b for n in names):
-            parts.append(f"{t:.1f}:{','.join(str(b[n]) for n in names)}")
+            parts.append(f"{t:.1f}:{format_b([b[n] for n in names])}")
     return ";".join(parts)
 
 

@@ -21,7 +21,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, TaskID, TextColumn, Tim
 from rich.table import Table
 
 from tokenrouter.calibration.fit_quality import poor_fits
-from tokenrouter.calibration.profile import ProfileError, load_profile
+from tokenrouter.calibration.profile import ProfileError
+from tokenrouter.calibration.resolve import load_profile
 from tokenrouter.cli.common import (
     CPU_PROFILE,
     CliError,

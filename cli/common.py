@@ -196,7 +196,7 @@ CPU_PROFILE = ("was measured on CPU by tr calibrate --device cpu: it checks the 
 def note_cpu_profile(prog: str, name: str) -> None:
     """One line on stderr when profile `name` was measured on CPU (`Profile.device`), so a result priced with it is
     not taken for a GPU's. Silent for any other profile, and for one that does not load (the command says why)."""
-    from tokenrouter.calibration.profile import load_profile
+    from tokenrouter.calibration.resolve import load_profile
 
     try:
         made_on_cpu = load_profile(name).made_on_cpu

@@ -18,7 +18,8 @@ from rich.table import Table
 
 from tokenrouter.calibration.estimate import estimate_profile, fit_error, profile_label
 from tokenrouter.calibration.passes import PassFn
-from tokenrouter.calibration.profile import DEFAULT_PROFILE, load_profile
+from tokenrouter.calibration.profile import DEFAULT_PROFILE
+from tokenrouter.calibration.resolve import load_profile
 from tokenrouter.cli.common import check_output
 
 

@@ -21,6 +21,7 @@ from rich.table import Table
 
 from tokenrouter.cli.options import HOP_RATE_HELP
 from tokenrouter.core.names import RouterName
+from tokenrouter.core.policy import format_b
 from tokenrouter.markov import MarkovModel, ThroughputResult, evaluate_thresholds, router_matrices, search_thresholds
 from tokenrouter.markov.search import SEARCH_STATES
 from tokenrouter.sim.propose import check_search_concurrency
@@ -171,7 +172,7 @@ def _print_quantum(chain: MarkovModel) -> None:
 
 
 def _print_one(res: ThroughputResult, note: str) -> None:
-    b = ",".join(map(str, res.thresholds))
+    b = format_b(res.thresholds)
     typer.echo(f"B={b}: {res.n_states} states")
     for i in range(len(res.thresholds)):
         typer.echo(
@@ -192,7 +193,7 @@ def _print_search(chain: MarkovModel, top: int, max_states: int) -> None:
         table.add_column(col, justify="right")
     for res in out.ranked[: top or None]:
         table.add_row(
-            ",".join(map(str, res.thresholds)),
+            format_b(res.thresholds),
             f"{res.throughput_tok_s:.2f}",
             _fmt(res.mean_batch),
             _fmt(res.busy_fraction),
@@ -202,4 +203,4 @@ def _print_search(chain: MarkovModel, top: int, max_states: int) -> None:
     if out.note:
         typer.echo(f"note: {out.note}")
     t = "n/a" if out.throughput_tok_s is None else f"{out.throughput_tok_s:.2f}"
-    typer.echo(f"B*={','.join(map(str, out.thresholds))} T={t}")
+    typer.echo(f"B*={format_b(out.thresholds)} T={t}")

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tokenrouter.core.names import RouterName
-from tokenrouter.core.policy import PolicyKind
+from tokenrouter.core.policy import PolicyKind, format_b
 
 if TYPE_CHECKING:  # the simulator is not imported by `tr serve` / `tr bench` (they print tables from here)
     from tokenrouter.sim.run import SimResult
@@ -29,7 +29,7 @@ def result_record(res: SimResult) -> dict[str, Any]:
         "router": dep.router.name,
         "hop_rate": dep.router.hop_rate,
         "policy": dep.policy_label,
-        "thresholds": ",".join(map(str, res.thresholds)),
+        "thresholds": format_b(res.thresholds),
         "placement": dep.placement.mode,
         "tp": ",".join(str(m.tp) for m in dep.models),
         "gpus": ";".join(",".join(map(str, m.gpus)) for m in dep.models),
@@ -49,7 +49,7 @@ def result_record(res: SimResult) -> dict[str, Any]:
     }
     tune = res.extra.get("autotune")
     if tune is not None:
-        rec["autotune_initial"] = ",".join(map(str, tune["initial"]))
+        rec["autotune_initial"] = format_b(tune["initial"])
         rec["autotune_changes"] = len(tune["changes"])
         rec["autotune_timeline"] = autotune_timeline(tune)
     rec.update(res.summary)
@@ -58,8 +58,8 @@ def result_record(res: SimResult) -> dict[str, Any]:
 
 def autotune_timeline(tune: dict[str, Any]) -> str:
     """`0:1,1;41.0:1,2;50.0:1,3`: the B in force from each time on (simulated seconds)."""
-    parts = [f"0:{','.join(map(str, tune['initial']))}"]
-    parts += [f"{c['at']:.1f}:{','.join(map(str, c['new']))}" for c in tune["changes"]]
+    parts = [f"0:{format_b(tune['initial'])}"]
+    parts += [f"{c['at']:.1f}:{format_b(c['new'])}" for c in tune["changes"]]
     return ";".join(parts)
 
 
@@ -107,7 +107,7 @@ def print_result(res: SimResult, console: Console | None = None) -> None:
     ran = len(res.metrics.records)  # a workload file may hold fewer requests than asked for
     console.print(
         f"router {rc.name} ({hops}), policy {dep.policy_label}, thresholds B = "
-        f"{','.join(map(str, res.thresholds))}{_thr_note(res)}, placement {dep.placement.mode}, "
+        f"{format_b(res.thresholds)}{_thr_note(res)}, placement {dep.placement.mode}, "
         f"{res.config.workload} x {ran}, N = {res.config.concurrency}"
     )
     end = run_end(res)
@@ -117,13 +117,13 @@ def print_result(res: SimResult, console: Console | None = None) -> None:
         console.print(f"phase at {t:.1f} s: {what}{late}")
     tune = res.extra.get("autotune")
     if tune is not None:
-        console.print(f"autotune: B = {','.join(map(str, tune['initial']))} at the start; {len(tune['changes'])} "
+        console.print(f"autotune: B = {format_b(tune['initial'])} at the start; {len(tune['changes'])} "
                       f"change(s) in {tune['solves']} solve(s)")  # fmt: skip
         for c in tune["changes"]:
             est = c["estimates"]
             hop = "/".join("-" if p is None else f"{p:.3f}" for p in est["hop_prob"])
             what = "revert, measured" if c.get("revert") else "predicted"
-            console.print(f"  {c['at']:8.1f} s: B {','.join(map(str, c['old']))} -> {','.join(map(str, c['new']))} "
+            console.print(f"  {c['at']:8.1f} s: B {format_b(c['old'])} -> {format_b(c['new'])} "
                           f"({what} {c['predicted_gain']:+.1%}, {c['predicted_tok_s']:,.0f} tok/s; N = "
                           f"{est['concurrency']}, hop {hop})")  # fmt: skip
         for text in tune.get("notices", []):
@@ -140,7 +140,7 @@ def print_result(res: SimResult, console: Console | None = None) -> None:
     src = "ANALYTIC (bytes over bandwidth, not measured)" if res.analytic else "measured"
     if not res.analytic and res.config.cost is None:
         from tokenrouter.calibration.estimate import profile_label
-        from tokenrouter.calibration.profile import load_profile
+        from tokenrouter.calibration.resolve import load_profile
 
         prof = load_profile(dep.profile)
         torch_v = prof.versions.get("torch", "?")
@@ -174,7 +174,7 @@ def gpu_line(res: SimResult) -> str:
 def _thr_note(res: SimResult) -> str:
     tune = res.extra.get("autotune")
     if tune is not None:
-        start = ",".join(map(str, tune["initial"]))
+        start = format_b(tune["initial"])
         return f" at the end (autotune; at the start B = {start}{res.extra.get('thresholds_note', '')})"
     if res.config.deployment.policy.kind != PolicyKind.DELAYED:
         return f" ({res.config.deployment.policy_label}: no delay)"

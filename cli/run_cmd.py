@@ -26,7 +26,8 @@ from tokenrouter.cli.options import (
 )
 from tokenrouter.cli.progress import Heartbeat
 from tokenrouter.cli.report import print_result, result_record, run_end, write_json
-from tokenrouter.sim.decide import DEFAULT_BUDGET_S, Objective, Trial, format_b
+from tokenrouter.core.policy import format_b
+from tokenrouter.sim.decide import DEFAULT_BUDGET_S, Objective, Trial
 from tokenrouter.sim.run import SimResult
 from tokenrouter.sim.sim_pool import sim_pool
 from tokenrouter.sim.simulate import sim_config, simulate
@@ -115,5 +116,5 @@ def run_marks(res: SimResult) -> list[tuple[float, str]]:
             what = ", ".join(x for x in (f"p={hop}" if hop is not None else "", f"N={n}" if n else "") if x)
             marks.append((t, f"phase: {what}"))
     for c in res.extra.get("autotune", {}).get("changes", []):
-        marks.append((c["at"], f"B={','.join(map(str, c['new']))}"))
+        marks.append((c["at"], f"B={format_b(c['new'])}"))
     return marks

@@ -90,7 +90,7 @@ def serve(
         ov.graphs = False
     cfg = deploy.resolve()
     baseline = _baseline(cfg, baseline, restart_on_failure)
-    if restart_on_failure and cfg.policy.build().is_sync:
+    if restart_on_failure and cfg.policy.is_sync:
         raise CliError("--restart-on-failure needs an asynchronous policy (eager, delayed), not " + cfg.policy.kind)
     if shutdown_timeout < 0:
         raise CliError(f"--shutdown-timeout must be >= 0, got {shutdown_timeout}")

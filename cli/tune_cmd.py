@@ -27,7 +27,8 @@ from tokenrouter.cli.options import (
 from tokenrouter.cli.progress import progress_bar
 from tokenrouter.core.config import DeploymentConfig
 from tokenrouter.core.names import Layout, TuneObjective, parse_name
-from tokenrouter.sim.decide import DEFAULT_BUDGET_S, Objective, format_b
+from tokenrouter.core.policy import format_b
+from tokenrouter.sim.decide import DEFAULT_BUDGET_S, Objective
 from tokenrouter.sim.propose import check_search_concurrency
 from tokenrouter.sim.sim_pool import sim_pool
 from tokenrouter.sim.tune import Candidate, at_sustained_load

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from tokenrouter.calibration.cost import ConstantCost, Interference, ModelStepCost, StepCost
-from tokenrouter.calibration.profile import load_profile
+from tokenrouter.calibration.resolve import load_profile
 from tokenrouter.calibration.step_stats import StepStats
 from tokenrouter.core.autotune import AutotuneController, Estimates, Solution, batch_bucket
 from tokenrouter.core.config import AutotuneConfig, DeploymentConfig, RouterConfig

@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
-from tokenrouter.core.policy import guard_holds
+from tokenrouter.core.policy import format_b, guard_holds
 from tokenrouter.sim.loop import SimConfig, simulate_config
 from tokenrouter.sim.propose import B, Proposals, propose
 
@@ -123,11 +123,6 @@ class Choice:
             how = (f"no B meets TPOT p99 <= {self.objective.slo_tpot_ms:g} ms at N={n}: the lowest simulated was "
                    f"{low.tpot_p99_ms:.2f} ms at B = {format_b(low.thresholds)} ({tried} B simulated)")  # fmt: skip
         return how + (f"; {self.note}" if self.note else "")
-
-
-def format_b(b: Sequence[int] | None) -> str:
-    """B as the commands print and parse it: "1,6"."""
-    return "-" if b is None else ",".join(str(int(x)) for x in b)
 
 
 # -- the search --------------------------------------------------------------------------------------------------

@@ -20,7 +20,8 @@ import msgspec
 import simpy
 
 from tokenrouter.calibration.cost import CostModel, StepCost
-from tokenrouter.calibration.profile import LinkInfo, Profile, ProfileError, load_profile
+from tokenrouter.calibration.profile import LinkInfo, Profile, ProfileError
+from tokenrouter.calibration.resolve import load_profile
 from tokenrouter.core.config import DeploymentConfig
 from tokenrouter.core.messages import Action, Emit, Finish, PeerMsg, PeerReq, Send
 from tokenrouter.core.names import RouterName

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tokenrouter.calibration.cost import ModelStepCost
-from tokenrouter.calibration.profile import load_profile
+from tokenrouter.calibration.resolve import load_profile
 from tokenrouter.calibration.step_stats import SHORT_ROW_TOKENS, PartStats, StepStats
 from tokenrouter.core.graph_rule import GraphRule
 from tokenrouter.core.names import RouterName

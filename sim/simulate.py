@@ -10,7 +10,7 @@ from concurrent.futures import Executor
 from pathlib import Path
 from typing import Protocol
 
-from tokenrouter.calibration.profile import load_profile
+from tokenrouter.calibration.resolve import load_profile
 from tokenrouter.core.config import ConfigError, DeploymentConfig
 from tokenrouter.core.names import RouterName
 from tokenrouter.core.policy import PolicyKind

@@ -1,5 +1,5 @@
 """`trsim tune`'s candidates: each layout on G GPUs (`deploy.placement.layout`), each pair of GPU kinds
-(`SMALL+LARGE`, `deploy.placement.on_kinds`) and each MPS SM split asked for, tuned at every N
+(`SMALL+LARGE`, `on_kinds`) and each MPS SM split asked for, tuned at every N
 (`sim.tune.tune_point`), priced when GPU prices are given, and the deployment config written for the best one.
 With several candidates each is tuned at the N they are compared at, and only the chosen one at every N: by total
 tok/s, that is `--compare-n`; by cost or tok/s per GPU, the load each one sustains within the TPOT SLO (every N
@@ -16,10 +16,15 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
 
-from tokenrouter.calibration.gpus import usd_per_hour
+from tokenrouter.calibration.estimate import fit_error
+from tokenrouter.calibration.gpus import GPU_SPECS, gpu_kind, usd_per_hour
+from tokenrouter.calibration.profile import ProfileError
+from tokenrouter.calibration.resolve import load_profile
 from tokenrouter.core.config import DeploymentConfig
 from tokenrouter.core.names import Layout, Placement, TuneObjective, parse_name
-from tokenrouter.deploy.placement import gpu_kinds, gpus_used, layout, on_kinds, parse_kinds
+from tokenrouter.deploy.kv_budget import MEM_FRACTION
+from tokenrouter.deploy.placement import gpus_used, layout
+from tokenrouter.models import load_spec
 from tokenrouter.sim.decide import DEFAULT_BUDGET_S, THROUGHPUT, Objective, trial_requests
 from tokenrouter.sim.run import estimated_notes
 from tokenrouter.sim.simulate import DeploymentSource, sim_config
@@ -282,3 +287,48 @@ def _candidate_note(c: Candidate, n: int | None) -> dict:
         **({} if c.usd_per_hour is None else {"usd_per_hour": c.usd_per_hour, "usd_per_mtok": usd}),
         "estimated": c.estimated,
     }
+
+
+def parse_kinds(choice: str) -> tuple[str, str]:
+    """`SMALL+LARGE` (`l4+h200`): the GPU kind of the small model's GPU and of the large one's. ValueError (one
+    line) for another shape or an unknown kind."""
+    parts = choice.split("+")
+    if len(parts) != 2:
+        raise ValueError(f"placement {choice!r}: give SMALL_KIND+LARGE_KIND, e.g. l4+h200")
+    return gpu_kind(parts[0]), gpu_kind(parts[1])
+
+
+def on_kinds(cfg: DeploymentConfig, kinds: tuple[str, str]) -> DeploymentConfig:
+    """`cfg` (a small/large pair at tp = 1) with the small model on a GPU of kind `kinds[0]` and the large on one of
+    `kinds[1]`, two hosts linked by the cross-host link (`placement.link_*`, else the profile's). A model off the
+    deployment profile's kind is priced from that kind's profile (estimated unless bundled) and gets what its
+    weights leave of that GPU's memory as its KV budget. ValueError (one line) when a model does not fit its GPU."""
+    if len(cfg.models) != 2:
+        raise ValueError(f"placements across GPU kinds are for a small/large pair, not {len(cfg.models)} models")
+    try:
+        home = gpu_kind(load_profile(cfg.profile).gpu.name)
+    except ProfileError:
+        home = ""  # a GPU the spec table does not know: every kind asked for is priced from its own profile
+    models = []
+    for i, m in enumerate(cfg.models):
+        kind = kinds[0] if cfg.is_small(i) else kinds[1]
+        err = fit_error(kind, m.path or m.name)
+        if err:
+            raise ValueError(f"placement {'+'.join(kinds)}: {err}")
+        own = None if kind == home else kind
+        room = GPU_SPECS[kind].memory_gb * MEM_FRACTION - load_spec(m.path or m.name).weight_bytes / 1e9
+        budget = m.kv_budget_gb if m.kv_budget_gb is not None or own is None else round(room, 2)
+        models.append(dataclasses.replace(m, gpus=[0], tp=1, profile=own, kv_budget_gb=budget))
+    mode = dataclasses.replace(cfg.placement, mode=Placement.CROSS_HOST)
+    return dataclasses.replace(cfg, models=models, placement=mode)
+
+
+def gpu_kinds(cfg: DeploymentConfig) -> list[str]:
+    """The GPU kind of each GPU `cfg` occupies (cross-host: per host), for its price. ProfileError (one line) for a
+    profile of a GPU the spec table does not know."""
+    kinds: dict[tuple[int, int], str] = {}
+    cross = cfg.placement.mode == Placement.CROSS_HOST
+    for i, m in enumerate(cfg.models):
+        kind = gpu_kind(load_profile(m.profile or cfg.profile).gpu.name)
+        kinds.update({(i if cross else 0, g): kind for g in m.gpus})
+    return list(kinds.values())

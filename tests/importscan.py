@@ -1,5 +1,6 @@
-"""Shared by the packaging, core-purity and import-cycle tests: which modules a source file imports (absolute
-imports only; relative ones stay inside the package)."""
+"""Shared by the packaging, core-purity and import-cycle tests: which modules a source file imports
+(`imported_roots`: absolute imports only, relative ones stay inside the package; `imported_modules`: relative
+ones resolved too, so a cycle among a package's own files shows)."""
 
 from __future__ import annotations
 
@@ -17,12 +18,14 @@ def imported_roots(path: Path) -> set[str]:
     return roots
 
 
-def imported_modules(path: Path, known: set[str]) -> set[str]:
+def imported_modules(path: Path, known: set[str], module: str | None = None) -> set[str]:
     """Dotted names of the modules in `known` that `path` imports, anywhere in the file: at module level, inside
     functions, under `if TYPE_CHECKING:` (a cycle there is still a cycle of the design) and as a literal
     `importlib.import_module("...")`. `from pkg import name` counts `pkg.name` when that is a known module,
-    else `pkg`."""
+    else `pkg`. With `module` (the dotted name of `path`), relative imports (`from .x import y`, `from . import x`)
+    count too, resolved against the package `path` lies in; without it they are skipped."""
     out: set[str] = set()
+    package = None if module is None else module if path.name == "__init__.py" else module.rpartition(".")[0]
 
     def add(name: str) -> None:
         if name in known:
@@ -32,16 +35,30 @@ def imported_modules(path: Path, known: set[str]) -> set[str]:
         if isinstance(node, ast.Import):
             for a in node.names:
                 add(a.name)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            subs = [f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in known]
+        elif isinstance(node, ast.ImportFrom) and (target := _from_target(node, package)) is not None:
+            subs = [f"{target}.{a.name}" for a in node.names if f"{target}.{a.name}" in known]
             out.update(subs)
             if len(subs) < len(node.names):
-                add(node.module)
+                add(target)
         elif isinstance(node, ast.Call) and _called_name(node) == "import_module" and node.args:
             arg = node.args[0]
             if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
                 add(arg.value)
     return out
+
+
+def _from_target(node: ast.ImportFrom, package: str | None) -> str | None:
+    """The absolute dotted name a `from ... import` reads from; None for a relative one without a `package` to
+    resolve it against (or one that climbs above the top-level package)."""
+    if node.level == 0:
+        return node.module
+    if package is None:
+        return None
+    parts = package.split(".")
+    if node.level - 1 >= len(parts):
+        return None
+    base = ".".join(parts[: len(parts) - (node.level - 1)])
+    return f"{base}.{node.module}" if node.module else base
 
 
 def _called_name(call: ast.Call) -> str | None:
@@ -69,7 +86,7 @@ def import_cycles(pkg_dir: Path, pkg_name: str) -> list[list[str]]:
 def module_cycles(mods: dict[str, Path]) -> list[list[str]]:
     """`import_cycles` over the modules `mods` (dotted name -> source file), imports among them only."""
     known = set(mods)
-    graph = {m: imported_modules(f, known) for m, f in mods.items()}
+    graph = {m: imported_modules(f, known, m) for m, f in mods.items()}
     # Tarjan's strongly connected components (iterative: no recursion limit on deep packages).
     index: dict[str, int] = {}
     low: dict[str, int] = {}

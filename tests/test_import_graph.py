@@ -10,7 +10,7 @@ import ast
 import tomllib
 from pathlib import Path
 
-from importscan import import_cycles, module_cycles, package_modules
+from importscan import import_cycles, imported_modules, module_cycles, package_modules
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -67,6 +67,59 @@ def test_the_scanner_finds_a_cycle_closed_by_a_type_checking_import(tmp_path):
     (pkg / "forward.py").write_text("x = 1\n")
     (pkg / "sub" / "ops.py").write_text("x = 1\n")
     assert import_cycles(pkg, "pkg") == []
+
+
+def test_the_scanner_resolves_relative_imports(tmp_path):
+    """`from .x import y`, `from . import x` and `from ..x import y` count like their absolute spelling, lazy or
+    not: a cycle among a package's own files cannot hide behind a leading dot."""
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("from .schema import Schema\n")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "schema.py").write_text(
+        "class Schema: ...\n\ndef load():\n    from . import kinds\n    from .sub.guess import g\n"
+    )
+    (pkg / "kinds.py").write_text("from .schema import Schema\n")
+    (pkg / "sub" / "guess.py").write_text("from ..schema import Schema\nfrom .. import kinds\n")
+    assert import_cycles(pkg, "pkg") == [["pkg.kinds", "pkg.schema", "pkg.sub.guess"]]
+    (pkg / "schema.py").write_text("class Schema: ...\n")
+    assert import_cycles(pkg, "pkg") == []
+
+
+def test_a_relative_lazy_import_that_closes_a_cycle_is_reported(tmp_path):
+    """The project test fails on the cycle the resolver broke: the profile schema reaching back up to the estimate
+    with a relative import inside a function."""
+    mods = project_modules()
+    low = tmp_path / "profile.py"
+    low.write_text(mods["tokenrouter.calibration.profile"].read_text() + "\n\ndef f():\n"
+                   "    from .estimate import estimate_profile\n")  # fmt: skip
+    mods["tokenrouter.calibration.profile"] = low
+    pair = {"tokenrouter.calibration.estimate", "tokenrouter.calibration.profile"}
+    assert [c for c in module_cycles(mods) if pair <= set(c)] != []
+
+
+def calibration_imports(mods: dict[str, Path], folder: str) -> list[str]:
+    """`module -> calibration module` for each import of the calibration package by a module under `folder`."""
+    known = set(mods)
+    return [f"{m} -> {t}" for m, f in sorted(mods.items()) if m == folder or m.startswith(folder + ".")
+            for t in sorted(imported_modules(f, known, m)) if t.startswith("tokenrouter.calibration")]  # fmt: skip
+
+
+def test_deploy_imports_nothing_from_calibration():
+    """Every subserver builds its deployment through `deploy/`; the cost model is the simulator's, so loading it
+    there would be dead weight (the GPU-kind placements of `trsim tune` live in `sim.tune_layouts`)."""
+    found = calibration_imports(project_modules(), "tokenrouter.deploy")
+    assert found == [], "deploy imports calibration:\n" + "\n".join(found)
+
+
+def test_the_deploy_check_sees_a_relative_import(tmp_path):
+    mods = project_modules()
+    probe = tmp_path / "placement.py"
+    probe.write_text(mods["tokenrouter.deploy.placement"].read_text() + "\n\ndef f():\n"
+                     "    from ..calibration.gpus import gpu_kind\n")  # fmt: skip
+    mods["tokenrouter.deploy.placement"] = probe
+    found = calibration_imports(mods, "tokenrouter.deploy")
+    assert found == ["tokenrouter.deploy.placement -> tokenrouter.calibration.gpus"]
 
 
 def private_imports(path: Path, root: Path = ROOT) -> list[str]:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tokenrouter.calibration.profile import load_profile
+from tokenrouter.calibration.resolve import load_profile
 from tokenrouter.core.config import CONFIG_VERSION, ConfigError, load_config
 from tokenrouter.deploy.overrides import DeploymentOverrides, resolve_deployment
 from tokenrouter.sim.run import SimConfig, run_sim

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tokenrouter.core.policy import format_b
 from tokenrouter.metrics import busy_time, time_weighted_mean
 
 if TYPE_CHECKING:
@@ -78,7 +79,7 @@ class RunCell:
             load = f"N = {self.concurrency}"
         b = None
         if self.thresholds is not None:
-            b = f"B = {','.join(map(str, self.thresholds))}"
+            b = f"B = {format_b(self.thresholds)}"
             b += "" if self.policy in (None, "delayed") else " (no delay)"  # B holds back only the delayed policy
         fields = {
             "router": None if self.router is None else f"router {self.router}",

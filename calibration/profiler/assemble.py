@@ -37,8 +37,8 @@ from tokenrouter.calibration.profile import (
     Profile,
     StepCoeffs,
     StepModes,
-    load_profile,
 )
+from tokenrouter.calibration.resolve import load_profile
 from tokenrouter.models import load_spec
 
 PREPARE_MARGIN_MS = 1.0  # runtime.build.SubserverSpec.prepare_margin_ms: the runtime's default

@@ -17,8 +17,9 @@ import time
 from pathlib import Path
 
 from tokenrouter.cli.options import DeploymentFlags
+from tokenrouter.core.policy import format_b
 from tokenrouter.deploy.overrides import DeploymentOverrides
-from tokenrouter.sim.decide import decide, feasible, format_b, run_trial, trial_config
+from tokenrouter.sim.decide import decide, feasible, run_trial, trial_config
 from tokenrouter.sim.sim_pool import sim_pool
 from tokenrouter.sim.simulate import sim_config
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from tokenrouter.calibration.estimate import Scale, anchor_rates, scale_table
 from tokenrouter.calibration.measured import PassTable
 from tokenrouter.calibration.passes import PassFn
-from tokenrouter.calibration.profile import load_profile
+from tokenrouter.calibration.resolve import load_profile
 from tokenrouter.models.spec import load_spec
 
 KINDS = ("decode", "varlen", "eager")

@@ -25,7 +25,8 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import brentq, minimize
 
-from tokenrouter.calibration.profile import Profile, StdServingInfo, load_profile
+from tokenrouter.calibration.profile import Profile, StdServingInfo
+from tokenrouter.calibration.resolve import load_profile
 from tokenrouter.core.config import load_config
 from tokenrouter.core.names import Baseline
 from tokenrouter.core.policy import PolicyKind

@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("zmq")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
-from served import Served, terminate, write_config
+from served import Served, free_port, terminate, write_config
 
 pytestmark = pytest.mark.runtime
 
@@ -50,13 +50,17 @@ def test_policy_std_serving_serves_the_baseline_that_bench_loads(tmp_path):
 
 
 def test_baseline_dry_runs_and_refusals(tmp_path):
+    """Each refusal is the one it names, whatever else listens on the machine: `tr serve` checks its HTTP port
+    before it builds the baseline's server (the learned-router refusal), so the calls take a free port, never the
+    default 8000."""
     cfg = write_config(tmp_path / "serve.yaml", "r2r")
-    r = tr("serve", "--config", str(cfg), "--device", "cpu", "--baseline", "llm-only", "--dry-run")
+    serve = ("serve", "--config", str(cfg), "--device", "cpu", "--port", str(free_port()))
+    r = tr(*serve, "--baseline", "llm-only", "--dry-run")
     assert r.returncode == 0, r.stderr
     assert "tiny-large" in r.stdout and "tiny-small" not in r.stdout
-    r = tr("serve", "--config", str(cfg), "--device", "cpu", "--baseline", "fastest")
+    r = tr(*serve, "--baseline", "fastest")
     assert r.returncode == 2 and "--baseline must be one of std-serving, llm-only, slm-only" in r.stderr
-    r = tr("serve", "--config", str(cfg), "--device", "cpu", "--baseline", "std-serving", "--restart-on-failure")
+    r = tr(*serve, "--baseline", "std-serving", "--restart-on-failure")
     assert r.returncode == 2 and "restart" in r.stderr
-    r = tr("serve", "--config", str(cfg), "--device", "cpu", "--baseline", "std-serving", "--router-model", "random")
+    r = tr(*serve, "--baseline", "std-serving", "--router-model", "random")
     assert r.returncode == 2 and "learned router" in r.stderr and "Traceback" not in r.stderr

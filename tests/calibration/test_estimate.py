@@ -11,7 +11,8 @@ from tokenrouter.calibration import gpus
 from tokenrouter.calibration.cost import CostModel
 from tokenrouter.calibration.estimate import Scale, estimate_profile, fit_error, fits, profile_label, scale_table
 from tokenrouter.calibration.measured import PassTable
-from tokenrouter.calibration.profile import ProfileError, load_profile
+from tokenrouter.calibration.profile import ProfileError
+from tokenrouter.calibration.resolve import load_profile
 from tokenrouter.calibration.step_stats import StepStats
 from tokenrouter.cli import trsim
 

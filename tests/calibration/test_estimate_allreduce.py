@@ -7,7 +7,8 @@ import msgspec
 import pytest
 
 from tokenrouter.calibration.estimate import estimate_profile
-from tokenrouter.calibration.profile import AllReduceInfo, Profile, load_profile
+from tokenrouter.calibration.profile import AllReduceInfo, Profile
+from tokenrouter.calibration.resolve import load_profile
 from tokenrouter.calibration.tensor_parallel import AllReduceCost, estimate_tp
 from tokenrouter.models.spec import load_spec
 

@@ -13,6 +13,7 @@ from tokenrouter.core.config import (
     PolicyConfig,
     config_from_yaml,
 )
+from tokenrouter.core.policy import PolicyKind
 
 PAIR = "models: [{name: qwen3-0.6b}, {name: qwen3-32b}]\n"
 
@@ -105,3 +106,10 @@ def test_numbers_in_range_load():
         "policy: {kind: delayed, max_wait_ms: 0}\n"
     )
     assert dep.placement.link_bandwidth_gbps == 25 and dep.models[0].kv_budget_gb == 20
+
+
+@pytest.mark.parametrize("kind", list(PolicyKind))
+def test_policy_config_says_whether_it_is_sync_without_building(kind):
+    pc = PolicyConfig(kind=kind)
+    assert pc.is_sync == pc.build().is_sync == kind.is_sync
+    assert pc.is_sync == (kind in (PolicyKind.STEP_SYNC, PolicyKind.MODEL_SYNC))

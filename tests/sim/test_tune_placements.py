@@ -25,7 +25,8 @@ from rich.console import Console
 from tokenrouter.calibration.analytic import generate
 from tokenrouter.calibration.cost import CostModel
 from tokenrouter.calibration.gpus import load_gpu_prices, usd_per_hour
-from tokenrouter.calibration.profile import AllReduceInfo, MpsInfo, load_profile
+from tokenrouter.calibration.profile import AllReduceInfo, MpsInfo
+from tokenrouter.calibration.resolve import load_profile
 from tokenrouter.calibration.step_stats import PartStats, StepStats
 from tokenrouter.cli import trsim
 from tokenrouter.cli.tune_cmd import candidates_table
@@ -38,13 +39,12 @@ from tokenrouter.core.config import (
     SchedulerConfig,
 )
 from tokenrouter.core.names import TuneObjective
-from tokenrouter.deploy.placement import gpu_kinds, on_kinds
 from tokenrouter.models import load_spec
 from tokenrouter.sim.decide import THROUGHPUT, Choice, Objective, Trial
 from tokenrouter.sim.propose import propose
 from tokenrouter.sim.run import SimConfig, run_sim
 from tokenrouter.sim.tune import Candidate, TunePoint, choose, simulate_thresholds
-from tokenrouter.sim.tune_layouts import tuned_config
+from tokenrouter.sim.tune_layouts import gpu_kinds, on_kinds, tuned_config
 
 FAST = ["--workload", "fixed:16,64", "--top", "1", "--hop-rate", "0.2"]
 

@@ -57,7 +57,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tokenrouter.core.config import AutotuneConfig
-from tokenrouter.core.policy import Policy
+from tokenrouter.core.policy import Policy, format_b
 
 BATCH_BUCKETS: tuple[int, ...] = (*range(1, 17), 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 """Upper bounds of the batch-size buckets of the step-time counters (bucket k holds sizes in
@@ -360,7 +360,7 @@ class Decision:
     revert: bool = False  # a change that measured slower, undone: `predicted_*` are then the measured rates
 
     def describe(self) -> str:
-        b = lambda x: ",".join(map(str, x))  # noqa: E731
+        b = format_b
         what = "revert, measured" if self.revert else "predicted"
         return (f"B {b(self.old)} -> {b(self.new)} ({what} {self.predicted_gain:+.1%}, "
                 f"{self.predicted_tok_s:,.1f} tok/s) at {self.estimates.describe()}")  # fmt: skip
@@ -518,7 +518,7 @@ class AutotuneController:
         self.estimates = est
         if self.trial is not None:
             if now < self.trial.start + self.config.verify_s:
-                self.status = f"verifying B {','.join(map(str, self.trial.decision.new))}: " \
+                self.status = f"verifying B {format_b(self.trial.decision.new)}: " \
                               f"{self.trial.start + self.config.verify_s - now:.0f} s left"  # fmt: skip
                 return None  # the trial is under way: no other change meanwhile
             revert = self._end_trial(est, now)
@@ -576,7 +576,7 @@ class AutotuneController:
         t, self.trial = self.trial, None
         assert t is not None
         d = t.decision
-        b = lambda x: ",".join(map(str, x))  # noqa: E731
+        b = format_b
         w, base = self.rates.window(t.start, now), t.baseline
         if w is None or not w.same_workload(base, self.config.tolerance):
             self.status = f"kept B {b(d.new)} unverified ({'no measurement' if w is None else 'the workload moved'})"
@@ -591,7 +591,7 @@ class AutotuneController:
                         revert=True)  # fmt: skip
 
     def _decide(self, sol: Solution, cur: tuple[int, ...], est: Estimates, now: float, why: str) -> Decision | None:
-        b = lambda x: ",".join(map(str, x))  # noqa: E731
+        b = format_b
         self._waits = False
         if sol.thresholds == cur:
             self.status = f"solved ({why}): B {b(cur)} in force is the best"

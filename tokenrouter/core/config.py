@@ -172,6 +172,12 @@ class PolicyConfig:
         rows = {int(n): [int(x) for x in row] for n, row in (table or {}).items()}
         return replace(self, kind=PolicyKind.DELAYED, thresholds=[int(x) for x in b], table=rows)
 
+    @property
+    def is_sync(self) -> bool:
+        """A synchronous baseline (step-sync, model-sync): the core's `PolicyKind.is_sync`, without building the
+        policy."""
+        return self.kind.is_sync
+
     def build(self) -> Policy:
         """The core policy."""
         return Policy(
@@ -308,7 +314,7 @@ def validate(cfg: DeploymentConfig) -> None:
     if cfg.scheduler.max_model_len is not None and cfg.scheduler.max_model_len < 2:
         raise ConfigError("scheduler max_model_len must be >= 2 (a prompt token and an output token) or null")
     if cfg.policy.autotune is not None:
-        if cfg.policy.kind.is_sync or cfg.baseline is not None:
+        if cfg.policy.is_sync or cfg.baseline is not None:
             raise ConfigError(f"policy.autotune tunes delayed-batching thresholds: it needs policy delayed or eager, "
                               f"not {cfg.policy_label}")  # fmt: skip
         if rc.name not in MARKOV_ROUTERS or (rc.name != RouterName.ME and m != 2):

@@ -29,6 +29,11 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 
+def format_b(b: Sequence[int] | None) -> str:
+    """B as users read it and the commands parse it: "1,6" ("-" for no B). The one formatter of B."""
+    return "-" if b is None else ",".join(str(int(x)) for x in b)
+
+
 class PolicyKind(StrEnum):
     """Batching policy kinds; str-valued, so YAML and CLI spell them as before."""
 

@@ -1,5 +1,6 @@
 """GPU accounting: which GPUs each model occupies, which models share one, how many GPUs a deployment uses, and
-the layouts `trsim tune --placements` compares (`layout`, and `on_kinds`: each model on a GPU kind of its own).
+the layouts `trsim tune --placements` compares on one GPU kind (`layout`; the placements across GPU kinds are
+`sim.tune_layouts`', which prices them from the cost model: deploy imports nothing of `calibration`).
 
 Invariants (checked by `check_gpus`, which the resolver applies to every deployment a CLI builds):
 - a model at tensor-parallel degree tp occupies exactly tp distinct GPUs; `gpus` lists them in rank order;
@@ -13,15 +14,10 @@ Invariants (checked by `check_gpus`, which the resolver applies to every deploym
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 
-from tokenrouter.calibration.estimate import fit_error
-from tokenrouter.calibration.gpus import GPU_SPECS, gpu_kind
-from tokenrouter.calibration.profile import ProfileError, load_profile
 from tokenrouter.core.config import ConfigError, DeploymentConfig
 from tokenrouter.core.names import Layout, Placement
-from tokenrouter.deploy.kv_budget import MEM_FRACTION
 from tokenrouter.models import load_spec
 from tokenrouter.models.tp_rules import tp_split_error
 
@@ -114,48 +110,3 @@ def layout(choice: Layout | str, num_gpus: int, cfg: DeploymentConfig) -> tuple[
         tps[large] = num_gpus
     mode = Placement.SEPARATE if choice is Layout.SEPARATE else Placement.MPS
     return mode, tps
-
-
-def parse_kinds(choice: str) -> tuple[str, str]:
-    """`SMALL+LARGE` (`l4+h200`): the GPU kind of the small model's GPU and of the large one's. ValueError (one
-    line) for another shape or an unknown kind."""
-    parts = choice.split("+")
-    if len(parts) != 2:
-        raise ValueError(f"placement {choice!r}: give SMALL_KIND+LARGE_KIND, e.g. l4+h200")
-    return gpu_kind(parts[0]), gpu_kind(parts[1])
-
-
-def on_kinds(cfg: DeploymentConfig, kinds: tuple[str, str]) -> DeploymentConfig:
-    """`cfg` (a small/large pair at tp = 1) with the small model on a GPU of kind `kinds[0]` and the large on one of
-    `kinds[1]`, two hosts linked by the cross-host link (`placement.link_*`, else the profile's). A model off the
-    deployment profile's kind is priced from that kind's profile (estimated unless bundled) and gets what its
-    weights leave of that GPU's memory as its KV budget. ValueError (one line) when a model does not fit its GPU."""
-    if len(cfg.models) != 2:
-        raise ValueError(f"placements across GPU kinds are for a small/large pair, not {len(cfg.models)} models")
-    try:
-        home = gpu_kind(load_profile(cfg.profile).gpu.name)
-    except ProfileError:
-        home = ""  # a GPU the spec table does not know: every kind asked for is priced from its own profile
-    models = []
-    for i, m in enumerate(cfg.models):
-        kind = kinds[0] if cfg.is_small(i) else kinds[1]
-        err = fit_error(kind, m.path or m.name)
-        if err:
-            raise ValueError(f"placement {'+'.join(kinds)}: {err}")
-        own = None if kind == home else kind
-        room = GPU_SPECS[kind].memory_gb * MEM_FRACTION - load_spec(m.path or m.name).weight_bytes / 1e9
-        budget = m.kv_budget_gb if m.kv_budget_gb is not None or own is None else round(room, 2)
-        models.append(dataclasses.replace(m, gpus=[0], tp=1, profile=own, kv_budget_gb=budget))
-    mode = dataclasses.replace(cfg.placement, mode=Placement.CROSS_HOST)
-    return dataclasses.replace(cfg, models=models, placement=mode)
-
-
-def gpu_kinds(cfg: DeploymentConfig) -> list[str]:
-    """The GPU kind of each GPU `cfg` occupies (cross-host: per host), for its price. ProfileError (one line) for a
-    profile of a GPU the spec table does not know."""
-    kinds: dict[tuple[int, int], str] = {}
-    cross = cfg.placement.mode == Placement.CROSS_HOST
-    for i, m in enumerate(cfg.models):
-        kind = gpu_kind(load_profile(m.profile or cfg.profile).gpu.name)
-        kinds.update({(i if cross else 0, g): kind for g in m.gpus})
-    return list(kinds.values())

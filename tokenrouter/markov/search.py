@@ -155,7 +155,7 @@ def _scaled_from_smaller(model: MarkovModel, max_states: int, why: str) -> Searc
         predicted, ranked = res.throughput_tok_s, [res]
     except StateSpaceTooLarge:
         predicted, ranked, level = None, [], model
-    src = ",".join(map(str, smaller.thresholds))
+    src = policy.format_b(smaller.thresholds)
     note = f"{why}; B scaled from the search at N={smaller.model.concurrency} (B*={src})"
     return SearchOutcome(b, predicted, ranked, level, exact=False, note=note)
 

@@ -103,7 +103,7 @@ class Server:
         if device not in ("cpu", "cuda"):
             raise ValueError(f"device must be cpu or cuda, got {device!r}")
         check_tp(config, device)  # tensor-parallel models: heads split evenly, one GPU per rank
-        if restart_on_failure and config.policy.build().is_sync:
+        if restart_on_failure and config.policy.is_sync:
             raise ValueError("restart on failure needs an asynchronous policy (eager, delayed): the sync "
                              "coordinator cannot take a subserver back in the middle of a round")  # fmt: skip
         self.config = config
@@ -231,8 +231,8 @@ class Server:
         return self
 
     def _start(self) -> None:
-        policy = self.config.policy.build()
-        if policy.is_sync and self.cluster is None:
+        sync = self.config.policy.is_sync
+        if sync and self.cluster is None:
             self._start_coordinator()
         self._env_common: dict[str, str] = {}
         if self.device == "cuda" and self.config.placement.mode == "mps":
@@ -246,7 +246,7 @@ class Server:
             self._spawn(i, self.processes.append)
         if self.cluster is not None:  # tcp: the coordinator connects to the subservers' published endpoints
             self.cluster.wait_joined()
-            if policy.is_sync:
+            if sync:
                 self._start_coordinator()
             self.cluster.welcome_all()
         self.start_aux()
@@ -255,7 +255,7 @@ class Server:
         self._watcher.start()
 
     def _start_coordinator(self) -> None:
-        gate = SyncGate(self.config.policy.build().kind, self.num_models)
+        gate = SyncGate(self.config.policy.kind, self.num_models)
         a = self.addresses
         self.coordinator = Coordinator(gate, a.bind(a.coordinator), a.subservers).start()
 

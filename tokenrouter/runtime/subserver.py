@@ -51,7 +51,7 @@ class Subserver(EngineLoop):
         addrs = spec.addresses
         self.ctx = zmq.Context() if joined is None else joined.ctx
         self.gate: RemoteGate | None = None
-        if spec.config.policy.build().is_sync:
+        if spec.config.policy.is_sync:
             self.gate = RemoteGate(spec.model, len(spec.config.models), addrs.coordinator, self.ctx)
         mc = spec.config.models[spec.model]
         self.tag = f"model {spec.model} ({mc.name})"

@@ -101,7 +101,7 @@ class AutotuneTask:
         if self._reset is not None:
             policy, at = self._reset
             self._reset = None
-            if not policy.kind.is_sync:
+            if not policy.is_sync:
                 self.controller.reset(policy.build(), at)
                 log.info("autotune: follows the policy set by the admin endpoint (%s %s)", policy.kind,
                          policy.thresholds or policy.table or "")  # fmt: skip
