@@ -43,13 +43,12 @@ def test_no_import_cycle_among_project_files():
 
 def test_a_function_level_import_that_closes_a_cycle_is_reported(tmp_path):
     """The project test fails on a cycle: one lazy import back from a low runtime module to the launcher."""
-    mods = project_modules()
-    low = tmp_path / "supervision.py"
-    low.write_text(mods["tokenrouter.runtime.supervision"].read_text() + "\n\ndef f():\n"
-                   "    from tokenrouter.runtime.launcher import Server\n")  # fmt: skip
-    mods["tokenrouter.runtime.supervision"] = low
-    pair = {"tokenrouter.runtime.launcher", "tokenrouter.runtime.supervision"}
-    assert [c for c in module_cycles(mods) if pair <= set(c)] != []
+    assert _cycle_with_lazy_import(
+        tmp_path,
+        "tokenrouter.runtime.supervision",
+        "from tokenrouter.runtime.launcher import Server",
+        "tokenrouter.runtime.launcher",
+    )
 
 
 def test_the_scanner_finds_a_cycle_closed_by_a_type_checking_import(tmp_path):
@@ -89,13 +88,12 @@ def test_the_scanner_resolves_relative_imports(tmp_path):
 def test_a_relative_lazy_import_that_closes_a_cycle_is_reported(tmp_path):
     """The project test fails on the cycle the resolver broke: the profile schema reaching back up to the estimate
     with a relative import inside a function."""
-    mods = project_modules()
-    low = tmp_path / "profile.py"
-    low.write_text(mods["tokenrouter.calibration.profile"].read_text() + "\n\ndef f():\n"
-                   "    from .estimate import estimate_profile\n")  # fmt: skip
-    mods["tokenrouter.calibration.profile"] = low
-    pair = {"tokenrouter.calibration.estimate", "tokenrouter.calibration.profile"}
-    assert [c for c in module_cycles(mods) if pair <= set(c)] != []
+    assert _cycle_with_lazy_import(
+        tmp_path,
+        "tokenrouter.calibration.profile",
+        "from .estimate import estimate_profile",
+        "tokenrouter.calibration.estimate",
+    )
 
 
 def calibration_imports(mods: dict[str, Path], folder: str) -> list[str]:
@@ -143,3 +141,13 @@ def test_the_private_import_check_sees_one(tmp_path):
     f = tmp_path / "probe.py"
     f.write_text("def g():\n    from tokenrouter.metrics import _ratio, __doc__\nfrom helpers import _x\n")
     assert private_imports(f, tmp_path) == ["probe.py:2: _ratio from tokenrouter.metrics"]
+
+
+def _cycle_with_lazy_import(tmp_path, module: str, statement: str, target: str) -> bool:
+    """Whether the project graph, with `statement` planted in a function at the end of a copy of `module`, has a
+    cycle through `module` and `target`."""
+    mods = project_modules()
+    planted = tmp_path / (module.rsplit(".", 1)[-1] + ".py")
+    planted.write_text(mods[module].read_text() + f"\n\ndef f():\n    {statement}\n")
+    mods[module] = planted
+    return any({module, target} <= set(c) for c in module_cycles(mods))

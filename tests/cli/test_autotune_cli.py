@@ -7,6 +7,7 @@ import json
 
 import pytest
 import yaml
+from cli_call import call
 
 from tokenrouter.cli import tr, trsim
 
@@ -16,13 +17,6 @@ CONFIG = {
     "policy": {"kind": "delayed", "thresholds": [1, 1],
                "autotune": {"interval_s": 2, "hold_s": 2, "half_life_s": 2, "min_steps": 20}},
 }  # fmt: skip
-
-
-def call(main, argv: list[str], capsys) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as e:
-        main(argv)
-    out = capsys.readouterr()
-    return int(e.value.code or 0), out.out, out.err
 
 
 @pytest.fixture

@@ -7,16 +7,14 @@ import json
 from pathlib import Path
 
 import pytest
+from cli_call import call as run_cli
 
 from tokenrouter.calibration import load_profile
 from tokenrouter.cli import trsim
 
 
 def call(argv: list[str], capsys) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as e:
-        trsim.main(argv)
-    out = capsys.readouterr()
-    return int(e.value.code or 0), out.out, out.err
+    return run_cli(trsim.main, argv, capsys)
 
 
 def test_cost_of_a_decode_step_is_the_profile_formula(capsys):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from importlib.metadata import version
 
 import pytest
+from cli_call import call as _call
 
 from tokenrouter.cli import tr, trsim
 
@@ -54,13 +55,6 @@ def test_check_config_prints_the_summary(tmp_path, capsys):
     assert int(e.value.code or 0) == 0
     out = capsys.readouterr().out
     assert "autotune off" in out and "router: r2r, synthetic, hop rate 0.1" in out
-
-
-def _call(main, argv, capsys) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as e:
-        main(argv)
-    out, err = capsys.readouterr()
-    return int(e.value.code or 0), out, err
 
 
 PAIR = ["serve", "--small", "tiny-small", "--large", "tiny-large", "--device", "cpu", "--dry-run"]

@@ -4,19 +4,13 @@ the flag, exit 2, and nothing of the run is printed; the check itself leaves no 
 from __future__ import annotations
 
 import pytest
+from cli_call import call as _call
 
 from tokenrouter.cli import tr, trsim
 from tokenrouter.cli.common import check_output
 
 SMALL_RUN = ["--num-requests", "4", "--workload", "fixed:8,8"]
 NO_SERVER = ["--url", "http://127.0.0.1:9", "--num-requests", "2", "--workload", "fixed:4,4"]
-
-
-def _call(main, argv: list[str], capsys) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as e:
-        main(argv)
-    out = capsys.readouterr()
-    return int(e.value.code or 0), out.out, out.err
 
 
 # Each command small enough that, without the check, it runs quickly to the point where it writes (or fails

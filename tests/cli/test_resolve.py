@@ -13,17 +13,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from cli_call import call
 
 from tokenrouter.cli import tr, trsim
 from tokenrouter.core.config import DeploymentConfig, ModelConfig, PlacementConfig, PolicyConfig, RouterConfig
 from tokenrouter.deploy import DeploymentOverrides, resolve_deployment
-
-
-def call(main, argv: list[str], capsys) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as e:
-        main(argv)
-    out = capsys.readouterr()
-    return int(e.value.code or 0), out.out, out.err
 
 
 @pytest.fixture

@@ -7,17 +7,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from cli_call import call
 
 from tokenrouter.cli import tr, trsim
 
 FAST = ["--workload", "fixed:16,40", "--num-requests", "8", "--concurrency", "4"]
-
-
-def call(main, argv: list[str], capsys) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as e:
-        main(argv)
-    out = capsys.readouterr()
-    return int(e.value.code or 0), out.out, out.err
 
 
 def assert_one_line_error(rc: int, err: str, needle: str) -> None:

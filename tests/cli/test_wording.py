@@ -11,17 +11,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_call import call as _call
 
 from tokenrouter.cli import tr, trsim
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "saved-2026-12-01"
-
-
-def _call(main, argv: list[str], capsys) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as e:
-        main(argv)
-    out = capsys.readouterr()
-    return int(e.value.code or 0), out.out, out.err
 
 
 @pytest.mark.parametrize(

@@ -105,3 +105,22 @@ def alive(pid: int) -> bool:
 
 
 GREEDY = P.Sampling(temperature=0.0, max_tokens=10, ignore_eos=True)
+
+
+def serves_on_and_drains(client: RuntimeClient, srv) -> None:
+    """After a fault the server serves on: a new request completes, the server is healthy, and every model ends
+    holding no KV page and no request."""
+    client.submit("after", [9, 9, 9], GREEDY)
+    after = collect(client, {"after"})["after"]
+    assert after.end.reason == "length" and sorted(after.tokens) == list(range(GREEDY.max_tokens))
+    assert srv.healthy()
+    wait_stats(client, lambda st: all(s.kv_pages_used == 0 and s.running + s.waiting + s.pending == 0
+                                      for s in st.values()))  # fmt: skip
+
+
+def stop_and_check_gone(client: RuntimeClient, srv) -> None:
+    """Close the client, stop the server, and check that none of its processes outlives it."""
+    client.close()
+    pids = [p.pid for p in srv.processes]
+    srv.stop()
+    assert not any(alive(p) for p in pids)

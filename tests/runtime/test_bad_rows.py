@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 
 import pytest
-from rt_helpers import GREEDY, alive, collect, tiny_config, wait_stats
+from rt_helpers import collect, serves_on_and_drains, stop_and_check_gone, tiny_config
 
 from tokenrouter.core.messages import PeerReq
 from tokenrouter.core.request import Request, SamplingParams
@@ -137,14 +137,6 @@ def test_a_refused_row_in_a_subserver_fails_its_request_and_serving_goes_on(tmp_
         assert out["bad"].end.reason == "error" and out["bad"].end.num_output == 0
         for rid in ("g0", "g1", "g2"):
             assert out[rid].end.reason == "length" and sorted(out[rid].tokens) == list(range(n_out)), rid
-        client.submit("after", [9, 9, 9], GREEDY)
-        after = collect(client, {"after"})["after"]
-        assert after.end.reason == "length" and sorted(after.tokens) == list(range(GREEDY.max_tokens))
-        assert srv.healthy()
-        wait_stats(client, lambda st: all(s.kv_pages_used == 0 and s.running + s.waiting + s.pending == 0
-                                          for s in st.values()))  # fmt: skip
+        serves_on_and_drains(client, srv)
     finally:
-        client.close()
-        pids = [p.pid for p in srv.processes]
-        srv.stop()
-    assert not any(alive(p) for p in pids)
+        stop_and_check_gone(client, srv)

@@ -6,7 +6,7 @@ fails) and without; a failed graph capture is a start-up error that leaves nothi
 from __future__ import annotations
 
 import pytest
-from rt_helpers import GREEDY, alive, collect, tiny_config, wait_stats
+from rt_helpers import alive, collect, serves_on_and_drains, stop_and_check_gone, tiny_config
 
 from tokenrouter.runtime import protocol as P
 from tokenrouter.runtime.client import RuntimeClient
@@ -39,17 +39,9 @@ def test_a_failed_step_ends_its_requests_with_error_and_serving_goes_on(tmp_path
                 assert o.end.num_output < n_out
             else:
                 assert o.end.reason == "length" and o.end.num_output == n_out
-        client.submit("after", [9, 9, 9], GREEDY)  # the subserver serves on
-        after = collect(client, {"after"})["after"]
-        assert after.end.reason == "length" and sorted(after.tokens) == list(range(GREEDY.max_tokens))
-        assert srv.healthy()
-        wait_stats(client, lambda st: all(s.kv_pages_used == 0 and s.running + s.waiting + s.pending == 0
-                                          for s in st.values()))  # fmt: skip
+        serves_on_and_drains(client, srv)
     finally:
-        client.close()
-        pids = [p.pid for p in srv.processes]
-        srv.stop()
-    assert not any(alive(p) for p in pids)
+        stop_and_check_gone(client, srv)
 
 
 def test_a_failed_graph_capture_is_a_startup_error(tmp_path):
