@@ -41,6 +41,7 @@ import httpx
 import numpy as np
 
 from tokenrouter.bench.server import TR, scrape, start_server, stop_server
+from tokenrouter.runtime.parent_watch import term_when_parent_dies
 
 ROOT = Path(__file__).resolve().parents[2]
 KILL_GRACE_S = 30.0  # the shift bench ends by itself (--duration, then its running requests finish); a safety net
@@ -306,7 +307,9 @@ class Study:
             cmd += ["--duration", f"{duration_s:.1f}"]
         self.summary["commands"].append(shlex.join(["tokenrouter", *cmd[len(TR) :]]))
         log = (self.out / f"bench_{tag}.log").open("w")
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=term_when_parent_dies
+        )
         self.benches.append(proc)
         return proc, cmd, jf
 
@@ -591,7 +594,7 @@ class Study:
         self.summary["commands"].append(shlex.join(["trsim", *cmd[len(TRSIM) :]]))
         log = (self.out / f"sim_{name}.log").open("w")
         return subprocess.Popen(["nice", "-n", "10", *cmd], stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)  # fmt: skip
+                                start_new_session=True, preexec_fn=term_when_parent_dies)  # fmt: skip
 
     def finish_sims(self) -> None:
         """Wait for the simulator's predictions (summary['sim'] for the hop shift, summary['sim_n_ramp'])."""

@@ -33,6 +33,7 @@ import psutil
 
 from tokenrouter.bench.server import scrape as metrics
 from tokenrouter.core.config import DeploymentConfig, ModelConfig, PolicyConfig, RouterConfig, SchedulerConfig
+from tokenrouter.runtime.parent_watch import term_when_parent_dies
 
 HERE = Path(__file__).resolve().parent
 
@@ -47,7 +48,14 @@ def start_server(cfg_path: Path, port: int, log: Path, kv_tokens: int) -> subpro
     cmd = [sys.executable, "-m", "tokenrouter.cli.tr", "serve", "--config", str(cfg_path), "--device", "cpu",
            "--port", str(port), "--kv-tokens", str(kv_tokens), "--no-access-log"]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    return subprocess.Popen(
+        cmd,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=term_when_parent_dies,
+        env=env,
+    )
 
 
 class Tally:

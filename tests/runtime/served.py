@@ -20,6 +20,7 @@ import psutil
 import yaml
 
 from tokenrouter.core.config import DeploymentConfig, ModelConfig, PolicyConfig, RouterConfig, SchedulerConfig
+from tokenrouter.runtime.parent_watch import term_when_parent_dies
 
 
 def free_port() -> int:
@@ -55,7 +56,14 @@ class Served:
         cmd = [sys.executable, "-m", "tokenrouter.cli.tr", "serve", "--config", str(config), "--device", device,
                "--port", str(port), "--kv-tokens", str(kv_tokens), *extra]  # fmt: skip
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        proc = subprocess.Popen(
+            cmd,
+            stdout=log.open("w"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=term_when_parent_dies,
+            env=env,
+        )
         srv = cls(proc, f"http://127.0.0.1:{port}", log)
         deadline = time.monotonic() + timeout_s
         while True:

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import httpx
 
+from tokenrouter.runtime.parent_watch import term_when_parent_dies
+
 TR = [sys.executable, "-m", "tokenrouter.cli.tr"]
 
 
@@ -24,7 +26,8 @@ def start_server(args: Sequence[str], port: int, log: Path, *, timeout_s: float 
     its process group is killed, so the port and the GPU are free for the caller's next try)."""
     cmd = [*TR, "serve", *args, "--port", str(port)]
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
+    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                            start_new_session=True, preexec_fn=term_when_parent_dies,
                             env={**os.environ, **(env or {})})  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     while time.monotonic() - t0 < timeout_s and proc.poll() is None:

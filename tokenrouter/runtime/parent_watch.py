@@ -39,6 +39,13 @@ def _set_pdeathsig(sig: int) -> bool:
         return False
 
 
+def term_when_parent_dies() -> None:
+    """A `preexec_fn` for `subprocess.Popen`: the child (a whole `tr serve`, started by a test or a study) gets
+    SIGTERM, and so drains and stops its subservers, when the process that started it ends however it ends
+    (`timeout`'s SIGTERM or a SIGKILL included). Linux only; elsewhere a no-op."""
+    _set_pdeathsig(signal.SIGTERM)
+
+
 def die_with_parent(parent_pid: int, on_orphan: Callable[[], None], poll_s: float = 0.25) -> None:
     """Call once, early, in the child. When `parent_pid` is no longer our parent: `on_orphan()` (best effort),
     then exit at once (no Python shutdown: the sockets' peers are gone and a flush could block)."""
