@@ -2,7 +2,8 @@
 
 A live-results file has one row per measured cell (`studies/fidelity/run_fidelity.py` writes one from
 `tr serve` + `tr bench`): `args`, the `trsim run` flags of the cell exactly as `tr bench --sim` took them
-(relative `--config` / `--profile` paths are relative to the CSV's folder), and the live metrics under the
+(a relative `--config`, and a `--profile` / `--trace` / `--workload` that is a path, is relative to the
+CSV's folder, wherever the command runs: `cell_path`), and the live metrics under the
 names `tr bench --json` uses (`output_throughput_tok_s`, `tpot_ms_p50`, ...). Error = sim / live - 1.
 Exit code 1 when the median or the largest |error| is above the thresholds given.
 """
@@ -30,15 +31,29 @@ from tokenrouter.sim.simulate import sim_config, simulate
 METRICS = {"throughput": "output_throughput_tok_s", "tpot_p50": "tpot_ms_p50"}
 
 
+FILE_SUFFIXES = (".yaml", ".yml", ".json", ".jsonl", ".csv")
+
+
+def cell_path(flag: str, value: str, base: Path) -> str:
+    """One rule for the files a cell names: a relative `--config` is relative to the CSV's folder (`base`), never
+    to where the command runs; so is a `--profile`, `--trace` or `--workload` that is a path (has a folder or a
+    file suffix); otherwise the value is a name (a bundled profile, a named workload) and stays as it is."""
+    p = Path(value)
+    if p.is_absolute():
+        return value
+    if flag == "--config" or "/" in value or p.suffix in FILE_SUFFIXES:
+        return str(base / p)
+    return value
+
+
 def cell_config(args: str, base: Path, profile: str | None = None) -> tuple[SimConfig, bool]:
-    """The SimConfig `trsim run ARGS` would simulate (paths relative to `base`), and its 'auto' flag."""
+    """The SimConfig `trsim run ARGS` would simulate (files relative to `base`, `cell_path`), and its 'auto'
+    flag."""
     argv = shlex.split(args)
     for flag in ("--config", "--profile", "--trace", "--workload"):
         if flag in argv[:-1]:
             i = argv.index(flag) + 1
-            p = base / argv[i]
-            if not Path(argv[i]).is_absolute() and p.exists():
-                argv[i] = str(p)
+            argv[i] = cell_path(flag, argv[i], base)
     if profile is not None:
         argv += ["--profile", profile]
     deploy, run = parse_run_args(argv)

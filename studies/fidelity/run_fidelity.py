@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -53,6 +54,9 @@ def main() -> int:
         help="tuned config for hop rate P (delayed cells at P use its table)",
     )
     p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--csv-base", type=Path, default=None,
+                   help="the folder the CSV will be validated from (default --out): its rows name their --config "
+                        "relative to it, the rule `trsim validate` reads them by")  # fmt: skip
     p.add_argument("--ns", default="8,1,4,16")
     p.add_argument("--hops", default="0.1,0.05,0.2")
     p.add_argument("--policies", default="delayed,eager,step-sync")
@@ -100,6 +104,7 @@ def main() -> int:
             (f"delayed SM {split} B={b or 'table'} p={a.sweep_hop} N={a.split_n}", "delayed", a.sweep_hop, a.split_n,
              th))  # fmt: skip
     base = a.out
+    csv_base = (a.csv_base or a.out).resolve()
 
     def save() -> None:
         pd.DataFrame(rows).to_csv(base / "live.csv", index=False)
@@ -146,7 +151,8 @@ def main() -> int:
                     continue
                 rec = json.loads(jf.read_text())
                 jf.unlink()
-                sim = ["--config", str(cfg), "--policy", pol, "--hop-rate", str(hop), "-n", str(n),
+                sim = ["--config", os.path.relpath(cfg.resolve(), csv_base), "--policy", pol, "--hop-rate", str(hop),
+                       "-n", str(n),
                        "--workload", a.workload, "--max-output", str(a.max_output), "--num-requests", str(reqs),
                        "--seed", "0"]  # fmt: skip
                 if th is not None:

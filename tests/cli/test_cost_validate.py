@@ -83,16 +83,38 @@ def test_validate_reports_the_error_against_trsim_run(tmp_path, capsys):
     assert rc == 1 and "OUTSIDE" in out
 
 
-def test_validate_resolves_a_config_next_to_the_csv(tmp_path, capsys):
+def test_validate_resolves_a_config_relative_to_the_csv_from_any_folder(tmp_path, capsys, monkeypatch):
     from tokenrouter.core.config import DeploymentConfig, ModelConfig, PolicyConfig
 
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "results").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    cfg = tmp_path / "configs" / "serve.yaml"
+    DeploymentConfig(models=[ModelConfig("qwen3-0.6b"), ModelConfig("qwen3-32b")],
+                     policy=PolicyConfig("eager"), profile="h200-analytic").save(cfg)  # fmt: skip
+    args = "--config ../configs/serve.yaml -n 2 --workload fixed:16,20 --num-requests 4"
+    sim = _sim(args.replace("../configs/serve.yaml", str(cfg)), capsys)
+    live = tmp_path / "results" / "live.csv"
+    _live_csv(live, [("c", args, sim["output_throughput_tok_s"], sim["tpot_ms_p50"])])
+    for cwd in (tmp_path / "elsewhere", tmp_path / "results"):
+        monkeypatch.chdir(cwd)
+        rc, out, _ = call(["validate", str(live)], capsys)
+        assert rc == 0 and "+0.0%" in out, (cwd, out)
+
+
+def test_validate_does_not_read_a_config_relative_to_the_working_folder(tmp_path, capsys, monkeypatch):
+    # One rule: a path that exists from where the command runs but not from the CSV's folder is an error (the
+    # same CSV must give the same result wherever it is validated from).
+    from tokenrouter.core.config import DeploymentConfig, ModelConfig, PolicyConfig
+
+    (tmp_path / "results").mkdir()
     DeploymentConfig(models=[ModelConfig("qwen3-0.6b"), ModelConfig("qwen3-32b")],
                      policy=PolicyConfig("eager"), profile="h200-analytic").save(tmp_path / "serve.yaml")  # fmt: skip
-    args = "--config serve.yaml -n 2 --workload fixed:16,20 --num-requests 4"
-    sim = _sim(args.replace("serve.yaml", str(tmp_path / "serve.yaml")), capsys)
-    _live_csv(tmp_path / "live.csv", [("c", args, sim["output_throughput_tok_s"], sim["tpot_ms_p50"])])
-    rc, out, _ = call(["validate", str(tmp_path / "live.csv")], capsys)
-    assert rc == 0 and "+0.0%" in out
+    live = tmp_path / "results" / "live.csv"
+    _live_csv(live, [("c", "--config serve.yaml -n 2 --workload fixed:16,20 --num-requests 4", 100.0, 5.0)])
+    monkeypatch.chdir(tmp_path)
+    rc, _, err = call(["validate", str(live)], capsys)
+    assert rc == 2 and "line 2" in err and "serve.yaml" in err, err
 
 
 def test_validate_bad_files(tmp_path, capsys):
