@@ -18,7 +18,7 @@ launch + weights the same way. The target's rates are its datasheet figures time
 
 Kept as measured: host, router and runtime costs, the link, the std-serving bookkeeping, and the co-location grids
 (the simulator reads only their slowdown ratios, which are kept). Memory is the datasheet's: a model's KV budget is
-capped by what its weights leave of `USABLE_MEMORY_FRAC` of memory, and `fits` says whether a model fits at all.
+capped by what its weights leave of `MEM_FRACTION` of memory, and `fits` says whether a model fits at all.
 
 The same split estimates one model's passes from another's on one GPU (weight bytes, KV bytes and FLOPs ratios in
 place of the GPUs'): `studies/placement_cost/method_check.py` reports that error.
@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import msgspec
 
+from tokenrouter.deploy.kv_budget import MEM_FRACTION, kv_room_gb
 from tokenrouter.models.spec import load_spec
 
 from .gpus import GPU_SPECS, GpuSpec, gpu_kind
@@ -38,7 +39,6 @@ from .measured import PassTable
 from .profile import EstimatedFrom, GpuInfo, ModelProfile, Profile, StepCoeffs, StepModes
 
 METHOD = "bytes/FLOPs scaling"
-USABLE_MEMORY_FRAC = 0.9  # the rest: activations, CUDA graphs, allocator slack (vLLM's default utilisation)
 MIN_KV_GB = 1.0  # the least KV cache a model needs beside its weights to count as fitting
 
 _replace = msgspec.structs.replace
@@ -116,7 +116,7 @@ def estimate_profile(anchor: Profile, target: str, *, anchor_name: str = "") -> 
     models = {}
     for name, m in anchor.models.items():
         e = scale_entry(m, *anchor_rates(anchor, name, m), s)
-        room = want.memory_gb * USABLE_MEMORY_FRAC - m.weight_bytes / m.tp / 1e9
+        room = kv_room_gb(want.memory_gb, m.weight_bytes, m.tp)
         budget = anchor.kv_budget_gb if m.kv_budget_gb is None else m.kv_budget_gb
         models[name] = e if room >= budget else _replace(e, kv_budget_gb=max(0.0, room))
     allreduce = anchor.allreduce
@@ -158,7 +158,7 @@ def fit_error(
     gpu: str | GpuSpec | Profile, models: str | Sequence[str], tp: int = 1, min_kv_gb: float = MIN_KV_GB
 ) -> str:
     """Why `models` (bundled names or config paths, sharing one GPU, each split over `tp` GPUs) do not fit `gpu`: one
-    line, or "" when their weights plus `min_kv_gb` of KV each fit `USABLE_MEMORY_FRAC` of its memory."""
+    line, or "" when their weights plus `min_kv_gb` of KV each fit `MEM_FRACTION` of its memory."""
     if isinstance(gpu, Profile):
         mem, label = gpu.gpu.memory_gb, gpu.gpu.name
     else:
@@ -167,10 +167,10 @@ def fit_error(
     names = [models] if isinstance(models, str) else list(models)
     weights = sum(load_spec(n).weight_bytes for n in names) / tp / 1e9
     need = weights + min_kv_gb * len(names)
-    if need <= mem * USABLE_MEMORY_FRAC:
+    if need <= mem * MEM_FRACTION:
         return ""
     return (f"{' + '.join(names)} at tp={tp} needs {need:.1f} GB per GPU ({weights:.1f} GB weights + {min_kv_gb:g} GB "
-            f"KV each) but {label} has {mem * USABLE_MEMORY_FRAC:.1f} GB usable ({USABLE_MEMORY_FRAC:.0%} of "
+            f"KV each) but {label} has {mem * MEM_FRACTION:.1f} GB usable ({MEM_FRACTION:.0%} of "
             f"{mem:g} GB)")  # fmt: skip
 
 

@@ -22,7 +22,7 @@ from tokenrouter.calibration.profile import ProfileError
 from tokenrouter.calibration.resolve import load_profile
 from tokenrouter.core.config import DeploymentConfig
 from tokenrouter.core.names import Layout, Placement, TuneObjective, parse_name
-from tokenrouter.deploy.kv_budget import MEM_FRACTION
+from tokenrouter.deploy.kv_budget import kv_room_gb
 from tokenrouter.deploy.placement import gpus_used, layout
 from tokenrouter.models import load_spec
 from tokenrouter.sim.decide import DEFAULT_BUDGET_S, THROUGHPUT, Objective, trial_requests
@@ -316,7 +316,7 @@ def on_kinds(cfg: DeploymentConfig, kinds: tuple[str, str]) -> DeploymentConfig:
         if err:
             raise ValueError(f"placement {'+'.join(kinds)}: {err}")
         own = None if kind == home else kind
-        room = GPU_SPECS[kind].memory_gb * MEM_FRACTION - load_spec(m.path or m.name).weight_bytes / 1e9
+        room = kv_room_gb(GPU_SPECS[kind].memory_gb, load_spec(m.path or m.name).weight_bytes)
         budget = m.kv_budget_gb if m.kv_budget_gb is not None or own is None else round(room, 2)
         models.append(dataclasses.replace(m, gpus=[0], tp=1, profile=own, kv_budget_gb=budget))
     mode = dataclasses.replace(cfg.placement, mode=Placement.CROSS_HOST)

@@ -13,6 +13,12 @@ from tokenrouter.models.spec import ModelSpec
 MEM_FRACTION = 0.9
 
 
+def kv_room_gb(gpu_memory_gb: float, weight_bytes: float, tp: int = 1) -> float:
+    """GB of KV memory a model alone on its GPUs has on each: `MEM_FRACTION` of one GPU's memory less its share of
+    the weights (negative: its weights do not fit)."""
+    return gpu_memory_gb * MEM_FRACTION - weight_bytes / max(1, tp) / 1e9
+
+
 class NoRoom(ValueError):
     """A model gets less than one KV page: its weights (or its GPU neighbours' with them) leave no room."""
 
