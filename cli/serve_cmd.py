@@ -41,7 +41,6 @@ def serve(
     ] = None,
     record_hops: Annotated[Path | None, Opt(help="Write the hop trace JSONL here on exit.")] = None,
     kv_tokens: Annotated[int, Opt(help="CPU only: KV capacity per model in tokens.")] = 8192,
-    no_cuda_graph: Annotated[bool, Opt("--no-cuda-graph", hidden=True, help="Deprecated: --no-graphs.")] = False,
     baseline: Annotated[str | None, Opt(help="Run a baseline on the same engine instead of the routed runtime: "
                         "std-serving (one continuous-batching server per model with prefix caching, and a dispatcher "
                         "that sends every hop as a new request carrying the whole sequence; also what `baseline: "
@@ -85,9 +84,6 @@ def serve(
         raise CliError("give --config FILE or both --small and --large")
     if deploy.thresholds_auto:
         raise CliError("--thresholds auto is for the simulator; serving takes B per model (e.g. 1,7) or a config")
-    if no_cuda_graph:
-        typer.echo("tr serve: --no-cuda-graph is deprecated; use --no-graphs", err=True)
-        ov.graphs = False
     cfg = deploy.resolve()
     baseline = _baseline(cfg, baseline, restart_on_failure)
     if restart_on_failure and cfg.policy.is_sync:

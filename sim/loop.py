@@ -5,7 +5,7 @@ it); the decider's trials come here directly, below autotune, whose solve is the
 The deployment is the same `DeploymentConfig` that `tr serve` reads, built by the same
 `tokenrouter.deploy.build_deployment`; the schedulers, routers, KV pools and admission are the core's.
 Only time is simulated: step times from the profile's cost model, peer messages delayed by the link model.
-Standard serving (`policy: std-serving`) is a mode of this driver: every returning hop is priced as a new
+Standard serving (`baseline: std-serving`) is a mode of this driver: every returning hop is priced as a new
 request that re-matches its prefix.
 """
 

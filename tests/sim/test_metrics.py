@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from tokenrouter.metrics import MetricsCollector
-from tokenrouter.sim.plots import plot_run, plot_sweep
+from tokenrouter.plots import plot_run, plot_sweep
 
 approx = pytest.approx
 

@@ -116,7 +116,9 @@ class TensorParallel:
         if store is None:
             store = dist.TCPStore(host, port, size, False, timeout=timeout)
         if device.type == "cuda":
-            os.environ.update(NCCL_ENV)  # NCCL reads it when the communicator is created
+            # The one place NCCL's environment is set: every rank, whichever way it started, passes here
+            # before its communicator exists (NCCL reads it then).
+            os.environ.update(NCCL_ENV)
             torch.cuda.set_device(device)
             opts = dist.ProcessGroupNCCL.Options()
             opts._timeout = timeout

@@ -54,7 +54,7 @@ from tokenrouter.runtime.sockets import push_socket, send_once
 from tokenrouter.runtime.spawn import start_spawned
 from tokenrouter.runtime.supervision import StartupError, describe_exit, exit_reason
 from tokenrouter.runtime.sync_coordinator import Coordinator
-from tokenrouter.runtime.tp_config import check_tp, tp_environment
+from tokenrouter.runtime.tp_config import check_tp
 
 Listener = Callable[[P.Ready | P.Stats | P.Failed], None]
 log = logging.getLogger(__name__)
@@ -295,7 +295,6 @@ class Server:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in mc.gpus)
             if mc.mps_active_thread_percentage is not None:
                 env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(mc.mps_active_thread_percentage)
-        env.update(tp_environment(mc, self.device))  # rank 0 starts the model's other ranks (runtime.tp_ranks)
         target, arg = self.subserver_target(spec)
         # imports only the subserver (not the CLI that started us), deaf to Ctrl-C until its handler is in place
         start_spawned(target, (arg,), name=f"tokenrouter-sub{i}", env=env, started=started)

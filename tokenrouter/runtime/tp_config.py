@@ -6,9 +6,8 @@ The ranks themselves are started by the model's subserver (rank 0), not by the l
 
 from __future__ import annotations
 
-from tokenrouter.core.config import ConfigError, DeploymentConfig, ModelConfig
+from tokenrouter.core.config import ConfigError, DeploymentConfig
 from tokenrouter.deploy.placement import check_tp_divides
-from tokenrouter.models.tp_rules import NCCL_ENV
 
 
 def check_tp(config: DeploymentConfig, device: str) -> None:
@@ -21,9 +20,3 @@ def check_tp(config: DeploymentConfig, device: str) -> None:
         if device == "cuda" and len(m.gpus) != m.tp:
             raise ConfigError(f"model {i} ({m.name}): tp {m.tp} needs one GPU per rank in gpus, got {m.gpus} "
                               f"({len(m.gpus)} GPUs)")  # fmt: skip
-
-
-def tp_environment(model: ModelConfig, device: str) -> dict[str, str]:
-    """Environment for the subserver process of `model` (rank 0), set before it starts (rank 0 passes it on to
-    its ranks)."""
-    return dict(NCCL_ENV) if model.tp > 1 and device == "cuda" else {}

@@ -37,7 +37,6 @@ from typing import Any
 import zmq
 
 from tokenrouter.core.kv import KVPool
-from tokenrouter.models.tp_rules import NCCL_ENV
 from tokenrouter.runtime.supervision import describe_exit, report_failed, start_child
 
 log = logging.getLogger(__name__)
@@ -89,8 +88,6 @@ class TPRanks:
         self._closing = threading.Event()
         self._closed = False
         device = EngineConfig(**engine_kwargs).torch_device()
-        if device.type == "cuda":
-            os.environ.update(NCCL_ENV)  # the followers inherit it; NCCL reads it when a communicator starts
         self._store = serve_store(size, HOST, timeout_s)
         self._ctx = zmq.Context()
         self._socks: list[zmq.Socket] = []
