@@ -139,7 +139,10 @@ class TPRanks:
         at once when a peer dies, usually before the watcher has reaped it, and the dead rank, not the failed
         collective, is the cause worth reporting; if one died, the watcher reports it and ends this process."""
         live = [p.sentinel for p in self.procs if p.exitcode is None]
-        if live and wait(live, timeout=timeout_s) and self._watcher.is_alive():
+        # A follower the watcher already reaped has an exit code but may not be reported yet: wait for the watcher
+        # then too, not only for a death seen here (under load the failed step's report otherwise won the race).
+        died = len(live) < len(self.procs) or bool(live and wait(live, timeout=timeout_s))
+        if died and self._watcher.is_alive():
             self._watcher.join(timeout_s + 5.0)  # it reaps (up to 5 s), reports, then `on_death` exits
 
     def close(self, timeout_s: float = 30.0) -> None:
