@@ -56,6 +56,10 @@ def test_hop_rate_and_thresholds_change_while_serving(served):
         ({"policy": "fastest"}, 400, "policy"),
         ({"policy": "eager", "hop_rate": 1.5}, 400, "hop_rate"),
         ({"policy": "eager", "color": "red"}, 400, "color"),
+        # Without --autotune, a body with `autotune` is refused whole: the policy and hop rate with it are not applied.
+        ({"autotune": False}, 409, "this server runs without autotune: start it with --autotune"),
+        ({"autotune": False, "policy": "delayed", "thresholds": [2, 7], "hop_rate": 0.2}, 409, "--autotune"),
+        ({"autotune": "off"}, 400, "autotune"),
     ],
 )
 def test_bad_changes_are_refused_and_change_nothing(served, body, status, needle):

@@ -2,6 +2,7 @@
 
     POST /admin/policy   {"policy": "delayed", "thresholds": [1, 7], "hop_rate": 0.1}   (Bearer ADMIN_KEY)
     POST /admin/policy   {"hop_rate": 0.3}        only the hop rate; the policy in force stays
+    POST /admin/policy   {"autotune": false}      pause autotune (true: resume it); with --autotune only (409 else)
     GET  /admin/policy   the policy in force (and, with autotune, its state)
 
 Why: a live sweep of thresholds or hop rates needs no restart per cell (a restart is a minute of graph capture on
@@ -13,6 +14,13 @@ Synchronous policies (step-sync, model-sync) share a gate built at start: switch
 
 Every change, the operator's and autotune's, goes through one `PolicyState` (one lock, in order), so each starts
 from the policy the previous one left and GET answers what is in force.
+
+`autotune` pauses and resumes autotune without a restart: a live study compares autotune with a static B on one
+server (two servers of one machine differ by 3-5%, as much as the gains compared), alternating autotune windows with
+paused windows under a static B; an operator freezes B during an incident. Combined with a policy change,
+`{"autotune": false, "policy": "delayed", "thresholds": [2, 7]}` pauses first, then applies (no autotune change
+lands in between); `{"autotune": true, ...}` applies, then resumes from the policy now in force. A refused body
+changes nothing, the pause included.
 """
 
 from __future__ import annotations
@@ -20,8 +28,9 @@ from __future__ import annotations
 import asyncio
 import hmac
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Protocol
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -35,8 +44,9 @@ Concurrency = Annotated[str, Field(pattern=r"^[1-9][0-9]{0,8}$")]  # a live N >=
 
 
 class PolicyBody(BaseModel):
-    """The deployment config's `policy` section, plus an optional hop rate for a synthetic router. Without
-    `policy`, only `hop_rate` may be given: the policy in force stays. The only place B has string keys (JSON's)."""
+    """The deployment config's `policy` section, plus an optional hop rate for a synthetic router and an optional
+    pause (`autotune`: false) or resume (true) of autotune. Without `policy`, only `hop_rate` and `autotune` may be
+    given: the policy in force stays. The only place B has string keys (JSON's)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -45,13 +55,15 @@ class PolicyBody(BaseModel):
     table: dict[Concurrency, list[Threshold]] = {}  # live N -> thresholds (JSON keys are strings: "8": [1, 7])
     max_wait_ms: Annotated[float, Field(ge=0)] | None = None
     hop_rate: Annotated[float, Field(ge=0, le=1)] | None = None
+    autotune: bool | None = None  # strict: only JSON true/false (null: leave autotune as it is)
 
     def policy_config(self) -> PolicyConfig | None:
         """The policy section as the config's (None without `policy`); a 400 for what it cannot be."""
         if self.policy is None:
             given = [k for k in ("thresholds", "table", "max_wait_ms") if k in self.model_fields_set]
-            if given or self.hop_rate is None:
-                raise APIError(400, "without 'policy' give only 'hop_rate' (the policy in force stays)", "policy")
+            if given or (self.hop_rate is None and self.autotune is None):
+                raise APIError(400, "without 'policy' give only 'hop_rate' and/or 'autotune' (the policy in force "
+                               "stays)", "policy")  # fmt: skip
             return None
         table = {int(k): list(v) for k, v in self.table.items()}
         try:
@@ -111,10 +123,20 @@ class PolicyState:
         return self.describe()
 
 
-def add_admin_routes(app: FastAPI, state: PolicyState, admin_key: str | None,
-                     extra: Callable[[], dict[str, Any]] | None = None) -> None:  # fmt: skip
-    """Mount /admin/policy on `app`. `state`: the policy in force and the path every change takes; `extra`: more
-    for GET to answer (autotune's state)."""
+class Tuner(Protocol):
+    """What the endpoint needs of autotune (`autotune_task.AutotuneTask`; a protocol: that module imports this one)."""
+
+    def describe(self) -> dict[str, Any]: ...
+
+    def switched(self, on: bool | None) -> AbstractContextManager[None]: ...
+
+
+NO_AUTOTUNE = "this server runs without autotune: start it with --autotune"
+
+
+def add_admin_routes(app: FastAPI, state: PolicyState, admin_key: str | None, tuner: Tuner | None = None) -> None:
+    """Mount /admin/policy on `app`. `state`: the policy in force and the path every change takes; `tuner`: the
+    server's autotune (None without): its state for GET and POST to answer, paused and resumed by `autotune`."""
     router = APIRouter()
 
     def authorize(request: Request) -> None:
@@ -124,17 +146,25 @@ def add_admin_routes(app: FastAPI, state: PolicyState, admin_key: str | None,
         if not hmac.compare_digest(got.encode(), f"Bearer {admin_key}".encode()):
             raise APIError(401, "missing or invalid admin key (Authorization: Bearer KEY)", code="invalid_api_key")
 
+    def describe() -> dict[str, Any]:
+        return {**state.describe(), **(tuner.describe() if tuner is not None else {})}
+
     @router.get("/admin/policy")
     async def get_policy(request: Request) -> JSONResponse:
         authorize(request)
-        return JSONResponse({**state.describe(), **(extra() if extra is not None else {})})
+        return JSONResponse(describe())
 
     @router.post("/admin/policy")
     async def set_policy(body: PolicyBody, request: Request) -> JSONResponse:
         authorize(request)
+        if body.autotune is not None and tuner is None:  # refused whole: nothing else in the body applies either
+            raise APIError(409, NO_AUTOTUNE, "autotune")
         policy = body.policy_config()
+        # Under the lock, so no autotune change lands between the pause and the change that comes with it.
         async with state.lock:
-            new = await state.apply(policy, body.hop_rate, source="admin")
-        return JSONResponse({"applied": new})
+            with nullcontext() if tuner is None else tuner.switched(body.autotune):
+                if policy is not None or body.hop_rate is not None:  # `autotune` alone sends nothing to subservers
+                    await state.apply(policy, body.hop_rate, source="admin")
+            return JSONResponse({"applied": describe()})  # under the lock: no autotune change after ours in it
 
     app.include_router(router)

@@ -206,7 +206,7 @@ def create_app(
     async def prometheus() -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    add_admin_routes(app, policy, admin_key, tuner.describe if tuner is not None else None)
+    add_admin_routes(app, policy, admin_key, tuner)
     return app
 
 

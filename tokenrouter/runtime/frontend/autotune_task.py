@@ -11,6 +11,13 @@ new B, the estimates and the predicted gain, and counted in /metrics (`frontend.
 
 A change an operator makes meanwhile (POST /admin/policy) wins: the controller follows it (`reset`) and a decision
 computed before it is dropped.
+
+An operator can pause autotune (POST /admin/policy {"autotune": false}) and resume it ({"autotune": true}) without
+a restart (a restart is a minute of CUDA-graph capture): a live study compares autotune with a static B on one
+server, alternating autotune windows with paused ones (two servers of one machine differ by 3-5%, as much as the
+gains compared), and an incident wants B frozen. Paused, rounds neither observe nor decide and a decision computed
+before the pause is dropped; resumed, the controller restarts from the policy in force then, as after an
+operator's change (`reset`).
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 from tokenrouter.core.autotune import AutotuneController, CounterSnapshot, Decision, ModelCounters
@@ -56,6 +64,7 @@ class AutotuneTask:
         self._reset: tuple[PolicyConfig, float] | None = None  # an operator's change, for the next round
         self._status = ""
         self._task: asyncio.Task | None = None
+        self.paused = False  # by the operator (`switched`): no round observes or decides until resumed
         state.listeners.append(self._on_policy)
 
     def start(self) -> None:
@@ -80,10 +89,40 @@ class AutotuneTask:
         if source != "autotune":
             self._reset = (policy, self.backend.clock())
 
+    @contextlib.contextmanager
+    def switched(self, on: bool | None) -> Iterator[None]:
+        """Around an operator's change, entered under `state.lock` (the admin body's `autotune`): `on` False pauses
+        autotune before the change, True resumes it after the change (from the policy it leaves in force), None
+        leaves autotune as it is. Pausing what is paused, or resuming what runs, does nothing; a change that raises
+        leaves autotune as it was."""
+        was = self.paused
+        if on is False and not was:
+            self.paused = True
+            log.info("autotune: paused by the admin endpoint at %s; B changes only through it until resumed",
+                     self._in_force())  # fmt: skip
+        try:
+            yield
+        except BaseException:
+            if self.paused != was:  # the pause and the refused change were one request: neither happened
+                self.paused = was
+                log.info("autotune: not paused after all: the change that came with the pause was refused")
+            raise
+        if on is True and was:
+            self.paused = False
+            # As after an operator's change: no decision from before the pause lands, the controller forgets its
+            # last solve and trial and holds for hold_s; the next round re-solves from the B in force now.
+            if self.state.policy is not None:
+                self._reset = (self.state.policy, self.backend.clock())
+            log.info("autotune: resumed by the admin endpoint from %s", self._in_force())
+
+    def _in_force(self) -> str:
+        p = self.state.policy
+        return "the policy in force" if p is None else f"{p.kind} {p.thresholds or p.table or ''}".rstrip()
+
     def describe(self) -> dict[str, Any]:
         """Autotune's state for GET /admin/policy."""
         c = self.controller
-        return {"autotune": {"changes": c.changes, "solves": c.solves, "status": c.status,
+        return {"autotune": {"paused": self.paused, "changes": c.changes, "solves": c.solves, "status": c.status,
                              "estimates": c.estimates.as_dict() if c.estimates is not None else None,
                              "last_change": self.changes[-1].as_dict() if self.changes else None}}  # fmt: skip
 
@@ -98,6 +137,8 @@ class AutotuneTask:
                 log.exception("autotune: round failed; B unchanged")
 
     async def _round(self) -> None:
+        if self.paused:  # nothing observed while paused: the resume resets the controller anyway
+            return
         if self._reset is not None:
             policy, at = self._reset
             self._reset = None
@@ -123,6 +164,9 @@ class AutotuneTask:
 
     async def _apply(self, d: Decision, version: int) -> None:
         async with self.state.lock:
+            if self.paused:  # computed before the pause: a paused B is the operator's
+                log.info("autotune: dropped %s: paused meanwhile", d.describe())
+                return
             if self.state.version != version or self._reset is not None:
                 log.info("autotune: dropped %s: the policy changed meanwhile", d.describe())
                 return

@@ -113,6 +113,9 @@ class PolicyCollector(Collector):
         if self.autotune is None:
             return
         c = self.autotune.controller
+        # A study alternating autotune and static windows on one server reads its windows from this.
+        yield GaugeMetricFamily("tokenrouter_autotune_paused", "1 while autotune is paused (POST /admin/policy "
+                                "{\"autotune\": false}), else 0", value=float(self.autotune.paused))  # fmt: skip
         yield CounterMetricFamily("tokenrouter_autotune_changes", "B changes autotune applied", value=c.changes)
         yield CounterMetricFamily(
             "tokenrouter_autotune_solves", "solves autotune ran (simulator decisions)", value=c.solves
