@@ -182,6 +182,48 @@ def gap(tok_s: float | None, best: float | None) -> float | None:
     return 1.0 - tok_s / best
 
 
+def lost_count(stopped_by_study: bool, rec: dict | None, server_errors: float | None) -> tuple[float | None, str]:
+    """Requests lost by the server in a shifting run, and where the count comes from. Requests in flight when
+    the study itself stopped the bench were cut by the study (the server counts them aborted), not lost: then
+    only the bench's failed requests (or, without its JSON, the server's error outcomes) count."""
+    if stopped_by_study:
+        if rec is not None:
+            return float(rec.get("requests_failed", 0.0)), "bench JSON: failed requests (the study cut the rest)"
+        return server_errors, "server counter tokenrouter_http_requests_total{outcome=error} over the run"
+    if rec is not None:
+        return (float(max(rec.get("requests_unfinished", 0.0), rec.get("requests_failed", 0.0))),
+                "bench JSON: requests sent and not completed (failed ones included)")  # fmt: skip
+    return server_errors, "server counter tokenrouter_http_requests_total{outcome=error} over the run"
+
+
+def alternation_cost(windows: list[tuple[str, float | None]]) -> dict | None:
+    """Autotune against a static B on one server, windows alternated ('autotune' / 'static', each a throughput):
+    the mean of each kind and `cost` = 1 - mean(autotune) / mean(static) (positive: autotune is slower). None
+    unless both kinds have a measured window."""
+    got: dict[str, list[float]] = {"autotune": [], "static": []}
+    for kind, tok_s in windows:
+        if tok_s is not None:
+            got[kind].append(tok_s)
+    if not got["autotune"] or not got["static"]:
+        return None
+    at, st = float(np.mean(got["autotune"])), float(np.mean(got["static"]))
+    return {"autotune_tok_s": at, "static_tok_s": st, "windows_measured": len(got["autotune"]) + len(got["static"]),
+            "cost": gap(at, st)}  # fmt: skip
+
+
+def parse_candidates(text: str, hops: list[float]) -> dict[float, list[tuple[int, ...]]]:
+    """`--candidates`: 'B;B' for every hop rate in `hops`, or per hop rate 'H:B;B H:B;B' (hops not named get
+    none)."""
+    if ":" not in text:
+        bs = [parse_b(c) for c in text.split(";") if c]
+        return {h: list(bs) for h in hops}
+    out: dict[float, list[tuple[int, ...]]] = {}
+    for part in text.split():
+        h, _, bs = part.partition(":")
+        out[float(h)] = [parse_b(c) for c in bs.split(";") if c]
+    return out
+
+
 def mode_b(samples: list[Sample], a: float, b: float) -> tuple[int, ...] | None:
     """The B most often in force among the polls in [a, b] (a table's row flickers as N dips at finishes)."""
     seen = Counter(s.b for s in samples if a <= s.t <= b and s.b is not None)
@@ -212,6 +254,10 @@ class Study:
         self.sims: dict[str, subprocess.Popen] = {}  # per shifting run: the simulator's prediction, running
         self.live: list[tuple[str, subprocess.Popen, Poller]] = []  # servers up (stopped by `cleanup` on errors)
         self.benches: list[subprocess.Popen] = []
+        # Every step runs on this one autotune server (two servers of one machine differ by a few percent):
+        # static cells pause autotune through the admin endpoint, the stable step alternates it on and off.
+        self.shared: tuple[subprocess.Popen, str, Poller] | None = None
+        self.config_policy = _config_policy_body(a.config)
         specs = _workload_specs(a.max_output)
         self.mean_output = float(np.mean([s.output_len for s in specs]))
         self.summary: dict = {
@@ -277,6 +323,18 @@ class Study:
         self.summary.setdefault("autotune_log", {})[tag] = [ln for ln in log if "autotune: B" in ln][-20:]
         return poller.samples
 
+    def server(self) -> tuple[subprocess.Popen, str, Poller] | None:
+        """The study's one autotune server, started on first use."""
+        if self.shared is None:
+            self.shared = self.serve("autotune", autotune=True)
+        return self.shared
+
+    def close_server(self) -> None:
+        if self.shared is not None:
+            proc, _, poller = self.shared
+            self.shared = None
+            self.unserve("autotune", proc, poller)
+
     def write_timeline(self, tag: str, samples: list[Sample]) -> None:
         head = ["t", "tokens_total", *(f"B_{n}" for n in self.names), "hop_rate", "http_ok", "http_error",
                 "http_aborted", "in_flight", "autotune_changes"]  # fmt: skip
@@ -319,6 +377,7 @@ class Study:
             self.stop_bench(proc)
         for tag, proc, poller in list(self.live):
             self.unserve(tag, proc, poller)
+        self.shared = None
 
     @staticmethod
     def stop_bench(proc: subprocess.Popen) -> bool:
@@ -396,10 +455,14 @@ class Study:
         total = len(regimes) * a.phase_s
         num = self.requests_for(total * max(n for _, n in regimes) / N, a.margin)
         self.sims[name] = self.start_sim(name, spec_path, num, regimes[0][1])
-        got = self.serve(f"autotune_{name}", autotune=True)
+        fresh = self.shared is None
+        got = self.server()
         if got is None:
             return
-        proc_s, url, poller = got
+        _, url, poller = got
+        i0 = len(poller.samples)
+        if not fresh:  # an earlier step paused autotune or set a static B: start as a fresh server would
+            self.admin(url, {"autotune": True, **self.config_policy})
         if math.isclose(self.current_hop(url), hops[0]):
             self.admin(url, {"hop_rate": a.hop_high if not math.isclose(hops[0], a.hop_high) else a.hop_low})
             time.sleep(2.5)  # a poll or two at the marker rate
@@ -418,7 +481,7 @@ class Study:
             time.sleep(0.5)
         t_end = stopped_at if stopped_at is not None else self.now()
         time.sleep(1.5)  # one more poll after the end
-        samples = self.unserve(f"autotune_{name}", proc_s, poller)
+        samples = list(poller.samples[i0:])
         starts = fill_starts(phase_starts(hop_changes(samples), hops), hops, a.phase_s)
         t0 = starts[0] if starts[0] is not None else (starts[1] - a.phase_s if starts[1] is not None else t_launch)
         rec = json.loads(jf.read_text()) if jf.exists() else None
@@ -433,14 +496,8 @@ class Study:
         errors = (last.error - first.error) if first else None
         if stopped_at is None and proc.returncode != 0:
             lost, source = None, "unknown: the bench failed (see errors)"
-        elif rec is not None:
-            lost = max(rec.get("requests_unfinished", 0.0), rec.get("requests_failed", 0.0))
-            source = "bench JSON: requests sent and not completed (failed ones included)"
         else:
-            lost = errors
-            source = ("server counter tokenrouter_http_requests_total{outcome=error} over the run: the bench "
-                      "was stopped after the last phase, so it wrote no JSON; its cut requests count as "
-                      "aborted")  # fmt: skip
+            lost, source = lost_count(stopped_at is not None, rec, errors)
         self.runs[name] = {"t0": t0, "starts": starts, "windows": windows, "samples": samples, "regimes": regimes,
                            "end_t": end_t}  # fmt: skip
         phase_tok_s = []
@@ -469,10 +526,7 @@ class Study:
             "autotune_changes": None if last is None else last.changes,
             "lost_requests": lost, "lost_requests_source": source, "b_timeline": _b_changes(samples, t0),
         }  # fmt: skip
-        lost_all = [r["lost_requests"] for r in (self.summary.get(k) for k in RUNS) if r]
-        self.summary["lost_requests"] = None if None in lost_all else sum(lost_all)
-        srcs = [f"{k}: {self.summary[k]['lost_requests_source']}" for k in RUNS if self.summary.get(k)]
-        self.summary["lost_requests_source"] = "; ".join(srcs)
+        self.fill_lost()
         if name == "hop_shift":
             self.summary["b_timeline"] = self.summary[name]["b_timeline"]
         self.summary["b_names"] = self.names
@@ -487,25 +541,26 @@ class Study:
 
     # (b) the static sweep, (c) the stable run
 
-    def static_cells(self, cells: list[tuple[float, int, tuple[int, ...]]], tag: str) -> None:
-        """One server without autotune; each cell (hop rate, clients, B) sets the hop rate and B through the admin
-        endpoint and runs a steady bench. Results land in summary['static'][regime_key][B] as they come."""
-        need = self.startup_guess() + self.a.warmup_s + self.a.static_s + 10
+    def static_cells(self, cells: list[tuple[float, int, tuple[int, ...]]]) -> None:
+        """On the study's server with autotune paused: each cell (hop rate, clients, B) sets the hop rate and a flat
+        B through the admin endpoint and runs a steady bench. Results land in summary['static'][regime_key][B] as
+        they come."""
+        need = (0.0 if self.shared else self.startup_guess()) + self.a.warmup_s + self.a.static_s + 10
         if self.left() < need:
             for h, n, b in cells:
                 self.skip(f"static {regime_key(h, n)} B {b_str(b)}")
             return
-        got = self.serve(tag, autotune=False)
+        got = self.server()
         if got is None:
             return
-        proc_s, url, poller = got
+        _, url, poller = got
         for h, n, b in cells:
             what = f"static {regime_key(h, n)} B {b_str(b)}"
             if self.left() < self.a.warmup_s + self.a.static_s + 10:
                 self.skip(what)
                 continue
             try:
-                self.admin(url, {"policy": "delayed", "thresholds": list(b), "hop_rate": h})
+                self.admin(url, {"autotune": False, "policy": "delayed", "thresholds": list(b), "hop_rate": h})
             except (RuntimeError, httpx.HTTPError) as e:
                 self.summary.setdefault("errors", []).append(f"{what}: {e}")
                 continue
@@ -516,33 +571,83 @@ class Study:
             print(f"{what}: {_f(cell['tok_s'])} tok/s", flush=True)
             self.fill_gaps()
             self.save()
-        self.unserve(tag, proc_s, poller)
 
-    def stable(self) -> tuple[int, ...] | None:
+    def stable(self) -> None:
+        """Autotune under a stable workload against the best static B at `--hop-stable`, alternated on the study's
+        server within one bench: autotune resumes from the config's policy and settles for `--stable-settle-s`,
+        then `--stable-rounds` rounds of an autotune window and a paused-static window (order ABBA..., so a drift
+        cancels), each `--warmup-s` + `--static-s`. Autotune resumes at the B it settled on."""
         a = self.a
-        if self.left() < self.startup_guess() + a.warmup_s + a.stable_s + 10:
+        window = a.warmup_s + a.static_s
+        total = a.stable_settle_s + 2 * a.stable_rounds * window + 10
+        if self.left() < (0.0 if self.shared else self.startup_guess()) + total:
             self.skip("stable autotune run")
-            return None
-        got = self.serve("autotune_stable", autotune=True)
+            return
+        got = self.server()
         if got is None:
-            return None
-        proc_s, url, poller = got
-        self.admin(url, {"hop_rate": a.hop_stable})  # a hop rate alone: autotune keeps running
-        cell = self.steady_cell(url, poller, f"stable_h{a.hop_stable:g}", a.stable_s)
-        samples = self.unserve("autotune_stable", proc_s, poller)
-        settled = None
-        if cell["window"]:
-            w0, w1 = cell["window"]
-            settled = mode_b(samples, (w0 + w1) / 2, w1)
-        t0 = samples[0].t if samples else 0.0
-        self.summary["stable"] = {"hop_rate": a.hop_stable, "autotune_tok_s": cell["tok_s"], "window": cell["window"],
-                                  "settled_B": None if settled is None else b_str(settled),
-                                  "b_timeline": _b_changes(samples, t0),
-                                  "autotune_changes": samples[-1].changes if samples else None}  # fmt: skip
-        self.fill_stable()
+            return
+        _, url, poller = got
+        best = self.summary.get("best_static", {}).get(f"{a.hop_stable:g}", {}).get("B")
+        self.admin(url, {"autotune": True, **self.config_policy, "hop_rate": a.hop_stable})
+        i0 = len(poller.samples)
+        t_launch = self.now()
+        proc, _, _ = self.bench(url, "low-effort", self.requests_for(total, 3.0), "stable")
+        base = poller.samples[-1].tokens if poller.samples else 0.0
+        while not any(x.t > t_launch and x.tokens > base for x in poller.samples[i0:]):
+            if proc.poll() is not None or self.now() - t_launch > 120:
+                break
+            time.sleep(0.2)
+        t_first = self.now()
+        time.sleep(a.stable_settle_s)
+        settled = mode_b(poller.samples, t_first + a.stable_settle_s / 2, self.now()) or _config_b(a.config, N)
+        ref = parse_b(best) if best else settled
+        kinds = [k for r in range(a.stable_rounds) for k in (("autotune", "static"), ("static", "autotune"))[r % 2]]
+        windows, current = [], "autotune"
+        for kind in kinds:
+            if proc.poll() is not None or self.left() < window:
+                break
+            if kind != current:
+                self.admin(url, {"autotune": kind == "autotune", "policy": "delayed",
+                                 "thresholds": list(settled if kind == "autotune" else ref)})  # fmt: skip
+                current = kind
+            w0 = self.now() + a.warmup_s
+            w1 = w0 + a.static_s
+            time.sleep(max(0.0, w1 + 1.2 - self.now()))  # one poll past the window's end
+            ss = list(poller.samples[i0:])
+            tok_s = window_rate([x.t for x in ss], [x.tokens for x in ss], w0, w1)
+            b_in = mode_b(ss, w0, w1)
+            windows.append({"kind": kind, "window": [round(w0, 2), round(w1, 2)], "tok_s": tok_s,
+                            "B": None if b_in is None else b_str(b_in)})  # fmt: skip
+            print(f"stable {kind} B {windows[-1]['B']}: {_f(tok_s)} tok/s", flush=True)
+        ran_out = proc.poll() is not None
+        self.stop_bench(proc)
+        self.drained(poller)
+        ss = list(poller.samples[i0:])
+        res = alternation_cost([(w["kind"], w["tok_s"]) for w in windows])
+        self.summary["stable"] = {
+            "hop_rate": a.hop_stable, "settled_B": b_str(settled), "static_B": b_str(ref),
+            "static_B_source": "best static cell at this hop rate" if best else "the B autotune settled on",
+            "windows": windows, "bench_ran_out": ran_out, **(res or {}),
+            "server_errors": (ss[-1].error - ss[0].error) if ss else None,
+            "b_timeline": _b_changes(ss, ss[0].t if ss else 0.0),
+        }  # fmt: skip
+        self.summary["stable_cost"] = None if res is None else res["cost"]
+        self.fill_lost()
         self.save()
-        print(f"stable hop {a.hop_stable:g}: autotune {_f(cell['tok_s'])} tok/s, settled on {settled}", flush=True)
-        return settled
+        print(f"stable hop {a.hop_stable:g}: cost {self.summary['stable_cost']} (autotune settled on "
+              f"{b_str(settled)}, static {b_str(ref)})", flush=True)  # fmt: skip
+
+    def fill_lost(self) -> None:
+        """`lost_requests`: the shifting runs' lost requests and the stable bench's server errors, summed."""
+        parts = [(k, self.summary[k].get("lost_requests")) for k in RUNS if self.summary.get(k)]
+        srcs = [f"{k}: {self.summary[k]['lost_requests_source']}" for k in RUNS if self.summary.get(k)]
+        st = self.summary.get("stable")
+        if st:
+            parts.append(("stable", st.get("server_errors")))
+            srcs.append("stable: server counter tokenrouter_http_requests_total{outcome=error} over its bench")
+        lost = [v for _, v in parts]
+        self.summary["lost_requests"] = None if not lost or None in lost else sum(lost)
+        self.summary["lost_requests_source"] = "; ".join(srcs)
 
     def fill_gaps(self) -> None:
         """Best static per regime (so far) and the gap after each shift of each shifting run."""
@@ -573,17 +678,6 @@ class Study:
         known = [g["gap"] for g in gaps if g["gap"] is not None]
         self.summary["worst_gap_after_shift"] = max(known) if known else None
         self.summary["all_shifts_measured"] = len(known) == len(gaps)
-        self.fill_stable()
-
-    def fill_stable(self) -> None:
-        st = self.summary.get("stable")
-        row = self.summary.get("static", {}).get(f"{self.a.hop_stable:g}", {})
-        got = {b: v for b, v in row.items() if v is not None}
-        if not st or not got or st.get("autotune_tok_s") is None:
-            return
-        bb = max(got, key=got.get)
-        st["static_tok_s"], st["best_static_B"] = got, bb
-        self.summary["stable_cost"] = gap(st["autotune_tok_s"], got[bb])
 
     # the simulator's prediction
 
@@ -709,9 +803,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--phase-s", type=float, default=45.0, help="seconds per phase of the hop shift")
     p.add_argument("--settle-s", type=float, default=30.0, help="after a shift, measure from shift + this")
     p.add_argument("--static-s", type=float, default=15.0, help="measured seconds per static cell")
-    p.add_argument("--stable-s", type=float, default=40.0, help="measured seconds of the stable autotune run")
+    p.add_argument(
+        "--stable-settle-s",
+        type=float,
+        default=20.0,
+        help="the stable step: seconds autotune runs before its alternation with the static B starts",
+    )
+    p.add_argument(
+        "--stable-rounds",
+        type=int,
+        default=2,
+        help="the stable step: rounds of one autotune and one paused-static window (--static-s each)",
+    )
     p.add_argument("--warmup-s", type=float, default=3.0, help="dropped from the start of a steady cell")
-    p.add_argument("--candidates", default="1,1;1,2;1,4;1,6", help="static B to try per regime")
+    p.add_argument("--candidates", default="1,6;2,7;3,6",
+                   help="static B to try: 'B;B' at every hop rate, or per hop rate '0.2:2,7;3,6 0.05:3,6;4,5' "
+                   "(hop rates not named get none); at --hop-stable only when the stable step runs")  # fmt: skip
     p.add_argument("--max-output", type=int, default=256)
     p.add_argument("--port", type=int, default=8300)
     p.add_argument("--steps", default="shift,static,stable",
@@ -733,13 +840,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tail-s", type=float, default=10.0, help="stop the shift bench this long after its last phase")
     a = p.parse_args(argv)
     a.out = a.out or str(ROOT / "studies/autotune/results" / dt.date.today().isoformat())
-    cands = [parse_b(c) for c in a.candidates.split(";")]
+    steps = a.steps.split(",")
+    static_hops = [a.hop_high, a.hop_low] + ([a.hop_stable] if "stable" in steps else [])
+    try:
+        cands = parse_candidates(a.candidates, static_hops)
+    except ValueError:
+        p.error(f"--candidates: 'B;B' or 'H:B;B H:B;B', e.g. '0.2:2,7;3,6 0.05:3,6'; got {a.candidates!r}")
     try:
         n_cands = {int(n): [parse_b(c) for c in bs.split(";")] for n, bs in
                    (part.split(":", 1) for part in a.n_candidates.split())}  # fmt: skip
     except ValueError:
         p.error(f"--n-candidates: 'N:B;B N:B;B', e.g. '16:1,8;1,12 4:1,3;1,4'; got {a.n_candidates!r}")
-    steps = a.steps.split(",")
     if not set(steps) <= set(STEPS):
         p.error(f"--steps: {', '.join(STEPS)}; got {a.steps}")
     if "nstatic" in steps and not {a.n_low, a.n_high} <= set(n_cands):
@@ -747,21 +858,12 @@ def main(argv: list[str] | None = None) -> int:
     st = Study(a)
     st.summary.setdefault("args", {})[a.steps] = vars(a)
     st.save()
-    table_b = _config_b(a.config, N)
 
     def static_sweep() -> None:
-        # Interleaved so that a cut sweep still has a (partial) best for both regimes.
-        cells = [(h, N, b) for b in cands for h in (a.hop_high, a.hop_low)]
-        if "stable" in steps:
-            cells.append((a.hop_stable, N, table_b))  # the stable run's reference, if time allows
-        st.static_cells(cells, "static")
-
-    def stable() -> None:
-        settled = st.stable()
-        have = set(st.summary.get("static", {}).get(f"{a.hop_stable:g}", {}))
-        refs = [b for b in dict.fromkeys([table_b, settled]) if b is not None and b_str(b) not in have]
-        if settled is not None and refs:
-            st.static_cells([(a.hop_stable, N, b) for b in refs], "static_stable")
+        # Interleaved so that a cut sweep still has a (partial) best for every regime.
+        width = max((len(cands.get(h, [])) for h in static_hops), default=0)
+        cells = [(h, N, cands[h][k]) for k in range(width) for h in static_hops if k < len(cands.get(h, []))]
+        st.static_cells(cells)
 
     def n_static() -> None:
         # Interleaved like the hop sweep; the high N first (its cells take the longest to warm up).
@@ -769,12 +871,12 @@ def main(argv: list[str] | None = None) -> int:
         cells = [c for k in range(max(len(high), len(low))) for c in
                  ((a.hop_ramp, a.n_high, high[k]) if k < len(high) else None,
                   (a.hop_ramp, a.n_low, low[k]) if k < len(low) else None) if c is not None]  # fmt: skip
-        st.static_cells(cells, "static_n")
+        st.static_cells(cells)
 
     runs = {
         "shift": lambda: st.shifting("hop_shift", [(a.hop_low, N), (a.hop_high, N), (a.hop_low, N)]),
         "static": static_sweep,
-        "stable": stable,
+        "stable": st.stable,
         "nramp": lambda: st.shifting("n_ramp", [(a.hop_ramp, a.n_low), (a.hop_ramp, a.n_high), (a.hop_ramp, a.n_low)]),
         "nstatic": n_static,
     }
@@ -792,6 +894,7 @@ def main(argv: list[str] | None = None) -> int:
                 st.cleanup()
                 st.save()
     finally:
+        st.close_server()
         st.finish_sims()
         st.save()
     for name, run in st.runs.items():
@@ -804,6 +907,17 @@ def main(argv: list[str] | None = None) -> int:
     wanted = {"shift": "worst_gap_after_shift", "static": "best_static", "stable": "stable_cost",
               "nramp": "n_ramp", "nstatic": "best_static"}  # fmt: skip
     return 0 if all(st.summary.get(wanted[s]) is not None for s in steps) else 1
+
+
+def _config_policy_body(config: str) -> dict:
+    """The config's policy as an admin body (kind, thresholds, per-N table): how a fresh server starts."""
+    from tokenrouter.core.config import load_config
+
+    pol = load_config(config).policy
+    body: dict = {"policy": str(pol.kind), "thresholds": list(pol.thresholds)}
+    if pol.table:
+        body["table"] = {str(n): list(b) for n, b in pol.table.items()}
+    return body
 
 
 def _config_b(config: str, n: int) -> tuple[int, ...]:

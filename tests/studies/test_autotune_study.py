@@ -95,3 +95,37 @@ def test_regime_keys_keep_the_first_runs_hop_keys_at_n_8(study):
     assert study.regime_key(0.05, study.N) == "0.05"
     assert study.regime_key(0.1, 16) == "0.1@N=16"
     assert study.regime_key(0.1, 4) != study.regime_key(0.1, 16)
+
+
+def test_requests_the_study_cut_are_not_lost(study):
+    # The study stopped the bench after the last phase: its 8 in-flight requests were cut by the study.
+    rec = {"requests_unfinished": 8, "requests_failed": 0}
+    assert study.lost_count(True, rec, 0.0)[0] == 0
+    assert study.lost_count(True, {"requests_unfinished": 8, "requests_failed": 3}, 3.0)[0] == 3
+    # A bench that ended by itself: whatever it sent and did not complete is lost.
+    assert study.lost_count(False, rec, 0.0)[0] == 8
+    assert study.lost_count(False, {"requests_unfinished": 1, "requests_failed": 2}, None)[0] == 2
+    # Without the bench's JSON, the server's error outcomes are the only count.
+    assert study.lost_count(True, None, 5.0)[0] == 5
+    assert study.lost_count(False, None, None)[0] is None
+
+
+def test_alternation_cost_compares_the_means_of_each_kind(study):
+    # ABBA: autotune 1,000 and 980, static 1,010 and 1,000 -> cost 1 - 990 / 1,005.
+    w = [("autotune", 1000.0), ("static", 1010.0), ("static", 1000.0), ("autotune", 980.0)]
+    got = study.alternation_cost(w)
+    assert got["autotune_tok_s"] == pytest.approx(990.0) and got["static_tok_s"] == pytest.approx(1005.0)
+    assert got["cost"] == pytest.approx(1 - 990 / 1005) and got["windows_measured"] == 4
+    # An unmeasured window is left out; without one kind there is no cost.
+    assert study.alternation_cost([("autotune", 1000.0), ("static", None), ("static", 900.0)])["cost"] == (
+        pytest.approx(1 - 1000 / 900)
+    )
+    assert study.alternation_cost([("autotune", 1000.0), ("static", None)]) is None
+
+
+def test_candidates_flat_or_per_hop_rate(study):
+    assert study.parse_candidates("1,6;2,7", [0.2, 0.05]) == {0.2: [(1, 6), (2, 7)], 0.05: [(1, 6), (2, 7)]}
+    got = study.parse_candidates("0.2:2,7;3,6 0.05:4,5", [0.2, 0.05, 0.1])
+    assert got == {0.2: [(2, 7), (3, 6)], 0.05: [(4, 5)]}
+    with pytest.raises(ValueError):
+        study.parse_candidates("0.2:2,x", [0.2])
