@@ -40,8 +40,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from tokenrouter.bench.server import TR, scrape, start_server, stop_server
-from tokenrouter.runtime.parent_watch import term_when_parent_dies
+from tokenrouter.bench.server import TR, scrape, spawn, start_server, stop_server
 
 ROOT = Path(__file__).resolve().parents[2]
 KILL_GRACE_S = 30.0  # the shift bench ends by itself (--duration, then its running requests finish); a safety net
@@ -364,10 +363,7 @@ class Study:
         if duration_s is not None:  # stops sending then and lets running requests end: a JSON, nothing cut
             cmd += ["--duration", f"{duration_s:.1f}"]
         self.summary["commands"].append(shlex.join(["tokenrouter", *cmd[len(TR) :]]))
-        log = (self.out / f"bench_{tag}.log").open("w")
-        proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=term_when_parent_dies
-        )
+        proc = spawn(cmd, self.out / f"bench_{tag}.log")
         self.benches.append(proc)
         return proc, cmd, jf
 
@@ -686,9 +682,7 @@ class Study:
                "--num-requests", str(num), "--max-output", str(self.a.max_output), "--seed", "0",
                "--json", str(self.out / f"sim_{name}.json")]  # fmt: skip
         self.summary["commands"].append(shlex.join(["trsim", *cmd[len(TRSIM) :]]))
-        log = (self.out / f"sim_{name}.log").open("w")
-        return subprocess.Popen(["nice", "-n", "10", *cmd], stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True, preexec_fn=term_when_parent_dies)  # fmt: skip
+        return spawn(["nice", "-n", "10", *cmd], self.out / f"sim_{name}.log")
 
     def finish_sims(self) -> None:
         """Wait for the simulator's predictions (summary['sim'] for the hop shift, summary['sim_n_ramp'])."""

@@ -32,8 +32,8 @@ import httpx
 import psutil
 
 from tokenrouter.bench.server import scrape as metrics
+from tokenrouter.bench.server import spawn
 from tokenrouter.core.config import DeploymentConfig, ModelConfig, PolicyConfig, RouterConfig, SchedulerConfig
-from tokenrouter.runtime.parent_watch import term_when_parent_dies
 
 HERE = Path(__file__).resolve().parent
 
@@ -47,15 +47,7 @@ def free_port() -> int:
 def start_server(cfg_path: Path, port: int, log: Path, kv_tokens: int) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "tokenrouter.cli.tr", "serve", "--config", str(cfg_path), "--device", "cpu",
            "--port", str(port), "--kv-tokens", str(kv_tokens), "--no-access-log"]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen(
-        cmd,
-        stdout=log.open("w"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        preexec_fn=term_when_parent_dies,
-        env=env,
-    )
+    return spawn(cmd, log, {"OMP_NUM_THREADS": "1"})
 
 
 class Tally:

@@ -7,15 +7,14 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import subprocess
 import sys
 
 import pytest
 
+from tokenrouter.bench.server import spawn
 from tokenrouter.cli import tr, trsim
 from tokenrouter.core.config import DeploymentConfig, ModelConfig, SchedulerConfig
 from tokenrouter.models import load_spec
-from tokenrouter.runtime.parent_watch import term_when_parent_dies
 
 PAIR = ["--small", "tiny-small", "--large", "tiny-large"]
 
@@ -58,14 +57,7 @@ def _free_port() -> int:
 def test_serve_refuses_it_before_starting_anything():
     cmd = [sys.executable, "-m", "tokenrouter.cli.tr", "serve", *PAIR, "--device", "cpu", "--port", str(_free_port()),
            "--max-model-len", "100000"]  # fmt: skip
-    p = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        preexec_fn=term_when_parent_dies,
-    )
+    p = spawn(cmd)
     try:
         _, err = p.communicate(timeout=120)  # a server that started anyway never returns: the timeout fails the test
     finally:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import signal
 import socket
@@ -19,8 +18,15 @@ import httpx
 import psutil
 import yaml
 
-from tokenrouter.core.config import DeploymentConfig, ModelConfig, PolicyConfig, RouterConfig, SchedulerConfig
-from tokenrouter.runtime.parent_watch import term_when_parent_dies
+from tokenrouter.bench.server import spawn
+from tokenrouter.core.config import (
+    AutotuneConfig,
+    DeploymentConfig,
+    ModelConfig,
+    PolicyConfig,
+    RouterConfig,
+    SchedulerConfig,
+)
 
 
 def free_port() -> int:
@@ -55,15 +61,7 @@ class Served:
         log = tmp / f"serve-{port}.log"
         cmd = [sys.executable, "-m", "tokenrouter.cli.tr", "serve", "--config", str(config), "--device", device,
                "--port", str(port), "--kv-tokens", str(kv_tokens), *extra]  # fmt: skip
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        proc = subprocess.Popen(
-            cmd,
-            stdout=log.open("w"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=term_when_parent_dies,
-            env=env,
-        )
+        proc = spawn(cmd, log, {"OMP_NUM_THREADS": "1"})
         srv = cls(proc, f"http://127.0.0.1:{port}", log)
         deadline = time.monotonic() + timeout_s
         while True:
@@ -175,3 +173,20 @@ def terminate(srv: Served, timeout_s: float = 20.0) -> float:
     if alive:
         raise AssertionError(f"still running {timeout_s} s after SIGTERM: {[p.pid for p in alive]}")
     return time.monotonic() - t0
+
+
+def fast_autotune_config(path: Path) -> Path:
+    """The tiny pair, delayed (1,5) at hop 0.3 with autotune observing every 0.5 s and re-solving every 1.5 s, so a
+    CPU load moves B within seconds. verify_s 0: a change is what the runtime tests follow (a revert takes the same
+    path); the trial and its revert are tested in tests/core and tests/sim, where rates do not depend on a shared
+    CPU."""
+    tune = AutotuneConfig(observe_s=0.5, interval_s=1.5, hold_s=1.0, half_life_s=3.0, step_half_life_s=30.0,
+                          min_steps=20, max_states=20_000, verify_s=0.0)  # fmt: skip
+    cfg = DeploymentConfig(
+        models=[ModelConfig("tiny-small"), ModelConfig("tiny-large")],
+        policy=PolicyConfig("delayed", [1, 5], autotune=tune),
+        router=RouterConfig("r2r", hop_rate=0.3),
+        scheduler=SchedulerConfig(max_batch_size=32, kv_growth_tokens=32),
+    )
+    path.write_text(cfg.to_yaml())
+    return path

@@ -16,16 +16,7 @@ import time
 
 import httpx
 import pytest
-from served import Served, stream_completion, terminate
-
-from tokenrouter.core.config import (
-    AutotuneConfig,
-    DeploymentConfig,
-    ModelConfig,
-    PolicyConfig,
-    RouterConfig,
-    SchedulerConfig,
-)
+from served import Served, fast_autotune_config, stream_completion, terminate
 
 KEY = "tune-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -38,18 +29,7 @@ RESULTS: dict[str, int] = {}  # what the tests before the last one sent (the las
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("autotune")
-    # verify_s 0: the change is what this test follows through the runtime (a revert takes the same path); the
-    # trial and its revert are tested in tests/core and tests/sim, where rates are not at the mercy of a shared CPU.
-    tune = AutotuneConfig(observe_s=0.5, interval_s=1.5, hold_s=1.0, half_life_s=3.0, step_half_life_s=30.0,
-                          min_steps=20, max_states=20_000, verify_s=0.0)  # fmt: skip
-    cfg = DeploymentConfig(
-        models=[ModelConfig("tiny-small"), ModelConfig("tiny-large")],
-        policy=PolicyConfig("delayed", [1, 5], autotune=tune),
-        router=RouterConfig("r2r", hop_rate=0.3),
-        scheduler=SchedulerConfig(max_batch_size=32, kv_growth_tokens=32),
-    )
-    path = tmp / "serve.yaml"
-    path.write_text(cfg.to_yaml())
+    path = fast_autotune_config(tmp / "serve.yaml")
     hops = tmp / "hops.jsonl"
     srv = Served.start(tmp, path, extra=("--admin-key", KEY, "--record-hops", str(hops)))
     srv.hops = hops  # type: ignore[attr-defined]

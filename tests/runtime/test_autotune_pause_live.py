@@ -13,16 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
-from served import Served, stream_completion
-
-from tokenrouter.core.config import (
-    AutotuneConfig,
-    DeploymentConfig,
-    ModelConfig,
-    PolicyConfig,
-    RouterConfig,
-    SchedulerConfig,
-)
+from served import Served, fast_autotune_config, stream_completion
 
 KEY = "pause-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -35,16 +26,7 @@ PAUSED_S = 8.0  # 16 observe rounds; unpaused, this load moves B about 4 s in on
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("autotune-pause")
-    tune = AutotuneConfig(observe_s=0.5, interval_s=1.5, hold_s=1.0, half_life_s=3.0, step_half_life_s=30.0,
-                          min_steps=20, max_states=20_000, verify_s=0.0)  # fmt: skip
-    cfg = DeploymentConfig(
-        models=[ModelConfig("tiny-small"), ModelConfig("tiny-large")],
-        policy=PolicyConfig("delayed", [1, 5], autotune=tune),
-        router=RouterConfig("r2r", hop_rate=0.3),
-        scheduler=SchedulerConfig(max_batch_size=32, kv_growth_tokens=32),
-    )
-    path = tmp / "serve.yaml"
-    path.write_text(cfg.to_yaml())
+    path = fast_autotune_config(tmp / "serve.yaml")
     srv = Served.start(tmp, path, extra=("--admin-key", KEY))
     yield srv
     srv.kill()

@@ -15,10 +15,10 @@ import pytest
 from cluster_helpers import on_tcp, serve_prompts, with_external
 from rt_helpers import tiny_config
 
+from tokenrouter.bench.server import spawn
 from tokenrouter.runtime.addresses import is_tcp, split_tcp
 from tokenrouter.runtime.cluster import ClusterOptions
 from tokenrouter.runtime.launcher import Server, StartupError
-from tokenrouter.runtime.parent_watch import term_when_parent_dies
 
 
 def test_tcp_on_loopback_gives_the_tokens_of_ipc(tmp_path, reference):
@@ -74,15 +74,7 @@ def write(cfg, path: Path) -> Path:
 def start_subserver(config: Path, model: str, join: str, log: Path, *extra: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "tokenrouter.cli.tr", "subserver", "--config", str(config), "--model", model,
            "--join", join, *extra]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen(
-        cmd,
-        stdout=log.open("w"),
-        stderr=subprocess.STDOUT,
-        env=env,
-        start_new_session=True,
-        preexec_fn=term_when_parent_dies,
-    )
+    return spawn(cmd, log, {"OMP_NUM_THREADS": "1"})
 
 
 def test_an_external_subserver_joins_serves_the_same_tokens_and_leaves_on_stop(tmp_path, reference):
@@ -156,15 +148,7 @@ def test_a_subserver_started_by_hand_exits_when_its_launcher_is_killed(tmp_path)
     cmd = [sys.executable, "-m", "tokenrouter.cli.tr", "serve", "--config", str(path), "--device", "cpu", "--port",
            str(port)]  # fmt: skip
     log = tmp_path / "serve.log"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    server = subprocess.Popen(
-        cmd,
-        stdout=log.open("w"),
-        stderr=subprocess.STDOUT,
-        env=env,
-        start_new_session=True,
-        preexec_fn=term_when_parent_dies,
-    )
+    server = spawn(cmd, log, {"OMP_NUM_THREADS": "1"})
     sub = start_subserver(path, "tiny-large", f"tcp://127.0.0.1:{launcher_port}", tmp_path / "sub.log")
     try:
         import httpx

@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 from served import free_port
 
-from tokenrouter.runtime.parent_watch import term_when_parent_dies
+from tokenrouter.bench.server import spawn
 
 HERE = Path(__file__).resolve().parent
 # What a subserver never runs: the CLI (all its commands), the simulator and what only the simulator needs.
@@ -60,14 +60,7 @@ def _subservers(proc: psutil.Process) -> list[psutil.Process]:
 def test_ctrl_c_while_the_subservers_start_is_one_line(tmp_path):
     cmd = [sys.executable, "-m", "tokenrouter.cli.tr", "serve", "--small", "tiny-small", "--large", "tiny-large",
            "--device", "cpu", "--port", str(free_port())]  # fmt: skip
-    p = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        preexec_fn=term_when_parent_dies,
-    )
+    p = spawn(cmd)
     try:
         launcher = psutil.Process(p.pid)
         deadline = time.monotonic() + 60

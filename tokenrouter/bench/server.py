@@ -11,12 +11,25 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import IO, Any
 
 import httpx
 
 from tokenrouter.runtime.parent_watch import term_when_parent_dies
 
 TR = [sys.executable, "-m", "tokenrouter.cli.tr"]
+
+
+def spawn(cmd: Sequence[str], out: Path | IO[str] | None = None, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """`cmd` (a server, a bench) in a session of its own, so it and its children can be signalled as a group, and
+    told to stop when this process ends however it ends (`term_when_parent_dies`: a study or test run cut by
+    `timeout` must not leave a server holding the GPU). Output to `out` (a log path or an open file; None: text
+    pipes); `env`: variables added to this process's environment."""
+    io: dict[str, Any] = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    if out is not None:
+        io = {"stdout": out.open("w") if isinstance(out, Path) else out, "stderr": subprocess.STDOUT}
+    return subprocess.Popen(list(cmd), start_new_session=True, preexec_fn=term_when_parent_dies,
+                            env={**os.environ, **(env or {})}, **io)  # fmt: skip
 
 
 def start_server(args: Sequence[str], port: int, log: Path, *, timeout_s: float = 420.0,
@@ -26,9 +39,7 @@ def start_server(args: Sequence[str], port: int, log: Path, *, timeout_s: float 
     its process group is killed, so the port and the GPU are free for the caller's next try)."""
     cmd = [*TR, "serve", *args, "--port", str(port)]
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT,
-                            start_new_session=True, preexec_fn=term_when_parent_dies,
-                            env={**os.environ, **(env or {})})  # fmt: skip
+    proc = spawn(cmd, log, env)
     url = f"http://127.0.0.1:{port}"
     while time.monotonic() - t0 < timeout_s and proc.poll() is None:
         try:
