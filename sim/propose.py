@@ -79,7 +79,7 @@ def step_time_fns(cfg: SimConfig, load: list[tuple[float, float]] | None = None)
     fns = []
     for i, mc in enumerate(dep.models):
         mcost = cost.for_model(i)
-        overlap = dep.scheduler.overlap if mc.overlap is None else mc.overlap
+        overlap = dep.overlaps(i)
         rule = mc.graph_rule()
         inter = cost.interference(i, peers[i][0]) if peers[i] else None
         u, peer_tokens = load[i] if load is not None and inter is not None else (0.0, 0.0)

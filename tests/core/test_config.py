@@ -11,6 +11,7 @@ from tokenrouter.core.config import (
     DeploymentConfig,
     ModelConfig,
     PolicyConfig,
+    SchedulerConfig,
     config_from_yaml,
 )
 from tokenrouter.core.policy import PolicyKind
@@ -113,3 +114,12 @@ def test_policy_config_says_whether_it_is_sync_without_building(kind):
     pc = PolicyConfig(kind=kind)
     assert pc.is_sync == pc.build().is_sync == kind.is_sync
     assert pc.is_sync == (kind in (PolicyKind.STEP_SYNC, PolicyKind.MODEL_SYNC))
+
+
+def test_a_models_overlap_setting_wins_over_the_scheduler_section():
+    cfg = DeploymentConfig(models=[ModelConfig("tiny-small", overlap=False), ModelConfig("tiny-large")],
+                           scheduler=SchedulerConfig(overlap=True))  # fmt: skip
+    assert [cfg.overlaps(0), cfg.overlaps(1)] == [False, True]
+    off = DeploymentConfig(models=[ModelConfig("tiny-small"), ModelConfig("tiny-large", overlap=True)],
+                           scheduler=SchedulerConfig(overlap=False))  # fmt: skip
+    assert [off.overlaps(0), off.overlaps(1)] == [False, True]

@@ -63,7 +63,7 @@ def build_server_part(spec: SubserverSpec) -> tuple[None, Scheduler, Any, Prefix
     sc, mc = cfg.scheduler, cfg.models[i]
     pool = RefCountedKVPool(kv_capacity_tokens(cfg, spec.memory_gb)[i] // sc.page_size + 1, sc.page_size)
     sched = Scheduler(0, 1, kv=pool, router=Router(), policy=Policy(), max_batch_size=sc.max_batch_size,
-                      max_batch_tokens=sc.max_batch_tokens, overlap=sc.overlap if mc.overlap is None else mc.overlap,
+                      max_batch_tokens=sc.max_batch_tokens, overlap=cfg.overlaps(i),
                       graph_rule=mc.graph_rule(), max_context_len=max_context_len(cfg))  # fmt: skip
     kw = process_engine_kwargs(spec, engine_kwargs(cfg, i, pool.num_pages, spec.seed))
     kw["shared_pages"] = True

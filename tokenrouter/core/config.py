@@ -252,6 +252,12 @@ class DeploymentConfig:
     def is_small(self, model_index: int) -> bool:
         return model_index == self.small_model
 
+    def overlaps(self, model_index: int) -> bool:
+        """Whether model `model_index` prepares its next step while one runs (CPU-GPU overlap): its own `overlap`,
+        else the scheduler section's. The one reading of the two settings (runtime, baseline, simulator)."""
+        own = self.models[model_index].overlap
+        return self.scheduler.overlap if own is None else own
+
     @property
     def transport(self) -> str:
         """`ipc` or `tcp` (`PlacementConfig.transport`, null resolved)."""

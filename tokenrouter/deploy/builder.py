@@ -143,7 +143,7 @@ def build_deployment(
             max_batch_size=sc.max_batch_size,
             max_batch_tokens=sc.max_batch_tokens,
             gate=gate,
-            overlap=sc.overlap if mc.overlap is None else mc.overlap,
+            overlap=cfg.overlaps(i),
             graph_rule=rules[i],
             admission=admission if i == cfg.entry else None,
             max_context_len=context,
