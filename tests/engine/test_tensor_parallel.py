@@ -16,13 +16,13 @@ pytest.importorskip("zmq")
 from tokenrouter.core.config import ConfigError, DeploymentConfig, ModelConfig
 from tokenrouter.core.request import Request, SamplingParams
 from tokenrouter.core.scheduler import Scheduler
+from tokenrouter.deploy.placement import check_gpus
 from tokenrouter.engine.config import EngineConfig
 from tokenrouter.engine.errors import EngineError, ModelLoadError
 from tokenrouter.engine.parallel import check_divides
 from tokenrouter.engine.runner import Engine
 from tokenrouter.models import load_spec
 from tokenrouter.runtime.local_loop import EchoPeer, LocalLoop, PositionHopRouter
-from tokenrouter.runtime.tp_config import check_tp
 from tokenrouter.runtime.tp_ranks import TPRanks
 
 BASE = {"model": "tiny-large", "device": "cpu", "dtype": "float32", "page_size": 4, "num_pages": 64,
@@ -129,16 +129,16 @@ def test_tp_must_divide_the_heads():
     with pytest.raises(ModelLoadError, match="tp=4 does not divide its 2 KV heads"):
         check_divides(spec, 4)
     cfg = DeploymentConfig(models=[ModelConfig("tiny-small"), ModelConfig("tiny-large", tp=4, gpus=[0, 1, 2, 3])])
-    with pytest.raises(ConfigError, match="model 1 \\(tiny-large\\): tp=4 does not divide its 2 KV heads"):
-        check_tp(cfg, "cpu")
+    with pytest.raises(ConfigError, match="model tiny-large: tp=4 does not divide its 2 KV heads"):
+        check_gpus(cfg, "cpu")
 
 
 def test_cuda_needs_one_gpu_per_rank_and_cpu_ignores_gpus():
     cfg = DeploymentConfig(models=[ModelConfig("tiny-small"), ModelConfig("tiny-large", tp=2, gpus=[0])])
-    check_tp(cfg, "cpu")
-    with pytest.raises(ConfigError, match="tp 2 needs one GPU per rank in gpus, got \\[0\\]"):
-        check_tp(cfg, "cuda")
-    check_tp(DeploymentConfig(models=[ModelConfig("tiny-large", tp=2, gpus=[2, 3])]), "cuda")
+    check_gpus(cfg, "cpu")
+    with pytest.raises(ConfigError, match="tp=2 needs 2 GPU\\(s\\), but its gpus are \\[0\\]"):
+        check_gpus(cfg, "cuda")
+    check_gpus(DeploymentConfig(models=[ModelConfig("tiny-large", tp=2, gpus=[2, 3])]), "cuda")
 
 
 def test_rank0_needs_followers_and_followers_take_no_batches():

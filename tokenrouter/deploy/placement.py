@@ -40,19 +40,23 @@ def gpus_from_first(first: Sequence[int], tps: Sequence[int]) -> list[list[int]]
     return [list(range(g, g + t)) for g, t in zip(first, tps, strict=True)]
 
 
-def check_gpus(cfg: DeploymentConfig) -> None:
-    """One-line ConfigError unless every model has tp distinct GPUs and `separate` models share none."""
+def check_gpus(cfg: DeploymentConfig, device: str = "cuda") -> None:
+    """One-line ConfigError unless every model's `tp` splits its heads evenly and, on CUDA, every model has tp
+    distinct GPUs (rank r runs on `gpus[r]`) and `separate` models share none. On CPU `gpus` means nothing and is
+    not checked. The resolver applies it to every deployment a CLI builds, the launcher to what it is given."""
     for m in cfg.models:
         if m.tp < 1:
             raise ConfigError(f"model {m.name}: tp must be >= 1, got {m.tp}")
+        if m.tp > 1:
+            check_tp_divides(m.path or m.name, m.tp, m.name)
+        if device != "cuda":
+            continue
         if len(m.gpus) != m.tp:
             raise ConfigError(f"model {m.name}: tp={m.tp} needs {m.tp} GPU(s), but its gpus are {m.gpus} "
                               "(give --gpus the first GPU of each model, or leave --gpus out)")  # fmt: skip
         if len(set(m.gpus)) != len(m.gpus):
             raise ConfigError(f"model {m.name}: gpus {m.gpus} name a GPU twice")
-        if m.tp > 1:
-            check_tp_divides(m.path or m.name, m.tp, m.name)
-    if cfg.placement.mode == Placement.SEPARATE:
+    if cfg.placement.mode == Placement.SEPARATE and device == "cuda":
         owner: dict[int, str] = {}
         for m in cfg.models:
             for g in m.gpus:

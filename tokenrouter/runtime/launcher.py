@@ -41,6 +41,7 @@ import zmq
 
 from tokenrouter.core.config import DeploymentConfig, ModelConfig
 from tokenrouter.core.policy import SyncGate
+from tokenrouter.deploy.placement import check_gpus
 from tokenrouter.models import load_spec
 from tokenrouter.runtime import protocol as P
 from tokenrouter.runtime import subserver
@@ -54,7 +55,6 @@ from tokenrouter.runtime.sockets import push_socket, send_once
 from tokenrouter.runtime.spawn import start_spawned
 from tokenrouter.runtime.supervision import StartupError, describe_exit, exit_reason
 from tokenrouter.runtime.sync_coordinator import Coordinator
-from tokenrouter.runtime.tp_config import check_tp
 
 Listener = Callable[[P.Ready | P.Stats | P.Failed], None]
 log = logging.getLogger(__name__)
@@ -102,7 +102,7 @@ class Server:
         sends nothing for this long is hung and gets killed (None: 10 s, or 4 Stats intervals if longer)."""
         if device not in ("cpu", "cuda"):
             raise ValueError(f"device must be cpu or cuda, got {device!r}")
-        check_tp(config, device)  # tensor-parallel models: heads split evenly, one GPU per rank
+        check_gpus(config, device)  # a config built without the CLI's resolver: tp splits, one GPU per rank
         if restart_on_failure and config.policy.is_sync:
             raise ValueError("restart on failure needs an asynchronous policy (eager, delayed): the sync "
                              "coordinator cannot take a subserver back in the middle of a round")  # fmt: skip
