@@ -47,6 +47,22 @@ def test_every_scheduler_admits_by_max_model_len_or_the_position_limit():
 
 def test_user_errors_are_one_line_exit_2():
     for args in (["--max-model-len", "1"], ["--log-level", "loud"], ["--shutdown-timeout", "-1"],
-                 ["--restart-on-failure", "--policy", "step-sync"]):  # fmt: skip
+                 ["--restart-on-failure", "--policy", "step-sync"], ["--device", "tpu"]):  # fmt: skip
         r = tr("serve", *PAIR, *args, "--dry-run")
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
+        if args[0] in ("--restart-on-failure", "--device"):
+            want = "asynchronous policy" if args[0] == "--restart-on-failure" else "device must be cpu or cuda"
+            assert want in r.stderr, r.stderr
+
+
+def test_the_launcher_refuses_what_the_cli_refuses():
+    # The same check, for a Server built without the CLI.
+    from tokenrouter.core.config import PolicyConfig
+    from tokenrouter.runtime.launcher import Server
+    from tokenrouter.runtime.preflight import PreflightError
+
+    pair = [ModelConfig("tiny-small"), ModelConfig("tiny-large")]
+    with pytest.raises(PreflightError, match="device must be cpu or cuda, got 'tpu'"):
+        Server(DeploymentConfig(models=pair), device="tpu")
+    with pytest.raises(PreflightError, match=r"asynchronous policy .* not step-sync"):
+        Server(DeploymentConfig(models=pair, policy=PolicyConfig("step-sync")), device="cpu", restart_on_failure=True)

@@ -50,6 +50,7 @@ from tokenrouter.runtime.build import SubserverSpec
 from tokenrouter.runtime.cluster import Cluster, ClusterOptions
 from tokenrouter.runtime.hoptrace import merge_hop_logs
 from tokenrouter.runtime.mps import MpsDaemon
+from tokenrouter.runtime.preflight import check_launch
 from tokenrouter.runtime.rundir import create_run_dir
 from tokenrouter.runtime.sockets import push_socket, send_once
 from tokenrouter.runtime.spawn import start_spawned
@@ -100,12 +101,8 @@ class Server:
         """`cluster`: how a tcp deployment runs (Ray, heartbeat and join timeouts; `runtime.cluster`); a config
         on tcp without it gets the defaults. `heartbeat_timeout_s`: a ready subserver this launcher started that
         sends nothing for this long is hung and gets killed (None: 10 s, or 4 Stats intervals if longer)."""
-        if device not in ("cpu", "cuda"):
-            raise ValueError(f"device must be cpu or cuda, got {device!r}")
+        check_launch(config, device, restart_on_failure)
         check_gpus(config, device)  # a config built without the CLI's resolver: tp splits, one GPU per rank
-        if restart_on_failure and config.policy.is_sync:
-            raise ValueError("restart on failure needs an asynchronous policy (eager, delayed): the sync "
-                             "coordinator cannot take a subserver back in the middle of a round")  # fmt: skip
         self.config = config
         self.device = device
         self.num_models = len(config.models)

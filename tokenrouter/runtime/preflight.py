@@ -19,6 +19,18 @@ class PreflightError(ValueError):
     """A deployment that cannot start here; the message is one line."""
 
 
+def check_launch(cfg: DeploymentConfig | None, device: str, restart_on_failure: bool = False) -> None:
+    """PreflightError (one line) for a device other than cpu or cuda, or restart-on-failure under a sync policy
+    (the sync coordinator cannot take a subserver back in the middle of a round). `tr serve` asks before it
+    resolves anything (`cfg` None: the device alone), the launcher for whoever builds a `Server` directly."""
+    if device not in ("cpu", "cuda"):
+        raise PreflightError(f"device must be cpu or cuda, got {device!r}")
+    if cfg is not None and restart_on_failure and cfg.policy.is_sync:
+        raise PreflightError(f"restart on failure needs an asynchronous policy (eager, delayed), not "
+                             f"{cfg.policy.kind}: the sync coordinator cannot take a subserver back in the middle "
+                             "of a round")  # fmt: skip
+
+
 def check_files(cfg: DeploymentConfig) -> None:
     """Every file the deployment names exists: weights directories, the router checkpoint, a hop trace."""
     named = [(f"model {m.name}: weights directory", m.path) for m in cfg.models if m.path is not None]
