@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 from pathlib import Path
 from typing import Annotated
 
@@ -40,7 +39,8 @@ def subserver(
     from tokenrouter.core.config import ConfigError, load_config
 
     require_extras("subserver", ("serve", "engine"))
-    from tokenrouter.runtime.addresses import SUBSERVER_OFFSET, Addresses, split_tcp, tcp_endpoint
+    from tokenrouter.runtime.addresses import SUBSERVER_OFFSET, Addresses, route_address, split_tcp, tcp_endpoint
+    from tokenrouter.runtime.build import SubserverSpec
 
     try:
         cfg = load_config(config)
@@ -58,7 +58,10 @@ def subserver(
         launcher_host, _ = split_tcp(join)
     except ValueError as e:
         raise CliError(f"--join: {e}") from None
-    host = advertise or mc.host or route_address(launcher_host)
+    try:
+        host = advertise or mc.host or route_address(launcher_host)
+    except OSError as e:
+        raise CliError(f"{e}: give --advertise") from None
     port = 0 if cfg.placement.port_base is None else cfg.placement.port_base + SUBSERVER_OFFSET + i
     subs = tuple(tcp_endpoint(host, port) if j == i else "" for j in range(len(names)))
     addrs = Addresses(frontend="", subservers=subs, coordinator="", launcher=join)
@@ -81,7 +84,7 @@ def subserver(
         raise typer.Exit(130) from None
     if joined is None:
         return
-    spec = spec_from_welcome(i, joined.welcome)
+    spec = SubserverSpec.from_welcome(i, joined.welcome, logging.getLogger("tokenrouter").getEffectiveLevel())
     if spec.device == "cuda" and "CUDA_VISIBLE_DEVICES" not in os.environ:
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in spec.config.models[i].gpus)
     from tokenrouter.runtime.subserver import serve
@@ -96,31 +99,3 @@ def _model_index(model: str, names: list[str]) -> int:
     if len(hits) != 1:
         raise CliError(f"--model {model!r}: the config's models are {', '.join(names)} (a name once, or an index)")
     return hits[0]
-
-
-def route_address(host: str) -> str:
-    """This host's address on the route to `host` (a UDP socket's local address after `connect`, which sends
-    nothing); 127.0.0.1 for a loopback `host`."""
-    from tokenrouter.runtime.addresses import LOOPBACK, is_loopback
-
-    if is_loopback(host):
-        return LOOPBACK
-    try:
-        family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
-        with socket.socket(family, socket.SOCK_DGRAM) as s:
-            s.connect((host.strip("[]"), 9))
-            return s.getsockname()[0]
-    except OSError as e:
-        raise CliError(f"cannot find this host's address towards {host} ({e}): give --advertise") from None
-
-
-def spec_from_welcome(model: int, welcome):  # type: ignore[no-untyped-def]
-    """The `SubserverSpec` of a hand-started subserver: everything from the launcher's `Welcome`."""
-    from tokenrouter.core.config import config_from_yaml
-    from tokenrouter.runtime.build import SubserverSpec
-
-    return SubserverSpec(
-        model, config_from_yaml(welcome.config_yaml), welcome.addresses, welcome.device, welcome.memory_gb,
-        welcome.seed, dict(welcome.engine_overrides), welcome.stats_interval_s,
-        log_level=logging.getLogger("tokenrouter").getEffectiveLevel(),
-    )  # fmt: skip

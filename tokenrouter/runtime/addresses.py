@@ -189,3 +189,17 @@ def bound_endpoint(sock: object, endpoint: str) -> str:
 
     last = sock.getsockopt_string(zmq.LAST_ENDPOINT)  # type: ignore[attr-defined]
     return tcp_endpoint(split_tcp(endpoint)[0], split_tcp(last)[1])
+
+
+def route_address(host: str) -> str:
+    """This host's address on the route to `host` (a UDP socket's local address after `connect`, which sends
+    nothing); 127.0.0.1 for a loopback `host`. OSError (naming `host`) when there is no route."""
+    if is_loopback(host):
+        return LOOPBACK
+    try:
+        family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect((host.strip("[]"), 9))
+            return s.getsockname()[0]
+    except OSError as e:
+        raise OSError(f"cannot find this host's address towards {host} ({e})") from None

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from tokenrouter.core.config import DeploymentConfig
+from tokenrouter.core.config import DeploymentConfig, config_from_yaml
 from tokenrouter.core.names import RouterName
 from tokenrouter.core.policy import SyncGate
 from tokenrouter.core.scheduler import Scheduler
@@ -36,7 +36,16 @@ class SubserverSpec:
     step_log: str | None = None  # JSONL of this subserver's steps: launch and done times (monotonic clock)
     prepare_margin_ms: float = 1.0  # overlap: form step k+1 this long before step k's estimated end
     log_level: int = 30  # the launcher's `tokenrouter` logger level (logging.WARNING unless the CLI set one)
+
     run_dir: str | None = None  # the server's own run directory: removed by a subserver orphaned by a kill -9
+
+    @classmethod
+    def from_welcome(cls, model: int, welcome: Any, log_level: int) -> SubserverSpec:
+        """The spec of a subserver the launcher did not start (`tr subserver --join`): everything from the
+        launcher's `join.Welcome`."""
+        cfg = config_from_yaml(welcome.config_yaml)
+        return cls(model, cfg, welcome.addresses, welcome.device, welcome.memory_gb, welcome.seed,
+                   dict(welcome.engine_overrides), welcome.stats_interval_s, log_level=log_level)  # fmt: skip
 
 
 def process_engine_kwargs(spec: SubserverSpec, engine_args: dict[str, Any]) -> dict[str, Any]:
