@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from tokenrouter.calibration.cost import ConstantCost
@@ -219,6 +221,8 @@ def test_a_tune_table_runs_to_the_end_in_the_simulator(placement):
     """The issue's B(N) table: the peers learn every admission (with link delay across hosts) and the run
     drains with no max_wait to rescue it."""
     dep = deployment("delayed", hop=0.3, placement=placement)
-    dep.policy.table = {1: [1, 1], 3: [1, 3], 8: [8, 1]}
+    dep = dataclasses.replace(
+        dep, policy=dep.policy.with_thresholds(dep.policy.thresholds, {1: [1, 1], 3: [1, 3], 8: [8, 1]})
+    )
     res = run_sim(SimConfig(dep, workload="fixed:16,60", num_requests=24, concurrency=8, seed=2))
     assert res.summary["requests_completed"] == 24

@@ -143,7 +143,7 @@ class AutotuneConfig:
             raise ConfigError(f"policy.autotune.slo_tpot_ms must be a number of ms > 0 or null, got {v!r}")
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class PolicyConfig:
     """The batching policy, the one carrier of B above the core (YAML, the flags' result, the admin endpoint's
     state, `SetPolicy`); `build()` gives the core's `Policy`. Checked when made (`check`; the number of models
@@ -156,7 +156,7 @@ class PolicyConfig:
     autotune: AutotuneConfig | None = None  # re-tune B while serving (None: B stays as configured)
 
     def __post_init__(self) -> None:
-        self.kind = parse_config_name(PolicyKind, self.kind, "policy")
+        object.__setattr__(self, "kind", parse_config_name(PolicyKind, self.kind, "policy"))  # a str from YAML
         self.check()
 
     def check(self, num_models: int | None = None, concurrency: int | None = None) -> None:
