@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from served import free_port
 
 from tokenrouter.core.config import DeploymentConfig, ModelConfig, RouterConfig
 from tokenrouter.runtime import preflight as pf
@@ -78,13 +79,14 @@ def test_serve_refuses_before_loading(args, needle):
 def test_subserver_start_up_failure_is_one_line_exit_1(tmp_path):
     bad = tmp_path / "router.pt"
     bad.write_text("not a checkpoint")
-    r = tr("serve", *PAIR, "--device", "cpu", "--router-model", str(bad), "--port", "18731",
+    port = free_port()  # a port this test owns: one in use is refused before what this test checks
+    r = tr("serve", *PAIR, "--device", "cpu", "--router-model", str(bad), "--port", str(port),
            "--log-level", "warning")  # fmt: skip
     assert r.returncode == 1, r.stderr
     assert "Traceback" not in r.stderr, r.stderr
     # what runs is said before loading, even at --log-level warning
     assert "tr serve: models: tiny-small, tiny-large on cpu" in r.stderr
-    assert "tr serve: url: http://127.0.0.1:18731/v1" in r.stderr
+    assert f"tr serve: url: http://127.0.0.1:{port}/v1" in r.stderr
     assert (
         r.stderr.strip()
         .splitlines()[-1]
