@@ -5,11 +5,11 @@ interpreter, about a minute) is not part of the suite."""
 from __future__ import annotations
 
 import importlib.util
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from study_script import load_study
 
 PROBE = Path(__file__).resolve().parents[2] / "studies" / "engine" / "gemv_probe.py"
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
@@ -17,11 +17,7 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reas
 
 @pytest.fixture(scope="module")
 def gp():
-    spec = importlib.util.spec_from_file_location("gemv_probe", PROBE)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["gemv_probe"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_study(PROBE)
 
 
 def _records(gp) -> dict:

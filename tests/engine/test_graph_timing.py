@@ -5,24 +5,19 @@ statistics are the scripted replay durations in us per call. The real thing runs
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import statistics
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from study_script import load_study
 
 MODULE = Path(__file__).resolve().parents[2] / "studies" / "engine" / "graph_timing.py"
 
 
 @pytest.fixture(scope="module")
 def gt():
-    spec = importlib.util.spec_from_file_location("graph_timing", MODULE)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["graph_timing"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_study(MODULE)
 
 
 class FakeCuda:

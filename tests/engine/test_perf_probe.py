@@ -3,12 +3,12 @@ of the whole script (the GPU run gets one shot, so its plumbing is checked here)
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
 import pytest
+from study_script import load_study
 
 PROBE = Path(__file__).resolve().parents[2] / "studies" / "engine" / "perf_probe.py"
 VARIANT_NAMES = ("baseline", "default", "fused_reduce", "step_fusion", "pdl", "no_pdl")
@@ -16,11 +16,7 @@ VARIANT_NAMES = ("baseline", "default", "fused_reduce", "step_fusion", "pdl", "n
 
 @pytest.fixture(scope="module")
 def probe():
-    spec = importlib.util.spec_from_file_location("perf_probe", PROBE)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["perf_probe"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_study(PROBE)
 
 
 PREFIX = [("direct_copy_kernel_cuda", 1.5), ("indexSelectLargeIndex", 2.0)]

@@ -3,19 +3,16 @@ GPU run is not its first run; checks the summary holds every key the issue asks 
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
+
+from study_script import load_study
 
 STUDY = Path(__file__).resolve().parents[2] / "studies" / "engine" / "serving_loop.py"
 
 
 def test_smoke_writes_the_summary(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("serving_loop", STUDY)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["serving_loop"] = mod
-    spec.loader.exec_module(mod)
+    mod = load_study(STUDY)
     assert mod.main(["--smoke", "--out", str(tmp_path)]) == 0
     s = json.loads((tmp_path / "summary.json").read_text())
     for key in ("host_overhead_frac_overlap", "graph_fraction_mixed", "prepare_ms_b256_ctx8k", "startup_s",

@@ -3,23 +3,18 @@ itself needs servers; README.md there has the CPU smoke command)."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 from pathlib import Path
 
 import pytest
+from study_script import load_study
 
 STUDY = Path(__file__).resolve().parents[2] / "studies" / "autotune" / "run_autotune.py"
 
 
 @pytest.fixture(scope="module")
 def study():
-    spec = importlib.util.spec_from_file_location("run_autotune", STUDY)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["run_autotune"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_study(STUDY)
 
 
 def _sample(study, t, tokens=0.0, hop=None, b=None):

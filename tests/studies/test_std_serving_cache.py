@@ -4,19 +4,15 @@ cold miss. Reference: the page arithmetic of the sequence lengths, not the cache
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
+
+from study_script import load_study
 
 STUDY = Path(__file__).resolve().parents[2] / "studies" / "calibration" / "std_serving_cache.py"
 
 
 def _study():
-    spec = importlib.util.spec_from_file_location("std_serving_cache", STUDY)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["std_serving_cache"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_study(STUDY)
 
 
 def test_every_visit_rematches_the_prefix_its_previous_visit_cached():
