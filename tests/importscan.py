@@ -86,7 +86,33 @@ def import_cycles(pkg_dir: Path, pkg_name: str) -> list[list[str]]:
 def module_cycles(mods: dict[str, Path]) -> list[list[str]]:
     """`import_cycles` over the modules `mods` (dotted name -> source file), imports among them only."""
     known = set(mods)
-    graph = {m: imported_modules(f, known, m) for m, f in mods.items()}
+    return graph_cycles({m: imported_modules(f, known, m) for m, f in mods.items()})
+
+
+def folder_of(module: str, path: Path) -> str:
+    """The package (folder) a module lives in: itself for a package's `__init__`, else its parent."""
+    return module if path.name == "__init__.py" else module.rpartition(".")[0]
+
+
+def folder_cycles(mods: dict[str, Path]) -> list[list[str]]:
+    """Cycles among folders: folder A imports folder B when a module of A imports one of B (A != B). A cycle here
+    with no file cycle is still two folders that cannot be understood, tested or moved one without the other."""
+    known = set(mods)
+    graph: dict[str, set[str]] = {}
+    for m, f in mods.items():
+        a = folder_of(m, f)
+        graph.setdefault(a, set())
+        for t in imported_modules(f, known, m):
+            b = folder_of(t, mods[t])
+            if a != b:
+                graph[a].add(b)
+                graph.setdefault(b, set())
+    return graph_cycles(graph)
+
+
+def graph_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected group of more than one node (or a node pointing at itself), each sorted, in sorted
+    order."""
     # Tarjan's strongly connected components (iterative: no recursion limit on deep packages).
     index: dict[str, int] = {}
     low: dict[str, int] = {}

@@ -10,7 +10,7 @@ import ast
 import tomllib
 from pathlib import Path
 
-from importscan import import_cycles, imported_modules, module_cycles, package_modules
+from importscan import folder_cycles, import_cycles, imported_modules, module_cycles, package_modules
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,6 +39,29 @@ def test_the_graph_spans_every_mapped_folder():
 def test_no_import_cycle_among_project_files():
     cycles = module_cycles(project_modules())
     assert cycles == [], cycles_report(cycles)
+
+
+def test_no_import_cycle_among_project_folders():
+    cycles = folder_cycles(project_modules())
+    assert cycles == [], "folder cycles (each a list of packages that import one another):\n" + "\n".join(
+        map(str, cycles)
+    )
+
+
+def test_a_folder_cycle_without_a_file_cycle_is_reported(tmp_path):
+    # a/x -> b/y and b/z -> a/w: no file imports back along its own path, the folders still depend on each other.
+    pkg = tmp_path / "pkg"
+    for sub in ("a", "b"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a" / "x.py").write_text("from pkg.b import y\n")
+    (pkg / "a" / "w.py").write_text("")
+    (pkg / "b" / "y.py").write_text("")
+    (pkg / "b" / "z.py").write_text("def f():\n    from ..a import w\n")
+    mods = package_modules(pkg, "pkg")
+    assert module_cycles(mods) == []
+    assert folder_cycles(mods) == [["pkg.a", "pkg.b"]]
 
 
 def test_a_function_level_import_that_closes_a_cycle_is_reported(tmp_path):

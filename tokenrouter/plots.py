@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import itertools
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -24,7 +25,6 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from tokenrouter.metrics import MetricsCollector
-    from tokenrouter.sim.run import SimResult
 
 __all__ = [
     "RunCell",
@@ -44,6 +44,14 @@ BINS = 40
 TAIL = 5.0
 
 
+class SimRun(Protocol):
+    """What a run cell reads of a simulated run (`sim.run.SimResult`). A protocol, so this module imports nothing
+    of the simulator, whose folder imports this one's (`tokenrouter.metrics`): no folder cycle."""
+
+    config: Any  # sim.run.SimConfig: its deployment, concurrency and arrival rate
+    thresholds: Sequence[int]
+
+
 @dataclass(slots=True)
 class RunCell:
     """The cell a run plot shows, for its title; None = not known (a live server reports only its models)."""
@@ -57,7 +65,7 @@ class RunCell:
     arrival_rate: float | None = None  # open loop: Poisson requests / s (N does not apply)
 
     @classmethod
-    def of_sim(cls, res: SimResult, models: list[str] | None = None) -> RunCell:
+    def of_sim(cls, res: SimRun, models: list[str] | None = None) -> RunCell:
         """A simulated run's cell: thresholds as resolved for its N (`auto` filled in); `models` overrides the
         names (a bench names the server's models)."""
         dep, cfg = res.config.deployment, res.config

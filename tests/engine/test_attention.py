@@ -104,7 +104,7 @@ def test_kernels_compile_for_sm90_without_spills() -> None:
     imported decides how Triton compiles there."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run(
-        [sys.executable, "-m", "tokenrouter.engine.attention.aot_check", "--quick"],
+        [sys.executable, "-m", "tokenrouter.engine.aot_check", "--quick"],
         capture_output=True, text=True, env=env, timeout=300,
     )  # fmt: skip
     if proc.returncode == 2:

@@ -7,7 +7,7 @@ KV layout (fixed contract with the model code): per layer `k_cache`, `v_cache` o
 Backends: "torch" (reference, runs anywhere, not graph-capturable), "triton" (GPU, or the CPU interpreter
 when TRITON_INTERPRET=1 was set before the kernels were imported), "auto" (triton for CUDA tensors,
 otherwise torch unless TRITON_INTERPRET=1). The Triton modules are imported lazily so CPU-only installs
-without triton work. `python -m tokenrouter.engine.attention.aot_check` compiles the kernels for sm_90 on a
+without triton work. `python -m tokenrouter.engine.aot_check` compiles the kernels for sm_90 on a
 machine without a GPU (registers, spills, pipelining).
 """
 

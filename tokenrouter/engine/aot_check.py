@@ -1,6 +1,6 @@
 """Compile the Triton attention kernels for Hopper (sm_90) on a machine without a GPU.
 
-    python -m tokenrouter.engine.attention.aot_check [--quick]
+    python -m tokenrouter.engine.aot_check [--quick]
 
 The CPU interpreter checks kernel semantics but not that the code compiles for a GPU, nor whether it
 spills registers or loses software pipelining. This lowers the production variants (bf16, Qwen3 head
