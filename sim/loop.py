@@ -35,7 +35,7 @@ from tokenrouter.sim.clients import ClosedLoop, OpenLoop
 from tokenrouter.sim.drivers import FinishCounter, PhaseDriver, SimAutotune, set_router_hop_rate
 from tokenrouter.sim.gpu_share import SharedGpu
 from tokenrouter.sim.subserver import SimSubserver
-from tokenrouter.workloads import RequestSpec, initial_phase, load_phases, make_workload
+from tokenrouter.workloads import RequestSpec, initial_phase, load_phases, make_workload, request_ids, request_seed
 
 if TYPE_CHECKING:
     from tokenrouter.core.autotune import AutotuneController
@@ -118,12 +118,12 @@ def simulate_config(cfg: SimConfig, make_controller: ControllerFactory | None = 
     entry = subs[dep.entry]
 
     def submit(spec: RequestSpec) -> simpy.Event:
-        ids = list(spec.prompt_ids) if spec.prompt_ids else [0] * spec.prompt_len
+        ids = request_ids(spec, cfg.seed)  # what `tr bench` sends, with its seed: the live server's hops
         req = Request(
             spec.rid,
             ids,
             len(ids),
-            SamplingParams(max_tokens=spec.output_len, ignore_eos=True),
+            SamplingParams(max_tokens=spec.output_len, ignore_eos=True, seed=request_seed(spec, cfg.seed)),
             num_models=deployment.num_models,
             entry=dep.entry,
         )

@@ -70,6 +70,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -194,6 +195,22 @@ def make_workload(
         for s, t in zip(specs, poisson_arrivals(len(specs), arrival_rate, seed), strict=True):
             s.arrival = float(t)
     return specs
+
+
+def request_ids(spec: RequestSpec, seed: int, vocab: int = 1000) -> list[int]:
+    """The prompt a client sends for `spec`: its own ids, or `prompt_len` reproducible ids in [10, vocab) (every
+    tokenizer has those), drawn from (seed, rid). `tr bench` sends these and the simulator runs them."""
+    if spec.prompt_ids:
+        return list(spec.prompt_ids)
+    rng = np.random.default_rng([seed, zlib.crc32(spec.rid.encode())])
+    return rng.integers(10, vocab, size=spec.prompt_len).tolist()
+
+
+def request_seed(spec: RequestSpec, seed: int) -> int:
+    """The sampling seed a client sends with `spec` (OpenAI's `seed`): distinct per request id and workload seed,
+    so a seeded server repeats each request's samples and synthetic hops (`routers.synthetic`) run after run,
+    and the simulator, given the same seed, draws the same hops as the live server."""
+    return (seed & 0x7FFFFFFF) << 32 | zlib.crc32(spec.rid.encode())  # fits OpenAI's signed 64-bit seed
 
 
 def poisson_arrivals(n: int, rate: float, seed: int = 0) -> np.ndarray:

@@ -11,16 +11,14 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
-import numpy as np
 
 from tokenrouter.bench.scrape import ServerSamples
 from tokenrouter.metrics import MetricsCollector
-from tokenrouter.workloads import Phase, RequestSpec
+from tokenrouter.workloads import Phase, RequestSpec, request_ids, request_seed
 
 
 @dataclass(slots=True)
@@ -42,14 +40,6 @@ class BenchOutcome:
     # failed: their records stay unfinished).
     interrupted: bool = False
     requests_cancelled: int = 0
-
-
-def prompt_ids(spec: RequestSpec, seed: int, vocab: int = 1000) -> list[int]:
-    """The workload's ids, or `prompt_len` reproducible ids in [10, vocab) (every tokenizer has those)."""
-    if spec.prompt_ids:
-        return list(spec.prompt_ids)
-    rng = np.random.default_rng([seed, zlib.crc32(spec.rid.encode())])
-    return rng.integers(10, vocab, size=spec.prompt_len).tolist()
 
 
 async def _model_info(client: httpx.AsyncClient) -> tuple[str, list[str]]:
@@ -91,7 +81,7 @@ async def run_bench(
         async def one(spec: RequestSpec) -> None:
             out.requests_sent += 1
             try:
-                await _stream_one(client, spec, prompt_ids(spec, seed), served, out.metrics, now)
+                await _stream_one(client, spec, seed, served, out.metrics, now)
             except asyncio.CancelledError:  # Ctrl-C: not done, not failed
                 out.requests_cancelled += 1
                 raise
@@ -244,13 +234,15 @@ async def _cancel(tasks: list[asyncio.Task]) -> None:
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def _stream_one(client: httpx.AsyncClient, spec, ids, served, metrics: MetricsCollector, now) -> None:
+async def _stream_one(client: httpx.AsyncClient, spec, seed: int, served, metrics: MetricsCollector, now) -> None:
+    ids = request_ids(spec, seed)
     body = {
         "model": served,
         "prompt": ids,
         "max_tokens": spec.output_len,
         "temperature": 0.0,
         "ignore_eos": True,
+        "seed": request_seed(spec, seed),
         "stream": True,
     }
     metrics.on_arrival(spec.rid, now(), len(ids))

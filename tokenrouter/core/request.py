@@ -77,6 +77,8 @@ class Request:
     num_preemptions: int = 0
     finish_reason: str | None = None
     ready_since: float = 0.0
+    # The synthetic router's key for this request's hop draws (`routers.synthetic.hop_key`), set on first use.
+    hop_key: int | None = None
     # Router state only (what `Router.extras` sends and `Router.receive` reads); the scheduler keeps none here.
     extras: dict[str, Any] = field(default_factory=dict)
 

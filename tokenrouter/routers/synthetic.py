@@ -6,6 +6,7 @@ simulator can be checked against the Markov model, whose P and C matrices they t
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -14,11 +15,42 @@ from tokenrouter.core.batch import Batch, StepResult
 from tokenrouter.core.request import Request
 from tokenrouter.core.router import Router
 
+_MASK64 = (1 << 64) - 1
+
+
+def _mix64(x: int) -> int:
+    """SplitMix64's finalizer: a bijection of 64-bit ints whose outputs pass as independent uniform draws."""
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & _MASK64
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _MASK64
+    return x ^ (x >> 31)
+
+
+def hop_key(req: Request, seed: int) -> int:
+    """A request's 64-bit key for hop draws: its sampling seed (what a client sends to repeat a request) and
+    prompt, or, without a seed, the router's seed, its id and prompt. Cached on the request."""
+    if req.hop_key is None:
+        sp = req.sampling.seed
+        who = f"s{sp}" if sp is not None else f"r{seed}:{req.rid}"
+        h = hashlib.blake2b(who.encode(), digest_size=8)
+        h.update(np.asarray(req.token_ids[: req.prompt_len], dtype=np.int64).tobytes())
+        req.hop_key = int.from_bytes(h.digest(), "little")
+    return req.hop_key
+
+
+def hop_uniform(key: int, model: int, index: int) -> float:
+    """The uniform draw in [0, 1) of model `model` deciding after output token `index` of the request `key`."""
+    x = _mix64((key + 0x9E3779B97F4A7C15 * (index + 1) + 0xD1B54A32D192ED03 * (model + 1)) & _MASK64)
+    return (x >> 11) * (1.0 / (1 << 53))
+
 
 class ProbRouter(Router):
     """Row from model i goes to model j with probability P[i][j]; on a hop i->j the sampled token is
-    committed iff keep[i][j] (the Markov model's C). Every subserver seeds its own generator from
-    (seed, model), so runs are reproducible whatever the event order between subservers.
+    committed iff keep[i][j] (the Markov model's C).
+
+    Each decision is a draw keyed by (request, output index, model) (`hop_uniform`), not a stream: a request's
+    hops do not depend on what else was batched with it or on event order, so the simulator and a live server
+    running the same seeded requests (`tr bench` sends each its `workloads.request_seed`) see the same hops,
+    and an A/B of two configurations on one workload compares them on the same hops.
     """
 
     name = "prob"
@@ -34,11 +66,10 @@ class ProbRouter(Router):
         self.keep = [[bool(x) for x in row] for row in keep]
         self.seed = seed
         self.set_probabilities(P_arr)
-        self._rng = np.random.default_rng([seed, 0])
 
     def set_probabilities(self, P: Sequence[Sequence[float]] | np.ndarray) -> None:
         """New routing probabilities (same shape; rows summing to 1), e.g. another hop rate on a running
-        deployment; the hand-back semantics (`keep`) and the random stream stay."""
+        deployment; the hand-back semantics (`keep`) and the draws stay."""
         P_arr = np.asarray(P, dtype=float)
         m = len(self.keep)
         if P_arr.shape != (m, m):
@@ -50,19 +81,25 @@ class ProbRouter(Router):
         # Plain-Python copies for the per-step draw (numpy calls cost more than the work at a few rows)
         self._cum_rows = self._cum.tolist()
         self._stays = [bool(P_arr[i][i] > 0) for i in range(len(P_arr))]
+        self._sure = [next((j for j, p in enumerate(row) if p == 1.0), None) for row in P_arr.tolist()]
 
     def bind(self, model: int, num_models: int) -> Router:
         if num_models != len(self.P):
             raise ValueError(f"router has {len(self.P)} models, deployment has {num_models}")
         super().bind(model, num_models)
-        self._rng = np.random.default_rng([self.seed, model])
         return self
 
     def route(self, batch: Batch, result: StepResult) -> Sequence[int]:
-        """Destination j of each row: the first j with u < cum[j] for a uniform u (the last model past the end)."""
-        cum, last = self._cum_rows[self.model], self.num_models - 1
+        """Destination j of each row: the first j with u < cum[j] for the row's draw u (the last model past the
+        end). The draw is keyed by the output index of the token this step sampled."""
+        cum, last, model = self._cum_rows[self.model], self.num_models - 1, self.model
+        sure = self._sure[model]
+        if sure is not None:  # a certain destination (R2R's large model always hands back): nothing to draw
+            return [sure] * len(batch.rows)
         out = []
-        for u in self._rng.random(len(batch.rows)).tolist():
+        for row in batch.rows:
+            req = row.req
+            u = hop_uniform(hop_key(req, self.seed), model, req.num_output)
             j = 0
             while j < last and u >= cum[j]:
                 j += 1
