@@ -37,19 +37,35 @@ def hop_key(req: Request, seed: int) -> int:
     return req.hop_key
 
 
-def hop_uniform(key: int, model: int, index: int) -> float:
-    """The uniform draw in [0, 1) of model `model` deciding after output token `index` of the request `key`."""
-    x = _mix64((key + 0x9E3779B97F4A7C15 * (index + 1) + 0xD1B54A32D192ED03 * (model + 1)) & _MASK64)
-    return (x >> 11) * (1.0 / (1 << 53))
+def hop_uniform(key: int, model: int, index: int, revisit: int = 0) -> float:
+    """The uniform draw in [0, 1) of model `model` deciding after output token `index` of the request `key`.
+    `revisit` counts this model's earlier decisions at the same index (a hop that drops its token hands the index
+    on, and a drop back returns it): each return is a new draw, or two models dropping to each other would repeat
+    the same decisions forever."""
+    x = key + 0x9E3779B97F4A7C15 * (index + 1) + 0xD1B54A32D192ED03 * (model + 1) + 0x8CB92BA72F3D8DD7 * revisit
+    return (_mix64(x & _MASK64) >> 11) * (1.0 / (1 << 53))
+
+
+def _revisit(req: Request, model: int) -> int:
+    """How many times `model` decided at the request's current output index before, counting a new visit only
+    when the request hopped in between (a row computed again without a hop, e.g. after a preemption, draws the
+    same). Kept in the router's part of the request (`Request.extras`) of this subserver."""
+    index, hops = req.num_output, req.num_hops
+    visits = req.extras.setdefault("hop_visits", {})
+    last = visits.get(model)
+    n = 0 if last is None or last[0] != index else last[2] + (last[1] != hops)
+    visits[model] = (index, hops, n)
+    return n
 
 
 class ProbRouter(Router):
     """Row from model i goes to model j with probability P[i][j]; on a hop i->j the sampled token is
     committed iff keep[i][j] (the Markov model's C).
 
-    Each decision is a draw keyed by (request, output index, model) (`hop_uniform`), not a stream: a request's
-    hops do not depend on what else was batched with it or on event order, so the simulator and a live server
-    running the same seeded requests (`tr bench` sends each its `workloads.request_seed`) see the same hops,
+    Each decision is a draw keyed by (request, output index, model, return to that index) (`hop_uniform`), not a
+    stream: a
+    request's hops do not depend on what else was batched with it or on event order, so the simulator and a live
+    server running the same seeded requests (`tr bench` sends each its `workloads.request_seed`) see the same hops,
     and an A/B of two configurations on one workload compares them on the same hops.
     """
 
@@ -99,7 +115,7 @@ class ProbRouter(Router):
         out = []
         for row in batch.rows:
             req = row.req
-            u = hop_uniform(hop_key(req, self.seed), model, req.num_output)
+            u = hop_uniform(hop_key(req, self.seed), model, req.num_output, _revisit(req, model))
             j = 0
             while j < last and u >= cum[j]:
                 j += 1
