@@ -33,7 +33,9 @@ import numpy as np
 from tokenrouter.calibration.cost import ConstantCost, Interference, ModelStepCost, StepCost
 from tokenrouter.calibration.resolve import load_profile
 from tokenrouter.calibration.step_stats import StepStats
-from tokenrouter.core.autotune import AutotuneController, Estimates, Solution, batch_bucket
+from tokenrouter.core.autotune import AutotuneController, Solution
+from tokenrouter.core.autotune_counters import batch_bucket
+from tokenrouter.core.autotune_estimate import Estimates
 from tokenrouter.core.config import AutotuneConfig, DeploymentConfig, RouterConfig
 from tokenrouter.core.hop_law import ONE_TOKEN_HANDBACK
 from tokenrouter.core.names import RouterName

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 
 import simpy
 
-from tokenrouter.core.autotune import RECENT_OUTPUTS, AutotuneController, CounterSnapshot, Decision, ModelCounters
+from tokenrouter.core.autotune import AutotuneController, Decision
+from tokenrouter.core.autotune_counters import RECENT_OUTPUTS, CounterSnapshot, ModelCounters
 from tokenrouter.routers.presets import set_hop_rate
 from tokenrouter.workloads import Phase
 

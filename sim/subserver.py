@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import simpy
 
 from tokenrouter.calibration.step_stats import StepStats
-from tokenrouter.core.autotune import BatchTimes
+from tokenrouter.core.autotune_counters import BatchTimes
 from tokenrouter.core.batch import Batch, StepResult
 from tokenrouter.core.graph_rule import GraphRule
 from tokenrouter.core.messages import Action

@@ -8,18 +8,15 @@ import random
 
 import pytest
 
-from tokenrouter.core.autotune import (
+from tokenrouter.core.autotune import AutotuneController, Solution
+from tokenrouter.core.autotune_counters import (
     NUM_BATCH_BUCKETS,
-    AutotuneController,
     BatchTimes,
     CounterSnapshot,
-    Estimates,
-    Estimator,
     ModelCounters,
-    Solution,
     batch_bucket,
-    fit_step_line,
 )
+from tokenrouter.core.autotune_estimate import Estimates, Estimator, fit_step_line
 from tokenrouter.core.config import AutotuneConfig, ConfigError
 from tokenrouter.core.policy import Policy, PolicyKind
 

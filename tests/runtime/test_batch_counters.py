@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tokenrouter.core.autotune import batch_bucket
+from tokenrouter.core.autotune_counters import batch_bucket
 from tokenrouter.runtime.stats import Counters
 
 

@@ -137,7 +137,8 @@ def test_the_tuner_does_not_keep_a_stalled_simulation_alive():
 
     import simpy
 
-    from tokenrouter.core.autotune import AutotuneController, BatchTimes, Solution
+    from tokenrouter.core.autotune import AutotuneController, Solution
+    from tokenrouter.core.autotune_counters import BatchTimes
     from tokenrouter.core.policy import Policy
     from tokenrouter.sim.drivers import STALL_OBSERVES, FinishCounter, SimAutotune
 

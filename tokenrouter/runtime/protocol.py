@@ -161,8 +161,8 @@ class Stats(msgspec.Struct, tag="stats", frozen=True):
     loop_ms: float = 0.0
     loop_gpu_ms: float = 0.0
     busy_ms: float = 0.0  # cumulative union of the steps' [launch, done] intervals (overlapped steps count once)
-    # Per batch-size bucket (`core.autotune.batch_bucket`): steps, rows and their share of busy_ms (autotune's step
-    # times per batch size); empty from a sender without them.
+    # Per batch-size bucket (`core.autotune_counters.batch_bucket`): steps, rows and their share of busy_ms
+    # (autotune's step times per batch size); empty from a sender without them.
     batch_steps: list[int] = []
     batch_rows: list[int] = []
     batch_ms: list[float] = []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tokenrouter.core.autotune import BatchTimes
+from tokenrouter.core.autotune_counters import BatchTimes
 
 
 @dataclass(slots=True)
@@ -20,7 +20,7 @@ class Counters:
     in-flight queue per model), so a sweep that remembers the latest end so far is exact.
 
     `batches`: steps per batch-size bucket with each step's own time (autotune's step times per batch size,
-    `core.autotune.BatchTimes`): from when the batch was handed to the engine (`submitted`, before its host
+    `core.autotune_counters.BatchTimes`): from when the batch was handed to the engine (`submitted`, before its host
     planning; on CPU the engine computes inside `step`, so the launch time comes after the work) or the previous
     step's end if later, to its end. The same union sweep as `busy_ms`, started at submission.
     """

@@ -28,7 +28,8 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-from tokenrouter.core.autotune import AutotuneController, CounterSnapshot, Decision, ModelCounters
+from tokenrouter.core.autotune import AutotuneController, Decision
+from tokenrouter.core.autotune_counters import CounterSnapshot, ModelCounters
 from tokenrouter.core.config import PolicyConfig
 from tokenrouter.runtime.frontend.admin import PolicyState
 from tokenrouter.runtime.frontend.errors import APIError

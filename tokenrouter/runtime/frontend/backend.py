@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import zmq
 import zmq.asyncio
 
-from tokenrouter.core.autotune import RECENT_OUTPUTS
+from tokenrouter.core.autotune_counters import RECENT_OUTPUTS
 from tokenrouter.core.config import PolicyConfig
 from tokenrouter.runtime import protocol as P
 from tokenrouter.runtime.frontend import access
