@@ -81,12 +81,18 @@ def _line(xs: list[float], ys: list[float]) -> tuple[float, float]:
     return float(coef[0]), float(coef[1])
 
 
-def host_costs(raw: dict[str, Any]) -> HostCosts | None:
-    """The loop's host time per step without overlap (period minus GPU time; on CPU the host parts timed) and
-    what it adds with overlap, as a fraction of the GPU time."""
+def host_costs(
+    raw: dict[str, Any], served: list[dict[str, Any]] | None = None, gate_ms: float = 0.0
+) -> HostCosts | None:
+    """The loop's host time per step without overlap and what it adds with overlap, as a fraction of the GPU time.
+
+    Without overlap: from the real server's gaps when the pair's serving loop was measured (`served`: the
+    `serving_gap` records of this model, each gap less the coordinator's round trips `gate_ms`, which the
+    simulator charges on their own), else from the bare loop (period minus GPU time; on CPU the host parts timed).
+    """
     recs = list(raw.get("host", {}).values())
     sync = [r for r in recs if not r["overlap"]]
-    if not sync:
+    if not sync and not served:
         return None
 
     def host_ms(r: dict) -> float:
@@ -94,7 +100,10 @@ def host_costs(raw: dict[str, Any]) -> HostCosts | None:
             return max(0.0, r["loop_ms"] - r["gpu_ms"])
         return r["step_host_ms"] + r["schedule_ms"] + r["complete_ms"]
 
-    c0, row = _line([r["rows"] for r in sync], [host_ms(r) for r in sync])
+    if served:
+        c0, row = _line([r["rows"] for r in served], [max(0.0, r["gap_ms"] - gate_ms) for r in served])
+    else:
+        c0, row = _line([r["rows"] for r in sync], [host_ms(r) for r in sync])
     fracs = [max(0.0, r["loop_ms"] / r["gpu_ms"] - 1.0) for r in recs if r["overlap"] and r.get("gpu_ms")]
     return HostCosts(c0_ms=round(c0, 6), row_ms=round(row, 6),
                      overlap_frac=round(statistics.median(fracs), 6) if fracs else 0.0)  # fmt: skip
@@ -170,11 +179,31 @@ def _interp_ref(bs: list[int], ms: list[float], x: int) -> float:
     return interp1([math.log2(max(1, v)) for v in bs], ms, math.log2(max(1, x)))
 
 
+def runtime_info(rt: dict[str, Any]) -> RuntimeInfo | None:
+    if not rt.get("complete"):
+        return None
+    return RuntimeInfo(ipc_ms=rt["ipc_ms"], tcp_ms=rt["tcp_ms"], gate_rtt_ms=rt["gate_rtt_ms"],
+                       gate_rtts_per_step=rt["gate_rtts_per_step"], prepare_margin_ms=PREPARE_MARGIN_MS)  # fmt: skip
+
+
+def serving_gaps(res: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """Model name -> its serving-loop gap records from every finished `serving/` task (`profiler.serving_gap`)."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for task, raw in sorted(res.items()):
+        if task.startswith("serving/") and raw.get("complete"):
+            for name, recs in raw.get("gaps", {}).items():
+                out.setdefault(name, []).extend(recs)
+    return out
+
+
 def assemble(partial: dict[str, Any]) -> Profile:
     """A measured Profile from a calibration's results (see `calibration.profiler.run` for the layout)."""
     res = partial["results"]
     env = partial.get("env", {})
     analytic = load_profile("h200-analytic")
+    runtime = runtime_info(res.get("runtime", {}))
+    served = serving_gaps(res)
+    gate_ms = runtime.gate_rtts_per_step.get("step-sync", 0.0) * runtime.gate_rtt_ms if runtime else 0.0
     models: dict[str, ModelProfile] = {}
     for task, raw in res.items():
         if not task.startswith("model/") or not raw.get("complete"):
@@ -191,7 +220,7 @@ def assemble(partial: dict[str, Any]) -> Profile:
         )  # fmt: skip
         models[spec.name] = ModelProfile(
             weight_bytes=spec.weight_bytes, kv_bytes_per_token=spec.kv_bytes_per_token, step=step, passes=passes,
-            host=host_costs(raw), routers=router_costs(raw),
+            host=host_costs(raw, served.get(spec.name), gate_ms), routers=router_costs(raw),
         )  # fmt: skip
     if not models:
         raise ValueError("no model finished calibrating: nothing to write yet (resume the run)")
@@ -208,13 +237,6 @@ def assemble(partial: dict[str, Any]) -> Profile:
             _, pair, name = task.split("/")
             a, b = pair.split("|")
             colocation.append(arrangement_grid(raw, name, a, b, mps_of.get((a, b))))
-    rt = res.get("runtime", {})
-    runtime = None
-    if rt.get("complete"):
-        runtime = RuntimeInfo(
-            ipc_ms=rt["ipc_ms"], tcp_ms=rt["tcp_ms"], gate_rtt_ms=rt["gate_rtt_ms"],
-            gate_rtts_per_step=rt["gate_rtts_per_step"], prepare_margin_ms=PREPARE_MARGIN_MS,
-        )  # fmt: skip
     entry = next(iter(models.values()))
     sched_ms = entry.host.c0_ms + entry.host.row_ms if entry.host else analytic.sched_ms
     gpu = GpuInfo(name=env.get("gpu", "unknown"), mem_bw_gbs=float(env.get("copy_gbs") or analytic.gpu.mem_bw_gbs),

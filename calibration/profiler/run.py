@@ -83,15 +83,16 @@ class Plan:
             raise ValueError(f"unknown arrangement {bad[0]!r}; choose from {', '.join(ARRANGEMENTS)}")
 
     def tasks(self) -> list[str]:
-        """Task ids in measuring order: the pairs' models first, their co-runs by split, the other models, then
-        the runtime's own costs (CPU work, cheapest to lose to a deadline)."""
+        """Task ids in measuring order: the pairs' models first, their co-runs by split, the other models, each
+        pair's serving loop (a real server, after the MPS daemon of the co-runs is gone: the server starts its
+        own), then the runtime's own costs (CPU work, cheapest to lose to a deadline)."""
         first = [m for p in self.pairs for m in p]
         order = list(dict.fromkeys([*first, *self.models]))
         out = [f"model/{m}" for m in order if m in first]
         out += [f"corun/{a}|{b}/{sa}-{sb}" for a, b in self.pairs for sa, sb in self.splits]
         out += [f"arrangement/{a}|{b}/{name}" for a, b in self.pairs for name in self.arrangements]
         out += [f"model/{m}" for m in order if m not in first]
-        return [*out, "runtime"]
+        return [*out, *(f"serving/{a}|{b}" for a, b in self.pairs), "runtime"]
 
     def small_models(self) -> set[str]:
         """Models whose learned routers' device parts are measured: the pairs' small models (or the first)."""
@@ -153,26 +154,33 @@ class Calibration:
         """Measure every pending task (until the deadline); True when all are done."""
         self.load()
         self.partial["env"].setdefault("host", _host_info())
+        own_server = ("serving/", "runtime")
         try:
             with self._mps() as mps_env:
-                for task in self.pending():
-                    if time.monotonic() > self.deadline:
-                        break
-                    self.on_event(task, "start", 0, 0)  # a worker may take a while to report: show the task at once
-                    try:
-                        if task.startswith("model/"):
-                            self._model(task, task.split("/", 1)[1])
-                        elif task.startswith(("corun/", "arrangement/")):
-                            self._corun(task, mps_env)
-                        else:
-                            self._runtime(task)
-                    except Exception as e:  # record and go on: other tasks may still be measured
-                        self.partial["failed"][task] = f"{type(e).__name__}: {e}"
-                        self.on_event(task, "failed", 0, 0)
-                    self.save()
+                self._run_tasks([t for t in self.pending() if not t.startswith(own_server)], mps_env)
+            self._run_tasks([t for t in self.pending() if t.startswith(own_server)], {})
         finally:
             self.save()  # also on Ctrl-C: the points of the task it cut are kept for the resume
         return not self.pending()
+
+    def _run_tasks(self, tasks: list[str], mps_env: dict[str, str]) -> None:
+        for task in tasks:
+            if time.monotonic() > self.deadline:
+                return
+            self.on_event(task, "start", 0, 0)  # a worker may take a while to report: show the task at once
+            try:
+                if task.startswith("model/"):
+                    self._model(task, task.split("/", 1)[1])
+                elif task.startswith(("corun/", "arrangement/")):
+                    self._corun(task, mps_env)
+                elif task.startswith("serving/"):
+                    self._serving(task)
+                else:
+                    self._runtime(task)
+            except Exception as e:  # record and go on: other tasks may still be measured
+                self.partial["failed"][task] = f"{type(e).__name__}: {e}"
+                self.on_event(task, "failed", 0, 0)
+            self.save()
 
     # ---- tasks ---------------------------------------------------------------------------------------------
     def _model(self, task: str, model: str) -> None:
@@ -259,6 +267,19 @@ class Calibration:
                     self.on_event(task, "cell", n, cells)
         raw["complete"] = True
         self.partial["results"][task] = raw
+
+    def _serving(self, task: str) -> None:
+        from tokenrouter.calibration.profiler import serving_gap
+
+        a, b = task.split("/", 1)[1].split("|")
+        n = [0]
+
+        def tick() -> None:
+            n[0] += 1
+            self.on_event(task, "phase", n[0], len(serving_gap.PHASES))
+
+        gaps = serving_gap.measure(a, b, self.plan.device, tick, quick=self.plan.quick)
+        self.partial["results"][task] = {**gaps, "complete": True}
 
     def _runtime(self, task: str) -> None:
         from tokenrouter.calibration.profiler import runtime_costs

@@ -45,6 +45,11 @@ def test_calibrate_resumes_and_writes_a_profile_the_simulator_reads(tmp_path):
     assert (grid.model_a, grid.model_b) == ("tiny-small", "tiny-large") and grid.shares[0].share_a == 100
     small = prof.models["tiny-small"]
     assert small.passes is not None and small.host is not None and "r2r" in small.routers
+    # The pair was served for real under step-sync: the small model's host line is its gaps there.
+    served = json.loads((tmp_path / "tiny.json.partial.json").read_text())["results"]["serving/tiny-small|tiny-large"]
+    gaps = served["gaps"]["tiny-small"]
+    assert served["complete"] and gaps and all(g["gap_ms"] > 0 for g in gaps)
+    assert small.host.c0_ms + small.host.row_ms * gaps[0]["rows"] > 0
     # The measured points are priced about as they were measured by the fit the profile chose (CPU timings on a
     # shared machine have outliers that a fit may follow: a loose bound on the median ratio, which a wrong table,
     # unit or axis still breaks by orders of magnitude).

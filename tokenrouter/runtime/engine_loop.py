@@ -255,7 +255,8 @@ class EngineLoop(ABC):
             self.counters.loop_step(rows, t_done - self.last_done, gpu_ms)
         self.last_done = t_done
         self.step_log.write({"model": self.model, "step": f.batch.step_id, "rows": rows, "launch": f.launched,
-                             "done": t_done, "gpu_ms": gpu_ms, "back_to_back": f.back_to_back})  # fmt: skip
+                             "done": t_done, "gpu_ms": gpu_ms, "back_to_back": f.back_to_back,
+                             "submitted": f.submitted})  # fmt: skip
         t0 = time.perf_counter()
         self.before_complete(f.batch)
         self.deliver(self.sched.complete(f.batch, res, t_done))

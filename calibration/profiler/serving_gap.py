@@ -1,0 +1,120 @@
+"""The serving loop's own time per step when nothing overlaps it, measured on the real pair in a real server.
+
+A step that does not overlap its predecessor (a sync policy's steps, a model's first step after an idle spell)
+leaves the GPU idle from the moment the previous step's result is in until the next step is handed to the engine:
+the completion's post-processing (sampling results, the router, tokens out to the front-end, hand-offs to peers),
+the sync coordinator's round trip, then the next `schedule` and plan. The model worker's bare loop
+(`model_worker.host_cost`) times only the last part; under step-sync at N = 1 the H200 showed a 0.84 ms gap
+against its 0.12 ms (studies/fidelity), which is why this runs the runtime itself: a `Server` with the pair under
+step-sync, N = 1 then N = 8 closed-loop clients of the runtime's own client (no HTTP), every subserver writing its
+step log. A gap is counted only where a model's step follows that model's own completion with nothing in flight
+(the others are the peer's or the round's waits, which the simulator prices on their own).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import statistics
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+PHASES = ((1, 6), (8, 16))  # (clients, requests): one row per step, then several
+QUICK_PHASES = ((1, 2), (4, 4))
+OUTPUT_LEN, QUICK_OUTPUT_LEN = 128, 32
+MIN_STEPS, QUICK_MIN_STEPS = 20, 5  # gaps a batch size needs to count (fewer: a few stragglers' noise)
+
+
+def _config(a: str, b: str, device: str) -> Any:
+    from tokenrouter.core.config import (
+        DeploymentConfig,
+        ModelConfig,
+        PlacementConfig,
+        PolicyConfig,
+        RouterConfig,
+        SchedulerConfig,
+    )
+    from tokenrouter.core.names import Placement
+    from tokenrouter.runtime.launcher import with_cpu_kv_tokens
+
+    cfg = DeploymentConfig(models=[ModelConfig(a), ModelConfig(b)], placement=PlacementConfig(mode=Placement.MPS),
+                           policy=PolicyConfig(kind="step-sync"), router=RouterConfig("r2r", hop_rate=0.1),
+                           scheduler=SchedulerConfig(max_batch_size=64))  # fmt: skip
+    return with_cpu_kv_tokens(cfg, 4096) if device == "cpu" else cfg
+
+
+def _serve(cfg: Any, device: str, run_dir: Path, phases: tuple[tuple[int, int], ...], output_len: int,
+           on_phase: Callable[[], None]) -> None:  # fmt: skip
+    from tokenrouter.runtime import protocol as P
+    from tokenrouter.runtime.client import RuntimeClient
+    from tokenrouter.runtime.launcher import Server
+    from tokenrouter.workloads import RequestSpec
+
+    with Server(cfg, device=device, step_logs=True, run_dir=run_dir) as srv:
+        client = RuntimeClient(srv.addresses)
+        try:
+            for n, total in phases:
+                specs = [RequestSpec(f"gap{n}-{i}", 100, output_len, None) for i in range(total)]
+                for s in specs[:n]:
+                    _submit(client, s, output_len)
+                for k in range(total):
+                    if not client.until(lambda ev: isinstance(ev, P.Finished), 300):
+                        raise RuntimeError(f"N = {n}: no request finished within 300 s")
+                    if n + k < total:
+                        _submit(client, specs[n + k], output_len)
+                on_phase()
+        finally:
+            client.close()
+
+
+def _submit(client: Any, spec: Any, output_len: int) -> None:
+    from tokenrouter.runtime import protocol as P
+    from tokenrouter.workloads import request_ids, request_seed
+
+    sampling = P.Sampling(temperature=0.0, max_tokens=output_len, ignore_eos=True, seed=request_seed(spec, 0))
+    client.submit(spec.rid, request_ids(spec, 0), sampling)
+
+
+def read_steps(run_dir: Path) -> list[dict[str, Any]]:
+    """Every subserver's step log in `run_dir`, in launch order."""
+    steps: list[dict[str, Any]] = []
+    for f in sorted(run_dir.rglob("steps*.jsonl*")):
+        with gzip.open(f, "rt") if f.suffix == ".gz" else f.open() as fh:
+            steps += [json.loads(line) for line in fh if line.strip()]
+    return sorted(steps, key=lambda s: s["submitted"])
+
+
+def own_gaps(steps: list[dict[str, Any]]) -> dict[int, dict[int, list[float]]]:
+    """model -> rows -> gaps (ms) from a model's completion to its next step's hand-over to the engine, for steps
+    that follow their own model's completion with no step of any model in flight (`steps` in submission order)."""
+    out: dict[int, dict[int, list[float]]] = {}
+    last: dict[str, Any] | None = None  # the latest completion so far, of any model
+    for s in steps:
+        if last is not None and s["submitted"] >= last["done"] and last["model"] == s["model"]:
+            out.setdefault(s["model"], {}).setdefault(s["rows"], []).append((s["submitted"] - last["done"]) * 1e3)
+        if last is None or s["done"] > last["done"]:
+            last = s
+    return out
+
+
+def summarize(gaps: dict[int, dict[int, list[float]]], names: tuple[str, str],
+              min_steps: int = MIN_STEPS) -> dict[str, list[dict[str, Any]]]:  # fmt: skip
+    """Per model name, one record per batch size seen at least `min_steps` times: {"rows", "gap_ms" (median),
+    "steps"}."""
+    return {names[m]: [{"rows": r, "gap_ms": round(statistics.median(g), 6), "steps": len(g)}
+                       for r, g in sorted(by_rows.items()) if len(g) >= min_steps]
+            for m, by_rows in sorted(gaps.items())}  # fmt: skip
+
+
+def measure(a: str, b: str, device: str, on_phase: Callable[[], None] = lambda: None,
+            quick: bool = False) -> dict[str, Any]:  # fmt: skip
+    """{"gaps": {model: [{"rows", "gap_ms", "steps"}]}, "policy", "phases"} for the pair (small `a`, large `b`);
+    `quick`: fewer and shorter requests (the CPU check of the tool)."""
+    phases = QUICK_PHASES if quick else PHASES
+    with tempfile.TemporaryDirectory(prefix="trcal-serve-") as d:
+        _serve(_config(a, b, device), device, Path(d), phases, QUICK_OUTPUT_LEN if quick else OUTPUT_LEN, on_phase)
+        steps = read_steps(Path(d))
+    gaps = summarize(own_gaps(steps), (a, b), QUICK_MIN_STEPS if quick else MIN_STEPS)
+    return {"gaps": gaps, "policy": "step-sync", "phases": [list(p) for p in phases]}

@@ -1,0 +1,63 @@
+"""The serving loop's gap (`calibration.profiler.serving_gap`) and how the profile's host line takes it."""
+
+from __future__ import annotations
+
+import pytest
+
+from tokenrouter.calibration.profiler.assemble import host_costs, serving_gaps
+from tokenrouter.calibration.profiler.run import Plan
+from tokenrouter.calibration.profiler.serving_gap import own_gaps, summarize
+
+
+def step(model: int, rows: int, submitted: float, done: float) -> dict:
+    return {"model": model, "rows": rows, "submitted": submitted, "done": done}
+
+
+def test_a_gap_counts_only_after_the_models_own_completion_with_nothing_in_flight():
+    steps = [
+        step(0, 1, 0.000, 0.010),
+        step(0, 1, 0.0105, 0.020),  # 0.5 ms after its own completion: counted
+        step(1, 1, 0.0212, 0.040),  # after model 0's completion (a hand-off): not a gap of its own
+        step(1, 1, 0.0408, 0.050),  # 0.8 ms after its own: counted
+        step(0, 2, 0.0500 + 0.0007, 0.060),  # after model 1's completion: not counted
+        step(0, 2, 0.0590, 0.070),  # submitted before the previous step was done (overlap): not counted
+        step(0, 2, 0.0702, 0.080),  # 0.2 ms after its own
+    ]
+    gaps = own_gaps(steps)
+    assert gaps[0][1] == [pytest.approx(0.5)]
+    assert gaps[0][2] == [pytest.approx(0.2)]
+    assert gaps[1] == {1: [pytest.approx(0.8)]}
+
+
+def test_summarize_keeps_batch_sizes_seen_often_enough_and_takes_the_median():
+    gaps = {0: {1: [0.9, 0.5, 0.7], 8: [2.0]}, 1: {4: [1.0, 3.0, 2.0]}}
+    out = summarize(gaps, ("s", "l"), min_steps=3)
+    assert out == {"s": [{"rows": 1, "gap_ms": 0.7, "steps": 3}], "l": [{"rows": 4, "gap_ms": 2.0, "steps": 3}]}
+
+
+def test_the_host_line_without_overlap_comes_from_the_served_gaps_less_the_round_trips():
+    # The bare loop says 0.1 ms; the server's gaps 0.9 ms at one row, 1.6 at eight; 0.1 ms of round trips each.
+    raw = {"host": {"1": {"rows": 1, "overlap": False, "loop_ms": 1.1, "gpu_ms": 1.0},
+                    "o": {"rows": 1, "overlap": True, "loop_ms": 1.05, "gpu_ms": 1.0}}}  # fmt: skip
+    served = [{"rows": 1, "gap_ms": 0.9, "steps": 50}, {"rows": 8, "gap_ms": 1.6, "steps": 50}]
+    h = host_costs(raw, served, gate_ms=0.1)
+    assert h is not None
+    assert h.c0_ms == pytest.approx(0.7) and h.row_ms == pytest.approx(0.1)
+    assert h.overlap_frac == pytest.approx(0.05)  # overlap still from the bare loop
+    bare = host_costs(raw)
+    assert bare is not None and bare.c0_ms == pytest.approx(0.1) and bare.row_ms == 0.0
+
+
+def test_serving_gaps_gathers_finished_tasks_only():
+    res = {"serving/a|b": {"complete": True, "gaps": {"a": [{"rows": 1, "gap_ms": 1.0, "steps": 30}]}},
+           "serving/a|c": {"gaps": {"a": [{"rows": 2, "gap_ms": 9.0, "steps": 30}]}},  # cut short
+           "model/a": {"complete": True}}  # fmt: skip
+    assert serving_gaps(res) == {"a": [{"rows": 1, "gap_ms": 1.0, "steps": 30}]}
+
+
+def test_each_pair_gets_a_serving_task_after_the_models_and_before_the_runtime():
+    plan = Plan(models=["s", "l"], pairs=[("s", "l")], device="cpu")
+    tasks = plan.tasks()
+    assert tasks[-2:] == ["serving/s|l", "runtime"]
+    assert tasks.index("model/l") < tasks.index("serving/s|l")
+    assert not [t for t in Plan(models=["s"], device="cpu").tasks() if t.startswith("serving/")]
