@@ -86,9 +86,11 @@ def host_costs(
 ) -> HostCosts | None:
     """The loop's host time per step without overlap and what it adds with overlap, as a fraction of the GPU time.
 
-    Without overlap: from the real server's gaps when the pair's serving loop was measured (`served`: the
-    `serving_gap` records of this model, each gap less the coordinator's round trips `gate_ms`, which the
-    simulator charges on their own), else from the bare loop (period minus GPU time; on CPU the host parts timed).
+    Without overlap: from the real server when the pair's serving loop was measured (`served`: this model's
+    `serving_gap` records, each the GPU's idle time between two steps less the coordinator's round trips
+    `gate_ms`, which the simulator charges on their own; records without GPU times, or from before they were
+    kept, take the completion-to-hand-over gap plus the bare loop's time inside the step), else from the bare
+    loop (period minus GPU time; on CPU the host parts timed).
     """
     recs = list(raw.get("host", {}).values())
     sync = [r for r in recs if not r["overlap"]]
@@ -101,7 +103,14 @@ def host_costs(
         return r["step_host_ms"] + r["schedule_ms"] + r["complete_ms"]
 
     if served:
-        c0, row = _line([r["rows"] for r in served], [max(0.0, r["gap_ms"] - gate_ms) for r in served])
+        inside = _line([r["rows"] for r in sync], [r["step_host_ms"] for r in sync]) if sync else (0.0, 0.0)
+
+        def idle_ms(r: dict) -> float:
+            if "idle_ms" in r:
+                return r["idle_ms"]
+            return r["gap_ms"] + inside[0] + inside[1] * r["rows"]
+
+        c0, row = _line([r["rows"] for r in served], [max(0.0, idle_ms(r) - gate_ms) for r in served])
     else:
         c0, row = _line([r["rows"] for r in sync], [host_ms(r) for r in sync])
     fracs = [max(0.0, r["loop_ms"] / r["gpu_ms"] - 1.0) for r in recs if r["overlap"] and r.get("gpu_ms")]

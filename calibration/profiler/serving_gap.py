@@ -86,26 +86,40 @@ def read_steps(run_dir: Path) -> list[dict[str, Any]]:
     return sorted(steps, key=lambda s: s["submitted"])
 
 
-def own_gaps(steps: list[dict[str, Any]]) -> dict[int, dict[int, list[float]]]:
-    """model -> rows -> gaps (ms) from a model's completion to its next step's hand-over to the engine, for steps
-    that follow their own model's completion with no step of any model in flight (`steps` in submission order)."""
-    out: dict[int, dict[int, list[float]]] = {}
+def own_gaps(steps: list[dict[str, Any]]) -> dict[int, dict[int, list[tuple[float, float | None]]]]:
+    """model -> rows -> (gap, idle) in ms for steps that follow their own model's completion with no step of any
+    model in flight (`steps` in submission order). `gap`: from that completion to this step's hand-over to the
+    engine; `idle`: the GPU's idle time between the two steps, completion to completion less this step's GPU time
+    (None without GPU times: on CPU the step's work is inside the hand-over)."""
+    out: dict[int, dict[int, list[tuple[float, float | None]]]] = {}
     last: dict[str, Any] | None = None  # the latest completion so far, of any model
     for s in steps:
         if last is not None and s["submitted"] >= last["done"] and last["model"] == s["model"]:
-            out.setdefault(s["model"], {}).setdefault(s["rows"], []).append((s["submitted"] - last["done"]) * 1e3)
+            gpu = s.get("gpu_ms") or 0.0
+            idle = (s["done"] - last["done"]) * 1e3 - gpu if gpu > 0 else None
+            out.setdefault(s["model"], {}).setdefault(s["rows"], []).append(((s["submitted"] - last["done"]) * 1e3,
+                                                                              idle))  # fmt: skip
         if last is None or s["done"] > last["done"]:
             last = s
     return out
 
 
-def summarize(gaps: dict[int, dict[int, list[float]]], names: tuple[str, str],
+def summarize(gaps: dict[int, dict[int, list[tuple[float, float | None]]]], names: tuple[str, str],
               min_steps: int = MIN_STEPS) -> dict[str, list[dict[str, Any]]]:  # fmt: skip
-    """Per model name, one record per batch size seen at least `min_steps` times: {"rows", "gap_ms" (median),
-    "steps"}."""
-    return {names[m]: [{"rows": r, "gap_ms": round(statistics.median(g), 6), "steps": len(g)}
-                       for r, g in sorted(by_rows.items()) if len(g) >= min_steps]
-            for m, by_rows in sorted(gaps.items())}  # fmt: skip
+    """Per model name, one record per batch size seen at least `min_steps` times: {"rows", "gap_ms", "idle_ms"
+    (medians; idle_ms only with GPU times), "steps"}."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for m, by_rows in sorted(gaps.items()):
+        recs = out.setdefault(names[m], [])
+        for r, g in sorted(by_rows.items()):
+            if len(g) < min_steps:
+                continue
+            rec: dict[str, Any] = {"rows": r, "gap_ms": round(statistics.median(x for x, _ in g), 6), "steps": len(g)}
+            idle = [y for _, y in g if y is not None]
+            if idle:
+                rec["idle_ms"] = round(statistics.median(idle), 6)
+            recs.append(rec)
+    return out
 
 
 def measure(a: str, b: str, device: str, on_phase: Callable[[], None] = lambda: None,

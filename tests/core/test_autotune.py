@@ -476,6 +476,27 @@ def test_a_baseline_window_that_straddles_a_change_of_n_is_no_baseline():
     assert ctrl.reverts == 0
 
 
+def test_a_baseline_whose_first_sample_is_at_another_n_is_no_baseline():
+    # Live N ramp (H200, 2026-12-02): a solve kept the controller from observing while N fell from 16 to 4, so the
+    # `verify_s` before the next change held one sample at N = 16 (its start) and then samples at N = 4 only; its
+    # rate, mostly N = 16's, undid a right B at N = 4 (measured +64%). The window's start sample counts too.
+    srv = SyntheticServer(24, noise=0.0)
+    prefers = Prefers((1, 1))
+    ctrl = AutotuneController(CFG_VERIFY, Policy(PolicyKind.DELAYED, (1, 1)), TableSolve(prefers), DROPS)
+    ds = []
+    for t in range(60):
+        srv.live = 16 if t < 13 else 4
+        prefers.best = (1, 3) if t >= 20 else (1, 1)
+        srv.window(steps_per_model=10 * (40 if srv.live == 16 else 10))
+        if 11 <= t < 17:
+            continue  # a solve under way: nothing observed
+        d = ctrl.observe(srv.snapshot(), float(t))
+        if d is not None:
+            ds.append(d)
+            ctrl.applied(d, Policy(PolicyKind.DELAYED, d.new))
+    assert [(d.new, d.revert) for d in ds] == [((1, 3), False)] and ctrl.reverts == 0
+
+
 # --- the contract, pinned: the margin both ways, a line that cannot go negative --------------------------------
 
 

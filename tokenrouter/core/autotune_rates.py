@@ -79,7 +79,9 @@ class RateLog:
             return None
         hop = tuple((h1 - h0) / (d1 - d0) if d1 > d0 else None
                     for h0, h1, d0, d1 in zip(p0[2], p1[2], p0[3], p1[3], strict=True))  # fmt: skip
-        live = [p[4] for k, p in enumerate(self.points) if i < k <= j]
+        # The start sample counts: with sparse samples (the controller does not observe while a solve runs) the
+        # window's rate spans from it, and an N that changed before the next sample would not show otherwise.
+        live = [p[4] for k, p in enumerate(self.points) if i <= k <= j]
         mid = float(statistics.median(live))
         steady = all(abs(n - mid) <= max(1.0, 0.1 * mid) for n in live)
         return Window((p1[1] - p0[1]) / (p1[0] - p0[0]), hop, mid, steady)
