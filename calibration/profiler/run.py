@@ -278,7 +278,8 @@ class Calibration:
             n[0] += 1
             self.on_event(task, "phase", n[0], len(serving_gap.PHASES))
 
-        gaps = serving_gap.measure(a, b, self.plan.device, tick, quick=self.plan.quick)
+        keep = self.out.with_name(f"{self.out.name}.serving")  # the step logs, beside the output
+        gaps = serving_gap.measure(a, b, self.plan.device, tick, quick=self.plan.quick, keep=keep)
         self.partial["results"][task] = {**gaps, "complete": True}
 
     def _runtime(self, task: str) -> None:

@@ -104,6 +104,22 @@ def own_gaps(steps: list[dict[str, Any]]) -> dict[int, dict[int, list[tuple[floa
     return out
 
 
+def handoff_idle(steps: list[dict[str, Any]]) -> dict[int, list[float]]:
+    """model -> the GPU's idle time (ms) before each one-row step that follows another model's one-row step with
+    nothing in flight: at N = 1 a hand-off (the peer message, its receipt, the round trip, the step's host work).
+    Steps without GPU times give nothing."""
+    out: dict[int, list[float]] = {}
+    last: dict[str, Any] | None = None
+    for s in steps:
+        gpu = s.get("gpu_ms") or 0.0
+        if (last is not None and gpu > 0 and s["submitted"] >= last["done"] and last["model"] != s["model"]
+                and s["rows"] == 1 and last["rows"] == 1):  # fmt: skip
+            out.setdefault(s["model"], []).append((s["done"] - last["done"]) * 1e3 - gpu)
+        if last is None or s["done"] > last["done"]:
+            last = s
+    return out
+
+
 def summarize(gaps: dict[int, dict[int, list[tuple[float, float | None]]]], names: tuple[str, str],
               min_steps: int = MIN_STEPS) -> dict[str, list[dict[str, Any]]]:  # fmt: skip
     """Per model name, one record per batch size seen at least `min_steps` times: {"rows", "gap_ms", "idle_ms"
@@ -122,13 +138,22 @@ def summarize(gaps: dict[int, dict[int, list[tuple[float, float | None]]]], name
     return out
 
 
-def measure(a: str, b: str, device: str, on_phase: Callable[[], None] = lambda: None,
-            quick: bool = False) -> dict[str, Any]:  # fmt: skip
-    """{"gaps": {model: [{"rows", "gap_ms", "steps"}]}, "policy", "phases"} for the pair (small `a`, large `b`);
-    `quick`: fewer and shorter requests (the CPU check of the tool)."""
+def measure(a: str, b: str, device: str, on_phase: Callable[[], None] = lambda: None, quick: bool = False,
+            keep: Path | None = None) -> dict[str, Any]:  # fmt: skip
+    """For the pair (small `a`, large `b`): {"gaps": {model: [{"rows", "gap_ms", "idle_ms", "steps"}]},
+    "handoffs": {model: {"idle_ms", "steps"}}, "policy", "phases"}; `quick`: fewer and shorter requests (the CPU
+    check of the tool); `keep`: a folder to keep the step logs in (gzipped), for a later look."""
     phases = QUICK_PHASES if quick else PHASES
+    min_steps = QUICK_MIN_STEPS if quick else MIN_STEPS
     with tempfile.TemporaryDirectory(prefix="trcal-serve-") as d:
         _serve(_config(a, b, device), device, Path(d), phases, QUICK_OUTPUT_LEN if quick else OUTPUT_LEN, on_phase)
         steps = read_steps(Path(d))
-    gaps = summarize(own_gaps(steps), (a, b), QUICK_MIN_STEPS if quick else MIN_STEPS)
-    return {"gaps": gaps, "policy": "step-sync", "phases": [list(p) for p in phases]}
+        if keep is not None:
+            keep.mkdir(parents=True, exist_ok=True)
+            for f in Path(d).rglob("steps*.jsonl"):
+                (keep / f"{f.name}.gz").write_bytes(gzip.compress(f.read_bytes()))
+    names = (a, b)
+    handoffs = {names[m]: {"idle_ms": round(statistics.median(v), 6), "steps": len(v)}
+                for m, v in sorted(handoff_idle(steps).items()) if len(v) >= min_steps}  # fmt: skip
+    return {"gaps": summarize(own_gaps(steps), names, min_steps), "handoffs": handoffs, "policy": "step-sync",
+            "phases": [list(p) for p in phases]}  # fmt: skip

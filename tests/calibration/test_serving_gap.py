@@ -6,7 +6,7 @@ import pytest
 
 from tokenrouter.calibration.profiler.assemble import host_costs, serving_gaps
 from tokenrouter.calibration.profiler.run import Plan
-from tokenrouter.calibration.profiler.serving_gap import own_gaps, summarize
+from tokenrouter.calibration.profiler.serving_gap import handoff_idle, own_gaps, summarize
 
 
 def step(model: int, rows: int, submitted: float, done: float, gpu_ms: float = 0.0) -> dict:
@@ -70,3 +70,28 @@ def test_each_pair_gets_a_serving_task_after_the_models_and_before_the_runtime()
     assert tasks[-2:] == ["serving/s|l", "runtime"]
     assert tasks.index("model/l") < tasks.index("serving/s|l")
     assert not [t for t in Plan(models=["s"], device="cpu").tasks() if t.startswith("serving/")]
+
+
+def test_hand_offs_at_one_row_give_the_idle_time_before_the_peers_step():
+    steps = [
+        step(0, 1, 0.000, 0.001, gpu_ms=1.0),
+        step(1, 1, 0.0015, 0.0225, gpu_ms=20.0),  # 21.5 ms after the small model's completion, 20 of them GPU
+        step(0, 1, 0.0230, 0.0240, gpu_ms=0.8),  # back: 1.5 - 0.8 = 0.7 ms idle
+        step(1, 4, 0.0245, 0.0400, gpu_ms=15.0),  # four rows: a round, not a hand-off
+        step(0, 1, 0.0401, 0.0410, gpu_ms=0.0),  # no GPU time (CPU): nothing
+    ]
+    idle = handoff_idle(steps)
+    assert idle == {1: [pytest.approx(1.5)], 0: [pytest.approx(0.7)]}
+
+
+def test_a_model_served_only_by_hand_offs_takes_their_idle_time_less_the_message():
+    res = {
+        "serving/a|b": {
+            "complete": True,
+            "gaps": {"a": [{"rows": 1, "idle_ms": 0.7, "steps": 30}], "b": []},
+            "handoffs": {"a": {"idle_ms": 5.0, "steps": 30}, "b": {"idle_ms": 1.3, "steps": 40}},
+        }
+    }
+    got = serving_gaps(res, message_ms=0.1)
+    assert got["a"] == [{"rows": 1, "idle_ms": 0.7, "steps": 30}]  # its own steps first
+    assert got["b"] == [{"rows": 1, "idle_ms": pytest.approx(1.2), "steps": 40}]
