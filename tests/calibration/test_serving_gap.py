@@ -82,16 +82,3 @@ def test_hand_offs_at_one_row_give_the_idle_time_before_the_peers_step():
     ]
     idle = handoff_idle(steps)
     assert idle == {1: [pytest.approx(1.5)], 0: [pytest.approx(0.7)]}
-
-
-def test_a_model_served_only_by_hand_offs_takes_their_idle_time_less_the_message():
-    res = {
-        "serving/a|b": {
-            "complete": True,
-            "gaps": {"a": [{"rows": 1, "idle_ms": 0.7, "steps": 30}], "b": []},
-            "handoffs": {"a": {"idle_ms": 5.0, "steps": 30}, "b": {"idle_ms": 1.3, "steps": 40}},
-        }
-    }
-    got = serving_gaps(res, message_ms=0.1)
-    assert got["a"] == [{"rows": 1, "idle_ms": 0.7, "steps": 30}]  # its own steps first
-    assert got["b"] == [{"rows": 1, "idle_ms": pytest.approx(1.2), "steps": 40}]

@@ -1,0 +1,37 @@
+"""Put what the 2026-12-02 serving-loop calibration measured into the bundled profile: the 0.6B's host line
+without overlap (the GPU's idle time per step in a real server under step-sync, less the coordinator's round
+trips) and the runtime costs of the complete-and-ask sync protocol (1.02 round trips per step, 87 us each). The
+32B's host line stays the bare loop's (the serving run had no step of it that followed its own: each came from a
+hand-off); the other models' too (not served). Everything else is unchanged.
+
+    python studies/calibration/bundle_serving_2026-12-02.py   # rewrites calibration/profiles/h200-measured.json
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+BUNDLED = ROOT / "calibration/profiles/h200-measured.json"
+NEW = ROOT / "studies/calibration/serving-2026-12-02/h200-serving.json"
+SERVED = ("qwen3-0.6b",)
+
+
+def main() -> None:
+    prof = json.loads(BUNDLED.read_text())
+    new = json.loads(NEW.read_text())
+    for name in SERVED:
+        prof["models"][name]["host"] = new["models"][name]["host"]
+    prof["runtime"] = new["runtime"]
+    prof["notes"]["serving_loop_2026_12_02"] = (
+        "qwen3-0.6b host line and the runtime costs from studies/calibration/serving-2026-12-02/h200-serving.json "
+        "(tr calibrate's serving task; bundled by studies/calibration/bundle_serving_2026-12-02.py)"
+    )
+    BUNDLED.write_text(json.dumps(prof, indent=2) + "\n")
+    for name in SERVED:
+        print(f"{BUNDLED}: {name} host {prof['models'][name]['host']}; runtime {prof['runtime']}")
+
+
+if __name__ == "__main__":
+    main()
