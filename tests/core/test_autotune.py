@@ -177,6 +177,29 @@ def test_live_n_follows_a_ramp_within_half_a_half_life():
     assert est2.estimates().concurrency < 16  # 4 of 11: not yet
 
 
+def test_step_times_measured_at_another_n_fade_when_n_moves():
+    # At N = 16 the small model's steps of 1-4 rows took 3 + 0.5 b ms (a busy peer); at N = 4 they take 1 + 0.5 b.
+    # Ten seconds after N fell the line must price N = 4's steps, though the steps' half-life is a minute.
+    srv = SyntheticServer(3, a=(3.0, 20.0), noise=0.0)
+    est = Estimator(DROPS, half_life_s=4.0, step_half_life_s=60.0)
+    for t in range(120):
+        srv.window(sizes=((1, 4), (1, 4)))
+        est.update(srv.snapshot(live=16), float(t))
+    srv.a = (1.0, 20.0)
+    for t in range(120, 130):
+        srv.window(sizes=((1, 4), (1, 4)))
+        est.update(srv.snapshot(live=4), float(t))
+    line = est.estimates().step[0]
+    assert line is not None and line.at(2) == pytest.approx(2.0, rel=0.15)  # N = 16 (4.0) weighed 80% before
+    # A closed loop's dip by one at each finish is no new N: nothing fades.
+    steady = Estimator(DROPS, half_life_s=4.0, step_half_life_s=60.0)
+    srv2 = SyntheticServer(4, noise=0.0)
+    for t in range(60):
+        srv2.window(sizes=((1, 4), (1, 4)))
+        steady.update(srv2.snapshot(live=7 if t % 3 == 0 else 8), float(t))
+    assert steady.steps(0) > 30 * 40
+
+
 # ---- the controller -----------------------------------------------------------------------------------------
 CFG = AutotuneConfig(observe_s=1.0, interval_s=5.0, tolerance=0.1, min_gain=0.03, hold_s=10.0, half_life_s=5.0,
                      step_half_life_s=60.0, min_steps=20, verify_s=0.0)  # fmt: skip

@@ -17,6 +17,10 @@ reads no clock: the driver passes its time with each snapshot.
 - Mean output length = output tokens / requests finished.
 - Live N = the median of the live counts sampled over the last half-life (a closed loop dips below N for a
   moment at each finish; a median ignores that and follows a ramp within half a half-life).
+- When live N moves by more than `N_MOVE`, the step times measured before keep `STALE_KEEP` of their weight: what
+  the peer runs beside a model (its co-location) changes with N, so a step of b rows at N = 16 is not one at
+  N = 4. Kept whole under their slow half-life, they priced N = 4 with N = 16's steps for a minute (live N ramp
+  16 -> 4 on the H200, 2026-12-02: the solve chose a B 5% below the best).
 
 `Estimates` is the result, a value: the controller compares two of them (`moved_from`, `workload_moved_from`) to
 decide when to re-solve and whether two measurements saw one workload.
@@ -33,6 +37,8 @@ from dataclasses import dataclass
 from tokenrouter.core.autotune_counters import NUM_BATCH_BUCKETS, CounterSnapshot
 
 MIN_BUCKET_STEPS = 2.0  # a bucket with fewer (decayed) steps is too noisy to anchor the line
+N_MOVE = 0.25  # live N moving by more than this (relative) makes the step times measured before it stale
+STALE_KEEP = 0.01  # what weight step times measured at another N keep (little: a model waits for `min_steps` again)
 
 
 @dataclass(slots=True, frozen=True)
@@ -156,6 +162,7 @@ class Estimator:
         self.live: deque[tuple[float, int]] = deque()
         self._last: CounterSnapshot | None = None
         self._last_t: float | None = None
+        self._step_n: float | None = None  # live N the step times were measured at
 
     @property
     def num_models(self) -> int:
@@ -169,6 +176,7 @@ class Estimator:
         self.live.append((now, int(snap.live)))
         while len(self.live) > 1 and self.live[0][0] < now - self.half_life_s:
             self.live.popleft()
+        self._fade_steps_on_new_n(statistics.median(n for _, n in self.live))
         prev, t0 = self._last, self._last_t
         self._last, self._last_t = snap, now
         if prev is None or t0 is None or now <= t0:
@@ -196,6 +204,16 @@ class Estimator:
             self.finished = self.finished * slow + d_fin
             self.finished_tokens = self.finished_tokens * slow + d_fin_tok
             self.finished_tokens_sq = self.finished_tokens_sq * slow + d_fin_sq
+
+    def _fade_steps_on_new_n(self, n: float) -> None:
+        if n < 0.5:
+            return  # idle: no N to measure steps at
+        if self._step_n is not None and abs(n - self._step_n) > N_MOVE * self._step_n:
+            for acc in (self.b_steps, self.b_rows, self.b_ms):
+                for row in acc:
+                    row[:] = [v * STALE_KEEP for v in row]
+        if self._step_n is None or abs(n - self._step_n) > N_MOVE * self._step_n:
+            self._step_n = n
 
     def idle(self) -> bool:
         """No live request in most of the samples of the last half-life (nothing to tune for)."""
