@@ -19,7 +19,15 @@ zmq = pytest.importorskip("zmq")
 
 from tokenrouter.core.policy import PolicyKind, SyncGate  # noqa: E402
 from tokenrouter.runtime.protocol import GATE  # noqa: E402
-from tokenrouter.runtime.sync_coordinator import COMPLETE, PASS, UPDATE, Coordinator, GateReport, RemoteGate  # noqa: E402
+from tokenrouter.runtime.sync_coordinator import (  # noqa: E402
+    COMPLETE,
+    PASS,
+    UPDATE,
+    Coordinator,
+    CoordinatorProcess,
+    GateReport,
+    RemoteGate,
+)
 
 
 def _coordinator(tmp_path, kind: PolicyKind, m: int = 2):
@@ -415,6 +423,35 @@ def test_the_coordinator_thread_serves_reports_and_stops(tmp_path):
         threading.Thread(target=lambda: (coord.stop(), done.set()), daemon=True).start()
         assert done.wait(10)
     finally:
+        gate.close()
+        for s in pulls:
+            s.close()
+        ctx.term()
+
+
+def test_the_coordinator_process_serves_and_keeps_its_counts_after_stop(tmp_path):
+    """The launcher's coordinator runs in a process of its own (no GIL shared with the front-end): the same grants,
+    its log and counts read from the launcher while it runs and after it stopped."""
+    ctx = zmq.Context()
+    subs = tuple(f"ipc://{tmp_path / f'sub{i}'}" for i in range(2))
+    pulls = []
+    for a in subs:
+        s = ctx.socket(zmq.PULL)
+        s.bind(a)
+        pulls.append(s)
+    coord = CoordinatorProcess("step-sync", 2, f"ipc://{tmp_path / 'coord'}", subs)
+    gate = RemoteGate(0, 2, f"ipc://{tmp_path / 'coord'}", ctx)
+    gate.attach(0, lambda: 1)
+    try:
+        gate.flush()  # model 0 has work it never reported: an update, answered by a grant
+        assert _grants(pulls[0], 5000) == [0]
+        assert coord.calls == 1 and coord.calls_by_model == [1, 0] and coord.grants == 1
+        assert [(e.model, e.what) for e in coord.log] == [(0, "launch")]
+        coord.stop()
+        assert not coord._proc.is_alive()
+        assert coord.calls == 1 and coord.grants == 1 and [e.what for e in coord.log] == ["launch"]
+    finally:
+        coord.stop()
         gate.close()
         for s in pulls:
             s.close()

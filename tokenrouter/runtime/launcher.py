@@ -19,7 +19,7 @@ requests, reconnect) and starts the dead subserver again in place; the front-end
 `Ready` arrives. A subserver that dies again before it is ready is a failure. A ready subserver of ours that
 sends no `Stats` for `heartbeat_timeout_s` is hung and is killed, so that it takes the same path. Subservers die
 with the launcher (`parent_watch`), and the run directory is removed on every exit path (`rundir`).
-Invariant: after `stop()` returns, no subserver process, auxiliary process (`aux`), coordinator thread or MPS daemon of
+Invariant: after `stop()` returns, no subserver process, auxiliary process (`aux`), coordinator process or MPS daemon of
 this server runs.
 """
 
@@ -40,7 +40,6 @@ from typing import Any
 import zmq
 
 from tokenrouter.core.config import DeploymentConfig, ModelConfig
-from tokenrouter.core.policy import SyncGate
 from tokenrouter.deploy.placement import check_gpus
 from tokenrouter.models import load_spec
 from tokenrouter.runtime import protocol as P
@@ -55,7 +54,7 @@ from tokenrouter.runtime.rundir import create_run_dir
 from tokenrouter.runtime.sockets import push_socket, send_once
 from tokenrouter.runtime.spawn import start_spawned
 from tokenrouter.runtime.supervision import StartupError, describe_exit, exit_reason
-from tokenrouter.runtime.sync_coordinator import Coordinator
+from tokenrouter.runtime.sync_coordinator import CoordinatorProcess
 
 Listener = Callable[[P.Ready | P.Stats | P.Failed], None]
 log = logging.getLogger(__name__)
@@ -135,7 +134,7 @@ class Server:
         # Processes beside the subservers (the std-serving baseline's dispatcher): (name, process, address). One that
         # exits is a failure of the whole server (never restarted); `stop` sends them Shutdown too.
         self.aux: list[tuple[str, Any, str]] = []
-        self.coordinator: Coordinator | None = None
+        self.coordinator: CoordinatorProcess | None = None
         self.mps: MpsDaemon | None = None
         self._listeners: list[Listener] = []
         self._fatal_listeners: list[Callable[[str], None]] = []
@@ -252,9 +251,9 @@ class Server:
         self._watcher.start()
 
     def _start_coordinator(self) -> None:
-        gate = SyncGate(self.config.policy.kind, self.num_models)
         a = self.addresses
-        self.coordinator = Coordinator(gate, a.bind(a.coordinator), a.subservers).start()
+        self.coordinator = CoordinatorProcess(self.config.policy.kind, self.num_models, a.bind(a.coordinator),
+                                              a.subservers)  # fmt: skip
 
     # ---- hooks of a server that runs other processes (`baselines.launcher.BaselineServer`) --------------------
     def start_aux(self) -> None:
