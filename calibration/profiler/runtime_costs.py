@@ -153,18 +153,19 @@ def gate_rtts_per_step(policies: tuple[str, ...] = ("step-sync", "model-sync"), 
             finally:
                 client.close()
             assert srv.coordinator is not None
-            settle(srv.coordinator.log)
+            settle(srv.coordinator)
             out[policy] = srv.coordinator.calls / max(launched_steps(srv.coordinator.log), 1)
     return out
 
 
-def settle(log: list[Any], timeout_s: float = 5.0) -> None:
-    """Wait until every grant in a live `Coordinator.log` is closed (its step's report, or a pass, arrived): the
-    last reports may still be on their way when the clients have their answers."""
+def settle(coordinator: Any, timeout_s: float = 5.0) -> None:
+    """Wait until every grant in a live coordinator's `log` is closed (its step's report, or a pass, arrived): the
+    last reports may still be on their way when the clients have their answers. The log is read again each time
+    (a `CoordinatorProcess` answers with a copy)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        opened = sum(1 for e in list(log) if e.what == "launch")
-        if opened == sum(1 for e in list(log) if e.what in ("complete", "release")):
+        log = list(coordinator.log)
+        if sum(e.what == "launch" for e in log) == sum(e.what in ("complete", "release") for e in log):
             return
         time.sleep(0.01)
 

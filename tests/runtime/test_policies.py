@@ -28,7 +28,7 @@ def serve(tmp_path, cfg, prompts=PROMPTS, repeat: int = 1):
                 rids.add(f"{rid}.{r}")
         out = collect(client, rids, timeout_s=50)
         if srv.coordinator is not None:
-            runtime_costs.settle(srv.coordinator.log)  # the last completion reports may still be on their way
+            runtime_costs.settle(srv.coordinator)  # the last completion reports may still be on their way
     finally:
         client.close()
         srv.stop()
