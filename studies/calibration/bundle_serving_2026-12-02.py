@@ -26,7 +26,7 @@ def main() -> None:
     prof["runtime"] = new["runtime"]
     prof["notes"]["serving_loop_2026_12_02"] = (
         "qwen3-0.6b host line and the runtime costs from studies/calibration/serving-2026-12-02/h200-serving.json "
-        "(tr calibrate's serving task; bundled by studies/calibration/bundle_serving_2026-12-02.py)"
+        "(tokenrouter calibrate's serving task; bundled by studies/calibration/bundle_serving_2026-12-02.py)"
     )
     BUNDLED.write_text(json.dumps(prof, indent=2) + "\n")
     for name in SERVED:
