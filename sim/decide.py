@@ -282,21 +282,19 @@ def decide(cfg: SimConfig, concurrency: int | None = None, objective: Objective 
            budget_s: float = DEFAULT_BUDGET_S, pool: Executor | None = None, proposals: Proposals | None = None,
            start: int = START_CANDIDATES, requests: int | None = None,
            progress: Callable[[int, Trial], None] | None = None, also: Sequence[B] = (), finals: int = FINALISTS,
-           seeds: Sequence[B] = (), judge: Evaluate | None = None) -> Choice:  # fmt: skip
+           judge: Evaluate | None = None) -> Choice:  # fmt: skip
     """B for `cfg`'s deployment at N (default `cfg.concurrency`), chosen as the module docstring says. `proposals`: the
     Markov model's, when the caller already has them (default: solved here); `start`: how many of them start the
     search; `requests`: per trial (default `trial_requests(N)`); `judge`: how the finalists are judged instead of full
     trials (`trsim run` judges its two best scouted B by its own run, which it needs anyway); `also`: B judged beside
     the finalists whatever the scouting found, and the first to be scouted (autotune's B in force: its gain is
-    measured like with like, and the search starts where serving is); `finals`: how many scouted B are judged;
-    `seeds`: B that start the scouting beside the Markov proposals (`trsim tune`: the B chosen at the previous N,
-    scaled)."""
+    measured like with like, and the search starts where serving is); `finals`: how many scouted B are judged."""
     t0 = time.monotonic()
     n = concurrency or cfg.concurrency
     m = len(cfg.deployment.models)
     if proposals is None:
         proposals = propose(cfg, n)
-    first = [*(b for b in [*also, *seeds] if feasible(b, n)), *(b for b, _ in proposals.ranked[:start])]
+    first = [*(b for b in also if feasible(b, n)), *(b for b, _ in proposals.ranked[:start])]
     scouted, note = scout(simulator_evaluate(scout_config(cfg, n, requests), pool), first, n, m, objective, budget_s,
                           progress=progress)  # fmt: skip
     best = finalists(scouted, objective, finals)

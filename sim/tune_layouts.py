@@ -113,9 +113,8 @@ def tune_candidates(
                                 max_output=max_output)  # fmt: skip
             if spec.kinds is not None:
                 cfg = dataclasses.replace(cfg, deployment=on_kinds(cfg.deployment, spec.kinds))
-            previous = points[-1] if points else None  # its B, scaled, starts this N's search
             points.append(tune_point(cfg, n, top=top, pool=pool, objective=target, budget_s=budget_s,
-                                     requests=num_requests or None, previous=previous))  # fmt: skip
+                                     requests=num_requests or None))  # fmt: skip
             dep = cfg.deployment
             progress(spec.label, n, 1)
             if stop_at_miss and not points[-1].meets_slo:
