@@ -8,7 +8,8 @@ Cells: for every hop rate, N and policy of the grid (`--hops`, `--ns`, `--polici
 config for that hop rate, `--config-for-hop P=FILE`, else `--config`), then `--sweep "N:B1;B2,..."` (flat
 thresholds at hop rate `--sweep-hop`) and `--splits` (SM splits SMALL/LARGE at `--split-n`, delayed, tuned B).
 Asynchronous cells share one server; step-sync needs its own (a sync gate is built at start), as does every SM
-split (an MPS share is set when a process starts). The CSV is rewritten after every cell, so a run cut by its
+split (an MPS share is set when a process starts) and every std-serving cell (its hop rate is set at start, and
+its repeated loads slow down). The CSV is rewritten after every cell, so a run cut by its
 deadline keeps what it measured. Rerun on CPU with the tiny pair: `--device cpu` and a tiny config.
 """
 
@@ -89,7 +90,10 @@ def main() -> int:
         fam = "sync" if pol in ("step-sync", "model-sync") else "async"
         for n in ns:
             for hop in hops:
-                groups.setdefault((fam, "100/100"), []).append((f"{pol} p={hop} N={n}", pol, hop, n, None))
+                # std-serving is a server of its own, its hop rate fixed at start; one per cell, since its repeated
+                # loads slow down (a second load ran at 57% of the first at N = 64)
+                key = (f"std-{hop:g}-{n}" if pol == "std-serving" else fam, "100/100")
+                groups.setdefault(key, []).append((f"{pol} p={hop} N={n}", pol, hop, n, None))
     for item in filter(None, a.sweep.split(" ")):
         n_text, bs = item.split(":")
         for b in bs.split(";"):
@@ -116,6 +120,8 @@ def main() -> int:
             continue
         sa, sb = (int(x) for x in split.split("/"))
         extra = ["--policy", "step-sync" if fam == "sync" else "eager"]
+        if fam.startswith("std-"):
+            extra = ["--policy", "std-serving", "--hop-rate", fam.split("-")[1]]
         shares = None
         if (sa, sb) != (100, 100):
             shares = f"{sa},{sb}"
@@ -139,7 +145,8 @@ def main() -> int:
                     import yaml
 
                     table = yaml.safe_load(cfg.read_text())["policy"]["table"]
-                set_policy(url, pol, hop, th, table)
+                if pol != "std-serving":  # the baseline has no routed policy to set
+                    set_policy(url, pol, hop, th, table)
                 reqs = max(8, a.requests_per_n * n)
                 jf = base / "cell.json"
                 cmd = [*TR, "bench", "--url", url, "-n", str(n), "--num-requests", str(reqs), "--workload", a.workload,
