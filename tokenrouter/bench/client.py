@@ -75,77 +75,100 @@ async def run_bench(
     async with httpx.AsyncClient(base_url=url, headers=headers, timeout=timeout_s, limits=limits) as client:
         served, names = await _model_info(client)
         out = BenchOutcome(MetricsCollector(len(names)), ServerSamples(), names, served)
-        t0 = time.perf_counter()
-        now = lambda: time.perf_counter() - t0  # noqa: E731
-
-        async def one(spec: RequestSpec) -> None:
-            out.requests_sent += 1
-            try:
-                await _stream_one(client, spec, seed, served, out.metrics, now)
-            except asyncio.CancelledError:  # Ctrl-C: not done, not failed
-                out.requests_cancelled += 1
-                raise
-            except Exception as e:  # one failed request is reported, the run goes on
-                out.errors.append(f"{spec.rid}: {type(e).__name__}: {e}")
-            if on_done is not None:
-                on_done()
-
-        async def scraper() -> None:
-            while True:
-                try:
-                    r = await client.get("/metrics")
-                    out.samples.add(now(), r.text)
-                except httpx.HTTPError:
-                    pass
-                await asyncio.sleep(scrape_every_s)
-
-        async def set_hop_rate(rate: float) -> None:
-            r = await client.post("/admin/policy", json={"hop_rate": rate},
-                                  headers={"Authorization": f"Bearer {admin_key}"})  # fmt: skip
-            if r.status_code != 200:
-                why = f"HTTP {r.status_code}: {r.text[:200]}"
-                raise RuntimeError(f"hop rate {rate} refused by the admin endpoint: {why}")
-
-        async def apply(ph: Phase, loop: _Workers | None) -> None:
-            if ph.hop_rate is not None:
-                await set_hop_rate(ph.hop_rate)
-            if ph.concurrency is not None and loop is not None:
-                loop.set_concurrency(ph.concurrency)
-            out.phases.append((now(), ph))
-
-        scrape_task = asyncio.create_task(scraper())
+        run = _BenchRun(client, out, seed=seed, on_done=on_done, scrape_every_s=scrape_every_s, admin_key=admin_key)
+        scrape_task = asyncio.create_task(run.scrape())
         try:
-            open_loop = arrival_rate is not None or any(s.arrival is not None for s in specs)
-            if phases and phases[0].at_s == 0:
-                await apply(phases[0], None)  # before any request: the starting point
-            start_n = phases[0].concurrency if phases and phases[0].at_s == 0 and phases[0].concurrency else None
-            loop = None if open_loop else _Workers(specs, one, start_n or concurrency or 1, now, duration_s)
-
-            async def driver() -> None:
-                for ph in (p for p in phases if p.at_s > 0):
-                    await asyncio.sleep(max(0.0, ph.at_s - now()))
-                    try:
-                        await apply(ph, loop)
-                    except (RuntimeError, httpx.HTTPError) as e:
-                        out.errors.append(f"phase at {ph.at_s:g} s: {e}")
-
-            drive = asyncio.create_task(driver())
-            try:
-                await (_open_loop(specs, one, now, duration_s) if loop is None else loop.run())
-            except asyncio.CancelledError:  # Ctrl-C: asyncio.run cancels this task; what was measured is kept
-                _interrupted(out, loop, now())
-            finally:
-                drive.cancel()
-            if loop is not None and out.exhausted_at is None:
-                out.exhausted_at = loop.exhausted_at
+            await run.send(specs, phases, concurrency, arrival_rate, duration_s)
         finally:
             scrape_task.cancel()
             try:
-                out.samples.add(now(), (await client.get("/metrics")).text)
+                out.samples.add(run.now(), (await client.get("/metrics")).text)
             except httpx.HTTPError as e:  # the server went away: what was measured until then is kept
                 out.unreachable = f"{type(e).__name__}: {e}"
-        out.wall_s = now()
+        out.wall_s = run.now()
         return out
+
+
+class _BenchRun:
+    """One `run_bench` call's shared state: the client, the outcome every task writes into, and the bench clock.
+    The clock starts once the served model is known, so time 0 is when the first request could go out."""
+
+    def __init__(self, client: httpx.AsyncClient, out: BenchOutcome, *, seed: int,
+                 on_done: Callable[[], None] | None, scrape_every_s: float, admin_key: str | None) -> None:  # fmt: skip
+        self.client = client
+        self.out = out
+        self.seed = seed
+        self.on_done = on_done
+        self.scrape_every_s = scrape_every_s
+        self.admin_key = admin_key
+        self.t0 = time.perf_counter()
+
+    def now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    async def send(self, specs: list[RequestSpec], phases: list[Phase], concurrency: int | None,
+                   arrival_rate: float | None, duration_s: float | None) -> None:  # fmt: skip
+        """Send every request, open or closed loop, moving through `phases` on the way."""
+        out = self.out
+        open_loop = arrival_rate is not None or any(s.arrival is not None for s in specs)
+        if phases and phases[0].at_s == 0:
+            await self.apply(phases[0], None)  # before any request: the starting point
+        start_n = phases[0].concurrency if phases and phases[0].at_s == 0 and phases[0].concurrency else None
+        loop = None if open_loop else _Workers(specs, self.one, start_n or concurrency or 1, self.now, duration_s)
+        drive = asyncio.create_task(self.drive(phases, loop))
+        try:
+            await (_open_loop(specs, self.one, self.now, duration_s) if loop is None else loop.run())
+        except asyncio.CancelledError:  # Ctrl-C: asyncio.run cancels this task; what was measured is kept
+            _interrupted(out, loop, self.now())
+        finally:
+            drive.cancel()
+        if loop is not None and out.exhausted_at is None:
+            out.exhausted_at = loop.exhausted_at
+
+    async def one(self, spec: RequestSpec) -> None:
+        out = self.out
+        out.requests_sent += 1
+        try:
+            await _stream_one(self.client, spec, self.seed, out.served_model, out.metrics, self.now)
+        except asyncio.CancelledError:  # Ctrl-C: not done, not failed
+            out.requests_cancelled += 1
+            raise
+        except Exception as e:  # one failed request is reported, the run goes on
+            out.errors.append(f"{spec.rid}: {type(e).__name__}: {e}")
+        if self.on_done is not None:
+            self.on_done()
+
+    async def scrape(self) -> None:
+        while True:
+            try:
+                r = await self.client.get("/metrics")
+                self.out.samples.add(self.now(), r.text)
+            except httpx.HTTPError:
+                pass
+            await asyncio.sleep(self.scrape_every_s)
+
+    async def set_hop_rate(self, rate: float) -> None:
+        r = await self.client.post("/admin/policy", json={"hop_rate": rate},
+                                   headers={"Authorization": f"Bearer {self.admin_key}"})  # fmt: skip
+        if r.status_code != 200:
+            why = f"HTTP {r.status_code}: {r.text[:200]}"
+            raise RuntimeError(f"hop rate {rate} refused by the admin endpoint: {why}")
+
+    async def apply(self, ph: Phase, loop: _Workers | None) -> None:
+        if ph.hop_rate is not None:
+            await self.set_hop_rate(ph.hop_rate)
+        if ph.concurrency is not None and loop is not None:
+            loop.set_concurrency(ph.concurrency)
+        self.out.phases.append((self.now(), ph))
+
+    async def drive(self, phases: list[Phase], loop: _Workers | None) -> None:
+        """The phases after time 0, each at its time; one the server refuses is reported and the run goes on."""
+        for ph in (p for p in phases if p.at_s > 0):
+            await asyncio.sleep(max(0.0, ph.at_s - self.now()))
+            try:
+                await self.apply(ph, loop)
+            except (RuntimeError, httpx.HTTPError) as e:
+                self.out.errors.append(f"phase at {ph.at_s:g} s: {e}")
 
 
 def _interrupted(out: BenchOutcome, loop: _Workers | None, t: float) -> None:

@@ -79,6 +79,17 @@ def gpu_memory_gb(gpu: int) -> float:
     return float(out.stdout.strip().splitlines()[0]) * 1024**2 / 1e9
 
 
+def heartbeat_timeout(timeout_s: float | None, stats_interval_s: float) -> float:
+    """How long a ready subserver may send nothing before it counts as hung. At least two Stats intervals, so one
+    late report is not a hang; by default 10 s, or 4 intervals if longer."""
+    if timeout_s is not None and not timeout_s >= 2 * stats_interval_s:
+        raise ValueError(f"the heartbeat timeout ({timeout_s} s) must be at least twice the Stats "
+                         f"interval ({stats_interval_s} s)")  # fmt: skip
+    if timeout_s is None:
+        timeout_s = max(10.0, 4 * stats_interval_s)
+    return timeout_s
+
+
 class Server:
     def __init__(
         self,
@@ -120,12 +131,13 @@ class Server:
         self.engine_overrides = engine_overrides or {}
         self.ready_timeout_s = ready_timeout_s
         self.stats_interval_s = stats_interval_s
-        if heartbeat_timeout_s is not None and not heartbeat_timeout_s >= 2 * stats_interval_s:
-            raise ValueError(f"the heartbeat timeout ({heartbeat_timeout_s} s) must be at least twice the Stats "
-                             f"interval ({stats_interval_s} s)")  # fmt: skip
-        if heartbeat_timeout_s is None:
-            heartbeat_timeout_s = max(10.0, 4 * stats_interval_s)
-        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.heartbeat_timeout_s = heartbeat_timeout(heartbeat_timeout_s, stats_interval_s)
+        self._init_supervision()
+        self._bind(cluster, record_hops, step_logs)
+
+    def _init_supervision(self) -> None:
+        """What the watcher and `stop` track, empty until `start()`. Set before `_bind`: a `Cluster` keeps its
+        launcher's `processes` and `dead` and adds a listener."""
         self._last_seen: dict[int, float] = {}  # model -> monotonic time of its latest Ready/Stats
         self.ready: dict[int, P.Ready] = {}
         self.stats: dict[int, P.Stats] = {}
@@ -145,27 +157,31 @@ class Server:
         self._stopping = threading.Event()
         self._watch_done = threading.Event()
         self._watcher: threading.Thread | None = None
+
+    def _bind(self, cluster: ClusterOptions | None, record_hops: str | Path | None, step_logs: bool) -> None:
+        """Bind the launcher's PULL (every subserver reports to it) and set `addresses`: ipc paths in the run
+        directory, or over tcp (`runtime.cluster`) endpoints, joins, subservers on other hosts or in Ray actors.
+        A cluster that fails to bind (or a config it refuses) closes the socket and context again."""
         self._ctx = zmq.Context()
         self._pull = self._ctx.socket(zmq.PULL)
-        # Over tcp (`runtime.cluster`): endpoints, joins, subservers on other hosts or in Ray actors.
         self.cluster: Cluster | None = None
-        if cluster is not None or config.transport == "tcp":
-            try:
-                self.cluster = Cluster(self, cluster or ClusterOptions(), self._ctx)
-                if (record_hops or step_logs) and not self.cluster.local:
-                    raise ValueError("--record-hops and step logs are written into the run directory: they need "
-                                     "every subserver on this host")  # fmt: skip
-                self.addresses = self.cluster.bind_launcher(self._pull)
-            except BaseException:
-                if self.cluster is not None:
-                    self.cluster.close()
-                self._pull.close(linger=0)
-                self._ctx.term()
-                raise
-            self.add_listener(self.cluster.on_control)
-        else:
+        if cluster is None and self.config.transport != "tcp":
             self.addresses = Addresses.local(self.run_dir, self.num_models)
             self._pull.bind(self.addresses.launcher)
+            return
+        try:
+            self.cluster = Cluster(self, cluster or ClusterOptions(), self._ctx)
+            if (record_hops or step_logs) and not self.cluster.local:
+                raise ValueError("--record-hops and step logs are written into the run directory: they need "
+                                 "every subserver on this host")  # fmt: skip
+            self.addresses = self.cluster.bind_launcher(self._pull)
+        except BaseException:
+            if self.cluster is not None:
+                self.cluster.close()
+            self._pull.close(linger=0)
+            self._ctx.term()
+            raise
+        self.add_listener(self.cluster.on_control)
 
     # ---- paths ----------------------------------------------------------------------------------------
     def hop_log(self, model: int) -> Path:

@@ -1,7 +1,9 @@
 """The FastAPI app: OpenAI routes, `/v1/models`, `/health`, `/metrics`, errors in OpenAI's shape.
 
 `create_app` builds everything per app (backend sockets, metrics registry) and starts/stops the backend in
-the app's lifespan, so an app can be created, served and torn down repeatedly in one process.
+the app's lifespan, so an app can be created, served and torn down repeatedly in one process. The routes and
+handlers are module-level and read that per-app state from `request.app.state` (`FrontendState`), so
+`create_app` only wires them.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError, StarletteHTTPException
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -67,69 +69,53 @@ def create_app(
     policy = PolicyState(backend, len(server.model_names), getattr(server, "config", None))
     tuner = autotune_task(server, backend, policy)
     metrics.registry.register(PolicyCollector(backend, policy, tuner))
-    name = served_model_name(server)
-    accepted = {name, *server.model_names}
-    names = list(server.model_names)
-
-    @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        await backend.start()
-        if tuner is not None:
-            tuner.start()
-        try:
-            yield
-        finally:
-            if tuner is not None:
-                await tuner.stop()
-            await backend.close()
-
     app = FastAPI(title="TokenRouter", version="0.1.0", lifespan=lifespan)
     app.state.backend, app.state.metrics, app.state.policy, app.state.autotune = backend, metrics, policy, tuner
+    app.state.frontend = FrontendState(server, tokenizer, backend, metrics, api_key)
+    app.middleware("http")(auth)
+    app.add_exception_handler(APIError, api_error)
+    app.add_exception_handler(RequestValidationError, invalid)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.include_router(router)
+    add_admin_routes(app, policy, admin_key, tuner)
+    return app
 
-    @app.middleware("http")
-    async def auth(request: Request, call_next):
-        path = request.url.path
-        if api_key is not None and path not in _OPEN_PATHS and not path.startswith("/admin/"):  # admin: own key
-            got = request.headers.get("authorization", "")
-            if not hmac.compare_digest(got.encode(), f"Bearer {api_key}".encode()):
-                return error_response(
-                    401, "missing or invalid API key (Authorization: Bearer KEY)", None, "invalid_api_key"
-                )
-        try:
-            return await call_next(request)
-        except Exception:
-            # A bug must still answer in OpenAI's shape, and answering here (instead of letting the exception
-            # reach the server) keeps the client's keep-alive connection usable.
-            log.exception("unhandled error in %s %s", request.method, request.url.path)
-            return error_response(500, "internal server error")
 
-    @app.exception_handler(APIError)
-    async def api_error(_: Request, e: APIError) -> JSONResponse:
-        metrics.requests.labels("error").inc()
-        access.record(access.Entry("-", e.status, "invalid", 0, 0, 0, 0.0, e.message), backend.access_log)
-        return error_response(e.status, e.message, e.param, e.code)
+class FrontendState:
+    """What the OpenAI routes share, one per app (`app.state.frontend`). The routes are module-level functions that
+    find it through `request.app`, so apps created in one process share nothing."""
 
-    @app.exception_handler(RequestValidationError)
-    async def invalid(_: Request, e: RequestValidationError) -> JSONResponse:
-        msg, param = validation_message(e.errors())
-        metrics.requests.labels("error").inc()
-        access.record(access.Entry("-", 400, "invalid", 0, 0, 0, 0.0, msg), backend.access_log)
-        return error_response(400, msg, param)
+    def __init__(
+        self, server: ServerHandle, tokenizer, backend: Backend, metrics: FrontendMetrics, api_key: str | None
+    ) -> None:
+        self.server = server
+        self.tokenizer = tokenizer
+        self.backend = backend
+        self.metrics = metrics
+        self.api_key = api_key
+        self.name = served_model_name(server)
+        self.accepted = {self.name, *server.model_names}  # the pair's name or one model's
+        self.names = list(server.model_names)
 
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, e: StarletteHTTPException) -> JSONResponse:
-        return error_response(e.status_code, str(e.detail))
-
-    def check_model(model: str) -> str:
-        if model not in accepted:
-            raise APIError(
-                404, f"the model {model!r} does not exist; this server serves {name!r}", "model", "model_not_found"
-            )
+    def check_model(self, model: str) -> str:
+        if model not in self.accepted:
+            raise APIError(404, f"the model {model!r} does not exist; this server serves {self.name!r}", "model",
+                           "model_not_found")  # fmt: skip
         return model
 
-    async def answer(job: generate.Job, request: Request):
+    def job(self, body: CompletionRequest | ChatRequest, ids: list[int], default_max: int | None) -> generate.Job:
+        limits = params.Limits(self.server.vocab_size, self.backend.kv_capacity_tokens, self.server.max_context_len)
+        sp = params.sampling(body, ids, limits, default_max=default_max)
+        stop = params.stop_strings(body)
+        chat = isinstance(body, ChatRequest)
+        usage = bool(body.stream_options is not None and body.stream_options.include_usage)
+        return generate.Job(ids, sp, tuple(self.tokenizer.eos_token_ids), body.model, chat, bool(body.stream), stop,
+                            include_usage=usage)  # fmt: skip
+
+    async def answer(self, job: generate.Job, request: Request):
         """Counts the request in flight until its answer is complete (a stream's end, not its start) and its
         outcome once: ok, error, or aborted (the client went away)."""
+        metrics = self.metrics
         counted = False
 
         def on_outcome(outcome: str) -> None:
@@ -141,7 +127,7 @@ def create_app(
 
         metrics.in_flight.inc()
         try:
-            return await generate.run(job, backend, tokenizer, names, request, on_outcome)
+            return await generate.run(job, self.backend, self.tokenizer, self.names, request, on_outcome)
         except APIError:
             if not counted:  # the APIError handler counts the outcome
                 counted = True
@@ -151,63 +137,120 @@ def create_app(
             on_outcome("error")
             raise
 
-    def job(body: CompletionRequest | ChatRequest, ids: list[int], default_max: int | None) -> generate.Job:
-        limits = params.Limits(server.vocab_size, backend.kv_capacity_tokens, server.max_context_len)
-        sp = params.sampling(body, ids, limits, default_max=default_max)
-        stop = params.stop_strings(body)
-        chat = isinstance(body, ChatRequest)
-        usage = bool(body.stream_options is not None and body.stream_options.include_usage)
-        return generate.Job(ids, sp, tuple(tokenizer.eos_token_ids), body.model, chat, bool(body.stream), stop,
-                            include_usage=usage)  # fmt: skip
-
-    @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request):
-        check_model(body.model)
-        # In a worker thread (the tokenizer releases the GIL): a long prompt must not stall the event loop that
-        # streams every other request and answers /health.
-        ids = await asyncio.to_thread(params.completion_prompt, body, tokenizer.encode)
-        return await answer(job(body, ids, default_max=16), request)
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatRequest, request: Request):
-        check_model(body.model)
-        ids = await asyncio.to_thread(params.chat_prompt, body, tokenizer)
-        return await answer(job(body, ids, default_max=None), request)
-
-    def model_card(model_id: str) -> dict:
+    def model_card(self, model_id: str) -> dict:
         card = {"id": model_id, "object": "model", "created": int(time.time()), "owned_by": "tokenrouter"}
-        card["max_model_len"] = server.max_context_len
-        card["tokenrouter"] = {"models": names, "entry": server.entry}
+        card["max_model_len"] = self.server.max_context_len
+        card["tokenrouter"] = {"models": self.names, "entry": self.server.entry}
         return card
 
-    @app.get("/v1/models")
-    async def models() -> dict:
-        return {"object": "list", "data": [model_card(name)]}
 
-    @app.get("/v1/models/{model_id:path}")
-    async def retrieve_model(model_id: str):
-        """OpenAI's model retrieval: the card of any name a request may use (the pair's, or one model's). Not a
-        generation request, so an unknown name is a 404 that the request counters do not count."""
-        if model_id not in accepted:
-            msg = f"the model {model_id!r} does not exist; this server serves {name!r}"
-            return error_response(404, msg, "model", "model_not_found")
-        return model_card(model_id)
+def _state(request: Request) -> FrontendState:
+    return request.app.state.frontend
 
-    @app.get("/health")
-    async def health() -> JSONResponse:
-        if backend.draining:  # load balancers take the server out while it drains
-            return JSONResponse({"status": "shutting down"}, status_code=503)
-        bad = backend.unhealthy()
-        if bad:
-            return JSONResponse({"status": "unhealthy", "models": bad}, status_code=503)
-        return JSONResponse({"status": "ok", "models": {n: "ok" for n in names}})
 
-    @app.get("/metrics")
-    async def prometheus() -> Response:
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    backend, tuner = app.state.backend, app.state.autotune
+    await backend.start()
+    if tuner is not None:
+        tuner.start()
+    try:
+        yield
+    finally:
+        if tuner is not None:
+            await tuner.stop()
+        await backend.close()
 
-    add_admin_routes(app, policy, admin_key, tuner)
-    return app
+
+async def auth(request: Request, call_next):
+    api_key = _state(request).api_key
+    path = request.url.path
+    if api_key is not None and path not in _OPEN_PATHS and not path.startswith("/admin/"):  # admin: own key
+        got = request.headers.get("authorization", "")
+        if not hmac.compare_digest(got.encode(), f"Bearer {api_key}".encode()):
+            return error_response(
+                401, "missing or invalid API key (Authorization: Bearer KEY)", None, "invalid_api_key"
+            )
+    try:
+        return await call_next(request)
+    except Exception:
+        # A bug must still answer in OpenAI's shape, and answering here (instead of letting the exception
+        # reach the server) keeps the client's keep-alive connection usable.
+        log.exception("unhandled error in %s %s", request.method, request.url.path)
+        return error_response(500, "internal server error")
+
+
+async def api_error(request: Request, e: APIError) -> JSONResponse:
+    st = _state(request)
+    st.metrics.requests.labels("error").inc()
+    access.record(access.Entry("-", e.status, "invalid", 0, 0, 0, 0.0, e.message), st.backend.access_log)
+    return error_response(e.status, e.message, e.param, e.code)
+
+
+async def invalid(request: Request, e: RequestValidationError) -> JSONResponse:
+    st = _state(request)
+    msg, param = validation_message(e.errors())
+    st.metrics.requests.labels("error").inc()
+    access.record(access.Entry("-", 400, "invalid", 0, 0, 0, 0.0, msg), st.backend.access_log)
+    return error_response(400, msg, param)
+
+
+async def http_error(_: Request, e: StarletteHTTPException) -> JSONResponse:
+    return error_response(e.status_code, str(e.detail))
+
+
+router = APIRouter()
+
+
+@router.post("/v1/completions")
+async def completions(body: CompletionRequest, request: Request):
+    st = _state(request)
+    st.check_model(body.model)
+    # In a worker thread (the tokenizer releases the GIL): a long prompt must not stall the event loop that
+    # streams every other request and answers /health.
+    ids = await asyncio.to_thread(params.completion_prompt, body, st.tokenizer.encode)
+    return await st.answer(st.job(body, ids, default_max=16), request)
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(body: ChatRequest, request: Request):
+    st = _state(request)
+    st.check_model(body.model)
+    ids = await asyncio.to_thread(params.chat_prompt, body, st.tokenizer)
+    return await st.answer(st.job(body, ids, default_max=None), request)
+
+
+@router.get("/v1/models")
+async def models(request: Request) -> dict:
+    st = _state(request)
+    return {"object": "list", "data": [st.model_card(st.name)]}
+
+
+@router.get("/v1/models/{model_id:path}")
+async def retrieve_model(model_id: str, request: Request):
+    """OpenAI's model retrieval: the card of any name a request may use (the pair's, or one model's). Not a
+    generation request, so an unknown name is a 404 that the request counters do not count."""
+    st = _state(request)
+    if model_id not in st.accepted:
+        msg = f"the model {model_id!r} does not exist; this server serves {st.name!r}"
+        return error_response(404, msg, "model", "model_not_found")
+    return st.model_card(model_id)
+
+
+@router.get("/health")
+async def health(request: Request) -> JSONResponse:
+    backend = _state(request).backend
+    if backend.draining:  # load balancers take the server out while it drains
+        return JSONResponse({"status": "shutting down"}, status_code=503)
+    bad = backend.unhealthy()
+    if bad:
+        return JSONResponse({"status": "unhealthy", "models": bad}, status_code=503)
+    return JSONResponse({"status": "ok", "models": {n: "ok" for n in _state(request).names}})
+
+
+@router.get("/metrics")
+async def prometheus(request: Request) -> Response:
+    return Response(generate_latest(_state(request).metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
 def autotune_task(server: ServerHandle, backend: Backend, policy: PolicyState) -> AutotuneTask | None:
