@@ -140,47 +140,61 @@ def _print_run(console: Console, out: BenchOutcome, phases: list[Phase], workloa
         console.print(f"B over time (server's thresholds in force): {threshold_timeline(out, out.model_names)}")
 
 
+# The command's own options, declared once here so that `bench`'s signature reads as the list of its flags.
+Url = Annotated[str, typer.Option(help="Server base URL, e.g. http://127.0.0.1:8000")]
+BenchRequests = Annotated[int, typer.Option(help="Requests to send.")]
+Duration = Annotated[
+    float | None,
+    typer.Option(
+        help="Stop sending after this many seconds (running requests finish); the run then ends "
+        "at whichever comes first, --num-requests or the time. The JSON's requests_sent counts "
+        "what went out."
+    ),
+]
+BenchSeed = Annotated[int, typer.Option(help="Seed of the workload (and of --sim).")]
+ApiKey = Annotated[str | None, typer.Option(help="Bearer key if the server has one.")]
+AdminKey = Annotated[
+    str | None,
+    typer.Option(
+        envvar="TOKENROUTER_ADMIN_KEY",
+        help="The server's admin key: needed when the workload's phases change the hop rate (set live "
+        "through POST /admin/policy).",
+    ),
+]
+JsonOut = Annotated[str | None, typer.Option("--json", help="Metrics as JSON to FILE ('-' = stdout).")]
+CsvOut = Annotated[Path | None, typer.Option("--csv", help="Per-request rows as CSV.")]
+Plot = Annotated[Path | None, typer.Option(help="PNG of the run (with --sim: live and simulated).")]
+Sim = Annotated[
+    bool,
+    typer.Option(
+        "--sim/--no-sim",
+        help="Also simulate this cell and compare: the deployment is --config (what the server runs) with "
+        "the deployment flags applied, as `tr serve` applies them.",
+    ),
+]
+BenchDryRun = Annotated[
+    bool, typer.Option("--dry-run", help="Print the deployment --sim would simulate (YAML) and exit.")
+]
+
+
 @deployment_flags()
 def bench(
     deploy: DeploymentFlags,
-    url: Annotated[str, typer.Option(help="Server base URL, e.g. http://127.0.0.1:8000")],
+    url: Url,
     concurrency: Concurrency = 8,
     arrival_rate: ArrivalRate = None,
     workload: Workload = "low-effort",
-    num_requests: Annotated[int, typer.Option(help="Requests to send.")] = 64,
-    duration: Annotated[
-        float | None,
-        typer.Option(
-            help="Stop sending after this many seconds (running requests finish); the run then ends "
-            "at whichever comes first, --num-requests or the time. The JSON's requests_sent counts "
-            "what went out."
-        ),
-    ] = None,
+    num_requests: BenchRequests = 64,
+    duration: Duration = None,
     max_output: MaxOutput = None,
-    seed: Annotated[int, typer.Option(help="Seed of the workload (and of --sim).")] = 0,
-    api_key: Annotated[str | None, typer.Option(help="Bearer key if the server has one.")] = None,
-    admin_key: Annotated[
-        str | None,
-        typer.Option(
-            envvar="TOKENROUTER_ADMIN_KEY",
-            help="The server's admin key: needed when the workload's phases change the hop rate (set live "
-            "through POST /admin/policy).",
-        ),
-    ] = None,
-    json_out: Annotated[str | None, typer.Option("--json", help="Metrics as JSON to FILE ('-' = stdout).")] = None,
-    csv_out: Annotated[Path | None, typer.Option("--csv", help="Per-request rows as CSV.")] = None,
-    plot: Annotated[Path | None, typer.Option(help="PNG of the run (with --sim: live and simulated).")] = None,
-    sim: Annotated[
-        bool,
-        typer.Option(
-            "--sim/--no-sim",
-            help="Also simulate this cell and compare: the deployment is --config (what the server runs) with "
-            "the deployment flags applied, as `tr serve` applies them.",
-        ),
-    ] = False,
-    dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Print the deployment --sim would simulate (YAML) and exit.")
-    ] = False,
+    seed: BenchSeed = 0,
+    api_key: ApiKey = None,
+    admin_key: AdminKey = None,
+    json_out: JsonOut = None,
+    csv_out: CsvOut = None,
+    plot: Plot = None,
+    sim: Sim = False,
+    dry_run: BenchDryRun = False,
 ) -> None:
     """Benchmark a running server (streaming, token-id prompts, ignore_eos) and print the metrics table."""
     require_extras("bench", ("serve",), modules=("httpx", "prometheus_client"))
@@ -216,31 +230,49 @@ def bench(
               "concurrency": None if arrival_rate else concurrency, "arrival_rate": arrival_rate, "seed": seed,
               "thresholds_timeline": threshold_timeline(out, names), **live}  # fmt: skip
     record.update(interrupted=out.interrupted, requests_cancelled=out.requests_cancelled)
-    sim_res = None
-    if checked is not None and out.interrupted:
-        err_console.print("--sim: not simulated, the live run was interrupted")
-    elif checked is not None:
-        from tokenrouter.cli.bench_sim import simulate_sent
-
-        sim_res = simulate_sent(checked, out.requests_sent if duration is not None else num_requests)
-        if json_out != "-":
-            dep = sim_res.config.deployment
-            console.print(_compare_table(live, sim_res.summary, names))
-            console.print(f"simulated with profile {dep.profile}, policy {dep.policy_label}")
-        record.update({f"sim_{k}": v for k, v in sim_res.summary.items()})
+    planned = out.requests_sent if duration is not None else num_requests
+    sim_res = _compare_sim(checked, out, live, planned, console if json_out != "-" else None, err_console, record)
     if json_out:
         write_json(record, json_out)
     if csv_out:
         out.metrics.to_frame().to_csv(csv_out, index=False)
     if plot:
-        from tokenrouter.plots import RunCell, plot_bench
-
-        # The title's router, policy and B come from the --sim cell; the server reports only its models.
-        live = RunCell(names, concurrency=None if arrival_rate else concurrency, arrival_rate=arrival_rate)
-        cell = RunCell.of_sim(sim_res, models=names) if sim_res else live
-        written = plot_bench(out, plot, sim=sim_res.metrics if sim_res else None, cell=cell)
-        typer.echo(f"wrote {written}", err=json_out == "-")  # stdout stays pure JSON with --json -
+        _plot(out, plot, sim_res, concurrency=concurrency, arrival_rate=arrival_rate, json_out=json_out)
     _end_of_run(out, url, len(specs), int(record["requests_completed"]))
+
+
+def _compare_sim(checked: Any, out: BenchOutcome, live: dict[str, Any], requests: int, console: Console | None,
+                 err_console: Console, record: dict[str, Any]) -> Any:  # fmt: skip
+    """--sim after the live run: simulate the `requests` sent (all planned, or what went out before --duration),
+    print the comparison on `console` (None: stdout holds the JSON) and add the `sim_` keys to `record`. An
+    interrupted run is not simulated: its live numbers cover only part of the workload. None without --sim."""
+    if checked is None:
+        return None
+    if out.interrupted:
+        err_console.print("--sim: not simulated, the live run was interrupted")
+        return None
+    from tokenrouter.cli.bench_sim import simulate_sent
+
+    sim_res = simulate_sent(checked, requests)
+    if console is not None:
+        dep = sim_res.config.deployment
+        console.print(_compare_table(live, sim_res.summary, out.model_names))
+        console.print(f"simulated with profile {dep.profile}, policy {dep.policy_label}")
+    record.update({f"sim_{k}": v for k, v in sim_res.summary.items()})
+    return sim_res
+
+
+def _plot(out: BenchOutcome, plot: Path, sim_res: Any, *, concurrency: int, arrival_rate: float | None,
+          json_out: str | None) -> None:  # fmt: skip
+    """--plot: the live run, beside the simulated one with --sim. The plotting stack is imported only here."""
+    from tokenrouter.plots import RunCell, plot_bench
+
+    names = out.model_names
+    # The title's router, policy and B come from the --sim cell; the server reports only its models.
+    live = RunCell(names, concurrency=None if arrival_rate else concurrency, arrival_rate=arrival_rate)
+    cell = RunCell.of_sim(sim_res, models=names) if sim_res else live
+    written = plot_bench(out, plot, sim=sim_res.metrics if sim_res else None, cell=cell)
+    typer.echo(f"wrote {written}", err=json_out == "-")  # stdout stays pure JSON with --json -
 
 
 def _sim_cell(deploy: DeploymentFlags, url: str, api_key: str | None, **run: Any) -> Any:

@@ -42,73 +42,84 @@ SPLITS_HELP = (f"MPS SM shares SMALL/LARGE in percent to measure each pair at (1
                f"{DEFAULT_SPLITS} on cuda; 100/100 alone on cpu, which has no SM shares to split.")  # fmt: skip
 
 
+# The command's options, declared once here so that `calibrate`'s signature reads as the list of its flags.
+Out = Annotated[Path, typer.Option("--out", "-o", help="Profile JSON to write.")]
+Models = Annotated[list[str] | None, typer.Option("--model", "-m", help="A model to profile (repeat for several).")]
+PlacementName = Annotated[
+    str, typer.Option(help="mps: also measure each pair side by side on one GPU (CUDA MPS); separate: alone only.")
+]
+Pairs = Annotated[
+    list[str] | None,
+    typer.Option(help="SMALL,LARGE pair to co-locate (repeat); default: the first model with each other one."),
+]
+SmSplits = Annotated[str | None, typer.Option(help=SPLITS_HELP)]
+Routers = Annotated[str, typer.Option(help="Learned routers whose device parts to time on the small model, or 'none'.")]
+Arrangements = Annotated[
+    str,
+    typer.Option(
+        help="One-process alternatives to MPS measured per pair: stream-priority, green-context "
+        "(both engines in one process, one thread each), or 'none'."
+    ),
+]
+MaxTokens = Annotated[
+    int,
+    typer.Option(
+        help="Largest step in tokens (the engine's varlen graphs go this far; as the deployment's "
+        "scheduler.max_batch_tokens)."
+    ),
+]
+MaxDecode = Annotated[int, typer.Option(help="Largest decode batch measured.")]
+CorunSmall = Annotated[str, typer.Option(help="Decode batch sizes of the small model in the co-run grid.")]
+CorunLarge = Annotated[str, typer.Option(help="Decode batch sizes of the large model in the co-run grid.")]
+Device = Annotated[str, typer.Option(help="cuda, or cpu (tiny models: a check of the tool, not a profile).")]
+Deadline = Annotated[
+    float | None, typer.Option(help="Stop starting new measurements after this many seconds (resume later).")
+]
+Quick = Annotated[bool, typer.Option("--quick", help="A few points per table (tool checks, CPU tests).")]
+Refit = Annotated[
+    bool, typer.Option("--refit", help="Only fit OUT.partial.json into OUT again (no measuring; CPU is fine).")
+]
+Merge = Annotated[
+    list[Path] | None,
+    typer.Option(help="Merge these measured profiles (same GPU; later ones win a clash) into OUT, no measuring."),
+]
+Link = Annotated[
+    str | None,
+    typer.Option(
+        help="Also measure the tcp link to HOST:PORT, where `tokenrouter link-probe --listen :PORT` "
+        "runs: one-way latency (median of small round trips / 2) and bandwidth (large messages) go "
+        "into the profile's `link` (what `placement: cross-host` pays per peer message). Without "
+        "--model only the link is measured, into OUT (or a copy of --link-base)."
+    ),
+]
+LinkBase = Annotated[
+    str | None,
+    typer.Option(
+        help="--link without --model: the profile (name or file) to copy with the measured link "
+        "into OUT; default OUT itself."
+    ),
+]
+
+
 def calibrate(
-    out: Annotated[Path, typer.Option("--out", "-o", help="Profile JSON to write.")],
-    model: Annotated[
-        list[str] | None, typer.Option("--model", "-m", help="A model to profile (repeat for several).")
-    ] = None,
-    placement: Annotated[
-        str, typer.Option(help="mps: also measure each pair side by side on one GPU (CUDA MPS); separate: alone only.")
-    ] = "mps",
-    pair: Annotated[
-        list[str] | None,
-        typer.Option(help="SMALL,LARGE pair to co-locate (repeat); default: the first model with each other one."),
-    ] = None,
-    sm_splits: Annotated[str | None, typer.Option(help=SPLITS_HELP)] = None,
-    routers: Annotated[
-        str, typer.Option(help="Learned routers whose device parts to time on the small model, or 'none'.")
-    ] = "r2r,citer,co-llm,r-stitch",
-    arrangements: Annotated[
-        str,
-        typer.Option(
-            help="One-process alternatives to MPS measured per pair: stream-priority, green-context "
-            "(both engines in one process, one thread each), or 'none'."
-        ),
-    ] = "none",
-    max_tokens: Annotated[
-        int,
-        typer.Option(
-            help="Largest step in tokens (the engine's varlen graphs go this far; as the deployment's "
-            "scheduler.max_batch_tokens)."
-        ),
-    ] = 2048,
-    max_decode: Annotated[int, typer.Option(help="Largest decode batch measured.")] = 64,
-    corun_small: Annotated[
-        str, typer.Option(help="Decode batch sizes of the small model in the co-run grid.")
-    ] = "1,4,16",
-    corun_large: Annotated[
-        str, typer.Option(help="Decode batch sizes of the large model in the co-run grid.")
-    ] = "1,4,16,64",
-    device: Annotated[
-        str, typer.Option(help="cuda, or cpu (tiny models: a check of the tool, not a profile).")
-    ] = "cuda",
-    deadline: Annotated[
-        float | None, typer.Option(help="Stop starting new measurements after this many seconds (resume later).")
-    ] = None,
-    quick: Annotated[bool, typer.Option("--quick", help="A few points per table (tool checks, CPU tests).")] = False,
-    refit: Annotated[
-        bool, typer.Option("--refit", help="Only fit OUT.partial.json into OUT again (no measuring; CPU is fine).")
-    ] = False,
-    merge: Annotated[
-        list[Path] | None,
-        typer.Option(help="Merge these measured profiles (same GPU; later ones win a clash) into OUT, no measuring."),
-    ] = None,
-    link: Annotated[
-        str | None,
-        typer.Option(
-            help="Also measure the tcp link to HOST:PORT, where `tokenrouter link-probe --listen :PORT` "
-            "runs: one-way latency (median of small round trips / 2) and bandwidth (large messages) go "
-            "into the profile's `link` (what `placement: cross-host` pays per peer message). Without "
-            "--model only the link is measured, into OUT (or a copy of --link-base)."
-        ),
-    ] = None,
-    link_base: Annotated[
-        str | None,
-        typer.Option(
-            help="--link without --model: the profile (name or file) to copy with the measured link "
-            "into OUT; default OUT itself."
-        ),
-    ] = None,
+    out: Out,
+    model: Models = None,
+    placement: PlacementName = "mps",
+    pair: Pairs = None,
+    sm_splits: SmSplits = None,
+    routers: Routers = "r2r,citer,co-llm,r-stitch",
+    arrangements: Arrangements = "none",
+    max_tokens: MaxTokens = 2048,
+    max_decode: MaxDecode = 64,
+    corun_small: CorunSmall = "1,4,16",
+    corun_large: CorunLarge = "1,4,16,64",
+    device: Device = "cuda",
+    deadline: Deadline = None,
+    quick: Quick = False,
+    refit: Refit = False,
+    merge: Merge = None,
+    link: Link = None,
+    link_base: LinkBase = None,
 ) -> None:
     """Profile the engine on this GPU and write a measured profile (schema 2) for `trsim --profile`; with --link,
     measure the tcp link to another host too (or only that)."""

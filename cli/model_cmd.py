@@ -62,48 +62,61 @@ def _fmt(values: tuple[float, ...], digits: int = 2) -> str:
     return "/".join(f"{v:.{digits}f}" for v in values)
 
 
+# The command's options, declared once here so that `model`'s signature reads as the list of its flags.
+StepMs = Annotated[
+    str | None,
+    typer.Option("--step-ms", help="step time per model in ms, e.g. 6.0,27.9 (r2r) or 0.9,4.6,17.0 (me)"),
+]
+Router = Annotated[
+    str, typer.Option("--router", help="r2r | r-stitch | me (--return-prob < 1 with r2r means r-stitch)")
+]
+HopRate = Annotated[float | None, typer.Option("--hop-rate", "-p", help=f"{HOP_RATE_HELP} (r2r, r-stitch)")]
+HopProb = Annotated[float | None, typer.Option("--hop-prob", hidden=True, help="Deprecated: --hop-rate.")]
+Concurrency = Annotated[
+    int | None,
+    typer.Option(
+        "--concurrency",
+        "-n",
+        help="closed-loop requests N; the search is exact up to about N = 8 (two models, 0.1 ms quantum), "
+        "larger N is reduced within --max-states; N > 1024 is refused (the search would take minutes to hours)",
+    ),
+]
+Thresholds = Annotated[
+    str | None, typer.Option("--thresholds", help="batching thresholds B, e.g. 1,3; omit to search B*")
+]
+MeanOutput = Annotated[
+    float | None,
+    typer.Option(
+        "--mean-output",
+        help="mean output tokens per request: requests end (geometric lengths) and new ones start at model "
+        "0, which breaks ME's lockstep; omit for requests that never end",
+    ),
+]
+DeltaMs = Annotated[float, typer.Option("--delta-ms", help="time quantum in ms")]
+ReturnProb = Annotated[
+    float, typer.Option("--return-prob", help="r-stitch: P(large -> small) after a large step (1 = R2R)")
+]
+StepMsTable = Annotated[
+    Path | None,
+    typer.Option("--step-ms-table", help="JSON per-model step times L_i(b) for b = 1..N, instead of --step-ms"),
+]
+Top = Annotated[int, typer.Option("--top", help="rows of the search table to show (0 = all)")]
+MaxStates = Annotated[int, typer.Option("--max-states", help="states one search or chain may explore and solve")]
+
+
 def model(
-    step_ms: Annotated[
-        str | None,
-        typer.Option("--step-ms", help="step time per model in ms, e.g. 6.0,27.9 (r2r) or 0.9,4.6,17.0 (me)"),
-    ] = None,
-    router: Annotated[
-        str, typer.Option("--router", help="r2r | r-stitch | me (--return-prob < 1 with r2r means r-stitch)")
-    ] = "r2r",
-    hop_rate: Annotated[float | None, typer.Option("--hop-rate", "-p", help=f"{HOP_RATE_HELP} (r2r, r-stitch)")] = None,
-    hop_prob: Annotated[float | None, typer.Option("--hop-prob", hidden=True, help="Deprecated: --hop-rate.")] = None,
-    concurrency: Annotated[
-        int | None,
-        typer.Option(
-            "--concurrency",
-            "-n",
-            help="closed-loop requests N; the search is exact up to about N = 8 (two models, 0.1 ms quantum), "
-            "larger N is reduced within --max-states; N > 1024 is refused (the search would take minutes to hours)",
-        ),
-    ] = None,
-    thresholds: Annotated[
-        str | None, typer.Option("--thresholds", help="batching thresholds B, e.g. 1,3; omit to search B*")
-    ] = None,
-    mean_output: Annotated[
-        float | None,
-        typer.Option(
-            "--mean-output",
-            help="mean output tokens per request: requests end (geometric lengths) and new ones start at model "
-            "0, which breaks ME's lockstep; omit for requests that never end",
-        ),
-    ] = None,
-    delta_ms: Annotated[float, typer.Option("--delta-ms", help="time quantum in ms")] = 0.1,
-    return_prob: Annotated[
-        float, typer.Option("--return-prob", help="r-stitch: P(large -> small) after a large step (1 = R2R)")
-    ] = 1.0,
-    step_ms_table: Annotated[
-        Path | None,
-        typer.Option("--step-ms-table", help="JSON per-model step times L_i(b) for b = 1..N, instead of --step-ms"),
-    ] = None,
-    top: Annotated[int, typer.Option("--top", help="rows of the search table to show (0 = all)")] = 0,
-    max_states: Annotated[
-        int, typer.Option("--max-states", help="states one search or chain may explore and solve")
-    ] = SEARCH_STATES,
+    step_ms: StepMs = None,
+    router: Router = "r2r",
+    hop_rate: HopRate = None,
+    hop_prob: HopProb = None,
+    concurrency: Concurrency = None,
+    thresholds: Thresholds = None,
+    mean_output: MeanOutput = None,
+    delta_ms: DeltaMs = 0.1,
+    return_prob: ReturnProb = 1.0,
+    step_ms_table: StepMsTable = None,
+    top: Top = 0,
+    max_states: MaxStates = SEARCH_STATES,
 ) -> None:
     """Markov-chain throughput model of delayed batching: T(B) in tok/s, or the best thresholds B*."""
     if hop_prob is not None:

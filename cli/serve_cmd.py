@@ -27,46 +27,65 @@ if TYPE_CHECKING:
 Opt = typer.Option
 
 
+# The command's own options, declared once here so that `serve`'s signature reads as the list of its flags.
+Device = Annotated[str, Opt(help="cpu or cuda.")]
+Host = Annotated[str, Opt(help="Address the HTTP server binds.")]
+Port = Annotated[int, Opt(help="HTTP port.")]
+ApiKey = Annotated[str | None, Opt(help="Require this bearer key (401 without it; /health stays open).")]
+AdminKey = Annotated[
+    str | None,
+    Opt(envvar="TOKENROUTER_ADMIN_KEY", help="Enable POST/GET /admin/policy (Bearer KEY): change the policy, "
+        "thresholds and a synthetic router's hop rate while serving (live sweeps, controllers)."),
+]  # fmt: skip
+RecordHops = Annotated[Path | None, Opt(help="Write the hop trace JSONL here on exit.")]
+KvTokens = Annotated[int, Opt(help="CPU only: KV capacity per model in tokens.")]
+Baseline = Annotated[str | None, Opt(help="Run a baseline on the same engine instead of the routed runtime: "
+                     "std-serving (one continuous-batching server per model with prefix caching, and a dispatcher "
+                     "that sends every hop as a new request carrying the whole sequence; also what `baseline: "
+                     "std-serving` and --policy std-serving run), llm-only or slm-only (the large or small model).")
+                     ]  # fmt: skip
+# ---- supervision, shutdown, logs -----------------------------------------------------------
+RestartOnFailure = Annotated[bool, Opt("--restart-on-failure", help="Restart a subserver that dies, in "
+                             "place: requests in flight fail once, new ones get 503 until it is back. "
+                             "Without it the server exits non-zero for a supervisor to restart.")]  # fmt: skip
+# ---- across hosts (docs/cluster.md) ----------------------------------------------------------
+Ray = Annotated[str | None, Opt(help="Run each subserver as a Ray actor (one placement group; as many GPUs as "
+                "the model lists), over tcp: a Ray address, 'auto' (the running cluster), or 'local' (start a "
+                "head here). The launcher and the HTTP front-end stay in this process. Needs the 'ray' extra.")
+                ]  # fmt: skip
+RayCpus = Annotated[float, Opt(help="--ray: CPUs each subserver's actor reserves.")]
+HeartbeatTimeout = Annotated[float, Opt(help="A subserver that sends no heartbeat for this many seconds has "
+                             "failed: one this process started is hung and gets killed (then restarted with "
+                             "--restart-on-failure, else the server exits 1); one it did not start (external: "
+                             "true, or a Ray actor) is given up.")]  # fmt: skip
+JoinTimeout = Annotated[float, Opt(help="Over tcp: seconds start-up waits for every subserver to join (an "
+                        "external one is started by hand: `tokenrouter subserver --join ...`).")]  # fmt: skip
+ShutdownTimeout = Annotated[float, Opt(help="Seconds running requests get to finish on SIGTERM/SIGINT; "
+                            "then they end with an error chunk.")]  # fmt: skip
+LogLevel = Annotated[str, Opt(help="debug | info | warning | error.")]
+NoAccessLog = Annotated[bool, Opt("--no-access-log", help="No log line per request.")]
+
+
 @deployment_flags()
 def serve(
     deploy: DeploymentFlags,
-    device: Annotated[str, Opt(help="cpu or cuda.")] = "cuda",
-    host: Annotated[str, Opt(help="Address the HTTP server binds.")] = "127.0.0.1",
-    port: Annotated[int, Opt(help="HTTP port.")] = 8000,
-    api_key: Annotated[str | None, Opt(help="Require this bearer key (401 without it; /health stays open).")] = None,
-    admin_key: Annotated[
-        str | None,
-        Opt(envvar="TOKENROUTER_ADMIN_KEY", help="Enable POST/GET /admin/policy (Bearer KEY): change the policy, "
-            "thresholds and a synthetic router's hop rate while serving (live sweeps, controllers)."),
-    ] = None,
-    record_hops: Annotated[Path | None, Opt(help="Write the hop trace JSONL here on exit.")] = None,
-    kv_tokens: Annotated[int, Opt(help="CPU only: KV capacity per model in tokens.")] = 8192,
-    baseline: Annotated[str | None, Opt(help="Run a baseline on the same engine instead of the routed runtime: "
-                        "std-serving (one continuous-batching server per model with prefix caching, and a dispatcher "
-                        "that sends every hop as a new request carrying the whole sequence; also what `baseline: "
-                        "std-serving` and --policy std-serving run), llm-only or slm-only (the large or small model).")
-                        ] = None,
+    device: Device = "cuda",
+    host: Host = "127.0.0.1",
+    port: Port = 8000,
+    api_key: ApiKey = None,
+    admin_key: AdminKey = None,
+    record_hops: RecordHops = None,
+    kv_tokens: KvTokens = 8192,
+    baseline: Baseline = None,
     dry_run: DryRun = False,
-    # ---- supervision, shutdown, logs -----------------------------------------------------------
-    restart_on_failure: Annotated[bool, Opt("--restart-on-failure", help="Restart a subserver that dies, in "
-                                  "place: requests in flight fail once, new ones get 503 until it is back. "
-                                  "Without it the server exits non-zero for a supervisor to restart.")] = False,
-    # ---- across hosts (docs/cluster.md) ----------------------------------------------------------
-    ray: Annotated[str | None, Opt(help="Run each subserver as a Ray actor (one placement group; as many GPUs as "
-                   "the model lists), over tcp: a Ray address, 'auto' (the running cluster), or 'local' (start a "
-                   "head here). The launcher and the HTTP front-end stay in this process. Needs the 'ray' extra.")
-                   ] = None,
-    ray_cpus: Annotated[float, Opt(help="--ray: CPUs each subserver's actor reserves.")] = 1.0,
-    heartbeat_timeout: Annotated[float, Opt(help="A subserver that sends no heartbeat for this many seconds has "
-                                 "failed: one this process started is hung and gets killed (then restarted with "
-                                 "--restart-on-failure, else the server exits 1); one it did not start (external: "
-                                 "true, or a Ray actor) is given up.")] = 10.0,
-    join_timeout: Annotated[float, Opt(help="Over tcp: seconds start-up waits for every subserver to join (an "
-                            "external one is started by hand: `tokenrouter subserver --join ...`).")] = 300.0,
-    shutdown_timeout: Annotated[float, Opt(help="Seconds running requests get to finish on SIGTERM/SIGINT; "
-                                "then they end with an error chunk.")] = 30.0,
-    log_level: Annotated[str, Opt(help="debug | info | warning | error.")] = "info",
-    no_access_log: Annotated[bool, Opt("--no-access-log", help="No log line per request.")] = False,
+    restart_on_failure: RestartOnFailure = False,
+    ray: Ray = None,
+    ray_cpus: RayCpus = 1.0,
+    heartbeat_timeout: HeartbeatTimeout = 10.0,
+    join_timeout: JoinTimeout = 300.0,
+    shutdown_timeout: ShutdownTimeout = 30.0,
+    log_level: LogLevel = "info",
+    no_access_log: NoAccessLog = False,
 ) -> None:  # fmt: skip
     """Serve a deployment: one process per model, OpenAI-compatible HTTP in front. The deployment is --config
     (what `trsim tune` writes) with the flags applied, or --small/--large with defaults. --baseline (or --policy

@@ -52,58 +52,70 @@ CONCURRENCY_HELP = (
 )
 
 
+# The command's own options, declared once here so that `tune`'s signature reads as the list of its flags.
+Out = Annotated[Path, typer.Option("--out", "-o", help="Deployment YAML to write.")]
+TuneConcurrency = Annotated[str, typer.Option("--concurrency", "-n", help=CONCURRENCY_HELP)]
+TuneRequests = Annotated[int, typer.Option(help=REQUESTS_HELP)]
+Top = Annotated[int, typer.Option(help="Markov proposals that start the simulator's search per N.")]
+SmSplits = Annotated[
+    str | None,
+    typer.Option(
+        help="Also choose the MPS SM split, SMALL/LARGE percent, among these (e.g. 100/100,40/60): "
+        "the one whose tuned B simulates fastest at --compare-n is written. Needs a profile that "
+        "measured the pair at each split."
+    ),
+]
+Placements = Annotated[
+    str | None,
+    typer.Option(
+        help="Also choose where the models run, among these layouts on --num-gpus GPUs: mps (both on "
+        "GPU 0 under MPS; 1 GPU), separate (small on GPU 0, large on GPU 1; 2 GPUs), tp (the large "
+        "model tensor-parallel over all G GPUs, the small one beside it on GPU 0 under MPS; G GPUs), "
+        "SMALL+LARGE GPU kinds such as l4+h200 (each model on a GPU of its kind, two hosts over the cross-host "
+        "link; a kind other than the profile's is priced from its ESTIMATED profile). "
+        "Each is tuned with its own B and compared by --objective (total: at --compare-n; per-gpu and cost: "
+        "at the highest N it sustains within --slo-tpot-ms); the best is tuned at every N and written."
+    ),
+]
+NumGpus = Annotated[int, typer.Option(help="GPUs the --placements layouts may use (G).")]
+ObjectiveName = Annotated[
+    str,
+    typer.Option(
+        help="What --placements optimises: total (tok/s at --compare-n), per-gpu (tok/s per GPU used) or cost "
+        "(least USD per million output tokens; needs --gpu-prices). per-gpu and cost compare each candidate at "
+        "the highest N of --concurrency it sustains with TPOT p99 <= --slo-tpot-ms (tuned upward until its "
+        "first miss; one that meets it at no N ranks last), so a placement on more GPUs is not priced at a load "
+        "that leaves them idle; without --slo-tpot-ms, at the largest N."
+    ),
+]
+CompareN = Annotated[
+    int | None,
+    typer.Option(
+        "--compare-n",
+        "--split-n",
+        help="Concurrency at which SM splits and placements are compared by --objective total (one of "
+        "--concurrency; default 8 if tuned, else the largest). per-gpu and cost compare each at the load it "
+        "sustains instead.",
+    ),
+]
+
+
 @deployment_flags()
 def tune(
     deploy: DeploymentFlags,
-    out: Annotated[Path, typer.Option("--out", "-o", help="Deployment YAML to write.")] = Path("serve.yaml"),
-    concurrency: Annotated[str, typer.Option("--concurrency", "-n", help=CONCURRENCY_HELP)] = "1,2,4,8,16",
+    out: Out = Path("serve.yaml"),
+    concurrency: TuneConcurrency = "1,2,4,8,16",
     workload: Workload = "low-effort",
-    num_requests: Annotated[int, typer.Option(help=REQUESTS_HELP)] = 0,
-    top: Annotated[int, typer.Option(help="Markov proposals that start the simulator's search per N.")] = 3,
+    num_requests: TuneRequests = 0,
+    top: Top = 3,
     seed: Seed = 0,
     max_output: MaxOutput = None,
-    sm_splits: Annotated[
-        str | None,
-        typer.Option(
-            help="Also choose the MPS SM split, SMALL/LARGE percent, among these (e.g. 100/100,40/60): "
-            "the one whose tuned B simulates fastest at --compare-n is written. Needs a profile that "
-            "measured the pair at each split."
-        ),
-    ] = None,
-    placements: Annotated[
-        str | None,
-        typer.Option(
-            help="Also choose where the models run, among these layouts on --num-gpus GPUs: mps (both on "
-            "GPU 0 under MPS; 1 GPU), separate (small on GPU 0, large on GPU 1; 2 GPUs), tp (the large "
-            "model tensor-parallel over all G GPUs, the small one beside it on GPU 0 under MPS; G GPUs), "
-            "SMALL+LARGE GPU kinds such as l4+h200 (each model on a GPU of its kind, two hosts over the cross-host "
-            "link; a kind other than the profile's is priced from its ESTIMATED profile). "
-            "Each is tuned with its own B and compared by --objective (total: at --compare-n; per-gpu and cost: "
-            "at the highest N it sustains within --slo-tpot-ms); the best is tuned at every N and written."
-        ),
-    ] = None,
-    num_gpus: Annotated[int, typer.Option(help="GPUs the --placements layouts may use (G).")] = 2,
-    objective: Annotated[
-        str,
-        typer.Option(
-            help="What --placements optimises: total (tok/s at --compare-n), per-gpu (tok/s per GPU used) or cost "
-            "(least USD per million output tokens; needs --gpu-prices). per-gpu and cost compare each candidate at "
-            "the highest N of --concurrency it sustains with TPOT p99 <= --slo-tpot-ms (tuned upward until its "
-            "first miss; one that meets it at no N ranks last), so a placement on more GPUs is not priced at a load "
-            "that leaves them idle; without --slo-tpot-ms, at the largest N."
-        ),
-    ] = "total",
+    sm_splits: SmSplits = None,
+    placements: Placements = None,
+    num_gpus: NumGpus = 2,
+    objective: ObjectiveName = "total",
     gpu_prices: GpuPrices = None,
-    compare_n: Annotated[
-        int | None,
-        typer.Option(
-            "--compare-n",
-            "--split-n",
-            help="Concurrency at which SM splits and placements are compared by --objective total (one of "
-            "--concurrency; default 8 if tuned, else the largest). per-gpu and cost compare each at the load it "
-            "sustains instead.",
-        ),
-    ] = None,
+    compare_n: CompareN = None,
     slo_tpot_ms: SloTpot = None,
     search_budget: SearchBudget = DEFAULT_BUDGET_S,
     jobs: Jobs = 0,

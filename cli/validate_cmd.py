@@ -87,50 +87,10 @@ def validate(
 ) -> None:
     """Run the simulator on every cell of a live-results file and print its error per cell, median and max."""
     check_output(json_out, "--json")
-    import pandas as pd
-
-    try:
-        df = pd.read_csv(live)
-    except (OSError, ValueError) as e:
-        raise CliError(f"{live}: cannot read the live results ({e})") from None
-    missing = [c for c in ("args", *METRICS.values()) if c not in df.columns]
-    if missing:
-        raise CliError(f"{live}: missing column(s) {', '.join(missing)} (args + the live metrics of each cell)")
-    for key in METRICS.values():
-        for i, raw in enumerate(df[key]):
-            if pd.isna(raw):
-                continue  # not measured: left out of the summary
-            try:
-                v = float(raw)
-            except (TypeError, ValueError):
-                v = math.nan
-            if not (math.isfinite(v) and v > 0):
-                raise CliError(f"{live}: line {i + 2}: {key} must be a number > 0 (or empty), got {raw!r}")
-    base = live.resolve().parent
-    rows: list[dict[str, Any]] = []
-    configs = []  # every cell is checked as a run would check it before any runs
-    for i, a in enumerate(df["args"]):
-        try:
-            cfg, auto = cell_config(str(a), base, profile)
-            prepare_sim(cfg)
-        except USAGE_ERRORS as e:
-            raise CliError(f"{live}: line {i + 2}: {e.format_message()}") from None
-        except ValueError as e:
-            raise CliError(f"{live}: line {i + 2}: {e}") from None
-        configs.append((cfg, auto))
+    df = _read_live(live)
+    configs = _cell_configs(df, live, profile)
     err_console = Console(stderr=True)
-    cols = (TextColumn("validate"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with progress_bar(err_console, *cols) as bar:
-        task = bar.add_task("cells", total=len(df))
-        for (_, rec), (cfg, auto) in zip(df.iterrows(), configs, strict=True):
-            s = simulate(cfg, auto).summary
-            row: dict[str, Any] = {"cell": rec.get("cell", rec["args"]), "args": rec["args"]}
-            for name, key in METRICS.items():
-                row[f"live_{name}"] = float(rec[key])
-                row[f"sim_{name}"] = float(s.get(key, float("nan")))
-                row[f"err_{name}"] = _err(row[f"sim_{name}"], row[f"live_{name}"])
-            rows.append(row)
-            bar.advance(task)
+    rows = _simulate_cells(df, configs, err_console)
     t = Table(title=f"simulator vs live: {live}", title_justify="left")
     for col in ("cell", "live tok/s", "sim tok/s", "error", "live TPOT p50", "sim TPOT p50", "error "):
         t.add_column(col, justify="left" if col == "cell" else "right")
@@ -155,3 +115,63 @@ def validate(
     (Console() if json_out != "-" else err_console).print(line)
     if not ok:
         raise SystemExit(1)
+
+
+def _read_live(live: Path) -> Any:
+    """The live-results CSV as a DataFrame, refused (one line naming the file and line) when a column is missing
+    or a measured metric is not a positive number: a bad row would otherwise show up as a huge error."""
+    import pandas as pd  # here, not at the top: loading the command stays free of pandas
+
+    try:
+        df = pd.read_csv(live)
+    except (OSError, ValueError) as e:
+        raise CliError(f"{live}: cannot read the live results ({e})") from None
+    missing = [c for c in ("args", *METRICS.values()) if c not in df.columns]
+    if missing:
+        raise CliError(f"{live}: missing column(s) {', '.join(missing)} (args + the live metrics of each cell)")
+    for key in METRICS.values():
+        for i, raw in enumerate(df[key]):
+            if pd.isna(raw):
+                continue  # not measured: left out of the summary
+            try:
+                v = float(raw)
+            except (TypeError, ValueError):
+                v = math.nan
+            if not (math.isfinite(v) and v > 0):
+                raise CliError(f"{live}: line {i + 2}: {key} must be a number > 0 (or empty), got {raw!r}")
+    return df
+
+
+def _cell_configs(df: Any, live: Path, profile: str | None) -> list[tuple[SimConfig, bool]]:
+    """Each cell's SimConfig and 'auto' flag, every one checked as a run would check it before any runs: a bad
+    cell stops the command before minutes of simulating the good ones."""
+    base = live.resolve().parent
+    configs = []
+    for i, a in enumerate(df["args"]):
+        try:
+            cfg, auto = cell_config(str(a), base, profile)
+            prepare_sim(cfg)
+        except USAGE_ERRORS as e:
+            raise CliError(f"{live}: line {i + 2}: {e.format_message()}") from None
+        except ValueError as e:
+            raise CliError(f"{live}: line {i + 2}: {e}") from None
+        configs.append((cfg, auto))
+    return configs
+
+
+def _simulate_cells(df: Any, configs: list[tuple[SimConfig, bool]], err_console: Console) -> list[dict[str, Any]]:
+    """Simulate every cell (a progress bar on stderr): per cell its live and simulated metrics and their error."""
+    rows: list[dict[str, Any]] = []
+    cols = (TextColumn("validate"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with progress_bar(err_console, *cols) as bar:
+        task = bar.add_task("cells", total=len(df))
+        for (_, rec), (cfg, auto) in zip(df.iterrows(), configs, strict=True):
+            s = simulate(cfg, auto).summary
+            row: dict[str, Any] = {"cell": rec.get("cell", rec["args"]), "args": rec["args"]}
+            for name, key in METRICS.items():
+                row[f"live_{name}"] = float(rec[key])
+                row[f"sim_{name}"] = float(s.get(key, float("nan")))
+                row[f"err_{name}"] = _err(row[f"sim_{name}"], row[f"live_{name}"])
+            rows.append(row)
+            bar.advance(task)
+    return rows

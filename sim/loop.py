@@ -35,7 +35,15 @@ from tokenrouter.sim.clients import ClosedLoop, OpenLoop
 from tokenrouter.sim.drivers import FinishCounter, PhaseDriver, SimAutotune, set_router_hop_rate
 from tokenrouter.sim.gpu_share import SharedGpu
 from tokenrouter.sim.subserver import SimSubserver
-from tokenrouter.workloads import RequestSpec, initial_phase, load_phases, make_workload, request_ids, request_seed
+from tokenrouter.workloads import (
+    Phase,
+    RequestSpec,
+    initial_phase,
+    load_phases,
+    make_workload,
+    request_ids,
+    request_seed,
+)
 
 if TYPE_CHECKING:
     from tokenrouter.core.autotune import AutotuneController
@@ -106,16 +114,74 @@ def simulate_config(cfg: SimConfig, make_controller: ControllerFactory | None = 
     dep = cfg.deployment
     profile, cost, specs, deployment = prepare_sim(cfg)
     analytic = cfg.cost is None and profile.kind == "analytic"
+    run = _wire_up(deployment, cost, dep.policy.kind)
+    phases = load_phases(cfg.workload)
+    first = initial_phase(phases)
+    n0 = first.concurrency if first is not None and first.concurrency is not None else cfg.concurrency
+    loader = _loader(run, cfg, specs, n0, deployment)
+    driver = PhaseDriver(run.env, phases, loader, run.subs, dep.router) if phases else None
+    if first is not None and first.hop_rate is not None:  # after the driver, whose check sets the config's rate
+        set_router_hop_rate(run.subs, dep.router, first.hop_rate)
+    tuner, initial = _autotune(run, dep, deployment, cost, loader, n0, make_controller)
+    stop_early = cfg.trial and isinstance(loader, ClosedLoop) and not phases and tuner is None
+    run.env.run(until=loader.exhausted if stop_early else None)
+    if run.done and not stop_early:
+        raise RuntimeError(f"simulation stalled with {len(run.done)} requests unfinished (scheduler deadlock?)")
+    window = None
+    if isinstance(loader, ClosedLoop) and loader.exhausted_at and loader.exhausted_at > 0:
+        window = (0.0, loader.exhausted_at)
+    summary = run.metrics.summary(window=window)
+    summary.update(per_gpu(summary, gpus_used(dep)))
+    n_end = next((p.concurrency for p in reversed(phases) if p.concurrency is not None), n0)
+    extra = _extra(cost, first, driver, tuner, initial)
+    return SimResult(
+        summary=summary,
+        metrics=run.metrics,
+        config=cfg,
+        thresholds=deployment.entry.policy.thresholds_for(n_end, deployment.num_models),
+        analytic=analytic,
+        window=window,
+        kv_tokens=deployment.kv_tokens,
+        wall_s=time.perf_counter() - t_wall,
+        preemptions=sum(s.sched.num_preemptions for s in run.subs),
+        wasted_rows=sum(s.wasted_rows for s in run.subs),
+        rematch_rows=sum(s.rematch_rows for s in run.subs),
+        extra=extra,
+    )
 
+
+@dataclass(slots=True)
+class _Wired:
+    """One run's simulated deployment: the subservers, the links between them and the requests in flight (`done`:
+    rid -> the event its client waits on), which the loaders, the phase driver and autotune all act on."""
+
+    env: simpy.Environment
+    metrics: MetricsCollector
+    subs: list[SimSubserver]
+    wire: _Links
+    done: dict[str, simpy.Event]
+    finishes: FinishCounter
+
+
+def _wire_up(deployment: Deployment, cost: StepCost, policy: str) -> _Wired:
+    """A fresh environment with one subserver per model, their actions dispatched over the link model."""
     env = simpy.Environment()
     metrics = MetricsCollector(deployment.num_models)
-    subs = subservers(env, deployment, cost, metrics, dep.policy.kind)
+    subs = subservers(env, deployment, cost, metrics, policy)
     done: dict[str, simpy.Event] = {}
     finishes = FinishCounter()
     wire = _Links(env, deployment, subs, cost, metrics, done, finishes)
     for s in subs:
         s.dispatch = wire.dispatch
-    entry = subs[dep.entry]
+    return _Wired(env, metrics, subs, wire, done, finishes)
+
+
+def _loader(run: _Wired, cfg: SimConfig, specs: list[RequestSpec], n0: int,
+            deployment: Deployment) -> OpenLoop | ClosedLoop:  # fmt: skip
+    """The clients: an open loop when the run has an arrival rate or the workload timed arrivals, else `n0`
+    closed-loop clients. Each request enters at the entry model as `tr bench` would send it."""
+    dep = cfg.deployment
+    entry = run.subs[dep.entry]
 
     def submit(spec: RequestSpec) -> simpy.Event:
         ids = request_ids(spec, cfg.seed)  # what `tr bench` sends, with its seed: the live server's hops
@@ -127,41 +193,37 @@ def simulate_config(cfg: SimConfig, make_controller: ControllerFactory | None = 
             num_models=deployment.num_models,
             entry=dep.entry,
         )
-        ev = env.event()
-        done[spec.rid] = ev
-        metrics.on_arrival(spec.rid, env.now, len(ids))
-        wire.dispatch(dep.entry, entry.sched.add(req, env.now))
+        ev = run.env.event()
+        run.done[spec.rid] = ev
+        run.metrics.on_arrival(spec.rid, run.env.now, len(ids))
+        run.wire.dispatch(dep.entry, entry.sched.add(req, run.env.now))
         return ev
 
-    phases = load_phases(cfg.workload)
-    first = initial_phase(phases)
-    n0 = first.concurrency if first is not None and first.concurrency is not None else cfg.concurrency
-    loader = (
-        OpenLoop(env, specs, submit)
-        if cfg.arrival_rate is not None or any(s.arrival is not None for s in specs)
-        else ClosedLoop(env, specs, n0, submit)
-    )
-    driver = PhaseDriver(env, phases, loader, subs, dep.router) if phases else None
-    if first is not None and first.hop_rate is not None:  # after the driver, whose check sets the config's rate
-        set_router_hop_rate(subs, dep.router, first.hop_rate)
-    tuner = None
-    if dep.policy.autotune is not None:
-        if make_controller is None:
-            raise ValueError("a run with policy.autotune needs its controller: run it with sim.run.run_sim")
-        controller = make_controller(dep, policy=deployment.entry.policy, cost=cost)  # the sim's own step prices
-        pending = (lambda: not loader.done) if isinstance(loader, OpenLoop) else (lambda: False)
-        tuner = SimAutotune(env, controller, dep.policy, subs, finishes, lambda: loader.done and not done, pending)
-        initial = controller.current(n0)
-    stop_early = cfg.trial and isinstance(loader, ClosedLoop) and not phases and tuner is None
-    env.run(until=loader.exhausted if stop_early else None)
-    if done and not stop_early:
-        raise RuntimeError(f"simulation stalled with {len(done)} requests unfinished (scheduler deadlock?)")
-    window = None
-    if isinstance(loader, ClosedLoop) and loader.exhausted_at and loader.exhausted_at > 0:
-        window = (0.0, loader.exhausted_at)
-    summary = metrics.summary(window=window)
-    summary.update(per_gpu(summary, gpus_used(dep)))
-    n_end = next((p.concurrency for p in reversed(phases) if p.concurrency is not None), n0)
+    if cfg.arrival_rate is not None or any(s.arrival is not None for s in specs):
+        return OpenLoop(run.env, specs, submit)
+    return ClosedLoop(run.env, specs, n0, submit)
+
+
+def _autotune(run: _Wired, dep: DeploymentConfig, deployment: Deployment, cost: StepCost,
+              loader: OpenLoop | ClosedLoop, n0: int, make_controller: ControllerFactory | None,
+              ) -> tuple[SimAutotune | None, tuple[int, ...] | None]:  # fmt: skip
+    """With `policy.autotune`: the controller running on the simulated counters, priced by the simulator's own
+    step cost (what it would measure live), and the B it starts from at `n0`; (None, None) without."""
+    if dep.policy.autotune is None:
+        return None, None
+    if make_controller is None:
+        raise ValueError("a run with policy.autotune needs its controller: run it with sim.run.run_sim")
+    controller = make_controller(dep, policy=deployment.entry.policy, cost=cost)  # the sim's own step prices
+    pending = (lambda: not loader.done) if isinstance(loader, OpenLoop) else (lambda: False)
+    tuner = SimAutotune(run.env, controller, dep.policy, run.subs, run.finishes,
+                        lambda: loader.done and not run.done, pending)  # fmt: skip
+    return tuner, controller.current(n0)
+
+
+def _extra(cost: StepCost, first: Phase | None, driver: PhaseDriver | None, tuner: SimAutotune | None,
+           initial: tuple[int, ...] | None) -> dict[str, Any]:  # fmt: skip
+    """SimResult.extra: what was estimated, the phases applied (from t = 0) and autotune's record, each only
+    when the run had it, so a plain run's result stays small."""
     extra: dict[str, Any] = {}
     if cost.notes():
         extra["estimated"] = cost.notes()
@@ -170,26 +232,13 @@ def simulate_config(cfg: SimConfig, make_controller: ControllerFactory | None = 
         extra["phases"] = [(t, p.hop_rate, p.concurrency) for t, p in applied]
     if tuner is not None:
         extra["autotune"] = {
-            "initial": list(initial),
+            "initial": list(initial or ()),
             "changes": [d.as_dict() for d in tuner.timeline],
             "solves": tuner.controller.solves,
             "status": tuner.controller.status,
             "notices": list(tuner.controller.notices),
         }
-    return SimResult(
-        summary=summary,
-        metrics=metrics,
-        config=cfg,
-        thresholds=deployment.entry.policy.thresholds_for(n_end, deployment.num_models),
-        analytic=analytic,
-        window=window,
-        kv_tokens=deployment.kv_tokens,
-        wall_s=time.perf_counter() - t_wall,
-        preemptions=sum(s.sched.num_preemptions for s in subs),
-        wasted_rows=sum(s.wasted_rows for s in subs),
-        rematch_rows=sum(s.rematch_rows for s in subs),
-        extra=extra,
-    )
+    return extra
 
 
 def subservers(env: simpy.Environment, deployment: Deployment, cost: StepCost, metrics: MetricsCollector,

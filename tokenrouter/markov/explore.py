@@ -189,26 +189,9 @@ def explore(
     n_groups = len(thr)
     # thr_live[g, L]: what the schedulers apply while L finished requests await their replacements (live N - L).
     thr_live = np.array([[live_thresholds(b, n - late) for late in range(n + 1)] for b in thr.tolist()])
-    # Destination m (one past the models) stands for "finished: replaced by a new request at the entry".
-    h = np.zeros((m, m)) if finish is None else np.asarray(finish, dtype=float)
-    replaced = (routing * h).sum(axis=1)
-    dest = np.column_stack([routing * (1.0 - h), replaced])
-    # On the entry itself the next request is queued before the entry launches again: no late arrival.
-    dest[entry, entry] += replaced[entry]
-    dest[entry, m] = 0.0
-    out_counts, out_probs, out_start, out_count = multinomial_outcomes(dest, n)
+    outcomes = multinomial_outcomes(_destinations(routing, finish, entry), n)
     index = _KeyIndex(m, n, int(quanta.max()), n_groups)
-
-    # Start states: (N, 0, ..) waiting, nothing running; the launch rule then advances to the first completion.
-    k0 = np.zeros((n_groups, m), dtype=np.int64)
-    k0[:, 0] = n
-    g0 = np.arange(n_groups)
-    zeros = np.zeros_like(k0)
-    # The start-up interval is transient and carries no reward, hence its tau is dropped.
-    k, b, r, _, g = _launch_and_advance(k0, zeros, zeros, g0, thr, quanta, thr_live)
-    rows = np.column_stack([g, k, b, r])
-    start, first = index.lookup_or_add(rows)
-    rows = rows[first]
+    start, rows = _start_states(index, m, n, thr, quanta, thr_live)
     # Invariant: the frontier holds the newest states, ids len(index.ids) - len(front) .. len(index.ids) - 1.
     all_rows = [rows]
     src_l: list[np.ndarray] = []
@@ -220,23 +203,7 @@ def explore(
         lo = len(index.ids) - len(front)
         g, k, b, r = front[:, 0], front[:, 1 : 1 + m], front[:, 1 + m : 1 + 2 * m], front[:, 1 + 2 * m :]
         completing = (b > 0) & (r == 0)
-        done_size = np.where(completing, b, 0)
-        # Route every completing batch: expand each state by the product of its models' outcome sets.
-        parent = np.arange(len(front))
-        arrivals = np.zeros((len(front), m + 1), dtype=np.int64)
-        prob = np.ones(len(front))
-        for i in range(m):
-            ci = completing[parent, i]
-            if not ci.any():
-                continue
-            reps = np.where(ci, out_count[i, b[parent, i]], 1)
-            first_out = np.where(ci, out_start[i, b[parent, i]], 0)
-            expand = np.repeat(np.arange(len(parent)), reps)
-            local = np.arange(len(expand)) - np.repeat(np.cumsum(reps) - reps, reps)  # rank inside its group
-            outcome = np.where(ci[expand], first_out[expand] + local, 0)
-            parent = parent[expand]
-            arrivals = arrivals[expand] + out_counts[outcome]
-            prob = prob[expand] * out_probs[outcome]
+        parent, arrivals, prob = _route_completions(completing, b, outcomes)
         ck, cb, cr, ctau, cg = _launch_and_advance(
             k[parent] + arrivals[:, :m],
             np.where(completing, 0, b)[parent],
@@ -254,26 +221,92 @@ def explore(
         ids, new = index.lookup_or_add(child_rows)
         if len(index.ids) > max_states:
             raise StateSpaceTooLarge(max_states, m, n)
-        # Per-source expected rewards. (ck, cb) is the post-launch state, constant until the next completion.
-        w = prob * ctau
-        nf = len(front)
-        cols = [np.bincount(parent, weights=w, minlength=nf)]
-        for arr in (cb > 0, ck, cb):
-            cols.extend(np.bincount(parent, weights=w * arr[:, i], minlength=nf) for i in range(m))
-        tokens = (done_size * commit_mean).sum(axis=1)
-        rew_l.append(np.column_stack([tokens, *cols, completing.astype(float), done_size.astype(float)]))
+        done_size = np.where(completing, b, 0)
+        rew_l.append(_rewards(parent, prob * ctau, ck, cb, completing, done_size, commit_mean))
         src_l.append(lo + parent)
         dst_l.append(ids)
         prob_l.append(prob)
         front = child_rows[new]
         all_rows.append(front)
+    transitions = (np.concatenate(src_l), np.concatenate(dst_l), np.concatenate(prob_l))
+    return _renumbered(np.concatenate(all_rows), np.concatenate(rew_l), transitions, start, quanta, n_groups)
 
-    states = np.concatenate(all_rows)
-    rew = np.concatenate(rew_l)
-    src, dst, prob = np.concatenate(src_l), np.concatenate(dst_l), np.concatenate(prob_l)
-    # Renumber: each threshold vector's states contiguous, and inside a block by increasing total residual
-    # (then the slowest model's residual, ...). Time only flows down residuals between launches, so in this
-    # order (I - T) is close to triangular and sparse LU with the natural ordering has little fill-in.
+
+def _destinations(routing: np.ndarray, finish: np.ndarray | None, entry: int) -> np.ndarray:
+    """(M, M + 1) where a completing request goes: model j, or column M, "finished: replaced by a new request at
+    the entry" (a late arrival, `explore`). On the entry itself the next request is queued before the entry
+    launches again, so a request finishing there is no late arrival: it counts as routed to the entry."""
+    m = routing.shape[0]
+    h = np.zeros((m, m)) if finish is None else np.asarray(finish, dtype=float)
+    replaced = (routing * h).sum(axis=1)
+    dest = np.column_stack([routing * (1.0 - h), replaced])
+    dest[entry, entry] += replaced[entry]
+    dest[entry, m] = 0.0
+    return dest
+
+
+def _start_states(index: _KeyIndex, m: int, n: int, thr: np.ndarray, quanta: np.ndarray,
+                  thr_live: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """Per threshold vector its first embedded state's id, and the distinct start rows (g, k, b, r), the BFS's
+    first frontier: (N, 0, ..) waiting and nothing running, then the launch rule advances to the first
+    completion. The start-up interval is transient and carries no reward, hence its tau is dropped."""
+    n_groups = len(thr)
+    k0 = np.zeros((n_groups, m), dtype=np.int64)
+    k0[:, 0] = n
+    g0 = np.arange(n_groups)
+    zeros = np.zeros_like(k0)
+    k, b, r, _, g = _launch_and_advance(k0, zeros, zeros, g0, thr, quanta, thr_live)
+    rows = np.column_stack([g, k, b, r])
+    start, first = index.lookup_or_add(rows)
+    return start, rows[first]
+
+
+def _route_completions(completing: np.ndarray, b: np.ndarray,
+                       outcomes: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+    """Route every completing batch of the frontier: each state expanded by the product of its completing
+    models' outcome sets (`multinomial_outcomes`). Returns per child its parent's frontier row, the requests
+    arriving at each destination (M + 1 columns, the last the late arrivals) and its probability."""
+    out_counts, out_probs, out_start, out_count = outcomes
+    n_front, m = completing.shape
+    parent = np.arange(n_front)
+    arrivals = np.zeros((n_front, m + 1), dtype=np.int64)
+    prob = np.ones(n_front)
+    for i in range(m):
+        ci = completing[parent, i]
+        if not ci.any():
+            continue
+        reps = np.where(ci, out_count[i, b[parent, i]], 1)
+        first_out = np.where(ci, out_start[i, b[parent, i]], 0)
+        expand = np.repeat(np.arange(len(parent)), reps)
+        local = np.arange(len(expand)) - np.repeat(np.cumsum(reps) - reps, reps)  # rank inside its group
+        outcome = np.where(ci[expand], first_out[expand] + local, 0)
+        parent = parent[expand]
+        arrivals = arrivals[expand] + out_counts[outcome]
+        prob = prob[expand] * out_probs[outcome]
+    return parent, arrivals, prob
+
+
+def _rewards(parent: np.ndarray, w: np.ndarray, ck: np.ndarray, cb: np.ndarray, completing: np.ndarray,
+             done_size: np.ndarray, commit_mean: np.ndarray) -> np.ndarray:  # fmt: skip
+    """Per-source expected rewards of one BFS level, one row per frontier state: tokens, tau, busy[M], queue[M],
+    running[M], done[M], done_size[M]. `w` is each child's probability times its holding time; (ck, cb) is the
+    post-launch state, constant until the next completion, so its time integrals are weighted sums."""
+    nf, m = completing.shape
+    cols = [np.bincount(parent, weights=w, minlength=nf)]
+    for arr in (cb > 0, ck, cb):
+        cols.extend(np.bincount(parent, weights=w * arr[:, i], minlength=nf) for i in range(m))
+    tokens = (done_size * commit_mean).sum(axis=1)
+    return np.column_stack([tokens, *cols, completing.astype(float), done_size.astype(float)])
+
+
+def _renumbered(states: np.ndarray, rew: np.ndarray, transitions: tuple[np.ndarray, np.ndarray, np.ndarray],
+                start: np.ndarray, quanta: np.ndarray, n_groups: int) -> ExploredChains:  # fmt: skip
+    """The explored chains with states renumbered: each threshold vector's states contiguous, and inside a block
+    by increasing total residual (then the slowest model's residual, ...). Time only flows down residuals between
+    launches, so in this order (I - T) is close to triangular and sparse LU with the natural ordering has little
+    fill-in."""
+    src, dst, prob = transitions
+    m = (states.shape[1] - 1) // 3  # a state row is (g, k[M], b[M], r[M])
     slow_first = np.argsort(-quanta.max(axis=1), kind="stable")
     keys = [states[:, 1 : 1 + 2 * m][:, ::-1].T, states[:, 1 + 2 * m :][:, slow_first[::-1]].T]
     order = np.lexsort(np.vstack([*keys, states[:, 1 + 2 * m :].sum(axis=1), states[:, 0]]))
@@ -281,7 +314,7 @@ def explore(
     new_id[order] = np.arange(len(order))
     states, rew = states[order], rew[order]
     offsets = np.searchsorted(states[:, 0], np.arange(n_groups + 1))
-    # Reward columns, as appended above: tokens, tau, busy[M], queue[M], running[M], done[M], done_size[M].
+    # Reward columns, as `_rewards` lays them out: tokens, tau, busy[M], queue[M], running[M], done[M], done_size[M].
     per_model = [rew[:, 2 + j * m : 2 + (j + 1) * m] for j in range(5)]
     return ExploredChains(
         k=states[:, 1 : 1 + m],
