@@ -407,7 +407,12 @@ class Engine(ModelRunner):
         batch that cannot run, StepFailed when the launch failed (the batch's rows must be treated as failed;
         from_prev rows that refer to it are errors; the engine stays usable; under tensor parallelism an
         EngineError instead: the engine is not usable)."""
-        self._check_takes(batch)
+        if self.closed:
+            raise EngineError("engine is closed")
+        if not self.tp.leader:
+            raise EngineError(f"tensor-parallel rank {self.tp.rank} takes no batches: it follows rank 0")
+        if len(batch.rows) > self.config.max_batch_size:
+            raise BatchError(f"batch has {len(batch.rows)} rows, max_batch_size is {self.config.max_batch_size}")
         t0 = time.perf_counter()
         plan = plan_step(batch, self.plan_context(), self._staging_take)
         if self.followers is not None:
@@ -417,15 +422,6 @@ class Engine(ModelRunner):
         self._commit_plan(plan, batch.step_id)
         handle.prepare_s, handle.launch_s = t1 - t0, time.perf_counter() - t1
         return handle
-
-    def _check_takes(self, batch: Batch) -> None:
-        """Refuse a batch this engine cannot take at all, before planning (nothing changed)."""
-        if self.closed:
-            raise EngineError("engine is closed")
-        if not self.tp.leader:
-            raise EngineError(f"tensor-parallel rank {self.tp.rank} takes no batches: it follows rank 0")
-        if len(batch.rows) > self.config.max_batch_size:
-            raise BatchError(f"batch has {len(batch.rows)} rows, max_batch_size is {self.config.max_batch_size}")
 
     def _launch_or_fail(self, batch: Batch, plan: StepPlan, want_logits: bool, want_hidden: bool) -> StepHandle:
         """Launch on the engine's stream; a failed launch forgets the batch's slots (`_fail`) and raises StepFailed,
