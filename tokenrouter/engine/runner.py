@@ -418,9 +418,18 @@ class Engine(ModelRunner):
         if self.followers is not None:
             self.followers.publish(tp_step.encode(tp_step.describe(batch.step_id, plan, self._staged.numpy())))
         t1 = time.perf_counter()
+        handle = self._launch_or_fail(batch, plan, return_logits, return_hidden)
+        self._commit_plan(plan, batch.step_id)
+        handle.prepare_s, handle.launch_s = t1 - t0, time.perf_counter() - t1
+        return handle
+
+    def _launch_or_fail(self, batch: Batch, plan: StepPlan, want_logits: bool, want_hidden: bool) -> StepHandle:
+        """Launch on the engine's stream; a failed launch forgets the batch's slots (`_fail`) and raises StepFailed,
+        or EngineError under tensor parallelism: the followers already run the step, so the ranks are out of
+        step. The page-table plan is not committed in either case."""
         try:
             with self.on_stream():
-                handle = self._launch(batch, plan, return_logits, return_hidden)
+                return self._launch(batch, plan, want_logits, want_hidden)
         except Exception as e:
             self._fail(plan)
             why = str(e).splitlines()[0] if str(e) else ""
@@ -428,12 +437,14 @@ class Engine(ModelRunner):
                 raise EngineError(f"step {batch.step_id} failed on tensor-parallel rank 0 after its followers got "
                                   f"it ({type(e).__name__}: {why}); the ranks are out of step") from e  # fmt: skip
             raise StepFailed(f"step {batch.step_id} failed: {type(e).__name__}: {why}") from e
+
+    def _commit_plan(self, plan: StepPlan, step_id: int) -> None:
+        """After a launch: the page table takes the plan, and every sampled slot records this step in the from_prev
+        ledger (after commit every live row's request holds its planned slot)."""
         self.table.commit(plan.table)
-        ledger, step_id = self.slot_token_step, batch.step_id
-        for s in plan.sampled_slots:  # after commit every live row's request holds its planned slot
+        ledger = self.slot_token_step
+        for s in plan.sampled_slots:
             ledger[s] = step_id
-        handle.prepare_s, handle.launch_s = t1 - t0, time.perf_counter() - t1
-        return handle
 
     def _staging_take(self, g_size: int, e_size: int) -> np.ndarray:
         self._staged = self._staging.take(g_size + e_size)

@@ -429,17 +429,7 @@ def skinny_gemm(
     `triton_ops.rms_norm` rounds; with a residual, s is written to `sum_out` ([M, K], not x or residual)."""
     m = x.shape[0]
     n, k = weight.shape
-    if x.dim() != 2 or x.shape[1] != (2 * k if silu else k):
-        raise ValueError(f"x {tuple(x.shape)} does not match weight {tuple(weight.shape)} (silu={silu})")
-    if norm is not None and (silu or (residual is not None) != (sum_out is not None)):
-        raise ValueError("a norm fold takes no silu, and a residual exactly when a sum_out")
-    for t in (residual, sum_out):
-        if t is not None and (t.shape != x.shape or t.stride(1) != 1):
-            raise ValueError(f"residual and sum_out must be [{m}, {k}] with a contiguous last dim")
-    if m > MAX_ROWS:
-        raise ValueError(f"skinny_gemm takes at most {MAX_ROWS} rows, got {m}")
-    if x.stride(1) != 1 or weight.stride(1) != 1:
-        raise ValueError("x and weight need a contiguous last dim")
+    _check_operands(x, weight, silu=silu, norm=norm is not None, residual=residual, sum_out=sum_out)
     y = torch.empty(m, n, device=x.device, dtype=x.dtype) if out is None else out
     if y.shape != (m, n) or y.stride(1) != 1:
         raise ValueError(f"out must be [{m}, {n}] with a contiguous last dim")
@@ -465,12 +455,7 @@ def skinny_gemm(
         part = y
         counters = counters if counters is not None else y
     pf = prefetch_lines_per_row(k, cfg, weight.element_size()) if (pdl and prefetch) else 0
-    pre = pre_tiles(k, cfg, weight.element_size()) if preload else 0
-    if pre_tiles_override is not None:
-        if not 0 <= pre_tiles_override <= MAX_PRE_TILES:
-            raise ValueError(f"pre_tiles_override must be in 0..{MAX_PRE_TILES}, got {pre_tiles_override}")
-        # never more than the slice's tiles: unmasked (EVEN_K) loads past it would read the next split's columns
-        pre = min(pre_tiles_override, triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k))
+    pre = _preloaded_tiles(k, cfg, weight.element_size(), preload, pre_tiles_override)
     consts, k_split = kernel_constexprs(m, n, k, cfg, silu=silu, bias=bias is not None, dtype=weight.dtype, pdl=pdl,
                                         prefetch_lines=pf, pre_tiles=pre, norm=norm is not None,
                                         norm_res=residual is not None)  # fmt: skip
@@ -483,3 +468,32 @@ def skinny_gemm(
         **consts, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_kwargs(pdl),
     )  # fmt: skip
     return y
+
+
+def _check_operands(x: torch.Tensor, weight: torch.Tensor, *, silu: bool, norm: bool, residual: torch.Tensor | None,
+                    sum_out: torch.Tensor | None) -> None:  # fmt: skip
+    """Raise ValueError for operands `skinny_gemm` cannot take (before anything is allocated or launched): the
+    kernel indexes every last dim with stride 1 and holds at most MAX_ROWS rows."""
+    m, k = x.shape[0], weight.shape[1]
+    if x.dim() != 2 or x.shape[1] != (2 * k if silu else k):
+        raise ValueError(f"x {tuple(x.shape)} does not match weight {tuple(weight.shape)} (silu={silu})")
+    if norm and (silu or (residual is not None) != (sum_out is not None)):
+        raise ValueError("a norm fold takes no silu, and a residual exactly when a sum_out")
+    for t in (residual, sum_out):
+        if t is not None and (t.shape != x.shape or t.stride(1) != 1):
+            raise ValueError(f"residual and sum_out must be [{m}, {k}] with a contiguous last dim")
+    if m > MAX_ROWS:
+        raise ValueError(f"skinny_gemm takes at most {MAX_ROWS} rows, got {m}")
+    if x.stride(1) != 1 or weight.stride(1) != 1:
+        raise ValueError("x and weight need a contiguous last dim")
+
+
+def _preloaded_tiles(k: int, cfg: GemvConfig, elem_size: int, preload: bool, override: int | None) -> int:
+    """PRE_TILES of a launch: `pre_tiles` with `preload`, else 0; an override (0..MAX_PRE_TILES) wins, capped at
+    the K slice's tiles: unmasked (EVEN_K) loads past the slice would read the next split's columns."""
+    pre = pre_tiles(k, cfg, elem_size) if preload else 0
+    if override is not None:
+        if not 0 <= override <= MAX_PRE_TILES:
+            raise ValueError(f"pre_tiles_override must be in 0..{MAX_PRE_TILES}, got {override}")
+        pre = min(override, triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k))
+    return pre

@@ -1,0 +1,298 @@
+"""Packing one part of a step (`step_plan`): the fields of its rows, written into its share of the staging buffer as
+`inputs.Layout` lays them out.
+
+A part is the graph part (`virtual`: one decode attention row per token, one logit row per batch row) or the
+varlen part (one attention row per batch row, logit rows for sampled rows only; a varlen graph's padding rows are
+-1 in the part's row list). The writer goes over the rows once, in attention-row order:
+- token-level fields (`_Tokens`): rows of up to `_SMALL` tokens (decode rows, peer returns) queue in Python lists
+  that are flushed with one numpy conversion per field; a longer row (a prefill chunk) first flushes what is
+  queued, then goes in as numpy slices, so the buffer always fills in token order;
+- row-level fields (`_Rows`): attention rows (cu_seqlens, seq_lens, row slots) and logit rows (index, out slot,
+  sample position, sampling and log-probability requests), written once after the pass.
+Greedy rows touch no sampling field: the zeroed buffer already says greedy. Errors name the row (BatchError)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from tokenrouter.core.batch import BatchRow
+from tokenrouter.core.request import Request
+from tokenrouter.engine.decode_plan import offsets
+from tokenrouter.engine.errors import BatchError
+from tokenrouter.engine.inputs import Layout
+from tokenrouter.engine.plan_types import PlanContext, write_logprobs, write_sampling
+
+__all__ = ["CheckedRows", "Part", "PlanRows", "write_part"]
+
+_SMALL = 16  # rows up to this many tokens are packed through Python lists, longer ones through numpy
+
+
+@dataclass(frozen=True, slots=True)
+class CheckedRows:
+    """The batch's live rows after validation, as parallel lists indexed by live position k (the planner's
+    row index from here on)."""
+
+    live: list[int]  # batch row index of each live row
+    reqs: list[Request]
+    starts: list[int]  # first fed position
+    ntok: list[int]  # fed tokens
+    npages: list[int]  # pages the row's context needs
+    from_prev: list[int]  # live indices of from_prev rows
+    skipped: list[int]  # batch row indices of stale rows
+    total: int  # fed tokens, all live rows
+    longest: int  # the longest row's tokens
+
+    def name(self, k: int) -> str:
+        """Live row k as error messages name it (built only for an error)."""
+        return f"row {self.live[k]} (request {self.reqs[k].rid})"
+
+
+@dataclass(frozen=True, slots=True)
+class PlanRows:
+    """What every part's writer reads: the batch, the checked rows, their page-table slots and from_prev sources."""
+
+    rows: list[BatchRow]
+    ctx: PlanContext
+    checked: CheckedRows
+    slots: list[int]  # page-table slot of each live row
+    prev_slot: dict[int, int]  # live index of a from_prev row -> the slot holding its token
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """One pass's share of the step: which live rows, packed how, where."""
+
+    part: list[int]  # live indices in attention-row order (-1: a varlen graph's padding row)
+    layout: Layout
+    packed: np.ndarray  # int32 [layout.size], a view of the staging buffer
+    upd: tuple[list[int], list[int]]  # page-table writes this pass carries (flat index, page)
+    virtual: bool  # graph layout: one virtual decode attention row per token
+
+
+def write_part(known: PlanRows, p: Part) -> int:
+    """Write the fields of one part (rows `p.part`, indices into the live lists) into `p.packed`, padded as
+    `inputs` documents; returns the part's longest row. The buffer is zeroed first: every field a row does not
+    set keeps its padding value (prev -1 and seq_len 1 are set here, the rest are 0)."""
+    off = offsets(p.layout)
+
+    def view(f: str) -> np.ndarray:
+        o, n = off[f]
+        return p.packed[o : o + n]
+
+    p.packed[:] = 0
+    view("prev")[:] = -1
+    view("seq_lens")[:] = 1
+    toks, rows = _pack_rows(known, p, view)
+    if toks.prev_at:
+        view("prev")[toks.prev_at] = toks.prev_src
+    t = toks.t
+    ids_v = toks.ids_v
+    bad = (ids_v[:t] < 0) | (ids_v[:t] >= known.ctx.vocab_size)
+    if bad.any():
+        _bad_token(known, p.part)
+    _write_attention_rows(view, toks, rows, p.virtual)
+    _write_logit_rows(view, rows, known.ctx)
+    n_upd = len(p.upd[0])
+    if n_upd:
+        view("upd_idx")[:n_upd] = p.upd[0]
+        view("upd_val")[:n_upd] = p.upd[1]
+    return rows.qmax
+
+
+class _Tokens:
+    """Token-level fields (input_ids, positions, slot_mapping; row_slots in a graph part) of the tokens written so
+    far: `t` tokens in all, those before `flushed` already in the buffer, the rest queued in the lists."""
+
+    __slots__ = ("flushed", "ids", "ids_v", "known", "part", "pos", "pos_v", "prev_at", "prev_src", "ps", "rsl",
+                 "rsl_v", "smap", "smap_v", "t", "virtual")  # fmt: skip
+
+    def __init__(self, known: PlanRows, p: Part, view: Callable[[str], np.ndarray]) -> None:
+        self.known, self.part, self.virtual, self.ps = known, p.part, p.virtual, known.ctx.page_size
+        self.ids_v, self.pos_v, self.smap_v = view("input_ids"), view("positions"), view("slot_mapping")
+        self.rsl_v = view("row_slots")
+        self.ids: list[int] = []
+        self.pos: list[int] = []
+        self.smap: list[int] = []
+        self.rsl: list[int] = []  # graph part only: per token
+        self.t = self.flushed = 0
+        self.prev_at: list[int] = []  # from_prev tokens: position in the part, slot holding the token
+        self.prev_src: list[int] = []
+
+    def flush(self) -> None:
+        """Queued list entries -> tokens [flushed, t)."""
+        a, b = self.flushed, self.t
+        try:
+            self.ids_v[a:b] = self.ids
+        except (OverflowError, ValueError, TypeError):
+            _bad_token(self.known, self.part)
+            raise
+        self.pos_v[a:b] = self.pos
+        self.smap_v[a:b] = self.smap
+        if self.virtual:
+            self.rsl_v[a:b] = self.rsl
+            self.rsl.clear()
+        self.ids.clear()
+        self.pos.clear()
+        self.smap.clear()
+
+    def one(self, k: int, req: Request, s: int, sl: int) -> None:
+        """The common case: one token, one page lookup; a from_prev token is 0 here, its source slot recorded."""
+        prev_slot, ps = self.known.prev_slot, self.ps
+        src = prev_slot.get(k) if prev_slot else None
+        if src is not None:
+            self.ids.append(0)
+            self.prev_at.append(self.t)
+            self.prev_src.append(src)
+        else:
+            tl = req.token_ids
+            if s >= len(tl):
+                raise BatchError(f"{self.known.checked.name(k)}: feeds 1 tokens but only 0 are known", (req.rid,))
+            self.ids.append(tl[s])
+        self.pos.append(s)
+        self.smap.append(req.pages[s // ps] * ps + s % ps)
+        if self.virtual:
+            self.rsl.append(sl)
+        self.t += 1
+
+    def several(self, k: int, req: Request, s: int, m: int, sl: int) -> None:
+        """A row of m > 1 tokens: queued when short, else written straight into the buffer after a flush."""
+        tok = req.token_ids[s : s + m]
+        if len(tok) != m:
+            raise BatchError(f"{self.known.checked.name(k)}: feeds {m} tokens but only {len(tok)} are known",
+                             (req.rid,))  # fmt: skip
+        pages, ps = req.pages, self.ps
+        if m <= _SMALL:
+            self.ids.extend(tok)
+            self.pos.extend(range(s, s + m))
+            self.smap.extend([pages[p // ps] * ps + p % ps for p in range(s, s + m)])
+            if self.virtual:
+                self.rsl.extend([sl] * m)
+            self.t += m
+            return
+        self.flush()
+        t = self.t
+        try:
+            self.ids_v[t : t + m] = tok
+        except (OverflowError, ValueError, TypeError):
+            _bad_token(self.known, self.part)
+            raise
+        p = np.arange(s, s + m)
+        self.pos_v[t : t + m] = p
+        first = s // ps
+        pg = np.asarray(pages[first : (s + m - 1) // ps + 1], np.int64)
+        self.smap_v[t : t + m] = pg[p // ps - first] * ps + p % ps
+        if self.virtual:
+            self.rsl_v[t : t + m] = sl
+        self.t = self.flushed = t + m
+
+
+class _Rows:
+    """Row-level fields of the rows written so far: attention rows (a varlen part's cu_seqlens, seq_lens and row
+    slots) and logit rows (last token, out slot, sample position; sampling and log-probability requests)."""
+
+    __slots__ = ("cu", "li", "lpk", "oslot", "qmax", "rsl", "samp", "seqs", "spos")
+
+    def __init__(self) -> None:
+        self.cu = [0]
+        self.seqs: list[int] = []  # varlen part: per attention row
+        self.rsl: list[int] = []  # varlen part: per attention row
+        self.li: list[int] = []  # logit rows: last token, out slot, sample position
+        self.oslot: list[int] = []
+        self.spos: list[int] = []
+        self.samp: list[tuple[int, object]] = []  # (logit row, SamplingParams) of rows with temperature > 0
+        self.lpk: list[tuple[int, int]] = []  # (logit row, k) of rows that ask for log-probabilities
+        self.qmax = 0
+
+    def pad(self, t: int) -> None:
+        """A padding attention row of a varlen graph: no queries, the null slot."""
+        self.cu.append(t)
+        self.seqs.append(1)
+        self.rsl.append(0)
+
+    def add(self, row: BatchRow, req: Request, end: int, m: int, sl: int, t: int, virtual: bool, vocab: int) -> None:
+        """A live row of m tokens ending at position `end` (exclusive) and at token t (exclusive) of the part.
+        A graph part gives every row a logit row (out slot 0 when it does not sample), a varlen part only the
+        sampled ones."""
+        self.cu.append(t)
+        self.qmax = m if m > self.qmax else self.qmax
+        if not virtual:
+            self.seqs.append(end)
+            self.rsl.append(sl)
+        if virtual or row.sample:
+            if row.sample:
+                self.oslot.append(sl)
+                p = req.sampling
+                if p.temperature > 0:
+                    self.samp.append((len(self.li), p))
+                if p.logprobs is not None:
+                    self.lpk.append((len(self.li), min(p.logprobs, vocab)))
+            else:
+                self.oslot.append(0)
+            self.li.append(t - 1)
+            self.spos.append(end)
+
+
+def _pack_rows(known: PlanRows, p: Part, view: Callable[[str], np.ndarray]) -> tuple[_Tokens, _Rows]:
+    """One pass over the part's rows in attention-row order; every token is in the buffer on return."""
+    c = known.checked
+    live, reqs, starts, ntok, slots, batch_rows = c.live, c.reqs, c.starts, c.ntok, known.slots, known.rows
+    virtual, vocab = p.virtual, known.ctx.vocab_size
+    toks, rows = _Tokens(known, p, view), _Rows()
+    for k in p.part:
+        if k < 0:
+            rows.pad(toks.t)
+            continue
+        req, s, m, sl = reqs[k], starts[k], ntok[k], slots[k]
+        if m == 1:
+            toks.one(k, req, s, sl)
+        else:
+            toks.several(k, req, s, m, sl)
+        rows.add(batch_rows[live[k]], req, s + m, m, sl, toks.t, virtual, vocab)
+    toks.flush()
+    return toks, rows
+
+
+def _write_attention_rows(view: Callable[[str], np.ndarray], toks: _Tokens, rows: _Rows, virtual: bool) -> None:
+    """seq_lens (and a varlen part's row slots and cu_seqlens): a graph part has one virtual decode row per token;
+    a varlen graph's padding rows past the list keep seq_len 1, slot 0 and zero queries."""
+    t = toks.t
+    if virtual:
+        pos_v = toks.pos_v
+        np.add(pos_v[:t], 1, out=view("seq_lens")[:t])
+        return
+    view("seq_lens")[: len(rows.seqs)] = rows.seqs
+    view("row_slots")[: len(rows.rsl)] = rows.rsl
+    cu_v = view("cu_seqlens_q")
+    cu_v[: len(rows.cu)] = rows.cu
+    cu_v[len(rows.cu) :] = t
+
+
+def _write_logit_rows(view: Callable[[str], np.ndarray], rows: _Rows, ctx: PlanContext) -> None:
+    """Logit-row fields; top_p defaults to 1.0 on every logit row, the other sampling fields stay zero (greedy)
+    unless a row samples with temperature > 0 (seeds drawn from `ctx.rng` in logit-row order)."""
+    nl = len(rows.li)
+    view("logits_indices")[:nl] = rows.li
+    view("out_slot")[:nl] = rows.oslot
+    view("sample_pos")[:nl] = rows.spos
+    top_p = view("top_p").view(np.float32)
+    top_p[:nl] = 1.0
+    if rows.samp:
+        write_sampling(rows.samp, ctx, top_p, view("inv_temp").view(np.float32), view("top_k"), view("seed"))
+    if rows.lpk:
+        write_logprobs(rows.lpk, view("logprobs_k1"))
+
+
+def _bad_token(known: PlanRows, part: list[int]) -> None:
+    """Slow path after a packed token id failed the vocabulary check: find the first bad one and name its row."""
+    vocab = known.ctx.vocab_size
+    c = known.checked
+    for k in part:
+        if k < 0 or k in known.prev_slot:
+            continue
+        for tok in c.reqs[k].token_ids[c.starts[k] : c.starts[k] + c.ntok[k]]:
+            if not (isinstance(tok, int | np.integer) and 0 <= tok < vocab):
+                raise BatchError(f"{c.name(k)}: token id {tok} outside the vocabulary (0..{vocab - 1})",
+                                 (c.reqs[k].rid,))  # fmt: skip
