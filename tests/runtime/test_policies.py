@@ -119,6 +119,10 @@ def test_loop_counters_count_back_to_back_steps(tmp_path, overlap):
     log = [json.loads(x) for x in srv.step_log(0).read_text().splitlines()]
     assert len(log) == st.steps == GREEDY.max_tokens
     assert [s["back_to_back"] for s in log] == [False] + [True] * (len(log) - 1)
+    # What each step carried: the 4-token prefill, then one fed token a step over a context one longer each time.
+    assert [(s["tokens"], s["ext_rows"], s["ext_tokens"]) for s in log] == [(4, 1, 4)] + [(1, 0, 0)] * (len(log) - 1)
+    assert [s["ctx"] for s in log] == [4 + k for k in range(len(log))]
+    assert [(s["row_tokens"], s["row_ctx"]) for s in log] == [([s["tokens"]], [s["ctx"]]) for s in log]
     assert st.loop_steps == len(log) - 1 and st.loop_rows == len(log) - 1
     assert st.loop_ms == pytest.approx(1e3 * (log[-1]["done"] - log[0]["done"]), rel=1e-6)
     assert st.loop_gpu_ms == 0.0  # CPU: nothing timed

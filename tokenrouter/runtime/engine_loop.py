@@ -59,6 +59,19 @@ class InFlight:
     submitted: float | None = None
 
 
+def step_record(model: int, f: InFlight, rows: int, t_done: float, gpu_ms: float) -> dict[str, Any]:
+    """One step log line: when it ran and what it carried (tokens, extend rows, context, and the graph buckets the
+    engine chose), so a study prices the same pass with the simulator's cost model."""
+    brs = f.batch.rows
+    ext = [r.num_tokens for r in brs if r.num_tokens > 1]
+    return {"model": model, "step": f.batch.step_id, "rows": rows, "launch": f.launched, "done": t_done,
+            "gpu_ms": gpu_ms, "back_to_back": f.back_to_back, "submitted": f.submitted,
+            "tokens": sum(r.num_tokens for r in brs), "ext_rows": len(ext), "ext_tokens": sum(ext),
+            "ctx": sum(r.start + r.num_tokens for r in brs), "row_tokens": [r.num_tokens for r in brs],
+            "row_ctx": [r.start + r.num_tokens for r in brs], "graph": getattr(f.handle, "graph_bucket", None),
+            "varlen": getattr(f.handle, "varlen_bucket", None)}  # fmt: skip
+
+
 @dataclass(slots=True)
 class LoopTimes:
     """Host seconds spent in each part of the loop (studies: where the time per step goes)."""
@@ -254,9 +267,8 @@ class EngineLoop(ABC):
         if f.back_to_back and self.last_done is not None:
             self.counters.loop_step(rows, t_done - self.last_done, gpu_ms)
         self.last_done = t_done
-        self.step_log.write({"model": self.model, "step": f.batch.step_id, "rows": rows, "launch": f.launched,
-                             "done": t_done, "gpu_ms": gpu_ms, "back_to_back": f.back_to_back,
-                             "submitted": f.submitted})  # fmt: skip
+        if self.step_log.enabled:
+            self.step_log.write(step_record(self.model, f, rows, t_done, gpu_ms))
         t0 = time.perf_counter()
         self.before_complete(f.batch)
         self.deliver(self.sched.complete(f.batch, res, t_done))

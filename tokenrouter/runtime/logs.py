@@ -62,6 +62,10 @@ class JsonlLog:
     def __init__(self, path: str | None) -> None:
         self._f: TextIO | None = open(path, "a") if path else None  # noqa: SIM115 - closed in close()
 
+    @property
+    def enabled(self) -> bool:
+        return self._f is not None
+
     def write(self, obj: dict[str, Any]) -> None:
         if self._f is not None:
             self._f.write(json.dumps(obj, separators=(",", ":")) + "\n")
