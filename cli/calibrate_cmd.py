@@ -69,8 +69,11 @@ MaxTokens = Annotated[
     ),
 ]
 MaxDecode = Annotated[int, typer.Option(help="Largest decode batch measured.")]
-CorunSmall = Annotated[str, typer.Option(help="Decode batch sizes of the small model in the co-run grid.")]
-CorunLarge = Annotated[str, typer.Option(help="Decode batch sizes of the large model in the co-run grid.")]
+CorunSmall = Annotated[str, typer.Option(help="Passes of the small model in the co-run grid, in tokens: decode "
+                                           "batches up to 64, larger values passes of 12-token peer returns.")]
+CorunLarge = Annotated[str, typer.Option(help="Passes of the large model in the co-run grid, in tokens: decode "
+                                           "batches up to 64, larger values passes of 12-token peer returns (what "
+                                           "the large model runs when the small one's runs come back).")]
 Device = Annotated[str, typer.Option(help="cuda, or cpu (tiny models: a check of the tool, not a profile).")]
 Deadline = Annotated[
     float | None, typer.Option(help="Stop starting new measurements after this many seconds (resume later).")
@@ -111,8 +114,8 @@ def calibrate(
     arrangements: Arrangements = "none",
     max_tokens: MaxTokens = 2048,
     max_decode: MaxDecode = 64,
-    corun_small: CorunSmall = "1,4,16",
-    corun_large: CorunLarge = "1,4,16,64",
+    corun_small: CorunSmall = "1,4,16,32,64",
+    corun_large: CorunLarge = "1,4,16,64,128,256,512",
     device: Device = "cuda",
     deadline: Deadline = None,
     quick: Quick = False,

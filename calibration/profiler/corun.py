@@ -1,4 +1,9 @@
-"""Co-location: two models' decode steps on one GPU, each alone and while the other steps back to back.
+"""Co-location: two models' passes on one GPU, each alone and while the other steps back to back.
+
+A grid value is the tokens of a pass: up to `MAX_DECODE` a decode batch of that many rows (one token each, in a
+decode graph), above it a pass of peer returns (rows of `pass_timing.RETURN_ROW_TOKENS` tokens, eager) as the
+large model runs when the small one's runs come back to it: its slowdown, and the small model's beside it, differ
+from a decode step's (a compute-bound pass leaves the peer fewer SMs).
 
 Each model runs in a process of its own (`corun_worker`, started by the calibrator under CUDA MPS with the
 model's `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`). The calibrator sends both the same command with a start time on
@@ -14,8 +19,16 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from tokenrouter.calibration.profiler.pass_timing import row_tokens
 from tokenrouter.core.batch import Batch, BatchRow
 from tokenrouter.core.request import Request
+
+MAX_DECODE = 64  # grid values up to this are decode batches (the decode graphs' range); above, peer-return passes
+
+
+def pass_rows(value: int) -> list[int]:
+    """Tokens per row of the grid's pass `value` (see the module docstring)."""
+    return [1] * value if value <= MAX_DECODE else row_tokens(value, "returns")
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,10 +45,10 @@ class WindowSpec:
 
 def engine_kwargs_for_corun(model: str, batches: list[int], context: int, device: str, page_size: int = 16,
                             seed: int = 0) -> dict[str, Any]:  # fmt: skip
-    """A small engine: decode graphs at exactly the grid's batch sizes, no varlen graphs, KV for the largest cell
-    (two processes share the GPU, so neither may size itself from the whole memory)."""
-    top = max(batches)
-    pages = sum(set(batches)) * (-(-context // page_size) + 1) + 8  # one request set per batch size, all kept
+    """A small engine: decode graphs at exactly the grid's decode batch sizes, no varlen graphs, KV for every cell's
+    rows at once (two processes share the GPU, so neither may size itself from the whole memory)."""
+    rows = [len(pass_rows(b)) for b in set(batches)]
+    pages = sum(rows) * (-(-context // page_size) + 1) + 8  # one request set per grid value, all kept
     return {
         "model": model,
         "load_format": "dummy",
@@ -43,15 +56,15 @@ def engine_kwargs_for_corun(model: str, batches: list[int], context: int, device
         "seed": seed,
         "page_size": page_size,
         "num_pages": pages,
-        "max_batch_size": top,
-        "max_num_batched_tokens": max(top, 16),
-        "graph_buckets": tuple(sorted(set(batches))),
+        "max_batch_size": max(rows),
+        "max_num_batched_tokens": max(*batches, 16),
+        "graph_buckets": tuple(sorted({b for b in batches if b <= MAX_DECODE})),
         "varlen_graphs": False,
     }
 
 
 class DecodeLoop:
-    """Back-to-back decode steps of a fixed batch on one engine (one request set per batch size)."""
+    """Back-to-back passes of a fixed batch on one engine (one request set per grid value, `pass_rows`)."""
 
     def __init__(self, engine: Any, batches: list[int], context: int) -> None:
         self.eng = engine
@@ -60,11 +73,11 @@ class DecodeLoop:
         vocab = engine.spec.vocab_size
         for b in sorted(set(batches)):
             rows = []
-            for i in range(b):
+            for i, n in enumerate(pass_rows(b)):
                 req = Request(f"co{b}-{i}", [(13 * j + i) % vocab for j in range(context)], context)
                 if not engine.kv_pool.grow(req.pages, context):
-                    raise RuntimeError(f"KV pool too small for {b} rows x {context} tokens")
-                rows.append(BatchRow(req, context - 1, 1))
+                    raise RuntimeError(f"KV pool too small for a pass of {b} tokens at {context} tokens a row")
+                rows.append(BatchRow(req, context - n, n))
             self.batches[b] = Batch(0, 0, rows)
         for b in self.batches:  # warm every bucket up once
             for _ in range(3):

@@ -51,14 +51,15 @@ def colocated_pairs(models: list[str], given: list[list[str]]) -> list[tuple[str
 @dataclass(slots=True)
 class Plan:
     """What one calibration measures. `pairs`: (small, large) co-located under MPS at every split of `splits`
-    (percent of each; the first must be 100/100, the reference); `corun_*`: the decode batch sizes of each model
-    in the co-run grid, cells held out for the fit error, and the context per row."""
+    (percent of each; the first must be 100/100, the reference); `corun_*`: each model's passes in the co-run grid
+    (tokens: decode batches, and peer-return passes above 64; `corun.pass_rows`), cells held out for the fit error,
+    and the context per row."""
 
     models: list[str]
     pairs: list[tuple[str, str]] = field(default_factory=list)
     splits: list[tuple[int, int]] = field(default_factory=lambda: [(100, 100)])
-    corun_batches_a: list[int] = field(default_factory=lambda: [1, 4, 16])
-    corun_batches_b: list[int] = field(default_factory=lambda: [1, 4, 16, 64])
+    corun_batches_a: list[int] = field(default_factory=lambda: [1, 4, 16, 32, 64])
+    corun_batches_b: list[int] = field(default_factory=lambda: [1, 4, 16, 64, 128, 256, 512])
     corun_held: list[tuple[int, int]] = field(default_factory=lambda: [(2, 8), (8, 2)])
     corun_context: int = 1024
     routers: list[str] = field(default_factory=lambda: list(ROUTERS))
@@ -325,12 +326,11 @@ class _CoRunPair:
             if share < 100 and plan.device != "cpu":
                 env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(share)
             mine, theirs = ctx.Pipe()
-            kw = engine_kwargs_for_corun(model, batches + [x for x, _ in plan.corun_held] if model == a else
-                                         batches + [y for _, y in plan.corun_held], plan.corun_context,
-                                         plan.device)  # fmt: skip
+            held = [x for x, _ in plan.corun_held] if model == a else [y for _, y in plan.corun_held]
+            all_batches = sorted({*batches, *held})
+            kw = engine_kwargs_for_corun(model, all_batches, plan.corun_context, plan.device)
             if plan.device == "cpu":
                 kw["cuda_graphs"] = False
-            all_batches = sorted(set(kw["graph_buckets"]))
             proc = start_spawned(corun_worker, (theirs, kw, all_batches, plan.corun_context),
                                  name=f"trcal-corun-{model}", daemon=True, env=env)  # fmt: skip
             self.procs.append(proc)

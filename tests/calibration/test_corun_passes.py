@@ -1,0 +1,47 @@
+"""The co-run grid's passes: decode batches up to 64 tokens, peer-return passes above (calibration/profiler/corun)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tokenrouter.calibration.profiler.corun import DecodeLoop, WindowSpec, engine_kwargs_for_corun, pass_rows
+
+
+def test_a_grid_value_is_the_tokens_of_its_pass():
+    assert pass_rows(1) == [1] and pass_rows(64) == [1] * 64
+    # 200 tokens of returns: sixteen rows of 12 and one of 8
+    assert pass_rows(200) == [12] * 16 + [8]
+
+
+def test_engine_kwargs_hold_every_cell_and_graph_only_the_decode_batches():
+    kw = engine_kwargs_for_corun("tiny-large", [1, 4, 200], context=32, device="cpu", page_size=16)
+    assert kw["graph_buckets"] == (1, 4)
+    assert kw["max_num_batched_tokens"] == 200 and kw["max_batch_size"] == 17
+    # one request set per value, each row 32 tokens = 2 pages (+1 spare each)
+    assert kw["num_pages"] >= (1 + 4 + 17) * 2
+
+
+def test_loop_runs_a_return_pass_over_its_rows_at_the_context():
+    from tokenrouter.engine import Engine, EngineConfig
+
+    kw = engine_kwargs_for_corun("tiny-large", [2, 100], context=32, device="cpu")
+    eng = Engine(EngineConfig(**{**kw, "cuda_graphs": False}))
+    try:
+        loop = DecodeLoop(eng, [2, 100], 32)
+        batch = loop.batches[100]
+        assert [r.num_tokens for r in batch.rows] == [12] * 8 + [4]
+        assert all(r.start + r.num_tokens == 32 for r in batch.rows)
+        assert [r.num_tokens for r in loop.batches[2].rows] == [1, 1]
+        import time
+
+        t = time.monotonic()
+        got = loop.run(WindowSpec(t, t + 0.6, 100, settle_s=0.0, tail_s=0.0))
+        assert got["steps"] >= 1 and got["ms"] > 0
+    finally:
+        eng.close()
+
+
+@pytest.mark.parametrize("value", [65, 512])
+def test_values_above_decode_are_returns_of_that_many_tokens(value):
+    rows = pass_rows(value)
+    assert sum(rows) == value and max(rows) == 12 and len(rows) == -(-value // 12)
