@@ -97,7 +97,8 @@ def run(a: argparse.Namespace) -> None:
 
 def read_steps(out: Path) -> list[dict]:
     steps = []
-    for f in sorted((out / "run").glob("steps*.jsonl*")):  # as written, or gzipped as committed
+    run_dir = out / "run" if (out / "run").is_dir() else out  # as the run wrote it, or as committed
+    for f in sorted(run_dir.glob("steps*.jsonl*")):  # as written, or gzipped
         with gzip.open(f, "rt") if f.suffix == ".gz" else f.open() as fh:
             steps += [json.loads(line) for line in fh if line.strip()]
     return steps
