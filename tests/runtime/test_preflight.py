@@ -70,7 +70,9 @@ def test_weights_beyond_host_memory():
     ],
 )
 def test_serve_refuses_before_loading(args, needle):
-    r = tr("serve", *PAIR, *args)
+    # A port this test owns (8000 may be taken on the machine; the port is checked before what each case tests).
+    port = () if "--port" in args else ("--port", str(free_port()))
+    r = tr("serve", *PAIR, *args, *port)
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and needle in lines[0], r.stderr
 
