@@ -1,8 +1,9 @@
 """Co-location: two models' passes on one GPU, each alone and while the other steps back to back.
 
 A grid value is the tokens of a pass: up to `MAX_DECODE` a decode batch of that many rows (one token each, in a
-decode graph), above it a pass of peer returns (rows of `pass_timing.RETURN_ROW_TOKENS` tokens, eager) as the
-large model runs when the small one's runs come back to it: its slowdown, and the small model's beside it, differ
+decode graph), above it a pass of peer returns (rows of `pass_timing.RETURN_ROW_TOKENS` tokens, in a varlen graph of
+exactly its size: eager passes of a large model time bimodally beside a peer) as the large model runs when the
+small one's runs come back to it: its slowdown, and the small model's beside it, differ
 from a decode step's (a compute-bound pass leaves the peer fewer SMs).
 
 Each model runs in a process of its own (`corun_worker`, started by the calibrator under CUDA MPS with the
@@ -45,9 +46,11 @@ class WindowSpec:
 
 def engine_kwargs_for_corun(model: str, batches: list[int], context: int, device: str, page_size: int = 16,
                             seed: int = 0) -> dict[str, Any]:  # fmt: skip
-    """A small engine: decode graphs at exactly the grid's decode batch sizes, no varlen graphs, KV for every cell's
-    rows at once (two processes share the GPU, so neither may size itself from the whole memory)."""
+    """A small engine: decode graphs at exactly the grid's decode batch sizes, varlen graphs at exactly its return
+    passes, KV for every cell's rows at once (two processes share the GPU, so neither may size itself from the
+    whole memory)."""
     rows = [len(pass_rows(b)) for b in set(batches)]
+    returns = tuple(sorted({b for b in batches if b > MAX_DECODE}))
     pages = sum(rows) * (-(-context // page_size) + 1) + 8  # one request set per grid value, all kept
     return {
         "model": model,
@@ -59,7 +62,8 @@ def engine_kwargs_for_corun(model: str, batches: list[int], context: int, device
         "max_batch_size": max(rows),
         "max_num_batched_tokens": max(*batches, 16),
         "graph_buckets": tuple(sorted({b for b in batches if b <= MAX_DECODE})),
-        "varlen_graphs": False,
+        "varlen_graphs": bool(returns),
+        "varlen_graph_buckets": returns or None,
     }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from cuda_marks import cuda_only
 
 from tokenrouter.calibration.profiler.corun import DecodeLoop, WindowSpec, engine_kwargs_for_corun, pass_rows
 
@@ -16,6 +17,8 @@ def test_a_grid_value_is_the_tokens_of_its_pass():
 def test_engine_kwargs_hold_every_cell_and_graph_only_the_decode_batches():
     kw = engine_kwargs_for_corun("tiny-large", [1, 4, 200], context=32, device="cpu", page_size=16)
     assert kw["graph_buckets"] == (1, 4)
+    assert kw["varlen_graphs"] and kw["varlen_graph_buckets"] == (200,)  # the return pass, in a graph of its size
+    assert not engine_kwargs_for_corun("tiny-large", [1, 64], context=32, device="cpu")["varlen_graphs"]
     assert kw["max_num_batched_tokens"] == 200 and kw["max_batch_size"] == 17
     # one request set per value, each row 32 tokens = 2 pages (+1 spare each)
     assert kw["num_pages"] >= (1 + 4 + 17) * 2
@@ -45,3 +48,20 @@ def test_loop_runs_a_return_pass_over_its_rows_at_the_context():
 def test_values_above_decode_are_returns_of_that_many_tokens(value):
     rows = pass_rows(value)
     assert sum(rows) == value and max(rows) == 12 and len(rows) == -(-value // 12)
+
+
+@cuda_only()
+def test_on_cuda_a_return_pass_runs_in_its_varlen_graph_and_a_decode_batch_in_its_decode_graph():
+    from tokenrouter.engine import Engine, EngineConfig
+
+    eng = Engine(EngineConfig(**engine_kwargs_for_corun("tiny-large", [4, 100], context=64, device="cuda")))
+    try:
+        loop = DecodeLoop(eng, [4, 100], 64)
+        h = eng.step(loop.batches[100])
+        h.result()
+        assert h.varlen_bucket == 100 and h.graph_bucket is None
+        h = eng.step(loop.batches[4])
+        h.result()
+        assert h.graph_bucket == 4
+    finally:
+        eng.close()
