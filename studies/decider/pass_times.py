@@ -6,6 +6,8 @@ loads (`SetPolicy`, as the admin endpoint does) and a closed loop of N clients r
 contexts (`runtime.engine_loop.step_record`), so `--summarize` rebuilds every pass, splits it with the model's
 `GraphRule` as the engine did, and prices it alone with the profile's cost model (`calibration.cost`): live GPU
 ms over the alone price is the co-run factor the simulator should have applied, per B and per size of pass.
+`--std-serving` serves the baseline instead (a model server per model and the dispatcher) for `--repeats` loads in
+a row: the same table per load, and whether a later load runs slower than the first.
 
     python3 studies/decider/pass_times.py --config studies/serving/headline.yaml --out OUT -n 64 \
         --bs "17,36;25,40"                                                                  # on the GPU
@@ -82,11 +84,20 @@ def run(a: argparse.Namespace) -> None:
 
     base = load_config(a.config)
     marks = []
-    with Server(base, device=a.device, step_logs=True, run_dir=a.out / "run") as srv:
+    if a.std_serving:  # the baseline has no B: each load is one cell, the same server throughout
+        from tokenrouter.baselines.launcher import BaselineServer
+
+        srv_cm = BaselineServer(base, "std-serving", device=a.device, step_logs=True, run_dir=a.out / "run")
+        bs: list[list[int] | None] = [None] * a.repeats
+    else:
+        srv_cm = Server(base, device=a.device, step_logs=True, run_dir=a.out / "run")
+        bs = parse_bs(a.bs) * a.repeats
+    with srv_cm as srv:
         client = RuntimeClient(srv.addresses)
         try:
-            for k, b in enumerate(parse_bs(a.bs) * a.repeats):
-                set_b(srv, client, k + 1, replace(base.policy.with_thresholds(b)))
+            for k, b in enumerate(bs):
+                if b is not None:
+                    set_b(srv, client, k + 1, replace(base.policy.with_thresholds(b)))
                 t0, t1, toks = load(srv, client, a.n, a.requests or 4 * a.n, a.output, f"c{k}")
                 marks.append({"B": b, "t0": t0, "t1": t1, "tok_s": toks / (t1 - t0)})
                 print(f"B={b}: {toks / (t1 - t0):.1f} tok/s", flush=True)
@@ -173,6 +184,8 @@ def main() -> None:
     p.add_argument("-n", type=int, default=64)
     p.add_argument("--bs", default="17,36;25,40", help="B values, 'a,b;c,d'")
     p.add_argument("--repeats", type=int, default=1, help="run the B list this many times, alternating")
+    p.add_argument("--std-serving", action="store_true",
+                   help="serve the std-serving baseline (no B): --repeats loads in a row on one server")  # fmt: skip
     p.add_argument("--requests", type=int, default=0, help="requests per load (default 4N)")
     p.add_argument("--output", type=int, default=256)
     p.add_argument("--device", default="cuda")
