@@ -19,7 +19,9 @@ from typer.testing import CliRunner
 from tokenrouter.cli.trsim import build_app
 
 HOP = 0.0917  # distinctive: no default or constant of the project equals it
-MAX_FILES = 10
+# The files on the path today (the project's bound is 10): one more layer that holds the value fails here, and the
+# list printed says which; raise this only with a reason the lead accepts.
+MAX_FILES = 8
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT = tuple(str(ROOT / d) + "/" for d in ("tokenrouter", "sim", "cli", "calibration"))
 DRAW = "hop_uniform"  # the hop law's draw (tokenrouter/routers/synthetic.py)
@@ -82,5 +84,4 @@ def test_hop_rate_reaches_the_draw_through_at_most_ten_files() -> None:
     assert result.exit_code == 0, result.output
     assert tracer.drawn, "the run never drew a hop"
     files = sorted(str(Path(f).relative_to(ROOT)) for f in tracer.files)
-    print("\n".join(files))
     assert len(files) <= MAX_FILES, f"--hop-rate crosses {len(files)} files:\n" + "\n".join(files)
