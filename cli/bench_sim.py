@@ -30,7 +30,7 @@ def served_models(url: str, api_key: str | None) -> list[str] | None:
 def check_sim(deploy: DeploymentFlags, url: str, api_key: str | None, **run: Any) -> tuple[SimConfig, bool]:
     """The simulated cell (`sim_config` with the run flags `run`), refused in one line before the live run when
     it cannot be simulated or simulates other models than the server at `url` runs."""
-    cfg, auto = sim_config(deploy, **run)
+    cfg, auto = sim_config(deploy.resolve(), deploy.b_choice, **run)
     prepare_sim(cfg)  # every user error a simulated run can raise
     simulated = [m.name for m in cfg.deployment.models]
     served = served_models(url, api_key)

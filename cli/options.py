@@ -24,7 +24,13 @@ import typer
 from tokenrouter.core.config import DeploymentConfig, load_config
 from tokenrouter.core.names import Placement, RouterName
 from tokenrouter.core.policy import PolicyKind
-from tokenrouter.deploy.overrides import DEFAULT_LARGE, DEFAULT_SMALL, DeploymentOverrides, resolve_deployment
+from tokenrouter.deploy.overrides import (
+    DEFAULT_LARGE,
+    DEFAULT_SMALL,
+    BChoice,
+    DeploymentOverrides,
+    resolve_deployment,
+)
 
 HOP_RATE_HELP = (
     "Probability that the small model hands the next token to the large one after each step (the synthetic "
@@ -133,6 +139,15 @@ class DeploymentFlags:
         """The deployment: the config (or the default pair) with the overrides applied (one path for all CLIs)."""
         base = load_config(self.config) if self.config is not None else None
         return resolve_deployment(base, self.overrides)
+
+    @property
+    def b_choice(self) -> BChoice:
+        """Where a simulated run's B comes from: `--thresholds auto`, or neither `--config` nor `--thresholds`, is
+        the decider's; `--thresholds` is the flag's; else the config's."""
+        given = self.overrides.thresholds is not None
+        if self.thresholds_auto or (self.config is None and not given):
+            return BChoice.AUTO
+        return BChoice.GIVEN if given else BChoice.CONFIG
 
     @classmethod
     def parse(cls, config: Path | None, values: dict[str, Any]) -> DeploymentFlags:

@@ -69,7 +69,8 @@ def run(
         check_output(csv_out, "--csv")
         check_output(plot, "--plot", figure=True)
     cfg, auto = sim_config(
-        deploy,
+        deploy.resolve(),
+        deploy.b_choice,
         concurrency=concurrency,
         workload=workload,
         num_requests=num_requests,

@@ -87,7 +87,8 @@ def sweep(
     for point in grid:
         dep_point = {k: v for k, v in point.items() if k not in RUN_AXES}
         run_point = {k: v for k, v in point.items() if k in RUN_AXES}
-        cfg, auto = sim_config(point_flags(config, dep_point), **run_point)
+        flags = point_flags(config, dep_point)
+        cfg, auto = sim_config(flags.resolve(), flags.b_choice, **run_point)
         if not dry_run:
             prepare_sim(cfg)  # profile, models, workload, seed, router: whatever a run would refuse
         configs.append((cfg, auto))

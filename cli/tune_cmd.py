@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Annotated
 
@@ -40,7 +41,6 @@ from tokenrouter.sim.tune_layouts import (
     points_to_tune,
     tune_and_choose,
     tuned_config,
-    tuning_flags,
 )
 
 REQUESTS_HELP = (
@@ -136,14 +136,16 @@ def tune(
         raise CliError(f"--search-budget must be > 0 seconds, got {search_budget}")
     target = Objective(slo_tpot_ms)  # which B is best at each N (--objective chooses among placements)
     layouts = _layouts(placements, deploy)
-    deploy = tuning_flags(deploy)
+    # the tune starts delayed, from no thresholds given (B is what it chooses)
+    ov = dataclasses.replace(deploy.overrides, policy="delayed", thresholds=None)
+    base = dataclasses.replace(deploy, overrides=ov).resolve()
     if dry_run:
-        typer.echo(deploy.resolve().to_yaml().rstrip())
+        typer.echo(base.to_yaml().rstrip())
         return
-    note_cpu_profile("trsim tune", deploy.resolve().profile)
+    note_cpu_profile("trsim tune", base.profile)
     splits = parse_sm_splits(sm_splits) if sm_splits else [None]
-    specs = candidate_specs(layouts, splits, deploy.resolve(), num_gpus)
-    usd = candidate_prices(deploy, specs, prices)
+    specs = candidate_specs(layouts, splits, base, num_gpus)
+    usd = candidate_prices(base, specs, prices)
     sweep = at_sustained_load(goal) and slo_tpot_ms is not None and len(specs) > 1
     cols = (TextColumn("tune {task.fields[what]} N={task.fields[n]}"), BarColumn(), MofNCompleteColumn(),
             TimeElapsedColumn())  # fmt: skip
@@ -151,7 +153,7 @@ def tune(
         # sweeping placements upward stops at each one's first SLO miss: the total is then an upper bound
         task = bar.add_task("tune", total=points_to_tune(len(specs), len(ns), sweep), n=ns[0], what="")
         progress = lambda label, n, done: bar.update(task, n=n, what=label, advance=done)  # noqa: E731
-        best, candidates = tune_and_choose(deploy, specs, ns, ref_n, goal, usd=usd, progress=progress, pool=pool,
+        best, candidates = tune_and_choose(base, specs, ns, ref_n, goal, usd=usd, progress=progress, pool=pool,
                                            workload=workload, num_requests=num_requests, top=top, seed=seed,
                                            max_output=max_output, target=target,
                                            budget_s=search_budget)  # fmt: skip

@@ -57,7 +57,7 @@ def cell_config(args: str, base: Path, profile: str | None = None) -> tuple[SimC
     if profile is not None:
         argv += ["--profile", profile]
     deploy, run = parse_run_args(argv)
-    return sim_config(deploy, **run)
+    return sim_config(deploy.resolve(), deploy.b_choice, **run)
 
 
 def _err(sim: float, live: float) -> float:

@@ -104,10 +104,6 @@ class Choice:
         return None if self.thresholds is None else self.trials[self.thresholds]
 
     @property
-    def fastest(self) -> Trial:
-        return max(self.trials.values(), key=lambda t: t.tok_s)
-
-    @property
     def markov_best(self) -> B | None:
         return self.markov[0][0] if self.markov else None
 

@@ -45,12 +45,6 @@ class FinishCounter:
         self.recent.append(num_output)
 
 
-def set_router_hop_rate(subs: list[SimSubserver], rc: RouterConfig, hop_rate: float) -> None:
-    """Every subserver's router to `hop_rate` (ValueError for a router without a synthetic rate)."""
-    for s in subs:
-        set_hop_rate(s.sched.router, rc.name, hop_rate, rc.return_prob)
-
-
 class PhaseDriver:
     """Applies `phases` with at_s > 0 at their times (a phase at 0 is the run's starting point: the caller starts
     with it). `loader` must have `set_concurrency` when a phase sets one (the closed loop)."""
@@ -64,14 +58,19 @@ class PhaseDriver:
             raise ValueError("workload phases that set 'concurrency' need a closed loop (no --arrival-rate or "
                              "arrival times)")  # fmt: skip
         if any(p.hop_rate is not None for p in phases):
-            set_router_hop_rate(subs, router, router.hop_rate)  # fails now, not mid-run, for a router without one
+            self.set_hop_rate(router.hop_rate)  # fails now, not mid-run, for a router without one
         self.proc = env.process(self._run(later))
+
+    def set_hop_rate(self, hop_rate: float) -> None:
+        """Every subserver's router to `hop_rate` (ValueError for a router without a synthetic rate)."""
+        for s in self.subs:
+            set_hop_rate(s.sched.router, self.router.name, hop_rate, self.router.return_prob)
 
     def _run(self, phases: list[Phase]):
         for ph in phases:
             yield self.env.timeout(ph.at_s - self.env.now)
             if ph.hop_rate is not None:
-                set_router_hop_rate(self.subs, self.router, ph.hop_rate)
+                self.set_hop_rate(ph.hop_rate)
             if ph.concurrency is not None:
                 self.loader.set_concurrency(ph.concurrency)
             self.applied.append((self.env.now, ph))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -32,7 +32,7 @@ from tokenrouter.metrics import MetricsCollector
 from tokenrouter.models import load_spec
 from tokenrouter.routers.trace_law import replayed_runs
 from tokenrouter.sim.clients import ClosedLoop, OpenLoop
-from tokenrouter.sim.drivers import FinishCounter, PhaseDriver, SimAutotune, set_router_hop_rate
+from tokenrouter.sim.drivers import FinishCounter, PhaseDriver, SimAutotune
 from tokenrouter.sim.gpu_share import SharedGpu
 from tokenrouter.sim.subserver import SimSubserver
 from tokenrouter.workloads import (
@@ -61,6 +61,8 @@ class SimConfig:
     cost: StepCost | None = None  # instead of the profile's (tests use ConstantCost)
     # A trial (the decider's): stop when the closed loop runs out of requests; only the steady window is measured
     trial: bool = False
+    # The workload's phases, parsed when the config is made (None: not yet); a copy (`dataclasses.replace`) keeps them
+    phases: tuple[Phase, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.num_requests < 1:
@@ -69,6 +71,17 @@ class SimConfig:
             raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
         if self.arrival_rate is not None and self.arrival_rate <= 0:
             raise ValueError(f"arrival rate must be > 0, got {self.arrival_rate}")
+        if self.phases is None:
+            self.phases = tuple(load_phases(self.workload))
+            self._start_at(initial_phase(list(self.phases)))
+
+    def _start_at(self, first: Phase | None) -> None:
+        """A phase at 0 s replaces the run's N and hop rate from the start: the one place it is applied, so the
+        decider chooses B for what the run starts with, and a copy of the config (a trial) does not apply it again."""
+        if first is not None and first.concurrency is not None:
+            self.concurrency = first.concurrency
+        if first is not None and first.hop_rate is not None:
+            self.deployment = replace(self.deployment, router=replace(self.deployment.router, hop_rate=first.hop_rate))
 
 
 @dataclass(slots=True)
@@ -115,13 +128,10 @@ def simulate_config(cfg: SimConfig, make_controller: ControllerFactory | None = 
     profile, cost, specs, deployment = prepare_sim(cfg)
     analytic = cfg.cost is None and profile.kind == "analytic"
     run = _wire_up(deployment, cost, dep.policy.kind)
-    phases = load_phases(cfg.workload)
-    first = initial_phase(phases)
-    n0 = first.concurrency if first is not None and first.concurrency is not None else cfg.concurrency
+    phases = list(cfg.phases or ())
+    first, n0 = initial_phase(phases), cfg.concurrency  # the phase at 0 s is in `cfg` already
     loader = _loader(run, cfg, specs, n0, deployment)
     driver = PhaseDriver(run.env, phases, loader, run.subs, dep.router) if phases else None
-    if first is not None and first.hop_rate is not None:  # after the driver, whose check sets the config's rate
-        set_router_hop_rate(run.subs, dep.router, first.hop_rate)
     tuner, initial = _autotune(run, dep, deployment, cost, loader, n0, make_controller)
     stop_early = cfg.trial and isinstance(loader, ClosedLoop) and not phases and tuner is None
     run.env.run(until=loader.exhausted if stop_early else None)

@@ -7,29 +7,9 @@ The simulator's types live in `sim.loop` and are re-exported here, where the com
 from __future__ import annotations
 
 from tokenrouter.sim.autotune_solve import make_controller
-from tokenrouter.sim.loop import (
-    SimConfig,
-    SimResult,
-    cost_model,
-    estimated_notes,
-    per_gpu,
-    prepare_sim,
-    shared_gpus,
-    simulate_config,
-    subservers,
-)
+from tokenrouter.sim.loop import SimConfig, SimResult, cost_model, estimated_notes, prepare_sim, simulate_config
 
-__all__ = [
-    "SimConfig",
-    "SimResult",
-    "cost_model",
-    "estimated_notes",
-    "per_gpu",
-    "prepare_sim",
-    "run_sim",
-    "shared_gpus",
-    "subservers",
-]
+__all__ = ["SimConfig", "SimResult", "cost_model", "estimated_notes", "prepare_sim", "run_sim"]
 
 
 def run_sim(cfg: SimConfig) -> SimResult:

@@ -1,14 +1,11 @@
-"""One simulated run as a command asks for it: the `SimConfig` of a deployment and run flags, and the run with
-B chosen by the decider (`sim.decide`) when the thresholds are 'auto' (`trsim run | sweep | tune | validate`,
+"""One simulated run as a command asks for it: the `SimConfig` of a resolved deployment and run settings, and the run
+with B chosen by the decider (`sim.decide`) when the thresholds are 'auto' (`trsim run | sweep | tune | validate`,
 `tr bench --sim`)."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from concurrent.futures import Executor
-from pathlib import Path
-from typing import Protocol
 
 from tokenrouter.calibration.resolve import load_profile
 from tokenrouter.core.config import ConfigError, DeploymentConfig
@@ -16,7 +13,7 @@ from tokenrouter.core.names import RouterName
 from tokenrouter.core.policy import PolicyKind
 from tokenrouter.deploy.builder import max_context_len
 from tokenrouter.deploy.kv_budget import NoRoom, kv_capacity_tokens
-from tokenrouter.deploy.overrides import DeploymentOverrides
+from tokenrouter.deploy.overrides import BChoice
 from tokenrouter.sim.decide import (
     DEFAULT_BUDGET_S,
     FINALISTS,
@@ -30,25 +27,15 @@ from tokenrouter.sim.decide import (
 from tokenrouter.sim.propose import check_search_concurrency
 from tokenrouter.sim.run import SimConfig, SimResult, run_sim
 from tokenrouter.sim.tune import with_thresholds
-from tokenrouter.workloads import initial_phase, load_phases, make_workload
+from tokenrouter.workloads import make_workload
 
 SELF_JUDGED = 2
 """Finalists a run judges by running them itself (`_judges_itself`): two runs on two processes take one run's time."""
 
 
-class DeploymentSource(Protocol):
-    """A deployment as a command line gives it (`cli.options.DeploymentFlags`): `--config`, the flags given
-    (None = not given), whether `--thresholds auto` was given, and `resolve()`, the config with the flags applied."""
-
-    config: Path | None
-    overrides: DeploymentOverrides
-    thresholds_auto: bool
-
-    def resolve(self) -> DeploymentConfig: ...
-
-
 def sim_config(
-    deploy: DeploymentSource,
+    dep: DeploymentConfig,
+    b: BChoice = BChoice.CONFIG,
     *,
     concurrency: int = 8,
     workload: str | None = None,
@@ -57,37 +44,22 @@ def sim_config(
     arrival_rate: float | None = None,
     max_output: int | None = None,
 ) -> tuple[SimConfig, bool]:
-    """The SimConfig of one simulated run: the resolved deployment and the run flags; also whether thresholds are
-    'auto' (the decider's B for this N: asked for, or the default of a delayed run without a config).
-    `workload` None: the trace a trace router replays (`--router trace --trace FILE`), else low-effort."""
-    dep = deploy.resolve()
+    """The SimConfig of one simulated run of the resolved deployment `dep` under the run settings; also whether B
+    is the decider's (`b` AUTO, for a delayed policy). `workload` None: the trace a trace router replays (`--router
+    trace --trace FILE`), else low-effort."""
     if workload is None:
         workload = dep.router.trace if dep.router.name == RouterName.TRACE and dep.router.trace else "low-effort"
-    first = initial_phase(load_phases(workload))  # a phase at 0 s replaces --concurrency / --hop-rate
-    if first is not None and first.concurrency is not None:
-        concurrency = first.concurrency
-    if first is not None and first.hop_rate is not None:
-        dep = dataclasses.replace(dep, router=dataclasses.replace(dep.router, hop_rate=first.hop_rate))
-    given = deploy.overrides.thresholds is not None
-    auto = deploy.thresholds_auto or (deploy.config is None and not given)
-    auto = auto and dep.policy.kind == PolicyKind.DELAYED
-    if auto:
-        check_search_concurrency(concurrency, "; give --thresholds to simulate a B of your choice")
-    if given and dep.policy.kind == PolicyKind.DELAYED:
+    cfg = SimConfig(dep, workload=workload, num_requests=num_requests, concurrency=concurrency,
+                    arrival_rate=arrival_rate, seed=seed, max_output=max_output)  # fmt: skip
+    delayed = cfg.deployment.policy.kind == PolicyKind.DELAYED
+    if b is BChoice.AUTO and delayed:
+        check_search_concurrency(cfg.concurrency, "; give --thresholds to simulate a B of your choice")
+    if b is BChoice.GIVEN and delayed:
         try:
-            dep.policy.check(len(dep.models), concurrency)
+            cfg.deployment.policy.check(len(cfg.deployment.models), cfg.concurrency)
         except ConfigError as e:
             raise ValueError(f"--thresholds: {e}") from None
-    cfg = SimConfig(
-        dep,
-        workload=workload,
-        num_requests=num_requests,
-        concurrency=concurrency,
-        arrival_rate=arrival_rate,
-        seed=seed,
-        max_output=max_output,
-    )
-    return cfg, auto
+    return cfg, b is BChoice.AUTO and delayed
 
 
 def simulate(cfg: SimConfig, auto: bool, *, objective: Objective = THROUGHPUT, pool: Executor | None = None,
@@ -126,7 +98,7 @@ def simulate(cfg: SimConfig, auto: bool, *, objective: Objective = THROUGHPUT, p
 def _judges_itself(cfg: SimConfig) -> bool:
     """Whether the run is a judge as good as a trial: a closed loop of fixed clients (no arrival rate, no phases, no
     autotune) with at least a trial's requests, so its steady window is at least a trial's."""
-    if cfg.arrival_rate is not None or load_phases(cfg.workload) or cfg.deployment.policy.autotune is not None:
+    if cfg.arrival_rate is not None or cfg.phases or cfg.deployment.policy.autotune is not None:
         return False
     if cfg.num_requests < trial_requests(cfg.concurrency):
         return False

@@ -77,11 +77,6 @@ def simulate_thresholds(cfg: SimConfig, thresholds: tuple[int, ...]) -> SimResul
     return run_sim(with_thresholds(cfg, thresholds, autotune=None))
 
 
-def simulated_summary(cfg: SimConfig, thresholds: tuple[int, ...]) -> dict[str, Any]:
-    """`simulate_thresholds`' summary: what a worker process sends back (`sim.sim_pool`)."""
-    return simulate_thresholds(cfg, thresholds).summary
-
-
 def tune_point(cfg: SimConfig, concurrency: int, top: int = START_CANDIDATES, pool: Executor | None = None, *,
                objective: Objective = THROUGHPUT, budget_s: float = DEFAULT_BUDGET_S, requests: int | None = None,
                progress: Callable[[int, Trial], None] | None = None) -> TunePoint:  # fmt: skip

@@ -5,8 +5,8 @@ With several candidates each is tuned at the N they are compared at, and only th
 tok/s, that is `--compare-n`; by cost or tok/s per GPU, the load each one sustains within the TPOT SLO (every N
 upward until its first miss; the largest N alone without an SLO: `sim.tune.at_sustained_load`).
 
-Every candidate is the command's deployment flags with its own placement, tp and SM shares: new flags each
-time, so no candidate sees another's.
+Every candidate is a transform of the command's resolved deployment (`CandidateSpec.deployment`: its own placement,
+tp and SM shares, or GPU kinds), each a new config, so no candidate sees another's.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from tokenrouter.calibration.resolve import load_profile
 from tokenrouter.core.config import DeploymentConfig
 from tokenrouter.core.names import Layout, Placement, TuneObjective, parse_name
 from tokenrouter.deploy.kv_budget import kv_room_gb
-from tokenrouter.deploy.placement import gpus_used, layout
+from tokenrouter.deploy.placement import gpus_used, layout, with_layout, with_shares
 from tokenrouter.models import load_spec
 from tokenrouter.sim.decide import DEFAULT_BUDGET_S, THROUGHPUT, Objective, trial_requests
 from tokenrouter.sim.run import estimated_notes
-from tokenrouter.sim.simulate import DeploymentSource, sim_config
+from tokenrouter.sim.simulate import sim_config
 from tokenrouter.sim.tune import Candidate, at_sustained_load, choose, tune_point
 
 Split = tuple[int, int]  # MPS SM shares SMALL/LARGE in percent
@@ -35,8 +35,9 @@ Split = tuple[int, int]  # MPS SM shares SMALL/LARGE in percent
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class CandidateSpec:
-    """One deployment to tune: a layout (None: the flags' placement) with the placement mode and tp per model it
-    sets, and an SM split (None: the flags' shares); or the GPU kinds of the small and the large model's GPUs."""
+    """One deployment to tune: a layout (None: the base deployment's placement) with the placement mode and tp per
+    model it sets, and an SM split (None: the base's shares); or the GPU kinds of the small and the large model's
+    GPUs."""
 
     layout: Layout | None
     split: Split | None
@@ -44,16 +45,11 @@ class CandidateSpec:
     placement: tuple[Placement, list[int]] | None = None
     kinds: tuple[str, str] | None = None
 
-    def deployment(self, flags: DeploymentSource) -> DeploymentConfig:
-        """This candidate's deployment from `flags` (`candidate_flags`)."""
-        dep = flags.resolve()
+    def deployment(self, base: DeploymentConfig) -> DeploymentConfig:
+        """This candidate's deployment: `base` with its placement and tp, SM shares or GPU kinds."""
+        dep = base if self.placement is None else with_layout(base, *self.placement)
+        dep = dep if self.split is None else with_shares(dep, self.split)
         return dep if self.kinds is None else on_kinds(dep, self.kinds)
-
-
-def tuning_flags(deploy: DeploymentSource) -> DeploymentSource:
-    """The flags a tune starts from: the policy delayed, no thresholds given (B is what the tune chooses)."""
-    overrides = dataclasses.replace(deploy.overrides, policy="delayed", thresholds=None)
-    return dataclasses.replace(deploy, overrides=overrides, thresholds_auto=False)
 
 
 def parse_placement(choice: str) -> Layout | tuple[str, str]:
@@ -80,7 +76,7 @@ def candidate_specs(layouts: list[Layout | tuple[str, str] | None], splits: list
 
 
 def tune_candidates(
-    deploy: DeploymentSource,
+    base: DeploymentConfig,
     specs: list[CandidateSpec],
     ns: list[int],
     *,
@@ -102,17 +98,14 @@ def tune_candidates(
     and after (done 1) each point; `pool` runs the simulator checks (`sim.sim_pool`). `stop_at_miss`: a candidate's
     sweep (`ns` ascending) ends at the first N where no B meets `target`'s SLO: a higher N only raises TPOT, so
     tuning it would cost the most expensive points and could not raise the load the candidate sustains."""
-    flags = [candidate_flags(deploy, spec) for spec in specs]
     usd = usd or [None] * len(specs)
     out = []
-    for spec, fl, cost in zip(specs, flags, usd, strict=True):
-        points, dep = [], None
+    for spec, cost in zip(specs, usd, strict=True):
+        points, dep, own = [], None, spec.deployment(base)
         for n in ns:
             progress(spec.label, n, 0)
-            cfg, _ = sim_config(fl, concurrency=n, workload=workload, num_requests=trial_requests(n), seed=seed,
+            cfg, _ = sim_config(own, concurrency=n, workload=workload, num_requests=trial_requests(n), seed=seed,
                                 max_output=max_output)  # fmt: skip
-            if spec.kinds is not None:
-                cfg = dataclasses.replace(cfg, deployment=on_kinds(cfg.deployment, spec.kinds))
             points.append(tune_point(cfg, n, top=top, pool=pool, objective=target, budget_s=budget_s,
                                      requests=num_requests or None))  # fmt: skip
             dep = cfg.deployment
@@ -126,7 +119,7 @@ def tune_candidates(
 
 
 def tune_and_choose(
-    deploy: DeploymentSource,
+    base: DeploymentConfig,
     specs: list[CandidateSpec],
     ns: list[int],
     compare_n: int,
@@ -145,18 +138,18 @@ def tune_and_choose(
     (`points_to_tune`). `tune`: `tune_candidates`' keywords."""
     usd = usd or [None] * len(specs)
     if len(specs) == 1:
-        candidates = tune_candidates(deploy, specs, ns, usd=usd, progress=progress, target=target, **tune)
+        candidates = tune_candidates(base, specs, ns, usd=usd, progress=progress, target=target, **tune)
         return candidates[0], candidates
     sustained = at_sustained_load(objective)
     sweep = sustained and target.slo_tpot_ms is not None
     first = ns if sweep else [ns[-1]] if sustained else [compare_n]
-    candidates = tune_candidates(deploy, specs, first, usd=usd, progress=progress, target=target, stop_at_miss=sweep,
+    candidates = tune_candidates(base, specs, first, usd=usd, progress=progress, target=target, stop_at_miss=sweep,
                                  **tune)  # fmt: skip
     k = candidates.index(choose(candidates, None if sustained else compare_n, objective))
     tuned = {p.concurrency for p in candidates[k].points}
     rest = [n for n in ns if n not in tuned]
     if rest:
-        more = tune_candidates(deploy, [specs[k]], rest, usd=[usd[k]], progress=progress, target=target, **tune)[0]
+        more = tune_candidates(base, [specs[k]], rest, usd=[usd[k]], progress=progress, target=target, **tune)[0]
         points = sorted(candidates[k].points + more.points, key=lambda p: p.concurrency)
         # the deployment as simulated at the largest N, as when a single candidate is tuned
         dep = more.deployment if rest[-1] > max(tuned) else candidates[k].deployment
@@ -170,24 +163,13 @@ def points_to_tune(num_specs: int, num_ns: int, sweep: bool = False) -> int:
     return num_ns if num_specs == 1 else num_specs * num_ns if sweep else num_specs + num_ns - 1
 
 
-def candidate_prices(deploy: DeploymentSource, specs: list[CandidateSpec],
+def candidate_prices(base: DeploymentConfig, specs: list[CandidateSpec],
                      prices: dict[str, float] | None) -> list[float | None]:  # fmt: skip
     """What each candidate's GPUs cost an hour at `prices` (USD per GPU-hour by kind; None: not priced).
     ProfileError (one line) for a kind in use without a price."""
     if prices is None:
         return [None] * len(specs)
-    return [usd_per_hour(gpu_kinds(spec.deployment(candidate_flags(deploy, spec))), prices) for spec in specs]
-
-
-def candidate_flags(deploy: DeploymentSource, spec: CandidateSpec) -> DeploymentSource:
-    """The command's flags with the candidate's placement, tp and SM shares."""
-    changes: dict = {}
-    if spec.placement is not None:
-        mode, tps = spec.placement
-        changes.update(placement=mode, tp=tps, gpus=None)
-    if spec.split is not None:
-        changes["sm_percent"] = list(spec.split)
-    return dataclasses.replace(deploy, overrides=dataclasses.replace(deploy.overrides, **changes))
+    return [usd_per_hour(gpu_kinds(spec.deployment(base)), prices) for spec in specs]
 
 
 def tuned_config(best: Candidate, candidates: list[Candidate], n: int, goal: TuneObjective, *, workload: str,

@@ -108,7 +108,8 @@ def test_title_names_the_cell():
 
     ov = DeploymentOverrides(hop_rate=0.25, small="tiny-small", large="tiny-large", thresholds=[1, 3],
                              profile="h200-analytic")  # fmt: skip
-    cfg, auto = sim_config(DeploymentFlags(None, ov), concurrency=4, workload="fixed:8,12", num_requests=4)
+    flags = DeploymentFlags(None, ov)
+    cfg, auto = sim_config(flags.resolve(), flags.b_choice, concurrency=4, workload="fixed:8,12", num_requests=4)
     title = RunCell.of_sim(simulate(cfg, auto)).title("trsim run")
     head, line = title.split("\n")
     assert head == "trsim run: tiny-small + tiny-large"
@@ -116,7 +117,7 @@ def test_title_names_the_cell():
     assert build_figure([], title).get_suptitle() == title
 
     flags = DeploymentFlags(None, DeploymentOverrides(policy="eager"))
-    cfg, auto = sim_config(flags, arrival_rate=5.0, workload="fixed:8,12", num_requests=4)
+    cfg, auto = sim_config(flags.resolve(), flags.b_choice, arrival_rate=5.0, workload="fixed:8,12", num_requests=4)
     line = RunCell.of_sim(simulate(cfg, auto)).title("x").split("\n")[1]
     assert "policy eager" in line and "(no delay)" in line and "Poisson 5 req/s" in line and "N =" not in line
 

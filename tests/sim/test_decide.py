@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tokenrouter.cli.options import DeploymentFlags
-from tokenrouter.deploy.overrides import DeploymentOverrides
+from tokenrouter.deploy.overrides import BChoice, DeploymentOverrides, resolve_deployment
 from tokenrouter.sim.decide import (
     Objective,
     decide,
@@ -23,7 +22,8 @@ WORKLOAD = "fixed:100,256"
 
 
 def config(hop: float):
-    cfg, _ = sim_config(DeploymentFlags(None, DeploymentOverrides(hop_rate=hop)), concurrency=N, workload=WORKLOAD)
+    dep = resolve_deployment(None, DeploymentOverrides(hop_rate=hop))
+    cfg, _ = sim_config(dep, BChoice.AUTO, concurrency=N, workload=WORKLOAD)
     return cfg
 
 

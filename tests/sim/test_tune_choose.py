@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 
 from tokenrouter.cli import trsim
-from tokenrouter.cli.options import DeploymentFlags
+from tokenrouter.core.config import DeploymentConfig
 from tokenrouter.core.names import Layout, TuneObjective
-from tokenrouter.deploy.overrides import DeploymentOverrides
+from tokenrouter.deploy.overrides import DeploymentOverrides, resolve_deployment
 from tokenrouter.sim import tune_layouts
 from tokenrouter.sim.decide import THROUGHPUT, Choice, Objective, Trial
 from tokenrouter.sim.sim_pool import sim_pool
@@ -22,19 +22,19 @@ from tokenrouter.sim.tune_layouts import (
     points_to_tune,
     tune_and_choose,
     tune_candidates,
-    tuning_flags,
 )
 
 TUNE = dict(workload="fixed:16,64", num_requests=8, top=1, seed=0, max_output=None)
 
 
-def flags() -> DeploymentFlags:
-    return tuning_flags(DeploymentFlags(None, DeploymentOverrides(hop_rate=0.2), False))
+def flags() -> DeploymentConfig:
+    """The deployment a tune starts from (`trsim tune --hop-rate 0.2`: delayed, B to choose)."""
+    return resolve_deployment(None, DeploymentOverrides(hop_rate=0.2, policy="delayed"))
 
 
 def test_only_the_chosen_candidate_is_tuned_beyond_the_compared_n():
     deploy = flags()
-    specs = candidate_specs([Layout.MPS, Layout.SEPARATE], [None], deploy.resolve(), 2)
+    specs = candidate_specs([Layout.MPS, Layout.SEPARATE], [None], deploy, 2)
     seen: list[tuple[str, int]] = []
     progress = lambda label, n, done: seen.append((label, n)) if done else None  # noqa: E731
     best, cands = tune_and_choose(deploy, specs, [2, 4, 8], 4, TuneObjective.TOTAL, progress=progress, **TUNE)
@@ -54,7 +54,7 @@ def test_a_rows_b_is_what_its_n_tuned_alone_chooses():
     stopped on a ridge where `trsim run`'s own found a B 5.4% faster live): the row of N = 8 in a tune of 2, 4, 8 is
     the row of a tune of 8 alone, after the same search (the B scouted and judged)."""
     deploy = flags()
-    spec = candidate_specs([Layout.MPS], [None], deploy.resolve(), 2)
+    spec = candidate_specs([Layout.MPS], [None], deploy, 2)
     sweep = tune_candidates(deploy, spec, [2, 4, 8], **TUNE)[0].points[-1]
     alone = tune_candidates(deploy, spec, [8], **TUNE)[0].points[-1]
     assert sorted(sweep.choice.scouted) == sorted(alone.choice.scouted)
@@ -63,7 +63,7 @@ def test_a_rows_b_is_what_its_n_tuned_alone_chooses():
 
 def test_the_choice_is_by_the_objective_at_the_compared_n():
     deploy = flags()
-    specs = candidate_specs([Layout.MPS, Layout.SEPARATE], [None], deploy.resolve(), 2)
+    specs = candidate_specs([Layout.MPS, Layout.SEPARATE], [None], deploy, 2)
     _, total = tune_and_choose(deploy, specs, [4], 4, TuneObjective.TOTAL, **TUNE)
     tok_s = {c.label: c.throughput(4) for c in total}
     per_gpu = {c.label: c.per_gpu(4) for c in total}
@@ -131,7 +131,7 @@ def tuned(monkeypatch) -> list[tuple[str, int]]:
 
 def _cost(usd: list[float], target: Objective = THROUGHPUT, compare_n: int = 8):
     deploy = flags()
-    specs = candidate_specs([Layout.MPS, Layout.SEPARATE], [None], deploy.resolve(), 2)
+    specs = candidate_specs([Layout.MPS, Layout.SEPARATE], [None], deploy, 2)
     return tune_and_choose(deploy, specs, NS, compare_n, TuneObjective.COST, usd=usd, target=target, **TUNE)
 
 
@@ -164,6 +164,6 @@ def test_without_an_slo_cost_tunes_every_candidate_at_the_largest_n_only(tuned):
 
 
 def test_total_throughput_still_compares_at_the_compare_n(tuned):
-    best, _ = tune_and_choose(flags(), candidate_specs([Layout.MPS, Layout.SEPARATE], [None], flags().resolve(), 2),
+    best, _ = tune_and_choose(flags(), candidate_specs([Layout.MPS, Layout.SEPARATE], [None], flags(), 2),
                               NS, 8, TuneObjective.TOTAL, target=Objective(50.0), **TUNE)  # fmt: skip
     assert tuned[:2] == [("mps", 8), ("separate", 8)] and best.label == "separate"  # 1,800 > 1,500 tok/s at N = 8

@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 from dataclasses import dataclass, replace
+from enum import StrEnum
 from pathlib import Path
 
 from tokenrouter.core.config import (
@@ -45,10 +46,18 @@ from tokenrouter.core.config import (
 )
 from tokenrouter.core.names import Baseline, Placement, RouterName
 from tokenrouter.core.policy import PolicyKind
-from tokenrouter.deploy.placement import check_gpus, default_gpus, gpus_from_first
+from tokenrouter.deploy.placement import check_gpus, default_gpus, gpus_from_first, sm_shares
 
 DEFAULT_SMALL = "qwen3-0.6b"
 DEFAULT_LARGE = "qwen3-32b"
+
+
+class BChoice(StrEnum):
+    """Where a simulated run's delayed-batching B comes from, a run setting beside the resolved deployment."""
+
+    AUTO = "auto"  # the decider's B for the run's N: `--thresholds auto`, or a run without --config or --thresholds
+    GIVEN = "given"  # `--thresholds`: checked against the run's N, the error naming the flag
+    CONFIG = "config"  # the config's own thresholds or B(N) table
 
 
 @dataclass(slots=True)
@@ -112,7 +121,7 @@ def resolve_deployment(base: DeploymentConfig | None, ov: DeploymentOverrides) -
     if ov.overlap is not None:
         models = [replace(m, overlap=None) for m in models]
     if ov.sm_percent is not None:
-        shares = _shares(ov.sm_percent, len(models))
+        shares = sm_shares(ov.sm_percent, len(models))
         models = [replace(m, mps_active_thread_percentage=p) for m, p in zip(models, shares, strict=True)]
     sched = cfg.scheduler
     for name in ("page_size", "max_batch_size", "max_batch_tokens", "max_model_len", "overlap"):
@@ -165,15 +174,6 @@ def _gpus(
     if relayout or (ov.tp is not None and any(len(mc.gpus) != mc.tp for mc in models)):
         return default_gpus(mode, tps)
     return None
-
-
-def _shares(shares: list[int], m: int) -> list[int | None]:
-    if len(shares) not in (1, m):
-        raise ConfigError(f"--sm-percent: give one share or one per model ({m}), got {shares}")
-    if any(not 0 <= s <= 100 for s in shares):
-        raise ConfigError(f"--sm-percent: each share must be in 0..100 (0 or 100 = no cap), got {shares}")
-    full = [shares[min(i, len(shares) - 1)] for i in range(m)]
-    return [None if s in (0, 100) else s for s in full]
 
 
 def _policy(cfg: DeploymentConfig, ov: DeploymentOverrides) -> dict[str, Baseline | PolicyConfig | None]:

@@ -14,6 +14,7 @@ Invariants (checked by `check_gpus`, which the resolver applies to every deploym
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from tokenrouter.core.config import ConfigError, DeploymentConfig
@@ -38,6 +39,33 @@ def default_gpus(mode: Placement | str, tps: Sequence[int]) -> list[list[int]]:
 def gpus_from_first(first: Sequence[int], tps: Sequence[int]) -> list[list[int]]:
     """GPUs per model from its first GPU (`--gpus`): a model at tp = k takes k consecutive GPUs from it."""
     return [list(range(g, g + t)) for g, t in zip(first, tps, strict=True)]
+
+
+def sm_shares(shares: Sequence[int], m: int) -> list[int | None]:
+    """MPS SM shares for `m` models from one share or one per model (`mps_active_thread_percentage`: 0 or 100 is
+    no cap, None). One-line ConfigError for another count or a share outside 0..100."""
+    if len(shares) not in (1, m):
+        raise ConfigError(f"--sm-percent: give one share or one per model ({m}), got {list(shares)}")
+    if any(not 0 <= s <= 100 for s in shares):
+        raise ConfigError(f"--sm-percent: each share must be in 0..100 (0 or 100 = no cap), got {list(shares)}")
+    full = [shares[min(i, len(shares) - 1)] for i in range(m)]
+    return [None if s in (0, 100) else s for s in full]
+
+
+def with_shares(cfg: DeploymentConfig, shares: Sequence[int]) -> DeploymentConfig:
+    """`cfg` with the MPS SM shares `shares` (`sm_shares`)."""
+    new = sm_shares(shares, len(cfg.models))
+    models = [dataclasses.replace(m, mps_active_thread_percentage=p) for m, p in zip(cfg.models, new, strict=True)]
+    return dataclasses.replace(cfg, models=models)
+
+
+def with_layout(cfg: DeploymentConfig, mode: Placement, tps: Sequence[int]) -> DeploymentConfig:
+    """`cfg` placed by `mode` with tp per model, its GPUs following them (`default_gpus`), checked (`check_gpus`)."""
+    gpus = default_gpus(mode, tps)
+    models = [dataclasses.replace(m, tp=t, gpus=g) for m, t, g in zip(cfg.models, tps, gpus, strict=True)]
+    out = dataclasses.replace(cfg, models=models, placement=dataclasses.replace(cfg.placement, mode=mode))
+    check_gpus(out)
+    return out
 
 
 def check_gpus(cfg: DeploymentConfig, device: str = "cuda") -> None:
