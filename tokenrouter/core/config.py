@@ -91,25 +91,9 @@ class PlacementConfig:
 
 @dataclass(slots=True)
 class AutotuneConfig:
-    """`policy.autotune`: re-solve B while serving from the counters the subservers export (`core.autotune`).
-
-    Every `observe_s` the driver snapshots the counters; the controller re-solves B for the live N when an estimate
-    moved by more than `tolerance` (relative) since the last solve (at most four times per `interval_s`), or every
-    `interval_s` after a drift of half that, and applies the new B only when predicted to gain at least `min_gain`
-    (relative) over the B in force and the last change is at least `hold_s` old (hysteresis). Estimates forget
-    with half-lives: `half_life_s` for hop probabilities and N, `step_half_life_s` for step times and the outputs'
-    mean and spread (properties of the hardware, the context and the prompts: slower to move, noisier per
-    second). No solve before every model ran `min_steps` steps (decayed count).
-
-    A change is verified: for `verify_s` after it the output-token rate under the new B is measured against the
-    rate under the old B just before it; when it fell by more than `verify_margin` (relative) while the estimates
-    held still, the old B comes back and the new one is not tried again until the estimates move. `verify_s` 0
-    trusts the model alone.
-
-    Each solve is the decider's (`sim.decide`) on the measured step times, with a search budget of `search_s`
-    seconds; `slo_tpot_ms` makes it choose the fastest B whose simulated TPOT p99 meets it (no change when none
-    does). `max_states` bounds the Markov model's proposals and the co-location load it measures at the B in force.
-    """
+    """`policy.autotune`: re-solve B while serving (`core.autotune`; every field is described in
+    docs/autotune.md). Rates and thresholds are relative, times in seconds; `half_life_s` forgets hop probabilities
+    and N, the slower `step_half_life_s` step times and outputs (properties of the hardware and the prompts)."""
 
     observe_s: float = 1.0
     interval_s: float = 5.0
