@@ -140,8 +140,7 @@ def std_serving_from(small: StepCoeffs, a: Assumptions = ASSUMPTIONS) -> StdServ
     With B = std_ref_batch rows, each a re-match with prefix x (ktok), overhead O(x) = B*(h0 + h1*x):
       I(x1) / (I(x1) + O(x1)) = f                      (inference share at the reference context x1)
       I(x2) + O(x2) = (I(x1) + O(x1)) / (1 - loss)     (step time at the long context x2)
-    where I(x) is the small model's graph step (decode rows, B*x*1000 context tokens).
-    """
+    where I(x) is the small model's graph step (decode rows, B*x*1000 context tokens)."""
     b = a.std_ref_batch
     x1, x2 = a.std_ref_ctx / 1000, a.std_long_ctx / 1000
     i1 = small.at(b, b, 0, b * a.std_ref_ctx)

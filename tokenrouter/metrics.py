@@ -85,8 +85,7 @@ class MetricsCollector:
     """Collects per-request token commits and per-model steps/queues during a run; summarizes at the end.
 
     ``num_models`` makes per-model keys appear for every model even if one never ran; more models are
-    picked up as they appear.
-    """
+    picked up as they appear."""
 
     def __init__(self, num_models: int = 0) -> None:
         self.records: dict[str, RequestRecord] = {}

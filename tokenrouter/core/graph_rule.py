@@ -31,8 +31,7 @@ class GraphRule:
     graph when it fits one of the engine's varlen buckets). Each part of a split step is a forward pass that
     streams the weights, so one pass is cheaper than a graph pass plus an eager pass for a weight-bound model;
     `allow_split=True` keeps the short rows in the decode graph and runs the rest as a second pass (an
-    option; the cost model prices both ways).
-    """
+    option; the cost model prices both ways)."""
 
     enabled: bool = True
     buckets: tuple[int, ...] = DEFAULT_GRAPH_BUCKETS

@@ -15,8 +15,7 @@ class KVPool:
     """Fixed-size pool of KV pages of `page_size` tokens each.
 
     Invariant: every page id in 1..num_pages-1 is either in the free list or in exactly one request's
-    page list; `num_free + sum(len(r.pages)) == num_pages - 1`.
-    """
+    page list; `num_free + sum(len(r.pages)) == num_pages - 1`."""
 
     __slots__ = ("_free", "num_pages", "page_size")
 

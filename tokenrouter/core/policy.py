@@ -152,8 +152,7 @@ class SyncGate:
     Step-sync rounds: a round forms when nothing runs; its members are the models with work (ready requests or
     messages in flight to them), and each member's `bar` is the number of messages sent to it so far: it launches
     once it has received that many. Messages sent while the round runs (by members that already completed) are
-    the next round's: they do not hold a member back, though one that landed before it launched joins its batch.
-    """
+    the next round's: they do not hold a member back, though one that landed before it launched joins its batch."""
 
     def __init__(self, kind: PolicyKind | str, num_models: int) -> None:
         kind = parse_kind(kind)

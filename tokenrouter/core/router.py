@@ -21,8 +21,7 @@ class DeviceRouter(Protocol):
     Called once per step with the sampled tokens of the logit rows (batch order) and, when asked for, their
     final-norm hidden states and logits; returns one absolute destination per row, an integer tensor on the same
     device. Invariants: no host sync, no data-dependent shapes, no allocation that outlives the call (it is
-    replayed inside a graph); padding rows may hold garbage and their destinations are ignored.
-    """
+    replayed inside a graph); padding rows may hold garbage and their destinations are ignored."""
 
     needs_logits: bool
     needs_hidden: bool

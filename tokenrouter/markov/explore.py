@@ -44,8 +44,7 @@ class ExploredChains:
     with residual 0); `src` rows' probabilities sum to 1 per state (duplicates (src, dst) are possible and must be
     summed). Per-state rewards are expectations over the next transition, in quanta and requests: `tokens` committed by
     the completions, `tau` time to the next completion, `done` batches completed and `done_size` requests in them, and
-    time integrals `busy`, `queue`, `running` (per model) over that interval.
-    """
+    time integrals `busy`, `queue`, `running` (per model) over that interval."""
 
     k: np.ndarray  # (n, M) waiting requests
     b: np.ndarray  # (n, M) running batch size (0 = idle)
@@ -161,8 +160,7 @@ def explore(
     it joins the entry's queue, and the entry launches it at once only if it is idle and now reaches B_entry.
     This is what breaks lockstep under deterministic routing (a finished request's replacement misses the
     batch its old companions join). With `finish` None or all zero the chain is exactly the closed loop
-    without completions.
-    """
+    without completions."""
     m, n = routing.shape[0], concurrency
     thr = np.asarray(thresholds, dtype=np.int64).reshape(-1, m)
     n_groups = len(thr)

@@ -46,8 +46,7 @@ def state_bound(model: MarkovModel, thresholds: Sequence[int]) -> float:
     B_i waiting, a running one holds b_i >= B_i with residual r_i in 0..d_i(b_i) - 1, and some running model completes
     (r_i = 0): an upper bound on the chain's size. Counted as the coefficient of x^N of prod_i (idle_i + run_i)(x) minus
     the same product with no model at r_i = 0, where idle_i(x) = sum_{k < B_i} x^k and run_i(x) = sum_{b >= B_i, k >= 0}
-    (residuals) x^(b + k). In floating point: exact below 2^53, an estimate beyond.
-    """
+    (residuals) x^(b + k). In floating point: exact below 2^53, an estimate beyond."""
     return float(state_bounds(model, [model.check_thresholds(thresholds)])[0])
 
 

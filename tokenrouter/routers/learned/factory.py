@@ -71,8 +71,7 @@ def make_learned_router(
     `hidden_size` / `vocab_size` / `embedding` describe the small model (the one the classifier reads):
     `embedding` is its input embedding table, shared by reference with R2R's token input.
     `threshold` is in the algorithm's own units (R2R/Co-LLM/CITER: a probability; R-Stitch: entropy
-    fraction). `return_prob` (R-Stitch, random): the rate at which the large model hands back.
-    """
+    fraction). `return_prob` (R-Stitch, random): the rate at which the large model hands back."""
     key = name.lower()
     if key not in LEARNED_ROUTERS:
         raise ValueError(f"no learned router {name!r}; choose one of {', '.join(LEARNED_ROUTERS)}")

@@ -83,8 +83,7 @@ class R2RClassifier(nn.Module):
 
     `score` is monotone in R2R's critical probability: the output logit (binary head) or the log-probability
     of class 2 (multi-class head), so thresholds compare without sigmoid saturation ties; the checkpoint's
-    probability threshold maps to it with `score_of_threshold`.
-    """
+    probability threshold maps to it with `score_of_threshold`."""
 
     needs_hidden: bool
     needs_logits: bool

@@ -38,8 +38,7 @@ class LearnedRouter(Router):
 
     Calibration (`--router-model random`): `hop_rates[m]` is the fraction of model m's steps that should
     leave m; `observe` collects scores of warm-up steps and, after `calibration_rows` rows, sets the
-    threshold of the bound model's gate to the matching quantile (`ScoreGate.calibrate`).
-    """
+    threshold of the bound model's gate to the matching quantile (`ScoreGate.calibrate`)."""
 
     name = "learned"
     keep: tuple[tuple[bool, ...], ...] = HANDBACK_KEEP
@@ -162,8 +161,7 @@ class RStitchRouter(LearnedRouter):
 
     With a given tau both sides use it (symmetric). Calibrated (`random`), each side sets its own cut for
     its own rate: `hop_rate` of small steps hop, `return_prob` of large steps hand back (the synthetic
-    r-stitch preset's p and q), so no threshold has to travel between processes.
-    """
+    r-stitch preset's p and q), so no threshold has to travel between processes."""
 
     name = RouterName.R_STITCH.value
 

@@ -45,8 +45,7 @@ class ConfidenceMLP(_HiddenStateScorer):
     """CITER: an MLP over the small model's final hidden state whose sigmoid is the confidence that the small
     model's token is good enough; the router defers when the confidence is below tau.
 
-    Checkpoint keys: `net.{0,2,...}.{weight,bias}` (Linear layers, ReLU between them).
-    """
+    Checkpoint keys: `net.{0,2,...}.{weight,bias}` (Linear layers, ReLU between them)."""
 
     def __init__(self, hidden_size: int, hidden_dims: Sequence[int] = (512, 512), device: torch.device | str = "cpu"):
         super().__init__()
@@ -67,8 +66,7 @@ class ConfidenceMLP(_HiddenStateScorer):
 class DeferralHead(_HiddenStateScorer):
     """Co-LLM: one extra logit over the small model's final hidden state; sigmoid > eta defers the token.
 
-    Checkpoint keys: `head.weight` [1, hidden], `head.bias` [1].
-    """
+    Checkpoint keys: `head.weight` [1, hidden], `head.bias` [1]."""
 
     def __init__(self, hidden_size: int, device: torch.device | str = "cpu"):
         super().__init__()
