@@ -31,14 +31,11 @@ HANDBACK_KEEP = ((True, False), (True, True))  # row i -> j: is model i's token 
 
 
 class LearnedRouter(Router):
-    """A router whose per-model decision is a device part; `route` passes the engine's destinations through.
+    """A router whose per-model decision is a device part; `route` passes the engine's destinations through, or
+    runs the part on the step's outputs when the engine did not.
 
-    When the engine did not run the device part (`result.destinations` is None), `route` runs it on the
-    step's outputs instead, which then must carry what `device.needs_hidden/needs_logits` ask for.
-
-    Calibration (`--router-model random`): `hop_rates[m]` is the fraction of model m's steps that should
-    leave m; `observe` collects scores of warm-up steps and, after `calibration_rows` rows, sets the
-    threshold of the bound model's gate to the matching quantile (`ScoreGate.calibrate`)."""
+    Calibration (`--router-model random`): `hop_rates[m]` is the fraction of model m's steps that should leave m;
+    after `calibration_rows` warm-up rows (`observe`) the bound gate's threshold is set to the matching quantile."""
 
     name = "learned"
     keep: tuple[tuple[bool, ...], ...] = HANDBACK_KEEP
@@ -157,11 +154,9 @@ class CoLLMRouter(OneTokenHandbackRouter):
 
 class RStitchRouter(LearnedRouter):
     """R-Stitch: normalized entropy > tau on the small model drops its token and hops; the large model keeps
-    writing while its entropy is > tau and hands back (token kept) once it is <= tau.
-
-    With a given tau both sides use it (symmetric). Calibrated (`random`), each side sets its own cut for
-    its own rate: `hop_rate` of small steps hop, `return_prob` of large steps hand back (the synthetic
-    r-stitch preset's p and q), so no threshold has to travel between processes."""
+    writing while its entropy is > tau and hands back (token kept) once it is <= tau. A given tau serves both
+    sides; calibrated (`random`), each side sets its own cut for its own rate (the preset's p and q), so no
+    threshold travels between processes."""
 
     name = RouterName.R_STITCH.value
 
