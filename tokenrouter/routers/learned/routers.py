@@ -1,16 +1,9 @@
-"""Learned routers of two models (0 = small, 1 = large): R2R, CITER, Co-LLM, R-Stitch.
+"""Learned routers of two models (0 = small, 1 = large): R2R, CITER, Co-LLM, R-Stitch (docs/routers.md).
 
-Each is a core `Router` whose decision on each model is a `DeviceRouter` (`ScoreGate` or a constant
-hand-back) that the engine runs inside its step; the hand-back semantics are the synthetic presets' (the
-`keep` matrix is the Markov model's C):
-
-| router | on the small model | on the large model |
-| R2R / CITER / Co-LLM | learned score says hop: token dropped | writes one token (kept), hands back |
-| R-Stitch | normalized entropy > tau: token dropped | writes while entropy > tau; at <= tau hands back (kept) |
-
-One instance serves one subserver: `bind(model)` picks that model's part. A router can be built with only
-the part of the model its process runs (`parts` has the other missing), so the large model's process never
-holds the small model's classifier.
+Each is a core `Router` whose decision on each model is a `DeviceRouter` (`ScoreGate` or a constant hand-back) that
+the engine runs inside its step; the hand-back semantics (`keep`) are the synthetic presets'. One instance serves
+one subserver (`bind(model)` picks its part); it can be built with only that part, so the large model's process
+never holds the small model's classifier.
 """
 
 from __future__ import annotations

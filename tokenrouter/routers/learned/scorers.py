@@ -1,11 +1,10 @@
 """Per-row signals of the learned routers other than R2R: CITER's confidence MLP, Co-LLM's deferral head,
 R-Stitch's normalized entropy.
 
-A scorer is an `nn.Module` called as `scorer(token_ids, hidden, logits) -> float32 [rows]`, says which
-inputs it reads (`needs_hidden`, `needs_logits`) and maps a threshold given in the algorithm's own units
-(a probability, or the entropy fraction) into its score space with `score_of_threshold`. Scores stay in
-logit space where the algorithm uses a sigmoid, so saturated probabilities cannot tie at a threshold.
-Inference only: parameters are frozen, and nothing depends on the values (graph-capturable).
+A scorer is an `nn.Module` called as `scorer(token_ids, hidden, logits) -> float32 [rows]` that names its inputs
+(`needs_hidden`, `needs_logits`) and maps a threshold in the algorithm's units into its score space
+(`score_of_threshold`). Scores stay in logit space where the algorithm uses a sigmoid, so saturated probabilities
+cannot tie at a threshold. Inference only, frozen, graph-capturable.
 """
 
 from __future__ import annotations
