@@ -149,18 +149,14 @@ def explore(
     finish: np.ndarray | None = None,
     entry: int = 0,
 ) -> ExploredChains:
-    """BFS over reachable pre-completion states, for every row of `thresholds` (G, M) at once. `quanta[i, b]` is model
-    i's step time in quanta for batch size b (column 0 unused); `commit_mean[i]` is sum_j c_ij p_ij, the expected tokens
-    committed per request completing on i. Start: all `concurrency` requests waiting at model 0, launch rule applied,
-    time advanced to the first completion. Thresholds must be feasible (sum_i (B_i - 1) < N), which guarantees some
-    model is always running.
+    """BFS over reachable pre-completion states, for every row of `thresholds` (G, M) at once. `quanta[i, b]`: model
+    i's step in quanta at batch size b (column 0 unused); `commit_mean[i]` = sum_j c_ij p_ij. Start: all requests
+    waiting at model 0, launch rule applied, time advanced to the first completion. Thresholds must be feasible
+    (the deadlock guard), so some model is always running.
 
-    `finish[i, j]` (optional, (M, M)): probability that a request routed i -> j has just committed its last
-    token. It then leaves, and its client's next request arrives at `entry` *after* this instant's launches:
-    it joins the entry's queue, and the entry launches it at once only if it is idle and now reaches B_entry.
-    This is what breaks lockstep under deterministic routing (a finished request's replacement misses the
-    batch its old companions join). With `finish` None or all zero the chain is exactly the closed loop
-    without completions."""
+    `finish[i, j]` (optional, (M, M)): probability that a request routed i -> j has just committed its last token;
+    its replacement arrives at `entry` *after* this instant's launches (`_destinations`), which is what breaks
+    lockstep under deterministic routing. With `finish` None or zero the chain has no completions."""
     m, n = routing.shape[0], concurrency
     thr = np.asarray(thresholds, dtype=np.int64).reshape(-1, m)
     n_groups = len(thr)
