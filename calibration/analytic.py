@@ -27,9 +27,8 @@ Per model and mode (see `StepCoeffs`: step_ms = max(c0 + c_row*B + c_ctx*C + c_t
   per key) / matmul_tflops: the summary numbers do not carry each row's prefix, so a reference length is used.
 - TP > 1: bytes and FLOPs split over tp ranks, plus 2 all-reduces per layer at `allreduce_ms`.
 
-The per-kernel, per-op and launch terms (`Assumptions`'s "measured" fields) come from one measurement of a
-throwaway plain-torch unfused Qwen3 decode stack, not of this project's engine, so they are assumptions until
-`tr calibrate` measures the real engine; the measurements are listed in docs/calibration.md (The analytic profile).
+The per-kernel, per-op and launch terms are assumptions (measured once on a plain-torch stack, not this engine:
+docs/calibration.md, The analytic profile) until `tr calibrate` measures the real engine.
 
 Standard serving (`std_serving`): the TokenRouter paper measured small-model inference at 4.2% of a step in
 standard serving, and a 58-85% throughput loss going from 2,048 to 8,192 max output tokens. Reference step:
@@ -140,8 +139,7 @@ def std_serving_from(small: StepCoeffs, a: Assumptions = ASSUMPTIONS) -> StdServ
     With B = std_ref_batch rows, each a re-match with prefix x (ktok), overhead O(x) = B*(h0 + h1*x):
       I(x1) / (I(x1) + O(x1)) = f                      (inference share at the reference context x1)
       I(x2) + O(x2) = (I(x1) + O(x1)) / (1 - loss)     (step time at the long context x2)
-    where I(x) is the small model's graph step (decode rows, B*x*1000 context tokens).
-    """
+    where I(x) is the small model's graph step (decode rows, B*x*1000 context tokens)."""
     b = a.std_ref_batch
     x1, x2 = a.std_ref_ctx / 1000, a.std_long_ctx / 1000
     i1 = small.at(b, b, 0, b * a.std_ref_ctx)

@@ -1,9 +1,6 @@
-"""`Assumptions`: every number the analytic profile (`analytic.py`) assumes or took from a measurement.
-
-Apart from the generator so that what needs only these numbers (`tensor_parallel.py`, which the cost model imports)
-does not import the generator: `python -m tokenrouter.calibration.analytic` then runs a module the package has not
-imported yet (runpy warns otherwise).
-"""
+"""`Assumptions`: every number the analytic profile (`analytic.py`) assumes or took from a measurement. Apart from
+the generator, so that `tensor_parallel.py` (which the cost model imports) does not import it and
+`python -m tokenrouter.calibration.analytic` runs a module not yet imported (runpy warns otherwise)."""
 
 from __future__ import annotations
 
@@ -12,7 +9,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class Assumptions:
-    """Every number the analytic profile assumes or took from a measurement. Times in ms unless named _us."""
+    """Times in ms unless named _us."""
 
     graph_launch_ms: float = 0.015  # measured: replay + sync of a one-kernel graph, 14 us
     kernel_us: float = 2.1  # measured: device time of a tiny kernel inside a graph

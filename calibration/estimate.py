@@ -1,4 +1,5 @@
-"""Estimated profiles: a measured profile carried to a GPU kind the user does not have, by datasheet figures.
+"""Estimated profiles: a measured profile carried to a GPU kind the user does not have, by datasheet figures
+(docs/calibration.md, "Estimated profiles for other GPUs": the method, what is kept and what is not modelled).
 
     load_profile("l4")                       # the bundled h200 profile, estimated for an L4
     trsim profile --gpu l4 -o l4.json        # the same, written to a file (`tr calibrate` on an L4 replaces it)
@@ -8,20 +9,12 @@ Method ("bytes/FLOPs scaling"). Each knot time of a measured pass table (a pass 
     knot_ms(T) = weights + compute(T) + launch
     weights    = min(weight bytes the pass streams / anchor bandwidth, knot_ms(T))
     launch     = max(0, T0's knot_ms - weights - T0 x FLOPs per token / anchor FLOP/s), T0 the smallest knot
-    compute(T) = max(0, the rest): the ideal FLOP time at T0, plus what the pass gains above T0's time
+    compute(T) = max(0, the rest)
 
-with the anchor's *measured* copy bandwidth and GEMM rate (its `gpu`). On the target, `weights` and the KV reads (ctx
-terms) scale by the bandwidth ratio, `compute` and prefill attention (tok/ext terms) by the FLOP/s ratio, per-row
-terms (sampler, LM-head row) by the bandwidth ratio, and `launch` is kept. A linear fit's intercept splits into
-launch + weights the same way. The target's rates are its datasheet figures times the anchor's efficiency
-(measured / datasheet), so the ratios applied are the datasheet ratios.
-
-Kept as measured: host, router and runtime costs, the link, the std-serving bookkeeping, and the co-location grids
-(the simulator reads only their slowdown ratios, which are kept). Memory is the datasheet's: a model's KV budget is
-capped by what its weights leave of `MEM_FRACTION` of memory, and `fits` says whether a model fits at all.
-
-The same split estimates one model's passes from another's on one GPU (weight bytes, KV bytes and FLOPs ratios in
-place of the GPUs'): `studies/placement_cost/method_check.py` reports that error.
+On the target, `weights`, the KV reads and per-row terms scale by the bandwidth ratio, `compute` and prefill
+attention by the FLOP/s ratio, and `launch` is kept; the rates are the datasheet's times the anchor's measured
+efficiency. The same split estimates one model's passes from another's on one GPU
+(`studies/placement_cost/method_check.py` reports that error).
 """
 
 from __future__ import annotations

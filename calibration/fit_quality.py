@@ -1,10 +1,8 @@
 """Fits too poor to price steps with: what `tr calibrate` warns about after it writes a profile.
 
-Each table of a measured profile carries the error of its fit on points the fit did not see (`FitError`). On an
-H200 the pass fits miss their held-out points by at most 18% and the co-location grids' interpolation by 11% in
-the median (69% at worst, one cell of the 0.6B + 32B grid); on a loaded CPU the same fits have missed by 168% and
-more. The limits sit between the two, so a GPU calibration stays quiet and a fit that does not predict its own
-held-out points is named.
+Each table of a measured profile carries its fit's error on points the fit did not see (`FitError`). The limits
+sit between a GPU calibration's errors and a loaded CPU's (docs/calibration.md), so a GPU calibration stays quiet
+and a fit that does not predict its own held-out points is named.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
-"""Co-location interference: how much slower a model's pass runs while another model's pass runs on the same GPU,
-and how much slower it runs alone under an MPS SM cap, from a measured `CoRunGrid` (or a constant factor when the
-pair was not measured).
+"""Co-location interference from a measured `CoRunGrid` (or a constant factor for an unmeasured pair): how much
+slower a model's pass runs while another's runs on the same GPU, and alone under an MPS SM cap.
 
-Both factors are relative to the model's pass alone with no SM cap (the pass tables' time), so the simulator
-prices a pass as `alone_ms x factor`, the factor changing whenever the other model starts or ends a pass
-(processor sharing: `sim.subserver`). Lookups interpolate bilinearly in log2 of the batch (tokens of the pass)
-and clamp at the grid's edges.
+Both factors are relative to the pass alone with no cap, so the simulator prices a pass as `alone_ms x factor`,
+the factor changing whenever the other model starts or ends a pass (processor sharing: `sim.subserver`). Lookups
+interpolate bilinearly in log2 of the batch and clamp at the grid's edges.
 """
 
 from __future__ import annotations

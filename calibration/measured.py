@@ -1,13 +1,12 @@
 """The measured parts of a profile (schema 2): forward-pass tables, host and router costs, the runtime's own costs,
 and co-location grids. `tr calibrate` writes them; an analytic profile has none of them.
 
-Units: ms for times, tokens for token counts, percent (1-100) for MPS SM shares (100 = no cap).
+Units: ms, tokens, and percent (1-100) for MPS SM shares (100 = no cap).
 
 Why tables and not only coefficients: a captured step runs in the smallest CUDA-graph bucket holding its tokens,
-so its time is a step function of tokens (padding is paid), and the varlen pass of a weight-bound model runs
-eagerly when the padding would cost more than the launches it saves. A table at the buckets the engine captures,
-plus a linear term in attended context, reproduces that; a least-squares line over the same points is the
-alternative, and `tr calibrate` keeps the one with the smaller error on held-out points (`PassTable.fit`).
+so its time is a step function of tokens (padding is paid). A table at the engine's buckets plus a linear term in
+attended context reproduces that; `tr calibrate` keeps it or a least-squares line, whichever has the smaller
+held-out error (`PassTable.fit`).
 """
 
 from __future__ import annotations
@@ -46,13 +45,11 @@ class FitError(ProfileStruct, kw_only=True):
 
 
 class PassTable(ProfileStruct, kw_only=True):
-    """Time of one kind of forward pass, measured and fitted.
-
-    `fit == "buckets"`: ms = knot_ms(T) + ctx_ms * context_tokens + row_ms * rows + ext_ms * extend_tokens, where
-    knot_ms takes the smallest knot >= T (`round_up`: a captured graph pays its whole bucket) or interpolates
-    linearly between knots (eager: no padding), clamped beyond the last knot by the last segment's slope.
-    `fit == "linear"`: ms = `linear.at(rows, tokens, extend_tokens, context_tokens)`.
-    Both are stored; `fit` names the one with the smaller held-out error (`errors[fit]`)."""
+    """Time of one kind of forward pass, measured and fitted. `fit == "buckets"`: ms = knot_ms(T) + ctx_ms *
+    context_tokens + row_ms * rows + ext_ms * extend_tokens, where knot_ms takes the smallest knot >= T (`round_up`: a
+    captured graph pays its whole bucket) or interpolates linearly between knots (eager: no padding), clamped beyond the
+    last knot by the last segment's slope. `fit == "linear"`: ms = `linear.at(rows, tokens, extend_tokens,
+    context_tokens)`. Both are stored; `fit` names the one with the smaller held-out error (`errors[fit]`)."""
 
     points: list[PassPoint]
     held_out: list[PassPoint] = msgspec.field(default_factory=list)
@@ -103,13 +100,10 @@ class RouterCost(ProfileStruct, kw_only=True):
 
 
 class RuntimeInfo(ProfileStruct, kw_only=True):
-    """The runtime's own costs, measured on the calibrating machine.
-
-    `ipc_ms` / `tcp_ms`: one peer message one way (ZeroMQ PUSH/PULL, ipc:// and tcp loopback); `gate_rtt_ms`:
-    one round trip to the sync coordinator (a completion report out, the next grant back); `gate_rtts_per_step`:
-    messages a subserver sends the coordinator per launched step under each sync policy (each answered by at most
-    one grant; about 1 since the complete-and-ask protocol, 5-6 before it); `prepare_margin_ms`: with overlap,
-    step k+1 is formed this long before step k's estimated end."""
+    """The runtime's own costs, measured on the calibrating machine. `ipc_ms` / `tcp_ms`: one peer message one way
+    (ZeroMQ, ipc:// and tcp loopback); `gate_rtt_ms`: one round trip to the sync coordinator; `gate_rtts_per_step`:
+    messages a subserver sends the coordinator per launched step under each sync policy; `prepare_margin_ms`: with
+    overlap, step k+1 is formed this long before step k's estimated end."""
 
     ipc_ms: NonNeg
     tcp_ms: NonNeg
@@ -132,13 +126,11 @@ class CoRunShare(ProfileStruct, kw_only=True):
 
 
 class CoRunGrid(ProfileStruct, kw_only=True):
-    """Co-location of models a and b on one GPU, at decode steps of `context` tokens per row.
-
-    `arrangement`: "mps" (one process per model under CUDA MPS; `shares` holds each measured SM split), or a
-    one-process alternative (two engines, two threads): "stream-priority" or "green-context", with its settings
-    in `detail` and one entry in `shares` (shares 100). `reference_a_ms` / `reference_b_ms`: each model alone
-    with no SM cap, the denominators of every slowdown. An unmeasured split is not guessed: asking for one is an
-    error that lists the measured splits."""
+    """Co-location of models a and b on one GPU, at decode steps of `context` tokens per row. `arrangement`: "mps" (one
+    process per model under CUDA MPS; `shares` holds each measured SM split), or a one-process alternative (two engines,
+    two threads): "stream-priority" or "green-context", with its settings in `detail` and one entry in `shares` (shares
+    100). `reference_a_ms` / `reference_b_ms`: each model alone with no SM cap, the denominators of every slowdown. An
+    unmeasured split is not guessed: asking for one is an error that lists the measured splits."""
 
     arrangement: str = "mps"
     detail: dict[str, int] = msgspec.field(default_factory=dict)

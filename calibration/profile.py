@@ -1,22 +1,11 @@
-"""Profile schema (version 2): what the cost model knows about one GPU and the models run on it.
+"""Profile schema (version 2): what the cost model knows about one GPU and the models run on it (docs/calibration.md).
 
-A profile is versioned JSON, written by `tr calibrate` (kind "measured"), by `analytic.py` (kind
-"analytic") or by `estimate.py` for a GPU not at hand (kind "estimated"). Units everywhere: milliseconds (ms)
-for times, bytes for sizes, GB/s = 1e9 B/s for memory bandwidth, TFLOP/s = 1e12 FLOP/s, GB = 1e9 B for memory
-and KV budgets, and Gbit/s = 1e9 bit/s for the cross-host link (network convention: `link.bandwidth_gbps`).
-
-Step time of one model (see `StepCoeffs`), for a batch of B rows feeding T tokens of which E belong to
-extend/prefill rows, attending C context tokens in total:
-
-    step_ms = max(c0 + c_row*B + c_ctx*C + c_tok*T + c_ext*E, floor_ms)
-
-The linear part is what a calibrator fits by least squares; `floor_ms` is a host-side floor (the CPU
-cannot issue an eager step's kernels faster than this, while the GPU works behind it), 0 when unused.
-
-Invariants enforced on load: schema_version == 2 (an older one is a one-line error saying how to make it
-again), every coefficient >= 0, bandwidths/TFLOP/s > 0,
-slowdowns >= 1, tp >= 1, at least one model, MPS pairs name known models. Any violation raises
-`ProfileError` (a ValueError) whose one-line message names the file and the problem.
+A profile is versioned JSON, written by `tr calibrate` (kind "measured"), by `analytic.py` ("analytic") or by
+`estimate.py` for a GPU not at hand ("estimated"). Units: ms for times, bytes for sizes, GB/s = 1e9 B/s, TFLOP/s =
+1e12 FLOP/s, GB = 1e9 B, and Gbit/s for the cross-host link (network convention: `link.bandwidth_gbps`). One step
+(`StepCoeffs`): step_ms = max(c0 + c_row*B + c_ctx*C + c_tok*T + c_ext*E, floor_ms), the floor being the host's
+issue rate for eager kernels (0 when unused). Loading checks the version first (an older one: a one-line error
+saying how to make it again), then every constraint; a violation is a one-line `ProfileError` naming the file.
 """
 
 from __future__ import annotations
@@ -42,12 +31,9 @@ class ProfileError(ValueError):
 
 
 class StepCoeffs(ProfileStruct):
-    """step_ms = max(c0 + c_row*B + c_ctx*C + c_tok*T + c_ext*E, floor_ms), all in ms.
-
-    c0: per step (weight streaming + launch); c_row: per batch row (sampling, LM-head row, metadata);
-    c_ctx: per context token attended (KV read); c_tok: per fed token (matmul compute); c_ext: extra per
-    token of extend/prefill rows (prefill attention compute); floor_ms: host-side issue floor.
-    """
+    """step_ms = max(c0 + c_row*B + c_ctx*C + c_tok*T + c_ext*E, floor_ms) for B rows feeding T tokens (E of them in
+    extend/prefill rows) attending C context tokens. c0: weight streaming + launch; c_row: sampling, LM-head row,
+    metadata; c_ctx: KV read; c_tok: matmul compute; c_ext: prefill attention compute."""
 
     c0: NonNeg
     c_row: NonNeg = 0.0
@@ -58,14 +44,8 @@ class StepCoeffs(ProfileStruct):
 
     def at(self, batch_size: int, num_tokens: int, extend_tokens: int, context_tokens: int) -> float:
         """Step time in ms (reference implementation; the cost model inlines the same formula)."""
-        t = (
-            self.c0
-            + self.c_row * batch_size
-            + self.c_ctx * context_tokens
-            + self.c_tok * num_tokens
-            + self.c_ext * extend_tokens
-        )
-        return max(t, self.floor_ms)
+        t = self.c0 + self.c_row * batch_size + self.c_ctx * context_tokens + self.c_tok * num_tokens
+        return max(t + self.c_ext * extend_tokens, self.floor_ms)
 
 
 class StepModes(ProfileStruct):
@@ -82,8 +62,7 @@ class ModelProfile(ProfileStruct, kw_only=True):
 
     `router_ms` / `kv_budget_gb`, when not null, override the profile-wide defaults for this model.
     Measured profiles add `passes` (the engine's passes, measured: they replace `step` in the cost model),
-    `host` (the subserver loop's host time per step) and `routers` (each learned router's device part).
-    """
+    `host` (the subserver loop's host time per step) and `routers` (each learned router's device part)."""
 
     weight_bytes: Annotated[int, msgspec.Meta(ge=0)]
     kv_bytes_per_token: Annotated[int, msgspec.Meta(gt=0)]
@@ -131,8 +110,7 @@ class MpsInfo(ProfileStruct):
 class StdServingInfo(ProfileStruct):
     """Standard-serving baseline: bookkeeping per re-matched row (prefix match, radix insert, locks).
 
-    cost per rematch row = hop_overhead_ms + hop_overhead_ms_per_ktok * prefix_tokens / 1000.
-    """
+    cost per rematch row = hop_overhead_ms + hop_overhead_ms_per_ktok * prefix_tokens / 1000."""
 
     hop_overhead_ms: NonNeg
     hop_overhead_ms_per_ktok: NonNeg
@@ -148,12 +126,9 @@ class EstimatedFrom(ProfileStruct):
 
 
 class Profile(ProfileStruct, kw_only=True):
-    """A whole profile. Load with `Profile.load(path)` / `load_profile(name_or_path)`; write with `save`.
-
-    Provenance: `created` (ISO date or datetime), `source` (how it was made), `command` (the exact command
-    line), `versions` (torch, Triton, CUDA, driver, Python, tokenrouter). Measured profiles add `runtime` (the
-    runtime's own costs) and `colocation` (pairs measured side by side on one GPU); `mps` stays the fallback
-    for pairs not measured."""
+    """A whole profile (`Profile.load`, `load_profile`; `save`). Provenance: `created` (ISO date or datetime),
+    `source`, `command`, `versions`. Measured profiles add `runtime` and `colocation` (pairs measured side by side);
+    `mps` stays the fallback for pairs not measured."""
 
     schema_version: int
     kind: Literal["analytic", "measured", "estimated"]
@@ -359,12 +334,8 @@ def bundled_profile_names() -> list[str]:
 
 
 def find_profile(name_or_path: str | Path = DEFAULT_PROFILE) -> Profile | None:
-    """A profile file by path, or a bundled profile by name; None for a name that is neither (the GPU kinds are
-    `calibration.resolve.load_profile`'s, which callers use).
-
-    Name lookup for `NAME`: `NAME.json`, then `NAME-measured.json`, then `NAME-analytic.json` in the bundled
-    folder, so "h200" means the measured H200 profile once one is bundled and the analytic one until then.
-    """
+    """A profile file by path, or a bundled profile by name (`NAME.json`, `NAME-measured.json`, then
+    `NAME-analytic.json`); None for a name that is neither (GPU kinds are `calibration.resolve.load_profile`'s)."""
     p = Path(name_or_path)
     if p.suffix == ".json" or p.is_file() or len(p.parts) > 1:
         if not p.exists():

@@ -1,8 +1,6 @@
 """What the cost model needs to know about one step: its graph part, its eager part, and re-matched rows.
-
-`StepStats` is the one argument every step-time function takes (`ModelStepCost.step_ms`). It is built from
-a core `Batch` split by the core's `GraphRule` (the same split the engine runs), or from a synthetic batch
-of identical rows (`trsim tune`'s L_i(b)).
+`StepStats` is the one argument of every step-time function (`ModelStepCost.step_ms`), built from a core `Batch`
+split by the core's `GraphRule` (as the engine runs it) or from identical synthetic rows (`trsim tune`'s L_i(b)).
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """A model at tensor-parallel degree tp > 1 when the profile has no entry measured at that degree: an estimate
-derived from its tp=1 entry (measured or analytic), so the simulator can price a tp layout before anyone measured it.
+derived from its tp=1 entry, so the simulator can price a tp layout before anyone measured it (docs/calibration.md,
+Tensor parallelism).
 
-What splits over the tp ranks and what does not (each rank runs the same step on 1/tp of every matrix):
-- splits: weight streaming, matmul FLOPs, the KV read of attention (KV heads are split), the LM head;
-  i.e. everything in a measured pass time except the floor below, divided by tp;
-- does not split: the per-pass floor of small kernels and the launch (`floor_ms`: the analytic profile's count,
-  (layers x small_kernels_per_layer + kernels_fixed) x kernel_us + graph launch, or + eager_fixed_ms for an eager
-  pass; capped at the pass's own time), the host's time per step (each rank's host issues the same step), and an
-  eager step's host floor;
-- added: 2 all-reduces per layer (after attention and after the MLP) of tokens x hidden bf16 values each, at
-  `AllReduceCost` (the profile's measured `allreduce` when it has one, else the documented assumption below).
-
-So a pass of time t at tp=1 costs floor + (t - floor) / tp + 2 x layers x all_reduce(tokens) at tp. Every number
-it produces is an estimate and is labelled so (`TpEstimate.note`) in what `trsim cost` and `trsim run` print.
+Each rank runs the same step on 1/tp of every matrix, so a pass of time t at tp=1 costs
+floor + (t - floor) / tp + 2 x layers x all_reduce(tokens x hidden bf16) at tp, where the floor (small kernels'
+fixed time and the launch, `pass_floor_ms`, capped at the pass's own time) and the host's time do not split. Every
+number it produces is labelled an estimate (`TpEstimate.note`).
 """
 
 from __future__ import annotations
@@ -27,9 +20,7 @@ from .assumptions import Assumptions
 from .measured import MeasuredPasses, PassTable
 from .profile import AllReduceInfo, ModelProfile, ProfileError, StepCoeffs, StepModes
 
-# Assumed all-reduce on one host over NVLink when the profile measured none: 10 us per call (the analytic profile's
-# `allreduce_ms`, a small NCCL all-reduce inside a CUDA graph) and 300 GB/s NCCL bus bandwidth (below the ~450 GB/s
-# per direction of an H100/H200 NVLink 4 port: NCCL reaches its peak only on messages of many MB).
+# Assumed all-reduce on one host over NVLink when the profile measured none (why these values: docs/calibration.md).
 ASSUMED_ALLREDUCE = AllReduceInfo(latency_ms=0.010, bus_bandwidth_gbs=300.0)
 
 

@@ -1,31 +1,20 @@
 """Serving metrics, defined as SGLang's ``bench_serving`` defines them, for simulator and runtime runs.
 
-The driver calls the hot-path hooks (``on_arrival``, ``on_tokens``, ``on_finish``, ``on_batch``,
-``on_queue``) with times in **seconds**; they only append to lists. ``summary()`` and ``to_frame()`` do
-the arithmetic once at the end with numpy. Summary latencies are in **milliseconds**.
+The driver's hooks (``on_arrival``, ``on_tokens``, ``on_finish``, ``on_batch``, ``on_queue``, times in seconds)
+only append; ``summary()`` and ``to_frame()`` do the arithmetic at the end (summary latencies in ms). Over completed
+requests (as bench_serving counts only successful ones):
 
-Definitions (over completed requests, i.e. those that got ``on_finish``, as bench_serving counts only
-successful requests):
-
-- duration = last finish - first arrival; output throughput = total output tokens / duration; request
-  throughput = completed requests / duration.
-- TTFT = time of the first output token - arrival.
-- E2E latency = time of the last output token - arrival.
-- TPOT = (E2E - TTFT) / (output_len - 1), per request with output_len > 1.
-- ITL: bench_serving's streaming rule. Tokens committed at one instant form one chunk (several
-  ``on_tokens`` calls at the same time for a request merge). Each chunk after the first contributes its
-  gap to the previous chunk, split evenly over its k tokens (k entries of gap / k); the first chunk gives
-  none. Entries of all requests are pooled. So ITL sums to E2E - TTFT per request, and a 4-token return
-  from a peer does not show up as three 0 ms gaps and one long one.
-- Each latency has ``_mean``, ``_p50`` and ``_p99`` (numpy's linear-interpolation percentiles, as
-  bench_serving uses). Empty samples give NaN rather than a misleading 0.
-- Hops: a request hops when consecutive token chunks come from different models (``on_finish`` may pass
-  the scheduler's own count instead, which also sees hops that commit no token).
-- Per model i: tokens written, busy fraction (union of its step intervals / duration), steps, batch size
-  (mean over steps, p50, p99, max) and time-weighted mean queue length (from ``on_queue``).
-- ``summary(window=(t0, t1))`` adds steady-state figures over the half-open window (t0, t1]: output
-  tokens committed in it / (t1 - t0) (all requests, finished or not), requests finished in it / (t1 - t0)
-  and per-model busy fraction inside it.
+- duration = last finish - first arrival; throughputs = output tokens or completed requests / duration;
+  TTFT = first output token - arrival; E2E = last output token - arrival; TPOT = (E2E - TTFT) / (output_len - 1).
+- ITL: tokens committed at one instant form one chunk; each chunk after the first contributes its gap to the
+  previous one as k entries of gap / k, pooled over requests. So ITL sums to E2E - TTFT per request, and a 4-token
+  return from a peer is not three 0 ms gaps and one long one.
+- Each latency has ``_mean``, ``_p50`` and ``_p99`` (numpy's linear percentiles, as bench_serving); empty: NaN.
+- Hops: consecutive chunks from different models (``on_finish`` may pass the scheduler's count instead, which also
+  sees hops that commit no token). Per model: tokens, busy fraction (union of step intervals / duration), steps,
+  batch sizes and time-weighted mean queue.
+- ``summary(window=(t0, t1))`` adds steady-state figures over (t0, t1]: tokens committed in it (finished or not)
+  and requests finished in it per second, and per-model busy fraction.
 """
 
 from __future__ import annotations
@@ -85,8 +74,7 @@ class MetricsCollector:
     """Collects per-request token commits and per-model steps/queues during a run; summarizes at the end.
 
     ``num_models`` makes per-model keys appear for every model even if one never ran; more models are
-    picked up as they appear.
-    """
+    picked up as they appear."""
 
     def __init__(self, num_models: int = 0) -> None:
         self.records: dict[str, RequestRecord] = {}

@@ -1,11 +1,7 @@
-"""Run plots a person can read, shared by `trsim run --plot` and `tr bench --plot` (live and simulated
-overlaid): per model, with model names, queue length and busy fraction as rolling means over time, the
-batch-size histogram, output throughput over time, TTFT / TPOT / E2E CDFs and the whole-run busy fraction.
-The title names the cell (`RunCell`: models, router and hop rate, policy, thresholds B, clients N).
-
-A run becomes a `RunSeries` first (from a simulator `MetricsCollector`, or from a bench outcome whose
-per-model figures come from the server's polled counters), so the drawing code has one input whatever the
-source. matplotlib's object API (no pyplot state), imported lazily.
+"""Run plots a person can read, shared by `trsim run --plot` and `tr bench --plot` (live and simulated overlaid;
+the panels: docs/simulator.md, Metrics). A run becomes a `RunSeries` first (from a simulator `MetricsCollector`, or
+from a bench outcome whose per-model figures come from the server's polled counters), so the drawing code has one
+input whatever the source. matplotlib's object API (no pyplot state), imported lazily.
 """
 
 from __future__ import annotations

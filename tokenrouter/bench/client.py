@@ -1,9 +1,7 @@
-"""The bench's HTTP side: closed-loop workers or Poisson arrivals sending streaming `/v1/completions` with
-token-id prompts (so prompt lengths are exact) and `ignore_eos` (so output lengths are the workload's).
-
-Every SSE chunk is timed on arrival and its tokens are credited to the model the server names per token
-(the `tokenrouter.models` extension), so TTFT/ITL/TPOT/E2E follow bench_serving's definitions through
-`tokenrouter.metrics.MetricsCollector`; the final chunk's `tokenrouter.hops` is the request's hop count.
+"""The bench's HTTP side: closed-loop workers or Poisson arrivals sending streaming `/v1/completions` with token-id
+prompts (exact prompt lengths) and `ignore_eos` (the workload's output lengths). Every SSE chunk is timed on arrival
+and its tokens credited to the model the server names per token (`tokenrouter.models`), so the latencies follow
+bench_serving's definitions (`tokenrouter.metrics`); the final chunk's `tokenrouter.hops` is the hop count.
 """
 
 from __future__ import annotations
@@ -30,14 +28,12 @@ class BenchOutcome:
     errors: list[str] = field(default_factory=list)
     wall_s: float = 0.0
     phases: list[tuple[float, Phase]] = field(default_factory=list)  # (bench time s, phase) as applied
-    # Closed loop: when a client first found no request left. Until then N requests were live, so (0, this] is the
-    # steady-state window, as in the simulator (`sim.clients.ClosedLoop.exhausted_at`).
+    # Closed loop: when a client first found no request left; (0, this] is the steady-state window, as in the
+    # simulator (`sim.clients.ClosedLoop.exhausted_at`).
     exhausted_at: float | None = None
     requests_sent: int = 0
-    # Why the server could not be reached when the run ended (it went away during the run); None: it answered.
-    unreachable: str | None = None
-    # Ctrl-C ended the run: nothing more was sent and the requests in flight were cancelled (neither done nor
-    # failed: their records stay unfinished).
+    unreachable: str | None = None  # why the server did not answer at the end; None: it did
+    # Ctrl-C: nothing more was sent; the requests in flight were cancelled (their records stay unfinished).
     interrupted: bool = False
     requests_cancelled: int = 0
 

@@ -1,20 +1,11 @@
-"""Admission at the entry: a request goes live only when every model's KV pool has room for it.
+"""Admission at the entry: a request goes live only when every model's KV pool has room for it (docs/core.md).
 
-A request may visit any model and grows there, and the entry cannot see peers' pools in real time. So the
-entry keeps a ledger of reservations against the pool sizes the deployment announces (`capacities`, from
-the deployment builder): every live request reserves, on every model, pages for the tokens it has as far
-as the entry last saw (admission, each step or return at the entry) plus `growth_tokens` of headroom,
-capped at its worst case `prompt_len + max_tokens`. A request is admitted only if that fits every pool.
-
-- This is vLLM's watermark made per request and per model: pools keep headroom for the growth of what is
-  live, so preemptions stay rare, while admission does not assume every request reaches `max_tokens`
-  (the worst case, `growth_tokens=None`, admits about half as many requests for the same pools and never
-  preempts). A preemption that still happens takes the youngest requests' pages (`victims`).
-- The live N the batching policy sees is the admitted N: clients beyond what fits wait here, in arrival
-  order, and nothing is dropped.
-- A reservation grows as the entry sees the request grow and is released when the entry learns the request
-  finished (on any model); then the queue's head may go in. When no request is live every reservation is
-  gone, so a request that fits every pool alone always gets in.
+The entry cannot see peers' pools in real time, so it keeps a ledger against the pool sizes the deployment
+announces: every live request reserves, on every model, its length as the entry last saw it plus `growth_tokens`
+of headroom, capped at `prompt_len + max_tokens`. vLLM's watermark made per request and per model: preemptions stay
+rare, while admission does not assume every request reaches `max_tokens`. Clients beyond what fits wait here in
+order (the live N is the admitted N). With no request live every reservation is gone, so a request that fits every
+pool alone always gets in.
 """
 
 from __future__ import annotations

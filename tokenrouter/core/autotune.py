@@ -1,36 +1,15 @@
-"""Autotune: re-solve the delayed-batching thresholds B while serving, from the counters the subservers export.
+"""Autotune: re-solve the delayed-batching thresholds B while serving, from the counters the subservers export
+(docs/autotune.md). A B tuned offline for one hop rate and one N is wrong once the workload shifts.
 
-Workloads shift (the hop rate follows the prompts, the number of live clients moves through the day), so a B
-tuned offline for one hop rate and one N is wrong an hour later. `AutotuneController` keeps moving estimates of
-what the Markov throughput model needs, re-solves B for the live N and decides whether to change it.
+Its parts live beside it: the counters (`core.autotune_counters`), the estimates made from them
+(`core.autotune_estimate`) and what serving measured over a stretch of time (`core.autotune_rates`). This module
+holds the decisions: when to solve (`Solve`, injected: the simulator's decider, which the core does not import),
+whether to change B (hysteresis: a gain of `min_gain`, a change `hold_s` old, so two near-equal B never alternate)
+and whether a change stays (a trial against the old B's measured rate, reverted when slower under one workload: the
+solve can rank two B wrongly, and a wrong change would cost for as long as the workload stays).
 
-Its parts live beside it: the counters it reads (`core.autotune_counters`), the estimates made from them
-(`core.autotune_estimate`: hop probabilities, step-time lines, mean output, live N) and what serving measured over a
-stretch of time (`core.autotune_rates`). This module holds the decisions: when to solve, whether to change B, and
-whether a change stays.
-
-Solve: an injected callable (`Solve`; the decider on the measured step times in `tokenrouter.sim.autotune_solve`,
-the simulator, which the core does not import) that returns B* with its predicted throughput and the predicted
-throughput of the B in force, under the same estimates.
-
-Hysteresis: a new B is applied only when it is predicted to gain at least `min_gain` over the B in force and the
-last change is at least `hold_s` old. Two near-equal B therefore never alternate, and a shift of the workload
-changes B once (after it, the new B is the best and nothing gains).
-
-Verification: the solve can rank two B wrongly (its step times are a line fitted to what was measured, its trials a
-few simulated seconds), and a wrong change under a stable workload would cost for as long as the workload stays. So
-a change is a trial: for `verify_s` after it (and two observations of settling) what serving does is measured
-(`RateLog.window`: committed-token rate, hop probabilities, live N) against the same for the old B in the `verify_s`
-before it. When the new B measured slower by more than `verify_margin` and both windows served one workload
-(`Window.same_workload`), the controller reverts (a `Decision` with `revert`) and will not pick that B again until
-the estimates move. When the workload moved across the windows, or the old B had not run `verify_s` before the
-change (start-up, right after another change), the two are not comparable and the change stays (the model is the
-only guide then).
-
-Pure and clock-free: the driver passes snapshots and its clock (`observe(snapshot, now)`), runs the controller
-where a solve does not stall serving (the simulator: between events; the runtime: a worker thread of the
-front-end process), applies a `Decision` as an operator's change is applied (`Scheduler.set_policy` on every
-subserver, between steps) and reports it back (`applied`).
+Pure and clock-free: the driver passes snapshots and its clock, runs the controller where a solve does not stall
+serving, applies a `Decision` as an operator's change (`Scheduler.set_policy`) and reports it back (`applied`).
 """
 
 from __future__ import annotations
@@ -100,17 +79,9 @@ class Trial:
 
 
 class AutotuneController:
-    """Estimator + solve + hysteresis (module docstring). The driver calls `observe` every `config.observe_s` with
-    a fresh snapshot; a returned `Decision` is applied by the driver, which then calls `applied(decision, policy)`
-    (not applied: it does not call it, and the controller keeps the old B). `reset(policy, now)` records a change
-    made by someone else (an operator through the admin endpoint).
-
-    `status`: one line on what the last `observe` did (waiting for data, solved and held, ...), for logs;
-    `notices`: warnings worth one log line each (a load that never holds steady: open-loop arrivals).
-
-    A change waits for a load it can be verified against: with `verify_s` > 0 and the live count not steady over the
-    last `verify_s` (an open loop's count wanders; a closed loop's holds but for a moment at each finish), no B
-    changes until it is (at start-up, before the log reaches back `verify_s`, a change goes unverified)."""
+    """Estimator + solve + hysteresis + trials. The driver calls `observe` every `config.observe_s`, applies a
+    returned `Decision` and calls `applied` (if it did not, the old B stays); `reset` follows an operator's change.
+    `status`: one line on what the last `observe` did, for logs; `notices`: warnings worth one log line each."""
 
     def __init__(self, config: AutotuneConfig, policy: Policy, solve: Solve, drops_token: Sequence[bool]) -> None:
         if policy.is_sync:
@@ -152,8 +123,7 @@ class AutotuneController:
                           f"{self.config.min_steps} steps"  # fmt: skip
             return None
         if self._solved is None and snap.finished < FIRST_SOLVE_GENERATIONS * max(1, snap.live):
-            # The first requests to finish are the short ones: outputs measured before two generations finished
-            # would have the trials serve a workload shorter than the one that runs.
+            # The first requests to finish are the short ones: the trials would serve too short a workload.
             self.rates.add(now, snap)
             self.status = f"waiting: {snap.finished} of {FIRST_SOLVE_GENERATIONS * max(1, snap.live)} requests " \
                           "finished (two generations of N) before the first solve"  # fmt: skip
@@ -189,8 +159,8 @@ class AutotuneController:
         return self._take(self._decide(sol, cur, est, now, why))
 
     def _retry_held(self, est: Estimates, now: float) -> Decision | None:
-        """A solve whose change waited (a steady load to verify against, the hold time) is decided again, without
-        solving again, while its estimates and the B in force still hold: the wait ends with the change."""
+        """A solve whose change waited (a steady load, the hold time) is decided again, without solving again,
+        while its estimates and the B in force still hold."""
         if self._held is None:
             return None
         sol, cur, solved, why = self._held
@@ -200,8 +170,7 @@ class AutotuneController:
         return self._take(self._decide(sol, cur, est, now, why))
 
     def _take(self, decision: Decision | None) -> Decision | None:
-        """Keep the solve for `_retry_held` only when its change waits for something that passes (`_decide` set
-        `_waits`: the hold time, a steady load); a decision, or a solve that keeps B, ends it."""
+        """Keep the solve for `_retry_held` only while its change waits for something that passes (`_waits`)."""
         if decision is not None or not self._waits:
             self._held = None
         return decision
@@ -214,8 +183,7 @@ class AutotuneController:
         # Estimates that keep drifting (a shift under way) re-solve at most four times per interval.
         if moved is not None and since >= self.config.interval_s / 4:
             return f"moved: {moved}"
-        # A solve is a few simulations: on the interval only for a drift of half the tolerance (same estimates,
-        # same answer).
+        # On the interval only after a drift of half the tolerance (same estimates, same answer).
         drift = est.moved_from(self._solved, self.config.tolerance / 2)
         if since >= self.config.interval_s and drift is not None:
             return f"interval, {drift} drifted"
@@ -283,8 +251,8 @@ class AutotuneController:
             self.notices.append(text)
 
     def applied(self, decision: Decision, policy: Policy) -> None:
-        """The driver applied `decision` on every subserver as `policy` (`PolicyConfig.with_thresholds(new)`, built:
-        flat, a table of the old policy was tuned for the workload that shifted), in force from now on."""
+        """The driver applied `decision` on every subserver as `policy` (`PolicyConfig.with_thresholds(new)`:
+        flat, as the old table was tuned for the workload that shifted)."""
         before = self._changed_at
         self.policy = policy
         self.changes += 1
@@ -297,8 +265,8 @@ class AutotuneController:
         self.trial = self._trial_of(decision, before)
 
     def _trial_of(self, d: Decision, before: float | None) -> Trial | None:
-        """A trial for change `d` when what the old B did over the `verify_s` before it is measurable: the old B was
-        in force all that window (`before`: the previous change) and the log reaches back to its start."""
+        """A trial for change `d` when the old B was in force over the whole `verify_s` before it (`before`: the
+        previous change) and the log reaches back that far."""
         v = self.config.verify_s
         if v <= 0 or (before is not None and before > d.at - v):
             return None

@@ -1,16 +1,9 @@
 """Autotune's counters: what a subserver counts for the controller, and the snapshot the controller reads.
 
-The runtime (`runtime/stats.py`, on the wire in `protocol.Stats`) and the simulator (`sim/subserver.py`) count into
-these same types, so one controller (`core.autotune`) serves both drivers. Every counter is cumulative: it only
-grows while its subserver lives, and one that went backwards marks a restart (the estimator then takes that snapshot
-as a new baseline, `core.autotune_estimate`).
-
-Step times are counted per batch-size bucket (`batch_bucket`: exact sizes up to 16, then coarser), not as totals of
-steps and rows: under one B the mean batch size barely moves, so totals cannot tell a step's fixed cost from its cost
-per row, while buckets give one point per batch size the model ran, through which the estimator fits its line.
-
-Plain data and one bucketing rule, nothing else: the counting side (a subserver, the simulator's model) imports these
-without the estimator or the controller.
+The runtime (`runtime/stats.py`) and the simulator (`sim/subserver.py`) count into these types, so one controller
+serves both. Every counter is cumulative; one that went backwards marks a restart. Step times are counted per
+batch-size bucket, not as totals: under one B the mean batch size barely moves, so totals cannot tell a step's fixed
+cost from its cost per row. Plain data, so the counting side imports neither the estimator nor the controller.
 """
 
 from __future__ import annotations

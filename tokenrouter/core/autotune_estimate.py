@@ -1,29 +1,12 @@
-"""Autotune's estimates: what the Markov throughput model needs, estimated from cumulative counter snapshots.
+"""Autotune's estimates: what the Markov throughput model needs, from cumulative counter snapshots (each estimate,
+its source and why it is made that way: docs/autotune.md, "Estimates").
 
 `Estimator` differences the counters (`core.autotune_counters`) between snapshots and sums the changes with
-exponential decay (a half-life in seconds of the driver's clock), so old windows fade instead of being cut off. It
-reads no clock: the driver passes its time with each snapshot.
-- Hop probability of model i = hops_i / decisions_i. A decision is a sampled token the router routed: committed
-  here (`tokens_i`) or handed off. A hand-off that drops the token (R2R's small model: the large model rewrites
-  it) is a decision without a token, so decisions_i = tokens_i + hops_i there, and tokens_i on a model whose
-  hand-off keeps its token (`drops_token[i]` False). Row counts would be the wrong denominator: prefill chunks
-  and rows prepared under overlap for a request that then left are rows without a decision.
-- Step time L_i(b) = a_i + c_i * b: a line (`StepLine`, `fit_step_line`) fitted by weighted least squares to
-  per-batch-size buckets (`BatchTimes`) of each step's own busy time, as measured, so co-location with the peer and
-  the workload's context lengths are in it. A line, not the bucket means themselves: the Markov model needs L at
-  every b <= N, including sizes the B in force never runs (a large model held at B = 7 runs only 7..N), and the
-  line extrapolates. With one batch size observed the slope is 0 (a flat step: a weight-bound decode on a GPU at
-  small batches).
-- Mean output length = output tokens / requests finished.
-- Live N = the median of the live counts sampled over the last half-life (a closed loop dips below N for a
-  moment at each finish; a median ignores that and follows a ramp within half a half-life).
-- When live N moves by more than `N_MOVE`, the step times measured before keep `STALE_KEEP` of their weight: what
-  the peer runs beside a model (its co-location) changes with N, so a step of b rows at N = 16 is not one at
-  N = 4. Kept whole under their slow half-life, they priced N = 4 with N = 16's steps for a minute (live N ramp
-  16 -> 4 on the H200, 2026-12-02: the solve chose a B 5% below the best).
-
-`Estimates` is the result, a value: the controller compares two of them (`moved_from`, `workload_moved_from`) to
-decide when to re-solve and whether two measurements saw one workload.
+exponential decay in the driver's clock (passed with each snapshot). A hop probability's denominator is the
+router's decisions, not rows: a hand-off that drops its token is a decision without a token (`drops_token`), and
+prefill chunks or rows prepared for a request that then left decide nothing. Step times are a line fitted to
+per-batch-size buckets, because the model needs L at batch sizes the B in force never runs. `Estimates` is a
+value the controller compares (`moved_from`, `workload_moved_from`).
 """
 
 from __future__ import annotations
@@ -37,8 +20,10 @@ from dataclasses import dataclass
 from tokenrouter.core.autotune_counters import NUM_BATCH_BUCKETS, CounterSnapshot
 
 MIN_BUCKET_STEPS = 2.0  # a bucket with fewer (decayed) steps is too noisy to anchor the line
-N_MOVE = 0.25  # live N moving by more than this (relative) makes the step times measured before it stale
-STALE_KEEP = 0.01  # what weight step times measured at another N keep (little: a model waits for `min_steps` again)
+# Live N moving by more than N_MOVE (relative) leaves the step times measured before STALE_KEEP of their weight: the
+# co-location beside a model changes with N, so steps measured at N = 16 misprice N = 4.
+N_MOVE = 0.25
+STALE_KEEP = 0.01  # little: a model waits for `min_steps` again
 
 
 @dataclass(slots=True, frozen=True)
@@ -56,10 +41,9 @@ class StepLine:
 
 
 def fit_step_line(points: Sequence[tuple[float, float, float]]) -> StepLine | None:
-    """Weighted least squares of ms on rows over (mean rows, mean ms, weight) points, with both coefficients >= 0:
-    a step never gets faster with more rows (a negative slope is noise), and a step of no rows costs no less than
-    nothing (a negative intercept, which a convex curve's chord through large batches gives, would price a small
-    batch below zero: the line then goes through the origin). None without points."""
+    """Weighted least squares of ms on rows over (mean rows, mean ms, weight) points, both coefficients >= 0: a
+    negative slope is noise, and a negative intercept (a convex curve's chord) would price a small batch below
+    zero, so the line then goes through the origin. None without points."""
     pts = [(r, m, w) for r, m, w in points if w > 0]
     if not pts:
         return None
@@ -117,9 +101,8 @@ class Estimates:
 
     def workload_moved_from(self, old: Estimates, tolerance: float) -> str | None:
         """What of the workload (N, hop probabilities) moved by more than `tolerance` since `old`, or None. Step
-        times are left out: they move with B itself (batch sizes, co-location), so they cannot tell whether two
-        B were measured under one workload. The mean output is left out too: its estimate is the noisiest, and
-        it moves a closed loop's rate little."""
+        times move with B itself, so they cannot tell whether two B saw one workload; the mean output is the
+        noisiest estimate and moves a closed loop's rate little."""
         if self.concurrency != old.concurrency:
             return f"N {old.concurrency} -> {self.concurrency}"
         for i, (p, q) in enumerate(zip(self.hop_prob, old.hop_prob, strict=True)):
@@ -169,8 +152,8 @@ class Estimator:
         return len(self.drops)
 
     def update(self, snap: CounterSnapshot, now: float) -> None:
-        """Fold in the counters' change since the previous snapshot. Counters that went backwards (a restarted
-        subserver starts again at 0) make that snapshot the new baseline for the model, adding nothing."""
+        """Fold in the counters' change since the previous snapshot; counters that went backwards (a restarted
+        subserver) make it the model's new baseline."""
         if len(snap.models) != self.num_models:
             raise ValueError(f"snapshot has {len(snap.models)} models, expected {self.num_models}")
         self.live.append((now, int(snap.live)))

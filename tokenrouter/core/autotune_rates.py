@@ -1,10 +1,6 @@
-"""Autotune's measurements of serving itself: the committed-token rate, hop probabilities and live N of a stretch
-of time, against which a change of B is verified (`core.autotune`, `Trial`).
-
-`RateLog` keeps the recent snapshots; `RateLog.window` measures one stretch between two of them, as a `Window`.
-A window holds that stretch's own values, not the decayed estimates of `core.autotune_estimate`: those lag a shift
-of the workload by a half-life, so a window on each side of a shift could look alike, while two windows' own values
-tell whether they served one workload (`Window.same_workload`) before their rates are compared.
+"""Autotune's measurements of serving itself over a stretch of time (committed-token rate, hop probabilities, live
+N), against which a change of B is verified (`core.autotune`, `Trial`). A `Window` holds the stretch's own values,
+not the decayed estimates, which lag a shift by a half-life (`Window.same_workload`).
 """
 
 from __future__ import annotations
@@ -31,8 +27,8 @@ class Window:
 
     def same_workload(self, other: Window, tolerance: float) -> bool:
         """The two windows served one workload: the same median N, hop probabilities within `tolerance` (relative
-        to the larger of the probability and 0.1). Each window's own values, not the decayed estimates: those lag
-        a shift by a half-life, so a window on each side of one could look alike."""
+        to the larger of the probability and 0.1). Own values: decayed estimates on each side of a shift could
+        look alike."""
         if self.live != other.live or not (self.steady and other.steady):
             return False
         for p, q in zip(self.hop_prob, other.hop_prob, strict=True):

@@ -86,13 +86,9 @@ class TokenLogprobs:
 
 @dataclass(slots=True)
 class StepResult:
-    """Per-row outputs of one step, in batch row order.
-
-    `next_token_ids` holds a token for every row (ignored for rows with `sample=False`). `logits`
-    ([rows, vocab]) and `hidden` ([rows, hidden]) are present only when the router asked for them; they
-    may be device tensors, so nothing here forces a host sync. `destinations` (one absolute model index per
-    row) is set when the router's device part ran inside the step (`Router.device`).
-    """
+    """Per-row outputs of one step, in batch row order: a token for every row (ignored where `sample=False`);
+    `logits` and `hidden` only when the router asked, maybe device tensors (nothing here forces a host sync);
+    `destinations` when the router's device part ran inside the step (`Router.device`)."""
 
     next_token_ids: Sequence[int] | Any
     logits: Any | None = None

@@ -1,11 +1,9 @@
 """Forming one subserver's next batch: which rows go in, their KV pages, and the graph/eager split.
 
-Rows come in order: first the continuations of the batch in flight (overlap: `from_prev` rows), then the
-ready queue in order. Each row gets pages for the tokens it feeds; a row that cannot get them is skipped
-(later rows may still fit), and pages are taken back from younger requests only when that frees enough
-(`victims`). Rows that fit a CUDA graph fill the graph part up to the largest bucket; once it is full, a
-short row waits for the next step rather than opening an eager pass of its own. The split is recorded on
-the batch (`Batch.graph_rows`), so engine and cost model run and price the same parts.
+Rows come in order: the continuations of the batch in flight (`from_prev`), then the ready queue. A row that
+cannot get pages is skipped (later rows may fit); pages are taken from younger requests only when that frees
+enough (`victims`). Once the graph part is full, a short row waits rather than opening an eager pass. The split is
+recorded on the batch (`Batch.graph_rows`), so engine and cost model run and price the same parts.
 """
 
 from __future__ import annotations

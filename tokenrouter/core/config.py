@@ -1,4 +1,4 @@
-"""Deployment config: what `trsim tune` writes and `tr serve --config` reads (YAML).
+"""Deployment config: what `trsim tune` writes and `tr serve --config` reads (YAML; every field: docs/config.md).
 
 One schema for the simulator and the runtime, so a tuned configuration deploys unchanged. Validation
 goes through msgspec (types) plus the checks below (meaning); every problem is a one-line ConfigError.
@@ -41,26 +41,15 @@ class ModelConfig:
     tp: int = 1
     kv_budget_gb: float | None = None  # None -> joint budget (same token capacity for every model)
     cuda_graphs: bool = True
-    # Token buckets captured as CUDA graphs and the longest row a graph takes: defaults and meaning are the
-    # core's GraphRule (rows that do not fit run in the same step's eager part).
+    # The three graph fields are the core's GraphRule (`graph_rule`).
     graph_buckets: list[int] = field(default_factory=lambda: list(DEFAULT_GRAPH_BUCKETS))
     graph_max_row_tokens: int = DEFAULT_GRAPH_MAX_ROW_TOKENS
-    # True: a step with a row the decode graphs cannot take keeps its short rows in a decode graph and runs the
-    # rest as a second (varlen) pass; False (default): the whole step runs as one varlen pass (one weight pass).
     graph_split: bool = False
-    # Where this subserver runs and how its peers reach it (a name or an address); setting it puts the
-    # deployment on tcp:// peers (`placement.transport`). The launcher starts the process on its own host unless
-    # `external`.
-    host: str | None = None
-    # Started by hand on its host (`tokenrouter subserver --join ...`): the launcher waits for it to join instead
-    # of starting it, and supervises it by its heartbeats.
-    external: bool = False
+    host: str | None = None  # where this subserver runs; set: tcp peers (`placement.transport`)
+    external: bool = False  # started by hand (`tokenrouter subserver --join`); the launcher waits for it
     overlap: bool | None = None  # None: the scheduler section's `overlap`
-    # MPS SM share of this model's process (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, set by the launcher); None: all.
-    mps_active_thread_percentage: int | None = None
-    # The GPU this model runs on, for the simulator's prices: a GPU kind (l4, estimated unless bundled) or a
-    # profile file; None: the deployment's `profile`.
-    profile: str | None = None
+    mps_active_thread_percentage: int | None = None  # CUDA_MPS_ACTIVE_THREAD_PERCENTAGE; None: all SMs
+    profile: str | None = None  # the simulator's prices for this model's GPU; None: the deployment's `profile`
 
     def graph_rule(self) -> GraphRule:
         return GraphRule(self.cuda_graphs, tuple(self.graph_buckets), self.graph_max_row_tokens, self.graph_split)
@@ -68,11 +57,8 @@ class ModelConfig:
 
 @dataclass(slots=True)
 class PlacementConfig:
-    """`transport`: how the runtime's processes reach each other: `ipc` (one host, a private run directory) or
-    `tcp`; null: tcp when a model names a `host` or is `external`, else ipc. `port_base`: tcp ports from here
-    (`runtime.addresses`: base..base+3 on the launcher's host, base+4+i for model i); null: free ports chosen
-    at start and published to the peers. `launcher_host`: the address other hosts reach the launcher's host at
-    (null: the one each remote subserver used to join)."""
+    """`transport` (`ipc`, `tcp`; null: tcp when a model has a `host` or is `external`), `port_base` (null: free
+    ports published to the peers; `runtime.addresses`) and `launcher_host`: docs/config.md."""
 
     mode: Placement = Placement.MPS
     link_latency_ms: float | None = None  # cross-host link; None -> the profile's
@@ -91,25 +77,9 @@ class PlacementConfig:
 
 @dataclass(slots=True)
 class AutotuneConfig:
-    """`policy.autotune`: re-solve B while serving from the counters the subservers export (`core.autotune`).
-
-    Every `observe_s` the driver snapshots the counters; the controller re-solves B for the live N when an estimate
-    moved by more than `tolerance` (relative) since the last solve (at most four times per `interval_s`), or every
-    `interval_s` after a drift of half that, and applies the new B only when predicted to gain at least `min_gain`
-    (relative) over the B in force and the last change is at least `hold_s` old (hysteresis). Estimates forget
-    with half-lives: `half_life_s` for hop probabilities and N, `step_half_life_s` for step times and the outputs'
-    mean and spread (properties of the hardware, the context and the prompts: slower to move, noisier per
-    second). No solve before every model ran `min_steps` steps (decayed count).
-
-    A change is verified: for `verify_s` after it the output-token rate under the new B is measured against the
-    rate under the old B just before it; when it fell by more than `verify_margin` (relative) while the estimates
-    held still, the old B comes back and the new one is not tried again until the estimates move. `verify_s` 0
-    trusts the model alone.
-
-    Each solve is the decider's (`sim.decide`) on the measured step times, with a search budget of `search_s`
-    seconds; `slo_tpot_ms` makes it choose the fastest B whose simulated TPOT p99 meets it (no change when none
-    does). `max_states` bounds the Markov model's proposals and the co-location load it measures at the B in force.
-    """
+    """`policy.autotune`: re-solve B while serving (`core.autotune`; every field is described in
+    docs/autotune.md). Rates and thresholds are relative, times in seconds; `half_life_s` forgets hop probabilities
+    and N, the slower `step_half_life_s` step times and outputs (properties of the hardware and the prompts)."""
 
     observe_s: float = 1.0
     interval_s: float = 5.0
@@ -174,8 +144,7 @@ class PolicyConfig:
 
     @property
     def is_sync(self) -> bool:
-        """A synchronous baseline (step-sync, model-sync): the core's `PolicyKind.is_sync`, without building the
-        policy."""
+        """Step-sync or model-sync (the core's `PolicyKind.is_sync`)."""
         return self.kind.is_sync
 
     def build(self) -> Policy:
@@ -207,17 +176,11 @@ class SchedulerConfig:
     page_size: int = 16
     max_batch_size: int = 256
     max_batch_tokens: int = 16384
-    # Prepare step k+1 on the host while step k runs on the GPU (CPU-GPU overlap; not the paper's "async",
-    # which is asynchrony between subservers and is the policy's business).
+    # CPU-GPU overlap (not the paper's "async", which is asynchrony between subservers: the policy's business).
     overlap: bool = True
-    # Admit a request only when every model's pool has room for it (core.admission); off: admit all, preempt.
-    kv_admission: bool = True
-    # Headroom each live request keeps reserved on every pool for its growth; null: its worst case
-    # (prompt + max_tokens), which never preempts but admits about half as many requests.
-    kv_growth_tokens: int | None = 256
-    # Longest request (prompt + max_tokens) admitted, as vLLM's --max-model-len; null: the models' own limit
-    # (the smallest max_position_embeddings). Also the front-end's default cap of an omitted max_tokens.
-    max_model_len: int | None = None
+    kv_admission: bool = True  # core.admission; off: admit all, preempt
+    kv_growth_tokens: int | None = 256  # reserved headroom per live request; null: its worst case
+    max_model_len: int | None = None  # as vLLM's --max-model-len; null: the models' own limit
 
 
 @dataclass(slots=True)
@@ -227,8 +190,7 @@ class DeploymentConfig:
     entry: int = 0
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
-    # std-serving: standard serving (a server per model, a returning hop is a new request) instead of routing.
-    baseline: Baseline | None = None
+    baseline: Baseline | None = None  # std-serving: a server per model, a returning hop is a new request
     router: RouterConfig = field(default_factory=RouterConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     profile: str = "h200"
@@ -244,17 +206,16 @@ class DeploymentConfig:
 
     @property
     def small_model(self) -> int:
-        """Index of the small model: the entry, where requests arrive and most tokens are written. Every other
-        model is a large one. Learned routers read the small model's outputs (hidden states, logits, its input
-        embedding table), so the deployment derives that role from here, never from an index."""
+        """Index of the small model: the entry (every other model is a large one). Learned routers read its
+        outputs, so the deployment derives that role from here, never from an index."""
         return self.entry
 
     def is_small(self, model_index: int) -> bool:
         return model_index == self.small_model
 
     def overlaps(self, model_index: int) -> bool:
-        """Whether model `model_index` prepares its next step while one runs (CPU-GPU overlap): its own `overlap`,
-        else the scheduler section's. The one reading of the two settings (runtime, baseline, simulator)."""
+        """Whether model `model_index` overlaps CPU and GPU: its own `overlap`, else the scheduler section's. The
+        one reading of the two settings."""
         own = self.models[model_index].overlap
         return self.scheduler.overlap if own is None else own
 

@@ -1,11 +1,7 @@
-"""The one rule for which rows of a step run inside a CUDA graph, shared by the scheduler (batches are formed
-to fit it), the simulator's cost model (graph and eager parts are priced apart) and the engine (which replays
-a graph for the graph part and runs the rest in the same step's eager/varlen pass).
+"""The one rule for which rows of a step run inside a CUDA graph (docs/core.md, "The graph rule"), shared by the
+scheduler (batches are formed to fit it), the cost model (parts are priced apart) and the engine.
 
-Why one rule: a step whose rows all fit runs at graph cost; a row the graph cannot take must not drag the
-whole batch off the graph (the "eager cliff"). So a batch is split: rows of up to `max_row_tokens` tokens,
-in batch order, go to the graph part while their tokens fit the largest bucket; every other row goes to the
-eager part. Pure and clock-free like the rest of the core.
+Why one rule: a row the graph cannot take must not drag the whole batch off the graph (the "eager cliff").
 """
 
 from __future__ import annotations
@@ -25,14 +21,8 @@ DEFAULT_GRAPH_MAX_ROW_TOKENS = 8
 @dataclass(frozen=True, slots=True)
 class GraphRule:
     """Which rows of a step run in a graph. Invariant: the graph part's tokens never exceed `max_tokens`.
-
-    `allow_split=False` (the default) keeps the whole step on one path: in a decode graph when every row fits,
-    else all rows in the "eager" part, which the engine runs as one varlen pass (itself a captured varlen
-    graph when it fits one of the engine's varlen buckets). Each part of a split step is a forward pass that
-    streams the weights, so one pass is cheaper than a graph pass plus an eager pass for a weight-bound model;
-    `allow_split=True` keeps the short rows in the decode graph and runs the rest as a second pass (an
-    option; the cost model prices both ways).
-    """
+    `allow_split=False` (default) keeps a step on one path (one varlen pass when any row does not fit): each part
+    of a split step streams the weights, so one pass is cheaper for a weight-bound model."""
 
     enabled: bool = True
     buckets: tuple[int, ...] = DEFAULT_GRAPH_BUCKETS

@@ -1,9 +1,6 @@
-"""KV page accounting: the one book of which pages a request owns.
-
-The scheduler allocates pages when it schedules a row, keeps them while the request is PENDING on a
-peer (handoff-resume depends on that), and frees them at finish, abort or preemption. The engine never
-allocates: it reads `Request.pages` as the page table. Page 0 is reserved as the null page that padded
-CUDA-graph rows write into, so it is never handed out.
+"""KV page accounting: the one book of which pages a request owns (the scheduler allocates, the engine reads
+`Request.pages` as the page table). Pages stay while a request is PENDING on a peer (handoff-resume depends on it).
+Page 0 is the null page that padded CUDA-graph rows write into, never handed out.
 """
 
 from __future__ import annotations
@@ -15,8 +12,7 @@ class KVPool:
     """Fixed-size pool of KV pages of `page_size` tokens each.
 
     Invariant: every page id in 1..num_pages-1 is either in the free list or in exactly one request's
-    page list; `num_free + sum(len(r.pages)) == num_pages - 1`.
-    """
+    page list; `num_free + sum(len(r.pages)) == num_pages - 1`."""
 
     __slots__ = ("_free", "num_pages", "page_size")
 

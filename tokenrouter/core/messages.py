@@ -16,13 +16,9 @@ from tokenrouter.core.request import SamplingParams
 
 @dataclass(slots=True)
 class PeerReq:
-    """A request handed to a peer, or a control update.
-
-    `tokens` is the suffix of the sequence the destination has not seen; it starts at position `loc`.
-    On the first visit `loc == 0` and `tokens` is the whole sequence (prompt + output so far), and
-    `prompt_len`/`sampling`/`seq` let the peer build its own `Request`. `finished` tells the peer to free
-    the request's KV. `active`/`epoch` piggyback the system-wide number of live requests (see `LiveCount`).
-    """
+    """A request handed to a peer, or its finish (`finished`: free its KV). `tokens` is the suffix the destination
+    has not seen, from position `loc` (the whole sequence on a first visit, with what the peer needs to build its
+    `Request`). `active`/`epoch` piggyback the live count (`LiveCount`)."""
 
     rid: str
     src: int
@@ -49,12 +45,8 @@ class PeerReq:
 
 @dataclass(slots=True)
 class LiveCount:
-    """Control message: the system-wide number of live (admitted, unfinished) requests.
-
-    Only the entry subserver changes the count; it announces every admission and every finish to all peers
-    with a strictly increasing `epoch`, and a receiver keeps the value of the highest epoch it has seen
-    (messages may arrive late or out of order across links).
-    """
+    """The system-wide number of live (admitted, unfinished) requests. Only the entry changes it, announcing each
+    change with a strictly increasing `epoch`; a receiver keeps the highest epoch's (links may reorder)."""
 
     src: int
     dst: int
@@ -77,12 +69,8 @@ class Send:
 
 @dataclass(slots=True)
 class Emit:
-    """Tokens committed to the client's output; `pos` is the output index of `tokens[0]`.
-
-    `logprobs` is None unless the request asked for them (`SamplingParams.logprobs`); then it is aligned with
-    `tokens`, each entry from the step of the model that wrote the token (None where that is unknown: a router
-    committed a token other than the one the engine sampled and it is not among the top k).
-    """
+    """Tokens committed to the client's output; `pos` is the output index of `tokens[0]`. `logprobs` (when asked
+    for) is aligned with `tokens`, from the step that wrote each (None where unknown)."""
 
     rid: str
     tokens: list[int]

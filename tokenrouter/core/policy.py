@@ -1,24 +1,13 @@
 """Batching policies: when a subserver may launch its ready requests.
 
-Asynchronous policies decide from local state alone:
-- `eager`: launch whatever is ready (B_i = 1);
-- `delayed`: launch when at least B_i requests are ready; B may be a table keyed by the live system-wide
-  concurrency N, and is clamped so the deadlock guard sum_i (B_i - 1) < N always holds (see
-  `tokenrouter.core.live_count` for why it holds while peers' views of N lag).
+Asynchronous policies decide from local state alone: `eager` launches whatever is ready (B_i = 1); `delayed`
+launches when at least B_i requests are ready, B possibly a table keyed by the live concurrency N and clamped so
+the deadlock guard sum_i (B_i - 1) < N holds (`core.live_count` says why it holds while peers' views of N lag).
+Standard serving is not a policy but the deployment's `baseline`, a mode of its driver; its schedulers run eager.
 
-Standard serving (one server per model, every hop a new request) is not a policy of this scheduler: it is
-the deployment's `baseline`, a mode of the driver that runs it (the simulator's re-matched hops, the baselines
-package live); its schedulers run eager.
-
-Synchronous baselines need a `SyncGate` shared by all subservers of a deployment:
-- `step-sync`: rounds with a global barrier; a round starts when nothing runs, every model with work (ready
-  requests, or messages in flight to it) launches once, each as soon as the messages sent to it before the round
-  began have landed, and the next round waits for all of them;
-- `model-sync`: one model at a time, round-robin over models that have work; the model whose turn it is
-  launches once its messages have landed.
-A model waits only for the messages addressed to it: that is what a lockstep coordinator can enforce at one
-round trip per step (`runtime.sync_coordinator`), where waiting for every message of the round would need each arrival
-reported.
+The synchronous baselines (`step-sync`: rounds behind a global barrier; `model-sync`: one model at a time,
+round-robin over models with work) share a `SyncGate`. A model waits only for the messages addressed to it: that
+is what a lockstep coordinator can enforce at one round trip per step (`runtime.sync_coordinator`).
 """
 
 from __future__ import annotations
@@ -78,9 +67,7 @@ def check_policy(thresholds: Sequence[int], table: Mapping[int, Sequence[int]], 
 
 def clamp_thresholds(thresholds: Sequence[int], concurrency: int) -> tuple[int, ...]:
     """Lower the largest thresholds (last index first on ties) until the guard holds for `concurrency`.
-
-    Deterministic, so every subserver derives the same B from the same N.
-    """
+    Deterministic, so every subserver derives the same B from the same N."""
     b = [max(1, int(x)) for x in thresholds]
     n = max(1, concurrency)
     while not guard_holds(b, n):
@@ -119,12 +106,9 @@ def table_thresholds(table: Mapping[int, Sequence[int]], concurrency: int) -> tu
 
 @dataclass(slots=True)
 class Policy:
-    """Batching policy of a deployment. Thresholds are per model (index = model id).
-
-    `table` maps a concurrency N to thresholds, read for the live N by `table_thresholds` (interpolated between
-    rows). `max_wait` (seconds, same clock as `now`) lets a delayed subserver launch under its threshold once its
-    oldest ready request has waited that long.
-    """
+    """Batching policy of a deployment; thresholds per model index. `table`: N -> thresholds (`table_thresholds`).
+    `max_wait` (seconds, the clock of `now`) lets a delayed subserver launch under its threshold once its oldest
+    ready request has waited that long."""
 
     kind: PolicyKind = PolicyKind.EAGER
     thresholds: tuple[int, ...] = ()
@@ -162,16 +146,13 @@ class Policy:
 
 
 class SyncGate:
-    """Global launch gate for the synchronous baselines, shared by every subserver of one deployment.
-
-    Subservers report launches, completions, messages sent and received; the gate decides from that
-    bookkeeping alone, so it is as pure as the schedulers. `ready` returns a model's ready count.
+    """Global launch gate for the synchronous baselines, shared by every subserver of one deployment. It decides
+    from the launches, completions and messages the subservers report, so it is as pure as the schedulers.
 
     Step-sync rounds: a round forms when nothing runs; its members are the models with work (ready requests or
     messages in flight to them), and each member's `bar` is the number of messages sent to it so far: it launches
     once it has received that many. Messages sent while the round runs (by members that already completed) are
-    the next round's: they do not hold a member back, though one that landed before it launched joins its batch.
-    """
+    the next round's: they do not hold a member back, though one that landed before it launched joins its batch."""
 
     def __init__(self, kind: PolicyKind | str, num_models: int) -> None:
         kind = parse_kind(kind)
@@ -214,7 +195,7 @@ class SyncGate:
             return model in self.round and self.arrived[model] >= self.bar[model]
         if self.running:
             return False
-        # Nothing runs, so nothing is sent while the chosen model waits for its messages: the turn cannot move.
+        # Model-sync. Nothing runs, so nothing is sent while the chosen model waits: the turn cannot move.
         for k in range(self.num_models):
             m = (self.turn + k) % self.num_models
             if self._has_work(m):

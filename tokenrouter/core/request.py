@@ -1,12 +1,9 @@
 """Request lifecycle as one subserver sees it.
 
-Each subserver keeps its own `Request` for a request id. `token_ids` is the sequence (prompt + committed
-output) as known here; `num_computed` is the KV anchor: how many leading tokens have KV in this
-subserver's pool. A step feeds `token_ids[num_computed:]` and samples one token, so a plain decode is a
-1-token row and a return from a peer is an extend row of the tokens the peer wrote.
-
-Status on one subserver: WAITING (ready to run here) -> RUNNING (in a launched batch) -> WAITING (stays)
-or PENDING (the peer owns the next step; KV kept) -> WAITING (peer returned) ... -> FINISHED.
+`token_ids` is the sequence (prompt + committed output) as known here; `num_computed` how many leading tokens have
+KV in this pool. A step feeds `token_ids[num_computed:]` and samples one token: a decode is a 1-token row, a return
+from a peer an extend row of the tokens the peer wrote. Status: WAITING -> RUNNING -> WAITING (stays) or PENDING
+(the peer owns the next step; KV kept) -> WAITING (returned) ... -> FINISHED.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""Router API: `route`, `send`, `receive`, one instance per subserver.
-
-`route` is vectorized: it sees the whole step and returns one destination per row as an absolute model
-index (equal to the local model index means stay). Hand-back semantics live in `keep_token`: whether the
-token this model just sampled is committed when the row hops away (R2R/CITER/Co-LLM and R-Stitch drop it
-so the peer regenerates that position; a router that hands back after the peer wrote its tokens keeps the
-peer's token). `send`/`receive` convert between the local `Request` and the `PeerReq` on the wire.
-"""
+"""Router API, one instance per subserver: `route` gives one absolute destination per row of a step (the local
+model index: stay); `keep_token` whether the token just sampled is committed when the row hops (R2R, CITER, Co-LLM
+and R-Stitch drop it so the peer regenerates that position); `send`/`receive` convert a `Request` to and from the
+`PeerReq` on the wire."""
 
 from __future__ import annotations
 
@@ -19,16 +15,13 @@ from tokenrouter.core.request import Request
 
 @runtime_checkable
 class DeviceRouter(Protocol):
-    """The part of a router that runs on the engine's device, inside the step (captured in the CUDA graph with
-    it), so that destinations come back with the tokens in one device-to-host copy.
+    """The part of a router that runs inside the engine's step (captured in its CUDA graph), so destinations come
+    back with the tokens in one device-to-host copy.
 
-    Called once per step with the sampled tokens of the step's logit rows (one per sampling row, in batch
-    order) and, when asked for, their final-norm hidden states and logits; returns one destination per row
-    (absolute model index, an integer tensor on the same device). Invariants: no host sync, no data-dependent
-    shapes, no allocation that outlives the call (it is replayed inside a graph); rows past the real batch
-    (graph padding) may hold garbage and their destinations are ignored. `model` is the index of the model
-    this part runs on (destination == model means stay).
-    """
+    Called once per step with the sampled tokens of the logit rows (batch order) and, when asked for, their
+    final-norm hidden states and logits; returns one absolute destination per row, an integer tensor on the same
+    device. Invariants: no host sync, no data-dependent shapes, no allocation that outlives the call (it is
+    replayed inside a graph); padding rows may hold garbage and their destinations are ignored."""
 
     needs_logits: bool
     needs_hidden: bool
@@ -37,12 +30,8 @@ class DeviceRouter(Protocol):
 
 
 class Router:
-    """Base router: never hops. Subclasses override `route` (and `keep_token` for other semantics).
-
-    A learned router sets `device` to its `DeviceRouter`; the engine runs it inside the step and returns its
-    output as `StepResult.destinations`, which the default `route` passes through. Synthetic routers decide
-    on the host in `route` and leave `device` None.
-    """
+    """Base router: never hops. Synthetic routers override `route` (on the host); a learned one sets `device`,
+    whose output the engine returns as `StepResult.destinations` and the default `route` passes through."""
 
     name = "none"
     needs_logits = False
@@ -54,18 +43,14 @@ class Router:
         self.num_models = num_models
 
     def bind(self, model: int, num_models: int) -> Router:
-        """Attach this instance to one subserver; returns self for chaining."""
+        """Attach this instance to one subserver; returns self."""
         self.model, self.num_models = model, num_models
         return self
 
     def select_tokens(self, batch: Batch, result: StepResult) -> Sequence[int] | Any:
-        """The token each row commits (or drops, per `keep_token`): by default the one the engine sampled.
-
-        The driver calls it in `Scheduler.complete` before `route`, in place of reading
-        `result.next_token_ids`. A router that combines several models' outputs (the ensemble: the last
-        model commits the weighted choice, not its own sample) overrides it; it may stash per-row state for
-        `route`/`extras` of the same `complete` call.
-        """
+        """The token each row commits (or drops, per `keep_token`), asked by `Scheduler.complete` before `route`:
+        by default the one sampled. The ensemble overrides it (its weighted choice) and may stash per-row state
+        for `route`/`extras` of the same call."""
         return result.next_token_ids
 
     def route(self, batch: Batch, result: StepResult) -> Sequence[int]:
@@ -79,9 +64,8 @@ class Router:
         return False
 
     def may_stay(self, req: Request) -> bool:
-        """Whether the row of `req` now running here may route back to this model. Overlap prepares a row
-        ahead only for such requests: a prepared row of a request that surely leaves is computed for nothing
-        (R2R's large model hands back after every token). Default: it may."""
+        """Whether the row of `req` running here may stay. Overlap prepares a row ahead only for such requests
+        (R2R's large model hands back after every token: a row prepared for it is computed for nothing)."""
         return True
 
     def send(self, req: Request, dst: int) -> PeerReq:
@@ -106,13 +90,9 @@ class Router:
         return None
 
     def receive(self, msg: PeerReq, req: Request) -> None:
-        """Merge an arriving request into the local one; default commits every returned token.
-
-        Called for every handover, the first visit included (then `req` was just built from `msg`, and the
-        default is a no-op), so a router sees each message's `extras`. Invariant: `msg.loc <=
-        len(req.token_ids)`; tokens past `msg.loc` that the local copy holds were never committed (a dropped
-        sample) and are replaced.
-        """
+        """Merge an arriving request into the local one (default: commit every returned token). Called for every
+        handover, the first visit included, so a router sees each message's `extras`. Invariant: `msg.loc <=
+        len(req.token_ids)`; local tokens past `msg.loc` were never committed (a dropped sample) and are replaced."""
         if msg.loc > len(req.token_ids):
             raise ValueError(f"{req.rid}: peer sent tokens from {msg.loc} but only {len(req.token_ids)} are known here")
         del req.token_ids[msg.loc :]

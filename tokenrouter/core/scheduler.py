@@ -10,16 +10,15 @@ and it delivers the returned actions (`Send`, `Emit`, `Finish`), then asks `sche
 delivered message and every completed step (the deadlock-freedom argument in `live_count` rests on it).
 The scheduler never sleeps, reads a clock or does I/O.
 
-KV pages are allocated in `schedule`, kept while a request is PENDING on a peer, freed at finish/abort.
-With an `Admission` ledger (the entry's; the deployment builder makes one) requests go live only when every
-model's pool can hold them, so pools never run short; without one, pages are taken back from younger parked
-or queued requests (`victims`), which recompute later. A request is never dropped for lack of pages.
+KV pages are allocated in `schedule`, kept while a request is PENDING on a peer, freed at finish/abort. With the
+entry's `Admission` ledger requests go live only when every model's pool can hold them; without one, pages are
+taken back from younger parked or queued requests (`victims`), which recompute later. Never dropped for lack of
+pages.
 
-Overlap (`overlap=True`): `schedule` may be called while one batch is in flight; sampling rows of that
-batch continue into the new batch with `from_prev=True` (the executor feeds the token the previous step
-samples, without a host round trip). If `complete` of the earlier batch sends such a request away or
-finishes it, its version changes and the prepared row's result is ignored. Sync policies never prepare
-ahead (`prepares_ahead`): their gate is a barrier between steps.
+Overlap (`prepares_ahead`): `schedule` may form a batch while one is in flight; its sampling rows continue with
+`from_prev=True` (the executor feeds the token the previous step samples, without a host round trip). If the
+earlier batch's `complete` sends such a request away or finishes it, its version changes and the prepared row's
+result is ignored.
 """
 
 from __future__ import annotations
@@ -44,8 +43,7 @@ _GONE_CAPACITY = 1 << 16
 
 
 class RequestTooLong(ValueError):
-    """A request whose prompt plus max_tokens exceeds the context length, or cannot fit a KV pool of the
-    deployment even alone."""
+    """Prompt plus max_tokens exceeds the context length, or a KV pool of the deployment even alone."""
 
 
 class Scheduler:
@@ -82,9 +80,8 @@ class Scheduler:
         if admission is not None and model != entry:
             raise ValueError("only the entry subserver admits requests")
         self.admission = admission
-        # The longest sequence (prompt + max_tokens) any model of the deployment can run (position limit,
-        # --max-model-len); None: only the KV pools bound it. Checked at admission, so an executor never gets
-        # a row past its context (the engine would refuse the whole batch).
+        # Longest prompt + max_tokens any model can run (None: only the KV pools bound it). Checked at admission,
+        # so an executor never gets a row past its context (the engine would refuse the whole batch).
         self.max_context_len = max_context_len
         self.max_batch_size = max_batch_size
         self.max_batch_tokens = max_batch_tokens
@@ -93,9 +90,8 @@ class Scheduler:
         self.former = BatchFormer(model, kv, self.graph_rule, max_batch_size, max_batch_tokens)
         self.live = LiveView(model, num_models, owner=model == entry)
         self.reqs: dict[str, Request] = {}
-        # Ids of requests that ended here (or that a peer said ended before they arrived): a message still on
-        # its way for one of them (a return crossing an abort, a hand-off overtaken by the finish on another
-        # link) is dropped instead of failing or re-running the request. Bounded: oldest forgotten first.
+        # Requests that ended here (or before they arrived): a message still on its way for one (a return
+        # crossing an abort, a hand-off overtaken by the finish) is dropped instead of re-running it.
         self._gone: OrderedDict[str, None] = OrderedDict()
         self.waiting: deque[Request] = deque()
         self.admit_queue: dict[str, Request] = {}  # entry only: arrived, waiting for a KV reservation
@@ -118,11 +114,8 @@ class Scheduler:
         return self.live.epoch
 
     def set_policy(self, policy: Policy) -> None:
-        """Replace the batching policy between steps (an operator's or a controller's decision on a running
-        deployment). The next `schedule` applies it; requests, KV and batches in flight are untouched.
-
-        Asynchronous policies only change with asynchronous ones: a sync policy needs a gate every subserver
-        shares, made when the deployment is built (ValueError otherwise)."""
+        """Replace the batching policy between steps; requests, KV and batches in flight are untouched. Sync and
+        async policies do not swap (a sync one needs the gate built with the deployment): ValueError."""
         if policy.is_sync != self.policy.is_sync:
             raise ValueError(
                 f"cannot switch from {self.policy.kind.value} to {policy.kind.value} while serving: synchronous "
@@ -132,14 +125,9 @@ class Scheduler:
 
     @property
     def prepares_ahead(self) -> bool:
-        """Overlap in effect: `schedule` may form step k+1 while step k is in flight. The one overlap rule of
-        the deployment; every driver (simulator, runtime loop) reads it rather than `overlap` alone.
-
-        Only without a sync gate. A gate (step-sync, model-sync) is a barrier between steps: a model's next step
-        may launch only after the steps of the round completed and the messages they sent arrived
-        (`SyncGate.may_launch`), that is, after step k's results were applied everywhere. A step k+1 formed while
-        k runs would wait for that anyway, holding `from_prev` rows that skip the routing decision of k the
-        round exists to synchronize; so a gated scheduler has at most one batch in flight."""
+        """Whether `schedule` may form step k+1 while step k is in flight: the one overlap rule every driver
+        reads. Never with a sync gate: its barrier waits for step k's results anyway, and a step formed ahead
+        would hold `from_prev` rows that skip the routing decision the round exists to synchronize."""
         return self.overlap and self.gate is None
 
     @property
@@ -160,9 +148,8 @@ class Scheduler:
 
     # ---- inputs -------------------------------------------------------------------------------------
     def add(self, req: Request, now: float = 0.0) -> list[Action]:
-        """A client request arrives (entry only). It goes live now, or waits at admission until every model's
-        pool can hold it. Returns the live-count announcements for the peers. Raises RequestTooLong if it can
-        never fit."""
+        """A client request arrives (entry only): live now, or queued at admission until every pool can hold it.
+        Returns the live-count announcements; RequestTooLong if it can never fit."""
         if not self.is_entry:
             raise ValueError(f"requests enter at model {self.entry}, not {self.model}")
         if req.rid in self.reqs or req.rid in self.admit_queue:
@@ -176,8 +163,7 @@ class Scheduler:
         return [Send(m.dst, m) for m in self.live.announce()] if self.epoch != epoch else []
 
     def resume(self, msg: PeerMsg, now: float = 0.0) -> list[Action]:
-        """Take a message from a peer: a live-count update, a handed-over request (new here or returning) or a
-        finish."""
+        """A peer's message: a live-count update, a handed-over request (new here or returning) or a finish."""
         if isinstance(msg, LiveCount):
             self.live.observe(msg.active, msg.epoch)
             return []
@@ -232,11 +218,9 @@ class Scheduler:
         return self._finish(req, "abort", now)
 
     def on_peer_restart(self, peer: int, now: float = 0.0) -> list[Action]:
-        """Subserver `peer` died and comes back empty (the runtime's restart on failure). Every request here
-        ends with "error": it may be parked on the dead peer, wait for a message the peer took with it, or be
-        about to hand off to a process that will not know it (and the front-end fails every request in flight
-        when a subserver dies). Pages and reservations free; no peer is told, as each survivor gets the same
-        call. A restarted entry counts from epoch 0 again, so a peer forgets the live count it held."""
+        """Subserver `peer` died and comes back empty. Every request here ends with "error" (it may be parked on
+        the dead peer or wait for a message it took along; the front-end fails them all anyway). No peer is told:
+        each survivor gets the same call. A restarted entry counts from epoch 0 again, so its count is forgotten."""
         actions: list[Action] = []
         for rid in list(self.admit_queue):
             del self.admit_queue[rid]
@@ -439,9 +423,8 @@ class Scheduler:
 
 
 def _committed_logprobs(result: StepResult, toks: Sequence[int]) -> list[TokenLogprobs | None] | None:
-    """The engine's logprobs per row, for the token each row commits. A router that commits another token than
-    the one sampled (the ensemble's weighted choice) gets that token's logprob from the row's top k when it is
-    there, else None (unknown). A dropped token's entry goes with it: the peer's step brings its own."""
+    """The engine's logprobs per row, for the token each row commits: for a token other than the one sampled (the
+    ensemble's choice) its logprob from the row's top k when there, else None."""
     if result.logprobs is None:
         return None
     sampled = _to_list(result.next_token_ids)

@@ -1,13 +1,8 @@
-"""Which requests give their KV pages back when a subserver's pool runs short.
+"""Which requests give their KV pages back when a subserver's pool runs short (without admission only).
 
-Order: parked requests first (their owner is another model, so their pages are idle), then queued ones;
-within each group the youngest (highest admission `seq`) first. Only requests younger than the one that
-needs the pages are taken, so work is never thrown away in a loop: a request can lose its pages only to an
-older one, and the oldest live request can always take what it needs. A victim recomputes its prefix when
-it next runs here; rows already in flight (RUNNING) are never victims.
-
-With admission on (`tokenrouter.core.admission`) pools never run short and none of this runs; it is the
-fallback for deployments that admit everything.
+Parked requests first (their pages are idle), then queued ones, youngest (highest `seq`) first. Only requests
+younger than the requester are taken, so work is never thrown away in a loop: the oldest live request can always
+take what it needs. RUNNING rows are never victims; a victim recomputes its prefix when it next runs here.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ leaves the small model alone more. Step times taken at one B (one load) misprice
 solved at its own load: the chain gives each peer's busy fraction and tokens per pass, the steps are re-priced at
 that load, and the two are iterated (damped by halves) until no busy fraction moves by more than `tol`.
 `trsim tune` (step times from the profile) and autotune (step times measured live, de-mixed with the profile's
-factors) share this solve and its candidates (`solve_candidates`).
+factors) share this solve.
 """
 
 from __future__ import annotations
@@ -15,15 +15,12 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from tokenrouter.markov.explore import StateSpaceTooLarge
 from tokenrouter.markov.model import MarkovModel, ThroughputResult
-from tokenrouter.markov.search import SearchOutcome, evaluate_thresholds
+from tokenrouter.markov.search import evaluate_thresholds
 from tokenrouter.markov.steps import StepSpec
 
 DELTA_MS = 0.1
 """The quantum (ms) `trsim tune` and autotune solve at; the search coarsens it (within 2% per step) to fit a budget."""
-CO_RUN_CANDIDATES = 3
-"""How many of the search's best B are re-solved at their own co-location load, beside the large-batch ladder."""
 
 Load = list[tuple[float, float]]
 """Per model: (busy fraction of its busiest co-located peer, that peer's tokens per pass)."""
@@ -50,20 +47,6 @@ def tokens_per_row(P: np.ndarray) -> list[float]:
     return [(r[1 - i] + r[i] - 1.0) / r[i] for i in range(2)]
 
 
-def large_batch_ladder(concurrency: int, num_models: int) -> list[tuple[int, ...]]:
-    """Thresholds that hold the large model for fuller batches, (1, b) for b = 2, 3, 4, 6, 8, 12, ... < N + 1
-    (two models only): checked beside the search's best because the chain's step times are averages (one batch
-    size, the mean context), which undervalue fuller large-model batches (live, the Markov candidates alone missed
-    the best B: docs/simulator.md, Choosing B)."""
-    if num_models != 2:
-        return []
-    out, b = [], 2
-    while b - 1 < concurrency:
-        out.append((1, b))
-        b = b + 1 if b < 4 else b * 3 // 2 if b % 4 == 0 else b * 4 // 3
-    return out
-
-
 def solve_at_load(steps_at: StepsAt, P: np.ndarray, C: np.ndarray, concurrency: int, delta_ms: float,
                   mean_output: float | None, thresholds: Sequence[int], tpr: Sequence[float], *,
                   load: Load | None = None, iterations: int = 6, tol: float = 0.01,
@@ -84,26 +67,3 @@ def solve_at_load(steps_at: StepsAt, P: np.ndarray, C: np.ndarray, concurrency: 
         load = new
     assert res is not None and load is not None
     return res, load
-
-
-def solve_candidates(steps_at: StepsAt, P: np.ndarray, C: np.ndarray, concurrency: int, delta_ms: float,
-                     mean_output: float | None, search: SearchOutcome, load: Load | None, *,
-                     also: Sequence[tuple[int, ...]] = (),
-                     max_states: int | None = None) -> dict[tuple[int, ...], float]:  # fmt: skip
-    """T(B) in tok/s, each B at its own co-location fixed point (`solve_at_load`, started from `load`), for the
-    search's best `CO_RUN_CANDIDATES`, the large-batch ladder's B that hold the large model longer than all of those
-    (the chain's bias is against holding it longer, so only larger B join) and `also`, in that order. A B that is
-    infeasible or over the budget at this N is left out."""
-    cands = [tuple(r.thresholds) for r in search.ranked[:CO_RUN_CANDIDATES]] or [tuple(search.thresholds)]
-    held = max(b[-1] for b in cands)
-    cands += [b for b in large_batch_ladder(concurrency, len(P)) if b not in cands and b[-1] > held]
-    cands += [b for b in also if b not in cands]
-    tpr, scored = tokens_per_row(P), {}
-    for b in cands:
-        try:
-            res, _ = solve_at_load(steps_at, P, C, concurrency, delta_ms, mean_output, b, tpr, load=load,
-                                   max_states=max_states)  # fmt: skip
-        except (StateSpaceTooLarge, ValueError):
-            continue
-        scored[b] = res.throughput_tok_s
-    return scored

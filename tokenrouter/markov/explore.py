@@ -1,23 +1,14 @@
-"""Reachable-state search for the Markov throughput model (docs/markov.md).
+"""Reachable-state search for the Markov throughput model (docs/markov.md), on plain integer arrays.
 
-This module is the vectorized engine behind `MarkovModel` (see `model.py` for the model's semantics). It works
-on plain integer arrays and knows nothing about milliseconds or presets.
+Embedded chain: states at batch-completion instants, *just before* the completing batches are routed. Per model
+a state holds (k waiting, b running, r residual), residuals shifted so the completing models have r = 0. One
+transition routes every completing batch (independent multinomials), launches every idle model whose queue
+reached its threshold (all its waiting requests, residual d_i(b_i)), then advances to the next completion (tau =
+min running residual). Renewal-reward gives the post-launch chain's throughput with fewer states: a lone running
+model's residual is forgotten. Per-state rewards are expectations over the state's outgoing transitions.
 
-Embedded chain. States are taken at batch-completion instants, *just before* the completing batches are
-routed ("pre-completion" states). Per model i a state holds (k_i waiting, b_i running, r_i residual) with the
-residuals shifted so that the completing models have r_i = 0 (relabelling relative to the minimum). One
-transition = route every completing batch (independent multinomials), then launch every idle model whose
-queue reached its threshold (it takes all waiting requests, residual d_i(b_i)), then advance time to the next
-completion (tau = min running residual) and shift residuals by tau.
-
-This is the post-launch chain of docs/markov.md composed with a deterministic map (post-launch state s ->
-advance(s)); renewal-reward gives the same long-run throughput, but it is smaller: a lone running model's
-residual is forgotten once it is the only thing left to happen. Holding times are attached to transitions
-(tau of the post-launch state in between), and every per-state "reward" below is an expectation over the
-state's outgoing transitions.
-
-All thresholds of a search are explored together in one level-synchronous BFS (the threshold index is part of
-the state key), so numpy's per-call overhead is paid once per BFS level instead of once per level and per B.
+All thresholds of a search are explored in one level-synchronous BFS (the threshold index is part of the state
+key), so numpy's per-call overhead is paid once per level, not once per level and per B.
 """
 
 from __future__ import annotations
@@ -35,11 +26,8 @@ _INT_KEY_LIMIT = 2.0**62  # states pack into one int64 key while the mixed radix
 
 
 class StateSpaceTooLarge(ValueError):
-    """The reachable chain has more states than allowed; raised while exploring, before anything is solved.
-
-    A ValueError, so a command line that lets it through prints one line; `tokenrouter.markov.search` catches
-    it and falls back to a smaller search.
-    """
+    """The reachable chain has more states than allowed (raised while exploring). A ValueError, so a command
+    line prints one line; `tokenrouter.markov.search` catches it and falls back to a smaller search."""
 
     def __init__(self, max_states: int, num_models: int, concurrency: int) -> None:
         super().__init__(
@@ -51,15 +39,12 @@ class StateSpaceTooLarge(ValueError):
 
 @dataclass(slots=True)
 class ExploredChains:
-    """Reachable pre-completion states and transitions for a list of threshold vectors (block-diagonal).
-
-    States are numbered so that the states of threshold vector g occupy `offsets[g]:offsets[g+1]`.
-    Invariants: every state has at least one completing model (a running model with residual 0); `src`
-    rows' probabilities sum to 1 per state (duplicates (src, dst) are possible and must be summed).
-    Per-state rewards are expectations over the next transition, in quanta and requests:
-    `tokens` committed by the completions, `tau` time to the next completion, `done` batches completed and
-    `done_size` requests in them, and time integrals `busy`, `queue`, `running` (per model) over that interval.
-    """
+    """Reachable pre-completion states and transitions for a list of threshold vectors (block-diagonal: vector g's
+    states are `offsets[g]:offsets[g+1]`). Invariants: every state has at least one completing model (a running model
+    with residual 0); `src` rows' probabilities sum to 1 per state (duplicates (src, dst) are possible and must be
+    summed). Per-state rewards are expectations over the next transition, in quanta and requests: `tokens` committed by
+    the completions, `tau` time to the next completion, `done` batches completed and `done_size` requests in them, and
+    time integrals `busy`, `queue`, `running` (per model) over that interval."""
 
     k: np.ndarray  # (n, M) waiting requests
     b: np.ndarray  # (n, M) running batch size (0 = idle)
@@ -79,14 +64,10 @@ class ExploredChains:
 
 
 def multinomial_outcomes(routing: np.ndarray, n_max: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Tables of Multinomial(b; p_i.) outcomes for every model i and batch size b = 0..n_max.
-
-    `routing` is (M, D): M source models, D destinations (D may exceed M, see `explore`). Returns
-    (counts, probs, start, count): flat outcome table `counts` (E, D) / `probs` (E,) and, per (i, b), the first
-    row `start[i, b]` and number `count[i, b]` of its outcomes. Only destinations with p_ij > 0 appear, so
-    zero-probability outcomes never create states. Row 0 of the table is the null outcome (no requests,
-    probability 1), used for models that are not completing.
-    """
+    """Tables of Multinomial(b; p_i.) outcomes for every model i and batch size b = 0..n_max; `routing` is (M, D),
+    D >= M (see `explore`). Returns flat `counts` (E, D) and `probs` (E,) and, per (i, b), the first row
+    `start[i, b]` and number `count[i, b]` of its outcomes. Only destinations with p_ij > 0 appear, so
+    zero-probability outcomes create no states. Row 0 is the null outcome, for models that are not completing."""
     m, d = routing.shape
     _log_factorial = np.array([math.lgamma(k + 1) for k in range(n_max + 1)])  # log k!, k = 0..n_max
     counts: list[np.ndarray] = [np.zeros((1, d), dtype=np.int64)]
@@ -122,10 +103,8 @@ def _compositions(total: int, parts: int) -> np.ndarray:
 
 
 class _KeyIndex:
-    """Maps state rows (threshold index, k[M], b[M], r[M]) to dense ids, in discovery order.
-
-    Rows are packed into one int64 when the mixed radix fits, else hashed as tuples (slower, any size).
-    """
+    """Maps state rows (threshold index, k[M], b[M], r[M]) to dense ids, in discovery order: packed into one int64
+    when the mixed radix fits, else hashed as tuples (slower, any size)."""
 
     def __init__(self, m: int, n: int, d_max: int, n_groups: int) -> None:
         radix = [n_groups] + [n + 1] * (2 * m) + [d_max + 1] * m
@@ -170,20 +149,14 @@ def explore(
     finish: np.ndarray | None = None,
     entry: int = 0,
 ) -> ExploredChains:
-    """BFS over reachable pre-completion states, for every row of `thresholds` (G, M) at once.
+    """BFS over reachable pre-completion states, for every row of `thresholds` (G, M) at once. `quanta[i, b]`: model
+    i's step in quanta at batch size b (column 0 unused); `commit_mean[i]` = sum_j c_ij p_ij. Start: all requests
+    waiting at model 0, launch rule applied, time advanced to the first completion. Thresholds must be feasible
+    (the deadlock guard), so some model is always running.
 
-    `quanta[i, b]` is model i's step time in quanta for batch size b (column 0 unused); `commit_mean[i]` is
-    sum_j c_ij p_ij, the expected tokens committed per request completing on i. Start: all `concurrency`
-    requests waiting at model 0, launch rule applied, time advanced to the first completion.
-    Thresholds must be feasible (sum_i (B_i - 1) < N), which guarantees some model is always running.
-
-    `finish[i, j]` (optional, (M, M)): probability that a request routed i -> j has just committed its last
-    token. It then leaves, and its client's next request arrives at `entry` *after* this instant's launches:
-    it joins the entry's queue, and the entry launches it at once only if it is idle and now reaches B_entry.
-    This is what breaks lockstep under deterministic routing (a finished request's replacement misses the
-    batch its old companions join). With `finish` None or all zero the chain is exactly the closed loop
-    without completions.
-    """
+    `finish[i, j]` (optional, (M, M)): probability that a request routed i -> j has just committed its last token;
+    its replacement arrives at `entry` *after* this instant's launches (`_destinations`), which is what breaks
+    lockstep under deterministic routing. With `finish` None or zero the chain has no completions."""
     m, n = routing.shape[0], concurrency
     thr = np.asarray(thresholds, dtype=np.int64).reshape(-1, m)
     n_groups = len(thr)
@@ -346,13 +319,11 @@ def _launch_and_advance(
     late: np.ndarray | None = None,
     entry: int = 0,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Launch rule then advance to the next completion. Rows are states right after routing.
-
-    Every idle model with k_i >= B_i takes all k_i waiting requests (residual quanta[i, k_i]), with B the
-    thresholds for the live count (N minus the `late` replacements still to come); then the `late` requests
-    (new ones, see `explore`) join the entry's queue and the rule is applied once more with B for N; then
-    tau = min running residual and all running residuals drop by tau. Returns (k, b, r, tau, g).
-    """
+    """Launch rule then advance to the next completion, from states right after routing. Every idle model with k_i >=
+    B_i takes all k_i waiting requests (residual quanta[i, k_i]), with B the thresholds for the live count (N minus the
+    `late` replacements still to come); then the `late` requests (new ones, see `explore`) join the entry's queue and
+    the rule is applied once more with B for N; then tau = min running residual and all running residuals drop by tau.
+    Returns (k, b, r, tau, g)."""
     if late is None or not late.any():
         k, b, r = _launch(k, b, r, thr[g], quanta)
     else:

@@ -1,38 +1,11 @@
-"""Markov-chain throughput model of delayed batching (docs/markov.md; TokenRouter paper, appendix D).
+"""Markov-chain throughput model of delayed batching: the definition, its throughput T(B), completions and the
+assumptions are in docs/markov.md (TokenRouter paper, appendix D).
 
-Closed loop: N requests circulate among M models forever. Model i runs a batch in L_i(b) ms; when a batch of b
-requests completes, each request independently moves to model j with probability p_ij (j = i re-enters i's
-queue) and c_ij tokens are committed per request routed i -> j. Model i launches only when idle, only at a
-completion instant, and only when at least B_i requests wait; it then takes *all* waiting requests. At one
-instant all completions are routed first, then launches happen. Start: all N requests waiting at model 0.
-Step times are quantized onto a common grid (`steps.py`).
-
-Throughput (docs/markov.md): T(B) = sum_s pi(s) sum_{i in A(s)} sum_j b_i c_ij p_ij / sum_s pi(s) tau(s), with pi the
-stationary distribution of the embedded chain at completion epochs; computed here on the equivalent
-pre-completion chain described in `explore.py`. If the reachable chain has several closed classes (only
-possible with degenerate routing), results are the long-run averages expected from the start state: each
-class's ratio weighted by its absorption probability.
-
-Feasible thresholds: B in {1..N}^M that the core's deadlock guard admits (`core.policy.guard_holds`: sum_i (B_i -
-1) < N, so that some model can always launch); the guard, the clamp and the check are the core's, not copies.
-
-Completions (`mean_output`). Without them the N requests circulate forever, and under deterministic routing
-(ME: every token visits 0, 1, .., M-1) the chain is one lockstep orbit, all N requests in one batch everywhere.
-The simulator's closed loop is not: a request ends after its output length, and its client's next request
-starts at the entry (model 0) with a prefill step, out of step with its old companions. The extension models
-that with geometric output lengths: each committed token is the request's last with probability
-q = 1 / mean_output (so a route committing c tokens ends it with probability 1 - (1 - q)^c), the tokens
-committed are unchanged, and the replacement
-- finished on the entry: joins the entry's queue like the request it replaces (the client's next request is
-  there before the entry launches again, as in the simulator's zero-latency closed loop);
-- finished elsewhere: reaches the entry *after* the launches of that instant (the entry has already reacted
-  to the peers' messages), so it misses the batch its old companions join unless the entry stays idle.
-  Those launches see the live count N - L (L replacements still to come) and so the thresholds the policy
-  gives for it (`steps.live_thresholds`: B lowered until the deadlock guard holds for N - L).
-Assumptions: output lengths Geometric(q) on {1, 2, ..}, a prefill step costs what a decode step of the same
-batch size costs, and replacements arriving at one instant arrive together. With `mean_output` None (q = 0)
-the chain is exactly the one without completions. For R2R only large-model finishes are replaced late, a
-change of order 1 / mean_output; for ME it is what breaks lockstep.
+T(B) is computed on the pre-completion chain of `explore.py`; with several closed classes (degenerate routing
+only) the result is each class's ratio weighted by its absorption probability from the start state. Feasible B,
+the guard, the clamp and the check are the core's (`core.policy`), never copies. With `mean_output` each
+committed token ends its request with probability q = 1 / mean_output; a replacement finished off the entry
+arrives after that instant's launches, which see the live count N - L (`steps.live_thresholds`).
 """
 
 from __future__ import annotations
@@ -54,12 +27,8 @@ _ROW_TOL = 1e-9
 
 @dataclass(slots=True)
 class ThroughputResult:
-    """Long-run metrics of one threshold vector. Per-model tuples are indexed by model.
-
-    `mean_batch`: mean size of launched batches (0 if the model never runs); `busy_fraction`: fraction of time
-    a batch is running; `mean_queue` / `mean_running`: time-average waiting / running requests;
-    `batches_per_s`: completion rate.
-    """
+    """Long-run metrics of one threshold vector, per-model tuples by model index. `mean_batch`: launched batches'
+    mean size (0: never runs); `mean_queue` / `mean_running`: time-average waiting / running requests."""
 
     thresholds: tuple[int, ...]
     throughput_tok_s: float
@@ -88,11 +57,8 @@ class ThresholdSearch:
 
 @dataclass(slots=True)
 class MarkovChain:
-    """The embedded (pre-completion) chain of one threshold vector, for inspection and tests.
-
-    Rows of `transition` sum to 1; `pi` is a stationary distribution (sums to 1, nonnegative); `k`, `b`, `r`
-    are the states (r in quanta of `delta_eff_ms`, relative to the completion instant).
-    """
+    """The embedded (pre-completion) chain of one threshold vector, for inspection and tests. Rows of `transition`
+    sum to 1; `pi` is stationary; states `k`, `b`, `r` (r in quanta, relative to the completion instant)."""
 
     transition: sp.csr_matrix
     pi: np.ndarray
@@ -105,11 +71,8 @@ class MarkovChain:
 
 @dataclass(slots=True, frozen=True)
 class MarkovModel:
-    """Validated model inputs; build with `MarkovModel.create`.
-
-    `completion`: probability that a committed token is its request's last (1 / mean output length, 0 = requests
-    never finish); see the module docstring.
-    """
+    """Validated model inputs; build with `MarkovModel.create`. `completion`: probability that a committed token is
+    its request's last (1 / mean output length; 0: requests never finish)."""
 
     step: StepQuanta
     routing: np.ndarray
@@ -176,10 +139,8 @@ class MarkovModel:
     def evaluate(
         self, thresholds: Sequence[Sequence[int]], max_states: int = DEFAULT_MAX_STATES, chunk: int = 256
     ) -> list[ThroughputResult]:
-        """Results for several threshold vectors, explored `chunk` at a time (faster than one by one).
-
-        `max_states` caps the states of all of them together: StateSpaceTooLarge once exploring passes it.
-        """
+        """Results for several threshold vectors, explored `chunk` at a time (faster than one by one). `max_states`
+        caps the states of all together: StateSpaceTooLarge once exploring passes it."""
         results: list[ThroughputResult] = []
         left = max_states
         for lo in range(0, len(thresholds), chunk):

@@ -1,17 +1,10 @@
-"""Threshold search within a state budget, with fallbacks instead of a crash (what the command lines call).
+"""Threshold search within a state budget, with fallbacks instead of a crash (docs/markov.md, "A budgeted search").
 
-The exact search (every feasible B, at the requested quantum) grows fast with N: with two models and random
-routing one chain has up to N^2 * (longest step in quanta) states and the feasible set has N^2 / 2 members;
-at 6 / 27.9 ms steps and a 0.1 ms quantum, N = 8 takes about a second, N = 16 ten, N = 64 hours. Before
-enumerating anything, `state_bounds` counts the states the constraints allow (an upper bound on the reachable
-ones, instant). If the bound fits the budget the search is exact. Otherwise:
-1. all feasible B, explored (not yet solved) with the budget as a hard cap, first on coarser quanta that round
-   no step by more than `MAX_ROUNDING`, coarsest first, up to the finest that fits; exploring is cheap next to
-   solving and stops at the cap, so a failed try costs little;
-2. the same on a grid of thresholds (every B_i a power of two or N);
-3. the search at N/2 (recursively, down to where one fits), its B* scaled by 2 and made feasible: B* grows
-   about in proportion to N (both the queue a batch waits for and the requests that fill it do).
-The outcome says which one happened (`note`), so a command can print it.
+`state_bounds` bounds the state count before anything is enumerated; within the budget the search is exact.
+Otherwise: (1) every feasible B, explored with the budget as a hard cap, on coarser quanta that round no step by
+more than `MAX_ROUNDING` (exploring is cheap next to solving and stops at the cap, so a failed try costs little);
+(2) the same on a grid of thresholds (every B_i a power of two or N); (3) the search at N/2, its B* scaled by 2
+(B* grows about in proportion to N). The outcome's `note` says which one happened.
 """
 
 from __future__ import annotations
@@ -36,12 +29,9 @@ MAX_ROUNDING = 0.02  # a coarser quantum may round a step time by at most this f
 
 @dataclass(slots=True)
 class SearchOutcome:
-    """What a budgeted search found. Invariant: `thresholds` is feasible for the model's N.
-
-    `ranked`: the candidates evaluated, best first (empty when nothing was solved); `model`: the model they
-    were evaluated with (its quantum may be coarser than asked); `exact`: every feasible B at the quantum
-    asked for; `note`: one line saying what was reduced and why ("" when exact).
-    """
+    """What a budgeted search found; `thresholds` is feasible for the model's N. `ranked`: evaluated candidates,
+    best first; `model`: the one they were evaluated with (maybe a coarser quantum); `exact`: every feasible B at
+    the quantum asked for; `note`: what was reduced and why ("" when exact)."""
 
     thresholds: tuple[int, ...]
     throughput_tok_s: float | None
@@ -53,13 +43,10 @@ class SearchOutcome:
 
 def state_bound(model: MarkovModel, thresholds: Sequence[int]) -> float:
     """Number of states (k, b, r) the constraints allow: sum_i (k_i + b_i) = N, an idle model holds fewer than
-    B_i waiting, a running one holds b_i >= B_i with residual r_i in 0..d_i(b_i) - 1, and some running model
-    completes (r_i = 0). Every reachable state is one of them, so this bounds the chain's size from above.
-
-    Counted as the coefficient of x^N of prod_i (idle_i + run_i)(x) minus the same product with no model at
-    r_i = 0, where idle_i(x) = sum_{k < B_i} x^k and run_i(x) = sum_{b >= B_i, k >= 0} (residuals) x^(b + k).
-    In floating point: exact below 2^53, an estimate beyond.
-    """
+    B_i waiting, a running one holds b_i >= B_i with residual r_i in 0..d_i(b_i) - 1, and some running model completes
+    (r_i = 0): an upper bound on the chain's size. Counted as the coefficient of x^N of prod_i (idle_i + run_i)(x) minus
+    the same product with no model at r_i = 0, where idle_i(x) = sum_{k < B_i} x^k and run_i(x) = sum_{b >= B_i, k >= 0}
+    (residuals) x^(b + k). In floating point: exact below 2^53, an estimate beyond."""
     return float(state_bounds(model, [model.check_thresholds(thresholds)])[0])
 
 

@@ -13,8 +13,7 @@ _DENSE_LIMIT = 400  # below this many states a dense solve beats SuperLU's setup
 def class_distributions(t: sp.csr_matrix, start: int) -> list[tuple[float, np.ndarray]]:
     """Stationary distribution of each closed class reachable from `start`, with its absorption probability.
 
-    Usually there is one closed class (weight 1). Transient states get probability 0.
-    """
+    Usually there is one closed class (weight 1). Transient states get probability 0."""
     n = t.shape[0]
     n_comp, lab = connected_components(t, directed=True, connection="strong")
     if n_comp == 1:
@@ -56,8 +55,7 @@ def stationary_distribution(t: sp.spmatrix, natural_order: bool = False) -> np.n
     and is a nonsingular M-matrix, so LU needs no pivoting. `natural_order=True` keeps the given state order
     for the factorization (use it when states are numbered along time, as `explore` does); otherwise SuperLU
     orders by minimum degree. Falls back to power iteration on the lazy chain (I + T) / 2 (same pi,
-    aperiodic) if the direct solution is not accurate.
-    """
+    aperiodic) if the direct solution is not accurate."""
     n = t.shape[0]
     if n == 1:
         return np.ones(1)

@@ -1,9 +1,8 @@
 """Step times of the Markov model: quantization onto a common time grid, and the feasible thresholds.
 
-Time is quantized: d_i(b) = max(1, round(L_i(b) / delta)) quanta (round half up). Step times that are
-multiples of delta are therefore exact; otherwise each step is off by at most delta/2 (reported as
-`max_step_error_ms`). The gcd g of all d_i(b) is factored out (quantum delta * g): exact, since every event time
-is an integer combination of step times, so the order of events is unchanged and only the state count shrinks.
+d_i(b) = max(1, round(L_i(b) / delta)) quanta (half up): multiples of delta are exact, others off by at most delta/2
+(`max_step_error_ms`). The gcd of all d_i(b) is factored out: exact, since every event time is an integer
+combination of step times, so only the state count shrinks.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""Synthetic routers: hop decisions drawn from a known process instead of a learned signal.
-
-They exist so the simulator and the runtime can be driven with a controlled hop pattern, and so the
-simulator can be checked against the Markov model, whose P and C matrices they take directly.
-"""
+"""Synthetic routers: hop decisions drawn from a known process instead of a learned signal, so the simulator and
+the runtime can be driven with a controlled hop pattern and checked against the Markov model (same P and C)."""
 
 from __future__ import annotations
 
@@ -59,37 +56,31 @@ def _revisit(req: Request, model: int) -> int:
 
 
 class ProbRouter(Router):
-    """Row from model i goes to model j with probability P[i][j]; on a hop i->j the sampled token is
-    committed iff keep[i][j] (the Markov model's C).
+    """Row from model i goes to model j with probability P[i][j]; on a hop i->j the sampled token is committed iff
+    keep[i][j] (the Markov model's C).
 
     Each decision is a draw keyed by (request, output index, model, return to that index) (`hop_uniform`), not a
-    stream: a
-    request's hops do not depend on what else was batched with it or on event order, so the simulator and a live
-    server running the same seeded requests (`tr bench` sends each its `workloads.request_seed`) see the same hops,
-    and an A/B of two configurations on one workload compares them on the same hops.
-    """
+    stream: a request's hops do not depend on its batch or on event order, so the simulator and a live server
+    running the same seeded requests see the same hops, and an A/B of two configurations compares them on the
+    same hops."""
 
     name = "prob"
 
     def __init__(self, P: Sequence[Sequence[float]], keep: Sequence[Sequence[bool]], seed: int = 0) -> None:
         m = len(P)
-        P_arr = np.asarray(P, dtype=float)
-        if P_arr.shape != (m, m) or np.asarray(keep).shape != (m, m):
+        if np.asarray(keep).shape != (m, m):
             raise ValueError(f"P and keep must be square {m}x{m} matrices")
-        if (P_arr < 0).any() or not np.allclose(P_arr.sum(axis=1), 1.0):
-            raise ValueError("each row of P must be probabilities summing to 1")
         super().__init__(0, m)
         self.keep = [[bool(x) for x in row] for row in keep]
         self.seed = seed
-        self.set_probabilities(P_arr)
+        self.set_probabilities(P)
 
     def set_probabilities(self, P: Sequence[Sequence[float]] | np.ndarray) -> None:
-        """New routing probabilities (same shape; rows summing to 1), e.g. another hop rate on a running
-        deployment; the hand-back semantics (`keep`) and the draws stay."""
+        """New routing probabilities (another hop rate on a running deployment); `keep` and the draws stay."""
         P_arr = np.asarray(P, dtype=float)
         m = len(self.keep)
         if P_arr.shape != (m, m):
-            raise ValueError(f"P must be a {m}x{m} matrix")
+            raise ValueError(f"P and keep must be square {m}x{m} matrices")
         if (P_arr < 0).any() or not np.allclose(P_arr.sum(axis=1), 1.0):
             raise ValueError("each row of P must be probabilities summing to 1")
         self.P = P_arr
@@ -130,12 +121,9 @@ class ProbRouter(Router):
 
 
 class TraceRouter(Router):
-    """Replays recorded hops: `runs[rid]` lists (model, n_tokens) runs of committed output tokens.
-
-    On model m, the token just sampled is output index c. If its writer is another model the row hops
-    there and the token is dropped (it is regenerated there); if m wrote it, it is committed and the row
-    hops on when the writer of c+1 differs. Output past the end of a trace is written by model 0.
-    """
+    """Replays recorded hops: `runs[rid]` lists (model, n_tokens) runs of committed output tokens. On model m, the
+    token just sampled (output index c) is dropped and the row hops when another model wrote c; if m wrote it, it
+    is committed and the row hops on when the writer of c+1 differs. Past the trace's end model 0 writes."""
 
     name = "trace"
 

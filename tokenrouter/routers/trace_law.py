@@ -1,13 +1,9 @@
 """What a trace router replays on a workload, and the hop law the Markov model takes for it.
 
-A trace router (`synthetic.TraceRouter`) replays recorded runs by request id: the workload's own `runs` (a hop-trace
-JSONL given as the workload), else the trace file's runs for the workload's ids. A trace none of whose ids the
-workload has replays nothing, so every request stays on the small model; that is refused here, in one line, rather
-than simulated as a run without hops.
-
-Replayed with R2R semantics, a trace moves like the `markov` router: the small model hops w.p. p per step (its
-token dropped), the large one writes a run and hands back w.p. q per token. `law_router` estimates p and q from the
-replayed runs (hops over steps on each side), so `--thresholds auto` can choose B for a replay.
+A trace router replays recorded runs by request id: the workload's own `runs`, else the trace file's runs for the
+workload's ids; a trace none of whose ids the workload has is refused (it would run without hops). Replayed with
+R2R semantics a trace moves like the `markov` router, so `law_router` estimates its p and q from the replayed runs
+and `--thresholds auto` can choose B for a replay.
 """
 
 from __future__ import annotations

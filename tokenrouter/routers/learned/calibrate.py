@@ -18,12 +18,9 @@ from tokenrouter.routers.learned.score_gate import ScoreGate
 
 @runtime_checkable
 class Calibratable(Protocol):
-    """A router whose threshold is set from its own scores on warm-up steps before serving (`random` weights:
-    a target hop rate instead of a trained cut). The learned routers with a `ScoreGate` implement it
-    (`LearnedRouter`); routers without a threshold (synthetic, the ensemble) do not.
-
-    `needs_calibration` stays True until the bound model's gate has seen `calibration_rows` scored rows
-    through `observe`, which returns True once the threshold is set."""
+    """A router whose threshold is set from its own scores on warm-up steps before serving (`random` weights: a
+    target hop rate instead of a trained cut): `LearnedRouter`. `needs_calibration` stays True until the bound
+    model's gate has seen `calibration_rows` scored rows through `observe`, which returns True then."""
 
     model: int
     calibration_rows: int

@@ -43,8 +43,7 @@ def load_router_checkpoint(
     """Build the scorer a checkpoint describes and load its weights (strict: every key must match).
 
     `embedding`: the small model's input embedding table, used by reference when an R2R checkpoint omits
-    `token_embeddings.weight` (R2R's default, trained with the embedding frozen).
-    """
+    `token_embeddings.weight` (R2R's default, trained with the embedding frozen)."""
     ckpt = src if isinstance(src, Mapping) else _read(Path(src))
     for key in ("model_type", "state_dict"):
         if key not in ckpt:

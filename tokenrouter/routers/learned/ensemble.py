@@ -1,20 +1,12 @@
-"""ME: a weighted ensemble of M >= 2 models (M >= 3 in the paper's setting) that writes every token together.
+"""ME: a weighted ensemble of M >= 2 models that writes every token together (docs/routers.md).
 
-Each output token visits the models in turn, 0 -> 1 -> ... -> M-1 -> back to 0:
-- model 0 takes the `top_k` candidates of its next-token log-probs and sends their ids with its weighted
-  log-probs (`w_0 * log p_0`) in the `PeerReq` extras; its own sample is dropped;
-- every later model adds `w_i * log p_i` at the same candidate ids and passes the sums on (k ids and k
-  floats travel, never a vocabulary-sized row);
-- the last model commits the candidate with the best combined score (greedy) or samples from
-  `softmax(combined / T)` over the candidates (top-k / top-p applied there), with a generator seeded by
-  (seed, request, position) so the same prompt gives the same text whatever the batching.
-
-This needs the one hook a plain sampler cannot provide: the last model commits the combined choice, not its
-own sample. `Router.select_tokens` (called by `Scheduler.complete` in place of reading
-`result.next_token_ids`) returns it. The candidate set is model 0's top-k: the ensemble's exact argmax is
-found whenever it lies among those k tokens (a larger k trades message size for exactness).
-The work runs on the step's logits on the device (log-softmax, gather) and copies [rows, k] to the host;
-it is not part of the captured step because the carried per-request scores are host data.
+Each output token visits the models in turn, 0 -> 1 -> ... -> M-1 -> 0. Model 0 sends its `top_k` candidate ids
+with their weighted log-probs in the `PeerReq` extras (its own sample dropped); each later model adds its own at
+the same ids (k ids and k floats travel, never a vocabulary-sized row); the last commits the best combined
+candidate (greedy) or samples among them with a generator seeded by (seed, request, position), so the text does not
+depend on batching. The last model commits the combined choice, not its own sample: `Router.select_tokens`. The
+exact argmax is found whenever it lies among model 0's top k. The work runs on the device after the step, not in
+the captured graph, because the carried scores are host data.
 """
 
 from __future__ import annotations

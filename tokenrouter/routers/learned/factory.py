@@ -1,13 +1,10 @@
-"""`make_learned_router`: what `tr serve --router NAME --router-model FILE|random` builds on each subserver.
+"""`make_learned_router`: what `tr serve --router NAME --router-model FILE|random` builds on each subserver
+(without `--router-model` the runtime keeps the synthetic presets).
 
-Without `--router-model` the runtime keeps the synthetic presets (`tokenrouter.routers.synthetic_router`); this
-factory is only for learned signals. `model_file`:
-- a checkpoint path (R2R's release format, or our CITER / Co-LLM heads in the same format), threshold from
-  the file unless `threshold` overrides it;
-- "random": random weights (seeded), threshold left at "never hop" until `calibrate_on_runner` (or the
-  runtime's own warm-up through `LearnedRouter.observe`) sets it to reach `hop_rate`;
-- None: for the weightless routers (R-Stitch with an explicit `threshold`; ME).
-`model` builds only that subserver's part (None: all), so the large model's process loads no classifier.
+`model_file`: a checkpoint (R2R's release format, or our CITER / Co-LLM heads in it; threshold from the file unless
+`threshold` overrides it); "random": seeded random weights whose threshold stays at "never hop" until the warm-up
+sets it for `hop_rate`; None: the weightless routers (R-Stitch with a `threshold`; ME). `model` builds only that
+subserver's part (None: all), so the large model's process loads no classifier.
 """
 
 from __future__ import annotations
@@ -66,13 +63,10 @@ def make_learned_router(
     ensemble_top_k: int = 16,
     r2r_hidden_dims: Sequence[int] | None = None,
 ) -> Router:
-    """Build a learned router for one subserver (`model`) or for all (`model=None`).
-
-    `hidden_size` / `vocab_size` / `embedding` describe the small model (the one the classifier reads):
-    `embedding` is its input embedding table, shared by reference with R2R's token input.
-    `threshold` is in the algorithm's own units (R2R/Co-LLM/CITER: a probability; R-Stitch: entropy
-    fraction). `return_prob` (R-Stitch, random): the rate at which the large model hands back.
-    """
+    """Build a learned router for one subserver (`model`) or for all (`model=None`). `hidden_size`, `vocab_size`
+    and `embedding` (its input table, shared by reference with R2R's token input) describe the small model.
+    `threshold` is in the algorithm's units (a probability; R-Stitch: an entropy fraction); `return_prob`: the
+    rate at which R-Stitch's large model hands back when calibrated."""
     key = name.lower()
     if key not in LEARNED_ROUTERS:
         raise ValueError(f"no learned router {name!r}; choose one of {', '.join(LEARNED_ROUTERS)}")

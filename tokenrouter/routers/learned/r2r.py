@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from tokenrouter.routers.learned.scorers import logit
+
 # Class defaults of R2R's classifiers (only explicitly passed arguments are saved in init_args).
 R2R_DEFAULTS: dict[str, Any] = {
     "hidden_states_size": 1536,
@@ -83,8 +85,7 @@ class R2RClassifier(nn.Module):
 
     `score` is monotone in R2R's critical probability: the output logit (binary head) or the log-probability
     of class 2 (multi-class head), so thresholds compare without sigmoid saturation ties; the checkpoint's
-    probability threshold maps to it with `score_of_threshold`.
-    """
+    probability threshold maps to it with `score_of_threshold`."""
 
     needs_hidden: bool
     needs_logits: bool
@@ -181,11 +182,9 @@ class R2RClassifier(nn.Module):
 
     def score_of_threshold(self, p: float) -> float:
         """R2R's rule is `critical probability >= p`; the same cut in score space."""
-        if p <= 0:
-            return -math.inf
-        if p >= 1:
-            return math.inf
-        return math.log(p / (1 - p)) if self.num_outputs == 1 else math.log(p)
+        if self.num_outputs == 1:
+            return logit(p)
+        return -math.inf if p <= 0 else math.inf if p >= 1 else math.log(p)
 
 
 def r2r_embedding_dim(model_type: str, init_args: Mapping[str, Any], state: Mapping[str, torch.Tensor]) -> int | None:

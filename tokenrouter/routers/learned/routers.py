@@ -1,16 +1,9 @@
-"""Learned routers of two models (0 = small, 1 = large): R2R, CITER, Co-LLM, R-Stitch.
+"""Learned routers of two models (0 = small, 1 = large): R2R, CITER, Co-LLM, R-Stitch (docs/routers.md).
 
-Each is a core `Router` whose decision on each model is a `DeviceRouter` (`ScoreGate` or a constant
-hand-back) that the engine runs inside its step; the hand-back semantics are the synthetic presets' (the
-`keep` matrix is the Markov model's C):
-
-| router | on the small model | on the large model |
-| R2R / CITER / Co-LLM | learned score says hop: token dropped | writes one token (kept), hands back |
-| R-Stitch | normalized entropy > tau: token dropped | writes while entropy > tau; at <= tau hands back (kept) |
-
-One instance serves one subserver: `bind(model)` picks that model's part. A router can be built with only
-the part of the model its process runs (`parts` has the other missing), so the large model's process never
-holds the small model's classifier.
+Each is a core `Router` whose decision on each model is a `DeviceRouter` (`ScoreGate` or a constant hand-back) that
+the engine runs inside its step; the hand-back semantics (`keep`) are the synthetic presets'. One instance serves
+one subserver (`bind(model)` picks its part); it can be built with only that part, so the large model's process
+never holds the small model's classifier.
 """
 
 from __future__ import annotations
@@ -31,15 +24,11 @@ HANDBACK_KEEP = ((True, False), (True, True))  # row i -> j: is model i's token 
 
 
 class LearnedRouter(Router):
-    """A router whose per-model decision is a device part; `route` passes the engine's destinations through.
+    """A router whose per-model decision is a device part; `route` passes the engine's destinations through, or
+    runs the part on the step's outputs when the engine did not.
 
-    When the engine did not run the device part (`result.destinations` is None), `route` runs it on the
-    step's outputs instead, which then must carry what `device.needs_hidden/needs_logits` ask for.
-
-    Calibration (`--router-model random`): `hop_rates[m]` is the fraction of model m's steps that should
-    leave m; `observe` collects scores of warm-up steps and, after `calibration_rows` rows, sets the
-    threshold of the bound model's gate to the matching quantile (`ScoreGate.calibrate`).
-    """
+    Calibration (`--router-model random`): `hop_rates[m]` is the fraction of model m's steps that should leave m;
+    after `calibration_rows` warm-up rows (`observe`) the bound gate's threshold is set to the matching quantile."""
 
     name = "learned"
     keep: tuple[tuple[bool, ...], ...] = HANDBACK_KEEP
@@ -158,12 +147,9 @@ class CoLLMRouter(OneTokenHandbackRouter):
 
 class RStitchRouter(LearnedRouter):
     """R-Stitch: normalized entropy > tau on the small model drops its token and hops; the large model keeps
-    writing while its entropy is > tau and hands back (token kept) once it is <= tau.
-
-    With a given tau both sides use it (symmetric). Calibrated (`random`), each side sets its own cut for
-    its own rate: `hop_rate` of small steps hop, `return_prob` of large steps hand back (the synthetic
-    r-stitch preset's p and q), so no threshold has to travel between processes.
-    """
+    writing while its entropy is > tau and hands back (token kept) once it is <= tau. A given tau serves both
+    sides; calibrated (`random`), each side sets its own cut for its own rate (the preset's p and q), so no
+    threshold travels between processes."""
 
     name = RouterName.R_STITCH.value
 

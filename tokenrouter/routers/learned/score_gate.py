@@ -21,8 +21,7 @@ class ScoreGate(nn.Module):
     """Row goes to `hop` when its score passes the threshold, else to `stay` (absolute model indices).
 
     `hop_above`: the score must exceed the threshold (else: fall below it); `inclusive`: equality counts as
-    passing. Destinations are int64, one per row of `token_ids`.
-    """
+    passing. Destinations are int64, one per row of `token_ids`."""
 
     def __init__(
         self,
@@ -87,8 +86,7 @@ class ConstantDestination(nn.Module):
 def calibrate_threshold(scores: torch.Tensor, hop_rate: float, *, hop_above: bool = True) -> float:
     """The threshold at which a fraction `hop_rate` of `scores` passes: the (1 - p) quantile when high scores
     hop, the p quantile when low scores do. p = 0 and p = 1 give infinite cuts (never / always), so the
-    edge cases hold exactly rather than up to one sample.
-    """
+    edge cases hold exactly rather than up to one sample."""
     p = check_prob(hop_rate, "hop rate")
     if p in (0.0, 1.0):
         never = math.inf if hop_above else -math.inf

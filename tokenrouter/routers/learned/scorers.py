@@ -1,11 +1,10 @@
 """Per-row signals of the learned routers other than R2R: CITER's confidence MLP, Co-LLM's deferral head,
 R-Stitch's normalized entropy.
 
-A scorer is an `nn.Module` called as `scorer(token_ids, hidden, logits) -> float32 [rows]`, says which
-inputs it reads (`needs_hidden`, `needs_logits`) and maps a threshold given in the algorithm's own units
-(a probability, or the entropy fraction) into its score space with `score_of_threshold`. Scores stay in
-logit space where the algorithm uses a sigmoid, so saturated probabilities cannot tie at a threshold.
-Inference only: parameters are frozen, and nothing depends on the values (graph-capturable).
+A scorer is an `nn.Module` called as `scorer(token_ids, hidden, logits) -> float32 [rows]` that names its inputs
+(`needs_hidden`, `needs_logits`) and maps a threshold in the algorithm's units into its score space
+(`score_of_threshold`). Scores stay in logit space where the algorithm uses a sigmoid, so saturated probabilities
+cannot tie at a threshold. Inference only, frozen, graph-capturable.
 """
 
 from __future__ import annotations
@@ -45,8 +44,7 @@ class ConfidenceMLP(_HiddenStateScorer):
     """CITER: an MLP over the small model's final hidden state whose sigmoid is the confidence that the small
     model's token is good enough; the router defers when the confidence is below tau.
 
-    Checkpoint keys: `net.{0,2,...}.{weight,bias}` (Linear layers, ReLU between them).
-    """
+    Checkpoint keys: `net.{0,2,...}.{weight,bias}` (Linear layers, ReLU between them)."""
 
     def __init__(self, hidden_size: int, hidden_dims: Sequence[int] = (512, 512), device: torch.device | str = "cpu"):
         super().__init__()
@@ -67,8 +65,7 @@ class ConfidenceMLP(_HiddenStateScorer):
 class DeferralHead(_HiddenStateScorer):
     """Co-LLM: one extra logit over the small model's final hidden state; sigmoid > eta defers the token.
 
-    Checkpoint keys: `head.weight` [1, hidden], `head.bias` [1].
-    """
+    Checkpoint keys: `head.weight` [1, hidden], `head.bias` [1]."""
 
     def __init__(self, hidden_size: int, device: torch.device | str = "cpu"):
         super().__init__()
