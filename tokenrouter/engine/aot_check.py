@@ -156,11 +156,8 @@ def compile_variant(v: Variant) -> Report:
         if sig[name].startswith("*") or name.startswith("stride")
     }
     t0 = time.perf_counter()
-    kernel = triton.compile(
-        ASTSource(fn, sig, v.constexprs, attrs),
-        target=GPUTarget("cuda", 90, 32),
-        options={"num_warps": v.num_warps, "num_stages": v.num_stages},
-    )
+    kernel = triton.compile(ASTSource(fn, sig, v.constexprs, attrs), target=GPUTarget("cuda", 90, 32),
+                            options={"num_warps": v.num_warps, "num_stages": v.num_stages})  # fmt: skip
     seconds = time.perf_counter() - t0
     ptx = kernel.asm["ptx"]
     with tempfile.TemporaryDirectory() as tmp:

@@ -24,25 +24,9 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 # Ops that only allocate, alias or read metadata: no kernel launch on CUDA.
-_NO_KERNEL = {
-    "empty",
-    "empty_like",
-    "empty_strided",
-    "new_empty",
-    "new_empty_strided",
-    "lift_fresh",
-    "detach",
-    "alias",
-    "_local_scalar_dense",
-    "record_stream",
-    "set_",
-    "resize_",
-    "sym_size",
-    "sym_stride",
-    "sym_numel",
-    "sym_storage_offset",
-    "is_same_size",
-}
+_NO_KERNEL = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "lift_fresh", "detach", "alias",
+              "_local_scalar_dense", "record_stream", "set_", "resize_", "sym_size", "sym_stride", "sym_numel",
+              "sym_storage_offset", "is_same_size"}  # fmt: skip
 
 
 def launches_kernel(func: Any) -> bool:
@@ -94,12 +78,8 @@ class LaunchCounter:
 
     def summary(self) -> dict[str, Any]:
         per = self.per_layer()
-        return {
-            "total": len(self.events),
-            "per_layer": per,
-            "step": len(self.sections.get("step", [])),
-            "layer_kernels": Counter(self.layer_kernels(min(1, len(per) - 1))) if per else {},
-        }
+        return {"total": len(self.events), "per_layer": per, "step": len(self.sections.get("step", [])),
+                "layer_kernels": Counter(self.layer_kernels(min(1, len(per) - 1))) if per else {}}  # fmt: skip
 
     # ---- recording ----------------------------------------------------------------------------------------
     def _record(self, name: str) -> None:

@@ -146,16 +146,8 @@ class MergedLinear(nn.Module):
     is a partial sum the caller all-reduces, and the bias is added by the rank of piece 0 only).
     """
 
-    def __init__(
-        self,
-        in_features: int,
-        shards: list[tuple[str, int]],
-        *,
-        bias: bool,
-        device: torch.device,
-        dtype: torch.dtype,
-        parallel: Shard | None = None,
-    ) -> None:
+    def __init__(self, in_features: int, shards: list[tuple[str, int]], *, bias: bool, device: torch.device,
+                 dtype: torch.dtype, parallel: Shard | None = None) -> None:  # fmt: skip
         super().__init__()
         self.full_shards = shards
         self.full_in_features = in_features

@@ -87,14 +87,8 @@ class SamplingInputs:
     needs_filter: bool  # some sampled row uses top-k or top-p
 
     @classmethod
-    def build(
-        cls,
-        params: list[SamplingParams],
-        positions: list[int],
-        vocab_size: int,
-        fallback_seeds: list[int],
-        device: torch.device,
-    ) -> SamplingInputs:
+    def build(cls, params: list[SamplingParams], positions: list[int], vocab_size: int, fallback_seeds: list[int],
+              device: torch.device) -> SamplingInputs:  # fmt: skip
         """`fallback_seeds[i]` is used when row i's request has no seed (drawn from the engine's RNG)."""
         n = len(params)
         temp = np.fromiter((p.temperature for p in params), np.float32, n)
@@ -133,14 +127,8 @@ def sample(logits: torch.Tensor, s: SamplingInputs) -> torch.Tensor:
     return sample_rows(logits, s.inv_temp, s.top_p, s.top_k, s.seeds, s.positions).long()
 
 
-def sample_rows(
-    logits: torch.Tensor,
-    inv_temp: torch.Tensor,
-    top_p: torch.Tensor,
-    top_k: torch.Tensor,
-    seeds: torch.Tensor,
-    positions: torch.Tensor,
-) -> torch.Tensor:
+def sample_rows(logits: torch.Tensor, inv_temp: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor,
+                seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:  # fmt: skip
     """The reference: int32 [R] tokens. Seeds may be given as int32 bit patterns (negative values)."""
     vocab = logits.shape[-1]
     logits = no_nan(logits)

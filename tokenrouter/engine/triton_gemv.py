@@ -70,16 +70,10 @@ class GemvConfig:
 
 # The fastest FMA tile (block_n, block_k) per (N, K) at M = 1 (perf_probe [d]: docs/engine.md, Measured choices):
 # Qwen3-8B qkv/o/gate_up/down, then Qwen3-0.6B. Shapes not listed follow `_fma_rule`, which reproduces them.
-FMA_TABLE: dict[tuple[int, int], tuple[int, int]] = {
-    (6144, 4096): (16, 512),
-    (4096, 4096): (4, 1024),
-    (24576, 4096): (16, 512),
-    (4096, 12288): (4, 1024),
-    (4096, 1024): (4, 1024),
-    (1024, 2048): (4, 1024),
-    (6144, 1024): (16, 512),
-    (1024, 3072): (4, 1024),
-}
+FMA_TABLE: dict[tuple[int, int], tuple[int, int]] = {(6144, 4096): (16, 512), (4096, 4096): (4, 1024),
+                                                     (24576, 4096): (16, 512), (4096, 12288): (4, 1024),
+                                                     (4096, 1024): (4, 1024), (1024, 2048): (4, 1024),
+                                                     (6144, 1024): (16, 512), (1024, 3072): (4, 1024)}  # fmt: skip
 # Tensor-core tiles per (N, K) once measured (gemv_probe sweep); until then `dot_config`'s rule.
 DOT_TABLE: dict[tuple[int, int], GemvConfig] = {}
 
@@ -362,23 +356,11 @@ def kernel_constexprs(m: int, n: int, k: int, cfg: GemvConfig, *, silu: bool, bi
     """(constexprs of `skinny_gemm_kernel`, K elements per split) for one launch."""
     k_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
     even_k = k % cfg.split_k == 0 and (k // cfg.split_k) % cfg.block_k == 0
-    consts = {
-        "BLOCK_M": DOT_ROWS if cfg.dot else triton.next_power_of_2(m),
-        "BLOCK_N": cfg.block_n,
-        "BLOCK_K": cfg.block_k,
-        "USE_DOT": cfg.dot,
-        "SILU": silu,
-        "HAS_BIAS": bias,
-        "SPLIT": cfg.split_k > 1,
-        "EVEN_K": even_k,
-        "DOT_PRECISION": "ieee" if dtype == torch.float32 else "tf32",
-        "USE_PDL": pdl,
-        "PREFETCH_LINES": prefetch_lines if pdl else 0,
-        "PRE_TILES": pre_tiles,
-        "NORM": norm,
-        "NORM_RES": norm_res,
-        "NORM_BLOCK": triton.next_power_of_2(k) if norm else 1,
-    }
+    consts = {"BLOCK_M": DOT_ROWS if cfg.dot else triton.next_power_of_2(m), "BLOCK_N": cfg.block_n,
+              "BLOCK_K": cfg.block_k, "USE_DOT": cfg.dot, "SILU": silu, "HAS_BIAS": bias, "SPLIT": cfg.split_k > 1,
+              "EVEN_K": even_k, "DOT_PRECISION": "ieee" if dtype == torch.float32 else "tf32", "USE_PDL": pdl,
+              "PREFETCH_LINES": prefetch_lines if pdl else 0, "PRE_TILES": pre_tiles, "NORM": norm,
+              "NORM_RES": norm_res, "NORM_BLOCK": triton.next_power_of_2(k) if norm else 1}  # fmt: skip
     return consts, k_split
 
 
@@ -399,24 +381,11 @@ def prefetch_lines_per_row(k: int, cfg: GemvConfig, elem_size: int) -> int:
     return _pow2_floor(lines) if lines >= 1 else 0
 
 
-def skinny_gemm(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    *,
-    silu: bool = False,
-    counters: torch.Tensor | None = None,
-    config: GemvConfig | None = None,
-    out: torch.Tensor | None = None,
-    pdl: bool = False,
-    prefetch: bool = True,
-    preload: bool = False,
-    pre_tiles_override: int | None = None,
-    num_sms: int | None = None,
-    norm: tuple[torch.Tensor, float] | None = None,
-    residual: torch.Tensor | None = None,
-    sum_out: torch.Tensor | None = None,
-) -> torch.Tensor:
+def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, silu: bool = False,
+                counters: torch.Tensor | None = None, config: GemvConfig | None = None, out: torch.Tensor | None = None,
+                pdl: bool = False, prefetch: bool = True, preload: bool = False, pre_tiles_override: int | None = None,
+                num_sms: int | None = None, norm: tuple[torch.Tensor, float] | None = None,
+                residual: torch.Tensor | None = None, sum_out: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """y = x @ weight.T (+ bias) for x [M, K] with M <= 16, weight [N, K] (rows contiguous), fp32 accumulation.
 
     `silu`: x is a fused gate|up activation [M, 2K] and y = (SiLU(gate) * up) @ weight.T. `counters`: zeroed

@@ -64,17 +64,9 @@ def _rms_norm_kernel(
     tl.store(Y + row * stride_y + cols, y.to(Y.dtype.element_ty), mask=mask)
 
 
-def rms_norm(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    eps: float,
-    residual: torch.Tensor | None = None,
-    *,
-    index: torch.Tensor | None = None,
-    store_sum: bool | None = None,
-    out: torch.Tensor | None = None,
-    pdl: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None, *,
+             index: torch.Tensor | None = None, store_sum: bool | None = None, out: torch.Tensor | None = None,
+             pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
     """y = RMSNorm(s) with s = x [+ residual]; returns (y, s), s only when `store_sum` (default: when a
     residual is given), else (y, None). x, residual: [T, N], last dim contiguous.
 
@@ -150,21 +142,10 @@ def _qk_norm_rope_store_kernel(
         tl.store(vd + HALF + offs, tl.load(vs + HALF + offs, mask=m, other=0.0), mask=m)
 
 
-def qk_norm_rope_store(
-    qkv: torch.Tensor,
-    positions: torch.Tensor,
-    cos_sin: torch.Tensor,
-    norm_weight: torch.Tensor | None,
-    eps: float,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    *,
-    pdl: bool = False,
-) -> torch.Tensor:
+def qk_norm_rope_store(qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
+                       norm_weight: torch.Tensor | None, eps: float, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                       slot_mapping: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int, *,
+                       pdl: bool = False) -> torch.Tensor:  # fmt: skip
     """From fused qkv [T, (Hq + 2 Hkv) * D]: return rotated (and q-normed) q [T, Hq, D]; write rotated
     (k-normed) k and v into the paged caches at `slot_mapping`. `norm_weight` is [2, D] (q_norm; k_norm)
     or None (no q/k norm). `cos_sin` is the float32 [max_pos, D] table (cos | sin halves). `slot_mapping` may

@@ -91,23 +91,11 @@ def heartbeat_timeout(timeout_s: float | None, stats_interval_s: float) -> float
 
 
 class Server:
-    def __init__(
-        self,
-        config: DeploymentConfig,
-        *,
-        device: str = "cpu",
-        memory_gb: float | None = None,
-        run_dir: str | Path | None = None,
-        seed: int = 0,
-        record_hops: str | Path | None = None,
-        step_logs: bool = False,
-        engine_overrides: dict[str, Any] | None = None,
-        ready_timeout_s: float = 300.0,
-        stats_interval_s: float = 0.5,
-        restart_on_failure: bool = False,
-        cluster: ClusterOptions | None = None,
-        heartbeat_timeout_s: float | None = None,
-    ) -> None:
+    def __init__(self, config: DeploymentConfig, *, device: str = "cpu", memory_gb: float | None = None,
+                 run_dir: str | Path | None = None, seed: int = 0, record_hops: str | Path | None = None,
+                 step_logs: bool = False, engine_overrides: dict[str, Any] | None = None,
+                 ready_timeout_s: float = 300.0, stats_interval_s: float = 0.5, restart_on_failure: bool = False,
+                 cluster: ClusterOptions | None = None, heartbeat_timeout_s: float | None = None) -> None:  # fmt: skip
         """`cluster`: how a tcp deployment runs (Ray, heartbeat and join timeouts; `runtime.cluster`); a config
         on tcp without it gets the defaults. `heartbeat_timeout_s`: a ready subserver this launcher started that
         sends nothing for this long is hung and gets killed (None: 10 s, or 4 Stats intervals if longer)."""

@@ -122,12 +122,8 @@ def merge_chunk(num_splits: int, group: int, head_dim: int, config: KernelConfig
 
 
 def reduce_constexprs(num_splits: int, head_dim: int, use_pdl: bool = False) -> dict[str, int | bool]:
-    return {
-        "SPLITS_PAD": triton.next_power_of_2(num_splits),
-        "HEAD_DIM": head_dim,
-        "BLOCK_D": block_d(head_dim),
-        "USE_PDL": use_pdl,
-    }
+    return {"SPLITS_PAD": triton.next_power_of_2(num_splits), "HEAD_DIM": head_dim, "BLOCK_D": block_d(head_dim),
+            "USE_PDL": use_pdl}  # fmt: skip
 
 
 def _check_inputs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor) -> None:
@@ -146,26 +142,11 @@ def _check_inputs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         raise ValueError("block_tables must be an int32/int64 tensor with contiguous rows")
 
 
-def launch_paged_attention(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    cu_seqlens_q: torch.Tensor | None,
-    scale: float,
-    out: torch.Tensor,
-    *,
-    num_rows: int,
-    block_q: int,
-    group_pad: int,
-    num_q_blocks: int,
-    num_splits: int,
-    config: KernelConfig,
-    counters: torch.Tensor | None = None,
-    pdl: bool = False,
-    row_slots: torch.Tensor | None = None,
-) -> torch.Tensor:
+def launch_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                           seq_lens: torch.Tensor, cu_seqlens_q: torch.Tensor | None, scale: float, out: torch.Tensor,
+                           *, num_rows: int, block_q: int, group_pad: int, num_q_blocks: int, num_splits: int,
+                           config: KernelConfig, counters: torch.Tensor | None = None, pdl: bool = False,
+                           row_slots: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """Launch the forward kernel (and the reduce when `num_splits > 1`). `cu_seqlens_q is None` = decode.
 
     `counters` (decode only, see `tokenrouter.engine.attention.split_counters`): with `num_splits > 1` the

@@ -44,14 +44,8 @@ def snapshot(backend: Any, entry: int) -> CounterSnapshot | None:
         return None
     models = tuple(ModelCounters(s.tokens, s.hops, tuple(s.batch_steps), tuple(s.batch_rows), tuple(s.batch_ms))
                    for s in stats)  # fmt: skip
-    return CounterSnapshot(
-        models,
-        stats[entry].live,
-        backend.finished,
-        backend.finished_tokens,
-        backend.finished_tokens_sq,
-        tuple(backend.recent_outputs),
-    )
+    return CounterSnapshot(models, stats[entry].live, backend.finished, backend.finished_tokens,
+                           backend.finished_tokens_sq, tuple(backend.recent_outputs))  # fmt: skip
 
 
 class AutotuneTask:
