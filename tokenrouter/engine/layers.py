@@ -48,23 +48,16 @@ class RMSNorm(nn.Module):
         self._ops = triton_ops_module(use_triton)
         self.pdl = False  # programmatic dependent launch of the Triton kernel (set by the engine)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        residual: torch.Tensor | None = None,
-        *,
-        index: torch.Tensor | None = None,
-        store_sum: bool | None = None,
-        out: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, *, index: torch.Tensor | None = None,
+                store_sum: bool | None = None,
+                out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
         """(RMSNorm(s), s) with s = x + residual; without `residual`: (RMSNorm(x), None). x: [T, dim].
 
         `index`: gather rows first (s = x[index] + residual[index]); `store_sum`: return s even without a
         residual (True) or drop it (False); `out`: buffer for the normed rows. One launch on the Triton path."""
         if self._ops is not None:
-            return self._ops.rms_norm(
-                x, self.weight, self.eps, residual, index=index, store_sum=store_sum, out=out, pdl=self.pdl
-            )
+            return self._ops.rms_norm(x, self.weight, self.eps, residual, index=index, store_sum=store_sum, out=out,
+                                      pdl=self.pdl)  # fmt: skip
         store = residual is not None if store_sum is None else store_sum
         if index is not None:
             x = x.index_select(0, index)

@@ -200,15 +200,9 @@ class CausalLM(nn.Module):
         x, residual = self.forward_stream(input_ids, positions, meta, kv_layers)
         return x + residual
 
-    def forward_stream(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        meta: AttentionMetadata,
-        kv_layers: list[KVLayer],
-        *,
-        fuse_embedding: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_stream(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                       kv_layers: list[KVLayer], *,
+                       fuse_embedding: bool = False) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         """(last layer output, residual stream before it): the stream after the last layer is their sum, which
         `compute_logits(x, residual, index)` forms inside the final norm. `fuse_embedding`: the first layer's
         norm gathers the embedding rows (no separate lookup launch)."""

@@ -192,7 +192,6 @@ def silu_and_mul(x: torch.Tensor, *, pdl: bool = False) -> torch.Tensor:
     if t == 0:
         return y
     block = 1024
-    _silu_and_mul_kernel[(t, triton.cdiv(n, block))](
-        x, y, x.stride(0), y.stride(0), n, BLOCK=block, USE_PDL=pdl, num_warps=4, **pdl_kwargs(pdl)
-    )
+    _silu_and_mul_kernel[(t, triton.cdiv(n, block))](x, y, x.stride(0), y.stride(0), n, BLOCK=block, USE_PDL=pdl,
+                                                     num_warps=4, **pdl_kwargs(pdl))  # fmt: skip
     return y

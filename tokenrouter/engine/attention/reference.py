@@ -62,16 +62,9 @@ def extend_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     return out
 
 
-def decode_attention_torch(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    scale: float,
-    *,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
+def decode_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                           seq_lens: torch.Tensor, scale: float, *,
+                           out: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """Decode is extend with one query per row, sitting at position `seq_lens[b] - 1`."""
     cu = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device)
     return extend_attention_torch(q, k_cache, v_cache, block_tables, cu, seq_lens, scale, out=out)

@@ -48,9 +48,8 @@ def num_sms(device: torch.device) -> int:
     return DEFAULT_NUM_SMS
 
 
-def choose_num_splits(
-    num_programs: int, max_kv_len: int, sm_count: int, *, min_split_tokens: int = 256, max_splits: int = 64
-) -> int:
+def choose_num_splits(num_programs: int, max_kv_len: int, sm_count: int, *, min_split_tokens: int = 256,
+                      max_splits: int = 64) -> int:  # fmt: skip
     """Number of KV splits so that the grid has about 4 programs per SM, without slicing any row's KV
     finer than `min_split_tokens` (each split costs a partial write and a share of the reduce).
 
@@ -76,22 +75,10 @@ def block_d(head_dim: int) -> int:
     return max(MIN_DOT_DIM, triton.next_power_of_2(head_dim))
 
 
-def fwd_constexprs(
-    *,
-    group: int,
-    group_pad: int,
-    block_q: int,
-    block_n: int,
-    head_dim: int,
-    page_size: int,
-    is_decode: bool,
-    single_split: bool,
-    dtype: torch.dtype,
-    fused_reduce: bool = False,
-    merge_chunk: int = 1,
-    use_pdl: bool = False,
-    has_slots: bool = False,
-) -> dict[str, int | bool | str]:
+def fwd_constexprs(*, group: int, group_pad: int, block_q: int, block_n: int, head_dim: int, page_size: int,
+                   is_decode: bool, single_split: bool, dtype: torch.dtype, fused_reduce: bool = False,
+                   merge_chunk: int = 1, use_pdl: bool = False,
+                   has_slots: bool = False) -> dict[str, int | bool | str]:  # fmt: skip
     """Compile-time parameters of `paged_attention_fwd_kernel`, shared by launches and `aot_check`."""
     return {
         "GROUP": group,
