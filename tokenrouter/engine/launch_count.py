@@ -16,7 +16,6 @@ Host-side work (input packing, the H2D copy of the packed inputs) is outside the
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any
 
 import torch
@@ -75,11 +74,6 @@ class LaunchCounter:
 
     def layer_kernels(self, i: int) -> list[str]:
         return self.sections.get(f"layer{i}", [])
-
-    def summary(self) -> dict[str, Any]:
-        per = self.per_layer()
-        return {"total": len(self.events), "per_layer": per, "step": len(self.sections.get("step", [])),
-                "layer_kernels": Counter(self.layer_kernels(min(1, len(per) - 1))) if per else {}}  # fmt: skip
 
     # ---- recording ----------------------------------------------------------------------------------------
     def _record(self, name: str) -> None:
