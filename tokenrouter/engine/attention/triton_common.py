@@ -80,25 +80,13 @@ def fwd_constexprs(*, group: int, group_pad: int, block_q: int, block_n: int, he
                    merge_chunk: int = 1, use_pdl: bool = False,
                    has_slots: bool = False) -> dict[str, int | bool | str]:  # fmt: skip
     """Compile-time parameters of `paged_attention_fwd_kernel`, shared by launches and `aot_check`."""
-    return {
-        "GROUP": group,
-        "GROUP_PAD": group_pad,
-        "BLOCK_Q": block_q,
-        "BLOCK_M": block_q * group_pad,
-        "BLOCK_N": max(MIN_DOT_DIM, block_n),
-        "HEAD_DIM": head_dim,
-        "BLOCK_D": block_d(head_dim),
-        "PAGE_SIZE": page_size,
-        "IS_DECODE": is_decode,
-        "SINGLE_SPLIT": single_split,
-        # fp32 caches (CPU tests, debugging) get exact fp32 products instead of TF32; ignored for bf16.
-        "DOT_PRECISION": "ieee" if dtype == torch.float32 else "tf32",
-        "FUSED_REDUCE": fused_reduce,
-        "GROUP_P2": triton.next_power_of_2(group),
-        "MERGE_CHUNK": merge_chunk,
-        "USE_PDL": use_pdl,
-        "HAS_SLOTS": has_slots,
-    }
+    # fp32 caches (CPU tests, debugging) get exact fp32 products instead of TF32 (DOT_PRECISION); bf16 ignores it.
+    return {"GROUP": group, "GROUP_PAD": group_pad, "BLOCK_Q": block_q, "BLOCK_M": block_q * group_pad,
+            "BLOCK_N": max(MIN_DOT_DIM, block_n), "HEAD_DIM": head_dim, "BLOCK_D": block_d(head_dim),
+            "PAGE_SIZE": page_size, "IS_DECODE": is_decode, "SINGLE_SPLIT": single_split,
+            "DOT_PRECISION": "ieee" if dtype == torch.float32 else "tf32", "FUSED_REDUCE": fused_reduce,
+            "GROUP_P2": triton.next_power_of_2(group), "MERGE_CHUNK": merge_chunk, "USE_PDL": use_pdl,
+            "HAS_SLOTS": has_slots}  # fmt: skip
 
 
 def merge_chunk(num_splits: int, group: int, head_dim: int, config: KernelConfig) -> int:
@@ -159,13 +147,8 @@ def launch_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         m_strides, l_strides = mid_o.stride()[:3], mid_lse.stride()[:2]
     is_decode = cu_seqlens_q is None
     group = num_heads // num_kv_heads
-    fused = (
-        not single
-        and is_decode
-        and counters is not None
-        and counters.dtype == torch.int32
-        and counters.numel() >= num_rows * num_kv_heads * num_q_blocks
-    )
+    fused = (not single and is_decode and counters is not None and counters.dtype == torch.int32
+             and counters.numel() >= num_rows * num_kv_heads * num_q_blocks)  # fmt: skip
     meta = fwd_constexprs(
         group=group, group_pad=group_pad, block_q=block_q, block_n=config.block_n,
         head_dim=head_dim, page_size=k_cache.shape[1], is_decode=is_decode, single_split=single, dtype=q.dtype,
