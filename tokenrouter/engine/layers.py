@@ -111,12 +111,8 @@ class GemvState:
         return self.applies(gate_up) and gate_up.shape[1] // 2 <= self.silu_fold_max_k
 
     def folds_norm(self, x: torch.Tensor) -> bool:
-        return (
-            self.fold_norm
-            and self.applies(x)
-            and x.shape[0] <= self.norm_fold_max_rows
-            and x.shape[1] <= self.norm_fold_max_k
-        )
+        return (self.fold_norm and self.applies(x) and x.shape[0] <= self.norm_fold_max_rows
+                and x.shape[1] <= self.norm_fold_max_k)  # fmt: skip
 
     def runs_lm_head(self, h: torch.Tensor) -> bool:
         return self.lm_head and self.applies(h) and h.shape[0] <= self.preload_max_rows

@@ -89,11 +89,8 @@ class SamplingInputs:
         inv = np.where(temp > 0, np.float32(1.0) / np.where(temp > 0, temp, np.float32(1.0)), np.float32(0.0))
         top_p = np.fromiter((p.top_p for p in params), np.float32, n)
         top_k = np.fromiter((p.top_k if 0 < p.top_k < vocab_size else 0 for p in params), np.int64, n)
-        seeds = np.fromiter(
-            (seed32(p.seed) if p.seed is not None else f for p, f in zip(params, fallback_seeds, strict=True)),
-            np.int64,
-            n,
-        )
+        seeds = np.fromiter((seed32(p.seed) if p.seed is not None else f
+                             for p, f in zip(params, fallback_seeds, strict=True)), np.int64, n)  # fmt: skip
         sampled = temp > 0
         needs_filter = bool(np.any(sampled & ((top_p < 1.0) | (top_k > 0))))
 

@@ -45,12 +45,9 @@ def default_buckets(max_tokens: int, smallest: int = 16) -> tuple[int, ...]:
 
 def max_pad_tokens(num_params: int, num_layers: int, *, tflops: float = 790.0, efficiency: float = 0.8,
                    launch_ms_per_layer: float = 0.25) -> int:  # fmt: skip
-    """How many padding tokens a varlen graph may carry before an eager pass of the real tokens is cheaper.
-
-    A padded token costs about 2 * params FLOPs; an eager pass instead pays its Python launch overhead, about
-    `launch_ms_per_layer` per layer (set from eager and graph step times of a small and a large model:
-    docs/engine.md, Measured choices). Defaults: H200 bf16 peak. The budget is
-    then ~3,700 tokens for 0.6B (always a graph) and ~150 for 32B (eager unless the bucket is nearly full).
+    """How many padding tokens a varlen graph may carry before an eager pass of the real tokens is cheaper: a padded
+    token costs about 2 * params FLOPs (defaults: H200 bf16 peak), an eager pass its Python launch overhead, about
+    `launch_ms_per_layer` per layer (docs/engine.md, Measured choices).
     """
     per_token_ms = 2.0 * num_params / (tflops * 1e12 * efficiency) * 1e3
     return int(launch_ms_per_layer * num_layers / max(per_token_ms, 1e-12))
