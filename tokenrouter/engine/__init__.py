@@ -8,13 +8,9 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
-_EXPORTS = {
-    "Engine": "tokenrouter.engine.runner",
-    "EngineConfig": "tokenrouter.engine.config",
-    "ModelRunner": "tokenrouter.engine.base",
-    "ModelLoadError": "tokenrouter.engine.errors",
-    "BatchError": "tokenrouter.engine.errors",
-}
+_EXPORTS = {"Engine": "tokenrouter.engine.runner", "EngineConfig": "tokenrouter.engine.config",
+            "ModelRunner": "tokenrouter.engine.base", "ModelLoadError": "tokenrouter.engine.errors",
+            "BatchError": "tokenrouter.engine.errors"}  # fmt: skip
 
 __all__ = sorted(_EXPORTS)
 

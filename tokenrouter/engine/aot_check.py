@@ -70,17 +70,10 @@ def variants(quick: bool) -> list[Variant]:
     page, dim = 16, 128
     out: list[Variant] = []
     for group in (4,) if quick else (4, 2):  # Qwen3-8B (32/8) and Qwen3-0.6B (16/8)
-        dec = {
-            "group": group,
-            "group_pad": max(MIN_DOT_DIM, triton.next_power_of_2(group)),
-            "block_q": 1,
-            "block_n": DECODE_CONFIG.block_n,
-            "head_dim": dim,
-            "page_size": page,
-            "is_decode": True,
-            "dtype": torch.bfloat16,
-            "has_slots": True,
-        }  # fmt: skip (the engine reads page tables via row slots)
+        # has_slots: the engine reads page tables via row slots
+        dec = {"group": group, "group_pad": max(MIN_DOT_DIM, triton.next_power_of_2(group)), "block_q": 1,
+               "block_n": DECODE_CONFIG.block_n, "head_dim": dim, "page_size": page, "is_decode": True,
+               "dtype": torch.bfloat16, "has_slots": True}  # fmt: skip
         for single in (False,) if quick else (False, True):
             out.append(Variant(f"decode G={group} single={single}", "paged_attention_fwd_kernel",
                                fwd_constexprs(**dec, single_split=single), DECODE_CONFIG.num_warps,
@@ -150,17 +143,11 @@ def compile_variant(v: Variant) -> Report:
     sig = {n: "constexpr" if n in v.constexprs else pointers.get(n, scalars.get(n, "i32")) for n in fn.arg_names}
     # What the JIT's specialization gives real launches: 16-byte aligned pointers, strides divisible by 16
     # (true for head_dim 128 layouts).
-    attrs = {
-        (i,): [["tt.divisibility", 16]]
-        for i, name in enumerate(fn.arg_names)
-        if sig[name].startswith("*") or name.startswith("stride")
-    }
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
+             if sig[name].startswith("*") or name.startswith("stride")}  # fmt: skip
     t0 = time.perf_counter()
-    kernel = triton.compile(
-        ASTSource(fn, sig, v.constexprs, attrs),
-        target=GPUTarget("cuda", 90, 32),
-        options={"num_warps": v.num_warps, "num_stages": v.num_stages},
-    )
+    kernel = triton.compile(ASTSource(fn, sig, v.constexprs, attrs), target=GPUTarget("cuda", 90, 32),
+                            options={"num_warps": v.num_warps, "num_stages": v.num_stages})  # fmt: skip
     seconds = time.perf_counter() - t0
     ptx = kernel.asm["ptx"]
     with tempfile.TemporaryDirectory() as tmp:

@@ -17,16 +17,8 @@ from tokenrouter.models.spec import ModelSpec
 
 __all__ = ["BASELINE_SWITCHES", "DEFAULT_GRAPH_BUCKETS", "ArchConfig", "EngineConfig", "arch_config"]
 
-_DTYPES = {
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "half": torch.float16,
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "float": torch.float32,
-}
+_DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
+           "half": torch.float16, "float32": torch.float32, "fp32": torch.float32, "float": torch.float32}  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -202,13 +194,8 @@ class EngineConfig:
 
 # Every launch-overhead switch off and cuBLAS for every projection, whatever the defaults are: the reference the
 # engine studies time each switch against (docs/engine.md, Measured choices).
-BASELINE_SWITCHES: dict[str, bool | int] = {
-    "decode_fused_reduce": False,
-    "triton_pdl": False,
-    "fuse_step_ops": False,
-    "triton_gemv": False,
-    "argmax_chunk": 0,
-}
+BASELINE_SWITCHES: dict[str, bool | int] = {"decode_fused_reduce": False, "triton_pdl": False, "fuse_step_ops": False,
+                                            "triton_gemv": False, "argmax_chunk": 0}  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

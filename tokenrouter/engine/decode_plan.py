@@ -1,19 +1,17 @@
 """Fast path of the host planner for the common serving step: every row a fresh single-token decode row whose
-request already holds a page-table slot, all of them fitting one graph bucket.
+request already holds a page-table slot, all fitting one graph bucket.
 
-One loop over the rows does the checks, the page-table plan and the field lists; the fields are then written
-with a few whole-array operations. The result is exactly what `step_plan.plan_step(..., fast=False)` returns
-for the same batch and state (a test compares the two). Whenever a row is anything else (stale, several
-tokens, no slot yet, a slot to rewrite, a failed check, a from_prev row whose ledger entry does not match),
-`plan_decode` returns None before touching any state, the RNG or the staging buffer, and the general planner
-runs and, for a bad row, raises the BatchError naming it.
+The result equals `step_plan.plan_step(..., fast=False)`'s for the same batch and state (a test compares them).
+For any other row (stale, several tokens, no slot yet, a slot to rewrite, a failed check, a from_prev row whose
+ledger entry does not match) `plan_decode` returns None before touching any state, the RNG or the staging buffer,
+and the general planner runs (raising the BatchError that names a bad row).
 
-Checks that are implied here rather than repeated (each needs the invariant named):
-- pages: a row's existing pages were range-checked and owner-checked when they were written (PageTable
-  invariant: `written` leading entries equal the request's pages unless the O(1) probes differ, which sends
-  the row off this path); pages the row enters now go through `PageTable.plan_pages`, as in the general path;
-- a request in two rows: each slot has one owner and a row only stays here when its request owns its slot,
-  so two rows of one request share a slot (caught by one set size comparison);
+Checks implied here rather than repeated:
+- pages: a row's existing pages were checked when written (PageTable invariant: `written` leading entries equal
+  the request's pages unless the O(1) probes differ, which sends the row off this path); new pages go through
+  `PageTable.plan_pages`, as in the general path;
+- a request in two rows: a row stays here only when its request owns its slot, so two rows of one request share
+  a slot (one set size comparison);
 - the page-table width: the row's position is below max_context_len, which sizes the table (checked anyway).
 """
 

@@ -83,20 +83,13 @@ class StepForward:
         c = e.config
         fuse = c.fuse_step_ops
         slots = v["slot_mapping"]
-        meta = AttentionMetadata(
-            slot_mapping=slots if fuse and e.use_triton_ops else slots.long(),
-            block_tables=e.table.table,
-            seq_lens=v["seq_lens"],
-            cu_seqlens_q=v["cu_seqlens_q"] if layout.varlen else None,
-            max_q_len=max_q_len,
-            num_splits=c.decode_num_splits,
-            backend=c.attention_backend,
-            split_counters=e.split_counters,
-            pdl=e.pdl,
-            row_slots=v["row_slots"],
-            long_rows=groups[0] if groups else None,
-            short_q_len=groups[1] if groups else 1,
-        )
+        meta = AttentionMetadata(slot_mapping=slots if fuse and e.use_triton_ops else slots.long(),
+                                 block_tables=e.table.table, seq_lens=v["seq_lens"],
+                                 cu_seqlens_q=v["cu_seqlens_q"] if layout.varlen else None, max_q_len=max_q_len,
+                                 num_splits=c.decode_num_splits, backend=c.attention_backend,
+                                 split_counters=e.split_counters, pdl=e.pdl, row_slots=v["row_slots"],
+                                 long_rows=groups[0] if groups else None,
+                                 short_q_len=groups[1] if groups else 1)  # fmt: skip
         model = e.model
         if not fuse:
             hidden = model(v["input_ids"], v["positions"], meta, e.kv_cache.layers)

@@ -36,20 +36,9 @@ ForwardFn = Callable[[torch.Tensor, Layout, GraphOutputs], None]
 
 
 class GraphRunner:
-    def __init__(
-        self,
-        forward: ForwardFn,
-        buckets: tuple[int, ...],
-        *,
-        hidden_size: int,
-        vocab_size: int,
-        device: torch.device,
-        dtype: torch.dtype,
-        stream: torch.cuda.Stream | None,
-        capture: bool,
-        layouts: dict[int, Layout] | None = None,
-        pool: tuple | None = None,
-    ) -> None:
+    def __init__(self, forward: ForwardFn, buckets: tuple[int, ...], *, hidden_size: int, vocab_size: int,
+                 device: torch.device, dtype: torch.dtype, stream: torch.cuda.Stream | None, capture: bool,
+                 layouts: dict[int, Layout] | None = None, pool: tuple | None = None) -> None:  # fmt: skip
         """`layouts`: bucket -> packed layout (default: the decode `graph_layout`); `pool`: a graph memory pool
         handle to share with another runner whose graphs never replay concurrently with these (one stream)."""
         if not buckets:
@@ -63,10 +52,8 @@ class GraphRunner:
         size = max(self.layouts[b].size for b in self.buckets)
         rows = max(self.layouts[b].num_logit_rows for b in self.buckets)
         self.packed = torch.zeros(size, dtype=torch.int32, device=device)
-        self.out = GraphOutputs(
-            hidden=torch.zeros(rows, hidden_size, device=device, dtype=dtype),
-            logits=torch.zeros(rows, vocab_size, device=device, dtype=dtype),
-        )
+        self.out = GraphOutputs(hidden=torch.zeros(rows, hidden_size, device=device, dtype=dtype),
+                                logits=torch.zeros(rows, vocab_size, device=device, dtype=dtype))  # fmt: skip
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.pool = pool
         self.capture_s = 0.0

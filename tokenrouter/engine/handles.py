@@ -67,28 +67,9 @@ class StepHandle:
     (one entry per row: `TokenLogprobs` for the sampled rows whose request asks, else None; None when no row
     asked)."""
 
-    __slots__ = (
-        "_cache",
-        "_event",
-        "_extra",
-        "_host",
-        "_ring_slot",
-        "batch",
-        "destinations_on",
-        "eager_tokens",
-        "gpu_end",
-        "gpu_start",
-        "graph_bucket",
-        "graph_rows",
-        "launch_s",
-        "logprob_rows",
-        "num_tokens",
-        "out_index",
-        "prepare_s",
-        "sampled_rows",
-        "skipped_rows",
-        "varlen_bucket",
-    )  # fmt: skip
+    __slots__ = ("_cache", "_event", "_extra", "_host", "_ring_slot", "batch", "destinations_on", "eager_tokens",
+                 "gpu_end", "gpu_start", "graph_bucket", "graph_rows", "launch_s", "logprob_rows", "num_tokens",
+                 "out_index", "prepare_s", "sampled_rows", "skipped_rows", "varlen_bucket")  # fmt: skip
 
     def __init__(self, batch: Batch, host: np.ndarray, event: torch.cuda.Event | None, out_index: np.ndarray,
                  out_width: int, sampled: list[int], skipped: list[int], extra: HostExtras,

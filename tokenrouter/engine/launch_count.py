@@ -16,7 +16,6 @@ Host-side work (input packing, the H2D copy of the packed inputs) is outside the
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any
 
 import torch
@@ -24,25 +23,9 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 # Ops that only allocate, alias or read metadata: no kernel launch on CUDA.
-_NO_KERNEL = {
-    "empty",
-    "empty_like",
-    "empty_strided",
-    "new_empty",
-    "new_empty_strided",
-    "lift_fresh",
-    "detach",
-    "alias",
-    "_local_scalar_dense",
-    "record_stream",
-    "set_",
-    "resize_",
-    "sym_size",
-    "sym_stride",
-    "sym_numel",
-    "sym_storage_offset",
-    "is_same_size",
-}
+_NO_KERNEL = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "lift_fresh", "detach", "alias",
+              "_local_scalar_dense", "record_stream", "set_", "resize_", "sym_size", "sym_stride", "sym_numel",
+              "sym_storage_offset", "is_same_size"}  # fmt: skip
 
 
 def launches_kernel(func: Any) -> bool:
@@ -91,15 +74,6 @@ class LaunchCounter:
 
     def layer_kernels(self, i: int) -> list[str]:
         return self.sections.get(f"layer{i}", [])
-
-    def summary(self) -> dict[str, Any]:
-        per = self.per_layer()
-        return {
-            "total": len(self.events),
-            "per_layer": per,
-            "step": len(self.sections.get("step", [])),
-            "layer_kernels": Counter(self.layer_kernels(min(1, len(per) - 1))) if per else {},
-        }
 
     # ---- recording ----------------------------------------------------------------------------------------
     def _record(self, name: str) -> None:

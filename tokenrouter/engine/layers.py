@@ -48,23 +48,16 @@ class RMSNorm(nn.Module):
         self._ops = triton_ops_module(use_triton)
         self.pdl = False  # programmatic dependent launch of the Triton kernel (set by the engine)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        residual: torch.Tensor | None = None,
-        *,
-        index: torch.Tensor | None = None,
-        store_sum: bool | None = None,
-        out: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, *, index: torch.Tensor | None = None,
+                store_sum: bool | None = None,
+                out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
         """(RMSNorm(s), s) with s = x + residual; without `residual`: (RMSNorm(x), None). x: [T, dim].
 
         `index`: gather rows first (s = x[index] + residual[index]); `store_sum`: return s even without a
         residual (True) or drop it (False); `out`: buffer for the normed rows. One launch on the Triton path."""
         if self._ops is not None:
-            return self._ops.rms_norm(
-                x, self.weight, self.eps, residual, index=index, store_sum=store_sum, out=out, pdl=self.pdl
-            )
+            return self._ops.rms_norm(x, self.weight, self.eps, residual, index=index, store_sum=store_sum, out=out,
+                                      pdl=self.pdl)  # fmt: skip
         store = residual is not None if store_sum is None else store_sum
         if index is not None:
             x = x.index_select(0, index)
@@ -118,12 +111,8 @@ class GemvState:
         return self.applies(gate_up) and gate_up.shape[1] // 2 <= self.silu_fold_max_k
 
     def folds_norm(self, x: torch.Tensor) -> bool:
-        return (
-            self.fold_norm
-            and self.applies(x)
-            and x.shape[0] <= self.norm_fold_max_rows
-            and x.shape[1] <= self.norm_fold_max_k
-        )
+        return (self.fold_norm and self.applies(x) and x.shape[0] <= self.norm_fold_max_rows
+                and x.shape[1] <= self.norm_fold_max_k)  # fmt: skip
 
     def runs_lm_head(self, h: torch.Tensor) -> bool:
         return self.lm_head and self.applies(h) and h.shape[0] <= self.preload_max_rows
@@ -146,16 +135,8 @@ class MergedLinear(nn.Module):
     is a partial sum the caller all-reduces, and the bias is added by the rank of piece 0 only).
     """
 
-    def __init__(
-        self,
-        in_features: int,
-        shards: list[tuple[str, int]],
-        *,
-        bias: bool,
-        device: torch.device,
-        dtype: torch.dtype,
-        parallel: Shard | None = None,
-    ) -> None:
+    def __init__(self, in_features: int, shards: list[tuple[str, int]], *, bias: bool, device: torch.device,
+                 dtype: torch.dtype, parallel: Shard | None = None) -> None:  # fmt: skip
         super().__init__()
         self.full_shards = shards
         self.full_in_features = in_features

@@ -60,13 +60,8 @@ class DecoderAttention(nn.Module):
         self.eps = spec.rms_norm_eps
         kw = {"device": device, "dtype": dtype}
         q_full, kv_full = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
-        self.qkv_proj = MergedLinear(
-            spec.hidden_size,
-            [("q_proj", q_full), ("k_proj", kv_full), ("v_proj", kv_full)],
-            bias=arch.qkv_bias,
-            parallel=tp.shard(0),
-            **kw,
-        )
+        self.qkv_proj = MergedLinear(spec.hidden_size, [("q_proj", q_full), ("k_proj", kv_full), ("v_proj", kv_full)],
+                                     bias=arch.qkv_bias, parallel=tp.shard(0), **kw)  # fmt: skip
         self.o_proj = MergedLinear(q_full, [("o_proj", spec.hidden_size)], bias=arch.o_bias, parallel=tp.shard(1),
                                    **kw)  # fmt: skip
         # Qwen3 q_norm | k_norm weights side by side ([2 * head_dim]) so one kernel reads both.
@@ -156,15 +151,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, **kw)
         self.mlp = DecoderMLP(spec, tp, **kw)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        residual: torch.Tensor | None,
-        positions: torch.Tensor,
-        meta: AttentionMetadata,
-        kv: KVLayer,
-        index: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor, meta: AttentionMetadata,
+                kv: KVLayer, index: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         """(layer output, residual stream): the residual add is fused into the next norm, so the stream after
         this layer is `output + residual` (None on entry to the first layer: the stream is the embedding).
         First layer only: with `index`, `x` is the embedding table and the norm gathers the rows itself."""
@@ -206,26 +194,15 @@ class CausalLM(nn.Module):
         self.lm_head = self.embed_tokens if tied else empty_param(spec.vocab_size, spec.hidden_size, **kw)
         self.gemv: GemvState | None = None  # Triton skinny GEMM of small graph steps (attach_gemv)
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        meta: AttentionMetadata,
-        kv_layers: list[KVLayer],
-    ) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                kv_layers: list[KVLayer]) -> torch.Tensor:  # fmt: skip
         """Residual stream after the last layer (before the final norm), [T, hidden]."""
         x, residual = self.forward_stream(input_ids, positions, meta, kv_layers)
         return x + residual
 
-    def forward_stream(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        meta: AttentionMetadata,
-        kv_layers: list[KVLayer],
-        *,
-        fuse_embedding: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_stream(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                       kv_layers: list[KVLayer], *,
+                       fuse_embedding: bool = False) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         """(last layer output, residual stream before it): the stream after the last layer is their sum, which
         `compute_logits(x, residual, index)` forms inside the final norm. `fuse_embedding`: the first layer's
         norm gathers the embedding rows (no separate lookup launch)."""
@@ -240,15 +217,9 @@ class CausalLM(nn.Module):
         assert residual is not None
         return x, residual
 
-    def compute_logits(
-        self,
-        hidden: torch.Tensor,
-        residual: torch.Tensor | None = None,
-        index: torch.Tensor | None = None,
-        *,
-        out_hidden: torch.Tensor | None = None,
-        out_logits: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def compute_logits(self, hidden: torch.Tensor, residual: torch.Tensor | None = None,
+                       index: torch.Tensor | None = None, *, out_hidden: torch.Tensor | None = None,
+                       out_logits: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         """(final-norm hidden, logits in the model dtype) of rows [R, hidden].
 
         `hidden` is the residual stream, or with `residual` the last layer's output to add to it; `index`

@@ -1,27 +1,23 @@
 """Device page tables with persistent row slots, changed incrementally.
 
-Each request the engine sees gets a slot: one row of a device int32 table [num_slots, width] holding its KV
-page ids. A step only uploads the pages a slot does not hold yet (a decode row crosses a page boundary once
-every `page_size` steps), as (flat index, page) pairs that the step's prologue scatters into the table on the
-device; attention reads a row's pages through its slot (`row_slots`). So the host cost of a step grows with
-the rows and the new pages, never with the context.
+Each request gets a slot: a row of a device int32 table [num_slots, width] holding its KV page ids. A step
+uploads only the pages a slot lacks, as (flat index, page) pairs the step's prologue scatters on the device;
+attention reads a row's pages through its slot (`row_slots`). Host cost grows with rows and new pages, never
+with the context.
 
 Invariants:
 - Slot 0 is the null slot: all zeros (page 0), used by graph padding and as the dump target of updates.
-- `written[s]` leading entries of slot s are on the device (or in the updates of the step being planned) and
-  equal `owner[s].pages[:written[s]]` unless the pool took pages back; that is detected cheaply: a row that
-  starts at position 0 (a fresh prefill, or a recompute after preemption) rewrites its slot; other rows check
-  the slot's first and last written page against the request's list (O(1)); and a page written for a slot is
-  looked up in `page_owner`, so a page that moved to another request invalidates the old slot.
+- `written[s]` leading entries of slot s are on the device (or in the updates being planned) and equal
+  `owner[s].pages[:written[s]]` unless the pool took pages back, detected cheaply: a row starting at position 0
+  rewrites its slot; other rows check the slot's first and last written page (O(1)); a page written for a slot
+  is looked up in `page_owner`, so a page that moved to another request invalidates the old slot.
 - A page handed to two live requests, page 0, or a page id outside the cache is an error naming the rows;
   planning is all-or-nothing (`plan` validates before `commit` changes any state). With `shared_pages` (a prefix
-  cache) a page may be in several requests' lists, at the same column in each (a shared prefix starts at position
-  0): sharing is not an error, and a slot that still holds a page another slot claims keeps its table.
+  cache) a page may be in several requests' lists at the same column: not an error, and a slot that still holds
+  a page another slot claims keeps its table.
 
-Host cost: the per-slot state is plain Python lists (list indexing is several times cheaper than numpy scalar
-indexing), a row whose slot already holds all its pages takes an O(1) fast path, and recency is a step stamp
-per slot (victims are sorted out only when the free slots run out), so a 256-row decode step costs a few
-dozen microseconds here.
+Per-slot state is plain Python lists (cheaper scalar access than numpy), a row whose slot holds all its pages
+takes an O(1) path, and recency is a step stamp per slot (victims sorted only when free slots run out).
 """
 
 from __future__ import annotations

@@ -1,22 +1,16 @@
-"""Tensor parallelism of one engine: its ranks' process group (`TensorParallel`) and how a full checkpoint tensor
-maps onto one rank's shard (`Shard`).
+"""Tensor parallelism of one engine (docs/tensor-parallel.md): its ranks' process group (`TensorParallel`) and
+how a full checkpoint tensor maps onto one rank's shard (`Shard`).
 
-What is split (Megatron-style, one all-reduce per sublayer):
-- attention: q/k/v projections column-parallel by heads (rank r holds query heads [r*Hq/tp, (r+1)*Hq/tp) and the
-  KV heads they read), o_proj row-parallel (the rank's input columns), followed by an all-reduce of its output;
-- MLP: gate/up column-parallel, down_proj row-parallel, followed by an all-reduce;
-- KV cache: each rank stores only its KV heads; page ids, slot mapping and page tables are the same on every rank;
-- replicated: embedding, LM head, norms, q/k-norm weights, RoPE table, and biases of row-parallel layers (added on
-  rank 0 only, before the all-reduce, so they count once).
+Megatron-style, one all-reduce per sublayer: q/k/v and gate/up column-parallel (rank r holds query heads
+[r*Hq/tp, (r+1)*Hq/tp) and the KV heads they read), o_proj and down_proj row-parallel, each followed by an
+all-reduce; each rank's KV cache holds its KV heads, with the same page ids, slot mapping and page tables on every
+rank. Replicated: embedding, LM head, norms, q/k-norm weights, RoPE table, and row-parallel biases (added on rank 0
+only, before the all-reduce, so they count once). The embedding and LM head stay whole so that everything after
+the last all-reduce (final norm, logits, sampling, a learned router) computes the same values on every rank.
 
-The embedding and the LM head stay whole on every rank: a sharded LM head needs an all-gather of the logits before
-sampling (and a learned router reads whole logits and hidden states), a sharded embedding one more all-reduce per
-step; on the models this serves they cost 0.1-1.5 GB per GPU, which the KV cache can spare. So everything after
-the last all-reduce (final norm, logits, sampling) computes the same values on every rank.
-
-No module-level state: the group lives in the `TensorParallel` an engine is given, so two engines (TP or not) can
-share a process. The group is a c10d backend object built directly on a store (`ProcessGroupGloo` on CPU,
-`ProcessGroupNCCL` on CUDA), never `torch.distributed`'s default group.
+No module-level state: the group lives in the `TensorParallel` an engine is given, so two engines can share a
+process. It is a c10d backend built directly on a store (`ProcessGroupGloo` on CPU, `ProcessGroupNCCL` on CUDA),
+never `torch.distributed`'s default group.
 """
 
 from __future__ import annotations

@@ -177,9 +177,8 @@ class Engine(ModelRunner):
         triton_attn = resolve_backend(c.attention_backend, self.device) == "triton"  # type: ignore[arg-type]
         with torch.no_grad(), self.on_stream():
             self.kv_cache = KVCache(self.spec, self._pool, device=self.device, dtype=self.dtype, tp=self.tp.size)
-            self.table = PageTable(
-                slots, self.max_pages_per_row, self._pool.num_pages, self.device, shared_pages=c.shared_pages
-            )
+            self.table = PageTable(slots, self.max_pages_per_row, self._pool.num_pages, self.device,
+                                   shared_pages=c.shared_pages)  # fmt: skip
             self.slot_tokens = torch.zeros(slots, dtype=torch.int32, device=self.device)
             # tokens, destinations, then LOGPROB_WORDS per logit row for the rows that ask for log-probabilities
             words = (2 + LOGPROB_WORDS) * self.out_width

@@ -1,31 +1,25 @@
 """Sampling: greedy, temperature, top-k, top-p, seeded per request; the torch reference of the in-graph kernel.
 
-Sampling is Gumbel-max: token = argmax(x + g) over the allowed tokens, with x = logits * (1 / temperature)
-(one fp32 multiply; the reciprocal is formed once per row on the host) and g = -log(-log u), u from a
-counter-based hash of (seed, position, token id). A draw depends only on the request's seed, the position
-being sampled and the logits: reproducible across batch compositions, engines and graph replays, with no
-generator state on the device and no host sync (the engine runs it inside the CUDA graph:
-`triton_step.sample_kernel`). Requests without a seed get one from the engine's host RNG per step.
+Gumbel-max: token = argmax(x + g) over the allowed tokens, x = logits * (1 / temperature) (one fp32 multiply,
+the reciprocal formed on the host), g = -log(-log u), u a counter-based hash of (seed, position, token id). A
+draw depends only on the seed, the position and the logits: reproducible across batch compositions, engines and
+graph replays, with no device generator state and no host sync (`triton_step.sample_kernel` runs it in the
+graph). Requests without a seed get one from the engine's host RNG per step.
 
-Filters are thresholds on x, so no sort is needed: the allowed tokens are those with x >= max(t_k, t_p), where
-t_k is the k-th largest x and t_p the largest value v whose tokens at or above it hold mass >= top_p
-(mass = exp(x - max x), normalized). Tokens tied with the threshold are all allowed. The kernel finds both by
-a radix select over the order-preserving 32-bit keys of x (8 passes of 4 bits); this module computes the same
-definition with a sort (CPU path and tests). Greedy rows (temperature 0) take the argmax of the raw logits.
+Filters are thresholds on x: allowed are the tokens with x >= max(t_k, t_p), t_k the k-th largest x, t_p the
+largest v whose tokens at or above it hold mass >= top_p (mass = normalized exp(x - max x)); ties with the
+threshold are allowed. The kernel finds both by a radix select over order-preserving keys; this module by a sort.
+Greedy rows (temperature 0) take the argmax of the raw logits.
 
-NaN logits count as -inf everywhere (`no_nan`): torch's argmax would take a NaN as the maximum and the kernel's
-reductions would take whatever their order gives, up to an index past the vocabulary (see `triton_step`). So a
-token is always in 0..V-1: the first maximum of the row with NaN as -inf, and token 0 for a row that holds no
-value above -inf (all NaN or all -inf); +inf is an ordinary maximum.
+NaN logits count as -inf everywhere (`no_nan`), so a token is always in 0..V-1: the first maximum with NaN as
+-inf, token 0 for a row with nothing above -inf; +inf is an ordinary maximum.
 
-The hash uses only int64 ops whose intermediates stay below 2^63 (32-bit multiplies are split into 16-bit
-halves), so CPU and CUDA give bit-identical noise, equal to the kernel's uint32 arithmetic.
+The hash keeps every int64 intermediate below 2^63 (32-bit multiplies split into 16-bit halves): CPU and CUDA
+give bit-identical noise, equal to the kernel's uint32 arithmetic.
 
-Log-probabilities (`SamplingParams.logprobs = k`, OpenAI's `logprobs` / `top_logprobs`): the log-softmax of the raw
-logits (temperature 1, before any filter, as vLLM reports raw logprobs by default), in fp32: the sampled token's
-value and the k largest, in descending order of value, ties by ascending token id (the argmax first).
-`token_logprobs` is the definition; the kernel (`triton_step`) computes the same inside the sampling program of
-the rows that ask, so rows that do not ask pay nothing.
+Log-probabilities (`SamplingParams.logprobs = k`): the fp32 log-softmax of the raw logits (temperature 1, before
+any filter, as vLLM reports them): the sampled token's and the k largest, by value descending, ties by token id
+ascending. `token_logprobs` is the definition; the kernel computes the same only for the rows that ask.
 """
 
 from __future__ import annotations
@@ -87,25 +81,16 @@ class SamplingInputs:
     needs_filter: bool  # some sampled row uses top-k or top-p
 
     @classmethod
-    def build(
-        cls,
-        params: list[SamplingParams],
-        positions: list[int],
-        vocab_size: int,
-        fallback_seeds: list[int],
-        device: torch.device,
-    ) -> SamplingInputs:
+    def build(cls, params: list[SamplingParams], positions: list[int], vocab_size: int, fallback_seeds: list[int],
+              device: torch.device) -> SamplingInputs:  # fmt: skip
         """`fallback_seeds[i]` is used when row i's request has no seed (drawn from the engine's RNG)."""
         n = len(params)
         temp = np.fromiter((p.temperature for p in params), np.float32, n)
         inv = np.where(temp > 0, np.float32(1.0) / np.where(temp > 0, temp, np.float32(1.0)), np.float32(0.0))
         top_p = np.fromiter((p.top_p for p in params), np.float32, n)
         top_k = np.fromiter((p.top_k if 0 < p.top_k < vocab_size else 0 for p in params), np.int64, n)
-        seeds = np.fromiter(
-            (seed32(p.seed) if p.seed is not None else f for p, f in zip(params, fallback_seeds, strict=True)),
-            np.int64,
-            n,
-        )
+        seeds = np.fromiter((seed32(p.seed) if p.seed is not None else f
+                             for p, f in zip(params, fallback_seeds, strict=True)), np.int64, n)  # fmt: skip
         sampled = temp > 0
         needs_filter = bool(np.any(sampled & ((top_p < 1.0) | (top_k > 0))))
 
@@ -133,14 +118,8 @@ def sample(logits: torch.Tensor, s: SamplingInputs) -> torch.Tensor:
     return sample_rows(logits, s.inv_temp, s.top_p, s.top_k, s.seeds, s.positions).long()
 
 
-def sample_rows(
-    logits: torch.Tensor,
-    inv_temp: torch.Tensor,
-    top_p: torch.Tensor,
-    top_k: torch.Tensor,
-    seeds: torch.Tensor,
-    positions: torch.Tensor,
-) -> torch.Tensor:
+def sample_rows(logits: torch.Tensor, inv_temp: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor,
+                seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:  # fmt: skip
     """The reference: int32 [R] tokens. Seeds may be given as int32 bit patterns (negative values)."""
     vocab = logits.shape[-1]
     logits = no_nan(logits)

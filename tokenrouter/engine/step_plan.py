@@ -1,22 +1,17 @@
 """Host side of one step: validate a core `Batch`, split it into a graph part and an eager part by the
 `GraphRule`, plan the page-table writes, and pack each part's inputs (`inputs.Layout`).
 
-Row handling (one pass over the rows, errors name the row before anything is launched or changed):
-- stale rows (`row.version != req.version`: the request hopped, finished or was aborted after scheduling) are
-  skipped: no KV written, token -1, destination = the batch's model;
-- `from_prev` rows take the token that the immediately preceding step of this engine (batch step_id - 1)
-  sampled for the same request; if that step failed or never ran, the row is an error, never an older token;
-- token ids outside the vocabulary, pages that do not cover the row, page 0, page ids outside the cache and a
-  page held by two requests are errors;
-- a request in two rows of one batch is an error.
+Rows (errors name the row before anything is launched or changed):
+- stale rows (`row.version != req.version`: hopped, finished or aborted after scheduling) are skipped: no KV
+  written, token -1, destination = the batch's model;
+- `from_prev` rows take the token the immediately preceding step of this engine (step_id - 1) sampled for the
+  request; if that step failed or never ran, the row is an error, never an older token;
+- token ids outside the vocabulary, pages that do not cover the row, page 0, page ids outside the cache, a page
+  held by two requests and a request in two rows are errors.
 
-Host cost: O(rows + fed tokens + new pages), independent of context length (the page tables live on the device).
-One pass over the rows validates them; one pass per part writes each field straight into the staging buffer
-(`part_writer`). No per-step array is sized by the cache or the slot count.
-
-The step's parts, in the order `plan_step` names them: check the rows, plan the page table, resolve from_prev
-sources, split rows (graph or eager) and page writes by part, lay out each part, take the staging buffer once,
-pack the graph part then the varlen part (seeds are drawn in that order), and assemble the `StepPlan`.
+Host cost: O(rows + fed tokens + new pages), independent of context length; each part's fields go straight into
+the staging buffer (`part_writer`); no per-step array is sized by the cache or the slot count. Seeds are drawn
+graph part first, then the varlen part.
 """
 
 from __future__ import annotations

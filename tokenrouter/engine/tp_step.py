@@ -1,24 +1,20 @@
 """What rank 0 of a tensor-parallel engine sends its followers (ranks 1..tp-1), and the loop a follower runs.
 
-Rank 0 plans every step on the host (`step_plan`: it alone holds the scheduler's requests and the host page-table
-book); the plan's device inputs are already flat: one int32 array per pass (`inputs.Layout`: token ids,
-positions, KV slot mapping, from_prev sources, sequence lengths, page-table slots of the rows, cu_seqlens, logit
-rows, sampling parameters with their seeds, log-probability requests, page-table writes). A `StepDesc` is those
-arrays plus how to run them (graph bucket, varlen graph bucket or eager layout, page-table writes beyond a graph's
-capacity, the step id, whether a row asks for log-probabilities). No `Request`, no Python object of the scheduler.
+Rank 0 alone plans (`step_plan`: it holds the scheduler's requests and the host page-table book). A `StepDesc`
+is the plan's flat int32 device inputs (`inputs.Layout`), one array per pass, plus how to run them (graph
+bucket, varlen bucket or eager layout, page-table writes beyond a graph's capacity, step id, log-probabilities
+wanted): no `Request`, no scheduler object.
 
-A follower replays the description through the same launch code as rank 0 (`Engine.run_described`): same pages,
-same page-table writes, same slot mapping, its own KV heads. It samples too, into its own device buffers only:
-the all-reduced hidden states, hence the logits, are equal on every rank, so its sampled tokens equal rank 0's,
-and a later from_prev row reads the same token on every rank without a host round trip. Its outputs never leave
-its device; only rank 0's step handle is read.
+A follower replays it through rank 0's launch code (`Engine.run_described`): same pages, page-table writes and
+slot mapping, its own KV heads. It samples into its own buffers: the all-reduced hidden states, hence logits,
+are equal on every rank, so its tokens equal rank 0's and a later from_prev row reads the same token everywhere
+without a host round trip. Only rank 0's step handle is read.
 
-Control messages keep the ranks' captured graphs alike: `Recapture` (rank 0 recaptured: a router's device part was
-installed, the skinny GEMM or PDL switched; followers recapture with the same settings, so every rank captures the
-same buckets in the same order) and `Stop` (rank 0 closed its engine).
+`Recapture` keeps the ranks' graphs alike (rank 0 recaptured after a router, skinny-GEMM or PDL change: same
+settings, same buckets, same order); `Stop`: rank 0 closed its engine.
 
-The transport is not here: rank 0's engine is given a `StepSink` (bytes out), a follower's loop a `recv` callable
-(bytes in); `tokenrouter.runtime.tp_ranks` implements both over ZeroMQ.
+Transport is elsewhere: rank 0 gets a `StepSink` (bytes out), a follower's loop a `recv` callable (bytes in);
+`tokenrouter.runtime.tp_ranks` implements both over ZeroMQ.
 """
 
 from __future__ import annotations

@@ -1,40 +1,30 @@
 """Triton skinny GEMM for the linear layers of small decode steps: y[M, N] = x[M, K] @ W[N, K]^T (+ bias).
 
-Why: at decode (a few tokens per step) the four projections of a layer stream their weights once per step,
-and cuBLAS streamed them below the copy bandwidth, while a plain Triton GEMV was faster on every batch-1 Qwen3
-shape (studies/engine/perf_probe.py [d]; docs/engine.md, Measured choices). Owning the kernel also lets the
-SwiGLU activation ride in the down projection (`silu=True`: one launch less per layer) and lets every
-projection use programmatic dependent launch like our other kernels.
+Why: at decode the four projections of a layer stream their weights once per step, and a GEMV we own beat
+cuBLAS there (docs/engine.md, Measured choices); owning it also folds SwiGLU into the down projection and the
+residual add + RMSNorm into the projections after them, and gives every projection programmatic dependent launch.
 
 Design (one launch per projection, graph-safe: the grid and every constexpr depend only on shapes):
-- Grid (cdiv(N, BLOCK_N), split_k). A program owns BLOCK_N weight rows and a K slice; it loads each weight
-  tile once (16-byte vector loads along K, software-pipelined by Triton) and applies it to all M <= 16 input
-  rows, so every weight byte is read once per call whatever M is. Accumulation in fp32.
-- Two inner products (`GemvConfig.dot`):
-  * FMA (M <= FMA_MAX_ROWS, i.e. M = 1): CUDA-core multiply-adds into a register tile ([BLOCK_N, BLOCK_K] per row),
-    reduced over K once at the end: the GEMV of the perf probe, which beat cuBLAS at M = 1.
-  * DOT (more rows): `tl.dot(W_tile, x_tile^T)` on tensor cores with the token rows padded to 16 (tl.dot's
-    minimum; padding rows are masked, never loaded), so FMA issue rate never limits larger M.
-- split_k > 1 (tall K, few N tiles): each program stores its fp32 partial [M, BLOCK_N] to a workspace,
-  passes a CTA barrier and bumps the tile's int32 arrival counter (acq_rel, GPU scope); the last arrival sums
-  the partials in split order (deterministic), adds the bias, writes y and resets the counter to 0. Counters
-  must be zero before a launch and are zero again after it (a per-engine buffer, like the attention merge's).
-- `silu=True`: x is a fused gate|up output [M, 2K]; the kernel loads gate and up and forms
-  SiLU(gate) * up with HF's rounding points (the `silu_and_mul` kernel's), so the SwiGLU launch disappears.
-- `pdl=True` (sm_90+): programmatic dependent launch. Weights do not depend on the previous kernel, so with
-  `prefetch` each program first asks L2 for the first bytes of its weight rows (`prefetch.global.L2`, one
-  128-byte line per address, up to 32 KB per program), then waits (`griddepcontrol.wait`) before touching
-  x, the workspace or the counters: the weight stream starts while the previous kernel drains. With `preload`
-  (PRE_TILES) the program instead loads its weight tiles into registers before the wait and applies them in the
-  loop's order afterwards (bit-identical); that shortened the 0.6B's b=1 step where the L2 prefetch had not.
-- `norm=`: x is RMSNorm(x (+ residual)); every program reduces each row's RMS as a 1-D vector the way
-  `triton_ops.rms_norm` does (same rounding) and one program writes the new residual stream: the norm kernel
-  before the qkv and gate|up projections disappears.
+- Grid (cdiv(N, BLOCK_N), split_k). A program owns BLOCK_N weight rows and a K slice; it loads each weight tile
+  once and applies it to all M <= 16 input rows, so every weight byte is read once per call. fp32 accumulation.
+- Two inner products (`GemvConfig.dot`): FMA (M <= FMA_MAX_ROWS): CUDA-core multiply-adds into a register tile,
+  reduced over K at the end; DOT (more rows): `tl.dot(W_tile, x_tile^T)` on tensor cores, token rows padded to
+  16 (masked, never loaded).
+- split_k > 1 (tall K, few N tiles): each program stores its fp32 partial to a workspace, passes a CTA barrier
+  and bumps the tile's int32 arrival counter (acq_rel, GPU scope); the last arrival sums the partials in split
+  order (deterministic), adds the bias, writes y and resets the counter. Counters are zero before a launch and
+  after it (a per-engine buffer, like the attention merge's).
+- `silu=True`: x is a fused gate|up output [M, 2K]; the kernel forms SiLU(gate) * up with HF's rounding points
+  (the `silu_and_mul` kernel's).
+- `pdl=True` (sm_90+): weights do not depend on the previous kernel, so with `prefetch` each program first asks
+  L2 for the first bytes of its weight rows (up to 32 KB), then waits (`griddepcontrol.wait`) before touching x,
+  the workspace or the counters; with `preload` (PRE_TILES) it loads its weight tiles into registers before the
+  wait instead and applies them in the loop's order afterwards (bit-identical).
+- `norm=`: x is RMSNorm(x (+ residual)); every program reduces each row's RMS as `triton_ops.rms_norm` does
+  (same rounding) and one program writes the new residual stream.
 
-Configs: `gemv_config(M, N, K)` picks one from a small table keyed by (N, K) (Qwen3 shapes measured on the
-H200) or a shape rule; no autotuning at run time (graph capture must see fixed kernels).
-
-Import this module only where kernels will run (CUDA, or TRITON_INTERPRET=1 tests).
+Configs: `gemv_config(M, N, K)` picks from a small table keyed by (N, K) or a shape rule; no autotuning at run
+time (graph capture must see fixed kernels). Import only where kernels run (CUDA, or TRITON_INTERPRET=1 tests).
 """
 
 from __future__ import annotations
@@ -70,16 +60,10 @@ class GemvConfig:
 
 # The fastest FMA tile (block_n, block_k) per (N, K) at M = 1 (perf_probe [d]: docs/engine.md, Measured choices):
 # Qwen3-8B qkv/o/gate_up/down, then Qwen3-0.6B. Shapes not listed follow `_fma_rule`, which reproduces them.
-FMA_TABLE: dict[tuple[int, int], tuple[int, int]] = {
-    (6144, 4096): (16, 512),
-    (4096, 4096): (4, 1024),
-    (24576, 4096): (16, 512),
-    (4096, 12288): (4, 1024),
-    (4096, 1024): (4, 1024),
-    (1024, 2048): (4, 1024),
-    (6144, 1024): (16, 512),
-    (1024, 3072): (4, 1024),
-}
+FMA_TABLE: dict[tuple[int, int], tuple[int, int]] = {(6144, 4096): (16, 512), (4096, 4096): (4, 1024),
+                                                     (24576, 4096): (16, 512), (4096, 12288): (4, 1024),
+                                                     (4096, 1024): (4, 1024), (1024, 2048): (4, 1024),
+                                                     (6144, 1024): (16, 512), (1024, 3072): (4, 1024)}  # fmt: skip
 # Tensor-core tiles per (N, K) once measured (gemv_probe sweep); until then `dot_config`'s rule.
 DOT_TABLE: dict[tuple[int, int], GemvConfig] = {}
 
@@ -362,30 +346,17 @@ def kernel_constexprs(m: int, n: int, k: int, cfg: GemvConfig, *, silu: bool, bi
     """(constexprs of `skinny_gemm_kernel`, K elements per split) for one launch."""
     k_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
     even_k = k % cfg.split_k == 0 and (k // cfg.split_k) % cfg.block_k == 0
-    consts = {
-        "BLOCK_M": DOT_ROWS if cfg.dot else triton.next_power_of_2(m),
-        "BLOCK_N": cfg.block_n,
-        "BLOCK_K": cfg.block_k,
-        "USE_DOT": cfg.dot,
-        "SILU": silu,
-        "HAS_BIAS": bias,
-        "SPLIT": cfg.split_k > 1,
-        "EVEN_K": even_k,
-        "DOT_PRECISION": "ieee" if dtype == torch.float32 else "tf32",
-        "USE_PDL": pdl,
-        "PREFETCH_LINES": prefetch_lines if pdl else 0,
-        "PRE_TILES": pre_tiles,
-        "NORM": norm,
-        "NORM_RES": norm_res,
-        "NORM_BLOCK": triton.next_power_of_2(k) if norm else 1,
-    }
+    consts = {"BLOCK_M": DOT_ROWS if cfg.dot else triton.next_power_of_2(m), "BLOCK_N": cfg.block_n,
+              "BLOCK_K": cfg.block_k, "USE_DOT": cfg.dot, "SILU": silu, "HAS_BIAS": bias, "SPLIT": cfg.split_k > 1,
+              "EVEN_K": even_k, "DOT_PRECISION": "ieee" if dtype == torch.float32 else "tf32", "USE_PDL": pdl,
+              "PREFETCH_LINES": prefetch_lines if pdl else 0, "PRE_TILES": pre_tiles, "NORM": norm,
+              "NORM_RES": norm_res, "NORM_BLOCK": triton.next_power_of_2(k) if norm else 1}  # fmt: skip
     return consts, k_split
 
 
 def pre_tiles(k: int, cfg: GemvConfig, elem_size: int, max_bytes: int = PRELOAD_BYTES_PER_PROGRAM) -> int:
     """Weight tiles a program loads before the PDL wait: all of its K slice's tiles when they fit `max_bytes` and
-    MAX_PRE_TILES, else none. All or nothing: whole slices in registers shortened the Qwen3-0.6B's b=1 step
-    (every projection, 1-3 tiles), the first 2 of 10 tiles lengthened the Qwen3-32B's (docs/engine.md)."""
+    MAX_PRE_TILES, else none (all or nothing: part of a slice lengthened the step; docs/engine.md)."""
     k_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
     tiles = triton.cdiv(k_split, cfg.block_k)
     fit = max_bytes // (cfg.block_n * cfg.block_k * elem_size)
@@ -399,24 +370,11 @@ def prefetch_lines_per_row(k: int, cfg: GemvConfig, elem_size: int) -> int:
     return _pow2_floor(lines) if lines >= 1 else 0
 
 
-def skinny_gemm(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    *,
-    silu: bool = False,
-    counters: torch.Tensor | None = None,
-    config: GemvConfig | None = None,
-    out: torch.Tensor | None = None,
-    pdl: bool = False,
-    prefetch: bool = True,
-    preload: bool = False,
-    pre_tiles_override: int | None = None,
-    num_sms: int | None = None,
-    norm: tuple[torch.Tensor, float] | None = None,
-    residual: torch.Tensor | None = None,
-    sum_out: torch.Tensor | None = None,
-) -> torch.Tensor:
+def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, silu: bool = False,
+                counters: torch.Tensor | None = None, config: GemvConfig | None = None, out: torch.Tensor | None = None,
+                pdl: bool = False, prefetch: bool = True, preload: bool = False, pre_tiles_override: int | None = None,
+                num_sms: int | None = None, norm: tuple[torch.Tensor, float] | None = None,
+                residual: torch.Tensor | None = None, sum_out: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """y = x @ weight.T (+ bias) for x [M, K] with M <= 16, weight [N, K] (rows contiguous), fp32 accumulation.
 
     `silu`: x is a fused gate|up activation [M, 2K] and y = (SiLU(gate) * up) @ weight.T. `counters`: zeroed

@@ -1,24 +1,19 @@
-"""Triton kernels for the decoder's small elementwise stages (CUDA path).
-
-Why: a decode step of a small batch is a chain of tiny kernels; in a CUDA graph each still costs a few
-microseconds, and the torch versions of RMSNorm (8 ops), q/k-norm + RoPE (~30 ops) and SwiGLU (3 ops) would
-add ~60 launches per layer. These kernels make it one launch per stage:
-- `rms_norm`: (optional residual add) + RMSNorm, one program per token row; optionally gathering its rows
-  through an index (the embedding lookup of the first layer, the logit rows of the final norm), so those
-  gathers cost no launch of their own.
-- `qk_norm_rope_store`: per-head q/k RMSNorm (Qwen3), NeoX RoPE, and the K/V write into the paged cache
-  (the cache layout contract of `tokenrouter.engine.attention`), one program per (token, head).
+"""Triton kernels for the decoder's small elementwise stages (CUDA path), one launch per stage where torch
+takes many (RMSNorm 8 ops, q/k-norm + RoPE ~30, SwiGLU 3), each a launch even inside a CUDA graph:
+- `rms_norm`: (optional residual add) + RMSNorm, one program per row; optionally gathering its rows through an
+  index (first layer's embedding lookup, final norm's logit rows) so those gathers need no launch;
+- `qk_norm_rope_store`: per-head q/k RMSNorm (Qwen3), NeoX RoPE and the K/V write into the paged cache
+  (`tokenrouter.engine.attention`'s layout), one program per (token, head);
 - `silu_and_mul`: SiLU(gate) * up over a fused gate|up row.
-Rounding follows HF transformers (round to the activation dtype where HF does) so bf16 results stay close
-to HF's. Launch parameters depend only on shapes, never on tensor values: graph-capturable.
+Rounding follows HF transformers (round to the activation dtype where HF does). Launch parameters depend only
+on shapes: graph-capturable.
 
-`pdl=True` launches with programmatic dependent launch (Hopper+): the kernel may be scheduled while the
-previous kernel in the stream is still finishing, and waits (`griddepcontrol.wait`) before its first memory
-access, so only the launch latency overlaps, never data. Every kernel also signals its own dependents at
-entry. Without PDL both instructions are no-ops (and the interpreter never sees them: USE_PDL=False).
+`pdl=True`: programmatic dependent launch (Hopper+): the kernel may start while the previous one finishes and
+waits (`griddepcontrol.wait`) before its first memory access, so only launch latency overlaps, never data;
+every kernel signals its dependents at entry. Without PDL (and in the interpreter: USE_PDL=False) both are no-ops.
 
-Import this module only where kernels will run (CUDA, or TRITON_INTERPRET=1 tests): the decorators read
-the interpreter switch at import time.
+Import only where kernels run (CUDA, or TRITON_INTERPRET=1 tests): the decorators read the interpreter switch
+at import time.
 """
 
 from __future__ import annotations
@@ -64,17 +59,9 @@ def _rms_norm_kernel(
     tl.store(Y + row * stride_y + cols, y.to(Y.dtype.element_ty), mask=mask)
 
 
-def rms_norm(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    eps: float,
-    residual: torch.Tensor | None = None,
-    *,
-    index: torch.Tensor | None = None,
-    store_sum: bool | None = None,
-    out: torch.Tensor | None = None,
-    pdl: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None, *,
+             index: torch.Tensor | None = None, store_sum: bool | None = None, out: torch.Tensor | None = None,
+             pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
     """y = RMSNorm(s) with s = x [+ residual]; returns (y, s), s only when `store_sum` (default: when a
     residual is given), else (y, None). x, residual: [T, N], last dim contiguous.
 
@@ -150,21 +137,10 @@ def _qk_norm_rope_store_kernel(
         tl.store(vd + HALF + offs, tl.load(vs + HALF + offs, mask=m, other=0.0), mask=m)
 
 
-def qk_norm_rope_store(
-    qkv: torch.Tensor,
-    positions: torch.Tensor,
-    cos_sin: torch.Tensor,
-    norm_weight: torch.Tensor | None,
-    eps: float,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    *,
-    pdl: bool = False,
-) -> torch.Tensor:
+def qk_norm_rope_store(qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
+                       norm_weight: torch.Tensor | None, eps: float, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                       slot_mapping: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int, *,
+                       pdl: bool = False) -> torch.Tensor:  # fmt: skip
     """From fused qkv [T, (Hq + 2 Hkv) * D]: return rotated (and q-normed) q [T, Hq, D]; write rotated
     (k-normed) k and v into the paged caches at `slot_mapping`. `norm_weight` is [2, D] (q_norm; k_norm)
     or None (no q/k norm). `cos_sin` is the float32 [max_pos, D] table (cos | sin halves). `slot_mapping` may
@@ -216,7 +192,6 @@ def silu_and_mul(x: torch.Tensor, *, pdl: bool = False) -> torch.Tensor:
     if t == 0:
         return y
     block = 1024
-    _silu_and_mul_kernel[(t, triton.cdiv(n, block))](
-        x, y, x.stride(0), y.stride(0), n, BLOCK=block, USE_PDL=pdl, num_warps=4, **pdl_kwargs(pdl)
-    )
+    _silu_and_mul_kernel[(t, triton.cdiv(n, block))](x, y, x.stride(0), y.stride(0), n, BLOCK=block, USE_PDL=pdl,
+                                                     num_warps=4, **pdl_kwargs(pdl))  # fmt: skip
     return y

@@ -1,21 +1,18 @@
 """Triton kernels at the two ends of a step, so both stay inside the CUDA graph.
 
-- `step_prologue`: scatters the step's page-table writes into the device table and resolves overlap's
-  `from_prev` tokens (input id = the token the previous step sampled into the request's slot).
-- `sample`: per logit row, greedy (argmax of the raw logits, by torch's parallel reduction launched first) or
-  Gumbel-max over the tokens that pass top-k and top-p (thresholds found by a radix select over
-  order-preserving keys: no sort, no [rows, vocab] temporaries), then the token goes to the step's output and
-  to the request's slot. A row that asks for log-probabilities (`logprobs_k1` > 0) then computes them in the
-  same program: one pass for the log-sum-exp, the argmax is the first of the top k, and each further one is a
-  pass that takes the largest value below the previous in (value desc, id asc) order; a row that does not ask
-  only reads its `logprobs_k1`. The definitions and their torch references are in `tokenrouter.engine.sampler`;
-  the hash is the same uint32 arithmetic.
+- `step_prologue`: scatters the step's page-table writes into the device table and resolves `from_prev` tokens
+  (input id = the token the previous step sampled into the request's slot).
+- `sample`: per logit row, greedy (argmax of the raw logits, torch's reduction launched first) or Gumbel-max over
+  the tokens passing top-k and top-p (thresholds by radix select over order-preserving keys: no sort, no [rows,
+  vocab] temporaries); the token goes to the step's output and the request's slot. A row with `logprobs_k1` > 0
+  then computes its log-probabilities in the same program (a log-sum-exp pass, then one pass per further top
+  value in (value desc, id asc) order); other rows only read `logprobs_k1`. Definitions and torch references:
+  `tokenrouter.engine.sampler` (same uint32 hash).
 
-NaN logits count as -inf in every reduction here (one `where` per loaded block), as in the sampler's definition.
-Triton's argmax combine compares with `>` and `==`, both false for NaN, so with a NaN in a row the winner depends
-on the reduction order and can be a masked lane past the vocabulary (loaded as -inf): an all-NaN greedy row gave
-token id V (docs/engine.md, Sampling). Without NaN the combine is order-free and takes the first maximum, and lane
-0 of every block is inside the vocabulary, so a masked lane never wins: every token id is in 0..V-1.
+NaN logits count as -inf in every reduction (one `where` per loaded block): Triton's argmax combine compares with
+`>` and `==`, false for NaN, so a NaN row's winner would depend on reduction order and could be a masked lane past
+the vocabulary (docs/engine.md, Sampling). Without NaN the combine takes the first maximum and lane 0 of every
+block is inside the vocabulary: every token id is in 0..V-1.
 
 Launch parameters depend only on shapes: graph-capturable. Import only where kernels run (CUDA, or
 TRITON_INTERPRET=1).

@@ -1,25 +1,21 @@
 """Shapes of the varlen CUDA graphs: the "eager" pass of a step (prefill chunks, long peer returns, and, when
 steps are not split, the decode rows beside them) captured over token buckets.
 
-A varlen graph of bucket T holds at most T fed tokens in two row groups, each a fixed number of attention rows:
-- `long_rows` rows of any length (prefill chunks, long returns), attention launched with `max_q_len = T`;
-- `short_rows` rows of at most `short_q` tokens (decode rows, short returns), attention with
-  `max_q_len = short_q`.
-Why two groups: the Triton extend attention's grid is rows x KV heads x query blocks of `max_q_len`, and
-programs past a row's end exit at once. One group of `short_rows + long_rows` rows at `max_q_len = T` would
-launch (rows x T / BLOCK_Q) programs per layer, nearly all empty (about 262k a layer for Qwen3-32B at T = 1024
-and 256 rows); two groups keep it near (long_rows x T + short_rows x short_q) / BLOCK_Q. Both launches write
-one attention output, so each (its KV-split reduce included) must write only its own rows' tokens.
+A varlen graph of bucket T holds at most T fed tokens in two row groups of fixed row counts:
+- `long_rows` rows of any length (prefill chunks, long returns), attention with `max_q_len = T`;
+- `short_rows` rows of at most `short_q` tokens (decode rows, short returns), attention with `max_q_len = short_q`.
+Why two groups: the extend attention's grid is rows x KV heads x query blocks of `max_q_len`; one group of all
+rows at `max_q_len = T` would launch rows x T / BLOCK_Q programs a layer, nearly all empty. Both launches write
+one attention output, so each (its KV-split reduce included) writes only its own rows' tokens.
 
 Row placement (`VarlenShape.place`): long rows fill the long group first, in batch order; short rows fill the
 short group, then any long-group room left. A step fits the smallest bucket holding its tokens whose groups
 hold its rows; else it runs eagerly (or, with several buckets, in a bigger one that holds the rows).
 
-Padding (as `inputs` documents for the graph layout): padded tokens have id 0, position 0, KV slot 0 (the null
-page) and no row (`cu_seqlens_q` stays at the last real token, so padded rows have zero queries and their
-attention programs exit); padded rows read the null page-table slot 0; padded logit rows read token 0 and
-sample greedily into the null slot. So padding never writes a real page or a real slot. No launch writes the
-padding tokens' attention output: their values (any, NaN included) reach only the null page.
+Padding (as in `inputs`'s graph layout): token id 0, position 0, KV slot 0 (the null page), no row (padded rows
+have zero queries); padded rows read the null slot 0; padded logit rows sample greedily into the null slot. So
+padding never writes a real page or slot, and its attention output (any value, NaN included) reaches only the
+null page.
 """
 
 from __future__ import annotations
@@ -49,12 +45,9 @@ def default_buckets(max_tokens: int, smallest: int = 16) -> tuple[int, ...]:
 
 def max_pad_tokens(num_params: int, num_layers: int, *, tflops: float = 790.0, efficiency: float = 0.8,
                    launch_ms_per_layer: float = 0.25) -> int:  # fmt: skip
-    """How many padding tokens a varlen graph may carry before an eager pass of the real tokens is cheaper.
-
-    A padded token costs about 2 * params FLOPs; an eager pass instead pays its Python launch overhead, about
-    `launch_ms_per_layer` per layer (set from eager and graph step times of a small and a large model:
-    docs/engine.md, Measured choices). Defaults: H200 bf16 peak. The budget is
-    then ~3,700 tokens for 0.6B (always a graph) and ~150 for 32B (eager unless the bucket is nearly full).
+    """How many padding tokens a varlen graph may carry before an eager pass of the real tokens is cheaper: a padded
+    token costs about 2 * params FLOPs (defaults: H200 bf16 peak), an eager pass its Python launch overhead, about
+    `launch_ms_per_layer` per layer (docs/engine.md, Measured choices).
     """
     per_token_ms = 2.0 * num_params / (tflops * 1e12 * efficiency) * 1e3
     return int(launch_ms_per_layer * num_layers / max(per_token_ms, 1e-12))

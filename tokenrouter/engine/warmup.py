@@ -42,20 +42,11 @@ def padding_pass_inputs(rows: int, q: int, device: torch.device) -> tuple[torch.
     layout = Layout(t, rows, rows, 0, varlen=True)
     cu = np.arange(rows + 1, dtype=np.int64) * q
     sampled = np.arange(rows) % 2 == 1
-    fields = {
-        "input_ids": np.zeros(t, np.int64),
-        "positions": np.tile(np.arange(q), rows),
-        "slot_mapping": np.zeros(t, np.int64),
-        "seq_lens": np.full(rows, q),
-        "row_slots": np.zeros(rows, np.int64),
-        "cu_seqlens_q": cu,
-        "logits_indices": cu[1:] - 1,
-        "inv_temp": np.where(sampled, 1.0, 0.0).astype(np.float32),
-        "top_p": np.full(rows, 0.9, np.float32),
-        "top_k": np.where(sampled, 2, 0),
-        "seed": np.arange(rows),
-        "sample_pos": np.full(rows, q),
-    }
+    fields = {"input_ids": np.zeros(t, np.int64), "positions": np.tile(np.arange(q), rows),
+              "slot_mapping": np.zeros(t, np.int64), "seq_lens": np.full(rows, q),
+              "row_slots": np.zeros(rows, np.int64), "cu_seqlens_q": cu, "logits_indices": cu[1:] - 1,
+              "inv_temp": np.where(sampled, 1.0, 0.0).astype(np.float32), "top_p": np.full(rows, 0.9, np.float32),
+              "top_k": np.where(sampled, 2, 0), "seed": np.arange(rows), "sample_pos": np.full(rows, q)}  # fmt: skip
     buf = np.empty(layout.size, np.int32)
     return torch.from_numpy(pack(layout, fields, buf).copy()).to(device), layout
 

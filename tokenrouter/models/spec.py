@@ -80,24 +80,17 @@ class ModelSpec:
         try:
             heads = int(cfg["num_attention_heads"])
             hidden = int(cfg["hidden_size"])
-            return cls(
-                name=name or cfg.get("_name_or_path", "") or arch,
-                architecture=arch,
-                hidden_size=hidden,
-                num_layers=int(cfg["num_hidden_layers"]),
-                num_heads=heads,
-                num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-                head_dim=int(cfg.get("head_dim") or hidden // heads),
-                intermediate_size=int(cfg["intermediate_size"]),
-                vocab_size=int(cfg["vocab_size"]),
-                tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                rope_theta=_rope_theta(cfg),
-                rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-                max_position_embeddings=int(cfg.get("max_position_embeddings", 32768)),
-                qk_norm=arch == "Qwen3ForCausalLM",
-                attention_bias=bool(cfg.get("attention_bias", arch == "Qwen2ForCausalLM")),
-                raw=dict(cfg),
-            )
+            return cls(name=name or cfg.get("_name_or_path", "") or arch, architecture=arch, hidden_size=hidden,
+                       num_layers=int(cfg["num_hidden_layers"]), num_heads=heads,
+                       num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+                       head_dim=int(cfg.get("head_dim") or hidden // heads),
+                       intermediate_size=int(cfg["intermediate_size"]), vocab_size=int(cfg["vocab_size"]),
+                       tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)), rope_theta=_rope_theta(cfg),
+                       rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+                       max_position_embeddings=int(cfg.get("max_position_embeddings", 32768)),
+                       qk_norm=arch == "Qwen3ForCausalLM",
+                       attention_bias=bool(cfg.get("attention_bias", arch == "Qwen2ForCausalLM")),
+                       raw=dict(cfg))  # fmt: skip
         except KeyError as e:
             raise ValueError(f"config is missing required field {e.args[0]!r}") from None
 

@@ -115,12 +115,9 @@ class Addresses:
     @classmethod
     def local(cls, run_dir: str | Path, num_models: int) -> Addresses:
         d = Path(run_dir)
-        return cls(
-            frontend=f"ipc://{d / 'frontend'}",
-            subservers=tuple(f"ipc://{d / f'sub{i}'}" for i in range(num_models)),
-            coordinator=f"ipc://{d / 'coordinator'}",
-            launcher=f"ipc://{d / 'launcher'}",
-        )
+        return cls(frontend=f"ipc://{d / 'frontend'}",
+                   subservers=tuple(f"ipc://{d / f'sub{i}'}" for i in range(num_models)),
+                   coordinator=f"ipc://{d / 'coordinator'}", launcher=f"ipc://{d / 'launcher'}")  # fmt: skip
 
     @classmethod
     def tcp(cls, here: str, hosts: list[str], listen: str, port_base: int | None) -> Addresses:
@@ -130,13 +127,10 @@ class Addresses:
         def port(offset: int) -> int:
             return 0 if port_base is None else port_base + offset
 
-        return cls(
-            frontend=tcp_endpoint(here, port(TCP_OFFSETS["frontend"])),
-            subservers=tuple(tcp_endpoint(h, port(SUBSERVER_OFFSET + i)) for i, h in enumerate(hosts)),
-            coordinator=tcp_endpoint(here, port(TCP_OFFSETS["coordinator"])),
-            launcher=tcp_endpoint(here, port(TCP_OFFSETS["launcher"])),
-            listen=listen,
-        )
+        return cls(frontend=tcp_endpoint(here, port(TCP_OFFSETS["frontend"])),
+                   subservers=tuple(tcp_endpoint(h, port(SUBSERVER_OFFSET + i)) for i, h in enumerate(hosts)),
+                   coordinator=tcp_endpoint(here, port(TCP_OFFSETS["coordinator"])),
+                   launcher=tcp_endpoint(here, port(TCP_OFFSETS["launcher"])), listen=listen)  # fmt: skip
 
     @property
     def here(self) -> str:

@@ -82,19 +82,11 @@ def build_part(spec: SubserverSpec, gate: SyncGate | None) -> tuple[Deployment, 
 
         small = cfg.is_small(model_index)
         module = engine.model  # the torch module of this model: the small one's embedding feeds R2R's classifier
-        router = make_learned_router(
-            rc.name,
-            rc.weights,
-            rc.hop_rate,
-            engine.spec.hidden_size,
-            engine.spec.vocab_size,
-            engine.device,
-            model=model_index,
-            num_models=dep.num_models,
-            embedding=module.embed_tokens if small else None,
-            return_prob=rc.return_prob if rc.name == RouterName.R_STITCH else None,
-            seed=spec.seed,
-        )
+        router = make_learned_router(rc.name, rc.weights, rc.hop_rate, engine.spec.hidden_size, engine.spec.vocab_size,
+                                     engine.device, model=model_index, num_models=dep.num_models,
+                                     embedding=module.embed_tokens if small else None,
+                                     return_prob=rc.return_prob if rc.name == RouterName.R_STITCH else None,
+                                     seed=spec.seed)  # fmt: skip
         dep.set_router(model_index, router)
         engine.set_router(sched.router.device)
         if rc.weights.lower() == "random" and isinstance(sched.router, Calibratable):

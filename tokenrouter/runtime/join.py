@@ -1,19 +1,17 @@
-"""Joining a tcp deployment: how a subserver and the launcher agree on the address table.
+"""Joining a tcp deployment: how a subserver and the launcher agree on the address table (docs/cluster.md).
 
-Over tcp a subserver's port may be chosen when it starts, and a subserver started by hand on another host
-(`tokenrouter subserver --join`) knows only the launcher's address. So every tcp subserver, whoever started it,
-first binds its PULL socket (its port from `placement.port_base`, or a free one) and sends `Join` to the launcher
-on channel `JOIN`: its model, the endpoint it listens on, and the host it reached the launcher at. Once every
-model has joined (and a sync policy's coordinator listens), the launcher answers each with `Welcome`: the whole
-address table as seen from that subserver's host and the deployment it serves. Only then does the subserver
-connect to its peers, build its engine and send `Ready`. A join the launcher cannot take (an unknown model, one
-that is already there, a different deployment) is answered with `Refused`. A subserver that stops sends `Left`.
+Every tcp subserver, whoever started it, first binds its PULL socket (port from `placement.port_base`, or a free
+one) and sends `Join` to the launcher on channel `JOIN`: its model, its endpoint, and the host it reached the
+launcher at. Once every model joined (and a sync policy's coordinator listens), the launcher answers each with
+`Welcome`: the address table as seen from that host and the deployment it serves; only then does the subserver
+connect to its peers, build its engine and send `Ready`. A join the launcher cannot take is `Refused`; a
+subserver that stops sends `Left`.
 
 Invariant: no process connects to a subserver before the launcher published its endpoint (`Addresses.known`).
 
 A subserver the launcher did not start (by hand, a Ray actor) has no parent to die with: `LauncherLink.watch`
-ends it when its connection to the launcher drops (the launcher's process exited, or ZeroMQ heartbeats found
-its host unreachable).
+ends it when its connection to the launcher drops (the launcher exited, or ZeroMQ heartbeats found its host
+unreachable).
 """
 
 from __future__ import annotations

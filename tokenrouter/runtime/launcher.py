@@ -11,14 +11,8 @@ What a front-end (HTTP or a test client) relies on:
   (model -> reason) and `server.healthy()`; `add_listener(fn)` gets every Ready/Stats/Failed the launcher sees
   (called from the watcher thread).
 
-Supervision: a subserver that exits is logged with its exit code and reported as `Failed` (the front-end fails
-every request in flight). Then, by default, the server gives up: `failure` says why and every
-`add_fatal_listener` callback runs (the HTTP front-end exits, and `tr serve` exits non-zero so systemd or
-Kubernetes restarts it). With `restart_on_failure` the launcher tells every survivor (`Restarted`: drop all
-requests, reconnect) and starts the dead subserver again in place; the front-end serves again once its
-`Ready` arrives. A subserver that dies again before it is ready is a failure. A ready subserver of ours that
-sends no `Stats` for `heartbeat_timeout_s` is hung and is killed, so that it takes the same path. Subservers die
-with the launcher (`parent_watch`), and the run directory is removed on every exit path (`rundir`).
+Start-up and stop are here; supervision once started (exits, hangs, restarts, giving up) is `runtime.watch`.
+Subservers die with the launcher (`parent_watch`), and the run directory is removed on every exit path (`rundir`).
 Invariant: after `stop()` returns, no subserver process, auxiliary process (`aux`), coordinator process or MPS daemon of
 this server runs.
 """
@@ -33,7 +27,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
@@ -51,12 +44,12 @@ from tokenrouter.runtime.hoptrace import merge_hop_logs
 from tokenrouter.runtime.mps import MpsDaemon
 from tokenrouter.runtime.preflight import check_launch
 from tokenrouter.runtime.rundir import create_run_dir
-from tokenrouter.runtime.sockets import push_socket, send_once
+from tokenrouter.runtime.sockets import send_once
 from tokenrouter.runtime.spawn import start_spawned
-from tokenrouter.runtime.supervision import StartupError, describe_exit, exit_reason
+from tokenrouter.runtime.supervision import StartupError, describe_exit
 from tokenrouter.runtime.sync_coordinator import CoordinatorProcess
+from tokenrouter.runtime.watch import Supervisor
 
-Listener = Callable[[P.Ready | P.Stats | P.Failed], None]
 log = logging.getLogger(__name__)
 
 
@@ -90,24 +83,12 @@ def heartbeat_timeout(timeout_s: float | None, stats_interval_s: float) -> float
     return timeout_s
 
 
-class Server:
-    def __init__(
-        self,
-        config: DeploymentConfig,
-        *,
-        device: str = "cpu",
-        memory_gb: float | None = None,
-        run_dir: str | Path | None = None,
-        seed: int = 0,
-        record_hops: str | Path | None = None,
-        step_logs: bool = False,
-        engine_overrides: dict[str, Any] | None = None,
-        ready_timeout_s: float = 300.0,
-        stats_interval_s: float = 0.5,
-        restart_on_failure: bool = False,
-        cluster: ClusterOptions | None = None,
-        heartbeat_timeout_s: float | None = None,
-    ) -> None:
+class Server(Supervisor):
+    def __init__(self, config: DeploymentConfig, *, device: str = "cpu", memory_gb: float | None = None,
+                 run_dir: str | Path | None = None, seed: int = 0, record_hops: str | Path | None = None,
+                 step_logs: bool = False, engine_overrides: dict[str, Any] | None = None,
+                 ready_timeout_s: float = 300.0, stats_interval_s: float = 0.5, restart_on_failure: bool = False,
+                 cluster: ClusterOptions | None = None, heartbeat_timeout_s: float | None = None) -> None:  # fmt: skip
         """`cluster`: how a tcp deployment runs (Ray, heartbeat and join timeouts; `runtime.cluster`); a config
         on tcp without it gets the defaults. `heartbeat_timeout_s`: a ready subserver this launcher started that
         sends nothing for this long is hung and gets killed (None: 10 s, or 4 Stats intervals if longer)."""
@@ -132,31 +113,10 @@ class Server:
         self.ready_timeout_s = ready_timeout_s
         self.stats_interval_s = stats_interval_s
         self.heartbeat_timeout_s = heartbeat_timeout(heartbeat_timeout_s, stats_interval_s)
-        self._init_supervision()
-        self._bind(cluster, record_hops, step_logs)
-
-    def _init_supervision(self) -> None:
-        """What the watcher and `stop` track, empty until `start()`. Set before `_bind`: a `Cluster` keeps its
-        launcher's `processes` and `dead` and adds a listener."""
-        self._last_seen: dict[int, float] = {}  # model -> monotonic time of its latest Ready/Stats
-        self.ready: dict[int, P.Ready] = {}
-        self.stats: dict[int, P.Stats] = {}
-        self.dead: dict[int, str] = {}
-        self.processes: list[Any] = []
-        # Processes beside the subservers (the std-serving baseline's dispatcher): (name, process, address). One that
-        # exits is a failure of the whole server (never restarted); `stop` sends them Shutdown too.
-        self.aux: list[tuple[str, Any, str]] = []
         self.coordinator: CoordinatorProcess | None = None
         self.mps: MpsDaemon | None = None
-        self._listeners: list[Listener] = []
-        self._fatal_listeners: list[Callable[[str], None]] = []
-        self.failure: str | None = None  # why the server gave up (a subserver died and is not restarted)
-        self.restarts = [0] * self.num_models
-        self._handled: dict[int, Any] = {}  # model -> the process object whose exit was dealt with
-        self._lock = threading.RLock()
-        self._stopping = threading.Event()
-        self._watch_done = threading.Event()
-        self._watcher: threading.Thread | None = None
+        self._init_supervision()  # before `_bind`: a `Cluster` keeps its launcher's `processes` and `dead`
+        self._bind(cluster, record_hops, step_logs)
 
     def _bind(self, cluster: ClusterOptions | None, record_hops: str | Path | None, step_logs: bool) -> None:
         """Bind the launcher's PULL (every subserver reports to it) and set `addresses`: ipc paths in the run
@@ -194,22 +154,6 @@ class Server:
         """The emit logs `record_hops` merges into the hop trace on stop (a hook: a server whose processes log
         elsewhere names its own)."""
         return [self.hop_log(i) for i in range(self.num_models)]
-
-    def add_listener(self, fn: Listener) -> None:
-        self._listeners.append(fn)
-
-    def add_fatal_listener(self, fn: Callable[[str], None]) -> None:
-        """`fn(why)` once the server gives up (called from the watcher thread; at once if it already has)."""
-        self._fatal_listeners.append(fn)
-        if self.failure is not None:
-            fn(self.failure)
-
-    def serving(self) -> bool:
-        """False once `stop()` began or the server gave up (`failure`)."""
-        return not self._stopping.is_set() and self.failure is None
-
-    def healthy(self) -> bool:
-        return not self.dead and len(self.ready) == self.num_models
 
     # ---- what the HTTP front-end reads (tokenrouter.runtime.frontend.handle.ServerHandle) ---------------
     @property
@@ -328,112 +272,6 @@ class Server:
             if time.monotonic() > deadline:
                 missing = [self.config.models[i].name for i in range(self.num_models) if i not in self.ready]
                 raise StartupError(f"no Ready within {self.ready_timeout_s:.0f} s from {', '.join(missing)}")
-
-    def poll_control(self, timeout_ms: int) -> None:
-        """Handle what arrived on the launcher's socket within `timeout_ms`: JOIN frames, Ready/Stats/Failed."""
-        if not self._pull.poll(timeout_ms):
-            return
-        while True:
-            try:
-                chan, data = self._pull.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            if chan == P.JOIN:
-                if self.cluster is not None:
-                    self.addresses = self.cluster.on_join(data)
-                continue
-            msg = P.decode_for_frontend(data)
-            if isinstance(msg, P.Ready | P.Stats):
-                self._last_seen[msg.model] = time.monotonic()
-            if isinstance(msg, P.Ready):
-                if self.restarts[msg.model] and msg.model not in self.ready:
-                    log.warning("model %d (%s) is serving again (restart %d, %.1f s to start)", msg.model,
-                                msg.name, self.restarts[msg.model], msg.startup_s)  # fmt: skip
-                self.ready[msg.model] = msg
-            elif isinstance(msg, P.Stats):
-                self.stats[msg.model] = msg
-            elif isinstance(msg, P.Failed):
-                self.dead.setdefault(msg.model, msg.message)
-            else:
-                continue
-            for fn in self._listeners:
-                fn(msg)
-
-    def _watch(self) -> None:
-        """Watcher thread: control messages, and the exit of any subserver (with or without a `Failed`)."""
-        tell = push_socket(self._ctx, self.addresses.frontend, linger_ms=0)
-        try:
-            while not self._watch_done.is_set():
-                self.poll_control(100)
-                with self._lock:
-                    if not self.serving():
-                        continue
-                    for i, p in enumerate(self.processes):
-                        if p.exitcode is not None and self._handled.get(i) is not p:
-                            self._handled[i] = p
-                            self._on_exit(i, p, tell)
-                    self._kill_hung()
-                    for name, p, _ in self.aux:
-                        if p.exitcode is not None and self.failure is None:
-                            self._give_up(f"{name} died ({describe_exit(p.exitcode)})")
-        finally:
-            tell.close()
-
-    def _kill_hung(self) -> None:
-        """A ready subserver of ours whose heartbeat (`Stats`, every `stats_interval_s`) stopped is hung: a stuck
-        step, a wedged device, a stopped process. It is killed, so that its exit takes the path of any death
-        (restarted in place, or the server gives up) instead of leaving a live process the front-end calls dead.
-        Subservers on other hosts and Ray actors have their own heartbeat check (`runtime.remote`)."""
-        now = time.monotonic()
-        for i, p in enumerate(self.processes):
-            seen = self._last_seen.get(i)
-            if i not in self.ready or seen is None or p.exitcode is not None or not isinstance(p, BaseProcess):
-                continue
-            if now - seen > self.heartbeat_timeout_s:
-                why = f"no heartbeat for {now - seen:.1f} s (hung)"
-                log.error("subserver %d (%s) sent no heartbeat for %.1f s: killing it (pid %s)", i,
-                          self.config.models[i].name, now - seen, p.pid)  # fmt: skip
-                self.dead.setdefault(i, why)
-                p.kill()
-
-    def _on_exit(self, i: int, p: Any, tell: zmq.Socket) -> None:
-        name = self.config.models[i].name
-        said = self.dead.get(i)
-        cause = exit_reason(p) + (f", after: {said}" if said else "")
-        msg = f"subserver {i} ({name}) died ({cause})"
-        was_ready = self.ready.pop(i, None) is not None
-        self.dead[i] = msg
-        log.error("%s; requests in flight fail", msg)
-        failed = P.Failed(i, cause)  # the front-end names the subserver itself
-        tell.send_multipart([P.CTL, P.encode(failed)])
-        for fn in self._listeners:
-            fn(failed)
-        if self.restart_on_failure and was_ready:
-            self._restart(i)
-            return
-        why = msg if was_ready or not self.restart_on_failure else f"{msg}, before it was ready again"
-        self._give_up(why, "" if self.restart_on_failure else " (--restart-on-failure restarts it)")
-
-    def _give_up(self, why: str, hint: str = "") -> None:
-        self.failure = why
-        log.error("giving up: %s%s", why, hint)
-        for fn in self._fatal_listeners:
-            fn(why)
-
-    def _restart(self, i: int) -> None:
-        """Survivors drop their requests and reconnect (before the new process binds, so nothing queued for
-        the dead one reaches it); then subserver i starts again with the same spec."""
-        for j, addr in enumerate(self.addresses.subservers):
-            if j != i:
-                send_once(self._ctx, addr, [P.CTL, P.encode(P.Restarted(i))], linger_ms=1000)
-        self.restarts[i] += 1
-        log.warning("restarting subserver %d (%s), restart %d", i, self.config.models[i].name, self.restarts[i])
-
-        def replace_dead(p: Any) -> None:
-            self.processes[i] = p
-
-        self._spawn(i, replace_dead)
-        self.dead.pop(i, None)
 
     # ---- stop -----------------------------------------------------------------------------------------
     def stop(self, timeout_s: float = 10.0) -> None:

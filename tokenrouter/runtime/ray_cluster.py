@@ -1,16 +1,11 @@
-"""`tr serve --ray ADDRESS`: the subservers as Ray actors; the launcher and the front-end stay in this process.
+"""`tr serve --ray ADDRESS`: the subservers as Ray actors; the launcher and the front-end stay in this process
+(docs/cluster.md, Ray).
 
-One placement group with one bundle per model (`num_cpus` CPUs, and on CUDA as many GPUs as the model lists),
-packed onto as few nodes as fit; model i's actor runs in bundle i and calls the same entry point a spawned
-subserver runs (`subserver.serve`) over tcp: it binds a free port (or `placement.port_base` + 4 + i) on its node's
-address and joins the launcher (`runtime.join`). When every bundle landed on this process's node, every
-endpoint stays on 127.0.0.1.
-
-Supervision: `RayActorProcess` is a `remote.RemoteSubserver` whose exit also comes from the actor: its `run`
-call returning (0) or failing (1, e.g. the actor or its node died). `stop` kills the actors (`kill`), `close`
-removes the placement group and disconnects (and stops a head started here with `local`).
-
-Ray is an optional extra: `RayUnavailable` says how to install it.
+One placement group with one bundle per model, packed onto as few nodes as fit; model i's actor runs in bundle i
+the entry point a spawned subserver runs (`subserver.serve`) over tcp, joining the launcher (`runtime.join`).
+`RayActorProcess` is a `remote.RemoteSubserver` whose exit also comes from the actor: its `run` call returning
+(0) or failing (1, e.g. the actor or its node died). Ray is an optional extra: `RayUnavailable` says how to
+install it.
 """
 
 from __future__ import annotations

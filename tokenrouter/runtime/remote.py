@@ -2,16 +2,15 @@
 host (`tokenrouter subserver --join`, a model with `external: true`) and, as a subclass, a Ray actor
 (`runtime.ray_cluster`).
 
-A handle looks like a `multiprocessing.Process` to the launcher (`exitcode`, `join`, `kill`, `pid`), so its
-supervision is the launcher's own (`Server._watch` / `_on_exit`): the subserver has exited, with `exit_reason`
-saying how, once it
+A handle looks like a `multiprocessing.Process` (`exitcode`, `join`, `kill`, `pid`), so its supervision is the
+launcher's own (`runtime.watch`): the subserver has exited, with `exit_reason` saying how, once it
 - reported `Failed` (exit code 1),
 - sent `Left` (exit code 0: it stopped, after the launcher's Shutdown or on its own),
-- sent no `Ready` or `Stats` for `heartbeat_timeout_s` after its `Ready` (exit code 1: its host, its network or
-  the process is gone; the heartbeat comes every `stats_interval_s`),
+- sent no `Ready` or `Stats` for `heartbeat_timeout_s` after its `Ready` (exit code 1: host, network or process
+  gone),
 - did not join within `join_timeout_s` (exit code 1; the reason says how to start it).
-The launcher feeds it: `on_join` (its `Join`), `on_control` (every Ready/Stats/Failed of its model), `on_left`.
-`exitcode` is evaluated when read (the launcher's watcher reads it every 100 ms), from the monotonic clock.
+The launcher feeds it `on_join`, `on_control` (every Ready/Stats/Failed of its model) and `on_left`; `exitcode`
+is evaluated from the monotonic clock when read.
 """
 
 from __future__ import annotations

@@ -1,31 +1,23 @@
-"""The synchronous baselines (`step-sync`, `model-sync`) across processes, at one coordinator round trip per step.
+"""The synchronous baselines (`step-sync`, `model-sync`) across processes, at one coordinator round trip per step
+(docs/baselines.md, section 1).
 
-One `Coordinator` (a thread in a process of its own, `CoordinatorProcess`, started by the launcher) holds the real
-`core.policy.SyncGate`; each subserver's scheduler gets
-a `RemoteGate` with the same interface. The protocol is *complete-and-ask*: a subserver sends one `GateReport`
-when its step completes (its completion, its ready count after the requeue, and its cumulative counts of gated
-messages sent and received), and the coordinator's one reply is the next grant, pushed when the gate lets that
-model launch. Nothing else is on a step's path: no request waits for an answer (the subserver keeps taking peer
-messages while its ask is open), and a grant goes only to the model it lets launch.
+One `Coordinator` (in a process of its own, `CoordinatorProcess`) holds the real `core.policy.SyncGate`; each
+subserver's scheduler gets a `RemoteGate` with the same interface. Protocol, *complete-and-ask*: a subserver
+sends one `GateReport` when its step completes (its ready count after the requeue and its cumulative counts of
+gated messages sent and received), and the coordinator's one reply is the next grant, pushed when the gate lets
+that model launch. No request waits for an answer, and a grant goes only to the model it lets launch.
 
-Why this keeps `SyncGate`'s semantics (what the simulator runs) without reporting arrivals:
-- `SyncGate` waits for messages in flight to land before a model launches (step-sync's quiet barrier, model-sync's
-  `in_flight[m] == 0`), and reads the ready counts after they landed. Here the coordinator knows every gated send
-  from the senders' reports, so it folds the messages still in flight to model m into m's ready count (a hand-off
-  always leaves its request ready at the destination) and leaves the gate's own `in_flight` at zero; the grant
-  carries the number of gated messages m must have received (`bar`), and m launches only once it has. So a
-  launch happens at the same point of the causal order as in the simulator, and the receiver never reports an
-  arrival. The sender's report need not precede its messages either: counts are cumulative, and a grant that
-  depends on a send is issued only after the sender's report.
-- A report is taken with the ready count and the arrival count read at the same instant, so `ready + sent to m -
-  arrived` is exact for every model that is not running.
-- A subserver whose ready count changes for another reason than an arrival (a client's `Submit` at the entry, an
-  abort, a peer's finish) while it has no step running and holds no grant sends an `update`: the only message
-  off the step path, and only on those events. A grant that finds nothing to run (the work went away) is handed
-  back with a `pass`, which ends that model's turn or round slot.
-
-Message cost per launched step: one report in, one grant out (`Coordinator.calls` counts the reports and updates
-received, `grants` the grants pushed).
+Why this keeps `SyncGate`'s semantics (what the simulator runs) without arrival reports:
+- The coordinator knows every gated send from the senders' reports, so it folds the messages in flight to model m
+  into m's ready count (a hand-off always leaves its request ready at the destination) and keeps the gate's own
+  `in_flight` at zero; the grant carries the number of gated messages m must have received (`bar`), and m
+  launches only once it has: a launch happens at the simulator's point of the causal order. Counts are
+  cumulative, so a sender's report need not precede its messages.
+- A report reads the ready and arrival counts at one instant, so `ready + sent to m - arrived` is exact for every
+  model that is not running.
+- A ready count that changes for another reason than an arrival (a `Submit`, an abort, a peer's finish) while the
+  subserver neither runs nor holds a grant is sent as an `update`, the only message off the step path. A grant
+  that finds nothing to run is handed back (`pass`), ending that model's turn or round slot.
 """
 
 from __future__ import annotations
@@ -246,13 +238,10 @@ class RemoteGate:
 
 
 class CoordinatorProcess:
-    """A `Coordinator` in a process of its own, as the launcher runs it.
-
-    Why not a thread of the launcher: that process also runs the HTTP front-end, and a report that lands while the
-    front-end's thread holds the GIL waits for it, on every step's path. Live on the H200 the step-sync cells served
-    through `tr serve` ran 9-11% slower than the simulator while the same policy through the runtime's own client
-    agreed within 2% (studies/fidelity). `log`, `calls`, `calls_by_model` and `grants` are the coordinator's, asked
-    of the process while it runs and its last values after `stop`."""
+    """A `Coordinator` in a process of its own, as the launcher runs it: not a launcher thread, because the
+    launcher also runs the HTTP front-end, whose thread would hold every report up while it holds the GIL
+    (docs/runtime.md). `log`, `calls`, `calls_by_model` and `grants` are asked of the process while it runs, and
+    are its last values after `stop`."""
 
     def __init__(self, kind: str, num_models: int, address: str, subservers: tuple[str, ...],
                  ready_timeout_s: float = 60.0) -> None:  # fmt: skip
@@ -319,12 +308,11 @@ def _serve_in_process(kind: str, num_models: int, address: str, subservers: tupl
                 msg = conn.recv()
             except EOFError:  # the launcher is gone
                 return
-            state = (list(coord.log), coord.calls, list(coord.calls_by_model), coord.grants)
             if msg == "stop":
                 coord.stop()
-                conn.send((list(coord.log), coord.calls, list(coord.calls_by_model), coord.grants))
+            conn.send((list(coord.log), coord.calls, list(coord.calls_by_model), coord.grants))
+            if msg == "stop":
                 return
-            conn.send(state)
     finally:
         if coord._thread.is_alive():
             coord.stop()

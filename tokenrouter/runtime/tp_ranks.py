@@ -1,25 +1,16 @@
-"""The ranks of a tensor-parallel model: rank 0 is the model's subserver process; it starts ranks 1..tp-1 as its own
-child processes, sends them every step, and supervises them.
+"""The ranks of a tensor-parallel model (docs/tensor-parallel.md): rank 0 is the model's subserver process; it
+starts ranks 1..tp-1 as its own child processes, sends them every step, and supervises them. Rank r runs on
+`cuda:r`, which the launcher's `CUDA_VISIBLE_DEVICES` (the model's `gpus`) maps to `gpus[r]`; on CPU every rank
+runs on the CPU (gloo).
 
-Process model: the launcher starts one process per model as always (`runtime.launcher`); for `tp > 1` that process
-(rank 0: scheduler, router, sampling for real, every socket to peers and the front-end) calls `TPRanks`, which
-spawns the followers, each an `Engine` on its own device running `engine.tp_step.follow`. Rank r runs on
-`cuda:r`, which the launcher's `CUDA_VISIBLE_DEVICES` (the model's `gpus`) maps to `gpus[r]`; on CPU every rank runs
-on the CPU (gloo).
+Step descriptions go over ZeroMQ, one PUSH socket per follower bound on 127.0.0.1, not a torch.distributed
+broadcast: rank 0 must never wait for a follower on the host (with overlap it plans step k+1 while the devices run
+step k), and a PUSH send only queues, keeps order per follower, and survives a dead follower.
 
-Transport of the step descriptions: ZeroMQ, one PUSH socket per follower bound on 127.0.0.1 by rank 0. Why not a
-torch.distributed broadcast: rank 0 must never wait for a follower on the host (with overlap it plans step k+1
-while the devices run step k; a broadcast is a rendezvous, and on CUDA it would need a second, CPU group beside
-NCCL); a PUSH send only queues. The followers' devices wait for rank 0 anyway, at the first all-reduce of each
-step. ZeroMQ is what the runtime speaks everywhere else, keeps message order per follower, and lets a follower's
-process die without wedging rank 0's sends (the supervisor ends rank 0 first).
-
-Supervision: a watcher thread in rank 0 waits on the followers' process sentinels; a follower that exits while
-rank 0 serves calls `on_death` (the subserver's: send `Failed` to the front-end and the launcher, then exit at
-once; rank 0 may be blocked inside a collective). The launcher then sees rank 0 exit, as for any dead subserver.
-Followers die with rank 0 (`parent_watch`: pdeathsig + ppid polling), so a crash or kill -9 of rank 0, or of the
-whole server, leaves no rank behind; on a clean stop rank 0 sends `Stop`, joins its followers, and kills what is
-left after a timeout.
+Supervision: a watcher thread in rank 0 waits on the followers' sentinels; a follower that exits while rank 0
+serves calls `on_death` (the subserver's: `Failed` to the front-end and the launcher, then exit at once: rank 0 may
+be blocked inside a collective). Followers die with rank 0 (`parent_watch`); on a clean stop rank 0 sends `Stop`,
+joins its followers, and kills what is left after a timeout.
 """
 
 from __future__ import annotations

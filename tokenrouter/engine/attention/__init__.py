@@ -48,21 +48,10 @@ def resolve_backend(backend: Backend, device: torch.device) -> Literal["torch", 
     return "torch"
 
 
-def decode_attention(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    scale: float,
-    *,
-    out: torch.Tensor | None = None,
-    num_splits: int | None = None,
-    backend: Backend = "auto",
-    counters: torch.Tensor | None = None,
-    pdl: bool = False,
-    row_slots: torch.Tensor | None = None,
-) -> torch.Tensor:
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                     seq_lens: torch.Tensor, scale: float, *, out: torch.Tensor | None = None,
+                     num_splits: int | None = None, backend: Backend = "auto", counters: torch.Tensor | None = None,
+                     pdl: bool = False, row_slots: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """One new query per row. q `[B, Hq, D]`, block_tables `[B, max_pages]` int32, seq_lens `[B]` int32 = KV
     length including the token being decoded (its KV already stored). Returns `[B, Hq, D]` (into `out` if
     given). Hq must be a multiple of Hkv (query head h reads KV head h // (Hq // Hkv)). `num_splits` only
@@ -81,22 +70,10 @@ def decode_attention(
     )  # fmt: skip
 
 
-def extend_attention(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    seq_lens: torch.Tensor,
-    scale: float,
-    *,
-    max_q_len: int | None = None,
-    out: torch.Tensor | None = None,
-    num_splits: int | None = None,
-    backend: Backend = "auto",
-    pdl: bool = False,
-    row_slots: torch.Tensor | None = None,
-) -> torch.Tensor:
+def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                     cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, scale: float, *, max_q_len: int | None = None,
+                     out: torch.Tensor | None = None, num_splits: int | None = None, backend: Backend = "auto",
+                     pdl: bool = False, row_slots: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """Causal attention for packed new tokens of B rows (prefill, extend after a prefix, or a mix).
 
     q `[T, Hq, D]`; row b owns tokens `cu_seqlens_q[b]:cu_seqlens_q[b+1]` (int32 `[B+1]`); seq_lens `[B]` is

@@ -11,13 +11,8 @@ from __future__ import annotations
 import torch
 
 
-def store_kv(
-    k: torch.Tensor,
-    v: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-) -> None:
+def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:  # fmt: skip
     """Write `k`, `v` (`[T, Hkv, D]`) into the caches at `slot_mapping` (`[T]`, slot = page * page_size + offset).
 
     In place and free of host syncs, so it can be captured in a CUDA graph. Several padded rows may share

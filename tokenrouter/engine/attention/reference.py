@@ -22,17 +22,9 @@ def gather_kv(cache: torch.Tensor, block_table_row: torch.Tensor, seq_len: int) 
     return cache[pages, pos % page_size]
 
 
-def extend_attention_torch(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    seq_lens: torch.Tensor,
-    scale: float,
-    *,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
+def extend_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                           cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, scale: float, *,
+                           out: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """Causal attention of packed queries `[T, Hq, D]` over paged KV; see `extend_attention` for the contract.
 
     Query i of row b sits at position `seq_lens[b] - q_len_b + i` and sees keys `0..that position`.
@@ -70,16 +62,9 @@ def extend_attention_torch(
     return out
 
 
-def decode_attention_torch(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    scale: float,
-    *,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
+def decode_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                           seq_lens: torch.Tensor, scale: float, *,
+                           out: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """Decode is extend with one query per row, sitting at position `seq_lens[b] - 1`."""
     cu = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device)
     return extend_attention_torch(q, k_cache, v_cache, block_tables, cu, seq_lens, scale, out=out)

@@ -48,9 +48,8 @@ def num_sms(device: torch.device) -> int:
     return DEFAULT_NUM_SMS
 
 
-def choose_num_splits(
-    num_programs: int, max_kv_len: int, sm_count: int, *, min_split_tokens: int = 256, max_splits: int = 64
-) -> int:
+def choose_num_splits(num_programs: int, max_kv_len: int, sm_count: int, *, min_split_tokens: int = 256,
+                      max_splits: int = 64) -> int:  # fmt: skip
     """Number of KV splits so that the grid has about 4 programs per SM, without slicing any row's KV
     finer than `min_split_tokens` (each split costs a partial write and a share of the reduce).
 
@@ -76,42 +75,18 @@ def block_d(head_dim: int) -> int:
     return max(MIN_DOT_DIM, triton.next_power_of_2(head_dim))
 
 
-def fwd_constexprs(
-    *,
-    group: int,
-    group_pad: int,
-    block_q: int,
-    block_n: int,
-    head_dim: int,
-    page_size: int,
-    is_decode: bool,
-    single_split: bool,
-    dtype: torch.dtype,
-    fused_reduce: bool = False,
-    merge_chunk: int = 1,
-    use_pdl: bool = False,
-    has_slots: bool = False,
-) -> dict[str, int | bool | str]:
+def fwd_constexprs(*, group: int, group_pad: int, block_q: int, block_n: int, head_dim: int, page_size: int,
+                   is_decode: bool, single_split: bool, dtype: torch.dtype, fused_reduce: bool = False,
+                   merge_chunk: int = 1, use_pdl: bool = False,
+                   has_slots: bool = False) -> dict[str, int | bool | str]:  # fmt: skip
     """Compile-time parameters of `paged_attention_fwd_kernel`, shared by launches and `aot_check`."""
-    return {
-        "GROUP": group,
-        "GROUP_PAD": group_pad,
-        "BLOCK_Q": block_q,
-        "BLOCK_M": block_q * group_pad,
-        "BLOCK_N": max(MIN_DOT_DIM, block_n),
-        "HEAD_DIM": head_dim,
-        "BLOCK_D": block_d(head_dim),
-        "PAGE_SIZE": page_size,
-        "IS_DECODE": is_decode,
-        "SINGLE_SPLIT": single_split,
-        # fp32 caches (CPU tests, debugging) get exact fp32 products instead of TF32; ignored for bf16.
-        "DOT_PRECISION": "ieee" if dtype == torch.float32 else "tf32",
-        "FUSED_REDUCE": fused_reduce,
-        "GROUP_P2": triton.next_power_of_2(group),
-        "MERGE_CHUNK": merge_chunk,
-        "USE_PDL": use_pdl,
-        "HAS_SLOTS": has_slots,
-    }
+    # fp32 caches (CPU tests, debugging) get exact fp32 products instead of TF32 (DOT_PRECISION); bf16 ignores it.
+    return {"GROUP": group, "GROUP_PAD": group_pad, "BLOCK_Q": block_q, "BLOCK_M": block_q * group_pad,
+            "BLOCK_N": max(MIN_DOT_DIM, block_n), "HEAD_DIM": head_dim, "BLOCK_D": block_d(head_dim),
+            "PAGE_SIZE": page_size, "IS_DECODE": is_decode, "SINGLE_SPLIT": single_split,
+            "DOT_PRECISION": "ieee" if dtype == torch.float32 else "tf32", "FUSED_REDUCE": fused_reduce,
+            "GROUP_P2": triton.next_power_of_2(group), "MERGE_CHUNK": merge_chunk, "USE_PDL": use_pdl,
+            "HAS_SLOTS": has_slots}  # fmt: skip
 
 
 def merge_chunk(num_splits: int, group: int, head_dim: int, config: KernelConfig) -> int:
@@ -122,12 +97,8 @@ def merge_chunk(num_splits: int, group: int, head_dim: int, config: KernelConfig
 
 
 def reduce_constexprs(num_splits: int, head_dim: int, use_pdl: bool = False) -> dict[str, int | bool]:
-    return {
-        "SPLITS_PAD": triton.next_power_of_2(num_splits),
-        "HEAD_DIM": head_dim,
-        "BLOCK_D": block_d(head_dim),
-        "USE_PDL": use_pdl,
-    }
+    return {"SPLITS_PAD": triton.next_power_of_2(num_splits), "HEAD_DIM": head_dim, "BLOCK_D": block_d(head_dim),
+            "USE_PDL": use_pdl}  # fmt: skip
 
 
 def _check_inputs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor) -> None:
@@ -146,26 +117,11 @@ def _check_inputs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         raise ValueError("block_tables must be an int32/int64 tensor with contiguous rows")
 
 
-def launch_paged_attention(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    cu_seqlens_q: torch.Tensor | None,
-    scale: float,
-    out: torch.Tensor,
-    *,
-    num_rows: int,
-    block_q: int,
-    group_pad: int,
-    num_q_blocks: int,
-    num_splits: int,
-    config: KernelConfig,
-    counters: torch.Tensor | None = None,
-    pdl: bool = False,
-    row_slots: torch.Tensor | None = None,
-) -> torch.Tensor:
+def launch_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                           seq_lens: torch.Tensor, cu_seqlens_q: torch.Tensor | None, scale: float, out: torch.Tensor,
+                           *, num_rows: int, block_q: int, group_pad: int, num_q_blocks: int, num_splits: int,
+                           config: KernelConfig, counters: torch.Tensor | None = None, pdl: bool = False,
+                           row_slots: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """Launch the forward kernel (and the reduce when `num_splits > 1`). `cu_seqlens_q is None` = decode.
 
     `counters` (decode only, see `tokenrouter.engine.attention.split_counters`): with `num_splits > 1` the
@@ -191,13 +147,8 @@ def launch_paged_attention(
         m_strides, l_strides = mid_o.stride()[:3], mid_lse.stride()[:2]
     is_decode = cu_seqlens_q is None
     group = num_heads // num_kv_heads
-    fused = (
-        not single
-        and is_decode
-        and counters is not None
-        and counters.dtype == torch.int32
-        and counters.numel() >= num_rows * num_kv_heads * num_q_blocks
-    )
+    fused = (not single and is_decode and counters is not None and counters.dtype == torch.int32
+             and counters.numel() >= num_rows * num_kv_heads * num_q_blocks)  # fmt: skip
     meta = fwd_constexprs(
         group=group, group_pad=group_pad, block_q=block_q, block_n=config.block_n,
         head_dim=head_dim, page_size=k_cache.shape[1], is_decode=is_decode, single_split=single, dtype=q.dtype,

@@ -31,21 +31,11 @@ def decode_num_splits(batch: int, num_kv_heads: int, max_pages: int, page_size: 
     return choose_num_splits(batch * num_kv_heads, max_pages * page_size, num_sms(device))
 
 
-def decode_attention_triton(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    scale: float,
-    *,
-    out: torch.Tensor | None = None,
-    num_splits: int | None = None,
-    config: KernelConfig | None = None,
-    counters: torch.Tensor | None = None,
-    pdl: bool = False,
-    row_slots: torch.Tensor | None = None,
-) -> torch.Tensor:
+def decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                            seq_lens: torch.Tensor, scale: float, *, out: torch.Tensor | None = None,
+                            num_splits: int | None = None, config: KernelConfig | None = None,
+                            counters: torch.Tensor | None = None, pdl: bool = False,
+                            row_slots: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """q `[B, Hq, D]` at position `seq_lens[b] - 1` of row b; its own KV must already be in the cache.
 
     `counters`: a zeroed int32 buffer of >= B * Hkv entries (`tokenrouter.engine.attention.split_counters`) turns on the

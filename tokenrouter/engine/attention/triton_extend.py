@@ -44,22 +44,11 @@ def extend_tiling(max_q_len: int, group: int, config: KernelConfig) -> tuple[int
     return block_q, group_pad
 
 
-def extend_attention_triton(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    seq_lens: torch.Tensor,
-    scale: float,
-    *,
-    max_q_len: int | None = None,
-    out: torch.Tensor | None = None,
-    num_splits: int | None = None,
-    config: KernelConfig = EXTEND_CONFIG,
-    pdl: bool = False,
-    row_slots: torch.Tensor | None = None,
-) -> torch.Tensor:
+def extend_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                            cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, scale: float, *,
+                            max_q_len: int | None = None, out: torch.Tensor | None = None,
+                            num_splits: int | None = None, config: KernelConfig = EXTEND_CONFIG, pdl: bool = False,
+                            row_slots: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """Packed q `[T, Hq, D]`; row b owns tokens `cu_seqlens_q[b]:cu_seqlens_q[b+1]`, the last of which sits at
     position `seq_lens[b] - 1`. Tokens outside every row are left untouched in `out`."""
     num_rows = seq_lens.shape[0]

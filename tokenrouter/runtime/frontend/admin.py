@@ -16,8 +16,8 @@ Every change, the operator's and autotune's, goes through one `PolicyState` (one
 from the policy the previous one left and GET answers what is in force.
 
 `autotune` pauses and resumes autotune without a restart: a live study compares autotune with a static B on one
-server (two servers of one machine differ by 3-5%, as much as the gains compared), alternating autotune windows with
-paused windows under a static B; an operator freezes B during an incident. Combined with a policy change,
+server (two servers differ as much as the gains compared), alternating autotune and paused windows; an operator
+freezes B during an incident. Combined with a policy change,
 `{"autotune": false, "policy": "delayed", "thresholds": [2, 7]}` pauses first, then applies (no autotune change
 lands in between); `{"autotune": true, ...}` applies, then resumes from the policy now in force. A refused body
 changes nothing, the pause included.

@@ -85,9 +85,8 @@ class FrontendState:
     """What the OpenAI routes share, one per app (`app.state.frontend`). The routes are module-level functions that
     find it through `request.app`, so apps created in one process share nothing."""
 
-    def __init__(
-        self, server: ServerHandle, tokenizer, backend: Backend, metrics: FrontendMetrics, api_key: str | None
-    ) -> None:
+    def __init__(self, server: ServerHandle, tokenizer, backend: Backend, metrics: FrontendMetrics,
+                 api_key: str | None) -> None:  # fmt: skip
         self.server = server
         self.tokenizer = tokenizer
         self.backend = backend
@@ -168,9 +167,8 @@ async def auth(request: Request, call_next):
     if api_key is not None and path not in _OPEN_PATHS and not path.startswith("/admin/"):  # admin: own key
         got = request.headers.get("authorization", "")
         if not hmac.compare_digest(got.encode(), f"Bearer {api_key}".encode()):
-            return error_response(
-                401, "missing or invalid API key (Authorization: Bearer KEY)", None, "invalid_api_key"
-            )
+            return error_response(401, "missing or invalid API key (Authorization: Bearer KEY)", None,
+                                  "invalid_api_key")  # fmt: skip
     try:
         return await call_next(request)
     except Exception:

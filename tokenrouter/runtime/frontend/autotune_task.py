@@ -1,23 +1,16 @@
-"""Autotune in the front-end process (`policy.autotune`, `tr serve --autotune`).
+"""Autotune in the front-end process (`policy.autotune`, `tr serve --autotune`; docs/autotune.md).
 
-The front-end already receives every subserver's `Stats` (cumulative counters: committed tokens, hand-offs, steps
-per batch size with their busy time, the entry's live count) and every `Finished`; `AutotuneTask` snapshots them
-every `observe_s`, runs the core's `AutotuneController` (the object the simulator runs, with the same solve: the
-decider, `sim.autotune_solve`) in a worker thread whose solves run in a process of their own, so a solve stalls
-neither the subservers' serving loops nor this event loop, and applies a decision through the admin endpoint's
-path (`PolicyState.apply`: `SetPolicy` to every
-subserver, applied between steps, acknowledged). Each change is logged on `tokenrouter.autotune` with the old and
-new B, the estimates and the predicted gain, and counted in /metrics (`frontend.metrics.AutotuneCollector`).
+`AutotuneTask` snapshots the subservers' cumulative `Stats` and every `Finished` every `observe_s` and runs the
+core's `AutotuneController` (the simulator's, with the same solve, `sim.autotune_solve`) in a worker thread whose
+solves run in a process of their own, so a solve stalls neither the serving loops nor this event loop. A decision
+goes through the admin endpoint's path (`PolicyState.apply`: `SetPolicy` to every subserver, applied between
+steps, acknowledged), is logged on `tokenrouter.autotune` (old and new B, estimates, predicted gain) and counted
+in /metrics.
 
-A change an operator makes meanwhile (POST /admin/policy) wins: the controller follows it (`reset`) and a decision
-computed before it is dropped.
-
-An operator can pause autotune (POST /admin/policy {"autotune": false}) and resume it ({"autotune": true}) without
-a restart (a restart is a minute of CUDA-graph capture): a live study compares autotune with a static B on one
-server, alternating autotune windows with paused ones (two servers of one machine differ by 3-5%, as much as the
-gains compared), and an incident wants B frozen. Paused, rounds neither observe nor decide and a decision computed
-before the pause is dropped; resumed, the controller restarts from the policy in force then, as after an
-operator's change (`reset`).
+A change an operator makes meanwhile (POST /admin/policy) wins: the controller follows it (`reset`) and a
+decision computed before it is dropped. Paused (`{"autotune": false}`, `frontend.admin`), rounds neither observe
+nor decide and a decision computed before the pause is dropped; resumed, the controller restarts from the policy
+in force then (`reset`).
 """
 
 from __future__ import annotations
@@ -44,14 +37,8 @@ def snapshot(backend: Any, entry: int) -> CounterSnapshot | None:
         return None
     models = tuple(ModelCounters(s.tokens, s.hops, tuple(s.batch_steps), tuple(s.batch_rows), tuple(s.batch_ms))
                    for s in stats)  # fmt: skip
-    return CounterSnapshot(
-        models,
-        stats[entry].live,
-        backend.finished,
-        backend.finished_tokens,
-        backend.finished_tokens_sq,
-        tuple(backend.recent_outputs),
-    )
+    return CounterSnapshot(models, stats[entry].live, backend.finished, backend.finished_tokens,
+                           backend.finished_tokens_sq, tuple(backend.recent_outputs))  # fmt: skip
 
 
 class AutotuneTask:

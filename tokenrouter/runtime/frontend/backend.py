@@ -55,9 +55,8 @@ class Backend:
         self.drain_deadline: float | None = None
         self._started: dict[str, tuple[float, int]] = {}  # rid -> (submit time, prompt tokens), for the access log
         self.heartbeat_timeout_s, self.poll_s, self.clock = heartbeat_timeout_s, poll_s, clock
-        self.models = [
-            ModelState(n, int(c)) for n, c in zip(handle.model_names, handle.kv_capacity_tokens, strict=True)
-        ]
+        caps = handle.kv_capacity_tokens
+        self.models = [ModelState(n, int(c)) for n, c in zip(handle.model_names, caps, strict=True)]
         self.streams: dict[str, RequestStream] = {}
         self.on_stats: Callable[[P.Stats], None] | None = None
         self._ctx: zmq.asyncio.Context | None = None
@@ -79,9 +78,7 @@ class Backend:
         self._pull = self._ctx.socket(zmq.PULL)
         self._pull.setsockopt(zmq.LINGER, 0)
         self._pull.bind(self.handle.addresses.bind(self.handle.addresses.frontend))
-        self._push = self._ctx.socket(zmq.PUSH)
-        self._push.setsockopt(zmq.LINGER, 0)
-        self._push.connect(self.handle.addresses.entry_address(self.handle.entry))
+        self._push = self._push_socket(self.handle.addresses.entry_address(self.handle.entry), 0)
         self._tasks = [asyncio.create_task(self._reader()), asyncio.create_task(self._watchdog())]
 
     async def close(self) -> None:
@@ -138,9 +135,7 @@ class Backend:
 
     def abort_nowait(self, rid: str) -> None:
         """Tell the entry subserver to drop `rid` (it tells its peers and frees the KV); forget the stream.
-
-        Synchronous (a non-blocking send) so it can run in the `finally` of a cancelled SSE generator.
-        """
+        Synchronous (a non-blocking send) so it can run in the `finally` of a cancelled SSE generator."""
         stream = self.streams.pop(rid, None)
         if stream is None:
             return
@@ -201,9 +196,7 @@ class Backend:
         socks = []
         try:
             for addr in self.handle.addresses.subservers:
-                s = self._ctx.socket(zmq.PUSH)
-                s.setsockopt(zmq.LINGER, 1000)
-                s.connect(addr)
+                s = self._push_socket(addr, 1000)
                 socks.append(s)
                 await s.send_multipart([P.CTL, P.encode(msg)])
             _, pending = await asyncio.wait(futs.values(), timeout=timeout_s)
@@ -286,9 +279,14 @@ class Backend:
         if self._ctx is None or self._push is None:
             return
         self._push.close(linger=0)
-        self._push = self._ctx.socket(zmq.PUSH)
-        self._push.setsockopt(zmq.LINGER, 0)
-        self._push.connect(self.handle.addresses.entry_address(self.handle.entry))
+        self._push = self._push_socket(self.handle.addresses.entry_address(self.handle.entry), 0)
+
+    def _push_socket(self, address: str, linger_ms: int) -> zmq.asyncio.Socket:
+        assert self._ctx is not None
+        s = self._ctx.socket(zmq.PUSH)
+        s.setsockopt(zmq.LINGER, linger_ms)
+        s.connect(address)
+        return s
 
     def _seen(self, i: int) -> None:
         if 0 <= i < len(self.models):

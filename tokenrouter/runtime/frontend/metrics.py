@@ -1,10 +1,10 @@
-"""Prometheus metrics of one front-end app, in a registry of its own (no process globals, so two apps in one
-process, as in the tests, do not share or clash).
+"""Prometheus metrics of one front-end app, in a registry of its own (no process globals: two apps in one
+process, as in the tests, neither share nor clash).
 
-Per-model figures are read at scrape time from the last `Stats` heartbeat of each subserver (a custom
-collector), so they are exactly what the subserver reported: gauges for KV pages and queues (a subserver sends
-`Stats` within 50 ms of a change, not only on its heartbeat), counters for the cumulative tokens, hops, steps,
-rows, step time and busy time, and the derived mean batch size and step time.
+Per-model figures are read at scrape time from each subserver's last `Stats` (a custom collector), so they are
+exactly what it reported: gauges for KV pages and queues (`Stats` also follows a change, not only the
+heartbeat), counters for cumulative tokens, hops, steps, rows, step and busy time, and the mean batch size and
+step time derived from them.
 """
 
 from __future__ import annotations
@@ -117,9 +117,8 @@ class PolicyCollector(Collector):
         yield GaugeMetricFamily("tokenrouter_autotune_paused", "1 while autotune is paused (POST /admin/policy "
                                 "{\"autotune\": false}), else 0", value=float(self.autotune.paused))  # fmt: skip
         yield CounterMetricFamily("tokenrouter_autotune_changes", "B changes autotune applied", value=c.changes)
-        yield CounterMetricFamily(
-            "tokenrouter_autotune_solves", "solves autotune ran (simulator decisions)", value=c.solves
-        )
+        yield CounterMetricFamily("tokenrouter_autotune_solves", "solves autotune ran (simulator decisions)",
+                                  value=c.solves)  # fmt: skip
         yield CounterMetricFamily("tokenrouter_autotune_reverts", "B changes autotune undid because the new B "
                                   "measured slower (counted in changes too)", value=c.reverts)  # fmt: skip
         if self.autotune.last_gain is not None:
@@ -153,15 +152,10 @@ class FrontendMetrics:
     def __init__(self, backend: Backend) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(StatsCollector(backend))
-        self.requests = Counter(
-            "tokenrouter_http_requests",
-            "generation requests answered, by outcome: ok, error (4xx/5xx or an error mid-stream), aborted (the "
-            "client went away first)",
-            ["outcome"],
-            registry=self.registry,
-        )
+        self.requests = Counter("tokenrouter_http_requests", "generation requests answered, by outcome: ok, error "
+                                "(4xx/5xx or an error mid-stream), aborted (the client went away first)", ["outcome"],
+                                registry=self.registry)  # fmt: skip
         for outcome in ("ok", "error", "aborted"):
             self.requests.labels(outcome)
-        self.in_flight = Gauge(
-            "tokenrouter_http_requests_in_flight", "generation requests being answered", registry=self.registry
-        )
+        self.in_flight = Gauge("tokenrouter_http_requests_in_flight", "generation requests being answered",
+                               registry=self.registry)  # fmt: skip

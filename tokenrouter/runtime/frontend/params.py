@@ -26,37 +26,17 @@ class Limits:
 # Parameters of OpenAI's API (and vLLM's common extensions) that would change the output and are not
 # implemented. Clients often send them at their defaults, which are accepted; any other value is a 400 naming
 # the parameter rather than a silently different answer. An empty tuple: only null is accepted.
-_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "best_of": (1,),
-    "echo": (False,),
-    "suffix": ("",),
-    "frequency_penalty": (0, 0.0),
-    "presence_penalty": (0, 0.0),
-    "repetition_penalty": (1, 1.0),
-    "logit_bias": ({},),
-    "min_p": (0, 0.0),
-    "min_tokens": (0,),
-    "use_beam_search": (False,),
-    "length_penalty": (1, 1.0),
-    "include_stop_str_in_output": (False,),
-    "skip_special_tokens": (True,),
-    "prompt_logprobs": (),
-    "truncate_prompt_tokens": (),
-    "guided_json": (),
-    "guided_regex": (),
-    "guided_choice": (),
-    "guided_grammar": (),
-    "tools": ([],),
-    "tool_choice": ("none",),
-    "functions": ([],),
-    "function_call": ("none",),
-    "response_format": ({"type": "text"},),
-    "prediction": (),
-    "audio": (),
-    "modalities": (["text"],),
-    "reasoning_effort": (),
-    "web_search_options": (),
-}
+_UNSUPPORTED: dict[str, tuple[Any, ...]] = {"best_of": (1,), "echo": (False,), "suffix": ("",),
+                                            "frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0),
+                                            "repetition_penalty": (1, 1.0), "logit_bias": ({},), "min_p": (0, 0.0),
+                                            "min_tokens": (0,), "use_beam_search": (False,), "length_penalty": (1, 1.0),
+                                            "include_stop_str_in_output": (False,), "skip_special_tokens": (True,),
+                                            "prompt_logprobs": (), "truncate_prompt_tokens": (), "guided_json": (),
+                                            "guided_regex": (), "guided_choice": (), "guided_grammar": (),
+                                            "tools": ([],), "tool_choice": ("none",), "functions": ([],),
+                                            "function_call": ("none",), "response_format": ({"type": "text"},),
+                                            "prediction": (), "audio": (), "modalities": (["text"],),
+                                            "reasoning_effort": (), "web_search_options": ()}  # fmt: skip
 
 
 def _is_default(value: Any, defaults: tuple[Any, ...]) -> bool:
@@ -187,13 +167,6 @@ def sampling(req: CompletionRequest | ChatRequest, ids: list[int], lim: Limits, 
     stops = tuple(req.stop_token_ids or ())
     if any(t >= lim.vocab_size for t in stops):
         raise APIError(400, f"stop_token_ids must be ids of the vocabulary [0, {lim.vocab_size})", "stop_token_ids")
-    return P.Sampling(
-        temperature=1.0 if req.temperature is None else req.temperature,
-        top_p=1.0 if req.top_p is None else req.top_p,
-        top_k=top_k,
-        seed=req.seed,
-        max_tokens=max_tokens,
-        stop_token_ids=stops,
-        ignore_eos=bool(req.ignore_eos),
-        logprobs=logprobs(req),
-    )
+    return P.Sampling(temperature=1.0 if req.temperature is None else req.temperature,
+                      top_p=1.0 if req.top_p is None else req.top_p, top_k=top_k, seed=req.seed, max_tokens=max_tokens,
+                      stop_token_ids=stops, ignore_eos=bool(req.ignore_eos), logprobs=logprobs(req))  # fmt: skip

@@ -76,19 +76,9 @@ class DrainingServer(uvicorn.Server):
             log.info("%s at http://%s:%d%s", self.ready_line, self.config.host, port, took)
 
 
-def serve_http(
-    server: ServerHandle,
-    *,
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    api_key: str | None = None,
-    tokenizer,
-    heartbeat_timeout_s: float = 10.0,
-    shutdown_timeout_s: float = 30.0,
-    access_log: bool = True,
-    t0: float | None = None,
-    admin_key: str | None = None,
-) -> None:
+def serve_http(server: ServerHandle, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
+               tokenizer, heartbeat_timeout_s: float = 10.0, shutdown_timeout_s: float = 30.0, access_log: bool = True,
+               t0: float | None = None, admin_key: str | None = None) -> None:  # fmt: skip
     """Serve the OpenAI API for `server` until SIGINT/SIGTERM (drained, see the module doc) or until the launcher
     gives up (`server.add_fatal_listener`, when the handle has it), then call `server.stop()` (always, once).
 
