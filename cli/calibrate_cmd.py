@@ -69,11 +69,21 @@ MaxTokens = Annotated[
     ),
 ]
 MaxDecode = Annotated[int, typer.Option(help="Largest decode batch measured.")]
-CorunSmall = Annotated[str, typer.Option(help="Passes of the small model in the co-run grid, in tokens: decode "
-                                           "batches up to 64, larger values passes of 12-token peer returns.")]
-CorunLarge = Annotated[str, typer.Option(help="Passes of the large model in the co-run grid, in tokens: decode "
-                                           "batches up to 64, larger values passes of 12-token peer returns (what "
-                                           "the large model runs when the small one's runs come back).")]
+CorunSmall = Annotated[
+    str,
+    typer.Option(
+        help="Passes of the small model in the co-run grid, in tokens: decode "
+        "batches up to 64, larger values passes of 12-token peer returns."
+    ),
+]
+CorunLarge = Annotated[
+    str,
+    typer.Option(
+        help="Passes of the large model in the co-run grid, in tokens: decode "
+        "batches up to 64, larger values passes of 12-token peer returns (what "
+        "the large model runs when the small one's runs come back)."
+    ),
+]
 Device = Annotated[str, typer.Option(help="cuda, or cpu (tiny models: a check of the tool, not a profile).")]
 Deadline = Annotated[
     float | None, typer.Option(help="Stop starting new measurements after this many seconds (resume later).")
