@@ -51,7 +51,8 @@ def main() -> None:
     with sim_pool(args.j) as pool:
         for hop in [float(x) for x in args.hops.split(",")]:
             for n in [int(x) for x in args.n.split(",")]:
-                cfg, _ = sim_config(DeploymentFlags(None, DeploymentOverrides(hop_rate=hop)), concurrency=n)
+                flags = DeploymentFlags(None, DeploymentOverrides(hop_rate=hop))
+                cfg, _ = sim_config(flags.resolve(), flags.b_choice, concurrency=n)
                 t0 = time.monotonic()
                 choice = decide(cfg, n, pool=pool)
                 secs = time.monotonic() - t0

@@ -38,7 +38,6 @@ from tokenrouter.sim.tune_layouts import (
     candidate_specs,
     parse_placement,
     tune_candidates,
-    tuning_flags,
 )
 
 HERE = Path(__file__).parent
@@ -87,10 +86,12 @@ def cell(args: tuple[str, float, float, str, list[int]]) -> dict:
     pair, hop, slo, prices_file, ns = args
     small, large = PAIRS[pair]
     t0 = time.monotonic()
-    flags = tuning_flags(DeploymentFlags(None, DeploymentOverrides(small=small, large=large, hop_rate=hop)))
-    specs = candidate_specs([parse_placement(p) for p in PLACEMENTS], [None], flags.resolve(), 2)
-    cands = tune_candidates(flags, specs, ns, workload="low-effort", num_requests=0, top=1, seed=0, max_output=None,
-                            usd=candidate_prices(flags, specs, load_gpu_prices(prices_file)),
+    # as `trsim tune` starts: delayed, with no thresholds given (B is what it chooses)
+    ov = DeploymentOverrides(small=small, large=large, hop_rate=hop, policy="delayed", thresholds=None)
+    base = DeploymentFlags(None, ov).resolve()
+    specs = candidate_specs([parse_placement(p) for p in PLACEMENTS], [None], base, 2)
+    cands = tune_candidates(base, specs, ns, workload="low-effort", num_requests=0, top=1, seed=0, max_output=None,
+                            usd=candidate_prices(base, specs, load_gpu_prices(prices_file)),
                             target=Objective(slo), stop_at_miss=True)  # fmt: skip
     return {
         "small": small,

@@ -74,13 +74,12 @@ def tune_layout(lay: Layout, a: argparse.Namespace, ns: list[int]) -> Candidate:
     flags = DeploymentFlags(None, ov)
     points, cfg = [], None
     for n in ns:
-        cfg, _ = sim_config(flags, concurrency=n, workload=a.workload, num_requests=max(32, 4 * n), seed=0,
-                            max_output=a.max_output)  # fmt: skip
+        cfg, _ = sim_config(flags.resolve(), flags.b_choice, concurrency=n, workload=a.workload,
+                            num_requests=max(32, 4 * n), seed=0, max_output=a.max_output)  # fmt: skip
         points.append(tune_point(cfg, n))
     assert cfg is not None
     dep = copy.deepcopy(cfg.deployment)
-    dep.policy.table = {p.concurrency: list(p.best) for p in points}
-    dep.policy.thresholds = list(points[-1].best)
+    dep.policy = dep.policy.with_thresholds(points[-1].best, {p.concurrency: p.best for p in points})
     dep.notes = {"tuned_by": "studies/two_gpus/run.py (trsim tune's tune_point)", "layout": str(lay),
                  "points": [{"N": p.concurrency, "B": list(p.best), "sim_tok_s": round(p.best_throughput, 1)}
                             for p in points]}  # fmt: skip
