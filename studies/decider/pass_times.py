@@ -58,22 +58,10 @@ def load(srv, client, n: int, reqs: int, output: int, tag: str) -> tuple[float, 
     from tokenrouter.workloads import RequestSpec, request_ids, request_seed
 
     specs = [RequestSpec(f"{tag}-r{i}", 100, output, None) for i in range(reqs)]
-    sent = ended = 0
+    jobs = [(s.rid, request_ids(s, 0), P.Sampling(temperature=0.0, max_tokens=output, ignore_eos=True,
+                                                   seed=request_seed(s, 0))) for s in specs]  # fmt: skip
     t0 = time.monotonic()
-
-    def send(s: RequestSpec) -> None:
-        sp = P.Sampling(temperature=0.0, max_tokens=output, ignore_eos=True, seed=request_seed(s, 0))
-        client.submit(s.rid, request_ids(s, 0), sp)
-
-    while sent < min(n, reqs):
-        send(specs[sent])
-        sent += 1
-    while ended < reqs:
-        client.until(lambda ev: isinstance(ev, P.Finished), 300)
-        ended += 1
-        if sent < reqs:
-            send(specs[sent])
-            sent += 1
+    client.closed_loop(jobs, n)
     return t0, time.monotonic(), reqs * output
 
 

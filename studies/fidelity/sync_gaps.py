@@ -35,22 +35,9 @@ def run(config: Path, out: Path, device: str, output_len: int) -> None:
             try:
                 for n, reqs in ((1, 8), (8, 16)):
                     specs = [RequestSpec(f"n{n}-r{i}", 100, output_len, None) for i in range(reqs)]
-                    sent = ended = 0
-
-                    def send(s: RequestSpec, client: RuntimeClient = client) -> None:
-                        sp = P.Sampling(temperature=0.0, max_tokens=output_len, ignore_eos=True,
-                                        seed=request_seed(s, 0))  # fmt: skip
-                        client.submit(s.rid, request_ids(s, 0), sp)
-
-                    while sent < min(n, reqs):
-                        send(specs[sent])
-                        sent += 1
-                    while ended < reqs:
-                        client.until(lambda ev: isinstance(ev, P.Finished), 300)
-                        ended += 1
-                        if sent < reqs:
-                            send(specs[sent])
-                            sent += 1
+                    client.closed_loop([(s.rid, request_ids(s, 0), P.Sampling(
+                        temperature=0.0, max_tokens=output_len, ignore_eos=True, seed=request_seed(s, 0)))
+                        for s in specs], n)  # fmt: skip
                     (run_dir / f"n{n}.done").write_text("")
             finally:
                 client.close()

@@ -48,6 +48,21 @@ class RuntimeClient:
             if pred(ev):
                 return out
 
+    def closed_loop(self, jobs: Sequence[tuple[str, Sequence[int], P.Sampling]], concurrency: int,
+                    timeout_s: float = 300.0) -> None:  # fmt: skip
+        """Run `jobs` (rid, prompt ids, sampling) as `concurrency` closed-loop clients: the first `concurrency` at
+        once, then one more each time a request finishes, until all have (studies' loads without HTTP)."""
+        sent = ended = 0
+        while sent < min(concurrency, len(jobs)):
+            self.submit(*jobs[sent])
+            sent += 1
+        while ended < len(jobs):
+            self.until(lambda ev: isinstance(ev, P.Finished), timeout_s)
+            ended += 1
+            if sent < len(jobs):
+                self.submit(*jobs[sent])
+                sent += 1
+
     def close(self) -> None:
         self.pull.close(linger=0)
         self.push.close()
