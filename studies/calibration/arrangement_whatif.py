@@ -10,7 +10,6 @@ from __future__ import annotations
 import msgspec
 
 from tokenrouter.calibration import load_profile
-from tokenrouter.calibration.measured import CoRunGrid
 from tokenrouter.deploy import DeploymentOverrides, resolve_deployment
 from tokenrouter.sim.run import SimConfig, run_sim
 
@@ -21,7 +20,8 @@ def with_arrangement(name: str):
     for g in prof.colocation:
         if g.arrangement == "mps" and (g.model_a, g.model_b) == ("qwen3-0.6b", "qwen3-32b"):
             alt = next(x for x in prof.colocation if x.arrangement == name and x.model_a == g.model_a)
-            grids.append(CoRunGrid(**{**{f: getattr(g, f) for f in g.__struct_fields__}, "shares": alt.shares}))
+            # the arrangement's grid whole (its own batch axes and references), priced where the MPS grid was
+            grids.append(msgspec.structs.replace(alt, arrangement="mps"))
         elif g.arrangement == "mps":
             grids.append(g)
     return msgspec.structs.replace(prof, colocation=grids)
