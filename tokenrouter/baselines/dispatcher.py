@@ -37,7 +37,7 @@ from tokenrouter.core.request import Request, SamplingParams
 from tokenrouter.deploy.builder import build_router
 from tokenrouter.runtime import protocol as P
 from tokenrouter.runtime.logs import JsonlLog
-from tokenrouter.runtime.sockets import push_socket
+from tokenrouter.runtime.sockets import drain, push_socket
 from tokenrouter.runtime.supervision import start_child
 
 log = logging.getLogger(__name__)
@@ -115,13 +115,7 @@ class Dispatcher:
     # ---- the loop -----------------------------------------------------------------------------------------------
     def run(self) -> None:
         while not self.stopping:
-            if not self.pull.poll(200):
-                continue
-            while True:
-                try:
-                    chan, data = self.pull.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
+            for chan, data in drain(self.pull, 200):
                 if chan == P.CTL:
                     self.handle(self.dec.decode(data), time.monotonic())
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import zmq
 
 
@@ -22,3 +24,15 @@ def send_once(ctx: zmq.Context, addr: str, frames: list[bytes], *, linger_ms: in
     s = push_socket(ctx, addr, linger_ms=linger_ms)
     s.send_multipart(frames)
     s.close()
+
+
+def drain(sock: zmq.Socket, timeout_ms: int) -> Iterator[list[bytes]]:
+    """The messages that arrived on `sock` within `timeout_ms`, then every one already queued behind them, without
+    blocking again: a loop handles a burst in one pass and returns to its other duties (heartbeats, `stopping`)."""
+    if not sock.poll(timeout_ms):
+        return
+    while True:
+        try:
+            yield sock.recv_multipart(zmq.NOBLOCK)
+        except zmq.Again:
+            return

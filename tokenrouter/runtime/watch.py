@@ -25,7 +25,7 @@ from tokenrouter.core.config import DeploymentConfig
 from tokenrouter.runtime import protocol as P
 from tokenrouter.runtime.addresses import Addresses
 from tokenrouter.runtime.cluster import Cluster
-from tokenrouter.runtime.sockets import push_socket, send_once
+from tokenrouter.runtime.sockets import drain, push_socket, send_once
 from tokenrouter.runtime.supervision import describe_exit, exit_reason
 
 Listener = Callable[[P.Ready | P.Stats | P.Failed], None]
@@ -85,13 +85,7 @@ class Supervisor:
 
     def poll_control(self, timeout_ms: int) -> None:
         """Handle what arrived on the launcher's socket within `timeout_ms`: JOIN frames, Ready/Stats/Failed."""
-        if not self._pull.poll(timeout_ms):
-            return
-        while True:
-            try:
-                chan, data = self._pull.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
+        for chan, data in drain(self._pull, timeout_ms):
             if chan == P.JOIN:
                 if self.cluster is not None:
                     self.addresses = self.cluster.on_join(data)
