@@ -1,18 +1,11 @@
 """Fast path of the host planner for the common serving step: every row a fresh single-token decode row whose
 request already holds a page-table slot, all fitting one graph bucket.
 
-The result equals `step_plan.plan_step(..., fast=False)`'s for the same batch and state (a test compares them).
-For any other row (stale, several tokens, no slot yet, a slot to rewrite, a failed check, a from_prev row whose
-ledger entry does not match) `plan_decode` returns None before touching any state, the RNG or the staging buffer,
-and the general planner runs (raising the BatchError that names a bad row).
-
-Checks implied here rather than repeated:
-- pages: a row's existing pages were checked when written (PageTable invariant: `written` leading entries equal
-  the request's pages unless the O(1) probes differ, which sends the row off this path); new pages go through
-  `PageTable.plan_pages`, as in the general path;
-- a request in two rows: a row stays here only when its request owns its slot, so two rows of one request share
-  a slot (one set size comparison);
-- the page-table width: the row's position is below max_context_len, which sizes the table (checked anyway).
+The result equals `step_plan.plan_step(..., fast=False)`'s (a test compares them). For any other row (stale,
+several tokens, no slot yet, a slot to rewrite, a failed check, a from_prev row whose ledger does not match)
+`plan_decode` returns None before touching any state, the RNG or the staging buffer, and the general planner runs.
+Implied checks: existing pages by the PageTable invariant (new ones through `plan_pages`); a request in two rows
+by the slot count; the table width by max_context_len.
 """
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
-"""`StepForward`: the device side of one pass of a step, shared by the graph body and the eager (varlen) pass.
+"""`StepForward`: the device side of one pass of a step, shared by the graph bodies and the eager (varlen) pass.
 
-One pass = prologue (page-table writes, from_prev tokens) -> model forward -> logits of the pass's logit rows
--> sampling (tokens into the engine's output buffer and the requests' slots) -> the router's device part
-(destinations into the output buffer). The graph part writes its outputs at offset 0 of the output buffer,
-the eager part at `engine.eager_out_base`; both read and write only their own requests' slots, so their order
-within a step does not matter. On CUDA (or with ops_backend="triton") prologue and sampling are one Triton
-kernel each (`triton_step`); otherwise the same definitions run as torch ops (`sampler.sample_rows`).
+One pass = prologue (page-table writes, from_prev tokens) -> forward -> logits of the logit rows -> sampling
+(into the output buffer and the requests' slots) -> the router's device part. The graph part writes outputs at
+offset 0, the varlen part at `engine.eager_out_base`; each touches only its own requests' slots, so their order
+within a step does not matter. Prologue and sampling are one Triton kernel each with the Triton ops
+(`triton_step`), torch ops otherwise (`sampler`).
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""Co-location options of one engine: its CUDA stream (priority, or a green context's SM partition) and the
-MPS share that must be set before CUDA starts.
-
-Two engines on one GPU compete for SMs and bandwidth (studies/calibration/README.md). Three knobs move that trade:
-- stream priority (one process, several engines): `EngineConfig.stream_priority`, lower = higher priority;
-- a green context (torch >= 2.11): the engine's stream runs on `green_context_sms` SMs only;
-- CUDA MPS (one process per engine): `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` in the client's environment before
-  CUDA initializes; `EngineConfig.mps_environment()` gives the launcher the variables, and the engine checks.
+"""Co-location options of one engine (docs/engine.md, Start-up and memory): its CUDA stream (priority, or a green
+context's SM partition) and the MPS share, which the launcher must set before CUDA starts
+(`EngineConfig.mps_environment()`); the engine only checks it.
 """
 
 from __future__ import annotations

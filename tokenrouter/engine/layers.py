@@ -1,11 +1,9 @@
 """Building blocks of the decoder: RMSNorm, rotary embedding, fused linear layers, SwiGLU.
 
-Parameters are allocated uninitialized, directly on the target device and dtype (a 32B model must not be
-built on the host first); the loader or the dummy initializer fills them. The torch paths follow HF
-transformers op for op (RMSNorm in float32, cos/sin computed in float32 and cast to the activation dtype),
-so fp32 outputs match HF to rounding. With `use_triton` (the CUDA default) the small elementwise stages run
-as single Triton kernels (`triton_ops`), with the same rounding points. With a `GemvState` attached (engine
-switch `triton_gemv`), the linear layers of small graph steps run as the Triton skinny GEMM (`triton_gemv`).
+Parameters are allocated uninitialized on the target device and dtype (a 32B model must not be built on the
+host first). The torch paths follow HF transformers op for op (fp32 outputs match HF to rounding); with
+`use_triton` the elementwise stages run as Triton kernels (`triton_ops`) with the same rounding points, and with a
+`GemvState` attached the linear layers of small graph steps run as the skinny GEMM (`triton_gemv`).
 """
 
 from __future__ import annotations

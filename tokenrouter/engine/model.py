@@ -1,18 +1,15 @@
 """Decoder-only causal LM: Qwen3 dense, with Qwen2 and Llama as configuration variants.
 
-Layer: x -> RMSNorm -> fused qkv -> (q/k RMSNorm, Qwen3) -> RoPE -> store K/V in the paged cache ->
-paged attention -> o_proj -> +residual -> RMSNorm -> fused gate|up -> SiLU(gate)*up -> down -> +residual.
-Each residual add is fused into the RMSNorm that follows it; on CUDA q/k-norm + RoPE + KV store is one
-kernel (`triton_ops`), so a decode layer is 9 launches: 4 GEMMs, 2 norms, 1 rope/store, 1 attention (splits
-merged in-kernel; 10 with the separate split reduce), 1 SwiGLU; with the skinny GEMM (`attach_gemv`, graph
-bodies only) SwiGLU rides in the down projection: 8; for one-row steps the two norms ride in the qkv and gate|up
-projections too (`MergedLinear.forward_norm`): 6. With `forward_stream` + `compute_logits(
-hidden, residual, index)` the embedding lookup rides in the first layer's norm and the last residual add,
-the logit-row gather and the final norm are one kernel.
+Layer: x -> RMSNorm -> fused qkv -> (q/k RMSNorm, Qwen3) -> RoPE -> paged KV store -> paged attention -> o_proj
+-> +residual -> RMSNorm -> fused gate|up -> SiLU(gate)*up -> down -> +residual. Each residual add is fused into
+the RMSNorm after it; with the Triton ops q/k-norm + RoPE + KV store is one kernel, the skinny GEMM
+(`attach_gemv`, graph bodies) folds SwiGLU and, for one-row steps, the norms into the projections
+(`MergedLinear.forward_norm`); `forward_stream` + `compute_logits(hidden, residual, index)` fold the embedding
+lookup and the final add + logit-row gather + norm into norm kernels.
 
-Invariants: every tensor of a forward is packed over the step's tokens ([T, ...]); the forward never syncs
-with the host and never allocates depending on tensor values, so the same code runs eagerly and under
-CUDA-graph capture. The LM head is applied only to the rows a step samples (`compute_logits`).
+Invariants: every tensor of a forward is packed over the step's tokens ([T, ...]); the forward never syncs with
+the host and never allocates depending on tensor values (eager and CUDA-graph capture run the same code). The LM
+head is applied only to the rows a step samples.
 """
 
 from __future__ import annotations

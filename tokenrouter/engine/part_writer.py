@@ -1,15 +1,10 @@
-"""Packing one part of a step (`step_plan`): the fields of its rows, written into its share of the staging buffer as
-`inputs.Layout` lays them out.
+"""Packing one part of a step (`step_plan`) into its share of the staging buffer, as `inputs.Layout` lays it out.
 
-A part is the graph part (`virtual`: one decode attention row per token, one logit row per batch row) or the
-varlen part (one attention row per batch row, logit rows for sampled rows only; a varlen graph's padding rows are
--1 in the part's row list). The writer goes over the rows once, in attention-row order:
-- token-level fields (`_Tokens`): rows of up to `_SMALL` tokens (decode rows, peer returns) queue in Python lists
-  that are flushed with one numpy conversion per field; a longer row (a prefill chunk) first flushes what is
-  queued, then goes in as numpy slices, so the buffer always fills in token order;
-- row-level fields (`_Rows`): attention rows (cu_seqlens, seq_lens, row slots) and logit rows (index, out slot,
-  sample position, sampling and log-probability requests), written once after the pass.
-Greedy rows touch no sampling field: the zeroed buffer already says greedy. Errors name the row (BatchError)."""
+The graph part is `virtual` (one decode attention row per token); the varlen part has one attention row per batch
+row, logit rows for sampled rows only, and -1 in its row list for a varlen graph's padding rows. Token fields of
+short rows (up to `_SMALL` tokens) queue in Python lists flushed with one numpy conversion per field; a longer row
+flushes the queue first and goes in as numpy slices, so the buffer fills in token order. Greedy rows touch no
+sampling field (the zeroed buffer says greedy). Errors name the row (BatchError)."""
 
 from __future__ import annotations
 

@@ -1,30 +1,19 @@
 """Triton skinny GEMM for the linear layers of small decode steps: y[M, N] = x[M, K] @ W[N, K]^T (+ bias).
 
-Why: at decode the four projections of a layer stream their weights once per step, and a GEMV we own beat
-cuBLAS there (docs/engine.md, Measured choices); owning it also folds SwiGLU into the down projection and the
-residual add + RMSNorm into the projections after them, and gives every projection programmatic dependent launch.
+Why: at decode the projections stream their weights once per step, and a GEMV we own beat cuBLAS there
+(docs/engine.md, Measured choices); it also folds SwiGLU into the down projection and residual add + RMSNorm into
+the projections after them, with programmatic dependent launch throughout.
 
-Design (one launch per projection, graph-safe: the grid and every constexpr depend only on shapes):
-- Grid (cdiv(N, BLOCK_N), split_k). A program owns BLOCK_N weight rows and a K slice; it loads each weight tile
-  once and applies it to all M <= 16 input rows, so every weight byte is read once per call. fp32 accumulation.
-- Two inner products (`GemvConfig.dot`): FMA (M <= FMA_MAX_ROWS): CUDA-core multiply-adds into a register tile,
-  reduced over K at the end; DOT (more rows): `tl.dot(W_tile, x_tile^T)` on tensor cores, token rows padded to
-  16 (masked, never loaded).
-- split_k > 1 (tall K, few N tiles): each program stores its fp32 partial to a workspace, passes a CTA barrier
-  and bumps the tile's int32 arrival counter (acq_rel, GPU scope); the last arrival sums the partials in split
-  order (deterministic), adds the bias, writes y and resets the counter. Counters are zero before a launch and
-  after it (a per-engine buffer, like the attention merge's).
-- `silu=True`: x is a fused gate|up output [M, 2K]; the kernel forms SiLU(gate) * up with HF's rounding points
-  (the `silu_and_mul` kernel's).
-- `pdl=True` (sm_90+): weights do not depend on the previous kernel, so with `prefetch` each program first asks
-  L2 for the first bytes of its weight rows (up to 32 KB), then waits (`griddepcontrol.wait`) before touching x,
-  the workspace or the counters; with `preload` (PRE_TILES) it loads its weight tiles into registers before the
-  wait instead and applies them in the loop's order afterwards (bit-identical).
-- `norm=`: x is RMSNorm(x (+ residual)); every program reduces each row's RMS as `triton_ops.rms_norm` does
-  (same rounding) and one program writes the new residual stream.
-
-Configs: `gemv_config(M, N, K)` picks from a small table keyed by (N, K) or a shape rule; no autotuning at run
-time (graph capture must see fixed kernels). Import only where kernels run (CUDA, or TRITON_INTERPRET=1 tests).
+Design (one launch per projection, graph-safe: grid and constexprs depend only on shapes):
+- Grid (cdiv(N, BLOCK_N), split_k): a program owns BLOCK_N weight rows and a K slice and applies each weight tile
+  to all M <= 16 rows (every weight byte read once), fp32 accumulation; FMA on CUDA cores for M <= FMA_MAX_ROWS,
+  else `tl.dot` on tensor cores with rows padded to 16.
+- split_k > 1: partials go to a workspace; the last arrival at the tile's counter (acq_rel, GPU scope, after a CTA
+  barrier) sums them in split order (deterministic), adds the bias and resets the counter (zero before and after).
+- `silu` / `norm`: x is SiLU(gate) * up, or RMSNorm(x (+ residual)), rounded as `silu_and_mul` / `rms_norm` do.
+- `pdl`: weights do not depend on the previous kernel, so `prefetch` (L2) or `preload` (registers, applied in the
+  loop's order: bit-identical) fetches them before `griddepcontrol.wait`.
+Configs come from a table or a shape rule (`gemv_config`); no autotuning (graph capture needs fixed kernels).
 """
 
 from __future__ import annotations

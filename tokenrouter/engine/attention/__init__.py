@@ -1,14 +1,9 @@
 """Paged attention for the engine: KV store, decode and extend/prefill, with a torch oracle and Triton kernels.
 
-KV layout (fixed contract with the model code): per layer `k_cache`, `v_cache` of shape
-`[num_pages, page_size, num_kv_heads, head_dim]`; token `pos` of a request lives in page
-`block_table[pos // page_size]` at offset `pos % page_size`; page 0 is the null page padded rows write to.
-
-Backends: "torch" (reference, runs anywhere, not graph-capturable), "triton" (GPU, or the CPU interpreter
-when TRITON_INTERPRET=1 was set before the kernels were imported), "auto" (triton for CUDA tensors,
-otherwise torch unless TRITON_INTERPRET=1). The Triton modules are imported lazily so CPU-only installs
-without triton work. `python -m tokenrouter.engine.aot_check` compiles the kernels for sm_90 on a
-machine without a GPU (registers, spills, pipelining).
+KV layout: see `kv_store`. Backends: "torch" (reference, runs anywhere, not graph-capturable), "triton" (GPU, or
+the CPU interpreter when TRITON_INTERPRET=1 was set before import), "auto" (triton for CUDA tensors, else torch
+unless TRITON_INTERPRET=1). The Triton modules are imported lazily; `python -m tokenrouter.engine.aot_check`
+compiles them for sm_90 without a GPU.
 """
 
 from __future__ import annotations

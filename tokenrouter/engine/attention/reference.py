@@ -1,8 +1,6 @@
-"""Pure-torch paged attention: the oracle for the Triton kernels and the CPU execution path.
-
-Deliberately simple: per row, gather the row's pages into dense K/V, expand KV heads for GQA, and run a
-float32 (float64 for float64 inputs) masked softmax. It reads `seq_lens`/`cu_seqlens_q` on the host, so it
-is not CUDA-graph capturable; it is not meant to be fast.
+"""Pure-torch paged attention: the oracle for the Triton kernels and the CPU execution path. Per row it gathers
+the pages into dense K/V and runs a float32 (float64 for float64 inputs) masked softmax; it reads `seq_lens` on
+the host, so it is not CUDA-graph capturable.
 """
 
 from __future__ import annotations
