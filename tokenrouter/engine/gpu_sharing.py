@@ -33,14 +33,10 @@ def make_stream(device: torch.device, priority: int = 0, green_sms: int | None =
     return stream, gc
 
 
-def check_mps(percentage: int | None) -> str | None:
-    """A warning when the configured MPS share is not what this process's environment says (None if fine)."""
-    if percentage is None:
-        return None
+def check_mps(percentage: int | None) -> None:
+    """Warn when the configured MPS share is not what this process's environment says."""
     have = os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
-    if have != str(percentage):
-        msg = (f"mps_active_thread_percentage={percentage} but CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={have!r} in this "
-               "process: the launcher must set it (EngineConfig.mps_environment()) before CUDA starts")  # fmt: skip
-        log.warning(msg)
-        return msg
-    return None
+    if percentage is not None and have != str(percentage):
+        log.warning("mps_active_thread_percentage=%s but CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=%r in this process: "
+                    "the launcher must set it (EngineConfig.mps_environment()) before CUDA starts",
+                    percentage, have)  # fmt: skip

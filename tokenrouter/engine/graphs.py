@@ -9,7 +9,6 @@ are per instance. With `capture=False` the same padded path runs eagerly (CPU te
 
 from __future__ import annotations
 
-import bisect
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -51,14 +50,6 @@ class GraphRunner:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.pool = pool
         self.capture_s = 0.0
-
-    @property
-    def max_tokens(self) -> int:
-        return self.buckets[-1]
-
-    def bucket_for(self, num_tokens: int) -> int | None:
-        i = bisect.bisect_left(self.buckets, num_tokens)
-        return self.buckets[i] if i < len(self.buckets) else None
 
     @property
     def nbytes(self) -> int:

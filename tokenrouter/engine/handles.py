@@ -53,12 +53,8 @@ class HostExtras:
 
 
 class StepHandle:
-    """Completion of one step. `ready()` polls, `wait()` blocks on this step's event only, `result()` returns
-    the `StepResult` on the host: `next_token_ids` (int64 [rows]; -1 for skipped rows and rows that sample
-    nothing), `destinations` (int64 [rows], the router's device part; None without one), `logits` /
-    `hidden` of the sampled rows only (`sampled_rows` says which, batch order), when asked, and `logprobs`
-    (one entry per row: `TokenLogprobs` for the sampled rows whose request asks, else None; None when no row
-    asked)."""
+    """Completion of one step (docs/engine.md, Steps and handles): `ready()` polls, `wait()` blocks on this step's
+    event only, `result()` returns the host `StepResult` (`destinations` None without a router)."""
 
     __slots__ = ("_cache", "_event", "_extra", "_host", "_ring_slot", "batch", "destinations_on", "eager_tokens",
                  "gpu_end", "gpu_start", "graph_bucket", "graph_rows", "launch_s", "logprob_rows", "num_tokens",

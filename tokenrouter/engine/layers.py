@@ -80,27 +80,20 @@ class GemvState:
     enabled: bool = False
     max_rows: int = 8
     pdl: bool = False
-    # L2 prefetch of the first weight bytes before the PDL wait: off by default, the b=1 step was slower with it
-    # at every Qwen3 size (docs/engine.md, Measured choices).
-    prefetch: bool = False
     active: bool = False
-    # Fold SiLU(gate)*up into the down projection only up to this intermediate size: the fold saves a launch
-    # at small K but is slower than the separate SwiGLU kernel + GEMM at large K (docs/engine.md, Measured choices).
-    silu_fold_max_k: int = 4096
-    # Each program loads its first weight tiles into registers before the PDL wait, so the weight stream starts
-    # while the previous kernel runs (the arithmetic and its order are unchanged); inputs of up to
-    # `preload_max_rows` rows only: it shortened the FMA path (M = 1) and lengthened the tensor-core path
-    # (M = 8) on the H200 (docs/engine.md, Measured choices).
+    # The limits below are measured on the H200 (docs/engine.md, Measured choices).
+    prefetch: bool = False  # L2 prefetch of the first weight bytes before the PDL wait (slower at b=1)
+    silu_fold_max_k: int = 4096  # SiLU(gate)*up folded into the down projection up to this K (slower above)
+    # Weight tiles loaded into registers before the PDL wait (same arithmetic and order), only for inputs of up to
+    # `preload_max_rows` rows: faster on the FMA path, slower on the tensor-core path.
     preload: bool = False
     preload_max_rows: int = 1
-    # Residual add + RMSNorm ride in the qkv and gate|up projections that follow them (every program recomputes
-    # the rows' RMS, which is cheap only while the hidden size and the rows are small): two launches fewer per
-    # layer. Up to `norm_fold_max_rows` rows: at M = 8 the fold lengthened the step.
+    # Residual add + RMSNorm in the qkv and gate|up projections (every program recomputes the rows' RMS, cheap only
+    # while hidden size and rows are small): two launches fewer per layer.
     fold_norm: bool = False
     norm_fold_max_k: int = 4096
     norm_fold_max_rows: int = 1
-    # The LM head of graph steps of up to `preload_max_rows` rows through the skinny GEMM instead of cuBLAS.
-    lm_head: bool = False
+    lm_head: bool = False  # the LM head of graph steps of up to `preload_max_rows` rows through the skinny GEMM
 
     def applies(self, x: torch.Tensor) -> bool:
         return self.enabled and self.active and 0 < x.shape[0] <= self.max_rows
@@ -126,11 +119,9 @@ class GemvState:
 class MergedLinear(nn.Module):
     """Several projections that read the same input, stored as one [sum(out), in] weight: one matmul.
 
-    `shards` names the checkpoint projections in output order (e.g. q, k, v) with their full (tp=1) output sizes,
-    so the loader can copy each HF tensor into its row slice. `parallel` (tensor parallelism, `engine.parallel`):
-    None keeps the whole layer; a `Shard` along dim 0 makes it column-parallel (this rank holds its piece of every
-    projection's output rows, in shard order), along dim 1 row-parallel (its piece of the input columns; the output
-    is a partial sum the caller all-reduces, and the bias is added by the rank of piece 0 only).
+    `shards` names the checkpoint projections in output order (e.g. q, k, v) with their full (tp=1) output sizes.
+    `parallel`: None keeps the whole layer; a `Shard` along dim 0 makes it column-parallel (this rank's piece of
+    every projection's rows), along dim 1 row-parallel (a partial sum the caller all-reduces; piece 0 adds the bias).
     """
 
     def __init__(self, in_features: int, shards: list[tuple[str, int]], *, bias: bool, device: torch.device,
@@ -215,10 +206,7 @@ class MergedLinear(nn.Module):
 
 
 class RotaryEmbedding(nn.Module):
-    """NeoX-style RoPE (rotate halves) with a cos/sin table for positions 0..max_positions-1.
-
-    The table is float32 [max_positions, head_dim] (cos | sin halves) so a step only gathers rows by position.
-    """
+    """NeoX-style RoPE (rotate halves); a float32 cos | sin table [max_positions, head_dim] gathered by position."""
 
     def __init__(self, head_dim: int, theta: float, max_positions: int, *, device: torch.device) -> None:
         super().__init__()

@@ -25,12 +25,13 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from tokenrouter.engine.attention.triton_common import DEFAULT_NUM_SMS
+from tokenrouter.engine.attention.triton_common import num_sms as device_sms
 from tokenrouter.engine.triton_ops import pdl_kwargs
 
 MAX_ROWS = 16  # largest M the kernel takes (the DOT path pads rows to 16)
 FMA_MAX_ROWS = 1  # rows up to this use CUDA-core FMAs, more use tensor cores (faster from M = 2: docs/engine.md)
 DOT_ROWS = 16  # token rows of a DOT-path tile (tl.dot needs >= 16)
-DEFAULT_NUM_SMS = 132  # H200; used without a CUDA device (interpreter)
 PREFETCH_BYTES_PER_PROGRAM = 32 * 1024  # L2 prefetch per program before the PDL wait
 PRELOAD_BYTES_PER_PROGRAM = 32 * 1024  # weight bytes a program loads into registers before the PDL wait
 MAX_PRE_TILES = 4  # the kernel unrolls at most this many pre-loaded tiles
@@ -383,13 +384,7 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     if m == 0:
         return y
     if config is None:
-        if num_sms is None:
-            num_sms = (
-                torch.cuda.get_device_properties(x.device).multi_processor_count
-                if x.device.type == "cuda"
-                else DEFAULT_NUM_SMS
-            )
-        config = gemv_config(m, n, k, num_sms)
+        config = gemv_config(m, n, k, num_sms if num_sms is not None else device_sms(x.device))
     cfg = config
     tiles = triton.cdiv(n, cfg.block_n)
     if cfg.split_k > 1:
