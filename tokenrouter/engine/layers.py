@@ -178,12 +178,8 @@ class MergedLinear(nn.Module):
     def live_bias(self) -> torch.Tensor | None:
         return self.bias if self.bias_here else None
 
-    def uses_gemv(self, x: torch.Tensor) -> bool:
-        return self.gemv is not None and self.gemv.applies(x)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.uses_gemv(x):
-            assert self.gemv is not None
+        if self.gemv is not None and self.gemv.applies(x):
             return self.gemv.linear(x, self.weight, self.live_bias)
         return F.linear(x, self.weight, self.live_bias)
 
@@ -200,7 +196,7 @@ class MergedLinear(nn.Module):
 
     def forward_silu(self, gate_up: torch.Tensor) -> torch.Tensor:
         """This layer applied to SiLU(gate) * up of a fused gate|up activation [T, 2 * in_features], in one
-        skinny GEMM launch (only where `uses_gemv(gate_up)`)."""
+        skinny GEMM launch (only where `GemvState.folds_silu`)."""
         assert self.gemv is not None and self.gemv.folds_silu(gate_up)
         return self.gemv.linear(gate_up, self.weight, self.live_bias, silu=True)
 
@@ -215,7 +211,6 @@ class RotaryEmbedding(nn.Module):
         freqs = torch.arange(max_positions, device=device, dtype=torch.float32)[:, None] * inv_freq[None, :]
         self.register_buffer("cos_sin", torch.cat([freqs.cos(), freqs.sin()], dim=-1), persistent=False)
         self.half = head_dim // 2
-        self.max_positions = max_positions
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate q [T, Hq, D] and k [T, Hkv, D] by their token positions [T]."""

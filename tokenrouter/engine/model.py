@@ -67,9 +67,6 @@ class DecoderAttention(nn.Module):
         self._ops = triton_ops_module(use_triton)
         self.pdl = False
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, kv: KVLayer) -> torch.Tensor:
-        return self.attend(self.qkv_proj(x), positions, meta, kv)
-
     def attend(self, qkv: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, kv: KVLayer) -> torch.Tensor:
         """The layer after its qkv projection: q/k norm, RoPE, KV write, attention, o projection."""
         t = qkv.shape[0]
@@ -127,9 +124,6 @@ class DecoderMLP(nn.Module):
         self.down_proj = MergedLinear(inter, [("down_proj", spec.hidden_size)], bias=False, parallel=tp.shard(1),
                                       **kw)  # fmt: skip
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(self.gate_up_proj(x))
-
     def down(self, gate_up: torch.Tensor) -> torch.Tensor:
         """The MLP after its gate|up projection."""
         gemv = self.down_proj.gemv
@@ -168,8 +162,8 @@ class DecoderLayer(nn.Module):
 
 
 class CausalLM(nn.Module):
-    """Qwen3ForCausalLM / Qwen2ForCausalLM / LlamaForCausalLM, selected by `ArchConfig` switches. With `tp` of
-    more than one rank, this rank's shard of it (`engine.parallel`: the embedding and the LM head stay whole)."""
+    """Qwen3ForCausalLM / Qwen2ForCausalLM / LlamaForCausalLM, selected by `ArchConfig` switches; with `tp`, this
+    rank's shard of it."""
 
     def __init__(
         self, spec: ModelSpec, arch: ArchConfig, max_positions: int, *, device, dtype, use_triton: bool = False,
@@ -217,11 +211,9 @@ class CausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor, residual: torch.Tensor | None = None,
                        index: torch.Tensor | None = None, *, out_hidden: torch.Tensor | None = None,
                        out_logits: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-        """(final-norm hidden, logits in the model dtype) of rows [R, hidden].
-
-        `hidden` is the residual stream, or with `residual` the last layer's output to add to it; `index`
-        selects the rows (gathered inside the norm). `out_hidden` [R, hidden] / `out_logits` [R, vocab]:
-        buffers to write into (a CUDA graph's static outputs) instead of new tensors."""
+        """(final-norm hidden, logits in the model dtype) of rows [R, hidden]: `hidden` is the residual stream, or
+        with `residual` the last layer's output to add to it; `index` selects the rows inside the norm; `out_*`:
+        buffers to write into (a CUDA graph's static outputs)."""
         h, _ = self.norm(hidden, residual, index=index, store_sum=False, out=out_hidden)
         if out_logits is None:
             return h, F.linear(h, self.lm_head)
@@ -248,8 +240,7 @@ class CausalLM(nn.Module):
 
     @contextlib.contextmanager
     def gemv_scope(self) -> Iterator[None]:
-        """Inside: linear layers of small inputs use the skinny GEMM (if attached and enabled). The engine wraps
-        its CUDA-graph body in this; eager steps run outside it."""
+        """Inside (the engine's CUDA-graph bodies): linear layers of small inputs use the skinny GEMM if enabled."""
         if self.gemv is None:
             yield
             return

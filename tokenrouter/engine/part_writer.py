@@ -69,8 +69,7 @@ class Part:
 
 def write_part(known: PlanRows, p: Part) -> int:
     """Write the fields of one part (rows `p.part`, indices into the live lists) into `p.packed`, padded as
-    `inputs` documents; returns the part's longest row. The buffer is zeroed first: every field a row does not
-    set keeps its padding value (prev -1 and seq_len 1 are set here, the rest are 0)."""
+    `inputs` documents (zeroed first; prev -1 and seq_len 1 set here); returns the part's longest row."""
     off = offsets(p.layout)
 
     def view(f: str) -> np.ndarray:
@@ -208,9 +207,8 @@ class _Rows:
         self.rsl.append(0)
 
     def add(self, row: BatchRow, req: Request, end: int, m: int, sl: int, t: int, virtual: bool, vocab: int) -> None:
-        """A live row of m tokens ending at position `end` (exclusive) and at token t (exclusive) of the part.
-        A graph part gives every row a logit row (out slot 0 when it does not sample), a varlen part only the
-        sampled ones."""
+        """A live row of m tokens ending at position `end` and token t of the part (both exclusive); a graph part
+        gives every row a logit row (out slot 0 when it does not sample), a varlen part only the sampled ones."""
         self.cu.append(t)
         self.qmax = m if m > self.qmax else self.qmax
         if not virtual:

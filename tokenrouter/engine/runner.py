@@ -230,8 +230,8 @@ class Engine(ModelRunner):
             del self._pool
 
     def _attach_gemv(self) -> None:
-        """The Triton skinny GEMM state for graph steps (CUDA with the Triton ops; interpreter tests with
-        ops_backend="triton"); `triton_gemv` only decides whether it starts enabled (`set_triton_gemv`)."""
+        """The Triton skinny GEMM state for graph steps, attached with the Triton ops (`triton_gemv` only decides
+        whether it starts enabled: `set_triton_gemv`)."""
         if not self.use_triton_ops:
             return
         from tokenrouter.engine.layers import GemvState
@@ -413,9 +413,8 @@ class Engine(ModelRunner):
         return handle
 
     def _launch_or_fail(self, batch: Batch, plan: StepPlan, want_logits: bool, want_hidden: bool) -> StepHandle:
-        """Launch on the engine's stream; a failed launch forgets the batch's slots (`_fail`) and raises StepFailed,
-        or EngineError under tensor parallelism: the followers already run the step, so the ranks are out of
-        step. The page-table plan is not committed in either case."""
+        """Launch on the engine's stream; a failed launch forgets the batch's slots (`_fail`), commits nothing and
+        raises StepFailed, or EngineError under tensor parallelism (the followers already run the step)."""
         try:
             with self.on_stream():
                 return self._launch(batch, plan, want_logits, want_hidden)

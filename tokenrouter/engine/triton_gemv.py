@@ -367,14 +367,11 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
                 residual: torch.Tensor | None = None, sum_out: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """y = x @ weight.T (+ bias) for x [M, K] with M <= 16, weight [N, K] (rows contiguous), fp32 accumulation.
 
-    `silu`: x is a fused gate|up activation [M, 2K] and y = (SiLU(gate) * up) @ weight.T. `counters`: zeroed
-    int32 split-K arrival counters (`arrival_counters`), needed when the config splits K (else a zeroed buffer
-    is allocated: one memset launch). `config`: override `gemv_config`. `pdl`: programmatic dependent launch
-    (+ L2 prefetch of the first weight bytes before the wait, with `prefetch`). `preload`: each program loads its
-    weight tiles (`pre_tiles`) into registers before the PDL wait (same arithmetic, same order);
-    `pre_tiles_override`: exactly that many (0..MAX_PRE_TILES; tests and ablations).
-    `norm` = (norm weight [K], eps): y = RMSNorm(s) @ weight.T with s = x (+ `residual`), rounded as
-    `triton_ops.rms_norm` rounds; with a residual, s is written to `sum_out` ([M, K], not x or residual)."""
+    `silu`: x is a fused gate|up activation [M, 2K], y = (SiLU(gate) * up) @ weight.T. `counters`: zeroed split-K
+    arrival counters (`arrival_counters`; else a zeroed buffer is allocated: one memset launch). `config`: override
+    `gemv_config`. `prefetch` / `preload` (`pre_tiles`): see the module doc; `pre_tiles_override`: exactly that many
+    (tests and ablations). `norm` = (norm weight [K], eps): y = RMSNorm(s) @ weight.T with s = x (+ `residual`);
+    with a residual, s is written to `sum_out` ([M, K], not x or residual)."""
     m = x.shape[0]
     n, k = weight.shape
     _check_operands(x, weight, silu=silu, norm=norm is not None, residual=residual, sum_out=sum_out)
