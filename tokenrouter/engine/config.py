@@ -97,12 +97,12 @@ class EngineConfig:
             raise ValueError(f"unknown dtype {self.dtype!r}; use auto or one of {', '.join(_DTYPES)}")
         if self.ops_backend not in ("auto", "triton", "torch"):
             raise ValueError(f"ops_backend must be auto, triton or torch, got {self.ops_backend!r}")
-        if self.page_size < 1:
-            raise ValueError(f"page_size must be >= 1, got {self.page_size}")
-        if self.max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
-        if self.graph_max_row_tokens < 1:
-            raise ValueError(f"graph_max_row_tokens must be >= 1, got {self.graph_max_row_tokens}")
+        minima = {"page_size": 1, "max_batch_size": 1, "graph_max_row_tokens": 1, "green_context_sms": 1,
+                  "fail_captures": 0, "max_num_batched_tokens": 1}  # fmt: skip
+        for name, low in minima.items():
+            value = getattr(self, name)
+            if value is not None and value < low:
+                raise ValueError(f"{name} must be >= {low}, got {value}")
         sizing = [self.kv_cache_bytes, self.num_pages, self.memory_budget_bytes, self.gpu_memory_utilization]
         if sum(x is not None for x in sizing) > 1:
             raise ValueError(
@@ -112,12 +112,6 @@ class EngineConfig:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.mps_active_thread_percentage is not None and not 1 <= self.mps_active_thread_percentage <= 100:
             raise ValueError(f"mps_active_thread_percentage must be in 1..100, got {self.mps_active_thread_percentage}")
-        if self.green_context_sms is not None and self.green_context_sms < 1:
-            raise ValueError(f"green_context_sms must be >= 1, got {self.green_context_sms}")
-        if self.fail_captures < 0:
-            raise ValueError(f"fail_captures must be >= 0, got {self.fail_captures}")
-        if self.max_num_batched_tokens < 1:
-            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
         if not 1 <= self.gemv_max_rows <= 16:
             raise ValueError(f"gemv_max_rows must be in 1..16, got {self.gemv_max_rows}")
         if self.varlen_graph_buckets is not None and any(int(b) < 1 for b in self.varlen_graph_buckets):

@@ -25,8 +25,7 @@ from tokenrouter.engine.plan_types import (
     PlanContext,
     StepPlan,
     logprobs_asked,
-    write_logprobs,
-    write_sampling,
+    write_requests,
 )
 
 
@@ -141,18 +140,9 @@ def _finish(batch, ctx, staging, layout, bucket, tplan, reqs, ids, pos, smap, pr
     oslot = view("out_slot")
     oslot[:n] = rsl_v[:n]
     view("sample_pos")[:n] = seq_v[:n]
-    top_p = view("top_p").view(np.float32)
-    top_p[:n] = 1.0
     if no_sample:
         oslot[no_sample] = 0
-    if samp:
-        write_sampling(samp, ctx, top_p, view("inv_temp").view(np.float32), view("top_k"), view("seed"))
-    if lpk:
-        write_logprobs(lpk, view("logprobs_k1"))
-    nu = len(tplan.upd_idx)
-    if nu:
-        view("upd_idx")[:nu] = tplan.upd_idx
-        view("upd_val")[:nu] = tplan.upd_val
+    write_requests(view, n, samp, lpk, (tplan.upd_idx, tplan.upd_val), ctx)
     out_index = np.arange(n, dtype=np.int64)
     if no_sample:
         out_index[no_sample] = -1

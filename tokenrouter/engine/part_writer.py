@@ -18,7 +18,7 @@ from tokenrouter.core.request import Request
 from tokenrouter.engine.decode_plan import offsets
 from tokenrouter.engine.errors import BatchError
 from tokenrouter.engine.inputs import Layout
-from tokenrouter.engine.plan_types import PlanContext, write_logprobs, write_sampling
+from tokenrouter.engine.plan_types import PlanContext, write_requests
 
 __all__ = ["CheckedRows", "Part", "PlanRows", "write_part"]
 
@@ -88,11 +88,8 @@ def write_part(known: PlanRows, p: Part) -> int:
     if bad.any():
         _bad_token(known, p.part)
     _write_attention_rows(view, toks, rows, p.virtual)
-    _write_logit_rows(view, rows, known.ctx)
-    n_upd = len(p.upd[0])
-    if n_upd:
-        view("upd_idx")[:n_upd] = p.upd[0]
-        view("upd_val")[:n_upd] = p.upd[1]
+    _write_logit_rows(view, rows)
+    write_requests(view, len(rows.li), rows.samp, rows.lpk, p.upd, known.ctx)
     return rows.qmax
 
 
@@ -263,19 +260,12 @@ def _write_attention_rows(view: Callable[[str], np.ndarray], toks: _Tokens, rows
     cu_v[len(rows.cu) :] = t
 
 
-def _write_logit_rows(view: Callable[[str], np.ndarray], rows: _Rows, ctx: PlanContext) -> None:
-    """Logit-row fields; top_p defaults to 1.0 on every logit row, the other sampling fields stay zero (greedy)
-    unless a row samples with temperature > 0 (seeds drawn from `ctx.rng` in logit-row order)."""
+def _write_logit_rows(view: Callable[[str], np.ndarray], rows: _Rows) -> None:
+    """Logit-row fields besides the requests' (`write_requests`)."""
     nl = len(rows.li)
     view("logits_indices")[:nl] = rows.li
     view("out_slot")[:nl] = rows.oslot
     view("sample_pos")[:nl] = rows.spos
-    top_p = view("top_p").view(np.float32)
-    top_p[:nl] = 1.0
-    if rows.samp:
-        write_sampling(rows.samp, ctx, top_p, view("inv_temp").view(np.float32), view("top_k"), view("seed"))
-    if rows.lpk:
-        write_logprobs(rows.lpk, view("logprobs_k1"))
 
 
 def _bad_token(known: PlanRows, part: list[int]) -> None:

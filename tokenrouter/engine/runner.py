@@ -151,14 +151,12 @@ class Engine(ModelRunner):
             raise ValueError("KV pool too large for int32 slot indices")
         limit = min(self.spec.max_position_embeddings, self._pool.capacity_tokens)
         self._max_context_len = min(c.max_context_len or limit, limit)
-        self.max_pages_per_row = -(-self._max_context_len // ps)
         slots = c.page_table_slots or 4 * c.max_batch_size + 1
         top = max(c.graph_buckets, default=0)
         self.varlen_shapes = None
         if c.varlen_buckets() and (c.cuda_graphs or c.graph_emulation):
             pad = c.varlen_max_pad_tokens
-            if pad is None:
-                pad = max_pad_tokens(self.spec.num_params, self.spec.num_layers)
+            pad = max_pad_tokens(self.spec.num_params, self.spec.num_layers) if pad is None else pad
             self.varlen_shapes = VarlenShapes.build(c.varlen_buckets(), max_rows=c.max_batch_size,
                                                     long_rows=c.varlen_long_rows, short_q=c.varlen_short_q,
                                                     page_size=ps, max_pad=pad)  # fmt: skip
@@ -167,12 +165,11 @@ class Engine(ModelRunner):
         self.out_width = top + max(c.max_batch_size, vrows)
         with torch.no_grad(), self.on_stream():
             self.kv_cache = KVCache(self.spec, self._pool, device=self.device, dtype=self.dtype, tp=self.tp.size)
-            self.table = PageTable(slots, self.max_pages_per_row, self._pool.num_pages, self.device,
+            self.table = PageTable(slots, -(-self._max_context_len // ps), self._pool.num_pages, self.device,
                                    shared_pages=c.shared_pages)  # fmt: skip
             self.slot_tokens = torch.zeros(slots, dtype=torch.int32, device=self.device)
             # tokens, destinations, then LOGPROB_WORDS per logit row for the rows that ask for log-probabilities
-            words = (2 + LOGPROB_WORDS) * self.out_width
-            self.out_ids = torch.zeros(words, dtype=torch.int32, device=self.device)
+            self.out_ids = torch.zeros((2 + LOGPROB_WORDS) * self.out_width, dtype=torch.int32, device=self.device)
             rows = max(c.max_batch_size, top, c.max_num_batched_tokens, 1)
             self.split_counters = (split_counters(rows, self.spec.num_kv_heads // self.tp.size, self.device)
                                     if c.decode_fused_reduce and self.triton_attn else None)  # fmt: skip
