@@ -2,15 +2,10 @@
 
     python -m tokenrouter.engine.aot_check [--quick]
 
-The CPU interpreter checks kernel semantics but not that the code compiles for a GPU, nor whether it
-spills registers or loses software pipelining. This lowers the production variants (bf16, Qwen3 head
-shapes, the same constexprs `launch_paged_attention` would use) through Triton's real pipeline to PTX and
-runs the ptxas bundled with the Triton wheel to read register and spill counts. Exit status 1 if a
-variant fails to compile, spills, or (forward kernel) no longer uses cp.async.
-
-Run it in a fresh process: Triton 3.6's interpreter leaves `triton.language` patched after a kernel calls
-a nested @triton.jit helper, which breaks later real compilation in the same process. Relies on
-`triton.compiler.ASTSource` / `GPUTarget`, the same entry points as `triton.tools.compile`.
+The CPU interpreter checks semantics, not that the kernels compile, spill or keep software pipelining. This
+lowers the production variants through Triton's real pipeline to PTX and reads register and spill counts from
+the wheel's ptxas; exit status 1 if a variant fails to compile, spills, or (forward kernel) loses cp.async.
+Run it in a fresh process: Triton 3.6's interpreter leaves `triton.language` patched.
 """
 
 from __future__ import annotations

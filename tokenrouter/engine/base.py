@@ -1,10 +1,6 @@
-"""`ModelRunner`: the boundary between a subserver and whatever executes its model.
-
-The subserver (scheduler + router + runtime loop) depends only on this interface. Our `Engine`
-(tokenrouter.engine.runner) implements it with PyTorch + Triton; another executor (for example one wrapping
-SGLang's model runner on a machine that has it) would implement the same few members and plug in unchanged.
-The scheduler owns page allocation through the shared `KVPool` (`kv_pool`); a runner only reads
-`req.pages` as the page table.
+"""`ModelRunner`: the boundary between a subserver and whatever executes its model (docs/engine.md, Why our own
+engine). Our `Engine` implements it with PyTorch + Triton; the scheduler owns page allocation through the shared
+`KVPool` (`kv_pool`), and a runner only reads `req.pages` as the page table.
 """
 
 from __future__ import annotations

@@ -23,14 +23,12 @@ _DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.
 
 @dataclass(slots=True)
 class EngineConfig:
-    """Settings of one engine.
+    """Settings of one engine (docs/engine.md).
 
-    KV sizing: exactly one of `kv_cache_bytes` (an explicit KV byte budget), `num_pages`, `memory_budget_bytes`
-    (everything this engine may use on its device: weights, KV, graph buffers, activation peak, sampler
-    temporaries; the KV gets what the measured rest leaves) and `gpu_memory_utilization` (the same budget as a
-    fraction of the device's memory), unless a `KVPool` is passed to the engine, which then fixes the pages.
-    `max_context_len` fixes the block-table width (pages per row) that graphs are captured with; it defaults
-    to the smaller of the model's `max_position_embeddings` and what the pool can hold.
+    KV sizing: exactly one of `kv_cache_bytes`, `num_pages`, `memory_budget_bytes` (everything this engine may use
+    on its device; the KV gets what the measured rest leaves) and `gpu_memory_utilization` (that budget as a
+    fraction of the device), unless a `KVPool` is passed to the engine. `max_context_len` fixes the block-table
+    width graphs are captured with (default: the smaller of `max_position_embeddings` and what the pool holds).
     """
 
     model: str  # bundled spec name ("qwen3-8b", dummy weights only) or a local HF directory
@@ -45,77 +43,50 @@ class EngineConfig:
     max_batch_size: int = 256  # rows per step
     attention_backend: str = "auto"  # "auto" | "triton" | "torch" (see tokenrouter.engine.attention)
     decode_num_splits: int | None = None  # split-KV factor for decode attention; None lets the kernel choose
-    # RMSNorm / q-k-norm+RoPE+KV-store / SwiGLU: "auto" = Triton kernels on CUDA, torch ops on CPU.
-    ops_backend: str = "auto"
-    # CUDA graphs for the graph part of every step (GraphRule: rows of <= graph_max_row_tokens tokens, up to the
-    # largest bucket); a failed capture is an error (set cuda_graphs=False to run eagerly).
+    ops_backend: str = "auto"  # norms, q-k-norm+RoPE+KV-store, SwiGLU: "auto" = Triton on CUDA, torch on CPU
+    # CUDA graphs (docs/engine.md, What runs in CUDA graphs); a failed capture is an error (cuda_graphs=False
+    # runs eagerly). Decode graphs take rows of <= graph_max_row_tokens tokens up to the largest bucket.
     cuda_graphs: bool = True
-    graph_buckets: tuple[int, ...] = DEFAULT_GRAPH_BUCKETS  # token buckets; the largest bounds a graph part
+    graph_buckets: tuple[int, ...] = DEFAULT_GRAPH_BUCKETS
     graph_max_row_tokens: int = DEFAULT_GRAPH_MAX_ROW_TOKENS
-    # False (default): a step whose rows do not all fit the decode graphs runs wholly as one varlen pass (one
-    # weight pass); True: its short rows stay in a decode graph and the rest run as a second pass (GraphRule).
-    graph_split: bool = False
-    # Varlen graphs: the varlen pass (prefill chunks, long returns, whole mixed steps) captured over token
-    # buckets (None: powers of two from 16 up to max_num_batched_tokens), each with `varlen_long_rows` rows of
-    # any length plus min(max_batch_size, bucket) rows of at most `varlen_short_q` tokens (`varlen_shapes`).
-    # Steps that fit no bucket run eagerly. Needs cuda_graphs (or graph_emulation) like the decode graphs.
+    graph_split: bool = False  # True: a mixed step's short rows stay in a decode graph, the rest a second pass
+    # Varlen graphs (`varlen_shapes`; None buckets: default_buckets up to max_num_batched_tokens).
     varlen_graphs: bool = True
     varlen_graph_buckets: tuple[int, ...] | None = None
     varlen_long_rows: int = 8
     varlen_short_q: int = 16
-    # Padding tokens a varlen graph may carry before an eager pass is cheaper (None: estimated from the model's
-    # size, `varlen_shapes.max_pad_tokens`; large compute-bound models run half-empty buckets eagerly).
-    varlen_max_pad_tokens: int | None = None
-    # Run the padded static-buffer (graph) path eagerly when graphs cannot be captured, e.g. on CPU: tests use
-    # it to check bucket padding and buffer preparation without a GPU.
+    varlen_max_pad_tokens: int | None = None  # None: estimated from the model's size (`max_pad_tokens`)
+    # Run the padded static-buffer (graph) path eagerly where graphs cannot be captured (CPU tests).
     graph_emulation: bool = False
-    # Per-layer launch overhead (studies/engine/perf_probe.py times each against `BASELINE_SWITCHES`):
-    # split-KV decode attention merges its splits in the attention kernel (Triton backend): no reduce launch.
-    decode_fused_reduce: bool = True
-    # Programmatic dependent launch for the Triton kernels (CUDA, sm_90+): a kernel's launch overlaps the end
-    # of the previous one. Graph capture retries without it if capture fails.
-    triton_pdl: bool = True
-    # Step-level fusion: embedding lookup inside the first norm, last residual add + logit-row gather + final
-    # norm in one kernel, graph outputs written in place (no copies), no int64 cast of slot indices.
+    # Speed switches (docs/engine.md, Start-up and memory; each is timed against `BASELINE_SWITCHES`).
+    decode_fused_reduce: bool = True  # split-KV decode merges its splits in the attention kernel
+    triton_pdl: bool = True  # programmatic dependent launch (sm_90+); capture retries without it on failure
+    # Embedding lookup in the first norm, final add + logit-row gather + norm in one kernel, outputs in place.
     fuse_step_ops: bool = True
-    # Triton skinny GEMM (`triton_gemv`) for the four projections of graph steps of up to `gemv_max_rows`
-    # tokens (graph buckets <= it), with SwiGLU folded into the down projection; larger buckets and eager steps
-    # keep cuBLAS. Needs the Triton ops (CUDA, or ops_backend="triton"). On because it shortens the decode step of
-    # every Qwen3 size at b=1/4/8 (docs/engine.md, Measured choices).
+    # Triton skinny GEMM (`triton_gemv`) for graph steps of up to `gemv_max_rows` tokens; needs the Triton ops.
     triton_gemv: bool = True
     gemv_max_rows: int = 8  # 1..16
-    # In those steps of one row: weight tiles loaded before the PDL wait (`GemvState.preload`), residual add +
-    # RMSNorm folded into the qkv and gate|up projections (`GemvState.fold_norm`, two launches fewer per layer),
-    # the LM head through the skinny GEMM (`GemvState.lm_head`).
+    # In graph steps of one row: `GemvState.preload`, `.fold_norm` and `.lm_head`.
     gemv_preload: bool = True
     gemv_fold_norm: bool = True
     gemv_lm_head: bool = False
-    # Greedy argmax by our chunked kernel (merged in the sampler) over chunks of this many logits; 0: torch's
-    # reduction kernel (one program walked much of the vocabulary at batch 1).
-    argmax_chunk: int = 1024
-    # Memory sizing from measurement (see the class doc) and the eager pass's largest token count, which the
-    # start-up profile runs to measure the activation peak.
+    argmax_chunk: int = 1024  # greedy argmax by our chunked kernel over chunks of this many logits; 0: torch's
+    # Memory sizing (see the class doc); the eager pass's largest token count, which the start-up profile runs.
     memory_budget_bytes: int | None = None
     gpu_memory_utilization: float | None = None
     max_num_batched_tokens: int = 8192
-    # Device page tables: one slot per request the engine holds (running, parked or queued with KV); more
-    # requests than slots evict the least recently used slot (rewritten when its request returns).
+    # Device page-table slots, one per request holding KV; more requests evict the least recently used slot.
     page_table_slots: int | None = None  # default 4 * max_batch_size + 1
-    # Pages may be held by several requests at once (a prefix cache shares the pages of a common prefix without
-    # copying them: `tokenrouter.baselines`). Off, a page in two requests' lists is an error (a scheduler bug); on,
-    # it is allowed, and the caller guarantees that no step writes into a page another live request holds (shared
-    # pages are whole pages below every sharer's first computed token).
+    # Pages held by several requests (a prefix cache: `tokenrouter.baselines`); the caller guarantees no step
+    # writes into a page another live request holds. Off, a page in two requests' lists is an error.
     shared_pages: bool = False
     warmup: bool = True  # compile every kernel variant serving can hit at start-up
-    # Co-location: CUDA stream priority of the engine's stream (torch: 0 default, lower = higher priority, the
-    # H200 reports 0 .. -3); a green context of this many SMs for the engine's stream (torch >= 2.11, Hopper);
-    # the MPS active-thread percentage the launcher must put in the process environment before CUDA starts
-    # (`mps_environment()`; the engine checks it and warns when it is not in effect).
+    # Co-location: stream priority (lower = higher), a green context of this many SMs, the MPS share the
+    # launcher sets (`mps_environment()`; the engine warns when it is not in effect).
     stream_priority: int = 0
     green_context_sms: int | None = None
     mps_active_thread_percentage: int | None = None
-    # Fault injection, for tests of the failure paths (`faults.py`; off by default): the launch of these batch
-    # step ids fails (StepFailed, once each); the next `fail_captures` graph builds fail (EngineError).
+    # Fault injection for tests (`faults.py`): these step ids fail (once each); the next graph builds fail.
     fail_step_ids: tuple[int, ...] = ()
     fail_captures: int = 0
 
@@ -126,12 +97,12 @@ class EngineConfig:
             raise ValueError(f"unknown dtype {self.dtype!r}; use auto or one of {', '.join(_DTYPES)}")
         if self.ops_backend not in ("auto", "triton", "torch"):
             raise ValueError(f"ops_backend must be auto, triton or torch, got {self.ops_backend!r}")
-        if self.page_size < 1:
-            raise ValueError(f"page_size must be >= 1, got {self.page_size}")
-        if self.max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
-        if self.graph_max_row_tokens < 1:
-            raise ValueError(f"graph_max_row_tokens must be >= 1, got {self.graph_max_row_tokens}")
+        minima = {"page_size": 1, "max_batch_size": 1, "graph_max_row_tokens": 1, "green_context_sms": 1,
+                  "fail_captures": 0, "max_num_batched_tokens": 1}  # fmt: skip
+        for name, low in minima.items():
+            value = getattr(self, name)
+            if value is not None and value < low:
+                raise ValueError(f"{name} must be >= {low}, got {value}")
         sizing = [self.kv_cache_bytes, self.num_pages, self.memory_budget_bytes, self.gpu_memory_utilization]
         if sum(x is not None for x in sizing) > 1:
             raise ValueError(
@@ -141,12 +112,6 @@ class EngineConfig:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.mps_active_thread_percentage is not None and not 1 <= self.mps_active_thread_percentage <= 100:
             raise ValueError(f"mps_active_thread_percentage must be in 1..100, got {self.mps_active_thread_percentage}")
-        if self.green_context_sms is not None and self.green_context_sms < 1:
-            raise ValueError(f"green_context_sms must be >= 1, got {self.green_context_sms}")
-        if self.fail_captures < 0:
-            raise ValueError(f"fail_captures must be >= 0, got {self.fail_captures}")
-        if self.max_num_batched_tokens < 1:
-            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
         if not 1 <= self.gemv_max_rows <= 16:
             raise ValueError(f"gemv_max_rows must be in 1..16, got {self.gemv_max_rows}")
         if self.varlen_graph_buckets is not None and any(int(b) < 1 for b in self.varlen_graph_buckets):

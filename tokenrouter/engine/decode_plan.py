@@ -1,18 +1,11 @@
 """Fast path of the host planner for the common serving step: every row a fresh single-token decode row whose
 request already holds a page-table slot, all fitting one graph bucket.
 
-The result equals `step_plan.plan_step(..., fast=False)`'s for the same batch and state (a test compares them).
-For any other row (stale, several tokens, no slot yet, a slot to rewrite, a failed check, a from_prev row whose
-ledger entry does not match) `plan_decode` returns None before touching any state, the RNG or the staging buffer,
-and the general planner runs (raising the BatchError that names a bad row).
-
-Checks implied here rather than repeated:
-- pages: a row's existing pages were checked when written (PageTable invariant: `written` leading entries equal
-  the request's pages unless the O(1) probes differ, which sends the row off this path); new pages go through
-  `PageTable.plan_pages`, as in the general path;
-- a request in two rows: a row stays here only when its request owns its slot, so two rows of one request share
-  a slot (one set size comparison);
-- the page-table width: the row's position is below max_context_len, which sizes the table (checked anyway).
+The result equals `step_plan.plan_step(..., fast=False)`'s (a test compares them). For any other row (stale,
+several tokens, no slot yet, a slot to rewrite, a failed check, a from_prev row whose ledger does not match)
+`plan_decode` returns None before touching any state, the RNG or the staging buffer, and the general planner runs.
+Implied checks: existing pages by the PageTable invariant (new ones through `plan_pages`); a request in two rows
+by the slot count; the table width by max_context_len.
 """
 
 from __future__ import annotations
@@ -32,8 +25,7 @@ from tokenrouter.engine.plan_types import (
     PlanContext,
     StepPlan,
     logprobs_asked,
-    write_logprobs,
-    write_sampling,
+    write_requests,
 )
 
 
@@ -148,18 +140,9 @@ def _finish(batch, ctx, staging, layout, bucket, tplan, reqs, ids, pos, smap, pr
     oslot = view("out_slot")
     oslot[:n] = rsl_v[:n]
     view("sample_pos")[:n] = seq_v[:n]
-    top_p = view("top_p").view(np.float32)
-    top_p[:n] = 1.0
     if no_sample:
         oslot[no_sample] = 0
-    if samp:
-        write_sampling(samp, ctx, top_p, view("inv_temp").view(np.float32), view("top_k"), view("seed"))
-    if lpk:
-        write_logprobs(lpk, view("logprobs_k1"))
-    nu = len(tplan.upd_idx)
-    if nu:
-        view("upd_idx")[:nu] = tplan.upd_idx
-        view("upd_val")[:nu] = tplan.upd_val
+    write_requests(view, n, samp, lpk, (tplan.upd_idx, tplan.upd_val), ctx)
     out_index = np.arange(n, dtype=np.int64)
     if no_sample:
         out_index[no_sample] = -1

@@ -9,11 +9,8 @@ class ModelLoadError(ValueError):
 
 
 class BatchError(ValueError):
-    """A batch the engine cannot run as given (empty, too many rows, pages that do not cover the context).
-
-    `rids` names the requests whose rows are at fault (a token outside the vocabulary, pages, context, a from_prev
-    row without its step, ...), so a caller can fail those requests and run the step without them; empty when the
-    batch as a whole is at fault (empty, more rows than `max_batch_size`)."""
+    """A batch the engine cannot run as given. `rids` names the requests whose rows are at fault, so a caller can
+    fail those and run the step without them; empty when the batch as a whole is at fault (docs/engine.md, Safety)."""
 
     def __init__(self, message: str, rids: tuple[str, ...] = ()) -> None:
         super().__init__(message)

@@ -1,15 +1,9 @@
-"""Deliberate engine failures, for tests of the code that handles real ones (the runtime's handling of a failed
-step, a failed graph capture at start-up).
+"""Deliberate engine failures, for tests of the code that handles real ones (docs/engine.md, Safety).
 
-Per engine, off by default: `EngineConfig.fail_step_ids` / `fail_captures` set it at construction (so a runtime
-test reaches the engines of real subserver processes through `Server(engine_overrides=...)`), and
-`Engine.faults` changes it on a live engine. Nothing is process-global.
-
-A failed step raises `InjectedFault` inside `Engine.step` after the step's inputs were uploaded and before any
-pass runs, where an out-of-memory error in the forward would surface: the caller sees `StepFailed` and the
-engine's own failure handling runs (`from_prev` rows that refer to the step become errors). A failed capture
-raises it inside the graph build, which the engine reports as `EngineError` (on CUDA with PDL, after its one
-retry without PDL, which consumes a second failure when `fail_captures` >= 2).
+Per engine, off by default (`EngineConfig.fail_step_ids` / `fail_captures`, or `Engine.faults` live). A failed
+step raises `InjectedFault` in `Engine.step` after the inputs were uploaded and before any pass runs, where an
+out-of-memory error would surface (the caller sees `StepFailed`). A failed capture raises it in the graph build
+(`EngineError`; on CUDA with PDL after its one retry without PDL, which consumes a second failure).
 """
 
 from __future__ import annotations

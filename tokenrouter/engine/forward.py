@@ -1,11 +1,10 @@
-"""`StepForward`: the device side of one pass of a step, shared by the graph body and the eager (varlen) pass.
+"""`StepForward`: the device side of one pass of a step, shared by the graph bodies and the eager (varlen) pass.
 
-One pass = prologue (page-table writes, from_prev tokens) -> model forward -> logits of the pass's logit rows
--> sampling (tokens into the engine's output buffer and the requests' slots) -> the router's device part
-(destinations into the output buffer). The graph part writes its outputs at offset 0 of the output buffer,
-the eager part at `engine.eager_out_base`; both read and write only their own requests' slots, so their order
-within a step does not matter. On CUDA (or with ops_backend="triton") prologue and sampling are one Triton
-kernel each (`triton_step`); otherwise the same definitions run as torch ops (`sampler.sample_rows`).
+One pass = prologue (page-table writes, from_prev tokens) -> forward -> logits of the logit rows -> sampling
+(into the output buffer and the requests' slots) -> the router's device part. The graph part writes outputs at
+offset 0, the varlen part at `engine.eager_out_base`; each touches only its own requests' slots, so their order
+within a step does not matter. Prologue and sampling are one Triton kernel each with the Triton ops
+(`triton_step`), torch ops otherwise (`sampler`).
 """
 
 from __future__ import annotations
@@ -169,10 +168,7 @@ class StepForward:
 
     def table_writes(self, idx: np.ndarray, val: np.ndarray) -> None:
         """Page-table writes beyond what a graph replay carries (a slot rewritten in full), before the replay."""
-        cuda = self.e.device.type == "cuda"
-        t = torch.from_numpy(np.stack([idx, val]).astype(np.int64))
-        if cuda:
-            t = t.pin_memory().to(self.e.device, non_blocking=True)
+        t = self._to_device(np.stack([idx, val]).astype(np.int64))
         self.e.table.table.view(-1).index_copy_(0, t[0], t[1].to(torch.int32))
 
     def gather_sampled(self, plan: StepPlan, g_out, e_out, want_logits: bool, want_hidden: bool) -> HostExtras:
@@ -182,26 +178,18 @@ class StepForward:
         base = e.eager_out_base
         n_graph = plan.graph.layout.num_logit_rows if plan.graph is not None else 0
         idx = np.asarray([int(plan.out_index[i]) for i in plan.sampled], np.int64)
-        idx = np.where(idx >= base, idx - base + n_graph, idx)
-        index = torch.from_numpy(idx)
-        if cuda:
-            index = index.pin_memory().to(e.device, non_blocking=True)
-        out = HostExtras()
-        for k, want in ((0, want_hidden), (1, want_logits)):
-            if not want:
-                continue
-            parts = []
-            if g_out is not None:
-                parts.append(g_out[k][:n_graph])
-            if e_out is not None:
-                parts.append(e_out[k])
-            src = parts[0] if len(parts) == 1 else torch.cat(parts)
-            sel = src.index_select(0, index)
+        index = self._to_device(np.where(idx >= base, idx - base + n_graph, idx))
+
+        def host_rows(k: int) -> torch.Tensor:  # k: 0 hidden, 1 logits (as float32)
+            parts = ([g_out[k][:n_graph]] if g_out is not None else []) + ([e_out[k]] if e_out is not None else [])
+            sel = (parts[0] if len(parts) == 1 else torch.cat(parts)).index_select(0, index)
             sel = sel.float() if k == 1 else sel
-            host = torch.empty(sel.shape, dtype=sel.dtype, pin_memory=cuda)
-            host.copy_(sel, non_blocking=cuda)
-            if k == 0:
-                out.hidden = host
-            else:
-                out.logits = host
-        return out
+            return torch.empty(sel.shape, dtype=sel.dtype, pin_memory=cuda).copy_(sel, non_blocking=cuda)
+
+        hidden = host_rows(0) if want_hidden else None
+        return HostExtras(logits=host_rows(1) if want_logits else None, hidden=hidden)
+
+    def _to_device(self, a: np.ndarray) -> torch.Tensor:
+        """A host array on the engine's device (async from pinned memory on CUDA)."""
+        t = torch.from_numpy(a)
+        return t.pin_memory().to(self.e.device, non_blocking=True) if self.e.device.type == "cuda" else t

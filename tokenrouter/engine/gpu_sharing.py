@@ -1,11 +1,6 @@
-"""Co-location options of one engine: its CUDA stream (priority, or a green context's SM partition) and the
-MPS share that must be set before CUDA starts.
-
-Two engines on one GPU compete for SMs and bandwidth (studies/calibration/README.md). Three knobs move that trade:
-- stream priority (one process, several engines): `EngineConfig.stream_priority`, lower = higher priority;
-- a green context (torch >= 2.11): the engine's stream runs on `green_context_sms` SMs only;
-- CUDA MPS (one process per engine): `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` in the client's environment before
-  CUDA initializes; `EngineConfig.mps_environment()` gives the launcher the variables, and the engine checks.
+"""Co-location options of one engine (docs/engine.md, Start-up and memory): its CUDA stream (priority, or a green
+context's SM partition) and the MPS share, which the launcher must set before CUDA starts
+(`EngineConfig.mps_environment()`); the engine only checks it.
 """
 
 from __future__ import annotations
@@ -38,14 +33,10 @@ def make_stream(device: torch.device, priority: int = 0, green_sms: int | None =
     return stream, gc
 
 
-def check_mps(percentage: int | None) -> str | None:
-    """A warning when the configured MPS share is not what this process's environment says (None if fine)."""
-    if percentage is None:
-        return None
+def check_mps(percentage: int | None) -> None:
+    """Warn when the configured MPS share is not what this process's environment says."""
     have = os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
-    if have != str(percentage):
-        msg = (f"mps_active_thread_percentage={percentage} but CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={have!r} in this "
-               "process: the launcher must set it (EngineConfig.mps_environment()) before CUDA starts")  # fmt: skip
-        log.warning(msg)
-        return msg
-    return None
+    if percentage is not None and have != str(percentage):
+        log.warning("mps_active_thread_percentage=%s but CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=%r in this process: "
+                    "the launcher must set it (EngineConfig.mps_environment()) before CUDA starts",
+                    percentage, have)  # fmt: skip

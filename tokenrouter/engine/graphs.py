@@ -1,21 +1,14 @@
-"""CUDA-graph runner: static buffers and one captured graph per token bucket. The engine has two: the decode
-graphs (below) and the varlen graphs (`varlen_shapes`: the varlen pass at padded shapes), sharing one pool.
+"""CUDA-graph runner: static buffers and one captured graph per token bucket (the engine has two: decode graphs
+and varlen graphs, sharing one pool; docs/engine.md, What runs in CUDA graphs).
 
-The graph part of a step (decode rows and short extend rows, as `GraphRule.split` picks them) runs in the
-smallest bucket that holds its tokens, padded as `inputs` describes (padding reads and writes only the null
-page 0 and the null page-table slot 0). Per step the host does one H2D copy of the packed inputs into the
-static buffer and one replay; the replay covers the page-table writes and from_prev tokens (prologue), the
-forward, sampling and the router's device part. Outputs land in static buffers (hidden, logits) and in the
-engine's output buffer, which the engine copies out on its stream before the next replay can overwrite them.
-
-Everything is per instance: the graph memory pool, the capture stream (the engine's) and the buffers, so
-two engines in one process never share graph state. With `capture=False` the same padded path runs
-eagerly (CPU tests, debugging), exercising exactly the buffer preparation and bucket logic.
+Per step the host does one H2D copy of the packed inputs into the static buffer and one replay; padding reads and
+writes only the null page 0 and the null slot 0. Outputs land in static buffers and in the engine's output
+buffer, which the engine copies out on its stream before the next replay. Graph pool, capture stream and buffers
+are per instance. With `capture=False` the same padded path runs eagerly (CPU tests, emulation).
 """
 
 from __future__ import annotations
 
-import bisect
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -57,14 +50,6 @@ class GraphRunner:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.pool = pool
         self.capture_s = 0.0
-
-    @property
-    def max_tokens(self) -> int:
-        return self.buckets[-1]
-
-    def bucket_for(self, num_tokens: int) -> int | None:
-        i = bisect.bisect_left(self.buckets, num_tokens)
-        return self.buckets[i] if i < len(self.buckets) else None
 
     @property
     def nbytes(self) -> int:

@@ -1,16 +1,9 @@
 """Host buffers of a step and its completion handle.
 
-`Staging`: alternating host buffers for packed inputs (pinned on CUDA, so the H2D copies are async). A buffer
-is rewritten only after the copies that read it finished (their event): the host may run at most two steps
-ahead of the copies, never waiting on compute.
-
-`OutputRing`: pinned host slots that receive each step's outputs by one D2H copy on the engine stream (tokens and
-destinations; the log-probability region too, when a row of the step asked). A slot is reused only after its
-previous handle has read it out (if the caller never asked, the handle reads it out then: a wait on a step
-several steps old).
-
-`StepHandle`: what `Engine.step` returns. The caller waits on the handle's event only (never on the whole
-engine stream), so with overlap the next step can already be queued behind this one.
+`Staging`: two alternating host buffers for packed inputs (pinned on CUDA); one is rewritten only after the
+copies that read it finished, so the host runs at most two steps ahead of the copies, never waiting on compute.
+`OutputRing`: pinned slots receiving each step's outputs by one D2H copy; a slot is reused only after its handle
+read it out. `StepHandle`: what `Engine.step` returns; it waits on its own event only, never the engine stream.
 """
 
 from __future__ import annotations
@@ -60,12 +53,8 @@ class HostExtras:
 
 
 class StepHandle:
-    """Completion of one step. `ready()` polls, `wait()` blocks on this step's event only, `result()` returns
-    the `StepResult` on the host: `next_token_ids` (int64 [rows]; -1 for skipped rows and rows that sample
-    nothing), `destinations` (int64 [rows], the router's device part; None without one), `logits` /
-    `hidden` of the sampled rows only (`sampled_rows` says which, batch order), when asked, and `logprobs`
-    (one entry per row: `TokenLogprobs` for the sampled rows whose request asks, else None; None when no row
-    asked)."""
+    """Completion of one step (docs/engine.md, Steps and handles): `ready()` polls, `wait()` blocks on this step's
+    event only, `result()` returns the host `StepResult` (`destinations` None without a router)."""
 
     __slots__ = ("_cache", "_event", "_extra", "_host", "_ring_slot", "batch", "destinations_on", "eager_tokens",
                  "gpu_end", "gpu_start", "graph_bucket", "graph_rows", "launch_s", "logprob_rows", "num_tokens",

@@ -1,23 +1,17 @@
 """Packed step inputs: one int32 array per pass (the graph part or the eager part of a step), uploaded with one
 H2D copy into a device buffer whose fields the forward reads as views.
 
-Fields (int32; floats travel as their bit patterns; every field starts at a multiple of 4 elements, so every
-view is 16-byte aligned and Triton never specializes a kernel on a view's alignment):
-- per fed token [T]: `input_ids`, `positions`, `slot_mapping` (KV slot = page * page_size + offset), `prev`
-  (page-table slot whose last sampled token this token takes, -1 for none: overlap's `from_prev`);
-- per attention row [A]: `seq_lens` (KV length after the step), `row_slots` (page-table slot), and
-  `cu_seqlens_q` [A+1] in the varlen (eager) layout;
-- per logit row [L]: `logits_indices` (its last token), `out_slot` (page-table slot that keeps the sampled
-  token for a later from_prev row; 0 = the null slot), and the sampling parameters `inv_temp`
-  (1 / temperature, 0 = greedy), `top_p` (float bits), `top_k` (<= 0: off), `seed`, `sample_pos`, and
-  `logprobs_k1` (k + 1 for a row that asks for its token's log-probability and the top k, 0: none, so a zeroed
-  or padded row asks nothing);
-- page-table writes [U]: `upd_idx` (flat index into the [slots, width] table), `upd_val` (page id).
+Fields are int32 (floats travel as their bit patterns) and start at multiples of 4 elements, so every view is
+16-byte aligned and Triton never specializes a kernel on alignment. Per fed token [T]: `input_ids`, `positions`,
+`slot_mapping`, `prev` (page-table slot whose last sampled token this token takes, -1: none). Per attention row
+[A]: `seq_lens`, `row_slots`, and `cu_seqlens_q` [A+1] in the varlen layout. Per logit row [L]: `logits_indices`,
+`out_slot` (slot that keeps the sampled token; 0 = null), `inv_temp` (0 = greedy), `top_p`, `top_k` (<= 0: off),
+`seed`, `sample_pos`, `logprobs_k1` (k + 1, 0: none, so a zeroed row asks nothing). Page-table writes [U]:
+`upd_idx` (flat index into the [slots, width] table), `upd_val`.
 
-Graph layout (bucket B): T = A = L = B, every fed token is its own "virtual decode" attention row (seq_len =
-position + 1 over its request's slot), and U = `graph_update_capacity(B)`. Padding: token id 0, position 0,
-KV slot 0 (the null page), seq_len 1, row slot 0 (the null slot), no prev, logit row 0 sampled greedily into
-the null slot, updates writing 0 into the null slot's first entry. Eager (varlen) layout: the real sizes.
+Graph layout (bucket B): T = A = L = B, each token its own virtual decode row (seq_len = position + 1), U =
+`graph_update_capacity(B)`. Padding: token 0, position 0, KV slot 0 (the null page), seq_len 1, row slot 0, no
+prev, logit row 0 sampled greedily into the null slot, updates writing 0 into the null slot. Varlen: real sizes.
 """
 
 from __future__ import annotations

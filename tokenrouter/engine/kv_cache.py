@@ -1,9 +1,7 @@
 """Paged KV storage of one engine, sized from an explicit byte budget.
 
-Layout: one allocation [num_layers, 2, num_pages, page_size, num_kv_heads, head_dim]; layer l uses
-`k = kv[l, 0]`, `v = kv[l, 1]` (each contiguous). Position p of a request lives in page
-`req.pages[p // page_size]` at offset `p % page_size`. Page ids are handed out by the shared `KVPool` (the
-scheduler's book); this class only owns the memory. Page 0 is the null page that padded graph rows write.
+One allocation [num_layers, 2, num_pages, page_size, num_kv_heads, head_dim]; layer l uses `k = kv[l, 0]`,
+`v = kv[l, 1]` (layout: `attention.kv_store`). Page ids come from the shared `KVPool`; this class owns the memory.
 """
 
 from __future__ import annotations

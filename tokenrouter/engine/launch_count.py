@@ -1,17 +1,12 @@
 """Count the device kernels one engine step launches, per decoder layer, on any device (CPU included).
 
-A CUDA-graph decode step of a small batch costs a few microseconds per kernel whatever the kernel does, so
-the launch count per layer is a first-order performance number. This counts, without a GPU:
-- torch ops that launch a kernel on CUDA (every op that is not a view or an allocation; a matmul counts once,
-  although cuBLAS may split one into two kernels, which only a GPU profile shows), via a dispatch mode;
-- Triton kernel launches (compiled or interpreted), by wrapping the launchers; the interpreter's own tensor
-  work inside a launch is not counted.
-Launches are attributed to the decoder layer whose forward is running, or to "step" outside the layers.
+A small graph decode step costs a few microseconds per kernel, so launches per layer are a first-order number.
+Counted: torch ops that launch a kernel on CUDA (not views or allocations; a matmul counts once) via a dispatch
+mode, and Triton launches (compiled or interpreted) by wrapping the launchers; attributed to the decoder layer
+running, or to "step". Host-side work (packing, the H2D copy) is not counted.
 
     lc = count_graph_body_launches(engine, batch)  # what one graph replay of this batch launches
     lc.per_layer()  # [kernels of layer 0, layer 1, ...]; lc.sections["step"] for the rest
-
-Host-side work (input packing, the H2D copy of the packed inputs) is outside the graph body and not counted.
 """
 
 from __future__ import annotations

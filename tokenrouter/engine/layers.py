@@ -1,11 +1,9 @@
 """Building blocks of the decoder: RMSNorm, rotary embedding, fused linear layers, SwiGLU.
 
-Parameters are allocated uninitialized, directly on the target device and dtype (a 32B model must not be
-built on the host first); the loader or the dummy initializer fills them. The torch paths follow HF
-transformers op for op (RMSNorm in float32, cos/sin computed in float32 and cast to the activation dtype),
-so fp32 outputs match HF to rounding. With `use_triton` (the CUDA default) the small elementwise stages run
-as single Triton kernels (`triton_ops`), with the same rounding points. With a `GemvState` attached (engine
-switch `triton_gemv`), the linear layers of small graph steps run as the Triton skinny GEMM (`triton_gemv`).
+Parameters are allocated uninitialized on the target device and dtype (a 32B model must not be built on the
+host first). The torch paths follow HF transformers op for op (fp32 outputs match HF to rounding); with
+`use_triton` the elementwise stages run as Triton kernels (`triton_ops`) with the same rounding points, and with a
+`GemvState` attached the linear layers of small graph steps run as the skinny GEMM (`triton_gemv`).
 """
 
 from __future__ import annotations
@@ -82,27 +80,20 @@ class GemvState:
     enabled: bool = False
     max_rows: int = 8
     pdl: bool = False
-    # L2 prefetch of the first weight bytes before the PDL wait: off by default, the b=1 step was slower with it
-    # at every Qwen3 size (docs/engine.md, Measured choices).
-    prefetch: bool = False
     active: bool = False
-    # Fold SiLU(gate)*up into the down projection only up to this intermediate size: the fold saves a launch
-    # at small K but is slower than the separate SwiGLU kernel + GEMM at large K (docs/engine.md, Measured choices).
-    silu_fold_max_k: int = 4096
-    # Each program loads its first weight tiles into registers before the PDL wait, so the weight stream starts
-    # while the previous kernel runs (the arithmetic and its order are unchanged); inputs of up to
-    # `preload_max_rows` rows only: it shortened the FMA path (M = 1) and lengthened the tensor-core path
-    # (M = 8) on the H200 (docs/engine.md, Measured choices).
+    # The limits below are measured on the H200 (docs/engine.md, Measured choices).
+    prefetch: bool = False  # L2 prefetch of the first weight bytes before the PDL wait (slower at b=1)
+    silu_fold_max_k: int = 4096  # SiLU(gate)*up folded into the down projection up to this K (slower above)
+    # Weight tiles loaded into registers before the PDL wait (same arithmetic and order), only for inputs of up to
+    # `preload_max_rows` rows: faster on the FMA path, slower on the tensor-core path.
     preload: bool = False
     preload_max_rows: int = 1
-    # Residual add + RMSNorm ride in the qkv and gate|up projections that follow them (every program recomputes
-    # the rows' RMS, which is cheap only while the hidden size and the rows are small): two launches fewer per
-    # layer. Up to `norm_fold_max_rows` rows: at M = 8 the fold lengthened the step.
+    # Residual add + RMSNorm in the qkv and gate|up projections (every program recomputes the rows' RMS, cheap only
+    # while hidden size and rows are small): two launches fewer per layer.
     fold_norm: bool = False
     norm_fold_max_k: int = 4096
     norm_fold_max_rows: int = 1
-    # The LM head of graph steps of up to `preload_max_rows` rows through the skinny GEMM instead of cuBLAS.
-    lm_head: bool = False
+    lm_head: bool = False  # the LM head of graph steps of up to `preload_max_rows` rows through the skinny GEMM
 
     def applies(self, x: torch.Tensor) -> bool:
         return self.enabled and self.active and 0 < x.shape[0] <= self.max_rows
@@ -128,11 +119,9 @@ class GemvState:
 class MergedLinear(nn.Module):
     """Several projections that read the same input, stored as one [sum(out), in] weight: one matmul.
 
-    `shards` names the checkpoint projections in output order (e.g. q, k, v) with their full (tp=1) output sizes,
-    so the loader can copy each HF tensor into its row slice. `parallel` (tensor parallelism, `engine.parallel`):
-    None keeps the whole layer; a `Shard` along dim 0 makes it column-parallel (this rank holds its piece of every
-    projection's output rows, in shard order), along dim 1 row-parallel (its piece of the input columns; the output
-    is a partial sum the caller all-reduces, and the bias is added by the rank of piece 0 only).
+    `shards` names the checkpoint projections in output order (e.g. q, k, v) with their full (tp=1) output sizes.
+    `parallel`: None keeps the whole layer; a `Shard` along dim 0 makes it column-parallel (this rank's piece of
+    every projection's rows), along dim 1 row-parallel (a partial sum the caller all-reduces; piece 0 adds the bias).
     """
 
     def __init__(self, in_features: int, shards: list[tuple[str, int]], *, bias: bool, device: torch.device,
@@ -189,12 +178,8 @@ class MergedLinear(nn.Module):
     def live_bias(self) -> torch.Tensor | None:
         return self.bias if self.bias_here else None
 
-    def uses_gemv(self, x: torch.Tensor) -> bool:
-        return self.gemv is not None and self.gemv.applies(x)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.uses_gemv(x):
-            assert self.gemv is not None
+        if self.gemv is not None and self.gemv.applies(x):
             return self.gemv.linear(x, self.weight, self.live_bias)
         return F.linear(x, self.weight, self.live_bias)
 
@@ -211,16 +196,13 @@ class MergedLinear(nn.Module):
 
     def forward_silu(self, gate_up: torch.Tensor) -> torch.Tensor:
         """This layer applied to SiLU(gate) * up of a fused gate|up activation [T, 2 * in_features], in one
-        skinny GEMM launch (only where `uses_gemv(gate_up)`)."""
+        skinny GEMM launch (only where `GemvState.folds_silu`)."""
         assert self.gemv is not None and self.gemv.folds_silu(gate_up)
         return self.gemv.linear(gate_up, self.weight, self.live_bias, silu=True)
 
 
 class RotaryEmbedding(nn.Module):
-    """NeoX-style RoPE (rotate halves) with a cos/sin table for positions 0..max_positions-1.
-
-    The table is float32 [max_positions, head_dim] (cos | sin halves) so a step only gathers rows by position.
-    """
+    """NeoX-style RoPE (rotate halves); a float32 cos | sin table [max_positions, head_dim] gathered by position."""
 
     def __init__(self, head_dim: int, theta: float, max_positions: int, *, device: torch.device) -> None:
         super().__init__()
@@ -229,7 +211,6 @@ class RotaryEmbedding(nn.Module):
         freqs = torch.arange(max_positions, device=device, dtype=torch.float32)[:, None] * inv_freq[None, :]
         self.register_buffer("cos_sin", torch.cat([freqs.cos(), freqs.sin()], dim=-1), persistent=False)
         self.half = head_dim // 2
-        self.max_positions = max_positions
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate q [T, Hq, D] and k [T, Hkv, D] by their token positions [T]."""

@@ -1,15 +1,9 @@
-"""Memory sizing from measurement and the engine's memory report.
+"""Memory sizing from measurement and the engine's memory report (docs/engine.md, Start-up and memory).
 
-vLLM's `gpu_memory_utilization` idea, per engine: an engine gets a byte budget (an absolute
-`memory_budget_bytes` within a GPU shared by several engines, or a fraction of the device); at start-up it
-measures what it needs besides the KV cache (weights as loaded; the activation peak of the largest eager
-pass, `max_num_batched_tokens` tokens with logits and sampling of `max_batch_size` rows; the same for the
-largest graph bucket, whose intermediates the graph pool keeps; static graph buffers, page tables, output
-buffers) and gives the KV cache the rest, less a margin for allocator fragmentation. The report after start-up
-is measured again (the graph pool included), so a wrong estimate shows.
-
-Measurement uses the torch caching allocator's counters of the engine's device, so engines of one process
-must be built one after another (as they are: constructors are synchronous).
+An engine gets a byte budget; at start-up it measures what it needs besides the KV cache (weights, the
+activation peak of the largest eager pass, the graph pool, static buffers) and the KV cache gets the rest less a
+margin. Measurement reads the caching allocator's counters of the device, so engines of one process must be
+built one after another (constructors are synchronous).
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """`AttentionMetadata`: what every attention layer of one step needs, passed explicitly (no global context).
 
-Two layouts:
-- decode (`cu_seqlens_q is None`): one query per attention row; row i attends to `seq_lens[i]` tokens of
-  `block_tables[i]`. The graph path also runs small extend rows this way, one attention row per token
-  ("virtual decode" rows: same page table, `seq_len = position + 1`), which keeps every graph on the
-  graph-safe decode kernel.
-- extend (`cu_seqlens_q` set): packed variable-length queries, causal; query i of row b sits at position
-  `seq_lens[b] - q_len_b + i`.
-In both, the step's own K/V are stored through `slot_mapping` before attention reads the cache.
+Decode layout (`cu_seqlens_q is None`): one query per attention row; graph steps run small extend rows this way,
+one "virtual decode" row per token (seq_len = position + 1), so every graph stays on the graph-safe decode kernel.
+Extend layout: packed causal variable-length queries, query i of row b at position `seq_lens[b] - q_len_b + i`.
+The step's own K/V are stored through `slot_mapping` before attention reads the cache.
 """
 
 from __future__ import annotations

@@ -1,18 +1,15 @@
 """Decoder-only causal LM: Qwen3 dense, with Qwen2 and Llama as configuration variants.
 
-Layer: x -> RMSNorm -> fused qkv -> (q/k RMSNorm, Qwen3) -> RoPE -> store K/V in the paged cache ->
-paged attention -> o_proj -> +residual -> RMSNorm -> fused gate|up -> SiLU(gate)*up -> down -> +residual.
-Each residual add is fused into the RMSNorm that follows it; on CUDA q/k-norm + RoPE + KV store is one
-kernel (`triton_ops`), so a decode layer is 9 launches: 4 GEMMs, 2 norms, 1 rope/store, 1 attention (splits
-merged in-kernel; 10 with the separate split reduce), 1 SwiGLU; with the skinny GEMM (`attach_gemv`, graph
-bodies only) SwiGLU rides in the down projection: 8; for one-row steps the two norms ride in the qkv and gate|up
-projections too (`MergedLinear.forward_norm`): 6. With `forward_stream` + `compute_logits(
-hidden, residual, index)` the embedding lookup rides in the first layer's norm and the last residual add,
-the logit-row gather and the final norm are one kernel.
+Layer: x -> RMSNorm -> fused qkv -> (q/k RMSNorm, Qwen3) -> RoPE -> paged KV store -> paged attention -> o_proj
+-> +residual -> RMSNorm -> fused gate|up -> SiLU(gate)*up -> down -> +residual. Each residual add is fused into
+the RMSNorm after it; with the Triton ops q/k-norm + RoPE + KV store is one kernel, the skinny GEMM
+(`attach_gemv`, graph bodies) folds SwiGLU and, for one-row steps, the norms into the projections
+(`MergedLinear.forward_norm`); `forward_stream` + `compute_logits(hidden, residual, index)` fold the embedding
+lookup and the final add + logit-row gather + norm into norm kernels.
 
-Invariants: every tensor of a forward is packed over the step's tokens ([T, ...]); the forward never syncs
-with the host and never allocates depending on tensor values, so the same code runs eagerly and under
-CUDA-graph capture. The LM head is applied only to the rows a step samples (`compute_logits`).
+Invariants: every tensor of a forward is packed over the step's tokens ([T, ...]); the forward never syncs with
+the host and never allocates depending on tensor values (eager and CUDA-graph capture run the same code). The LM
+head is applied only to the rows a step samples.
 """
 
 from __future__ import annotations
@@ -69,9 +66,6 @@ class DecoderAttention(nn.Module):
         self.rope = rope
         self._ops = triton_ops_module(use_triton)
         self.pdl = False
-
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, kv: KVLayer) -> torch.Tensor:
-        return self.attend(self.qkv_proj(x), positions, meta, kv)
 
     def attend(self, qkv: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, kv: KVLayer) -> torch.Tensor:
         """The layer after its qkv projection: q/k norm, RoPE, KV write, attention, o projection."""
@@ -130,9 +124,6 @@ class DecoderMLP(nn.Module):
         self.down_proj = MergedLinear(inter, [("down_proj", spec.hidden_size)], bias=False, parallel=tp.shard(1),
                                       **kw)  # fmt: skip
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(self.gate_up_proj(x))
-
     def down(self, gate_up: torch.Tensor) -> torch.Tensor:
         """The MLP after its gate|up projection."""
         gemv = self.down_proj.gemv
@@ -171,8 +162,8 @@ class DecoderLayer(nn.Module):
 
 
 class CausalLM(nn.Module):
-    """Qwen3ForCausalLM / Qwen2ForCausalLM / LlamaForCausalLM, selected by `ArchConfig` switches. With `tp` of
-    more than one rank, this rank's shard of it (`engine.parallel`: the embedding and the LM head stay whole)."""
+    """Qwen3ForCausalLM / Qwen2ForCausalLM / LlamaForCausalLM, selected by `ArchConfig` switches; with `tp`, this
+    rank's shard of it."""
 
     def __init__(
         self, spec: ModelSpec, arch: ArchConfig, max_positions: int, *, device, dtype, use_triton: bool = False,
@@ -220,11 +211,9 @@ class CausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor, residual: torch.Tensor | None = None,
                        index: torch.Tensor | None = None, *, out_hidden: torch.Tensor | None = None,
                        out_logits: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-        """(final-norm hidden, logits in the model dtype) of rows [R, hidden].
-
-        `hidden` is the residual stream, or with `residual` the last layer's output to add to it; `index`
-        selects the rows (gathered inside the norm). `out_hidden` [R, hidden] / `out_logits` [R, vocab]:
-        buffers to write into (a CUDA graph's static outputs) instead of new tensors."""
+        """(final-norm hidden, logits in the model dtype) of rows [R, hidden]: `hidden` is the residual stream, or
+        with `residual` the last layer's output to add to it; `index` selects the rows inside the norm; `out_*`:
+        buffers to write into (a CUDA graph's static outputs)."""
         h, _ = self.norm(hidden, residual, index=index, store_sum=False, out=out_hidden)
         if out_logits is None:
             return h, F.linear(h, self.lm_head)
@@ -251,8 +240,7 @@ class CausalLM(nn.Module):
 
     @contextlib.contextmanager
     def gemv_scope(self) -> Iterator[None]:
-        """Inside: linear layers of small inputs use the skinny GEMM (if attached and enabled). The engine wraps
-        its CUDA-graph body in this; eager steps run outside it."""
+        """Inside (the engine's CUDA-graph bodies): linear layers of small inputs use the skinny GEMM if enabled."""
         if self.gemv is None:
             yield
             return

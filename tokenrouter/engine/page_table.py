@@ -1,23 +1,18 @@
-"""Device page tables with persistent row slots, changed incrementally.
+"""Device page tables with persistent row slots, changed incrementally (docs/engine.md, Host planning).
 
-Each request gets a slot: a row of a device int32 table [num_slots, width] holding its KV page ids. A step
-uploads only the pages a slot lacks, as (flat index, page) pairs the step's prologue scatters on the device;
-attention reads a row's pages through its slot (`row_slots`). Host cost grows with rows and new pages, never
-with the context.
+Each request gets a slot: a row of a device int32 table [num_slots, width] holding its KV page ids; a step
+uploads only the pages a slot lacks, as (flat index, page) pairs the step's prologue scatters on the device.
 
 Invariants:
 - Slot 0 is the null slot: all zeros (page 0), used by graph padding and as the dump target of updates.
-- `written[s]` leading entries of slot s are on the device (or in the updates being planned) and equal
-  `owner[s].pages[:written[s]]` unless the pool took pages back, detected cheaply: a row starting at position 0
-  rewrites its slot; other rows check the slot's first and last written page (O(1)); a page written for a slot
-  is looked up in `page_owner`, so a page that moved to another request invalidates the old slot.
-- A page handed to two live requests, page 0, or a page id outside the cache is an error naming the rows;
-  planning is all-or-nothing (`plan` validates before `commit` changes any state). With `shared_pages` (a prefix
-  cache) a page may be in several requests' lists at the same column: not an error, and a slot that still holds
-  a page another slot claims keeps its table.
-
-Per-slot state is plain Python lists (cheaper scalar access than numpy), a row whose slot holds all its pages
-takes an O(1) path, and recency is a step stamp per slot (victims sorted only when free slots run out).
+- `written[s]` leading entries of slot s are on the device and equal `owner[s].pages[:written[s]]` unless the
+  pool took pages back, detected cheaply: a row starting at position 0 rewrites its slot; other rows check the
+  slot's first and last written page (O(1)); a page that moved to another request (`page_owner`) invalidates the
+  old slot.
+- A page held by two live requests, page 0, or a page id outside the cache is an error naming the rows; `plan`
+  validates before `commit` changes any state. With `shared_pages` (a prefix cache) a page may be in several
+  requests' lists at the same column.
+Per-slot state is plain Python lists (cheap scalar access); victims are sorted only when free slots run out.
 """
 
 from __future__ import annotations

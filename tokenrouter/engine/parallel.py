@@ -1,16 +1,10 @@
-"""Tensor parallelism of one engine (docs/tensor-parallel.md): its ranks' process group (`TensorParallel`) and
-how a full checkpoint tensor maps onto one rank's shard (`Shard`).
+"""Tensor parallelism of one engine (docs/tensor-parallel.md): its ranks' process group (`TensorParallel`) and how
+a full checkpoint tensor maps onto one rank's shard (`Shard`).
 
-Megatron-style, one all-reduce per sublayer: q/k/v and gate/up column-parallel (rank r holds query heads
-[r*Hq/tp, (r+1)*Hq/tp) and the KV heads they read), o_proj and down_proj row-parallel, each followed by an
-all-reduce; each rank's KV cache holds its KV heads, with the same page ids, slot mapping and page tables on every
-rank. Replicated: embedding, LM head, norms, q/k-norm weights, RoPE table, and row-parallel biases (added on rank 0
-only, before the all-reduce, so they count once). The embedding and LM head stay whole so that everything after
-the last all-reduce (final norm, logits, sampling, a learned router) computes the same values on every rank.
-
-No module-level state: the group lives in the `TensorParallel` an engine is given, so two engines can share a
-process. It is a c10d backend built directly on a store (`ProcessGroupGloo` on CPU, `ProcessGroupNCCL` on CUDA),
-never `torch.distributed`'s default group.
+Megatron-style: q/k/v and gate/up column-parallel, o_proj and down_proj row-parallel and all-reduced; embedding,
+LM head, norms and RoPE replicated, row-parallel biases added on rank 0 only, so everything after the last
+all-reduce computes the same values on every rank. No module-level state: the group is a c10d backend built on a
+store (gloo on CPU, NCCL on CUDA), never `torch.distributed`'s default group, so two engines share a process.
 """
 
 from __future__ import annotations

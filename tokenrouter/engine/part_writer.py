@@ -1,15 +1,10 @@
-"""Packing one part of a step (`step_plan`): the fields of its rows, written into its share of the staging buffer as
-`inputs.Layout` lays them out.
+"""Packing one part of a step (`step_plan`) into its share of the staging buffer, as `inputs.Layout` lays it out.
 
-A part is the graph part (`virtual`: one decode attention row per token, one logit row per batch row) or the
-varlen part (one attention row per batch row, logit rows for sampled rows only; a varlen graph's padding rows are
--1 in the part's row list). The writer goes over the rows once, in attention-row order:
-- token-level fields (`_Tokens`): rows of up to `_SMALL` tokens (decode rows, peer returns) queue in Python lists
-  that are flushed with one numpy conversion per field; a longer row (a prefill chunk) first flushes what is
-  queued, then goes in as numpy slices, so the buffer always fills in token order;
-- row-level fields (`_Rows`): attention rows (cu_seqlens, seq_lens, row slots) and logit rows (index, out slot,
-  sample position, sampling and log-probability requests), written once after the pass.
-Greedy rows touch no sampling field: the zeroed buffer already says greedy. Errors name the row (BatchError)."""
+The graph part is `virtual` (one decode attention row per token); the varlen part has one attention row per batch
+row, logit rows for sampled rows only, and -1 in its row list for a varlen graph's padding rows. Token fields of
+short rows (up to `_SMALL` tokens) queue in Python lists flushed with one numpy conversion per field; a longer row
+flushes the queue first and goes in as numpy slices, so the buffer fills in token order. Greedy rows touch no
+sampling field (the zeroed buffer says greedy). Errors name the row (BatchError)."""
 
 from __future__ import annotations
 
@@ -23,7 +18,7 @@ from tokenrouter.core.request import Request
 from tokenrouter.engine.decode_plan import offsets
 from tokenrouter.engine.errors import BatchError
 from tokenrouter.engine.inputs import Layout
-from tokenrouter.engine.plan_types import PlanContext, write_logprobs, write_sampling
+from tokenrouter.engine.plan_types import PlanContext, write_requests
 
 __all__ = ["CheckedRows", "Part", "PlanRows", "write_part"]
 
@@ -74,8 +69,7 @@ class Part:
 
 def write_part(known: PlanRows, p: Part) -> int:
     """Write the fields of one part (rows `p.part`, indices into the live lists) into `p.packed`, padded as
-    `inputs` documents; returns the part's longest row. The buffer is zeroed first: every field a row does not
-    set keeps its padding value (prev -1 and seq_len 1 are set here, the rest are 0)."""
+    `inputs` documents (zeroed first; prev -1 and seq_len 1 set here); returns the part's longest row."""
     off = offsets(p.layout)
 
     def view(f: str) -> np.ndarray:
@@ -94,11 +88,8 @@ def write_part(known: PlanRows, p: Part) -> int:
     if bad.any():
         _bad_token(known, p.part)
     _write_attention_rows(view, toks, rows, p.virtual)
-    _write_logit_rows(view, rows, known.ctx)
-    n_upd = len(p.upd[0])
-    if n_upd:
-        view("upd_idx")[:n_upd] = p.upd[0]
-        view("upd_val")[:n_upd] = p.upd[1]
+    _write_logit_rows(view, rows)
+    write_requests(view, len(rows.li), rows.samp, rows.lpk, p.upd, known.ctx)
     return rows.qmax
 
 
@@ -213,9 +204,8 @@ class _Rows:
         self.rsl.append(0)
 
     def add(self, row: BatchRow, req: Request, end: int, m: int, sl: int, t: int, virtual: bool, vocab: int) -> None:
-        """A live row of m tokens ending at position `end` (exclusive) and at token t (exclusive) of the part.
-        A graph part gives every row a logit row (out slot 0 when it does not sample), a varlen part only the
-        sampled ones."""
+        """A live row of m tokens ending at position `end` and token t of the part (both exclusive); a graph part
+        gives every row a logit row (out slot 0 when it does not sample), a varlen part only the sampled ones."""
         self.cu.append(t)
         self.qmax = m if m > self.qmax else self.qmax
         if not virtual:
@@ -270,19 +260,12 @@ def _write_attention_rows(view: Callable[[str], np.ndarray], toks: _Tokens, rows
     cu_v[len(rows.cu) :] = t
 
 
-def _write_logit_rows(view: Callable[[str], np.ndarray], rows: _Rows, ctx: PlanContext) -> None:
-    """Logit-row fields; top_p defaults to 1.0 on every logit row, the other sampling fields stay zero (greedy)
-    unless a row samples with temperature > 0 (seeds drawn from `ctx.rng` in logit-row order)."""
+def _write_logit_rows(view: Callable[[str], np.ndarray], rows: _Rows) -> None:
+    """Logit-row fields besides the requests' (`write_requests`)."""
     nl = len(rows.li)
     view("logits_indices")[:nl] = rows.li
     view("out_slot")[:nl] = rows.oslot
     view("sample_pos")[:nl] = rows.spos
-    top_p = view("top_p").view(np.float32)
-    top_p[:nl] = 1.0
-    if rows.samp:
-        write_sampling(rows.samp, ctx, top_p, view("inv_temp").view(np.float32), view("top_k"), view("seed"))
-    if rows.lpk:
-        write_logprobs(rows.lpk, view("logprobs_k1"))
 
 
 def _bad_token(known: PlanRows, part: list[int]) -> None:

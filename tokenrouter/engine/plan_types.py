@@ -4,7 +4,7 @@ general planner (`step_plan`) and its decode fast path (`decode_plan`)."""
 from __future__ import annotations
 
 import random
-from collections.abc import MutableSequence
+from collections.abc import Callable, MutableSequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -67,21 +67,28 @@ def logprobs_asked(req: Request) -> int | None:
     return k if 0 <= k <= MAX_LOGPROBS else -1
 
 
-def write_logprobs(lpk: list[tuple[int, int]], field_view: np.ndarray) -> None:
-    """`logprobs_k1` of the logit rows that ask ((logit row, k) pairs); the others keep the zeroed 0 (none)."""
-    field_view[[j for j, _ in lpk]] = [k + 1 for _, k in lpk]
-
-
-def write_sampling(samp: list, ctx: PlanContext, top_p: np.ndarray, inv_temp: np.ndarray, top_k: np.ndarray,
-                    seed: np.ndarray) -> None:  # fmt: skip
-    """Sampling fields of the rows with temperature > 0 (greedy rows keep the zeroed defaults)."""
-    vocab, rng = ctx.vocab_size, ctx.rng
-    js = [j for j, _ in samp]
-    inv_temp[js] = np.float32(1.0) / np.asarray([p.temperature for _, p in samp], np.float32)
-    top_p[js] = [p.top_p for _, p in samp]
-    top_k[js] = [p.top_k if 0 < p.top_k < vocab else 0 for _, p in samp]
-    seeds = []
-    for _, p in samp:  # batch order, as the RNG must be drawn
-        s = seed32(p.seed) if p.seed is not None else rng.getrandbits(32)
-        seeds.append(s - (1 << 32) if s >= 1 << 31 else s)  # stored as int32 bits
-    seed[js] = seeds
+def write_requests(view: Callable[[str], np.ndarray], n_logit: int, samp: list, lpk: list[tuple[int, int]],
+                   upd: tuple[list[int], list[int]], ctx: PlanContext) -> None:  # fmt: skip
+    """The fields rows' requests set: top_p 1.0 on the `n_logit` logit rows; the sampling fields of `samp`, the
+    (logit row, SamplingParams) of rows with temperature > 0 (greedy rows keep the zeroed defaults; seeds drawn
+    from `ctx.rng` in order); `logprobs_k1` of `lpk` ((logit row, k) pairs); the page-table writes `upd`."""
+    top_p = view("top_p").view(np.float32)
+    top_p[:n_logit] = 1.0
+    if samp:
+        vocab, rng = ctx.vocab_size, ctx.rng
+        js = [j for j, _ in samp]
+        temps = np.asarray([p.temperature for _, p in samp], np.float32)
+        view("inv_temp").view(np.float32)[js] = np.float32(1.0) / temps
+        top_p[js] = [p.top_p for _, p in samp]
+        view("top_k")[js] = [p.top_k if 0 < p.top_k < vocab else 0 for _, p in samp]
+        seeds = []
+        for _, p in samp:  # batch order, as the RNG must be drawn
+            s = seed32(p.seed) if p.seed is not None else rng.getrandbits(32)
+            seeds.append(s - (1 << 32) if s >= 1 << 31 else s)  # stored as int32 bits
+        view("seed")[js] = seeds
+    if lpk:
+        view("logprobs_k1")[[j for j, _ in lpk]] = [k + 1 for _, k in lpk]
+    if upd[0]:
+        n = len(upd[0])
+        view("upd_idx")[:n] = upd[0]
+        view("upd_val")[:n] = upd[1]

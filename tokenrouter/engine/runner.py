@@ -1,14 +1,9 @@
 """`Engine`: our PyTorch + Triton `ModelRunner` (one model, one paged KV cache, CUDA graphs).
 
-Step flow (`step(batch) -> StepHandle`): plan on the host (`step_plan`: validate, skip stale rows, split by the
-`GraphRule` into a graph part and an eager part, page-table writes) -> H2D copies from pinned staging -> graph
-replay of the graph part (prologue: page-table writes + from_prev tokens; forward; in-graph sampling; the
-router's device part) -> the eager part as one varlen pass with the same prologue/sampling/router, launched
-while the GPU runs the replay -> one D2H copy of tokens + destinations into a pinned ring slot -> an event.
-Nothing here syncs with the device; the caller waits on the handle's event only.
-
-Per-engine state only (stream, graph pool, page table, buffers, RNG), so several engines, even of different
-models, share a process and a GPU. All device work runs on the engine's own stream.
+Step flow (docs/engine.md): plan on the host (`step_plan`) -> H2D copies from pinned staging -> graph replay of
+the graph part -> the eager part, launched while the GPU runs the replay -> one D2H copy of tokens + destinations
+into a pinned ring slot -> an event. Nothing here syncs with the device; the caller waits on the handle's event.
+Per-engine state only (stream, graph pool, page table, buffers, RNG), so several engines share a process and a GPU.
 """
 
 from __future__ import annotations
@@ -60,12 +55,9 @@ class Engine(ModelRunner):
     `kv_pool`: pass the scheduler's pool to share it, or leave None and the engine builds one (then hand
     `engine.kv_pool` to the scheduler). `router`: a router's device part, run inside every step.
 
-    Tensor parallelism (`engine.parallel`, `engine.tp_step`): `tp` is this engine's rank in its group. Every rank
-    builds its engine with the same config (and a pool of the same pages), at the same time: construction runs
-    collectives (warm-up passes, graph capture). Rank 0 takes batches and sends each planned step to its
-    `followers` (a `StepSink`) before launching it; ranks 1..tp-1 take no batches, they run `tp_step.follow`.
-    A launch that fails on rank 0 after its description went out is fatal (EngineError): the ranks' collectives
-    are out of step.
+    Tensor parallelism (docs/tensor-parallel.md): `tp` is this engine's rank. Every rank builds its engine with the
+    same config and pages at the same time (construction runs collectives). Rank 0 takes batches and publishes each
+    planned step to its `followers` before launching it; ranks 1..tp-1 run `tp_step.follow`.
     """
 
     def __init__(self, config: EngineConfig, kv_pool: KVPool | None = None, *, router: DeviceRouter | None = None,
@@ -89,7 +81,7 @@ class Engine(ModelRunner):
         if fmt == "safetensors" and ckpt_dir is None:
             raise ModelLoadError(f"{config.model}: safetensors loading needs a model directory")
         self.closed = False
-        self.mps_warning = check_mps(config.mps_active_thread_percentage)
+        check_mps(config.mps_active_thread_percentage)
         self.stream, self.green_context = make_stream(self.device, config.stream_priority, config.green_context_sms)
         self.mem = DeviceMemory(self.device)
         self.faults = FaultInjection(set(config.fail_step_ids), fail_captures=config.fail_captures)
@@ -104,8 +96,8 @@ class Engine(ModelRunner):
         self.capture_stats: dict[str, float] = {"decode_graphs": 0, "varlen_graphs": 0, "capture_s": 0.0}
         self._rules: dict[bool, GraphRule] = {}
         self.use_triton_ops = config.use_triton_ops(self.device)
-        triton_attn = resolve_backend(config.attention_backend, self.device) == "triton"  # type: ignore[arg-type]
-        self.pdl = (config.triton_pdl and self.device.type == "cuda" and (self.use_triton_ops or triton_attn)
+        self.triton_attn = resolve_backend(config.attention_backend, self.device) == "triton"  # type: ignore[arg-type]
+        self.pdl = (config.triton_pdl and self.device.type == "cuda" and (self.use_triton_ops or self.triton_attn)
                     and torch.cuda.get_device_capability(self.device) >= (9, 0))  # fmt: skip
         self.synchronize()
         base = self.mem.allocated()
@@ -122,9 +114,8 @@ class Engine(ModelRunner):
             else:
                 load_safetensors(self.model, ckpt_dir)
         self.synchronize()
-        self.weights_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        measured = self.mem.allocated() - base
-        self.weights_bytes = measured if measured > 0 else self.weights_bytes
+        measured = max(self.mem.allocated() - base, 0)  # 0 on CPU: count the parameters
+        self.weights_bytes = measured or sum(p.numel() * p.element_size() for p in self.model.parameters())
         self.budget = self._budget()
         self.memory_profile: MemoryProfile | None = None  # the start-up measurement (with a memory budget)
         self._pool = kv_pool if kv_pool is not None else self._make_pool()
@@ -160,32 +151,28 @@ class Engine(ModelRunner):
             raise ValueError("KV pool too large for int32 slot indices")
         limit = min(self.spec.max_position_embeddings, self._pool.capacity_tokens)
         self._max_context_len = min(c.max_context_len or limit, limit)
-        self.max_pages_per_row = -(-self._max_context_len // ps)
         slots = c.page_table_slots or 4 * c.max_batch_size + 1
         top = max(c.graph_buckets, default=0)
         self.varlen_shapes = None
         if c.varlen_buckets() and (c.cuda_graphs or c.graph_emulation):
             pad = c.varlen_max_pad_tokens
-            if pad is None:
-                pad = max_pad_tokens(self.spec.num_params, self.spec.num_layers)
+            pad = max_pad_tokens(self.spec.num_params, self.spec.num_layers) if pad is None else pad
             self.varlen_shapes = VarlenShapes.build(c.varlen_buckets(), max_rows=c.max_batch_size,
                                                     long_rows=c.varlen_long_rows, short_q=c.varlen_short_q,
                                                     page_size=ps, max_pad=pad)  # fmt: skip
         vrows = max((sh.rows for sh in self.varlen_shapes.shapes), default=0) if self.varlen_shapes else 0
         self.eager_out_base = top
         self.out_width = top + max(c.max_batch_size, vrows)
-        triton_attn = resolve_backend(c.attention_backend, self.device) == "triton"  # type: ignore[arg-type]
         with torch.no_grad(), self.on_stream():
             self.kv_cache = KVCache(self.spec, self._pool, device=self.device, dtype=self.dtype, tp=self.tp.size)
-            self.table = PageTable(slots, self.max_pages_per_row, self._pool.num_pages, self.device,
+            self.table = PageTable(slots, -(-self._max_context_len // ps), self._pool.num_pages, self.device,
                                    shared_pages=c.shared_pages)  # fmt: skip
             self.slot_tokens = torch.zeros(slots, dtype=torch.int32, device=self.device)
             # tokens, destinations, then LOGPROB_WORDS per logit row for the rows that ask for log-probabilities
-            words = (2 + LOGPROB_WORDS) * self.out_width
-            self.out_ids = torch.zeros(words, dtype=torch.int32, device=self.device)
+            self.out_ids = torch.zeros((2 + LOGPROB_WORDS) * self.out_width, dtype=torch.int32, device=self.device)
             rows = max(c.max_batch_size, top, c.max_num_batched_tokens, 1)
             self.split_counters = (split_counters(rows, self.spec.num_kv_heads // self.tp.size, self.device)
-                                    if c.decode_fused_reduce and triton_attn else None)  # fmt: skip
+                                    if c.decode_fused_reduce and self.triton_attn else None)  # fmt: skip
         self.slot_token_step = [-1] * slots  # from_prev ledger (a list: cheap scalar access)
         self.fwd = StepForward(self)
 
@@ -240,8 +227,8 @@ class Engine(ModelRunner):
             del self._pool
 
     def _attach_gemv(self) -> None:
-        """The Triton skinny GEMM state for graph steps (CUDA with the Triton ops; interpreter tests with
-        ops_backend="triton"); `triton_gemv` only decides whether it starts enabled (`set_triton_gemv`)."""
+        """The Triton skinny GEMM state for graph steps, attached with the Triton ops (`triton_gemv` only decides
+        whether it starts enabled: `set_triton_gemv`)."""
         if not self.use_triton_ops:
             return
         from tokenrouter.engine.layers import GemvState
@@ -423,9 +410,8 @@ class Engine(ModelRunner):
         return handle
 
     def _launch_or_fail(self, batch: Batch, plan: StepPlan, want_logits: bool, want_hidden: bool) -> StepHandle:
-        """Launch on the engine's stream; a failed launch forgets the batch's slots (`_fail`) and raises StepFailed,
-        or EngineError under tensor parallelism: the followers already run the step, so the ranks are out of
-        step. The page-table plan is not committed in either case."""
+        """Launch on the engine's stream; a failed launch forgets the batch's slots (`_fail`), commits nothing and
+        raises StepFailed, or EngineError under tensor parallelism (the followers already run the step)."""
         try:
             with self.on_stream():
                 return self._launch(batch, plan, want_logits, want_hidden)
@@ -461,9 +447,8 @@ class Engine(ModelRunner):
         # One D2H copy: the log-probability region only when a row of the step asked (most steps: 2 words a row).
         n = self.out_ids.numel() if plan.logprobs else 2 * self.out_width
         host[:n].copy_(self.out_ids[:n], non_blocking=cuda)
-        extra = HostExtras()
-        if (want_logits or want_hidden) and plan.sampled:
-            extra = self.fwd.gather_sampled(plan, g_out, e_out, want_logits, want_hidden)
+        want = (want_logits or want_hidden) and plan.sampled
+        extra = self.fwd.gather_sampled(plan, g_out, e_out, want_logits, want_hidden) if want else HostExtras()
         event = None
         if cuda:
             event = torch.cuda.Event(enable_timing=self.timing)
@@ -495,41 +480,34 @@ class Engine(ModelRunner):
         """Upload a step's packed inputs (`self._staged`: the graph pass, then the varlen pass) and run its passes;
         returns (graph outputs, varlen outputs, the varlen graph runner or None). Every rank of a tensor-parallel
         engine runs exactly this for every step (rank 0 from its plan, the others from its description)."""
-        cuda = self.device.type == "cuda"
-        staged = self._staged
-        g_out = e_out = None
-        e_dev = None
+        staged, fwd, g = self._staged, self.fwd, self.graphs
+        g_out = e_out = e_dev = None
+        vg = self.vgraphs if eager is not None and eager.bucket is not None else None
         if graph is not None:
-            g = self.graphs
             assert g is not None and graph.bucket is not None
             g.load(staged, graph.bucket)
             if graph.extra_upd is not None:
-                self.fwd.table_writes(*graph.extra_upd)
-        vg = self.vgraphs if eager is not None and eager.bucket is not None else None
+                fwd.table_writes(*graph.extra_upd)
         if eager is not None:
             off = graph.layout.size if graph is not None else 0
-            n = eager.layout.size
+            part = staged[off : off + eager.layout.size]
             if vg is not None:
-                assert eager.bucket is not None
-                vg.load(staged[off : off + n], eager.bucket)
+                vg.load(part, eager.bucket)
                 if eager.extra_upd is not None:
-                    self.fwd.table_writes(*eager.extra_upd)
+                    fwd.table_writes(*eager.extra_upd)
             else:
-                part = staged[off : off + n]
-                e_dev = part.to(self.device, non_blocking=True) if cuda else part.clone()
+                e_dev = part.to(self.device, non_blocking=True) if self.device.type == "cuda" else part.clone()
         self._staging.record(self.stream)
-        self.fwd.logprobs_step = logprobs
+        fwd.logprobs_step = logprobs
         self.faults.before_passes(step_id)
         if graph is not None:
-            assert self.graphs is not None and graph.bucket is not None
-            self.graphs.run(graph.bucket)
-            g_out = (self.graphs.out.hidden, self.graphs.out.logits)
+            g.run(graph.bucket)
+            g_out = (g.out.hidden, g.out.logits)
         if vg is not None:
-            assert eager is not None and eager.bucket is not None
             vg.run(eager.bucket)
             e_out = (vg.out.hidden, vg.out.logits)
         elif eager is not None:
-            e_out = self.fwd.eager_pass(e_dev, eager.layout, eager.max_q_len)
+            e_out = fwd.eager_pass(e_dev, eager.layout, eager.max_q_len)
         return g_out, e_out, vg
 
     # ---- tensor-parallel followers ----------------------------------------------------------------------
@@ -593,11 +571,6 @@ class Engine(ModelRunner):
         self.synchronize()
         self.closed = True
         self._close_graphs()
-        for name in ("model", "kv_cache", "table", "slot_tokens", "out_ids", "split_counters", "fwd", "_ring",
-                     "_staging", "_staged"):  # fmt: skip
-            if hasattr(self, name):
-                setattr(self, name, None)
-        self.router = None
+        self.model = self._ring = self._staging = self._staged = self.router = None
         self.tp.close()
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
+        self._teardown_buffers()

@@ -1,25 +1,16 @@
-"""Sampling: greedy, temperature, top-k, top-p, seeded per request; the torch reference of the in-graph kernel.
+"""Sampling: greedy, temperature, top-k, top-p, seeded per request; the torch reference of the in-graph kernel
+(docs/engine.md, Sampling).
 
-Gumbel-max: token = argmax(x + g) over the allowed tokens, x = logits * (1 / temperature) (one fp32 multiply,
-the reciprocal formed on the host), g = -log(-log u), u a counter-based hash of (seed, position, token id). A
-draw depends only on the seed, the position and the logits: reproducible across batch compositions, engines and
-graph replays, with no device generator state and no host sync (`triton_step.sample_kernel` runs it in the
-graph). Requests without a seed get one from the engine's host RNG per step.
+Gumbel-max: token = argmax(x + g) over the allowed tokens, x = logits * (1 / temperature) (the reciprocal formed
+on the host), g = -log(-log u), u a counter-based hash of (seed, position, token id): a draw depends only on the
+seed, the position and the logits, with no device generator state and no host sync. Requests without a seed get
+one from the engine's host RNG per step. The hash keeps every int64 intermediate below 2^63, so CPU, CUDA and the
+kernel's uint32 arithmetic give bit-identical noise.
 
-Filters are thresholds on x: allowed are the tokens with x >= max(t_k, t_p), t_k the k-th largest x, t_p the
-largest v whose tokens at or above it hold mass >= top_p (mass = normalized exp(x - max x)); ties with the
-threshold are allowed. The kernel finds both by a radix select over order-preserving keys; this module by a sort.
-Greedy rows (temperature 0) take the argmax of the raw logits.
-
-NaN logits count as -inf everywhere (`no_nan`), so a token is always in 0..V-1: the first maximum with NaN as
--inf, token 0 for a row with nothing above -inf; +inf is an ordinary maximum.
-
-The hash keeps every int64 intermediate below 2^63 (32-bit multiplies split into 16-bit halves): CPU and CUDA
-give bit-identical noise, equal to the kernel's uint32 arithmetic.
-
-Log-probabilities (`SamplingParams.logprobs = k`): the fp32 log-softmax of the raw logits (temperature 1, before
-any filter, as vLLM reports them): the sampled token's and the k largest, by value descending, ties by token id
-ascending. `token_logprobs` is the definition; the kernel computes the same only for the rows that ask.
+Filters: allowed are the tokens with x >= max(t_k, t_p), t_k the k-th largest x, t_p the largest v whose tokens
+at or above it hold mass >= top_p (mass = normalized exp(x - max x)); ties with the threshold are allowed. NaN
+logits count as -inf everywhere (`no_nan`); +inf is an ordinary maximum. Log-probabilities: the fp32 log-softmax
+of the raw logits (temperature 1, before any filter), ties by token id ascending (`token_logprobs`).
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """Host side of one step: validate a core `Batch`, split it into a graph part and an eager part by the
 `GraphRule`, plan the page-table writes, and pack each part's inputs (`inputs.Layout`).
 
-Rows (errors name the row before anything is launched or changed):
-- stale rows (`row.version != req.version`: hopped, finished or aborted after scheduling) are skipped: no KV
-  written, token -1, destination = the batch's model;
-- `from_prev` rows take the token the immediately preceding step of this engine (step_id - 1) sampled for the
-  request; if that step failed or never ran, the row is an error, never an older token;
-- token ids outside the vocabulary, pages that do not cover the row, page 0, page ids outside the cache, a page
-  held by two requests and a request in two rows are errors.
-
-Host cost: O(rows + fed tokens + new pages), independent of context length; each part's fields go straight into
-the staging buffer (`part_writer`); no per-step array is sized by the cache or the slot count. Seeds are drawn
-graph part first, then the varlen part.
+Rows (errors name the row before anything is launched or changed; docs/engine.md, Safety): stale rows are skipped
+(token -1, destination = the batch's model); a `from_prev` row takes the token step_id - 1 sampled for its
+request, else it is an error, never an older token. Host cost is O(rows + fed tokens + new pages), independent
+of context length. Seeds are drawn graph part first, then the varlen part.
 """
 
 from __future__ import annotations

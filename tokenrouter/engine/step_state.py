@@ -1,11 +1,8 @@
-"""`StepState`: what the device side of a step (`forward.StepForward`) and the start-up work (`warmup`) read from
-the engine that owns them. `runner.Engine` implements it.
+"""`StepState`: what `forward.StepForward` and `warmup` read from the engine that owns them (`runner.Engine`).
 
-Why a protocol and not the `Engine` type: the engine builds its forward and runs its warmup, so those modules
-naming `Engine` would close an import cycle (runner -> forward -> runner). They read the state through this view
-at every pass, never a copy: the engine replaces its buffers (the start-up memory profile runs on a throwaway
-cache), its router (`set_router`) and PDL (`set_pdl`) while it lives. `tests/engine/test_import_cycles.py`
-checks that the engine package has no import cycle.
+A protocol, not the `Engine` type: naming `Engine` there would close an import cycle (runner -> forward ->
+runner). They read the state at every pass, never a copy: the engine replaces its buffers, router and PDL while
+it lives.
 """
 
 from __future__ import annotations

@@ -1,20 +1,11 @@
-"""What rank 0 of a tensor-parallel engine sends its followers (ranks 1..tp-1), and the loop a follower runs.
+"""What rank 0 of a tensor-parallel engine sends its followers (ranks 1..tp-1), and the loop a follower runs
+(docs/tensor-parallel.md).
 
-Rank 0 alone plans (`step_plan`: it holds the scheduler's requests and the host page-table book). A `StepDesc`
-is the plan's flat int32 device inputs (`inputs.Layout`), one array per pass, plus how to run them (graph
-bucket, varlen bucket or eager layout, page-table writes beyond a graph's capacity, step id, log-probabilities
-wanted): no `Request`, no scheduler object.
-
-A follower replays it through rank 0's launch code (`Engine.run_described`): same pages, page-table writes and
-slot mapping, its own KV heads. It samples into its own buffers: the all-reduced hidden states, hence logits,
-are equal on every rank, so its tokens equal rank 0's and a later from_prev row reads the same token everywhere
-without a host round trip. Only rank 0's step handle is read.
-
-`Recapture` keeps the ranks' graphs alike (rank 0 recaptured after a router, skinny-GEMM or PDL change: same
-settings, same buckets, same order); `Stop`: rank 0 closed its engine.
-
-Transport is elsewhere: rank 0 gets a `StepSink` (bytes out), a follower's loop a `recv` callable (bytes in);
-`tokenrouter.runtime.tp_ranks` implements both over ZeroMQ.
+Rank 0 alone plans; a `StepDesc` is the plan's flat int32 device inputs plus how to run them (buckets or eager
+layout, extra page-table writes, step id, log-probabilities wanted), no `Request`. A follower replays it through
+rank 0's launch code (`Engine.run_described`) and samples into its own buffers: the all-reduced hidden states are
+equal on every rank, so its tokens equal rank 0's and from_prev rows read the same token everywhere. `Recapture`
+keeps the ranks' graphs alike; `Stop`: rank 0 closed. Transport is `tokenrouter.runtime.tp_ranks` (ZeroMQ).
 """
 
 from __future__ import annotations

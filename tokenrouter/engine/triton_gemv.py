@@ -1,30 +1,19 @@
 """Triton skinny GEMM for the linear layers of small decode steps: y[M, N] = x[M, K] @ W[N, K]^T (+ bias).
 
-Why: at decode the four projections of a layer stream their weights once per step, and a GEMV we own beat
-cuBLAS there (docs/engine.md, Measured choices); owning it also folds SwiGLU into the down projection and the
-residual add + RMSNorm into the projections after them, and gives every projection programmatic dependent launch.
+Why: at decode the projections stream their weights once per step, and a GEMV we own beat cuBLAS there
+(docs/engine.md, Measured choices); it also folds SwiGLU into the down projection and residual add + RMSNorm into
+the projections after them, with programmatic dependent launch throughout.
 
-Design (one launch per projection, graph-safe: the grid and every constexpr depend only on shapes):
-- Grid (cdiv(N, BLOCK_N), split_k). A program owns BLOCK_N weight rows and a K slice; it loads each weight tile
-  once and applies it to all M <= 16 input rows, so every weight byte is read once per call. fp32 accumulation.
-- Two inner products (`GemvConfig.dot`): FMA (M <= FMA_MAX_ROWS): CUDA-core multiply-adds into a register tile,
-  reduced over K at the end; DOT (more rows): `tl.dot(W_tile, x_tile^T)` on tensor cores, token rows padded to
-  16 (masked, never loaded).
-- split_k > 1 (tall K, few N tiles): each program stores its fp32 partial to a workspace, passes a CTA barrier
-  and bumps the tile's int32 arrival counter (acq_rel, GPU scope); the last arrival sums the partials in split
-  order (deterministic), adds the bias, writes y and resets the counter. Counters are zero before a launch and
-  after it (a per-engine buffer, like the attention merge's).
-- `silu=True`: x is a fused gate|up output [M, 2K]; the kernel forms SiLU(gate) * up with HF's rounding points
-  (the `silu_and_mul` kernel's).
-- `pdl=True` (sm_90+): weights do not depend on the previous kernel, so with `prefetch` each program first asks
-  L2 for the first bytes of its weight rows (up to 32 KB), then waits (`griddepcontrol.wait`) before touching x,
-  the workspace or the counters; with `preload` (PRE_TILES) it loads its weight tiles into registers before the
-  wait instead and applies them in the loop's order afterwards (bit-identical).
-- `norm=`: x is RMSNorm(x (+ residual)); every program reduces each row's RMS as `triton_ops.rms_norm` does
-  (same rounding) and one program writes the new residual stream.
-
-Configs: `gemv_config(M, N, K)` picks from a small table keyed by (N, K) or a shape rule; no autotuning at run
-time (graph capture must see fixed kernels). Import only where kernels run (CUDA, or TRITON_INTERPRET=1 tests).
+Design (one launch per projection, graph-safe: grid and constexprs depend only on shapes):
+- Grid (cdiv(N, BLOCK_N), split_k): a program owns BLOCK_N weight rows and a K slice and applies each weight tile
+  to all M <= 16 rows (every weight byte read once), fp32 accumulation; FMA on CUDA cores for M <= FMA_MAX_ROWS,
+  else `tl.dot` on tensor cores with rows padded to 16.
+- split_k > 1: partials go to a workspace; the last arrival at the tile's counter (acq_rel, GPU scope, after a CTA
+  barrier) sums them in split order (deterministic), adds the bias and resets the counter (zero before and after).
+- `silu` / `norm`: x is SiLU(gate) * up, or RMSNorm(x (+ residual)), rounded as `silu_and_mul` / `rms_norm` do.
+- `pdl`: weights do not depend on the previous kernel, so `prefetch` (L2) or `preload` (registers, applied in the
+  loop's order: bit-identical) fetches them before `griddepcontrol.wait`.
+Configs come from a table or a shape rule (`gemv_config`); no autotuning (graph capture needs fixed kernels).
 """
 
 from __future__ import annotations
@@ -36,12 +25,13 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from tokenrouter.engine.attention.triton_common import DEFAULT_NUM_SMS
+from tokenrouter.engine.attention.triton_common import num_sms as device_sms
 from tokenrouter.engine.triton_ops import pdl_kwargs
 
 MAX_ROWS = 16  # largest M the kernel takes (the DOT path pads rows to 16)
 FMA_MAX_ROWS = 1  # rows up to this use CUDA-core FMAs, more use tensor cores (faster from M = 2: docs/engine.md)
 DOT_ROWS = 16  # token rows of a DOT-path tile (tl.dot needs >= 16)
-DEFAULT_NUM_SMS = 132  # H200; used without a CUDA device (interpreter)
 PREFETCH_BYTES_PER_PROGRAM = 32 * 1024  # L2 prefetch per program before the PDL wait
 PRELOAD_BYTES_PER_PROGRAM = 32 * 1024  # weight bytes a program loads into registers before the PDL wait
 MAX_PRE_TILES = 4  # the kernel unrolls at most this many pre-loaded tiles
@@ -377,14 +367,11 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
                 residual: torch.Tensor | None = None, sum_out: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """y = x @ weight.T (+ bias) for x [M, K] with M <= 16, weight [N, K] (rows contiguous), fp32 accumulation.
 
-    `silu`: x is a fused gate|up activation [M, 2K] and y = (SiLU(gate) * up) @ weight.T. `counters`: zeroed
-    int32 split-K arrival counters (`arrival_counters`), needed when the config splits K (else a zeroed buffer
-    is allocated: one memset launch). `config`: override `gemv_config`. `pdl`: programmatic dependent launch
-    (+ L2 prefetch of the first weight bytes before the wait, with `prefetch`). `preload`: each program loads its
-    weight tiles (`pre_tiles`) into registers before the PDL wait (same arithmetic, same order);
-    `pre_tiles_override`: exactly that many (0..MAX_PRE_TILES; tests and ablations).
-    `norm` = (norm weight [K], eps): y = RMSNorm(s) @ weight.T with s = x (+ `residual`), rounded as
-    `triton_ops.rms_norm` rounds; with a residual, s is written to `sum_out` ([M, K], not x or residual)."""
+    `silu`: x is a fused gate|up activation [M, 2K], y = (SiLU(gate) * up) @ weight.T. `counters`: zeroed split-K
+    arrival counters (`arrival_counters`; else a zeroed buffer is allocated: one memset launch). `config`: override
+    `gemv_config`. `prefetch` / `preload` (`pre_tiles`): see the module doc; `pre_tiles_override`: exactly that many
+    (tests and ablations). `norm` = (norm weight [K], eps): y = RMSNorm(s) @ weight.T with s = x (+ `residual`);
+    with a residual, s is written to `sum_out` ([M, K], not x or residual)."""
     m = x.shape[0]
     n, k = weight.shape
     _check_operands(x, weight, silu=silu, norm=norm is not None, residual=residual, sum_out=sum_out)
@@ -394,13 +381,7 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     if m == 0:
         return y
     if config is None:
-        if num_sms is None:
-            num_sms = (
-                torch.cuda.get_device_properties(x.device).multi_processor_count
-                if x.device.type == "cuda"
-                else DEFAULT_NUM_SMS
-            )
-        config = gemv_config(m, n, k, num_sms)
+        config = gemv_config(m, n, k, num_sms if num_sms is not None else device_sms(x.device))
     cfg = config
     tiles = triton.cdiv(n, cfg.block_n)
     if cfg.split_k > 1:

@@ -1,19 +1,11 @@
-"""Triton kernels for the decoder's small elementwise stages (CUDA path), one launch per stage where torch
-takes many (RMSNorm 8 ops, q/k-norm + RoPE ~30, SwiGLU 3), each a launch even inside a CUDA graph:
-- `rms_norm`: (optional residual add) + RMSNorm, one program per row; optionally gathering its rows through an
-  index (first layer's embedding lookup, final norm's logit rows) so those gathers need no launch;
-- `qk_norm_rope_store`: per-head q/k RMSNorm (Qwen3), NeoX RoPE and the K/V write into the paged cache
-  (`tokenrouter.engine.attention`'s layout), one program per (token, head);
-- `silu_and_mul`: SiLU(gate) * up over a fused gate|up row.
-Rounding follows HF transformers (round to the activation dtype where HF does). Launch parameters depend only
-on shapes: graph-capturable.
+"""Triton kernels for the decoder's small elementwise stages, one launch per stage where torch takes many:
+`rms_norm` ((residual add +) RMSNorm, optionally gathering its rows through an index), `qk_norm_rope_store`
+(q/k RMSNorm, NeoX RoPE and the paged K/V write) and `silu_and_mul`. Rounding follows HF transformers; launch
+parameters depend only on shapes (graph-capturable).
 
-`pdl=True`: programmatic dependent launch (Hopper+): the kernel may start while the previous one finishes and
-waits (`griddepcontrol.wait`) before its first memory access, so only launch latency overlaps, never data;
-every kernel signals its dependents at entry. Without PDL (and in the interpreter: USE_PDL=False) both are no-ops.
-
-Import only where kernels run (CUDA, or TRITON_INTERPRET=1 tests): the decorators read the interpreter switch
-at import time.
+`pdl=True`: programmatic dependent launch (Hopper+): a kernel waits (`griddepcontrol.wait`) before its first
+memory access, so only launch latency overlaps, never data; every kernel signals its dependents at entry.
+Import only where kernels run (CUDA, or TRITON_INTERPRET=1): the decorators read the switch at import time.
 """
 
 from __future__ import annotations

@@ -1,21 +1,15 @@
 """Triton kernels at the two ends of a step, so both stay inside the CUDA graph.
 
-- `step_prologue`: scatters the step's page-table writes into the device table and resolves `from_prev` tokens
-  (input id = the token the previous step sampled into the request's slot).
-- `sample`: per logit row, greedy (argmax of the raw logits, torch's reduction launched first) or Gumbel-max over
-  the tokens passing top-k and top-p (thresholds by radix select over order-preserving keys: no sort, no [rows,
-  vocab] temporaries); the token goes to the step's output and the request's slot. A row with `logprobs_k1` > 0
-  then computes its log-probabilities in the same program (a log-sum-exp pass, then one pass per further top
-  value in (value desc, id asc) order); other rows only read `logprobs_k1`. Definitions and torch references:
-  `tokenrouter.engine.sampler` (same uint32 hash).
+- `step_prologue`: scatters the step's page-table writes and resolves `from_prev` tokens (input id = the token
+  the previous step sampled into the request's slot).
+- `sample`: per logit row, greedy (argmax of the raw logits) or Gumbel-max over the tokens passing top-k and top-p
+  (thresholds by radix select over order-preserving keys); the token goes to the step's output and the request's
+  slot, then rows with `logprobs_k1` > 0 compute their log-probabilities in the same program. Definitions and
+  torch references: `sampler` (same uint32 hash).
 
-NaN logits count as -inf in every reduction (one `where` per loaded block): Triton's argmax combine compares with
-`>` and `==`, false for NaN, so a NaN row's winner would depend on reduction order and could be a masked lane past
-the vocabulary (docs/engine.md, Sampling). Without NaN the combine takes the first maximum and lane 0 of every
-block is inside the vocabulary: every token id is in 0..V-1.
-
-Launch parameters depend only on shapes: graph-capturable. Import only where kernels run (CUDA, or
-TRITON_INTERPRET=1).
+NaN logits count as -inf in every reduction: Triton's argmax combine compares with `>` and `==`, false for NaN,
+so a NaN could make the winner a masked lane past the vocabulary (docs/engine.md, Sampling). Launch parameters
+depend only on shapes. Import only where kernels run (CUDA, or TRITON_INTERPRET=1).
 """
 
 from __future__ import annotations

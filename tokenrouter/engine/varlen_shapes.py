@@ -1,21 +1,13 @@
-"""Shapes of the varlen CUDA graphs: the "eager" pass of a step (prefill chunks, long peer returns, and, when
-steps are not split, the decode rows beside them) captured over token buckets.
+"""Shapes of the varlen CUDA graphs: the varlen pass of a step (prefill chunks, long returns, and the decode rows
+beside them) captured over token buckets (docs/engine.md, What runs in CUDA graphs).
 
-A varlen graph of bucket T holds at most T fed tokens in two row groups of fixed row counts:
-- `long_rows` rows of any length (prefill chunks, long returns), attention with `max_q_len = T`;
-- `short_rows` rows of at most `short_q` tokens (decode rows, short returns), attention with `max_q_len = short_q`.
-Why two groups: the extend attention's grid is rows x KV heads x query blocks of `max_q_len`; one group of all
-rows at `max_q_len = T` would launch rows x T / BLOCK_Q programs a layer, nearly all empty. Both launches write
-one attention output, so each (its KV-split reduce included) writes only its own rows' tokens.
+A bucket of T tokens has two row groups of fixed row counts: `long_rows` rows of any length (attention with
+`max_q_len = T`) and `short_rows` rows of at most `short_q` tokens (`max_q_len = short_q`). Why two: the extend
+attention's grid is rows x KV heads x query blocks of `max_q_len`, so one group at T would launch mostly empty
+programs. Both launches write one output, each only its own rows' tokens.
 
-Row placement (`VarlenShape.place`): long rows fill the long group first, in batch order; short rows fill the
-short group, then any long-group room left. A step fits the smallest bucket holding its tokens whose groups
-hold its rows; else it runs eagerly (or, with several buckets, in a bigger one that holds the rows).
-
-Padding (as in `inputs`'s graph layout): token id 0, position 0, KV slot 0 (the null page), no row (padded rows
-have zero queries); padded rows read the null slot 0; padded logit rows sample greedily into the null slot. So
-padding never writes a real page or slot, and its attention output (any value, NaN included) reaches only the
-null page.
+Row placement (`VarlenShape.place`): long rows fill the long group in batch order; short rows fill the short
+group, then any long-group room left. Padding (as in `inputs`) reads and writes only the null page and slot.
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """Start-up work of an engine besides loading: the memory profile pass and the warmup of every kernel variant.
 
-Why warm up: Triton compiles a kernel variant at its first launch (seconds on a GPU, mid-serving). Graph
-capture compiles what the graph bodies launch. The eager (varlen) pass launches the paged attention kernel
-with a query-block size that depends on the longest row (`extend_tiling`) and, with KV splits, a reduce kernel
-whose split padding depends on the split count; the runtime ints are not specialized (`do_not_specialize`) and
-every packed field is 16-byte aligned, so those constexprs are the only variants. Warmup runs one all-padding
-eager pass per query-block class (which also compiles the norms, RoPE/KV store, sampling and prologue kernels
-of the eager path) and the attention kernels directly at every split padding.
-
-`jit_cache_entries()` counts compiled variants of every Triton kernel of the engine (0 under the
-interpreter); studies compare it after warmup and after serving.
-
-Everything here reads the engine through `StepState` and runs passes through its `StepForward` (public members
-only); the engine decides which buffers they run on (the memory profile: a throwaway 2-page cache).
+Why warm up: Triton compiles a variant at its first launch (seconds, mid-serving). Graph capture compiles what the
+graph bodies launch; runtime ints are not specialized and packed fields are 16-byte aligned, so the eager pass's
+only other variants are the extend attention's query-block size (`extend_tiling`) and the reduce kernel's split
+padding. Warmup runs one padding eager pass per query-block class and the attention at every split padding.
+Everything reads the engine through `StepState` (the memory profile runs on a throwaway 2-page cache).
 """
 
 from __future__ import annotations

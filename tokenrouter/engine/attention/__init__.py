@@ -1,14 +1,9 @@
 """Paged attention for the engine: KV store, decode and extend/prefill, with a torch oracle and Triton kernels.
 
-KV layout (fixed contract with the model code): per layer `k_cache`, `v_cache` of shape
-`[num_pages, page_size, num_kv_heads, head_dim]`; token `pos` of a request lives in page
-`block_table[pos // page_size]` at offset `pos % page_size`; page 0 is the null page padded rows write to.
-
-Backends: "torch" (reference, runs anywhere, not graph-capturable), "triton" (GPU, or the CPU interpreter
-when TRITON_INTERPRET=1 was set before the kernels were imported), "auto" (triton for CUDA tensors,
-otherwise torch unless TRITON_INTERPRET=1). The Triton modules are imported lazily so CPU-only installs
-without triton work. `python -m tokenrouter.engine.aot_check` compiles the kernels for sm_90 on a
-machine without a GPU (registers, spills, pipelining).
+KV layout: see `kv_store`. Backends: "torch" (reference, runs anywhere, not graph-capturable), "triton" (GPU, or
+the CPU interpreter when TRITON_INTERPRET=1 was set before import), "auto" (triton for CUDA tensors, else torch
+unless TRITON_INTERPRET=1). The Triton modules are imported lazily; `python -m tokenrouter.engine.aot_check`
+compiles them for sm_90 without a GPU.
 """
 
 from __future__ import annotations
@@ -28,10 +23,8 @@ __all__ = ["Backend", "decode_attention", "extend_attention", "resolve_backend",
 
 
 def split_counters(num_rows: int, num_kv_heads: int, device: torch.device | str) -> torch.Tensor:
-    """Zeroed arrival counters for the fused split-KV decode merge of up to `num_rows` rows (one int32 per row
-    and KV head), to pass as `decode_attention(..., counters=)`. A buffer may be shared by launches that run
-    one after another (all layers of a step on one stream), never by launches that can overlap (two streams,
-    two engines): the kernel leaves it all zero again when it ends."""
+    """Zeroed arrival counters for the fused split-KV decode merge of up to `num_rows` rows (`decode_attention(...,
+    counters=)`). Share a buffer only between launches that cannot overlap (one stream); the kernel leaves it zero."""
     return torch.zeros(num_rows * num_kv_heads, dtype=torch.int32, device=device)
 
 
@@ -52,13 +45,10 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      seq_lens: torch.Tensor, scale: float, *, out: torch.Tensor | None = None,
                      num_splits: int | None = None, backend: Backend = "auto", counters: torch.Tensor | None = None,
                      pdl: bool = False, row_slots: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
-    """One new query per row. q `[B, Hq, D]`, block_tables `[B, max_pages]` int32, seq_lens `[B]` int32 = KV
-    length including the token being decoded (its KV already stored). Returns `[B, Hq, D]` (into `out` if
-    given). Hq must be a multiple of Hkv (query head h reads KV head h // (Hq // Hkv)). `num_splits` only
-    affects the Triton backend; None picks one from (B, Hkv, max_pages). Triton only: `counters` (zeroed int32,
-    >= B * Hkv entries) merges the KV splits inside the attention kernel instead of a second launch; `pdl`
-    launches with programmatic dependent launch. `row_slots` ([B] int32): row b reads the page table
-    `block_tables[row_slots[b]]` (the engine's persistent per-request table slots) instead of row b."""
+    """One new query per row: q `[B, Hq, D]`, block_tables `[B, max_pages]` int32, seq_lens `[B]` int32 = KV length
+    including the token being decoded (its KV already stored); returns `[B, Hq, D]` (into `out` if given). Query
+    head h reads KV head h // (Hq // Hkv). Triton only: `num_splits` (None: from the shapes), `counters` (fused split
+    merge, `split_counters`), `pdl`. `row_slots` ([B] int32): row b reads `block_tables[row_slots[b]]`."""
     if resolve_backend(backend, q.device) == "torch":
         bt = block_tables if row_slots is None else block_tables.index_select(0, row_slots.long())
         return decode_attention_torch(q, k_cache, v_cache, bt, seq_lens, scale, out=out)
@@ -76,12 +66,10 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      pdl: bool = False, row_slots: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """Causal attention for packed new tokens of B rows (prefill, extend after a prefix, or a mix).
 
-    q `[T, Hq, D]`; row b owns tokens `cu_seqlens_q[b]:cu_seqlens_q[b+1]` (int32 `[B+1]`); seq_lens `[B]` is
-    the row's total KV length (prefix + new, new KV already stored). Query i of row b sits at position
-    `seq_lens[b] - q_len_b + i` and attends to keys 0..that position. Pass `max_q_len` (an upper bound on
-    q_len_b) to avoid a host sync, as CUDA-graph capture requires. Output rows not covered by
-    `cu_seqlens_q` are left untouched (a varlen graph launches its two row groups into one output).
-    `row_slots`: as in `decode_attention`.
+    q `[T, Hq, D]`; row b owns tokens `cu_seqlens_q[b]:cu_seqlens_q[b+1]`; seq_lens `[B]` is its total KV length
+    (new KV already stored); query i of row b sits at position `seq_lens[b] - q_len_b + i` and attends to keys up
+    to it. `max_q_len` (an upper bound on q_len_b) avoids a host sync (CUDA graphs). Tokens outside every row are
+    left untouched in `out` (a varlen graph launches two row groups into one output). `row_slots`: as in decode.
     """
     if resolve_backend(backend, q.device) == "torch":
         bt = block_tables if row_slots is None else block_tables.index_select(0, row_slots.long())

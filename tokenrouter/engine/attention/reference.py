@@ -1,8 +1,6 @@
-"""Pure-torch paged attention: the oracle for the Triton kernels and the CPU execution path.
-
-Deliberately simple: per row, gather the row's pages into dense K/V, expand KV heads for GQA, and run a
-float32 (float64 for float64 inputs) masked softmax. It reads `seq_lens`/`cu_seqlens_q` on the host, so it
-is not CUDA-graph capturable; it is not meant to be fast.
+"""Pure-torch paged attention: the oracle for the Triton kernels and the CPU execution path. Per row it gathers
+the pages into dense K/V and runs a float32 (float64 for float64 inputs) masked softmax; it reads `seq_lens` on
+the host, so it is not CUDA-graph capturable.
 """
 
 from __future__ import annotations
@@ -25,12 +23,8 @@ def gather_kv(cache: torch.Tensor, block_table_row: torch.Tensor, seq_len: int) 
 def extend_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                            cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, scale: float, *,
                            out: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
-    """Causal attention of packed queries `[T, Hq, D]` over paged KV; see `extend_attention` for the contract.
-
-    Query i of row b sits at position `seq_lens[b] - q_len_b + i` and sees keys `0..that position`.
-    A row with `seq_lens[b] == 0` outputs zeros (the Triton kernels do the same). Tokens outside every
-    row's `cu_seqlens_q` range are left untouched in `out`.
-    """
+    """Causal attention of packed queries `[T, Hq, D]` over paged KV (the contract of `extend_attention`); a row
+    with `seq_lens[b] == 0` outputs zeros, as the Triton kernels do."""
     num_heads, num_kv_heads = q.shape[1], k_cache.shape[2]
     if num_heads % num_kv_heads:
         raise ValueError(f"Hq={num_heads} is not a multiple of Hkv={num_kv_heads}")

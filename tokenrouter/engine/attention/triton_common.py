@@ -14,10 +14,8 @@ import triton
 
 from tokenrouter.engine.attention.triton_kernels import paged_attention_fwd_kernel, split_reduce_kernel
 
-# Nominal SM count when there is no CUDA device (interpreter runs); H200 has 132.
-DEFAULT_NUM_SMS = 132
-# tl.dot needs every dimension >= 16.
-MIN_DOT_DIM = 16
+DEFAULT_NUM_SMS = 132  # the H200's, for runs without a CUDA device (interpreter)
+MIN_DOT_DIM = 16  # tl.dot needs every dimension >= 16
 
 
 @dataclass(frozen=True)
@@ -50,13 +48,8 @@ def num_sms(device: torch.device) -> int:
 
 def choose_num_splits(num_programs: int, max_kv_len: int, sm_count: int, *, min_split_tokens: int = 256,
                       max_splits: int = 64) -> int:  # fmt: skip
-    """Number of KV splits so that the grid has about 4 programs per SM, without slicing any row's KV
-    finer than `min_split_tokens` (each split costs a partial write and a share of the reduce).
-
-    `num_programs` is the grid size without splits (rows x KV heads x query blocks) and `max_kv_len` the
-    static KV capacity of a row (block-table width x page size): both are shapes, so the choice is
-    stable across CUDA-graph replays.
-    """
+    """KV splits for about 4 programs per SM, no split finer than `min_split_tokens`. `num_programs` (the grid
+    without splits) and `max_kv_len` (block-table width x page size) are shapes: stable across graph replays."""
     if max_kv_len <= min_split_tokens or num_programs <= 0:
         return 1
     wanted = math.ceil(4 * sm_count / num_programs)
@@ -122,13 +115,9 @@ def launch_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            *, num_rows: int, block_q: int, group_pad: int, num_q_blocks: int, num_splits: int,
                            config: KernelConfig, counters: torch.Tensor | None = None, pdl: bool = False,
                            row_slots: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
-    """Launch the forward kernel (and the reduce when `num_splits > 1`). `cu_seqlens_q is None` = decode.
-
-    `counters` (decode only, see `tokenrouter.engine.attention.split_counters`): with `num_splits > 1` the
-    forward kernel merges the splits itself and no reduce kernel is launched; ignored for extend or when it
-    has fewer than rows x Hkv entries.
-    `pdl`: programmatic dependent launch (CUDA, sm_90+). `row_slots` ([num_rows] int32): row r reads the page
-    table `block_tables[row_slots[r]]`."""
+    """Launch the forward kernel (and the reduce when `num_splits > 1`); `cu_seqlens_q is None` = decode.
+    `counters` (decode only, `split_counters`): the forward kernel merges the splits itself, no reduce launch
+    (ignored for extend or with fewer than rows x Hkv entries). `row_slots`: as in `decode_attention`."""
     _check_inputs(q, k_cache, v_cache, block_tables)
     if out.shape != q.shape or out.stride(2) != 1:
         raise ValueError(f"out must be {tuple(q.shape)} with a contiguous last dim")

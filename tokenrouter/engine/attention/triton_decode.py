@@ -1,14 +1,9 @@
 """Split-KV ("flash-decoding") paged decode attention in Triton.
 
-Grid (B, Hkv, num_splits): each program takes one request, one KV head and one slice of that request's
-KV, and computes all G = Hq / Hkv query heads of the group at once (padded to 16 rows for tl.dot), so K/V
-are read once per group. The slices are merged by their log-sum-exp: by the last program of each
-(row, KV head) to finish when arrival `counters` are given (one launch per call), else by a small reduce
-kernel (two launches).
-
-CUDA-graph contract: nothing here reads a device tensor on the host. The grid and `num_splits` depend only
-on (B, Hkv, block-table width), so a graph captured for a batch-size bucket replays with any `seq_lens`
-(0 <= seq_lens[b] <= block_tables.shape[1] * page_size) and any block-table contents.
+Grid (B, Hkv, num_splits): a program takes one request, one KV head and one KV slice for all G = Hq / Hkv query
+heads (padded to 16 rows), so K/V are read once per group. Slices merge by log-sum-exp, in-kernel with arrival
+`counters`, else in a reduce kernel. Nothing reads a device tensor on the host: grid and `num_splits` depend only
+on (B, Hkv, block-table width), so a captured graph replays with any `seq_lens` and block-table contents.
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
 """Paged extend/prefill attention in Triton (causal, packed variable-length queries).
 
-A program owns (row, KV head, query block, KV split). Its tile rows are BLOCK_Q query tokens x the G
-query heads of the KV head, so a 1-8 token extend (a peer model's tokens returning to a long prefix)
-still fills >= 16 tensor-core rows and reads each K/V tile once per group; a 2k-token prefill gets
-ordinary 64-row flash tiles. Keys below the block's first query position are processed without a causal
-mask; only the diagonal band is masked. When the grid is small (few rows, few new tokens) the KV range is
-split as in decode, which is what keeps a short extend on an 8k prefix from running on 8 SMs.
-
-Why not `torch.nn.attention.varlen.varlen_attn` (torch 2.11)? It takes dense packed K/V (`cu_seq_k`), has
-no block table, and aligns causal masking on its own terms (`window_size=(-1, 0)`; bottom-right alignment
-for q shorter than k must be checked). Using it would mean gathering each row's whole KV out of the pages
-into a dense buffer every step: an extra read+write of all context KV, which for short extends on long
-prefixes costs more than the attention itself, plus a host-side `max_k`. It could serve long fresh
-prefills (prefix 0, where the gather is just the new tokens); we do not depend on it.
-
-CUDA-graph contract: pass `max_q_len` (the bucket's maximum tokens per row) so no host sync happens;
-grid and splits then depend only on shapes and `max_q_len`.
+A program owns (row, KV head, query block, KV split); its tile rows are BLOCK_Q query tokens x the G query heads
+of the KV head, so a 1-8 token extend (a peer model's tokens returning to a long prefix) still fills 16
+tensor-core rows. Only the diagonal band is causally masked; a small grid splits the KV range as in decode.
+Not `torch.nn.attention.varlen.varlen_attn`: it has no block table, so every step would gather each row's KV
+into a dense buffer. CUDA graphs: pass `max_q_len` (the bucket's bound); grid and splits then depend only on
+shapes and `max_q_len`, with no host sync.
 """
 
 from __future__ import annotations

@@ -1,30 +1,16 @@
 """Triton kernels shared by paged decode and extend attention.
 
-One forward kernel serves both: a program owns one (row, KV head, query block, KV split). Its M rows are
-`BLOCK_Q` query tokens x `GROUP_PAD` query heads that share the KV head (row r is token r // GROUP_PAD,
-head r % GROUP_PAD), so each K/V tile is loaded once for the whole GQA group and QK^T / PV are `tl.dot`s
-on tensor cores. Decode is the case BLOCK_Q = 1 with the group padded to 16 rows (tl.dot's minimum).
+One forward kernel serves both: a program owns one (row, KV head, query block, KV split); its M rows are
+`BLOCK_Q` query tokens x `GROUP_PAD` query heads sharing the KV head, so each K/V tile is loaded once per GQA
+group and QK^T / PV are `tl.dot`s. Decode is BLOCK_Q = 1 with the group padded to 16 rows.
 
-Split-KV ("flash-decoding"): the KV range a query block can see is cut into `num_splits` slices, sized
-in-kernel from the device-side `seq_lens`, so the grid depends only on shapes and a CUDA graph replays
-with any lengths. Every program writes its partial output and log-sum-exp (base 2) even when its slice
-is empty (lse = -inf, output 0), so the reduce kernel never reads unwritten memory for a real token.
-With a single split the forward kernel normalizes and writes the final output itself.
-
-Fused merge (decode, FUSED_REDUCE): instead of a second kernel, the last program of each (row, KV head) to
-finish merges that group's partials. Each program stores its partial, passes a CTA barrier and increments a
-per-(row, KV head) arrival counter (an acq_rel, GPU-scope atomic); the one that sees `num_splits - 1`
-arrivals before it reads every partial (L1-bypassing loads) and writes the output, then resets the counter
-to 0 so the next launch (or graph replay) starts clean. Counters live in a per-engine int32 buffer that must
-be all zeros before a launch and is all zeros again after it. Only splits that hold keys (`n_active`,
-known from `seq_lens`) are merged, in chunks of MERGE_CHUNK splits at a time.
-
-PDL (USE_PDL): programmatic dependent launch; the kernel waits for its predecessor before any memory access
-(see `tokenrouter.engine.triton_ops`).
-
-Interpreter note: `for ... in range(lo, hi)` with runtime bounds breaks Triton 3.6's CPU interpreter under
-numpy >= 2.4 (triton-lang/triton#9171); the tests patch the interpreter rather than the kernels, since
-GPU software pipelining needs `for` loops.
+Split-KV: slices are sized in-kernel from the device-side `seq_lens`, so the grid depends only on shapes. Every
+program writes its partial output and base-2 log-sum-exp even for an empty slice (lse = -inf, output 0); with a
+single split the forward kernel writes the final output itself. Fused merge (FUSED_REDUCE): the last program of
+each (row, KV head) to arrive (an acq_rel GPU-scope counter after a CTA barrier) merges the active splits'
+partials with L1-bypassing loads and resets the counter, so the per-engine counter buffer is all zeros before
+and after every launch. USE_PDL: see `triton_ops`. Runtime-bound `range` loops need the interpreter patch of
+`triton_compat` (kept as loops for GPU software pipelining).
 """
 
 from __future__ import annotations
