@@ -107,10 +107,8 @@ class Coordinator:
         self._ctx.term()
 
     def _serve(self) -> None:
-        poller = zmq.Poller()
-        poller.register(self._sock, zmq.POLLIN)
         while not self._stop.is_set():
-            if not poller.poll(100):
+            if not self._sock.poll(100):
                 continue
             self.handle(_report_dec.decode(self._sock.recv()))
 
