@@ -60,13 +60,9 @@ def _wire_struct(cls: type, name: str, doc: str) -> type[msgspec.Struct]:
     return struct
 
 
-Sampling = _wire_struct(
-    SamplingParams,
-    "Sampling",
-    """`core.request.SamplingParams` on the wire: its fields, without the dataclass's validation, so a bad value
-    reaches the entry subserver intact and is answered with `Rejected(400)` instead of failing the decode of the
-    whole frame.""",
-)
+Sampling = _wire_struct(SamplingParams, "Sampling", """`core.request.SamplingParams` on the wire: its fields, without
+    the dataclass's validation, so a bad value reaches the entry subserver intact and is answered with `Rejected(400)`
+    instead of failing the decode of the whole frame.""")  # fmt: skip
 
 
 # ---- front-end -> subserver ----------------------------------------------------------------------------
