@@ -70,9 +70,7 @@ def heartbeat_timeout(timeout_s: float | None, stats_interval_s: float) -> float
     if timeout_s is not None and not timeout_s >= 2 * stats_interval_s:
         raise ValueError(f"the heartbeat timeout ({timeout_s} s) must be at least twice the Stats "
                          f"interval ({stats_interval_s} s)")  # fmt: skip
-    if timeout_s is None:
-        timeout_s = max(10.0, 4 * stats_interval_s)
-    return timeout_s
+    return max(10.0, 4 * stats_interval_s) if timeout_s is None else timeout_s
 
 
 class Server(Supervisor):
