@@ -1,21 +1,11 @@
-"""The standard-serving dispatcher: the client-side router that token-level routing needs on top of stock servers.
+"""The standard-serving dispatcher: the client-side router that token-level routing needs on top of stock servers
+(docs/baselines.md, section 2).
 
-It stands where the routed runtime's entry subserver stands for the front-end (it receives `Submit`/`Abort` and
-answers `Tokens`/`Finished`/`Rejected`), and drives one model server per model (`model_server`). For each client
-request it runs the deployment's router (the same synthetic routers, same seeds, one bound instance per model,
-as the routed subservers hold them): before each visit it plans how many tokens the current model writes
-(`run_plan.plan_run`), then sends that model a new request carrying the whole sequence so far with `max_tokens`
-set to that many. The server re-matches the prefix in its cache, extends from there and streams the tokens back;
-the dispatcher forwards the committed ones to the front-end (a hop's dropped token is not), and at the end of
-the visit sends the next visit to the model the router named. A hop is a visit to a model other than the entry.
-
-The request-level outcome follows the routed scheduler's `complete` rule: a committed token that stops the
-request (a stop token, `max_tokens`) ends it before any hop; a dropped token never stops it.
-
-Per visit the dispatcher can log (`hop_log`, JSONL) the model, the prefix length, the tokens asked and the times
-(send, first token, end; monotonic clock): with the model servers' cache counters this is the measuring hook for
-the simulator's std-serving cost (docs/baselines.md). `trace_log` records the committed tokens per model in the
-format `runtime.hoptrace.merge_hop_logs` reads (`--record-hops`).
+It stands where the routed runtime's entry subserver stands for the front-end and drives one model server per
+model. Before each visit it plans how many tokens the current model writes (`run_plan.plan_run`) and sends that
+model the whole sequence so far with that `max_tokens`; it forwards the committed tokens (a hop's dropped token is
+not) and sends the next visit to the model the router named. A committed token that stops the request ends it
+before any hop; a dropped token never stops it. `hop_log` and `trace_log` are the measuring hooks (section 3).
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """KV pages shared between requests and a prefix cache: a reference-counted pool and the glue that keeps a
-model server's `RadixCache` and its pool in one book.
+model server's `RadixCache` and its pool in one book (docs/baselines.md, section 2).
 
-`RefCountedKVPool` is a core `KVPool` (the scheduler and the engine use it unchanged) whose pages may be held by
-several owners: each request whose `pages` list names a page, and the prefix cache. A page is free when nobody
-holds it. When `grow` finds the free list short it asks the cache to evict (`reclaim`) before it fails, so cached
-pages are spent only when the pool would otherwise run out.
-
-`PrefixCaching` is what a model server calls around the core scheduler:
-- `admit(req)` before `Scheduler.add`: the longest cached prefix (whole pages, at least one token left to compute,
-  so the step samples) becomes the request's first pages, shared without a copy; `num_computed` starts there and
-  the scheduler extends from it; the path is locked against eviction;
-- `cache(req, n)` after a step wrote the KV of `token_ids[:n]` and before `Scheduler.complete` (which may release
-  the request's pages): its whole pages enter the tree, and the request's lock moves to the new end;
-- `finish(rid)` when the request ended (the scheduler already released its pages): the lock goes.
+`RefCountedKVPool` is a core `KVPool` whose pages may be held by several owners (requests and the cache); when
+`grow` finds the free list short it asks the cache to evict (`reclaim`) before it fails. `PrefixCaching` is what a
+model server calls around the core scheduler: `admit(req)` before `Scheduler.add` (the longest cached prefix,
+whole pages, at least one token left to compute, becomes its first pages), `cache(req, n)` after a step and before
+`Scheduler.complete`, and `finish(rid)` once the request ended.
 """
 
 from __future__ import annotations

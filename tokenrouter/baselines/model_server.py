@@ -1,20 +1,11 @@
-"""One standard-serving model server: a continuous-batching server for one model with a prefix cache, as users run
-one per model today. Every request is independent: it carries its whole sequence, re-matches the longest cached
-prefix (`kv.PrefixCaching`), extends from there, and its tokens and end go back to whoever sent it (the
-std-serving dispatcher, or the front-end in the single-model baselines).
+"""One standard-serving model server: continuous batching with a prefix cache, one per model (docs/baselines.md,
+section 2). Every request carries its whole sequence, re-matches the longest cached prefix (`kv.PrefixCaching`)
+and extends from there.
 
-It is the runtime's subserver (`runtime.subserver.Subserver`: the same `EngineLoop`, ZeroMQ transport, Stats,
-start-up and shutdown) with three differences:
-- its scheduler is the core `Scheduler` of a one-model deployment (eager, no router, no peers, no admission
-  ledger: a short pool evicts cached pages first, then preempts younger requests, as a standard server does);
-- its pool is a `RefCountedKVPool` and the engine runs with `shared_pages`, so cached prefix pages are shared
-  without a copy;
-- `before_complete` caches each live row's whole pages, `deliver` unlocks a finished request's prefix, and Stats
-  carry the cache's counters (the measuring hook for the simulator's per-hop cost, docs/baselines.md).
-
-Sizes (KV pages, batch limits, graph rules, engine settings) are the routed deployment's for this model (the
-builder's `kv_capacity_tokens` and `engine_kwargs` on the same config), so a comparison differs in the serving
-layer only.
+It is the runtime's subserver (`runtime.subserver.Subserver`) with a one-model core `Scheduler`, a
+`RefCountedKVPool` with `shared_pages`, and hooks: `before_complete` caches each live row's whole pages, `deliver`
+unlocks a finished request's prefix, and Stats carry the cache's counters. Sizes are the routed deployment's for
+this model, so a comparison differs in the serving layer only.
 """
 
 from __future__ import annotations

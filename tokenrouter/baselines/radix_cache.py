@@ -1,24 +1,11 @@
 """A radix tree over token ids whose edges are whole KV pages: the prefix cache of a standard-serving model server.
 
-Each node holds a run of tokens (`key`, a multiple of `page_size` long) and the KV pages that hold them (`pages`,
-one per `page_size` tokens). A path from the root spells a cached sequence prefix; `match` returns the pages of the
-longest cached prefix of a sequence, whole pages only (a partial page is never shared: the next token's KV would
-be written into it). Nodes are split only at page boundaries.
-
-Locks: `lock(node)` marks the path root..node as in use by one request (counts, so several requests may lock one
-path); only leaves with no lock are evicted, least recently used first (`evict`), and a parent becomes a candidate
-once its last child is gone. Recency is a counter bumped by every `match` and `insert`, stamped on the nodes the
-call walks through, so the order is a function of the calls alone (no clock).
-
-Cost: a serving loop calls `evict` for the few pages one step is short of, once the pool is full of cache, so
-eviction must not walk the tree. Candidates live in a heap of (stamp, node) entries pushed whenever a node may
-have become an unlocked leaf (an unlock to zero, a leaf inserted unlocked, a last child evicted); entries are
-checked when popped (a node no longer a free leaf is dropped, one stamped since is pushed again with its stamp),
-so `evict` costs O(log n) per node it takes. A request extending the leaf it alone holds grows that leaf in place
-instead of hanging a one-page child under it, so the tree has a node per cached sequence, not per page.
-
-The tree holds page ids only: which pages are free is the pool's business (`baselines.kv.RefCountedKVPool`); the
-tree reports the pages it takes (`insert`) and drops (`evict`). Pure Python, no torch.
+Each node holds a run of tokens (`key`, a multiple of `page_size` long) and their pages; `match` returns whole
+pages only (a partial page is never shared: the next token's KV would be written into it). `lock(node)` pins the
+path root..node (counted); `evict` takes unlocked leaves, least recently used first, where recency is a counter
+stamped by `match`/`insert` (no clock). Eviction must not walk the tree: candidates live in a heap checked lazily
+when popped, so `evict` costs O(log n) per node. A request extending the leaf it alone holds grows it in place.
+The tree holds page ids only; which pages are free is the pool's business (`baselines.kv.RefCountedKVPool`).
 """
 
 from __future__ import annotations

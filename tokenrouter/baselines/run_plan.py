@@ -1,14 +1,9 @@
 """How many tokens a model writes before the request leaves it: the std-serving dispatcher's use of a router.
 
-In the routed runtime the scheduler asks its router after every step where each row's next token goes
-(`Router.route`) and whether a hopping row's token is kept (`Router.keep_token`). A standard server cannot stop a
-request on a router's word in mid-generation, so the dispatcher asks the same router the same questions before
-it sends a visit, one per token the model will sample, until the router names another model or the request's
-`max_tokens` is reached, and asks the server for exactly that many tokens. For the synthetic routers (their
-decision reads neither the token nor the model's outputs) this is the same decision sequence the routed scheduler
-draws: `ProbRouter` consumes one draw of its (seed, model) stream per sampled token, `TraceRouter` reads the
-request id and output index. Routers that read the step's outputs (the learned routers) cannot be planned ahead:
-`check_router` refuses them.
+A standard server cannot stop a request in mid-generation, so the dispatcher asks the router the routed
+scheduler's questions (`route`, `keep_token`) before it sends a visit, one per token, until the router names
+another model or `max_tokens` is reached. For the synthetic routers this is the same decision sequence the routed
+scheduler draws; routers that read the step's outputs cannot be planned ahead: `check_router` refuses them.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import groupby
 
 import httpx
 
@@ -45,21 +46,10 @@ async def _model_info(client: httpx.AsyncClient) -> tuple[str, list[str]]:
     return card["id"], list((card.get("tokenrouter") or {}).get("models") or [card["id"]])
 
 
-async def run_bench(
-    url: str,
-    specs: list[RequestSpec],
-    *,
-    concurrency: int | None,
-    arrival_rate: float | None,
-    seed: int = 0,
-    api_key: str | None = None,
-    on_done: Callable[[], None] | None = None,
-    scrape_every_s: float = 0.25,
-    timeout_s: float = 600.0,
-    phases: list[Phase] | None = None,
-    admin_key: str | None = None,
-    duration_s: float | None = None,
-) -> BenchOutcome:
+async def run_bench(url: str, specs: list[RequestSpec], *, concurrency: int | None, arrival_rate: float | None,
+                    seed: int = 0, api_key: str | None = None, on_done: Callable[[], None] | None = None,
+                    scrape_every_s: float = 0.25, timeout_s: float = 600.0, phases: list[Phase] | None = None,
+                    admin_key: str | None = None, duration_s: float | None = None) -> BenchOutcome:  # fmt: skip
     """Run `specs` against `url`. `phases` (a shifting workload, `tokenrouter.workloads`): at each phase's time the
     closed loop's worker count moves to its `concurrency` (more workers start at once; with fewer, workers retire
     as their current request ends) and its `hop_rate` is set on the server through POST /admin/policy with
@@ -255,15 +245,8 @@ async def _cancel(tasks: list[asyncio.Task]) -> None:
 
 async def _stream_one(client: httpx.AsyncClient, spec, seed: int, served, metrics: MetricsCollector, now) -> None:
     ids = request_ids(spec, seed)
-    body = {
-        "model": served,
-        "prompt": ids,
-        "max_tokens": spec.output_len,
-        "temperature": 0.0,
-        "ignore_eos": True,
-        "seed": request_seed(spec, seed),
-        "stream": True,
-    }
+    body = {"model": served, "prompt": ids, "max_tokens": spec.output_len, "temperature": 0.0, "ignore_eos": True,
+            "seed": request_seed(spec, seed), "stream": True}  # fmt: skip
     metrics.on_arrival(spec.rid, now(), len(ids))
     async with client.stream("POST", "/v1/completions", json=body) as r:
         if r.status_code != 200:
@@ -288,10 +271,4 @@ async def _stream_one(client: httpx.AsyncClient, spec, seed: int, served, metric
 
 def _runs(models: list[int]) -> list[tuple[int, int]]:
     """[0, 0, 1, 0] -> [(0, 2), (1, 1), (0, 1)]."""
-    out: list[tuple[int, int]] = []
-    for m in models:
-        if out and out[-1][0] == m:
-            out[-1] = (m, out[-1][1] + 1)
-        else:
-            out.append((m, 1))
-    return out
+    return [(m, len(list(g))) for m, g in groupby(models)]

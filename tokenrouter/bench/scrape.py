@@ -11,12 +11,8 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
-_WANT = {
-    "tokenrouter_requests_waiting": "waiting",
-    "tokenrouter_steps": "steps",
-    "tokenrouter_step_rows": "rows",
-    "tokenrouter_step_seconds": "step_s",
-}
+_WANT = {"tokenrouter_requests_waiting": "waiting", "tokenrouter_steps": "steps", "tokenrouter_step_rows": "rows",
+         "tokenrouter_step_seconds": "step_s"}  # fmt: skip
 _OPTIONAL = {"tokenrouter_busy_seconds": "busy_s"}
 
 

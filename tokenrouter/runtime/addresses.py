@@ -1,17 +1,10 @@
 """Where the processes of one deployment listen: one ZeroMQ endpoint per subserver, one for the front-end, one
 for the sync-policy coordinator, one for the launcher (and one for a baseline's dispatcher).
 
-Two transports (`DeploymentConfig.transport`):
-- `ipc://` inside the server's private run directory (`rundir`): every process on one host. The default.
-- `tcp://host:port`: for subservers on other hosts (a model with a `host`, an `external` one, a Ray actor), or
-  on one host with `placement.transport: tcp`. An endpoint then has two forms: the *connect* address every
-  sender uses (`tcp://host:port`, what `Addresses` holds) and the *bind* address its owner listens on
-  (`Addresses.bind`: `tcp://IFACE:port`). Endpoints on the launcher's host (front-end, coordinator, launcher,
-  the subservers it starts there) bind `listen`: 127.0.0.1 when every process is on this host, else every
-  interface (`*`). A subserver on another host binds the address it advertises when that is numeric, else `*`.
-  Ports: `placement.port_base` plus a fixed offset (`TCP_OFFSETS`; model i at base + 4 + i), or port 0 for "not
-  known yet": the launcher picks free ports for its own endpoints when it starts, and each subserver binds a
-  free port and publishes it when it joins (`runtime.join`), before any peer connects to it.
+Two transports (`DeploymentConfig.transport`; docs/cluster.md, "Transports"): `ipc://` inside the server's private
+run directory (`rundir`, the default), or `tcp://host:port`, where an endpoint has a *connect* address (what
+`Addresses` holds) and a *bind* address (`Addresses.bind`). Ports: `placement.port_base` plus `TCP_OFFSETS`, or 0
+for "not known yet" (published when the subserver joins, `runtime.join`).
 
 Invariants: every endpoint is distinct; `subservers[i]` is model i's PULL socket; an endpoint with port 0 is
 never connected to (`known`).

@@ -1,25 +1,11 @@
-"""The launcher's side of a tcp deployment (`DeploymentConfig.transport == "tcp"`, or `tr serve --ray`).
+"""The launcher's side of a tcp deployment (`DeploymentConfig.transport == "tcp"`, or `tr serve --ray`;
+docs/cluster.md says where things run and listen).
 
 `Server` (`runtime.launcher`) keeps one `Cluster` when its deployment runs over tcp and calls it at a few points:
-the address table and the launcher's socket at construction (`bind_launcher`), each subserver's start
-(`prepare`, then `start_remote`: a handle instead of a child process for an `external` model or a Ray actor),
-the JOIN frames on the launcher's socket (`on_join`), start-up (`wait_joined`, then `welcome_all` once a sync
-policy's coordinator listens) and `close` on stop. It owns the tcp address table (a call that changes it returns it)
-and sees the launcher through `Launcher` only.
-
-Where things run and listen (`runtime.addresses`):
-- a model with `external: true` runs wherever it was started by hand (`tokenrouter subserver --join`); its
-  `host`, if given, is the address its peers reach it at;
-- with Ray, model i runs in bundle i of a placement group (`runtime.ray_cluster`);
-- every other model runs on the launcher's host (its `host`, if given, must be an address of this host).
-The deployment is *local* when everything runs on this host: then every endpoint binds 127.0.0.1. Otherwise the
-launcher's host binds every interface (or `placement.launcher_host` when it is numeric), and a subserver on
-another host gets the table with the launcher's endpoints renamed to the address it reached the launcher at
-(`placement.launcher_host` when given).
-
-The launcher's table holds a subserver's endpoint only once it joined (port 0 until then: nothing connects to it);
-a restarted subserver binds the endpoint it had, so the survivors' table stays right (an external one can only
-do so with `placement.port_base`).
+`bind_launcher`, `prepare` then `start_remote` per subserver, `on_join`, `wait_joined`, `welcome_all` and `close`.
+It owns the tcp address table (a call that changes it returns it) and sees the launcher through `Launcher` only.
+The table holds a subserver's endpoint only once it joined (port 0 until then: nothing connects to it); a
+restarted subserver binds the endpoint it had, so the survivors' table stays right.
 """
 
 from __future__ import annotations

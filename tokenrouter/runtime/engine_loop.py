@@ -1,28 +1,10 @@
-"""`EngineLoop`: the one loop that drives an engine from a core `Scheduler`. The runtime's subserver process runs
-it over ZeroMQ (`runtime.subserver.Subserver`); tests and `studies/engine/serving_loop.py` run it in process
-(`runtime.local_loop.LocalLoop`). Only the message transport differs, through three hooks: `receive` (take queued
-messages), `wait_idle` (block while nothing can run) and `deliver` (send a step's actions).
+"""`EngineLoop`: the one loop that drives an engine from a core `Scheduler` (docs/runtime.md, "The subserver
+loop"). The subserver runs it over ZeroMQ (`runtime.subserver`), tests and studies in process
+(`runtime.local_loop`); only the transport differs, through three hooks: `receive`, `wait_idle` and `deliver`.
 
-One iteration, following the core's driver contract (`core.scheduler`):
-    receive (wait_idle when nothing is in flight and the last iteration did nothing)
-    late prepare: with step k in flight, wait until `prepare_margin_s` before k's estimated end, receiving
-    schedule(now) -> engine.step (a launch that fails ends its batch's requests with "error"; a row the engine
-        refuses ends its own request with "error" and the step runs without it; serving goes on)
-    complete the oldest step(s) -> deliver their actions
-
-Overlap (`Scheduler.prepares_ahead`, the core's one rule): step k+1 is launched before step k is completed, so
-the host's complete(k) + schedule(k+2) run while the device runs k+1; rows of k+1 that continue a row of k are
-`from_prev` (their token never visits the host). The loop waits on each step's own handle, never on the device.
-Late prepare: k+1 is formed as late as the simulator forms it (`core.overlap.prepare_time`) against the
-estimated end of k (`runtime.step_clock.StepClock`, from the GPU times the engine's CUDA events measure), so a
-peer return that lands during k joins k+1; on CPU there is no estimate and k+1 is formed at once.
-
-Counters (`runtime.stats.Counters`): steps launched back to back (the loop did not wait for work since the last
-completion) are counted with their completion-to-completion time and their GPU time; `times` splits the host
-time (schedule, engine.step, waiting on handles, complete + deliver) for the studies.
-
-The loop never frees KV itself: a hopped request stays PENDING with its pages in the scheduler until the core
-finishes or aborts it.
+Under overlap (`Scheduler.prepares_ahead`) step k+1 is launched before step k is completed, formed as late as the
+simulator forms it (`core.overlap.prepare_time`) against k's estimated end (`runtime.step_clock`). The loop waits
+on each step's own handle, never on the device, and never frees KV itself (a hopped request stays PENDING).
 """
 
 from __future__ import annotations

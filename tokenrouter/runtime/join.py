@@ -1,17 +1,9 @@
-"""Joining a tcp deployment: how a subserver and the launcher agree on the address table (docs/cluster.md).
-
-Every tcp subserver, whoever started it, first binds its PULL socket (port from `placement.port_base`, or a free
-one) and sends `Join` to the launcher on channel `JOIN`: its model, its endpoint, and the host it reached the
-launcher at. Once every model joined (and a sync policy's coordinator listens), the launcher answers each with
-`Welcome`: the address table as seen from that host and the deployment it serves; only then does the subserver
-connect to its peers, build its engine and send `Ready`. A join the launcher cannot take is `Refused`; a
-subserver that stops sends `Left`.
+"""Joining a tcp deployment: how a subserver and the launcher agree on the address table (docs/cluster.md,
+"Joining and the published table": `Join`, `Welcome`, `Refused`, `Left`).
 
 Invariant: no process connects to a subserver before the launcher published its endpoint (`Addresses.known`).
-
-A subserver the launcher did not start (by hand, a Ray actor) has no parent to die with: `LauncherLink.watch`
-ends it when its connection to the launcher drops (the launcher exited, or ZeroMQ heartbeats found its host
-unreachable).
+A subserver the launcher did not start has no parent to die with: `LauncherLink.watch` ends it when its
+connection to the launcher drops.
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
 """`Server`: starts one process per subserver (multiprocessing spawn), the sync coordinator (sync policies) and
 the MPS daemon (placement mps on CUDA); waits for every `Ready`; watches the processes; stops everything.
 
-What a front-end (HTTP or a test client) relies on:
-- `server.addresses.frontend`: bind a PULL there; every subserver PUSHes `Tokens`/`Finished`/`Rejected` and its
-  `Ready`/`Stats`/`Failed` to it, and the launcher adds a `Failed(model, ...)` when a subserver process dies
-  without saying so. Binding before or after `start()` both work (ZeroMQ queues until the bind).
-- `server.addresses.entry_address(server.entry)` (the entry subserver, or a baseline's dispatcher): PUSH `Submit`
-  there; `Abort` also goes there (the core tells every peer). `runtime.client.RuntimeClient` does both.
-- `server.ready[i]` (`Ready` of model i) after `start()`; `server.stats[i]` (latest `Stats`); `server.dead`
-  (model -> reason) and `server.healthy()`; `add_listener(fn)` gets every Ready/Stats/Failed the launcher sees
-  (called from the watcher thread).
-
-Start-up and stop are here; supervision once started (exits, hangs, restarts, giving up) is `runtime.watch`.
-Subservers die with the launcher (`parent_watch`), and the run directory is removed on every exit path (`rundir`).
+A front-end binds a PULL at `server.addresses.frontend` (before or after `start()`) and PUSHes `Submit`/`Abort`
+to `server.addresses.entry_address(server.entry)` (`runtime.client.RuntimeClient` does both); it reads
+`server.ready`, `server.stats`, `server.dead`, `server.healthy()`, and `add_listener(fn)` (watcher thread).
+Supervision once started is `runtime.watch`; docs/runtime.md describes both.
 Invariant: after `stop()` returns, no subserver process, auxiliary process (`aux`), coordinator process or MPS daemon of
-this server runs.
+this server runs, and the run directory is removed on every exit path (`rundir`).
 """
 
 from __future__ import annotations
@@ -78,9 +70,7 @@ def heartbeat_timeout(timeout_s: float | None, stats_interval_s: float) -> float
     if timeout_s is not None and not timeout_s >= 2 * stats_interval_s:
         raise ValueError(f"the heartbeat timeout ({timeout_s} s) must be at least twice the Stats "
                          f"interval ({stats_interval_s} s)")  # fmt: skip
-    if timeout_s is None:
-        timeout_s = max(10.0, 4 * stats_interval_s)
-    return timeout_s
+    return max(10.0, 4 * stats_interval_s) if timeout_s is None else timeout_s
 
 
 class Server(Supervisor):

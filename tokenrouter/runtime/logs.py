@@ -1,9 +1,5 @@
-"""Logging of a server's processes, and the append-only JSONL logs a subserver writes for offline use (hop
-traces, step timelines).
-
-Text logs go through Python's `logging`: one named logger per module (`logging.getLogger(__name__)`), set up
-once per process by `configure_logging` (the CLI from `--log-level`; each subserver with the level the
-launcher passes it), all to stderr in one format so the processes' lines interleave readably."""
+"""Logging of a server's processes (`configure_logging`: one format to stderr, so the processes' lines interleave
+readably), and the append-only JSONL logs a subserver writes for offline use (hop traces, step timelines)."""
 
 from __future__ import annotations
 

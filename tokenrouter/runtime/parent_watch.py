@@ -1,16 +1,10 @@
 """A subserver dies with the server that started it, however the server ends (`kill -9` and OOM kills
 included), and removes the server's run directory on its way out.
 
-Two mechanisms, so neither a race nor a platform leaves an orphan:
-- Linux: `prctl(PR_SET_PDEATHSIG, SIGTERM)`. The kernel sends it when the *thread* that created this process
-  exits, which may be a launcher thread while the launcher lives on; so the handler acts only once the parent
-  pid has changed (the kernel reparents before it signals).
-- Everywhere: a daemon thread that polls `os.getppid()` (covers a parent that died before the prctl, and
-  platforms without it; it also acts while the main thread is busy in a long native call).
-
-SIGINT and SIGTERM from a terminal or a service manager that signals the whole process group (Ctrl-C,
-systemd's default KillMode) are ignored while the parent lives: the server drains and stops its subservers
-itself.
+Two mechanisms, so neither a race nor a platform leaves an orphan: Linux's `PR_SET_PDEATHSIG` (sent when the
+*thread* that created us exits, so the handler acts only once the parent pid changed) and a daemon thread polling
+`os.getppid()`. SIGINT/SIGTERM sent to the whole process group are ignored while the parent lives: the server
+stops its subservers itself.
 """
 
 from __future__ import annotations

@@ -1,18 +1,13 @@
 """Messages between the front-end and the subservers (msgpack via msgspec; peer messages between subservers
-use `tokenrouter.core.wire`).
-
-Every subserver binds one PULL socket; the front-end binds one PULL socket; senders connect PUSH sockets (one
-per destination). A ZeroMQ message is two frames: a channel (`PEER` for `core.wire` frames, `CTL` for the
-structs below) and the payload. Token ids travel as little-endian int32 bytes (`pack_ids`), not msgpack lists.
+use `tokenrouter.core.wire`). Frames are `[channel, payload]` (docs/runtime.md, "Processes and sockets"); token
+ids travel as little-endian int32 bytes (`pack_ids`).
 
 Invariants the two sides rely on:
 - `Submit` goes to the entry subserver only; every other struct to a subserver is `Abort`/`Shutdown`/`Restarted`.
-- For one request the front-end receives `Tokens` events (possibly from different subservers, in any order,
-  each with its output position) and exactly one terminal event, `Finished` or `Rejected`; `Finished.num_output`
-  tells how many output tokens exist, so the front-end can wait for late `Tokens` before closing the stream.
-- `Stats` and `Ready`/`Failed` are per subserver: `Ready` once after start-up, `Stats` periodically (a missing
-  heartbeat beyond the front-end's timeout means the subserver is gone), `Failed` before a subserver exits on
-  an error it cannot survive.
+- For one request the front-end receives `Tokens` events (from any subserver, in any order, each with its output
+  position) and exactly one terminal `Finished` or `Rejected`; `Finished.num_output` lets it wait for late `Tokens`.
+- `Ready` once after start-up, `Stats` periodically (a missing heartbeat means the subserver is gone), `Failed`
+  before a subserver exits on an error it cannot survive.
 """
 
 from __future__ import annotations
@@ -65,13 +60,9 @@ def _wire_struct(cls: type, name: str, doc: str) -> type[msgspec.Struct]:
     return struct
 
 
-Sampling = _wire_struct(
-    SamplingParams,
-    "Sampling",
-    """`core.request.SamplingParams` on the wire: its fields, without the dataclass's validation, so a bad value
-    reaches the entry subserver intact and is answered with `Rejected(400)` instead of failing the decode of the
-    whole frame.""",
-)
+Sampling = _wire_struct(SamplingParams, "Sampling", """`core.request.SamplingParams` on the wire: its fields, without
+    the dataclass's validation, so a bad value reaches the entry subserver intact and is answered with `Rejected(400)`
+    instead of failing the decode of the whole frame.""")  # fmt: skip
 
 
 # ---- front-end -> subserver ----------------------------------------------------------------------------

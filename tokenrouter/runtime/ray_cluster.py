@@ -1,11 +1,7 @@
-"""`tr serve --ray ADDRESS`: the subservers as Ray actors; the launcher and the front-end stay in this process
-(docs/cluster.md, Ray).
-
-One placement group with one bundle per model, packed onto as few nodes as fit; model i's actor runs in bundle i
-the entry point a spawned subserver runs (`subserver.serve`) over tcp, joining the launcher (`runtime.join`).
-`RayActorProcess` is a `remote.RemoteSubserver` whose exit also comes from the actor: its `run` call returning
-(0) or failing (1, e.g. the actor or its node died). Ray is an optional extra: `RayUnavailable` says how to
-install it.
+"""`tr serve --ray ADDRESS`: the subservers as Ray actors in one placement group, model i in bundle i; the launcher
+and the front-end stay in this process (docs/cluster.md, Ray). `RayActorProcess` is a `remote.RemoteSubserver`
+whose exit also comes from the actor: its `run` call returning (0) or failing (1). Ray is an optional extra:
+`RayUnavailable` says how to install it.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """Process handles for subservers the launcher does not start as its own child: one started by hand on another
-host (`tokenrouter subserver --join`, a model with `external: true`) and, as a subclass, a Ray actor
-(`runtime.ray_cluster`).
+host (`tokenrouter subserver --join`, `external: true`) and, as a subclass, a Ray actor (`runtime.ray_cluster`).
 
 A handle looks like a `multiprocessing.Process` (`exitcode`, `join`, `kill`, `pid`), so its supervision is the
-launcher's own (`runtime.watch`): the subserver has exited, with `exit_reason` saying how, once it
-- reported `Failed` (exit code 1),
-- sent `Left` (exit code 0: it stopped, after the launcher's Shutdown or on its own),
-- sent no `Ready` or `Stats` for `heartbeat_timeout_s` after its `Ready` (exit code 1: host, network or process
-  gone),
-- did not join within `join_timeout_s` (exit code 1; the reason says how to start it).
-The launcher feeds it `on_join`, `on_control` (every Ready/Stats/Failed of its model) and `on_left`; `exitcode`
-is evaluated from the monotonic clock when read.
+launcher's own (`runtime.watch`). It has exited (`exit_reason` says how) once it reported `Failed` (1), sent
+`Left` (0), went silent for `heartbeat_timeout_s` after `Ready` (1), or did not join within `join_timeout_s` (1).
+`exitcode` is evaluated from the monotonic clock when read.
 """
 
 from __future__ import annotations

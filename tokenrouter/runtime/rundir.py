@@ -1,11 +1,7 @@
-"""The run directory of one server: ZeroMQ `ipc://` endpoints, the MPS pipes, step logs. One per server, in
-the temp folder, named `tokenrouter-*`, with the owner's pid (and the process start time, so a recycled pid is
-not taken for the owner) in `owner.pid`.
-
-Lifetime: the launcher removes it on a normal exit; a subserver that sees its parent die removes it before it
-exits (a `kill -9` of the server leaves nothing behind); and each new server removes the `tokenrouter-*`
-directories whose owner is gone, after stopping an MPS daemon left in one. A directory without `owner.pid`, or
-whose owner runs, is never touched: it may be a server starting up or running now.
+"""The run directory of one server (`tokenrouter-*` in the temp folder): ZeroMQ `ipc://` endpoints, the MPS pipes,
+step logs. `owner.pid` holds the owner's pid and start time (a recycled pid is not taken for the owner).
+Lifetime: docs/runtime.md, "Supervision". A directory without `owner.pid`, or whose owner runs, is never touched:
+it may be a server starting up or running now.
 """
 
 from __future__ import annotations

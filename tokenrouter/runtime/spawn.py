@@ -1,17 +1,11 @@
 """Start a spawned child process that imports only what it runs and is deaf to Ctrl-C while it starts.
 
-Two things multiprocessing's spawn does by default, which `start_spawned` turns off:
-
-- It runs the parent's `__main__` again in the child (as `__mp_main__`), so that functions defined there unpickle.
-  Our targets are functions of tokenrouter modules, and the parent's main is a console script (`tr`,
-  `tokenrouter`) whose CLI imports every command: the simulator, scipy, pandas. A subserver or a calibration
-  worker would load them all before its first line. While the child starts, `__main__` is hidden from spawn (a bare
-  module stands in), so the child imports only the target's module and what that imports.
-- A terminal's Ctrl-C signals the whole process group. A child still importing (torch takes seconds) dies of it
-  with a `KeyboardInterrupt` traceback, one per child, interleaved. SIGINT is blocked in the calling thread while
-  the child is created; the mask is inherited across fork and exec, so the child starts with SIGINT blocked and
-  never sees it until it unblocks it itself (`parent_watch.die_with_parent` does, once its handler is in place).
-  A worker that never unblocks it is stopped by its parent, which does see the Ctrl-C.
+- Spawn runs the parent's `__main__` again in the child; ours is a console script whose CLI imports the simulator,
+  scipy and pandas. While the child starts, `__main__` is hidden (a bare module stands in), so the child imports
+  only the target's module.
+- A terminal's Ctrl-C signals the whole process group, and a child still importing torch would print a traceback.
+  SIGINT is blocked in the calling thread while the child is created; the mask is inherited, so the child starts
+  with SIGINT blocked until it unblocks it itself (`parent_watch.die_with_parent`).
 """
 
 from __future__ import annotations

@@ -9,20 +9,12 @@ from tokenrouter.core.autotune_counters import BatchTimes
 
 @dataclass(slots=True)
 class Counters:
-    """`loop_*` count only steps launched back to back (the loop did not wait for work since the previous
-    completion): for those, completion-to-completion time is the serving loop's period per step, and
-    `loop_gpu_ms` (CUDA only) the GPU time of the same steps. `loop_ms / loop_gpu_ms - 1` is the runtime's own
-    overhead per step: host time the GPU did not hide.
-
-    `busy_ms` is the length of the union of the steps' [launch, done] intervals: with overlap two steps are in
-    flight at once, so `step_ms` (their sum) counts the shared time twice and can exceed the wall time, while
-    `busy_ms` never does. Invariant: steps are counted in launch order (completion order is launch order, one
-    in-flight queue per model), so a sweep that remembers the latest end so far is exact.
-
-    `batches`: steps per batch-size bucket with each step's own time (autotune's step times per batch size,
-    `core.autotune_counters.BatchTimes`): from when the batch was handed to the engine (`submitted`, before its host
-    planning; on CPU the engine computes inside `step`, so the launch time comes after the work) or the previous
-    step's end if later, to its end. The same union sweep as `busy_ms`, started at submission.
+    """`loop_*` count only steps launched back to back; `loop_ms / loop_gpu_ms - 1` is the runtime's own overhead
+    per step (docs/runtime.md, "Loop counters"). `busy_ms` is the length of the union of the steps' [launch, done]
+    intervals (overlapped steps count once, unlike `step_ms`). `batches`: steps per batch-size bucket with each
+    step's own time, from its submission (or the previous step's end if later) to its end, by the same union sweep.
+    Invariant: steps are counted in launch order (one in-flight queue per model), so remembering the latest end
+    so far makes both sweeps exact.
     """
 
     steps: int = 0

@@ -1,12 +1,7 @@
-"""One subserver process: engine + core `Scheduler` + router, driven by the runtime's `EngineLoop` over ZeroMQ.
-
-The loop (schedule -> engine.step -> complete, overlap, late prepare, loop counters) is `runtime.engine_loop`;
-this class is its transport: `receive` drains every queued message (Submit -> `add`, Abort -> `abort`, PEER ->
-`resume`, GATE -> the sync coordinator's grant, then the loop asks `schedule`) and sends the Stats heartbeat;
-`deliver` sends actions (Send -> peer PUSH as `core.wire`, Emit -> `Tokens`, Finish -> `Finished`), then, under a
-sync policy, the gate's report (`runtime.sync_coordinator`: one per completed step). When nothing runs and `schedule`
-says wait, `wait_idle` blocks in `zmq.Poller.poll` until a message, the policy deadline (`next_deadline`) or the
-next Stats heartbeat: no busy spinning.
+"""One subserver process: engine + core `Scheduler` + router, driven by the runtime's `EngineLoop` over ZeroMQ
+(docs/runtime.md, "The subserver loop"). This class is the loop's transport: `receive` drains every queued
+message and sends the Stats heartbeat; `deliver` sends actions, then, under a sync policy, the gate's report;
+`wait_idle` blocks on the PULL socket until a message, the policy deadline or the next heartbeat: no spinning.
 """
 
 from __future__ import annotations
@@ -33,7 +28,7 @@ from tokenrouter.runtime.build import SubserverSpec, build_part
 from tokenrouter.runtime.engine_loop import EngineLoop
 from tokenrouter.runtime.join import Joined, Left, join_launcher
 from tokenrouter.runtime.logs import JsonlLog
-from tokenrouter.runtime.sockets import push_socket
+from tokenrouter.runtime.sockets import drain, push_socket
 from tokenrouter.runtime.supervision import fail_and_exit, start_child
 from tokenrouter.runtime.sync_coordinator import RemoteGate
 from tokenrouter.runtime.tp_ranks import TPRanks
@@ -73,8 +68,6 @@ class Subserver(EngineLoop):
         self.front = push_socket(self.ctx, addrs.frontend)
         self.out = self.reply_socket(spec)  # Tokens / Finished / Rejected go here
         self.launcher = push_socket(self.ctx, addrs.launcher) if addrs.launcher else None
-        self.poller = zmq.Poller()
-        self.poller.register(self.pull, zmq.POLLIN)
         self.hops = JsonlLog(spec.hop_log)
         self.vocab = self.engine.spec.vocab_size
         # The core admits by this limit too (`Scheduler.max_context_len`): a request past it is rejected at
@@ -189,12 +182,8 @@ class Subserver(EngineLoop):
 
     def _drain(self, timeout_ms: int) -> None:
         """Handle every queued message; wait up to `timeout_ms` for the first one."""
-        events = self.poller.poll(timeout_ms)
-        while events:
-            now = time.monotonic()
-            chan, data = self.pull.recv_multipart()
-            self._on_message(chan, data, now)
-            events = self.poller.poll(0)
+        for chan, data in drain(self.pull, timeout_ms):
+            self._on_message(chan, data, time.monotonic())
 
     def receive(self, timeout_s: float) -> None:
         now = time.monotonic()

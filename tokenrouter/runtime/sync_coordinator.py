@@ -1,23 +1,11 @@
 """The synchronous baselines (`step-sync`, `model-sync`) across processes, at one coordinator round trip per step
-(docs/baselines.md, section 1).
+(docs/baselines.md, section 1: protocol and why it keeps `SyncGate`'s semantics).
 
 One `Coordinator` (in a process of its own, `CoordinatorProcess`) holds the real `core.policy.SyncGate`; each
-subserver's scheduler gets a `RemoteGate` with the same interface. Protocol, *complete-and-ask*: a subserver
-sends one `GateReport` when its step completes (its ready count after the requeue and its cumulative counts of
-gated messages sent and received), and the coordinator's one reply is the next grant, pushed when the gate lets
-that model launch. No request waits for an answer, and a grant goes only to the model it lets launch.
-
-Why this keeps `SyncGate`'s semantics (what the simulator runs) without arrival reports:
-- The coordinator knows every gated send from the senders' reports, so it folds the messages in flight to model m
-  into m's ready count (a hand-off always leaves its request ready at the destination) and keeps the gate's own
-  `in_flight` at zero; the grant carries the number of gated messages m must have received (`bar`), and m
-  launches only once it has: a launch happens at the simulator's point of the causal order. Counts are
-  cumulative, so a sender's report need not precede its messages.
-- A report reads the ready and arrival counts at one instant, so `ready + sent to m - arrived` is exact for every
-  model that is not running.
-- A ready count that changes for another reason than an arrival (a `Submit`, an abort, a peer's finish) while the
-  subserver neither runs nor holds a grant is sent as an `update`, the only message off the step path. A grant
-  that finds nothing to run is handed back (`pass`), ending that model's turn or round slot.
+subserver's scheduler gets a `RemoteGate`. A subserver sends one `GateReport` when its step completes; the
+coordinator's one reply is the next grant, carrying how many gated messages the model must have received (`bar`)
+before it launches. Counts are cumulative, so a sender's report need not precede its messages. A ready count that
+changes off the step path is sent as an `update`; a grant that finds nothing to run is handed back (`pass`).
 """
 
 from __future__ import annotations
@@ -119,10 +107,8 @@ class Coordinator:
         self._ctx.term()
 
     def _serve(self) -> None:
-        poller = zmq.Poller()
-        poller.register(self._sock, zmq.POLLIN)
         while not self._stop.is_set():
-            if not poller.poll(100):
+            if not self._sock.poll(100):
                 continue
             self.handle(_report_dec.decode(self._sock.recv()))
 

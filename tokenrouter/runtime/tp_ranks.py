@@ -1,16 +1,10 @@
 """The ranks of a tensor-parallel model (docs/tensor-parallel.md): rank 0 is the model's subserver process; it
-starts ranks 1..tp-1 as its own child processes, sends them every step, and supervises them. Rank r runs on
-`cuda:r`, which the launcher's `CUDA_VISIBLE_DEVICES` (the model's `gpus`) maps to `gpus[r]`; on CPU every rank
-runs on the CPU (gloo).
+starts ranks 1..tp-1 as its own children, sends them every step, and supervises them. Rank r runs on `cuda:r`
+(the model's `gpus[r]`), or on the CPU (gloo).
 
-Step descriptions go over ZeroMQ, one PUSH socket per follower bound on 127.0.0.1, not a torch.distributed
-broadcast: rank 0 must never wait for a follower on the host (with overlap it plans step k+1 while the devices run
-step k), and a PUSH send only queues, keeps order per follower, and survives a dead follower.
-
-Supervision: a watcher thread in rank 0 waits on the followers' sentinels; a follower that exits while rank 0
-serves calls `on_death` (the subserver's: `Failed` to the front-end and the launcher, then exit at once: rank 0 may
-be blocked inside a collective). Followers die with rank 0 (`parent_watch`); on a clean stop rank 0 sends `Stop`,
-joins its followers, and kills what is left after a timeout.
+Step descriptions go over ZeroMQ PUSH sockets, not a torch.distributed broadcast: rank 0 must never wait for a
+follower on the host, and a PUSH send only queues, keeps order, and survives a dead follower. A follower that
+exits while rank 0 serves calls `on_death` (exit at once: rank 0 may be blocked inside a collective).
 """
 
 from __future__ import annotations

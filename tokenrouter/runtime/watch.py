@@ -1,13 +1,9 @@
 """Supervision of a running `Server` (`runtime.launcher`): its launcher socket, the watcher thread, exits,
-hangs, restarts and giving up.
+hangs, restarts and giving up (docs/runtime.md, "Supervision").
 
-A subserver that exits is logged with its exit code and reported as `Failed` (the front-end fails every request
-in flight). Then, by default, the server gives up: `failure` says why and every `add_fatal_listener` callback runs
-(the HTTP front-end exits, and `tr serve` exits non-zero so systemd or Kubernetes restarts it). With
-`restart_on_failure` the launcher tells every survivor (`Restarted`: drop all requests, reconnect) and starts the
-dead subserver again in place; the front-end serves again once its `Ready` arrives. A subserver that dies again
-before it is ready is a failure. A ready subserver of ours that sends no `Stats` for `heartbeat_timeout_s` is hung
-and is killed, so that it takes the same path.
+By default a dead subserver makes the server give up: `failure` says why and every `add_fatal_listener` callback
+runs. With `restart_on_failure` the survivors get `Restarted` and the dead one starts again in place. A ready
+subserver that sends no `Stats` for `heartbeat_timeout_s` is hung and killed, so it takes the same path.
 """
 
 from __future__ import annotations

@@ -1,26 +1,11 @@
-"""The admin endpoint: change the batching policy (and a synthetic router's hop rate) of a running server.
+"""The admin endpoint: change the batching policy (and a synthetic router's hop rate) of a running server, or
+pause/resume autotune, without a restart (docs/openai-api.md, "Admin endpoint", has the bodies and answers).
 
-    POST /admin/policy   {"policy": "delayed", "thresholds": [1, 7], "hop_rate": 0.1}   (Bearer ADMIN_KEY)
-    POST /admin/policy   {"hop_rate": 0.3}        only the hop rate; the policy in force stays
-    POST /admin/policy   {"autotune": false}      pause autotune (true: resume it); with --autotune only (409 else)
-    GET  /admin/policy   the policy in force (and, with autotune, its state)
-
-Why: a live sweep of thresholds or hop rates needs no restart per cell (a restart is a minute of graph capture on
-a GPU), and the controller that re-tunes B while serving (autotune) uses the same path. Every subserver applies the
-change between steps and acknowledges it before the endpoint answers, so the next request runs under it everywhere.
-Disabled (404) unless the server was started with an admin key; the key is separate from the API key.
-Synchronous policies (step-sync, model-sync) share a gate built at start: switching to or from them is refused
-(409); so is a hop rate for a router that has none to change (learned routers calibrate theirs).
-
-Every change, the operator's and autotune's, goes through one `PolicyState` (one lock, in order), so each starts
-from the policy the previous one left and GET answers what is in force.
-
-`autotune` pauses and resumes autotune without a restart: a live study compares autotune with a static B on one
-server (two servers differ as much as the gains compared), alternating autotune and paused windows; an operator
-freezes B during an incident. Combined with a policy change,
-`{"autotune": false, "policy": "delayed", "thresholds": [2, 7]}` pauses first, then applies (no autotune change
-lands in between); `{"autotune": true, ...}` applies, then resumes from the policy now in force. A refused body
-changes nothing, the pause included.
+Every subserver applies a change between steps and acknowledges it before the endpoint answers. Disabled (404)
+without an admin key. Switching to or from a synchronous policy is refused (409: their gate is built at start);
+so is a hop rate for a router that has none to change. Every change, the operator's and autotune's, goes through
+one `PolicyState` (one lock, in order). `{"autotune": false, ...}` pauses first, then applies;
+`{"autotune": true, ...}` applies, then resumes. A refused body changes nothing, the pause included.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """The FastAPI app: OpenAI routes, `/v1/models`, `/health`, `/metrics`, errors in OpenAI's shape.
 
-`create_app` builds everything per app (backend sockets, metrics registry) and starts/stops the backend in
-the app's lifespan, so an app can be created, served and torn down repeatedly in one process. The routes and
-handlers are module-level and read that per-app state from `request.app.state` (`FrontendState`), so
-`create_app` only wires them.
+`create_app` builds everything per app (backend sockets, metrics registry) and starts/stops the backend in its
+lifespan, so an app can be created, served and torn down repeatedly in one process; the module-level routes read
+that state from `request.app.state` (`FrontendState`).
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """Autotune in the front-end process (`policy.autotune`, `tr serve --autotune`; docs/autotune.md).
 
-`AutotuneTask` snapshots the subservers' cumulative `Stats` and every `Finished` every `observe_s` and runs the
-core's `AutotuneController` (the simulator's, with the same solve, `sim.autotune_solve`) in a worker thread whose
-solves run in a process of their own, so a solve stalls neither the serving loops nor this event loop. A decision
-goes through the admin endpoint's path (`PolicyState.apply`: `SetPolicy` to every subserver, applied between
-steps, acknowledged), is logged on `tokenrouter.autotune` (old and new B, estimates, predicted gain) and counted
-in /metrics.
-
-A change an operator makes meanwhile (POST /admin/policy) wins: the controller follows it (`reset`) and a
-decision computed before it is dropped. Paused (`{"autotune": false}`, `frontend.admin`), rounds neither observe
-nor decide and a decision computed before the pause is dropped; resumed, the controller restarts from the policy
-in force then (`reset`).
+`AutotuneTask` snapshots the subservers' `Stats` and every `Finished` every `observe_s` and runs the core's
+`AutotuneController` in a worker thread whose solves run in a process of their own, so a solve stalls neither the
+serving loops nor this event loop. A decision goes through `PolicyState.apply` (as the admin endpoint's). An
+operator's change meanwhile wins (`reset`; a decision computed before it is dropped); paused, rounds neither
+observe nor decide, and on resume the controller restarts from the policy in force.
 """
 
 from __future__ import annotations

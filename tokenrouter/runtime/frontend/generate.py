@@ -1,19 +1,11 @@
 """Run one request against the backend and shape the answer as an OpenAI completion or chat completion,
 streamed (SSE) or whole.
 
-A streamed request waits for its first event before answering, so a `Rejected` (or a failure before any
-token) still becomes a proper 4xx/5xx instead of a 200 stream that carries an error. Once streaming, an
-error ends the stream with an `{"error": ...}` chunk and `[DONE]`. A client that goes away (the SSE
-generator is closed, or a whole request sees the disconnect) sends `Abort(rid)` to the entry subserver.
-
-Stop strings are matched here, on the detokenized text (`stop.StopStrings`): when one appears the answer ends
-with finish_reason "stop" and the text before it, and `Abort(rid)` ends the request on the subservers (the
-abort path frees its KV on every model). `usage.completion_tokens` and the logprobs then cover the tokens up to
-the one that completed the stop string.
-
-Every request that was submitted reports its outcome exactly once through `on_outcome`: "ok", "error" or
-"aborted" (the client went away), when the answer is complete, not when a stream starts (an `APIError` raised
-before that is the app's to count).
+A streamed request waits for its first event before answering, so a `Rejected` (or an early failure) still becomes
+a proper 4xx/5xx; once streaming, an error ends the stream with an `{"error": ...}` chunk and `[DONE]`. A client
+that goes away sends `Abort(rid)` to the entry subserver; so does a matched stop string (`stop.StopStrings`), after
+which usage and logprobs cover the tokens up to the one that completed it. Every submitted request reports its
+outcome exactly once through `on_outcome` ("ok", "error" or "aborted"), when the answer is complete.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""What the front-end needs to know about the running deployment: `ServerHandle`, implemented by the launcher.
-
-The front-end never starts or owns subserver processes; it only talks to them over ZeroMQ and asks the
-handle whether they are still alive. Keeping this a small Protocol lets the tests drive the front-end with a
-fake backend and lets the launcher (`tr serve`) own process lifetimes.
-"""
+"""What the front-end needs to know about the running deployment: `ServerHandle`, implemented by the launcher. The
+front-end never owns subserver processes, so tests can drive it with a fake backend."""
 
 from __future__ import annotations
 

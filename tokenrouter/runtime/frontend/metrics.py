@@ -1,10 +1,6 @@
 """Prometheus metrics of one front-end app, in a registry of its own (no process globals: two apps in one
-process, as in the tests, neither share nor clash).
-
-Per-model figures are read at scrape time from each subserver's last `Stats` (a custom collector), so they are
-exactly what it reported: gauges for KV pages and queues (`Stats` also follows a change, not only the
-heartbeat), counters for cumulative tokens, hops, steps, rows, step and busy time, and the mean batch size and
-step time derived from them.
+process, as in the tests, neither share nor clash). Per-model figures are read at scrape time from each
+subserver's last `Stats` (a custom collector), so they are exactly what it reported.
 """
 
 from __future__ import annotations

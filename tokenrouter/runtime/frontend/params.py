@@ -138,13 +138,8 @@ def sampling(req: CompletionRequest | ChatRequest, ids: list[int], lim: Limits, 
     if bad is not None:
         raise APIError(400, f"token id {bad} is outside the vocabulary [0, {lim.vocab_size})", "prompt")
     if len(ids) >= lim.kv_capacity_tokens:
-        raise APIError(
-            400,
-            f"the prompt has {len(ids)} tokens; the KV capacity is {lim.kv_capacity_tokens} tokens "
-            "(the smallest over the models)",
-            "prompt",
-            "context_length_exceeded",
-        )
+        raise APIError(400, f"the prompt has {len(ids)} tokens; the KV capacity is {lim.kv_capacity_tokens} tokens "
+                       "(the smallest over the models)", "prompt", "context_length_exceeded")  # fmt: skip
     # A request that cannot fit a model's whole KV pool could never finish there: the smaller bound wins.
     context = min(lim.max_context_len, lim.kv_capacity_tokens)
     room = context - len(ids)
@@ -154,13 +149,9 @@ def sampling(req: CompletionRequest | ChatRequest, ids: list[int], lim: Limits, 
     if max_tokens is None:
         max_tokens = room if default_max is None else min(default_max, room)
     if len(ids) + max_tokens > context:
-        raise APIError(
-            400,
-            f"prompt ({len(ids)}) + {field} ({max_tokens}) exceeds {context} tokens (the context length "
-            f"{lim.max_context_len} or the smallest KV capacity {lim.kv_capacity_tokens})",
-            field,
-            "context_length_exceeded",
-        )
+        raise APIError(400, f"prompt ({len(ids)}) + {field} ({max_tokens}) exceeds {context} tokens (the context "
+                       f"length {lim.max_context_len} or the smallest KV capacity {lim.kv_capacity_tokens})", field,
+                       "context_length_exceeded")  # fmt: skip
     top_k = -1 if req.top_k is None else req.top_k
     if top_k == 0:
         raise APIError(400, "top_k must be -1 (off) or >= 1, got 0", "top_k")

@@ -1,10 +1,6 @@
-"""`serve_http`: the one function the launcher calls to run the front-end (blocking), with a graceful shutdown.
-
-Shutdown (SIGTERM or SIGINT, or the launcher giving up after a subserver died): new generation requests get
-503 and `/health` turns 503 at once, while the listener stays open so clients get an answer rather than a
-refused connection; requests running get `shutdown_timeout_s` to finish; the rest end with a 503 (a stream
-gets an error chunk and `[DONE]`); then uvicorn stops and `server.stop()` stops the subservers. A second
-signal skips the rest of the wait. Nothing is cancelled mid-write, so the log gets no traceback.
+"""`serve_http`: the one function the launcher calls to run the front-end (blocking), with a graceful shutdown
+(docs/runtime.md, "Stopping"): the listener stays open while draining, so clients get a 503 rather than a refused
+connection, and nothing is cancelled mid-write, so the log gets no traceback.
 """
 
 from __future__ import annotations
