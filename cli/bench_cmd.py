@@ -64,11 +64,8 @@ def live_summary(out) -> dict[str, Any]:
 
 def threshold_timeline(out, names: list[str]) -> str:
     """`0.0:1,5;3.2:1,1`: the server's thresholds in force from each poll time on (empty when not exported)."""
-    parts = []
-    for t, b in out.samples.thresholds:
-        if all(n in b for n in names):
-            parts.append(f"{t:.1f}:{format_b([b[n] for n in names])}")
-    return ";".join(parts)
+    return ";".join(f"{t:.1f}:{format_b([b[n] for n in names])}" for t, b in out.samples.thresholds
+                    if all(n in b for n in names))  # fmt: skip
 
 
 def _compare_table(live: dict[str, Any], sim: dict[str, Any], names: list[str]) -> Table:
@@ -77,9 +74,8 @@ def _compare_table(live: dict[str, Any], sim: dict[str, Any], names: list[str]) 
         t.add_column(col, justify="left" if col == "metric" else "right")
     rows = list(_COMPARE)
     for i, n in enumerate(names):
-        rows.append((f"{n} token share", f"token_frac_model{i}", 3))
-        rows.append((f"{n} busy", f"busy_frac_model{i}", 3))
-        rows.append((f"{n} mean batch", f"batch_mean_model{i}", 2))
+        rows += [(f"{n} token share", f"token_frac_model{i}", 3), (f"{n} busy", f"busy_frac_model{i}", 3),
+                 (f"{n} mean batch", f"batch_mean_model{i}", 2)]  # fmt: skip
     for label, key, nd in rows:
         a, b = live.get(key, float("nan")), sim.get(key, float("nan"))
         ratio = b / a if a and not math.isnan(a) and not math.isnan(b) else float("nan")
@@ -143,38 +139,22 @@ def _print_run(console: Console, out: BenchOutcome, phases: list[Phase], workloa
 # The command's own options, declared once here so that `bench`'s signature reads as the list of its flags.
 Url = Annotated[str, typer.Option(help="Server base URL, e.g. http://127.0.0.1:8000")]
 BenchRequests = Annotated[int, typer.Option(help="Requests to send.")]
-Duration = Annotated[
-    float | None,
-    typer.Option(
-        help="Stop sending after this many seconds (running requests finish); the run then ends "
-        "at whichever comes first, --num-requests or the time. The JSON's requests_sent counts "
-        "what went out."
-    ),
-]
+Duration = Annotated[float | None, typer.Option(help="Stop sending after this many seconds (running requests "
+                     "finish); the run then ends at whichever comes first, --num-requests or the time. The JSON's "
+                     "requests_sent counts what went out.")]  # fmt: skip
 BenchSeed = Annotated[int, typer.Option(help="Seed of the workload (and of --sim).")]
 ApiKey = Annotated[str | None, typer.Option(help="Bearer key if the server has one.")]
-AdminKey = Annotated[
-    str | None,
-    typer.Option(
-        envvar="TOKENROUTER_ADMIN_KEY",
-        help="The server's admin key: needed when the workload's phases change the hop rate (set live "
-        "through POST /admin/policy).",
-    ),
-]
+AdminKey = Annotated[str | None, typer.Option(envvar="TOKENROUTER_ADMIN_KEY", help="The server's admin key: needed "
+                     "when the workload's phases change the hop rate (set live through POST "
+                     "/admin/policy).")]  # fmt: skip
 JsonOut = Annotated[str | None, typer.Option("--json", help="Metrics as JSON to FILE ('-' = stdout).")]
 CsvOut = Annotated[Path | None, typer.Option("--csv", help="Per-request rows as CSV.")]
 Plot = Annotated[Path | None, typer.Option(help="PNG of the run (with --sim: live and simulated).")]
-Sim = Annotated[
-    bool,
-    typer.Option(
-        "--sim/--no-sim",
-        help="Also simulate this cell and compare: the deployment is --config (what the server runs) with "
-        "the deployment flags applied, as `tr serve` applies them.",
-    ),
-]
-BenchDryRun = Annotated[
-    bool, typer.Option("--dry-run", help="Print the deployment --sim would simulate (YAML) and exit.")
-]
+Sim = Annotated[bool, typer.Option("--sim/--no-sim", help="Also simulate this cell and compare: the deployment is "
+                "--config (what the server runs) with the deployment flags applied, as `tr serve` applies "
+                "them.")]  # fmt: skip
+BenchDryRun = Annotated[bool, typer.Option("--dry-run", help="Print the deployment --sim would simulate (YAML) and "
+                        "exit.")]  # fmt: skip
 
 
 @deployment_flags()

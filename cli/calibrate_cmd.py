@@ -1,12 +1,5 @@
-"""`tr calibrate`: profile the engine on this machine's GPU and write a measured profile for the simulator.
-
-    tr calibrate --model qwen3-0.6b --model qwen3-32b --placement mps -o h200.json --deadline 540
-
-Measures each model's passes (decode graphs, varlen graphs, eager) over batch size x context, the learned
-routers' device parts, the serving loop's host time, the runtime's message and coordinator costs, and, with
-`--placement mps`, each pair's step times side by side at every SM split. Resumable: a run stopped by
-`--deadline` (or an error) keeps what it measured in OUT.partial.json; the same command continues it.
-"""
+"""`tr calibrate`: profile the engine on this machine's GPU and write a measured profile for the simulator: what it
+measures, resuming from OUT.partial.json, --refit and --merge are in docs/calibration.md."""
 
 from __future__ import annotations
 
@@ -45,73 +38,35 @@ SPLITS_HELP = (f"MPS SM shares SMALL/LARGE in percent to measure each pair at (1
 # The command's options, declared once here so that `calibrate`'s signature reads as the list of its flags.
 Out = Annotated[Path, typer.Option("--out", "-o", help="Profile JSON to write.")]
 Models = Annotated[list[str] | None, typer.Option("--model", "-m", help="A model to profile (repeat for several).")]
-PlacementName = Annotated[
-    str, typer.Option(help="mps: also measure each pair side by side on one GPU (CUDA MPS); separate: alone only.")
-]
-Pairs = Annotated[
-    list[str] | None,
-    typer.Option(help="SMALL,LARGE pair to co-locate (repeat); default: the first model with each other one."),
-]
+PlacementName = Annotated[str, typer.Option(help="mps: also measure each pair side by side on one GPU (CUDA MPS); "
+                                             "separate: alone only.")]  # fmt: skip
+Pairs = Annotated[list[str] | None, typer.Option(help="SMALL,LARGE pair to co-locate (repeat); default: the first "
+                                                 "model with each other one.")]  # fmt: skip
 SmSplits = Annotated[str | None, typer.Option(help=SPLITS_HELP)]
 Routers = Annotated[str, typer.Option(help="Learned routers whose device parts to time on the small model, or 'none'.")]
-Arrangements = Annotated[
-    str,
-    typer.Option(
-        help="One-process alternatives to MPS measured per pair: stream-priority, green-context "
-        "(both engines in one process, one thread each), or 'none'."
-    ),
-]
-MaxTokens = Annotated[
-    int,
-    typer.Option(
-        help="Largest step in tokens (the engine's varlen graphs go this far; as the deployment's "
-        "scheduler.max_batch_tokens)."
-    ),
-]
+Arrangements = Annotated[str, typer.Option(help="One-process alternatives to MPS measured per pair: stream-priority, "
+                         "green-context (both engines in one process, one thread each), or 'none'.")]  # fmt: skip
+MaxTokens = Annotated[int, typer.Option(help="Largest step in tokens (the engine's varlen graphs go this far; as the "
+                      "deployment's scheduler.max_batch_tokens).")]  # fmt: skip
 MaxDecode = Annotated[int, typer.Option(help="Largest decode batch measured.")]
-CorunSmall = Annotated[
-    str,
-    typer.Option(
-        help="Passes of the small model in the co-run grid, in tokens: decode "
-        "batches up to 64, larger values passes of 12-token peer returns."
-    ),
-]
-CorunLarge = Annotated[
-    str,
-    typer.Option(
-        help="Passes of the large model in the co-run grid, in tokens: decode "
-        "batches up to 64, larger values passes of 12-token peer returns (what "
-        "the large model runs when the small one's runs come back)."
-    ),
-]
+_CORUN = "in the co-run grid, in tokens: decode batches up to 64, larger values passes of 12-token peer returns"
+CorunSmall = Annotated[str, typer.Option(help=f"Passes of the small model {_CORUN}.")]
+CorunLarge = Annotated[str, typer.Option(help=f"Passes of the large model {_CORUN} (what the large model runs when "
+                       "the small one's runs come back).")]  # fmt: skip
 Device = Annotated[str, typer.Option(help="cuda, or cpu (tiny models: a check of the tool, not a profile).")]
-Deadline = Annotated[
-    float | None, typer.Option(help="Stop starting new measurements after this many seconds (resume later).")
-]
+Deadline = Annotated[float | None, typer.Option(help="Stop starting new measurements after this many seconds "
+                     "(resume later).")]  # fmt: skip
 Quick = Annotated[bool, typer.Option("--quick", help="A few points per table (tool checks, CPU tests).")]
-Refit = Annotated[
-    bool, typer.Option("--refit", help="Only fit OUT.partial.json into OUT again (no measuring; CPU is fine).")
-]
-Merge = Annotated[
-    list[Path] | None,
-    typer.Option(help="Merge these measured profiles (same GPU; later ones win a clash) into OUT, no measuring."),
-]
-Link = Annotated[
-    str | None,
-    typer.Option(
-        help="Also measure the tcp link to HOST:PORT, where `tokenrouter link-probe --listen :PORT` "
-        "runs: one-way latency (median of small round trips / 2) and bandwidth (large messages) go "
-        "into the profile's `link` (what `placement: cross-host` pays per peer message). Without "
-        "--model only the link is measured, into OUT (or a copy of --link-base)."
-    ),
-]
-LinkBase = Annotated[
-    str | None,
-    typer.Option(
-        help="--link without --model: the profile (name or file) to copy with the measured link "
-        "into OUT; default OUT itself."
-    ),
-]
+Refit = Annotated[bool, typer.Option("--refit", help="Only fit OUT.partial.json into OUT again (no measuring; CPU is "
+                  "fine).")]  # fmt: skip
+Merge = Annotated[list[Path] | None, typer.Option(help="Merge these measured profiles (same GPU; later ones win a "
+                  "clash) into OUT, no measuring.")]  # fmt: skip
+Link = Annotated[str | None, typer.Option(help="Also measure the tcp link to HOST:PORT, where `tokenrouter link-probe "
+                 "--listen :PORT` runs: one-way latency (median of small round trips / 2) and bandwidth (large "
+                 "messages) go into the profile's `link` (what `placement: cross-host` pays per peer message). "
+                 "Without --model only the link is measured, into OUT (or a copy of --link-base).")]  # fmt: skip
+LinkBase = Annotated[str | None, typer.Option(help="--link without --model: the profile (name or file) to copy with "
+                     "the measured link into OUT; default OUT itself.")]  # fmt: skip
 
 
 def calibrate(

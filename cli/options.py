@@ -282,36 +282,21 @@ def _param(name: str, annotation: Any, default: Any = None) -> inspect.Parameter
 
 Concurrency = Annotated[int, typer.Option("--concurrency", "-n", help="Closed-loop clients N (live requests).")]
 Workload = Annotated[str, typer.Option(help="low-effort | high-effort | agentic | fixed:P,O | FILE.jsonl")]
-TraceWorkload = Annotated[
-    str | None,
-    typer.Option(
-        help="low-effort | high-effort | agentic | fixed:P,O | FILE.jsonl. Default: low-effort, or with --router "
-        "trace --trace FILE the trace's own requests (what it replays)."
-    ),
-]
+TraceWorkload = Annotated[str | None, typer.Option(help="low-effort | high-effort | agentic | fixed:P,O | FILE.jsonl. "
+                          "Default: low-effort, or with --router trace --trace FILE the trace's own requests (what it "
+                          "replays).")]  # fmt: skip
 NumRequests = Annotated[int, typer.Option(help="Requests to run.")]
 Seed = Annotated[int, typer.Option(help="Seed for the workload and the routers.")]
-ArrivalRate = Annotated[
-    float | None, typer.Option(help="Open loop: Poisson arrivals per second (default: closed loop).")
-]
+ArrivalRate = Annotated[float | None, typer.Option(help="Open loop: Poisson arrivals per second (default: closed "
+                        "loop).")]  # fmt: skip
 MaxOutput = Annotated[int | None, typer.Option(help="Cap output lengths (tokens).")]
 DryRun = Annotated[bool, typer.Option("--dry-run", help="Print the resolved deployment (YAML) and exit.")]
-Jobs = Annotated[
-    int,
-    typer.Option(
-        "--jobs",
-        "-j",
-        help="Processes that run the simulator checks at once (0: one per core). Any number gives the same numbers.",
-    ),
-]
-GpuPrices = Annotated[
-    str | None,
-    typer.Option(
-        help="USD per GPU-hour by GPU kind, KIND=USD,... (h200=3.5,l4=0.8) or a YAML file of them (example: "
-        "studies/placement_cost/prices-2026-12-01.yaml): prices every candidate in USD per million output tokens. "
-        "No prices are built in; every kind in use needs one."
-    ),
-]
+Jobs = Annotated[int, typer.Option("--jobs", "-j", help="Processes that run the simulator checks at once (0: one per "
+                 "core). Any number gives the same numbers.")]  # fmt: skip
+GpuPrices = Annotated[str | None, typer.Option(help="USD per GPU-hour by GPU kind, KIND=USD,... (h200=3.5,l4=0.8) or a "
+                      "YAML file of them (example: studies/placement_cost/prices-2026-12-01.yaml): prices every "
+                      "candidate in USD per million output tokens. No prices are built in; every kind in use needs "
+                      "one.")]  # fmt: skip
 
 # The run flags above as flag -> (sim_config keyword, parser), for `parse_run_args`.
 RUN_ARGS: dict[str, tuple[str, Callable[[str], Any]]] = {
@@ -320,22 +305,11 @@ RUN_ARGS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "--max-output": ("max_output", int),
 }  # fmt: skip
 RUN_KEYS = tuple(dict.fromkeys(name for name, _ in RUN_ARGS.values()))
-SloTpot = Annotated[
-    float | None,
-    typer.Option(
-        "--slo-tpot-ms",
-        help="Latency objective: choose the B of highest throughput whose simulated TPOT p99 is at most this many ms "
-        "(goodput); a clear line when no B meets it.",
-    ),
-]
-SearchBudget = Annotated[
-    float,
-    typer.Option(
-        "--search-budget",
-        help="Seconds the choice of B may take per N (then the best B simulated so far is chosen, and the output "
-        "says so).",
-    ),
-]
+SloTpot = Annotated[float | None, typer.Option("--slo-tpot-ms", help="Latency objective: choose the B of highest "
+                    "throughput whose simulated TPOT p99 is at most this many ms (goodput); a clear line when no B "
+                    "meets it.")]  # fmt: skip
+SearchBudget = Annotated[float, typer.Option("--search-budget", help="Seconds the choice of B may take per N (then the "
+                         "best B simulated so far is chosen, and the output says so).")]  # fmt: skip
 
 
 def check_run_flags(*, num_requests: int | None = None, concurrency: int | None = None, seed: int | None = None,

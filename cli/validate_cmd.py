@@ -1,12 +1,5 @@
-"""`trsim validate LIVE.csv`: simulate every cell of a live-results file and print the simulator's error.
-
-A live-results file has one row per measured cell (`studies/fidelity/run_fidelity.py` writes one from
-`tr serve` + `tr bench`): `args`, the `trsim run` flags of the cell exactly as `tr bench --sim` took them
-(a relative `--config`, and a `--profile` / `--trace` / `--workload` that is a path, is relative to the
-CSV's folder, wherever the command runs: `cell_path`), and the live metrics under the
-names `tr bench --json` uses (`output_throughput_tok_s`, `tpot_ms_p50`, ...). Error = sim / live - 1.
-Exit code 1 when the median or the largest |error| is above the thresholds given.
-"""
+"""`trsim validate LIVE.csv`: simulate every cell of a live-results file and print the simulator's error (the file's
+columns, its path rule and the exit code: docs/simulator.md, Checking against live runs)."""
 
 from __future__ import annotations
 
@@ -29,8 +22,6 @@ from tokenrouter.sim.run import SimConfig, prepare_sim
 from tokenrouter.sim.simulate import sim_config, simulate
 
 METRICS = {"throughput": "output_throughput_tok_s", "tpot_p50": "tpot_ms_p50"}
-
-
 FILE_SUFFIXES = (".yaml", ".yml", ".json", ".jsonl", ".csv")
 
 
@@ -73,17 +64,18 @@ def _summary(errs: list[float]) -> tuple[float, float]:
     return statistics.median(a), a[-1]
 
 
+ProfileOpt = Annotated[str | None, typer.Option(help="Simulate with this profile instead of the one each cell "
+                       "names.")]  # fmt: skip
+JsonOut = Annotated[str | None, typer.Option("--json", help="Write the per-cell errors as JSON ('-' = stdout).")]
+
+
 def validate(
     live: Annotated[Path, typer.Argument(help="Live-results CSV (one row per cell: args + live metrics).")],
-    profile: Annotated[
-        str | None, typer.Option(help="Simulate with this profile instead of the one each cell names.")
-    ] = None,
+    profile: ProfileOpt = None,
     max_median_error: Annotated[float, typer.Option(help="Fail (exit 1) above this median |throughput error|.")] = 0.03,
     max_error: Annotated[float, typer.Option(help="Fail above this largest |throughput error|.")] = 0.08,
     max_tpot_median_error: Annotated[float, typer.Option(help="Fail above this median |TPOT p50 error|.")] = 0.05,
-    json_out: Annotated[
-        str | None, typer.Option("--json", help="Write the per-cell errors as JSON ('-' = stdout).")
-    ] = None,
+    json_out: JsonOut = None,
 ) -> None:
     """Run the simulator on every cell of a live-results file and print its error per cell, median and max."""
     check_output(json_out, "--json")
