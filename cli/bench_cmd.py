@@ -44,10 +44,9 @@ _COMPARE = (
 
 
 def live_summary(out) -> dict[str, Any]:
-    """The collector's summary with the per-model busy fraction and mean batch size taken from the server's
-    counters. NaN (shown as `-`) is what a live bench cannot observe: batch p50/p99/max (no individual steps),
-    busy without the server's busy counter, busy and batch when no step ran between the polls. Busy is the
-    union of the model's step intervals over the run, so overlapped steps count once and it stays <= 100%."""
+    """The collector's summary with the per-model busy fraction (the union of its step intervals: <= 100%) and mean
+    batch size from the server's counters. NaN (shown as `-`) is what a live bench cannot observe (batch
+    percentiles; busy without the server's counter; both when no step ran between the polls)."""
     window = (0.0, out.exhausted_at) if out.exhausted_at else None  # the simulator's steady window (closed loop)
     s = out.metrics.summary(window=window)
     for i, name in enumerate(out.model_names):
@@ -223,9 +222,8 @@ def bench(
 
 def _compare_sim(checked: Any, out: BenchOutcome, live: dict[str, Any], requests: int, console: Console | None,
                  err_console: Console, record: dict[str, Any]) -> Any:  # fmt: skip
-    """--sim after the live run: simulate the `requests` sent (all planned, or what went out before --duration),
-    print the comparison on `console` (None: stdout holds the JSON) and add the `sim_` keys to `record`. An
-    interrupted run is not simulated: its live numbers cover only part of the workload. None without --sim."""
+    """--sim after the live run: simulate the `requests` sent, print the comparison on `console` (None: stdout holds
+    the JSON) and add the `sim_` keys to `record`. Not for an interrupted run (its numbers cover only part of it)."""
     if checked is None:
         return None
     if out.interrupted:

@@ -1,12 +1,8 @@
-"""Shared command-line options: each flag is declared once, with one help text, for every command.
+"""Shared command-line options: each flag is declared once, with one help text, for every command (docs/cli.md).
 
-Deployment flags (what `tokenrouter.deploy.DeploymentOverrides` holds) are added to a typer command by the
-`deployment_flags()` decorator: the command declares a `deploy: DeploymentFlags` parameter and receives the
-`--config` path and the given overrides in it, already parsed; `resolve()` turns them into the
-`DeploymentConfig`, the same way in every command. `deployment_flags(axes=True)` (for `trsim sweep`) takes every
-flag as a list instead, one grid axis per flag (`;` between values of per-model flags such as `--thresholds`).
-
-Run flags (workload, concurrency, ...) are plain `Annotated` aliases below.
+Deployment flags (`DeploymentOverrides`) come from the `deployment_flags()` decorator into a `deploy:
+DeploymentFlags` parameter, whose `resolve()` is the one path to the `DeploymentConfig`; with `axes=True` (`trsim
+sweep`) every flag is a grid axis instead. Run flags (workload, concurrency, ...) are plain `Annotated` aliases.
 """
 
 from __future__ import annotations

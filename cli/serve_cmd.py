@@ -1,9 +1,4 @@
-"""`tr serve`: launch the subservers of a deployment and the HTTP front-end over them.
-
-The deployment comes from `--config serve.yaml` (what `trsim tune` writes) or from `--small/--large`; flags
-given on the command line override the config (`cli.options`, the same resolver as trsim). `--dry-run` prints
-the resolved deployment.
-"""
+"""`tr serve`: launch the subservers of a deployment and the HTTP front-end over them (docs/cli.md, docs/runtime.md)."""
 
 from __future__ import annotations
 
