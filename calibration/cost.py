@@ -248,11 +248,9 @@ class CostModel:
 
     def _note_colocation(self, a: str, b: str, i: int, j: int, what: str) -> None:
         pair = tuple(sorted((f"{a} (tp={self.tp[i]})", f"{b} (tp={self.tp[j]})")))
-        self._notes[f"coloc:{pair}"] = (
-            f"{pair[0]} beside {pair[1]} on one GPU: ASSUMED {what}, applied while the passes overlap (the tp "
-            "model's rank on the shared GPU slows as the whole model did, and its other ranks wait for it at "
-            "every all-reduce)"
-        )
+        self._notes[f"coloc:{pair}"] = (f"{pair[0]} beside {pair[1]} on one GPU: ASSUMED {what}, applied while the "
+                                         "passes overlap (the tp model's rank on the shared GPU slows as the whole "
+                                         "model did, and its other ranks wait for it at every all-reduce)")  # fmt: skip
 
     def message_ms(self, nbytes: int = 0) -> float:
         """One peer message: the measured (or assumed) ipc time on one host; latency + bytes / bandwidth across

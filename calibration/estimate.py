@@ -105,10 +105,8 @@ def estimate_profile(anchor: Profile, target: str, *, anchor_name: str = "") -> 
                   memory_gb=want.memory_gb)  # fmt: skip
     kept = "launch and host costs, router/runtime costs, link, std_serving, co-location slowdown ratios"
     notes = {"scale": {"bandwidth": s.bandwidth, "kv": s.kv, "flops": s.flops}, "kept": kept}
-    source = (
-        f"estimated for {want.name} from {src.anchor} ({anchor.gpu.name}) by {METHOD} of datasheet figures "
-        "(tokenrouter.calibration.estimate)"
-    )
+    source = (f"estimated for {want.name} from {src.anchor} ({anchor.gpu.name}) by {METHOD} of datasheet figures "
+              "(tokenrouter.calibration.estimate)")  # fmt: skip
     prof = _replace(anchor, kind="estimated", estimated_from=src, gpu=gpu, source=source, command="", models=models,
                     allreduce=allreduce, notes=notes)  # fmt: skip
     return Profile.from_json(prof.to_json(), source=f"<{src.target} estimated from {src.anchor}>")

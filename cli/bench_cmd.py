@@ -31,16 +31,10 @@ from tokenrouter.workloads import Phase, RequestSpec, initial_phase, load_phases
 if TYPE_CHECKING:
     from tokenrouter.bench.client import BenchOutcome
 
-_COMPARE = (
-    ("output throughput tok/s", "output_throughput_tok_s", 1),
-    ("steady throughput tok/s", "steady_output_throughput_tok_s", 1),
-    ("TTFT ms mean", "ttft_ms_mean", 2),
-    ("TPOT ms mean", "tpot_ms_mean", 2),
-    ("ITL ms mean", "itl_ms_mean", 2),
-    ("E2E ms mean", "e2e_ms_mean", 2),
-    ("E2E ms p99", "e2e_ms_p99", 2),
-    ("hops per request", "hops_mean", 2),
-)
+_COMPARE = (("output throughput tok/s", "output_throughput_tok_s", 1),
+            ("steady throughput tok/s", "steady_output_throughput_tok_s", 1), ("TTFT ms mean", "ttft_ms_mean", 2),
+            ("TPOT ms mean", "tpot_ms_mean", 2), ("ITL ms mean", "itl_ms_mean", 2), ("E2E ms mean", "e2e_ms_mean", 2),
+            ("E2E ms p99", "e2e_ms_p99", 2), ("hops per request", "hops_mean", 2))  # fmt: skip
 
 
 def live_summary(out) -> dict[str, Any]:

@@ -28,10 +28,8 @@ from tokenrouter.deploy.overrides import (
     resolve_deployment,
 )
 
-HOP_RATE_HELP = (
-    "Probability that the small model hands the next token to the large one after each step (the synthetic "
-    "router's signal; a learned router is calibrated to it)."
-)
+HOP_RATE_HELP = ("Probability that the small model hands the next token to the large one after each step (the "
+                 "synthetic router's signal; a learned router is calibrated to it).")  # fmt: skip
 
 
 def _ints(text: str) -> list[int]:
@@ -63,11 +61,8 @@ class Flag:
     default: str | None = None  # what applies when neither the flag nor a config sets it (help text only)
 
 
-_CHOICES = {
-    "policy": ", ".join(p.value for p in PolicyKind),
-    "placement": ", ".join(p.value for p in Placement),
-    "router": ", ".join(r.value for r in RouterName),
-}
+_CHOICES = {"policy": ", ".join(p.value for p in PolicyKind), "placement": ", ".join(p.value for p in Placement),
+            "router": ", ".join(r.value for r in RouterName)}  # fmt: skip
 
 DEPLOYMENT_FLAGS: tuple[Flag, ...] = (
     Flag("small", ("--small",), "Small (entry) model: a bundled name or an HF directory.", str, str,

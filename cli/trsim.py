@@ -15,14 +15,10 @@ import typer
 from tokenrouter.cli.common import new_app, run_app
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "run": ("run_cmd", "run"),
-    "sweep": ("sweep_cmd", "sweep"),
-    "tune": ("tune_cmd", "tune"),
-    "model": ("model_cmd", "model"),
-    "cost": ("cost_cmd", "cost"),
-    "validate": ("validate_cmd", "validate"),
+    "run": ("run_cmd", "run"), "sweep": ("sweep_cmd", "sweep"), "tune": ("tune_cmd", "tune"),
+    "model": ("model_cmd", "model"), "cost": ("cost_cmd", "cost"), "validate": ("validate_cmd", "validate"),
     "profile": ("estimate_cmd", "profile"),
-}
+}  # fmt: skip
 HELP = "Simulate token-level routing deployments (small + large model subservers) on a GPU profile."
 
 
