@@ -1,21 +1,12 @@
 """Analytic profile: bytes over bandwidth + FLOPs over peak + kernel/launch overhead, from `ModelSpec` shapes.
-
-    python -m tokenrouter.calibration.analytic --out calibration/profiles/h200-analytic.json
-
-regenerates the bundled H200 file (deterministic: `created` is fixed unless passed). Other GPU flags ask
-"what if" for another GPU (the measured H200 efficiencies are applied as fractions), and
-`--small-kernels-per-layer 57` asks what an unfused plain-torch engine would give.
+`python -m tokenrouter.calibration.analytic` regenerates the bundled H200 file (docs/calibration.md); other GPU
+flags ask "what if" for another GPU, `--small-kernels-per-layer 57` for an unfused plain-torch engine.
 
 Per model and mode (see `StepCoeffs`: step_ms = max(c0 + c_row*B + c_ctx*C + c_tok*T + c_ext*E, floor_ms)):
-- c0 = decode_weight_bytes / bw_eff + kernel floor + launch.
-  bw_eff = copy bandwidth x measured weight-streaming efficiency (`MEASURED_STREAM_GBS` over `MEASURED_COPY_GBS`:
-  a 2-layer SwiGLU MLP under a CUDA graph at each model's shapes; small matrices do not fill the chip),
-  interpolated linearly in log(parameter count), clamped outside 0.6B..32B; GEMM-to-GEMM gaps are inside it.
-  Kernel floor: every non-GEMM kernel (norms, RoPE, KV store, attention, activation, residual adds) costs
-  `kernel_us` of device time even inside a graph, `small_kernels_per_layer` of them per layer plus
-  `kernels_fixed`. Graph launch: one replay (`graph_launch_ms`). Eager: c0 has `eager_fixed_ms` instead,
-  and the host issues every op at `eager_op_us` while the GPU runs behind it, so the host time is a floor
-  (`floor_ms`), not a sum.
+- c0 = decode_weight_bytes / bw_eff + kernel floor + launch. bw_eff: copy bandwidth x the measured weight-streaming
+  efficiency (`MEASURED_STREAM_GBS`: small matrices do not fill the chip), log-interpolated in parameter count.
+  Kernel floor: every non-GEMM kernel costs `kernel_us` even inside a graph. Eager: `eager_fixed_ms` instead of the
+  launch, and the host issues every op at `eager_op_us` while the GPU runs behind it: a floor (`floor_ms`), not a sum.
 - c_row = LM-head GEMM of one row (2*vocab*hidden FLOPs) + its fp32 logits written and read by the sampler
   + `row_fixed_ms`. Only sampled rows need logits, so the head is per row, not per token.
 - c_ctx = kv_bytes_per_token / (copy bandwidth x `kv_read_eff`): decode attention reads K and V of every
@@ -27,8 +18,8 @@ Per model and mode (see `StepCoeffs`: step_ms = max(c0 + c_row*B + c_ctx*C + c_t
   per key) / matmul_tflops: the summary numbers do not carry each row's prefix, so a reference length is used.
 - TP > 1: bytes and FLOPs split over tp ranks, plus 2 all-reduces per layer at `allreduce_ms`.
 
-The per-kernel, per-op and launch terms are assumptions (measured once on a plain-torch stack, not this engine:
-docs/calibration.md, The analytic profile) until `tr calibrate` measures the real engine.
+The per-kernel, per-op and launch terms are assumptions (measured once on a plain-torch stack, not this engine)
+until `tr calibrate` measures the real engine.
 
 Standard serving (`std_serving`) is fitted to the TokenRouter paper's two observations (`std_serving_from`) on a
 fused-kernel Qwen3-0.6B reference step (the bookkeeping belongs to the serving stack, not to our kernel overheads);

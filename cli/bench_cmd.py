@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from tokenrouter.cli.common import CliError, Interrupted, check_output, note_cpu_profile, require_extras
@@ -23,7 +22,7 @@ from tokenrouter.cli.options import (
     check_run_flags,
     deployment_flags,
 )
-from tokenrouter.cli.progress import progress_bar
+from tokenrouter.cli.progress import counted, progress_bar
 from tokenrouter.cli.report import fmt_num, metrics_table, write_json
 from tokenrouter.core.policy import format_b
 from tokenrouter.workloads import Phase, RequestSpec, initial_phase, load_phases, make_workload
@@ -94,8 +93,7 @@ def _run_live(url: str, specs: list[RequestSpec], phases: list[Phase], console: 
 
     from tokenrouter.bench.client import run_bench
 
-    cols = (TextColumn("bench"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with progress_bar(console, *cols) as bar:
+    with progress_bar(console, *counted("bench")) as bar:
         task = bar.add_task("requests", total=len(specs))
         try:
             run = run_bench(url.rstrip("/"), specs, concurrency=concurrency, arrival_rate=arrival_rate, seed=seed,

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, TaskID, TextColumn, TimeElapsedColumn
+from rich.progress import TaskID
 from rich.table import Table
 
 from tokenrouter.calibration.fit_quality import poor_fits
@@ -25,7 +25,7 @@ from tokenrouter.cli.common import (
     parse_sm_splits,
     require_extras,
 )
-from tokenrouter.cli.progress import progress_bar
+from tokenrouter.cli.progress import counted, progress_bar
 
 if TYPE_CHECKING:
     from tokenrouter.calibration.profiler.run import Calibration, Plan
@@ -163,8 +163,7 @@ def _measure(cal: Calibration, console: Console) -> None:
     """Run the calibration with one progress bar per task (lines when not on a terminal) and print the tasks that
     failed; exit 3 when tasks are left (the measured ones stay in the partial file, for the same command to
     resume)."""
-    cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with progress_bar(console, *cols) as bar:
+    with progress_bar(console, *counted("{task.description}")) as bar:
         bars: dict[str, TaskID] = {}
 
         def on_event(task: str, what: str, done: int, total: int) -> None:

@@ -12,11 +12,10 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
 from tokenrouter.cli.common import check_output, note_cpu_profile, parse_list
 from tokenrouter.cli.options import DeploymentFlags, deployment_flags, point_flags
-from tokenrouter.cli.progress import progress_bar
+from tokenrouter.cli.progress import counted, progress_bar
 from tokenrouter.cli.report import result_record
 from tokenrouter.sim.run import prepare_sim
 from tokenrouter.sim.simulate import sim_config, simulate
@@ -95,8 +94,7 @@ def sweep(
         note_cpu_profile("trsim sweep", name)
     rows = []
     console = Console(stderr=True)
-    cols = (TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with progress_bar(console, *cols) as bar:
+    with progress_bar(console, *counted("sweep")) as bar:
         task = bar.add_task("sweep", total=len(grid))
         for point, (cfg, auto) in zip(grid, configs, strict=True):
             res = simulate(cfg, auto)

@@ -1,9 +1,5 @@
-"""`trsim`: the co-design simulator's command line (CPU only).
-
-Each command lives in its own module and is imported only when it runs: `trsim run` must start in a fraction of a
-second, and the Markov model's scipy alone takes half of one. `--help` without a command lists them all (it imports
-every module, as a full app needs).
-"""
+"""`trsim`: the co-design simulator's command line (CPU only). Each command's module is imported only when it runs:
+`trsim run` must start in a fraction of a second, and the Markov model's scipy alone takes half of one."""
 
 from __future__ import annotations
 

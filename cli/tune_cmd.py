@@ -8,7 +8,6 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from tokenrouter.calibration.gpus import load_gpu_prices
@@ -25,7 +24,7 @@ from tokenrouter.cli.options import (
     Workload,
     deployment_flags,
 )
-from tokenrouter.cli.progress import progress_bar
+from tokenrouter.cli.progress import counted, progress_bar
 from tokenrouter.core.config import DeploymentConfig
 from tokenrouter.core.names import Layout, TuneObjective, parse_name
 from tokenrouter.core.policy import format_b
@@ -121,8 +120,7 @@ def tune(
     specs = candidate_specs(layouts, splits, base, num_gpus)
     usd = candidate_prices(base, specs, prices)
     sweep = at_sustained_load(goal) and slo_tpot_ms is not None and len(specs) > 1
-    cols = (TextColumn("tune {task.fields[what]} N={task.fields[n]}"), BarColumn(), MofNCompleteColumn(),
-            TimeElapsedColumn())  # fmt: skip
+    cols = counted("tune {task.fields[what]} N={task.fields[n]}")
     with sim_pool(jobs) as pool, progress_bar(Console(stderr=True), *cols) as bar:
         # sweeping placements upward stops at each one's first SLO miss: the total is then an upper bound
         task = bar.add_task("tune", total=points_to_tune(len(specs), len(ns), sweep), n=ns[0], what="")

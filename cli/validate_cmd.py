@@ -12,12 +12,11 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from tokenrouter.cli.common import USAGE_ERRORS, CliError, check_output
 from tokenrouter.cli.options import parse_run_args
-from tokenrouter.cli.progress import progress_bar
+from tokenrouter.cli.progress import counted, progress_bar
 from tokenrouter.sim.run import SimConfig, prepare_sim
 from tokenrouter.sim.simulate import sim_config, simulate
 
@@ -154,8 +153,7 @@ def _cell_configs(df: Any, live: Path, profile: str | None) -> list[tuple[SimCon
 def _simulate_cells(df: Any, configs: list[tuple[SimConfig, bool]], err_console: Console) -> list[dict[str, Any]]:
     """Simulate every cell (a progress bar on stderr): per cell its live and simulated metrics and their error."""
     rows: list[dict[str, Any]] = []
-    cols = (TextColumn("validate"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with progress_bar(err_console, *cols) as bar:
+    with progress_bar(err_console, *counted("validate")) as bar:
         task = bar.add_task("cells", total=len(df))
         for (_, rec), (cfg, auto) in zip(df.iterrows(), configs, strict=True):
             s = simulate(cfg, auto).summary
