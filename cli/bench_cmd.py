@@ -149,24 +149,11 @@ BenchDryRun = Annotated[bool, typer.Option("--dry-run", help="Print the deployme
 
 
 @deployment_flags()
-def bench(
-    deploy: DeploymentFlags,
-    url: Url,
-    concurrency: Concurrency = 8,
-    arrival_rate: ArrivalRate = None,
-    workload: Workload = "low-effort",
-    num_requests: BenchRequests = 64,
-    duration: Duration = None,
-    max_output: MaxOutput = None,
-    seed: BenchSeed = 0,
-    api_key: ApiKey = None,
-    admin_key: AdminKey = None,
-    json_out: JsonOut = None,
-    csv_out: CsvOut = None,
-    plot: Plot = None,
-    sim: Sim = False,
-    dry_run: BenchDryRun = False,
-) -> None:
+def bench(deploy: DeploymentFlags, url: Url, concurrency: Concurrency = 8, arrival_rate: ArrivalRate = None,
+          workload: Workload = "low-effort", num_requests: BenchRequests = 64, duration: Duration = None,
+          max_output: MaxOutput = None, seed: BenchSeed = 0, api_key: ApiKey = None, admin_key: AdminKey = None,
+          json_out: JsonOut = None, csv_out: CsvOut = None, plot: Plot = None, sim: Sim = False,
+          dry_run: BenchDryRun = False) -> None:  # fmt: skip
     """Benchmark a running server (streaming, token-id prompts, ignore_eos) and print the metrics table."""
     require_extras("bench", ("serve",), modules=("httpx", "prometheus_client"))
     check_run_flags(num_requests=num_requests, concurrency=concurrency, seed=seed, max_output=max_output,

@@ -69,26 +69,12 @@ LinkBase = Annotated[str | None, typer.Option(help="--link without --model: the 
                      "the measured link into OUT; default OUT itself.")]  # fmt: skip
 
 
-def calibrate(
-    out: Out,
-    model: Models = None,
-    placement: PlacementName = "mps",
-    pair: Pairs = None,
-    sm_splits: SmSplits = None,
-    routers: Routers = "r2r,citer,co-llm,r-stitch",
-    arrangements: Arrangements = "none",
-    max_tokens: MaxTokens = 2048,
-    max_decode: MaxDecode = 64,
-    corun_small: CorunSmall = "1,4,16,32,64",
-    corun_large: CorunLarge = "1,4,16,64,128,256,512",
-    device: Device = "cuda",
-    deadline: Deadline = None,
-    quick: Quick = False,
-    refit: Refit = False,
-    merge: Merge = None,
-    link: Link = None,
-    link_base: LinkBase = None,
-) -> None:
+def calibrate(out: Out, model: Models = None, placement: PlacementName = "mps", pair: Pairs = None,
+              sm_splits: SmSplits = None, routers: Routers = "r2r,citer,co-llm,r-stitch",
+              arrangements: Arrangements = "none", max_tokens: MaxTokens = 2048, max_decode: MaxDecode = 64,
+              corun_small: CorunSmall = "1,4,16,32,64", corun_large: CorunLarge = "1,4,16,64,128,256,512",
+              device: Device = "cuda", deadline: Deadline = None, quick: Quick = False, refit: Refit = False,
+              merge: Merge = None, link: Link = None, link_base: LinkBase = None) -> None:  # fmt: skip
     """Profile the engine on this GPU and write a measured profile (schema 2) for `trsim --profile`; with --link,
     measure the tcp link to another host too (or only that)."""
     from tokenrouter.calibration.profiler.assemble import assemble

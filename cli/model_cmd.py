@@ -81,20 +81,10 @@ Top = Annotated[int, typer.Option("--top", help="rows of the search table to sho
 MaxStates = Annotated[int, typer.Option("--max-states", help="states one search or chain may explore and solve")]
 
 
-def model(
-    step_ms: StepMs = None,
-    router: Router = "r2r",
-    hop_rate: HopRate = None,
-    hop_prob: HopProb = None,
-    concurrency: Concurrency = None,
-    thresholds: Thresholds = None,
-    mean_output: MeanOutput = None,
-    delta_ms: DeltaMs = 0.1,
-    return_prob: ReturnProb = 1.0,
-    step_ms_table: StepMsTable = None,
-    top: Top = 0,
-    max_states: MaxStates = SEARCH_STATES,
-) -> None:
+def model(step_ms: StepMs = None, router: Router = "r2r", hop_rate: HopRate = None, hop_prob: HopProb = None,
+          concurrency: Concurrency = None, thresholds: Thresholds = None, mean_output: MeanOutput = None,
+          delta_ms: DeltaMs = 0.1, return_prob: ReturnProb = 1.0, step_ms_table: StepMsTable = None, top: Top = 0,
+          max_states: MaxStates = SEARCH_STATES) -> None:  # fmt: skip
     """Markov-chain throughput model of delayed batching: T(B) in tok/s, or the best thresholds B*."""
     if hop_prob is not None:
         typer.echo("trsim: note: --hop-prob is deprecated; use --hop-rate", err=True)

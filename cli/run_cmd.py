@@ -33,27 +33,16 @@ from tokenrouter.sim.sim_pool import sim_pool
 from tokenrouter.sim.simulate import sim_config, simulate
 
 JsonOut = Annotated[str | None, typer.Option("--json", help="Write metrics as JSON to FILE ('-' = stdout).")]
+CsvOut = Annotated[Path | None, typer.Option("--csv", help="Write per-request rows as CSV.")]
 Plot = Annotated[Path | None, typer.Option(help="PNG: per model queue and busy fraction over time, batch histogram; "
                  "throughput; latency CDFs.")]  # fmt: skip
 
 
 @deployment_flags()
-def run(
-    deploy: DeploymentFlags,
-    concurrency: Concurrency = 8,
-    workload: TraceWorkload = None,
-    num_requests: NumRequests = 64,
-    seed: Seed = 0,
-    arrival_rate: ArrivalRate = None,
-    max_output: MaxOutput = None,
-    json_out: JsonOut = None,
-    csv_out: Annotated[Path | None, typer.Option("--csv", help="Write per-request rows as CSV.")] = None,
-    plot: Plot = None,
-    slo_tpot_ms: SloTpot = None,
-    search_budget: SearchBudget = DEFAULT_BUDGET_S,
-    jobs: Jobs = 0,
-    dry_run: DryRun = False,
-) -> None:
+def run(deploy: DeploymentFlags, concurrency: Concurrency = 8, workload: TraceWorkload = None,
+        num_requests: NumRequests = 64, seed: Seed = 0, arrival_rate: ArrivalRate = None, max_output: MaxOutput = None,
+        json_out: JsonOut = None, csv_out: CsvOut = None, plot: Plot = None, slo_tpot_ms: SloTpot = None,
+        search_budget: SearchBudget = DEFAULT_BUDGET_S, jobs: Jobs = 0, dry_run: DryRun = False) -> None:  # fmt: skip
     """Simulate a routed model pair on a GPU profile (CPU only) and print the metrics. Without --thresholds (or
     with 'auto') B is chosen first: the Markov model proposes, the simulator ranks (docs/simulator.md)."""
     objective = Objective(slo_tpot_ms)

@@ -62,26 +62,13 @@ NoAccessLog = Annotated[bool, Opt("--no-access-log", help="No log line per reque
 
 
 @deployment_flags()
-def serve(
-    deploy: DeploymentFlags,
-    device: Device = "cuda",
-    host: Host = "127.0.0.1",
-    port: Port = 8000,
-    api_key: ApiKey = None,
-    admin_key: AdminKey = None,
-    record_hops: RecordHops = None,
-    kv_tokens: KvTokens = 8192,
-    baseline: Baseline = None,
-    dry_run: DryRun = False,
-    restart_on_failure: RestartOnFailure = False,
-    ray: Ray = None,
-    ray_cpus: RayCpus = 1.0,
-    heartbeat_timeout: HeartbeatTimeout = 10.0,
-    join_timeout: JoinTimeout = 300.0,
-    shutdown_timeout: ShutdownTimeout = 30.0,
-    log_level: LogLevel = "info",
-    no_access_log: NoAccessLog = False,
-) -> None:  # fmt: skip
+def serve(deploy: DeploymentFlags, device: Device = "cuda", host: Host = "127.0.0.1", port: Port = 8000,
+          api_key: ApiKey = None, admin_key: AdminKey = None, record_hops: RecordHops = None,
+          kv_tokens: KvTokens = 8192, baseline: Baseline = None, dry_run: DryRun = False,
+          restart_on_failure: RestartOnFailure = False, ray: Ray = None, ray_cpus: RayCpus = 1.0,
+          heartbeat_timeout: HeartbeatTimeout = 10.0, join_timeout: JoinTimeout = 300.0,
+          shutdown_timeout: ShutdownTimeout = 30.0, log_level: LogLevel = "info",
+          no_access_log: NoAccessLog = False) -> None:  # fmt: skip
     """Serve a deployment: one process per model, OpenAI-compatible HTTP in front. The deployment is --config
     (what `trsim tune` writes) with the flags applied, or --small/--large with defaults. --baseline (or --policy
     std-serving) serves a baseline of the same deployment on the same engine instead."""

@@ -74,26 +74,12 @@ CompareN = Annotated[int | None, typer.Option("--compare-n", "--split-n", help="
 
 
 @deployment_flags()
-def tune(
-    deploy: DeploymentFlags,
-    out: Out = Path("serve.yaml"),
-    concurrency: TuneConcurrency = "1,2,4,8,16",
-    workload: Workload = "low-effort",
-    num_requests: TuneRequests = 0,
-    top: Top = 3,
-    seed: Seed = 0,
-    max_output: MaxOutput = None,
-    sm_splits: SmSplits = None,
-    placements: Placements = None,
-    num_gpus: NumGpus = 2,
-    objective: ObjectiveName = "total",
-    gpu_prices: GpuPrices = None,
-    compare_n: CompareN = None,
-    slo_tpot_ms: SloTpot = None,
-    search_budget: SearchBudget = DEFAULT_BUDGET_S,
-    jobs: Jobs = 0,
-    dry_run: DryRun = False,
-) -> None:
+def tune(deploy: DeploymentFlags, out: Out = Path("serve.yaml"), concurrency: TuneConcurrency = "1,2,4,8,16",
+         workload: Workload = "low-effort", num_requests: TuneRequests = 0, top: Top = 3, seed: Seed = 0,
+         max_output: MaxOutput = None, sm_splits: SmSplits = None, placements: Placements = None, num_gpus: NumGpus = 2,
+         objective: ObjectiveName = "total", gpu_prices: GpuPrices = None, compare_n: CompareN = None,
+         slo_tpot_ms: SloTpot = None, search_budget: SearchBudget = DEFAULT_BUDGET_S, jobs: Jobs = 0,
+         dry_run: DryRun = False) -> None:  # fmt: skip
     """For each N the decider chooses B (the Markov model proposes, the simulator ranks: docs/simulator.md); the
     chosen B goes into the config's B(N) table, which `tr serve --config` follows as live concurrency changes.
     The deployment tuned is `--config` (or the default pair) with the flags applied; its policy becomes
