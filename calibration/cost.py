@@ -128,15 +128,12 @@ class ModelCost:
 
     def host_ms(self, rows: int) -> float:
         """Host time of the loop per step (forming, planning, post-processing): visible without overlap."""
-        if self.host is None:
-            return self.sched_ms
-        return self.host.c0_ms + self.host.row_ms * rows
+        return self.sched_ms if self.host is None else self.host.c0_ms + self.host.row_ms * rows
 
     def router_step_ms(self, rows: int) -> float:
         """The router's device part in a step: the measured learned router's, else the profile's constant."""
-        if self.learned_router is None:
-            return self.router_ms
-        return self.learned_router.c0_ms + self.learned_router.row_ms * rows
+        r = self.learned_router
+        return self.router_ms if r is None else r.c0_ms + r.row_ms * rows
 
 
 class CostModel:
@@ -265,9 +262,7 @@ class CostModel:
 
     def sched_ms(self, model: ModelKey | None = None) -> float:
         """Host time to schedule and post-process one step (ms): visible without overlap, hidden with it."""
-        if model is None:
-            return self.profile.sched_ms
-        return self.for_model(model).host_ms(1)
+        return self.profile.sched_ms if model is None else self.for_model(model).host_ms(1)
 
     def overlap_frac(self, model: ModelKey) -> float:
         """With overlap: the fraction of each step's GPU time the loop adds (measured; 0 in analytic profiles)."""
@@ -282,9 +277,7 @@ class CostModel:
     def gate_ms_per_step(self, policy: str) -> float:
         """Sync policies: the coordinator round trips a step pays (measured count x round-trip time)."""
         rt = self.profile.runtime
-        if rt is None:
-            return 0.0
-        return rt.gate_rtts_per_step.get(str(policy), 0.0) * rt.gate_rtt_ms
+        return 0.0 if rt is None else rt.gate_rtts_per_step.get(str(policy), 0.0) * rt.gate_rtt_ms
 
     def kv_budget_gb(self, model: ModelKey) -> float:
         name = self._name(model)

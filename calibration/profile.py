@@ -147,8 +147,6 @@ class Profile(ProfileStruct, kw_only=True):
     def made_on_cpu(self) -> bool:
         return self.device == "cpu"
 
-    # -- lookups -------------------------------------------------------------------------------------
-
     def model(self, name: str) -> ModelProfile:
         """The entry for `name` (case-insensitive; `Qwen/Qwen3-8B` accepted). ProfileError lists known ones."""
         key = self.resolve_name(name)
@@ -190,8 +188,6 @@ class Profile(ProfileStruct, kw_only=True):
         """Slowdown factor of `model`'s step while `other` runs on the same GPU (default when unmeasured)."""
         a, b = self.resolve_name(model), self.resolve_name(other)
         return self.mps.pairs.get(f"{a}|{b}", self.mps.default_slowdown)
-
-    # -- I/O -----------------------------------------------------------------------------------------
 
     def to_json(self) -> bytes:
         """Deterministic, indented JSON (field order as declared, model order as inserted), newline-ended."""

@@ -127,7 +127,6 @@ def _print_run(console: Console, out: BenchOutcome, phases: list[Phase], workloa
         console.print(f"B over time (server's thresholds in force): {threshold_timeline(out, out.model_names)}")
 
 
-# The command's own options, declared once here so that `bench`'s signature reads as the list of its flags.
 Url = Annotated[str, typer.Option(help="Server base URL, e.g. http://127.0.0.1:8000")]
 BenchRequests = Annotated[int, typer.Option(help="Requests to send.")]
 Duration = Annotated[float | None, typer.Option(help="Stop sending after this many seconds (running requests "

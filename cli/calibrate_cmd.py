@@ -35,7 +35,6 @@ SPLITS_HELP = (f"MPS SM shares SMALL/LARGE in percent to measure each pair at (1
                f"{DEFAULT_SPLITS} on cuda; 100/100 alone on cpu, which has no SM shares to split.")  # fmt: skip
 
 
-# The command's options, declared once here so that `calibrate`'s signature reads as the list of its flags.
 Out = Annotated[Path, typer.Option("--out", "-o", help="Profile JSON to write.")]
 Models = Annotated[list[str] | None, typer.Option("--model", "-m", help="A model to profile (repeat for several).")]
 PlacementName = Annotated[str, typer.Option(help="mps: also measure each pair side by side on one GPU (CUDA MPS); "

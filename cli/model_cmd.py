@@ -57,7 +57,6 @@ def _fmt(values: tuple[float, ...], digits: int = 2) -> str:
     return "/".join(f"{v:.{digits}f}" for v in values)
 
 
-# The command's options, declared once here so that `model`'s signature reads as the list of its flags.
 StepMs = Annotated[str | None, typer.Option("--step-ms", help="step time per model in ms, e.g. 6.0,27.9 (r2r) or "
                    "0.9,4.6,17.0 (me)")]  # fmt: skip
 Router = Annotated[str, typer.Option("--router", help="r2r | r-stitch | me (--return-prob < 1 with r2r means "

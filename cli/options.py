@@ -170,9 +170,7 @@ def split_axis(name: str, text: str) -> list[Any]:
     converted (so a CSV of the sweep keeps them typed), names and per-model lists kept as text."""
     flag = _BY_NAME[name]
     items = [t.strip() for t in str(text).split(";" if flag.per_model else ",") if t.strip()]
-    if flag.typ is str:
-        return items
-    return [_parse_value(flag, t) for t in items]
+    return items if flag.typ is str else [_parse_value(flag, t) for t in items]
 
 
 def deployment_flags(*, axes: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

@@ -22,7 +22,6 @@ if TYPE_CHECKING:
 Opt = typer.Option
 
 
-# The command's own options, declared once here so that `serve`'s signature reads as the list of its flags.
 Device = Annotated[str, Opt(help="cpu or cuda.")]
 Host = Annotated[str, Opt(help="Address the HTTP server binds.")]
 Port = Annotated[int, Opt(help="HTTP port.")]
@@ -39,11 +38,9 @@ Baseline = Annotated[str | None, Opt(help="Run a baseline on the same engine ins
                      "that sends every hop as a new request carrying the whole sequence; also what `baseline: "
                      "std-serving` and --policy std-serving run), llm-only or slm-only (the large or small model).")
                      ]  # fmt: skip
-# ---- supervision, shutdown, logs -----------------------------------------------------------
 RestartOnFailure = Annotated[bool, Opt("--restart-on-failure", help="Restart a subserver that dies, in "
                              "place: requests in flight fail once, new ones get 503 until it is back. "
                              "Without it the server exits non-zero for a supervisor to restart.")]  # fmt: skip
-# ---- across hosts (docs/cluster.md) ----------------------------------------------------------
 Ray = Annotated[str | None, Opt(help="Run each subserver as a Ray actor (one placement group; as many GPUs as "
                 "the model lists), over tcp: a Ray address, 'auto' (the running cluster), or 'local' (start a "
                 "head here). The launcher and the HTTP front-end stay in this process. Needs the 'ray' extra.")

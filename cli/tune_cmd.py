@@ -42,7 +42,6 @@ from tokenrouter.sim.tune_layouts import (
     tuned_config,
 )
 
-# The command's own options, declared once here so that `tune`'s signature reads as the list of its flags.
 Out = Annotated[Path, typer.Option("--out", "-o", help="Deployment YAML to write.")]
 TuneConcurrency = Annotated[str, typer.Option("--concurrency", "-n", help="Concurrencies to tune, e.g. 1,2,4,8,16; "
                             "N > 1024 is refused. Between two tuned N the served B is interpolated "

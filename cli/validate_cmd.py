@@ -51,9 +51,7 @@ def cell_config(args: str, base: Path, profile: str | None = None) -> tuple[SimC
 
 
 def _err(sim: float, live: float) -> float:
-    if not live or math.isnan(live) or math.isnan(sim):
-        return float("nan")
-    return sim / live - 1.0
+    return float("nan") if not live or math.isnan(live) or math.isnan(sim) else sim / live - 1.0
 
 
 def _summary(errs: list[float]) -> tuple[float, float]:

@@ -181,7 +181,6 @@ class Calibration:
                 self.on_event(task, "failed", 0, 0)
             self.save()
 
-    # ---- tasks ---------------------------------------------------------------------------------------------
     def _model(self, task: str, model: str) -> None:
         p = self.plan
         raw = self.partial["results"].setdefault(task, {"points": {}, "routers": {}, "host": {}})
