@@ -1,21 +1,12 @@
 """Analytic profile: bytes over bandwidth + FLOPs over peak + kernel/launch overhead, from `ModelSpec` shapes.
-
-    python -m tokenrouter.calibration.analytic --out calibration/profiles/h200-analytic.json
-
-regenerates the bundled H200 file (deterministic: `created` is fixed unless passed). Other GPU flags ask
-"what if" for another GPU (the measured H200 efficiencies are applied as fractions), and
-`--small-kernels-per-layer 57` asks what an unfused plain-torch engine would give.
+`python -m tokenrouter.calibration.analytic` regenerates the bundled H200 file (docs/calibration.md); other GPU
+flags ask "what if" for another GPU, `--small-kernels-per-layer 57` for an unfused plain-torch engine.
 
 Per model and mode (see `StepCoeffs`: step_ms = max(c0 + c_row*B + c_ctx*C + c_tok*T + c_ext*E, floor_ms)):
-- c0 = decode_weight_bytes / bw_eff + kernel floor + launch.
-  bw_eff = copy bandwidth x measured weight-streaming efficiency (`MEASURED_STREAM_GBS` over `MEASURED_COPY_GBS`:
-  a 2-layer SwiGLU MLP under a CUDA graph at each model's shapes; small matrices do not fill the chip),
-  interpolated linearly in log(parameter count), clamped outside 0.6B..32B; GEMM-to-GEMM gaps are inside it.
-  Kernel floor: every non-GEMM kernel (norms, RoPE, KV store, attention, activation, residual adds) costs
-  `kernel_us` of device time even inside a graph, `small_kernels_per_layer` of them per layer plus
-  `kernels_fixed`. Graph launch: one replay (`graph_launch_ms`). Eager: c0 has `eager_fixed_ms` instead,
-  and the host issues every op at `eager_op_us` while the GPU runs behind it, so the host time is a floor
-  (`floor_ms`), not a sum.
+- c0 = decode_weight_bytes / bw_eff + kernel floor + launch. bw_eff: copy bandwidth x the measured weight-streaming
+  efficiency (`MEASURED_STREAM_GBS`: small matrices do not fill the chip), log-interpolated in parameter count.
+  Kernel floor: every non-GEMM kernel costs `kernel_us` even inside a graph. Eager: `eager_fixed_ms` instead of the
+  launch, and the host issues every op at `eager_op_us` while the GPU runs behind it: a floor (`floor_ms`), not a sum.
 - c_row = LM-head GEMM of one row (2*vocab*hidden FLOPs) + its fp32 logits written and read by the sampler
   + `row_fixed_ms`. Only sampled rows need logits, so the head is per row, not per token.
 - c_ctx = kv_bytes_per_token / (copy bandwidth x `kv_read_eff`): decode attention reads K and V of every
@@ -27,17 +18,13 @@ Per model and mode (see `StepCoeffs`: step_ms = max(c0 + c_row*B + c_ctx*C + c_t
   per key) / matmul_tflops: the summary numbers do not carry each row's prefix, so a reference length is used.
 - TP > 1: bytes and FLOPs split over tp ranks, plus 2 all-reduces per layer at `allreduce_ms`.
 
-The per-kernel, per-op and launch terms are assumptions (measured once on a plain-torch stack, not this engine:
-docs/calibration.md, The analytic profile) until `tr calibrate` measures the real engine.
+The per-kernel, per-op and launch terms are assumptions (measured once on a plain-torch stack, not this engine)
+until `tr calibrate` measures the real engine.
 
-Standard serving (`std_serving`): the TokenRouter paper measured small-model inference at 4.2% of a step in
-standard serving, and a 58-85% throughput loss going from 2,048 to 8,192 max output tokens. Reference step:
-Qwen3-0.6B under graphs with fused kernels (`std_ref_small_kernels_per_layer`, as SGLang has: the
-bookkeeping belongs to the serving stack, not to our kernel overheads), `std_ref_batch` rows, every row a
-re-matched request with `std_ref_ctx` prefix tokens. Two conditions fix the two coefficients:
-(1) inference / step = `std_infer_fraction`; (2) with 4x the mean context (`std_long_ctx`, as for 8,192 vs
-2,048 output tokens) the step is 1/(1 - 0.58) times longer (the low end: the high end needs super-linear
-effects such as cache eviction, which a linear cost cannot express). See `std_serving_from`.
+Standard serving (`std_serving`) is fitted to the TokenRouter paper's two observations (`std_serving_from`) on a
+fused-kernel Qwen3-0.6B reference step (the bookkeeping belongs to the serving stack, not to our kernel overheads);
+the 58% loss is the low end of the paper's 58-85% (the high end needs super-linear effects such as cache eviction,
+which a linear cost cannot express).
 """
 
 from __future__ import annotations
@@ -97,9 +84,8 @@ def stream_efficiency(num_params: int) -> float:
     return pts[-1][1]
 
 
-def model_profile(
-    spec: ModelSpec, gpu: GpuInfo = H200, assumptions: Assumptions = ASSUMPTIONS, tp: int = 1
-) -> ModelProfile:
+def model_profile(spec: ModelSpec, gpu: GpuInfo = H200, assumptions: Assumptions = ASSUMPTIONS,
+                  tp: int = 1) -> ModelProfile:  # fmt: skip
     """Graph and eager coefficients of one model (see the module docstring for each term)."""
     a = assumptions
     if tp < 1:
@@ -120,17 +106,10 @@ def model_profile(
     per_token = {"c_row": _r(c_row), "c_ctx": _r(c_ctx), "c_tok": _r(c_tok), "c_ext": _r(c_ext)}
     graph = StepCoeffs(c0=_r(weights_ms + kernels_ms + comm_ms + a.graph_launch_ms), **per_token)
     host_ops = layers * (small + a.gemms_per_layer) + a.kernels_fixed
-    eager = StepCoeffs(
-        c0=_r(weights_ms + kernels_ms + comm_ms + a.eager_fixed_ms),
-        floor_ms=_r(host_ops * a.eager_op_us / 1e3),
-        **per_token,
-    )
-    return ModelProfile(
-        weight_bytes=spec.weight_bytes,
-        kv_bytes_per_token=spec.kv_bytes_per_token,
-        tp=tp,
-        step=StepModes(graph=graph, eager=eager),
-    )
+    eager = StepCoeffs(c0=_r(weights_ms + kernels_ms + comm_ms + a.eager_fixed_ms),
+                       floor_ms=_r(host_ops * a.eager_op_us / 1e3), **per_token)  # fmt: skip
+    return ModelProfile(weight_bytes=spec.weight_bytes, kv_bytes_per_token=spec.kv_bytes_per_token, tp=tp,
+                        step=StepModes(graph=graph, eager=eager))  # fmt: skip
 
 
 def std_serving_from(small: StepCoeffs, a: Assumptions = ASSUMPTIONS) -> StdServingInfo:
@@ -167,14 +146,8 @@ def _source(gpu: GpuInfo, a: Assumptions) -> str:
     )
 
 
-def generate(
-    models: Iterable[str] | None = None,
-    *,
-    gpu: GpuInfo = H200,
-    created: str = H200_CREATED,
-    assumptions: Assumptions = ASSUMPTIONS,
-    tp: Mapping[str, int] | None = None,
-) -> Profile:
+def generate(models: Iterable[str] | None = None, *, gpu: GpuInfo = H200, created: str = H200_CREATED,
+             assumptions: Assumptions = ASSUMPTIONS, tp: Mapping[str, int] | None = None) -> Profile:  # fmt: skip
     """The analytic profile for `models` (default: every bundled spec), ordered by parameter count."""
     a, tp = assumptions, dict(tp or {})
     if min(gpu.mem_bw_gbs, gpu.matmul_tflops, gpu.memory_gb) <= 0:
@@ -183,26 +156,13 @@ def generate(
     entries = {s.name: model_profile(s, gpu, a, tp.get(s.name, 1)) for s in specs}
     fused = replace(a, small_kernels_per_layer=a.std_ref_small_kernels_per_layer)
     ref = model_profile(load_spec(a.std_ref_model), gpu, fused).step.graph
-    prof = Profile(
-        schema_version=SCHEMA_VERSION,
-        kind="analytic",
-        gpu=gpu,
-        created=created,
-        source=_source(gpu, a),
-        models=entries,
-        router_ms=a.router_ms,
-        sched_ms=a.sched_ms,
-        ipc_ms=a.ipc_ms,
-        link=LinkInfo(latency_ms=a.link_latency_ms, bandwidth_gbps=a.link_bandwidth_gbps),
-        mps=MpsInfo(default_slowdown=a.mps_default_slowdown, pairs={}),
-        std_serving=std_serving_from(ref, a),
-        kv_budget_gb=a.kv_budget_gb,
-        notes={
-            "assumptions": asdict(a),
-            "measured_stream_gbs": dict(MEASURED_STREAM_GBS),
-            "stream_efficiency": {s.name: _r(stream_efficiency(s.num_params)) for s in specs},
-        },
-    )
+    notes = {"assumptions": asdict(a), "measured_stream_gbs": dict(MEASURED_STREAM_GBS),
+             "stream_efficiency": {s.name: _r(stream_efficiency(s.num_params)) for s in specs}}  # fmt: skip
+    prof = Profile(schema_version=SCHEMA_VERSION, kind="analytic", gpu=gpu, created=created, source=_source(gpu, a),
+                   models=entries, router_ms=a.router_ms, sched_ms=a.sched_ms, ipc_ms=a.ipc_ms,
+                   link=LinkInfo(latency_ms=a.link_latency_ms, bandwidth_gbps=a.link_bandwidth_gbps),
+                   mps=MpsInfo(default_slowdown=a.mps_default_slowdown, pairs={}),
+                   std_serving=std_serving_from(ref, a), kv_budget_gb=a.kv_budget_gb, notes=notes)  # fmt: skip
     # Round-trip through the validator so a generated profile obeys exactly what loading enforces.
     return Profile.from_json(prof.to_json(), source="<generated analytic profile>")
 
@@ -220,22 +180,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--mem-bw-gbs", type=float, default=H200.mem_bw_gbs, help="copy bandwidth, GB/s")
     ap.add_argument("--matmul-tflops", type=float, default=H200.matmul_tflops, help="dense bf16, TFLOP/s")
     ap.add_argument("--memory-gb", type=float, default=H200.memory_gb)
-    ap.add_argument(
-        "--small-kernels-per-layer",
-        type=int,
-        default=Assumptions().small_kernels_per_layer,
-        help="non-GEMM kernels per decoder layer (engine as written: %(default)s; fused engine: ~6)",
-    )
+    ap.add_argument("--small-kernels-per-layer", type=int, default=Assumptions().small_kernels_per_layer,
+                    help="non-GEMM kernels per decoder layer (engine as written: %(default)s; fused engine: "
+                    "~6)")  # fmt: skip
     ap.add_argument("--tp", action="append", default=[], metavar="MODEL=N", help="tensor-parallel degree")
     args = ap.parse_args(argv)
     try:
         tp = {k.lower(): int(v) for k, v in (item.split("=", 1) for item in args.tp)}
-        gpu = GpuInfo(
-            name=args.gpu_name,
-            mem_bw_gbs=args.mem_bw_gbs,
-            matmul_tflops=args.matmul_tflops,
-            memory_gb=args.memory_gb,
-        )
+        gpu = GpuInfo(name=args.gpu_name, mem_bw_gbs=args.mem_bw_gbs, matmul_tflops=args.matmul_tflops,
+                      memory_gb=args.memory_gb)  # fmt: skip
         a = Assumptions(small_kernels_per_layer=args.small_kernels_per_layer)
         prof = generate(args.models, gpu=gpu, created=args.created, assumptions=a, tp=tp)
     except ValueError as e:

@@ -1,32 +1,9 @@
 """Cost model: how long a step, a peer message, the router and the scheduler take (all in ms).
 
 `CostModel(profile, placement)` turns a `Profile` into per-model `ModelCost` objects, resolved once, so the
-simulator's hot path (~1e5 steps a run) is a handful of float operations:
-
-    mc = cost.for_model("qwen3-0.6b")                          # resolve once (name, or index into `models`)
-    t = mc.step_ms(StepStats.of_batch(batch, rule))            # per step
-
-A step is split by the core's `GraphRule` into a CUDA-graph part and an eager part (`StepStats`), each one
-forward pass. For a part of B rows feeding T tokens (E of them in extend/prefill rows) attending C context
-tokens, with the graph or eager coefficients:
-
-    part_ms  = c0 + c_row*B + c_ctx*C + c_tok*T + c_ext*E
-    gpu_ms   = graph part_ms + eager part_ms              (each 0 when its part is empty)
-    step_ms  = max(gpu_ms, floor) + R*hop_overhead_ms + (P/1000)*hop_overhead_ms_per_ktok
-
-`floor` is the host time to issue the step: the eager floor when there is an eager part (its kernels are
-issued while the GPU replays the graph part, so the two overlap), else the graph floor. R re-matched rows
-with P prefix tokens in all are the standard-serving baseline's bookkeeping, host work that MPS does not
-slow. An empty step costs 0. `ConstantCost` has the same interface with step time depending only on the model
-(and optionally batch size), and zero message/router/scheduler costs: the Markov model's assumption.
-
-A measured profile (`tr calibrate`) replaces the coefficients with the engine's measured passes
-(`calibration.passes`): the graph part runs in a decode graph, the eager part as one varlen pass (a varlen
-graph when one holds it within the padding budget, else eager), each priced from its table. Co-location is
-not a constant there: `CostModel.interference(i, j)` gives model i's slowdown factor while model j runs a pass,
-as a function of both passes' sizes and the models' SM shares (`calibration.interference`); the simulator
-applies it while the two passes overlap. Host, router, message and sync-coordinator costs come from the
-profile's measured runtime costs when it has them.
+simulator's hot path (~1e5 steps a run) is a handful of float operations. The step formula (coefficients or
+measured passes), co-location and the costs on top of a pass: docs/calibration.md, The cost model.
+`ConstantCost` is the Markov model's assumption: step time by model (and optionally batch size), nothing else.
 """
 
 from __future__ import annotations
@@ -151,46 +128,28 @@ class ModelCost:
 
     def host_ms(self, rows: int) -> float:
         """Host time of the loop per step (forming, planning, post-processing): visible without overlap."""
-        if self.host is None:
-            return self.sched_ms
-        return self.host.c0_ms + self.host.row_ms * rows
+        return self.sched_ms if self.host is None else self.host.c0_ms + self.host.row_ms * rows
 
     def router_step_ms(self, rows: int) -> float:
         """The router's device part in a step: the measured learned router's, else the profile's constant."""
-        if self.learned_router is None:
-            return self.router_ms
-        return self.learned_router.c0_ms + self.learned_router.row_ms * rows
+        r = self.learned_router
+        return self.router_ms if r is None else r.c0_ms + r.row_ms * rows
 
 
 class CostModel:
     """Profile-driven `StepCost`.
 
-    placement: "mps" (co-located under CUDA MPS: co-running steps slow down), "separate" (own GPUs, one
-    host) or "cross-host" (peer messages pay link latency + bytes / bandwidth).
-    models: the deployment's model names in index order (so `Batch.model` indices work, and MPS pair
-    slowdowns are looked up against the co-located models); default: every model in the profile.
-    shares: each model's MPS SM share in percent (None or 100: no cap), for measured co-location.
-    learned_router: the deployment runs a learned router of this name (its measured device part is priced;
-    a synthetic router costs nothing on the device).
-    tp: each model's tensor-parallel degree (default 1): the profile's entry at that degree, else an estimate
-    from the tp=1 entry (`calibration.tensor_parallel`), listed in `notes()`.
-    profiles: the profile of the GPU each model runs on (None: `profile`); a model's passes, host costs and KV
-    budget come from its own, while messages, the runtime's costs and co-location come from `profile`. With every
-    model on `profile` the prices are `profile`'s alone. An estimated profile's label is listed in `notes()`.
-    Which rows run in a graph is not the cost model's business: `StepStats` carries the GraphRule's split.
+    models: the deployment's model names in index order (default: every model in the profile). shares: each
+    model's MPS SM share in percent (None or 100: no cap). learned_router: its measured device part is priced (a
+    synthetic router costs nothing). tp: each model's degree (an entry at it, else an estimate, listed in
+    `notes()`). profiles: the profile of the GPU each model runs on (None: `profile`) for its passes, host costs
+    and KV budget; messages, runtime costs and co-location come from `profile`.
     """
 
-    def __init__(
-        self,
-        profile: Profile | str | Path = "h200",
-        placement: Placement | str = Placement.MPS,
-        *,
-        models: Sequence[str] | None = None,
-        shares: Sequence[int | None] | None = None,
-        learned_router: str | None = None,
-        tp: Sequence[int] | None = None,
-        profiles: Sequence[Profile | None] | None = None,
-    ) -> None:
+    def __init__(self, profile: Profile | str | Path = "h200", placement: Placement | str = Placement.MPS, *,
+                 models: Sequence[str] | None = None, shares: Sequence[int | None] | None = None,
+                 learned_router: str | None = None, tp: Sequence[int] | None = None,
+                 profiles: Sequence[Profile | None] | None = None) -> None:  # fmt: skip
         self.profile = profile if isinstance(profile, Profile) else load_profile(profile)
         self.placement = parse_name(Placement, placement, "placement")
         default = [k for k in self.profile.models if "@tp" not in k]  # a NAME@tpK key is NAME at another degree
@@ -259,20 +218,12 @@ class CostModel:
             m, estimated = est.entry, est.note
             self._notes[f"tp:{name}:{tp}"] = estimated
         learned = m.routers.get(self.learned_router) if self.learned_router else None
-        return ModelCost(
-            name=name,
-            hop_ms=p.std_serving.hop_overhead_ms,
-            hop_ms_per_tok=p.std_serving.hop_overhead_ms_per_ktok / 1000.0,
-            router_ms=0.0 if m.passes is not None and learned is None else p.router_ms_for(name),
-            sched_ms=p.sched_ms,
-            graph=m.step.graph,
-            eager=m.step.eager,
-            passes=ModelPasses.of(m.passes) if m.passes is not None else None,
-            host=m.host,
-            learned_router=learned,
-            tp=tp,
-            estimated=estimated,
-        )
+        return ModelCost(name=name, hop_ms=p.std_serving.hop_overhead_ms,
+                         hop_ms_per_tok=p.std_serving.hop_overhead_ms_per_ktok / 1000.0,
+                         router_ms=0.0 if m.passes is not None and learned is None else p.router_ms_for(name),
+                         sched_ms=p.sched_ms, graph=m.step.graph, eager=m.step.eager,
+                         passes=ModelPasses.of(m.passes) if m.passes is not None else None, host=m.host,
+                         learned_router=learned, tp=tp, estimated=estimated)  # fmt: skip
 
     def interference(self, model: int, peer: int) -> Interference:
         """Model `model`'s slowdown factors beside model `peer` on one GPU (indices into `models`): measured
@@ -294,11 +245,9 @@ class CostModel:
 
     def _note_colocation(self, a: str, b: str, i: int, j: int, what: str) -> None:
         pair = tuple(sorted((f"{a} (tp={self.tp[i]})", f"{b} (tp={self.tp[j]})")))
-        self._notes[f"coloc:{pair}"] = (
-            f"{pair[0]} beside {pair[1]} on one GPU: ASSUMED {what}, applied while the passes overlap (the tp "
-            "model's rank on the shared GPU slows as the whole model did, and its other ranks wait for it at "
-            "every all-reduce)"
-        )
+        self._notes[f"coloc:{pair}"] = (f"{pair[0]} beside {pair[1]} on one GPU: ASSUMED {what}, applied while the "
+                                         "passes overlap (the tp model's rank on the shared GPU slows as the whole "
+                                         "model did, and its other ranks wait for it at every all-reduce)")  # fmt: skip
 
     def message_ms(self, nbytes: int = 0) -> float:
         """One peer message: the measured (or assumed) ipc time on one host; latency + bytes / bandwidth across
@@ -313,9 +262,7 @@ class CostModel:
 
     def sched_ms(self, model: ModelKey | None = None) -> float:
         """Host time to schedule and post-process one step (ms): visible without overlap, hidden with it."""
-        if model is None:
-            return self.profile.sched_ms
-        return self.for_model(model).host_ms(1)
+        return self.profile.sched_ms if model is None else self.for_model(model).host_ms(1)
 
     def overlap_frac(self, model: ModelKey) -> float:
         """With overlap: the fraction of each step's GPU time the loop adds (measured; 0 in analytic profiles)."""
@@ -330,9 +277,7 @@ class CostModel:
     def gate_ms_per_step(self, policy: str) -> float:
         """Sync policies: the coordinator round trips a step pays (measured count x round-trip time)."""
         rt = self.profile.runtime
-        if rt is None:
-            return 0.0
-        return rt.gate_rtts_per_step.get(str(policy), 0.0) * rt.gate_rtt_ms
+        return 0.0 if rt is None else rt.gate_rtts_per_step.get(str(policy), 0.0) * rt.gate_rtt_ms
 
     def kv_budget_gb(self, model: ModelKey) -> float:
         name = self._name(model)
@@ -372,19 +317,14 @@ class ConstantModelCost:
 
 class ConstantCost(StepCost):
     """`StepCost` with L_i per model and nothing else: messages, router, overlap and coordinator cost 0, and so
-    does the host's scheduling unless `sched_ms` is given (tests of overlap use it).
+    does the host's scheduling unless `sched_ms` is given (tests of overlap use it). latency_ms: by model index
+    (a sequence) or by name and/or index (a mapping); each a constant (ms) or a function of batch size."""
 
-    latency_ms: a sequence indexed by model index, or a mapping keyed by model name and/or index; each
-    value a constant (ms) or a function of batch size.
-    """
-
-    def __init__(
-        self, latency_ms: Sequence[LatencySpec] | Mapping[ModelKey, LatencySpec], *, sched_ms: float = 0.0
-    ) -> None:
+    def __init__(self, latency_ms: Sequence[LatencySpec] | Mapping[ModelKey, LatencySpec], *,
+                 sched_ms: float = 0.0) -> None:  # fmt: skip
         items = latency_ms.items() if isinstance(latency_ms, Mapping) else enumerate(latency_ms)
-        self._costs: dict[ModelKey, ConstantModelCost] = {
-            k: ConstantModelCost(str(k), v, sched_ms=sched_ms) for k, v in items
-        }
+        self._costs: dict[ModelKey, ConstantModelCost] = {k: ConstantModelCost(str(k), v, sched_ms=sched_ms)
+                                                          for k, v in items}  # fmt: skip
         if not self._costs:
             raise ValueError("ConstantCost needs at least one model")
         self._sched_ms = sched_ms

@@ -1,20 +1,9 @@
 """Estimated profiles: a measured profile carried to a GPU kind the user does not have, by datasheet figures
 (docs/calibration.md, "Estimated profiles for other GPUs": the method, what is kept and what is not modelled).
 
-    load_profile("l4")                       # the bundled h200 profile, estimated for an L4
-    trsim profile --gpu l4 -o l4.json        # the same, written to a file (`tr calibrate` on an L4 replaces it)
-
-Method ("bytes/FLOPs scaling"). Each knot time of a measured pass table (a pass feeding T tokens) splits in three:
-
-    knot_ms(T) = weights + compute(T) + launch
-    weights    = min(weight bytes the pass streams / anchor bandwidth, knot_ms(T))
-    launch     = max(0, T0's knot_ms - weights - T0 x FLOPs per token / anchor FLOP/s), T0 the smallest knot
-    compute(T) = max(0, the rest)
-
-On the target, `weights`, the KV reads and per-row terms scale by the bandwidth ratio, `compute` and prefill
-attention by the FLOP/s ratio, and `launch` is kept; the rates are the datasheet's times the anchor's measured
-efficiency. The same split estimates one model's passes from another's on one GPU
-(`studies/placement_cost/method_check.py` reports that error).
+Each knot of a pass table splits into weights = min(weight bytes / anchor bandwidth, knot_ms), launch (what the
+smallest knot T0 leaves after weights and T0's ideal FLOP time; kept) and compute (the rest); weights, KV and per-row
+terms scale by the bandwidth ratio, compute and prefill attention by the FLOP/s ratio.
 """
 
 from __future__ import annotations
@@ -54,10 +43,8 @@ def scale_table(t: PassTable, weights_ms: float, flop_ms_per_token: float, s: Sc
     # Launch is read where the pass computes least; every knot keeps it. Written as the measured time plus what
     # changes, so unit factors give the table back bit for bit.
     launch = max(0.0, t.knot_ms[0] - weights[0] - t.knots[0] * flop_ms_per_token)
-    knot_ms = [
-        ms + w * (s.bandwidth - 1.0) + max(0.0, ms - w - launch) * (s.flops - 1.0)
-        for ms, w in zip(t.knot_ms, weights, strict=True)
-    ]
+    knot_ms = [ms + w * (s.bandwidth - 1.0) + max(0.0, ms - w - launch) * (s.flops - 1.0)
+               for ms, w in zip(t.knot_ms, weights, strict=True)]  # fmt: skip
     lin = _scale_line(t.linear_c0, weights_ms, s)
     return _replace(
         t, points=[], held_out=[], errors={}, knot_ms=knot_ms, ctx_ms=t.ctx_ms * s.kv,
@@ -73,22 +60,17 @@ def _scale_line(c0: float, weights_ms: float, s: Scale) -> float:
 
 
 def _scale_coeffs(c: StepCoeffs, weights_ms: float, s: Scale) -> StepCoeffs:
-    return _replace(
-        c, c0=_scale_line(c.c0, weights_ms, s), c_row=c.c_row * s.bandwidth, c_ctx=c.c_ctx * s.kv,
-        c_tok=c.c_tok * s.flops, c_ext=c.c_ext * s.flops,
-    )  # fmt: skip
+    return _replace(c, c0=_scale_line(c.c0, weights_ms, s), c_row=c.c_row * s.bandwidth, c_ctx=c.c_ctx * s.kv,
+                    c_tok=c.c_tok * s.flops, c_ext=c.c_ext * s.flops)  # fmt: skip
 
 
 def scale_entry(m: ModelProfile, weights_ms: float, flop_ms_per_token: float, s: Scale) -> ModelProfile:
     """One model's step coefficients and pass tables scaled; host and router costs kept."""
     p = m.passes
     if p is not None:
-        p = _replace(
-            p,
-            decode=scale_table(p.decode, weights_ms, flop_ms_per_token, s),
-            varlen=None if p.varlen is None else scale_table(p.varlen, weights_ms, flop_ms_per_token, s),
-            eager=scale_table(p.eager, weights_ms, flop_ms_per_token, s),
-        )
+        p = _replace(p, decode=scale_table(p.decode, weights_ms, flop_ms_per_token, s),
+                     varlen=None if p.varlen is None else scale_table(p.varlen, weights_ms, flop_ms_per_token, s),
+                     eager=scale_table(p.eager, weights_ms, flop_ms_per_token, s))  # fmt: skip
     step = StepModes(graph=_scale_coeffs(m.step.graph, weights_ms, s), eager=_scale_coeffs(m.step.eager, weights_ms, s))
     return _replace(m, step=step, passes=p)
 
@@ -118,24 +100,15 @@ def estimate_profile(anchor: Profile, target: str, *, anchor_name: str = "") -> 
         allreduce = _replace(allreduce, bus_bandwidth_gbs=bus)
     src = EstimatedFrom(anchor=f"{anchor_name or anchor.gpu.name} {anchor.kind} {anchor.created[:10]}", method=METHOD,
                         target=gpu_kind(target))  # fmt: skip
-    prof = _replace(
-        anchor,
-        kind="estimated",
-        estimated_from=src,
-        gpu=GpuInfo(
-            name=want.name,
-            mem_bw_gbs=want.mem_bw_gbs * anchor.gpu.mem_bw_gbs / have.mem_bw_gbs,
-            matmul_tflops=want.bf16_tflops * anchor.gpu.matmul_tflops / have.bf16_tflops,
-            memory_gb=want.memory_gb,
-        ),
-        source=f"estimated for {want.name} from {src.anchor} ({anchor.gpu.name}) by {METHOD} of datasheet figures "
-        "(tokenrouter.calibration.estimate)",
-        command="",
-        models=models,
-        allreduce=allreduce,
-        notes={"scale": {"bandwidth": s.bandwidth, "kv": s.kv, "flops": s.flops},
-               "kept": "launch and host costs, router/runtime costs, link, std_serving, co-location slowdown ratios"},
-    )  # fmt: skip
+    gpu = GpuInfo(name=want.name, mem_bw_gbs=want.mem_bw_gbs * anchor.gpu.mem_bw_gbs / have.mem_bw_gbs,
+                  matmul_tflops=want.bf16_tflops * anchor.gpu.matmul_tflops / have.bf16_tflops,
+                  memory_gb=want.memory_gb)  # fmt: skip
+    kept = "launch and host costs, router/runtime costs, link, std_serving, co-location slowdown ratios"
+    notes = {"scale": {"bandwidth": s.bandwidth, "kv": s.kv, "flops": s.flops}, "kept": kept}
+    source = (f"estimated for {want.name} from {src.anchor} ({anchor.gpu.name}) by {METHOD} of datasheet figures "
+              "(tokenrouter.calibration.estimate)")  # fmt: skip
+    prof = _replace(anchor, kind="estimated", estimated_from=src, gpu=gpu, source=source, command="", models=models,
+                    allreduce=allreduce, notes=notes)  # fmt: skip
     return Profile.from_json(prof.to_json(), source=f"<{src.target} estimated from {src.anchor}>")
 
 
@@ -147,9 +120,8 @@ def profile_label(profile: Profile) -> str:
     return f"ESTIMATED ({e.target} from {e.anchor}, {e.method})"
 
 
-def fit_error(
-    gpu: str | GpuSpec | Profile, models: str | Sequence[str], tp: int = 1, min_kv_gb: float = MIN_KV_GB
-) -> str:
+def fit_error(gpu: str | GpuSpec | Profile, models: str | Sequence[str], tp: int = 1,
+              min_kv_gb: float = MIN_KV_GB) -> str:  # fmt: skip
     """Why `models` (bundled names or config paths, sharing one GPU, each split over `tp` GPUs) do not fit `gpu`: one
     line, or "" when their weights plus `min_kv_gb` of KV each fit `MEM_FRACTION` of its memory."""
     if isinstance(gpu, Profile):

@@ -1,12 +1,9 @@
 """Fit measured passes into `PassTable`s: a bucket table and a least-squares line, kept by held-out error.
 
-Both fits are non-negative least squares (scipy's `nnls`), so no coefficient of the cost model can go below zero:
-- "buckets": one intercept per knot (the graph bucket a pass ran in, or the measured token count of an eager
-  pass) plus shared slopes in attended context, rows and extend tokens;
-- "linear": c0 + c_row*rows + c_ctx*context + c_tok*tokens + c_ext*extend over all points.
-The held-out points (measured between knots and at other contexts) were not fitted; the table records each
-fit's relative error on them and uses the better one. Without held-out points the fit error on the fitted
-points decides (and the table says `points: 0` in its errors).
+Both fits are non-negative least squares (`nnls`), so no coefficient of the cost model can go below zero: "buckets"
+(one intercept per knot plus shared slopes) and "linear" (c0 + c_row*rows + c_ctx*context + c_tok*tokens +
+c_ext*extend). The table records each fit's relative error on the held-out points (without any: on the fitted
+points, and `points: 0`) and uses the better one.
 """
 
 from __future__ import annotations
@@ -34,13 +31,8 @@ def _error(fn: PassFn, pts: Sequence[PassPoint]) -> FitError:
     return FitError(median=float(np.median(rel)), max=float(np.max(rel)), points=len(rel))
 
 
-def fit_passes(
-    points: Sequence[PassPoint],
-    held_out: Sequence[PassPoint] = (),
-    *,
-    round_up: bool,
-    knots: Sequence[int] | None = None,
-) -> PassTable:
+def fit_passes(points: Sequence[PassPoint], held_out: Sequence[PassPoint] = (), *, round_up: bool,
+               knots: Sequence[int] | None = None) -> PassTable:  # fmt: skip
     """Fit `points` (measured passes of one kind). `round_up`: a captured graph (time of the smallest knot >= T);
     `knots`: the graph buckets (default: the measured token counts). The table's extend-token slope stays 0 (the
     linear fit has one)."""

@@ -1,9 +1,5 @@
-"""Fits too poor to price steps with: what `tr calibrate` warns about after it writes a profile.
-
-Each table of a measured profile carries its fit's error on points the fit did not see (`FitError`). The limits
-sit between a GPU calibration's errors and a loaded CPU's (docs/calibration.md), so a GPU calibration stays quiet
-and a fit that does not predict its own held-out points is named.
-"""
+"""Fits too poor to price steps with (their error on held-out points, `FitError`): what `tr calibrate` warns about.
+The limits sit between a GPU calibration's errors and a loaded CPU's (docs/calibration.md, Resume)."""
 
 from __future__ import annotations
 

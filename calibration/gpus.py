@@ -1,10 +1,7 @@
 """Datasheet figures of the GPU kinds an estimated profile can target (`calibration.estimate`).
 
-Vendor peak figures, not measurements: `mem_bw_gbs` memory bandwidth (GB/s), `bf16_tflops` dense BF16 Tensor
-Core (the datasheets print twice this "with sparsity"), `memory_gb` (GB), `sms` streaming multiprocessors,
-`interconnect_gbs` the GPU-to-GPU link (NVLink, or PCIe where the card has none; bidirectional GB/s). Each
-figure's source, and which were confirmed against a second public listing, is in docs/calibration.md
-("Estimated profiles for other GPUs").
+Vendor peak figures, not measurements: GB/s, dense BF16 TFLOP/s (half the datasheets' "with sparsity"), GB, SMs,
+and the GPU-to-GPU link in bidirectional GB/s. Each figure's source: docs/calibration.md, The GPU table.
 """
 
 from __future__ import annotations
@@ -75,17 +72,15 @@ def load_gpu_prices(text: str) -> dict[str, float]:
         except (TypeError, ValueError):
             price = -1.0
         if not price >= 0:
-            raise ProfileError(
-                f"--gpu-prices: the price of {kind!r} must be a number of USD per hour >= 0, got {usd!r}"
-            )
+            raise ProfileError(f"--gpu-prices: the price of {kind!r} must be a number of USD per hour >= 0, got "
+                               f"{usd!r}")  # fmt: skip
         prices[gpu_kind(str(kind))] = price
     return prices
 
 
 def usd_per_hour(kinds: Sequence[str], prices: dict[str, float]) -> float:
     """What GPUs of `kinds` (one entry per GPU) cost an hour; ProfileError (one line) for a kind without a price."""
-    missing = [k for k in dict.fromkeys(kinds) if k not in prices]
-    if missing:
+    if missing := [k for k in dict.fromkeys(kinds) if k not in prices]:
         raise ProfileError(f"--gpu-prices has no price for {', '.join(missing)} (in use); give KIND=USD_PER_HOUR")
     return sum(prices[k] for k in kinds)
 

@@ -1,9 +1,6 @@
 """Co-location interference from a measured `CoRunGrid` (or a constant factor for an unmeasured pair): how much
-slower a model's pass runs while another's runs on the same GPU, and alone under an MPS SM cap.
-
-Both factors are relative to the pass alone with no cap, so the simulator prices a pass as `alone_ms x factor`,
-the factor changing whenever the other model starts or ends a pass (processor sharing: `sim.subserver`). Lookups
-interpolate bilinearly in log2 of the batch and clamp at the grid's edges.
+slower a model's pass runs while another's runs on the same GPU, and alone under an MPS SM cap, relative to the pass
+alone with no cap; bilinear in log2 of the batch, clamped at the grid's edges (docs/calibration.md, Co-location).
 """
 
 from __future__ import annotations
@@ -89,10 +86,8 @@ def split_of(grid: CoRunGrid, share_a: int, share_b: int) -> CoRunShare:
         if (s.share_a, s.share_b) == (share_a, share_b):
             return s
     measured = ", ".join(f"{s.share_a}/{s.share_b}" for s in grid.shares)
-    raise ColocationError(
-        f"SM split {share_a}/{share_b} of {grid.model_a}+{grid.model_b} was not measured; measured splits: "
-        f"{measured} (run `tr calibrate --sm-splits {share_a}/{share_b}`)"
-    )
+    raise ColocationError(f"SM split {share_a}/{share_b} of {grid.model_a}+{grid.model_b} was not measured; measured "
+                          f"splits: {measured} (run `tr calibrate --sm-splits {share_a}/{share_b}`)")  # fmt: skip
 
 
 def pair_interference(grid: CoRunGrid, me: str, share_me: int, share_peer: int) -> Interference:

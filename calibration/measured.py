@@ -1,12 +1,7 @@
 """The measured parts of a profile (schema 2): forward-pass tables, host and router costs, the runtime's own costs,
-and co-location grids. `tr calibrate` writes them; an analytic profile has none of them.
-
-Units: ms, tokens, and percent (1-100) for MPS SM shares (100 = no cap).
-
-Why tables and not only coefficients: a captured step runs in the smallest CUDA-graph bucket holding its tokens,
-so its time is a step function of tokens (padding is paid). A table at the engine's buckets plus a linear term in
-attended context reproduces that; `tr calibrate` keeps it or a least-squares line, whichever has the smaller
-held-out error (`PassTable.fit`).
+and co-location grids (docs/calibration.md). `tr calibrate` writes them; an analytic profile has none of them.
+Units: ms, tokens, and percent (1-100) for MPS SM shares (100 = no cap). Tables, not only coefficients: a captured
+step pays its whole CUDA-graph bucket, so its time is a step function of tokens.
 """
 
 from __future__ import annotations

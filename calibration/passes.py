@@ -71,14 +71,8 @@ class ModelPasses:
 
     @classmethod
     def of(cls, p: MeasuredPasses) -> ModelPasses:
-        return cls(
-            PassFn.of(p.decode),
-            PassFn.of(p.varlen) if p.varlen is not None else None,
-            PassFn.of(p.eager),
-            p.max_row_tokens,
-            p.varlen_max_pad,
-            p.varlen_max_long_rows,
-        )
+        return cls(PassFn.of(p.decode), PassFn.of(p.varlen) if p.varlen is not None else None, PassFn.of(p.eager),
+                   p.max_row_tokens, p.varlen_max_pad, p.varlen_max_long_rows)  # fmt: skip
 
     def varlen_pass(self, tokens: int, rows: int, context: int, extend: int, long_rows: int, graphs: bool) -> float:
         """The step's varlen pass: in a varlen graph when one holds it within the padding budget, else eager

@@ -1,11 +1,8 @@
 """Profile schema (version 2): what the cost model knows about one GPU and the models run on it (docs/calibration.md).
 
-A profile is versioned JSON, written by `tr calibrate` (kind "measured"), by `analytic.py` ("analytic") or by
-`estimate.py` for a GPU not at hand ("estimated"). Units: ms for times, bytes for sizes, GB/s = 1e9 B/s, TFLOP/s =
-1e12 FLOP/s, GB = 1e9 B, and Gbit/s for the cross-host link (network convention: `link.bandwidth_gbps`). One step
-(`StepCoeffs`): step_ms = max(c0 + c_row*B + c_ctx*C + c_tok*T + c_ext*E, floor_ms), the floor being the host's
-issue rate for eager kernels (0 when unused). Loading checks the version first (an older one: a one-line error
-saying how to make it again), then every constraint; a violation is a one-line `ProfileError` naming the file.
+Kinds: "measured" (`tr calibrate`), "analytic" (`analytic.py`), "estimated" (`estimate.py`). Units: ms, bytes,
+GB/s = 1e9 B/s, TFLOP/s, GB = 1e9 B, and Gbit/s for the cross-host link. Loading checks the version first, then
+every constraint; a violation is a one-line `ProfileError` naming the file.
 """
 
 from __future__ import annotations
@@ -31,9 +28,8 @@ class ProfileError(ValueError):
 
 
 class StepCoeffs(ProfileStruct):
-    """step_ms = max(c0 + c_row*B + c_ctx*C + c_tok*T + c_ext*E, floor_ms) for B rows feeding T tokens (E of them in
-    extend/prefill rows) attending C context tokens. c0: weight streaming + launch; c_row: sampling, LM-head row,
-    metadata; c_ctx: KV read; c_tok: matmul compute; c_ext: prefill attention compute."""
+    """step_ms = max(c0 + c_row*B + c_ctx*C + c_tok*T + c_ext*E, floor_ms) (docs/calibration.md, The cost model);
+    floor_ms: the host's issue rate for eager kernels (0 when unused)."""
 
     c0: NonNeg
     c_row: NonNeg = 0.0
@@ -56,13 +52,9 @@ class StepModes(ProfileStruct):
 
 
 class ModelProfile(ProfileStruct, kw_only=True):
-    """One model on this GPU. `weight_bytes`: all weights (every TP shard together); `kv_bytes_per_token`:
-    K and V of one token over all layers. `step` coefficients (and `passes`) are for this `tp` degree. A model
-    measured at several degrees has one entry per degree > 1 under the key `NAME@tpK` beside its plain entry.
-
-    `router_ms` / `kv_budget_gb`, when not null, override the profile-wide defaults for this model.
-    Measured profiles add `passes` (the engine's passes, measured: they replace `step` in the cost model),
-    `host` (the subserver loop's host time per step) and `routers` (each learned router's device part)."""
+    """One model on this GPU at this `tp` degree (other degrees: keys `NAME@tpK`). `weight_bytes`: every TP shard
+    together; `kv_bytes_per_token`: K and V over all layers. `router_ms` / `kv_budget_gb` override the profile-wide
+    defaults when not null. Measured profiles add `passes` (replace `step`), `host` and `routers`."""
 
     weight_bytes: Annotated[int, msgspec.Meta(ge=0)]
     kv_bytes_per_token: Annotated[int, msgspec.Meta(gt=0)]
@@ -108,17 +100,14 @@ class MpsInfo(ProfileStruct):
 
 
 class StdServingInfo(ProfileStruct):
-    """Standard-serving baseline: bookkeeping per re-matched row (prefix match, radix insert, locks).
-
-    cost per rematch row = hop_overhead_ms + hop_overhead_ms_per_ktok * prefix_tokens / 1000."""
+    """Standard-serving bookkeeping per re-matched row: hop_overhead_ms + hop_overhead_ms_per_ktok * prefix / 1000."""
 
     hop_overhead_ms: NonNeg
     hop_overhead_ms_per_ktok: NonNeg
 
 
 class EstimatedFrom(ProfileStruct):
-    """Where an estimated profile's numbers come from: the `anchor` profile measured on another GPU, the `method`
-    that carried it over (`calibration.estimate`), and the `target` GPU kind."""
+    """An estimated profile's measured `anchor`, the `method` that carried it over and the `target` GPU kind."""
 
     anchor: str
     method: str
@@ -158,8 +147,6 @@ class Profile(ProfileStruct, kw_only=True):
     def made_on_cpu(self) -> bool:
         return self.device == "cpu"
 
-    # -- lookups -------------------------------------------------------------------------------------
-
     def model(self, name: str) -> ModelProfile:
         """The entry for `name` (case-insensitive; `Qwen/Qwen3-8B` accepted). ProfileError lists known ones."""
         key = self.resolve_name(name)
@@ -175,12 +162,10 @@ class Profile(ProfileStruct, kw_only=True):
         key = str(name).lower().split("/")[-1]
         if key in self.models or any(k.startswith(f"{key}@tp") for k in self.models):
             return key
-        hint = ""
-        if self.kind == "measured":
-            hint = "; an analytic profile prices any bundled shape (--profile h200-analytic)"
-        raise ProfileError(
-            f"profile {self.gpu.name} ({self.kind}) has no model {name!r}; known: {', '.join(self.models)}{hint}"
-        )
+        analytic = "; an analytic profile prices any bundled shape (--profile h200-analytic)"
+        hint = analytic if self.kind == "measured" else ""
+        raise ProfileError(f"profile {self.gpu.name} ({self.kind}) has no model {name!r}; known: "
+                           f"{', '.join(self.models)}{hint}")  # fmt: skip
 
     def entry_at(self, name: str, tp: int) -> ModelProfile | None:
         """The entry measured for `name` at tensor-parallel degree `tp`: the key `NAME@tpK` (a model measured at
@@ -203,8 +188,6 @@ class Profile(ProfileStruct, kw_only=True):
         """Slowdown factor of `model`'s step while `other` runs on the same GPU (default when unmeasured)."""
         a, b = self.resolve_name(model), self.resolve_name(other)
         return self.mps.pairs.get(f"{a}|{b}", self.mps.default_slowdown)
-
-    # -- I/O -----------------------------------------------------------------------------------------
 
     def to_json(self) -> bytes:
         """Deterministic, indented JSON (field order as declared, model order as inserted), newline-ended."""
@@ -243,10 +226,9 @@ class Profile(ProfileStruct, kw_only=True):
             raise ProfileError(f"{source}: missing required field `schema_version`")
         ver = raw["schema_version"]
         if type(ver) is int and ver < SCHEMA_VERSION:
-            raise ProfileError(
-                f"{source}: schema_version {ver} is older than this version's {SCHEMA_VERSION}: make it again "
-                "(`tr calibrate` on the GPU, or `python -m tokenrouter.calibration.analytic` for an analytic one)"
-            )
+            raise ProfileError(f"{source}: schema_version {ver} is older than this version's {SCHEMA_VERSION}: make it "
+                               "again (`tr calibrate` on the GPU, or `python -m tokenrouter.calibration.analytic` for "
+                               "an analytic one)")  # fmt: skip
         if type(ver) is not int or ver != SCHEMA_VERSION:
             raise ProfileError(f"{source}: unsupported schema_version {ver!r} (this version reads {SCHEMA_VERSION})")
         try:
@@ -268,8 +250,7 @@ class Profile(ProfileStruct, kw_only=True):
             parts = key.split("|")
             if len(parts) != 2 or not all(parts):
                 raise ProfileError(f"{source}: mps.pairs key {key!r} must look like 'small|large'")
-            unknown = [m for m in parts if m not in self.models]
-            if unknown:
+            if unknown := [m for m in parts if m not in self.models]:
                 raise ProfileError(f"{source}: mps.pairs key {key!r} names unknown model {unknown[0]!r}")
         for key, entry in self.models.items():
             base, sep, deg = key.partition("@tp")

@@ -64,13 +64,8 @@ class StepStats:
         """Split `batch` as the engine runs it (`Batch.split`); `rematch` holds indices of re-matched rows."""
         graph, eager = batch.split(rule)
         rows = batch.rows
-        return cls(
-            PartStats.of_rows([rows[i] for i in graph]),
-            PartStats.of_rows([rows[i] for i in eager]),
-            len(rematch),
-            sum(rows[i].start for i in rematch),
-            rule.enabled,
-        )
+        return cls(PartStats.of_rows([rows[i] for i in graph]), PartStats.of_rows([rows[i] for i in eager]),
+                   len(rematch), sum(rows[i].start for i in rematch), rule.enabled)  # fmt: skip
 
     @classmethod
     def uniform(cls, rows: int, tokens_per_row: int, context_per_row: int, rule: GraphRule) -> StepStats:
@@ -85,10 +80,8 @@ class StepStats:
         return cls(part(len(graph)), part(len(eager)), graphs=rule.enabled)
 
     @classmethod
-    def one_pass(
-        cls, rows: int, tokens: int, extend_tokens: int = 0, context_tokens: int = 0, *, graph: bool,
-        long_rows: int = 0, graphs: bool = True,
-    ) -> StepStats:  # fmt: skip
+    def one_pass(cls, rows: int, tokens: int, extend_tokens: int = 0, context_tokens: int = 0, *, graph: bool,
+                 long_rows: int = 0, graphs: bool = True) -> StepStats:  # fmt: skip
         """A step that runs as a single pass: in a decode graph (`graph`), or as the varlen pass."""
         p = PartStats(rows, tokens, extend_tokens, context_tokens, long_rows)
         return cls(graph=p, graphs=graphs) if graph else cls(eager=p, graphs=graphs)

@@ -1,11 +1,6 @@
 """A model at tensor-parallel degree tp > 1 when the profile has no entry measured at that degree: an estimate
-derived from its tp=1 entry, so the simulator can price a tp layout before anyone measured it (docs/calibration.md,
-Tensor parallelism).
-
-Each rank runs the same step on 1/tp of every matrix, so a pass of time t at tp=1 costs
-floor + (t - floor) / tp + 2 x layers x all_reduce(tokens x hidden bf16) at tp, where the floor (small kernels'
-fixed time and the launch, `pass_floor_ms`, capped at the pass's own time) and the host's time do not split. Every
-number it produces is labelled an estimate (`TpEstimate.note`).
+derived from its tp=1 entry (the formula and its floor: docs/calibration.md, Tensor parallelism). Every number it
+produces is labelled an estimate (`TpEstimate.note`).
 """
 
 from __future__ import annotations
@@ -62,10 +57,8 @@ def pass_floor_ms(spec: ModelSpec, graph: bool, a: Assumptions = ASSUMPTIONS) ->
     return kernels + (a.graph_launch_ms if graph else a.eager_fixed_ms)
 
 
-def estimate_tp(
-    entry: ModelProfile, spec: ModelSpec, tp: int, allreduce: AllReduceCost, name: str = "",
-    assumptions: Assumptions = ASSUMPTIONS,
-) -> TpEstimate:  # fmt: skip
+def estimate_tp(entry: ModelProfile, spec: ModelSpec, tp: int, allreduce: AllReduceCost, name: str = "",
+                assumptions: Assumptions = ASSUMPTIONS) -> TpEstimate:  # fmt: skip
     """`entry` (tp = 1) as it would run at `tp` (see the module docstring)."""
     if tp < 2:
         raise ValueError(f"estimate_tp is for tp >= 2, got {tp}")

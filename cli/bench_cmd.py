@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from tokenrouter.cli.common import CliError, Interrupted, check_output, note_cpu_profile, require_extras
@@ -23,7 +22,7 @@ from tokenrouter.cli.options import (
     check_run_flags,
     deployment_flags,
 )
-from tokenrouter.cli.progress import progress_bar
+from tokenrouter.cli.progress import counted, progress_bar
 from tokenrouter.cli.report import fmt_num, metrics_table, write_json
 from tokenrouter.core.policy import format_b
 from tokenrouter.workloads import Phase, RequestSpec, initial_phase, load_phases, make_workload
@@ -31,23 +30,16 @@ from tokenrouter.workloads import Phase, RequestSpec, initial_phase, load_phases
 if TYPE_CHECKING:
     from tokenrouter.bench.client import BenchOutcome
 
-_COMPARE = (
-    ("output throughput tok/s", "output_throughput_tok_s", 1),
-    ("steady throughput tok/s", "steady_output_throughput_tok_s", 1),
-    ("TTFT ms mean", "ttft_ms_mean", 2),
-    ("TPOT ms mean", "tpot_ms_mean", 2),
-    ("ITL ms mean", "itl_ms_mean", 2),
-    ("E2E ms mean", "e2e_ms_mean", 2),
-    ("E2E ms p99", "e2e_ms_p99", 2),
-    ("hops per request", "hops_mean", 2),
-)
+_COMPARE = (("output throughput tok/s", "output_throughput_tok_s", 1),
+            ("steady throughput tok/s", "steady_output_throughput_tok_s", 1), ("TTFT ms mean", "ttft_ms_mean", 2),
+            ("TPOT ms mean", "tpot_ms_mean", 2), ("ITL ms mean", "itl_ms_mean", 2), ("E2E ms mean", "e2e_ms_mean", 2),
+            ("E2E ms p99", "e2e_ms_p99", 2), ("hops per request", "hops_mean", 2))  # fmt: skip
 
 
 def live_summary(out) -> dict[str, Any]:
-    """The collector's summary with the per-model busy fraction and mean batch size taken from the server's
-    counters. NaN (shown as `-`) is what a live bench cannot observe: batch p50/p99/max (no individual steps),
-    busy without the server's busy counter, busy and batch when no step ran between the polls. Busy is the
-    union of the model's step intervals over the run, so overlapped steps count once and it stays <= 100%."""
+    """The collector's summary with the per-model busy fraction (the union of its step intervals: <= 100%) and mean
+    batch size from the server's counters. NaN (shown as `-`) is what a live bench cannot observe (batch
+    percentiles; busy without the server's counter; both when no step ran between the polls)."""
     window = (0.0, out.exhausted_at) if out.exhausted_at else None  # the simulator's steady window (closed loop)
     s = out.metrics.summary(window=window)
     for i, name in enumerate(out.model_names):
@@ -64,11 +56,8 @@ def live_summary(out) -> dict[str, Any]:
 
 def threshold_timeline(out, names: list[str]) -> str:
     """`0.0:1,5;3.2:1,1`: the server's thresholds in force from each poll time on (empty when not exported)."""
-    parts = []
-    for t, b in out.samples.thresholds:
-        if all(n in b for n in names):
-            parts.append(f"{t:.1f}:{format_b([b[n] for n in names])}")
-    return ";".join(parts)
+    return ";".join(f"{t:.1f}:{format_b([b[n] for n in names])}" for t, b in out.samples.thresholds
+                    if all(n in b for n in names))  # fmt: skip
 
 
 def _compare_table(live: dict[str, Any], sim: dict[str, Any], names: list[str]) -> Table:
@@ -77,9 +66,8 @@ def _compare_table(live: dict[str, Any], sim: dict[str, Any], names: list[str]) 
         t.add_column(col, justify="left" if col == "metric" else "right")
     rows = list(_COMPARE)
     for i, n in enumerate(names):
-        rows.append((f"{n} token share", f"token_frac_model{i}", 3))
-        rows.append((f"{n} busy", f"busy_frac_model{i}", 3))
-        rows.append((f"{n} mean batch", f"batch_mean_model{i}", 2))
+        rows += [(f"{n} token share", f"token_frac_model{i}", 3), (f"{n} busy", f"busy_frac_model{i}", 3),
+                 (f"{n} mean batch", f"batch_mean_model{i}", 2)]  # fmt: skip
     for label, key, nd in rows:
         a, b = live.get(key, float("nan")), sim.get(key, float("nan"))
         ratio = b / a if a and not math.isnan(a) and not math.isnan(b) else float("nan")
@@ -105,8 +93,7 @@ def _run_live(url: str, specs: list[RequestSpec], phases: list[Phase], console: 
 
     from tokenrouter.bench.client import run_bench
 
-    cols = (TextColumn("bench"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with progress_bar(console, *cols) as bar:
+    with progress_bar(console, *counted("bench")) as bar:
         task = bar.add_task("requests", total=len(specs))
         try:
             run = run_bench(url.rstrip("/"), specs, concurrency=concurrency, arrival_rate=arrival_rate, seed=seed,
@@ -140,62 +127,32 @@ def _print_run(console: Console, out: BenchOutcome, phases: list[Phase], workloa
         console.print(f"B over time (server's thresholds in force): {threshold_timeline(out, out.model_names)}")
 
 
-# The command's own options, declared once here so that `bench`'s signature reads as the list of its flags.
 Url = Annotated[str, typer.Option(help="Server base URL, e.g. http://127.0.0.1:8000")]
 BenchRequests = Annotated[int, typer.Option(help="Requests to send.")]
-Duration = Annotated[
-    float | None,
-    typer.Option(
-        help="Stop sending after this many seconds (running requests finish); the run then ends "
-        "at whichever comes first, --num-requests or the time. The JSON's requests_sent counts "
-        "what went out."
-    ),
-]
+Duration = Annotated[float | None, typer.Option(help="Stop sending after this many seconds (running requests "
+                     "finish); the run then ends at whichever comes first, --num-requests or the time. The JSON's "
+                     "requests_sent counts what went out.")]  # fmt: skip
 BenchSeed = Annotated[int, typer.Option(help="Seed of the workload (and of --sim).")]
 ApiKey = Annotated[str | None, typer.Option(help="Bearer key if the server has one.")]
-AdminKey = Annotated[
-    str | None,
-    typer.Option(
-        envvar="TOKENROUTER_ADMIN_KEY",
-        help="The server's admin key: needed when the workload's phases change the hop rate (set live "
-        "through POST /admin/policy).",
-    ),
-]
+AdminKey = Annotated[str | None, typer.Option(envvar="TOKENROUTER_ADMIN_KEY", help="The server's admin key: needed "
+                     "when the workload's phases change the hop rate (set live through POST "
+                     "/admin/policy).")]  # fmt: skip
 JsonOut = Annotated[str | None, typer.Option("--json", help="Metrics as JSON to FILE ('-' = stdout).")]
 CsvOut = Annotated[Path | None, typer.Option("--csv", help="Per-request rows as CSV.")]
 Plot = Annotated[Path | None, typer.Option(help="PNG of the run (with --sim: live and simulated).")]
-Sim = Annotated[
-    bool,
-    typer.Option(
-        "--sim/--no-sim",
-        help="Also simulate this cell and compare: the deployment is --config (what the server runs) with "
-        "the deployment flags applied, as `tr serve` applies them.",
-    ),
-]
-BenchDryRun = Annotated[
-    bool, typer.Option("--dry-run", help="Print the deployment --sim would simulate (YAML) and exit.")
-]
+Sim = Annotated[bool, typer.Option("--sim/--no-sim", help="Also simulate this cell and compare: the deployment is "
+                "--config (what the server runs) with the deployment flags applied, as `tr serve` applies "
+                "them.")]  # fmt: skip
+BenchDryRun = Annotated[bool, typer.Option("--dry-run", help="Print the deployment --sim would simulate (YAML) and "
+                        "exit.")]  # fmt: skip
 
 
 @deployment_flags()
-def bench(
-    deploy: DeploymentFlags,
-    url: Url,
-    concurrency: Concurrency = 8,
-    arrival_rate: ArrivalRate = None,
-    workload: Workload = "low-effort",
-    num_requests: BenchRequests = 64,
-    duration: Duration = None,
-    max_output: MaxOutput = None,
-    seed: BenchSeed = 0,
-    api_key: ApiKey = None,
-    admin_key: AdminKey = None,
-    json_out: JsonOut = None,
-    csv_out: CsvOut = None,
-    plot: Plot = None,
-    sim: Sim = False,
-    dry_run: BenchDryRun = False,
-) -> None:
+def bench(deploy: DeploymentFlags, url: Url, concurrency: Concurrency = 8, arrival_rate: ArrivalRate = None,
+          workload: Workload = "low-effort", num_requests: BenchRequests = 64, duration: Duration = None,
+          max_output: MaxOutput = None, seed: BenchSeed = 0, api_key: ApiKey = None, admin_key: AdminKey = None,
+          json_out: JsonOut = None, csv_out: CsvOut = None, plot: Plot = None, sim: Sim = False,
+          dry_run: BenchDryRun = False) -> None:  # fmt: skip
     """Benchmark a running server (streaming, token-id prompts, ignore_eos) and print the metrics table."""
     require_extras("bench", ("serve",), modules=("httpx", "prometheus_client"))
     check_run_flags(num_requests=num_requests, concurrency=concurrency, seed=seed, max_output=max_output,
@@ -243,9 +200,8 @@ def bench(
 
 def _compare_sim(checked: Any, out: BenchOutcome, live: dict[str, Any], requests: int, console: Console | None,
                  err_console: Console, record: dict[str, Any]) -> Any:  # fmt: skip
-    """--sim after the live run: simulate the `requests` sent (all planned, or what went out before --duration),
-    print the comparison on `console` (None: stdout holds the JSON) and add the `sim_` keys to `record`. An
-    interrupted run is not simulated: its live numbers cover only part of the workload. None without --sim."""
+    """--sim after the live run: simulate the `requests` sent, print the comparison on `console` (None: stdout holds
+    the JSON) and add the `sim_` keys to `record`. Not for an interrupted run (its numbers cover only part of it)."""
     if checked is None:
         return None
     if out.interrupted:

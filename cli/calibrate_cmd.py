@@ -1,12 +1,5 @@
-"""`tr calibrate`: profile the engine on this machine's GPU and write a measured profile for the simulator.
-
-    tr calibrate --model qwen3-0.6b --model qwen3-32b --placement mps -o h200.json --deadline 540
-
-Measures each model's passes (decode graphs, varlen graphs, eager) over batch size x context, the learned
-routers' device parts, the serving loop's host time, the runtime's message and coordinator costs, and, with
-`--placement mps`, each pair's step times side by side at every SM split. Resumable: a run stopped by
-`--deadline` (or an error) keeps what it measured in OUT.partial.json; the same command continues it.
-"""
+"""`tr calibrate`: profile the engine on this machine's GPU and write a measured profile for the simulator: what it
+measures, resuming from OUT.partial.json, --refit and --merge are in docs/calibration.md."""
 
 from __future__ import annotations
 
@@ -17,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, TaskID, TextColumn, TimeElapsedColumn
+from rich.progress import TaskID
 from rich.table import Table
 
 from tokenrouter.calibration.fit_quality import poor_fits
@@ -32,7 +25,7 @@ from tokenrouter.cli.common import (
     parse_sm_splits,
     require_extras,
 )
-from tokenrouter.cli.progress import progress_bar
+from tokenrouter.cli.progress import counted, progress_bar
 
 if TYPE_CHECKING:
     from tokenrouter.calibration.profiler.run import Calibration, Plan
@@ -42,98 +35,45 @@ SPLITS_HELP = (f"MPS SM shares SMALL/LARGE in percent to measure each pair at (1
                f"{DEFAULT_SPLITS} on cuda; 100/100 alone on cpu, which has no SM shares to split.")  # fmt: skip
 
 
-# The command's options, declared once here so that `calibrate`'s signature reads as the list of its flags.
 Out = Annotated[Path, typer.Option("--out", "-o", help="Profile JSON to write.")]
 Models = Annotated[list[str] | None, typer.Option("--model", "-m", help="A model to profile (repeat for several).")]
-PlacementName = Annotated[
-    str, typer.Option(help="mps: also measure each pair side by side on one GPU (CUDA MPS); separate: alone only.")
-]
-Pairs = Annotated[
-    list[str] | None,
-    typer.Option(help="SMALL,LARGE pair to co-locate (repeat); default: the first model with each other one."),
-]
+PlacementName = Annotated[str, typer.Option(help="mps: also measure each pair side by side on one GPU (CUDA MPS); "
+                                             "separate: alone only.")]  # fmt: skip
+Pairs = Annotated[list[str] | None, typer.Option(help="SMALL,LARGE pair to co-locate (repeat); default: the first "
+                                                 "model with each other one.")]  # fmt: skip
 SmSplits = Annotated[str | None, typer.Option(help=SPLITS_HELP)]
 Routers = Annotated[str, typer.Option(help="Learned routers whose device parts to time on the small model, or 'none'.")]
-Arrangements = Annotated[
-    str,
-    typer.Option(
-        help="One-process alternatives to MPS measured per pair: stream-priority, green-context "
-        "(both engines in one process, one thread each), or 'none'."
-    ),
-]
-MaxTokens = Annotated[
-    int,
-    typer.Option(
-        help="Largest step in tokens (the engine's varlen graphs go this far; as the deployment's "
-        "scheduler.max_batch_tokens)."
-    ),
-]
+Arrangements = Annotated[str, typer.Option(help="One-process alternatives to MPS measured per pair: stream-priority, "
+                         "green-context (both engines in one process, one thread each), or 'none'.")]  # fmt: skip
+MaxTokens = Annotated[int, typer.Option(help="Largest step in tokens (the engine's varlen graphs go this far; as the "
+                      "deployment's scheduler.max_batch_tokens).")]  # fmt: skip
 MaxDecode = Annotated[int, typer.Option(help="Largest decode batch measured.")]
-CorunSmall = Annotated[
-    str,
-    typer.Option(
-        help="Passes of the small model in the co-run grid, in tokens: decode "
-        "batches up to 64, larger values passes of 12-token peer returns."
-    ),
-]
-CorunLarge = Annotated[
-    str,
-    typer.Option(
-        help="Passes of the large model in the co-run grid, in tokens: decode "
-        "batches up to 64, larger values passes of 12-token peer returns (what "
-        "the large model runs when the small one's runs come back)."
-    ),
-]
+_CORUN = "in the co-run grid, in tokens: decode batches up to 64, larger values passes of 12-token peer returns"
+CorunSmall = Annotated[str, typer.Option(help=f"Passes of the small model {_CORUN}.")]
+CorunLarge = Annotated[str, typer.Option(help=f"Passes of the large model {_CORUN} (what the large model runs when "
+                       "the small one's runs come back).")]  # fmt: skip
 Device = Annotated[str, typer.Option(help="cuda, or cpu (tiny models: a check of the tool, not a profile).")]
-Deadline = Annotated[
-    float | None, typer.Option(help="Stop starting new measurements after this many seconds (resume later).")
-]
+Deadline = Annotated[float | None, typer.Option(help="Stop starting new measurements after this many seconds "
+                     "(resume later).")]  # fmt: skip
 Quick = Annotated[bool, typer.Option("--quick", help="A few points per table (tool checks, CPU tests).")]
-Refit = Annotated[
-    bool, typer.Option("--refit", help="Only fit OUT.partial.json into OUT again (no measuring; CPU is fine).")
-]
-Merge = Annotated[
-    list[Path] | None,
-    typer.Option(help="Merge these measured profiles (same GPU; later ones win a clash) into OUT, no measuring."),
-]
-Link = Annotated[
-    str | None,
-    typer.Option(
-        help="Also measure the tcp link to HOST:PORT, where `tokenrouter link-probe --listen :PORT` "
-        "runs: one-way latency (median of small round trips / 2) and bandwidth (large messages) go "
-        "into the profile's `link` (what `placement: cross-host` pays per peer message). Without "
-        "--model only the link is measured, into OUT (or a copy of --link-base)."
-    ),
-]
-LinkBase = Annotated[
-    str | None,
-    typer.Option(
-        help="--link without --model: the profile (name or file) to copy with the measured link "
-        "into OUT; default OUT itself."
-    ),
-]
+Refit = Annotated[bool, typer.Option("--refit", help="Only fit OUT.partial.json into OUT again (no measuring; CPU is "
+                  "fine).")]  # fmt: skip
+Merge = Annotated[list[Path] | None, typer.Option(help="Merge these measured profiles (same GPU; later ones win a "
+                  "clash) into OUT, no measuring.")]  # fmt: skip
+Link = Annotated[str | None, typer.Option(help="Also measure the tcp link to HOST:PORT, where `tokenrouter link-probe "
+                 "--listen :PORT` runs: one-way latency (median of small round trips / 2) and bandwidth (large "
+                 "messages) go into the profile's `link` (what `placement: cross-host` pays per peer message). "
+                 "Without --model only the link is measured, into OUT (or a copy of --link-base).")]  # fmt: skip
+LinkBase = Annotated[str | None, typer.Option(help="--link without --model: the profile (name or file) to copy with "
+                     "the measured link into OUT; default OUT itself.")]  # fmt: skip
 
 
-def calibrate(
-    out: Out,
-    model: Models = None,
-    placement: PlacementName = "mps",
-    pair: Pairs = None,
-    sm_splits: SmSplits = None,
-    routers: Routers = "r2r,citer,co-llm,r-stitch",
-    arrangements: Arrangements = "none",
-    max_tokens: MaxTokens = 2048,
-    max_decode: MaxDecode = 64,
-    corun_small: CorunSmall = "1,4,16,32,64",
-    corun_large: CorunLarge = "1,4,16,64,128,256,512",
-    device: Device = "cuda",
-    deadline: Deadline = None,
-    quick: Quick = False,
-    refit: Refit = False,
-    merge: Merge = None,
-    link: Link = None,
-    link_base: LinkBase = None,
-) -> None:
+def calibrate(out: Out, model: Models = None, placement: PlacementName = "mps", pair: Pairs = None,
+              sm_splits: SmSplits = None, routers: Routers = "r2r,citer,co-llm,r-stitch",
+              arrangements: Arrangements = "none", max_tokens: MaxTokens = 2048, max_decode: MaxDecode = 64,
+              corun_small: CorunSmall = "1,4,16,32,64", corun_large: CorunLarge = "1,4,16,64,128,256,512",
+              device: Device = "cuda", deadline: Deadline = None, quick: Quick = False, refit: Refit = False,
+              merge: Merge = None, link: Link = None, link_base: LinkBase = None) -> None:  # fmt: skip
     """Profile the engine on this GPU and write a measured profile (schema 2) for `trsim --profile`; with --link,
     measure the tcp link to another host too (or only that)."""
     from tokenrouter.calibration.profiler.assemble import assemble
@@ -208,8 +148,7 @@ def _measure(cal: Calibration, console: Console) -> None:
     """Run the calibration with one progress bar per task (lines when not on a terminal) and print the tasks that
     failed; exit 3 when tasks are left (the measured ones stay in the partial file, for the same command to
     resume)."""
-    cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with progress_bar(console, *cols) as bar:
+    with progress_bar(console, *counted("{task.description}")) as bar:
         bars: dict[str, TaskID] = {}
 
         def on_event(task: str, what: str, done: int, total: int) -> None:

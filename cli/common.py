@@ -14,12 +14,8 @@ import typer
 
 
 def _click_classes(name: str) -> tuple[type[Exception], ...]:
-    """The click exception class `name` as the installed typer raises it (empty if neither module has it).
-
-    typer >= 0.2x vendors click as `typer._click` and no longer depends on click; older releases depend on
-    click itself. Import whichever this typer uses (both, when both are importable), so the base install
-    needs nothing typer does not bring.
-    """
+    """The click exception class `name` as the installed typer raises it (empty if neither module has it): a recent
+    typer vendors click as `typer._click`, older ones depend on click; the base install needs nothing typer lacks."""
     found: list[type[Exception]] = []
     for module in ("typer._click.exceptions", "click.exceptions"):
         try:
@@ -73,9 +69,8 @@ def install_hint(extras: list[str]) -> str:
 
 
 def require_extras(command: str, extras: tuple[str, ...], modules: tuple[str, ...] | None = None) -> None:
-    """Fail with one line naming the missing extra(s) and modules when `command` runs in an install without them
-    (the simulator installs light), instead of an import traceback, and how to install them. `modules` narrows
-    the check to what the command imports. Looks modules up without importing them."""
+    """Fail with one line naming the missing extra(s) and modules, and how to install them, when `command` runs in
+    an install without them (the simulator installs light). `modules` narrows the check; nothing is imported."""
     missing: dict[str, list[str]] = {}
     for extra in sorted(extras, key=_EXTRAS_ORDER.index):
         wanted = [m for m in EXTRA_MODULES[extra] if modules is None or m in modules]
@@ -97,8 +92,7 @@ def fail(prog: str, msg: str, code: int = 2) -> NoReturn:
 
 def new_app(name: str, help: str) -> typer.Typer:
     """A command-line app as both of ours are made: help without arguments, no shell-completion commands, plain
-    tracebacks (`run_app` turns user errors into one line), and `PROG --version`, which prints the installed
-    package's version (importlib.metadata) and exits 0 before any command is parsed."""
+    tracebacks (`run_app` turns user errors into one line), and `PROG --version` (the installed package's)."""
     app = typer.Typer(name=name, help=help, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 
     def show(ctx: typer.Context, value: bool) -> None:
@@ -118,13 +112,9 @@ def new_app(name: str, help: str) -> typer.Typer:
 
 
 def run_app(app: typer.Typer, prog: str, argv: list[str] | None = None) -> None:
-    """Run a typer app so every user error is one line on stderr with exit code 2, never a traceback.
-
-    click's usage errors (unknown flag, non-number) and our ValueErrors (bad probability, malformed
-    profile or trace, unknown workload) all land here. `--version` works on every app run here. Output that
-    goes to a pipe or file is PIPE_WIDTH columns wide (rich's 80 breaks summary lines mid-phrase); COLUMNS, when
-    set, wins.
-    """
+    """Run a typer app so every user error (click's usage errors, our ValueErrors) is one line on stderr with exit
+    code 2, never a traceback. Output to a pipe or file is PIPE_WIDTH columns wide (rich's 80 breaks summary lines
+    mid-phrase); COLUMNS, when set, wins."""
     piped = "COLUMNS" not in os.environ and not sys.stdout.isatty()
     if piped:
         os.environ["COLUMNS"] = str(PIPE_WIDTH)  # rich reads it at every print
@@ -149,9 +139,8 @@ def run_app(app: typer.Typer, prog: str, argv: list[str] | None = None) -> None:
 
 
 def check_output(path: str | Path | None, flag: str, *, figure: bool = False) -> None:
-    """Refuse an output destination that cannot be written before any work is done (a long sweep, tune or
-    calibration otherwise fails only when it writes): its folder must exist, it must not be a folder, it must be
-    writable, and a figure's suffix must be a format matplotlib saves. None and '-' (stdout) pass."""
+    """Refuse an output destination that cannot be written before any work is done (a long sweep otherwise fails
+    only when it writes); a figure's suffix must be a format matplotlib saves. None and '-' (stdout) pass."""
     if path is None or str(path) == "-":
         return
     p = Path(path)
@@ -159,8 +148,7 @@ def check_output(path: str | Path | None, flag: str, *, figure: bool = False) ->
         raise CliError(f"{flag} {p}: is a directory, not a file")
     if not p.parent.is_dir():
         raise CliError(f"{flag} {p}: no such directory {p.parent} (create it first)")
-    why = _unwritable(p)
-    if why:
+    if why := _unwritable(p):
         raise CliError(f"{flag} {p}: cannot write there ({why})")
     if figure and p.suffix:
         from matplotlib.figure import Figure
@@ -171,9 +159,8 @@ def check_output(path: str | Path | None, flag: str, *, figure: bool = False) ->
 
 
 def _unwritable(p: Path) -> str:
-    """Why `p` cannot be written ("" if it can). Tried, not asked: os.access says yes to root, and an immutable
-    folder or a sandbox refuses what the mode bits allow. An existing file is opened for appending (its content
-    and times stay as they are); a new one is tried as a scratch file beside it, removed at once."""
+    """Why `p` cannot be written ("" if it can). Tried, not asked: os.access says yes to root, and a sandbox refuses
+    what the mode bits allow. An existing file is opened for appending (unchanged); else a scratch file beside it."""
     import tempfile
 
     try:
@@ -194,8 +181,8 @@ CPU_PROFILE = ("was measured on CPU by tr calibrate --device cpu: it checks the 
 
 
 def note_cpu_profile(prog: str, name: str) -> None:
-    """One line on stderr when profile `name` was measured on CPU (`Profile.device`), so a result priced with it is
-    not taken for a GPU's. Silent for any other profile, and for one that does not load (the command says why)."""
+    """One line on stderr when profile `name` was measured on CPU, so a result priced with it is not taken for a
+    GPU's. Silent for any other profile, and for one that does not load (the command says why)."""
     from tokenrouter.calibration.resolve import load_profile
 
     try:

@@ -1,9 +1,5 @@
-"""`trsim cost`: the cost model's step time for one step, as the simulator prices it.
-
-    trsim cost --model qwen3-0.6b --batch 2 --context 1024 --corun qwen3-32b:4 --profile h200
-
-The last line printed is the predicted step time in ms (the lines above say how it was composed).
-"""
+"""`trsim cost`: the cost model's step time for one step, as the simulator prices it (docs/cli.md). The last line
+printed is the predicted step time in ms (the lines above say how it was composed)."""
 
 from __future__ import annotations
 
@@ -32,24 +28,22 @@ def _corun(text: str) -> tuple[str, int]:
     return name, b
 
 
+Corun = Annotated[str | None, typer.Option(help="Co-located model stepping at the same time, MODEL:BATCH (decode "
+                  "rows).")]  # fmt: skip
+Tp = Annotated[int, typer.Option(help="Tensor-parallel degree of --model: the profile's entry at it, else an estimate "
+               "from the tp=1 entry (printed as ESTIMATED).")]  # fmt: skip
+
+
 def cost(
     model: Annotated[str, typer.Option(help="Model whose step is priced (a profile entry).")],
     batch: Annotated[int, typer.Option(help="Rows in the step.")] = 1,
     context: Annotated[int, typer.Option(help="Context tokens each row attends (after this step).")] = 1024,
     tokens_per_row: Annotated[int, typer.Option(help="Tokens each row feeds (1 = decode; more = extend rows).")] = 1,
-    corun: Annotated[
-        str | None, typer.Option(help="Co-located model stepping at the same time, MODEL:BATCH (decode rows).")
-    ] = None,
+    corun: Corun = None,
     sm_percent: Annotated[int, typer.Option(help="MPS SM share of --model in percent (100 = no cap).")] = 100,
     corun_sm_percent: Annotated[int, typer.Option(help="MPS SM share of the --corun model in percent.")] = 100,
     graphs: Annotated[bool, typer.Option("--graphs/--no-graphs", help="CUDA graphs.")] = True,
-    tp: Annotated[
-        int,
-        typer.Option(
-            help="Tensor-parallel degree of --model: the profile's entry at it, else an "
-            "estimate from the tp=1 entry (printed as ESTIMATED)."
-        ),
-    ] = 1,
+    tp: Tp = 1,
     profile: Annotated[str, typer.Option(help="Profile name (h200) or JSON file.")] = "h200",
 ) -> None:
     """Predicted step time (ms) of one step of --model: alone, under an SM cap, or beside a co-running model."""

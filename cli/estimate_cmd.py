@@ -1,10 +1,6 @@
-"""`trsim profile`: a profile estimated for a GPU kind the user does not have (`calibration.estimate`).
-
-    trsim profile --gpu l4 -o l4.json                        # from the bundled h200 profile
-    trsim profile --gpu l40s --anchor my-h100.json -o l40s.json
-
-Prints the ESTIMATED label, then each model's decode pass (one row, no context) on the anchor and estimated, and
-whether it fits the GPU's memory alone. `--profile l4.json` (or `--profile l4`) then runs the simulator on it.
+"""`trsim profile`: a profile estimated for a GPU kind the user does not have (`calibration.estimate`, docs/cli.md):
+the ESTIMATED label, then each model's decode pass (one row, no context) on the anchor and estimated, and whether it
+fits the GPU's memory alone.
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
-"""`tokenrouter link-probe`: the far end of `tokenrouter calibrate --link` (`calibration.profiler.link`).
-
-    tokenrouter link-probe --listen :5599          # on the other host
-    tokenrouter calibrate --link otherhost:5599 -o h200.json
-
-Echoes small messages and acknowledges large ones over ZeroMQ tcp until Ctrl-C or SIGTERM.
-"""
+"""`tokenrouter link-probe`: the far end of `tokenrouter calibrate --link` (`calibration.profiler.link`,
+docs/cluster.md): echoes small messages and acknowledges large ones over ZeroMQ tcp until Ctrl-C or SIGTERM."""
 
 from __future__ import annotations
 

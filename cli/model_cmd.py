@@ -1,12 +1,7 @@
-"""`trsim model`: the Markov-chain throughput model (docs/markov.md) from the command line.
-
-    trsim model --step-ms 6.0,27.9 --hop-rate 0.35 --concurrency 4 --thresholds 1,3
-    trsim model --router me --step-ms 0.9,4.6,17.0 --mean-output 400 --concurrency 4
+"""`trsim model`: the Markov-chain throughput model from the command line (docs/markov.md, docs/cli.md).
 
 With `--thresholds` the last line printed is T(B) in tok/s; without, a table over the feasible set sorted by
-T, and the last line is `B*=<B> T=<tok/s>`. One `--step-ms` entry per model: two for r2r and r-stitch (0 small,
-1 large), two or more for the ME ensemble. A search or chain too large for `--max-states` is reduced (and says
-so on a `note:` line) rather than run for hours. Bad input exits with code 2 and one line on stderr.
+T, and the last line is `B*=<B> T=<tok/s>`. Bad input exits with code 2 and one line on stderr.
 """
 
 from __future__ import annotations
@@ -62,62 +57,33 @@ def _fmt(values: tuple[float, ...], digits: int = 2) -> str:
     return "/".join(f"{v:.{digits}f}" for v in values)
 
 
-# The command's options, declared once here so that `model`'s signature reads as the list of its flags.
-StepMs = Annotated[
-    str | None,
-    typer.Option("--step-ms", help="step time per model in ms, e.g. 6.0,27.9 (r2r) or 0.9,4.6,17.0 (me)"),
-]
-Router = Annotated[
-    str, typer.Option("--router", help="r2r | r-stitch | me (--return-prob < 1 with r2r means r-stitch)")
-]
+StepMs = Annotated[str | None, typer.Option("--step-ms", help="step time per model in ms, e.g. 6.0,27.9 (r2r) or "
+                   "0.9,4.6,17.0 (me)")]  # fmt: skip
+Router = Annotated[str, typer.Option("--router", help="r2r | r-stitch | me (--return-prob < 1 with r2r means "
+                   "r-stitch)")]  # fmt: skip
 HopRate = Annotated[float | None, typer.Option("--hop-rate", "-p", help=f"{HOP_RATE_HELP} (r2r, r-stitch)")]
 HopProb = Annotated[float | None, typer.Option("--hop-prob", hidden=True, help="Deprecated: --hop-rate.")]
-Concurrency = Annotated[
-    int | None,
-    typer.Option(
-        "--concurrency",
-        "-n",
-        help="closed-loop requests N; the search is exact up to about N = 8 (two models, 0.1 ms quantum), "
-        "larger N is reduced within --max-states; N > 1024 is refused (the search would take minutes to hours)",
-    ),
-]
-Thresholds = Annotated[
-    str | None, typer.Option("--thresholds", help="batching thresholds B, e.g. 1,3; omit to search B*")
-]
-MeanOutput = Annotated[
-    float | None,
-    typer.Option(
-        "--mean-output",
-        help="mean output tokens per request: requests end (geometric lengths) and new ones start at model "
-        "0, which breaks ME's lockstep; omit for requests that never end",
-    ),
-]
+Concurrency = Annotated[int | None, typer.Option("--concurrency", "-n", help="closed-loop requests N; the search is "
+                        "exact up to about N = 8 (two models, 0.1 ms quantum), larger N is reduced within "
+                        "--max-states; N > 1024 is refused (the search would take minutes to hours)")]  # fmt: skip
+Thresholds = Annotated[str | None, typer.Option("--thresholds", help="batching thresholds B, e.g. 1,3; omit to search "
+                       "B*")]  # fmt: skip
+MeanOutput = Annotated[float | None, typer.Option("--mean-output", help="mean output tokens per request: requests end "
+                       "(geometric lengths) and new ones start at model 0, which breaks ME's lockstep; omit for "
+                       "requests that never end")]  # fmt: skip
 DeltaMs = Annotated[float, typer.Option("--delta-ms", help="time quantum in ms")]
-ReturnProb = Annotated[
-    float, typer.Option("--return-prob", help="r-stitch: P(large -> small) after a large step (1 = R2R)")
-]
-StepMsTable = Annotated[
-    Path | None,
-    typer.Option("--step-ms-table", help="JSON per-model step times L_i(b) for b = 1..N, instead of --step-ms"),
-]
+ReturnProb = Annotated[float, typer.Option("--return-prob", help="r-stitch: P(large -> small) after a large step (1 = "
+                       "R2R)")]  # fmt: skip
+StepMsTable = Annotated[Path | None, typer.Option("--step-ms-table", help="JSON per-model step times L_i(b) for b = "
+                        "1..N, instead of --step-ms")]  # fmt: skip
 Top = Annotated[int, typer.Option("--top", help="rows of the search table to show (0 = all)")]
 MaxStates = Annotated[int, typer.Option("--max-states", help="states one search or chain may explore and solve")]
 
 
-def model(
-    step_ms: StepMs = None,
-    router: Router = "r2r",
-    hop_rate: HopRate = None,
-    hop_prob: HopProb = None,
-    concurrency: Concurrency = None,
-    thresholds: Thresholds = None,
-    mean_output: MeanOutput = None,
-    delta_ms: DeltaMs = 0.1,
-    return_prob: ReturnProb = 1.0,
-    step_ms_table: StepMsTable = None,
-    top: Top = 0,
-    max_states: MaxStates = SEARCH_STATES,
-) -> None:
+def model(step_ms: StepMs = None, router: Router = "r2r", hop_rate: HopRate = None, hop_prob: HopProb = None,
+          concurrency: Concurrency = None, thresholds: Thresholds = None, mean_output: MeanOutput = None,
+          delta_ms: DeltaMs = 0.1, return_prob: ReturnProb = 1.0, step_ms_table: StepMsTable = None, top: Top = 0,
+          max_states: MaxStates = SEARCH_STATES) -> None:  # fmt: skip
     """Markov-chain throughput model of delayed batching: T(B) in tok/s, or the best thresholds B*."""
     if hop_prob is not None:
         typer.echo("trsim: note: --hop-prob is deprecated; use --hop-rate", err=True)
@@ -146,9 +112,6 @@ def model(
         raise _fail(f"--max-states must be positive, got {max_states}")
     try:
         check_search_concurrency(concurrency)
-    except ValueError as exc:
-        raise _fail(str(exc)) from None
-    try:
         routing, commit = router_matrices(key, len(steps), hop_rate=hop_rate or 0.0, return_prob=return_prob)
         chain = MarkovModel.create(steps, routing, commit, concurrency, delta_ms, mean_output)
         b = chain.check_thresholds(_numbers(thresholds, "--thresholds", int)) if thresholds is not None else None
@@ -188,10 +151,8 @@ def _print_one(res: ThroughputResult, note: str) -> None:
     b = format_b(res.thresholds)
     typer.echo(f"B={b}: {res.n_states} states")
     for i in range(len(res.thresholds)):
-        typer.echo(
-            f"model {i}: mean batch {res.mean_batch[i]:.3f}, busy {res.busy_fraction[i]:.3f}, "
-            f"mean queue {res.mean_queue[i]:.3f}, {res.batches_per_s[i]:.1f} batches/s"
-        )
+        typer.echo(f"model {i}: mean batch {res.mean_batch[i]:.3f}, busy {res.busy_fraction[i]:.3f}, "
+                   f"mean queue {res.mean_queue[i]:.3f}, {res.batches_per_s[i]:.1f} batches/s")  # fmt: skip
     if note:
         typer.echo(f"note: {note}")
     typer.echo("throughput (tok/s):")
@@ -205,13 +166,8 @@ def _print_search(chain: MarkovModel, top: int, max_states: int) -> None:
     for col in ("B", "T (tok/s)", "mean batch", "busy", "states"):
         table.add_column(col, justify="right")
     for res in out.ranked[: top or None]:
-        table.add_row(
-            format_b(res.thresholds),
-            f"{res.throughput_tok_s:.2f}",
-            _fmt(res.mean_batch),
-            _fmt(res.busy_fraction),
-            str(res.n_states),
-        )
+        table.add_row(format_b(res.thresholds), f"{res.throughput_tok_s:.2f}", _fmt(res.mean_batch),
+                      _fmt(res.busy_fraction), str(res.n_states))  # fmt: skip
     Console().print(table)
     if out.note:
         typer.echo(f"note: {out.note}")

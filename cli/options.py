@@ -1,12 +1,8 @@
-"""Shared command-line options: each flag is declared once, with one help text, for every command.
+"""Shared command-line options: each flag is declared once, with one help text, for every command (docs/cli.md).
 
-Deployment flags (what `tokenrouter.deploy.DeploymentOverrides` holds) are added to a typer command by the
-`deployment_flags()` decorator: the command declares a `deploy: DeploymentFlags` parameter and receives the
-`--config` path and the given overrides in it, already parsed; `resolve()` turns them into the
-`DeploymentConfig`, the same way in every command. `deployment_flags(axes=True)` (for `trsim sweep`) takes every
-flag as a list instead, one grid axis per flag (`;` between values of per-model flags such as `--thresholds`).
-
-Run flags (workload, concurrency, ...) are plain `Annotated` aliases below.
+Deployment flags (`DeploymentOverrides`) come from the `deployment_flags()` decorator into a `deploy:
+DeploymentFlags` parameter, whose `resolve()` is the one path to the `DeploymentConfig`; with `axes=True` (`trsim
+sweep`) every flag is a grid axis instead. Run flags (workload, concurrency, ...) are plain `Annotated` aliases.
 """
 
 from __future__ import annotations
@@ -32,10 +28,8 @@ from tokenrouter.deploy.overrides import (
     resolve_deployment,
 )
 
-HOP_RATE_HELP = (
-    "Probability that the small model hands the next token to the large one after each step (the synthetic "
-    "router's signal; a learned router is calibrated to it)."
-)
+HOP_RATE_HELP = ("Probability that the small model hands the next token to the large one after each step (the "
+                 "synthetic router's signal; a learned router is calibrated to it).")  # fmt: skip
 
 
 def _ints(text: str) -> list[int]:
@@ -67,11 +61,8 @@ class Flag:
     default: str | None = None  # what applies when neither the flag nor a config sets it (help text only)
 
 
-_CHOICES = {
-    "policy": ", ".join(p.value for p in PolicyKind),
-    "placement": ", ".join(p.value for p in Placement),
-    "router": ", ".join(r.value for r in RouterName),
-}
+_CHOICES = {"policy": ", ".join(p.value for p in PolicyKind), "placement": ", ".join(p.value for p in Placement),
+            "router": ", ".join(r.value for r in RouterName)}  # fmt: skip
 
 DEPLOYMENT_FLAGS: tuple[Flag, ...] = (
     Flag("small", ("--small",), "Small (entry) model: a bundled name or an HF directory.", str, str,
@@ -179,9 +170,7 @@ def split_axis(name: str, text: str) -> list[Any]:
     converted (so a CSV of the sweep keeps them typed), names and per-model lists kept as text."""
     flag = _BY_NAME[name]
     items = [t.strip() for t in str(text).split(";" if flag.per_model else ",") if t.strip()]
-    if flag.typ is str:
-        return items
-    return [_parse_value(flag, t) for t in items]
+    return items if flag.typ is str else [_parse_value(flag, t) for t in items]
 
 
 def deployment_flags(*, axes: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -282,36 +271,21 @@ def _param(name: str, annotation: Any, default: Any = None) -> inspect.Parameter
 
 Concurrency = Annotated[int, typer.Option("--concurrency", "-n", help="Closed-loop clients N (live requests).")]
 Workload = Annotated[str, typer.Option(help="low-effort | high-effort | agentic | fixed:P,O | FILE.jsonl")]
-TraceWorkload = Annotated[
-    str | None,
-    typer.Option(
-        help="low-effort | high-effort | agentic | fixed:P,O | FILE.jsonl. Default: low-effort, or with --router "
-        "trace --trace FILE the trace's own requests (what it replays)."
-    ),
-]
+TraceWorkload = Annotated[str | None, typer.Option(help="low-effort | high-effort | agentic | fixed:P,O | FILE.jsonl. "
+                          "Default: low-effort, or with --router trace --trace FILE the trace's own requests (what it "
+                          "replays).")]  # fmt: skip
 NumRequests = Annotated[int, typer.Option(help="Requests to run.")]
 Seed = Annotated[int, typer.Option(help="Seed for the workload and the routers.")]
-ArrivalRate = Annotated[
-    float | None, typer.Option(help="Open loop: Poisson arrivals per second (default: closed loop).")
-]
+ArrivalRate = Annotated[float | None, typer.Option(help="Open loop: Poisson arrivals per second (default: closed "
+                        "loop).")]  # fmt: skip
 MaxOutput = Annotated[int | None, typer.Option(help="Cap output lengths (tokens).")]
 DryRun = Annotated[bool, typer.Option("--dry-run", help="Print the resolved deployment (YAML) and exit.")]
-Jobs = Annotated[
-    int,
-    typer.Option(
-        "--jobs",
-        "-j",
-        help="Processes that run the simulator checks at once (0: one per core). Any number gives the same numbers.",
-    ),
-]
-GpuPrices = Annotated[
-    str | None,
-    typer.Option(
-        help="USD per GPU-hour by GPU kind, KIND=USD,... (h200=3.5,l4=0.8) or a YAML file of them (example: "
-        "studies/placement_cost/prices-2026-12-01.yaml): prices every candidate in USD per million output tokens. "
-        "No prices are built in; every kind in use needs one."
-    ),
-]
+Jobs = Annotated[int, typer.Option("--jobs", "-j", help="Processes that run the simulator checks at once (0: one per "
+                 "core). Any number gives the same numbers.")]  # fmt: skip
+GpuPrices = Annotated[str | None, typer.Option(help="USD per GPU-hour by GPU kind, KIND=USD,... (h200=3.5,l4=0.8) or a "
+                      "YAML file of them (example: studies/placement_cost/prices-2026-12-01.yaml): prices every "
+                      "candidate in USD per million output tokens. No prices are built in; every kind in use needs "
+                      "one.")]  # fmt: skip
 
 # The run flags above as flag -> (sim_config keyword, parser), for `parse_run_args`.
 RUN_ARGS: dict[str, tuple[str, Callable[[str], Any]]] = {
@@ -320,22 +294,11 @@ RUN_ARGS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "--max-output": ("max_output", int),
 }  # fmt: skip
 RUN_KEYS = tuple(dict.fromkeys(name for name, _ in RUN_ARGS.values()))
-SloTpot = Annotated[
-    float | None,
-    typer.Option(
-        "--slo-tpot-ms",
-        help="Latency objective: choose the B of highest throughput whose simulated TPOT p99 is at most this many ms "
-        "(goodput); a clear line when no B meets it.",
-    ),
-]
-SearchBudget = Annotated[
-    float,
-    typer.Option(
-        "--search-budget",
-        help="Seconds the choice of B may take per N (then the best B simulated so far is chosen, and the output "
-        "says so).",
-    ),
-]
+SloTpot = Annotated[float | None, typer.Option("--slo-tpot-ms", help="Latency objective: choose the B of highest "
+                    "throughput whose simulated TPOT p99 is at most this many ms (goodput); a clear line when no B "
+                    "meets it.")]  # fmt: skip
+SearchBudget = Annotated[float, typer.Option("--search-budget", help="Seconds the choice of B may take per N (then the "
+                         "best B simulated so far is chosen, and the output says so).")]  # fmt: skip
 
 
 def check_run_flags(*, num_requests: int | None = None, concurrency: int | None = None, seed: int | None = None,

@@ -1,8 +1,6 @@
-"""Progress of a long command, so a redirected run (`tr calibrate ... > log 2>&1`, CI, a `trsim tune` in a script)
-still shows it is alive: counted work as a rich bar on a terminal and as plain lines elsewhere (`progress_bar`), a
-search of unknown length as a status line on a terminal and as a line every few seconds elsewhere (`Heartbeat`),
-nothing for work that ends sooner. An error ends the display without leaving a bar behind it, so a one-line error is
-one line."""
+"""Progress of a long command that a redirected run (CI, a script) still shows: counted work as a rich bar on a
+terminal and lines elsewhere (`progress_bar`), a search of unknown length as a status line or a line every few
+seconds (`Heartbeat`). An error ends the display without leaving a bar behind, so a one-line error is one line."""
 
 from __future__ import annotations
 
@@ -13,7 +11,7 @@ from contextlib import contextmanager
 from types import TracebackType
 
 from rich.console import Console
-from rich.progress import Progress, ProgressColumn, Task
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, Task, TextColumn, TimeElapsedColumn
 from rich.status import Status
 from rich.text import Text
 
@@ -40,6 +38,11 @@ def progress_bar(console: Console, *columns: ProgressColumn, every_s: float = HE
             raise
         if lines is not None:
             lines.stop(final=True)
+
+
+def counted(label: str) -> tuple[ProgressColumn, ...]:
+    """The columns of counted work: `label` (a rich format string of the task), the bar, done/total, time."""
+    return (TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
 
 
 class ProgressLines(threading.Thread):

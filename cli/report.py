@@ -25,28 +25,15 @@ def result_record(res: SimResult) -> dict[str, Any]:
     """Flat dict of the run's settings and metrics (one CSV row / one JSON object)."""
     cfg, dep = res.config, res.config.deployment
     rec: dict[str, Any] = {
-        "models": ",".join(m.name for m in dep.models),
-        "router": dep.router.name,
-        "hop_rate": dep.router.hop_rate,
-        "policy": dep.policy_label,
-        "thresholds": format_b(res.thresholds),
-        "placement": dep.placement.mode,
-        "tp": ",".join(str(m.tp) for m in dep.models),
-        "gpus": ";".join(",".join(map(str, m.gpus)) for m in dep.models),
-        "estimated": " | ".join(res.extra.get("estimated", [])),
-        "workload": cfg.workload,
-        "num_requests": cfg.num_requests,
-        "concurrency": cfg.concurrency,
-        "arrival_rate": cfg.arrival_rate,
-        "seed": cfg.seed,
-        "profile": dep.profile,
-        "profile_kind": "analytic" if res.analytic else "measured",
-        "cuda_graphs": all(m.cuda_graphs for m in dep.models),
-        "overlap": dep.scheduler.overlap,
-        "preemptions": res.preemptions,
-        "wasted_rows": res.wasted_rows,
-        "wall_s": round(res.wall_s, 3),
-    }
+        "models": ",".join(m.name for m in dep.models), "router": dep.router.name, "hop_rate": dep.router.hop_rate,
+        "policy": dep.policy_label, "thresholds": format_b(res.thresholds), "placement": dep.placement.mode,
+        "tp": ",".join(str(m.tp) for m in dep.models), "gpus": ";".join(",".join(map(str, m.gpus)) for m in dep.models),
+        "estimated": " | ".join(res.extra.get("estimated", [])), "workload": cfg.workload,
+        "num_requests": cfg.num_requests, "concurrency": cfg.concurrency, "arrival_rate": cfg.arrival_rate,
+        "seed": cfg.seed, "profile": dep.profile, "profile_kind": "analytic" if res.analytic else "measured",
+        "cuda_graphs": all(m.cuda_graphs for m in dep.models), "overlap": dep.scheduler.overlap,
+        "preemptions": res.preemptions, "wasted_rows": res.wasted_rows, "wall_s": round(res.wall_s, 3),
+    }  # fmt: skip
     tune = res.extra.get("autotune")
     if tune is not None:
         rec["autotune_initial"] = format_b(tune["initial"])
@@ -88,12 +75,8 @@ def metrics_table(s: dict[str, Any], names: list[str], title: str, missing: str 
         t.add_row(f"{n} tokens (share)", f"{int(s[f'tokens_model{i}']):,} ({s[f'token_frac_model{i}']:.1%})", "", "")
         busy = s[f"busy_frac_model{i}"]
         t.add_row(f"{n} busy", missing if math.isnan(busy) else f"{busy:.1%}", "", "")
-        t.add_row(
-            f"{n} batch size",
-            f(s[f"batch_mean_model{i}"], 2),
-            f(s[f"batch_p50_model{i}"], 0),
-            f(s[f"batch_p99_model{i}"], 0),
-        )
+        t.add_row(f"{n} batch size", f(s[f"batch_mean_model{i}"], 2), f(s[f"batch_p50_model{i}"], 0),
+                  f(s[f"batch_p99_model{i}"], 0))  # fmt: skip
     return t
 
 
@@ -105,11 +88,9 @@ def print_result(res: SimResult, console: Console | None = None) -> None:
     rc = dep.router
     hops = f"replays {rc.trace or res.config.workload}" if rc.name == RouterName.TRACE else f"hop rate {rc.hop_rate}"
     ran = len(res.metrics.records)  # a workload file may hold fewer requests than asked for
-    console.print(
-        f"router {rc.name} ({hops}), policy {dep.policy_label}, thresholds B = "
-        f"{format_b(res.thresholds)}{_thr_note(res)}, placement {dep.placement.mode}, "
-        f"{res.config.workload} x {ran}, N = {res.config.concurrency}"
-    )
+    console.print(f"router {rc.name} ({hops}), policy {dep.policy_label}, thresholds B = "
+                  f"{format_b(res.thresholds)}{_thr_note(res)}, placement {dep.placement.mode}, "
+                  f"{res.config.workload} x {ran}, N = {res.config.concurrency}")  # fmt: skip
     end = run_end(res)
     for t, hop, n in res.extra.get("phases", []):
         what = ", ".join(x for x in (f"hop rate {hop}" if hop is not None else "", f"N = {n}" if n else "") if x)
@@ -133,10 +114,8 @@ def print_result(res: SimResult, console: Console | None = None) -> None:
         console.print(f"[yellow]{note}[/yellow]")
     kv = ", ".join(f"{c:,}" for c in res.kv_tokens)
     overlap = "on" if dep.scheduler.overlap else "off"
-    console.print(
-        f"KV capacity per model: {kv} tokens; preemptions: {res.preemptions}; overlap {overlap} "
-        f"({res.wasted_rows:,} prepared rows wasted)"
-    )
+    console.print(f"KV capacity per model: {kv} tokens; preemptions: {res.preemptions}; overlap {overlap} "
+                  f"({res.wasted_rows:,} prepared rows wasted)")  # fmt: skip
     src = "ANALYTIC (bytes over bandwidth, not measured)" if res.analytic else "measured"
     if not res.analytic and res.config.cost is None:
         from tokenrouter.calibration.estimate import profile_label
@@ -149,10 +128,8 @@ def print_result(res: SimResult, console: Console | None = None) -> None:
             src = f"{profile_label(prof)} for {prof.gpu.name}"
         if res.extra.get("estimated"):
             src += ", with the ESTIMATES above"
-    console.print(
-        f"profile {dep.profile}: {src}; simulated {s['duration_s']:.2f} s in {res.wall_s:.2f} s wall; "
-        f"seed {res.config.seed}"
-    )
+    console.print(f"profile {dep.profile}: {src}; simulated {s['duration_s']:.2f} s in {res.wall_s:.2f} s wall; "
+                  f"seed {res.config.seed}")  # fmt: skip
 
 
 def run_end(res: SimResult) -> float:
@@ -182,14 +159,9 @@ def _thr_note(res: SimResult) -> str:
 
 
 def write_json(rec: dict[str, Any], path: str) -> None:
-    """`rec` as JSON (NaN as null) to `path`, or to stdout for '-'."""
-    text = json.dumps(json_safe(rec), indent=2)
+    """`rec` as JSON (NaN, which is not JSON, as null) to `path`, or to stdout for '-'."""
+    text = json.dumps({k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in rec.items()}, indent=2)
     if path == "-":
         print(text)
     else:
         Path(path).write_text(text + "\n")
-
-
-def json_safe(rec: dict[str, Any]) -> dict[str, Any]:
-    """NaN is not JSON: write null instead."""
-    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in rec.items()}

@@ -32,31 +32,17 @@ from tokenrouter.sim.run import SimResult
 from tokenrouter.sim.sim_pool import sim_pool
 from tokenrouter.sim.simulate import sim_config, simulate
 
+JsonOut = Annotated[str | None, typer.Option("--json", help="Write metrics as JSON to FILE ('-' = stdout).")]
+CsvOut = Annotated[Path | None, typer.Option("--csv", help="Write per-request rows as CSV.")]
+Plot = Annotated[Path | None, typer.Option(help="PNG: per model queue and busy fraction over time, batch histogram; "
+                 "throughput; latency CDFs.")]  # fmt: skip
+
 
 @deployment_flags()
-def run(
-    deploy: DeploymentFlags,
-    concurrency: Concurrency = 8,
-    workload: TraceWorkload = None,
-    num_requests: NumRequests = 64,
-    seed: Seed = 0,
-    arrival_rate: ArrivalRate = None,
-    max_output: MaxOutput = None,
-    json_out: Annotated[
-        str | None, typer.Option("--json", help="Write metrics as JSON to FILE ('-' = stdout).")
-    ] = None,
-    csv_out: Annotated[Path | None, typer.Option("--csv", help="Write per-request rows as CSV.")] = None,
-    plot: Annotated[
-        Path | None,
-        typer.Option(
-            help="PNG: per model queue and busy fraction over time, batch histogram; throughput; latency CDFs."
-        ),
-    ] = None,
-    slo_tpot_ms: SloTpot = None,
-    search_budget: SearchBudget = DEFAULT_BUDGET_S,
-    jobs: Jobs = 0,
-    dry_run: DryRun = False,
-) -> None:
+def run(deploy: DeploymentFlags, concurrency: Concurrency = 8, workload: TraceWorkload = None,
+        num_requests: NumRequests = 64, seed: Seed = 0, arrival_rate: ArrivalRate = None, max_output: MaxOutput = None,
+        json_out: JsonOut = None, csv_out: CsvOut = None, plot: Plot = None, slo_tpot_ms: SloTpot = None,
+        search_budget: SearchBudget = DEFAULT_BUDGET_S, jobs: Jobs = 0, dry_run: DryRun = False) -> None:  # fmt: skip
     """Simulate a routed model pair on a GPU profile (CPU only) and print the metrics. Without --thresholds (or
     with 'auto') B is chosen first: the Markov model proposes, the simulator ranks (docs/simulator.md)."""
     objective = Objective(slo_tpot_ms)
@@ -68,16 +54,9 @@ def run(
         check_output(json_out, "--json")
         check_output(csv_out, "--csv")
         check_output(plot, "--plot", figure=True)
-    cfg, auto = sim_config(
-        deploy.resolve(),
-        deploy.b_choice,
-        concurrency=concurrency,
-        workload=workload,
-        num_requests=num_requests,
-        seed=seed,
-        arrival_rate=arrival_rate,
-        max_output=max_output,
-    )
+    cfg, auto = sim_config(deploy.resolve(), deploy.b_choice, concurrency=concurrency, workload=workload,
+                           num_requests=num_requests, seed=seed, arrival_rate=arrival_rate,
+                           max_output=max_output)  # fmt: skip
     if dry_run:
         typer.echo(cfg.deployment.to_yaml().rstrip())
         return

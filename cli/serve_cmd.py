@@ -1,9 +1,4 @@
-"""`tr serve`: launch the subservers of a deployment and the HTTP front-end over them.
-
-The deployment comes from `--config serve.yaml` (what `trsim tune` writes) or from `--small/--large`; flags
-given on the command line override the config (`cli.options`, the same resolver as trsim). `--dry-run` prints
-the resolved deployment.
-"""
+"""`tr serve`: launch the subservers of a deployment and the HTTP front-end over them (docs/cli.md, docs/runtime.md)."""
 
 from __future__ import annotations
 
@@ -27,7 +22,6 @@ if TYPE_CHECKING:
 Opt = typer.Option
 
 
-# The command's own options, declared once here so that `serve`'s signature reads as the list of its flags.
 Device = Annotated[str, Opt(help="cpu or cuda.")]
 Host = Annotated[str, Opt(help="Address the HTTP server binds.")]
 Port = Annotated[int, Opt(help="HTTP port.")]
@@ -44,11 +38,9 @@ Baseline = Annotated[str | None, Opt(help="Run a baseline on the same engine ins
                      "that sends every hop as a new request carrying the whole sequence; also what `baseline: "
                      "std-serving` and --policy std-serving run), llm-only or slm-only (the large or small model).")
                      ]  # fmt: skip
-# ---- supervision, shutdown, logs -----------------------------------------------------------
 RestartOnFailure = Annotated[bool, Opt("--restart-on-failure", help="Restart a subserver that dies, in "
                              "place: requests in flight fail once, new ones get 503 until it is back. "
                              "Without it the server exits non-zero for a supervisor to restart.")]  # fmt: skip
-# ---- across hosts (docs/cluster.md) ----------------------------------------------------------
 Ray = Annotated[str | None, Opt(help="Run each subserver as a Ray actor (one placement group; as many GPUs as "
                 "the model lists), over tcp: a Ray address, 'auto' (the running cluster), or 'local' (start a "
                 "head here). The launcher and the HTTP front-end stay in this process. Needs the 'ray' extra.")
@@ -67,26 +59,13 @@ NoAccessLog = Annotated[bool, Opt("--no-access-log", help="No log line per reque
 
 
 @deployment_flags()
-def serve(
-    deploy: DeploymentFlags,
-    device: Device = "cuda",
-    host: Host = "127.0.0.1",
-    port: Port = 8000,
-    api_key: ApiKey = None,
-    admin_key: AdminKey = None,
-    record_hops: RecordHops = None,
-    kv_tokens: KvTokens = 8192,
-    baseline: Baseline = None,
-    dry_run: DryRun = False,
-    restart_on_failure: RestartOnFailure = False,
-    ray: Ray = None,
-    ray_cpus: RayCpus = 1.0,
-    heartbeat_timeout: HeartbeatTimeout = 10.0,
-    join_timeout: JoinTimeout = 300.0,
-    shutdown_timeout: ShutdownTimeout = 30.0,
-    log_level: LogLevel = "info",
-    no_access_log: NoAccessLog = False,
-) -> None:  # fmt: skip
+def serve(deploy: DeploymentFlags, device: Device = "cuda", host: Host = "127.0.0.1", port: Port = 8000,
+          api_key: ApiKey = None, admin_key: AdminKey = None, record_hops: RecordHops = None,
+          kv_tokens: KvTokens = 8192, baseline: Baseline = None, dry_run: DryRun = False,
+          restart_on_failure: RestartOnFailure = False, ray: Ray = None, ray_cpus: RayCpus = 1.0,
+          heartbeat_timeout: HeartbeatTimeout = 10.0, join_timeout: JoinTimeout = 300.0,
+          shutdown_timeout: ShutdownTimeout = 30.0, log_level: LogLevel = "info",
+          no_access_log: NoAccessLog = False) -> None:  # fmt: skip
     """Serve a deployment: one process per model, OpenAI-compatible HTTP in front. The deployment is --config
     (what `trsim tune` writes) with the flags applied, or --small/--large with defaults. --baseline (or --policy
     std-serving) serves a baseline of the same deployment on the same engine instead."""

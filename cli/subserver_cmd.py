@@ -1,12 +1,6 @@
 """`tokenrouter subserver`: run one model's subserver on this host, for a launcher on another host that waits for
-it (the model has `external: true` in the deployment).
-
-    tokenrouter subserver --config serve.yaml --model qwen3-32b --join tcp://launcher-host:7002
-
-It binds its port (`placement.port_base` + 4 + its index, or a free one), joins the launcher (`runtime.join`),
-takes the deployment the launcher serves (which must name the same models as `--config`), and serves until the
-launcher sends Shutdown or the connection to the launcher drops. Ctrl-C or SIGTERM stops it; the launcher then
-reports the model failed.
+it (the model has `external: true` in the deployment; docs/cluster.md). It serves until the launcher sends Shutdown
+or the connection to it drops; Ctrl-C or SIGTERM stops it, and the launcher then reports the model failed.
 """
 
 from __future__ import annotations

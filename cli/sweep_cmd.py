@@ -12,11 +12,10 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
 from tokenrouter.cli.common import check_output, note_cpu_profile, parse_list
 from tokenrouter.cli.options import DeploymentFlags, deployment_flags, point_flags
-from tokenrouter.cli.progress import progress_bar
+from tokenrouter.cli.progress import counted, progress_bar
 from tokenrouter.cli.report import result_record
 from tokenrouter.sim.run import prepare_sim
 from tokenrouter.sim.simulate import sim_config, simulate
@@ -28,14 +27,8 @@ def _or_none(conv: Callable[[str], Any]) -> Callable[[str], Any]:
 
 
 # Run axes (the deployment axes come from the shared deployment flags): name -> converter.
-RUN_AXES: dict[str, Any] = {
-    "concurrency": int,
-    "workload": str,
-    "seed": int,
-    "num_requests": int,
-    "max_output": _or_none(int),
-    "arrival_rate": _or_none(float),
-}
+RUN_AXES: dict[str, Any] = {"concurrency": int, "workload": str, "seed": int, "num_requests": int,
+                            "max_output": _or_none(int), "arrival_rate": _or_none(float)}  # fmt: skip
 NUMERIC = {"hop_rate", "return_prob", "concurrency", "seed", "num_requests", "max_output", "arrival_rate",
            "page_size", "max_batch_size", "max_batch_tokens"}  # fmt: skip
 
@@ -53,6 +46,10 @@ def _run_axis(name: str, text: str) -> list[Any]:
     return items
 
 
+DryRun = Annotated[bool, typer.Option("--dry-run", help="Print each grid point's deployment (YAML documents) and "
+                   "exit.")]  # fmt: skip
+
+
 @deployment_flags(axes=True)
 def sweep(
     deploy: DeploymentFlags,
@@ -64,9 +61,7 @@ def sweep(
     num_requests: Annotated[str, typer.Option(help="Requests per run, e.g. 64,256")] = "64",
     max_output: Annotated[str, typer.Option(help="Output caps, e.g. none,2048,8192")] = "none",
     arrival_rate: Annotated[str, typer.Option(help="Open-loop rates (req/s) or none (closed loop)")] = "none",
-    dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Print each grid point's deployment (YAML documents) and exit.")
-    ] = False,
+    dry_run: DryRun = False,
 ) -> None:
     """Run every combination of the list-valued flags; write one CSV row per run (and a plot).
 
@@ -99,8 +94,7 @@ def sweep(
         note_cpu_profile("trsim sweep", name)
     rows = []
     console = Console(stderr=True)
-    cols = (TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with progress_bar(console, *cols) as bar:
+    with progress_bar(console, *counted("sweep")) as bar:
         task = bar.add_task("sweep", total=len(grid))
         for point, (cfg, auto) in zip(grid, configs, strict=True):
             res = simulate(cfg, auto)

@@ -1,10 +1,5 @@
-"""`tr` (also installed as `tokenrouter`): the serving side's command line: `serve`, `bench`, `calibrate`,
-`subserver` and `link-probe` for deployments across hosts, and `models` / `check-config` to inspect bundled
-models and deployment configs.
-
-`tr` shadows coreutils `tr` in an activated venv, so the same app is installed under the collision-free name
-`tokenrouter`; scripts, tests and CI call that one.
-"""
+"""`tr`: the serving side's command line (docs/cli.md). It shadows coreutils `tr` in an activated venv, so the same
+app is installed as `tokenrouter` too; scripts, tests and CI call that one."""
 
 from __future__ import annotations
 
@@ -43,15 +38,10 @@ def models() -> None:
     with_tokenizer: dict[str, str] = {}
     for s in sorted((load_spec(n) for n in bundled_model_names()), key=lambda s: s.num_params):
         n = s.num_params
-        t.add_row(
-            s.name,
-            f"{n / 1e9:.2f}B" if n >= 1e8 else f"{n / 1e6:.2f}M",
-            f"{s.weight_bytes / 1e9:.2f}" if n >= 1e8 else f"{s.weight_bytes / 1e9:.4f}",
-            f"{s.kv_bytes_per_token / 1024:.{0 if s.kv_bytes_per_token >= 1024 else 2}f}",
-            str(s.num_layers),
-            f"{s.num_heads}/{s.num_kv_heads}",
-            "yes" if s.tie_word_embeddings else "no",
-        )
+        t.add_row(s.name, f"{n / 1e9:.2f}B" if n >= 1e8 else f"{n / 1e6:.2f}M",
+                  f"{s.weight_bytes / 1e9:.2f}" if n >= 1e8 else f"{s.weight_bytes / 1e9:.4f}",
+                  f"{s.kv_bytes_per_token / 1024:.{0 if s.kv_bytes_per_token >= 1024 else 2}f}", str(s.num_layers),
+                  f"{s.num_heads}/{s.num_kv_heads}", "yes" if s.tie_word_embeddings else "no")  # fmt: skip
         if (s.raw or {}).get("tokenizer"):
             with_tokenizer[s.name] = str(s.raw["tokenizer"])
     c = Console()

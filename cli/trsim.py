@@ -1,9 +1,5 @@
-"""`trsim`: the co-design simulator's command line (CPU only).
-
-Each command lives in its own module and is imported only when it runs: `trsim run` must start in a fraction of a
-second, and the Markov model's scipy alone takes half of one. `--help` without a command lists them all (it imports
-every module, as a full app needs).
-"""
+"""`trsim`: the co-design simulator's command line (CPU only). Each command's module is imported only when it runs:
+`trsim run` must start in a fraction of a second, and the Markov model's scipy alone takes half of one."""
 
 from __future__ import annotations
 
@@ -15,14 +11,10 @@ import typer
 from tokenrouter.cli.common import new_app, run_app
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "run": ("run_cmd", "run"),
-    "sweep": ("sweep_cmd", "sweep"),
-    "tune": ("tune_cmd", "tune"),
-    "model": ("model_cmd", "model"),
-    "cost": ("cost_cmd", "cost"),
-    "validate": ("validate_cmd", "validate"),
+    "run": ("run_cmd", "run"), "sweep": ("sweep_cmd", "sweep"), "tune": ("tune_cmd", "tune"),
+    "model": ("model_cmd", "model"), "cost": ("cost_cmd", "cost"), "validate": ("validate_cmd", "validate"),
     "profile": ("estimate_cmd", "profile"),
-}
+}  # fmt: skip
 HELP = "Simulate token-level routing deployments (small + large model subservers) on a GPU profile."
 
 

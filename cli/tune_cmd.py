@@ -8,7 +8,6 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from tokenrouter.calibration.gpus import load_gpu_prices
@@ -25,7 +24,7 @@ from tokenrouter.cli.options import (
     Workload,
     deployment_flags,
 )
-from tokenrouter.cli.progress import progress_bar
+from tokenrouter.cli.progress import counted, progress_bar
 from tokenrouter.core.config import DeploymentConfig
 from tokenrouter.core.names import Layout, TuneObjective, parse_name
 from tokenrouter.core.policy import format_b
@@ -43,84 +42,43 @@ from tokenrouter.sim.tune_layouts import (
     tuned_config,
 )
 
-REQUESTS_HELP = (
-    "Requests per simulated trial of a B (default 3N, >= 24; a trial stops when the closed loop runs out of them)."
-)
-CONCURRENCY_HELP = (
-    "Concurrencies to tune, e.g. 1,2,4,8,16; N > 1024 is refused. Between two tuned N the served B is interpolated "
-    "(docs/config.md)."
-)
-
-
-# The command's own options, declared once here so that `tune`'s signature reads as the list of its flags.
 Out = Annotated[Path, typer.Option("--out", "-o", help="Deployment YAML to write.")]
-TuneConcurrency = Annotated[str, typer.Option("--concurrency", "-n", help=CONCURRENCY_HELP)]
-TuneRequests = Annotated[int, typer.Option(help=REQUESTS_HELP)]
+TuneConcurrency = Annotated[str, typer.Option("--concurrency", "-n", help="Concurrencies to tune, e.g. 1,2,4,8,16; "
+                            "N > 1024 is refused. Between two tuned N the served B is interpolated "
+                            "(docs/config.md).")]  # fmt: skip
+TuneRequests = Annotated[int, typer.Option(help="Requests per simulated trial of a B (default 3N, >= 24; a trial "
+                         "stops when the closed loop runs out of them).")]  # fmt: skip
 Top = Annotated[int, typer.Option(help="Markov proposals that start the simulator's search per N.")]
-SmSplits = Annotated[
-    str | None,
-    typer.Option(
-        help="Also choose the MPS SM split, SMALL/LARGE percent, among these (e.g. 100/100,40/60): "
-        "the one whose tuned B simulates fastest at --compare-n is written. Needs a profile that "
-        "measured the pair at each split."
-    ),
-]
-Placements = Annotated[
-    str | None,
-    typer.Option(
-        help="Also choose where the models run, among these layouts on --num-gpus GPUs: mps (both on "
-        "GPU 0 under MPS; 1 GPU), separate (small on GPU 0, large on GPU 1; 2 GPUs), tp (the large "
-        "model tensor-parallel over all G GPUs, the small one beside it on GPU 0 under MPS; G GPUs), "
-        "SMALL+LARGE GPU kinds such as l4+h200 (each model on a GPU of its kind, two hosts over the cross-host "
-        "link; a kind other than the profile's is priced from its ESTIMATED profile). "
-        "Each is tuned with its own B and compared by --objective (total: at --compare-n; per-gpu and cost: "
-        "at the highest N it sustains within --slo-tpot-ms); the best is tuned at every N and written."
-    ),
-]
+SmSplits = Annotated[str | None, typer.Option(help="Also choose the MPS SM split, SMALL/LARGE percent, among these "
+                     "(e.g. 100/100,40/60): the one whose tuned B simulates fastest at --compare-n is written. Needs "
+                     "a profile that measured the pair at each split.")]  # fmt: skip
+Placements = Annotated[str | None, typer.Option(help="Also choose where the models run, among these layouts on "
+                       "--num-gpus GPUs: mps (both on GPU 0 under MPS; 1 GPU), separate (small on GPU 0, large on GPU "
+                       "1; 2 GPUs), tp (the large model tensor-parallel over all G GPUs, the small one beside it on "
+                       "GPU 0 under MPS; G GPUs), SMALL+LARGE GPU kinds such as l4+h200 (each model on a GPU of its "
+                       "kind, two hosts over the cross-host link; a kind other than the profile's is priced from its "
+                       "ESTIMATED profile). Each is tuned with its own B and compared by --objective (total: at "
+                       "--compare-n; per-gpu and cost: at the highest N it sustains within --slo-tpot-ms); the best "
+                       "is tuned at every N and written.")]  # fmt: skip
 NumGpus = Annotated[int, typer.Option(help="GPUs the --placements layouts may use (G).")]
-ObjectiveName = Annotated[
-    str,
-    typer.Option(
-        help="What --placements optimises: total (tok/s at --compare-n), per-gpu (tok/s per GPU used) or cost "
-        "(least USD per million output tokens; needs --gpu-prices). per-gpu and cost compare each candidate at "
-        "the highest N of --concurrency it sustains with TPOT p99 <= --slo-tpot-ms (tuned upward until its "
-        "first miss; one that meets it at no N ranks last), so a placement on more GPUs is not priced at a load "
-        "that leaves them idle; without --slo-tpot-ms, at the largest N."
-    ),
-]
-CompareN = Annotated[
-    int | None,
-    typer.Option(
-        "--compare-n",
-        "--split-n",
-        help="Concurrency at which SM splits and placements are compared by --objective total (one of "
-        "--concurrency; default 8 if tuned, else the largest). per-gpu and cost compare each at the load it "
-        "sustains instead.",
-    ),
-]
+ObjectiveName = Annotated[str, typer.Option(help="What --placements optimises: total (tok/s at --compare-n), per-gpu "
+                          "(tok/s per GPU used) or cost (least USD per million output tokens; needs --gpu-prices). "
+                          "per-gpu and cost compare each candidate at the highest N of --concurrency it sustains with "
+                          "TPOT p99 <= --slo-tpot-ms (tuned upward until its first miss; one that meets it at no N "
+                          "ranks last), so a placement on more GPUs is not priced at a load that leaves them idle; "
+                          "without --slo-tpot-ms, at the largest N.")]  # fmt: skip
+CompareN = Annotated[int | None, typer.Option("--compare-n", "--split-n", help="Concurrency at which SM splits and "
+                     "placements are compared by --objective total (one of --concurrency; default 8 if tuned, else the "
+                     "largest). per-gpu and cost compare each at the load it sustains instead.")]  # fmt: skip
 
 
 @deployment_flags()
-def tune(
-    deploy: DeploymentFlags,
-    out: Out = Path("serve.yaml"),
-    concurrency: TuneConcurrency = "1,2,4,8,16",
-    workload: Workload = "low-effort",
-    num_requests: TuneRequests = 0,
-    top: Top = 3,
-    seed: Seed = 0,
-    max_output: MaxOutput = None,
-    sm_splits: SmSplits = None,
-    placements: Placements = None,
-    num_gpus: NumGpus = 2,
-    objective: ObjectiveName = "total",
-    gpu_prices: GpuPrices = None,
-    compare_n: CompareN = None,
-    slo_tpot_ms: SloTpot = None,
-    search_budget: SearchBudget = DEFAULT_BUDGET_S,
-    jobs: Jobs = 0,
-    dry_run: DryRun = False,
-) -> None:
+def tune(deploy: DeploymentFlags, out: Out = Path("serve.yaml"), concurrency: TuneConcurrency = "1,2,4,8,16",
+         workload: Workload = "low-effort", num_requests: TuneRequests = 0, top: Top = 3, seed: Seed = 0,
+         max_output: MaxOutput = None, sm_splits: SmSplits = None, placements: Placements = None, num_gpus: NumGpus = 2,
+         objective: ObjectiveName = "total", gpu_prices: GpuPrices = None, compare_n: CompareN = None,
+         slo_tpot_ms: SloTpot = None, search_budget: SearchBudget = DEFAULT_BUDGET_S, jobs: Jobs = 0,
+         dry_run: DryRun = False) -> None:  # fmt: skip
     """For each N the decider chooses B (the Markov model proposes, the simulator ranks: docs/simulator.md); the
     chosen B goes into the config's B(N) table, which `tr serve --config` follows as live concurrency changes.
     The deployment tuned is `--config` (or the default pair) with the flags applied; its policy becomes
@@ -147,8 +105,7 @@ def tune(
     specs = candidate_specs(layouts, splits, base, num_gpus)
     usd = candidate_prices(base, specs, prices)
     sweep = at_sustained_load(goal) and slo_tpot_ms is not None and len(specs) > 1
-    cols = (TextColumn("tune {task.fields[what]} N={task.fields[n]}"), BarColumn(), MofNCompleteColumn(),
-            TimeElapsedColumn())  # fmt: skip
+    cols = counted("tune {task.fields[what]} N={task.fields[n]}")
     with sim_pool(jobs) as pool, progress_bar(Console(stderr=True), *cols) as bar:
         # sweeping placements upward stops at each one's first SLO miss: the total is then an upper bound
         task = bar.add_task("tune", total=points_to_tune(len(specs), len(ns), sweep), n=ns[0], what="")
@@ -217,16 +174,10 @@ def _print_points(dep: DeploymentConfig, best: Candidate, workload: str) -> None
     for p in best.points:
         mb, mtok = p.markov
         at_mb = p.simulated.get(mb) if mb is not None else None
-        t.add_row(
-            str(p.concurrency),
-            format_b(mb),
-            "-" if mtok != mtok else f"{mtok:,.0f}",
-            "-" if at_mb is None else f"{at_mb:,.0f}",
-            format_b(p.best) + ("" if p.meets_slo else " (SLO missed)"),
-            f"{p.best_throughput:,.0f}",
-            f"{p.tpot_ms[1]:.2f}",
-            str(len(p.choice.scouted)),
-        )
+        chosen = format_b(p.best) + ("" if p.meets_slo else " (SLO missed)")
+        t.add_row(str(p.concurrency), format_b(mb), "-" if mtok != mtok else f"{mtok:,.0f}",
+                  "-" if at_mb is None else f"{at_mb:,.0f}", chosen, f"{p.best_throughput:,.0f}",
+                  f"{p.tpot_ms[1]:.2f}", str(len(p.choice.scouted)))  # fmt: skip
     if slo is not None:
         t.caption = f"B of highest simulated steady tok/s whose TPOT p99 <= {slo:g} ms"
     Console().print(t)

@@ -1,12 +1,5 @@
-"""`trsim validate LIVE.csv`: simulate every cell of a live-results file and print the simulator's error.
-
-A live-results file has one row per measured cell (`studies/fidelity/run_fidelity.py` writes one from
-`tr serve` + `tr bench`): `args`, the `trsim run` flags of the cell exactly as `tr bench --sim` took them
-(a relative `--config`, and a `--profile` / `--trace` / `--workload` that is a path, is relative to the
-CSV's folder, wherever the command runs: `cell_path`), and the live metrics under the
-names `tr bench --json` uses (`output_throughput_tok_s`, `tpot_ms_p50`, ...). Error = sim / live - 1.
-Exit code 1 when the median or the largest |error| is above the thresholds given.
-"""
+"""`trsim validate LIVE.csv`: simulate every cell of a live-results file and print the simulator's error (the file's
+columns, its path rule and the exit code: docs/simulator.md, Checking against live runs)."""
 
 from __future__ import annotations
 
@@ -19,18 +12,15 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from tokenrouter.cli.common import USAGE_ERRORS, CliError, check_output
 from tokenrouter.cli.options import parse_run_args
-from tokenrouter.cli.progress import progress_bar
+from tokenrouter.cli.progress import counted, progress_bar
 from tokenrouter.sim.run import SimConfig, prepare_sim
 from tokenrouter.sim.simulate import sim_config, simulate
 
 METRICS = {"throughput": "output_throughput_tok_s", "tpot_p50": "tpot_ms_p50"}
-
-
 FILE_SUFFIXES = (".yaml", ".yml", ".json", ".jsonl", ".csv")
 
 
@@ -61,9 +51,7 @@ def cell_config(args: str, base: Path, profile: str | None = None) -> tuple[SimC
 
 
 def _err(sim: float, live: float) -> float:
-    if not live or math.isnan(live) or math.isnan(sim):
-        return float("nan")
-    return sim / live - 1.0
+    return float("nan") if not live or math.isnan(live) or math.isnan(sim) else sim / live - 1.0
 
 
 def _summary(errs: list[float]) -> tuple[float, float]:
@@ -73,17 +61,18 @@ def _summary(errs: list[float]) -> tuple[float, float]:
     return statistics.median(a), a[-1]
 
 
+ProfileOpt = Annotated[str | None, typer.Option(help="Simulate with this profile instead of the one each cell "
+                       "names.")]  # fmt: skip
+JsonOut = Annotated[str | None, typer.Option("--json", help="Write the per-cell errors as JSON ('-' = stdout).")]
+
+
 def validate(
     live: Annotated[Path, typer.Argument(help="Live-results CSV (one row per cell: args + live metrics).")],
-    profile: Annotated[
-        str | None, typer.Option(help="Simulate with this profile instead of the one each cell names.")
-    ] = None,
+    profile: ProfileOpt = None,
     max_median_error: Annotated[float, typer.Option(help="Fail (exit 1) above this median |throughput error|.")] = 0.03,
     max_error: Annotated[float, typer.Option(help="Fail above this largest |throughput error|.")] = 0.08,
     max_tpot_median_error: Annotated[float, typer.Option(help="Fail above this median |TPOT p50 error|.")] = 0.05,
-    json_out: Annotated[
-        str | None, typer.Option("--json", help="Write the per-cell errors as JSON ('-' = stdout).")
-    ] = None,
+    json_out: JsonOut = None,
 ) -> None:
     """Run the simulator on every cell of a live-results file and print its error per cell, median and max."""
     check_output(json_out, "--json")
@@ -162,8 +151,7 @@ def _cell_configs(df: Any, live: Path, profile: str | None) -> list[tuple[SimCon
 def _simulate_cells(df: Any, configs: list[tuple[SimConfig, bool]], err_console: Console) -> list[dict[str, Any]]:
     """Simulate every cell (a progress bar on stderr): per cell its live and simulated metrics and their error."""
     rows: list[dict[str, Any]] = []
-    cols = (TextColumn("validate"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with progress_bar(err_console, *cols) as bar:
+    with progress_bar(err_console, *counted("validate")) as bar:
         task = bar.add_task("cells", total=len(df))
         for (_, rec), (cfg, auto) in zip(df.iterrows(), configs, strict=True):
             s = simulate(cfg, auto).summary

@@ -1,9 +1,6 @@
-"""Co-location in one process: the pair's two engines in one process, each stepped back to back by its own thread,
-arranged by CUDA stream priority or by green-context SM partitions instead of MPS (the alternatives to compare
-with the MPS splits, `corun`). The same grid and windows as the MPS co-run: one `CoRunShare` (shares 100).
-
-Why threads work here: a captured decode step is one graph replay plus a little host work, so the two loops
-hold the interpreter lock briefly and the GPU sees two streams issuing concurrently.
+"""Co-location in one process: the pair's two engines, each stepped back to back by its own thread, arranged by CUDA
+stream priority or green-context SM partitions instead of MPS; the same grid and windows as `corun` (shares 100).
+Threads work: a captured decode step is one graph replay, so each loop holds the interpreter lock briefly.
 """
 
 from __future__ import annotations

@@ -81,17 +81,12 @@ def _line(xs: list[float], ys: list[float]) -> tuple[float, float]:
     return float(coef[0]), float(coef[1])
 
 
-def host_costs(
-    raw: dict[str, Any], served: list[dict[str, Any]] | None = None, gate_ms: float = 0.0
-) -> HostCosts | None:
+def host_costs(raw: dict[str, Any], served: list[dict[str, Any]] | None = None,
+               gate_ms: float = 0.0) -> HostCosts | None:  # fmt: skip
     """The loop's host time per step without overlap and what it adds with overlap, as a fraction of the GPU time.
-
-    Without overlap: from the real server when the pair's serving loop was measured (`served`: this model's
-    `serving_gap` records, each the GPU's idle time between two steps less the coordinator's round trips
-    `gate_ms`, which the simulator charges on their own; records without GPU times, or from before they were
-    kept, take the completion-to-hand-over gap plus the bare loop's time inside the step), else from the bare
-    loop (period minus GPU time; on CPU the host parts timed).
-    """
+    Without overlap: from the real server's `serving_gap` records (`served`; GPU idle time less the coordinator's
+    round trips `gate_ms`, charged on their own; without GPU times, the gap plus the bare loop's time inside the
+    step) when measured, else from the bare loop (period minus GPU time; on CPU the host parts timed)."""
     recs = list(raw.get("host", {}).values())
     sync = [r for r in recs if not r["overlap"]]
     if not sync and not served:
@@ -197,10 +192,8 @@ def runtime_info(rt: dict[str, Any]) -> RuntimeInfo | None:
 
 def serving_gaps(res: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     """Model name -> its serving-loop gap records from every finished `serving/` task (`profiler.serving_gap`).
-
-    Hand-offs' idle times (`handoffs`) stay in the partial and out of the profile: under step-sync a hand-off
-    costs about 0.5 ms more than a step after the model's own on the H200 (two wake-ups: the message, then the
-    grant), which eager serving does not pay, so a host line taken from them overcharged the eager cells."""
+    Hand-offs' idle times stay out of the profile: under step-sync they pay two wake-ups (the message, then the
+    grant) that eager serving does not, so a host line taken from them overcharged the eager cells."""
     out: dict[str, list[dict[str, Any]]] = {}
     for task, raw in sorted(res.items()):
         if task.startswith("serving/") and raw.get("complete"):

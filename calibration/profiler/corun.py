@@ -1,16 +1,11 @@
 """Co-location: two models' passes on one GPU, each alone and while the other steps back to back.
 
-A grid value is the tokens of a pass: up to `MAX_DECODE` a decode batch of that many rows (one token each, in a
-decode graph), above it a pass of peer returns (rows of `pass_timing.RETURN_ROW_TOKENS` tokens, in a varlen graph of
-exactly its size: eager passes of a large model time bimodally beside a peer) as the large model runs when the
-small one's runs come back to it: its slowdown, and the small model's beside it, differ
-from a decode step's (a compute-bound pass leaves the peer fewer SMs).
+A grid value is the tokens of a pass: up to `MAX_DECODE` a decode batch of that many rows, above it a pass of peer
+returns in a varlen graph of exactly its size (eager passes of a large model time bimodally beside a peer): a
+compute-bound pass leaves the peer fewer SMs than a decode step does (docs/calibration.md, `tr calibrate`).
 
-Each model runs in a process of its own (`corun_worker`, started by the calibrator under CUDA MPS with the
-model's `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`). The calibrator sends both the same command with a start time on
-the host's monotonic clock; each steps its batch back to back until the end time and reports the median GPU
-time of the steps that ran entirely inside the window where both were stepping (`WindowSpec`). Alone cells run
-one worker while the other waits.
+Each model runs in a process of its own (`corun_worker`, under CUDA MPS with its SM share); both get the same
+window on the host's monotonic clock and report the median GPU time of the steps inside it (`WindowSpec`).
 """
 
 from __future__ import annotations
@@ -52,19 +47,10 @@ def engine_kwargs_for_corun(model: str, batches: list[int], context: int, device
     rows = [len(pass_rows(b)) for b in set(batches)]
     returns = tuple(sorted({b for b in batches if b > MAX_DECODE}))
     pages = sum(rows) * (-(-context // page_size) + 1) + 8  # one request set per grid value, all kept
-    return {
-        "model": model,
-        "load_format": "dummy",
-        "device": device,
-        "seed": seed,
-        "page_size": page_size,
-        "num_pages": pages,
-        "max_batch_size": max(rows),
-        "max_num_batched_tokens": max(*batches, 16),
-        "graph_buckets": tuple(sorted({b for b in batches if b <= MAX_DECODE})),
-        "varlen_graphs": bool(returns),
-        "varlen_graph_buckets": returns or None,
-    }
+    return {"model": model, "load_format": "dummy", "device": device, "seed": seed, "page_size": page_size,
+            "num_pages": pages, "max_batch_size": max(rows), "max_num_batched_tokens": max(*batches, 16),
+            "graph_buckets": tuple(sorted({b for b in batches if b <= MAX_DECODE})), "varlen_graphs": bool(returns),
+            "varlen_graph_buckets": returns or None}  # fmt: skip
 
 
 class DecodeLoop:

@@ -1,15 +1,8 @@
 """The cross-host link as the runtime uses it: ZeroMQ over tcp between this host and another one.
 
-On the other host, `tokenrouter link-probe --listen :PORT` runs `serve_probe`: a ROUTER socket that echoes small
-messages and acknowledges bulk ones. Here, `tokenrouter calibrate --link HOST:PORT` runs `measure_link`:
-- latency: `small` round trips of a `PAYLOAD`-sized message one at a time; the profile's `link.latency_ms` is
-  one way, half the median round trip (the convention of `runtime_costs.message_ms`);
-- bandwidth: `count` messages of `bulk_bytes` sent back to back, `window` in flight at most; bits over the time
-  from the first send to the last acknowledgement, median over `rounds` (a round is short enough that one
-  slow round does not decide it). Round-trip time is inside that time, so on a slow-latency link the figure is
-  what a pipelined sender gets, which is how a subserver sends.
-`apply_link` writes the result into a profile (`link`, and `notes["link"]` with the raw figures and when and
-against what it was measured), so the simulator's cost model prices `placement: cross-host` from a measurement.
+`tokenrouter link-probe` runs `serve_probe` on the other host (echoes small messages, acknowledges bulk ones);
+`tokenrouter calibrate --link` runs `measure_link` here (what it measures: docs/cluster.md, Measuring the link) and
+`apply_link` writes the result into a profile's `link` and `notes["link"]`.
 """
 
 from __future__ import annotations
@@ -103,20 +96,11 @@ def measure_link(address: str, *, small: int = 2000, bulk_bytes: int = 8 << 20, 
         sock.close()
         ctx.term()
     rtt_ms = sorted(x * 1e3 for x in rtt)
-    return {
-        "address": address,
-        "latency_ms": statistics.median(rtt_ms) / 2,
-        "rtt_ms_median": statistics.median(rtt_ms),
-        "rtt_ms_p10": rtt_ms[len(rtt_ms) // 10],
-        "rtt_ms_p90": rtt_ms[(len(rtt_ms) * 9) // 10],
-        "small_messages": small,
-        "small_bytes": len(PAYLOAD),
-        "bandwidth_gbps": statistics.median(gbps),
-        "bandwidth_gbps_rounds": gbps,
-        "bulk_bytes": bulk_bytes,
-        "bulk_messages": count,
-        "measured": datetime.now().isoformat(timespec="seconds"),
-    }
+    return {"address": address, "latency_ms": statistics.median(rtt_ms) / 2, "rtt_ms_median": statistics.median(rtt_ms),
+            "rtt_ms_p10": rtt_ms[len(rtt_ms) // 10], "rtt_ms_p90": rtt_ms[(len(rtt_ms) * 9) // 10],
+            "small_messages": small, "small_bytes": len(PAYLOAD), "bandwidth_gbps": statistics.median(gbps),
+            "bandwidth_gbps_rounds": gbps, "bulk_bytes": bulk_bytes, "bulk_messages": count,
+            "measured": datetime.now().isoformat(timespec="seconds")}  # fmt: skip
 
 
 def apply_link(profile: Any, result: dict[str, Any]) -> Any:

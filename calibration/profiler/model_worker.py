@@ -1,9 +1,7 @@
 """One model alone on the device, in a process of its own: its passes, its learned routers' device parts and the
-serving loop's own host time per step. Results go back over a pipe as they are measured, so a run cut by its
-deadline keeps every point it finished (the calibrator resumes from there).
-
-Messages to the parent: ("info", dict) once the engine is up; ("point", id, record) per pass point; ("router",
-name, record); ("host", key, record); ("done", None); ("error", text).
+serving loop's own host time per step, sent as measured (a run cut by its deadline keeps every point it finished).
+Messages: ("info", dict) once the engine is up; ("point", id, record); ("router", name, record); ("host", key,
+record); ("deadline", id); ("done", None); ("error", text).
 """
 
 from __future__ import annotations
@@ -43,10 +41,9 @@ class ModelJob:
 def point_plan(grid: Grid) -> list[tuple[str, str, list[int], int, bool, bool]]:
     """(id, intended kind, rows, context per row, graphs, held out) for every point of `grid`."""
     plan = []
-    for b, c in grid.decode:
-        plan.append((f"decode/{b}x{c}", "decode", [1] * b, c, True, False))
-    for b, c in grid.decode_held:
-        plan.append((f"decode-held/{b}x{c}", "decode", [1] * b, c, True, True))
+    for held, pts in ((False, grid.decode), (True, grid.decode_held)):
+        for b, c in pts:
+            plan.append((f"decode{'-held' if held else ''}/{b}x{c}", "decode", [1] * b, c, True, held))
     for held, pts in ((False, grid.varlen), (True, grid.varlen_held)):
         for t, mix, c in pts:
             plan.append((f"varlen{'-held' if held else ''}/{t}/{mix}/{c}", "varlen", row_tokens(t, mix), c, True, held))

@@ -1,10 +1,8 @@
 """Time the engine's passes alone on its device: decode graphs, varlen graphs and eager passes over a grid.
 
-Each point is a batch of rows with real KV pages from the engine's pool, stepped repeatedly: a few warm-up steps,
-then steps until `min_time_s` and `min_reps` are both reached (at most `max_reps`); the time of a step is the GPU
-time between the CUDA events the engine records around it (on CPU: the host time of `step` + `result`), and a
-point keeps the median and the p10-p90 spread. The path the engine took (decode graph bucket, varlen graph bucket
-or eager) is recorded with every point, so a point is filed under the pass that actually ran.
+A point is a batch with real KV pages, stepped until `Timing` is met; a step's time is the GPU time between the
+engine's CUDA events (CPU: host time), a point keeps the median and the p10-p90 spread, and the path the engine took
+is recorded so a point is filed under the pass that actually ran.
 """
 
 from __future__ import annotations
@@ -52,9 +50,8 @@ class Grid:
         decode_held = tuple((t, 1024) for t in (3, 12, 40) if t <= max_decode)
         varlen = tuple((t, mix, 1024) for t in var for mix in ("returns", "prefill"))
         varlen_held = tuple((t, "returns", 1024) for t in (20, 40, 100, 300, 700, 1300) if t <= max_tokens)
-        eager = tuple((t, "decode", 1024) for t in (1, 4, 16, 64)) + tuple(
-            (t, "returns", 1024) for t in (32, 128, 512, max_tokens)
-        )
+        eager = (*((t, "decode", 1024) for t in (1, 4, 16, 64)),
+                 *((t, "returns", 1024) for t in (32, 128, 512, max_tokens)))  # fmt: skip
         eager_held = ((8, "decode", 1024), (256, "returns", 1024))
         return cls(decode, decode_held, varlen, varlen_held, eager, eager_held)
 

@@ -1,15 +1,13 @@
-"""`tr calibrate`: profile the engine on the GPU it runs on and write a measured profile.
+"""`tr calibrate`: profile the engine on the GPU it runs on and write a measured profile (docs/calibration.md).
 
 The calibrator itself never starts CUDA (it would become an MPS client, or hold memory the models need): every
-measurement runs in a spawned worker process, one per model alone (`model_worker`) and two per co-located pair
-and SM split (`corun`, under CUDA MPS with each model's `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`). Workers report as
-they measure; everything measured is kept in a partial file next to the output (`OUT.partial.json`), so a run cut
-by its deadline (a device call of at most 10 minutes) resumes where it stopped when the same command runs again.
-When every task is done the partial is fitted (`assemble`) into the profile.
+measurement runs in a spawned worker (`model_worker`, `corun`). What they report is kept in `OUT.partial.json`
+so the same command resumes a cut run; when every task is done `assemble` fits it into the profile.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import multiprocessing as mp
 import shlex
@@ -183,7 +181,6 @@ class Calibration:
                 self.on_event(task, "failed", 0, 0)
             self.save()
 
-    # ---- tasks ---------------------------------------------------------------------------------------------
     def _model(self, task: str, model: str) -> None:
         p = self.plan
         raw = self.partial["results"].setdefault(task, {"points": {}, "routers": {}, "host": {}})
@@ -195,22 +192,15 @@ class Calibration:
         job = ModelJob(model, self._engine_kwargs(model), grid_args, routers, model in p.small_models(),
                        deadline=self.deadline, done=done, timing=Timing(min_time_s=0.05, min_reps=3) if p.quick
                        else Timing(), probe_gpu=not self.partial["env"].get("gpu"))  # fmt: skip
-        total = len(done) + len(routers) + 4
-        count = len(done)
+        total, count = len(done) + len(routers) + 4, len(done)
         for msg in _worker(model_worker, (job,), env={}):
             kind = msg[0]
             if kind == "info":
                 raw["info"] = msg[1]
                 total = msg[1]["points"] + len(routers) + 4
-                env = msg[1].get("env")
-                if env:
-                    self.partial["env"].update(env)
-            elif kind == "point":
-                raw["points"][msg[1]] = msg[2]
-            elif kind == "router":
-                raw["routers"][msg[1]] = msg[2]
-            elif kind == "host":
-                raw["host"][msg[1]] = msg[2]
+                self.partial["env"].update(msg[1].get("env") or {})
+            elif kind in ("point", "router", "host"):
+                raw[{"point": "points", "router": "routers", "host": "host"}[kind]][msg[1]] = msg[2]
             elif kind == "done":
                 raw["complete"] = True
             elif kind == "deadline":
@@ -269,16 +259,16 @@ class Calibration:
         raw["complete"] = True
         self.partial["results"][task] = raw
 
+    def _ticker(self, task: str, what: str, total: int) -> Callable[[], None]:
+        """A callback that reports one more of `total` steps of `task`."""
+        n = itertools.count(1)
+        return lambda: self.on_event(task, what, next(n), total)
+
     def _serving(self, task: str) -> None:
         from tokenrouter.calibration.profiler import serving_gap
 
         a, b = task.split("/", 1)[1].split("|")
-        n = [0]
-
-        def tick() -> None:
-            n[0] += 1
-            self.on_event(task, "phase", n[0], len(serving_gap.PHASES))
-
+        tick = self._ticker(task, "phase", len(serving_gap.PHASES))
         keep = self.out.with_name(f"{self.out.name}.serving")  # the step logs, beside the output
         gaps = serving_gap.measure(a, b, self.plan.device, tick, quick=self.plan.quick, keep=keep)
         self.partial["results"][task] = {**gaps, "complete": True}
@@ -286,13 +276,7 @@ class Calibration:
     def _runtime(self, task: str) -> None:
         from tokenrouter.calibration.profiler import runtime_costs
 
-        n = [0]
-
-        def tick() -> None:
-            n[0] += 1
-            self.on_event(task, "cost", n[0], 4)
-
-        self.partial["results"][task] = {**runtime_costs.measure(tick), "complete": True}
+        self.partial["results"][task] = {**runtime_costs.measure(self._ticker(task, "cost", 4)), "complete": True}
 
     @contextmanager
     def _mps(self) -> Iterator[dict[str, str]]:

@@ -1,11 +1,6 @@
 """The runtime's own costs on this machine: one peer message (ZeroMQ PUSH/PULL over ipc:// and tcp loopback, one
-way), one round trip to the sync coordinator (a completion report out, the next grant back), and how many a step
-pays under each sync policy.
-
-Messages are timed between two processes (an echo process answers each message), as subservers exchange them;
-one way is half the round trip. Round trips per step are counted, not timed: the tiny CPU pair serves a few
-requests under step-sync and model-sync, and the coordinator's call count over the launches it granted is the
-number (a property of the runtime's protocol, not of the device).
+way: half the round trip to an echo process), one round trip to the sync coordinator, and how many a step pays under
+each sync policy (counted on the tiny CPU pair, not timed: a property of the protocol, not of the device).
 """
 
 from __future__ import annotations
@@ -42,9 +37,7 @@ def message_ms(transport: str, n: int = 2000) -> float:
         if transport == "ipc":
             there, back = f"ipc://{d}/a", f"ipc://{d}/b"
         elif transport == "tcp":
-            there, back = "tcp://127.0.0.1:%d", "tcp://127.0.0.1:%d"
-            ports = _free_ports(2)
-            there, back = there % ports[0], back % ports[1]
+            there, back = (f"tcp://127.0.0.1:{p}" for p in _free_ports(2))
         else:
             raise ValueError(f"transport must be ipc or tcp, got {transport!r}")
         ctx = zmq.Context()

@@ -1,14 +1,7 @@
-"""The serving loop's own time per step when nothing overlaps it, measured on the real pair in a real server.
-
-A step that does not overlap its predecessor (a sync policy's steps, a model's first step after an idle spell)
-leaves the GPU idle from the moment the previous step's result is in until the next step is handed to the engine:
-the completion's post-processing (sampling results, the router, tokens out to the front-end, hand-offs to peers),
-the sync coordinator's round trip, then the next `schedule` and plan. The model worker's bare loop
-(`model_worker.host_cost`) times only the last part; under step-sync at N = 1 the H200 showed a 0.84 ms gap
-against its 0.12 ms (studies/fidelity), which is why this runs the runtime itself: a `Server` with the pair under
-step-sync, N = 1 then N = 8 closed-loop clients of the runtime's own client (no HTTP), every subserver writing its
-step log. A gap is counted only where a model's step follows that model's own completion with nothing in flight
-(the others are the peer's or the round's waits, which the simulator prices on their own).
+"""The serving loop's own time per step when nothing overlaps it, measured on the real pair in a real server
+(step-sync, N = 1 then 8, the runtime's own client, step logs): the bare loop (`model_worker.host_cost`) misses the
+completion's post-processing and the round trip (docs/calibration.md, `tr calibrate`). A gap counts only where a
+model's step follows its own completion with nothing in flight (the rest the simulator prices on its own).
 """
 
 from __future__ import annotations
