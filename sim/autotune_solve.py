@@ -1,20 +1,10 @@
 """Autotune's solve: the decider (`sim.decide`) on what serving measured, in the simulator and live alike.
 
-The controller (`core.autotune`) hands over its estimates: live N, each model's hop probability, its step time per
-batch size as measured (a line fitted to buckets of busy time per batch size), the mean output. They become a
-simulator config:
-- the deployment with the router's hop probability (and r-stitch's hand-back probability) as estimated;
-- the output lengths of the last 256 requests that finished, replayed (their shape, not only their mean, decides which
-  of two near-equal B is faster), or before 16 finished a lognormal of their mean and spread (`mean:P,O,SIGMA`);
-  prompts of 128 tokens (their length matters little: the measured step times do not depend on context);
-- a cost model whose step times are the measured lines (`MeasuredCost`). Models that share a GPU under MPS measured
-  them under the co-location of the B in force, which another B changes: the B in force's load (how often the peer
-  runs and how big its passes are, from the Markov chain at that B on the measured times) is divided out with the
-  profile's co-run factors, and the simulator multiplies back, pass by pass, what each candidate's own co-runs cost.
-Then `decide` at the live N with the B in force among the finalists, so the predicted gain compares like with like.
-
-Live, the front-end runs the controller in a worker thread; a simulation there would hold the GIL the event loop
-needs, so the runtime runs this solve in a process of its own (`OffloadedSolve`).
+The controller's estimates (live N, hop probabilities, measured step-time lines, recent outputs) become a simulator
+config, as docs/autotune.md describes; then `decide` runs at the live N with the B in force among the finalists, so
+the predicted gain compares like with like. Outputs are replayed, not only their mean: their shape decides which of
+two near-equal B is faster. Live, a simulation would hold the GIL the front-end's event loop needs, so the runtime
+runs this solve in a process of its own (`OffloadedSolve`).
 """
 
 from __future__ import annotations

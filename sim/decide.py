@@ -1,26 +1,12 @@
 """The one decider of the delayed-batching thresholds B: the Markov model proposes, the simulator ranks, the best
-simulated B wins. `trsim run` (automatic B), `trsim tune` (every N of every candidate) and autotune (in the
-simulator and live) all call `decide` or, with their own way of running a candidate, `search`.
+simulated B wins. `trsim run` (automatic B), `trsim tune` and autotune all call `decide` or, with their own way of
+running a candidate, `search`. The search (scouting, `FINALISTS` full trials), what a trial is and the objective
+(steady throughput, or goodput under `slo_tpot_ms`) are in docs/simulator.md#choosing-b.
 
 Why both models: the Markov model answers in a fraction of a second but ranks B poorly where its assumptions
 break (two models sharing a GPU: it sees each model's mean slowdown, not that a held small model runs while the
-large one idles), while the simulator is the more accurate model and costs a run per B. So:
-1. the Markov model's best B start a compass search in the simulator on short trials ("scouting"): each round
-   simulates the untried neighbours of the best B so far (one step up and down per model's B_i, one step traded
-   between two models, which walks along the deadlock guard's edge, and both up or both down), moves to a better
-   one, or halves the steps (they start at N/8); it ends when no neighbour at step 1 beats the best, or at the time
-   budget (the choice then says so). Small N, whose feasible set is a handful of B, are scouted whole;
-2. the `FINALISTS` best scouted B run full trials, and the best full trial wins.
-
-A trial is the deployment at B under a closed loop of N clients and `trial_requests(N)` requests of the run's
-workload and seed, stopped when the loop runs out of requests (`SimConfig.trial`): its steady output throughput
-(tokens over the time every client was busy) and its TPOT percentiles. A scouting trial is the same with half the
-requests (about a quarter of the cost: the long requests of the workload's tail are what a longer trial adds).
-Every trial of one decision shares the workload (common random numbers), so two B are compared on the same requests.
-
-Objective: the highest steady throughput; with `slo_tpot_ms`, the highest among the B whose TPOT p99 meets it
-(goodput, as serving papers report it), and no B when none does (the choice then names the fastest and the lowest
-TPOT it saw).
+large one idles), while the simulator is the more accurate model and costs a run per B. Every trial of one
+decision shares the workload (common random numbers), so two B are compared on the same requests.
 """
 
 from __future__ import annotations

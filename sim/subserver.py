@@ -1,19 +1,11 @@
 """One simpy process per subserver: it drives the shared core `Scheduler` exactly as the runtime loop does
 (schedule -> launch -> complete -> deliver actions), with step time from the cost model instead of a GPU.
 
-Time per step has two parts: host time (`host_ms(rows)`: forming the batch, planning, post-processing) and
-device time (the cost model's pass time plus the router's device part). Without overlap they add up: the
-GPU idles while the host works. With overlap the host prepares step k+1 while step k runs, so the GPU runs
-back to back, and two batches are in flight: k+1's sampling rows continue k's as `from_prev` rows, priced
-like any row; a row whose request k sends away or finishes is computed and thrown away.
-
-When to prepare k+1: as late as the host work allows, `prepare_margin` before the projected end of k, so that
-peers' returns that land during step k still join k+1 instead of waiting a whole step
-(`core.overlap.prepare_time`). The runtime applies the same rule to its estimate of k's end
-(`runtime.step_clock`), with its measured margin when the profile has one.
-
-Device time is shared: a pass runs on its GPU (`gpu_share.SharedGpu`) at a rate that changes whenever a
-co-located model starts or ends a pass, so the subserver re-times its wait when told to.
+Time per step is host time (`host_ms(rows)`) plus device time (the cost model's pass time plus the router's device
+part); without overlap they add up, with it the host prepares step k+1 while step k runs, as late as
+`core.overlap.prepare_time` allows (docs/simulator.md#overlap). Device time is shared: a pass runs on its GPU
+(`gpu_share.SharedGpu`) at a rate that changes whenever a co-located model starts or ends a pass, so the
+subserver re-times its wait when told to.
 """
 
 from __future__ import annotations

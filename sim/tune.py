@@ -1,9 +1,5 @@
-"""Threshold tuning: the Markov model proposes B per concurrency, the simulator checks it.
-
-The Markov model (tokenrouter/markov) assumes geometric hops and a step time that depends on batch size only;
-here that L_i(b) comes from the deployment's cost model at the workload's mean context, so a prediction
-is cheap. The simulator then runs the top candidates with the real length distributions, context growth,
-prefills, message latency and MPS interference, and the measured best wins.
+"""Threshold tuning: B per concurrency from the decider (`sim.decide`: the Markov model proposes, the simulator
+checks; docs/simulator.md#choosing-b).
 """
 
 from __future__ import annotations

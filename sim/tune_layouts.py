@@ -1,9 +1,7 @@
 """`trsim tune`'s candidates: each layout on G GPUs (`deploy.placement.layout`), each pair of GPU kinds
-(`SMALL+LARGE`, `on_kinds`) and each MPS SM split asked for, tuned at every N
-(`sim.tune.tune_point`), priced when GPU prices are given, and the deployment config written for the best one.
-With several candidates each is tuned at the N they are compared at, and only the chosen one at every N: by total
-tok/s, that is `--compare-n`; by cost or tok/s per GPU, the load each one sustains within the TPOT SLO (every N
-upward until its first miss; the largest N alone without an SLO: `sim.tune.at_sustained_load`).
+(`SMALL+LARGE`, `on_kinds`) and each MPS SM split asked for, tuned at every N (`sim.tune.tune_point`), priced when
+GPU prices are given, and the deployment config written for the best one. Where candidates are compared under each
+`--objective`: docs/cli.md#trsim-tune.
 
 Every candidate is a transform of the command's resolved deployment (`CandidateSpec.deployment`: its own placement,
 tp and SM shares, or GPU kinds), each a new config, so no candidate sees another's.

@@ -1,18 +1,14 @@
 """Serving metrics, defined as SGLang's ``bench_serving`` defines them, for simulator and runtime runs.
 
-The driver's hooks (``on_arrival``, ``on_tokens``, ``on_finish``, ``on_batch``, ``on_queue``, times in seconds)
-only append; ``summary()`` and ``to_frame()`` do the arithmetic at the end (summary latencies in ms). Over completed
-requests (as bench_serving counts only successful ones):
+Definitions: docs/simulator.md#metrics. The driver's hooks (``on_arrival``, ``on_tokens``, ``on_finish``,
+``on_batch``, ``on_queue``, times in seconds) only append; ``summary()`` and ``to_frame()`` do the arithmetic at the
+end (summary latencies in ms), over completed requests (as bench_serving counts only successful ones).
 
-- duration = last finish - first arrival; throughputs = output tokens or completed requests / duration;
-  TTFT = first output token - arrival; E2E = last output token - arrival; TPOT = (E2E - TTFT) / (output_len - 1).
 - ITL: tokens committed at one instant form one chunk; each chunk after the first contributes its gap to the
-  previous one as k entries of gap / k, pooled over requests. So ITL sums to E2E - TTFT per request, and a 4-token
-  return from a peer is not three 0 ms gaps and one long one.
-- Each latency has ``_mean``, ``_p50`` and ``_p99`` (numpy's linear percentiles, as bench_serving); empty: NaN.
+  previous one as k entries of gap / k, so ITL sums to E2E - TTFT per request, and a 4-token return from a peer is
+  not three 0 ms gaps and one long one. Percentiles are numpy's linear ones (as bench_serving); empty: NaN.
 - Hops: consecutive chunks from different models (``on_finish`` may pass the scheduler's count instead, which also
-  sees hops that commit no token). Per model: tokens, busy fraction (union of step intervals / duration), steps,
-  batch sizes and time-weighted mean queue.
+  sees hops that commit no token).
 - ``summary(window=(t0, t1))`` adds steady-state figures over (t0, t1]: tokens committed in it (finished or not)
   and requests finished in it per second, and per-model busy fraction.
 """

@@ -1,68 +1,21 @@
 """Benchmark workloads: request length distributions, user JSONL files and hop traces.
 
-Only lengths matter for throughput studies (requests run with ``ignore_eos``, so each produces exactly
-``output_len`` tokens); real prompt text is optional. Every synthetic workload is seeded and
-*prefix-stable*: the first k requests of an n-request workload equal the k-request workload with the same
-seed, so sweeps over ``num_requests`` compare like with like. Prompt lengths, output lengths and arrival
-gaps come from three independent streams, ``numpy.random.default_rng([seed, stream])``, so adding
-``arrival_rate`` never changes the lengths.
+The synthetic workloads, the request JSONL keys and seeding are in docs/simulator.md#workloads, the hop trace
+format in docs/routers.md#hop-trace-format, phases in docs/autotune.md#shifting-workloads-phases. Invariants:
 
-Synthetic workloads (lengths are rounded to int, then clipped; "lognormal(median m, sigma s)" means
-``exp(normal(ln m, s))``)::
-
-    name         prompt tokens                          output tokens
-    low-effort   normal(100, 20)     clip [16, 256]     lognormal(median 700,  sigma 0.6) clip [32, 2048]
-    high-effort  normal(150, 30)     clip [32, 512]     lognormal(median 3000, sigma 0.6) clip [64, 8192]
-    agentic      normal(8192, 1024)  clip [2048, 16384] lognormal(median 300,  sigma 0.6) clip [16, 1024]
-    fixed:P,O    every request P prompt tokens, O output tokens
-    mean:P,O[,S] every request P prompt tokens; outputs lognormal of mean O and sigma S (default 0.6),
-                 clip [1, 8 O] (autotune's trials: what serving measured of the outputs)
-
-With sigma 0.6 about 4% (low-effort), 5% (high-effort) and 2% (agentic) of outputs sit at the cap, like
-real reasoning traces that hit ``max_tokens``.
-
-Arrivals: ``arrival_rate=None`` leaves ``arrival`` as None (closed loop: the client pool submits a request
-whenever a worker is free). ``arrival_rate=r`` (req/s) gives a Poisson process: exponential gaps with mean
-1/r, the first request at t = 0 (as bench_serving sends its first request at once); this replaces any
-arrival times in a file.
-
-Request JSONL (one JSON object per line; blank lines and lines starting with ``#`` are skipped)::
-
-    {"id": "q1", "prompt_len": 120, "output_len": 900, "arrival": 0.25}
-    {"prompt": "Explain the CAP theorem", "max_tokens": 512}
-    {"prompt_ids": [151644, 872, 198], "output_len": 64}
-
-Keys: ``prompt_len`` | ``prompt`` (length = round(1.3 * whitespace words), at least 1) | ``prompt_ids``;
-``output_len`` | ``max_tokens``; optional ``arrival`` (seconds, >= 0; on every line or on none; the
-requests are then sorted by arrival, stably), ``id`` (default ``r<line index>``, must be unique) and
-``runs``. Unknown keys are errors, so a typo such as ``output_length`` cannot silently fall back to a
-default. ``num_requests`` caps a file: the first ``num_requests`` requests are used, or all of them if the
-file has fewer (no cycling, so no request is duplicated).
-
-Hop trace (the same JSONL with ``runs`` on every line; read by ``load_hop_trace``)::
-
-    {"id": "r0", "prompt_len": 100, "runs": [[0, 37], [1, 1], [0, 120]]}
-
-means the committed output tokens are written by model 0 (37 tokens), then model 1 (1 token), then model 0
-(120 tokens). ``output_len`` defaults to the sum of run lengths and, if given, must equal it. Model indices
-are ints >= 0, run lengths ints >= 1; consecutive runs on the same model are merged (a trace cut and
-re-joined stays valid). ``max_output`` truncates the runs to the capped length.
-
-Phases (a shifting workload: hop rate or number of clients changing mid-run), one line of a request JSONL::
-
-    {"phases": [{"at_s": 0, "hop_rate": 0.05, "concurrency": 4}, {"at_s": 60, "hop_rate": 0.2, "concurrency": 16}]}
-
-or a ``.json`` spec naming where the requests come from (a synthetic workload, or a JSONL path relative to the
-spec)::
-
-    {"workload": "fixed:100,400", "phases": [{"at_s": 30, "hop_rate": 0.3}]}
-
-Each phase sets, from ``at_s`` seconds after the run starts, the synthetic router's hop rate (``hop_rate``) and/or
-the number of closed-loop clients (``concurrency``; an open loop has none); a phase at 0 replaces the command's
-``--hop-rate`` / ``--concurrency`` from the start. ``at_s`` strictly increases. ``load_phases`` reads them (empty
-for synthetic names and files without phases); ``make_workload`` reads the requests of either form.
-
-Every file error is a ``WorkloadError`` whose one-line message starts with ``file:line:``.
+* Every synthetic workload is seeded and prefix-stable. Prompt lengths, output lengths and arrival gaps come
+  from three independent streams, ``numpy.random.default_rng([seed, stream])``, so adding ``arrival_rate``
+  never changes the lengths. ``mean:P,O[,S]``: every prompt P tokens, outputs lognormal of mean O and sigma S
+  (default 0.6), clip [1, 8 O] (autotune's trials: what serving measured of the outputs).
+* ``arrival_rate=None`` leaves ``arrival`` None (closed loop); ``arrival_rate=r`` gives Poisson arrivals, the
+  first at t = 0 (as bench_serving sends its first at once), replacing any arrival times in a file.
+* JSONL: ``prompt`` counts round(1.3 * whitespace words), at least 1; ``arrival`` is on every line or none
+  (requests are then sorted by arrival, stably); ``id`` defaults to ``r<line index>`` and must be unique.
+  Unknown keys are errors, so a typo such as ``output_length`` cannot silently fall back to a default.
+  ``num_requests`` caps a file (no cycling, so no request is duplicated).
+* Hop traces: ``output_len``, if given, must equal the sum of the runs; consecutive runs on one model are
+  merged (a trace cut and re-joined stays valid); ``max_output`` truncates the runs.
+* Every file error is a ``WorkloadError`` whose one-line message starts with ``file:line:``.
 """
 
 from __future__ import annotations

@@ -3,20 +3,17 @@ gate, admission, graph rules, engine settings and message wiring (pure: no simpy
 resolver from command-line overrides to a config (`resolve_deployment`).
 """
 
-from tokenrouter.deploy.builder import Deployment, build_deployment, build_router
+from tokenrouter.deploy.builder import Deployment, build_deployment
 from tokenrouter.deploy.engine_args import engine_kwargs
-from tokenrouter.deploy.kv_budget import MEM_FRACTION, joint_kv_tokens, kv_capacity_tokens
-from tokenrouter.deploy.overrides import DeploymentOverrides, default_deployment, resolve_deployment
+from tokenrouter.deploy.kv_budget import MEM_FRACTION, kv_capacity_tokens
+from tokenrouter.deploy.overrides import DeploymentOverrides, resolve_deployment
 
 __all__ = [
     "MEM_FRACTION",
     "Deployment",
     "DeploymentOverrides",
     "build_deployment",
-    "build_router",
-    "default_deployment",
     "engine_kwargs",
-    "joint_kv_tokens",
     "kv_capacity_tokens",
     "resolve_deployment",
 ]

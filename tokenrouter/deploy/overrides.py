@@ -3,27 +3,9 @@
 Every CLI that builds a deployment (`trsim run | sweep | tune`, `tr serve`, `tr bench --sim`) fills a
 `DeploymentOverrides` with the flags the user gave (None = not given) and calls `resolve_deployment`, so the
 same config and the same flags give the same `DeploymentConfig` everywhere, and a flag given beside
-`--config` is always applied (never dropped).
-
-Rules, one per flag:
-- models: `models` replaces every name; `small` renames the entry model, `large` the last non-entry one.
-  Other per-model settings of the config are kept.
-- placement: sets the mode. GPUs follow it unless `gpus` is given: mps puts every model on GPU 0; separate
-  and cross-host give model i GPU i (`placement.default_gpus`; a model at tp = k takes k GPUs: under mps GPUs
-  0..k-1, otherwise the next k). With a config and no placement flag, the config's GPUs stay.
-- tp: one degree for every model or one per model (>= 1). Without `gpus`, a model whose GPU list no longer
-  has tp entries makes the GPUs follow the placement as above (all models, so blocks stay consistent).
-- gpus: one id (every model on it) or one per model: the model's first GPU; a model at tp = k takes k
-  consecutive GPUs from it.
-- every deployment resolved is checked by `placement.check_gpus`: tp GPUs per model, none shared under separate.
-- policy: sets `policy.kind` and clears the baseline; `std-serving` (an alias kept for the CLIs) sets
-  `baseline: std-serving` and an eager policy instead.
-- thresholds: flat thresholds replace the config's per-N table (`tr serve --thresholds` semantics).
-- autotune: on sets `policy.autotune` (the config's settings if it has them, else the defaults); off clears it.
-- overlap: sets `scheduler.overlap` and clears every model's own `overlap`, so the flag holds for all.
-- graphs: sets every model's `cuda_graphs`.
-- sm_percent: one MPS SM share (1-100) per model (`mps_active_thread_percentage`); 0 or 100 = no cap.
-- router fields, profile, page/batch sizes, max_model_len: replace the config's value.
+`--config` is always applied (never dropped). What each flag sets: docs/cli.md#deployment-flags; besides those,
+autotune on sets `policy.autotune` (the config's settings if it has them, else the defaults) and off clears it.
+Every deployment resolved is checked by `placement.check_gpus`.
 """
 
 from __future__ import annotations

@@ -5,27 +5,14 @@ Analysis, not scheduling: the simulator and `trsim tune` use it to choose B; the
 
 from __future__ import annotations
 
-from tokenrouter.markov.explore import StateSpaceTooLarge
-from tokenrouter.markov.model import (
-    MarkovChain,
-    MarkovModel,
-    ThresholdSearch,
-    ThroughputResult,
-    throughput,
-)
+from tokenrouter.markov.model import MarkovModel, ThroughputResult, throughput
 from tokenrouter.markov.presets import me_preset, r2r_preset, router_matrices, rstitch_preset
-from tokenrouter.markov.search import SearchOutcome, evaluate_thresholds, search_thresholds
+from tokenrouter.markov.search import evaluate_thresholds, search_thresholds
 from tokenrouter.markov.solve import stationary_distribution
-from tokenrouter.markov.steps import StepQuanta, StepSpec, feasible_thresholds, quantize_steps
+from tokenrouter.markov.steps import feasible_thresholds, quantize_steps
 
 __all__ = [
-    "MarkovChain",
     "MarkovModel",
-    "SearchOutcome",
-    "StateSpaceTooLarge",
-    "StepQuanta",
-    "StepSpec",
-    "ThresholdSearch",
     "ThroughputResult",
     "evaluate_thresholds",
     "feasible_thresholds",
