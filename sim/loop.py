@@ -392,7 +392,11 @@ class _Links:
     def deliver(self, msg: PeerMsg) -> None:
         dst = self.subs[msg.dst]
         if self.dep.std_serving and isinstance(msg, PeerReq) and not msg.finished and msg.rid in dst.sched.reqs:
-            dst.rematch.add(msg.rid)  # standard serving: a returning hop is a new request that re-matches
+            # Standard serving: a returning hop is a new request that re-matches its prefix in whole cached pages
+            # and re-prefills the rest (the part of its last page too), as the baseline's prefix cache does.
+            dst.rematch.add(msg.rid)
+            req = dst.sched.reqs[msg.rid]
+            req.num_computed -= req.num_computed % dst.sched.kv.page_size
         self.dispatch(msg.dst, self.dep.deliver(msg, self.env.now))
 
     def _landed(self, event: simpy.Event) -> None:

@@ -35,6 +35,7 @@ from tokenrouter.calibration.profile import (
     ModelProfile,
     MpsInfo,
     Profile,
+    StdServingInfo,
     StepCoeffs,
     StepModes,
 )
@@ -259,11 +260,12 @@ def assemble(partial: dict[str, Any]) -> Profile:
         link=LinkInfo(latency_ms=runtime.tcp_ms if runtime else analytic.link.latency_ms,
                       bandwidth_gbps=analytic.link.bandwidth_gbps),
         mps=MpsInfo(default_slowdown=analytic.mps.default_slowdown, pairs={}),
-        std_serving=analytic.std_serving, kv_budget_gb=analytic.kv_budget_gb, runtime=runtime,
+        std_serving=StdServingInfo(**env["std_serving"]) if "std_serving" in env else analytic.std_serving,
+        kv_budget_gb=analytic.kv_budget_gb, runtime=runtime,
         colocation=colocation,
         notes={
-            "not_measured": "std_serving (the analytic profile's, fitted to the paper's ratios), link bandwidth, "
-                            "kv_budget_gb, and the MPS slowdown of pairs not in `colocation` (constant)",
+            "not_measured": ("" if "std_serving" in env else "std_serving (the analytic profile's), ")
+            + "link bandwidth, kv_budget_gb, and the MPS slowdown of pairs not in `colocation` (constant)",
             "failed": partial.get("failed", {}),
             "plan": partial.get("plan", {}),
         },

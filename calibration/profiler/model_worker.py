@@ -11,7 +11,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from tokenrouter.calibration.profiler.pass_timing import Grid, PassTimer, Timing, kind_of, row_tokens
+from tokenrouter.calibration.profiler.std_serving import measure_std_serving
 
 ROUTER_BATCHES = (1, 8, 32)
 HOST_BATCHES = (1, 8)
@@ -171,6 +174,8 @@ def probe_device(device: Any) -> dict[str, Any]:
         env["versions"]["triton"] = str(triton.__version__)
     except ImportError:
         pass
+    # Host-side, device-independent: standard serving's prefix-cache cost per returning hop on this machine.
+    env["std_serving"] = msgspec.structs.asdict(measure_std_serving())
     if device.type != "cuda":
         env["gpu"] = f"cpu ({platform.processor() or platform.machine()})"
         return env

@@ -42,11 +42,14 @@ import numpy as np
 
 from tokenrouter.bench.server import TR, scrape, spawn, start_server, stop_server
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from in_bench import in_bench
+
 ROOT = Path(__file__).resolve().parents[2]
 KILL_GRACE_S = 30.0  # the shift bench ends by itself (--duration, then its running requests finish); a safety net
 N = 8  # clients of every cell but the N ramp's (the regime)
 RUNS = ("hop_shift", "n_ramp")  # the shifting runs, by their summary key
-STEPS = ("shift", "static", "stable", "nramp", "nstatic")
+STEPS = ("shift", "static", "stable", "nramp", "nstatic", "inbench")
 TRSIM = [sys.executable, "-m", "tokenrouter.cli.trsim"]
 
 
@@ -832,12 +835,18 @@ def main(argv: list[str] | None = None) -> int:
                    help="the shift bench gets requests for this many times its phases at --tok-s-guess: it must "
                    "outlast them (it is stopped --tail-s after the last phase)")  # fmt: skip
     p.add_argument("--tail-s", type=float, default=10.0, help="stop the shift bench this long after its last phase")
+    p.add_argument("--inbench-hops", default="0.05,0.2,0.05",
+                   help="the inbench step's hop rates, one phase each (in_bench.py)")  # fmt: skip
     a = p.parse_args(argv)
     a.out = a.out or str(ROOT / "studies/autotune/results" / dt.date.today().isoformat())
     steps = a.steps.split(",")
     static_hops = [a.hop_high, a.hop_low] + ([a.hop_stable] if "stable" in steps else [])
     try:
-        cands = parse_candidates(a.candidates, static_hops)
+        inbench_hops = [float(h) for h in a.inbench_hops.split(",")]
+    except ValueError:
+        p.error(f"--inbench-hops: hop rates separated by commas, e.g. 0.05,0.2,0.05; got {a.inbench_hops!r}")
+    try:
+        cands = parse_candidates(a.candidates, sorted({*static_hops, *inbench_hops}))
     except ValueError:
         p.error(f"--candidates: 'B;B' or 'H:B;B H:B;B', e.g. '0.2:2,7;3,6 0.05:3,6'; got {a.candidates!r}")
     try:
@@ -873,6 +882,7 @@ def main(argv: list[str] | None = None) -> int:
         "stable": st.stable,
         "nramp": lambda: st.shifting("n_ramp", [(a.hop_ramp, a.n_low), (a.hop_ramp, a.n_high), (a.hop_ramp, a.n_low)]),
         "nstatic": n_static,
+        "inbench": lambda: in_bench(st, inbench_hops, cands),
     }
     try:
         for name, step in runs.items():
@@ -894,12 +904,12 @@ def main(argv: list[str] | None = None) -> int:
     for name, run in st.runs.items():
         if run["samples"]:
             plot(st, name, Path(a.out) / ("autotune.png" if name == "hop_shift" else f"autotune_{name}.png"))
-    keys = ("worst_gap_after_shift", "stable_cost", "lost_requests", "gaps", "best_static", "stable", "sim",
+    keys = ("worst_gap_after_shift", "stable_cost", "lost_requests", "gaps", "best_static", "stable", "in_bench", "sim",
             "sim_n_ramp", "skipped", "gpu", "commit")  # fmt: skip
     print("SUMMARY " + json.dumps(_clean({k: st.summary.get(k) for k in keys})))
     print(f"done in {st.now():.0f} s; wrote {a.out}/summary.json")
     wanted = {"shift": "worst_gap_after_shift", "static": "best_static", "stable": "stable_cost",
-              "nramp": "n_ramp", "nstatic": "best_static"}  # fmt: skip
+              "nramp": "n_ramp", "nstatic": "best_static", "inbench": "worst_gap_after_shift"}  # fmt: skip
     return 0 if all(st.summary.get(wanted[s]) is not None for s in steps) else 1
 
 

@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 
+import msgspec
 import pytest
 
 from tokenrouter.calibration import load_profile
@@ -44,6 +45,10 @@ def test_calibrate_resumes_and_writes_a_profile_the_simulator_reads(tmp_path):
     assert prof.runtime is not None and prof.runtime.ipc_ms > 0 and prof.runtime.gate_rtts_per_step["step-sync"] >= 1
     grid = prof.colocation[0]
     assert (grid.model_a, grid.model_b) == ("tiny-small", "tiny-large") and grid.shares[0].share_a == 100
+    # Standard serving's per-hop host cost is measured on this machine (its prefix cache), not borrowed.
+    env = json.loads((tmp_path / "tiny.json.partial.json").read_text())["env"]
+    assert msgspec.structs.asdict(prof.std_serving) == env["std_serving"]
+    assert "std_serving" not in prof.notes["not_measured"]
     small = prof.models["tiny-small"]
     assert small.passes is not None and small.host is not None and "r2r" in small.routers
     # The pair was served for real under step-sync: the small model's host line is its gaps there.

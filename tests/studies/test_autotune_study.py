@@ -124,3 +124,17 @@ def test_candidates_flat_or_per_hop_rate(study):
     assert got == {0.2: [(2, 7), (3, 6)], 0.05: [(4, 5)]}
     with pytest.raises(ValueError):
         study.parse_candidates("0.2:2,x", [0.2])
+
+
+def test_in_bench_phase_compares_the_autotune_mean_with_the_best_static_window():
+    load_study(STUDY)  # puts studies/autotune on the path, as running the script does
+    ib = load_study("studies/autotune/in_bench.py")
+    plan = ib.window_plan([(2, 7), (3, 6)])
+    assert plan == [("autotune", None), ("static", (2, 7)), ("static", (3, 6)), ("autotune", None)]
+    windows = [{"kind": "autotune", "B": "2,7", "tok_s": 1000.0}, {"kind": "static", "B": "2,7", "tok_s": 1050.0},
+               {"kind": "static", "B": "3,6", "tok_s": 1010.0}, {"kind": "autotune", "B": "2,7", "tok_s": 1040.0},
+               {"kind": "static", "B": "4,5", "tok_s": None}]  # fmt: skip
+    got = ib.phase_result(windows)
+    assert got["autotune_tok_s"] == 1020.0 and got["best_static_B"] == "2,7"
+    assert got["gap"] == pytest.approx(1 - 1020 / 1050) and set(got["static_tok_s"]) == {"2,7", "3,6"}
+    assert ib.phase_result([{"kind": "static", "B": "2,7", "tok_s": 1.0}])["gap"] is None
