@@ -1,11 +1,6 @@
-"""Run one request against the backend and shape the answer as an OpenAI completion or chat completion,
-streamed (SSE) or whole.
-
-A streamed request waits for its first event before answering, so a `Rejected` (or an early failure) still becomes
-a proper 4xx/5xx; once streaming, an error ends the stream with an `{"error": ...}` chunk and `[DONE]`. A client
-that goes away sends `Abort(rid)` to the entry subserver; so does a matched stop string (`stop.StopStrings`), after
-which usage and logprobs cover the tokens up to the one that completed it. Every submitted request reports its
-outcome exactly once through `on_outcome` ("ok", "error" or "aborted"), when the answer is complete.
+"""Run one request against the backend and shape the answer as an OpenAI completion or chat completion, streamed
+(SSE) or whole. A stream waits for its first event, so a `Rejected` still becomes a proper 4xx/5xx; later errors end
+it with an error chunk and `[DONE]`. Every submitted request reports its outcome once through `on_outcome`.
 """
 
 from __future__ import annotations
@@ -49,8 +44,7 @@ class Job:
 
 @dataclass(slots=True)
 class Piece:
-    """What one chunk of tokens adds to the answer: text to release, and the tokens with their models and
-    logprobs (`offsets[i]`: where token i's text starts in the answer's text)."""
+    """What one chunk adds to the answer (`offsets[i]`: where token i's text starts in the answer's text)."""
 
     text: str = ""
     ids: list[int] = field(default_factory=list)
@@ -60,11 +54,8 @@ class Piece:
 
 
 class Output:
-    """Turns in-order chunks into the answer: text (stop strings applied), tokens counted per model, logprobs.
-
-    Invariant: `n` counts the tokens taken into the answer; after a stop string (`stopped`) nothing more is
-    taken. Tokens go one at a time through the detokenizer so the token that completes a stop string is known.
-    """
+    """Turns in-order chunks into the answer. Invariant: `n` counts the tokens taken; after a stop string nothing
+    more is taken (tokens go one at a time, so the one that completes it is known)."""
 
     def __init__(self, job: Job, tokenizer, names: Sequence[str]) -> None:
         self.job = job
@@ -97,20 +88,17 @@ class Output:
 
     def finish(self) -> str:
         """The text still held back once the output ended without a stop string completing it."""
-        text = self.stops.push(self.detok.flush())
-        return text + self.stops.flush()
+        return self.stops.push(self.detok.flush()) + self.stops.flush()
 
     def logprobs(self, piece: Piece) -> dict[str, Any] | None:
-        if self.formatter is None:
-            return None
-        return self.formatter.format(piece.ids, piece.logprobs, piece.offsets)
+        return None if self.formatter is None else self.formatter.format(piece.ids, piece.logprobs, piece.offsets)
 
     def usage(self) -> dict[str, int]:
         p = len(self.job.prompt_ids)
         return {"prompt_tokens": p, "completion_tokens": self.n, "total_tokens": p + self.n}
 
     def extension(self, out: Outcome | None) -> dict[str, Any]:
-        """`hops` is the server's count; null when the front-end ended the request (stop string) itself."""
+        """`hops` is null when the front-end ended the request (stop string) itself."""
         hops = None if out is None else out.num_hops
         return {"hops": hops, "tokens_per_model": dict(zip(self.names, self.per_model, strict=True))}
 
@@ -219,9 +207,8 @@ def _sse_line(obj: dict[str, Any] | str) -> bytes:
 
 async def _sse(job: Job, stream: RequestStream, first, backend: Backend, out: Output,
                on_outcome: OnOutcome) -> AsyncIterator[bytes]:  # fmt: skip
-    """SSE chunks: one per in-order run of tokens (text delta plus, as an extension, the model of each token),
-    then a chunk with the finish reason, `usage` and `tokenrouter`, with `include_usage` a chunk with empty
-    `choices` and `usage` (what OpenAI clients read usage from), then `[DONE]`."""
+    """One chunk per in-order run of tokens (with each token's model), a last chunk with the finish reason, `usage`
+    and `tokenrouter`, with `include_usage` a usage-only chunk, then `[DONE]`."""
     ev, done, sent_first = first, False, False
     try:
         while isinstance(ev, Chunk):
