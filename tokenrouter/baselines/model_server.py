@@ -81,7 +81,6 @@ class ModelServer(Subserver):
         assert self.caching is not None
         return self.caching
 
-    # ---- inputs ---------------------------------------------------------------------------------------------
     def after_add(self, req: Request) -> None:
         self.cache.admit(req)  # before the first `schedule`: the scheduler extends from the matched prefix
 
@@ -89,7 +88,6 @@ class ModelServer(Subserver):
         err = "a standard-serving model server has no batching policy to change (it runs continuous batching)"
         self.front.send_multipart([P.CTL, P.encode(P.PolicySet(self.model, msg.seq, err))])
 
-    # ---- the loop's hooks -----------------------------------------------------------------------------------
     def before_complete(self, batch: Batch) -> None:
         for row in batch.rows:
             req = row.req

@@ -81,7 +81,6 @@ class EngineLoop(ABC):
         # GPU time per step (two CUDA events) for the step clock and the loop counters; nothing to time on CPU.
         engine.timing = engine.device.type == "cuda"
 
-    # ---- hooks (the transport) ------------------------------------------------------------------------
     @abstractmethod
     def receive(self, timeout_s: float) -> None:
         """Handle every queued message, delivering what the scheduler returns; wait up to `timeout_s` for one."""
@@ -100,7 +99,6 @@ class EngineLoop(ABC):
     def after_schedule(self, batch: Batch | None) -> None:  # noqa: B027 - optional hook, default no-op
         """Right after `schedule`, before the step launches (a sync gate hands back an unused grant here)."""
 
-    # ---- the loop -------------------------------------------------------------------------------------
     def run(self, max_steps: int | None = None) -> None:
         """Serve until `stopping` (or `max_steps` launches), then complete what is in flight."""
         t_run = time.perf_counter()

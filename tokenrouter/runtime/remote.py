@@ -42,7 +42,6 @@ class RemoteSubserver:
     def where(self) -> str:
         return "not joined" if self.joined is None else f"host {self.joined.hostname}, pid {self.joined.pid}"
 
-    # ---- fed by the launcher ----------------------------------------------------------------------------
     def on_join(self, join: Join) -> None:
         self.joined = join
 
@@ -55,7 +54,6 @@ class RemoteSubserver:
     def on_left(self) -> None:
         self._exit(0, f"left ({self.where})")
 
-    # ---- what the launcher reads ------------------------------------------------------------------------
     @property
     def exitcode(self) -> int | None:
         if self._code is None:

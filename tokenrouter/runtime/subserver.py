@@ -92,7 +92,6 @@ class Subserver(EngineLoop):
         if self.launcher is not None:
             self.launcher.send_multipart([P.CTL, data])
 
-    # ---- inputs ---------------------------------------------------------------------------------------
     def _on_message(self, chan: bytes, data: bytes, now: float) -> None:
         if chan == P.PEER:
             self.deliver(self.sched.resume(wire.decode(data), now))
@@ -187,7 +186,6 @@ class Subserver(EngineLoop):
         if self.gate is not None:
             self.gate.after_schedule(batch is not None)  # hands back a grant that finds nothing to run
 
-    # ---- outputs --------------------------------------------------------------------------------------
     def deliver(self, acts: list[Action], failed: frozenset[str] = frozenset()) -> None:
         for a in acts:
             if isinstance(a, Send):
@@ -205,7 +203,6 @@ class Subserver(EngineLoop):
         if self.gate is not None:
             self.gate.flush()  # after the peer messages, so a granted peer need not wait for them
 
-    # ---- loop -----------------------------------------------------------------------------------------
     def _timeout_ms(self, now: float) -> int:
         wake = self.next_stats
         deadline = self.sched.next_deadline()

@@ -101,7 +101,6 @@ class Backend:
         self._check_alive()
         return {m.name: f"dead: {m.dead}" if m.dead else "not ready" for m in self.models if m.dead or not m.ready}
 
-    # ---- requests -------------------------------------------------------------------------------------------
     async def submit(self, msg: P.Submit) -> RequestStream:
         if self.draining:
             raise APIError(503, "the server is shutting down")

@@ -1,7 +1,5 @@
-"""From a validated OpenAI body to the wire: prompt token ids, `protocol.Sampling` and the stop strings, with
-every check that needs the deployment or that pydantic's types cannot say. Each failure is an `APIError(400)`
-naming the field, raised before anything is sent, so a bad request never reaches a subserver.
-"""
+"""From a validated OpenAI body to the wire, with every check pydantic's types cannot say: each failure is an
+`APIError(400)` naming the field, raised before anything is sent."""
 
 from __future__ import annotations
 
@@ -15,17 +13,15 @@ from tokenrouter.runtime.frontend.schemas import ChatRequest, CompletionRequest
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """What a request must fit: ids below `vocab_size`; prompt + output within `max_context_len` and within
-    every model's KV pool (`kv_capacity_tokens` is the minimum over the models)."""
+    """What a request must fit (`kv_capacity_tokens`: the smallest over the models)."""
 
     vocab_size: int
     kv_capacity_tokens: int
     max_context_len: int
 
 
-# Parameters of OpenAI's API (and vLLM's common extensions) that would change the output and are not
-# implemented. Clients often send them at their defaults, which are accepted; any other value is a 400 naming
-# the parameter rather than a silently different answer. An empty tuple: only null is accepted.
+# OpenAI (and vLLM) parameters that would change the output and are not implemented: accepted at these defaults,
+# else a 400 rather than a silently different answer (an empty tuple: only null).
 _UNSUPPORTED: dict[str, tuple[Any, ...]] = {"best_of": (1,), "echo": (False,), "suffix": ("",),
                                             "frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0),
                                             "repetition_penalty": (1, 1.0), "logit_bias": ({},), "min_p": (0, 0.0),
