@@ -1,12 +1,5 @@
-"""One standard-serving model server: continuous batching with a prefix cache, one per model (docs/baselines.md,
-section 2). Every request carries its whole sequence, re-matches the longest cached prefix (`kv.PrefixCaching`)
-and extends from there.
-
-It is the runtime's subserver (`runtime.subserver.Subserver`) with a one-model core `Scheduler`, a
-`RefCountedKVPool` with `shared_pages`, and hooks: `before_complete` caches each live row's whole pages, `deliver`
-unlocks a finished request's prefix, and Stats carry the cache's counters. Sizes are the routed deployment's for
-this model, so a comparison differs in the serving layer only.
-"""
+"""One standard-serving model server (docs/baselines.md, section 2): the runtime's subserver with a one-model core
+`Scheduler` and a prefix cache (`kv.PrefixCaching`), sized as the routed deployment's model."""
 
 from __future__ import annotations
 
@@ -45,10 +38,8 @@ class ModelServerSpec:
 
 
 def build_server_part(spec: SubserverSpec) -> tuple[None, Scheduler, Any, PrefixCaching]:
-    """Model `spec.model` of the deployment as an independent one-model server, with the routed deployment's sizes
-    (the builder's KV split, batch limits, context limit, graph rule and engine settings)."""
-    # torch (the `engine` extra) loads in the model server's process only: the launcher imports this module.
-    from tokenrouter.engine import Engine, EngineConfig
+    """Model `spec.model` as an independent one-model server, with the routed deployment's sizes."""
+    from tokenrouter.engine import Engine, EngineConfig  # torch: in the model server's process only
 
     cfg, i = spec.config, spec.model
     sc, mc = cfg.scheduler, cfg.models[i]

@@ -1,7 +1,5 @@
-"""`--record-hops`: merge the subservers' emit logs into the hop trace the simulator replays (docs/routers.md, "Hop
-trace format": `{"id", "prompt_len", "runs": [[model, tokens], ...]}`). Runs are the committed output tokens by the
-model that wrote them, in output order; a request whose tokens did not all arrive in the logs (aborted
-mid-way, a process killed) is written with the tokens that did, and requests with no output are left out."""
+"""`--record-hops`: merge the subservers' emit logs into the hop trace the simulator replays (docs/routers.md,
+"Hop trace format"); a request is written with the tokens that reached the logs, none: left out."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The CUDA MPS control daemon of one deployment, with private pipe and log directories so two deployments (or
-another user's daemon) on one host never share it. Started before the subservers, stopped on every exit path
-(`stop()` is idempotent; the launcher calls it from its `finally`)."""
+"""The CUDA MPS control daemon of one deployment, with private pipe and log directories (never shared); `stop()`
+is idempotent."""
 
 from __future__ import annotations
 

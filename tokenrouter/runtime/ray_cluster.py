@@ -1,8 +1,5 @@
-"""`tr serve --ray ADDRESS`: the subservers as Ray actors in one placement group, model i in bundle i; the launcher
-and the front-end stay in this process (docs/cluster.md, Ray). `RayActorProcess` is a `remote.RemoteSubserver`
-whose exit also comes from the actor: its `run` call returning (0) or failing (1). Ray is an optional extra:
-`RayUnavailable` says how to install it.
-"""
+"""`tr serve --ray ADDRESS`: the subservers as Ray actors in one placement group, model i in bundle i
+(docs/cluster.md, Ray); an actor's `run` returning (0) or failing (1) is its exit."""
 
 from __future__ import annotations
 
@@ -66,8 +63,7 @@ class RayActorProcess(RemoteSubserver):
 
 
 class RayCluster:
-    """Connects to Ray (`address`: a cluster address, `auto`, or `local` to start a head here) and reserves one
-    bundle per model. Invariant: `nodes[i]` is the node model i's actor runs on."""
+    """Connects to Ray (an address, `auto`, or `local`: a head here) and reserves one bundle per model."""
 
     def __init__(self, address: str, config: DeploymentConfig, device: str, *, num_cpus: float = 1.0,
                  timeout_s: float = 120.0) -> None:  # fmt: skip

@@ -1,10 +1,6 @@
-"""Process handles for subservers the launcher does not start as its own child: one started by hand on another
-host (`tokenrouter subserver --join`, `external: true`) and, as a subclass, a Ray actor (`runtime.ray_cluster`).
-
-A handle looks like a `multiprocessing.Process` (`exitcode`, `join`, `kill`, `pid`), so its supervision is the
-launcher's own (`runtime.watch`). It has exited (`exit_reason` says how) once it reported `Failed` (1), sent
-`Left` (0), went silent for `heartbeat_timeout_s` after `Ready` (1), or did not join within `join_timeout_s` (1).
-`exitcode` is evaluated from the monotonic clock when read.
+"""Process handles for subservers the launcher does not start (external, or a Ray actor), shaped like a
+`multiprocessing.Process` so `runtime.watch` supervises them as its own. One has exited once it reported `Failed`
+(1), sent `Left` (0), went silent for `heartbeat_timeout_s` after `Ready` (1), or did not join in time (1).
 """
 
 from __future__ import annotations
