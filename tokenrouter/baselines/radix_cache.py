@@ -142,8 +142,8 @@ class RadixCache:
                 self._push(parent)
         if len(heap) > 4 * self.num_nodes + 64:  # stale entries pile up: rebuild from the free leaves
             self._heap = []
-            for n in self._leaves():
-                if n.lock == 0:
+            for n in self._nodes():
+                if n.lock == 0 and not n.children:
                     self._push(n)
         return out
 
@@ -166,6 +166,3 @@ class RadixCache:
             n = stack.pop()
             yield n
             stack.extend(n.children.values())
-
-    def _leaves(self):
-        return (n for n in self._nodes() if not n.children)

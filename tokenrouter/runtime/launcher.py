@@ -1,8 +1,5 @@
-"""`Server`: starts one process per subserver, the sync coordinator (sync policies) and the MPS daemon (placement
-mps on CUDA); waits for every `Ready`; stops everything. Supervision once started is `runtime.watch`
-(docs/runtime.md). Invariant: after `stop()` returns, no process or MPS daemon of this server runs, and the run
-directory is removed on every exit path (`rundir`).
-"""
+"""`Server`: starts the subservers, the sync coordinator and the MPS daemon, waits for every `Ready`, stops it all
+(docs/runtime.md). Invariant: after `stop()`, no process of this server runs and its run directory is gone."""
 
 from __future__ import annotations
 
@@ -73,8 +70,7 @@ class Server(Supervisor):
                  step_logs: bool = False, engine_overrides: dict[str, Any] | None = None,
                  ready_timeout_s: float = 300.0, stats_interval_s: float = 0.5, restart_on_failure: bool = False,
                  cluster: ClusterOptions | None = None, heartbeat_timeout_s: float | None = None) -> None:  # fmt: skip
-        """`cluster`: how a tcp deployment runs (`runtime.cluster`; defaults when None). `heartbeat_timeout_s`: a
-        ready subserver of ours silent this long is killed (`heartbeat_timeout`)."""
+        """`cluster`: how a tcp deployment runs (defaults when None); `heartbeat_timeout_s`: see `heartbeat_timeout`."""
         check_launch(config, device, restart_on_failure)
         check_gpus(config, device)  # a config built without the CLI's resolver: tp splits, one GPU per rank
         self.config = config
@@ -102,8 +98,7 @@ class Server(Supervisor):
         self._bind(cluster, record_hops, step_logs)
 
     def _bind(self, cluster: ClusterOptions | None, record_hops: str | Path | None, step_logs: bool) -> None:
-        """Bind the launcher's PULL and set `addresses` (ipc, or tcp through `runtime.cluster`); on failure the
-        socket and context are closed again."""
+        """Bind the launcher's PULL and set `addresses` (ipc, or tcp through `runtime.cluster`)."""
         self._ctx = zmq.Context()
         self._pull = self._ctx.socket(zmq.PULL)
         self.cluster: Cluster | None = None
@@ -248,8 +243,7 @@ class Server(Supervisor):
                 raise StartupError(f"no Ready within {self.ready_timeout_s:.0f} s from {', '.join(missing)}")
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        """Shutdown to every process, join, kill what is left, stop the coordinator and MPS, merge the hop trace.
-        Idempotent."""
+        """Shutdown to every process, join, kill what is left, stop the rest, merge the hop trace. Idempotent."""
         if self._stopping.is_set():
             return
         with self._lock:  # no restart in progress from here on

@@ -27,9 +27,7 @@ def pack_ids(ids: list[int]) -> bytes:
 
 
 def unpack_ids(data: bytes) -> list[int]:
-    a = array("i")
-    a.frombytes(data)
-    return a.tolist()
+    return array("i", data).tolist()
 
 
 def _wire_struct(cls: type, name: str, doc: str) -> type[msgspec.Struct]:

@@ -144,8 +144,7 @@ async def run(job: Job, backend: Backend, tokenizer, names: Sequence[str], reque
     out = Output(job, tokenizer, names)
     if job.stream:
         gen = _sse(job, stream, first, backend, out, on_outcome)
-        # A body the server never starts (the client left before the headers went out) never runs the
-        # generator's `finally`: the same clean-up then runs when the generator is collected.
+        # A body never started (the client left first) never runs the generator's `finally`: clean up on collection.
         weakref.finalize(gen, _abandon, backend, job.rid, on_outcome)
         return StreamingResponse(gen, media_type="text/event-stream")
     return await _whole(job, stream, first, backend, out, request, on_outcome)
@@ -193,12 +192,10 @@ async def _whole(job: Job, stream: RequestStream, first, backend: Backend, out: 
             return error_response(ev.status, ev.message)
         text.append(out.finish())
         outcome, reason = ev, ev.reason
-    body = _envelope(job, stream=False)
-    body["choices"] = [_choice(job, "".join(text), reason, False, out.logprobs(Piece("", ids, [], lps, offsets)))]
-    body["usage"] = out.usage()
-    body["tokenrouter"] = out.extension(outcome)
+    choice = _choice(job, "".join(text), reason, False, out.logprobs(Piece("", ids, [], lps, offsets)))
     on_outcome("ok")
-    return JSONResponse(body)
+    return JSONResponse({**_envelope(job, stream=False), "choices": [choice], "usage": out.usage(),
+                         "tokenrouter": out.extension(outcome)})  # fmt: skip
 
 
 def _sse_line(obj: dict[str, Any] | str) -> bytes:
@@ -215,11 +212,9 @@ async def _sse(job: Job, stream: RequestStream, first, backend: Backend, out: Ou
             piece = out.add(ev)
             if out.stopped:
                 break
-            body = _envelope(job, stream=True)
-            body["choices"] = [_choice(job, piece.text, None, True, out.logprobs(piece), first=not sent_first)]
-            body["tokenrouter"] = {"models": piece.models}
+            choice = _choice(job, piece.text, None, True, out.logprobs(piece), first=not sent_first)
+            yield _sse_line({**_envelope(job, True), "choices": [choice], "tokenrouter": {"models": piece.models}})
             sent_first = True
-            yield _sse_line(body)
             ev = await stream.next()
         done = True
         if out.stopped:
@@ -233,12 +228,10 @@ async def _sse(job: Job, stream: RequestStream, first, backend: Backend, out: Ou
                 yield _sse_line("[DONE]")
                 return
             outcome, reason, text, piece = ev, ev.reason, out.finish(), Piece()
-        body = _envelope(job, stream=True)
-        body["choices"] = [_choice(job, text, reason, True, out.logprobs(piece), first=not sent_first)]
-        body["tokenrouter"] = {"models": piece.models} | out.extension(outcome)
-        body["usage"] = out.usage()
+        choice = _choice(job, text, reason, True, out.logprobs(piece), first=not sent_first)
+        ext = {"models": piece.models} | out.extension(outcome)
         on_outcome("ok")
-        yield _sse_line(body)
+        yield _sse_line({**_envelope(job, stream=True), "choices": [choice], "tokenrouter": ext, "usage": out.usage()})
         if job.include_usage:  # OpenAI's shape: empty choices, the whole request's usage
             yield _sse_line({**_envelope(job, stream=True), "choices": [], "usage": out.usage()})
         yield _sse_line("[DONE]")
