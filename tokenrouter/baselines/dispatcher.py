@@ -226,7 +226,6 @@ class Dispatcher:
 
 
 def main(spec: DispatcherSpec) -> None:
-    """Process entry point (multiprocessing spawn target). Exits 1 on an error."""
     start_child(spec.log_level)
     d: Dispatcher | None = None
     try:

@@ -54,11 +54,10 @@ class BaselineServer(Server):
     def start_aux(self) -> None:
         if self.mode != "std-serving":
             return
-        spec = dispatcher.DispatcherSpec(
-            self.config, self.addresses, self.seed, logging.getLogger("tokenrouter").getEffectiveLevel(),
-            hop_log=str(self.visit_log()) if self.step_logs else None,
-            trace_log=str(self._trace_log()) if self.record_hops else None,
-        )  # fmt: skip
+        spec = dispatcher.DispatcherSpec(self.config, self.addresses, self.seed,
+                                         logging.getLogger("tokenrouter").getEffectiveLevel(),
+                                         hop_log=str(self.visit_log()) if self.step_logs else None,
+                                         trace_log=str(self._trace_log()) if self.record_hops else None)  # fmt: skip
         p = mp.get_context("spawn").Process(target=dispatcher.main, args=(spec,), name="tokenrouter-dispatch")
         p.start()
         self.aux.append(("the std-serving dispatcher", p, self.addresses.submit))

@@ -54,9 +54,10 @@ def build_server_part(spec: SubserverSpec) -> tuple[None, Scheduler, Any, Prefix
 
 
 class ModelServer(Subserver):
+    caching: PrefixCaching  # set by `build`, before anything reads it
+
     def __init__(self, spec: ModelServerSpec) -> None:
         self.reply_to = spec.reply_to
-        self.caching: PrefixCaching | None = None
         super().__init__(spec.sub)
         self.model = spec.sub.model  # the deployment's index (the one-model scheduler calls itself 0)
 
@@ -67,13 +68,8 @@ class ModelServer(Subserver):
     def reply_socket(self, spec: SubserverSpec) -> zmq.Socket:
         return push_socket(self.ctx, self.reply_to)
 
-    @property
-    def cache(self) -> PrefixCaching:
-        assert self.caching is not None
-        return self.caching
-
     def after_add(self, req: Request) -> None:
-        self.cache.admit(req)  # before the first `schedule`: the scheduler extends from the matched prefix
+        self.caching.admit(req)  # before the first `schedule`: the scheduler extends from the matched prefix
 
     def set_policy(self, msg: P.SetPolicy) -> None:
         err = "a standard-serving model server has no batching policy to change (it runs continuous batching)"
@@ -83,27 +79,25 @@ class ModelServer(Subserver):
         for row in batch.rows:
             req = row.req
             if row.version == req.version and req.status == ReqStatus.RUNNING:
-                self.cache.cache(req, row.start + row.num_tokens)
+                self.caching.cache(req, row.start + row.num_tokens)
 
     def deliver(self, acts: list[Action], failed: frozenset[str] = frozenset()) -> None:
         for a in acts:
             if isinstance(a, Finish):
-                self.cache.finish(a.rid)
+                self.caching.finish(a.rid)
         # Emits carry the one-model scheduler's index 0: the answer names the deployment's model.
         super().deliver([replace(a, model=self.model) if isinstance(a, Emit) else a for a in acts], failed)
 
     def send_control(self, msg: P.Ready | P.Stats | P.Failed) -> None:
-        if isinstance(msg, P.Stats) and self.caching is not None:
+        if isinstance(msg, P.Stats):
             c = self.caching.counters
-            msg = msgspec.structs.replace(
-                msg, prefix_requests=c.requests, prefix_hits=c.hits, prefix_prompt_tokens=c.prompt_tokens,
-                prefix_matched_tokens=c.matched_tokens, prefix_evicted_pages=c.evicted_pages,
-                prefix_host_ms=c.host_s * 1e3, prefix_cached_pages=self.caching.cached_pages,
-            )  # fmt: skip
+            msg = msgspec.structs.replace(msg, prefix_requests=c.requests, prefix_hits=c.hits,
+                                          prefix_prompt_tokens=c.prompt_tokens, prefix_matched_tokens=c.matched_tokens,
+                                          prefix_evicted_pages=c.evicted_pages, prefix_host_ms=c.host_s * 1e3,
+                                          prefix_cached_pages=self.caching.cached_pages)  # fmt: skip
         super().send_control(msg)
 
 
 def main(spec: ModelServerSpec) -> None:
-    """Process entry point (multiprocessing spawn target), as `runtime.subserver.main`."""
     start_child(spec.sub.log_level, spec.sub.run_dir)
     serve(spec.sub, make=lambda sub, joined: ModelServer(spec))

@@ -73,12 +73,8 @@ class _BenchRun:
 
     def __init__(self, client: httpx.AsyncClient, out: BenchOutcome, *, seed: int,
                  on_done: Callable[[], None] | None, scrape_every_s: float, admin_key: str | None) -> None:  # fmt: skip
-        self.client = client
-        self.out = out
-        self.seed = seed
-        self.on_done = on_done
-        self.scrape_every_s = scrape_every_s
-        self.admin_key = admin_key
+        self.client, self.out, self.seed, self.on_done = client, out, seed, on_done
+        self.scrape_every_s, self.admin_key = scrape_every_s, admin_key
         self.t0 = time.perf_counter()
 
     def now(self) -> float:
@@ -165,14 +161,10 @@ class _Workers:
 
     def __init__(self, specs: list[RequestSpec], one, concurrency: int, now: Callable[[], float],
                  duration_s: float | None = None) -> None:  # fmt: skip
-        self.it = iter(specs)
-        self.one = one
-        self.target = concurrency
+        self.it, self.one, self.target, self.now, self.duration_s = iter(specs), one, concurrency, now, duration_s
         self.workers = 0
         self.tasks: list[asyncio.Task] = []
         self.exhausted = False
-        self.now = now
-        self.duration_s = duration_s
         self.exhausted_at: float | None = None
 
     def set_concurrency(self, n: int) -> None:

@@ -130,14 +130,12 @@ class Cluster:
         return 0 if base is None else base + A.SUBSERVER_OFFSET + i
 
     def bind_launcher(self, sock: zmq.Socket) -> Addresses:
-        """Bind the launcher's PULL; the table with its port."""
         a = self.addresses
         sock.bind(a.bind(a.launcher))
         self.addresses = replace(a, launcher=A.bound_endpoint(sock, a.launcher))
         return self.addresses
 
     def join_command(self, i: int) -> str:
-        """How to start external model i on its host."""
         cfg = self.options.config_path or "DEPLOYMENT.yaml"
         at = self.config.placement.launcher_host or (A.LOOPBACK if self.local else socket.getfqdn())
         port = A.split_tcp(self.addresses.launcher)[1]
@@ -236,13 +234,11 @@ class Cluster:
     def _welcome(self, join: J.Join) -> None:
         spec = self.specs[join.model]
         seen = self.addresses.as_seen_from(self.config.placement.launcher_host or join.via)
-        w = J.Welcome(
+        self._send(join.endpoint, J.Welcome(
             join.model, seen.frontend, list(seen.subservers), seen.coordinator, seen.launcher, seen.submit,
             config_yaml=self.config.to_yaml() if join.external else "", device=spec.device, memory_gb=spec.memory_gb,
             seed=spec.seed, engine_overrides=dict(spec.engine_overrides), stats_interval_s=spec.stats_interval_s,
-            log_level=spec.log_level,
-        )  # fmt: skip
-        self._send(join.endpoint, w)
+            log_level=spec.log_level))  # fmt: skip
 
     def _send(self, endpoint: str, msg: J.JoinMessage) -> None:
         send_once(self.ctx, endpoint, [P.JOIN, J.encode(msg)])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from itertools import groupby
 from pathlib import Path
 
 
@@ -32,12 +33,7 @@ def merge_hop_logs(logs: Iterable[str | Path], out: str | Path) -> int:
     n = 0
     with open(out, "w") as f:
         for rid, evs in emits.items():
-            runs: list[list[int]] = []
-            for _, k, model in sorted(evs):
-                if runs and runs[-1][0] == model:
-                    runs[-1][1] += k
-                else:
-                    runs.append([model, k])
+            runs = [[m, sum(k for _, k, _ in g)] for m, g in groupby(sorted(evs), key=lambda ev: ev[2])]
             if not runs:
                 continue
             f.write(json.dumps({"id": rid, "prompt_len": prompt.get(rid, 0), "runs": runs}) + "\n")

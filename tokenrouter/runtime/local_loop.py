@@ -81,9 +81,7 @@ class LocalLoop(EngineLoop):
                  between: Callable[[Batch], None] | None = None, complete_first: bool = False,
                  keep_handles: bool = False) -> None:  # fmt: skip
         super().__init__(engine, sched, keep_handles=keep_handles)
-        self.peer = peer
-        self.between = between
-        self.complete_first = complete_first
+        self.peer, self.between, self.complete_first = peer, between, complete_first
         self.finished: dict[str, str] = {}
 
     def receive(self, timeout_s: float) -> None:

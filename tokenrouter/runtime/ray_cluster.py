@@ -15,8 +15,6 @@ from tokenrouter.runtime.remote import RemoteSubserver
 
 log = logging.getLogger(__name__)
 
-RAY_INSTALL = 'in the repository, pip install -e ".[ray]"'
-
 
 class RayUnavailable(ImportError):
     pass
@@ -26,7 +24,9 @@ def import_ray() -> Any:
     try:
         import ray
     except ImportError:
-        raise RayUnavailable(f"--ray needs Ray, which is not installed here: {RAY_INSTALL}") from None
+        raise RayUnavailable(
+            '--ray needs Ray, which is not installed here: in the repository, pip install -e ".[ray]"'
+        ) from None
     return ray
 
 
@@ -79,9 +79,8 @@ class RayCluster:
             else:
                 ray.init(address=address)
             self._owns = True
-        gpus = [len(m.gpus) if device == "cuda" else 0 for m in config.models]
+        gpus = self.gpus = [len(m.gpus) if device == "cuda" else 0 for m in config.models]
         bundles = [{"CPU": num_cpus, **({"GPU": g} if g else {})} for g in gpus]
-        self.gpus = gpus
         self.num_cpus = num_cpus
         try:
             self.pg = placement_group(bundles, strategy="PACK")

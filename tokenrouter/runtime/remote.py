@@ -16,12 +16,8 @@ from tokenrouter.runtime.join import Join
 class RemoteSubserver:
     def __init__(self, model: int, name: str, *, join_timeout_s: float, heartbeat_timeout_s: float,
                  how_to_start: str = "", clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
-        self.model = model
-        self.name = name
-        self.join_timeout_s = join_timeout_s
-        self.heartbeat_timeout_s = heartbeat_timeout_s
-        self.how_to_start = how_to_start
-        self.clock = clock
+        self.model, self.name, self.how_to_start, self.clock = model, name, how_to_start, clock
+        self.join_timeout_s, self.heartbeat_timeout_s = join_timeout_s, heartbeat_timeout_s
         self.t0 = clock()
         self.joined: Join | None = None
         self.last_seen: float | None = None  # the latest Ready/Stats (None until Ready)

@@ -43,9 +43,8 @@ class Subserver(EngineLoop):
         self.spec = spec
         addrs = spec.addresses
         self.ctx = zmq.Context() if joined is None else joined.ctx
-        self.gate: RemoteGate | None = None
-        if spec.config.policy.is_sync:
-            self.gate = RemoteGate(spec.model, len(spec.config.models), addrs.coordinator, self.ctx)
+        sync = spec.config.policy.is_sync
+        self.gate = RemoteGate(spec.model, len(spec.config.models), addrs.coordinator, self.ctx) if sync else None
         mc = spec.config.models[spec.model]
         self.tag = f"model {spec.model} ({mc.name})"
         log.info("%s: loading %s on %s", self.tag, f"weights from {mc.path}" if mc.path else "dummy weights",
@@ -169,7 +168,6 @@ class Subserver(EngineLoop):
         self.deliver(acts)
 
     def _drain(self, timeout_ms: int) -> None:
-        """Handle every queued message; wait up to `timeout_ms` for the first one."""
         for chan, data in drain(self.pull, timeout_ms):
             self._on_message(chan, data, time.monotonic())
 
@@ -204,10 +202,8 @@ class Subserver(EngineLoop):
             self.gate.flush()  # after the peer messages, so a granted peer need not wait for them
 
     def _timeout_ms(self, now: float) -> int:
-        wake = self.next_stats
         deadline = self.sched.next_deadline()
-        if deadline is not None:
-            wake = min(wake, deadline)
+        wake = self.next_stats if deadline is None else min(self.next_stats, deadline)
         return max(0, int((wake - now) * 1000) + 1)
 
     def _stats(self, now: float, force: bool = False) -> None:
@@ -274,7 +270,6 @@ def _size(nbytes: int) -> str:
 
 
 def main(spec: SubserverSpec) -> None:
-    """Process entry point (multiprocessing spawn target)."""
     start_child(spec.log_level, spec.run_dir)
     serve(spec)
 

@@ -35,15 +35,13 @@ _UNSUPPORTED: dict[str, tuple[Any, ...]] = {"best_of": (1,), "echo": (False,), "
                                             "reasoning_effort": (), "web_search_options": ()}  # fmt: skip
 
 
-def _is_default(value: Any, defaults: tuple[Any, ...]) -> bool:
-    # Types must match too: `False == 0` in Python, but `"echo": 0` is not the default of a boolean.
-    return value is None or any(type(value) is type(d) and value == d for d in defaults)
-
-
 def refuse_unsupported(req: CompletionRequest | ChatRequest) -> None:
     for name, value in (req.model_extra or {}).items():
         defaults = _UNSUPPORTED.get(name)
-        if defaults is not None and not _is_default(value, defaults):
+        if defaults is None or value is None:
+            continue
+        # Types must match too: `False == 0` in Python, but `"echo": 0` is not the default of a boolean.
+        if not any(type(value) is type(d) and value == d for d in defaults):
             allowed = " or ".join(repr(d) for d in defaults) or "null"
             raise APIError(400, f"{name} is not supported by this server (only {allowed} or omitted)", name)
 
@@ -62,8 +60,8 @@ def completion_prompt(req: CompletionRequest, encode) -> list[int]:
         raise APIError(400, str(e), "prompt") from None
 
 
-def chat_messages(req: ChatRequest) -> list[dict[str, str]]:
-    """The messages as (role, text) for the chat template: content parts joined, `developer` as `system`."""
+def chat_prompt(req: ChatRequest, tokenizer) -> list[int]:
+    """The messages as (role, text) through the chat template: content parts joined, `developer` as `system`."""
     if not req.messages:
         raise APIError(400, "messages must not be empty", "messages")
     out = []
@@ -76,7 +74,10 @@ def chat_messages(req: ChatRequest) -> list[dict[str, str]]:
             if (m.model_extra or {}).get(key):
                 raise APIError(400, f"{where}.{key}: tool calls are not supported", f"{where}.{key}")
         out.append({"role": "system" if m.role == "developer" else m.role, "content": _content_text(m.content, where)})
-    return out
+    try:
+        return tokenizer.encode_chat(out)
+    except ValueError as e:
+        raise APIError(400, str(e), "messages") from None
 
 
 def _content_text(content: str | list[dict[str, Any]] | None, where: str) -> str:
@@ -97,14 +98,6 @@ def _content_text(content: str | list[dict[str, Any]] | None, where: str) -> str
                            f"{where}.content.{j}.text")  # fmt: skip
         texts.append(text)
     return "\n".join(texts)
-
-
-def chat_prompt(req: ChatRequest, tokenizer) -> list[int]:
-    messages = chat_messages(req)
-    try:
-        return tokenizer.encode_chat(messages)
-    except ValueError as e:
-        raise APIError(400, str(e), "messages") from None
 
 
 def stop_strings(req: CompletionRequest | ChatRequest) -> tuple[str, ...]:

@@ -76,9 +76,7 @@ class RequestStream:
         if self.failure is not None:
             return self.failure
         f = self.finished
-        if f is not None and self.next_pos >= f.num_output:
-            return Outcome(f.reason, f.num_output, f.num_hops)
-        return None
+        return Outcome(f.reason, f.num_output, f.num_hops) if f is not None and self.next_pos >= f.num_output else None
 
     async def next(self, tail_timeout_s: float = 5.0) -> Chunk | Outcome:
         """The next in-order chunk, or the outcome once everything is released; after `Finished`, missing tokens get
