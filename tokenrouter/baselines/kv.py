@@ -69,8 +69,7 @@ class CacheCounters:
 
 class PrefixCaching:
     def __init__(self, pool: RefCountedKVPool) -> None:
-        self.pool = pool
-        self.page_size = pool.page_size
+        self.pool, self.page_size = pool, pool.page_size
         self.tree = RadixCache(pool.page_size)
         self.counters = CacheCounters()
         self._locked: dict[str, Node] = {}  # rid -> the (locked) node its cached path ends at

@@ -42,9 +42,8 @@ class RadixCache:
         return pages, node
 
     def insert(self, tokens: Sequence[int], pages: Sequence[int], below: Node | None = None) -> tuple[Node, list[int]]:
-        """Cache `tokens` (whole pages) held in `pages`; the part already cached keeps its pages. Returns the node
-        where `tokens` end and the pages the tree took. `below`: `tokens` continue the path to this node (locked by
-        the caller), so the walk starts there; a leaf only the caller holds grows in place."""
+        """Cache `tokens` (whole pages) in `pages`: (the node where they end, the pages the tree took). `below`: they
+        continue the caller's locked path to this node, so the walk starts there (a leaf only it holds grows)."""
         ps = self.page_size
         if len(tokens) != len(pages) * ps:
             raise ValueError(f"{len(tokens)} tokens do not fill {len(pages)} pages of {ps}")

@@ -45,9 +45,8 @@ async def run_bench(url: str, specs: list[RequestSpec], *, concurrency: int | No
                     seed: int = 0, api_key: str | None = None, on_done: Callable[[], None] | None = None,
                     scrape_every_s: float = 0.25, timeout_s: float = 600.0, phases: list[Phase] | None = None,
                     admin_key: str | None = None, duration_s: float | None = None) -> BenchOutcome:  # fmt: skip
-    """Run `specs` against `url`. `phases` (`tokenrouter.workloads`): at each phase's time the closed loop's worker
-    count moves to its `concurrency` and its `hop_rate` is set through POST /admin/policy with `admin_key`.
-    `duration_s`: no request is sent after that many seconds (those running finish)."""
+    """Run `specs` against `url`, moving through `phases` (worker count, hop rate via POST /admin/policy with
+    `admin_key`); after `duration_s` nothing more is sent (those running finish)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     phases = list(phases or [])
     limits = httpx.Limits(max_connections=max(concurrency or 0, 64))

@@ -1,7 +1,5 @@
-"""Where the processes of one deployment listen: `ipc://` in the run directory, or `tcp://host:port` (docs/cluster.md,
-"Transports"), where `Addresses` holds the *connect* address and `Addresses.bind` the *bind* address. Invariants:
-every endpoint is distinct; `subservers[i]` is model i's PULL; an endpoint with port 0 is never connected to.
-"""
+"""Where a deployment's processes listen, `ipc://` or `tcp://` (docs/cluster.md, "Transports"). Invariants: every
+endpoint is distinct; `subservers[i]` is model i's PULL; an endpoint with port 0 is never connected to."""
 
 from __future__ import annotations
 

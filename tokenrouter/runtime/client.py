@@ -28,7 +28,6 @@ class RuntimeClient:
         self.push.send_multipart([P.CTL, P.encode(P.Abort(rid))])
 
     def recv(self, timeout_s: float) -> P.ToFrontend | None:
-        """The next event, or None after `timeout_s`."""
         if not self.pull.poll(int(timeout_s * 1000)):
             return None
         _, data = self.pull.recv_multipart()

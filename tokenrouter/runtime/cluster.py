@@ -1,7 +1,5 @@
-"""The launcher's side of a tcp deployment (transport tcp, or `tr serve --ray`; docs/cluster.md). `Cluster` owns
-the tcp address table (a call that changes it returns it): a subserver's endpoint is in it only once it joined
-(port 0 until then), and a restarted subserver binds the endpoint it had, so the survivors' table stays right.
-"""
+"""The launcher's side of a tcp deployment (docs/cluster.md): `Cluster` owns the address table, where a subserver's
+endpoint is port 0 until it joined; a restarted subserver binds the endpoint it had."""
 
 from __future__ import annotations
 
@@ -65,8 +63,7 @@ class Cluster:
     def __init__(self, launcher: Launcher, options: ClusterOptions, ctx: zmq.Context) -> None:
         """`ctx`: the launcher's ZeroMQ context (the Welcome and Refused frames go out on sockets of it)."""
         cfg = launcher.config
-        self.config = cfg
-        self.options = options
+        self.config, self.options = cfg, options
         self.names = [m.name for m in cfg.models]
         pl = cfg.placement
         remote = bool(options.ray) or any(m.external for m in cfg.models)
@@ -102,8 +99,7 @@ class Cluster:
         self.joins: dict[int, J.Join] = {}
         self.specs: dict[int, SubserverSpec] = {}  # model -> the spec it last started with (its Welcome says it)
         self.open = False  # every model joined and the table went out: later joins are welcomed at once
-        self.launcher = launcher
-        self.ctx = ctx
+        self.launcher, self.ctx = launcher, ctx
 
     def _is_local(self) -> bool:
         if self.ray is not None:

@@ -63,9 +63,7 @@ class EngineLoop(ABC):
 
     def __init__(self, engine: Any, sched: Scheduler, *, prepare_margin_s: float = 0.001,
                  step_log: JsonlLog | None = None, keep_handles: bool = False) -> None:  # fmt: skip
-        self.engine = engine
-        self.sched = sched
-        self.model = sched.model
+        self.engine, self.sched, self.model = engine, sched, sched.model
         self.margin_s = prepare_margin_s
         self.step_log = step_log if step_log is not None else JsonlLog(None)
         self.keep_handles = keep_handles

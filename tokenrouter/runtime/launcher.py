@@ -73,10 +73,7 @@ class Server(Supervisor):
         """`cluster`: how a tcp deployment runs (defaults when None); `heartbeat_timeout_s`: see `heartbeat_timeout`."""
         check_launch(config, device, restart_on_failure)
         check_gpus(config, device)  # a config built without the CLI's resolver: tp splits, one GPU per rank
-        self.config = config
-        self.device = device
-        self.num_models = len(config.models)
-        self.entry = config.entry
+        self.config, self.device, self.num_models, self.entry = config, device, len(config.models), config.entry
         self.t0 = time.monotonic()
         self.restart_on_failure = restart_on_failure
         self._own_dir = run_dir is None
@@ -85,12 +82,9 @@ class Server(Supervisor):
         if memory_gb is None:
             memory_gb = gpu_memory_gb(config.models[0].gpus[0]) if device == "cuda" else 1.0
         self.memory_gb = memory_gb
-        self.seed = seed
-        self.record_hops = record_hops
-        self.step_logs = step_logs
+        self.seed, self.record_hops, self.step_logs = seed, record_hops, step_logs
         self.engine_overrides = engine_overrides or {}
-        self.ready_timeout_s = ready_timeout_s
-        self.stats_interval_s = stats_interval_s
+        self.ready_timeout_s, self.stats_interval_s = ready_timeout_s, stats_interval_s
         self.heartbeat_timeout_s = heartbeat_timeout(heartbeat_timeout_s, stats_interval_s)
         self.coordinator: CoordinatorProcess | None = None
         self.mps: MpsDaemon | None = None

@@ -73,9 +73,8 @@ class EchoPeer:
 
 
 class LocalLoop(EngineLoop):
-    """`EngineLoop` in process: messages for model 1 go to `peer`, finishes into `finished` (rid -> reason); `run`
-    returns when nothing is in flight, ready or at the peer. Test hooks between `schedule` and `engine.step`:
-    `between(batch)`, and `complete_first` (step k completes first, so k+1's rows may reach the engine stale)."""
+    """Messages for model 1 go to `peer`, finishes into `finished`; `run` returns when nothing is in flight, ready or
+    at the peer. Test hooks: `between(batch)` after `schedule`, `complete_first` (k completes before k+1 launches)."""
 
     def __init__(self, engine: Any, sched: Scheduler, *, peer: EchoPeer | None = None,
                  between: Callable[[Batch], None] | None = None, complete_first: bool = False,

@@ -40,16 +40,6 @@ def check_files(cfg: DeploymentConfig) -> None:
             raise PreflightError(f"{what} {path} not found")
 
 
-def check_context(cfg: DeploymentConfig) -> None:
-    """`max_model_len`, when set, is within every model's context (`deploy.builder.max_context_len`)."""
-    from tokenrouter.deploy.builder import max_context_len
-
-    try:
-        max_context_len(cfg)
-    except ValueError as e:
-        raise PreflightError(str(e)) from None
-
-
 def check_port(host: str, port: int) -> None:
     """`port` is a TCP port number and nothing listens on it at `host` (a test bind, released at once)."""
     if not 1 <= port <= 65535:
@@ -112,12 +102,18 @@ def check_cpu_memory(cfg: DeploymentConfig, available: int | None = None) -> Non
 
 
 def preflight(cfg: DeploymentConfig, *, device: str, host: str, port: int, local: bool = True) -> None:
-    """Every check above that applies; `local` False (subservers elsewhere): only the port."""
+    """Every check above that applies, and `max_model_len` within every model's context; `local` False (subservers
+    elsewhere): only the port."""
+    from tokenrouter.deploy.builder import max_context_len
+
     check_port(host, port)
     if not local or any(m.host is not None or m.external for m in cfg.models):
         return
     check_files(cfg)
-    check_context(cfg)
+    try:
+        max_context_len(cfg)
+    except ValueError as e:
+        raise PreflightError(str(e)) from None
     if device == "cuda":
         check_cuda(cfg)
     else:

@@ -1,8 +1,6 @@
-"""Messages between the front-end and the subservers (msgpack; peers use `core.wire`), in `[channel, payload]`
-frames (docs/runtime.md, "Processes and sockets"). Invariants: `Submit` goes to the entry subserver only; for one
-request the front-end receives `Tokens` (from any subserver, in any order, each with its output position) and exactly
-one terminal `Finished` or `Rejected`; `Ready` once, then `Stats` as the heartbeat; `Failed` before a fatal exit.
-"""
+"""Front-end <-> subserver messages in `[channel, payload]` frames (docs/runtime.md). Invariants: `Submit` goes to the
+entry only; a request's `Tokens` come from any subserver in any order, then one `Finished` or `Rejected`; `Ready`
+once, `Stats` as the heartbeat, `Failed` before a fatal exit."""
 
 from __future__ import annotations
 

@@ -105,7 +105,6 @@ class RayCluster:
         return all(n == self.driver_node for n in self.nodes)
 
     def host(self, model: int) -> str:
-        """The address model `model`'s actor advertises."""
         return LOOPBACK if self.single_node else self.node_ips[model]
 
     def start(self, model: int, spec: Any, **kw: Any) -> RayActorProcess:

@@ -1,7 +1,5 @@
-"""Process handles for subservers the launcher does not start (external, or a Ray actor), shaped like a
-`multiprocessing.Process` so `runtime.watch` supervises them as its own. One has exited once it reported `Failed`
-(1), sent `Left` (0), went silent for `heartbeat_timeout_s` after `Ready` (1), or did not join in time (1).
-"""
+"""Handles, shaped like a `multiprocessing.Process`, of subservers the launcher does not start (external, Ray). One
+has exited after `Failed` (1), `Left` (0), a silence of `heartbeat_timeout_s` after `Ready` (1), or no join (1)."""
 
 from __future__ import annotations
 
@@ -27,7 +25,6 @@ class RemoteSubserver:
 
     @property
     def pid(self) -> int | None:
-        """The process id on its own host (None before it joined)."""
         return None if self.joined is None else self.joined.pid
 
     @property

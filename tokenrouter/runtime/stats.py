@@ -9,9 +9,8 @@ from tokenrouter.core.autotune_counters import BatchTimes
 
 @dataclass(slots=True)
 class Counters:
-    """`loop_*`: steps launched back to back (docs/runtime.md, "Loop counters"); `busy_ms`: the union of the steps'
-    [launch, done] intervals; `batches`: per batch-size bucket, by the same sweep from submission. Steps come in
-    launch order, so remembering the latest end makes both sweeps exact."""
+    """`loop_*`: steps launched back to back (docs/runtime.md); `busy_ms`: the union of the steps' [launch, done];
+    `batches`: per batch size, same sweep from submission. Steps come in launch order, so both sweeps are exact."""
 
     steps: int = 0
     rows: int = 0

@@ -71,8 +71,7 @@ class Subserver(EngineLoop):
                         context, self.vocab, time.monotonic() - t0)  # fmt: skip
         self.send_control(ready)
         log.info("%s: ready in %.1f s (context %d tokens, pid %d)", self.tag, ready.startup_s, context, os.getpid())
-        self.next_stats = 0.0
-        self.stats_sent = float("-inf")
+        self.next_stats, self.stats_sent = 0.0, float("-inf")
         self.stats_sig: tuple[int, ...] = ()
 
     # ---- hooks (`baselines.model_server` overrides them) ----------------------------------------------------

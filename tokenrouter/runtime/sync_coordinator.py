@@ -1,8 +1,6 @@
-"""The synchronous baselines (`step-sync`, `model-sync`) across processes, at one coordinator round trip per step
-(docs/baselines.md, section 1). A `Coordinator` holds the real `core.policy.SyncGate`; each subserver's scheduler
-gets a `RemoteGate`. A grant carries how many gated messages the model must have received (`bar`) before it
-launches; counts are cumulative, so a sender's report need not precede its messages.
-"""
+"""`step-sync` and `model-sync` across processes at one coordinator round trip per step (docs/baselines.md, section
+1): a `Coordinator` holds the real `SyncGate`, each scheduler a `RemoteGate`; a grant carries how many gated
+messages must have arrived (`bar`), counts cumulative, so a report need not precede its messages."""
 
 from __future__ import annotations
 
@@ -132,9 +130,8 @@ class Coordinator:
 
 
 class RemoteGate:
-    """`SyncGate`'s interface for one subserver's scheduler; `may_launch` is local (a grant held and its messages
-    arrived). The driver calls `flush()` after every scheduler call, `on_grant` for every GATE frame and
-    `after_schedule` after every `schedule`."""
+    """`SyncGate` for one subserver's scheduler; `may_launch` is local. The driver calls `flush()` after every
+    scheduler call, `on_grant` for every GATE frame and `after_schedule` after every `schedule`."""
 
     def __init__(self, model: int, num_models: int, address: str, ctx: zmq.Context) -> None:
         self.model = model

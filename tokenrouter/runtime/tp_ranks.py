@@ -39,14 +39,6 @@ class FollowerSpec:
     timeout_s: float = 300.0
 
 
-def rank_device(leader_device: str, rank: int) -> str:
-    """Rank r's device: the CPU on CPU, else the r-th GPU after rank 0's (`cuda:0` -> `cuda:r`)."""
-    if not leader_device.startswith("cuda"):
-        return leader_device
-    base = int(leader_device.partition(":")[2] or 0)
-    return f"cuda:{base + rank}"
-
-
 class TPRanks:
     """Rank 0's side and the engine's `StepSink`. Invariant: after `close()` returns, no follower process runs."""
 
@@ -59,8 +51,7 @@ class TPRanks:
 
         if size < 2:
             raise ValueError(f"TPRanks needs tp >= 2, got {size}")
-        self.size = size
-        self.on_death = on_death
+        self.size, self.on_death = size, on_death
         self.failure: str | None = None
         self._closing = threading.Event()
         self._closed = False
@@ -77,7 +68,8 @@ class TPRanks:
                 s.setsockopt(zmq.LINGER, 0)
                 port = s.bind_to_random_port(f"tcp://{HOST}")
                 self._socks.append(s)
-                kw = {**engine_kwargs, "device": rank_device(str(device), r)}
+                dev = f"cuda:{(device.index or 0) + r}" if device.type == "cuda" else str(device)  # rank 0's GPU + r
+                kw = {**engine_kwargs, "device": dev}
                 spec = FollowerSpec(r, size, kw, num_pages, int(engine_kwargs.get("page_size", 16)), self._store.port,
                                     f"tcp://{HOST}:{port}", log_level, timeout_s)  # fmt: skip
                 p = ctx.Process(target=follower_main, args=(spec,), name=f"tokenrouter-tp{r}", daemon=True)

@@ -1,6 +1,5 @@
 """The access log: one line per generation request when it ends (`tokenrouter.access`; a stream that ends with an
-error chunk logs the error's status, 499: the client went away); a 5xx is also a warning `--no-access-log` keeps.
-"""
+error chunk logs the error's status, 499: the client went away); a 5xx is also a warning `--no-access-log` keeps."""
 
 from __future__ import annotations
 
@@ -13,8 +12,6 @@ log = logging.getLogger(__name__)
 
 @dataclass(slots=True)
 class Entry:
-    """What the front-end knows of a request when it ends."""
-
     rid: str
     status: int
     finish: str  # "stop" | "length" | "abort" | "error" | "rejected" | "aborted" (client gone) | "invalid"

@@ -1,7 +1,5 @@
-"""The admin endpoint: change the policy (and a synthetic router's hop rate) of a running server, or pause/resume
-autotune (docs/openai-api.md, "Admin endpoint"). Every change, the operator's and autotune's, goes through one
-`PolicyState` (one lock, in order); a refused body changes nothing, the pause included.
-"""
+"""The admin endpoint (docs/openai-api.md, "Admin endpoint"). Every change, the operator's and autotune's, goes
+through one `PolicyState` (one lock, in order); a refused body changes nothing, the pause included."""
 
 from __future__ import annotations
 
@@ -52,9 +50,8 @@ class PolicyBody(BaseModel):
 
 
 class PolicyState:
-    """The policy in force (None while unknown) and the one path every change takes (`apply`, under `lock`).
-    `version` counts applied changes, so a change computed from an older state can tell it is stale; `listeners`
-    get (policy, source) after every change of the policy."""
+    """The policy in force (None while unknown) and the one path every change takes (`apply`, under `lock`); `version`
+    counts changes (a stale computation can tell); `listeners` get (policy, source) after each policy change."""
 
     def __init__(self, backend: Any, num_models: int, config: DeploymentConfig | None = None) -> None:
         self.backend, self.num_models = backend, num_models

@@ -79,10 +79,7 @@ class FrontendState:
 
     def __init__(self, server: ServerHandle, tokenizer, backend: Backend, metrics: FrontendMetrics,
                  api_key: str | None) -> None:  # fmt: skip
-        self.server = server
-        self.tokenizer = tokenizer
-        self.backend = backend
-        self.metrics = metrics
+        self.server, self.tokenizer, self.backend, self.metrics = server, tokenizer, backend, metrics
         self.api_key = api_key
         self.name = served_model_name(server)
         self.accepted = {self.name, *server.model_names}  # the pair's name or one model's

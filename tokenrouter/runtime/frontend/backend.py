@@ -1,7 +1,5 @@
-"""The front-end's ZeroMQ side: one PULL read by one task that dispatches events to per-request streams, one PUSH
-to the entry subserver, and a watchdog. When any model dies every in-flight request ends with a 503 (a request may
-sit on any model); liveness and readiness rules: docs/runtime.md, "Front-end liveness".
-"""
+"""The front-end's ZeroMQ side: a reader task feeding per-request streams, a PUSH to the entry, and a watchdog; a
+model's death fails every request in flight (docs/runtime.md, "Front-end liveness")."""
 
 from __future__ import annotations
 
@@ -44,8 +42,7 @@ class Backend:
         self, handle: ServerHandle, *, heartbeat_timeout_s: float = 10.0, poll_s: float = 0.2, clock=time.monotonic,
         access_log: bool = True,
     ) -> None:  # fmt: skip
-        self.handle = handle
-        self.access_log = access_log
+        self.handle, self.access_log = handle, access_log
         self.draining = False  # shutting down: new requests get 503, running ones may finish (`drain`)
         self.drain_deadline: float | None = None
         self._started: dict[str, tuple[float, int]] = {}  # rid -> (submit time, prompt tokens), for the access log
@@ -175,8 +172,7 @@ class Backend:
         msg = P.SetPolicy(self._policy_seq, policy, hop_rate)
         loop = asyncio.get_running_loop()
         futs = {i: loop.create_future() for i in range(len(self.models))}
-        for i, f in futs.items():
-            self._policy_acks[(msg.seq, i)] = f
+        self._policy_acks.update({(msg.seq, i): f for i, f in futs.items()})
         socks = []
         try:
             for addr in self.handle.addresses.subservers:

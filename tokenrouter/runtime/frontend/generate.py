@@ -1,7 +1,5 @@
-"""Run one request against the backend and shape the answer as an OpenAI completion or chat completion, streamed
-(SSE) or whole. A stream waits for its first event, so a `Rejected` still becomes a proper 4xx/5xx; later errors end
-it with an error chunk and `[DONE]`. Every submitted request reports its outcome once through `on_outcome`.
-"""
+"""One request as an OpenAI (chat) completion, streamed or whole. A stream waits for its first event, so a `Rejected`
+is still a 4xx; later errors end it with an error chunk. Each request reports its outcome once (`on_outcome`)."""
 
 from __future__ import annotations
 

@@ -10,10 +10,9 @@ from tokenrouter.runtime.addresses import Addresses
 
 @runtime_checkable
 class ServerHandle(Protocol):
-    """Invariants: index i is model i everywhere (`model_names`, `kv_capacity_tokens`, `addresses.subservers`, the
-    messages' `model`); a `Ready` from model i overrides `kv_capacity_tokens[i]`; `max_context_len` and
-    `vocab_size` are the smallest over the models; `is_alive(i)` is cheap and non-blocking (polled a few times a
-    second); `stop()` is idempotent."""
+    """Invariants: index i is model i everywhere; a `Ready` from model i overrides `kv_capacity_tokens[i]`;
+    `max_context_len` and `vocab_size` are the smallest over the models; `is_alive(i)` is cheap and non-blocking
+    (polled a few times a second); `stop()` is idempotent."""
 
     addresses: Addresses
     entry: int

@@ -29,10 +29,7 @@ class DrainingServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, backend: Backend, shutdown_timeout_s: float,
                  ready_line: str | None = None, t0: float | None = None) -> None:  # fmt: skip
         super().__init__(config)
-        self.backend = backend
-        self.shutdown_timeout_s = shutdown_timeout_s
-        self.ready_line = ready_line
-        self.t0 = t0
+        self.backend, self.shutdown_timeout_s, self.ready_line, self.t0 = backend, shutdown_timeout_s, ready_line, t0
         self._request: tuple[float, str] | None = None  # (grace seconds, why)
         self._drain: asyncio.Task | None = None
 
@@ -70,9 +67,8 @@ class DrainingServer(uvicorn.Server):
 def serve_http(server: ServerHandle, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
                tokenizer, heartbeat_timeout_s: float = 10.0, shutdown_timeout_s: float = 30.0, access_log: bool = True,
                t0: float | None = None, admin_key: str | None = None) -> None:  # fmt: skip
-    """Serve the OpenAI API for `server` until SIGINT/SIGTERM or until the launcher gives up, then call
-    `server.stop()` (always, once). `api_key` None leaves the API open; `t0`: when the server started (monotonic),
-    for the ready line."""
+    """Serve the OpenAI API until SIGINT/SIGTERM or until the launcher gives up, then `server.stop()` (always, once).
+    `api_key` None leaves the API open; `t0`: when the server started (monotonic), for the ready line."""
     app = create_app(server, tokenizer, api_key=api_key, heartbeat_timeout_s=heartbeat_timeout_s,
                      access_log=access_log, admin_key=admin_key)  # fmt: skip
     # The CLI configured logging; uvicorn's access log is off in favour of ours (`frontend.access`).

@@ -8,9 +8,8 @@ from dataclasses import dataclass
 
 @dataclass(slots=True)
 class StopStrings:
-    """`push` text deltas in order; each returns the text safe to release. Invariants: released text is a prefix of
-    the final text, with no stop string nor a suffix that is a proper prefix of one; once `cut` is set, nothing
-    more is released and the final text is `text[:cut]`."""
+    """`push` returns the text safe to release: a prefix of the final text with no stop string nor a suffix that is
+    a proper prefix of one. Once `cut` is set nothing more is released; the final text is `text[:cut]`."""
 
     stops: tuple[str, ...]
     text: str = ""
