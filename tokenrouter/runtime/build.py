@@ -42,8 +42,7 @@ class SubserverSpec:
 
 
 def process_engine_kwargs(spec: SubserverSpec, engine_args: dict[str, Any]) -> dict[str, Any]:
-    """This model's engine arguments in its own process: its device (`cuda:0`: `CUDA_VISIBLE_DEVICES` names the
-    model's GPUs), its MPS SM share, then the spec's overrides."""
+    """This model's engine arguments in its own process: device (`cuda:0`), MPS SM share, then the overrides."""
     kw = dict(engine_args)
     if spec.device == "cpu":
         kw.update(device="cpu", cuda_graphs=False)

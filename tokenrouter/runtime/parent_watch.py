@@ -29,14 +29,12 @@ def _set_pdeathsig(sig: int) -> bool:
 
 
 def term_when_parent_dies() -> None:
-    """A `preexec_fn` for `subprocess.Popen`: the child gets SIGTERM (and drains) when its starter ends however it
-    ends. Linux only; elsewhere a no-op."""
+    """A `preexec_fn`: the child gets SIGTERM (and drains) when its starter ends however it ends (Linux only)."""
     _set_pdeathsig(signal.SIGTERM)
 
 
 def die_with_parent(parent_pid: int, on_orphan: Callable[[], None], poll_s: float = 0.25) -> None:
-    """Call once, early, in the child. When `parent_pid` is no longer our parent: `on_orphan()`, then exit at once
-    (a Python shutdown could block on a flush)."""
+    """Call once, early, in the child: once `parent_pid` is not our parent, `on_orphan()`, then exit at once."""
     done = threading.Lock()
 
     def orphaned() -> None:

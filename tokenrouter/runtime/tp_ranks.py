@@ -170,8 +170,7 @@ def follower_main(spec: FollowerSpec) -> None:
 
 
 def start_ranks(spec: Any, engine_kwargs: dict[str, Any], pool: Any) -> Any:
-    """Rank 0's engine of subserver `spec` (`tp > 1`): starts its followers, then builds the engine. A follower that
-    dies from here on fails the subserver."""
+    """Rank 0's engine of subserver `spec` (`tp > 1`); a follower that dies from here on fails the subserver."""
     from tokenrouter.engine.config import EngineConfig
     from tokenrouter.engine.loader import resolve_spec
     from tokenrouter.engine.parallel import check_divides
