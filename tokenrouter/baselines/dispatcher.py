@@ -1,12 +1,6 @@
-"""The standard-serving dispatcher: the client-side router that token-level routing needs on top of stock servers
-(docs/baselines.md, section 2).
-
-It stands where the routed runtime's entry subserver stands for the front-end and drives one model server per
-model. Before each visit it plans how many tokens the current model writes (`run_plan.plan_run`) and sends that
-model the whole sequence so far with that `max_tokens`; it forwards the committed tokens (a hop's dropped token is
-not) and sends the next visit to the model the router named. A committed token that stops the request ends it
-before any hop; a dropped token never stops it. `hop_log` and `trace_log` are the measuring hooks (section 3).
-"""
+"""The standard-serving dispatcher: the client-side router token-level routing needs on top of stock servers
+(docs/baselines.md, section 2). Each visit sends a model the whole sequence with a planned `max_tokens`
+(`run_plan.plan_run`); a committed token that stops the request ends it before any hop."""
 
 from __future__ import annotations
 
@@ -72,11 +66,9 @@ def build_routers(cfg: DeploymentConfig, seed: int) -> list[Any]:
                          "reads the model's outputs, which a standard server does not return; std-serving runs the "
                          "synthetic routers only")  # fmt: skip
     m = len(cfg.models)
-    out = []
-    for i in range(m):
-        r = build_router(cfg.router, m, seed).bind(i, m)
+    out = [build_router(cfg.router, m, seed).bind(i, m) for i in range(m)]
+    for r in out:
         check_router(r, str(cfg.router.name))
-        out.append(r)
     return out
 
 
@@ -102,7 +94,6 @@ class Dispatcher:
     def _to_front(self, msg: P.ToFrontend) -> None:
         self.front.send_multipart([P.CTL, P.encode(msg)])
 
-    # ---- the loop -----------------------------------------------------------------------------------------------
     def run(self) -> None:
         while not self.stopping:
             for chan, data in drain(self.pull, 200):
@@ -123,7 +114,6 @@ class Dispatcher:
         elif isinstance(msg, P.Shutdown):
             self.stopping = True
 
-    # ---- client requests ----------------------------------------------------------------------------------------
     def _submit(self, msg: P.Submit, now: float) -> None:
         if msg.rid in self.flows:
             self._to_front(P.Rejected(msg.rid, 400, f"duplicate request id {msg.rid!r}"))
@@ -152,7 +142,6 @@ class Dispatcher:
         self.servers[flow.model].send_multipart([P.CTL, P.encode(P.Abort(flow.visit_rid))])
         self._to_front(P.Finished(rid, "abort", flow.req.num_output, flow.num_hops))
 
-    # ---- visits -------------------------------------------------------------------------------------------------
     def _send_visit(self, flow: Flow, now: float) -> None:
         flow.got.clear()
         flow.received = 0
@@ -194,8 +183,7 @@ class Dispatcher:
         self.hop_log.write({"rid": req.rid, "visit": flow.visit, "model": flow.model, "prefix": flow.prefix,
                             "tokens": plan.tokens, "received": flow.received, "send": flow.sent_at,
                             "first": flow.first_at, "done": now})  # fmt: skip
-        if msg.reason not in ("stop", "length") or flow.received != msg.num_output:
-            # An error or abort on the server, or tokens lost on the way: the request ends here.
+        if msg.reason not in ("stop", "length") or flow.received != msg.num_output:  # an error, or tokens lost
             self._end(flow, msg.reason if msg.reason in ("abort", "error") else "error")
             return
         if flow.received < plan.tokens:
@@ -209,8 +197,7 @@ class Dispatcher:
             if plan.dst == flow.model:
                 self._end(flow, "length")  # planned up to max_tokens, which stop_reason saw; kept for safety
                 return
-        # Hop: the next visit goes to the model the router named.
-        flow.model = plan.dst
+        flow.model = plan.dst  # hop: the next visit goes to the model the router named
         if plan.dst != self.entry:
             flow.num_hops += 1
         flow.visit += 1
@@ -239,7 +226,6 @@ class Dispatcher:
 
 
 def main(spec: DispatcherSpec) -> None:
-    """Process entry point (multiprocessing spawn target). Exits 1 on an error (the launcher sees the exit)."""
     start_child(spec.log_level)
     d: Dispatcher | None = None
     try:

@@ -1,12 +1,6 @@
-"""KV pages shared between requests and a prefix cache: a reference-counted pool and the glue that keeps a
-model server's `RadixCache` and its pool in one book (docs/baselines.md, section 2).
-
-`RefCountedKVPool` is a core `KVPool` whose pages may be held by several owners (requests and the cache); when
-`grow` finds the free list short it asks the cache to evict (`reclaim`) before it fails. `PrefixCaching` is what a
-model server calls around the core scheduler: `admit(req)` before `Scheduler.add` (the longest cached prefix,
-whole pages, at least one token left to compute, becomes its first pages), `cache(req, n)` after a step and before
-`Scheduler.complete`, and `finish(rid)` once the request ended.
-"""
+"""KV pages shared between requests and a prefix cache (docs/baselines.md, section 2): a reference-counted pool
+whose `grow` asks the cache to evict before it fails, and `PrefixCaching`, which a model server calls around the
+core scheduler (`admit` before `add`, `cache` before `complete`, `finish` once the request ended)."""
 
 from __future__ import annotations
 
@@ -62,8 +56,7 @@ class RefCountedKVPool(KVPool):
 
 @dataclass(slots=True)
 class CacheCounters:
-    """Cumulative counters of one model server's prefix cache (exported in its Stats: the measuring hook for the
-    simulator's per-hop cost). `host_s`: host time in match + insert + eviction."""
+    """Cumulative counters of a model server's prefix cache (in its Stats). `host_s`: match + insert + eviction."""
 
     requests: int = 0
     hits: int = 0  # requests that matched at least one page
@@ -76,13 +69,11 @@ class CacheCounters:
 
 class PrefixCaching:
     def __init__(self, pool: RefCountedKVPool) -> None:
-        self.pool = pool
-        self.page_size = pool.page_size
+        self.pool, self.page_size = pool, pool.page_size
         self.tree = RadixCache(pool.page_size)
         self.counters = CacheCounters()
-        # Per admitted request: the node its cached path ends at (locked) and that path's length in tokens.
-        self._locked: dict[str, Node] = {}
-        self._depth: dict[str, int] = {}
+        self._locked: dict[str, Node] = {}  # rid -> the (locked) node its cached path ends at
+        self._depth: dict[str, int] = {}  # rid -> that path's length in tokens
         pool.reclaim = self.evict
 
     def admit(self, req: Request) -> int:
@@ -106,8 +97,7 @@ class PrefixCaching:
         return req.num_computed
 
     def cache(self, req: Request, num_tokens: int) -> None:
-        """The KV of `req.token_ids[:num_tokens]` is written: cache its whole pages. Incremental: only pages completed
-        since the request's last call are inserted, below the node it holds (O(1) on a step that completes none)."""
+        """The KV of `req.token_ids[:num_tokens]` is written: cache the whole pages completed since the last call."""
         ps = self.page_size
         full = min(num_tokens // ps, len(req.pages))
         node, depth = self._locked[req.rid], self._depth[req.rid]

@@ -1,14 +1,5 @@
-"""`BaselineServer`: the launcher (`runtime.launcher.Server`: start, supervision, MPS, stop) running a baseline's
-processes instead of the routed subservers. The HTTP front-end serves it unchanged (`ServerHandle`).
-
-- `std-serving`: one `model_server` process per model of the deployment and a `dispatcher` process; the front-end
-  submits to the dispatcher (`Addresses.submit`), the model servers answer the dispatcher, and their Ready/Stats
-  go to the front-end as the subservers' do.
-- `llm-only` / `slm-only`: the deployment's large / small model alone (`single_model_config`): one model server
-  that the front-end submits to directly and that answers it directly. No router, no dispatcher.
-
-Supervision: any process that dies stops the server (no restart in place: a baseline is a measurement).
-"""
+"""`BaselineServer`: the launcher running a baseline's processes instead of the routed subservers (docs/baselines.md,
+section 2); any process that dies stops the server (a baseline is a measurement)."""
 
 from __future__ import annotations
 
@@ -29,9 +20,8 @@ log = logging.getLogger(__name__)
 
 
 class BaselineServer(Server):
-    """`Server` for a baseline: `config` is the routed deployment; `mode` one of `BASELINES`. Same keyword arguments
-    as `Server` (`restart_on_failure` is refused); `record_hops` (std-serving) writes the dispatcher's committed
-    tokens as a hop trace; `step_logs` also keeps the dispatcher's per-visit log (`visit_log`)."""
+    """`config` is the routed deployment; `mode` one of `BASELINES`; `Server`'s keyword arguments (std-serving:
+    `record_hops` from the dispatcher, `step_logs` also keeps its per-visit log)."""
 
     def __init__(self, config: DeploymentConfig, mode: str = "std-serving", **kw: Any) -> None:
         if mode not in BASELINES:
@@ -64,11 +54,10 @@ class BaselineServer(Server):
     def start_aux(self) -> None:
         if self.mode != "std-serving":
             return
-        spec = dispatcher.DispatcherSpec(
-            self.config, self.addresses, self.seed, logging.getLogger("tokenrouter").getEffectiveLevel(),
-            hop_log=str(self.visit_log()) if self.step_logs else None,
-            trace_log=str(self._trace_log()) if self.record_hops else None,
-        )  # fmt: skip
+        spec = dispatcher.DispatcherSpec(self.config, self.addresses, self.seed,
+                                         logging.getLogger("tokenrouter").getEffectiveLevel(),
+                                         hop_log=str(self.visit_log()) if self.step_logs else None,
+                                         trace_log=str(self._trace_log()) if self.record_hops else None)  # fmt: skip
         p = mp.get_context("spawn").Process(target=dispatcher.main, args=(spec,), name="tokenrouter-dispatch")
         p.start()
         self.aux.append(("the std-serving dispatcher", p, self.addresses.submit))

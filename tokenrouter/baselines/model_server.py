@@ -1,12 +1,5 @@
-"""One standard-serving model server: continuous batching with a prefix cache, one per model (docs/baselines.md,
-section 2). Every request carries its whole sequence, re-matches the longest cached prefix (`kv.PrefixCaching`)
-and extends from there.
-
-It is the runtime's subserver (`runtime.subserver.Subserver`) with a one-model core `Scheduler`, a
-`RefCountedKVPool` with `shared_pages`, and hooks: `before_complete` caches each live row's whole pages, `deliver`
-unlocks a finished request's prefix, and Stats carry the cache's counters. Sizes are the routed deployment's for
-this model, so a comparison differs in the serving layer only.
-"""
+"""One standard-serving model server (docs/baselines.md, section 2): the runtime's subserver with a one-model core
+`Scheduler` and a prefix cache (`kv.PrefixCaching`), sized as the routed deployment's model."""
 
 from __future__ import annotations
 
@@ -45,10 +38,8 @@ class ModelServerSpec:
 
 
 def build_server_part(spec: SubserverSpec) -> tuple[None, Scheduler, Any, PrefixCaching]:
-    """Model `spec.model` of the deployment as an independent one-model server, with the routed deployment's sizes
-    (the builder's KV split, batch limits, context limit, graph rule and engine settings)."""
-    # torch (the `engine` extra) loads in the model server's process only: the launcher imports this module.
-    from tokenrouter.engine import Engine, EngineConfig
+    """Model `spec.model` as an independent one-model server, with the routed deployment's sizes."""
+    from tokenrouter.engine import Engine, EngineConfig  # torch: in the model server's process only
 
     cfg, i = spec.config, spec.model
     sc, mc = cfg.scheduler, cfg.models[i]
@@ -63,9 +54,10 @@ def build_server_part(spec: SubserverSpec) -> tuple[None, Scheduler, Any, Prefix
 
 
 class ModelServer(Subserver):
+    caching: PrefixCaching  # set by `build`, before anything reads it
+
     def __init__(self, spec: ModelServerSpec) -> None:
         self.reply_to = spec.reply_to
-        self.caching: PrefixCaching | None = None
         super().__init__(spec.sub)
         self.model = spec.sub.model  # the deployment's index (the one-model scheduler calls itself 0)
 
@@ -76,45 +68,36 @@ class ModelServer(Subserver):
     def reply_socket(self, spec: SubserverSpec) -> zmq.Socket:
         return push_socket(self.ctx, self.reply_to)
 
-    @property
-    def cache(self) -> PrefixCaching:
-        assert self.caching is not None
-        return self.caching
-
-    # ---- inputs ---------------------------------------------------------------------------------------------
     def after_add(self, req: Request) -> None:
-        self.cache.admit(req)  # before the first `schedule`: the scheduler extends from the matched prefix
+        self.caching.admit(req)  # before the first `schedule`: the scheduler extends from the matched prefix
 
     def set_policy(self, msg: P.SetPolicy) -> None:
         err = "a standard-serving model server has no batching policy to change (it runs continuous batching)"
         self.front.send_multipart([P.CTL, P.encode(P.PolicySet(self.model, msg.seq, err))])
 
-    # ---- the loop's hooks -----------------------------------------------------------------------------------
     def before_complete(self, batch: Batch) -> None:
         for row in batch.rows:
             req = row.req
             if row.version == req.version and req.status == ReqStatus.RUNNING:
-                self.cache.cache(req, row.start + row.num_tokens)
+                self.caching.cache(req, row.start + row.num_tokens)
 
     def deliver(self, acts: list[Action], failed: frozenset[str] = frozenset()) -> None:
         for a in acts:
             if isinstance(a, Finish):
-                self.cache.finish(a.rid)
+                self.caching.finish(a.rid)
         # Emits carry the one-model scheduler's index 0: the answer names the deployment's model.
         super().deliver([replace(a, model=self.model) if isinstance(a, Emit) else a for a in acts], failed)
 
     def send_control(self, msg: P.Ready | P.Stats | P.Failed) -> None:
-        if isinstance(msg, P.Stats) and self.caching is not None:
+        if isinstance(msg, P.Stats):
             c = self.caching.counters
-            msg = msgspec.structs.replace(
-                msg, prefix_requests=c.requests, prefix_hits=c.hits, prefix_prompt_tokens=c.prompt_tokens,
-                prefix_matched_tokens=c.matched_tokens, prefix_evicted_pages=c.evicted_pages,
-                prefix_host_ms=c.host_s * 1e3, prefix_cached_pages=self.caching.cached_pages,
-            )  # fmt: skip
+            msg = msgspec.structs.replace(msg, prefix_requests=c.requests, prefix_hits=c.hits,
+                                          prefix_prompt_tokens=c.prompt_tokens, prefix_matched_tokens=c.matched_tokens,
+                                          prefix_evicted_pages=c.evicted_pages, prefix_host_ms=c.host_s * 1e3,
+                                          prefix_cached_pages=self.caching.cached_pages)  # fmt: skip
         super().send_control(msg)
 
 
 def main(spec: ModelServerSpec) -> None:
-    """Process entry point (multiprocessing spawn target), as `runtime.subserver.main`."""
     start_child(spec.sub.log_level, spec.sub.run_dir)
     serve(spec.sub, make=lambda sub, joined: ModelServer(spec))

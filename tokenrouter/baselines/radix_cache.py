@@ -1,12 +1,6 @@
-"""A radix tree over token ids whose edges are whole KV pages: the prefix cache of a standard-serving model server.
-
-Each node holds a run of tokens (`key`, a multiple of `page_size` long) and their pages; `match` returns whole
-pages only (a partial page is never shared: the next token's KV would be written into it). `lock(node)` pins the
-path root..node (counted); `evict` takes unlocked leaves, least recently used first, where recency is a counter
-stamped by `match`/`insert` (no clock). Eviction must not walk the tree: candidates live in a heap checked lazily
-when popped, so `evict` costs O(log n) per node. A request extending the leaf it alone holds grows it in place.
-The tree holds page ids only; which pages are free is the pool's business (`baselines.kv.RefCountedKVPool`).
-"""
+"""A radix tree over token ids whose edges are whole KV pages: the prefix cache of a standard-serving model server
+(docs/baselines.md, section 2). A partial page is never shared (the next token's KV would be written into it);
+`evict` takes unlocked leaves, least recently used first, from a heap checked lazily (no tree walk)."""
 
 from __future__ import annotations
 
@@ -26,9 +20,8 @@ class Node:
 
 
 class RadixCache:
-    """Invariants: every node but the root has a non-empty key of `len(pages) * page_size` tokens; children of one
-    node differ in their first page; `num_pages` is the number of pages held; a node's lock count is at least the
-    sum of its children's (a lock covers the path to the root)."""
+    """Invariants: every non-root key is `len(pages) * page_size` tokens; siblings differ in their first page; a
+    node's lock count is at least the sum of its children's (a lock covers the path to the root)."""
 
     def __init__(self, page_size: int) -> None:
         if page_size < 1:
@@ -38,26 +31,19 @@ class RadixCache:
         self.num_pages = 0
         self.num_nodes = 0  # without the root
         self._clock = 0
-        # Eviction candidates: (stamp when pushed, push order, node); checked when popped (see the module doc).
-        self._heap: list[tuple[int, int, Node]] = []
+        self._heap: list[tuple[int, int, Node]] = []  # eviction candidates: (stamp when pushed, push order, node)
         self._pushes = 0
 
-    # ---- lookups ------------------------------------------------------------------------------------------------
     def match(self, tokens: Sequence[int], max_tokens: int | None = None) -> tuple[list[int], Node]:
-        """Pages of the longest cached prefix of `tokens` of at most `max_tokens` tokens (whole pages), and the node
-        where it ends (split there if it ended inside one, so locking it locks exactly the match)."""
+        """Pages of the longest cached prefix (whole pages, at most `max_tokens` tokens), and the node where it ends
+        (split there, so locking it locks exactly the match)."""
         limit = len(tokens) if max_tokens is None else min(len(tokens), max_tokens)
         pages, node, _ = self._walk(tokens, limit - limit % self.page_size)
         return pages, node
 
     def insert(self, tokens: Sequence[int], pages: Sequence[int], below: Node | None = None) -> tuple[Node, list[int]]:
-        """Cache `tokens` (whole pages) held in `pages`. The part already cached keeps its pages (the caller's copies
-        of it are not taken); the rest becomes a new leaf with the caller's pages. Returns the node where `tokens`
-        end and the pages the tree took.
-
-        `below`: `tokens` continue the path that ends at this node (a request extending what it cached before, which
-        holds a lock on it), so the walk starts there instead of at the root: a request's growth costs its new pages,
-        not its length. When that node is a leaf and the caller's lock is its only one, it grows in place."""
+        """Cache `tokens` (whole pages) in `pages`: (the node where they end, the pages the tree took). `below`: they
+        continue the caller's locked path to this node, so the walk starts there (a leaf only it holds grows)."""
         ps = self.page_size
         if len(tokens) != len(pages) * ps:
             raise ValueError(f"{len(tokens)} tokens do not fill {len(pages)} pages of {ps}")
@@ -67,7 +53,6 @@ class RadixCache:
         taken = list(pages[done // ps :])
         self.num_pages += len(taken)
         if node is below and node is not self.root and not node.children and node.lock == 1:
-            # The leaf this caller extends and nobody else holds: grow it in place (one node per sequence).
             node.key += tuple(tokens[done:])
             node.pages.extend(taken)
             node.last_use = self._clock
@@ -80,10 +65,8 @@ class RadixCache:
         return leaf, taken
 
     def _walk(self, tokens: Sequence[int], limit: int, start: Node | None = None) -> tuple[list[int], Node, int]:
-        """Follow `tokens[:limit]` (limit page-aligned) down the tree from `start` (the root): (pages, last node,
-        tokens matched). Splits the last node when the match ends inside it; stamps every node on the way and, from
-        a `start` below the root, the path above it (a node is never older than its descendants: eviction takes
-        leaves in recency order)."""
+        """Follow `tokens[:limit]` down from `start`: (pages, last node, tokens matched), splitting where the match
+        ends; stamps the path from the root (a node is never older than its descendants)."""
         ps = self.page_size
         self._clock += 1
         node, i, pages = start or self.root, 0, []
@@ -118,7 +101,6 @@ class RadixCache:
         self.num_nodes += 1
         return upper
 
-    # ---- locks and eviction ---------------------------------------------------------------------------------------
     def lock(self, node: Node) -> None:
         n: Node | None = node
         while n is not None:
@@ -136,8 +118,7 @@ class RadixCache:
             n = n.parent
 
     def evict(self, num_pages: int) -> list[int]:
-        """Drop least recently used unlocked leaves until at least `num_pages` pages are out (or none is left to
-        drop); returns the dropped pages. Whole nodes go, so a little more than asked may be dropped."""
+        """Drop least recently used unlocked leaves (whole nodes) until `num_pages` pages are out; the dropped pages."""
         out: list[int] = []
         if num_pages <= 0:
             return out
@@ -160,8 +141,8 @@ class RadixCache:
                 self._push(parent)
         if len(heap) > 4 * self.num_nodes + 64:  # stale entries pile up: rebuild from the free leaves
             self._heap = []
-            for n in self._leaves():
-                if n.lock == 0:
+            for n in self._nodes():
+                if n.lock == 0 and not n.children:
                     self._push(n)
         return out
 
@@ -184,6 +165,3 @@ class RadixCache:
             n = stack.pop()
             yield n
             stack.extend(n.children.values())
-
-    def _leaves(self):
-        return (n for n in self._nodes() if not n.children)

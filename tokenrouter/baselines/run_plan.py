@@ -1,10 +1,5 @@
-"""How many tokens a model writes before the request leaves it: the std-serving dispatcher's use of a router.
-
-A standard server cannot stop a request in mid-generation, so the dispatcher asks the router the routed
-scheduler's questions (`route`, `keep_token`) before it sends a visit, one per token, until the router names
-another model or `max_tokens` is reached. For the synthetic routers this is the same decision sequence the routed
-scheduler draws; routers that read the step's outputs cannot be planned ahead: `check_router` refuses them.
-"""
+"""How many tokens a model writes before the request leaves it, asked of the router before a visit (a standard
+server cannot stop mid-generation): the routed scheduler's decision sequence, for synthetic routers only."""
 
 from __future__ import annotations
 
@@ -19,8 +14,7 @@ _PROBE = 0  # stands for a token not sampled yet: synthetic routers never read i
 
 @dataclass(frozen=True, slots=True)
 class RunPlan:
-    """One visit: the model samples `tokens` tokens; the last one is committed iff `keep_last`; then the request
-    goes to `dst` (`dst == model`: it reached `max_tokens` here, and every token is kept)."""
+    """One visit: `tokens` sampled, the last committed iff `keep_last`, then on to `dst` (itself: `max_tokens`)."""
 
     tokens: int
     dst: int
@@ -36,9 +30,7 @@ def check_router(router: Router, name: str) -> None:
 
 
 def plan_run(router: Router, req: Request, model: int) -> RunPlan:
-    """Ask `router` (bound to `model`) for the decisions of the tokens `model` samples next for `req` (whose
-    `token_ids` are the prompt and the committed output); consumes the router's random draws as the routed
-    scheduler would, one per sampled token."""
+    """The next visit of `req` on `model`, consuming `router`'s draws as the routed scheduler would (one a token)."""
     left = req.sampling.max_tokens - req.num_output
     if left < 1:
         raise ValueError(f"{req.rid}: no token left to write (max_tokens {req.sampling.max_tokens})")

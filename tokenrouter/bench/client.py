@@ -1,8 +1,6 @@
-"""The bench's HTTP side: closed-loop workers or Poisson arrivals sending streaming `/v1/completions` with token-id
-prompts (exact prompt lengths) and `ignore_eos` (the workload's output lengths). Every SSE chunk is timed on arrival
-and its tokens credited to the model the server names per token (`tokenrouter.models`), so the latencies follow
-bench_serving's definitions (`tokenrouter.metrics`); the final chunk's `tokenrouter.hops` is the hop count.
-"""
+"""The bench's HTTP side: closed-loop workers or Poisson arrivals streaming `/v1/completions` with token-id prompts
+and `ignore_eos`. Every SSE chunk is timed on arrival and its tokens credited to the model the server names per
+token, so the latencies follow bench_serving's definitions (`tokenrouter.metrics`)."""
 
 from __future__ import annotations
 
@@ -29,13 +27,10 @@ class BenchOutcome:
     errors: list[str] = field(default_factory=list)
     wall_s: float = 0.0
     phases: list[tuple[float, Phase]] = field(default_factory=list)  # (bench time s, phase) as applied
-    # Closed loop: when a client first found no request left; (0, this] is the steady-state window, as in the
-    # simulator (`sim.clients.ClosedLoop.exhausted_at`).
-    exhausted_at: float | None = None
+    exhausted_at: float | None = None  # closed loop: (0, this] is the steady window, as `sim.clients.ClosedLoop`'s
     requests_sent: int = 0
     unreachable: str | None = None  # why the server did not answer at the end; None: it did
-    # Ctrl-C: nothing more was sent; the requests in flight were cancelled (their records stay unfinished).
-    interrupted: bool = False
+    interrupted: bool = False  # Ctrl-C: nothing more was sent; the requests in flight were cancelled
     requests_cancelled: int = 0
 
 
@@ -50,11 +45,8 @@ async def run_bench(url: str, specs: list[RequestSpec], *, concurrency: int | No
                     seed: int = 0, api_key: str | None = None, on_done: Callable[[], None] | None = None,
                     scrape_every_s: float = 0.25, timeout_s: float = 600.0, phases: list[Phase] | None = None,
                     admin_key: str | None = None, duration_s: float | None = None) -> BenchOutcome:  # fmt: skip
-    """Run `specs` against `url`. `phases` (a shifting workload, `tokenrouter.workloads`): at each phase's time the
-    closed loop's worker count moves to its `concurrency` (more workers start at once; with fewer, workers retire
-    as their current request ends) and its `hop_rate` is set on the server through POST /admin/policy with
-    `admin_key` (a synthetic router's rate; the policy in force stays). `duration_s`: no request is sent after that
-    many seconds (those running finish; `requests_sent` counts what went out)."""
+    """Run `specs` against `url`, moving through `phases` (worker count, hop rate via POST /admin/policy with
+    `admin_key`); after `duration_s` nothing more is sent (those running finish)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     phases = list(phases or [])
     limits = httpx.Limits(max_connections=max(concurrency or 0, 64))
@@ -76,17 +68,12 @@ async def run_bench(url: str, specs: list[RequestSpec], *, concurrency: int | No
 
 
 class _BenchRun:
-    """One `run_bench` call's shared state: the client, the outcome every task writes into, and the bench clock.
-    The clock starts once the served model is known, so time 0 is when the first request could go out."""
+    """One `run_bench` call's shared state; time 0 is when the first request could go out."""
 
     def __init__(self, client: httpx.AsyncClient, out: BenchOutcome, *, seed: int,
                  on_done: Callable[[], None] | None, scrape_every_s: float, admin_key: str | None) -> None:  # fmt: skip
-        self.client = client
-        self.out = out
-        self.seed = seed
-        self.on_done = on_done
-        self.scrape_every_s = scrape_every_s
-        self.admin_key = admin_key
+        self.client, self.out, self.seed, self.on_done = client, out, seed, on_done
+        self.scrape_every_s, self.admin_key = scrape_every_s, admin_key
         self.t0 = time.perf_counter()
 
     def now(self) -> float:
@@ -158,9 +145,8 @@ class _BenchRun:
 
 
 def _interrupted(out: BenchOutcome, loop: _Workers | None, t: float) -> None:
-    """The run was cancelled at `t` (its workers' requests cancelled already): mark it, end the closed loop's steady
-    window there (until then N requests were live), and take the cancel back so the end of the run (the last
-    /metrics poll) can still await. A second Ctrl-C is asyncio.run's own KeyboardInterrupt."""
+    """The run was cancelled at `t`: mark it, end the closed loop's steady window there, and take the cancel back so
+    the last /metrics poll can still await."""
     out.interrupted = True
     if loop is not None:
         out.exhausted_at = loop.exhausted_at if loop.exhausted_at is not None else t
@@ -170,19 +156,14 @@ def _interrupted(out: BenchOutcome, loop: _Workers | None, t: float) -> None:
 
 
 class _Workers:
-    """Closed loop: workers share one request iterator; `set_concurrency` moves their number while it runs (more
-    start at once; with fewer, workers retire as their current request ends, so no request is cut)."""
+    """Closed loop: workers share one request iterator; with fewer, workers retire as their current request ends."""
 
     def __init__(self, specs: list[RequestSpec], one, concurrency: int, now: Callable[[], float],
                  duration_s: float | None = None) -> None:  # fmt: skip
-        self.it = iter(specs)
-        self.one = one
-        self.target = concurrency
+        self.it, self.one, self.target, self.now, self.duration_s = iter(specs), one, concurrency, now, duration_s
         self.workers = 0
         self.tasks: list[asyncio.Task] = []
         self.exhausted = False
-        self.now = now
-        self.duration_s = duration_s
         self.exhausted_at: float | None = None
 
     def set_concurrency(self, n: int) -> None:
@@ -263,12 +244,7 @@ async def _stream_one(client: httpx.AsyncClient, spec, seed: int, served, metric
                 raise RuntimeError(chunk["error"].get("message", "error chunk"))
             t = now()
             ext = chunk.get("tokenrouter") or {}
-            for model, n in _runs(ext.get("models") or []):
-                metrics.on_tokens(spec.rid, n, t, model)
+            for model, run in groupby(ext.get("models") or []):
+                metrics.on_tokens(spec.rid, len(list(run)), t, model)
             if chunk["choices"][0].get("finish_reason") is not None:
                 metrics.on_finish(spec.rid, t, int(ext.get("hops", 0)))
-
-
-def _runs(models: list[int]) -> list[tuple[int, int]]:
-    """[0, 0, 1, 0] -> [(0, 2), (1, 1), (0, 1)]."""
-    return [(m, len(list(g))) for m, g in groupby(models)]

@@ -1,8 +1,5 @@
-"""Per-model server figures over time, from polling `/metrics`: the bench has no step-level trace of a live
-server, so queue length, busy fraction and mean batch size come from the cumulative counters the subservers
-report in their `Stats` heartbeats, differenced between polls. Busy time is the server's union of step intervals
-(`tokenrouter_busy_seconds`): summed step times count overlapped steps twice. A server without that counter
-(older than it) leaves busy NaN, shown as unobserved."""
+"""Per-model server figures over time, from the cumulative counters of polled `/metrics`, differenced between
+polls; busy time is `tokenrouter_busy_seconds` (NaN from a server without it)."""
 
 from __future__ import annotations
 
@@ -18,12 +15,10 @@ _OPTIONAL = {"tokenrouter_busy_seconds": "busy_s"}
 
 @dataclass(slots=True)
 class ServerSamples:
-    """`rows[model]` is a list of (t s since bench start, waiting, steps, rows, step seconds, busy seconds) polls;
-    busy seconds NaN when the server does not export them."""
+    """`rows[model]`: (t s since bench start, waiting, steps, rows, step seconds, busy seconds or NaN) per poll."""
 
     rows: dict[str, list[tuple[float, float, float, float, float, float]]] = field(default_factory=dict)
-    # (t, {model: B_i}) at the first poll and at every poll where the thresholds in force changed (a server that
-    # exports `tokenrouter_policy_threshold`: the admin endpoint's or autotune's changes).
+    # (t, {model: B_i}) at the first poll and whenever `tokenrouter_policy_threshold` changed.
     thresholds: list[tuple[float, dict[str, int]]] = field(default_factory=list)
 
     def add(self, t: float, text: str) -> None:

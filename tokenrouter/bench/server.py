@@ -21,10 +21,8 @@ TR = [sys.executable, "-m", "tokenrouter.cli.tr"]
 
 
 def spawn(cmd: Sequence[str], out: Path | IO[str] | None = None, env: dict[str, str] | None = None) -> subprocess.Popen:
-    """`cmd` (a server, a bench) in a session of its own, so it and its children can be signalled as a group, and
-    told to stop when this process ends however it ends (`term_when_parent_dies`: a study or test run cut by
-    `timeout` must not leave a server holding the GPU). Output to `out` (a log path or an open file; None: text
-    pipes); `env`: variables added to this process's environment."""
+    """`cmd` in a session of its own (signalled as a group), told to stop when this process ends however it ends;
+    output to `out` (a path or an open file; None: text pipes), `env` added to this process's environment."""
     io: dict[str, Any] = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
     if out is not None:
         io = {"stdout": out.open("w") if isinstance(out, Path) else out, "stderr": subprocess.STDOUT}
@@ -34,9 +32,8 @@ def spawn(cmd: Sequence[str], out: Path | IO[str] | None = None, env: dict[str, 
 
 def start_server(args: Sequence[str], port: int, log: Path, *, timeout_s: float = 420.0,
                  env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str, float | None]:  # fmt: skip
-    """`tokenrouter serve ARGS --port PORT` in its own process group, output to `log`; returns the process, its
-    URL and the seconds until /health answered 200 (None: it exited or did not come up within `timeout_s`; then
-    its process group is killed, so the port and the GPU are free for the caller's next try)."""
+    """`tokenrouter serve ARGS --port PORT`, output to `log`: (process, URL, seconds until /health answered 200;
+    None when it did not come up within `timeout_s`, its process group then killed)."""
     cmd = [*TR, "serve", *args, "--port", str(port)]
     t0 = time.monotonic()
     proc = spawn(cmd, log, env)

@@ -1,2 +1,1 @@
-"""The serving runtime: one process per subserver (engine + core scheduler + router), a front-end process
-(OpenAI-compatible HTTP), ZeroMQ between them. Imports nothing heavy at package level."""
+"""The serving runtime (docs/runtime.md). Imports nothing heavy at package level."""

@@ -1,14 +1,5 @@
-"""Where the processes of one deployment listen: one ZeroMQ endpoint per subserver, one for the front-end, one
-for the sync-policy coordinator, one for the launcher (and one for a baseline's dispatcher).
-
-Two transports (`DeploymentConfig.transport`; docs/cluster.md, "Transports"): `ipc://` inside the server's private
-run directory (`rundir`, the default), or `tcp://host:port`, where an endpoint has a *connect* address (what
-`Addresses` holds) and a *bind* address (`Addresses.bind`). Ports: `placement.port_base` plus `TCP_OFFSETS`, or 0
-for "not known yet" (published when the subserver joins, `runtime.join`).
-
-Invariants: every endpoint is distinct; `subservers[i]` is model i's PULL socket; an endpoint with port 0 is
-never connected to (`known`).
-"""
+"""Where a deployment's processes listen, `ipc://` or `tcp://` (docs/cluster.md, "Transports"). Invariants: every
+endpoint is distinct; `subservers[i]` is model i's PULL; an endpoint with port 0 is never connected to."""
 
 from __future__ import annotations
 
@@ -55,14 +46,12 @@ def is_loopback(host: str) -> bool:
 
 
 def bind_interface(host: str) -> str:
-    """What a process that is reached at `host` binds: that address when it is numeric (only that interface),
-    else every interface (ZeroMQ binds numeric addresses and interface names, not DNS names)."""
+    """What a process reached at `host` binds: that address when numeric, else every interface (not a DNS name)."""
     return host if is_ip(host) else ANY
 
 
 def free_tcp_port(interface: str = LOOPBACK) -> int:
-    """A port free on `interface` now (the OS picks it). Another process may take it before it is bound: the
-    launcher binds it at once; `placement.port_base` avoids the window altogether."""
+    """A port free on `interface` now (racy until bound; `placement.port_base` avoids the window)."""
     with socket.socket(socket.AF_INET6 if ":" in interface else socket.AF_INET) as s:
         s.bind(("" if interface == ANY else interface.strip("[]"), 0))
         return s.getsockname()[1]
@@ -93,13 +82,9 @@ class Addresses:
     frontend: str
     subservers: tuple[str, ...]
     coordinator: str
-    # Added by the runtime (compatible): the launcher's PULL; subservers send Ready/Stats/Failed here too, so
-    # the launcher sees start-up and liveness without the front-end's socket. Over tcp, subservers join here.
-    launcher: str = ""
-    # Where clients send Submit/Abort when it is not the entry subserver: the std-serving baseline's dispatcher.
-    submit: str = ""
-    # tcp only: the interface the launcher's host binds its endpoints on (`*` or an address; empty: ipc).
-    listen: str = ""
+    launcher: str = ""  # the launcher's PULL: Ready/Stats/Failed, and over tcp the joins
+    submit: str = ""  # where clients send Submit/Abort when it is not the entry: the std-serving dispatcher
+    listen: str = ""  # tcp only: the interface the launcher's host binds on (`*` or an address)
 
     def entry_address(self, entry: int) -> str:
         """Where a front-end sends `Submit` and `Abort`."""
@@ -114,8 +99,7 @@ class Addresses:
 
     @classmethod
     def tcp(cls, here: str, hosts: list[str], listen: str, port_base: int | None) -> Addresses:
-        """Launcher-side endpoints at `here` (how processes on the launcher's host reach it), model i's at
-        `hosts[i]`; ports from `port_base`, or 0 (to be chosen)."""
+        """Launcher-side endpoints at `here`, model i's at `hosts[i]`; ports from `port_base`, or 0 (to be chosen)."""
 
         def port(offset: int) -> int:
             return 0 if port_base is None else port_base + offset
@@ -131,8 +115,7 @@ class Addresses:
         return split_tcp(self.frontend)[0]
 
     def bind(self, endpoint: str) -> str:
-        """The address the owner of `endpoint` binds: ipc as it is; tcp on `listen` for the launcher's host,
-        else `bind_interface` of its host. Port 0 binds a free port (read it back from the socket)."""
+        """The address the owner of `endpoint` binds (port 0: a free one, read back with `bound_endpoint`)."""
         if not is_tcp(endpoint):
             return endpoint
         host, port = split_tcp(endpoint)
@@ -150,8 +133,7 @@ class Addresses:
         return replace(self, subservers=tuple(subs))
 
     def as_seen_from(self, launcher_host: str) -> Addresses:
-        """The table for a process on another host, which reaches the launcher's host at `launcher_host`: every
-        endpoint on the launcher's host (`here`) renamed. ipc, or a loopback `launcher_host`: unchanged."""
+        """The table for a process on another host, which reaches the launcher's host at `launcher_host`."""
         if not is_tcp(self.frontend) or is_loopback(launcher_host) or launcher_host == self.here:
             return self
         here = self.here
@@ -179,8 +161,7 @@ def bound_endpoint(sock: object, endpoint: str) -> str:
 
 
 def route_address(host: str) -> str:
-    """This host's address on the route to `host` (a UDP socket's local address after `connect`, which sends
-    nothing); 127.0.0.1 for a loopback `host`. OSError (naming `host`) when there is no route."""
+    """This host's address on the route to `host` (a connected UDP socket's, which sends nothing); OSError if none."""
     if is_loopback(host):
         return LOOPBACK
     try:

@@ -1,7 +1,5 @@
-"""What one subserver process builds before it serves: its part of the deployment (the simulator's builder,
-same call), its engine on the pool the scheduler allocates from, and its router (learned when the config names
-weights: `random` is calibrated on a warm-up on this engine before serving). A model with `tp > 1` gets rank 0 of a
-tensor-parallel engine whose other ranks this process starts (`runtime.tp_ranks`)."""
+"""What one subserver process builds before it serves: its part of the deployment (the simulator's builder), its
+engine on the scheduler's pool (rank 0 of `runtime.tp_ranks` when `tp > 1`) and its router."""
 
 from __future__ import annotations
 
@@ -18,11 +16,8 @@ from tokenrouter.runtime.tp_ranks import start_ranks
 
 @dataclass(slots=True)
 class SubserverSpec:
-    """Everything a subserver process needs (picklable: it crosses a multiprocessing spawn).
-
-    `device`: "cpu" or "cuda" (the launcher sets CUDA_VISIBLE_DEVICES, so the model's first GPU is cuda:0);
-    `memory_gb`: one GPU's memory as the builder sizes KV pools with (every process passes the same value, so
-    all derive the same pools and the entry's admission ledger matches the peers' pools)."""
+    """Everything a subserver process needs (picklable). `memory_gb`: the same in every process, so all derive the
+    same pools and the entry's admission ledger matches the peers'."""
 
     model: int
     config: DeploymentConfig
@@ -36,21 +31,18 @@ class SubserverSpec:
     step_log: str | None = None  # JSONL of this subserver's steps: launch and done times (monotonic clock)
     prepare_margin_ms: float = 1.0  # overlap: form step k+1 this long before step k's estimated end
     log_level: int = 30  # the launcher's `tokenrouter` logger level (logging.WARNING unless the CLI set one)
-
     run_dir: str | None = None  # the server's own run directory: removed by a subserver orphaned by a kill -9
 
     @classmethod
     def from_welcome(cls, model: int, welcome: Any, log_level: int) -> SubserverSpec:
-        """The spec of a subserver the launcher did not start (`tr subserver --join`): everything from the
-        launcher's `join.Welcome`."""
+        """The spec of a subserver the launcher did not start (`tr subserver --join`), from its `join.Welcome`."""
         cfg = config_from_yaml(welcome.config_yaml)
         return cls(model, cfg, welcome.addresses, welcome.device, welcome.memory_gb, welcome.seed,
                    dict(welcome.engine_overrides), welcome.stats_interval_s, log_level=log_level)  # fmt: skip
 
 
 def process_engine_kwargs(spec: SubserverSpec, engine_args: dict[str, Any]) -> dict[str, Any]:
-    """The deployment's engine arguments for this model, as its own process runs them: its device (on CUDA always
-    `cuda:0`: `CUDA_VISIBLE_DEVICES` names the model's GPUs), its MPS SM share, then the spec's overrides."""
+    """This model's engine arguments in its own process: device (`cuda:0`), MPS SM share, then the overrides."""
     kw = dict(engine_args)
     if spec.device == "cpu":
         kw.update(device="cpu", cuda_graphs=False)
@@ -65,8 +57,7 @@ def process_engine_kwargs(spec: SubserverSpec, engine_args: dict[str, Any]) -> d
 
 def build_part(spec: SubserverSpec, gate: SyncGate | None) -> tuple[Deployment, Scheduler, Any]:
     """Deployment, this model's scheduler and its engine (router installed, calibrated if `random`)."""
-    # torch (the `engine` extra) loads in the subserver process only: the launcher imports this module for the spec.
-    from tokenrouter.engine import Engine, EngineConfig
+    from tokenrouter.engine import Engine, EngineConfig  # torch: in the subserver process only
 
     cfg = spec.config
     dep = build_deployment(cfg, gpu_memory_gb=spec.memory_gb, seed=spec.seed, gate=gate)
@@ -76,8 +67,7 @@ def build_part(spec: SubserverSpec, gate: SyncGate | None) -> tuple[Deployment, 
     tp = cfg.models[model_index].tp > 1
     engine = start_ranks(spec, kw, sched.kv) if tp else Engine(EngineConfig(**kw), kv_pool=sched.kv)
     rc = cfg.router
-    if rc.weights:
-        # A learned router is a torch module (the `engine` extra).
+    if rc.weights:  # a learned router (a torch module)
         from tokenrouter.routers.learned import Calibratable, calibrate_on_runner, make_learned_router
 
         small = cfg.is_small(model_index)

@@ -1,6 +1,4 @@
-"""`RuntimeClient`: the front-end side of the runtime's sockets, without HTTP. It binds the front-end PULL and
-connects a PUSH to the entry subserver. Tests use it directly; an HTTP front-end may wrap it (one instance per
-process: the PULL endpoint is bound once). Not thread-safe: use it from one thread (or guard it)."""
+"""`RuntimeClient`: the front-end side of the runtime's sockets, without HTTP (tests, studies). One thread only."""
 
 from __future__ import annotations
 
@@ -30,7 +28,6 @@ class RuntimeClient:
         self.push.send_multipart([P.CTL, P.encode(P.Abort(rid))])
 
     def recv(self, timeout_s: float) -> P.ToFrontend | None:
-        """The next event, or None after `timeout_s`."""
         if not self.pull.poll(int(timeout_s * 1000)):
             return None
         _, data = self.pull.recv_multipart()
@@ -50,18 +47,13 @@ class RuntimeClient:
 
     def closed_loop(self, jobs: Sequence[tuple[str, Sequence[int], P.Sampling]], concurrency: int,
                     timeout_s: float = 300.0) -> None:  # fmt: skip
-        """Run `jobs` (rid, prompt ids, sampling) as `concurrency` closed-loop clients: the first `concurrency` at
-        once, then one more each time a request finishes, until all have (studies' loads without HTTP)."""
-        sent = ended = 0
-        while sent < min(concurrency, len(jobs)):
-            self.submit(*jobs[sent])
-            sent += 1
-        while ended < len(jobs):
+        """Run `jobs` (rid, prompt ids, sampling) as `concurrency` closed-loop clients, until all finished."""
+        for job in jobs[:concurrency]:
+            self.submit(*job)
+        for k in range(concurrency, len(jobs) + concurrency):
             self.until(lambda ev: isinstance(ev, P.Finished), timeout_s)
-            ended += 1
-            if sent < len(jobs):
-                self.submit(*jobs[sent])
-                sent += 1
+            if k < len(jobs):
+                self.submit(*jobs[k])
 
     def close(self) -> None:
         self.pull.close(linger=0)

@@ -1,12 +1,5 @@
-"""The launcher's side of a tcp deployment (`DeploymentConfig.transport == "tcp"`, or `tr serve --ray`;
-docs/cluster.md says where things run and listen).
-
-`Server` (`runtime.launcher`) keeps one `Cluster` when its deployment runs over tcp and calls it at a few points:
-`bind_launcher`, `prepare` then `start_remote` per subserver, `on_join`, `wait_joined`, `welcome_all` and `close`.
-It owns the tcp address table (a call that changes it returns it) and sees the launcher through `Launcher` only.
-The table holds a subserver's endpoint only once it joined (port 0 until then: nothing connects to it); a
-restarted subserver binds the endpoint it had, so the survivors' table stays right.
-"""
+"""The launcher's side of a tcp deployment (docs/cluster.md): `Cluster` owns the address table, where a subserver's
+endpoint is port 0 until it joined; a restarted subserver binds the endpoint it had."""
 
 from __future__ import annotations
 
@@ -20,21 +13,10 @@ from typing import Any, Protocol
 import zmq
 
 from tokenrouter.core.config import DeploymentConfig
+from tokenrouter.runtime import addresses as A
 from tokenrouter.runtime import join as J
 from tokenrouter.runtime import protocol as P
-from tokenrouter.runtime.addresses import (
-    ANY,
-    LOOPBACK,
-    SUBSERVER_OFFSET,
-    Addresses,
-    bound_endpoint,
-    free_tcp_port,
-    is_ip,
-    is_local_address,
-    is_loopback,
-    split_tcp,
-    tcp_endpoint,
-)
+from tokenrouter.runtime.addresses import Addresses
 from tokenrouter.runtime.build import SubserverSpec
 from tokenrouter.runtime.ray_cluster import RayCluster
 from tokenrouter.runtime.remote import RemoteSubserver
@@ -48,10 +30,8 @@ UNJOINED = "unjoined"  # host placeholder of an external model without `host` (p
 
 @dataclass(slots=True)
 class ClusterOptions:
-    """How `Server` runs a tcp deployment. `ray`: a Ray address, `auto`, or `local` (start a head here); None:
-    no Ray. `heartbeat_timeout_s`: a subserver the launcher did not start (external, Ray) that sends no Stats for
-    this long after its Ready has failed. `join_timeout_s`: how long start-up waits for every subserver to join.
-    `config_path`: the deployment file, only to print the command that starts an external model."""
+    """`ray`: a Ray address, `auto`, or `local` (start a head here); None: no Ray. `heartbeat_timeout_s`: for the
+    subservers the launcher did not start. `config_path`: only for the printed command of an external model."""
 
     ray: str | None = None
     heartbeat_timeout_s: float = 10.0
@@ -65,9 +45,7 @@ class ClusterOptions:
 
 
 class Launcher(Protocol):
-    """What `Cluster` reads of its launcher (`runtime.launcher.Server`): `processes[i]` (model i's process or
-    `RemoteSubserver`) and `dead` (model -> its reported failure) as they stand now; `poll_control` handles what
-    reached the launcher's socket (JOIN frames come back through `on_join`); `serving()` is False once it stops."""
+    """What `Cluster` reads of its launcher (`runtime.launcher.Server`)."""
 
     config: DeploymentConfig
     device: str
@@ -85,8 +63,7 @@ class Cluster:
     def __init__(self, launcher: Launcher, options: ClusterOptions, ctx: zmq.Context) -> None:
         """`ctx`: the launcher's ZeroMQ context (the Welcome and Refused frames go out on sockets of it)."""
         cfg = launcher.config
-        self.config = cfg
-        self.options = options
+        self.config, self.options = cfg, options
         self.names = [m.name for m in cfg.models]
         pl = cfg.placement
         remote = bool(options.ray) or any(m.external for m in cfg.models)
@@ -97,7 +74,7 @@ class Cluster:
             raise ValueError("restarting an external subserver in place needs fixed ports (placement.port_base): "
                              "its peers must find it where it was")  # fmt: skip
         for m in cfg.models:
-            if not m.external and not options.ray and m.host and not is_local_address(m.host):
+            if not m.external and not options.ray and m.host and not A.is_local_address(m.host):
                 raise ValueError(f"model {m.name}: host {m.host} is not an address of this host; mark it "
                                  "external: true and start it there (`tokenrouter subserver --join ...`)")  # fmt: skip
         self.ray = None
@@ -109,35 +86,32 @@ class Cluster:
             self.ray = RayCluster(options.ray, cfg, launcher.device, num_cpus=options.ray_num_cpus)
         self.local = self._is_local()
         listen = self._listen()
-        here = LOOPBACK if listen in (LOOPBACK, ANY) else listen
-        self.here = here
-        # Where each subserver is asked to listen (port from port_base, else 0: free); the table's entry stays
-        # port 0 until it joined.
-        self.intended = [tcp_endpoint(self._host(i, here), self._port(i)) for i in range(len(cfg.models))]
-        table = Addresses.tcp(here, [split_tcp(a)[0] for a in self.intended], listen, pl.port_base)
-        table = replace(table, subservers=tuple(tcp_endpoint(split_tcp(a)[0], 0) for a in self.intended))
+        here = self.here = A.LOOPBACK if listen in (A.LOOPBACK, A.ANY) else listen
+        # Where each subserver is asked to listen (port from port_base, else 0: free).
+        self.intended = [A.tcp_endpoint(self._host(i, here), self._port(i)) for i in range(len(cfg.models))]
+        hosts = [A.split_tcp(a)[0] for a in self.intended]
+        table = Addresses.tcp(here, hosts, listen, pl.port_base)
+        table = replace(table, subservers=tuple(A.tcp_endpoint(h, 0) for h in hosts))
         if pl.port_base is None:
-            table = replace(table, frontend=tcp_endpoint(here, free_tcp_port(listen)),
-                            coordinator=tcp_endpoint(here, free_tcp_port(listen)))  # fmt: skip
+            table = replace(table, frontend=A.tcp_endpoint(here, A.free_tcp_port(listen)),
+                            coordinator=A.tcp_endpoint(here, A.free_tcp_port(listen)))  # fmt: skip
         self.addresses = table
         self.joins: dict[int, J.Join] = {}
         self.specs: dict[int, SubserverSpec] = {}  # model -> the spec it last started with (its Welcome says it)
         self.open = False  # every model joined and the table went out: later joins are welcomed at once
-        self.launcher = launcher
-        self.ctx = ctx
+        self.launcher, self.ctx = launcher, ctx
 
-    # ---- layout ---------------------------------------------------------------------------------------------
     def _is_local(self) -> bool:
         if self.ray is not None:
             return self.ray.single_node
         # An external model on a loopback host is started by hand on this host: still local.
-        return all(is_loopback(m.host) if m.host else not m.external for m in self.config.models)
+        return all(A.is_loopback(m.host) if m.host else not m.external for m in self.config.models)
 
     def _listen(self) -> str:
         lh = self.config.placement.launcher_host
         if lh is not None:
-            return lh if is_ip(lh) else ANY
-        return LOOPBACK if self.local else ANY
+            return lh if A.is_ip(lh) else A.ANY
+        return A.LOOPBACK if self.local else A.ANY
 
     def _host(self, i: int, here: str) -> str:
         m = self.config.models[i]
@@ -145,31 +119,27 @@ class Cluster:
             return self.ray.host(i)
         if m.external:
             return m.host or UNJOINED
-        return m.host if m.host and not is_loopback(m.host) else here
+        return m.host if m.host and not A.is_loopback(m.host) else here
 
     def _port(self, i: int) -> int:
         base = self.config.placement.port_base
-        return 0 if base is None else base + SUBSERVER_OFFSET + i
+        return 0 if base is None else base + A.SUBSERVER_OFFSET + i
 
     def bind_launcher(self, sock: zmq.Socket) -> Addresses:
-        """Bind the launcher's PULL; the table with its port."""
         a = self.addresses
         sock.bind(a.bind(a.launcher))
-        self.addresses = replace(a, launcher=bound_endpoint(sock, a.launcher))
+        self.addresses = replace(a, launcher=A.bound_endpoint(sock, a.launcher))
         return self.addresses
 
     def join_command(self, i: int) -> str:
-        """How to start external model i on its host."""
         cfg = self.options.config_path or "DEPLOYMENT.yaml"
-        at = self.config.placement.launcher_host or (LOOPBACK if self.local else socket.getfqdn())
-        port = split_tcp(self.addresses.launcher)[1]
+        at = self.config.placement.launcher_host or (A.LOOPBACK if self.local else socket.getfqdn())
+        port = A.split_tcp(self.addresses.launcher)[1]
         return (f"tokenrouter subserver --config {shlex.quote(cfg)} --model {shlex.quote(self.names[i])} "
                 f"--join tcp://{at}:{port}")  # fmt: skip
 
-    # ---- start ----------------------------------------------------------------------------------------------
     def prepare(self, i: int, spec: SubserverSpec) -> SubserverSpec:
-        """The spec model i starts with: the table as seen from its host, with the endpoint it must bind (the one
-        it had, after a restart)."""
+        """The spec model i starts with: the table as seen from its host, with the endpoint it must bind."""
         self.specs[i] = spec
         own = self.addresses.subservers[i]
         if not Addresses.known(own):
@@ -211,10 +181,8 @@ class Cluster:
         for i in sorted(self.joins):
             self._welcome(self.joins[i])
 
-    # ---- joins ----------------------------------------------------------------------------------------------
     def on_join(self, data: bytes) -> Addresses:
-        """A JOIN frame on the launcher's socket (start-up or watcher thread); the table, with the endpoint of a
-        subserver that joined."""
+        """A JOIN frame on the launcher's socket; the table, with the endpoint of a subserver that joined."""
         msg = J.decode(data)
         procs = self.launcher.processes
         handle = procs[msg.model] if isinstance(msg, J.Join | J.Left) and msg.model < len(procs) else None
@@ -262,13 +230,11 @@ class Cluster:
     def _welcome(self, join: J.Join) -> None:
         spec = self.specs[join.model]
         seen = self.addresses.as_seen_from(self.config.placement.launcher_host or join.via)
-        w = J.Welcome(
+        self._send(join.endpoint, J.Welcome(
             join.model, seen.frontend, list(seen.subservers), seen.coordinator, seen.launcher, seen.submit,
             config_yaml=self.config.to_yaml() if join.external else "", device=spec.device, memory_gb=spec.memory_gb,
             seed=spec.seed, engine_overrides=dict(spec.engine_overrides), stats_interval_s=spec.stats_interval_s,
-            log_level=spec.log_level,
-        )  # fmt: skip
-        self._send(join.endpoint, w)
+            log_level=spec.log_level))  # fmt: skip
 
     def _send(self, endpoint: str, msg: J.JoinMessage) -> None:
         send_once(self.ctx, endpoint, [P.JOIN, J.encode(msg)])

@@ -1,11 +1,6 @@
 """`EngineLoop`: the one loop that drives an engine from a core `Scheduler` (docs/runtime.md, "The subserver
-loop"). The subserver runs it over ZeroMQ (`runtime.subserver`), tests and studies in process
-(`runtime.local_loop`); only the transport differs, through three hooks: `receive`, `wait_idle` and `deliver`.
-
-Under overlap (`Scheduler.prepares_ahead`) step k+1 is launched before step k is completed, formed as late as the
-simulator forms it (`core.overlap.prepare_time`) against k's estimated end (`runtime.step_clock`). The loop waits
-on each step's own handle, never on the device, and never frees KV itself (a hopped request stays PENDING).
-"""
+loop"). The subserver (ZeroMQ) and `local_loop` (in process) differ only in `receive`, `wait_idle` and `deliver`.
+The loop waits on each step's own handle, never on the device, and never frees KV itself."""
 
 from __future__ import annotations
 
@@ -36,14 +31,11 @@ class InFlight:
     handle: Any  # the engine's StepHandle: ready(), result(), gpu_start / gpu_end events (CUDA timing)
     launched: float  # monotonic clock
     back_to_back: bool  # launched without the loop waiting for work since the previous completion
-    # Monotonic clock when the batch was handed to the engine (before its host planning; on CPU `step` also computes,
-    # so `launched` comes after the work): where the step's time per batch size starts (`Counters.batches`).
-    submitted: float | None = None
+    submitted: float | None = None  # handed to the engine (before its planning): `Counters.batches` starts here
 
 
 def step_record(model: int, f: InFlight, rows: int, t_done: float, gpu_ms: float) -> dict[str, Any]:
-    """One step log line: when it ran and what it carried (tokens, extend rows, context, and the graph buckets the
-    engine chose), so a study prices the same pass with the simulator's cost model."""
+    """One step log line: when it ran and what it carried, so a study prices the same pass with the cost model."""
     brs = f.batch.rows
     ext = [r.num_tokens for r in brs if r.num_tokens > 1]
     return {"model": model, "step": f.batch.step_id, "rows": rows, "launch": f.launched, "done": t_done,
@@ -66,17 +58,12 @@ class LoopTimes:
 
 
 class EngineLoop(ABC):
-    """Drives `engine` (a `ModelRunner`: `step(batch, ...)` returning a handle) from `sched`.
-
-    Invariant: `inflight` lists the launched steps in launch order, the same batches as `sched.inflight`
-    (a step is taken off both at once, in `complete_oldest`); at most two are in flight, one without overlap.
-    """
+    """Invariant: `inflight` lists the launched steps in launch order, the same batches as `sched.inflight` (taken
+    off both at once, in `complete_oldest`); at most two are in flight, one without overlap."""
 
     def __init__(self, engine: Any, sched: Scheduler, *, prepare_margin_s: float = 0.001,
                  step_log: JsonlLog | None = None, keep_handles: bool = False) -> None:  # fmt: skip
-        self.engine = engine
-        self.sched = sched
-        self.model = sched.model
+        self.engine, self.sched, self.model = engine, sched, sched.model
         self.margin_s = prepare_margin_s
         self.step_log = step_log if step_log is not None else JsonlLog(None)
         self.keep_handles = keep_handles
@@ -92,31 +79,24 @@ class EngineLoop(ABC):
         # GPU time per step (two CUDA events) for the step clock and the loop counters; nothing to time on CPU.
         engine.timing = engine.device.type == "cuda"
 
-    # ---- hooks (the transport) ------------------------------------------------------------------------
     @abstractmethod
     def receive(self, timeout_s: float) -> None:
-        """Handle every queued message (Submit -> `sched.add`, Abort -> `sched.abort`, a peer's -> `resume`,
-        delivering what they return); wait up to `timeout_s` for the first one."""
+        """Handle every queued message, delivering what the scheduler returns; wait up to `timeout_s` for one."""
 
     @abstractmethod
     def wait_idle(self) -> None:
-        """Nothing is in flight and the last iteration launched nothing: block until something may change that
-        (a message, the policy deadline `sched.next_deadline()`), or set `stopping`."""
+        """Nothing in flight, nothing launched: block until a message or `sched.next_deadline()`, or set `stopping`."""
 
     @abstractmethod
     def deliver(self, actions: list[Action], failed: frozenset[str] = frozenset()) -> None:
-        """Send `actions` (Send -> a peer, Emit -> the client's tokens, Finish); a Finish of a request in
-        `failed` reports reason "error" (its step failed)."""
+        """Send `actions`; a Finish of a request in `failed` reports reason "error" (its step failed)."""
 
     def before_complete(self, batch: Batch) -> None:  # noqa: B027 - optional hook, default no-op
-        """Called when a step's result is in, before `Scheduler.complete` (which may finish requests and release
-        their pages): the KV of every live row's tokens is written (a prefix cache takes its whole pages here)."""
+        """A step's result is in, before `Scheduler.complete` may release pages (a prefix cache takes them here)."""
 
     def after_schedule(self, batch: Batch | None) -> None:  # noqa: B027 - optional hook, default no-op
-        """Called right after `schedule`, before the step launches (a sync gate's grant is released when no
-        batch formed; tests land aborts and completions between schedule and step here)."""
+        """Right after `schedule`, before the step launches (a sync gate hands back an unused grant here)."""
 
-    # ---- the loop -------------------------------------------------------------------------------------
     def run(self, max_steps: int | None = None) -> None:
         """Serve until `stopping` (or `max_steps` launches), then complete what is in flight."""
         t_run = time.perf_counter()
@@ -135,17 +115,13 @@ class EngineLoop(ABC):
             while self.inflight and (not self.sched.prepares_ahead or not launched or len(self.inflight) > 1):
                 self.complete_oldest()
                 completed = True
-            # A completion can make this model launchable again (its requeued rows, a sync gate's next round)
-            # without any message arriving: ask `schedule` once more before blocking.
-            busy = launched or completed or bool(self.inflight)
+            busy = launched or completed or bool(self.inflight)  # a completion may make us launchable: no block yet
         while self.inflight:
             self.complete_oldest()
         self.times.wall_s += time.perf_counter() - t_run
 
     def wait_to_prepare(self) -> None:
-        """Overlap: form step k+1 `prepare_margin_s` before step k is estimated to end (`core.overlap`), taking
-        messages meanwhile, so returns that land during k join k+1 as in the simulator. Stops waiting as soon as
-        k is done (the estimate was long) or the estimate runs out."""
+        """Overlap: take messages until `prepare_margin_s` before step k's estimated end, or until k is done."""
         if not self.sched.prepares_ahead or len(self.inflight) != 1 or self.clock.end is None:
             return
         handle = self.inflight[0].handle
@@ -180,13 +156,8 @@ class EngineLoop(ABC):
         return True
 
     def step_engine(self, batch: Batch) -> Any | None:
-        """`engine.step(batch)`, or None when nothing was launched (the batch failed).
-
-        A BatchError that names requests (a token outside the vocabulary, pages, context: checked before anything
-        is launched or changed) fails those requests only, and the same batch is stepped again: their rows are now
-        stale and skipped, so every other row runs in this step. Each retry drops at least one live row, so it
-        ends. A batch refused as a whole (no request named, or naming none of its live rows) and a failed launch
-        fail the whole batch, as before; the subserver serves on either way."""
+        """`engine.step(batch)`, or None when the batch failed. A BatchError naming requests fails only those and
+        steps the batch again (their rows are stale now; each retry drops a live row, so it ends)."""
         r = self.sched.router
         while True:
             try:
@@ -200,8 +171,7 @@ class EngineLoop(ABC):
                     return None
 
     def fail_rows(self, batch: Batch, err: BatchError) -> bool:
-        """End the requests `err` names with "error" (their pages freed, every peer told, as for an abort), leaving
-        the batch's other rows live; False when it names no live row of the batch (nothing was changed)."""
+        """End the requests `err` names with "error" (as an abort); False when it names no live row of the batch."""
         named = set(err.rids)
         rids = frozenset(row.req.rid for row in batch.rows if row.req.rid in named and row.version == row.req.version)
         if not rids:
@@ -217,11 +187,8 @@ class EngineLoop(ABC):
         return all(row.version != row.req.version for row in batch.rows if row.req.rid in rids)
 
     def fail_batch(self, batch: Batch, why: str) -> None:
-        """A launch failed: its requests end with "error" (and are dropped on every peer); the loop goes on.
-
-        Under overlap the step before it may still be in flight, and the core completes steps in launch order
-        only: that step is completed first (its results are good: tokens of requests that are also in the
-        failed batch are delivered before those requests end), then the failed batch is taken off."""
+        """A launch failed: its requests end with "error"; the loop goes on. The core completes in launch order,
+        so a step still in flight before it is completed first (its results are good)."""
         rids = frozenset(row.req.rid for row in batch.rows)
         log.warning("model %d: step %d fails with its %d requests (error): %s", self.model, batch.step_id, len(rids),
                     why)  # fmt: skip

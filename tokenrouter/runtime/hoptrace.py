@@ -1,12 +1,11 @@
-"""`--record-hops`: merge the subservers' emit logs into the hop trace the simulator replays (docs/routers.md, "Hop
-trace format": `{"id", "prompt_len", "runs": [[model, tokens], ...]}`). Runs are the committed output tokens by the
-model that wrote them, in output order; a request whose tokens did not all arrive in the logs (aborted
-mid-way, a process killed) is written with the tokens that did, and requests with no output are left out."""
+"""`--record-hops`: merge the subservers' emit logs into the hop trace the simulator replays (docs/routers.md,
+"Hop trace format"); a request is written with the tokens that reached the logs, none: left out."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from itertools import groupby
 from pathlib import Path
 
 
@@ -34,12 +33,7 @@ def merge_hop_logs(logs: Iterable[str | Path], out: str | Path) -> int:
     n = 0
     with open(out, "w") as f:
         for rid, evs in emits.items():
-            runs: list[list[int]] = []
-            for _, k, model in sorted(evs):
-                if runs and runs[-1][0] == model:
-                    runs[-1][1] += k
-                else:
-                    runs.append([model, k])
+            runs = [[m, sum(k for _, k, _ in g)] for m, g in groupby(sorted(evs), key=lambda ev: ev[2])]
             if not runs:
                 continue
             f.write(json.dumps({"id": rid, "prompt_len": prompt.get(rid, 0), "runs": runs}) + "\n")

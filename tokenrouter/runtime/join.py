@@ -1,10 +1,5 @@
-"""Joining a tcp deployment: how a subserver and the launcher agree on the address table (docs/cluster.md,
-"Joining and the published table": `Join`, `Welcome`, `Refused`, `Left`).
-
-Invariant: no process connects to a subserver before the launcher published its endpoint (`Addresses.known`).
-A subserver the launcher did not start has no parent to die with: `LauncherLink.watch` ends it when its
-connection to the launcher drops.
-"""
+"""Joining a tcp deployment (docs/cluster.md, "Joining and the published table"). Invariant: no process connects
+to a subserver before the launcher published its endpoint (`Addresses.known`)."""
 
 from __future__ import annotations
 
@@ -30,8 +25,8 @@ HEARTBEAT_TIMEOUT_MS = 10_000
 
 
 class Join(msgspec.Struct, tag="join", frozen=True):
-    """Subserver -> launcher. `name` and `models` (the joiner's deployment) let the launcher refuse a subserver
-    started with another config; `external`: started by hand, so `Welcome` must carry the deployment."""
+    """Subserver -> launcher. `name` and `models` let the launcher refuse another config; `external`: started by
+    hand, so `Welcome` must carry the deployment."""
 
     model: int
     name: str
@@ -137,8 +132,7 @@ class LauncherLink:
 
 @dataclass(slots=True)
 class Joined:
-    """What a joined subserver holds: its bound PULL (in `ctx`, the subserver's context), the link to the
-    launcher, and the launcher's answer."""
+    """A joined subserver's bound PULL (in `ctx`), its link to the launcher, and the launcher's answer."""
 
     ctx: zmq.Context
     pull: zmq.Socket
@@ -148,9 +142,8 @@ class Joined:
 
 def join_launcher(addresses: Addresses, model: int, name: str, *, external: bool = False,
                   models: list[str] | None = None, timeout_s: float | None = None) -> Joined | None:  # fmt: skip
-    """Bind model `model`'s PULL (`addresses.subservers[model]`: the host it advertises, port 0 for a free one),
-    join the launcher at `addresses.launcher` and wait for its answer. None when the launcher sent `Shutdown`
-    first (it is stopping); `JoinRefused` when it refused; TimeoutError after `timeout_s` without an answer."""
+    """Bind model `model`'s PULL, join the launcher and wait for its answer: None when it is stopping (`Shutdown`),
+    `JoinRefused` when it refused; TimeoutError after `timeout_s`."""
     ctx = zmq.Context()
     pull = ctx.socket(zmq.PULL)
     own = addresses.subservers[model]

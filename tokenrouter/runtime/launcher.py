@@ -1,13 +1,5 @@
-"""`Server`: starts one process per subserver (multiprocessing spawn), the sync coordinator (sync policies) and
-the MPS daemon (placement mps on CUDA); waits for every `Ready`; watches the processes; stops everything.
-
-A front-end binds a PULL at `server.addresses.frontend` (before or after `start()`) and PUSHes `Submit`/`Abort`
-to `server.addresses.entry_address(server.entry)` (`runtime.client.RuntimeClient` does both); it reads
-`server.ready`, `server.stats`, `server.dead`, `server.healthy()`, and `add_listener(fn)` (watcher thread).
-Supervision once started is `runtime.watch`; docs/runtime.md describes both.
-Invariant: after `stop()` returns, no subserver process, auxiliary process (`aux`), coordinator process or MPS daemon of
-this server runs, and the run directory is removed on every exit path (`rundir`).
-"""
+"""`Server`: starts the subservers, the sync coordinator and the MPS daemon, waits for every `Ready`, stops it all
+(docs/runtime.md). Invariant: after `stop()`, no process of this server runs and its run directory is gone."""
 
 from __future__ import annotations
 
@@ -46,8 +38,7 @@ log = logging.getLogger(__name__)
 
 
 def with_cpu_kv_tokens(cfg: DeploymentConfig, tokens: int) -> DeploymentConfig:
-    """On CPU there is no GPU memory to split: give every model the same KV capacity of `tokens` (the joint
-    budget's rule) through `kv_budget_gb`, unless the config sets one."""
+    """On CPU: every model gets a KV capacity of `tokens` through `kv_budget_gb`, unless the config sets one."""
 
     def budget(m: ModelConfig) -> ModelConfig:
         if m.kv_budget_gb is not None:
@@ -65,8 +56,8 @@ def gpu_memory_gb(gpu: int) -> float:
 
 
 def heartbeat_timeout(timeout_s: float | None, stats_interval_s: float) -> float:
-    """How long a ready subserver may send nothing before it counts as hung. At least two Stats intervals, so one
-    late report is not a hang; by default 10 s, or 4 intervals if longer."""
+    """How long a ready subserver may be silent before it is hung: at least two Stats intervals (one late report is
+    not a hang); by default 10 s, or 4 intervals if longer."""
     if timeout_s is not None and not timeout_s >= 2 * stats_interval_s:
         raise ValueError(f"the heartbeat timeout ({timeout_s} s) must be at least twice the Stats "
                          f"interval ({stats_interval_s} s)")  # fmt: skip
@@ -79,15 +70,10 @@ class Server(Supervisor):
                  step_logs: bool = False, engine_overrides: dict[str, Any] | None = None,
                  ready_timeout_s: float = 300.0, stats_interval_s: float = 0.5, restart_on_failure: bool = False,
                  cluster: ClusterOptions | None = None, heartbeat_timeout_s: float | None = None) -> None:  # fmt: skip
-        """`cluster`: how a tcp deployment runs (Ray, heartbeat and join timeouts; `runtime.cluster`); a config
-        on tcp without it gets the defaults. `heartbeat_timeout_s`: a ready subserver this launcher started that
-        sends nothing for this long is hung and gets killed (None: 10 s, or 4 Stats intervals if longer)."""
+        """`cluster`: how a tcp deployment runs (defaults when None); `heartbeat_timeout_s`: see `heartbeat_timeout`."""
         check_launch(config, device, restart_on_failure)
         check_gpus(config, device)  # a config built without the CLI's resolver: tp splits, one GPU per rank
-        self.config = config
-        self.device = device
-        self.num_models = len(config.models)
-        self.entry = config.entry
+        self.config, self.device, self.num_models, self.entry = config, device, len(config.models), config.entry
         self.t0 = time.monotonic()
         self.restart_on_failure = restart_on_failure
         self._own_dir = run_dir is None
@@ -96,12 +82,9 @@ class Server(Supervisor):
         if memory_gb is None:
             memory_gb = gpu_memory_gb(config.models[0].gpus[0]) if device == "cuda" else 1.0
         self.memory_gb = memory_gb
-        self.seed = seed
-        self.record_hops = record_hops
-        self.step_logs = step_logs
+        self.seed, self.record_hops, self.step_logs = seed, record_hops, step_logs
         self.engine_overrides = engine_overrides or {}
-        self.ready_timeout_s = ready_timeout_s
-        self.stats_interval_s = stats_interval_s
+        self.ready_timeout_s, self.stats_interval_s = ready_timeout_s, stats_interval_s
         self.heartbeat_timeout_s = heartbeat_timeout(heartbeat_timeout_s, stats_interval_s)
         self.coordinator: CoordinatorProcess | None = None
         self.mps: MpsDaemon | None = None
@@ -109,9 +92,7 @@ class Server(Supervisor):
         self._bind(cluster, record_hops, step_logs)
 
     def _bind(self, cluster: ClusterOptions | None, record_hops: str | Path | None, step_logs: bool) -> None:
-        """Bind the launcher's PULL (every subserver reports to it) and set `addresses`: ipc paths in the run
-        directory, or over tcp (`runtime.cluster`) endpoints, joins, subservers on other hosts or in Ray actors.
-        A cluster that fails to bind (or a config it refuses) closes the socket and context again."""
+        """Bind the launcher's PULL and set `addresses` (ipc, or tcp through `runtime.cluster`)."""
         self._ctx = zmq.Context()
         self._pull = self._ctx.socket(zmq.PULL)
         self.cluster: Cluster | None = None
@@ -133,7 +114,6 @@ class Server(Supervisor):
             raise
         self.add_listener(self.cluster.on_control)
 
-    # ---- paths ----------------------------------------------------------------------------------------
     def hop_log(self, model: int) -> Path:
         return self.run_dir / f"hops{model}.jsonl"
 
@@ -141,11 +121,10 @@ class Server(Supervisor):
         return self.run_dir / f"steps{model}.jsonl"
 
     def hop_logs(self) -> list[Path]:
-        """The emit logs `record_hops` merges into the hop trace on stop (a hook: a server whose processes log
-        elsewhere names its own)."""
+        """The emit logs `record_hops` merges into the hop trace on stop (a hook)."""
         return [self.hop_log(i) for i in range(self.num_models)]
 
-    # ---- what the HTTP front-end reads (tokenrouter.runtime.frontend.handle.ServerHandle) ---------------
+    # ---- what the HTTP front-end reads (`frontend.handle.ServerHandle`) -----------------------------------
     @property
     def model_names(self) -> list[str]:
         return [m.name for m in self.config.models]
@@ -167,7 +146,6 @@ class Server(Supervisor):
         """Cheap and non-blocking: the process runs and never reported a failure."""
         return i not in self.dead and i < len(self.processes) and self.processes[i].exitcode is None
 
-    # ---- start ----------------------------------------------------------------------------------------
     def start(self) -> Server:
         try:
             self._start()
@@ -207,21 +185,17 @@ class Server(Supervisor):
 
     # ---- hooks of a server that runs other processes (`baselines.launcher.BaselineServer`) --------------------
     def start_aux(self) -> None:
-        """Start the processes that run beside the subservers, once every subserver started (before their Ready
-        is awaited). Each goes into `aux` as (name, process, address): its exit fails the server, start-up
-        included, and `stop` sends `Shutdown` to its address. None here."""
+        """Start processes beside the subservers (before their Ready is awaited) into `aux` as (name, process,
+        address): an exit fails the server, `stop` sends `Shutdown` to the address. None here."""
 
     def subserver_target(self, spec: SubserverSpec) -> tuple[Callable[[Any], None], Any]:
-        """The process entry point of subserver `spec.model` and its (picklable) argument. The process must send
-        `Ready`, then `Stats` at least every `stats_interval_s`, to the launcher and the front-end, and stop on
-        `Shutdown`, as `runtime.subserver.main` does."""
+        """Entry point and (picklable) argument of subserver `spec.model`'s process: it sends `Ready`, then `Stats`
+        every `stats_interval_s`, and stops on `Shutdown`, as `runtime.subserver.main` does."""
         return subserver.main, spec
 
     def _spawn(self, i: int, started: Callable[[Any], None]) -> None:
-        """Start subserver i and hand its process to `started` (which records it) before a Ctrl-C can interrupt
-        (`runtime.spawn`), so `stop()` always finds it. Its parent-death signal is tied to the calling thread: the
-        main thread at start, the watcher for a restart (the watcher outlives every process it starts: `stop()`
-        joins them first)."""
+        """Start subserver i and hand its process to `started` before a Ctrl-C can interrupt (`runtime.spawn`), so
+        `stop()` always finds it. Its parent-death signal is tied to the calling thread (main, or the watcher)."""
         mc = self.config.models[i]
         spec = SubserverSpec(
             i, self.config, self.addresses, self.device, self.memory_gb, self.seed, dict(self.engine_overrides),
@@ -242,7 +216,6 @@ class Server(Supervisor):
             if mc.mps_active_thread_percentage is not None:
                 env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(mc.mps_active_thread_percentage)
         target, arg = self.subserver_target(spec)
-        # imports only the subserver (not the CLI that started us), deaf to Ctrl-C until its handler is in place
         start_spawned(target, (arg,), name=f"tokenrouter-sub{i}", env=env, started=started)
 
     def _wait_ready(self) -> None:
@@ -263,10 +236,8 @@ class Server(Supervisor):
                 missing = [self.config.models[i].name for i in range(self.num_models) if i not in self.ready]
                 raise StartupError(f"no Ready within {self.ready_timeout_s:.0f} s from {', '.join(missing)}")
 
-    # ---- stop -----------------------------------------------------------------------------------------
     def stop(self, timeout_s: float = 10.0) -> None:
-        """Shutdown to every subserver, join with a timeout, kill what is left, stop the coordinator and MPS,
-        merge the hop trace. Idempotent; safe from a signal handler's caller."""
+        """Shutdown to every process, join, kill what is left, stop the rest, merge the hop trace. Idempotent."""
         if self._stopping.is_set():
             return
         with self._lock:  # no restart in progress from here on

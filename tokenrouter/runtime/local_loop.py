@@ -1,7 +1,5 @@
-"""The runtime's `EngineLoop` in one process, without sockets: tests and `studies/engine/serving_loop.py` drive an
-engine through it exactly as a subserver does. Model 1 is an `EchoPeer` (no model) and the router a
-deterministic `PositionHopRouter`, so hops and returns happen without a second engine.
-"""
+"""The runtime's `EngineLoop` in one process, without sockets (tests, `studies/engine/serving_loop.py`): model 1
+is an `EchoPeer` and the router a deterministic `PositionHopRouter`, so hops happen without a second engine."""
 
 from __future__ import annotations
 
@@ -30,9 +28,8 @@ def _rid_key(rid: str) -> int:
 
 
 class PositionHopRouter(Router):
-    """A deterministic synthetic router: a sampled row hops to model 1 when a hash of (request, position) hits
-    1 in `period`; the sampled token is dropped (the peer regenerates that position). Decisions depend only
-    on the sequence, so overlap, batch composition and timing never change them."""
+    """A sampled row hops to model 1 (its token dropped) when a hash of (request, position) hits 1 in `period`:
+    overlap, batch composition and timing never change a decision."""
 
     name = "position-hop"
 
@@ -76,22 +73,14 @@ class EchoPeer:
 
 
 class LocalLoop(EngineLoop):
-    """`EngineLoop` with an in-process transport: messages for model 1 go to `peer` (dropped without one),
-    finishes are recorded in `finished` (rid -> reason). `run` returns when nothing is in flight, nothing is
-    ready and the peer holds nothing; a scheduler that has ready requests but forms no batch with nothing in
-    flight (and no policy deadline to wait for) is an error.
-
-    Test hooks, both between `schedule` and `engine.step`: `between(batch)` (aborts land there) and
-    `complete_first` (complete step k before launching k+1: k's finishes and hand-offs land between the
-    schedule and the step of k+1, whose rows for those requests reach the engine stale)."""
+    """Messages for model 1 go to `peer`, finishes into `finished`; `run` returns when nothing is in flight, ready or
+    at the peer. Test hooks: `between(batch)` after `schedule`, `complete_first` (k completes before k+1 launches)."""
 
     def __init__(self, engine: Any, sched: Scheduler, *, peer: EchoPeer | None = None,
                  between: Callable[[Batch], None] | None = None, complete_first: bool = False,
                  keep_handles: bool = False) -> None:  # fmt: skip
         super().__init__(engine, sched, keep_handles=keep_handles)
-        self.peer = peer
-        self.between = between
-        self.complete_first = complete_first
+        self.peer, self.between, self.complete_first = peer, between, complete_first
         self.finished: dict[str, str] = {}
 
     def receive(self, timeout_s: float) -> None:

@@ -24,8 +24,7 @@ def parse_level(level: str | int) -> int:
 
 
 class _StderrHandler(logging.StreamHandler):
-    """Writes to `sys.stderr` as it is at each record, not as it was at set-up: a command run in-process (a test
-    harness, a notebook) swaps stderr and closes the stream it swapped in."""
+    """Writes to `sys.stderr` as it is at each record: an in-process command may swap it and close the old one."""
 
     @property  # type: ignore[override]
     def stream(self) -> TextIO:
@@ -37,8 +36,7 @@ class _StderrHandler(logging.StreamHandler):
 
 
 def configure_logging(level: str | int) -> None:
-    """One stderr handler on the root logger (replacing any), `level` for `tokenrouter.*`; noisy libraries at
-    WARNING unless `level` is DEBUG."""
+    """One stderr handler on the root logger, `level` for `tokenrouter.*`; noisy libraries at WARNING unless DEBUG."""
     lvl = parse_level(level)
     handler = _StderrHandler()
     handler.setFormatter(logging.Formatter(FORMAT, DATEFMT))

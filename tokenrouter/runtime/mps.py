@@ -1,6 +1,5 @@
-"""The CUDA MPS control daemon of one deployment, with private pipe and log directories so two deployments (or
-another user's daemon) on one host never share it. Started before the subservers, stopped on every exit path
-(`stop()` is idempotent; the launcher calls it from its `finally`)."""
+"""The CUDA MPS control daemon of one deployment, with private pipe and log directories (never shared); `stop()`
+is idempotent."""
 
 from __future__ import annotations
 
@@ -27,8 +26,7 @@ class MpsDaemon:
             raise RuntimeError("placement mps needs nvidia-cuda-mps-control on PATH (or use --placement separate)")
         self.pipe_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **self.environment()}
-        subprocess.run([exe, "-d"], env=env, check=True, timeout=30)
+        subprocess.run([exe, "-d"], env={**os.environ, **self.environment()}, check=True, timeout=30)
         self.started = True
 
     def stop(self) -> None:
@@ -36,5 +34,4 @@ class MpsDaemon:
             return
         self.started = False
         exe = shutil.which("nvidia-cuda-mps-control") or "nvidia-cuda-mps-control"
-        env = {**os.environ, **self.environment()}
-        subprocess.run([exe], input=b"quit\n", env=env, timeout=15, check=False)
+        subprocess.run([exe], input=b"quit\n", env={**os.environ, **self.environment()}, timeout=15, check=False)

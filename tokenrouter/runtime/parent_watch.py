@@ -1,11 +1,6 @@
-"""A subserver dies with the server that started it, however the server ends (`kill -9` and OOM kills
-included), and removes the server's run directory on its way out.
-
-Two mechanisms, so neither a race nor a platform leaves an orphan: Linux's `PR_SET_PDEATHSIG` (sent when the
-*thread* that created us exits, so the handler acts only once the parent pid changed) and a daemon thread polling
-`os.getppid()`. SIGINT/SIGTERM sent to the whole process group are ignored while the parent lives: the server
-stops its subservers itself.
-"""
+"""A subserver dies with the server that started it, however the server ends (docs/runtime.md, "Supervision"):
+Linux's `PR_SET_PDEATHSIG` (sent when the creating *thread* exits, so the handler checks the parent pid) plus a
+thread polling `os.getppid()`. Group-wide SIGINT/SIGTERM are ignored while the parent lives."""
 
 from __future__ import annotations
 
@@ -34,15 +29,12 @@ def _set_pdeathsig(sig: int) -> bool:
 
 
 def term_when_parent_dies() -> None:
-    """A `preexec_fn` for `subprocess.Popen`: the child (a whole `tr serve`, started by a test or a study) gets
-    SIGTERM, and so drains and stops its subservers, when the process that started it ends however it ends
-    (`timeout`'s SIGTERM or a SIGKILL included). Linux only; elsewhere a no-op."""
+    """A `preexec_fn`: the child gets SIGTERM (and drains) when its starter ends however it ends (Linux only)."""
     _set_pdeathsig(signal.SIGTERM)
 
 
 def die_with_parent(parent_pid: int, on_orphan: Callable[[], None], poll_s: float = 0.25) -> None:
-    """Call once, early, in the child. When `parent_pid` is no longer our parent: `on_orphan()` (best effort),
-    then exit at once (no Python shutdown: the sockets' peers are gone and a flush could block)."""
+    """Call once, early, in the child: once `parent_pid` is not our parent, `on_orphan()`, then exit at once."""
     done = threading.Lock()
 
     def orphaned() -> None:
@@ -61,8 +53,7 @@ def die_with_parent(parent_pid: int, on_orphan: Callable[[], None], poll_s: floa
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    # A child of `runtime.spawn.start_spawned` starts with SIGINT blocked (no KeyboardInterrupt while it imports):
-    # from here on the handler above takes it (one that came meanwhile is delivered now).
+    # A child of `runtime.spawn.start_spawned` starts with SIGINT blocked: the handler above takes it from here on.
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     _set_pdeathsig(signal.SIGTERM)
     if os.getppid() != parent_pid:  # it died before the prctl took effect

@@ -1,6 +1,5 @@
-"""What `tr serve` checks before any process starts or any weight loads: files, the HTTP port, the device and
-(on CPU) host memory. Each check raises `PreflightError` with one line saying what to change, so a mistake costs
-a second instead of a model load."""
+"""What `tr serve` checks before any weight loads; each check raises `PreflightError` with one line saying what to
+change, so a mistake costs a second instead of a model load."""
 
 from __future__ import annotations
 
@@ -20,9 +19,7 @@ class PreflightError(ValueError):
 
 
 def check_launch(cfg: DeploymentConfig | None, device: str, restart_on_failure: bool = False) -> None:
-    """PreflightError (one line) for a device other than cpu or cuda, or restart-on-failure under a sync policy
-    (the sync coordinator cannot take a subserver back in the middle of a round). `tr serve` asks before it
-    resolves anything (`cfg` None: the device alone), the launcher for whoever builds a `Server` directly."""
+    """A device other than cpu or cuda, or restart-on-failure under a sync policy (`cfg` None: the device alone)."""
     if device not in ("cpu", "cuda"):
         raise PreflightError(f"device must be cpu or cuda, got {device!r}")
     if cfg is not None and restart_on_failure and cfg.policy.is_sync:
@@ -43,16 +40,6 @@ def check_files(cfg: DeploymentConfig) -> None:
             raise PreflightError(f"{what} {path} not found")
 
 
-def check_context(cfg: DeploymentConfig) -> None:
-    """`max_model_len`, when set, is within every model's context (`deploy.builder.max_context_len`)."""
-    from tokenrouter.deploy.builder import max_context_len
-
-    try:
-        max_context_len(cfg)
-    except ValueError as e:
-        raise PreflightError(str(e)) from None
-
-
 def check_port(host: str, port: int) -> None:
     """`port` is a TCP port number and nothing listens on it at `host` (a test bind, released at once)."""
     if not 1 <= port <= 65535:
@@ -71,8 +58,7 @@ def check_port(host: str, port: int) -> None:
 
 
 def check_cuda(cfg: DeploymentConfig) -> None:
-    """A CUDA device is present (nvidia-smi lists it) for every GPU index the deployment places a model on. The
-    launcher never starts CUDA itself (it would become an MPS client), hence nvidia-smi."""
+    """nvidia-smi lists every GPU the deployment uses (the launcher never starts CUDA: it would be an MPS client)."""
     hint = "; on a machine without a GPU, serve with --device cpu"
     if shutil.which("nvidia-smi") is None:
         raise PreflightError(f"no CUDA device found (nvidia-smi is not on PATH){hint}")
@@ -116,13 +102,18 @@ def check_cpu_memory(cfg: DeploymentConfig, available: int | None = None) -> Non
 
 
 def preflight(cfg: DeploymentConfig, *, device: str, host: str, port: int, local: bool = True) -> None:
-    """Every check above that applies to serving `cfg` on `device` at host:port; raises `PreflightError`.
-    `local` False (subservers on other hosts or in Ray actors): only the port, the one thing of this host."""
+    """Every check above that applies, and `max_model_len` within every model's context; `local` False (subservers
+    elsewhere): only the port."""
+    from tokenrouter.deploy.builder import max_context_len
+
     check_port(host, port)
     if not local or any(m.host is not None or m.external for m in cfg.models):
         return
     check_files(cfg)
-    check_context(cfg)
+    try:
+        max_context_len(cfg)
+    except ValueError as e:
+        raise PreflightError(str(e)) from None
     if device == "cuda":
         check_cuda(cfg)
     else:

@@ -1,14 +1,6 @@
-"""Messages between the front-end and the subservers (msgpack via msgspec; peer messages between subservers
-use `tokenrouter.core.wire`). Frames are `[channel, payload]` (docs/runtime.md, "Processes and sockets"); token
-ids travel as little-endian int32 bytes (`pack_ids`).
-
-Invariants the two sides rely on:
-- `Submit` goes to the entry subserver only; every other struct to a subserver is `Abort`/`Shutdown`/`Restarted`.
-- For one request the front-end receives `Tokens` events (from any subserver, in any order, each with its output
-  position) and exactly one terminal `Finished` or `Rejected`; `Finished.num_output` lets it wait for late `Tokens`.
-- `Ready` once after start-up, `Stats` periodically (a missing heartbeat means the subserver is gone), `Failed`
-  before a subserver exits on an error it cannot survive.
-"""
+"""Front-end <-> subserver messages in `[channel, payload]` frames (docs/runtime.md). Invariants: `Submit` goes to the
+entry only; a request's `Tokens` come from any subserver in any order, then one `Finished` or `Rejected`; `Ready`
+once, `Stats` as the heartbeat, `Failed` before a fatal exit."""
 
 from __future__ import annotations
 
@@ -24,11 +16,8 @@ from tokenrouter.core.request import SamplingParams
 
 PEER = b"peer"
 CTL = b"ctl"
-# Added by the runtime (compatible): an empty wake-up from the sync coordinator: re-ask `schedule`.
-GATE = b"gate"
-# Added by the runtime (compatible): tcp deployments only: a subserver joining the launcher and the launcher's
-# answer (`runtime.join`), kept off CTL so neither side's CTL decoder changes.
-JOIN = b"join"
+GATE = b"gate"  # a grant from the sync coordinator
+JOIN = b"join"  # tcp only: joining the launcher (`runtime.join`), kept off CTL so its decoders stay as they are
 
 
 def pack_ids(ids: list[int]) -> bytes:
@@ -36,14 +25,11 @@ def pack_ids(ids: list[int]) -> bytes:
 
 
 def unpack_ids(data: bytes) -> list[int]:
-    a = array("i")
-    a.frombytes(data)
-    return a.tolist()
+    return array("i", data).tolist()
 
 
 def _wire_struct(cls: type, name: str, doc: str) -> type[msgspec.Struct]:
-    """A frozen msgspec struct with exactly the fields, types and defaults of the dataclass `cls`, so the wire
-    form cannot drift from the type the subserver rebuilds from it."""
+    """A frozen msgspec struct with exactly the fields, types and defaults of the dataclass `cls` (no drift)."""
     hints = typing.get_type_hints(cls)
     fields = []
     for f in dataclasses.fields(cls):
@@ -60,12 +46,10 @@ def _wire_struct(cls: type, name: str, doc: str) -> type[msgspec.Struct]:
     return struct
 
 
-Sampling = _wire_struct(SamplingParams, "Sampling", """`core.request.SamplingParams` on the wire: its fields, without
-    the dataclass's validation, so a bad value reaches the entry subserver intact and is answered with `Rejected(400)`
-    instead of failing the decode of the whole frame.""")  # fmt: skip
+Sampling = _wire_struct(SamplingParams, "Sampling", """`SamplingParams` on the wire without its validation, so a bad
+    value is answered with `Rejected(400)` instead of failing the decode of the whole frame.""")  # fmt: skip
 
 
-# ---- front-end -> subserver ----------------------------------------------------------------------------
 class Submit(msgspec.Struct, tag="submit", frozen=True):
     rid: str
     prompt_ids: bytes  # pack_ids
@@ -82,29 +66,25 @@ class Shutdown(msgspec.Struct, tag="shutdown", frozen=True):
 
 
 class Restarted(msgspec.Struct, tag="restarted", frozen=True):
-    """From the launcher to every surviving subserver when `model` died and is being restarted: drop every
-    request (`Scheduler.on_peer_restart`) and reconnect to it."""
+    """Launcher -> the survivors when `model` restarts: drop every request and reconnect to it."""
 
     model: int
 
 
 class SetPolicy(msgspec.Struct, tag="set_policy", frozen=True):
-    """From the front-end (the admin endpoint, autotune) to every subserver: the batching policy to run (the
-    config's section, checked by the sender and again on decoding) and, for a synthetic router, a new hop rate
-    (None: keep it); applied between steps and acknowledged (`PolicySet`)."""
+    """Front-end -> every subserver: the policy to run and, for a synthetic router, a hop rate (None: keep it);
+    applied between steps and acknowledged (`PolicySet`)."""
 
     seq: int
     policy: PolicyConfig
     hop_rate: float | None = None
 
 
-# ---- subserver -> front-end ----------------------------------------------------------------------------
 class Tokens(msgspec.Struct, tag="tokens", frozen=True):
     rid: str
     pos: int  # output index of the first token
     ids: bytes  # pack_ids
     model: int
-    # Only for a request that asked (`Sampling.logprobs`): one entry per id (None where unknown), as `core.Emit`.
     logprobs: list[TokenLogprobs | None] | None = None
 
 
@@ -145,23 +125,16 @@ class Stats(msgspec.Struct, tag="stats", frozen=True):
     step_ms: float  # cumulative step time
     tokens: int  # cumulative committed tokens written by this model
     hops: int  # cumulative hand-offs sent
-    # Steps launched back to back (`runtime.stats.Counters`): their rows, completion-to-completion time and GPU
-    # time (CUDA events; 0 on CPU).
-    loop_steps: int = 0
+    loop_steps: int = 0  # the `loop_*` and `busy_ms` fields: `runtime.stats.Counters`
     loop_rows: int = 0
     loop_ms: float = 0.0
     loop_gpu_ms: float = 0.0
-    busy_ms: float = 0.0  # cumulative union of the steps' [launch, done] intervals (overlapped steps count once)
-    # Per batch-size bucket (`core.autotune_counters.batch_bucket`): steps, rows and their share of busy_ms
-    # (autotune's step times per batch size); empty from a sender without them.
-    batch_steps: list[int] = []
+    busy_ms: float = 0.0
+    batch_steps: list[int] = []  # per batch-size bucket (`core.autotune_counters`): steps, rows, their busy share
     batch_rows: list[int] = []
     batch_ms: list[float] = []
     live: int = 0  # live requests N as this subserver knows it (the entry owns the count)
-    # A standard-serving model server's prefix cache (`tokenrouter.baselines`; zeros elsewhere), cumulative: requests
-    # admitted, those that matched a cached prefix, their tokens and the matched part (the rest was computed
-    # again), pages evicted, host time in the cache (match, insert, eviction); and pages cached now.
-    prefix_requests: int = 0
+    prefix_requests: int = 0  # the `prefix_*` fields: a std-serving model server's cache (`baselines.kv`), else 0
     prefix_hits: int = 0
     prefix_prompt_tokens: int = 0
     prefix_matched_tokens: int = 0

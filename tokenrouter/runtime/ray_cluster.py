@@ -1,8 +1,5 @@
-"""`tr serve --ray ADDRESS`: the subservers as Ray actors in one placement group, model i in bundle i; the launcher
-and the front-end stay in this process (docs/cluster.md, Ray). `RayActorProcess` is a `remote.RemoteSubserver`
-whose exit also comes from the actor: its `run` call returning (0) or failing (1). Ray is an optional extra:
-`RayUnavailable` says how to install it.
-"""
+"""`tr serve --ray ADDRESS`: the subservers as Ray actors in one placement group, model i in bundle i
+(docs/cluster.md, Ray); an actor's `run` returning (0) or failing (1) is its exit."""
 
 from __future__ import annotations
 
@@ -18,8 +15,6 @@ from tokenrouter.runtime.remote import RemoteSubserver
 
 log = logging.getLogger(__name__)
 
-RAY_INSTALL = 'in the repository, pip install -e ".[ray]"'
-
 
 class RayUnavailable(ImportError):
     pass
@@ -29,7 +24,9 @@ def import_ray() -> Any:
     try:
         import ray
     except ImportError:
-        raise RayUnavailable(f"--ray needs Ray, which is not installed here: {RAY_INSTALL}") from None
+        raise RayUnavailable(
+            '--ray needs Ray, which is not installed here: in the repository, pip install -e ".[ray]"'
+        ) from None
     return ray
 
 
@@ -66,8 +63,7 @@ class RayActorProcess(RemoteSubserver):
 
 
 class RayCluster:
-    """Connects to Ray (`address`: a cluster address, `auto`, or `local` to start a head here) and reserves one
-    bundle per model. Invariant: `nodes[i]` is the node model i's actor runs on."""
+    """Connects to Ray (an address, `auto`, or `local`: a head here) and reserves one bundle per model."""
 
     def __init__(self, address: str, config: DeploymentConfig, device: str, *, num_cpus: float = 1.0,
                  timeout_s: float = 120.0) -> None:  # fmt: skip
@@ -83,9 +79,8 @@ class RayCluster:
             else:
                 ray.init(address=address)
             self._owns = True
-        gpus = [len(m.gpus) if device == "cuda" else 0 for m in config.models]
+        gpus = self.gpus = [len(m.gpus) if device == "cuda" else 0 for m in config.models]
         bundles = [{"CPU": num_cpus, **({"GPU": g} if g else {})} for g in gpus]
-        self.gpus = gpus
         self.num_cpus = num_cpus
         try:
             self.pg = placement_group(bundles, strategy="PACK")
@@ -110,7 +105,6 @@ class RayCluster:
         return all(n == self.driver_node for n in self.nodes)
 
     def host(self, model: int) -> str:
-        """The address model `model`'s actor advertises."""
         return LOOPBACK if self.single_node else self.node_ips[model]
 
     def start(self, model: int, spec: Any, **kw: Any) -> RayActorProcess:

@@ -1,11 +1,5 @@
-"""Process handles for subservers the launcher does not start as its own child: one started by hand on another
-host (`tokenrouter subserver --join`, `external: true`) and, as a subclass, a Ray actor (`runtime.ray_cluster`).
-
-A handle looks like a `multiprocessing.Process` (`exitcode`, `join`, `kill`, `pid`), so its supervision is the
-launcher's own (`runtime.watch`). It has exited (`exit_reason` says how) once it reported `Failed` (1), sent
-`Left` (0), went silent for `heartbeat_timeout_s` after `Ready` (1), or did not join within `join_timeout_s` (1).
-`exitcode` is evaluated from the monotonic clock when read.
-"""
+"""Handles, shaped like a `multiprocessing.Process`, of subservers the launcher does not start (external, Ray). One
+has exited after `Failed` (1), `Left` (0), a silence of `heartbeat_timeout_s` after `Ready` (1), or no join (1)."""
 
 from __future__ import annotations
 
@@ -20,12 +14,8 @@ from tokenrouter.runtime.join import Join
 class RemoteSubserver:
     def __init__(self, model: int, name: str, *, join_timeout_s: float, heartbeat_timeout_s: float,
                  how_to_start: str = "", clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
-        self.model = model
-        self.name = name
-        self.join_timeout_s = join_timeout_s
-        self.heartbeat_timeout_s = heartbeat_timeout_s
-        self.how_to_start = how_to_start
-        self.clock = clock
+        self.model, self.name, self.how_to_start, self.clock = model, name, how_to_start, clock
+        self.join_timeout_s, self.heartbeat_timeout_s = join_timeout_s, heartbeat_timeout_s
         self.t0 = clock()
         self.joined: Join | None = None
         self.last_seen: float | None = None  # the latest Ready/Stats (None until Ready)
@@ -35,14 +25,12 @@ class RemoteSubserver:
 
     @property
     def pid(self) -> int | None:
-        """The process id on its own host (None before it joined)."""
         return None if self.joined is None else self.joined.pid
 
     @property
     def where(self) -> str:
         return "not joined" if self.joined is None else f"host {self.joined.hostname}, pid {self.joined.pid}"
 
-    # ---- fed by the launcher ----------------------------------------------------------------------------
     def on_join(self, join: Join) -> None:
         self.joined = join
 
@@ -55,7 +43,6 @@ class RemoteSubserver:
     def on_left(self) -> None:
         self._exit(0, f"left ({self.where})")
 
-    # ---- what the launcher reads ------------------------------------------------------------------------
     @property
     def exitcode(self) -> int | None:
         if self._code is None:

@@ -1,8 +1,5 @@
-"""The run directory of one server (`tokenrouter-*` in the temp folder): ZeroMQ `ipc://` endpoints, the MPS pipes,
-step logs. `owner.pid` holds the owner's pid and start time (a recycled pid is not taken for the owner).
-Lifetime: docs/runtime.md, "Supervision". A directory without `owner.pid`, or whose owner runs, is never touched:
-it may be a server starting up or running now.
-"""
+"""The run directory of one server (`tokenrouter-*` in the temp folder; docs/runtime.md, "Supervision"). `owner.pid`
+holds the owner's pid and start time; a directory without it, or whose owner runs, is never touched."""
 
 from __future__ import annotations
 
@@ -64,8 +61,7 @@ def owner_of(d: Path) -> tuple[int, str | None] | None:
 
 
 def owner_gone(d: Path) -> bool:
-    """True only when `d` names an owner and that process no longer runs (or its pid now belongs to a process
-    started later)."""
+    """True only when `d` names an owner that no longer runs (or whose pid now belongs to a later process)."""
     owner = owner_of(d)
     if owner is None:
         return False

@@ -8,9 +8,8 @@ import zmq
 
 
 def push_socket(ctx: zmq.Context, addr: str, *, linger_ms: int = 2000) -> zmq.Socket:
-    """A PUSH socket connected to `addr`. No send high-water mark: a peer's messages are the scheduler's state (a
-    hand-off, a token), so a slow reader must queue them, never drop or block them; `linger_ms` lets a closing
-    process flush what it queued."""
+    """A PUSH socket connected to `addr`, without a send high-water mark: its messages are the scheduler's state,
+    queued for a slow reader, never dropped."""
     s = ctx.socket(zmq.PUSH)
     s.setsockopt(zmq.LINGER, linger_ms)
     s.setsockopt(zmq.SNDHWM, 0)
@@ -19,16 +18,14 @@ def push_socket(ctx: zmq.Context, addr: str, *, linger_ms: int = 2000) -> zmq.So
 
 
 def send_once(ctx: zmq.Context, addr: str, frames: list[bytes], *, linger_ms: int = 2000) -> None:
-    """One message to `addr` on a socket of its own (to a process this one holds no socket to); the close waits up to
-    `linger_ms` for it to leave."""
+    """One message to `addr` on a socket of its own; the close waits up to `linger_ms` for it to leave."""
     s = push_socket(ctx, addr, linger_ms=linger_ms)
     s.send_multipart(frames)
     s.close()
 
 
 def drain(sock: zmq.Socket, timeout_ms: int) -> Iterator[list[bytes]]:
-    """The messages that arrived on `sock` within `timeout_ms`, then every one already queued behind them, without
-    blocking again: a loop handles a burst in one pass and returns to its other duties (heartbeats, `stopping`)."""
+    """The messages that arrived on `sock` within `timeout_ms`, then those queued behind them, without blocking."""
     if not sock.poll(timeout_ms):
         return
     while True:

@@ -1,12 +1,6 @@
-"""Start a spawned child process that imports only what it runs and is deaf to Ctrl-C while it starts.
-
-- Spawn runs the parent's `__main__` again in the child; ours is a console script whose CLI imports the simulator,
-  scipy and pandas. While the child starts, `__main__` is hidden (a bare module stands in), so the child imports
-  only the target's module.
-- A terminal's Ctrl-C signals the whole process group, and a child still importing torch would print a traceback.
-  SIGINT is blocked in the calling thread while the child is created; the mask is inherited, so the child starts
-  with SIGINT blocked until it unblocks it itself (`parent_watch.die_with_parent`).
-"""
+"""Start a spawned child that imports only what it runs (`__main__`, our CLI, is hidden meanwhile) and starts with
+SIGINT blocked (inherited) until `parent_watch.die_with_parent` unblocks it: no traceback from a Ctrl-C in torch's
+import."""
 
 from __future__ import annotations
 
@@ -26,14 +20,10 @@ from tokenrouter.runtime.supervision import environ
 def start_spawned(target: Callable[..., Any], args: tuple[Any, ...], *, name: str | None = None,
                   daemon: bool = False, env: dict[str, str] | None = None,
                   started: Callable[[BaseProcess], None] | None = None) -> BaseProcess:  # fmt: skip
-    """Start `target(*args)` in a spawned process (module docstring), with `env` added to the environment it copies.
-    `started(process)` runs while SIGINT is still blocked here: a Ctrl-C that came during the start raises only
-    after the caller has recorded the process (to stop it), never between the start and the record. Not thread-safe
-    with other code that swaps `sys.modules["__main__"]` or `os.environ`."""
+    """Start `target(*args)` with `env` added. `started(process)` runs while SIGINT is still blocked, so a Ctrl-C
+    raises only after the caller recorded the process. Not thread-safe (swaps `__main__` and `os.environ`)."""
     ctx = mp.get_context("spawn")
-    # Starting multiprocessing's resource tracker (the first spawn does) ends with SIGINT unblocked, whatever the
-    # mask was: start it before the block, so the start below finds it running.
-    resource_tracker.ensure_running()
+    resource_tracker.ensure_running()  # its start unblocks SIGINT: before the block
     with environ(env or {}), _main_hidden(), _sigint_blocked():
         proc = ctx.Process(target=target, args=args, name=name, daemon=daemon)
         proc.start()
@@ -44,8 +34,7 @@ def start_spawned(target: Callable[..., Any], args: tuple[Any, ...], *, name: st
 
 @contextmanager
 def _main_hidden() -> Iterator[None]:
-    """spawn reads `sys.modules["__main__"]` to tell the child what to run again: a module without a file or a
-    spec tells it nothing."""
+    """spawn reads `sys.modules["__main__"]` to tell the child what to run again: a bare module tells it nothing."""
     main = sys.modules.get("__main__")
     sys.modules["__main__"] = types.ModuleType("__main__")
     try:

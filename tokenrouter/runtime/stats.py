@@ -9,13 +9,8 @@ from tokenrouter.core.autotune_counters import BatchTimes
 
 @dataclass(slots=True)
 class Counters:
-    """`loop_*` count only steps launched back to back; `loop_ms / loop_gpu_ms - 1` is the runtime's own overhead
-    per step (docs/runtime.md, "Loop counters"). `busy_ms` is the length of the union of the steps' [launch, done]
-    intervals (overlapped steps count once, unlike `step_ms`). `batches`: steps per batch-size bucket with each
-    step's own time, from its submission (or the previous step's end if later) to its end, by the same union sweep.
-    Invariant: steps are counted in launch order (one in-flight queue per model), so remembering the latest end
-    so far makes both sweeps exact.
-    """
+    """`loop_*`: steps launched back to back (docs/runtime.md); `busy_ms`: the union of the steps' [launch, done];
+    `batches`: per batch size, same sweep from submission. Steps come in launch order, so both sweeps are exact."""
 
     steps: int = 0
     rows: int = 0
@@ -32,8 +27,7 @@ class Counters:
     batch_until: float = float("-inf")  # the latest step end counted in `batches`
 
     def step(self, rows: int, launch: float, done: float, submitted: float | None = None) -> None:
-        """A step launched at `launch` and done at `done` (seconds), handed to the engine at `submitted` (default:
-        `launch`); calls come in launch order."""
+        """A step handed over at `submitted` (default `launch`), launched at `launch`, done at `done` (seconds)."""
         self.steps += 1
         self.rows += rows
         self.step_ms += (done - launch) * 1000.0

@@ -1,11 +1,5 @@
-"""The runtime's estimate of when the step in flight ends, for `core.overlap.prepare_time`.
-
-The simulator knows each step's end; the runtime only knows when it launched a step and how long recent steps
-took on the GPU (CUDA events, `Engine.timing`). A step launched while the previous one still runs starts on the
-GPU when that one ends, so ends chain: end(k) = max(launch(k), end(k-1)) + duration. The duration is a moving
-average of measured GPU times; before the first measurement (and on CPU, where a step is done when `step`
-returns) there is no estimate and the loop forms the next step at once, as without this clock.
-"""
+"""When the step in flight ends, for `core.overlap.prepare_time`: end(k) = max(launch(k), end(k-1)) + duration,
+with the duration a moving average of measured GPU times (no estimate before one, nor on CPU)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""One subserver process: engine + core `Scheduler` + router, driven by the runtime's `EngineLoop` over ZeroMQ
-(docs/runtime.md, "The subserver loop"). This class is the loop's transport: `receive` drains every queued
-message and sends the Stats heartbeat; `deliver` sends actions, then, under a sync policy, the gate's report;
-`wait_idle` blocks on the PULL socket until a message, the policy deadline or the next heartbeat: no spinning.
-"""
+"""One subserver process: engine + core `Scheduler` + router, driven by `EngineLoop` over ZeroMQ (docs/runtime.md,
+"The subserver loop"). `wait_idle` blocks on the PULL socket until a message, the policy deadline or the next
+heartbeat: no spinning."""
 
 from __future__ import annotations
 
@@ -45,9 +43,8 @@ class Subserver(EngineLoop):
         self.spec = spec
         addrs = spec.addresses
         self.ctx = zmq.Context() if joined is None else joined.ctx
-        self.gate: RemoteGate | None = None
-        if spec.config.policy.is_sync:
-            self.gate = RemoteGate(spec.model, len(spec.config.models), addrs.coordinator, self.ctx)
+        sync = spec.config.policy.is_sync
+        self.gate = RemoteGate(spec.model, len(spec.config.models), addrs.coordinator, self.ctx) if sync else None
         mc = spec.config.models[spec.model]
         self.tag = f"model {spec.model} ({mc.name})"
         log.info("%s: loading %s on %s", self.tag, f"weights from {mc.path}" if mc.path else "dummy weights",
@@ -61,34 +58,29 @@ class Subserver(EngineLoop):
             self.pull.bind(addrs.bind(addrs.subservers[spec.model]))
         else:
             self.pull = joined.pull
-        self.peers: dict[int, zmq.Socket] = {}
-        for j, a in enumerate(addrs.subservers):
-            if j != spec.model:
-                self.peers[j] = push_socket(self.ctx, a)
+        others = enumerate(addrs.subservers)
+        self.peers: dict[int, zmq.Socket] = {j: push_socket(self.ctx, a) for j, a in others if j != spec.model}
         self.front = push_socket(self.ctx, addrs.frontend)
         self.out = self.reply_socket(spec)  # Tokens / Finished / Rejected go here
         self.launcher = push_socket(self.ctx, addrs.launcher) if addrs.launcher else None
         self.hops = JsonlLog(spec.hop_log)
         self.vocab = self.engine.spec.vocab_size
-        # The core admits by this limit too (`Scheduler.max_context_len`): a request past it is rejected at
-        # submit instead of reaching the engine, which would refuse the whole batch.
+        # The core admits by this limit too: a request past it is rejected at submit, not by the engine's batch.
         context = min(self.engine.max_context_len, self.sched.max_context_len or self.engine.max_context_len)
         ready = P.Ready(spec.model, spec.config.models[spec.model].name, self.sched.kv.capacity_tokens,
                         context, self.vocab, time.monotonic() - t0)  # fmt: skip
         self.send_control(ready)
         log.info("%s: ready in %.1f s (context %d tokens, pid %d)", self.tag, ready.startup_s, context, os.getpid())
-        self.next_stats = 0.0
-        self.stats_sent = float("-inf")
+        self.next_stats, self.stats_sent = 0.0, float("-inf")
         self.stats_sig: tuple[int, ...] = ()
 
     # ---- hooks (`baselines.model_server` overrides them) ----------------------------------------------------
     def build(self, spec: SubserverSpec) -> tuple[Any, Any, Any]:
-        """(deployment, this model's scheduler, its engine), called once from `__init__` before its sockets open;
-        the scheduler's pool must be the engine's. Here: the simulator's builder, same call."""
+        """(deployment, this model's scheduler, its engine on the scheduler's pool), before the sockets open."""
         return build_part(spec, self.gate)
 
     def reply_socket(self, spec: SubserverSpec) -> zmq.Socket:
-        """Where a request's tokens and its end go (once, after `front` opened): the front-end here."""
+        """Where a request's tokens and its end go: the front-end here."""
         return self.front
 
     def send_control(self, msg: P.Ready | P.Stats | P.Failed) -> None:
@@ -98,7 +90,6 @@ class Subserver(EngineLoop):
         if self.launcher is not None:
             self.launcher.send_multipart([P.CTL, data])
 
-    # ---- inputs ---------------------------------------------------------------------------------------
     def _on_message(self, chan: bytes, data: bytes, now: float) -> None:
         if chan == P.PEER:
             self.deliver(self.sched.resume(wire.decode(data), now))
@@ -118,8 +109,7 @@ class Subserver(EngineLoop):
             self.gate.on_grant(data)  # a grant: the loop asks `schedule` next
 
     def submit(self, msg: P.Submit, now: float) -> None:
-        """A client's request: added to the scheduler (then `after_add`) and its first actions delivered, or
-        `Rejected` (400) on `reply_socket` when it cannot be served."""
+        """Add a client's request (then `after_add`), or answer `Rejected` (400) when it cannot be served."""
         try:
             req = self.request_from(msg)
             acts = self.sched.add(req, now)
@@ -134,8 +124,7 @@ class Subserver(EngineLoop):
         """`req` was just added to the scheduler; its first `schedule` comes later."""
 
     def request_from(self, msg: P.Submit) -> Request:
-        """The core request of a client's submission; ValueError (or TypeError from the sampling fields) for what
-        the front-end could not check: an empty prompt, an id outside this model's vocabulary."""
+        """The core request of a submission; ValueError/TypeError for what the front-end could not check."""
         ids = P.unpack_ids(msg.prompt_ids)
         if not ids:
             raise ValueError("empty prompt")
@@ -147,8 +136,7 @@ class Subserver(EngineLoop):
                        eos_token_ids=tuple(msg.eos_token_ids))  # fmt: skip
 
     def set_policy(self, msg: P.SetPolicy) -> None:
-        """The admin endpoint's policy (and hop rate): applied before the next `schedule`, then acknowledged with
-        one `PolicySet` to the front-end (its `error` set, and nothing changed, when it cannot be applied)."""
+        """Apply the admin endpoint's policy (and hop rate), all or nothing, and acknowledge with one `PolicySet`."""
         error = None
         try:
             pc = msg.policy
@@ -161,7 +149,6 @@ class Subserver(EngineLoop):
                 except ValueError:
                     self.sched.set_policy(old)  # all or nothing
                     raise
-            # The live count says whether the change met requests in flight (it must not disturb them).
             log.info("%s: policy %s thresholds %s%s (%d requests live)", self.tag, pc.kind,
                      pc.thresholds or pc.table or "-", "" if msg.hop_rate is None else f", hop rate {msg.hop_rate}",
                      self.sched.active)  # fmt: skip
@@ -170,8 +157,7 @@ class Subserver(EngineLoop):
         self.front.send_multipart([P.CTL, P.encode(P.PolicySet(self.model, msg.seq, error))])
 
     def _on_peer_restarted(self, peer: int, now: float) -> None:
-        """A peer died and is being restarted empty: drop every request (the core's rule), and reconnect to
-        it so nothing queued for the dead process reaches the new one."""
+        """A peer restarts empty: drop every request and reconnect, so nothing queued for the dead one reaches it."""
         if peer in self.peers:
             self.peers[peer].close(linger=0)
             self.peers[peer] = push_socket(self.ctx, self.spec.addresses.subservers[peer])
@@ -181,13 +167,11 @@ class Subserver(EngineLoop):
         self.deliver(acts)
 
     def _drain(self, timeout_ms: int) -> None:
-        """Handle every queued message; wait up to `timeout_ms` for the first one."""
         for chan, data in drain(self.pull, timeout_ms):
             self._on_message(chan, data, time.monotonic())
 
     def receive(self, timeout_s: float) -> None:
-        now = time.monotonic()
-        self._stats(now)  # sends only on the heartbeat or soon after a change
+        self._stats(time.monotonic())  # sends only on the heartbeat or soon after a change
         self._drain(int(timeout_s * 1000))
 
     def wait_idle(self) -> None:
@@ -199,7 +183,6 @@ class Subserver(EngineLoop):
         if self.gate is not None:
             self.gate.after_schedule(batch is not None)  # hands back a grant that finds nothing to run
 
-    # ---- outputs --------------------------------------------------------------------------------------
     def deliver(self, acts: list[Action], failed: frozenset[str] = frozenset()) -> None:
         for a in acts:
             if isinstance(a, Send):
@@ -215,23 +198,16 @@ class Subserver(EngineLoop):
                 reason = "error" if a.rid in failed else a.reason
                 self.out.send_multipart([P.CTL, P.encode(P.Finished(a.rid, reason, a.num_output, a.num_hops))])
         if self.gate is not None:
-            # After the peer messages: the report that lets a peer launch goes out after what it must receive (the
-            # peer waits for the count the grant carries anyway; this only saves it the wait).
-            self.gate.flush()
+            self.gate.flush()  # after the peer messages, so a granted peer need not wait for them
 
-    # ---- loop -----------------------------------------------------------------------------------------
     def _timeout_ms(self, now: float) -> int:
-        wake = self.next_stats
         deadline = self.sched.next_deadline()
-        if deadline is not None:
-            wake = min(wake, deadline)
+        wake = self.next_stats if deadline is None else min(self.next_stats, deadline)
         return max(0, int((wake - now) * 1000) + 1)
 
     def _stats(self, now: float, force: bool = False) -> None:
-        """Send `Stats` on the heartbeat and, at most every `STATS_MIN_GAP_S`, soon after the state changes (pages,
-        queues, requests, steps), so the front-end's gauges follow a change instead of lagging up to a heartbeat.
-        A change pulls `next_stats` in, which also bounds the idle poll. Cheap when nothing is sent: the change
-        test reads sizes only."""
+        """Send `Stats` on the heartbeat and, at most every `STATS_MIN_GAP_S`, soon after the state changes, so the
+        front-end's gauges follow a change. Cheap when nothing is sent: the change test reads sizes only."""
         kv = self.sched.kv
         s = self.sched
         sig = (kv.num_free, len(s.waiting), len(s.admit_queue), len(s.reqs), s.step_id, self.counters.steps)
@@ -293,18 +269,14 @@ def _size(nbytes: int) -> str:
 
 
 def main(spec: SubserverSpec) -> None:
-    """Process entry point (multiprocessing spawn target). Exits non-zero after sending `Failed` on an error;
-    exits at once (removing the run directory) when the server process is gone."""
     start_child(spec.log_level, spec.run_dir)
     serve(spec)
 
 
 def serve(spec: SubserverSpec, joined: Joined | None = None, *, watch_launcher: bool = False,
           make: Callable[[SubserverSpec, Joined | None], Subserver] = Subserver) -> None:  # fmt: skip
-    """Run one subserver (`make(spec, joined)`) in this process until `Shutdown`: a multiprocessing child (`main`),
-    a Ray actor or `tokenrouter subserver`. Over tcp it first joins the launcher (`runtime.join`) unless `joined`
-    says it did; `watch_launcher`: exit when the connection to the launcher drops (a process the launcher did not
-    start). On an error: `Failed` to the front-end and the launcher, then `os._exit(1)`."""
+    """Run `make(spec, joined)` until `Shutdown`, first joining the launcher over tcp unless `joined`;
+    `watch_launcher`: exit when the link to the launcher drops. On an error: `Failed`, then `os._exit(1)`."""
     sub: Subserver | None = None
     try:
         if joined is None and is_tcp(spec.addresses.launcher):

@@ -1,7 +1,5 @@
-"""What the runtime's processes share to supervise one another: how a child ended, how a dying process reports
-`Failed`, how a child starts (logging, dies with its parent, removes an orphaned run directory) and the environment
-a spawned child inherits. Low on purpose (the protocol, the address table, the run directory): the launcher, the
-cluster, the subservers, the tensor-parallel ranks and the baselines import it, never each other, for these."""
+"""What the runtime's processes share to supervise one another (exits, `Failed` reports, a child's start, its
+environment); low on purpose, so they import it and never each other for these."""
 
 from __future__ import annotations
 
@@ -48,8 +46,7 @@ def exit_reason(p: Any) -> str:
 
 
 def report_failed(addresses: Addresses, model: int, msg: str) -> None:
-    """`Failed` of model `model` to the front-end and the launcher, on fresh sockets (a process that died before
-    it opened its own)."""
+    """`Failed` of model `model` to the front-end and the launcher, on fresh sockets."""
     ctx = zmq.Context()
     for addr in (addresses.frontend, addresses.launcher):
         if Addresses.known(addr):  # over tcp the front-end's port may not be published yet
@@ -59,12 +56,11 @@ def report_failed(addresses: Addresses, model: int, msg: str) -> None:
 
 def fail_and_exit(addresses: Addresses, model: int, exc: BaseException,
                   send_control: Callable[[P.Failed], None] | None) -> NoReturn:  # fmt: skip
-    """A subserver-like process (a subserver, a baseline's model server) died: log it, tell the front-end and the
-    launcher `Failed` (through `send_control`, the process's own control sockets, or fresh ones if it died before
-    opening them), and exit at once (`os._exit`: no atexit or finalizer may hang a dead process)."""
+    """A subserver-like process died: log it, send `Failed` (through `send_control`, or fresh sockets when None), and
+    `os._exit(1)` (no finalizer may hang a dead process)."""
     msg = f"{type(exc).__name__}: {exc}"
     log.error("model %d: %s", model, msg)
-    # Start-up (no control sockets yet): the launcher reports it in one line, so the traceback is for debugging.
+    # In start-up (no control sockets yet) the launcher reports it in one line: the traceback is for debugging.
     log.log(logging.ERROR if send_control is not None else logging.DEBUG, "model %d: traceback", model, exc_info=True)
     try:
         if send_control is not None:
@@ -76,8 +72,7 @@ def fail_and_exit(addresses: Addresses, model: int, exc: BaseException,
 
 
 def start_child(log_level: int, run_dir: str | None = None) -> None:
-    """Call first in a spawned child: log at its parent's level (`log_level`) and die with its parent; when it
-    dies, `run_dir` (the server's run directory) is removed if its owner is gone."""
+    """Call first in a spawned child: log at `log_level` and die with its parent (removing an orphaned `run_dir`)."""
     configure_logging(log_level)
     parent = mp.parent_process()
 
@@ -90,8 +85,7 @@ def start_child(log_level: int, run_dir: str | None = None) -> None:
 
 @contextmanager
 def environ(env: dict[str, str]) -> Iterator[None]:
-    """Set variables for the duration of a `with` (a spawned child copies the parent's environment at start), then
-    restore them. Not thread-safe: the launcher's own thread only."""
+    """Set variables for the duration of a `with`, then restore them. Not thread-safe."""
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:

@@ -1,12 +1,6 @@
-"""The synchronous baselines (`step-sync`, `model-sync`) across processes, at one coordinator round trip per step
-(docs/baselines.md, section 1: protocol and why it keeps `SyncGate`'s semantics).
-
-One `Coordinator` (in a process of its own, `CoordinatorProcess`) holds the real `core.policy.SyncGate`; each
-subserver's scheduler gets a `RemoteGate`. A subserver sends one `GateReport` when its step completes; the
-coordinator's one reply is the next grant, carrying how many gated messages the model must have received (`bar`)
-before it launches. Counts are cumulative, so a sender's report need not precede its messages. A ready count that
-changes off the step path is sent as an `update`; a grant that finds nothing to run is handed back (`pass`).
-"""
+"""`step-sync` and `model-sync` across processes at one coordinator round trip per step (docs/baselines.md, section
+1): a `Coordinator` holds the real `SyncGate`, each scheduler a `RemoteGate`; a grant carries how many gated
+messages must have arrived (`bar`), counts cumulative, so a report need not precede its messages."""
 
 from __future__ import annotations
 
@@ -27,11 +21,8 @@ COMPLETE, PASS, UPDATE = "complete", "pass", "update"
 
 
 class GateReport(msgspec.Struct, frozen=True, array_like=True):
-    """One message from a subserver to the coordinator.
-
-    `what`: `complete` (its step completed: the ask for the next grant), `pass` (a grant found nothing to run) or
-    `update` (its ready count changed while it neither runs nor holds a grant). `ready`, `arrived` (gated messages
-    received, cumulative) and `sent` (gated messages sent, cumulative, per destination) are read at one instant."""
+    """Subserver -> coordinator: `what` is `complete` (step done), `pass` (a grant found nothing to run) or `update`
+    (ready count changed off the step path); the counts (cumulative, `sent` per destination) read at one instant."""
 
     model: int
     what: str
@@ -40,7 +31,7 @@ class GateReport(msgspec.Struct, frozen=True, array_like=True):
     sent: list[int]
 
 
-_report_enc = msgspec.msgpack.Encoder()
+_enc = msgspec.msgpack.Encoder()
 _report_dec = msgspec.msgpack.Decoder(GateReport)
 _bar_dec = msgspec.msgpack.Decoder(int)
 
@@ -56,9 +47,8 @@ class GateEvent:
 
 @dataclass
 class Coordinator:
-    """Serves a `SyncGate` on a PULL socket in a daemon thread and pushes grants to the subservers' PULL sockets.
-    `log` records grants, completions and passes (for tests and the ablation's timelines); it is appended only by
-    the coordinator thread (or by whoever calls `handle` directly, in tests)."""
+    """Serves a `SyncGate` on a PULL socket in a daemon thread and pushes grants to the subservers. `log` records
+    grants, completions and passes (tests, the ablation's timelines)."""
 
     gate: SyncGate
     address: str
@@ -77,7 +67,6 @@ class Coordinator:
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.bind(self.address)
         self._push = [push_socket(self._ctx, addr, linger_ms=0) for addr in self.subservers]
-        self._enc = msgspec.msgpack.Encoder()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="sync-coordinator", daemon=True)
         self.calls = 0  # messages received (reports, passes, updates): calibration divides by launched steps
@@ -89,8 +78,7 @@ class Coordinator:
         return sum(row[model] for row in self._sent)
 
     def _ready_of(self, m: int) -> Callable[[], int]:
-        # Ready as the gate must see it: the last report plus what was sent to m since (in flight, or arrived after
-        # m's report): those requests are ready at m by the time m launches (it waits for them, `bar`).
+        # The last report plus what was sent to m since: ready by the time m launches (it waits for them, `bar`).
         return lambda: self._ready[m] + self.inbound(m) - self._arrived[m]
 
     def start(self) -> Coordinator:
@@ -124,9 +112,7 @@ class Coordinator:
             g.on_complete(m)
             self.log.append(GateEvent(time.monotonic(), m, "complete"))
         elif report.what == PASS and m in g.running:
-            # The grant ran nothing: it ends here like a step would (step-sync: its slot of the round is used;
-            # model-sync: the turn moves on). Its reservation was the only change the grant made.
-            g.on_complete(m)
+            g.on_complete(m)  # the grant ran nothing: it ends here like a step would (its slot or turn is used)
             self.log.append(GateEvent(time.monotonic(), m, "release"))
         return self._grant()
 
@@ -137,20 +123,15 @@ class Coordinator:
             if m not in g.running and g.may_launch(m):
                 g.on_launch(m)  # a reservation: no other model is granted against it
                 self.log.append(GateEvent(time.monotonic(), m, "launch"))
-                self._push[m].send_multipart([GATE, self._enc.encode(self.inbound(m))])
+                self._push[m].send_multipart([GATE, _enc.encode(self.inbound(m))])
                 self.grants += 1
                 out.append(m)
         return out
 
 
 class RemoteGate:
-    """`SyncGate`'s interface for one subserver's scheduler, backed by the coordinator (see the module doc).
-
-    `may_launch` is local: true while this model holds a grant and has received the gated messages the grant
-    counts. Driver duties: `flush()` after every scheduler call (it sends the completion report, or an update when
-    the ready count changed unexplained), `on_grant(payload)` for every GATE frame, and `after_schedule(batch)`
-    after every `schedule` (it hands back a grant that finds nothing to run).
-    """
+    """`SyncGate` for one subserver's scheduler; `may_launch` is local. The driver calls `flush()` after every
+    scheduler call, `on_grant` for every GATE frame and `after_schedule` after every `schedule`."""
 
     def __init__(self, model: int, num_models: int, address: str, ctx: zmq.Context) -> None:
         self.model = model
@@ -194,8 +175,8 @@ class RemoteGate:
         self.bar = _bar_dec.decode(payload)
 
     def flush(self) -> None:
-        """After a scheduler call: the completion report if a step completed, else an update if the ready count
-        changed for a reason the coordinator cannot know (not an arrival) while we neither run nor hold a grant."""
+        """The completion report if a step completed, else an update if the ready count changed for a reason the
+        coordinator cannot know while we neither run nor hold a grant."""
         if self._completed:
             self._completed = False
             self._send(COMPLETE)
@@ -203,9 +184,8 @@ class RemoteGate:
             self._send(UPDATE)
 
     def after_schedule(self, formed: bool) -> None:
-        """`schedule` formed no batch: a grant whose messages all arrived but that finds nothing ready is handed back
-        (`pass`). A grant kept because messages are still due, or because the pool could not take a ready request
-        yet, stays held (the gate's semantics: the model keeps its turn or its slot of the round)."""
+        """No batch formed: a grant whose messages all arrived but finds nothing ready is handed back (`pass`); one
+        still waiting for messages or pages stays held (the model keeps its turn or slot)."""
         if not formed and self.may_launch(self.model) and self._ready() == 0:
             self.bar = None
             self._send(PASS)
@@ -217,17 +197,15 @@ class RemoteGate:
 
     def _send(self, what: str) -> None:
         self._reported = (self._ready(), self.arrived)
-        self._sock.send(_report_enc.encode(GateReport(self.model, what, self._reported[0], self.arrived, self.sent)))
+        self._sock.send(_enc.encode(GateReport(self.model, what, self._reported[0], self.arrived, self.sent)))
 
     def close(self) -> None:
         self._sock.close()
 
 
 class CoordinatorProcess:
-    """A `Coordinator` in a process of its own, as the launcher runs it: not a launcher thread, because the
-    launcher also runs the HTTP front-end, whose thread would hold every report up while it holds the GIL
-    (docs/runtime.md). `log`, `calls`, `calls_by_model` and `grants` are asked of the process while it runs, and
-    are its last values after `stop`."""
+    """A `Coordinator` in a process of its own, off the front-end's GIL (docs/runtime.md). `log`, `calls`,
+    `calls_by_model` and `grants` are asked of the process while it runs, and are its last values after `stop`."""
 
     def __init__(self, kind: str, num_models: int, address: str, subservers: tuple[str, ...],
                  ready_timeout_s: float = 60.0) -> None:  # fmt: skip

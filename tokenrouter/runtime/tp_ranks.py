@@ -1,11 +1,6 @@
-"""The ranks of a tensor-parallel model (docs/tensor-parallel.md): rank 0 is the model's subserver process; it
-starts ranks 1..tp-1 as its own children, sends them every step, and supervises them. Rank r runs on `cuda:r`
-(the model's `gpus[r]`), or on the CPU (gloo).
-
-Step descriptions go over ZeroMQ PUSH sockets, not a torch.distributed broadcast: rank 0 must never wait for a
-follower on the host, and a PUSH send only queues, keeps order, and survives a dead follower. A follower that
-exits while rank 0 serves calls `on_death` (exit at once: rank 0 may be blocked inside a collective).
-"""
+"""The ranks of a tensor-parallel model (docs/tensor-parallel.md): rank 0 is the model's subserver process and
+starts, feeds and supervises ranks 1..tp-1. Steps go over ZeroMQ PUSH (rank 0 never waits for a follower on the
+host); a follower that exits while rank 0 serves calls `on_death`."""
 
 from __future__ import annotations
 
@@ -44,31 +39,19 @@ class FollowerSpec:
     timeout_s: float = 300.0
 
 
-def rank_device(leader_device: str, rank: int) -> str:
-    """Rank r's device: the CPU on CPU, else the r-th GPU after rank 0's (`cuda:0` -> `cuda:r`)."""
-    if not leader_device.startswith("cuda"):
-        return leader_device
-    base = int(leader_device.partition(":")[2] or 0)
-    return f"cuda:{base + rank}"
-
-
 class TPRanks:
-    """Rank 0's side: the followers' processes, the sockets to them and the group (`tp`); the engine's `StepSink`.
-
-    Invariant: after `close()` returns, no follower process of this object runs."""
+    """Rank 0's side and the engine's `StepSink`. Invariant: after `close()` returns, no follower process runs."""
 
     def __init__(self, size: int, engine_kwargs: dict[str, Any], *, num_pages: int | None = None,
                  on_death: Callable[[str], None] | None = None, log_level: int = logging.WARNING,
                  timeout_s: float = 300.0) -> None:  # fmt: skip
-        # torch (the `engine` extra) loads only in a process that runs a model: the launcher imports this module too
-        # (through `runtime.build`) and never loads torch.
+        # torch loads only in a process that runs a model: the launcher imports this module too.
         from tokenrouter.engine.config import EngineConfig
         from tokenrouter.engine.parallel import TensorParallel, serve_store
 
         if size < 2:
             raise ValueError(f"TPRanks needs tp >= 2, got {size}")
-        self.size = size
-        self.on_death = on_death
+        self.size, self.on_death = size, on_death
         self.failure: str | None = None
         self._closing = threading.Event()
         self._closed = False
@@ -85,7 +68,8 @@ class TPRanks:
                 s.setsockopt(zmq.LINGER, 0)
                 port = s.bind_to_random_port(f"tcp://{HOST}")
                 self._socks.append(s)
-                kw = {**engine_kwargs, "device": rank_device(str(device), r)}
+                dev = f"cuda:{(device.index or 0) + r}" if device.type == "cuda" else str(device)  # rank 0's GPU + r
+                kw = {**engine_kwargs, "device": dev}
                 spec = FollowerSpec(r, size, kw, num_pages, int(engine_kwargs.get("page_size", 16)), self._store.port,
                                     f"tcp://{HOST}:{port}", log_level, timeout_s)  # fmt: skip
                 p = ctx.Process(target=follower_main, args=(spec,), name=f"tokenrouter-tp{r}", daemon=True)
@@ -108,9 +92,7 @@ class TPRanks:
         while alive and not self._closing.is_set():
             for sentinel in wait(list(alive), timeout=0.2):
                 r, p = alive.pop(sentinel)
-                # The sentinel fires when the child's fds close, a moment before it can be reaped: join(0) here
-                # can still see no exit code.
-                p.join(5)
+                p.join(5)  # the sentinel fires a moment before the child can be reaped
                 if self._closing.is_set():
                     return
                 msg = f"tensor-parallel rank {r} (pid {p.pid}) died ({describe_exit(p.exitcode)})"
@@ -120,12 +102,10 @@ class TPRanks:
                     self.on_death(msg)
 
     def await_death(self, timeout_s: float) -> None:
-        """Wait up to `timeout_s` for a follower to exit. Rank 0 calls this when a step failed: a collective fails
-        at once when a peer dies, usually before the watcher has reaped it, and the dead rank, not the failed
-        collective, is the cause worth reporting; if one died, the watcher reports it and ends this process."""
+        """After a failed step, wait up to `timeout_s` for a follower to exit: a dead rank, not the failed collective,
+        is the cause worth reporting (the watcher reports it and ends this process)."""
         live = [p.sentinel for p in self.procs if p.exitcode is None]
-        # A follower the watcher already reaped has an exit code but may not be reported yet: wait for the watcher
-        # then too, not only for a death seen here (under load the failed step's report otherwise won the race).
+        # One already reaped may not be reported yet: wait for the watcher then too.
         died = len(live) < len(self.procs) or bool(live and wait(live, timeout=timeout_s))
         if died and self._watcher.is_alive():
             self._watcher.join(timeout_s + 5.0)  # it reaps (up to 5 s), reports, then `on_death` exits
@@ -136,9 +116,7 @@ class TPRanks:
             return
         self._closed = True
         self._closing.set()
-        # The watcher ends within one poll (or one reap) of `_closing`; joining it first leaves this thread the
-        # only one that reaps the followers: two threads in waitpid on one child race, and the loser reads "no
-        # exit code" (ECHILD) for a process that has exited.
+        # Join the watcher first: two threads in waitpid on one child race, and the loser reads no exit code.
         watcher = getattr(self, "_watcher", None)
         if watcher is not None and watcher is not threading.current_thread():
             watcher.join(10)
@@ -156,14 +134,13 @@ class TPRanks:
 
 
 def follower_main(spec: FollowerSpec) -> None:
-    """Process entry point of rank `spec.rank` (multiprocessing spawn target). Exits 0 after `Stop`, 1 on an error;
-    at once when rank 0 is gone."""
+    """Process entry point of rank `spec.rank`. Exits 0 after `Stop`, 1 on an error."""
     start_child(spec.log_level)
     code = 0
     ctx = zmq.Context()
     sock = ctx.socket(zmq.PULL)
     sock.connect(spec.steps_address)
-    try:  # the engine (torch) loads here: an import error is this rank's failure, reported as any other
+    try:  # torch loads here: an import error is this rank's failure
         from tokenrouter.engine.config import EngineConfig
         from tokenrouter.engine.parallel import TensorParallel
         from tokenrouter.engine.runner import Engine
@@ -173,9 +150,7 @@ def follower_main(spec: FollowerSpec) -> None:
         if cfg.torch_device().type == "cpu":
             import torch
 
-            # CPU ranks share the host's cores with rank 0 (CPU TP is for tests and the tiny models): one thread
-            # each, or their kernels and gloo's waits oversubscribe the cores.
-            torch.set_num_threads(1)
+            torch.set_num_threads(1)  # CPU ranks share the host's cores with rank 0: no oversubscription
         tp = TensorParallel.connect(spec.rank, spec.size, HOST, spec.store_port, cfg.torch_device(),
                                     timeout_s=spec.timeout_s)  # fmt: skip
         pool = KVPool(spec.num_pages, spec.page_size) if spec.num_pages is not None else None
@@ -195,9 +170,7 @@ def follower_main(spec: FollowerSpec) -> None:
 
 
 def start_ranks(spec: Any, engine_kwargs: dict[str, Any], pool: Any) -> Any:
-    """Rank 0's engine of subserver `spec` (a `SubserverSpec`) for a model with `tp > 1`: starts its followers, then
-    builds the engine (every rank at once). A follower that dies from here on fails the subserver."""
-    # torch (the `engine` extra): lazily, as in `TPRanks`.
+    """Rank 0's engine of subserver `spec` (`tp > 1`); a follower that dies from here on fails the subserver."""
     from tokenrouter.engine.config import EngineConfig
     from tokenrouter.engine.loader import resolve_spec
     from tokenrouter.engine.parallel import check_divides

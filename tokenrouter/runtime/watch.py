@@ -1,10 +1,5 @@
-"""Supervision of a running `Server` (`runtime.launcher`): its launcher socket, the watcher thread, exits,
-hangs, restarts and giving up (docs/runtime.md, "Supervision").
-
-By default a dead subserver makes the server give up: `failure` says why and every `add_fatal_listener` callback
-runs. With `restart_on_failure` the survivors get `Restarted` and the dead one starts again in place. A ready
-subserver that sends no `Stats` for `heartbeat_timeout_s` is hung and killed, so it takes the same path.
-"""
+"""Supervision of a running `Server` (`runtime.launcher`): the launcher socket, the watcher thread, exits, hangs,
+restarts and giving up (docs/runtime.md, "Supervision")."""
 
 from __future__ import annotations
 
@@ -50,9 +45,7 @@ class Supervisor:
         self.stats: dict[int, P.Stats] = {}
         self.dead: dict[int, str] = {}
         self.processes: list[Any] = []
-        # Processes beside the subservers (the std-serving baseline's dispatcher): (name, process, address). One that
-        # exits is a failure of the whole server (never restarted); `stop` sends them Shutdown too.
-        self.aux: list[tuple[str, Any, str]] = []
+        self.aux: list[tuple[str, Any, str]] = []  # (name, process, address): never restarted; one exit fails all
         self._listeners: list[Listener] = []
         self._fatal_listeners: list[Callable[[str], None]] = []
         self.failure: str | None = None  # why the server gave up (a subserver died and is not restarted)
@@ -124,10 +117,8 @@ class Supervisor:
             tell.close()
 
     def _kill_hung(self) -> None:
-        """A ready subserver of ours whose heartbeat (`Stats`, every `stats_interval_s`) stopped is hung: a stuck
-        step, a wedged device, a stopped process. It is killed, so that its exit takes the path of any death
-        (restarted in place, or the server gives up) instead of leaving a live process the front-end calls dead.
-        Subservers on other hosts and Ray actors have their own heartbeat check (`runtime.remote`)."""
+        """Kill a ready subserver of ours whose heartbeat stopped, so its exit takes the path of any death (remote
+        ones have their own check, `runtime.remote`)."""
         now = time.monotonic()
         for i, p in enumerate(self.processes):
             seen = self._last_seen.get(i)
@@ -165,8 +156,7 @@ class Supervisor:
             fn(why)
 
     def _restart(self, i: int) -> None:
-        """Survivors drop their requests and reconnect (before the new process binds, so nothing queued for
-        the dead one reaches it); then subserver i starts again with the same spec."""
+        """Survivors drop their requests and reconnect (before the new process binds); then subserver i restarts."""
         for j, addr in enumerate(self.addresses.subservers):
             if j != i:
                 send_once(self._ctx, addr, [P.CTL, P.encode(P.Restarted(i))], linger_ms=1000)

@@ -1,5 +1,4 @@
-"""The OpenAI-compatible HTTP front-end: FastAPI routes, the ZeroMQ client of the subservers, metrics. The launcher
-calls `serve_http(server, host=..., port=..., api_key=..., tokenizer=...)` with a `handle.ServerHandle`."""
+"""The OpenAI-compatible HTTP front-end (docs/openai-api.md); the launcher calls `serve_http`."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
-"""The access log: one line per generation request when it ends, on the `tokenrouter.access` logger, e.g.
-
-    rid=3f2a... status=200 finish=length prompt=8 output=16 hops=3 time=0.84s
-
-`status` is what the client saw: 200 for a finished request (a stream's HTTP status stays 200 even when it
-ends with an error chunk, so then the error's status is logged), 499 when the client went away. A request that
-ends with a server-side error (5xx) is also logged as a warning with its id on this module's logger, which
-`--no-access-log` does not silence.
-"""
+"""The access log: one line per generation request when it ends (`tokenrouter.access`; a stream that ends with an
+error chunk logs the error's status, 499: the client went away); a 5xx is also a warning `--no-access-log` keeps."""
 
 from __future__ import annotations
 
@@ -19,8 +12,6 @@ log = logging.getLogger(__name__)
 
 @dataclass(slots=True)
 class Entry:
-    """What the front-end knows of a request when it ends."""
-
     rid: str
     status: int
     finish: str  # "stop" | "length" | "abort" | "error" | "rejected" | "aborted" (client gone) | "invalid"

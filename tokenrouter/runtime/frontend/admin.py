@@ -1,12 +1,5 @@
-"""The admin endpoint: change the batching policy (and a synthetic router's hop rate) of a running server, or
-pause/resume autotune, without a restart (docs/openai-api.md, "Admin endpoint", has the bodies and answers).
-
-Every subserver applies a change between steps and acknowledges it before the endpoint answers. Disabled (404)
-without an admin key. Switching to or from a synchronous policy is refused (409: their gate is built at start);
-so is a hop rate for a router that has none to change. Every change, the operator's and autotune's, goes through
-one `PolicyState` (one lock, in order). `{"autotune": false, ...}` pauses first, then applies;
-`{"autotune": true, ...}` applies, then resumes. A refused body changes nothing, the pause included.
-"""
+"""The admin endpoint (docs/openai-api.md, "Admin endpoint"). Every change, the operator's and autotune's, goes
+through one `PolicyState` (one lock, in order); a refused body changes nothing, the pause included."""
 
 from __future__ import annotations
 
@@ -29,9 +22,8 @@ Concurrency = Annotated[str, Field(pattern=r"^[1-9][0-9]{0,8}$")]  # a live N >=
 
 
 class PolicyBody(BaseModel):
-    """The deployment config's `policy` section, plus an optional hop rate for a synthetic router and an optional
-    pause (`autotune`: false) or resume (true) of autotune. Without `policy`, only `hop_rate` and `autotune` may be
-    given: the policy in force stays. The only place B has string keys (JSON's)."""
+    """The config's `policy` section plus optional `hop_rate` and `autotune` (pause: false, resume: true); without
+    `policy` the policy in force stays."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -58,14 +50,11 @@ class PolicyBody(BaseModel):
 
 
 class PolicyState:
-    """The policy in force (`policy`, None while unknown: a handle without a config; `hop_rate`) and the one path
-    every change takes (`apply`, under `lock`). `version` counts applied changes, so a change computed from an
-    older state (autotune's solve ran while an operator changed the policy) can tell it is stale. `listeners` are
-    called with (new policy, source) after every applied change of the policy (not after a hop rate alone)."""
+    """The policy in force (None while unknown) and the one path every change takes (`apply`, under `lock`); `version`
+    counts changes (a stale computation can tell); `listeners` get (policy, source) after each policy change."""
 
     def __init__(self, backend: Any, num_models: int, config: DeploymentConfig | None = None) -> None:
         self.backend, self.num_models = backend, num_models
-        # The autotune settings stay with the task that runs them: the policy in force is B and its kind.
         self.policy = None if config is None else replace(config.policy, autotune=None)
         self.hop_rate = None if config is None else config.router.hop_rate
         self.baseline = None if config is None else config.baseline  # a baseline server refuses every change
@@ -84,9 +73,8 @@ class PolicyState:
 
     async def apply(self, policy: PolicyConfig | None, hop_rate: float | None = None,
                     source: str = "admin") -> dict[str, Any]:  # fmt: skip
-        """Check `policy` (None: keep the one in force, change the hop rate; `hop_rate` None: keep the rate), send
-        it to every subserver and wait for their acks; the policy now in force (`describe`). Hold `lock` around
-        it when the change depends on the state (`apply` does not take it: the caller decides what is atomic)."""
+        """Check `policy` (None: keep it), send it with `hop_rate` to every subserver, wait for their acks; the
+        policy now in force. The caller holds `lock` when the change depends on the state."""
         if policy is None:
             if self.policy is None:
                 raise APIError(409, "the policy in force is unknown: give 'policy' with the hop rate", "policy")
@@ -120,8 +108,7 @@ NO_AUTOTUNE = "this server runs without autotune: start it with --autotune"
 
 
 def add_admin_routes(app: FastAPI, state: PolicyState, admin_key: str | None, tuner: Tuner | None = None) -> None:
-    """Mount /admin/policy on `app`. `state`: the policy in force and the path every change takes; `tuner`: the
-    server's autotune (None without): its state for GET and POST to answer, paused and resumed by `autotune`."""
+    """Mount /admin/policy on `app`; `tuner`: the server's autotune (None without)."""
     router = APIRouter()
 
     def authorize(request: Request) -> None:
@@ -145,8 +132,7 @@ def add_admin_routes(app: FastAPI, state: PolicyState, admin_key: str | None, tu
         if body.autotune is not None and tuner is None:  # refused whole: nothing else in the body applies either
             raise APIError(409, NO_AUTOTUNE, "autotune")
         policy = body.policy_config()
-        # Under the lock, so no autotune change lands between the pause and the change that comes with it.
-        async with state.lock:
+        async with state.lock:  # no autotune change lands between the pause and the change that comes with it
             with nullcontext() if tuner is None else tuner.switched(body.autotune):
                 if policy is not None or body.hop_rate is not None:  # `autotune` alone sends nothing to subservers
                     await state.apply(policy, body.hop_rate, source="admin")

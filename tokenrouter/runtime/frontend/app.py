@@ -1,9 +1,5 @@
-"""The FastAPI app: OpenAI routes, `/v1/models`, `/health`, `/metrics`, errors in OpenAI's shape.
-
-`create_app` builds everything per app (backend sockets, metrics registry) and starts/stops the backend in its
-lifespan, so an app can be created, served and torn down repeatedly in one process; the module-level routes read
-that state from `request.app.state` (`FrontendState`).
-"""
+"""The FastAPI app: OpenAI routes, `/v1/models`, `/health`, `/metrics`, errors in OpenAI's shape. `create_app`
+builds everything per app, so apps in one process share nothing; the routes read `request.app.state`."""
 
 from __future__ import annotations
 
@@ -36,9 +32,8 @@ log = logging.getLogger("tokenrouter.frontend")
 
 
 def validation_message(errors: list[dict]) -> tuple[str, str | None]:
-    """One line for the first validation error and the parameter it names (`messages.0.role`): pydantic's
-    location without the body prefix and without the tags of union members (`prompt.list[int].0` ->
-    `prompt.0`); a value that matched no member of a union says so instead of quoting one member's error."""
+    """One line for the first validation error and the parameter it names, without pydantic's union tags
+    (`prompt.list[int].0` -> `prompt.0`); a value that matched no member of a union says so."""
     if not errors:
         return "invalid request", None
     first = errors[0]
@@ -61,8 +56,7 @@ def create_app(
     server: ServerHandle, tokenizer, *, api_key: str | None = None, heartbeat_timeout_s: float = 10.0,
     access_log: bool = True, admin_key: str | None = None,
 ) -> FastAPI:  # fmt: skip
-    """`tokenizer` is a `TextTokenizer` (encode, decode, encode_chat, eos_token_ids). `access_log`: one line per
-    request on the `tokenrouter.access` logger (`frontend.access`)."""
+    """`tokenizer` is a `TextTokenizer`; `access_log`: one line per request (`frontend.access`)."""
     backend = Backend(server, heartbeat_timeout_s=heartbeat_timeout_s, access_log=access_log)
     metrics = FrontendMetrics(backend)
     policy = PolicyState(backend, len(server.model_names), getattr(server, "config", None))
@@ -81,15 +75,11 @@ def create_app(
 
 
 class FrontendState:
-    """What the OpenAI routes share, one per app (`app.state.frontend`). The routes are module-level functions that
-    find it through `request.app`, so apps created in one process share nothing."""
+    """What the OpenAI routes share, one per app (`app.state.frontend`)."""
 
     def __init__(self, server: ServerHandle, tokenizer, backend: Backend, metrics: FrontendMetrics,
                  api_key: str | None) -> None:  # fmt: skip
-        self.server = server
-        self.tokenizer = tokenizer
-        self.backend = backend
-        self.metrics = metrics
+        self.server, self.tokenizer, self.backend, self.metrics = server, tokenizer, backend, metrics
         self.api_key = api_key
         self.name = served_model_name(server)
         self.accepted = {self.name, *server.model_names}  # the pair's name or one model's
@@ -111,8 +101,7 @@ class FrontendState:
                             include_usage=usage)  # fmt: skip
 
     async def answer(self, job: generate.Job, request: Request):
-        """Counts the request in flight until its answer is complete (a stream's end, not its start) and its
-        outcome once: ok, error, or aborted (the client went away)."""
+        """Counts the request in flight until its answer is complete (a stream's end) and its outcome once."""
         metrics = self.metrics
         counted = False
 
@@ -136,10 +125,9 @@ class FrontendState:
             raise
 
     def model_card(self, model_id: str) -> dict:
-        card = {"id": model_id, "object": "model", "created": int(time.time()), "owned_by": "tokenrouter"}
-        card["max_model_len"] = self.server.max_context_len
-        card["tokenrouter"] = {"models": self.names, "entry": self.server.entry}
-        return card
+        return {"id": model_id, "object": "model", "created": int(time.time()), "owned_by": "tokenrouter",
+                "max_model_len": self.server.max_context_len,
+                "tokenrouter": {"models": self.names, "entry": self.server.entry}}  # fmt: skip
 
 
 def _state(request: Request) -> FrontendState:
@@ -170,9 +158,7 @@ async def auth(request: Request, call_next):
                                   "invalid_api_key")  # fmt: skip
     try:
         return await call_next(request)
-    except Exception:
-        # A bug must still answer in OpenAI's shape, and answering here (instead of letting the exception
-        # reach the server) keeps the client's keep-alive connection usable.
+    except Exception:  # a bug still answers in OpenAI's shape, and the client's keep-alive connection stays usable
         log.exception("unhandled error in %s %s", request.method, request.url.path)
         return error_response(500, "internal server error")
 
@@ -185,11 +171,7 @@ async def api_error(request: Request, e: APIError) -> JSONResponse:
 
 
 async def invalid(request: Request, e: RequestValidationError) -> JSONResponse:
-    st = _state(request)
-    msg, param = validation_message(e.errors())
-    st.metrics.requests.labels("error").inc()
-    access.record(access.Entry("-", 400, "invalid", 0, 0, 0, 0.0, msg), st.backend.access_log)
-    return error_response(400, msg, param)
+    return await api_error(request, APIError(400, *validation_message(e.errors())))
 
 
 async def http_error(_: Request, e: StarletteHTTPException) -> JSONResponse:
@@ -203,8 +185,7 @@ router = APIRouter()
 async def completions(body: CompletionRequest, request: Request):
     st = _state(request)
     st.check_model(body.model)
-    # In a worker thread (the tokenizer releases the GIL): a long prompt must not stall the event loop that
-    # streams every other request and answers /health.
+    # In a worker thread (the tokenizer releases the GIL): a long prompt must not stall the event loop.
     ids = await asyncio.to_thread(params.completion_prompt, body, st.tokenizer.encode)
     return await st.answer(st.job(body, ids, default_max=16), request)
 
@@ -225,8 +206,7 @@ async def models(request: Request) -> dict:
 
 @router.get("/v1/models/{model_id:path}")
 async def retrieve_model(model_id: str, request: Request):
-    """OpenAI's model retrieval: the card of any name a request may use (the pair's, or one model's). Not a
-    generation request, so an unknown name is a 404 that the request counters do not count."""
+    """The card of any name a request may use; an unknown name is a 404 the request counters do not count."""
     st = _state(request)
     if model_id not in st.accepted:
         msg = f"the model {model_id!r} does not exist; this server serves {st.name!r}"

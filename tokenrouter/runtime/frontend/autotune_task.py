@@ -1,11 +1,6 @@
-"""Autotune in the front-end process (`policy.autotune`, `tr serve --autotune`; docs/autotune.md).
-
-`AutotuneTask` snapshots the subservers' `Stats` and every `Finished` every `observe_s` and runs the core's
-`AutotuneController` in a worker thread whose solves run in a process of their own, so a solve stalls neither the
-serving loops nor this event loop. A decision goes through `PolicyState.apply` (as the admin endpoint's). An
-operator's change meanwhile wins (`reset`; a decision computed before it is dropped); paused, rounds neither
-observe nor decide, and on resume the controller restarts from the policy in force.
-"""
+"""Autotune in the front-end process (`tr serve --autotune`; docs/autotune.md): every `observe_s` the core's
+`AutotuneController` runs in a worker thread on the subservers' latest `Stats`; a decision goes through
+`PolicyState.apply`, and an operator's change meanwhile wins."""
 
 from __future__ import annotations
 
@@ -36,8 +31,7 @@ def snapshot(backend: Any, entry: int) -> CounterSnapshot | None:
 
 
 class AutotuneTask:
-    """Owns the controller: only this task calls `observe`/`applied`/`reset` (one at a time), so the worker
-    thread never races the event loop on the controller's state."""
+    """Only this task calls the controller (one call at a time): the worker thread never races the event loop."""
 
     def __init__(self, backend: Any, state: PolicyState, controller: AutotuneController, entry: int) -> None:
         self.backend, self.state, self.controller, self.entry = backend, state, controller, entry
@@ -73,10 +67,8 @@ class AutotuneTask:
 
     @contextlib.contextmanager
     def switched(self, on: bool | None) -> Iterator[None]:
-        """Around an operator's change, entered under `state.lock` (the admin body's `autotune`): `on` False pauses
-        autotune before the change, True resumes it after the change (from the policy it leaves in force), None
-        leaves autotune as it is. Pausing what is paused, or resuming what runs, does nothing; a change that raises
-        leaves autotune as it was."""
+        """Around an operator's change, under `state.lock`: `on` False pauses before it, True resumes after it, None
+        leaves autotune as it is; a change that raises leaves autotune as it was."""
         was = self.paused
         if on is False and not was:
             self.paused = True
@@ -91,9 +83,7 @@ class AutotuneTask:
             raise
         if on is True and was:
             self.paused = False
-            # As after an operator's change: no decision from before the pause lands, the controller forgets its
-            # last solve and trial and holds for hold_s; the next round re-solves from the B in force now.
-            if self.state.policy is not None:
+            if self.state.policy is not None:  # as after an operator's change: the next round starts afresh
                 self._reset = (self.state.policy, self.backend.clock())
             log.info("autotune: resumed by the admin endpoint from %s", self._in_force())
 

@@ -1,12 +1,5 @@
-"""The front-end's ZeroMQ side: one PULL (bound at `addresses.frontend`) read by one task that dispatches
-events to per-request streams, one PUSH to the entry subserver for `Submit`/`Abort`, and a watchdog.
-
-Liveness of model i is the conjunction of: the handle says its process is alive (`is_alive(i)`, polled), it
-never sent `Failed`, and, once it has sent anything, its last message is younger than the heartbeat timeout.
-A model is ready once it sent `Ready` or any `Stats` (a launcher that consumed `Ready` itself still works).
-When any model dies every in-flight request ends with a 503: a request may sit on any model, and the dead
-process took its state with it, so waiting could hang the client forever.
-"""
+"""The front-end's ZeroMQ side: a reader task feeding per-request streams, a PUSH to the entry, and a watchdog; a
+model's death fails every request in flight (docs/runtime.md, "Front-end liveness")."""
 
 from __future__ import annotations
 
@@ -49,8 +42,7 @@ class Backend:
         self, handle: ServerHandle, *, heartbeat_timeout_s: float = 10.0, poll_s: float = 0.2, clock=time.monotonic,
         access_log: bool = True,
     ) -> None:  # fmt: skip
-        self.handle = handle
-        self.access_log = access_log
+        self.handle, self.access_log = handle, access_log
         self.draining = False  # shutting down: new requests get 503, running ones may finish (`drain`)
         self.drain_deadline: float | None = None
         self._started: dict[str, tuple[float, int]] = {}  # rid -> (submit time, prompt tokens), for the access log
@@ -72,7 +64,6 @@ class Backend:
         self.finished_tokens_sq = 0
         self.recent_outputs: deque[int] = deque(maxlen=RECENT_OUTPUTS)  # autotune's trials replay their shape
 
-    # ---- lifecycle ------------------------------------------------------------------------------------------
     async def start(self) -> None:
         self._ctx = zmq.asyncio.Context()
         self._pull = self._ctx.socket(zmq.PULL)
@@ -97,7 +88,6 @@ class Backend:
             self._ctx.term()
         self._ctx = self._pull = self._push = None
 
-    # ---- state ----------------------------------------------------------------------------------------------
     @property
     def kv_capacity_tokens(self) -> int:
         """The smallest KV pool over the models: a request may visit every model."""
@@ -106,15 +96,8 @@ class Backend:
     def unhealthy(self) -> dict[str, str]:
         """model name -> why it is not serving (empty when every model is alive and ready)."""
         self._check_alive()
-        out = {}
-        for m in self.models:
-            if m.dead:
-                out[m.name] = f"dead: {m.dead}"
-            elif not m.ready:
-                out[m.name] = "not ready"
-        return out
+        return {m.name: f"dead: {m.dead}" if m.dead else "not ready" for m in self.models if m.dead or not m.ready}
 
-    # ---- requests -------------------------------------------------------------------------------------------
     async def submit(self, msg: P.Submit) -> RequestStream:
         if self.draining:
             raise APIError(503, "the server is shutting down")
@@ -134,8 +117,8 @@ class Backend:
         return stream
 
     def abort_nowait(self, rid: str) -> None:
-        """Tell the entry subserver to drop `rid` (it tells its peers and frees the KV); forget the stream.
-        Synchronous (a non-blocking send) so it can run in the `finally` of a cancelled SSE generator."""
+        """Tell the entry subserver to drop `rid`; forget the stream. Synchronous (a non-blocking send): it runs in
+        the `finally` of a cancelled SSE generator."""
         stream = self.streams.pop(rid, None)
         if stream is None:
             return
@@ -167,9 +150,8 @@ class Backend:
         access.record(entry, self.access_log)
 
     async def drain(self, grace_s: float) -> None:
-        """Shutdown: refuse new requests (503), give the running ones `grace_s` to finish (`drain_deadline` may
-        be moved closer meanwhile, e.g. by a second signal), then end the rest with a 503 error (a stream
-        gets an error chunk and `[DONE]`) and give their handlers a moment to write it."""
+        """Shutdown: refuse new requests (503), give the running ones until `drain_deadline` (`grace_s`; a second
+        signal moves it closer), then end the rest with a 503 and give their handlers a moment to write it."""
         self.draining = True
         self.drain_deadline = self.clock() + grace_s
         while self.streams and self.clock() < self.drain_deadline:
@@ -183,16 +165,14 @@ class Backend:
             await asyncio.sleep(0.02)
 
     async def set_policy(self, policy: PolicyConfig, hop_rate: float | None, timeout_s: float = 10.0) -> list[str]:
-        """Send a new policy to every subserver and wait until each applied it (so the next request sees it
-        everywhere); the errors of those that refused it (empty: all applied)."""
+        """Send a policy to every subserver and wait until each applied it; the errors of those that refused it."""
         if self._ctx is None:
             raise APIError(503, "the server is not running")
         self._policy_seq += 1
         msg = P.SetPolicy(self._policy_seq, policy, hop_rate)
         loop = asyncio.get_running_loop()
         futs = {i: loop.create_future() for i in range(len(self.models))}
-        for i, f in futs.items():
-            self._policy_acks[(msg.seq, i)] = f
+        self._policy_acks.update({(msg.seq, i): f for i, f in futs.items()})
         socks = []
         try:
             for addr in self.handle.addresses.subservers:
@@ -217,7 +197,6 @@ class Backend:
         except zmq.Again:
             raise APIError(503, "the entry subserver is not accepting requests (queue full)") from None
 
-    # ---- tasks ----------------------------------------------------------------------------------------------
     async def _reader(self) -> None:
         assert self._pull is not None
         while True:
@@ -274,8 +253,7 @@ class Backend:
             self._mark_dead(msg.model, msg.message)
 
     def _reconnect_entry(self) -> None:
-        """A new socket to a restarted entry: what the old one still queued (submits of requests that already
-        failed) must not reach the new process."""
+        """A new socket to a restarted entry: what the old one still queued must not reach the new process."""
         if self._ctx is None or self._push is None:
             return
         self._push.close(linger=0)

@@ -1,8 +1,4 @@
-"""OpenAI-style error bodies: `{"error": {"message", "type", "param", "code"}}` with the HTTP status.
-
-Every failure the front-end answers (validation, auth, rejection by a subserver, a dead subserver) goes
-through `APIError`, so clients see one shape whatever went wrong.
-"""
+"""OpenAI-style error bodies, `{"error": {"message", "type", "param", "code"}}`: one shape whatever went wrong."""
 
 from __future__ import annotations
 

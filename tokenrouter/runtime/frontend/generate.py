@@ -1,12 +1,5 @@
-"""Run one request against the backend and shape the answer as an OpenAI completion or chat completion,
-streamed (SSE) or whole.
-
-A streamed request waits for its first event before answering, so a `Rejected` (or an early failure) still becomes
-a proper 4xx/5xx; once streaming, an error ends the stream with an `{"error": ...}` chunk and `[DONE]`. A client
-that goes away sends `Abort(rid)` to the entry subserver; so does a matched stop string (`stop.StopStrings`), after
-which usage and logprobs cover the tokens up to the one that completed it. Every submitted request reports its
-outcome exactly once through `on_outcome` ("ok", "error" or "aborted"), when the answer is complete.
-"""
+"""One request as an OpenAI (chat) completion, streamed or whole. A stream waits for its first event, so a `Rejected`
+is still a 4xx; later errors end it with an error chunk. Each request reports its outcome once (`on_outcome`)."""
 
 from __future__ import annotations
 
@@ -49,8 +42,7 @@ class Job:
 
 @dataclass(slots=True)
 class Piece:
-    """What one chunk of tokens adds to the answer: text to release, and the tokens with their models and
-    logprobs (`offsets[i]`: where token i's text starts in the answer's text)."""
+    """What one chunk adds to the answer (`offsets[i]`: where token i's text starts in the answer's text)."""
 
     text: str = ""
     ids: list[int] = field(default_factory=list)
@@ -60,11 +52,8 @@ class Piece:
 
 
 class Output:
-    """Turns in-order chunks into the answer: text (stop strings applied), tokens counted per model, logprobs.
-
-    Invariant: `n` counts the tokens taken into the answer; after a stop string (`stopped`) nothing more is
-    taken. Tokens go one at a time through the detokenizer so the token that completes a stop string is known.
-    """
+    """Turns in-order chunks into the answer. Invariant: `n` counts the tokens taken; after a stop string nothing
+    more is taken (tokens go one at a time, so the one that completes it is known)."""
 
     def __init__(self, job: Job, tokenizer, names: Sequence[str]) -> None:
         self.job = job
@@ -97,20 +86,17 @@ class Output:
 
     def finish(self) -> str:
         """The text still held back once the output ended without a stop string completing it."""
-        text = self.stops.push(self.detok.flush())
-        return text + self.stops.flush()
+        return self.stops.push(self.detok.flush()) + self.stops.flush()
 
     def logprobs(self, piece: Piece) -> dict[str, Any] | None:
-        if self.formatter is None:
-            return None
-        return self.formatter.format(piece.ids, piece.logprobs, piece.offsets)
+        return None if self.formatter is None else self.formatter.format(piece.ids, piece.logprobs, piece.offsets)
 
     def usage(self) -> dict[str, int]:
         p = len(self.job.prompt_ids)
         return {"prompt_tokens": p, "completion_tokens": self.n, "total_tokens": p + self.n}
 
     def extension(self, out: Outcome | None) -> dict[str, Any]:
-        """`hops` is the server's count; null when the front-end ended the request (stop string) itself."""
+        """`hops` is null when the front-end ended the request (stop string) itself."""
         hops = None if out is None else out.num_hops
         return {"hops": hops, "tokens_per_model": dict(zip(self.names, self.per_model, strict=True))}
 
@@ -156,8 +142,7 @@ async def run(job: Job, backend: Backend, tokenizer, names: Sequence[str], reque
     out = Output(job, tokenizer, names)
     if job.stream:
         gen = _sse(job, stream, first, backend, out, on_outcome)
-        # A body the server never starts (the client left before the headers went out) never runs the
-        # generator's `finally`: the same clean-up then runs when the generator is collected.
+        # A body never started (the client left first) never runs the generator's `finally`: clean up on collection.
         weakref.finalize(gen, _abandon, backend, job.rid, on_outcome)
         return StreamingResponse(gen, media_type="text/event-stream")
     return await _whole(job, stream, first, backend, out, request, on_outcome)
@@ -205,12 +190,10 @@ async def _whole(job: Job, stream: RequestStream, first, backend: Backend, out: 
             return error_response(ev.status, ev.message)
         text.append(out.finish())
         outcome, reason = ev, ev.reason
-    body = _envelope(job, stream=False)
-    body["choices"] = [_choice(job, "".join(text), reason, False, out.logprobs(Piece("", ids, [], lps, offsets)))]
-    body["usage"] = out.usage()
-    body["tokenrouter"] = out.extension(outcome)
+    choice = _choice(job, "".join(text), reason, False, out.logprobs(Piece("", ids, [], lps, offsets)))
     on_outcome("ok")
-    return JSONResponse(body)
+    return JSONResponse({**_envelope(job, stream=False), "choices": [choice], "usage": out.usage(),
+                         "tokenrouter": out.extension(outcome)})  # fmt: skip
 
 
 def _sse_line(obj: dict[str, Any] | str) -> bytes:
@@ -219,20 +202,17 @@ def _sse_line(obj: dict[str, Any] | str) -> bytes:
 
 async def _sse(job: Job, stream: RequestStream, first, backend: Backend, out: Output,
                on_outcome: OnOutcome) -> AsyncIterator[bytes]:  # fmt: skip
-    """SSE chunks: one per in-order run of tokens (text delta plus, as an extension, the model of each token),
-    then a chunk with the finish reason, `usage` and `tokenrouter`, with `include_usage` a chunk with empty
-    `choices` and `usage` (what OpenAI clients read usage from), then `[DONE]`."""
+    """One chunk per in-order run of tokens (with each token's model), a last chunk with the finish reason, `usage`
+    and `tokenrouter`, with `include_usage` a usage-only chunk, then `[DONE]`."""
     ev, done, sent_first = first, False, False
     try:
         while isinstance(ev, Chunk):
             piece = out.add(ev)
             if out.stopped:
                 break
-            body = _envelope(job, stream=True)
-            body["choices"] = [_choice(job, piece.text, None, True, out.logprobs(piece), first=not sent_first)]
-            body["tokenrouter"] = {"models": piece.models}
+            choice = _choice(job, piece.text, None, True, out.logprobs(piece), first=not sent_first)
+            yield _sse_line({**_envelope(job, True), "choices": [choice], "tokenrouter": {"models": piece.models}})
             sent_first = True
-            yield _sse_line(body)
             ev = await stream.next()
         done = True
         if out.stopped:
@@ -246,12 +226,10 @@ async def _sse(job: Job, stream: RequestStream, first, backend: Backend, out: Ou
                 yield _sse_line("[DONE]")
                 return
             outcome, reason, text, piece = ev, ev.reason, out.finish(), Piece()
-        body = _envelope(job, stream=True)
-        body["choices"] = [_choice(job, text, reason, True, out.logprobs(piece), first=not sent_first)]
-        body["tokenrouter"] = {"models": piece.models} | out.extension(outcome)
-        body["usage"] = out.usage()
+        choice = _choice(job, text, reason, True, out.logprobs(piece), first=not sent_first)
+        ext = {"models": piece.models} | out.extension(outcome)
         on_outcome("ok")
-        yield _sse_line(body)
+        yield _sse_line({**_envelope(job, stream=True), "choices": [choice], "tokenrouter": ext, "usage": out.usage()})
         if job.include_usage:  # OpenAI's shape: empty choices, the whole request's usage
             yield _sse_line({**_envelope(job, stream=True), "choices": [], "usage": out.usage()})
         yield _sse_line("[DONE]")

@@ -1,5 +1,4 @@
-"""What the front-end needs to know about the running deployment: `ServerHandle`, implemented by the launcher. The
-front-end never owns subserver processes, so tests can drive it with a fake backend."""
+"""`ServerHandle`: what the front-end knows of the deployment (the launcher implements it; tests fake it)."""
 
 from __future__ import annotations
 
@@ -11,19 +10,9 @@ from tokenrouter.runtime.addresses import Addresses
 
 @runtime_checkable
 class ServerHandle(Protocol):
-    """The deployment as the front-end sees it.
-
-    Invariants:
-    - `len(model_names) == len(kv_capacity_tokens) == len(addresses.subservers)`; index i is model i
-      everywhere (the `model` field of `Tokens`/`Stats`/`Ready` uses the same index).
-    - `entry` is the index of the subserver that receives `Submit`/`Abort` (`DeploymentConfig.entry`).
-    - `kv_capacity_tokens[i]` is model i's KV pool in tokens; a prompt must fit every model's pool because a
-      request may hop to any of them. A `Ready` event from model i overrides the value given here.
-    - `max_context_len` and `vocab_size` hold for every model (the smallest over the models).
-    - `is_alive(i)` is cheap and non-blocking (e.g. `Popen.poll() is None`); the front-end polls it a few
-      times a second, so a dead process is noticed well within 5 s even if it never sent `Failed`.
-    - `stop()` is idempotent; `serve_http` calls it once after uvicorn returns (SIGINT/SIGTERM).
-    """
+    """Invariants: index i is model i everywhere; a `Ready` from model i overrides `kv_capacity_tokens[i]`;
+    `max_context_len` and `vocab_size` are the smallest over the models; `is_alive(i)` is cheap and non-blocking
+    (polled a few times a second); `stop()` is idempotent."""
 
     addresses: Addresses
     entry: int

@@ -1,16 +1,6 @@
-"""Token log-probabilities in OpenAI's two shapes, from the `TokenLogprobs` the subservers send per token.
-
-- `/v1/completions` (`logprobs: k`, 0..5): `{"tokens", "token_logprobs", "top_logprobs", "text_offset"}`, one
-  list entry per token; `top_logprobs[i]` maps token text -> logprob for the k most likely tokens plus the
-  sampled one (so up to k + 1 entries; tokens with the same text collapse, as the shape implies).
-- `/v1/chat/completions` (`logprobs: true`, `top_logprobs: k`, 0..20): `{"content": [{"token", "logprob",
-  "bytes", "top_logprobs": [{"token", "logprob", "bytes"}, ...k]}]}`.
-
-A token's text is its bytes decoded as UTF-8, with bytes that do not form a whole character written as `\\xNN`
-(a byte-level BPE splits characters over tokens); `bytes` holds the exact bytes. A logprob the server could not
-know (a router committed a token outside the engine's top k) is null, with no alternatives. A logprob below
--9999 (or -inf) is written as -9999.0: JSON has no infinity.
-"""
+"""Token log-probabilities in OpenAI's completion and chat shapes (docs/openai-api.md): a token's text is its
+UTF-8 bytes (`\\xNN` for a partial character), an unknown logprob is null, and one below -9999 (or -inf) is
+-9999.0 (JSON has no infinity)."""
 
 from __future__ import annotations
 
@@ -46,8 +36,7 @@ class LogprobFormatter:
         return hit
 
     def format(self, ids: Sequence[int], entries: Sequence[TokenLogprobs | None], offsets: Sequence[int]) -> dict:
-        """The `logprobs` object of a choice for these tokens; `offsets[i]` is where token i's text starts in
-        the choice's text (completions only)."""
+        """The `logprobs` object of a choice; `offsets[i]`: where token i's text starts (completions only)."""
         if self.chat:
             return {"content": [self._chat_entry(t, e) for t, e in zip(ids, entries, strict=True)]}
         out: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}

@@ -1,7 +1,5 @@
-"""Prometheus metrics of one front-end app, in a registry of its own (no process globals: two apps in one
-process, as in the tests, neither share nor clash). Per-model figures are read at scrape time from each
-subserver's last `Stats` (a custom collector), so they are exactly what it reported.
-"""
+"""Prometheus metrics of one front-end app, in a registry of its own (two apps in one process never clash);
+per-model figures are each subserver's last `Stats`, read at scrape time."""
 
 from __future__ import annotations
 
@@ -77,8 +75,8 @@ class StatsCollector(Collector):
 
 
 def nominal_thresholds(pc: PolicyConfig, live: int, num_models: int) -> tuple[int, ...] | None:
-    """B as configured for live N, before the deadlock guard's clamp (which follows every dip of N at a finish and
-    would make a steady B look like it flaps): `Policy.nominal_thresholds`. None when it does not fit the models."""
+    """B as configured for live N, before the deadlock guard's clamp (which would make a steady B look like it
+    flaps); None when it does not fit the models."""
     try:
         return pc.build().nominal_thresholds(max(1, live), num_models)
     except ValueError:
@@ -86,8 +84,7 @@ def nominal_thresholds(pc: PolicyConfig, live: int, num_models: int) -> tuple[in
 
 
 class PolicyCollector(Collector):
-    """The delayed-batching thresholds in force (`tokenrouter_policy_threshold{model}`: B_i as the subservers derive
-    it for the live N; 1 under eager) and, with autotune, its counters and latest estimates."""
+    """The thresholds B in force and, with autotune, its counters and latest estimates."""
 
     def __init__(self, backend: Backend, state: Any, autotune: Any = None) -> None:
         self.backend, self.state, self.autotune = backend, state, autotune
@@ -109,7 +106,6 @@ class PolicyCollector(Collector):
         if self.autotune is None:
             return
         c = self.autotune.controller
-        # A study alternating autotune and static windows on one server reads its windows from this.
         yield GaugeMetricFamily("tokenrouter_autotune_paused", "1 while autotune is paused (POST /admin/policy "
                                 "{\"autotune\": false}), else 0", value=float(self.autotune.paused))  # fmt: skip
         yield CounterMetricFamily("tokenrouter_autotune_changes", "B changes autotune applied", value=c.changes)

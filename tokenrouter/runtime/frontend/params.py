@@ -1,7 +1,5 @@
-"""From a validated OpenAI body to the wire: prompt token ids, `protocol.Sampling` and the stop strings, with
-every check that needs the deployment or that pydantic's types cannot say. Each failure is an `APIError(400)`
-naming the field, raised before anything is sent, so a bad request never reaches a subserver.
-"""
+"""From a validated OpenAI body to the wire, with every check pydantic's types cannot say: each failure is an
+`APIError(400)` naming the field, raised before anything is sent."""
 
 from __future__ import annotations
 
@@ -15,17 +13,15 @@ from tokenrouter.runtime.frontend.schemas import ChatRequest, CompletionRequest
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """What a request must fit: ids below `vocab_size`; prompt + output within `max_context_len` and within
-    every model's KV pool (`kv_capacity_tokens` is the minimum over the models)."""
+    """What a request must fit (`kv_capacity_tokens`: the smallest over the models)."""
 
     vocab_size: int
     kv_capacity_tokens: int
     max_context_len: int
 
 
-# Parameters of OpenAI's API (and vLLM's common extensions) that would change the output and are not
-# implemented. Clients often send them at their defaults, which are accepted; any other value is a 400 naming
-# the parameter rather than a silently different answer. An empty tuple: only null is accepted.
+# OpenAI (and vLLM) parameters that would change the output and are not implemented: accepted at these defaults,
+# else a 400 rather than a silently different answer (an empty tuple: only null).
 _UNSUPPORTED: dict[str, tuple[Any, ...]] = {"best_of": (1,), "echo": (False,), "suffix": ("",),
                                             "frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0),
                                             "repetition_penalty": (1, 1.0), "logit_bias": ({},), "min_p": (0, 0.0),
@@ -39,15 +35,13 @@ _UNSUPPORTED: dict[str, tuple[Any, ...]] = {"best_of": (1,), "echo": (False,), "
                                             "reasoning_effort": (), "web_search_options": ()}  # fmt: skip
 
 
-def _is_default(value: Any, defaults: tuple[Any, ...]) -> bool:
-    # Types must match too: `False == 0` in Python, but `"echo": 0` is not the default of a boolean.
-    return value is None or any(type(value) is type(d) and value == d for d in defaults)
-
-
 def refuse_unsupported(req: CompletionRequest | ChatRequest) -> None:
     for name, value in (req.model_extra or {}).items():
         defaults = _UNSUPPORTED.get(name)
-        if defaults is not None and not _is_default(value, defaults):
+        if defaults is None or value is None:
+            continue
+        # Types must match too: `False == 0` in Python, but `"echo": 0` is not the default of a boolean.
+        if not any(type(value) is type(d) and value == d for d in defaults):
             allowed = " or ".join(repr(d) for d in defaults) or "null"
             raise APIError(400, f"{name} is not supported by this server (only {allowed} or omitted)", name)
 
@@ -66,8 +60,8 @@ def completion_prompt(req: CompletionRequest, encode) -> list[int]:
         raise APIError(400, str(e), "prompt") from None
 
 
-def chat_messages(req: ChatRequest) -> list[dict[str, str]]:
-    """The messages as (role, text) for the chat template: content parts joined, `developer` as `system`."""
+def chat_prompt(req: ChatRequest, tokenizer) -> list[int]:
+    """The messages as (role, text) through the chat template: content parts joined, `developer` as `system`."""
     if not req.messages:
         raise APIError(400, "messages must not be empty", "messages")
     out = []
@@ -80,7 +74,10 @@ def chat_messages(req: ChatRequest) -> list[dict[str, str]]:
             if (m.model_extra or {}).get(key):
                 raise APIError(400, f"{where}.{key}: tool calls are not supported", f"{where}.{key}")
         out.append({"role": "system" if m.role == "developer" else m.role, "content": _content_text(m.content, where)})
-    return out
+    try:
+        return tokenizer.encode_chat(out)
+    except ValueError as e:
+        raise APIError(400, str(e), "messages") from None
 
 
 def _content_text(content: str | list[dict[str, Any]] | None, where: str) -> str:
@@ -101,14 +98,6 @@ def _content_text(content: str | list[dict[str, Any]] | None, where: str) -> str
                            f"{where}.content.{j}.text")  # fmt: skip
         texts.append(text)
     return "\n".join(texts)
-
-
-def chat_prompt(req: ChatRequest, tokenizer) -> list[int]:
-    messages = chat_messages(req)
-    try:
-        return tokenizer.encode_chat(messages)
-    except ValueError as e:
-        raise APIError(400, str(e), "messages") from None
 
 
 def stop_strings(req: CompletionRequest | ChatRequest) -> tuple[str, ...]:

@@ -1,11 +1,5 @@
-"""Request bodies of the OpenAI endpoints (pydantic, so `/openapi.json` documents them).
-
-Strict: nothing is coerced (a boolean is not a token id, `"4"` is not an int, `4.0` is not an int), floats are
-finite, every integer has a range the wire can carry, and `model` is required as OpenAI requires it. Unknown
-keys are accepted and ignored, as OpenAI clients send many optional ones; the OpenAI (and vLLM) parameters this
-server knows but does not implement are refused in `params.py` when they would change the output. Checks that
-need the deployment (vocabulary, KV capacity, model names) also happen in `params.py`.
-"""
+"""Request bodies of the OpenAI endpoints (pydantic, so `/openapi.json` documents them): strict, nothing coerced,
+unknown keys ignored (docs/openai-api.md, "Strict bodies"); deployment checks are in `params.py`."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""`serve_http`: the one function the launcher calls to run the front-end (blocking), with a graceful shutdown
-(docs/runtime.md, "Stopping"): the listener stays open while draining, so clients get a 503 rather than a refused
-connection, and nothing is cancelled mid-write, so the log gets no traceback.
-"""
+"""`serve_http`: the launcher's call to run the front-end (blocking), with a graceful shutdown (docs/runtime.md,
+"Stopping"): the listener stays open while draining, and nothing is cancelled mid-write."""
 
 from __future__ import annotations
 
@@ -25,18 +23,13 @@ FATAL_GRACE_S = 1.0
 
 
 class DrainingServer(uvicorn.Server):
-    """uvicorn's server that drains the backend before it stops (see the module doc).
-
-    `request_stop` may be called from any thread (it only records the request); the event loop's tick starts
-    the drain and sets uvicorn's `should_exit` once the drain is over."""
+    """uvicorn's server that drains the backend before it stops. `request_stop` may be called from any thread; the
+    event loop's tick starts the drain and sets `should_exit` once it is over."""
 
     def __init__(self, config: uvicorn.Config, backend: Backend, shutdown_timeout_s: float,
                  ready_line: str | None = None, t0: float | None = None) -> None:  # fmt: skip
         super().__init__(config)
-        self.backend = backend
-        self.shutdown_timeout_s = shutdown_timeout_s
-        self.ready_line = ready_line
-        self.t0 = t0
+        self.backend, self.shutdown_timeout_s, self.ready_line, self.t0 = backend, shutdown_timeout_s, ready_line, t0
         self._request: tuple[float, str] | None = None  # (grace seconds, why)
         self._drain: asyncio.Task | None = None
 
@@ -45,8 +38,7 @@ class DrainingServer(uvicorn.Server):
             self._request = (grace_s, why)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        # Replaces uvicorn's handler: no re-raise of the signal after serving (the process exits 0), and
-        # the first signal drains instead of closing the listener at once.
+        # Replaces uvicorn's: the process exits 0, and the first signal drains instead of closing the listener.
         if self._request is None:
             self.request_stop(signal.Signals(sig).name, self.shutdown_timeout_s)
         else:
@@ -75,18 +67,11 @@ class DrainingServer(uvicorn.Server):
 def serve_http(server: ServerHandle, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
                tokenizer, heartbeat_timeout_s: float = 10.0, shutdown_timeout_s: float = 30.0, access_log: bool = True,
                t0: float | None = None, admin_key: str | None = None) -> None:  # fmt: skip
-    """Serve the OpenAI API for `server` until SIGINT/SIGTERM (drained, see the module doc) or until the launcher
-    gives up (`server.add_fatal_listener`, when the handle has it), then call `server.stop()` (always, once).
-
-    Binds 127.0.0.1 unless `host` says otherwise; `api_key` None leaves the API open. `tokenizer` is a
-    `tokenrouter.models.TextTokenizer`. The front-end binds its PULL at `server.addresses.frontend` when
-    uvicorn starts; subservers may connect and send `Ready` before or after that (ZeroMQ queues). `t0`: the
-    monotonic time the server started, for the ready line's "ready in".
-    """
+    """Serve the OpenAI API until SIGINT/SIGTERM or until the launcher gives up, then `server.stop()` (always, once).
+    `api_key` None leaves the API open; `t0`: when the server started (monotonic), for the ready line."""
     app = create_app(server, tokenizer, api_key=api_key, heartbeat_timeout_s=heartbeat_timeout_s,
                      access_log=access_log, admin_key=admin_key)  # fmt: skip
-    # log_config=None: uvicorn keeps its hands off logging (the CLI configured it); its access log is off
-    # in favour of ours (`frontend.access`), which knows the request id, tokens and hops.
+    # The CLI configured logging; uvicorn's access log is off in favour of ours (`frontend.access`).
     config = uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False, lifespan="on",
                             timeout_graceful_shutdown=5)  # fmt: skip
     uv = DrainingServer(config, app.state.backend, shutdown_timeout_s,

@@ -1,9 +1,5 @@
-"""Stop strings on the detokenized output: the text ends before the first stop string that is completed, and a
-stream never releases text that could still turn out to be part of one.
-
-Matching is on text, not tokens: a stop string may span several tokens, start inside one, or be completed by
-a token whose text goes past it. The text after the match is dropped; so is the stop string itself.
-"""
+"""Stop strings on the detokenized text (not tokens): the text ends before the first stop string completed, and a
+stream never releases text that could still turn out to be part of one."""
 
 from __future__ import annotations
 
@@ -12,12 +8,8 @@ from dataclasses import dataclass
 
 @dataclass(slots=True)
 class StopStrings:
-    """Feed text deltas in order (`push`); each call returns the text that is safe to release.
-
-    Invariants: released text is a prefix of the final text; it never contains a stop string, nor ends with a
-    suffix that is a proper prefix of one (that suffix is held back until it is decided); once `cut` is set,
-    nothing more is released and the final text is `text[:cut]`.
-    """
+    """`push` returns the text safe to release: a prefix of the final text with no stop string nor a suffix that is
+    a proper prefix of one. Once `cut` is set nothing more is released; the final text is `text[:cut]`."""
 
     stops: tuple[str, ...]
     text: str = ""
@@ -43,8 +35,7 @@ class StopStrings:
         # No stop string was in the text before `delta`, so a match must end inside `delta`.
         start = max(0, len(self.text) - longest + 1)
         self.text += delta
-        # Generation stops as soon as a stop string is written: the one that ends first wins (the earliest start
-        # among those ending there), so the result does not depend on how the text was split into deltas.
+        # The one that ends first wins (then the earliest start): independent of how the text was split.
         hits = [(i + len(s), i) for s in self.stops if (i := self.text.find(s, start)) >= 0]
         if hits:
             self.cut = min(hits)[1]

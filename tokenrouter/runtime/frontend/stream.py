@@ -1,10 +1,5 @@
-"""One request's view of the subservers' events: a reorder buffer that releases tokens in output order.
-
-Tokens of one request are committed by whichever subserver holds it, so `Tokens` events arrive from several
-sockets in any order, each with its output position. The buffer keeps out-of-order pieces until the gap
-before them fills, and the request is done only when the terminal `Finished` has arrived *and* every token
-below `Finished.num_output` has been released; a late `Tokens` after `Finished` is normal.
-"""
+"""One request's view of the subservers' events: a reorder buffer that releases tokens in output order (they come
+from any subserver, in any order); done once `Finished` arrived *and* every token below its `num_output` did."""
 
 from __future__ import annotations
 
@@ -17,8 +12,7 @@ from tokenrouter.runtime import protocol as P
 
 @dataclass(slots=True)
 class Chunk:
-    """Tokens released in order: `ids[k]` was written by model `models[k]`; `logprobs[k]` is its entry when the
-    request asked for logprobs (None where the subserver sent none)."""
+    """Tokens released in order: `ids[k]` was written by model `models[k]` (`logprobs[k]`: None where none came)."""
 
     ids: list[int]
     models: list[int]
@@ -38,11 +32,8 @@ class Outcome:
 
 @dataclass(slots=True)
 class RequestStream:
-    """Filled by the ZeroMQ reader (`on_*`), drained by the HTTP handler (`next`).
-
-    Invariants: `released` tokens are exactly positions 0..len(released)-1; a position arriving twice is
-    ignored (first writer wins); once `outcome` is set no more tokens are released beyond `num_output`.
-    """
+    """Filled by the ZeroMQ reader (`on_*`), drained by the HTTP handler (`next`). Invariants: released tokens are
+    exactly positions 0..next_pos-1; the first writer of a position wins; nothing beyond `num_output` is released."""
 
     rid: str
     pending: dict[int, tuple[int, int, TokenLogprobs | None]] = field(default_factory=dict)  # pos -> (id, model, lp)
@@ -85,16 +76,11 @@ class RequestStream:
         if self.failure is not None:
             return self.failure
         f = self.finished
-        if f is not None and self.next_pos >= f.num_output:
-            return Outcome(f.reason, f.num_output, f.num_hops)
-        return None
+        return Outcome(f.reason, f.num_output, f.num_hops) if f is not None and self.next_pos >= f.num_output else None
 
     async def next(self, tail_timeout_s: float = 5.0) -> Chunk | Outcome:
-        """The next in-order chunk, or the outcome once everything is released.
-
-        After `Finished`, missing tokens get `tail_timeout_s` to arrive; then the request ends with an error
-        (a subserver that lost tokens must not hang the client).
-        """
+        """The next in-order chunk, or the outcome once everything is released; after `Finished`, missing tokens get
+        `tail_timeout_s` to arrive, then the request ends with an error (never a hung client)."""
         while True:
             if self.failure is None:
                 chunk = self._take()
