@@ -185,8 +185,7 @@ def finalists(scouted: dict[B, Trial], objective: Objective, k: int = FINALISTS)
 
 
 def choose(trials: dict[B, Trial], objective: Objective) -> B | None:
-    """The best B of `trials` by `objective` (None when an SLO is set and none meets it); on a tie the first
-    simulated."""
+    """The best B of `trials` by `objective` (None: none meets the SLO); on a tie the first simulated."""
     best = max(trials.values(), key=objective.rank)
     return best.thresholds if objective.meets(best) else None
 
@@ -224,8 +223,7 @@ def run_trial(cfg: SimConfig, thresholds: B) -> Trial:
 
 
 def trial_of(thresholds: B, summary: dict[str, float]) -> Trial:
-    """What a run of B measured, as the decider ranks it: steady output throughput (the whole run's without a steady
-    window) and TPOT p50/p99."""
+    """What a run of B measured, as the decider ranks it: steady (else whole-run) tok/s and TPOT p50/p99."""
     tok_s = summary.get("steady_output_throughput_tok_s", summary["output_throughput_tok_s"])
     return Trial(tuple(thresholds), float(tok_s), float(summary["tpot_ms_p50"]), float(summary["tpot_ms_p99"]))
 

@@ -217,8 +217,7 @@ def _autotune(run: _Wired, dep: DeploymentConfig, deployment: Deployment, cost: 
 
 def _extra(cost: StepCost, first: Phase | None, driver: PhaseDriver | None, tuner: SimAutotune | None,
            initial: tuple[int, ...] | None) -> dict[str, Any]:  # fmt: skip
-    """SimResult.extra: what was estimated, the phases applied (from t = 0) and autotune's record, each only when
-    the run had it."""
+    """SimResult.extra: what was estimated, the phases applied and autotune's record, each only when the run had it."""
     extra: dict[str, Any] = {}
     if cost.notes():
         extra["estimated"] = cost.notes()
@@ -238,8 +237,7 @@ def _extra(cost: StepCost, first: Phase | None, driver: PhaseDriver | None, tune
 
 def subservers(env: simpy.Environment, deployment: Deployment, cost: StepCost, metrics: MetricsCollector,
                policy: str) -> list[SimSubserver]:  # fmt: skip
-    """One simulated subserver per model, priced by `cost`: co-located models share a `SharedGpu`; the sync
-    coordinator's round trips (`policy`'s) are paid when the deployment has a gate."""
+    """One simulated subserver per model, priced by `cost` (co-located models share a `SharedGpu`)."""
     gpus = shared_gpus(deployment, cost)
     margin = cost.prepare_margin_ms()
     gate_ms = cost.gate_ms_per_step(policy) if deployment.gate is not None else 0.0

@@ -140,8 +140,7 @@ def shares_a_gpu(cfg: SimConfig) -> bool:
 
 @dataclass(slots=True)
 class Proposals:
-    """The Markov model's candidates at one N, best first, with predicted tok/s (nan: none), and what its search
-    reduced to fit the budget."""
+    """The Markov model's candidates at one N, best first, with predicted tok/s (nan: none), and its search's note."""
 
     ranked: list[tuple[B, float]] = field(default_factory=list)
     note: str = ""
@@ -152,8 +151,7 @@ PROPOSAL_STATES = 5_000
 
 
 def markov_view(cfg: SimConfig) -> tuple[SimConfig, str]:
-    """`cfg` as the Markov model takes it, and what was changed ("" when nothing): a trace replay is priced as the
-    `markov` router of the replayed runs."""
+    """`cfg` as the Markov model takes it (a trace replay: the `markov` router of its runs), and a note of that."""
     rc = cfg.deployment.router
     if rc.name != RouterName.TRACE:
         return cfg, ""

@@ -82,8 +82,7 @@ def simulate(cfg: SimConfig, auto: bool, *, objective: Objective = THROUGHPUT, p
 
 
 def _judges_itself(cfg: SimConfig) -> bool:
-    """Whether the run judges as well as a trial: a closed loop of fixed clients (no arrival rate, phases or
-    autotune) with at least a trial's requests."""
+    """Whether the run judges as well as a trial: a fixed closed loop with at least a trial's requests."""
     if cfg.arrival_rate is not None or cfg.phases or cfg.deployment.policy.autotune is not None:
         return False
     if cfg.num_requests < trial_requests(cfg.concurrency):

@@ -142,8 +142,7 @@ def candidate_prices(base: DeploymentConfig, specs: list[CandidateSpec],
 
 def tuned_config(best: Candidate, candidates: list[Candidate], n: int, goal: TuneObjective, *, workload: str,
                  num_gpus: int, placements: bool, splits: bool) -> DeploymentConfig:  # fmt: skip
-    """`best`'s deployment with its tuned B(N) table (flat B: the largest N's) and notes saying how it was chosen
-    (`n`: the N of the total tok/s comparison)."""
+    """`best`'s deployment with its tuned B(N) table (flat B: the largest N's) and notes saying how it was chosen."""
     dep = best.deployment
     policy = dep.policy.with_thresholds(best.points[-1].best, {p.concurrency: p.best for p in best.points})
     choice = _choice_notes(candidates, best, None if at_sustained_load(goal) else n, goal, num_gpus, placements, splits)
