@@ -1,30 +1,6 @@
 """Analytic profile: bytes over bandwidth + FLOPs over peak + kernel/launch overhead, from `ModelSpec` shapes.
-`python -m tokenrouter.calibration.analytic` regenerates the bundled H200 file (docs/calibration.md); other GPU
-flags ask "what if" for another GPU, `--small-kernels-per-layer 57` for an unfused plain-torch engine.
-
-Per model and mode (see `StepCoeffs`: step_ms = max(c0 + c_row*B + c_ctx*C + c_tok*T + c_ext*E, floor_ms)):
-- c0 = decode_weight_bytes / bw_eff + kernel floor + launch. bw_eff: copy bandwidth x the measured weight-streaming
-  efficiency (`MEASURED_STREAM_GBS`: small matrices do not fill the chip), log-interpolated in parameter count.
-  Kernel floor: every non-GEMM kernel costs `kernel_us` even inside a graph. Eager: `eager_fixed_ms` instead of the
-  launch, and the host issues every op at `eager_op_us` while the GPU runs behind it: a floor (`floor_ms`), not a sum.
-- c_row = LM-head GEMM of one row (2*vocab*hidden FLOPs) + its fp32 logits written and read by the sampler
-  + `row_fixed_ms`. Only sampled rows need logits, so the head is per row, not per token.
-- c_ctx = kv_bytes_per_token / (copy bandwidth x `kv_read_eff`): decode attention reads K and V of every
-  attended token once.
-- c_tok = body matmul FLOPs per token (flops_per_token minus the LM head) / matmul_tflops + the elementwise
-  traffic of the non-GEMM kernels (`elementwise_bytes` per hidden element per kernel) / copy bandwidth.
-  Added to the memory term, not max'ed with it: small-M GEMMs do not hide under weight streaming.
-- c_ext = prefill attention FLOPs of one extend token attending `ext_ref_ctx` keys (4*layers*q_heads*head_dim
-  per key) / matmul_tflops: the summary numbers do not carry each row's prefix, so a reference length is used.
-- TP > 1: bytes and FLOPs split over tp ranks, plus 2 all-reduces per layer at `allreduce_ms`.
-
-The per-kernel, per-op and launch terms are assumptions (measured once on a plain-torch stack, not this engine)
-until `tr calibrate` measures the real engine.
-
-Standard serving (`std_serving`) is fitted to the TokenRouter paper's two observations (`std_serving_from`) on a
-fused-kernel Qwen3-0.6B reference step (the bookkeeping belongs to the serving stack, not to our kernel overheads);
-the 58% loss is the low end of the paper's 58-85% (the high end needs super-linear effects such as cache eviction,
-which a linear cost cannot express).
+`python -m tokenrouter.calibration.analytic` regenerates the bundled H200 file; each coefficient's formula and the
+assumptions: docs/calibration.md#the-analytic-profile.
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""`Assumptions`: every number the analytic profile (`analytic.py`) assumes or took from a measurement. Apart from
-the generator, so that `tensor_parallel.py` (which the cost model imports) does not import it and
-`python -m tokenrouter.calibration.analytic` runs a module not yet imported (runpy warns otherwise)."""
+"""`Assumptions`: every number the analytic profile assumes or took from a measurement; apart from `analytic.py` so
+the cost model does not import it (runpy warns when `python -m` runs a module already imported)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Estimated profiles: a measured profile carried to a GPU kind the user does not have, by datasheet figures
-(docs/calibration.md, "Estimated profiles for other GPUs": the method, what is kept and what is not modelled).
-
-Each knot of a pass table splits into weights = min(weight bytes / anchor bandwidth, knot_ms), launch (what the
-smallest knot T0 leaves after weights and T0's ideal FLOP time; kept) and compute (the rest); weights, KV and per-row
-terms scale by the bandwidth ratio, compute and prefill attention by the FLOP/s ratio.
+"""Estimated profiles: a measured profile carried to a GPU kind the user does not have by datasheet figures (the
+method, what is kept and what is not modelled: docs/calibration.md, "Estimated profiles for other GPUs").
 """
 
 from __future__ import annotations
@@ -37,8 +33,8 @@ class Scale:
 
 
 def scale_table(t: PassTable, weights_ms: float, flop_ms_per_token: float, s: Scale) -> PassTable:
-    """`t` with its parts scaled (module docstring). `weights_ms`: the pass's weight streaming on the anchor;
-    `flop_ms_per_token`: the ideal compute per fed token there. Measured points are dropped: none were measured."""
+    """`t` with its weights, launch and compute parts scaled. `weights_ms`: the pass's weight streaming on the anchor;
+    `flop_ms_per_token`: the ideal compute per fed token there. Measured points are dropped."""
     weights = [min(weights_ms, ms) for ms in t.knot_ms]
     # Launch is read where the pass computes least; every knot keeps it. Written as the measured time plus what
     # changes, so unit factors give the table back bit for bit.
@@ -84,8 +80,7 @@ def anchor_rates(anchor: Profile, name: str, m: ModelProfile) -> tuple[float, fl
 
 
 def estimate_profile(anchor: Profile, target: str, *, anchor_name: str = "") -> Profile:
-    """`anchor` (a profile of a GPU in `GPU_SPECS`) estimated for GPU kind `target` (module docstring). ProfileError
-    (one line) for a GPU kind the table does not know."""
+    """`anchor` (a profile of a GPU in `GPU_SPECS`) estimated for GPU kind `target`."""
     have, want = GPU_SPECS[gpu_kind(anchor.gpu.name)], GPU_SPECS[gpu_kind(target)]
     s = Scale(have.mem_bw_gbs / want.mem_bw_gbs, have.mem_bw_gbs / want.mem_bw_gbs, have.bf16_tflops / want.bf16_tflops)
     models = {}
@@ -122,8 +117,8 @@ def profile_label(profile: Profile) -> str:
 
 def fit_error(gpu: str | GpuSpec | Profile, models: str | Sequence[str], tp: int = 1,
               min_kv_gb: float = MIN_KV_GB) -> str:  # fmt: skip
-    """Why `models` (bundled names or config paths, sharing one GPU, each split over `tp` GPUs) do not fit `gpu`: one
-    line, or "" when their weights plus `min_kv_gb` of KV each fit `MEM_FRACTION` of its memory."""
+    """Why `models` (sharing one GPU, each split over `tp` GPUs) do not fit `gpu`: one line, or "" when their weights
+    plus `min_kv_gb` of KV each fit `MEM_FRACTION` of its memory."""
     if isinstance(gpu, Profile):
         mem, label = gpu.gpu.memory_gb, gpu.gpu.name
     else:

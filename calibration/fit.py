@@ -1,9 +1,5 @@
-"""Fit measured passes into `PassTable`s: a bucket table and a least-squares line, kept by held-out error.
-
-Both fits are non-negative least squares (`nnls`), so no coefficient of the cost model can go below zero: "buckets"
-(one intercept per knot plus shared slopes) and "linear" (c0 + c_row*rows + c_ctx*context + c_tok*tokens +
-c_ext*extend). The table records each fit's relative error on the held-out points (without any: on the fitted
-points, and `points: 0`) and uses the better one.
+"""Fit measured passes into `PassTable`s: "buckets" (one intercept per knot plus shared slopes) and "linear", both
+non-negative least squares (no coefficient below zero); the one with the smaller held-out error is used.
 """
 
 from __future__ import annotations
@@ -35,7 +31,7 @@ def fit_passes(points: Sequence[PassPoint], held_out: Sequence[PassPoint] = (), 
                knots: Sequence[int] | None = None) -> PassTable:  # fmt: skip
     """Fit `points` (measured passes of one kind). `round_up`: a captured graph (time of the smallest knot >= T);
     `knots`: the graph buckets (default: the measured token counts). The table's extend-token slope stays 0 (the
-    linear fit has one)."""
+    line has one); without held-out points the errors are on the fitted ones (`points: 0`)."""
     if not points:
         raise ValueError("no measured points to fit")
     ks = sorted(set(knots if knots is not None else (p.tokens for p in points)))

@@ -1,7 +1,5 @@
-"""Datasheet figures of the GPU kinds an estimated profile can target (`calibration.estimate`).
-
-Vendor peak figures, not measurements: GB/s, dense BF16 TFLOP/s (half the datasheets' "with sparsity"), GB, SMs,
-and the GPU-to-GPU link in bidirectional GB/s. Each figure's source: docs/calibration.md, The GPU table.
+"""Datasheet figures of the GPU kinds an estimated profile can target: vendor peaks in GB/s, dense BF16 TFLOP/s, GB,
+SMs and the GPU-to-GPU link in bidirectional GB/s (sources: docs/calibration.md, The GPU table).
 """
 
 from __future__ import annotations
@@ -17,8 +15,7 @@ from .profile import ProfileError
 
 @dataclass(frozen=True, slots=True)
 class GpuSpec:
-    """One GPU kind. `name` is the device name `torch.cuda.get_device_name` reports (how a measured profile's
-    `gpu.name` finds its datasheet)."""
+    """One GPU kind; `name` as `torch.cuda.get_device_name` reports it (a measured profile's `gpu.name`)."""
 
     name: str
     mem_bw_gbs: float
@@ -39,8 +36,7 @@ GPU_SPECS: dict[str, GpuSpec] = {
 
 
 def gpu_kind(name: str) -> str:
-    """The table's key for a kind (`l4`) or a device name (`NVIDIA L4`), case-insensitive; ProfileError (one line,
-    listing the known kinds) for any other."""
+    """The table's key for a kind (`l4`) or a device name (`NVIDIA L4`), case-insensitive."""
     key = name.strip().lower()
     if key in GPU_SPECS:
         return key
@@ -51,9 +47,8 @@ def gpu_kind(name: str) -> str:
 
 
 def load_gpu_prices(text: str) -> dict[str, float]:
-    """USD per GPU-hour by kind, from `KIND=USD,...` or a YAML file holding that mapping (at the top or under
-    `usd_per_gpu_hour`, beside any `date` and `source`). ProfileError (one line) for an unknown kind, a price that
-    is not a number >= 0, or a file that cannot be read. No prices are built in: they change, and are the user's."""
+    """USD per GPU-hour by kind, from `KIND=USD,...` or a YAML file of that mapping (at the top or under
+    `usd_per_gpu_hour`). No prices are built in: they change, and are the user's."""
     if "=" in text:
         pairs = [item.partition("=")[::2] for item in text.split(",") if item.strip()]
     else:
@@ -79,7 +74,7 @@ def load_gpu_prices(text: str) -> dict[str, float]:
 
 
 def usd_per_hour(kinds: Sequence[str], prices: dict[str, float]) -> float:
-    """What GPUs of `kinds` (one entry per GPU) cost an hour; ProfileError (one line) for a kind without a price."""
+    """What GPUs of `kinds` (one entry per GPU) cost an hour."""
     if missing := [k for k in dict.fromkeys(kinds) if k not in prices]:
         raise ProfileError(f"--gpu-prices has no price for {', '.join(missing)} (in use); give KIND=USD_PER_HOUR")
     return sum(prices[k] for k in kinds)

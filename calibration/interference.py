@@ -1,6 +1,5 @@
-"""Co-location interference from a measured `CoRunGrid` (or a constant factor for an unmeasured pair): how much
-slower a model's pass runs while another's runs on the same GPU, and alone under an MPS SM cap, relative to the pass
-alone with no cap; bilinear in log2 of the batch, clamped at the grid's edges (docs/calibration.md, Co-location).
+"""Co-location interference from a measured `CoRunGrid` (or a constant for an unmeasured pair): a model's pass
+slowdown beside another's and alone under an SM cap (docs/calibration.md, The cost model, Co-location).
 """
 
 from __future__ import annotations
@@ -69,7 +68,7 @@ class Interference:
 
     def mixed(self, own_tokens: int, busy: float, other_tokens: float) -> float:
         """The mean factor of a pass of `own_tokens` while the peer runs passes of `other_tokens` a fraction `busy`
-        of the time: co-run that share, alone under the SM cap the rest."""
+        of the time."""
         return (1.0 - busy) * self.cap(own_tokens) + busy * self.factor(own_tokens, max(1, round(other_tokens)))
 
     @classmethod

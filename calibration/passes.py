@@ -1,7 +1,5 @@
-"""Evaluate measured pass tables (`measured.PassTable`) fast: the simulator prices ~1e5 steps a run.
-
-`PassFn(table)(tokens, rows, context, extend)` returns the pass time in ms with the table's chosen fit. Knots and
-times are plain lists and the lookup a bisect, so one call costs a few hundred nanoseconds.
+"""Evaluate measured pass tables (`measured.PassTable`) fast (the simulator prices ~1e5 steps a run): plain lists
+and a bisect, a few hundred nanoseconds a call.
 """
 
 from __future__ import annotations
@@ -14,8 +12,7 @@ from .measured import MeasuredPasses, PassTable
 
 @dataclass(slots=True)
 class PassFn:
-    """One pass table as a function. `fit` "buckets": knot time (rounded up to a knot, or interpolated) plus the
-    linear terms; "linear": the least-squares line. See `PassTable`."""
+    """One pass table as a function, `(tokens, rows, context, extend) -> ms`, with its `fit` (see `PassTable`)."""
 
     fit: str
     round_up: bool
@@ -75,8 +72,8 @@ class ModelPasses:
                    p.max_row_tokens, p.varlen_max_pad, p.varlen_max_long_rows)  # fmt: skip
 
     def varlen_pass(self, tokens: int, rows: int, context: int, extend: int, long_rows: int, graphs: bool) -> float:
-        """The step's varlen pass: in a varlen graph when one holds it within the padding budget, else eager
-        (the engine's rule: `tokenrouter.engine.varlen_shapes.VarlenShapes.fit`)."""
+        """The step's varlen pass: in a varlen graph when one holds it within the padding budget, else eager (the
+        engine's `VarlenShapes.fit`)."""
         v = self.varlen
         if graphs and v is not None and long_rows <= self.varlen_max_long_rows:
             b = v.bucket(tokens)

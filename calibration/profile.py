@@ -1,8 +1,6 @@
 """Profile schema (version 2): what the cost model knows about one GPU and the models run on it (docs/calibration.md).
-
-Kinds: "measured" (`tr calibrate`), "analytic" (`analytic.py`), "estimated" (`estimate.py`). Units: ms, bytes,
-GB/s = 1e9 B/s, TFLOP/s, GB = 1e9 B, and Gbit/s for the cross-host link. Loading checks the version first, then
-every constraint; a violation is a one-line `ProfileError` naming the file.
+Kinds: "measured", "analytic", "estimated". Units: ms, bytes, GB/s = 1e9 B/s, TFLOP/s, GB = 1e9 B, and Gbit/s for
+the cross-host link. A violation is a one-line `ProfileError` naming the file.
 """
 
 from __future__ import annotations
@@ -168,8 +166,8 @@ class Profile(ProfileStruct, kw_only=True):
                            f"{', '.join(self.models)}{hint}")  # fmt: skip
 
     def entry_at(self, name: str, tp: int) -> ModelProfile | None:
-        """The entry measured for `name` at tensor-parallel degree `tp`: the key `NAME@tpK` (a model measured at
-        several degrees), else the plain entry when its own `tp` is `tp`; None when the profile has neither."""
+        """The entry measured for `name` at tensor-parallel degree `tp` (the key `NAME@tpK`, else the plain entry when
+        its own `tp` is `tp`); None when the profile has neither."""
         key = self.resolve_name(name)
         if f"{key}@tp{tp}" in self.models:
             return self.models[f"{key}@tp{tp}"]
@@ -316,7 +314,7 @@ def bundled_profile_names() -> list[str]:
 
 def find_profile(name_or_path: str | Path = DEFAULT_PROFILE) -> Profile | None:
     """A profile file by path, or a bundled profile by name (`NAME.json`, `NAME-measured.json`, then
-    `NAME-analytic.json`); None for a name that is neither (GPU kinds are `calibration.resolve.load_profile`'s)."""
+    `NAME-analytic.json`); None for a name that is neither."""
     p = Path(name_or_path)
     if p.suffix == ".json" or p.is_file() or len(p.parts) > 1:
         if not p.exists():

@@ -1,6 +1,5 @@
-"""A profile by name, path or GPU kind: the one place that turns a GPU kind of `calibration.gpus` into a profile
-estimated for it (`calibration.estimate`). It sits above `profile`, `gpus` and `estimate` (each of which imports
-`profile`), so the schema module never reaches back up to them."""
+"""A profile by name, path or GPU kind (estimated for it). Above `profile`, `gpus` and `estimate`, so the schema
+module never reaches back up to them."""
 
 from __future__ import annotations
 
@@ -12,8 +11,8 @@ from .profile import DEFAULT_PROFILE, Profile, ProfileError, bundled_profile_nam
 
 
 def load_profile(name_or_path: str | Path = DEFAULT_PROFILE) -> Profile:
-    """A bundled profile by name or a path to a JSON file (`profile.find_profile`); then a GPU kind of
-    `calibration.gpus` (`l4`): the default profile estimated for it (`calibration.estimate`)."""
+    """A bundled profile by name or a path to a JSON file; else a GPU kind (`l4`): the default profile estimated
+    for it."""
     found = find_profile(name_or_path)
     if found is not None:
         return found

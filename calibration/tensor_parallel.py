@@ -1,6 +1,5 @@
-"""A model at tensor-parallel degree tp > 1 when the profile has no entry measured at that degree: an estimate
-derived from its tp=1 entry (the formula and its floor: docs/calibration.md, Tensor parallelism). Every number it
-produces is labelled an estimate (`TpEstimate.note`).
+"""A model at tp > 1 without an entry measured at that degree: an estimate from its tp=1 entry, labelled so
+(`TpEstimate.note`; the formula: docs/calibration.md, Tensor parallelism).
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""Autotune's solve: the decider (`sim.decide`) on what serving measured, in the simulator and live alike.
-
-The controller's estimates (live N, hop probabilities, measured step-time lines, recent outputs) become a simulator
-config, as docs/autotune.md describes; then `decide` runs at the live N with the B in force among the finalists, so
-the predicted gain compares like with like. Outputs are replayed, not only their mean: their shape decides which of
-two near-equal B is faster. Live, a simulation would hold the GIL the front-end's event loop needs, so the runtime
-runs this solve in a process of its own (`OffloadedSolve`).
+"""Autotune's solve: the decider (`sim.decide`) on what serving measured, in the simulator and live alike: the
+controller's estimates become a simulator config (docs/autotune.md#the-solve). Live, the solve runs in a process of
+its own (`OffloadedSolve`): a simulation would hold the GIL the front-end's event loop needs.
 """
 
 from __future__ import annotations
@@ -39,20 +35,16 @@ from tokenrouter.sim.decide import Objective, decide, trial_config, trial_reques
 from tokenrouter.sim.loop import SimConfig, cost_model, simulate_config
 from tokenrouter.sim.propose import routing_matrices
 
-PROMPT_TOKENS = 128
-"""Prompt length of the solve's trials (module docstring)."""
-ASSUMED_MEAN_OUTPUT = 840
-"""Mean output of the trials before any request finished (the low-effort workload's)."""
-ASSUMED_OUTPUT_SIGMA = 0.6
-"""Lognormal spread of the trials' outputs before two requests finished (the synthetic workloads')."""
-MIN_REPLAYED_OUTPUTS = 16
-"""Finished requests from which the trials replay the measured output lengths (fewer: their mean and spread)."""
+PROMPT_TOKENS = 128  # prompt length of the solve's trials
+ASSUMED_MEAN_OUTPUT = 840  # the trials' mean output before any request finished (the low-effort workload's)
+ASSUMED_OUTPUT_SIGMA = 0.6  # their lognormal spread before two requests finished (the synthetic workloads')
+MIN_REPLAYED_OUTPUTS = 16  # finished requests from which the trials replay the measured lengths
 
 
 @dataclass(slots=True)
 class MeasuredModelCost:
     """One model's step time from a measured function of the batch's rows; host time as the profile prices it (the
-    measured busy time runs from launch to end: the host work before a launch is not in it)."""
+    measured busy time, launch to end, does not hold it)."""
 
     name: str
     alone_ms: Callable[[int], float]
@@ -157,21 +149,18 @@ class ScaledCost(_OverBase):
 
 
 def solve_requests(concurrency: int) -> int:
-    """Requests of a solve's judging trial: twice `trial_requests`. B that serve within 1-2% of each other (what a
-    change under a stable workload is about) swap places on a three-generation trial (in the simulator at hop 0.1,
-    N = 8: (2,7) a hair above (3,6) on 24 requests, 1.4% below on 48, 2% below over a minute)."""
+    """Requests of a solve's judging trial: twice `trial_requests`. B within 1-2% of each other swap places on a
+    three-generation trial (at hop 0.1, N = 8: (2,7) a hair above (3,6) on 24 requests, 1.4% below on 48)."""
     return 2 * trial_requests(concurrency)
 
 
-LEVEL_RANGE = (0.25, 4.0)
-"""A measured level outside this, relative to the profile, is clamped: the profile is of another machine or model."""
+LEVEL_RANGE = (0.25, 4.0)  # a measured level (over the profile's) is clamped to this: another machine or model
 
 
 @dataclass(slots=True)
 class SimulatedSolve:
-    """`core.autotune.Solve` by the decider (module docstring). `base`: the deployment's cost model (the simulator's
-    own when autotune runs in the simulator); `priced`: whether `base` prices the models' steps (a profile of this
-    pair), else only the measured lines are used; `budget_s`: the search's time budget per solve."""
+    """`core.autotune.Solve` by the decider. `base`: the deployment's cost model; `priced`: whether `base` prices the
+    models' steps (else only the measured lines are used); `budget_s`: the search's time budget per solve."""
 
     deployment: DeploymentConfig
     base: StepCost
@@ -195,8 +184,8 @@ class SimulatedSolve:
                         f"simulated {len(choice.scouted)} B at the measured step times")  # fmt: skip
 
     def trial_config(self, est: Estimates, current: tuple[int, ...], folder: Path | None = None) -> SimConfig:
-        """The estimates as a simulator config (module docstring). With `folder`, and enough requests finished, the
-        trials replay the recent output lengths (a JSONL written there); else `mean:P,O,SIGMA` of their moments."""
+        """The estimates as a simulator config. With `folder` and enough requests finished, the trials replay the
+        recent output lengths (a JSONL written there); else `mean:P,O,SIGMA` of their moments."""
         n = est.concurrency
         dep = dataclasses.replace(self.deployment, router=_estimated_router(self.deployment, est))
         if folder is not None and len(est.outputs) >= MIN_REPLAYED_OUTPUTS:
@@ -206,17 +195,16 @@ class SimulatedSolve:
             sigma = ASSUMED_OUTPUT_SIGMA if est.output_sigma is None else est.output_sigma
             workload = f"mean:{PROMPT_TOKENS},{mean},{sigma:.3g}"
         cfg = SimConfig(dep, workload=workload, concurrency=n, cost=self.base)
+        cur = clamp_thresholds(current, n)
         if self.priced:
-            return dataclasses.replace(
-                cfg, cost=ScaledCost(self.base, self._levels(cfg, est, clamp_thresholds(current, n)))
-            )
-        alone = self._alone(cfg, est.step_table(n), self._load(cfg, est, clamp_thresholds(current, n)))
+            return dataclasses.replace(cfg, cost=ScaledCost(self.base, self._levels(cfg, est, cur)))
+        alone = self._alone(cfg, est.step_table(n), self._load(cfg, est, cur))
         names = [m.name for m in dep.models]
         return dataclasses.replace(cfg, cost=MeasuredCost(self.base, names, [_table_fn(t) for t in alone]))
 
     def _load(self, cfg: SimConfig, est: Estimates, current: tuple[int, ...]) -> Load | None:
-        """The co-location load of the B in force (each model's busiest peer's busy fraction and pass size), from
-        the Markov chain at that B on the measured step times; None without MPS or when the chain does not fit."""
+        """The co-location load of the B in force (each model's peer's busy fraction and pass size) from the Markov
+        chain at that B on the measured step times; None without MPS or when the chain does not fit."""
         m = len(cfg.deployment.models)
         if m != 2 or est.concurrency < 2 or not any(colocated(cfg.deployment, i) for i in range(m)):
             return None
@@ -229,9 +217,7 @@ class SimulatedSolve:
 
     def _levels(self, cfg: SimConfig, est: Estimates, current: tuple[int, ...]) -> list[float]:
         """Per model: measured step time over the simulator's at the B in force, bucket by batch size (weighted by
-        the measured steps). Both are a step's own busy time under that B's co-location, so like is compared with
-        like: the profile's factors are averages, while delayed batching makes the two models' busy periods
-        anti-correlated (a small model held for a few requests runs while the large one idles)."""
+        the measured steps): both under that B's co-location, like with like (docs/autotune.md#the-solve)."""
         tc = trial_config(cfg, est.concurrency, solve_requests(est.concurrency))
         policy = tc.deployment.policy.with_thresholds(current)
         sim = simulate_config(dataclasses.replace(tc, deployment=dataclasses.replace(tc.deployment, policy=policy)))
@@ -297,8 +283,8 @@ def _table_fn(table: list[float]) -> Callable[[int], float]:
 
 
 def _estimated_router(dep: DeploymentConfig, est: Estimates) -> RouterConfig:
-    """The deployment's router with its synthetic probabilities as serving measured them (learned routers are
-    simulated by the synthetic law of the measured rates: the trial needs the hop pattern, not the classifier)."""
+    """The deployment's router with its synthetic probabilities as serving measured them (a learned router: the
+    synthetic law of its measured rates)."""
     rc = dep.router
     p = est.hop_prob[0]
     q = est.hop_prob[1] if len(est.hop_prob) > 1 else None
@@ -323,24 +309,22 @@ def _estimated_router(dep: DeploymentConfig, est: Estimates) -> RouterConfig:
 def make_controller(dep: DeploymentConfig, config: AutotuneConfig | None = None, policy: Policy | None = None,
                     cost: StepCost | None = None, *, offload: bool = False) -> AutotuneController:  # fmt: skip
     """The controller of a deployment: its `policy.autotune` settings (or `config`), its policy in force (or
-    `policy`), and `SimulatedSolve` priced by `cost` (the simulator passes its own; default: the deployment's
-    profile). `offload`: run each solve in a process of its own (the runtime's front-end). ValueError when the
-    deployment cannot be autotuned."""
+    `policy`), and `SimulatedSolve` priced by `cost` (default: the profile's). `offload`: each solve in a process
+    of its own (the runtime's front-end)."""
     cfg = config or dep.policy.autotune or AutotuneConfig()
     law = router_law(dep.router, len(dep.models))
     objective = Objective(cfg.slo_tpot_ms)
-    solve: Callable[[Estimates, tuple[int, ...]], Solution]
-    if offload:
-        solve = OffloadedSolve(dep, objective, cfg.search_s, cfg.max_states)
-    else:
-        solve = solver_for(dep, cost, objective, cfg.search_s, cfg.max_states)
+    args = (objective, cfg.search_s, cfg.max_states)
+    solve: Callable[[Estimates, tuple[int, ...]], Solution] = (
+        OffloadedSolve(dep, *args) if offload else solver_for(dep, cost, *args)
+    )
     return AutotuneController(cfg, policy or dep.policy.build(), solve, law.drops_token)
 
 
 def solver_for(dep: DeploymentConfig, cost: StepCost | None, objective: Objective, budget_s: float,
                max_states: int) -> SimulatedSolve:  # fmt: skip
     """The solve of a deployment: priced by `cost`, else by its profile; a profile that cannot price the pair (the
-    tiny CPU models on the H200 profile) leaves the measured lines alone, beside free links and no co-location."""
+    tiny CPU models) leaves the measured lines alone, with free links and no co-location."""
     if cost is not None:
         return SimulatedSolve(dep, cost, objective, budget_s, max_states)
     try:
@@ -351,8 +335,7 @@ def solver_for(dep: DeploymentConfig, cost: StepCost | None, objective: Objectiv
 
 
 class OffloadedSolve:
-    """`SimulatedSolve` in a process of its own, started on first use (module docstring). Picklable inputs only:
-    the deployment, the objective and the budget; the process builds its cost model once."""
+    """`SimulatedSolve` in a process of its own, started on first use; it builds its cost model once."""
 
     def __init__(self, dep: DeploymentConfig, objective: Objective, budget_s: float, max_states: int) -> None:
         self.args = (dep, objective, budget_s, max_states)

@@ -12,20 +12,12 @@ from tokenrouter.workloads import RequestSpec
 
 
 class ClosedLoop:
-    """`concurrency` clients share one request iterator. `exhausted_at` is the first time a client found
-    none left: from then on fewer than N requests are live, so it ends the steady-state window.
+    """`concurrency` clients share one request iterator. `exhausted_at` is the first time a client found none left:
+    it ends the steady-state window. `set_concurrency(n)` (a workload phase): more clients start at once; with
+    fewer, clients retire as their current request finishes."""
 
-    `set_concurrency(n)` moves the client count (a workload phase): more clients start at once; with fewer,
-    clients retire as their current request finishes (none is cut short), first finished first.
-    """
-
-    def __init__(
-        self,
-        env: simpy.Environment,
-        specs: list[RequestSpec],
-        concurrency: int,
-        submit: Callable[[RequestSpec], simpy.Event],
-    ) -> None:
+    def __init__(self, env: simpy.Environment, specs: list[RequestSpec], concurrency: int,
+                 submit: Callable[[RequestSpec], simpy.Event]) -> None:  # fmt: skip
         self.env = env
         self._it: Iterator[RequestSpec] = iter(specs)
         self.submit = submit

@@ -1,12 +1,6 @@
 """The one decider of the delayed-batching thresholds B: the Markov model proposes, the simulator ranks, the best
-simulated B wins. `trsim run` (automatic B), `trsim tune` and autotune all call `decide` or, with their own way of
-running a candidate, `search`. The search (scouting, `FINALISTS` full trials), what a trial is and the objective
-(steady throughput, or goodput under `slo_tpot_ms`) are in docs/simulator.md#choosing-b.
-
-Why both models: the Markov model answers in a fraction of a second but ranks B poorly where its assumptions
-break (two models sharing a GPU: it sees each model's mean slowdown, not that a held small model runs while the
-large one idles), while the simulator is the more accurate model and costs a run per B. Every trial of one
-decision shares the workload (common random numbers), so two B are compared on the same requests.
+simulated B wins (`trsim run`, `trsim tune` and autotune all call `decide`). The search, what a trial is, the
+objectives and why both models: docs/simulator.md#choosing-b.
 """
 
 from __future__ import annotations
@@ -44,9 +38,8 @@ class Trial:
 
 @dataclass(frozen=True, slots=True)
 class Objective:
-    """What "best" means. Without an SLO: the most steady tok/s. With `slo_tpot_ms`: the most tok/s among the B
-    whose TPOT p99 is at most the SLO; a B that misses it ranks below every B that meets it, and among those that
-    miss, the lower TPOT ranks higher (so a search that starts outside the SLO walks towards it)."""
+    """What "best" means: the most steady tok/s (among the B whose TPOT p99 meets `slo_tpot_ms`, when set). A B
+    that misses the SLO ranks below every B that meets it; among those, lower TPOT first (the search walks in)."""
 
     slo_tpot_ms: float | None = None
 
@@ -70,10 +63,8 @@ THROUGHPUT = Objective()
 
 @dataclass(slots=True)
 class Choice:
-    """A decision at one N. `thresholds`: the chosen B (None when no B met the objective's SLO); `trials`: the
-    finalists' full trials, which the choice is made on; `scouted`: the search's short trials; `markov`: the Markov
-    model's proposals (B, predicted tok/s), best first; `note`: what limited the search ("" when it ended by
-    itself)."""
+    """A decision at one N. `thresholds`: the chosen B (None when no B met the SLO); `trials`: the finalists' full
+    trials; `markov`: the Markov model's proposals (B, predicted tok/s), best first; `note`: what limited the search."""
 
     concurrency: int
     thresholds: B | None
@@ -135,9 +126,8 @@ def feasible_set(num_models: int, concurrency: int, limit: int) -> list[B] | Non
 
 
 def neighbours(b: B, steps: Sequence[int], concurrency: int) -> list[B]:
-    """One step up and down along each model's B_i, one step traded between two models (B_i up, B_j down: the best B
-    often sits on the deadlock guard's edge, sum_i (B_i - 1) = N - 1, where no single step stays feasible but a
-    trade does) and, for two models, both up or both down. Feasible ones only."""
+    """The feasible compass moves: one step up and down per B_i, one step traded between two models (along the
+    deadlock guard's edge, where the best B often sits) and, for two models, both up or both down."""
     out = []
     m = len(b)
     moves = [{i: d} for i, s in enumerate(steps) for d in (s, -s)]
@@ -158,9 +148,8 @@ Evaluate = Callable[[list[B]], list[Trial]]
 def scout(evaluate: Evaluate, start: Sequence[B], concurrency: int, num_models: int, objective: Objective,
           budget_s: float, *, progress: Callable[[int, Trial], None] | None = None,
           clock: Callable[[], float] = time.monotonic) -> tuple[dict[B, Trial], str]:  # fmt: skip
-    """Trials of the B the search visited, and a note ("" unless the budget cut it short). Small feasible sets are
-    simulated whole; otherwise `start` (feasible B, in the order given) and then the compass search of the module
-    docstring. `progress(done, trial)` after each trial."""
+    """Trials of the B the search visited, and a note ("" unless the budget cut it short): small feasible sets
+    whole, else `start` and then the compass search. `progress(done, trial)` after each trial."""
     t0 = clock()
     trials: dict[B, Trial] = {}
 
@@ -196,8 +185,7 @@ def finalists(scouted: dict[B, Trial], objective: Objective, k: int = FINALISTS)
 
 
 def choose(trials: dict[B, Trial], objective: Objective) -> B | None:
-    """The best B of `trials` by `objective` (None when an SLO is set and none meets it); on a tie the first
-    simulated."""
+    """The best B of `trials` by `objective` (None: none meets the SLO); on a tie the first simulated."""
     best = max(trials.values(), key=objective.rank)
     return best.thresholds if objective.meets(best) else None
 
@@ -211,10 +199,8 @@ def trial_requests(concurrency: int) -> int:
 
 
 def trial_config(cfg: SimConfig, concurrency: int, requests: int | None = None) -> SimConfig:
-    """`cfg` as a trial at N: closed loop of N clients, `requests` requests (default `trial_requests(N)`; at least
-    N + 1, so the loop runs out while every client is busy), no autotune, stopped when the loop runs out of requests.
-    Open-loop rates and workload phases are not what B is chosen for: the trial is the closed loop at the N asked
-    about."""
+    """`cfg` as a trial at N: a closed loop of N clients (no arrival rate, phases or autotune: not what B is chosen
+    for), `requests` requests (default `trial_requests(N)`; at least N + 1), stopped when the loop runs out."""
     policy = dataclasses.replace(cfg.deployment.policy, autotune=None)
     dep = dataclasses.replace(cfg.deployment, policy=policy)
     reqs = max(concurrency + 1, requests or trial_requests(concurrency))
@@ -228,14 +214,8 @@ def scout_requests(concurrency: int) -> int:
     return max(12, trial_requests(concurrency) // 2)
 
 
-def scout_config(cfg: SimConfig, concurrency: int, requests: int | None = None) -> SimConfig:
-    """`trial_config` with `scout_requests(N)` (or half of `requests`)."""
-    return trial_config(cfg, concurrency, requests // 2 if requests else scout_requests(concurrency))
-
-
 def run_trial(cfg: SimConfig, thresholds: B) -> Trial:
-    """One candidate simulated as a trial (`cfg` from `trial_config`); a top-level function, so a process pool can
-    run it."""
+    """One candidate simulated as a trial (`cfg` from `trial_config`); top-level, for a process pool."""
     dep = cfg.deployment
     policy = dep.policy.with_thresholds(thresholds)
     res = simulate_config(dataclasses.replace(cfg, deployment=dataclasses.replace(dep, policy=policy)))
@@ -243,8 +223,7 @@ def run_trial(cfg: SimConfig, thresholds: B) -> Trial:
 
 
 def trial_of(thresholds: B, summary: dict[str, float]) -> Trial:
-    """What a run of B measured, as the decider ranks it: steady output throughput (the whole run's without a steady
-    window) and TPOT p50/p99."""
+    """What a run of B measured, as the decider ranks it: steady (else whole-run) tok/s and TPOT p50/p99."""
     tok_s = summary.get("steady_output_throughput_tok_s", summary["output_throughput_tok_s"])
     return Trial(tuple(thresholds), float(tok_s), float(summary["tpot_ms_p50"]), float(summary["tpot_ms_p99"]))
 
@@ -265,24 +244,21 @@ def decide(cfg: SimConfig, concurrency: int | None = None, objective: Objective 
            start: int = START_CANDIDATES, requests: int | None = None,
            progress: Callable[[int, Trial], None] | None = None, also: Sequence[B] = (), finals: int = FINALISTS,
            judge: Evaluate | None = None) -> Choice:  # fmt: skip
-    """B for `cfg`'s deployment at N (default `cfg.concurrency`), chosen as the module docstring says. `proposals`: the
-    Markov model's, when the caller already has them (default: solved here); `start`: how many of them start the
-    search; `requests`: per trial (default `trial_requests(N)`); `judge`: how the finalists are judged instead of full
-    trials (`trsim run` judges its two best scouted B by its own run, which it needs anyway); `also`: B judged beside
-    the finalists whatever the scouting found, and the first to be scouted (autotune's B in force: its gain is
-    measured like with like, and the search starts where serving is); `finals`: how many scouted B are judged."""
+    """B for `cfg`'s deployment at N (default `cfg.concurrency`). `proposals`: the Markov model's, when the caller
+    has them; `start`: how many of them start the search; `requests`: per trial (default `trial_requests(N)`);
+    `judge`: judges the `finals` best scouted B instead of full trials (`trsim run`: its own runs); `also`: B
+    scouted first and judged whatever the scouting found (autotune's B in force, so its gain is like with like)."""
     t0 = time.monotonic()
     n = concurrency or cfg.concurrency
     m = len(cfg.deployment.models)
     if proposals is None:
         proposals = propose(cfg, n)
     first = [*(b for b in also if feasible(b, n)), *(b for b, _ in proposals.ranked[:start])]
-    scouted, note = scout(simulator_evaluate(scout_config(cfg, n, requests), pool), first, n, m, objective, budget_s,
-                          progress=progress)  # fmt: skip
+    scouting = trial_config(cfg, n, requests // 2 if requests else scout_requests(n))
+    scouted, note = scout(simulator_evaluate(scouting, pool), first, n, m, objective, budget_s, progress=progress)
     best = finalists(scouted, objective, finals)
     judged_b = list(dict.fromkeys([*best, *(b for b in also if feasible(b, n))]))
     evaluate = judge or simulator_evaluate(trial_config(cfg, n, requests), pool)
     judged = {t.thresholds: t for t in evaluate(judged_b)}
-    choice = Choice(n, choose(judged, objective), judged, proposals.ranked, objective, note, time.monotonic() - t0,
-                    proposals.note, scouted)  # fmt: skip
-    return choice
+    return Choice(n, choose(judged, objective), judged, proposals.ranked, objective, note, time.monotonic() - t0,
+                  proposals.note, scouted)  # fmt: skip

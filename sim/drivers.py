@@ -1,14 +1,6 @@
-"""The simulator's drivers of a shifting workload and of autotune: simpy processes beside the subservers.
-
-- `PhaseDriver`: at each workload phase (`tokenrouter.workloads.Phase`) moves the closed loop's client count and
-  the synthetic router's hop rate on every subserver (`routers.presets.set_hop_rate`, what the admin endpoint does
-  live).
-- `SimAutotune`: every `observe_s` simulated seconds snapshots the counters a runtime subserver exports (per
-  model: committed tokens, hand-offs, steps per batch size with their busy time; the entry's live count; finished
-  requests and their tokens), feeds the core's `AutotuneController` (the same object the runtime's front-end
-  runs, with the same Markov solve) and applies its decisions between steps with `Scheduler.set_policy` on every
-  subserver, as the runtime's `SetPolicy` does. The solve takes no simulated time (live it runs in a worker
-  thread while serving goes on, and the change lands a solve later).
+"""The simulator's drivers of a shifting workload (`PhaseDriver`: client count and hop rate at each workload phase)
+and of autotune (`SimAutotune`: the runtime's controller on the simulated counters, docs/autotune.md): simpy
+processes beside the subservers.
 """
 
 from __future__ import annotations
@@ -80,10 +72,9 @@ STALL_OBSERVES = 600  # unchanged snapshots in a row (10 simulated minutes at 1 
 
 
 class SimAutotune:
-    """Runs `controller` on the simulated counters until `finished()` (module docstring), starting from `policy`
-    (the deployment's). `timeline`: every decision applied, in order. A run that stalls (nothing moves, no arrival
-    to come: `arrivals_pending()` False) would keep this process ticking forever; after STALL_OBSERVES unchanged
-    snapshots it stops, so the simulation ends and reports the stall as it does without autotune."""
+    """Runs `controller` on the simulated counters until `finished()`, starting from `policy` (the deployment's);
+    `timeline`: every decision applied, in order. After STALL_OBSERVES unchanged snapshots with no arrival to come
+    it stops, so a stalled simulation ends and reports the stall as it does without autotune."""
 
     def __init__(self, env: simpy.Environment, controller: AutotuneController, policy: PolicyConfig,
                  subs: list[SimSubserver], finishes: FinishCounter, finished: Callable[[], bool],
@@ -97,14 +88,8 @@ class SimAutotune:
 
     def snapshot(self) -> CounterSnapshot:
         models = tuple(ModelCounters.of(s.tokens, s.hops, s.batches) for s in self.subs)
-        return CounterSnapshot(
-            models,
-            self.entry.sched.active,
-            self.finishes.finished,
-            self.finishes.tokens,
-            self.finishes.tokens_sq,
-            tuple(self.finishes.recent),
-        )
+        f = self.finishes
+        return CounterSnapshot(models, self.entry.sched.active, f.finished, f.tokens, f.tokens_sq, tuple(f.recent))
 
     def _run(self):
         last, same = None, 0

@@ -1,14 +1,7 @@
-"""Passes that share one GPU: each runs at a rate set by what else runs beside it (processor sharing).
-
-A pass carries `work_ms`, its time alone on the GPU with no SM cap. While it executes, it progresses at
-`1 / factor` alone-ms per ms, where the factor is the cost model's interference (`CostModel.interference`): with
-no other model's pass running, the model's own SM-cap factor (1 without a cap); beside other passes, the
-largest co-run factor over them, looked up at both passes' sizes. Whenever a pass starts or ends on the GPU,
-every pass there is brought up to date and re-rated, and its subserver is told to re-time its wait.
-
-Why not a fixed slowdown charged at launch: the measured slowdown of a model's step depends on what the other
-model runs (its batch, or nothing), which changes during the step; pricing at launch also leaves the pass
-that started first unslowed, although a large model's step slows measurably beside a small one (docs/simulator.md).
+"""Passes that share one GPU: each runs at a rate set by what else runs beside it (processor sharing). A pass
+carries `work_ms`, its time alone with no SM cap, and progresses at `1 / factor` of it per ms (the SM-cap factor
+alone, the largest co-run factor beside others); every start or end re-rates the passes there.
+Why not a fixed slowdown at launch: docs/simulator.md#co-location-a-shared-gpu-as-processor-sharing.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
-"""One simulated run (`simulate_config`): build a deployment in a simpy environment, drive it with a workload,
-collect metrics. `sim.run.run_sim` is the entry point (it adds autotune's controller when the deployment asks for
-it); the decider's trials come here directly, below autotune, whose solve is the decider.
-
-The deployment is the same `DeploymentConfig` that `tr serve` reads, built by the same
-`tokenrouter.deploy.build_deployment`; the schedulers, routers, KV pools and admission are the core's.
-Only time is simulated: step times from the profile's cost model, peer messages delayed by the link model.
-Standard serving (`baseline: std-serving`) is a mode of this driver: every returning hop is priced as a new
-request that re-matches its prefix.
+"""One simulated run (`simulate_config`): the deployment `tr serve` would build, in a simpy environment, driven by
+a workload; only time is simulated (docs/simulator.md). `sim.run.run_sim` is the entry point (it adds autotune's
+controller); the decider's trials come here directly.
 """
 
 from __future__ import annotations
@@ -101,9 +95,8 @@ class SimResult:
 
 
 def prepare_sim(cfg: SimConfig) -> tuple[Profile, StepCost, list[RequestSpec], Deployment]:
-    """What a run is built from: the profile, the step cost, the requests and the deployment (schedulers, routers,
-    KV pools). Every user error a run can raise (an unknown profile or model, a bad workload, seed or output cap, a
-    router without its trace) is raised here, before any simulated time, so callers can check a whole grid first."""
+    """What a run is built from: the profile, the step cost, the requests and the deployment. Every user error a
+    run can raise is raised here, before any simulated time, so callers can check a whole grid first."""
     dep = cfg.deployment
     profile = load_profile(dep.profile)
     cost = cfg.cost if cfg.cost is not None else cost_model(dep, profile)
@@ -144,26 +137,18 @@ def simulate_config(cfg: SimConfig, make_controller: ControllerFactory | None = 
     summary.update(per_gpu(summary, gpus_used(dep)))
     n_end = next((p.concurrency for p in reversed(phases) if p.concurrency is not None), n0)
     extra = _extra(cost, first, driver, tuner, initial)
-    return SimResult(
-        summary=summary,
-        metrics=run.metrics,
-        config=cfg,
-        thresholds=deployment.entry.policy.thresholds_for(n_end, deployment.num_models),
-        analytic=analytic,
-        window=window,
-        kv_tokens=deployment.kv_tokens,
-        wall_s=time.perf_counter() - t_wall,
-        preemptions=sum(s.sched.num_preemptions for s in run.subs),
-        wasted_rows=sum(s.wasted_rows for s in run.subs),
-        rematch_rows=sum(s.rematch_rows for s in run.subs),
-        extra=extra,
-    )
+    subs = run.subs
+    return SimResult(summary=summary, metrics=run.metrics, config=cfg,
+                     thresholds=deployment.entry.policy.thresholds_for(n_end, deployment.num_models), analytic=analytic,
+                     window=window, kv_tokens=deployment.kv_tokens, wall_s=time.perf_counter() - t_wall,
+                     preemptions=sum(s.sched.num_preemptions for s in subs),
+                     wasted_rows=sum(s.wasted_rows for s in subs), rematch_rows=sum(s.rematch_rows for s in subs),
+                     extra=extra)  # fmt: skip
 
 
 @dataclass(slots=True)
 class _Wired:
-    """One run's simulated deployment: the subservers, the links between them and the requests in flight (`done`:
-    rid -> the event its client waits on), which the loaders, the phase driver and autotune all act on."""
+    """One run's subservers, the links between them and the requests in flight (`done`: rid -> its client's event)."""
 
     env: simpy.Environment
     metrics: MetricsCollector
@@ -189,7 +174,7 @@ def _wire_up(deployment: Deployment, cost: StepCost, policy: str) -> _Wired:
 def _loader(run: _Wired, cfg: SimConfig, specs: list[RequestSpec], n0: int,
             deployment: Deployment) -> OpenLoop | ClosedLoop:  # fmt: skip
     """The clients: an open loop when the run has an arrival rate or the workload timed arrivals, else `n0`
-    closed-loop clients. Each request enters at the entry model as `tr bench` would send it."""
+    closed-loop clients; each request enters at the entry model as `tr bench` sends it."""
     dep = cfg.deployment
     entry = run.subs[dep.entry]
 
@@ -217,8 +202,8 @@ def _loader(run: _Wired, cfg: SimConfig, specs: list[RequestSpec], n0: int,
 def _autotune(run: _Wired, dep: DeploymentConfig, deployment: Deployment, cost: StepCost,
               loader: OpenLoop | ClosedLoop, n0: int, make_controller: ControllerFactory | None,
               ) -> tuple[SimAutotune | None, tuple[int, ...] | None]:  # fmt: skip
-    """With `policy.autotune`: the controller running on the simulated counters, priced by the simulator's own
-    step cost (what it would measure live), and the B it starts from at `n0`; (None, None) without."""
+    """With `policy.autotune`: the controller on the simulated counters, priced by the simulator's own step cost,
+    and the B it starts from at `n0`; (None, None) without."""
     if dep.policy.autotune is None:
         return None, None
     if make_controller is None:
@@ -232,8 +217,7 @@ def _autotune(run: _Wired, dep: DeploymentConfig, deployment: Deployment, cost: 
 
 def _extra(cost: StepCost, first: Phase | None, driver: PhaseDriver | None, tuner: SimAutotune | None,
            initial: tuple[int, ...] | None) -> dict[str, Any]:  # fmt: skip
-    """SimResult.extra: what was estimated, the phases applied (from t = 0) and autotune's record, each only
-    when the run had it, so a plain run's result stays small."""
+    """SimResult.extra: what was estimated, the phases applied and autotune's record, each only when the run had it."""
     extra: dict[str, Any] = {}
     if cost.notes():
         extra["estimated"] = cost.notes()
@@ -253,36 +237,22 @@ def _extra(cost: StepCost, first: Phase | None, driver: PhaseDriver | None, tune
 
 def subservers(env: simpy.Environment, deployment: Deployment, cost: StepCost, metrics: MetricsCollector,
                policy: str) -> list[SimSubserver]:  # fmt: skip
-    """One simulated subserver per model, priced by `cost`: co-located models share a `SharedGpu`; the sync
-    coordinator's round trips (`policy`'s) are paid when the deployment has a gate."""
+    """One simulated subserver per model, priced by `cost` (co-located models share a `SharedGpu`)."""
     gpus = shared_gpus(deployment, cost)
     margin = cost.prepare_margin_ms()
     gate_ms = cost.gate_ms_per_step(policy) if deployment.gate is not None else 0.0
     subs = []
     for i, sched in enumerate(deployment.schedulers):
         mc = cost.for_model(i)
-        subs.append(
-            SimSubserver(
-                env,
-                sched,
-                cost=mc,
-                rule=deployment.graph_rules[i],
-                metrics=metrics,
-                gpu=gpus[i],
-                host_ms=mc.host_ms,
-                device_ms=mc.router_step_ms,
-                gate_ms=gate_ms,
-                overlap_frac=cost.overlap_frac(i),
-                prepare_margin_ms=margin,
-            )
-        )
+        subs.append(SimSubserver(env, sched, cost=mc, rule=deployment.graph_rules[i], metrics=metrics, gpu=gpus[i],
+                                 host_ms=mc.host_ms, device_ms=mc.router_step_ms, gate_ms=gate_ms,
+                                 overlap_frac=cost.overlap_frac(i), prepare_margin_ms=margin))  # fmt: skip
     return subs
 
 
 def cost_model(dep: DeploymentConfig, profile: Profile) -> CostModel:
-    """The deployment's cost model: its placement, models, tp degrees, SM shares, each model's own GPU profile and
-    router (learned routers are priced); the config's `placement.link_latency_ms` / `link_bandwidth_gbps`, when
-    set, replace the profile's link."""
+    """The deployment's cost model (placement, models, tp, SM shares, each model's own profile, a learned router);
+    the config's `placement.link_latency_ms` / `link_bandwidth_gbps`, when set, replace the profile's link."""
     pl = dep.placement
     if pl.link_latency_ms is not None or pl.link_bandwidth_gbps is not None:
         old = profile.link
@@ -305,8 +275,7 @@ def cost_model(dep: DeploymentConfig, profile: Profile) -> CostModel:
 
 
 def estimated_notes(dep: DeploymentConfig) -> list[str]:
-    """What a simulation of `dep` prices without a measurement (tp estimates, co-location of a tp model), one line
-    each, as `trsim run` prints them; empty when the profile measured everything the deployment runs."""
+    """What a simulation of `dep` prices without a measurement, one line each (empty: all measured)."""
     cost = cost_model(dep, load_profile(dep.profile))
     for i in range(len(dep.models)):
         for j in colocated(dep, i):

@@ -1,11 +1,5 @@
-"""The Markov model's side of a decision (`sim.decide`): a few candidate B at one N, in a fraction of a second, and
-the inputs the Markov model takes from a simulator config (routing matrices, step times from the cost model).
-
-Two budgeted searches (`tokenrouter.markov.search_thresholds`) on the deployment's step times at the workload's
-mean context (`step_time_fns`): the models alone, then, when they share a GPU, each slowed by its peer as
-often as the first search's best B keeps the peer busy. Their best B are merged (the co-located search's first).
-The simulator then ranks them and searches around them, so a small state budget is enough here: a proposal only
-has to start the search near the best.
+"""The Markov model's side of a decision (`sim.decide`): a few candidate B at one N from two budgeted searches
+(alone, then co-located), and the inputs it takes from a simulator config (docs/simulator.md#choosing-b).
 """
 
 from __future__ import annotations
@@ -34,10 +28,8 @@ from tokenrouter.workloads import make_workload
 B = tuple[int, ...]
 
 MAX_SEARCH_CONCURRENCY = 1024
-"""Largest N the Markov model is solved at. Its state budget bounds each chain, not the search: the fallbacks
-(coarser quanta, then the search at N/2, recursively) explore capped chains whose transitions and thresholds grow
-with N, so the time grows about linearly in N: about 20 s at N = 1,000 on one core (two passes under MPS), over
-2 minutes at N = 4,096, hours at N = 100,000. Past this N a command refuses at once instead."""
+"""Largest N the Markov model is solved at: its search time grows about linearly in N (about 20 s at N = 1,000 on
+one core, over 2 minutes at N = 4,096, hours at N = 100,000), so past this N a command refuses at once."""
 
 
 def check_search_concurrency(n: int, hint: str = "") -> None:
@@ -66,11 +58,9 @@ def markov_inputs(cfg: SimConfig) -> tuple[np.ndarray, np.ndarray, float]:
 
 
 def step_time_fns(cfg: SimConfig, load: list[tuple[float, float]] | None = None) -> list[Callable[[int], float]]:
-    """L_i(b) in ms, from the simulator's own cost model: b rows at the workload's mean context, rows of the
-    hop pattern's mean length, split as the model's graph rule splits them (in expectation), plus the router's
-    device part and (without overlap) the host time. `load[i]` = (fraction of time the co-located peer runs,
-    tokens of its pass): model i's pass is slowed by the co-run factor that share of the time and by its SM-cap
-    factor the rest (the simulator applies the same factors pass by pass)."""
+    """L_i(b) in ms from the simulator's own cost model (docs/simulator.md#choosing-b). `load[i]` = (fraction of time
+    the co-located peer runs, tokens of its pass): model i's pass is slowed by the co-run factor that share of the
+    time and by its SM-cap factor the rest."""
     dep = cfg.deployment
     cost = cfg.cost if cfg.cost is not None else cost_model(dep, load_profile(dep.profile))
     ctx, _ = workload_means(cfg)
@@ -95,10 +85,9 @@ def step_time_fns(cfg: SimConfig, load: list[tuple[float, float]] | None = None)
 
 
 def expected_step_ms(cost: ModelStepCost, rows: int, tokens_per_row: float, context: float, rule: GraphRule) -> float:
-    """Expected step time of `rows` rows whose lengths are geometric with mean `tokens_per_row` (1 = decodes),
-    split as `rule` splits them: without `allow_split` the step runs in the decode graphs when every row fits
-    (probability P(len <= m)^rows) and as one varlen pass otherwise; with it, the short rows stay in the graph
-    and the rest form a second pass (the split in expectation)."""
+    """Expected step time of `rows` rows of geometric lengths with mean `tokens_per_row`, split as `rule` splits
+    them: without `allow_split`, in the decode graphs when every row fits (P(len <= m)^rows), else one varlen pass;
+    with it, the short rows stay in the graph and the rest form a second pass."""
     if rows < 1:
         return 0.0
     t = max(1.0, tokens_per_row)
@@ -127,8 +116,7 @@ def expected_step_ms(cost: ModelStepCost, rows: int, tokens_per_row: float, cont
 
 
 def markov_at(cfg: SimConfig, thresholds: tuple[int, ...], concurrency: int | None = None) -> ThroughputResult:
-    """The Markov model's T(B) at one given B (the deployed one, not B*); under MPS at the co-location fixed point of
-    that B (`colocated_at`)."""
+    """The Markov model's T(B) at one given B; under MPS at that B's co-location fixed point (`colocated_at`)."""
     n = concurrency or cfg.concurrency
     if shares_a_gpu(cfg) and n > 1:
         return colocated_at(cfg, thresholds, n)
@@ -152,8 +140,7 @@ def shares_a_gpu(cfg: SimConfig) -> bool:
 
 @dataclass(slots=True)
 class Proposals:
-    """The Markov model's candidates at one N, best first, with predicted tok/s (nan where it predicted none), and
-    what its search reduced to fit the budget."""
+    """The Markov model's candidates at one N, best first, with predicted tok/s (nan: none), and its search's note."""
 
     ranked: list[tuple[B, float]] = field(default_factory=list)
     note: str = ""
@@ -164,8 +151,7 @@ PROPOSAL_STATES = 5_000
 
 
 def markov_view(cfg: SimConfig) -> tuple[SimConfig, str]:
-    """`cfg` as the Markov model takes it, and what was changed for it ("" when nothing): a trace replay has no hop
-    law of its own, so it is priced as the `markov` router of the replayed runs (`routers.trace_law`)."""
+    """`cfg` as the Markov model takes it (a trace replay: the `markov` router of its runs), and a note of that."""
     rc = cfg.deployment.router
     if rc.name != RouterName.TRACE:
         return cfg, ""
@@ -175,8 +161,7 @@ def markov_view(cfg: SimConfig) -> tuple[SimConfig, str]:
 
 
 def propose(cfg: SimConfig, concurrency: int) -> Proposals:
-    """The Markov model's candidates for `cfg`'s deployment at N, best first (module docstring); a trace replay is
-    proposed for as the `markov` router of its replayed runs (`markov_view`)."""
+    """The Markov model's candidates for `cfg`'s deployment at N, best first (a trace replay: `markov_view`)."""
     check_search_concurrency(concurrency)
     cfg, stand_in = markov_view(cfg)
     P, C, mean_output = markov_inputs(cfg)

@@ -1,7 +1,5 @@
-"""`run_sim`: one simulated run of a deployment under a workload (`sim.loop`), with autotune's controller
-(`sim.autotune_solve`, the decider on what serving measured) when the deployment asks for it.
-
-The simulator's types live in `sim.loop` and are re-exported here, where the commands and studies import them.
+"""`run_sim`: one simulated run (`sim.loop`), with autotune's controller when the deployment asks for it. The
+simulator's types are re-exported here, where the commands and studies import them.
 """
 
 from __future__ import annotations

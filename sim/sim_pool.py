@@ -1,10 +1,6 @@
-"""Simulator runs spread over processes. A decision's trials and a tune's points are independent runs, each of one
-seeded config, so they give the same numbers in any order and on any number of cores.
-
-Workers are forked where the OS can (Linux) and this process runs no other thread yet: a fork inherits the imports,
-so a worker is ready at once instead of spending a second importing the simulator again (what `trsim run`'s few
-seconds cannot afford). The pool is started before any progress thread: a forked child would inherit a running
-thread stopped, with whatever lock it held. Elsewhere workers are spawned.
+"""Simulator runs spread over processes: seeded independent runs give the same numbers in any order and on any
+number of cores. Workers are forked where the OS can (Linux) and no other thread runs yet (a fork inherits the
+imports, and a thread stopped with whatever lock it held); elsewhere they are spawned.
 """
 
 from __future__ import annotations
@@ -26,9 +22,8 @@ def available_cores() -> int:
 
 @contextmanager
 def sim_pool(jobs: int) -> Iterator[Executor | None]:
-    """A pool of `jobs` worker processes (0: one per core), already started, or None for one job (the runs stay in
-    this process). The workers ignore Ctrl-C: the command's own process takes it, drops the runs not yet started and
-    waits for those under way. ValueError (one line, naming --jobs) for a negative `jobs`."""
+    """A pool of `jobs` worker processes (0: one per core), already started, or None for one job. The workers ignore
+    Ctrl-C: the command's process takes it, drops the runs not yet started and waits for those under way."""
     if jobs < 0:
         raise ValueError(f"--jobs must be >= 0 (0: one per core), got {jobs}")
     jobs = jobs or available_cores()

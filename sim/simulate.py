@@ -1,6 +1,5 @@
-"""One simulated run as a command asks for it: the `SimConfig` of a resolved deployment and run settings, and the run
-with B chosen by the decider (`sim.decide`) when the thresholds are 'auto' (`trsim run | sweep | tune | validate`,
-`tr bench --sim`)."""
+"""One simulated run as a command asks for it (`trsim run | sweep | tune | validate`, `tr bench --sim`): its
+`SimConfig`, and the run with B chosen by the decider when the thresholds are 'auto'."""
 
 from __future__ import annotations
 
@@ -29,24 +28,14 @@ from tokenrouter.sim.run import SimConfig, SimResult, run_sim
 from tokenrouter.sim.tune import with_thresholds
 from tokenrouter.workloads import make_workload
 
-SELF_JUDGED = 2
-"""Finalists a run judges by running them itself (`_judges_itself`): two runs on two processes take one run's time."""
+SELF_JUDGED = 2  # finalists a run judges by running them itself: two runs on two processes take one run's time
 
 
-def sim_config(
-    dep: DeploymentConfig,
-    b: BChoice = BChoice.CONFIG,
-    *,
-    concurrency: int = 8,
-    workload: str | None = None,
-    num_requests: int = 64,
-    seed: int = 0,
-    arrival_rate: float | None = None,
-    max_output: int | None = None,
-) -> tuple[SimConfig, bool]:
-    """The SimConfig of one simulated run of the resolved deployment `dep` under the run settings; also whether B
-    is the decider's (`b` AUTO, for a delayed policy). `workload` None: the trace a trace router replays (`--router
-    trace --trace FILE`), else low-effort."""
+def sim_config(dep: DeploymentConfig, b: BChoice = BChoice.CONFIG, *, concurrency: int = 8, workload: str | None = None,
+               num_requests: int = 64, seed: int = 0, arrival_rate: float | None = None,
+               max_output: int | None = None) -> tuple[SimConfig, bool]:  # fmt: skip
+    """The SimConfig of one run of the resolved deployment `dep`; also whether B is the decider's (`b` AUTO, for a
+    delayed policy). `workload` None: the trace a trace router replays, else low-effort."""
     if workload is None:
         workload = dep.router.trace if dep.router.name == RouterName.TRACE and dep.router.trace else "low-effort"
     cfg = SimConfig(dep, workload=workload, num_requests=num_requests, concurrency=concurrency,
@@ -65,20 +54,17 @@ def sim_config(
 def simulate(cfg: SimConfig, auto: bool, *, objective: Objective = THROUGHPUT, pool: Executor | None = None,
              budget_s: float = DEFAULT_BUDGET_S,
              progress: Callable[[int, Trial], None] | None = None) -> SimResult:  # fmt: skip
-    """Run `cfg`; with `auto`, at the B `sim.decide.decide` chooses for its concurrency (a new config: `cfg` is left as
-    it is). The result's extra["thresholds_note"] says how B was chosen ("" when not auto) and extra["choice"] holds
-    the `Choice`. ValueError (one line) when an SLO is set and no B meets it."""
-    note = ""
+    """Run `cfg`; with `auto`, at the B `sim.decide.decide` chooses for its concurrency. extra["thresholds_note"]
+    says how B was chosen ("" when not auto), extra["choice"] holds the `Choice`. ValueError when no B meets the SLO."""
     _check_fits(cfg.deployment)  # before the search for B, which a deployment that cannot run would waste
     if not auto:
         res = run_sim(cfg)
-        res.extra["thresholds_note"] = note
+        res.extra["thresholds_note"] = ""
         return res
     runs: dict[tuple[int, ...], SimResult] = {}
 
     def judge(cands: list[tuple[int, ...]]) -> list[Trial]:
-        """The finalists judged by this very run (at least a trial's length of a closed loop): each one's run is
-        then the result if it wins, instead of a trial and a run."""
+        """The finalists judged by this very run: the winner's run is the result (no trial and a run)."""
         futs = [pool.submit(run_sim, with_thresholds(cfg, b)) for b in cands] if pool is not None else []
         for k, b in enumerate(cands):
             runs[b] = futs[k].result() if futs else run_sim(with_thresholds(cfg, b))
@@ -96,8 +82,7 @@ def simulate(cfg: SimConfig, auto: bool, *, objective: Objective = THROUGHPUT, p
 
 
 def _judges_itself(cfg: SimConfig) -> bool:
-    """Whether the run is a judge as good as a trial: a closed loop of fixed clients (no arrival rate, no phases, no
-    autotune) with at least a trial's requests, so its steady window is at least a trial's."""
+    """Whether the run judges as well as a trial: a fixed closed loop with at least a trial's requests."""
     if cfg.arrival_rate is not None or cfg.phases or cfg.deployment.policy.autotune is not None:
         return False
     if cfg.num_requests < trial_requests(cfg.concurrency):
@@ -107,8 +92,8 @@ def _judges_itself(cfg: SimConfig) -> bool:
 
 
 def _check_fits(dep: DeploymentConfig) -> None:
-    """Every model fits its GPUs with room for a KV cache and its context, checked now: the run would refuse it only
-    after the search for B (`build_deployment`), and a KV shortfall blaming whichever model it sized first."""
+    """Every model fits its GPUs with room for a KV cache and its context, checked before the search for B (the run
+    would refuse it only after, blaming whichever model it sized first)."""
     max_context_len(dep)  # a max_model_len past a model's context
     gpu = load_profile(dep.profile).gpu
     try:

@@ -1,6 +1,4 @@
-"""Threshold tuning: B per concurrency from the decider (`sim.decide`: the Markov model proposes, the simulator
-checks; docs/simulator.md#choosing-b).
-"""
+"""Threshold tuning: B per concurrency from the decider (`sim.decide`; docs/simulator.md#choosing-b)."""
 
 from __future__ import annotations
 
@@ -27,8 +25,7 @@ class TunePoint:
 
     @property
     def best(self) -> tuple[int, ...]:
-        """The chosen B; where no B met the SLO, the one of lowest TPOT p99 (what serves that N best, flagged by
-        `meets_slo`)."""
+        """The chosen B; where no B met the SLO, the one of lowest TPOT p99 (flagged by `meets_slo`)."""
         c = self.choice
         if c.thresholds is not None:
             return c.thresholds
@@ -61,26 +58,21 @@ class TunePoint:
 
 
 def with_thresholds(cfg: SimConfig, thresholds: Sequence[int], **policy: Any) -> SimConfig:
-    """A new `cfg` delayed at `thresholds` (`PolicyConfig.with_thresholds`: a config's B(N) table goes), with the
-    other `PolicyConfig` fields given; `cfg` stays as it is."""
+    """A new `cfg` delayed at `thresholds` (a config's B(N) table goes), with the `PolicyConfig` fields given."""
     pc = dataclasses.replace(cfg.deployment.policy.with_thresholds(thresholds), **policy)
     return dataclasses.replace(cfg, deployment=dataclasses.replace(cfg.deployment, policy=pc))
 
 
 def simulate_thresholds(cfg: SimConfig, thresholds: tuple[int, ...]) -> SimResult:
-    """A candidate B simulated as it is: delayed, without a tuned config's B(N) table (which would win over the
-    candidate at its N) and without autotune (which would move it)."""
+    """A candidate B simulated as it is: delayed, without a B(N) table or autotune (which would override it)."""
     return run_sim(with_thresholds(cfg, thresholds, autotune=None))
 
 
 def tune_point(cfg: SimConfig, concurrency: int, top: int = START_CANDIDATES, pool: Executor | None = None, *,
                objective: Objective = THROUGHPUT, budget_s: float = DEFAULT_BUDGET_S, requests: int | None = None,
                progress: Callable[[int, Trial], None] | None = None) -> TunePoint:  # fmt: skip
-    """B for one concurrency, chosen by the decider (`sim.decide.decide`: the Markov model's `top` proposals start a
-    search in the simulator, on `pool`'s processes when given: the same numbers, sooner). The search is `trsim run
-    --thresholds auto`'s, with the Markov B* judged beside the finalists, and nothing of another N enters it: seeded
-    with the previous N's B scaled, it once stopped on a ridge at N = 64, (16,39) where `trsim run` found (25,40), 5.4%
-    faster live."""
+    """B for one concurrency by the decider (`trsim run --thresholds auto`'s search from the Markov model's `top`
+    proposals, nothing of another N: docs/simulator.md#choosing-b), with the Markov B* judged beside the finalists."""
     proposals = propose(cfg, concurrency)
     markov = [b for b, _ in proposals.ranked[:1]]  # judged too: the table shows what the choice gains over it
     choice = decide(cfg, concurrency, objective, budget_s=budget_s, pool=pool, start=top, requests=requests,
@@ -92,10 +84,8 @@ def tune_point(cfg: SimConfig, concurrency: int, top: int = START_CANDIDATES, po
 
 
 def at_sustained_load(objective: TuneObjective | str) -> bool:
-    """Whether `objective` compares candidates at the load each one sustains rather than at one N. Cost per token
-    and tok/s per GPU (cost at one price for every GPU) do: at one closed-loop N a two-GPU placement idles by
-    construction, so it would lose on any per-GPU measure before the SLO is even asked about. Total tok/s at one N
-    answers its own question ("fastest at my load") and stays at `--compare-n`."""
+    """Whether `objective` compares candidates at the load each sustains rather than at one N: cost and tok/s per
+    GPU do (at one closed-loop N a two-GPU placement idles by construction); total tok/s stays at `--compare-n`."""
     return TuneObjective(str(objective)) is not TuneObjective.TOTAL
 
 
@@ -128,9 +118,8 @@ class Candidate:
 
     @property
     def sustained_n(self) -> int | None:
-        """The highest load it sustains within the SLO: the largest N tuned before the first N whose chosen B
-        misses it (a higher N only raises TPOT, so a sweep stops there, and an N tuned past it afterwards for the
-        written table does not count); every N tuned when there is no SLO. None when it misses at its smallest N."""
+        """The largest N tuned before the first N whose chosen B misses the SLO (a higher N only raises TPOT, so an N
+        tuned past it later does not count); None when it misses at its smallest N."""
         out = None
         for p in sorted(self.points, key=lambda p: p.concurrency):
             if not p.meets_slo:
@@ -164,11 +153,9 @@ class Candidate:
 
 
 def choose(candidates: list[Candidate], n: int | None, objective: TuneObjective | str) -> Candidate:
-    """The candidate with the best objective (most tok/s, most per GPU, or least USD per million tokens), each at
-    `n`, or with `n` None each at the highest N it sustains within the SLO (`Candidate.sustained_n`: equal footing
-    for placements of different sizes). A candidate that meets the SLO at no N ranks below every one that does (and
-    among such, the lower TPOT p99 at the smallest N first). On a tie the one with fewer GPUs, then the first
-    listed."""
+    """The candidate with the best objective, each at `n` (None: at its `sustained_n`). One that meets the SLO at
+    no N ranks below every one that does (among such, lower TPOT p99 at the smallest N first); on a tie, fewer
+    GPUs, then the first listed."""
     order = {id(c): k for k, c in enumerate(candidates)}
 
     def key(c: Candidate) -> tuple[bool, float, int, int]:

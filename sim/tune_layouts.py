@@ -1,10 +1,6 @@
-"""`trsim tune`'s candidates: each layout on G GPUs (`deploy.placement.layout`), each pair of GPU kinds
-(`SMALL+LARGE`, `on_kinds`) and each MPS SM split asked for, tuned at every N (`sim.tune.tune_point`), priced when
-GPU prices are given, and the deployment config written for the best one. Where candidates are compared under each
-`--objective`: docs/cli.md#trsim-tune.
-
-Every candidate is a transform of the command's resolved deployment (`CandidateSpec.deployment`: its own placement,
-tp and SM shares, or GPU kinds), each a new config, so no candidate sees another's.
+"""`trsim tune`'s candidates: each layout on G GPUs, each pair of GPU kinds (`SMALL+LARGE`) and each MPS SM split
+asked for, tuned at every N, priced when GPU prices are given, and the config written for the best one
+(docs/simulator.md#choosing-b). Each candidate is a new config transformed from the resolved deployment.
 """
 
 from __future__ import annotations
@@ -33,9 +29,8 @@ Split = tuple[int, int]  # MPS SM shares SMALL/LARGE in percent
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class CandidateSpec:
-    """One deployment to tune: a layout (None: the base deployment's placement) with the placement mode and tp per
-    model it sets, and an SM split (None: the base's shares); or the GPU kinds of the small and the large model's
-    GPUs."""
+    """One deployment to tune: a layout (None: the base's placement) with the placement mode and tp it sets, and an
+    SM split (None: the base's shares); or the GPU kinds of the small and the large model's GPUs."""
 
     layout: Layout | None
     split: Split | None
@@ -73,29 +68,16 @@ def candidate_specs(layouts: list[Layout | tuple[str, str] | None], splits: list
     return out
 
 
-def tune_candidates(
-    base: DeploymentConfig,
-    specs: list[CandidateSpec],
-    ns: list[int],
-    *,
-    workload: str,
-    num_requests: int,
-    top: int,
-    seed: int,
-    max_output: int | None,
-    usd: list[float | None] | None = None,
-    progress: Callable[[str, int, int], None] = lambda label, n, done: None,
-    pool: Executor | None = None,
-    target: Objective = THROUGHPUT,
-    budget_s: float = DEFAULT_BUDGET_S,
-    stop_at_miss: bool = False,
-) -> list[Candidate]:
-    """Each candidate tuned at every N in `ns` by the decider (`num_requests` per trial; 0: `trial_requests(N)`),
-    to `target` within `budget_s` per N; `usd`:
-    what each one's GPUs cost an hour (`candidate_prices`). `progress(label, n, done)` is called before (done 0)
-    and after (done 1) each point; `pool` runs the simulator checks (`sim.sim_pool`). `stop_at_miss`: a candidate's
-    sweep (`ns` ascending) ends at the first N where no B meets `target`'s SLO: a higher N only raises TPOT, so
-    tuning it would cost the most expensive points and could not raise the load the candidate sustains."""
+def tune_candidates(base: DeploymentConfig, specs: list[CandidateSpec], ns: list[int], *, workload: str,
+                    num_requests: int, top: int, seed: int, max_output: int | None,
+                    usd: list[float | None] | None = None,
+                    progress: Callable[[str, int, int], None] = lambda label, n, done: None,
+                    pool: Executor | None = None, target: Objective = THROUGHPUT, budget_s: float = DEFAULT_BUDGET_S,
+                    stop_at_miss: bool = False) -> list[Candidate]:  # fmt: skip
+    """Each candidate tuned at every N in `ns` by the decider (`num_requests` per trial; 0: `trial_requests(N)`) to
+    `target` within `budget_s` per N; `usd`: each one's GPUs' price an hour. `progress(label, n, done)` before (done
+    0) and after (1) each point. `stop_at_miss`: a candidate's sweep (`ns` ascending) ends at its first N where no B
+    meets the SLO (a higher N only raises TPOT)."""
     usd = usd or [None] * len(specs)
     out = []
     for spec, cost in zip(specs, usd, strict=True):
@@ -116,24 +98,14 @@ def tune_candidates(
     return out
 
 
-def tune_and_choose(
-    base: DeploymentConfig,
-    specs: list[CandidateSpec],
-    ns: list[int],
-    compare_n: int,
-    objective: TuneObjective,
-    *,
-    usd: list[float | None] | None = None,
-    progress: Callable[[str, int, int], None] = lambda label, n, done: None,
-    target: Objective = THROUGHPUT,
-    **tune: Any,
-) -> tuple[Candidate, list[Candidate]]:
+def tune_and_choose(base: DeploymentConfig, specs: list[CandidateSpec], ns: list[int], compare_n: int,
+                    objective: TuneObjective, *, usd: list[float | None] | None = None,
+                    progress: Callable[[str, int, int], None] = lambda label, n, done: None,
+                    target: Objective = THROUGHPUT, **tune: Any) -> tuple[Candidate, list[Candidate]]:  # fmt: skip
     """The best candidate by `objective`, tuned at every N in `ns` (ascending), and every candidate. Total tok/s
     compares them at `compare_n`; cost and tok/s per GPU at the highest N each sustains within `target`'s SLO
-    (`at_sustained_load`; without an SLO, the largest N). Only the chosen one is tuned beyond the N it was compared
-    at: a point depends on its own N alone, so the others' points at other N could not change the choice, and
-    skipping them makes a many-placement tune cost about one placement's sweep plus a point per other candidate
-    (`points_to_tune`). `tune`: `tune_candidates`' keywords."""
+    (without an SLO, the largest N). Only the chosen one is tuned beyond the N it was compared at (a point depends
+    on its own N alone). `tune`: `tune_candidates`' keywords."""
     usd = usd or [None] * len(specs)
     if len(specs) == 1:
         candidates = tune_candidates(base, specs, ns, usd=usd, progress=progress, target=target, **tune)
@@ -156,15 +128,13 @@ def tune_and_choose(
 
 
 def points_to_tune(num_specs: int, num_ns: int, sweep: bool = False) -> int:
-    """How many (candidate, N) points `tune_and_choose` tunes; with `sweep` (cost or per GPU under an SLO: every
-    candidate tuned upward until its first miss), at most this many."""
+    """How many (candidate, N) points `tune_and_choose` tunes (with `sweep`, an SLO sweep: at most this many)."""
     return num_ns if num_specs == 1 else num_specs * num_ns if sweep else num_specs + num_ns - 1
 
 
 def candidate_prices(base: DeploymentConfig, specs: list[CandidateSpec],
                      prices: dict[str, float] | None) -> list[float | None]:  # fmt: skip
-    """What each candidate's GPUs cost an hour at `prices` (USD per GPU-hour by kind; None: not priced).
-    ProfileError (one line) for a kind in use without a price."""
+    """What each candidate's GPUs cost an hour at `prices` (USD per GPU-hour by kind; None: not priced)."""
     if prices is None:
         return [None] * len(specs)
     return [usd_per_hour(gpu_kinds(spec.deployment(base)), prices) for spec in specs]
@@ -172,37 +142,21 @@ def candidate_prices(base: DeploymentConfig, specs: list[CandidateSpec],
 
 def tuned_config(best: Candidate, candidates: list[Candidate], n: int, goal: TuneObjective, *, workload: str,
                  num_gpus: int, placements: bool, splits: bool) -> DeploymentConfig:  # fmt: skip
-    """`best`'s deployment with its tuned B(N) table (flat B: the largest N's) and notes saying how it was
-    chosen (`n`: the concurrency candidates were compared at by total tok/s; cost and per GPU compare each at
-    its sustained N)."""
+    """`best`'s deployment with its tuned B(N) table (flat B: the largest N's) and notes saying how it was chosen."""
     dep = best.deployment
     policy = dep.policy.with_thresholds(best.points[-1].best, {p.concurrency: p.best for p in best.points})
-    notes = {
-        "tuned_by": "trsim tune",
-        "hop_rate": dep.router.hop_rate,
-        "workload": workload,
-        "profile": dep.profile,
-        "slo_tpot_ms_p99": best.slo_tpot_ms,
-        **_choice_notes(candidates, best, None if at_sustained_load(goal) else n, goal, num_gpus, placements, splits),
-        "points": [
-            {
-                "N": p.concurrency,
-                "markov_B": None if p.markov[0] is None else list(p.markov[0]),
-                "markov_tok_s": round(p.markov[1], 1),
-                "chosen_B": list(p.best),
-                "sim_tok_s": round(p.best_throughput, 1),
-                "tpot_ms_p99": round(p.tpot_ms[1], 2),
-                "meets_slo": p.meets_slo,
-            }
-            for p in best.points
-        ],
-    }
+    choice = _choice_notes(candidates, best, None if at_sustained_load(goal) else n, goal, num_gpus, placements, splits)
+    notes = {"tuned_by": "trsim tune", "hop_rate": dep.router.hop_rate, "workload": workload, "profile": dep.profile,
+             "slo_tpot_ms_p99": best.slo_tpot_ms, **choice,
+             "points": [{"N": p.concurrency, "markov_B": None if p.markov[0] is None else list(p.markov[0]),
+                         "markov_tok_s": round(p.markov[1], 1), "chosen_B": list(p.best),
+                         "sim_tok_s": round(p.best_throughput, 1), "tpot_ms_p99": round(p.tpot_ms[1], 2),
+                         "meets_slo": p.meets_slo} for p in best.points]}  # fmt: skip
     return dataclasses.replace(dep, policy=policy, notes=notes)
 
 
 def comparison_rule(n: int | None, slo_tpot_ms: float | None, ns: list[int]) -> str:
-    """In words, the N candidates were compared at (`n` None: each at its sustained N), as the table and the
-    config's notes say it."""
+    """In words, the N candidates were compared at (`n` None: each at its sustained N)."""
     if n is not None:
         return f"at N={n}"
     tuned = ",".join(map(str, ns))
@@ -213,8 +167,7 @@ def comparison_rule(n: int | None, slo_tpot_ms: float | None, ns: list[int]) -> 
 
 def _choice_notes(candidates: list[Candidate], best: Candidate, n: int | None, goal: TuneObjective, num_gpus: int,
                   placements: bool, splits: bool) -> dict:  # fmt: skip
-    """What the choice among candidates was, for the config's notes (nothing when there was one candidate); `n`
-    None: each candidate was compared at its sustained N."""
+    """What the choice among candidates was, for the config's notes; `n` None: each at its sustained N."""
     out: dict = {}
     ns = sorted({p.concurrency for c in candidates for p in c.points})
     if splits and n is not None:
@@ -227,15 +180,10 @@ def _choice_notes(candidates: list[Candidate], best: Candidate, n: int | None, g
             if c.split is not None
         }
     if placements:
-        out["placements"] = {
-            "num_gpus": num_gpus,
-            "objective": str(goal),
-            "slo_tpot_ms_p99": best.slo_tpot_ms,
-            "compared": comparison_rule(n, best.slo_tpot_ms, ns),
-            **({"compared_at_N": n} if n is not None else {}),
-            "chosen": best.label,
-            "candidates": [_candidate_note(c, n) for c in candidates],
-        }
+        out["placements"] = {"num_gpus": num_gpus, "objective": str(goal), "slo_tpot_ms_p99": best.slo_tpot_ms,
+                             "compared": comparison_rule(n, best.slo_tpot_ms, ns),
+                             **({"compared_at_N": n} if n is not None else {}), "chosen": best.label,
+                             "candidates": [_candidate_note(c, n) for c in candidates]}  # fmt: skip
     return out
 
 
@@ -245,32 +193,23 @@ def _rounded(f: Callable[[int], float | None], n: int | None, digits: int = 1) -
 
 
 def _candidate_note(c: Candidate, n: int | None) -> dict:
-    """One candidate at the N it was priced at (`priced_at_N`; null when it meets the SLO at no N, and then its
-    numbers are at its smallest N, `numbers_at_N`)."""
+    """One candidate at the N it was priced at (`priced_at_N`; null when it meets the SLO at no N: then its numbers
+    are at its smallest N)."""
     at = c.priced_n(n)
     shown = c.first_n if at is None else at
     p, usd = c.point(shown), _rounded(c.usd_per_mtok, shown, 4)
-    return {
-        "candidate": c.label,
-        "gpus": c.gpus,
-        "tp": [m.tp for m in c.deployment.models],
-        "gpu_ids": [list(m.gpus) for m in c.deployment.models],
-        "priced_at_N": at,
-        **({"sustained_N": c.sustained_n} if n is None else {}),
-        "numbers_at_N": shown,
-        "meets_slo": p.meets_slo,
-        "B": list(p.best),
-        "sim_tok_s": round(c.throughput(shown), 1),
-        "sim_tok_s_per_gpu": round(c.per_gpu(shown), 1),
-        "tpot_ms_p50_p99": [round(x, 2) for x in p.tpot_ms],
-        **({} if c.usd_per_hour is None else {"usd_per_hour": c.usd_per_hour, "usd_per_mtok": usd}),
-        "estimated": c.estimated,
-    }
+    models = c.deployment.models
+    return {"candidate": c.label, "gpus": c.gpus, "tp": [m.tp for m in models],
+            "gpu_ids": [list(m.gpus) for m in models], "priced_at_N": at,
+            **({"sustained_N": c.sustained_n} if n is None else {}), "numbers_at_N": shown,
+            "meets_slo": p.meets_slo, "B": list(p.best), "sim_tok_s": round(c.throughput(shown), 1),
+            "sim_tok_s_per_gpu": round(c.per_gpu(shown), 1), "tpot_ms_p50_p99": [round(x, 2) for x in p.tpot_ms],
+            **({} if c.usd_per_hour is None else {"usd_per_hour": c.usd_per_hour, "usd_per_mtok": usd}),
+            "estimated": c.estimated}  # fmt: skip
 
 
 def parse_kinds(choice: str) -> tuple[str, str]:
-    """`SMALL+LARGE` (`l4+h200`): the GPU kind of the small model's GPU and of the large one's. ValueError (one
-    line) for another shape or an unknown kind."""
+    """`SMALL+LARGE` (`l4+h200`): the GPU kinds of the small and the large model's GPUs."""
     parts = choice.split("+")
     if len(parts) != 2:
         raise ValueError(f"placement {choice!r}: give SMALL_KIND+LARGE_KIND, e.g. l4+h200")
@@ -278,10 +217,9 @@ def parse_kinds(choice: str) -> tuple[str, str]:
 
 
 def on_kinds(cfg: DeploymentConfig, kinds: tuple[str, str]) -> DeploymentConfig:
-    """`cfg` (a small/large pair at tp = 1) with the small model on a GPU of kind `kinds[0]` and the large on one of
-    `kinds[1]`, two hosts linked by the cross-host link (`placement.link_*`, else the profile's). A model off the
-    deployment profile's kind is priced from that kind's profile (estimated unless bundled) and gets what its
-    weights leave of that GPU's memory as its KV budget. ValueError (one line) when a model does not fit its GPU."""
+    """`cfg` (a small/large pair at tp = 1) with each model on a GPU of its kind in `kinds`, on two hosts over the
+    cross-host link. A model off the profile's kind is priced from that kind's profile, with what its weights leave
+    of that GPU's memory as its KV budget (docs/simulator.md#across-gpu-kinds-and-prices)."""
     if len(cfg.models) != 2:
         raise ValueError(f"placements across GPU kinds are for a small/large pair, not {len(cfg.models)} models")
     try:
@@ -303,8 +241,7 @@ def on_kinds(cfg: DeploymentConfig, kinds: tuple[str, str]) -> DeploymentConfig:
 
 
 def gpu_kinds(cfg: DeploymentConfig) -> list[str]:
-    """The GPU kind of each GPU `cfg` occupies (cross-host: per host), for its price. ProfileError (one line) for a
-    profile of a GPU the spec table does not know."""
+    """The GPU kind of each GPU `cfg` occupies (cross-host: per host), for its price."""
     kinds: dict[tuple[int, int], str] = {}
     cross = cfg.placement.mode == Placement.CROSS_HOST
     for i, m in enumerate(cfg.models):

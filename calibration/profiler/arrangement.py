@@ -1,6 +1,5 @@
-"""Co-location in one process: the pair's two engines, each stepped back to back by its own thread, arranged by CUDA
-stream priority or green-context SM partitions instead of MPS; the same grid and windows as `corun` (shares 100).
-Threads work: a captured decode step is one graph replay, so each loop holds the interpreter lock briefly.
+"""Co-location in one process: the pair's two engines, each stepped by its own thread (a graph replay holds the
+interpreter lock briefly), arranged by CUDA stream priority or green-context SM partitions instead of MPS.
 """
 
 from __future__ import annotations
@@ -15,9 +14,8 @@ ARRANGEMENTS = ("stream-priority", "green-context")
 
 
 def arrangement_kwargs(name: str, sm_count: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Engine options of (small, large) for an arrangement: the small model's stream at the highest priority, or
-    the SMs split between two green contexts (a third for the small model: its step is launch-bound, the large
-    model's bandwidth-bound step reaches near full bandwidth on well under half of the SMs: docs/calibration.md)."""
+    """Engine options of (small, large): the small model's stream at the highest priority, or the SMs split between
+    two green contexts (a third for the launch-bound small model: docs/calibration.md)."""
     if name == "stream-priority":
         return {"stream_priority": -3}, {"stream_priority": 0}
     if name == "green-context":

@@ -1,7 +1,5 @@
-"""Raw calibration results (what the workers measured, as the partial file keeps them) -> a measured `Profile`.
-
-Pure (numpy/scipy, no torch): `tr calibrate` calls it at the end of a run and `tr calibrate --refit` on a kept
-partial file, so a fit can be redone on a laptop without the GPU.
+"""Raw calibration results (the partial file) -> a measured `Profile`. No torch: `tr calibrate --refit` redoes a
+fit on a laptop.
 """
 
 from __future__ import annotations
@@ -84,10 +82,9 @@ def _line(xs: list[float], ys: list[float]) -> tuple[float, float]:
 
 def host_costs(raw: dict[str, Any], served: list[dict[str, Any]] | None = None,
                gate_ms: float = 0.0) -> HostCosts | None:  # fmt: skip
-    """The loop's host time per step without overlap and what it adds with overlap, as a fraction of the GPU time.
-    Without overlap: from the real server's `serving_gap` records (`served`; GPU idle time less the coordinator's
-    round trips `gate_ms`, charged on their own; without GPU times, the gap plus the bare loop's time inside the
-    step) when measured, else from the bare loop (period minus GPU time; on CPU the host parts timed)."""
+    """The loop's host time per step without overlap (from the real server's `serving_gap` records when measured,
+    less the coordinator's round trips `gate_ms`; else from the bare loop) and what it adds with overlap, as a
+    fraction of the GPU time."""
     recs = list(raw.get("host", {}).values())
     sync = [r for r in recs if not r["overlap"]]
     if not sync and not served:
@@ -192,9 +189,8 @@ def runtime_info(rt: dict[str, Any]) -> RuntimeInfo | None:
 
 
 def serving_gaps(res: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
-    """Model name -> its serving-loop gap records from every finished `serving/` task (`profiler.serving_gap`).
-    Hand-offs' idle times stay out of the profile: under step-sync they pay two wake-ups (the message, then the
-    grant) that eager serving does not, so a host line taken from them overcharged the eager cells."""
+    """Model name -> its serving-loop gap records from every finished `serving/` task (hand-offs' idle times stay
+    out: under step-sync they pay two wake-ups that eager serving does not)."""
     out: dict[str, list[dict[str, Any]]] = {}
     for task, raw in sorted(res.items()):
         if task.startswith("serving/") and raw.get("complete"):

@@ -1,11 +1,7 @@
-"""Co-location: two models' passes on one GPU, each alone and while the other steps back to back.
-
-A grid value is the tokens of a pass: up to `MAX_DECODE` a decode batch of that many rows, above it a pass of peer
-returns in a varlen graph of exactly its size (eager passes of a large model time bimodally beside a peer): a
-compute-bound pass leaves the peer fewer SMs than a decode step does (docs/calibration.md, `tr calibrate`).
-
-Each model runs in a process of its own (`corun_worker`, under CUDA MPS with its SM share); both get the same
-window on the host's monotonic clock and report the median GPU time of the steps inside it (`WindowSpec`).
+"""Co-location: two models' passes on one GPU, each alone and while the other steps back to back, each model in a
+process of its own (`corun_worker`, under MPS with its SM share) over the same window (`WindowSpec`). A grid value
+is the tokens of a pass: up to `MAX_DECODE` a decode batch, above it peer returns in a varlen graph of exactly its
+size (docs/calibration.md, `tr calibrate`).
 """
 
 from __future__ import annotations
@@ -41,9 +37,8 @@ class WindowSpec:
 
 def engine_kwargs_for_corun(model: str, batches: list[int], context: int, device: str, page_size: int = 16,
                             seed: int = 0) -> dict[str, Any]:  # fmt: skip
-    """A small engine: decode graphs at exactly the grid's decode batch sizes, varlen graphs at exactly its return
-    passes, KV for every cell's rows at once (two processes share the GPU, so neither may size itself from the
-    whole memory)."""
+    """A small engine: graphs at exactly the grid's passes, KV for every cell's rows at once (two processes share
+    the GPU, so neither may size itself from the whole memory)."""
     rows = [len(pass_rows(b)) for b in set(batches)]
     returns = tuple(sorted({b for b in batches if b > MAX_DECODE}))
     pages = sum(rows) * (-(-context // page_size) + 1) + 8  # one request set per grid value, all kept

@@ -1,8 +1,6 @@
-"""The cross-host link as the runtime uses it: ZeroMQ over tcp between this host and another one.
-
-`tokenrouter link-probe` runs `serve_probe` on the other host (echoes small messages, acknowledges bulk ones);
-`tokenrouter calibrate --link` runs `measure_link` here (what it measures: docs/cluster.md, Measuring the link) and
-`apply_link` writes the result into a profile's `link` and `notes["link"]`.
+"""The cross-host link as the runtime uses it (ZeroMQ over tcp): `tokenrouter link-probe` runs `serve_probe` on the
+other host, `tokenrouter calibrate --link` runs `measure_link` here and `apply_link` writes the result into a
+profile (docs/cluster.md, Measuring the link).
 """
 
 from __future__ import annotations

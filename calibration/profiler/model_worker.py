@@ -1,7 +1,6 @@
 """One model alone on the device, in a process of its own: its passes, its learned routers' device parts and the
-serving loop's own host time per step, sent as measured (a run cut by its deadline keeps every point it finished).
-Messages: ("info", dict) once the engine is up; ("point", id, record); ("router", name, record); ("host", key,
-record); ("deadline", id); ("done", None); ("error", text).
+loop's host time per step, each sent as measured. Messages: ("info", dict) once the engine is up; ("point", id,
+record); ("router", name, record); ("host", key, record); ("deadline", id); ("done", None); ("error", text).
 """
 
 from __future__ import annotations
@@ -25,10 +24,8 @@ QUICK_HOST_STEPS = 20
 
 @dataclass(slots=True)
 class ModelJob:
-    """What one worker measures. `grid_args`: `Grid.default`'s options (the buckets come from the engine the
-    worker builds); `done`: ids measured by an earlier run (skipped); `small`: the entry model (the one the
-    learned routers' classifiers read); `probe_gpu`: also report the device (name, versions, copy bandwidth,
-    matmul rate)."""
+    """What one worker measures. `grid_args`: `Grid.default`'s options; `done`: ids measured by an earlier run;
+    `small`: the entry model (the learned routers read it); `probe_gpu`: also report the device (`probe_device`)."""
 
     model: str
     engine_kwargs: dict[str, Any]

@@ -1,8 +1,6 @@
-"""Time the engine's passes alone on its device: decode graphs, varlen graphs and eager passes over a grid.
-
-A point is a batch with real KV pages, stepped until `Timing` is met; a step's time is the GPU time between the
-engine's CUDA events (CPU: host time), a point keeps the median and the p10-p90 spread, and the path the engine took
-is recorded so a point is filed under the pass that actually ran.
+"""Time the engine's passes alone on its device: decode graphs, varlen graphs and eager passes over a grid. A point
+(a batch with real KV pages, stepped until `Timing` is met) keeps the median GPU time, the p10-p90 spread and the
+path the engine took, so it is filed under the pass that actually ran.
 """
 
 from __future__ import annotations
@@ -35,9 +33,8 @@ class Grid:
     @classmethod
     def default(cls, decode_buckets: Iterable[int], varlen_buckets: Iterable[int], *, quick: bool = False,
                 max_decode: int = 64, max_tokens: int = 2048) -> Grid:  # fmt: skip
-        """The H200 grid: every captured decode bucket up to `max_decode` at two contexts, every varlen bucket up
-        to `max_tokens` in two mixes, eager passes from 1 to `max_tokens` tokens, held-out points between.
-        `quick`: a handful of points (CPU tests)."""
+        """The H200 grid: decode buckets at two contexts, varlen buckets in two mixes, eager passes from 1 to
+        `max_tokens` tokens, held-out points between; `quick`: a handful of points (CPU tests)."""
         dec = [b for b in decode_buckets if b <= max_decode]
         var = [t for t in varlen_buckets if t <= max_tokens]
         if quick:

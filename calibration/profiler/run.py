@@ -1,8 +1,6 @@
 """`tr calibrate`: profile the engine on the GPU it runs on and write a measured profile (docs/calibration.md).
-
-The calibrator itself never starts CUDA (it would become an MPS client, or hold memory the models need): every
-measurement runs in a spawned worker (`model_worker`, `corun`). What they report is kept in `OUT.partial.json`
-so the same command resumes a cut run; when every task is done `assemble` fits it into the profile.
+The calibrator never starts CUDA: every measurement runs in a spawned worker; what they report is kept in
+`OUT.partial.json` (the same command resumes a cut run) until `assemble` fits it into the profile.
 """
 
 from __future__ import annotations
@@ -36,7 +34,7 @@ ROUTERS = tuple(r.value for r in (RouterName.R2R, RouterName.CITER, RouterName.C
 
 def colocated_pairs(models: list[str], given: list[list[str]]) -> list[tuple[str, str]]:
     """The (small, large) pairs to measure side by side: `given` (names resolved), else the first of `models` with
-    each other one. ValueError when a pair is not two names or names a model `models` lacks."""
+    each other one."""
     if any(len(p) != 2 for p in given):
         raise ValueError("--pair takes SMALL,LARGE")
     pairs = [(load_spec(a).name, load_spec(b).name) for a, b in given] or [(models[0], n) for n in models[1:]]
@@ -49,9 +47,8 @@ def colocated_pairs(models: list[str], given: list[list[str]]) -> list[tuple[str
 @dataclass(slots=True)
 class Plan:
     """What one calibration measures. `pairs`: (small, large) co-located under MPS at every split of `splits`
-    (percent of each; the first must be 100/100, the reference); `corun_*`: each model's passes in the co-run grid
-    (tokens: decode batches, and peer-return passes above 64; `corun.pass_rows`), cells held out for the fit error,
-    and the context per row."""
+    (the first 100/100, the reference); `corun_*`: the co-run grid's passes (`corun.pass_rows`), held-out cells
+    and context per row."""
 
     models: list[str]
     pairs: list[tuple[str, str]] = field(default_factory=list)
@@ -82,9 +79,8 @@ class Plan:
             raise ValueError(f"unknown arrangement {bad[0]!r}; choose from {', '.join(ARRANGEMENTS)}")
 
     def tasks(self) -> list[str]:
-        """Task ids in measuring order: the pairs' models first, their co-runs by split, the other models, each
-        pair's serving loop (a real server, after the MPS daemon of the co-runs is gone: the server starts its
-        own), then the runtime's own costs (CPU work, cheapest to lose to a deadline)."""
+        """Task ids in measuring order: the pairs' models, their co-runs, the other models, each pair's serving loop
+        (after the co-runs' MPS daemon is gone), then the runtime's own costs (cheapest to lose to a deadline)."""
         first = [m for p in self.pairs for m in p]
         order = list(dict.fromkeys([*first, *self.models]))
         out = [f"model/{m}" for m in order if m in first]
@@ -229,8 +225,9 @@ class Calibration:
         raw: dict[str, Any] = {"batches_a": p.corun_batches_a, "batches_b": p.corun_batches_b,
                                "context": p.corun_context, "alone_a": {}, "alone_b": {}, "corun": {},
                                "held": {}}  # fmt: skip
-        cells = len(p.corun_batches_a) + len(p.corun_batches_b) + len(p.corun_batches_a) * len(p.corun_batches_b)
-        cells += len(p.corun_held)
+        grid = [(x, y) for x in p.corun_batches_a for y in p.corun_batches_b]
+        cells = [*(("alone_a", x, None) for x in p.corun_batches_a), *(("alone_b", None, y) for y in p.corun_batches_b),
+                 *(("corun", x, y) for x, y in grid), *(("held", x, y) for x, y in p.corun_held)]  # fmt: skip
         if kind == "arrangement":
             runner: Any = _OneProcessPair(a, b, split, p)
         else:
@@ -239,23 +236,17 @@ class Calibration:
         with runner as pair_run:
             raw["startup_s"] = pair_run.startup
             raw["detail"] = getattr(pair_run, "detail", {})
-            n = 0
-            for x in p.corun_batches_a:
-                raw["alone_a"][str(x)] = pair_run.cell(x, None)["a"]
-                n += 1
-                self.on_event(task, "cell", n, cells)
-            for y in p.corun_batches_b:
-                raw["alone_b"][str(y)] = pair_run.cell(None, y)["b"]
-                n += 1
-                self.on_event(task, "cell", n, cells)
-            for key, pairs in (("corun", [(x, y) for x in p.corun_batches_a for y in p.corun_batches_b]),
-                               ("held", p.corun_held)):  # fmt: skip
-                for x, y in pairs:
-                    if time.monotonic() > self.deadline:
-                        return
-                    raw[key][f"{x},{y}"] = pair_run.cell(x, y)
-                    n += 1
-                    self.on_event(task, "cell", n, cells)
+            for n, (key, x, y) in enumerate(cells, 1):
+                if x is not None and y is not None and time.monotonic() > self.deadline:
+                    return
+                got = pair_run.cell(x, y)
+                if key == "alone_a":
+                    raw[key][str(x)] = got["a"]
+                elif key == "alone_b":
+                    raw[key][str(y)] = got["b"]
+                else:
+                    raw[key][f"{x},{y}"] = got
+                self.on_event(task, "cell", n, len(cells))
         raw["complete"] = True
         self.partial["results"][task] = raw
 
@@ -294,16 +285,25 @@ class Calibration:
                 daemon.stop()
 
 
-class _CoRunPair:
+class _Pair:
+    """A pair's measuring workers; a subclass's `run` steps them over one window."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.quick = plan.quick
+        self.est = {"a": 0.0, "b": 0.0}
+        self.startup: dict[str, float] = {}
+
+    def cell(self, x: int | None, y: int | None) -> dict[str, float]:
+        return measure_cell(self, x, y, CELL_STEPS_QUICK if self.quick else CELL_STEPS)
+
+
+class _CoRunPair(_Pair):
     """Two co-run workers (one per model of a pair) and the cells they run together or alone."""
 
     def __init__(self, a: str, b: str, share_a: int, share_b: int, plan: Plan, mps_env: dict[str, str]) -> None:
-        self.plan = plan
-        self.quick = plan.quick
+        super().__init__(plan)
         self.procs: list[Any] = []
         self.conns: list[Any] = []
-        self.est = {"a": 0.0, "b": 0.0}
-        self.startup: dict[str, float] = {}
         ctx = mp.get_context("spawn")
         for model, share, batches in ((a, share_a, plan.corun_batches_a), (b, share_b, plan.corun_batches_b)):
             env = dict(mps_env)
@@ -333,9 +333,7 @@ class _CoRunPair:
             with suppress(OSError):  # a worker that died already
                 conn.send(("stop",))
         for proc in self.procs:
-            proc.join(30)
-            if proc.is_alive():
-                proc.kill()
+            _join(proc, 30)
 
     def run(self, x: int | None, y: int | None, length: float) -> dict[str, dict[str, float]]:
         """Both workers step over one window (or one alone)."""
@@ -351,19 +349,14 @@ class _CoRunPair:
             got[k] = msg[1]
         return got
 
-    def cell(self, x: int | None, y: int | None) -> dict[str, float]:
-        return measure_cell(self, x, y, CELL_STEPS_QUICK if self.quick else CELL_STEPS)
 
-
-class _OneProcessPair:
+class _OneProcessPair(_Pair):
     """Both models in one worker process (`arrangement`): stream priorities or green-context SM partitions."""
 
     def __init__(self, a: str, b: str, name: str, plan: Plan) -> None:
         from tokenrouter.calibration.profiler.arrangement import arrangement_worker
 
-        self.quick = plan.quick
-        self.est = {"a": 0.0, "b": 0.0}
-        self.startup: dict[str, float] = {}
+        super().__init__(plan)
         self.detail: dict[str, int] = {}
         ctx = mp.get_context("spawn")
         self.conn, theirs = ctx.Pipe()
@@ -384,9 +377,7 @@ class _OneProcessPair:
     def __exit__(self, *exc: object) -> None:
         with suppress(OSError):
             self.conn.send(("stop",))
-        self.proc.join(30)
-        if self.proc.is_alive():
-            self.proc.kill()
+        _join(self.proc, 30)
 
     def run(self, x: int | None, y: int | None, length: float) -> dict[str, dict[str, float]]:
         self.conn.send(("run", x, y, length))
@@ -395,14 +386,10 @@ class _OneProcessPair:
             raise RuntimeError(f"arrangement worker: {msg[1]}")
         return msg[1]
 
-    def cell(self, x: int | None, y: int | None) -> dict[str, float]:
-        return measure_cell(self, x, y, CELL_STEPS_QUICK if self.quick else CELL_STEPS)
-
 
 def measure_cell(pair: Any, x: int | None, y: int | None, steps: int = 20) -> dict[str, float]:
-    """One cell of a co-run grid: both models step back to back over one window (or one alone); medians in ms.
-    The window holds about `steps` steps of the slower side; a cell with fewer than 40% of them is run again with a
-    window three times longer (twice at most)."""
+    """One cell of a co-run grid: both models step back to back over one window (or one alone); medians in ms. A
+    window too short for 40% of `steps` steps of the slower side is tried again three times longer (twice at most)."""
     keys = [k for k, b in (("a", x), ("b", y)) if b is not None]
     est = max([pair.est[k] for k in keys] + [1.0])
     length = 0.2 + steps * est * (2.0 if len(keys) == 2 else 1.0) / 1000
@@ -445,14 +432,18 @@ def _worker(target: Callable[..., None], args: tuple, env: dict[str, str]) -> It
     finally:
         if last not in ("done", "error", "deadline"):  # cut short (Ctrl-C, an error): the worker, deaf to SIGINT,
             proc.kill()  # would measure on
-        proc.join(60)
-        if proc.is_alive():
-            proc.kill()
+        _join(proc, 60)
+
+
+def _join(proc: Any, timeout_s: float) -> None:
+    """Wait for a worker to end; kill it when it has not within `timeout_s`."""
+    proc.join(timeout_s)
+    if proc.is_alive():
+        proc.kill()
 
 
 def _plan_key(plan: dict[str, Any]) -> str:
-    """What must match to resume: everything but the arrangements, which only add tasks (so a finished run can be
-    extended with them)."""
+    """What must match to resume: everything but the arrangements, which only add tasks."""
     return json.dumps({k: v for k, v in plan.items() if k != "arrangements"}, sort_keys=True)
 
 

@@ -1,6 +1,5 @@
-"""The runtime's own costs on this machine: one peer message (ZeroMQ PUSH/PULL over ipc:// and tcp loopback, one
-way: half the round trip to an echo process), one round trip to the sync coordinator, and how many a step pays under
-each sync policy (counted on the tiny CPU pair, not timed: a property of the protocol, not of the device).
+"""The runtime's own costs on this machine: one peer message (ZeroMQ over ipc:// and tcp loopback, half a round
+trip), one round trip to the sync coordinator, and how many a step pays under each sync policy (counted, not timed).
 """
 
 from __future__ import annotations
@@ -116,9 +115,8 @@ def gate_rtt_ms(n: int = 2000) -> float:
 
 
 def gate_rtts_per_step(policies: tuple[str, ...] = ("step-sync", "model-sync"), requests: int = 8) -> dict[str, float]:
-    """Messages a subserver sends the sync coordinator per launched step (each answered by at most one grant, so
-    round trips per step), under each sync policy, counted on the tiny CPU pair: the coordinator's `calls` over
-    the grants that launched a step (grants handed back unused are not steps)."""
+    """Round trips to the sync coordinator per launched step under each sync policy, counted on the tiny CPU pair:
+    the coordinator's `calls` over the grants that launched a step."""
     from tokenrouter.core.config import DeploymentConfig, ModelConfig, PolicyConfig, RouterConfig, SchedulerConfig
     from tokenrouter.runtime import protocol as P
     from tokenrouter.runtime.client import RuntimeClient
@@ -152,9 +150,8 @@ def gate_rtts_per_step(policies: tuple[str, ...] = ("step-sync", "model-sync"), 
 
 
 def settle(coordinator: Any, timeout_s: float = 5.0) -> None:
-    """Wait until every grant in a live coordinator's `log` is closed (its step's report, or a pass, arrived): the
-    last reports may still be on their way when the clients have their answers. The log is read again each time
-    (a `CoordinatorProcess` answers with a copy)."""
+    """Wait until every grant in a live coordinator's `log` is closed: the last reports may still be on their way
+    when the clients have their answers (the log is read again each time: a `CoordinatorProcess` sends a copy)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         log = list(coordinator.log)

@@ -1,7 +1,6 @@
 """The serving loop's own time per step when nothing overlaps it, measured on the real pair in a real server
-(step-sync, N = 1 then 8, the runtime's own client, step logs): the bare loop (`model_worker.host_cost`) misses the
-completion's post-processing and the round trip (docs/calibration.md, `tr calibrate`). A gap counts only where a
-model's step follows its own completion with nothing in flight (the rest the simulator prices on its own).
+(step-sync, N = 1 then 8, step logs), which the bare loop (`model_worker.host_cost`) misses (docs/calibration.md).
+A gap counts only where a model's step follows its own completion with nothing in flight.
 """
 
 from __future__ import annotations
@@ -80,10 +79,9 @@ def read_steps(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def own_gaps(steps: list[dict[str, Any]]) -> dict[int, dict[int, list[tuple[float, float | None]]]]:
-    """model -> rows -> (gap, idle) in ms for steps that follow their own model's completion with no step of any
-    model in flight (`steps` in submission order). `gap`: from that completion to this step's hand-over to the
-    engine; `idle`: the GPU's idle time between the two steps, completion to completion less this step's GPU time
-    (None without GPU times: on CPU the step's work is inside the hand-over)."""
+    """model -> rows -> (gap, idle) in ms for steps that follow their own model's completion with nothing in flight.
+    `gap`: that completion to this step's hand-over to the engine; `idle`: completion to completion less this
+    step's GPU time (None without GPU times)."""
     out: dict[int, dict[int, list[tuple[float, float | None]]]] = {}
     last: dict[str, Any] | None = None  # the latest completion so far, of any model
     for s in steps:
@@ -99,8 +97,7 @@ def own_gaps(steps: list[dict[str, Any]]) -> dict[int, dict[int, list[tuple[floa
 
 def handoff_idle(steps: list[dict[str, Any]]) -> dict[int, list[float]]:
     """model -> the GPU's idle time (ms) before each one-row step that follows another model's one-row step with
-    nothing in flight: at N = 1 a hand-off (the peer message, its receipt, the round trip, the step's host work).
-    Steps without GPU times give nothing."""
+    nothing in flight (at N = 1 a hand-off); steps without GPU times give nothing."""
     out: dict[int, list[float]] = {}
     last: dict[str, Any] | None = None
     for s in steps:
@@ -134,8 +131,7 @@ def summarize(gaps: dict[int, dict[int, list[tuple[float, float | None]]]], name
 def measure(a: str, b: str, device: str, on_phase: Callable[[], None] = lambda: None, quick: bool = False,
             keep: Path | None = None) -> dict[str, Any]:  # fmt: skip
     """For the pair (small `a`, large `b`): {"gaps": {model: [{"rows", "gap_ms", "idle_ms", "steps"}]},
-    "handoffs": {model: {"idle_ms", "steps"}}, "policy", "phases"}; `quick`: fewer and shorter requests (the CPU
-    check of the tool); `keep`: a folder to keep the step logs in (gzipped), for a later look."""
+    "handoffs": {model: {"idle_ms", "steps"}}, "policy", "phases"}; `keep`: a folder for the step logs (gzipped)."""
     phases = QUICK_PHASES if quick else PHASES
     min_steps = QUICK_MIN_STEPS if quick else MIN_STEPS
     with tempfile.TemporaryDirectory(prefix="trcal-serve-") as d:
