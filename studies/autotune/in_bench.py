@@ -40,65 +40,104 @@ def phase_result(windows: list[dict]) -> dict:
             "gap": gap(mean_at, st.get(best) if best else None)}  # fmt: skip
 
 
-def in_bench(st: Study, hops: list[float], cands: dict[float, list[tuple[int, ...]]]) -> None:
-    from run_autotune import N, _config_b, _f, b_str, lost_count, mode_b, window_rate
+def measure_phase(st: Study, url: str, poller, i0: int, proc, t_phase: float, n: int,
+                  candidates: list[tuple[int, ...]]) -> tuple[tuple[int, ...], list[dict]]:  # fmt: skip
+    """From `t_phase` + `--settle-s`: the windows of `window_plan(candidates)`, each `--warmup-s` + `--static-s`
+    measured on the server's token counter. Returns the B autotune settled on and the windows."""
+    from run_autotune import _config_b, _f, b_str, mode_b, window_rate
+
+    a = st.a
+    time.sleep(max(0.0, t_phase + a.settle_s - st.now()))
+    settled = mode_b(poller.samples, t_phase + a.settle_s / 2, st.now()) or _config_b(a.config, n)
+    current, windows, resume = "autotune", [], settled
+    for kind, b in window_plan(candidates):
+        if proc.poll() is not None or st.left() < a.warmup_s + a.static_s:
+            break
+        if kind == "static":
+            if current == "autotune":  # autotune resumes where it was paused
+                resume = poller.samples[-1].b if poller.samples and poller.samples[-1].b else settled
+            st.admin(url, {"autotune": False, "policy": "delayed", "thresholds": list(b)})
+        elif current == "static":
+            st.admin(url, {"autotune": True, "policy": "delayed", "thresholds": list(resume)})
+        current = kind
+        w0 = st.now() + a.warmup_s
+        w1 = w0 + a.static_s
+        time.sleep(max(0.0, w1 + 1.2 - st.now()))  # one poll past the window's end
+        ss = list(poller.samples[i0:])
+        b_in = mode_b(ss, w0, w1)
+        windows.append({"kind": kind, "B": b_str(b) if b else (None if b_in is None else b_str(b_in)),
+                        "window": [round(w0, 2), round(w1, 2)],
+                        "tok_s": window_rate([x.t for x in ss], [x.tokens for x in ss], w0, w1)})  # fmt: skip
+        print(f"in-bench N={n} {kind} B {windows[-1]['B']}: {_f(windows[-1]['tok_s'])} tok/s", flush=True)
+    if current == "static":  # the next phase starts with autotune running
+        st.admin(url, {"autotune": True, "policy": "delayed", "thresholds": list(resume)})
+    return settled, windows
+
+
+def in_bench(st: Study, regimes: list[tuple[float, int]], cands: dict[tuple[float, int], list[tuple[int, ...]]],
+             key: str = "in_bench") -> None:  # fmt: skip
+    """`regimes`: (hop rate, clients) per phase. With one N, the study moves the hop rate itself at each phase;
+    when N moves, a phases spec moves it on the bench's clock and the study times the phases from the first one's
+    start, seen on the server as a hop-rate change (the server is moved to another rate before the bench)."""
+    from run_autotune import N, _f, b_str, fill_starts, hop_changes, lost_count, phase_starts
 
     a = st.a
     window = a.warmup_s + a.static_s
-    total = sum(a.settle_s + len(window_plan(cands.get(h, []))) * window for h in hops) + 10
+    # A window takes its length, a poll past its end and an admin call: 1.5 s over, planned in.
+    lengths = [a.settle_s + len(window_plan(cands.get(r, []))) * (window + 1.5) + 3 for r in regimes]
+    starts = [sum(lengths[:k]) for k in range(len(regimes))]
+    total = sum(lengths) + 10
     if st.left() < (0.0 if st.shared else st.startup_guess()) + total:
-        st.skip("in-bench autotune run")
+        st.skip(f"{key} run")
         return
     got = st.server()
     if got is None:
         return
     _, url, poller = got
-    st.admin(url, {"autotune": True, **st.config_policy, "hop_rate": hops[0]})
-    i0 = len(poller.samples)
+    hops, clients = [h for h, _ in regimes], [n for _, n in regimes]
+    ramp = len(set(clients)) > 1
+    i0 = len(poller.samples)  # before the marker: the bench's first phase shows as a change from it
+    st.admin(url, {"autotune": True, **st.config_policy, "hop_rate": hops[0] if not ramp else a.hop_high})
+    time.sleep(2.5)  # a poll or two at the marker rate
     t_launch = st.now()
-    proc, _, jf = st.bench(url, "low-effort", st.requests_for(total, 3.0), "inbench")
-    base = poller.samples[-1].tokens if poller.samples else 0.0
-    while not any(x.t > t_launch and x.tokens > base for x in poller.samples[i0:]):
-        if proc.poll() is not None or st.now() - t_launch > 120:
-            break
-        time.sleep(0.2)
-    phases: list[dict] = []
-    for k, h in enumerate(hops):
-        if proc.poll() is not None or st.left() < a.settle_s + window:
-            st.skip(f"in-bench phase {k} (hop {h:g})")
-            break
-        t_shift = st.now()
-        if k:
-            st.admin(url, {"hop_rate": h})  # autotune is running: it sees the shift as a live server would
-        time.sleep(max(0.0, t_shift + a.settle_s - st.now()))
-        settled = mode_b(poller.samples, t_shift + a.settle_s / 2, st.now()) or _config_b(a.config, N)
-        current, windows, resume = "autotune", [], settled
-        for kind, b in window_plan(cands.get(h, [])):
-            if proc.poll() is not None or st.left() < window:
+    num = st.requests_for(total * max(clients) / N, 3.0)
+    if ramp:
+        spec = {"workload": "low-effort", "phases": [{"at_s": t, "hop_rate": h, "concurrency": n}
+                                                     for t, (h, n) in zip(starts, regimes, strict=True)]}  # fmt: skip
+        spec_path = st.out / f"spec_{key}.json"
+        spec_path.write_text(json.dumps(spec, indent=1) + "\n")
+        proc, _, jf = st.bench(url, str(spec_path), num, key, duration_s=total, n=clients[0])
+        t0 = None
+        while t0 is None and proc.poll() is None and st.now() - t_launch < 120:
+            t0 = fill_starts(phase_starts(hop_changes(poller.samples[i0:]), hops[:1]), hops[:1], 0.0)[0]
+            time.sleep(0.2)
+        t0 = t0 if t0 is not None else t_launch
+    else:
+        proc, _, jf = st.bench(url, "low-effort", num, key, n=clients[0])
+        base = poller.samples[-1].tokens if poller.samples else 0.0
+        while not any(x.t > t_launch and x.tokens > base for x in poller.samples[i0:]):
+            if proc.poll() is not None or st.now() - t_launch > 120:
                 break
-            if kind == "static":
-                if current == "autotune":  # autotune resumes where it was paused
-                    resume = poller.samples[-1].b if poller.samples and poller.samples[-1].b else settled
-                st.admin(url, {"autotune": False, "policy": "delayed", "thresholds": list(b)})
-            elif current == "static":
-                st.admin(url, {"autotune": True, "policy": "delayed", "thresholds": list(resume)})
-            current = kind
-            w0 = st.now() + a.warmup_s
-            w1 = w0 + a.static_s
-            time.sleep(max(0.0, w1 + 1.2 - st.now()))  # one poll past the window's end
-            ss = list(poller.samples[i0:])
-            b_in = mode_b(ss, w0, w1)
-            windows.append({"kind": kind, "B": b_str(b) if b else (None if b_in is None else b_str(b_in)),
-                            "window": [round(w0, 2), round(w1, 2)],
-                            "tok_s": window_rate([x.t for x in ss], [x.tokens for x in ss], w0, w1)})  # fmt: skip
-            print(f"in-bench hop {h:g} {kind} B {windows[-1]['B']}: {_f(windows[-1]['tok_s'])} tok/s", flush=True)
+            time.sleep(0.2)
+        t0 = st.now()
+    phases: list[dict] = []
+    for k, (h, n) in enumerate(regimes):
+        if proc.poll() is not None or st.left() < a.settle_s + window:
+            st.skip(f"{key} phase {k} (hop {h:g}, N {n})")
+            break
+        t_phase = t0 + starts[k]
+        if k and not ramp:
+            st.admin(url, {"hop_rate": h})  # autotune is running: it sees the shift as a live server would
+            t_phase = st.now()
+        settled, windows = measure_phase(st, url, poller, i0, proc, t_phase, n, cands.get((h, n), []))
         res = phase_result(windows)
-        what = "start (stable)" if k == 0 else f"hop {hops[k - 1]:g} -> {h:g}"
-        phases.append({"hop_rate": h, "shift": what, "start_s": round(t_shift, 2), "settled_B": b_str(settled),
-                       "windows": windows, **res})  # fmt: skip
-        print(f"in-bench phase {k} hop {h:g}: autotune {_f(res['autotune_tok_s'])} vs best static "
+        h0, n0 = regimes[k - 1] if k else (h, n)
+        what = "start (stable)" if k == 0 else (f"N {n0} -> {n}" if ramp else f"hop {h0:g} -> {h:g}")
+        phases.append({"hop_rate": h, "clients": n, "shift": what, "start_s": round(t_phase, 2),
+                       "settled_B": b_str(settled), "windows": windows, **res})  # fmt: skip
+        print(f"{key} phase {k} ({what}): autotune {_f(res['autotune_tok_s'])} vs best static "
               f"{res['best_static_B']} {_f(res['best_static_tok_s'])}: gap {res['gap']}", flush=True)  # fmt: skip
-        st.summary["in_bench"] = {"hops": hops, "phases": phases}
+        st.summary[key] = {"regimes": regimes, "phases": phases}
         st.save()
     cut = st.stop_bench(proc)
     st.drained(poller)
@@ -106,13 +145,25 @@ def in_bench(st: Study, hops: list[float], cands: dict[float, list[tuple[int, ..
     errors = (ss[-1].error - ss[0].error) if ss else None
     rec = json.loads(jf.read_text()) if jf.exists() else None
     lost, source = lost_count(cut, rec, errors)
-    after = [p["gap"] for p in phases[1:] if p["gap"] is not None]
-    st.summary["in_bench"] = {"hops": hops, "phases": phases, "lost_requests": lost, "lost_requests_source": source,
-                              "server_errors": errors}  # fmt: skip
-    # The acceptance's three keys from this step alone (static B measured in the same bench).
-    st.summary["worst_gap_after_shift"] = max(after) if after else None
-    st.summary["stable_cost"] = phases[0]["gap"] if phases else None
-    st.summary["lost_requests"] = lost
-    st.summary["lost_requests_source"] = f"inbench: {source}"
-    st.summary["acceptance_source"] = "inbench: autotune and the static candidates alternated in one bench"
+    st.summary[key] = {"regimes": regimes, "phases": phases, "lost_requests": lost, "lost_requests_source": source,
+                       "server_errors": errors}  # fmt: skip
+    fill_acceptance(st.summary)
     st.save()
+
+
+def fill_acceptance(summary: dict) -> None:
+    """The acceptance's three keys from the in-bench runs of this summary (the hop shift and the N ramp; static B
+    measured in the same bench as autotune): the worst gap after a shift, phase 0's gap of the hop run as the
+    stable cost, lost requests summed."""
+    runs = [summary[k] for k in ("in_bench", "in_bench_n_ramp") if summary.get(k)]
+    after = [p["gap"] for r in runs for p in r["phases"][1:] if p["gap"] is not None]
+    hop = summary.get("in_bench")
+    lost = [r.get("lost_requests") for r in runs]
+    summary["worst_gap_after_shift"] = max(after) if after else None
+    if hop and hop["phases"]:
+        summary["stable_cost"] = hop["phases"][0]["gap"]
+    summary["lost_requests"] = None if not lost or None in lost else sum(lost)
+    summary["lost_requests_source"] = "; ".join(f"{k}: {summary[k]['lost_requests_source']}"
+                                                for k in ("in_bench", "in_bench_n_ramp") if summary.get(k)
+                                                and "lost_requests_source" in summary[k])  # fmt: skip
+    summary["acceptance_source"] = "in-bench runs: autotune and the static candidates alternated in one bench"

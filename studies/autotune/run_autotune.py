@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parents[2]
 KILL_GRACE_S = 30.0  # the shift bench ends by itself (--duration, then its running requests finish); a safety net
 N = 8  # clients of every cell but the N ramp's (the regime)
 RUNS = ("hop_shift", "n_ramp")  # the shifting runs, by their summary key
-STEPS = ("shift", "static", "stable", "nramp", "nstatic", "inbench")
+STEPS = ("shift", "static", "stable", "nramp", "nstatic", "inbench", "inbenchn")
 TRSIM = [sys.executable, "-m", "tokenrouter.cli.trsim"]
 
 
@@ -856,7 +856,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--n-candidates: 'N:B;B N:B;B', e.g. '16:1,8;1,12 4:1,3;1,4'; got {a.n_candidates!r}")
     if not set(steps) <= set(STEPS):
         p.error(f"--steps: {', '.join(STEPS)}; got {a.steps}")
-    if "nstatic" in steps and not {a.n_low, a.n_high} <= set(n_cands):
+    if {"nstatic", "inbenchn"} & set(steps) and not {a.n_low, a.n_high} <= set(n_cands):
         p.error(f"--n-candidates needs B for N = {a.n_low} and {a.n_high}")
     st = Study(a)
     st.summary.setdefault("args", {})[a.steps] = vars(a)
@@ -882,7 +882,13 @@ def main(argv: list[str] | None = None) -> int:
         "stable": st.stable,
         "nramp": lambda: st.shifting("n_ramp", [(a.hop_ramp, a.n_low), (a.hop_ramp, a.n_high), (a.hop_ramp, a.n_low)]),
         "nstatic": n_static,
-        "inbench": lambda: in_bench(st, inbench_hops, cands),
+        "inbench": lambda: in_bench(st, [(h, N) for h in inbench_hops], {(h, N): cands.get(h, []) for h in cands}),
+        "inbenchn": lambda: in_bench(
+            st,
+            [(a.hop_ramp, a.n_low), (a.hop_ramp, a.n_high), (a.hop_ramp, a.n_low)],
+            {(a.hop_ramp, n): bs for n, bs in n_cands.items()},
+            key="in_bench_n_ramp",
+        ),
     }
     try:
         for name, step in runs.items():
@@ -904,12 +910,13 @@ def main(argv: list[str] | None = None) -> int:
     for name, run in st.runs.items():
         if run["samples"]:
             plot(st, name, Path(a.out) / ("autotune.png" if name == "hop_shift" else f"autotune_{name}.png"))
-    keys = ("worst_gap_after_shift", "stable_cost", "lost_requests", "gaps", "best_static", "stable", "in_bench", "sim",
-            "sim_n_ramp", "skipped", "gpu", "commit")  # fmt: skip
+    keys = ("worst_gap_after_shift", "stable_cost", "lost_requests", "gaps", "best_static", "stable", "in_bench",
+            "in_bench_n_ramp", "sim", "sim_n_ramp", "skipped", "gpu", "commit")  # fmt: skip
     print("SUMMARY " + json.dumps(_clean({k: st.summary.get(k) for k in keys})))
     print(f"done in {st.now():.0f} s; wrote {a.out}/summary.json")
     wanted = {"shift": "worst_gap_after_shift", "static": "best_static", "stable": "stable_cost",
-              "nramp": "n_ramp", "nstatic": "best_static", "inbench": "worst_gap_after_shift"}  # fmt: skip
+              "nramp": "n_ramp", "nstatic": "best_static", "inbench": "worst_gap_after_shift",
+              "inbenchn": "worst_gap_after_shift"}  # fmt: skip
     return 0 if all(st.summary.get(wanted[s]) is not None for s in steps) else 1
 
 

@@ -138,3 +138,20 @@ def test_in_bench_phase_compares_the_autotune_mean_with_the_best_static_window()
     assert got["autotune_tok_s"] == 1020.0 and got["best_static_B"] == "2,7"
     assert got["gap"] == pytest.approx(1 - 1020 / 1050) and set(got["static_tok_s"]) == {"2,7", "3,6"}
     assert ib.phase_result([{"kind": "static", "B": "2,7", "tok_s": 1.0}])["gap"] is None
+
+
+def test_the_acceptance_keys_come_from_both_in_bench_runs():
+    load_study(STUDY)
+    ib = load_study("studies/autotune/in_bench.py")
+
+    def run(gaps, lost):
+        return {"phases": [{"gap": g} for g in gaps], "lost_requests": lost, "lost_requests_source": "bench"}
+
+    summary = {"in_bench": run([0.005, -0.01, 0.019], 0.0), "in_bench_n_ramp": run([0.04, 0.015, None], 1.0)}
+    ib.fill_acceptance(summary)
+    # Phase 0 of each run is its start, not a shift: the ramp's 0.04 is no gap after a shift.
+    assert summary["worst_gap_after_shift"] == 0.019 and summary["stable_cost"] == 0.005
+    assert summary["lost_requests"] == 1.0
+    summary["in_bench_n_ramp"]["lost_requests"] = None
+    ib.fill_acceptance(summary)
+    assert summary["lost_requests"] is None  # an unknown count is not zero
