@@ -1,24 +1,8 @@
 """Per-subserver scheduler: a state machine driven from outside, shared by the simulator and the runtime.
 
-Driver contract (the simpy process and the runtime loop both follow it):
-    acts = sched.add(req, now)          # a client request arrives at the entry subserver
-    acts = sched.resume(msg, now)       # a message from a peer arrives (PeerReq or LiveCount)
-    batch = sched.schedule(now)         # launch? (None: policy says wait, or nothing is ready)
-    ...run batch on the executor...
-    acts = sched.complete(batch, result, now)
-and it delivers the returned actions (`Send`, `Emit`, `Finish`), then asks `schedule` again: after every
-delivered message and every completed step (the deadlock-freedom argument in `live_count` rests on it).
-The scheduler never sleeps, reads a clock or does I/O.
-
-KV pages are allocated in `schedule`, kept while a request is PENDING on a peer, freed at finish/abort. With the
-entry's `Admission` ledger requests go live only when every model's pool can hold them; without one, pages are
-taken back from younger parked or queued requests (`victims`), which recompute later. Never dropped for lack of
-pages.
-
-Overlap (`prepares_ahead`): `schedule` may form a batch while one is in flight; its sampling rows continue with
-`from_prev=True` (the executor feeds the token the previous step samples, without a host round trip). If the
-earlier batch's `complete` sends such a request away or finishes it, its version changes and the prepared row's
-result is ignored.
+Driver contract, KV pages and overlap: docs/core.md. The driver delivers the returned actions (`Send`, `Emit`,
+`Finish`) and asks `schedule` again after every delivered message and every completed step (the deadlock-freedom
+argument rests on it). The scheduler never sleeps, reads a clock or does I/O; no request is dropped for lack of pages.
 """
 
 from __future__ import annotations

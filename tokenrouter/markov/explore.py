@@ -1,14 +1,6 @@
-"""Reachable-state search for the Markov throughput model (docs/markov.md), on plain integer arrays.
-
-Embedded chain: states at batch-completion instants, *just before* the completing batches are routed. Per model
-a state holds (k waiting, b running, r residual), residuals shifted so the completing models have r = 0. One
-transition routes every completing batch (independent multinomials), launches every idle model whose queue
-reached its threshold (all its waiting requests, residual d_i(b_i)), then advances to the next completion (tau =
-min running residual). Renewal-reward gives the post-launch chain's throughput with fewer states: a lone running
-model's residual is forgotten. Per-state rewards are expectations over the state's outgoing transitions.
-
-All thresholds of a search are explored in one level-synchronous BFS (the threshold index is part of the state
-key), so numpy's per-call overhead is paid once per level, not once per level and per B.
+"""Reachable-state search for the Markov throughput model on plain integer arrays: the pre-completion chain of
+docs/markov.md ("A smaller chain"). All thresholds of a search are explored in one level-synchronous BFS (the
+threshold index is part of the state key), so numpy's per-call overhead is paid once per level, not per B.
 """
 
 from __future__ import annotations
@@ -39,12 +31,10 @@ class StateSpaceTooLarge(ValueError):
 
 @dataclass(slots=True)
 class ExploredChains:
-    """Reachable pre-completion states and transitions for a list of threshold vectors (block-diagonal: vector g's
-    states are `offsets[g]:offsets[g+1]`). Invariants: every state has at least one completing model (a running model
-    with residual 0); `src` rows' probabilities sum to 1 per state (duplicates (src, dst) are possible and must be
-    summed). Per-state rewards are expectations over the next transition, in quanta and requests: `tokens` committed by
-    the completions, `tau` time to the next completion, `done` batches completed and `done_size` requests in them, and
-    time integrals `busy`, `queue`, `running` (per model) over that interval."""
+    """Reachable pre-completion states and transitions for a list of threshold vectors (vector g's states are
+    `offsets[g]:offsets[g+1]`). Every state has a completing model (running, residual 0); `src` rows' probabilities
+    sum to 1 per state (duplicate (src, dst) edges must be summed). Rewards are expectations over the next
+    transition, in quanta and requests (`done`: batches completed, `done_size`: requests in them)."""
 
     k: np.ndarray  # (n, M) waiting requests
     b: np.ndarray  # (n, M) running batch size (0 = idle)
@@ -149,14 +139,10 @@ def explore(
     finish: np.ndarray | None = None,
     entry: int = 0,
 ) -> ExploredChains:
-    """BFS over reachable pre-completion states, for every row of `thresholds` (G, M) at once. `quanta[i, b]`: model
-    i's step in quanta at batch size b (column 0 unused); `commit_mean[i]` = sum_j c_ij p_ij. Start: all requests
-    waiting at model 0, launch rule applied, time advanced to the first completion. Thresholds must be feasible
-    (the deadlock guard), so some model is always running.
-
-    `finish[i, j]` (optional, (M, M)): probability that a request routed i -> j has just committed its last token;
-    its replacement arrives at `entry` *after* this instant's launches (`_destinations`), which is what breaks
-    lockstep under deterministic routing. With `finish` None or zero the chain has no completions."""
+    """BFS over reachable pre-completion states, for every row of feasible `thresholds` (G, M) at once.
+    `quanta[i, b]`: model i's step in quanta at batch size b; `commit_mean[i]` = sum_j c_ij p_ij. `finish[i, j]`
+    (optional): probability that a request routed i -> j has just committed its last token; its replacement
+    arrives at `entry` *after* this instant's launches (`_destinations`), which breaks lockstep."""
     m, n = routing.shape[0], concurrency
     thr = np.asarray(thresholds, dtype=np.int64).reshape(-1, m)
     n_groups = len(thr)
@@ -274,10 +260,8 @@ def _rewards(parent: np.ndarray, w: np.ndarray, ck: np.ndarray, cb: np.ndarray, 
 
 def _renumbered(states: np.ndarray, rew: np.ndarray, transitions: tuple[np.ndarray, np.ndarray, np.ndarray],
                 start: np.ndarray, quanta: np.ndarray, n_groups: int) -> ExploredChains:  # fmt: skip
-    """The explored chains with states renumbered: each threshold vector's states contiguous, and inside a block
-    by increasing total residual (then the slowest model's residual, ...). Time only flows down residuals between
-    launches, so in this order (I - T) is close to triangular and sparse LU with the natural ordering has little
-    fill-in."""
+    """The explored chains renumbered: each threshold vector's states contiguous, inside a block by increasing
+    total residual (then the slowest model's, ...), so (I - T) is near triangular and sparse LU has little fill-in."""
     src, dst, prob = transitions
     m = (states.shape[1] - 1) // 3  # a state row is (g, k[M], b[M], r[M])
     slow_first = np.argsort(-quanta.max(axis=1), kind="stable")
@@ -319,11 +303,9 @@ def _launch_and_advance(
     late: np.ndarray | None = None,
     entry: int = 0,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Launch rule then advance to the next completion, from states right after routing. Every idle model with k_i >=
-    B_i takes all k_i waiting requests (residual quanta[i, k_i]), with B the thresholds for the live count (N minus the
-    `late` replacements still to come); then the `late` requests (new ones, see `explore`) join the entry's queue and
-    the rule is applied once more with B for N; then tau = min running residual and all running residuals drop by tau.
-    Returns (k, b, r, tau, g)."""
+    """Launch rule, then advance to the next completion: idle models with k_i >= B_i (B for N minus the `late`
+    replacements still to come) take all k_i waiting; the `late` requests join the entry's queue and the rule runs
+    again with B for N; then every running residual drops by tau = the smallest. Returns (k, b, r, tau, g)."""
     if late is None or not late.any():
         k, b, r = _launch(k, b, r, thr[g], quanta)
     else:
