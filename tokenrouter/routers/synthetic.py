@@ -57,12 +57,8 @@ def _revisit(req: Request, model: int) -> int:
 
 class ProbRouter(Router):
     """Row from model i goes to model j with probability P[i][j]; on a hop i->j the sampled token is committed iff
-    keep[i][j] (the Markov model's C).
-
-    Each decision is a draw keyed by (request, output index, model, return to that index) (`hop_uniform`), not a
-    stream: a request's hops do not depend on its batch or on event order, so the simulator and a live server
-    running the same seeded requests see the same hops, and an A/B of two configurations compares them on the
-    same hops."""
+    keep[i][j] (the Markov model's C). Each decision is a keyed draw (`hop_uniform`), not a stream, so a request's
+    hops do not depend on its batch or on event order (docs/routers.md, "Hop draws")."""
 
     name = "prob"
 

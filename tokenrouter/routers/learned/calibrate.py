@@ -34,15 +34,8 @@ class Calibratable(Protocol):
     def observe(self, token_ids: Any, hidden: Any, logits: Any) -> bool: ...
 
 
-def calibrate_on_runner(
-    router: Calibratable,
-    runner: ModelRunner,
-    *,
-    num_prompts: int = 16,
-    prompt_len: int = 16,
-    max_steps: int = 256,
-    seed: int = 0,
-) -> float | None:
+def calibrate_on_runner(router: Calibratable, runner: ModelRunner, *, num_prompts: int = 16, prompt_len: int = 16,
+                        max_steps: int = 256, seed: int = 0) -> float | None:  # fmt: skip
     """Run warm-up steps on `runner` until the bound router is calibrated; return the threshold it set
     (in score space), or None when the bound model's part needs no calibration."""
     gate = router.gate

@@ -33,14 +33,8 @@ class LearnedRouter(Router):
     name = "learned"
     keep: tuple[tuple[bool, ...], ...] = HANDBACK_KEEP
 
-    def __init__(
-        self,
-        parts: Mapping[int, DeviceRouter],
-        *,
-        num_models: int = 2,
-        hop_rates: Mapping[int, float] | None = None,
-        calibration_rows: int = 512,
-    ) -> None:
+    def __init__(self, parts: Mapping[int, DeviceRouter], *, num_models: int = 2,
+                 hop_rates: Mapping[int, float] | None = None, calibration_rows: int = 512) -> None:  # fmt: skip
         super().__init__(0, num_models)
         self.parts = dict(parts)
         self.hop_rates = dict(hop_rates or {})
@@ -153,15 +147,8 @@ class RStitchRouter(LearnedRouter):
 
     name = RouterName.R_STITCH.value
 
-    def __init__(
-        self,
-        small_gate: ScoreGate | None,
-        large_gate: ScoreGate | None,
-        *,
-        hop_rate: float | None = None,
-        return_prob: float | None = None,
-        calibration_rows: int = 512,
-    ) -> None:
+    def __init__(self, small_gate: ScoreGate | None, large_gate: ScoreGate | None, *, hop_rate: float | None = None,
+                 return_prob: float | None = None, calibration_rows: int = 512) -> None:  # fmt: skip
         parts: dict[int, DeviceRouter] = {}
         if small_gate is not None:
             if (small_gate.stay, small_gate.hop, small_gate.hop_above) != (SMALL, LARGE, True):

@@ -23,17 +23,8 @@ class ScoreGate(nn.Module):
     `hop_above`: the score must exceed the threshold (else: fall below it); `inclusive`: equality counts as
     passing. Destinations are int64, one per row of `token_ids`."""
 
-    def __init__(
-        self,
-        scorer: nn.Module,
-        threshold: float,
-        *,
-        stay: int,
-        hop: int,
-        hop_above: bool = True,
-        inclusive: bool = False,
-        device: torch.device | str | None = None,
-    ) -> None:
+    def __init__(self, scorer: nn.Module, threshold: float, *, stay: int, hop: int, hop_above: bool = True,
+                 inclusive: bool = False, device: torch.device | str | None = None) -> None:  # fmt: skip
         super().__init__()
         self.scorer = scorer
         self.stay, self.hop = int(stay), int(hop)
