@@ -306,13 +306,8 @@ def _tokens_bars(ax, runs: list[RunSeries], names: list[str], colors: dict[str, 
     ax.set_xticks(np.arange(len(names)) + width * (len(runs) - 1) / 2, names)
 
 
-def plot_run(
-    collector: MetricsCollector,
-    path: str | os.PathLike[str],
-    title: str | None = None,
-    names: list[str] | None = None,
-    marks: list[tuple[float, str]] | None = None,
-) -> str:
+def plot_run(collector: MetricsCollector, path: str | os.PathLike[str], title: str | None = None,
+             names: list[str] | None = None, marks: list[tuple[float, str]] | None = None) -> str:  # fmt: skip
     """`trsim run --plot`: one simulated run; `marks` (time s, label) are drawn on the throughput axis."""
     names = names or [f"model {i}" for i in collector.models]
     series = series_from_collector(collector, names, "sim")
@@ -320,9 +315,8 @@ def plot_run(
     return plot_series([series], path, title)
 
 
-def plot_bench(
-    out: Any, path: str | os.PathLike[str], sim: MetricsCollector | None = None, cell: RunCell | None = None
-) -> str:
+def plot_bench(out: Any, path: str | os.PathLike[str], sim: MetricsCollector | None = None,
+               cell: RunCell | None = None) -> str:  # fmt: skip
     """`tr bench --plot`: the live run, with the simulator's run of the same cell dashed when given. `cell` names
     what ran in the title (default: only the server's models are known)."""
     runs = [series_from_bench(out)]
@@ -333,15 +327,8 @@ def plot_bench(
     return plot_series(runs, path, title=cell.title(head, unknown="not reported by the server (--sim gives them)"))
 
 
-def plot_sweep(
-    df: pd.DataFrame,
-    x: str,
-    y: str,
-    hue: str | None,
-    path: str | os.PathLike[str],
-    title: str | None = None,
-    logx: bool = False,
-) -> str:
+def plot_sweep(df: pd.DataFrame, x: str, y: str, hue: str | None, path: str | os.PathLike[str],
+               title: str | None = None, logx: bool = False) -> str:  # fmt: skip
     """Line plot of ``y`` against ``x``, one line per value of ``hue`` (or one line if None); rows with the
     same (hue, x) are averaged. Returns the path written."""
     missing = [c for c in (x, y, hue) if c is not None and c not in df.columns]

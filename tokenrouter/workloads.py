@@ -87,14 +87,8 @@ _PHASE_KEYS = frozenset({"at_s", "hop_rate", "concurrency"})
 _SPEC_KEYS = frozenset({"workload", "phases"})
 
 
-def make_workload(
-    name_or_path: str,
-    num_requests: int,
-    seed: int = 0,
-    *,
-    arrival_rate: float | None = None,
-    max_output: int | None = None,
-) -> list[RequestSpec]:
+def make_workload(name_or_path: str, num_requests: int, seed: int = 0, *, arrival_rate: float | None = None,
+                  max_output: int | None = None) -> list[RequestSpec]:  # fmt: skip
     """Build ``num_requests`` requests from a workload name (see ``WORKLOADS``) or a JSONL path.
 
     ``arrival_rate`` (req/s) assigns Poisson arrivals; ``max_output`` caps every output length. A file

@@ -59,15 +59,8 @@ def ensemble(num_models: int) -> HopLaw:
     return HopLaw(routing, commit)
 
 
-def hop_law(
-    name: str,
-    num_models: int = 2,
-    *,
-    hop_rate: float = 0.1,
-    return_prob: float = 1.0,
-    mean_small_run: float | None = None,
-    mean_large_run: float | None = None,
-) -> HopLaw:
+def hop_law(name: str, num_models: int = 2, *, hop_rate: float = 0.1, return_prob: float = 1.0,
+            mean_small_run: float | None = None, mean_large_run: float | None = None) -> HopLaw:  # fmt: skip
     """The law of router `name` over `num_models` models (`return_prob` counts for r-stitch only, the mean runs for
     markov only). ValueError for a router without a law or for a two-model router over another number of models."""
     key = str(name).lower()

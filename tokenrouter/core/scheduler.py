@@ -31,23 +31,10 @@ class RequestTooLong(ValueError):
 
 
 class Scheduler:
-    def __init__(
-        self,
-        model: int,
-        num_models: int,
-        *,
-        kv: KVPool,
-        router: Router,
-        policy: Policy | None = None,
-        entry: int = 0,
-        max_batch_size: int = 256,
-        max_batch_tokens: int = 16384,
-        gate: SyncGate | None = None,
-        overlap: bool = False,
-        graph_rule: GraphRule | None = None,
-        admission: Admission | None = None,
-        max_context_len: int | None = None,
-    ) -> None:
+    def __init__(self, model: int, num_models: int, *, kv: KVPool, router: Router, policy: Policy | None = None,
+                 entry: int = 0, max_batch_size: int = 256, max_batch_tokens: int = 16384, gate: SyncGate | None = None,
+                 overlap: bool = False, graph_rule: GraphRule | None = None, admission: Admission | None = None,
+                 max_context_len: int | None = None) -> None:  # fmt: skip
         if not 0 <= model < num_models:
             raise ValueError(f"model index {model} out of range for {num_models} models")
         self.model = model

@@ -107,14 +107,8 @@ def max_context_len(cfg: DeploymentConfig) -> int:
     return limit if mml is None else mml
 
 
-def build_deployment(
-    cfg: DeploymentConfig,
-    *,
-    gpu_memory_gb: float,
-    seed: int = 0,
-    traces: Mapping[str, Runs] | None = None,
-    gate: SyncGate | None = None,
-) -> Deployment:
+def build_deployment(cfg: DeploymentConfig, *, gpu_memory_gb: float, seed: int = 0,
+                     traces: Mapping[str, Runs] | None = None, gate: SyncGate | None = None) -> Deployment:  # fmt: skip
     """Build every subserver of `cfg`. `gpu_memory_gb`: one GPU's memory (sizes the KV pools); `seed`: routers
     and dummy weights; `traces`: hop runs per request id for the trace router (else `cfg.router.trace`);
     `gate`: for a sync policy, an object with `SyncGate`'s interface to use instead of a local `SyncGate` (the

@@ -129,16 +129,9 @@ class _KeyIndex:
         return got[inverse], first[fresh]
 
 
-def explore(
-    quanta: np.ndarray,
-    routing: np.ndarray,
-    commit_mean: np.ndarray,
-    concurrency: int,
-    thresholds: np.ndarray,
-    max_states: int = DEFAULT_MAX_STATES,
-    finish: np.ndarray | None = None,
-    entry: int = 0,
-) -> ExploredChains:
+def explore(quanta: np.ndarray, routing: np.ndarray, commit_mean: np.ndarray, concurrency: int, thresholds: np.ndarray,
+            max_states: int = DEFAULT_MAX_STATES, finish: np.ndarray | None = None,
+            entry: int = 0) -> ExploredChains:  # fmt: skip
     """BFS over reachable pre-completion states, for every row of feasible `thresholds` (G, M) at once.
     `quanta[i, b]`: model i's step in quanta at batch size b; `commit_mean[i]` = sum_j c_ij p_ij. `finish[i, j]`
     (optional): probability that a request routed i -> j has just committed its last token; its replacement
@@ -292,17 +285,9 @@ def _renumbered(states: np.ndarray, rew: np.ndarray, transitions: tuple[np.ndarr
     )
 
 
-def _launch_and_advance(
-    k: np.ndarray,
-    b: np.ndarray,
-    r: np.ndarray,
-    g: np.ndarray,
-    thr: np.ndarray,
-    quanta: np.ndarray,
-    thr_live: np.ndarray,
-    late: np.ndarray | None = None,
-    entry: int = 0,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _launch_and_advance(k: np.ndarray, b: np.ndarray, r: np.ndarray, g: np.ndarray, thr: np.ndarray, quanta: np.ndarray,
+                        thr_live: np.ndarray, late: np.ndarray | None = None,
+                        entry: int = 0) -> tuple[np.ndarray, ...]:  # fmt: skip
     """Launch rule, then advance to the next completion: idle models with k_i >= B_i (B for N minus the `late`
     replacements still to come) take all k_i waiting; the `late` requests join the entry's queue and the rule runs
     again with B for N; then every running residual drops by tau = the smallest. Returns (k, b, r, tau, g)."""
@@ -322,9 +307,8 @@ def _launch_and_advance(
     return k, b, r, tau, g
 
 
-def _launch(
-    k: np.ndarray, b: np.ndarray, r: np.ndarray, thr: np.ndarray, quanta: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _launch(k: np.ndarray, b: np.ndarray, r: np.ndarray, thr: np.ndarray,
+            quanta: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
     launch = (b == 0) & (k >= thr) & (k > 0)
     b = np.where(launch, k, b)
     r = np.where(launch, quanta[np.arange(k.shape[1]), k], r)

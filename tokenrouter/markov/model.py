@@ -23,6 +23,7 @@ from tokenrouter.markov.solve import class_distributions
 from tokenrouter.markov.steps import StepQuanta, StepSpec, feasible_thresholds, quantize_steps, quantize_table
 
 _ROW_TOL = 1e-9
+Matrix = np.ndarray | Sequence[Sequence[float]]
 
 
 @dataclass(slots=True)
@@ -81,15 +82,8 @@ class MarkovModel:
     completion: float = 0.0
 
     @classmethod
-    def create(
-        cls,
-        step_ms: Sequence[StepSpec],
-        routing: np.ndarray | Sequence[Sequence[float]],
-        commit: np.ndarray | Sequence[Sequence[float]],
-        concurrency: int,
-        delta_ms: float = 0.1,
-        mean_output: float | None = None,
-    ) -> MarkovModel:
+    def create(cls, step_ms: Sequence[StepSpec], routing: Matrix, commit: Matrix, concurrency: int,
+               delta_ms: float = 0.1, mean_output: float | None = None) -> MarkovModel:  # fmt: skip
         """`mean_output`: mean output tokens per request (>= 1); None = requests never finish."""
         p = np.asarray(routing, dtype=float)
         c = np.asarray(commit, dtype=float)
@@ -237,14 +231,8 @@ class MarkovModel:
         )
 
 
-def throughput(
-    step_ms: Sequence[StepSpec],
-    routing: np.ndarray | Sequence[Sequence[float]],
-    commit: np.ndarray | Sequence[Sequence[float]],
-    thresholds: Sequence[int],
-    concurrency: int,
-    delta_ms: float = 0.1,
-    mean_output: float | None = None,
-) -> ThroughputResult:
+def throughput(step_ms: Sequence[StepSpec], routing: Matrix, commit: Matrix, thresholds: Sequence[int],
+               concurrency: int, delta_ms: float = 0.1,
+               mean_output: float | None = None) -> ThroughputResult:  # fmt: skip
     """T(B) and extras for one threshold vector; see the module docstring for the semantics."""
     return MarkovModel.create(step_ms, routing, commit, concurrency, delta_ms, mean_output).throughput(thresholds)
