@@ -1,16 +1,6 @@
-"""Serving metrics, defined as SGLang's ``bench_serving`` defines them, for simulator and runtime runs.
-
-Definitions: docs/simulator.md#metrics. The driver's hooks (``on_arrival``, ``on_tokens``, ``on_finish``,
-``on_batch``, ``on_queue``, times in seconds) only append; ``summary()`` and ``to_frame()`` do the arithmetic at the
-end (summary latencies in ms), over completed requests (as bench_serving counts only successful ones).
-
-- ITL: tokens committed at one instant form one chunk; each chunk after the first contributes its gap to the
-  previous one as k entries of gap / k, so ITL sums to E2E - TTFT per request, and a 4-token return from a peer is
-  not three 0 ms gaps and one long one. Percentiles are numpy's linear ones (as bench_serving); empty: NaN.
-- Hops: consecutive chunks from different models (``on_finish`` may pass the scheduler's count instead, which also
-  sees hops that commit no token).
-- ``summary(window=(t0, t1))`` adds steady-state figures over (t0, t1]: tokens committed in it (finished or not)
-  and requests finished in it per second, and per-model busy fraction.
+"""Serving metrics, defined as SGLang's ``bench_serving`` defines them (docs/simulator.md#metrics), for simulator
+and runtime runs. The driver's hooks only append; ``summary()`` and ``to_frame()`` do the arithmetic at the end
+(latencies in ms), over completed requests. ITL spreads each chunk's gap over its k tokens, so it sums to E2E - TTFT.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Admission at the entry: a request goes live only when every model's KV pool has room for it (docs/core.md).
 
-The entry cannot see peers' pools in real time, so it keeps a ledger against the pool sizes the deployment
-announces: every live request reserves, on every model, its length as the entry last saw it plus `growth_tokens`
-of headroom, capped at `prompt_len + max_tokens`. vLLM's watermark made per request and per model: preemptions stay
-rare, while admission does not assume every request reaches `max_tokens`. Clients beyond what fits wait here in
-order (the live N is the admitted N). With no request live every reservation is gone, so a request that fits every
-pool alone always gets in.
+The entry keeps a ledger against the pool sizes the deployment announces: every live request reserves, on every
+model, its length as the entry last saw it plus `growth_tokens`, capped at `prompt_len + max_tokens`. With no
+request live every reservation is gone, so a request that fits every pool alone always gets in.
 """
 
 from __future__ import annotations

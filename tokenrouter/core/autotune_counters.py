@@ -1,9 +1,7 @@
 """Autotune's counters: what a subserver counts for the controller, and the snapshot the controller reads.
 
-The runtime (`runtime/stats.py`) and the simulator (`sim/subserver.py`) count into these types, so one controller
-serves both. Every counter is cumulative; one that went backwards marks a restart. Step times are counted per
-batch-size bucket, not as totals: under one B the mean batch size barely moves, so totals cannot tell a step's fixed
-cost from its cost per row. Plain data, so the counting side imports neither the estimator nor the controller.
+The runtime and the simulator count into these types, so one controller serves both. Every counter is cumulative
+(one that went backwards marks a restart); step times are counted per batch-size bucket (docs/autotune.md).
 """
 
 from __future__ import annotations

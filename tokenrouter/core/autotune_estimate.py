@@ -1,12 +1,8 @@
 """Autotune's estimates: what the Markov throughput model needs, from cumulative counter snapshots (each estimate,
-its source and why it is made that way: docs/autotune.md, "Estimates").
+its source and why it is made that way: docs/autotune.md, "What it estimates, from which counters").
 
-`Estimator` differences the counters (`core.autotune_counters`) between snapshots and sums the changes with
-exponential decay in the driver's clock (passed with each snapshot). A hop probability's denominator is the
-router's decisions, not rows: a hand-off that drops its token is a decision without a token (`drops_token`), and
-prefill chunks or rows prepared for a request that then left decide nothing. Step times are a line fitted to
-per-batch-size buckets, because the model needs L at batch sizes the B in force never runs. `Estimates` is a
-value the controller compares (`moved_from`, `workload_moved_from`).
+`Estimator` differences the counters between snapshots and sums the changes with exponential decay in the driver's
+clock; `Estimates` is a value the controller compares (`moved_from`, `workload_moved_from`).
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""What a subserver launches (`Batch`) and what the executor returns (`StepResult`).
-
-The engine consumes a `Batch` directly: for each row it feeds `input_ids` at positions
-`start .. start + num_tokens - 1`, writes their KV into the pages of `req.pages`, and samples one token
-per row with `sample=True` (a partial prefill chunk has `sample=False`). The rows of `graph_rows` run in a
-CUDA graph and the others in the same step's eager pass (`tokenrouter.core.graph_rule`).
+"""What a subserver launches (`Batch`) and what the executor returns (`StepResult`). For each row the engine feeds
+`input_ids` at positions `start .. start + num_tokens - 1`, writes their KV into `req.pages` and samples one token
+when `sample` (a partial prefill chunk does not); `graph_rows` run in a CUDA graph, the rest in an eager pass.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
 """The one rule for which rows of a step run inside a CUDA graph (docs/core.md, "The graph rule"), shared by the
-scheduler (batches are formed to fit it), the cost model (parts are priced apart) and the engine.
-
-Why one rule: a row the graph cannot take must not drag the whole batch off the graph (the "eager cliff").
+scheduler, the cost model and the engine, so a row the graph cannot take never drags the batch off it.
 """
 
 from __future__ import annotations

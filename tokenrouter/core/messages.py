@@ -1,8 +1,5 @@
-"""Messages between subservers (`PeerReq`, `LiveCount`) and the actions a scheduler asks its driver to carry out.
-
-The scheduler never does I/O: `add()`, `resume()`, `abort()` and `complete()` return `Send`, `Emit` and
-`Finish` actions and the driver (simpy process or runtime event loop) delivers them. A message is a value:
-it shares no mutable object with the sender's state (`tokenrouter.core.wire` encodes it for the runtime).
+"""Messages between subservers (`PeerReq`, `LiveCount`) and the actions a scheduler asks its driver to carry out
+(`Send`, `Emit`, `Finish`). A message is a value: it shares no mutable object with the sender's state.
 """
 
 from __future__ import annotations

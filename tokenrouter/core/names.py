@@ -1,7 +1,5 @@
-"""Names users type at the CLI and in the deployment config, as enums.
-
-str-valued (`StrEnum`), so a member compares equal to its spelling ("r-stitch" == RouterName.R_STITCH), YAML
-and JSON keep writing the plain string, and an unknown name fails in one place with the list of known ones.
+"""Names users type at the CLI and in the deployment config, as `StrEnum`s: a member equals its spelling, YAML and
+JSON write the plain string, and an unknown name fails in one place with the list of known ones.
 """
 
 from __future__ import annotations

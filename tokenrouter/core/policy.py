@@ -1,13 +1,8 @@
-"""Batching policies: when a subserver may launch its ready requests.
+"""Batching policies: when a subserver may launch its ready requests (docs/core.md, "Batching policies").
 
-Asynchronous policies decide from local state alone: `eager` launches whatever is ready (B_i = 1); `delayed`
-launches when at least B_i requests are ready, B possibly a table keyed by the live concurrency N and clamped so
-the deadlock guard sum_i (B_i - 1) < N holds (`core.live_count` says why it holds while peers' views of N lag).
-Standard serving is not a policy but the deployment's `baseline`, a mode of its driver; its schedulers run eager.
-
-The synchronous baselines (`step-sync`: rounds behind a global barrier; `model-sync`: one model at a time,
-round-robin over models with work) share a `SyncGate`. A model waits only for the messages addressed to it: that
-is what a lockstep coordinator can enforce at one round trip per step (`runtime.sync_coordinator`).
+`eager` launches whatever is ready; `delayed` waits for B_i ready requests, B clamped so the deadlock guard
+sum_i (B_i - 1) < N holds. The synchronous baselines (`step-sync`, `model-sync`) share a `SyncGate`; standard
+serving is not a policy but the deployment's `baseline`.
 """
 
 from __future__ import annotations
@@ -86,11 +81,9 @@ def scale_thresholds(thresholds: Sequence[int], from_n: int, to_n: int) -> tuple
 
 
 def table_thresholds(table: Mapping[int, Sequence[int]], concurrency: int) -> tuple[int, ...]:
-    """B for live N from a table tuned at some N (`trsim tune`'s B(N)), before the guard's clamp:
-    - N a row: that row;
-    - N between rows k1 < N < k2: each B_i interpolated linearly in N between the two rows, rounded half up;
-    - N above the last row: the last row scaled to N (`scale_thresholds`); below the first row: the first row.
-    Never a row tuned for a much smaller N as it is: at N = 7 between rows 1 and 8, B is close to row 8's."""
+    """B for live N from a table tuned at some N (`trsim tune`'s B(N)), before the guard's clamp: a row's N its row;
+    between rows each B_i interpolated linearly in N (rounded half up); above the last row that row scaled to N
+    (`scale_thresholds`); below the first row the first row."""
     keys = sorted(table)
     if concurrency in table:
         return tuple(int(x) for x in table[concurrency])
@@ -146,13 +139,9 @@ class Policy:
 
 
 class SyncGate:
-    """Global launch gate for the synchronous baselines, shared by every subserver of one deployment. It decides
-    from the launches, completions and messages the subservers report, so it is as pure as the schedulers.
-
-    Step-sync rounds: a round forms when nothing runs; its members are the models with work (ready requests or
-    messages in flight to them), and each member's `bar` is the number of messages sent to it so far: it launches
-    once it has received that many. Messages sent while the round runs (by members that already completed) are
-    the next round's: they do not hold a member back, though one that landed before it launched joins its batch."""
+    """Global launch gate for the synchronous baselines, shared by every subserver of one deployment; it decides
+    from what the subservers report, so it is as pure as they are. A step-sync round forms when nothing runs; each
+    member launches once it has received the messages sent to it before then (its `bar`)."""
 
     def __init__(self, kind: PolicyKind | str, num_models: int) -> None:
         kind = parse_kind(kind)

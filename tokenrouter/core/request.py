@@ -1,9 +1,6 @@
-"""Request lifecycle as one subserver sees it.
-
-`token_ids` is the sequence (prompt + committed output) as known here; `num_computed` how many leading tokens have
-KV in this pool. A step feeds `token_ids[num_computed:]` and samples one token: a decode is a 1-token row, a return
-from a peer an extend row of the tokens the peer wrote. Status: WAITING -> RUNNING -> WAITING (stays) or PENDING
-(the peer owns the next step; KV kept) -> WAITING (returned) ... -> FINISHED.
+"""Request lifecycle as one subserver sees it (docs/core.md, "The driver contract"): `token_ids` is the sequence as
+known here, `num_computed` how many leading tokens have KV in this pool. Status: WAITING -> RUNNING -> WAITING
+(stays) or PENDING (a peer owns the next step; KV kept) -> WAITING (returned) ... -> FINISHED.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
-"""Router API, one instance per subserver: `route` gives one absolute destination per row of a step (the local
-model index: stay); `keep_token` whether the token just sampled is committed when the row hops (R2R, CITER, Co-LLM
-and R-Stitch drop it so the peer regenerates that position); `send`/`receive` convert a `Request` to and from the
-`PeerReq` on the wire."""
+"""Router API, one instance per subserver (docs/core.md, "Router API"): `route` gives one absolute destination per
+row of a step; `keep_token` whether the token just sampled is committed when the row hops; `send`/`receive`
+convert a `Request` to and from the `PeerReq` on the wire."""
 
 from __future__ import annotations
 
@@ -15,13 +14,9 @@ from tokenrouter.core.request import Request
 
 @runtime_checkable
 class DeviceRouter(Protocol):
-    """The part of a router that runs inside the engine's step (captured in its CUDA graph), so destinations come
-    back with the tokens in one device-to-host copy.
-
-    Called once per step with the sampled tokens of the logit rows (batch order) and, when asked for, their
-    final-norm hidden states and logits; returns one absolute destination per row, an integer tensor on the same
-    device. Invariants: no host sync, no data-dependent shapes, no allocation that outlives the call (it is
-    replayed inside a graph); padding rows may hold garbage and their destinations are ignored."""
+    """The part of a router that runs inside the engine's step (captured in its CUDA graph): from the sampled
+    tokens (and, when asked for, final-norm hidden states and logits) one absolute destination per row, a device
+    integer tensor. No host sync, no data-dependent shapes, no allocation outliving the call; padding rows ignored."""
 
     needs_logits: bool
     needs_hidden: bool

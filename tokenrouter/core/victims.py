@@ -1,8 +1,7 @@
 """Which requests give their KV pages back when a subserver's pool runs short (without admission only).
 
-Parked requests first (their pages are idle), then queued ones, youngest (highest `seq`) first. Only requests
-younger than the requester are taken, so work is never thrown away in a loop: the oldest live request can always
-take what it needs. RUNNING rows are never victims; a victim recomputes its prefix when it next runs here.
+Parked requests first, then queued ones, youngest first, and only those younger than the requester, so the oldest
+live request can always take what it needs (docs/core.md, Preemption). RUNNING rows are never victims.
 """
 
 from __future__ import annotations

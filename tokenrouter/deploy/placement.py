@@ -1,15 +1,7 @@
 """GPU accounting: which GPUs each model occupies, which models share one, how many GPUs a deployment uses, and
-the layouts `trsim tune --placements` compares on one GPU kind (`layout`; the placements across GPU kinds are
-`sim.tune_layouts`', which prices them from the cost model: deploy imports nothing of `calibration`).
-
-Invariants (checked by `check_gpus`, which the resolver applies to every deployment a CLI builds):
-- a model at tensor-parallel degree tp occupies exactly tp distinct GPUs; `gpus` lists them in rank order;
-- tp divides the model's attention heads, KV heads and MLP width (the engine shards each evenly), so the simulator
-  never prices a layout the runtime cannot run;
-- under `separate` no two models share a GPU; under `cross-host` each model has its own host, so GPU ids are per
-  host and may repeat across models;
-- under `mps`, models whose GPU lists intersect are co-located: their passes slow each other down (a model at
-  tp = k that shares one of its k GPUs is slowed as a whole, since its ranks meet at every all-reduce).
+the layouts `trsim tune --placements` compares on one GPU kind (`layout`). The invariants `check_gpus` applies to
+every deployment a CLI builds (tp distinct GPUs in rank order, tp dividing the model's shapes, no shared GPU under
+`separate`, co-location under `mps`): docs/config.md#placement.
 """
 
 from __future__ import annotations
