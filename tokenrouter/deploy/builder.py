@@ -1,8 +1,6 @@
-"""Deployment config -> everything a driver runs: routers, KV pools, schedulers, sync gate, graph rules,
-admission, engine settings, and the wiring that routes peer messages between subservers.
-
-The simulator and every runtime subserver call `build_deployment`; only the driver differs
-(who carries messages, who keeps time, what executes a batch). Nothing here imports simpy, asyncio or torch.
+"""Deployment config -> everything a driver runs: routers, KV pools, schedulers, sync gate, graph rules, admission,
+engine settings and the peer-message wiring (docs/core.md, "The deployment builder"). Nothing here imports simpy,
+asyncio or torch: the simulator and every runtime subserver call `build_deployment`; only the driver differs.
 """
 
 from __future__ import annotations
@@ -32,13 +30,9 @@ Runs = Sequence[tuple[int, int]]
 
 @dataclass(slots=True)
 class Deployment:
-    """A built deployment. Index i is model i everywhere; `schedulers[entry]` admits client requests.
-
-    Driver duties (what `build_deployment` cannot do for it): carry each `Send` to `deliver` on the
-    destination (any delay, order kept per link), hand `Emit`/`Finish` to clients, and after any call that
-    changed subserver i (a delivery, a completed step, an admission), ask `schedule()` again on every
-    subserver in `wakes(i)`.
-    """
+    """A built deployment; index i is model i everywhere. The driver carries each `Send` to `deliver` (order kept
+    per link), hands `Emit`/`Finish` to clients, and after any call that changed subserver i asks `schedule()`
+    again on every subserver in `wakes(i)`."""
 
     config: DeploymentConfig
     schedulers: list[Scheduler]

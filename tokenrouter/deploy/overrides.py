@@ -1,11 +1,8 @@
 """One path from command-line flags to a deployment: a config (or a default pair) with overrides applied.
 
-Every CLI that builds a deployment (`trsim run | sweep | tune`, `tr serve`, `tr bench --sim`) fills a
-`DeploymentOverrides` with the flags the user gave (None = not given) and calls `resolve_deployment`, so the
-same config and the same flags give the same `DeploymentConfig` everywhere, and a flag given beside
-`--config` is always applied (never dropped). What each flag sets: docs/cli.md#deployment-flags; besides those,
-autotune on sets `policy.autotune` (the config's settings if it has them, else the defaults) and off clears it.
-Every deployment resolved is checked by `placement.check_gpus`.
+Every CLI that builds a deployment fills a `DeploymentOverrides` with the flags given (None = not given) and calls
+`resolve_deployment`, so the same config and flags give the same `DeploymentConfig` everywhere and a flag beside
+`--config` is never dropped (docs/cli.md#deployment-flags). Every deployment resolved passes `check_gpus`.
 """
 
 from __future__ import annotations

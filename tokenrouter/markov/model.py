@@ -1,11 +1,6 @@
-"""Markov-chain throughput model of delayed batching: the definition, its throughput T(B), completions and the
-assumptions are in docs/markov.md (TokenRouter paper, appendix D).
-
-T(B) is computed on the pre-completion chain of `explore.py`; with several closed classes (degenerate routing
-only) the result is each class's ratio weighted by its absorption probability from the start state. Feasible B,
-the guard, the clamp and the check are the core's (`core.policy`), never copies. With `mean_output` each
-committed token ends its request with probability q = 1 / mean_output; a replacement finished off the entry
-arrives after that instant's launches, which see the live count N - L (`steps.live_thresholds`).
+"""Markov-chain throughput model of delayed batching: the definition, T(B), completions and the assumptions are in
+docs/markov.md (TokenRouter paper, appendix D). T(B) is computed on the pre-completion chain of `explore.py`;
+feasible B, the guard, the clamp and the check are the core's (`core.policy`), never copies.
 """
 
 from __future__ import annotations
