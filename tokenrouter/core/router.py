@@ -67,19 +67,10 @@ class Router:
         """Build the message for `dst`: the suffix `dst` has not seen, plus extras."""
         loc = req.seen[dst]
         first = loc == 0
-        return PeerReq(
-            rid=req.rid,
-            src=self.model,
-            dst=dst,
-            tokens=req.token_ids[loc:],
-            loc=loc,
-            prompt_len=req.prompt_len,
-            seen=list(req.seen),
-            sampling=req.sampling if first else None,
-            eos_token_ids=req.eos_token_ids if first else (),
-            num_hops=req.num_hops,
-            extras=self.extras(req, dst),
-        )
+        return PeerReq(rid=req.rid, src=self.model, dst=dst, tokens=req.token_ids[loc:], loc=loc,
+                       prompt_len=req.prompt_len, seen=list(req.seen), sampling=req.sampling if first else None,
+                       eos_token_ids=req.eos_token_ids if first else (), num_hops=req.num_hops,
+                       extras=self.extras(req, dst))  # fmt: skip
 
     def extras(self, req: Request, dst: int) -> dict[str, Any] | None:
         return None

@@ -150,18 +150,9 @@ class Scheduler:
                 return []  # the request ended while this message was on its way
             if msg.loc != 0 or msg.sampling is None:
                 raise ValueError(f"{msg.rid}: first message at model {self.model} must carry the whole sequence")
-            req = Request(
-                rid=msg.rid,
-                token_ids=list(msg.tokens),
-                prompt_len=msg.prompt_len,
-                sampling=msg.sampling,
-                num_models=self.num_models,
-                entry=self.entry,
-                eos_token_ids=msg.eos_token_ids,
-                seen=list(msg.seen),
-                num_hops=msg.num_hops,
-                seq=msg.seq,
-            )
+            req = Request(rid=msg.rid, token_ids=list(msg.tokens), prompt_len=msg.prompt_len, sampling=msg.sampling,
+                          num_models=self.num_models, entry=self.entry, eos_token_ids=msg.eos_token_ids,
+                          seen=list(msg.seen), num_hops=msg.num_hops, seq=msg.seq)  # fmt: skip
             try:
                 self._check_fits(req)
             except RequestTooLong:

@@ -120,29 +120,10 @@ def build_deployment(cfg: DeploymentConfig, *, gpu_memory_gb: float, seed: int =
     admission = Admission(sizes, sc.kv_growth_tokens) if sc.kv_admission else None
     context = max_context_len(cfg)
     rules = [mc.graph_rule() for mc in cfg.models]
-    schedulers = [
-        Scheduler(
-            i,
-            m,
-            kv=pools[i],
-            router=build_router(cfg.router, m, seed, traces),
-            policy=policy,
-            entry=cfg.entry,
-            max_batch_size=sc.max_batch_size,
-            max_batch_tokens=sc.max_batch_tokens,
-            gate=gate,
-            overlap=cfg.overlaps(i),
-            graph_rule=rules[i],
-            admission=admission if i == cfg.entry else None,
-            max_context_len=context,
-        )
-        for i, mc in enumerate(cfg.models)
-    ]
-    return Deployment(
-        config=cfg,
-        schedulers=schedulers,
-        graph_rules=rules,
-        kv_tokens=caps,
-        gate=gate,
-        engine_args=[engine_kwargs(cfg, i, pools[i].num_pages, seed) for i in range(m)],
-    )
+    schedulers = [Scheduler(i, m, kv=pools[i], router=build_router(cfg.router, m, seed, traces), policy=policy,
+                            entry=cfg.entry, max_batch_size=sc.max_batch_size, max_batch_tokens=sc.max_batch_tokens,
+                            gate=gate, overlap=cfg.overlaps(i), graph_rule=rules[i],
+                            admission=admission if i == cfg.entry else None, max_context_len=context)
+                  for i in range(m)]  # fmt: skip
+    engine_args = [engine_kwargs(cfg, i, pools[i].num_pages, seed) for i in range(m)]
+    return Deployment(cfg, schedulers, rules, caps, gate, engine_args)

@@ -176,13 +176,9 @@ def _router(rc: RouterConfig, ov: DeploymentOverrides) -> RouterConfig:
         check_prob(ov.hop_rate, "--hop-rate")
     if ov.return_prob is not None:
         check_prob(ov.return_prob, "--return-prob")
-    given = {
-        "name": parse_config_name(RouterName, ov.router, "router") if ov.router is not None else None,
-        "hop_rate": ov.hop_rate,
-        "return_prob": ov.return_prob,
-        "trace": ov.trace,
-        "weights": ov.router_model,
-    }
+    name = parse_config_name(RouterName, ov.router, "router") if ov.router is not None else None
+    given = {"name": name, "hop_rate": ov.hop_rate, "return_prob": ov.return_prob, "trace": ov.trace,
+             "weights": ov.router_model}  # fmt: skip
     changes = {k: v for k, v in given.items() if v is not None}
     return replace(rc, **changes) if changes else rc
 

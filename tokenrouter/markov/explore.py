@@ -156,17 +156,9 @@ def explore(quanta: np.ndarray, routing: np.ndarray, commit_mean: np.ndarray, co
         g, k, b, r = front[:, 0], front[:, 1 : 1 + m], front[:, 1 + m : 1 + 2 * m], front[:, 1 + 2 * m :]
         completing = (b > 0) & (r == 0)
         parent, arrivals, prob = _route_completions(completing, b, outcomes)
-        ck, cb, cr, ctau, cg = _launch_and_advance(
-            k[parent] + arrivals[:, :m],
-            np.where(completing, 0, b)[parent],
-            r[parent],
-            g[parent],
-            thr,
-            quanta,
-            thr_live,
-            late=arrivals[:, m],
-            entry=entry,
-        )
+        ck, cb, cr, ctau, cg = _launch_and_advance(k[parent] + arrivals[:, :m], np.where(completing, 0, b)[parent],
+                                                   r[parent], g[parent], thr, quanta, thr_live, late=arrivals[:, m],
+                                                   entry=entry)  # fmt: skip
         child_rows = np.column_stack([cg, ck, cb, cr])
         if len(child_rows) > 8 * max_states + 100_000:  # one level would cost more than the cap is meant to allow
             raise StateSpaceTooLarge(max_states, m, n)
@@ -265,24 +257,11 @@ def _renumbered(states: np.ndarray, rew: np.ndarray, transitions: tuple[np.ndarr
     states, rew = states[order], rew[order]
     offsets = np.searchsorted(states[:, 0], np.arange(n_groups + 1))
     # Reward columns, as `_rewards` lays them out: tokens, tau, busy[M], queue[M], running[M], done[M], done_size[M].
-    per_model = [rew[:, 2 + j * m : 2 + (j + 1) * m] for j in range(5)]
-    return ExploredChains(
-        k=states[:, 1 : 1 + m],
-        b=states[:, 1 + m : 1 + 2 * m],
-        r=states[:, 1 + 2 * m :],
-        offsets=offsets,
-        start=new_id[start],
-        src=new_id[src],
-        dst=new_id[dst],
-        prob=prob,
-        tokens=rew[:, 0],
-        tau=rew[:, 1],
-        busy=per_model[0],
-        queue=per_model[1],
-        running=per_model[2],
-        done=per_model[3],
-        done_size=per_model[4],
-    )
+    names = ("busy", "queue", "running", "done", "done_size")
+    per_model = {name: rew[:, 2 + j * m : 2 + (j + 1) * m] for j, name in enumerate(names)}
+    return ExploredChains(k=states[:, 1 : 1 + m], b=states[:, 1 + m : 1 + 2 * m], r=states[:, 1 + 2 * m :],
+                          offsets=offsets, start=new_id[start], src=new_id[src], dst=new_id[dst], prob=prob,
+                          tokens=rew[:, 0], tau=rew[:, 1], **per_model)  # fmt: skip
 
 
 def _launch_and_advance(k: np.ndarray, b: np.ndarray, r: np.ndarray, g: np.ndarray, thr: np.ndarray, quanta: np.ndarray,

@@ -214,13 +214,13 @@ class MarkovModel:
             return tuple(float(v) for v in x)
 
         return ThroughputResult(
-            thresholds=b,
-            throughput_tok_s=float(tokens * per_s),
-            mean_batch=tup(mean_batch),
-            busy_fraction=tup(busy),
-            mean_queue=tup(queue),
-            mean_running=tup(running),
-            batches_per_s=tup(done * per_s),
+            b,
+            float(tokens * per_s),
+            tup(mean_batch),
+            tup(busy),
+            tup(queue),
+            tup(running),
+            tup(done * per_s),
             n_states=hi - lo,
             delta_eff_ms=self.step.delta_eff_ms,
         )

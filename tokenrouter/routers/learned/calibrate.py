@@ -1,8 +1,5 @@
-"""Warm-up calibration of a `random` learned router on its own model runner, before serving.
-
-The router's scores on warm-up steps fix its threshold (`LearnedRouter.observe` -> `ScoreGate.calibrate`):
-a short decode of seeded random prompts, sampled at temperature 1 so the states vary as real text does.
-The pages it takes are returned to the pool before it returns.
+"""Warm-up calibration of a `random` learned router on its own model runner, before serving: a short decode of
+seeded random prompts at temperature 1 fixes its threshold; the pages it takes go back to the pool.
 """
 
 from __future__ import annotations

@@ -72,11 +72,8 @@ class _Backbone(nn.Module):
 
 
 class R2RClassifier(nn.Module):
-    """One of R2R's classifiers (by `model_type`), scoring rows for the ScoreGate.
-
-    `score` is monotone in R2R's critical probability: the output logit (binary head) or the log-probability
-    of class 2 (multi-class head), so thresholds compare without sigmoid saturation ties; the checkpoint's
-    probability threshold maps to it with `score_of_threshold`."""
+    """One of R2R's classifiers (by `model_type`), scoring rows for the ScoreGate: the output logit (binary head) or
+    the log-probability of class 2 (multi-class), monotone in R2R's critical probability (`score_of_threshold`)."""
 
     needs_hidden: bool
     needs_logits: bool

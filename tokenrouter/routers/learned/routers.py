@@ -1,9 +1,6 @@
-"""Learned routers of two models (0 = small, 1 = large): R2R, CITER, Co-LLM, R-Stitch (docs/routers.md).
-
-Each is a core `Router` whose decision on each model is a `DeviceRouter` (`ScoreGate` or a constant hand-back) that
-the engine runs inside its step; the hand-back semantics (`keep`) are the synthetic presets'. One instance serves
-one subserver (`bind(model)` picks its part); it can be built with only that part, so the large model's process
-never holds the small model's classifier.
+"""Learned routers of two models (0 = small, 1 = large): R2R, CITER, Co-LLM, R-Stitch (docs/routers.md). Each is a
+core `Router` whose decision on each model is a `DeviceRouter` the engine runs inside its step; one instance serves
+one subserver (`bind(model)`) and can be built with only that part.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """Device parts (`DeviceRouter`s) of the learned routers, and threshold calibration for a target hop rate.
-
-`ScoreGate` turns a scorer's per-row score into a destination by comparing it with a threshold held in a
-0-d device buffer: a captured CUDA graph reads the buffer at replay, so calibration can move the threshold
-in place (`set_threshold`) without recapturing. Everything in `forward` is elementwise or a fixed-shape
-reduction: no host sync, no data-dependent shapes or branches.
+`ScoreGate` compares a scorer's per-row score with a threshold in a 0-d device buffer, which a captured CUDA graph
+reads at replay, so calibration moves it in place (`set_threshold`) without recapturing.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """Per-row signals of the learned routers other than R2R: CITER's confidence MLP, Co-LLM's deferral head,
-R-Stitch's normalized entropy.
-
-A scorer is an `nn.Module` called as `scorer(token_ids, hidden, logits) -> float32 [rows]` that names its inputs
-(`needs_hidden`, `needs_logits`) and maps a threshold in the algorithm's units into its score space
-(`score_of_threshold`). Scores stay in logit space where the algorithm uses a sigmoid, so saturated probabilities
-cannot tie at a threshold. Inference only, frozen, graph-capturable.
+R-Stitch's normalized entropy. A scorer is called as `scorer(token_ids, hidden, logits) -> float32 [rows]`, names
+its inputs (`needs_hidden`, `needs_logits`) and maps a threshold into score space (`score_of_threshold`); scores stay
+in logit space where the algorithm uses a sigmoid, so saturated probabilities cannot tie. Graph-capturable.
 """
 
 from __future__ import annotations
