@@ -144,14 +144,11 @@ class MetricsCollector:
         dur = self.duration()
         out_tokens = sum(r.output_len for r in done)
         s: dict[str, float] = {
-            "requests_completed": float(len(done)),
-            "requests_unfinished": float(len(self.records) - len(done)),
-            "duration_s": dur,
-            "total_input_tokens": float(sum(r.prompt_len for r in done)),
-            "total_output_tokens": float(out_tokens),
-            "request_throughput_req_s": _ratio(len(done), dur),
+            "requests_completed": float(len(done)), "requests_unfinished": float(len(self.records) - len(done)),
+            "duration_s": dur, "total_input_tokens": float(sum(r.prompt_len for r in done)),
+            "total_output_tokens": float(out_tokens), "request_throughput_req_s": _ratio(len(done), dur),
             "output_throughput_tok_s": _ratio(out_tokens, dur),
-        }
+        }  # fmt: skip
         ttft = np.array([r.ttft for r in done], float)
         e2e = np.array([r.e2e for r in done], float)
         n_out = np.array([r.output_len for r in done], float)
@@ -172,17 +169,17 @@ class MetricsCollector:
         start, end, size = self.batch_series(i)
         t0 = min((r.arrival for r in done), default=float("nan"))
         q_t, q_n = self.queue_series(i)
+        ran, nan = len(size) > 0, float("nan")
+        busy = busy_time(start, end, t0, t0 + dur)
         return {
-            f"tokens_model{i}": float(tokens),
-            f"token_frac_model{i}": _ratio(tokens, out_tokens),
-            f"steps_model{i}": float(len(size)),
-            f"busy_frac_model{i}": _ratio(busy_time(start, end, t0, t0 + dur), dur),
-            f"batch_mean_model{i}": float(size.mean()) if len(size) else float("nan"),
-            f"batch_p50_model{i}": float(np.percentile(size, 50)) if len(size) else float("nan"),
-            f"batch_p99_model{i}": float(np.percentile(size, 99)) if len(size) else float("nan"),
-            f"batch_max_model{i}": float(size.max()) if len(size) else float("nan"),
+            f"tokens_model{i}": float(tokens), f"token_frac_model{i}": _ratio(tokens, out_tokens),
+            f"steps_model{i}": float(len(size)), f"busy_frac_model{i}": _ratio(busy, dur),
+            f"batch_mean_model{i}": float(size.mean()) if ran else nan,
+            f"batch_p50_model{i}": float(np.percentile(size, 50)) if ran else nan,
+            f"batch_p99_model{i}": float(np.percentile(size, 99)) if ran else nan,
+            f"batch_max_model{i}": float(size.max()) if ran else nan,
             f"queue_mean_model{i}": time_weighted_mean(q_t, q_n, t0, t0 + dur),
-        }
+        }  # fmt: skip
 
     def _window_summary(self, window: tuple[float, float]) -> dict[str, float]:
         t0, t1 = window
@@ -212,17 +209,12 @@ class MetricsCollector:
         rows = []
         for r in self.records.values():
             row = {
-                "rid": r.rid,
-                "arrival_s": r.arrival,
-                "finish_s": r.finish if r.finish is not None else float("nan"),
-                "completed": r.finish is not None,
-                "prompt_len": r.prompt_len,
-                "output_len": r.output_len,
-                "ttft_s": r.ttft,
-                "e2e_s": r.e2e,
+                "rid": r.rid, "arrival_s": r.arrival, "finish_s": r.finish if r.finish is not None else float("nan"),
+                "completed": r.finish is not None, "prompt_len": r.prompt_len, "output_len": r.output_len,
+                "ttft_s": r.ttft, "e2e_s": r.e2e,
                 "tpot_s": (r.e2e - r.ttft) / (r.output_len - 1) if r.output_len > 1 else float("nan"),
                 "num_hops": r.num_hops,
-            }
+            }  # fmt: skip
             for i in models:
                 row[f"tokens_model{i}"] = r.model_tokens.get(i, 0)
             rows.append(row)

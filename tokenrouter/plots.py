@@ -22,16 +22,8 @@ if TYPE_CHECKING:
 
     from tokenrouter.metrics import MetricsCollector
 
-__all__ = [
-    "RunCell",
-    "RunSeries",
-    "cdf_axis_rule",
-    "plot_bench",
-    "plot_run",
-    "plot_series",
-    "plot_sweep",
-    "series_from_collector",
-]
+__all__ = ["RunCell", "RunSeries", "cdf_axis_rule", "plot_bench", "plot_run", "plot_series", "plot_sweep",
+    "series_from_collector"]  # fmt: skip
 
 BINS = 40
 # A latency CDF whose largest value is more than TAIL times its median would leave the median in the first
@@ -65,14 +57,10 @@ class RunCell:
         """A simulated run's cell: thresholds as resolved for its N (`auto` filled in); `models` overrides the
         names (a bench names the server's models)."""
         dep, cfg = res.config.deployment, res.config
+        names = list(models) if models is not None else [m.name for m in dep.models]
+        n = None if cfg.arrival_rate else cfg.concurrency
         return cls(
-            models=list(models) if models is not None else [m.name for m in dep.models],
-            router=dep.router.name,
-            hop_rate=dep.router.hop_rate,
-            policy=dep.policy_label,
-            thresholds=tuple(res.thresholds),
-            concurrency=None if cfg.arrival_rate else cfg.concurrency,
-            arrival_rate=cfg.arrival_rate,
+            names, dep.router.name, dep.router.hop_rate, dep.policy_label, tuple(res.thresholds), n, cfg.arrival_rate
         )
 
     def title(self, head: str, unknown: str = "not known") -> str:

@@ -19,16 +19,8 @@ import numpy as np
 
 from tokenrouter.core.hop_law import check_prob
 
-__all__ = [
-    "WORKLOADS",
-    "Phase",
-    "RequestSpec",
-    "WorkloadError",
-    "load_hop_trace",
-    "load_jsonl",
-    "load_phases",
-    "make_workload",
-]
+__all__ = ["WORKLOADS", "Phase", "RequestSpec", "WorkloadError", "load_hop_trace", "load_jsonl", "load_phases",
+    "make_workload"]  # fmt: skip
 
 
 class WorkloadError(ValueError):

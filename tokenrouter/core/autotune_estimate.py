@@ -113,13 +113,10 @@ class Estimates:
         return f"N={self.concurrency}, hop {hop}, step ms {step}, mean output {out}"
 
     def as_dict(self) -> dict[str, object]:
-        return {
-            "concurrency": self.concurrency,
-            "hop_prob": list(self.hop_prob),
-            "step_intercept_ms": [None if s is None else s.intercept_ms for s in self.step],
-            "step_per_row_ms": [None if s is None else s.per_row_ms for s in self.step],
-            "mean_output": self.mean_output,
-        }
+        return {"concurrency": self.concurrency, "hop_prob": list(self.hop_prob),
+                "step_intercept_ms": [None if s is None else s.intercept_ms for s in self.step],
+                "step_per_row_ms": [None if s is None else s.per_row_ms for s in self.step],
+                "mean_output": self.mean_output}  # fmt: skip
 
 
 class Estimator:

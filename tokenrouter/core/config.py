@@ -149,12 +149,9 @@ class PolicyConfig:
 
     def build(self) -> Policy:
         """The core policy."""
-        return Policy(
-            self.kind,
-            thresholds=tuple(self.thresholds),
-            table={int(n): tuple(b) for n, b in self.table.items()},
-            max_wait=None if self.max_wait_ms is None else self.max_wait_ms / 1000.0,
-        )
+        max_wait = None if self.max_wait_ms is None else self.max_wait_ms / 1000.0
+        table = {int(n): tuple(b) for n, b in self.table.items()}
+        return Policy(self.kind, thresholds=tuple(self.thresholds), table=table, max_wait=max_wait)
 
 
 @dataclass(slots=True)

@@ -10,15 +10,5 @@ from tokenrouter.routers.learned.factory import make_learned_router
 from tokenrouter.routers.learned.score_gate import ScoreGate, calibrate_threshold
 from tokenrouter.routers.learned.scorers import ConfidenceMLP, DeferralHead
 
-__all__ = [
-    "Calibratable",
-    "ConfidenceMLP",
-    "DeferralHead",
-    "EnsembleRouter",
-    "ScoreGate",
-    "calibrate_on_runner",
-    "calibrate_threshold",
-    "load_router_checkpoint",
-    "make_learned_router",
-    "save_router_checkpoint",
-]
+__all__ = ["Calibratable", "ConfidenceMLP", "DeferralHead", "EnsembleRouter", "ScoreGate", "calibrate_on_runner",
+    "calibrate_threshold", "load_router_checkpoint", "make_learned_router", "save_router_checkpoint"]  # fmt: skip

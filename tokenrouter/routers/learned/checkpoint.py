@@ -62,18 +62,10 @@ def save_router_checkpoint(scorer: nn.Module, path: str | Path, threshold: float
     name = type(scorer).__name__
     if name not in OWN_MODEL_TYPES:
         raise ValueError(f"save_router_checkpoint writes {', '.join(OWN_MODEL_TYPES)}, not {name}")
-    torch.save(
-        {
-            "model_type": name,
-            "init_args": dict(scorer.init_args),
-            "common_args": {
-                "threshold": None if threshold is None else float(threshold),
-                "input_type": ["hidden_states"],
-            },
-            "state_dict": {k: v.detach().cpu() for k, v in scorer.state_dict().items()},
-        },
-        Path(path),
-    )
+    common = {"threshold": None if threshold is None else float(threshold), "input_type": ["hidden_states"]}
+    state = {k: v.detach().cpu() for k, v in scorer.state_dict().items()}
+    torch.save({"model_type": name, "init_args": dict(scorer.init_args), "common_args": common, "state_dict": state},
+               Path(path))  # fmt: skip
 
 
 def _read(path: Path) -> Mapping[str, Any]:
