@@ -1,8 +1,6 @@
 """Shared command-line options: each flag is declared once, with one help text, for every command (docs/cli.md).
-
-Deployment flags (`DeploymentOverrides`) come from the `deployment_flags()` decorator into a `deploy:
-DeploymentFlags` parameter, whose `resolve()` is the one path to the `DeploymentConfig`; with `axes=True` (`trsim
-sweep`) every flag is a grid axis instead. Run flags (workload, concurrency, ...) are plain `Annotated` aliases.
+`deployment_flags()` adds the deployment flags as a `deploy: DeploymentFlags` parameter (`axes=True`: sweep axes);
+run flags (workload, concurrency, ...) are plain `Annotated` aliases.
 """
 
 from __future__ import annotations

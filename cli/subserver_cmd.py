@@ -1,7 +1,5 @@
-"""`tokenrouter subserver`: run one model's subserver on this host, for a launcher on another host that waits for
-it (the model has `external: true` in the deployment; docs/cluster.md). It serves until the launcher sends Shutdown
-or the connection to it drops; Ctrl-C or SIGTERM stops it, and the launcher then reports the model failed.
-"""
+"""`tokenrouter subserver`: one model's subserver (`external: true`) for a launcher on another host (docs/cluster.md);
+it serves until the launcher sends Shutdown or the connection drops."""
 
 from __future__ import annotations
 

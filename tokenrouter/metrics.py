@@ -58,9 +58,7 @@ class _ModelTrace:
 
 class MetricsCollector:
     """Collects per-request token commits and per-model steps/queues during a run; summarizes at the end.
-
-    ``num_models`` makes per-model keys appear for every model even if one never ran; more models are
-    picked up as they appear."""
+    ``num_models`` models get per-model keys even if one never ran; more are picked up as they appear."""
 
     def __init__(self, num_models: int = 0) -> None:
         self.records: dict[str, RequestRecord] = {}

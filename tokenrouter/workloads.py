@@ -81,11 +81,8 @@ _SPEC_KEYS = frozenset({"workload", "phases"})
 
 def make_workload(name_or_path: str, num_requests: int, seed: int = 0, *, arrival_rate: float | None = None,
                   max_output: int | None = None) -> list[RequestSpec]:  # fmt: skip
-    """Build ``num_requests`` requests from a workload name (see ``WORKLOADS``) or a JSONL path.
-
-    ``arrival_rate`` (req/s) assigns Poisson arrivals; ``max_output`` caps every output length. A file
-    yields at most ``num_requests`` requests (fewer if it is shorter).
-    """
+    """``num_requests`` requests from a workload name (``WORKLOADS``) or a file (at most that many); ``arrival_rate``
+    (req/s) assigns Poisson arrivals, ``max_output`` caps every output length."""
     if isinstance(num_requests, bool) or not isinstance(num_requests, int) or num_requests < 1:
         raise WorkloadError(f"num_requests must be an int >= 1, got {num_requests!r}")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:

@@ -25,10 +25,8 @@ def batch_bucket(rows: int) -> int:
 
 @dataclass(slots=True)
 class BatchTimes:
-    """Cumulative step counters per batch-size bucket (`batch_bucket`): steps, their rows, and their own busy
-    time in ms. A step's own time is the part of the model's timeline it alone accounts for: from its launch, or
-    from the end of the step before it if that ended later (overlap: two steps in flight), to its end. Summed
-    over the buckets it is the model's busy time (the union of the steps' intervals)."""
+    """Cumulative step counters per batch-size bucket (`batch_bucket`): steps, rows, and each step's own busy time in
+    ms (from its launch, or the previous step's end if later, to its end: summed, the model's busy time)."""
 
     steps: list[int] = field(default_factory=lambda: [0] * NUM_BATCH_BUCKETS)
     rows: list[int] = field(default_factory=lambda: [0] * NUM_BATCH_BUCKETS)

@@ -31,10 +31,8 @@ class Placement(StrEnum):
 
 
 class Layout(StrEnum):
-    """A small/large pair laid out on G GPUs, as `trsim tune --placements` compares them: both on GPU 0 under MPS
-    (`mps`, 1 GPU), one GPU each (`separate`, 2 GPUs), or the large model tensor-parallel over all G GPUs with the
-    small one co-located on GPU 0 under MPS (`tp`, G GPUs). The first two are the `Placement` modes of the same
-    name; `tp` is placement `mps` with the large model at tp = G."""
+    """A small/large pair laid out on G GPUs (`trsim tune --placements`): the `Placement` modes `mps` and `separate`,
+    or `tp`: placement `mps` with the large model tensor-parallel over all G GPUs."""
 
     MPS = "mps"
     SEPARATE = "separate"

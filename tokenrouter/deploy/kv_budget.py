@@ -24,11 +24,8 @@ class NoRoom(ValueError):
 
 
 def joint_kv_tokens(free_bytes: float, kv_bytes_per_token: list[int]) -> int:
-    """Token capacity T that every co-located model gets when they split `free_bytes` of KV memory.
-
-    Giving each model the same capacity (rather than the same bytes) keeps a request that fits on one
-    model from being preempted on its peer: T * sum(kv_bytes_per_token) = free_bytes.
-    """
+    """Token capacity T that every co-located model gets when they split `free_bytes` of KV memory: the same T for
+    all (not the same bytes), so a request that fits one model is not preempted on its peer."""
     return max(0, int(free_bytes // max(1, sum(kv_bytes_per_token))))
 
 

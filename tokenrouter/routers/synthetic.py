@@ -35,10 +35,8 @@ def hop_key(req: Request, seed: int) -> int:
 
 
 def hop_uniform(key: int, model: int, index: int, revisit: int = 0) -> float:
-    """The uniform draw in [0, 1) of model `model` deciding after output token `index` of the request `key`.
-    `revisit` counts this model's earlier decisions at the same index (a hop that drops its token hands the index
-    on, and a drop back returns it): each return is a new draw, or two models dropping to each other would repeat
-    the same decisions forever."""
+    """The uniform draw in [0, 1) of model `model` deciding after output token `index` of the request `key`; each
+    `revisit` of the index is a new draw, or two models dropping to each other would repeat the same decisions."""
     x = key + 0x9E3779B97F4A7C15 * (index + 1) + 0xD1B54A32D192ED03 * (model + 1) + 0x8CB92BA72F3D8DD7 * revisit
     return (_mix64(x & _MASK64) >> 11) * (1.0 / (1 << 53))
 

@@ -21,11 +21,8 @@ HANDBACK_KEEP = ((True, False), (True, True))  # row i -> j: is model i's token 
 
 
 class LearnedRouter(Router):
-    """A router whose per-model decision is a device part; `route` passes the engine's destinations through, or
-    runs the part on the step's outputs when the engine did not.
-
-    Calibration (`--router-model random`): `hop_rates[m]` is the fraction of model m's steps that should leave m;
-    after `calibration_rows` warm-up rows (`observe`) the bound gate's threshold is set to the matching quantile."""
+    """A router whose per-model decision is a device part (`route` runs it when the engine did not). Calibrated
+    (`random`): after `calibration_rows` warm-up rows the bound gate's cut is set so `hop_rates[m]` of them leave m."""
 
     name = "learned"
     keep: tuple[tuple[bool, ...], ...] = HANDBACK_KEEP
@@ -137,10 +134,8 @@ class CoLLMRouter(OneTokenHandbackRouter):
 
 
 class RStitchRouter(LearnedRouter):
-    """R-Stitch: normalized entropy > tau on the small model drops its token and hops; the large model keeps
-    writing while its entropy is > tau and hands back (token kept) once it is <= tau. A given tau serves both
-    sides; calibrated (`random`), each side sets its own cut for its own rate (the preset's p and q), so no
-    threshold travels between processes."""
+    """R-Stitch: entropy > tau on the small model drops its token and hops; the large model writes while its entropy
+    is > tau and hands back (token kept) at <= tau. Calibrated, each side cuts for its own rate (p, q)."""
 
     name = RouterName.R_STITCH.value
 

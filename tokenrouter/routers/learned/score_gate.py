@@ -15,10 +15,8 @@ from tokenrouter.core.hop_law import check_prob
 
 
 class ScoreGate(nn.Module):
-    """Row goes to `hop` when its score passes the threshold, else to `stay` (absolute model indices).
-
-    `hop_above`: the score must exceed the threshold (else: fall below it); `inclusive`: equality counts as
-    passing. Destinations are int64, one per row of `token_ids`."""
+    """Row goes to `hop` when its score passes the threshold (`hop_above`: exceeds it, else falls below; `inclusive`:
+    equality passes), else to `stay`; int64 destinations, one per row."""
 
     def __init__(self, scorer: nn.Module, threshold: float, *, stay: int, hop: int, hop_above: bool = True,
                  inclusive: bool = False, device: torch.device | str | None = None) -> None:  # fmt: skip

@@ -38,10 +38,8 @@ class _HiddenStateScorer(nn.Module):
 
 
 class ConfidenceMLP(_HiddenStateScorer):
-    """CITER: an MLP over the small model's final hidden state whose sigmoid is the confidence that the small
-    model's token is good enough; the router defers when the confidence is below tau.
-
-    Checkpoint keys: `net.{0,2,...}.{weight,bias}` (Linear layers, ReLU between them)."""
+    """CITER: an MLP over the small model's final hidden state whose sigmoid is the confidence in its token; the
+    router defers below tau. Checkpoint keys: `net.{0,2,...}.{weight,bias}` (Linear layers, ReLU between them)."""
 
     def __init__(self, hidden_size: int, hidden_dims: Sequence[int] = (512, 512), device: torch.device | str = "cpu"):
         super().__init__()
