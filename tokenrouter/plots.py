@@ -1,7 +1,6 @@
-"""Run plots a person can read, shared by `trsim run --plot` and `tr bench --plot` (live and simulated overlaid;
-the panels: docs/simulator.md, Metrics). A run becomes a `RunSeries` first (from a simulator `MetricsCollector`, or
-from a bench outcome whose per-model figures come from the server's polled counters), so the drawing code has one
-input whatever the source. matplotlib's object API (no pyplot state), imported lazily.
+"""Run plots shared by `trsim run --plot` and `tr bench --plot` (panels: docs/simulator.md, Metrics). A run becomes a
+`RunSeries` first (from a simulator collector or a bench outcome), so the drawing has one input; matplotlib's object
+API, imported lazily.
 """
 
 from __future__ import annotations

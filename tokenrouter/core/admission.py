@@ -1,8 +1,6 @@
-"""Admission at the entry: a request goes live only when every model's KV pool has room for it (docs/core.md).
-
-The entry keeps a ledger against the pool sizes the deployment announces: every live request reserves, on every
-model, its length as the entry last saw it plus `growth_tokens`, capped at `prompt_len + max_tokens`. With no
-request live every reservation is gone, so a request that fits every pool alone always gets in.
+"""Admission at the entry: a request goes live only when every model's KV pool has room for it (docs/core.md). Each
+live request reserves on every model its length as the entry last saw it plus `growth_tokens`, capped at
+`prompt_len + max_tokens`; with none live a request that fits every pool alone always gets in.
 """
 
 from __future__ import annotations

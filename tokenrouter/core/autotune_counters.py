@@ -1,7 +1,5 @@
-"""Autotune's counters: what a subserver counts for the controller, and the snapshot the controller reads.
-
-The runtime and the simulator count into these types, so one controller serves both. Every counter is cumulative
-(one that went backwards marks a restart); step times are counted per batch-size bucket (docs/autotune.md).
+"""Autotune's counters: what a subserver counts for the controller (the runtime and the simulator alike) and the
+snapshot it reads. Cumulative (one that went backwards marks a restart); step times per batch-size bucket.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""Autotune's estimates: what the Markov throughput model needs, from cumulative counter snapshots (each estimate,
-its source and why it is made that way: docs/autotune.md, "What it estimates, from which counters").
-
-`Estimator` differences the counters between snapshots and sums the changes with exponential decay in the driver's
-clock; `Estimates` is a value the controller compares (`moved_from`, `workload_moved_from`).
+"""Autotune's estimates for the Markov throughput model, from cumulative counter snapshots differenced and decayed
+in the driver's clock (each estimate and why: docs/autotune.md, "What it estimates, from which counters").
 """
 
 from __future__ import annotations

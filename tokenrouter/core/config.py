@@ -1,7 +1,5 @@
-"""Deployment config: what `trsim tune` writes and `tr serve --config` reads (YAML; every field: docs/config.md).
-
-One schema for the simulator and the runtime, so a tuned configuration deploys unchanged. Validation
-goes through msgspec (types) plus the checks below (meaning); every problem is a one-line ConfigError.
+"""Deployment config: what `trsim tune` writes and `tr serve --config` reads (YAML; every field: docs/config.md). One
+schema for the simulator and the runtime; msgspec checks types, `validate` meaning; every problem is a ConfigError.
 """
 
 from __future__ import annotations
@@ -96,14 +94,11 @@ class AutotuneConfig:
     slo_tpot_ms: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("observe_s", "interval_s", "half_life_s", "step_half_life_s", "search_s"):
-            v = getattr(self, name)
-            if not (isinstance(v, int | float) and math.isfinite(v) and v > 0):
-                raise ConfigError(f"policy.autotune.{name} must be a number > 0, got {v!r}")
-        for name in ("tolerance", "min_gain", "hold_s", "verify_s", "verify_margin"):
-            v = getattr(self, name)
-            if not (isinstance(v, int | float) and math.isfinite(v) and v >= 0):
-                raise ConfigError(f"policy.autotune.{name} must be a number >= 0, got {v!r}")
+        positive = ("observe_s", "interval_s", "half_life_s", "step_half_life_s", "search_s")
+        for name in (*positive, "tolerance", "min_gain", "hold_s", "verify_s", "verify_margin"):
+            v, strict = getattr(self, name), name in positive
+            if not (isinstance(v, int | float) and math.isfinite(v) and (v > 0 if strict else v >= 0)):
+                raise ConfigError(f"policy.autotune.{name} must be a number {'>' if strict else '>='} 0, got {v!r}")
         for name, lo in (("min_steps", 1), ("max_states", 100)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:

@@ -1,8 +1,6 @@
-"""The live request count N that delayed batching keys its thresholds B(N) on, as each subserver knows it.
-
-The entry owns N and announces each change to all peers as a `LiveCount` with a strictly increasing epoch (also
-piggybacked on hand-offs); a peer keeps the highest epoch, so its view lags but never moves backwards. Why no lag
-can deadlock a delayed deployment: docs/core.md, "Why a lagging N cannot deadlock".
+"""The live request count N that delayed batching keys its thresholds B(N) on, as each subserver knows it: the
+entry owns N and announces each change with a strictly increasing epoch; a peer keeps the highest epoch, so its view
+lags but never moves backwards (why no lag can deadlock: docs/core.md, "Why a lagging N cannot deadlock").
 """
 
 from __future__ import annotations

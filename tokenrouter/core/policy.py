@@ -1,8 +1,6 @@
-"""Batching policies: when a subserver may launch its ready requests (docs/core.md, "Batching policies").
-
-`eager` launches whatever is ready; `delayed` waits for B_i ready requests, B clamped so the deadlock guard
-sum_i (B_i - 1) < N holds. The synchronous baselines (`step-sync`, `model-sync`) share a `SyncGate`; standard
-serving is not a policy but the deployment's `baseline`.
+"""Batching policies: when a subserver may launch its ready requests (docs/core.md, "Batching policies"): `eager`,
+`delayed` (B clamped so the deadlock guard sum_i (B_i - 1) < N holds) and the synchronous baselines, which share a
+`SyncGate`. Standard serving is not a policy but the deployment's `baseline`.
 """
 
 from __future__ import annotations

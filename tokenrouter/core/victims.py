@@ -1,7 +1,5 @@
-"""Which requests give their KV pages back when a subserver's pool runs short (without admission only).
-
-Parked requests first, then queued ones, youngest first, and only those younger than the requester, so the oldest
-live request can always take what it needs (docs/core.md, Preemption). RUNNING rows are never victims.
+"""Which requests give their KV pages back when a subserver's pool runs short (without admission only): parked ones
+first, then queued ones, youngest first, only those younger than the requester, never RUNNING ones (docs/core.md).
 """
 
 from __future__ import annotations

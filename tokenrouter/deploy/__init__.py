@@ -1,7 +1,5 @@
-"""One deployment builder, used by the simulator and the runtime: config -> routers, KV pools, schedulers, sync
-gate, admission, graph rules, engine settings and message wiring (pure: no simpy, no torch); and the one
-resolver from command-line overrides to a config (`resolve_deployment`).
-"""
+"""One deployment builder for the simulator and the runtime (`build_deployment`, pure: no simpy, no torch), and the
+one resolver from command-line overrides to a config (`resolve_deployment`)."""
 
 from tokenrouter.deploy.builder import Deployment, build_deployment
 from tokenrouter.deploy.engine_args import engine_kwargs

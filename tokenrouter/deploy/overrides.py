@@ -1,8 +1,6 @@
-"""One path from command-line flags to a deployment: a config (or a default pair) with overrides applied.
-
-Every CLI that builds a deployment fills a `DeploymentOverrides` with the flags given (None = not given) and calls
-`resolve_deployment`, so the same config and flags give the same `DeploymentConfig` everywhere and a flag beside
-`--config` is never dropped (docs/cli.md#deployment-flags). Every deployment resolved passes `check_gpus`.
+"""One path from command-line flags to a deployment (docs/cli.md#deployment-flags): every CLI fills a
+`DeploymentOverrides` with the flags given (None = not given) and calls `resolve_deployment`, so a flag beside
+`--config` is never dropped; every deployment resolved passes `check_gpus`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""GPU accounting: which GPUs each model occupies, which models share one, how many GPUs a deployment uses, and
-the layouts `trsim tune --placements` compares on one GPU kind (`layout`). The invariants `check_gpus` applies to
-every deployment a CLI builds (tp distinct GPUs in rank order, tp dividing the model's shapes, no shared GPU under
-`separate`, co-location under `mps`): docs/config.md#placement.
+"""GPU accounting: which GPUs each model occupies, which share one, how many a deployment uses, and the layouts
+`trsim tune --placements` compares (`layout`); `check_gpus` holds the invariants of docs/config.md#placement.
 """
 
 from __future__ import annotations

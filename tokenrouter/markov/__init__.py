@@ -1,7 +1,5 @@
-"""Markov-chain throughput model of delayed batching and the threshold search (defined in docs/markov.md).
-
-Analysis, not scheduling: the simulator and `trsim tune` use it to choose B; the core never imports it.
-"""
+"""Markov-chain throughput model of delayed batching and the threshold search (docs/markov.md). Analysis, not
+scheduling: the simulator and `trsim tune` use it to choose B; the core never imports it."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Learned routers (R2R, CITER, Co-LLM, R-Stitch, ME) with device parts that run inside the engine step.
-
-Needs torch (extra `engine`); `tokenrouter.routers` itself stays importable without it.
-"""
+"""Learned routers (R2R, CITER, Co-LLM, R-Stitch, ME) with device parts that run inside the engine step. Needs torch
+(extra `engine`); `tokenrouter.routers` itself stays importable without it."""
 
 from tokenrouter.routers.learned.calibrate import Calibratable, calibrate_on_runner
 from tokenrouter.routers.learned.checkpoint import load_router_checkpoint, save_router_checkpoint

@@ -1,7 +1,5 @@
-"""ME: a weighted ensemble of M >= 2 models that writes every token together (docs/routers.md, "The ensemble").
-
-Only `top_k` ids and scores travel in the `PeerReq` extras, never a vocabulary-sized row; the last model commits
-the combined choice, not its own sample (`Router.select_tokens`), seeded by (seed, request, position).
+"""ME: a weighted ensemble of M >= 2 models that writes every token together (docs/routers.md, "The ensemble"): only
+`top_k` ids and scores travel between models, and the last commits the combined choice (`Router.select_tokens`).
 """
 
 from __future__ import annotations
