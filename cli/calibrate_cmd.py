@@ -141,9 +141,8 @@ def _partial(out: Path) -> dict[str, Any]:
 
 
 def _measure(cal: Calibration, console: Console) -> None:
-    """Run the calibration with one progress bar per task (lines when not on a terminal) and print the tasks that
-    failed; exit 3 when tasks are left (the measured ones stay in the partial file, for the same command to
-    resume)."""
+    """Run the calibration with one progress bar per task and print the tasks that failed; exit 3 when tasks are
+    left (the measured ones stay in the partial file, for the same command to resume)."""
     with progress_bar(console, *counted("{task.description}")) as bar:
         bars: dict[str, TaskID] = {}
 
@@ -182,9 +181,8 @@ def _check_flags(placement: str, device: str) -> None:
 
 
 def _require_cuda() -> None:
-    """Stop at once, with one line, on a machine without a CUDA device: every task would fail in its worker and
-    the run would end asking to be resumed, which cannot help. Counts devices without creating a context (the
-    workers are spawned, so this process may touch the driver)."""
+    """Stop at once, with one line, on a machine without a CUDA device (every task would fail in its worker). Counts
+    devices without creating a context (the workers are spawned, so this process may touch the driver)."""
     import torch
 
     if not torch.backends.cuda.is_built():

@@ -167,9 +167,8 @@ def _server(cfg: DeploymentConfig, baseline: str | None, config_path: Path | Non
 
 def _on_device(cfg: DeploymentConfig, ov: DeploymentOverrides, device: str, kv_tokens: int,
                baseline: str | None) -> tuple[DeploymentConfig, DeploymentConfig]:  # fmt: skip
-    """The deployment on `device` and what runs (the baseline's deployment when one runs). A flag that would
-    change nothing is refused (--autotune beside a baseline, which has no B to tune) or, GPU-only ones on CPU,
-    named in one warning line."""
+    """The deployment on `device` and what runs (a baseline's deployment when one runs). A flag that would change
+    nothing is refused (--autotune beside a baseline) or, GPU-only ones on CPU, named in one warning line."""
     from tokenrouter.baselines.modes import baseline_config
     from tokenrouter.runtime.launcher import with_cpu_kv_tokens
 

@@ -72,8 +72,7 @@ class Trial:
 
 class AutotuneController:
     """Estimator + solve + hysteresis + trials. The driver calls `observe` every `config.observe_s`, applies a
-    returned `Decision` and calls `applied` (if it did not, the old B stays); `reset` follows an operator's change.
-    `status`: one line on what the last `observe` did, for logs; `notices`: warnings worth one log line each."""
+    returned `Decision` and calls `applied`; `reset` follows an operator's change. `status`, `notices`: for logs."""
 
     def __init__(self, config: AutotuneConfig, policy: Policy, solve: Solve, drops_token: Sequence[bool]) -> None:
         if policy.is_sync:

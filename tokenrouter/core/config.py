@@ -75,9 +75,8 @@ class PlacementConfig:
 
 @dataclass(slots=True)
 class AutotuneConfig:
-    """`policy.autotune`: re-solve B while serving (`core.autotune`; every field is described in
-    docs/autotune.md). Rates and thresholds are relative, times in seconds; `half_life_s` forgets hop probabilities
-    and N, the slower `step_half_life_s` step times and outputs (properties of the hardware and the prompts)."""
+    """`policy.autotune`: re-solve B while serving (`core.autotune`; every field: docs/autotune.md). Rates and
+    thresholds are relative, times in seconds."""
 
     observe_s: float = 1.0
     interval_s: float = 5.0

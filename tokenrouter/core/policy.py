@@ -71,9 +71,8 @@ def clamp_thresholds(thresholds: Sequence[int], concurrency: int) -> tuple[int, 
 
 
 def scale_thresholds(thresholds: Sequence[int], from_n: int, to_n: int) -> tuple[int, ...]:
-    """B tuned for `from_n` requests carried to `to_n`: each B_i > 1 scaled by to_n / from_n and rounded (half up),
-    entries of 1 kept (an eager model stays eager), then clamped for `to_n`. B grows about in proportion to N: both
-    the queue a batch waits for and the requests that fill it do."""
+    """B tuned for `from_n` requests carried to `to_n` (B grows about in proportion to N): each B_i > 1 scaled by
+    to_n / from_n and rounded half up, entries of 1 kept (an eager model stays eager), then clamped for `to_n`."""
     b = [1 if int(x) == 1 else max(1, math.floor(int(x) * to_n / from_n + 0.5)) for x in thresholds]
     return clamp_thresholds(b, to_n)
 
@@ -97,9 +96,8 @@ def table_thresholds(table: Mapping[int, Sequence[int]], concurrency: int) -> tu
 
 @dataclass(slots=True)
 class Policy:
-    """Batching policy of a deployment; thresholds per model index. `table`: N -> thresholds (`table_thresholds`).
-    `max_wait` (seconds, the clock of `now`) lets a delayed subserver launch under its threshold once its oldest
-    ready request has waited that long."""
+    """Batching policy of a deployment; thresholds per model index, `table`: N -> thresholds. `max_wait` (s) lets a
+    delayed subserver launch under its threshold once its oldest ready request has waited that long."""
 
     kind: PolicyKind = PolicyKind.EAGER
     thresholds: tuple[int, ...] = ()

@@ -43,9 +43,8 @@ class Router:
         return self
 
     def select_tokens(self, batch: Batch, result: StepResult) -> Sequence[int] | Any:
-        """The token each row commits (or drops, per `keep_token`), asked by `Scheduler.complete` before `route`:
-        by default the one sampled. The ensemble overrides it (its weighted choice) and may stash per-row state
-        for `route`/`extras` of the same call."""
+        """The token each row commits (or drops, per `keep_token`), asked before `route`: by default the one sampled;
+        the ensemble's weighted choice (it may stash per-row state for `route`/`extras` of the same call)."""
         return result.next_token_ids
 
     def route(self, batch: Batch, result: StepResult) -> Sequence[int]:

@@ -21,9 +21,8 @@ class NoRoom(ValueError):
 
 
 def kv_capacity_tokens(dep: DeploymentConfig, gpu_memory_gb: float) -> list[int]:
-    """Token capacity per model. Co-located models (mps) split the free memory so each gets the same
-    capacity; a model on its own GPUs gets what its weights leave, unless `kv_budget_gb` is given.
-    `gpu_memory_gb` is one GPU's memory (the profile's in the simulator, the device's at runtime)."""
+    """Token capacity per model: co-located models (mps) split the free memory for the same capacity, a model on its
+    own GPUs gets what its weights leave, unless `kv_budget_gb` is given. `gpu_memory_gb`: one GPU's memory."""
     specs = [load_spec(m.name) for m in dep.models]
     gpu_bytes = gpu_memory_gb * 1e9 * MEM_FRACTION
     caps: list[int] = []

@@ -14,9 +14,8 @@ from tokenrouter.models.tp_rules import tp_split_error
 
 
 def default_gpus(mode: Placement | str, tps: Sequence[int]) -> list[list[int]]:
-    """GPUs per model when only the placement and tp are known: under mps every model starts at GPU 0 (so all share
-    GPU 0; a model at tp = k spans GPUs 0..k-1); otherwise consecutive blocks, model i after model i-1 (tp = 1:
-    model i on GPU i)."""
+    """GPUs per model when only the placement and tp are known: under mps every model starts at GPU 0 (a model at
+    tp = k spans GPUs 0..k-1); otherwise consecutive blocks, model i after model i-1."""
     if str(mode) == Placement.MPS:
         return [list(range(t)) for t in tps]
     out, nxt = [], 0
@@ -85,9 +84,8 @@ def check_gpus(cfg: DeploymentConfig, device: str = "cuda") -> None:
 
 
 def check_tp_divides(model: str, tp: int, name: str | None = None) -> None:
-    """One-line ConfigError when `tp` does not divide the attention heads, KV heads and MLP width of `model` (a
-    bundled name or an HF directory; `name` labels it). A shape that cannot be loaded is left to whoever loads it
-    (an unknown model is its own error there)."""
+    """One-line ConfigError when `tp` does not divide the attention heads, KV heads and MLP width of `model` (`name`
+    labels it). A shape that cannot be loaded is left to whoever loads it."""
     try:
         spec = load_spec(model)
     except (ValueError, OSError):

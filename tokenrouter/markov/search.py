@@ -25,9 +25,8 @@ MAX_ROUNDING = 0.02  # a coarser quantum may round a step time by at most this f
 
 @dataclass(slots=True)
 class SearchOutcome:
-    """What a budgeted search found; `thresholds` is feasible for the model's N. `ranked`: evaluated candidates,
-    best first; `model`: the one they were evaluated with (maybe a coarser quantum); `exact`: every feasible B at
-    the quantum asked for; `note`: what was reduced and why ("" when exact)."""
+    """What a budgeted search found (`thresholds` feasible for the model's N): `ranked` best first, under `model`
+    (maybe a coarser quantum); `exact`: every feasible B at the quantum asked for; `note`: what was reduced."""
 
     thresholds: tuple[int, ...]
     throughput_tok_s: float | None

@@ -11,9 +11,8 @@ _DENSE_LIMIT = 400  # below this many states a dense solve beats SuperLU's setup
 
 
 def class_distributions(t: sp.csr_matrix, start: int) -> list[tuple[float, np.ndarray]]:
-    """Stationary distribution of each closed class reachable from `start`, with its absorption probability.
-
-    Usually there is one closed class (weight 1). Transient states get probability 0."""
+    """Stationary distribution of each closed class reachable from `start`, with its absorption probability (usually
+    one class, weight 1); transient states get probability 0."""
     n = t.shape[0]
     n_comp, lab = connected_components(t, directed=True, connection="strong")
     if n_comp == 1:

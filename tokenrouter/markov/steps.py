@@ -100,7 +100,6 @@ def feasible_thresholds(num_models: int, concurrency: int) -> list[tuple[int, ..
 
 
 def live_thresholds(thresholds: Sequence[int], live: int) -> tuple[int, ...]:
-    """The B a scheduler applies while only `live` requests are in the system: the core's clamp
-    (`core.policy.clamp_thresholds`) itself, so the model sees what the schedulers do between a request's finish
-    and its replacement's admission."""
+    """The B a scheduler applies while only `live` requests are in the system: the core's clamp itself, so the model
+    sees what the schedulers do between a request's finish and its replacement's admission."""
     return policy.clamp_thresholds(thresholds, live)

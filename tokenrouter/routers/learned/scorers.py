@@ -58,9 +58,8 @@ class ConfidenceMLP(_HiddenStateScorer):
 
 
 class DeferralHead(_HiddenStateScorer):
-    """Co-LLM: one extra logit over the small model's final hidden state; sigmoid > eta defers the token.
-
-    Checkpoint keys: `head.weight` [1, hidden], `head.bias` [1]."""
+    """Co-LLM: one extra logit over the small model's final hidden state; sigmoid > eta defers the token. Checkpoint
+    keys: `head.weight` [1, hidden], `head.bias` [1]."""
 
     def __init__(self, hidden_size: int, device: torch.device | str = "cpu"):
         super().__init__()
