@@ -227,9 +227,8 @@ def point_flags(config: Path | None, point: dict[str, str]) -> DeploymentFlags:
 
 
 def parse_run_args(argv: list[str]) -> tuple[DeploymentFlags, dict[str, Any]]:
-    """`trsim run`'s `--config`, deployment flags and run flags in `argv` (as a live-results cell records them),
-    parsed without a command: the flags, and the run flags given, as keyword arguments of `sim_config`.
-    ValueError (click's wording) for an unknown flag, a missing value or a value of the wrong type."""
+    """`trsim run`'s `--config`, deployment flags and run flags in `argv` (a live-results cell), parsed without a
+    command: the flags, and the run flags as `sim_config` keywords. ValueError (click's wording) for bad input."""
     opts: dict[str, tuple[str, Callable[[str], Any] | bool]] = {"--config": ("config", Path), **RUN_ARGS}
     # trsim run's outputs: taken as a run takes them, not part of the cell
     opts.update({"--json": ("", str), "--csv": ("", str), "--plot": ("", str), "--dry-run": ("", True)})

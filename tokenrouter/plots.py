@@ -25,9 +25,8 @@ __all__ = ["RunCell", "RunSeries", "cdf_axis_rule", "plot_bench", "plot_run", "p
     "series_from_collector"]  # fmt: skip
 
 BINS = 40
-# A latency CDF whose largest value is more than TAIL times its median would leave the median in the first
-# fifth of a linear axis, the bulk of the requests squeezed against it: such a CDF gets a log x axis (or, with
-# values <= 0, which a log axis cannot show, a linear one cut at p99 with the tail written on the panel).
+# A latency CDF whose largest value is more than TAIL times its median would squeeze the bulk of the requests into the
+# first fifth of a linear axis: such a CDF gets a log x axis, or with values <= 0 a linear one cut at p99.
 TAIL = 5.0
 
 

@@ -130,9 +130,8 @@ def request_ids(spec: RequestSpec, seed: int, vocab: int = 1000) -> list[int]:
 
 
 def request_seed(spec: RequestSpec, seed: int) -> int:
-    """The sampling seed a client sends with `spec` (OpenAI's `seed`): distinct per request id and workload seed,
-    so a seeded server repeats each request's samples and synthetic hops (`routers.synthetic`) run after run,
-    and the simulator, given the same seed, draws the same hops as the live server."""
+    """The sampling seed a client sends with `spec` (OpenAI's `seed`), distinct per request id and workload seed, so
+    a seeded server repeats each request's samples and hops, and the simulator draws the same hops."""
     return (seed & 0x7FFFFFFF) << 32 | zlib.crc32(spec.rid.encode())  # fits OpenAI's signed 64-bit seed
 
 

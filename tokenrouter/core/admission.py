@@ -24,9 +24,8 @@ class PoolSize:
 
 @dataclass(slots=True)
 class Admission:
-    """Reservation ledger kept by the entry. Invariant: `reserved[i]` is the sum of the live requests'
-    reservations on model i; admission never takes it past `capacities[i].pages` (growth of what is already
-    live may)."""
+    """Reservation ledger kept by the entry. Invariant: `reserved[i]` is the sum of the live requests' reservations on
+    model i; admission never takes it past `capacities[i].pages` (growth of what is already live may)."""
 
     capacities: Sequence[PoolSize]
     growth_tokens: int | None = 256

@@ -93,9 +93,8 @@ class Estimates:
         return None
 
     def workload_moved_from(self, old: Estimates, tolerance: float) -> str | None:
-        """What of the workload (N, hop probabilities) moved by more than `tolerance` since `old`, or None. Step
-        times move with B itself, so they cannot tell whether two B saw one workload; the mean output is the
-        noisiest estimate and moves a closed loop's rate little."""
+        """What of the workload (N, hop probabilities) moved by more than `tolerance` since `old`, or None; not the
+        step times (they move with B itself) nor the mean output (noisy, and it moves a closed loop's rate little)."""
         if self.concurrency != old.concurrency:
             return f"N {old.concurrency} -> {self.concurrency}"
         for i, (p, q) in enumerate(zip(self.hop_prob, old.hop_prob, strict=True)):

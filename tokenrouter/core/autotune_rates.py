@@ -24,9 +24,8 @@ class Window:
     steady: bool = True
 
     def same_workload(self, other: Window, tolerance: float) -> bool:
-        """The two windows served one workload: the same median N, hop probabilities within `tolerance` (relative
-        to the larger of the probability and 0.1). Own values: decayed estimates on each side of a shift could
-        look alike."""
+        """The two windows served one workload: the same median N, hop probabilities within `tolerance` (relative to
+        the larger of the probability and 0.1); own values, as decayed estimates either side of a shift look alike."""
         if self.live != other.live or not (self.steady and other.steady):
             return False
         for p, q in zip(self.hop_prob, other.hop_prob, strict=True):

@@ -322,9 +322,8 @@ def migrate(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_keys(raw: Any, cls: type, where: str) -> None:
-    """Refuse a key the schema lacks, at any depth: msgspec ignores unknown keys of a dataclass, so a typo
-    (`threshold:`, `polcy:`) would otherwise load as the default it meant to replace. `where` is the path in
-    msgspec's notation (`$.policy`). Values of the wrong shape are left to msgspec, which names them."""
+    """Refuse a key the schema lacks, at any depth (msgspec ignores them, so a typo would load as the default it
+    meant to replace); `where` is the path in msgspec's notation (`$.policy`). Wrong shapes are msgspec's."""
     if not isinstance(raw, dict):
         return
     hints = typing.get_type_hints(cls)

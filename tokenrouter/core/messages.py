@@ -13,9 +13,8 @@ from tokenrouter.core.request import SamplingParams
 
 @dataclass(slots=True)
 class PeerReq:
-    """A request handed to a peer, or its finish (`finished`: free its KV). `tokens` is the suffix the destination
-    has not seen, from position `loc` (the whole sequence on a first visit, with what the peer needs to build its
-    `Request`). `active`/`epoch` piggyback the live count (`LiveCount`)."""
+    """A request handed to a peer, or its finish (`finished`: free its KV). `tokens`: the suffix the destination has
+    not seen, from `loc` (all of it on a first visit); `active`/`epoch` piggyback the live count (`LiveCount`)."""
 
     rid: str
     src: int

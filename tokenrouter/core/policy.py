@@ -43,9 +43,8 @@ def guard_holds(thresholds: Sequence[int], concurrency: int) -> bool:
 
 def check_policy(thresholds: Sequence[int], table: Mapping[int, Sequence[int]], max_wait: float | None = None,
                  num_models: int | None = None, concurrency: int | None = None) -> None:  # fmt: skip
-    """The one check of a policy that every entry runs: one value per model when `num_models` is known (empty flat
-    thresholds: all 1), every B_i >= 1, the deadlock guard on table rows (keyed by N) and, given `concurrency`, on
-    the flat thresholds, and a finite max_wait >= 0. A one-line ValueError naming the first problem."""
+    """The one check of a policy every entry runs (a one-line ValueError): one value per model when `num_models` is
+    known, every B_i >= 1, the deadlock guard on table rows and at `concurrency`, a finite max_wait >= 0."""
     rows = [("thresholds", concurrency, thresholds), *((f"table row {n}", n, b) for n, b in table.items())]
     for what, n, b in rows:
         if num_models is not None and (b or what != "thresholds") and len(b) != num_models:

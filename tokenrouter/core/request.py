@@ -54,9 +54,8 @@ class Request:
     num_computed: int = 0
     status: ReqStatus = ReqStatus.WAITING
     pages: list[int] = field(default_factory=list)
-    # Admission order, given by the entry and carried to every peer: lower is older. Victims of KV
-    # preemption are always younger than the request that needs the pages, so no two requests can keep
-    # evicting each other.
+    # Admission order, given by the entry and carried to every peer: lower is older. KV victims are always younger
+    # than the request that needs the pages, so no two requests can keep evicting each other.
     seq: int = -1
     # Bumped whenever the request leaves this subserver (hop, finish): rows of an already prepared batch
     # that carry an older version are stale and their results are ignored.

@@ -75,9 +75,8 @@ class Router:
         return None
 
     def receive(self, msg: PeerReq, req: Request) -> None:
-        """Merge an arriving request into the local one (default: commit every returned token). Called for every
-        handover, the first visit included, so a router sees each message's `extras`. Invariant: `msg.loc <=
-        len(req.token_ids)`; local tokens past `msg.loc` were never committed (a dropped sample) and are replaced."""
+        """Merge an arriving request into the local one (every handover, the first visit included). Invariant:
+        `msg.loc <= len(req.token_ids)`; local tokens past `msg.loc` were never committed and are replaced."""
         if msg.loc > len(req.token_ids):
             raise ValueError(f"{req.rid}: peer sent tokens from {msg.loc} but only {len(req.token_ids)} are known here")
         del req.token_ids[msg.loc :]

@@ -96,9 +96,8 @@ class Scheduler:
 
     @property
     def prepares_ahead(self) -> bool:
-        """Whether `schedule` may form step k+1 while step k is in flight: the one overlap rule every driver
-        reads. Never with a sync gate: its barrier waits for step k's results anyway, and a step formed ahead
-        would hold `from_prev` rows that skip the routing decision the round exists to synchronize."""
+        """Whether `schedule` may form step k+1 while step k is in flight: the one overlap rule every driver reads.
+        Never with a sync gate: a step formed ahead would skip the routing decision the round synchronizes."""
         return self.overlap and self.gate is None
 
     @property
@@ -180,9 +179,8 @@ class Scheduler:
         return self._finish(req, "abort", now)
 
     def on_peer_restart(self, peer: int, now: float = 0.0) -> list[Action]:
-        """Subserver `peer` died and comes back empty. Every request here ends with "error" (it may be parked on
-        the dead peer or wait for a message it took along; the front-end fails them all anyway). No peer is told:
-        each survivor gets the same call. A restarted entry counts from epoch 0 again, so its count is forgotten."""
+        """Subserver `peer` died and comes back empty: every request here ends with "error" (it may depend on the
+        dead peer). No peer is told (each survivor gets the same call); a restarted entry's count is forgotten."""
         actions: list[Action] = []
         for rid in list(self.admit_queue):
             del self.admit_queue[rid]

@@ -64,9 +64,8 @@ class Deployment:
         return range(self.num_models) if self.gate is not None else (model,)
 
     def set_router(self, model: int, router: Router) -> None:
-        """Give subserver `model` another router (the runtime's learned routers need the engine, which needs
-        this deployment's KV pool). Call it before any request reaches the scheduler: the router is bound
-        here and no request state refers to the old one yet."""
+        """Give subserver `model` another router (the runtime's learned routers need the engine, which needs this
+        deployment's KV pool), before any request reaches the scheduler."""
         sched = self.schedulers[model]
         if sched.reqs or sched.admit_queue or sched.inflight:
             raise RuntimeError("set_router after requests reached the scheduler")
@@ -89,8 +88,7 @@ def build_router(rc: RouterConfig, num_models: int, seed: int, traces: Mapping[s
 
 def max_context_len(cfg: DeploymentConfig) -> int:
     """The longest request every model can run: the smallest `max_position_embeddings`, or the scheduler's
-    `max_model_len` when set (a request may visit every model). ValueError for a `max_model_len` longer than a
-    model's context, which would be served at the shorter length without a word."""
+    `max_model_len` when set; ValueError for a `max_model_len` longer than a model's context."""
     limits = {m.name: load_spec(m.path or m.name).max_position_embeddings for m in cfg.models}
     name, limit = min(limits.items(), key=lambda kv: kv[1])
     mml = cfg.scheduler.max_model_len

@@ -58,9 +58,8 @@ def with_layout(cfg: DeploymentConfig, mode: Placement, tps: Sequence[int]) -> D
 
 
 def check_gpus(cfg: DeploymentConfig, device: str = "cuda") -> None:
-    """One-line ConfigError unless every model's `tp` splits its heads evenly and, on CUDA, every model has tp
-    distinct GPUs (rank r runs on `gpus[r]`) and `separate` models share none. On CPU `gpus` means nothing and is
-    not checked. The resolver applies it to every deployment a CLI builds, the launcher to what it is given."""
+    """One-line ConfigError unless every model's `tp` splits its heads evenly and, on CUDA (on CPU `gpus` means
+    nothing), every model has tp distinct GPUs (rank r on `gpus[r]`) and `separate` models share none."""
     for m in cfg.models:
         if m.tp < 1:
             raise ConfigError(f"model {m.name}: tp must be >= 1, got {m.tp}")

@@ -177,9 +177,8 @@ def explore(quanta: np.ndarray, routing: np.ndarray, commit_mean: np.ndarray, co
 
 
 def _destinations(routing: np.ndarray, finish: np.ndarray | None, entry: int) -> np.ndarray:
-    """(M, M + 1) where a completing request goes: model j, or column M, "finished: replaced by a new request at
-    the entry" (a late arrival, `explore`). On the entry itself the next request is queued before the entry
-    launches again, so a request finishing there is no late arrival: it counts as routed to the entry."""
+    """(M, M + 1) where a completing request goes: model j, or column M, "finished: replaced by a late arrival at the
+    entry". A request finishing on the entry is no late arrival (its successor queues before the entry launches)."""
     m = routing.shape[0]
     h = np.zeros((m, m)) if finish is None else np.asarray(finish, dtype=float)
     replaced = (routing * h).sum(axis=1)
@@ -191,9 +190,8 @@ def _destinations(routing: np.ndarray, finish: np.ndarray | None, entry: int) ->
 
 def _start_states(index: _KeyIndex, m: int, n: int, thr: np.ndarray, quanta: np.ndarray,
                   thr_live: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-    """Per threshold vector its first embedded state's id, and the distinct start rows (g, k, b, r), the BFS's
-    first frontier: (N, 0, ..) waiting and nothing running, then the launch rule advances to the first
-    completion. The start-up interval is transient and carries no reward, hence its tau is dropped."""
+    """Per threshold vector its first embedded state's id, and the distinct start rows (g, k, b, r): all N waiting
+    at model 0, advanced by the launch rule to the first completion (a transient interval: its tau is dropped)."""
     n_groups = len(thr)
     k0 = np.zeros((n_groups, m), dtype=np.int64)
     k0[:, 0] = n
@@ -207,9 +205,8 @@ def _start_states(index: _KeyIndex, m: int, n: int, thr: np.ndarray, quanta: np.
 
 def _route_completions(completing: np.ndarray, b: np.ndarray,
                        outcomes: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
-    """Route every completing batch of the frontier: each state expanded by the product of its completing
-    models' outcome sets (`multinomial_outcomes`). Returns per child its parent's frontier row, the requests
-    arriving at each destination (M + 1 columns, the last the late arrivals) and its probability."""
+    """Route every completing batch of the frontier (the product of its completing models' outcome sets). Per child:
+    its parent's frontier row, the arrivals per destination (M + 1 columns, the last late) and its probability."""
     out_counts, out_probs, out_start, out_count = outcomes
     n_front, m = completing.shape
     parent = np.arange(n_front)

@@ -42,9 +42,8 @@ def hop_uniform(key: int, model: int, index: int, revisit: int = 0) -> float:
 
 
 def _revisit(req: Request, model: int) -> int:
-    """How many times `model` decided at the request's current output index before, counting a new visit only
-    when the request hopped in between (a row computed again without a hop, e.g. after a preemption, draws the
-    same). Kept in the router's part of the request (`Request.extras`) of this subserver."""
+    """How many times `model` decided at the request's current output index before, counting a new visit only when
+    the request hopped in between (a row recomputed after a preemption draws the same); kept in `Request.extras`."""
     index, hops = req.num_output, req.num_hops
     visits = req.extras.setdefault("hop_visits", {})
     last = visits.get(model)

@@ -70,9 +70,8 @@ class ConstantDestination(nn.Module):
 
 
 def calibrate_threshold(scores: torch.Tensor, hop_rate: float, *, hop_above: bool = True) -> float:
-    """The threshold at which a fraction `hop_rate` of `scores` passes: the (1 - p) quantile when high scores
-    hop, the p quantile when low scores do. p = 0 and p = 1 give infinite cuts (never / always), so the
-    edge cases hold exactly rather than up to one sample."""
+    """The threshold at which a fraction `hop_rate` of `scores` passes: the (1 - p) quantile when high scores hop,
+    else the p quantile; p = 0 and p = 1 give infinite cuts, so the edge cases hold exactly."""
     p = check_prob(hop_rate, "hop rate")
     if p in (0.0, 1.0):
         never = math.inf if hop_above else -math.inf
