@@ -11,7 +11,6 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tokenrouter.cli.common import CliError
 from tokenrouter.cli.options import HOP_RATE_HELP
 from tokenrouter.core.names import RouterName
 from tokenrouter.core.policy import format_b
@@ -22,12 +21,17 @@ from tokenrouter.sim.propose import check_search_concurrency
 ROUTERS = (RouterName.R2R, RouterName.R_STITCH, RouterName.ME)
 
 
+def _fail(message: str) -> typer.Exit:
+    typer.echo(f"trsim: error: {message}", err=True)
+    return typer.Exit(2)
+
+
 def _numbers(text: str, what: str, kind: type[int] | type[float]) -> list:
     try:
         return [kind(x) for x in text.split(",")]
     except ValueError:
         noun = "integers" if kind is int else "numbers"
-        raise CliError(f"{what} must be comma-separated {noun}, got {text!r}") from None
+        raise _fail(f"{what} must be comma-separated {noun}, got {text!r}") from None
 
 
 def _load_table(path: Path) -> list[list[float]]:
@@ -35,15 +39,15 @@ def _load_table(path: Path) -> list[list[float]]:
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
-        raise CliError(f"cannot read step table {path}: {exc}") from None
+        raise _fail(f"cannot read step table {path}: {exc}") from None
     if isinstance(data, dict):
         data = data.get("step_ms")
     if not (isinstance(data, list) and all(isinstance(row, list) for row in data)):
-        raise CliError(f"step table {path} must be a list of per-model lists of step times (ms)")
+        raise _fail(f"step table {path} must be a list of per-model lists of step times (ms)")
     try:
         return [[float(x) for x in row] for row in data]
     except (TypeError, ValueError):
-        raise CliError(f"step table {path} must hold numbers only") from None
+        raise _fail(f"step table {path} must hold numbers only") from None
 
 
 def _fmt(values: tuple[float, ...], digits: int = 2) -> str:
@@ -81,41 +85,46 @@ def model(step_ms: StepMs = None, router: Router = "r2r", hop_rate: HopRate = No
     if hop_prob is not None:
         typer.echo("trsim: note: --hop-prob is deprecated; use --hop-rate", err=True)
         if hop_rate is not None and hop_rate != hop_prob:
-            raise CliError("give --hop-rate only (--hop-prob is its deprecated spelling)")
+            raise _fail("give --hop-rate only (--hop-prob is its deprecated spelling)")
         hop_rate = hop_prob
     if (step_ms is None) == (step_ms_table is None):
-        raise CliError("give exactly one of --step-ms and --step-ms-table")
+        raise _fail("give exactly one of --step-ms and --step-ms-table")
     steps: list = _numbers(step_ms, "--step-ms", float) if step_ms is not None else _load_table(step_ms_table)  # type: ignore[arg-type]
     key = router.lower()
     if key == RouterName.R2R and return_prob != 1.0:
         key = RouterName.R_STITCH
     if key not in ROUTERS:
-        raise CliError(f"--router must be one of {', '.join(ROUTERS)}, got {router!r}")
+        raise _fail(f"--router must be one of {', '.join(ROUTERS)}, got {router!r}")
     if key != RouterName.ME and len(steps) != 2:
-        raise CliError(f"{key} needs 2 step times (small,large), got {len(steps)}")
+        raise _fail(f"{key} needs 2 step times (small,large), got {len(steps)}")
     if key != RouterName.ME and hop_rate is None:
-        raise CliError(f"--hop-rate is required for {key}")
+        raise _fail(f"--hop-rate is required for {key}")
     if key == RouterName.ME and hop_rate is not None:
-        raise CliError("--hop-rate does not apply to me (every token visits every model)")
+        raise _fail("--hop-rate does not apply to me (every token visits every model)")
     if concurrency is None:
-        raise CliError("--concurrency is required")
+        raise _fail("--concurrency is required")
     if concurrency < 1:
-        raise CliError(f"--concurrency must be positive, got {concurrency}")
+        raise _fail(f"--concurrency must be positive, got {concurrency}")
     if max_states < 1:
-        raise CliError(f"--max-states must be positive, got {max_states}")
-    # A ValueError here (bad input, or a chain too large even on the coarsest admissible quantum) is one line on
-    # stderr with exit code 2 (`run_app`).
-    check_search_concurrency(concurrency)
-    routing, commit = router_matrices(key, len(steps), hop_rate=hop_rate or 0.0, return_prob=return_prob)
-    chain = MarkovModel.create(steps, routing, commit, concurrency, delta_ms, mean_output)
-    b = chain.check_thresholds(_numbers(thresholds, "--thresholds", int)) if thresholds is not None else None
+        raise _fail(f"--max-states must be positive, got {max_states}")
+    try:
+        check_search_concurrency(concurrency)
+        routing, commit = router_matrices(key, len(steps), hop_rate=hop_rate or 0.0, return_prob=return_prob)
+        chain = MarkovModel.create(steps, routing, commit, concurrency, delta_ms, mean_output)
+        b = chain.check_thresholds(_numbers(thresholds, "--thresholds", int)) if thresholds is not None else None
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+
     _print_header(key, hop_rate, return_prob, concurrency, mean_output, len(steps))
-    if b is not None:
-        res, used, note = evaluate_thresholds(chain, b, max_states)
-        _print_quantum(used)
-        _print_one(res, note)
-    else:
-        _print_search(chain, top, max_states)
+    try:
+        if b is not None:
+            res, used, note = evaluate_thresholds(chain, b, max_states)
+            _print_quantum(used)
+            _print_one(res, note)
+        else:
+            _print_search(chain, top, max_states)
+    except ValueError as exc:  # the chain is too large even on the coarsest admissible quantum
+        raise _fail(str(exc)) from None
 
 
 def _print_header(key: str, hop: float | None, ret: float, n: int, mean_output: float | None, m: int) -> None:
