@@ -184,9 +184,8 @@ def _cdf(ax, x: np.ndarray, **kw) -> bool:
 
 
 def cdf_axis_rule(values_ms: np.ndarray) -> str:
-    """How a CDF panel shows `values_ms` (every run drawn on it): "linear"; "log" when the largest value is more
-    than `TAIL` times the median and all are positive; "p99" (linear, cut at the 99th percentile) when such a
-    tail comes with values <= 0."""
+    """How a CDF panel shows `values_ms` (every run drawn on it): "linear"; "log" when the largest value is more than
+    `TAIL` times the median and all are positive; "p99" (linear, cut there) when such a tail comes with values <= 0."""
     x = values_ms[np.isfinite(values_ms)]
     if len(x) < 2:
         return "linear"

@@ -34,9 +34,8 @@ class StepLine:
 
 
 def fit_step_line(points: Sequence[tuple[float, float, float]]) -> StepLine | None:
-    """Weighted least squares of ms on rows over (mean rows, mean ms, weight) points, both coefficients >= 0: a
-    negative slope is noise, and a negative intercept (a convex curve's chord) would price a small batch below
-    zero, so the line then goes through the origin. None without points."""
+    """Weighted least squares of ms on rows over (mean rows, mean ms, weight) points, both coefficients >= 0 (a
+    negative slope is noise; a negative intercept puts the line through the origin). None without points."""
     pts = [(r, m, w) for r, m, w in points if w > 0]
     if not pts:
         return None

@@ -109,9 +109,8 @@ class AutotuneConfig:
 
 @dataclass(slots=True, frozen=True)
 class PolicyConfig:
-    """The batching policy, the one carrier of B above the core (YAML, the flags' result, the admin endpoint's
-    state, `SetPolicy`); `build()` gives the core's `Policy`. Checked when made (`check`; the number of models
-    where it is known). Never changed once made: `with_thresholds` and `dataclasses.replace` give a new one."""
+    """The batching policy, the one carrier of B above the core (docs/core.md); `build()` gives the core's `Policy`.
+    Checked when made (`check`), never changed: `with_thresholds` and `dataclasses.replace` give a new one."""
 
     kind: PolicyKind = PolicyKind.DELAYED
     thresholds: list[int] = field(default_factory=list)

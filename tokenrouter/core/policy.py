@@ -77,9 +77,8 @@ def scale_thresholds(thresholds: Sequence[int], from_n: int, to_n: int) -> tuple
 
 
 def table_thresholds(table: Mapping[int, Sequence[int]], concurrency: int) -> tuple[int, ...]:
-    """B for live N from a table tuned at some N (`trsim tune`'s B(N)), before the guard's clamp: a row's N its row;
-    between rows each B_i interpolated linearly in N (rounded half up); above the last row that row scaled to N
-    (`scale_thresholds`); below the first row the first row."""
+    """B for live N from a table B(N), before the guard's clamp: a row's N its row; between rows each B_i linear in N
+    (rounded half up); above the last row that row scaled to N (`scale_thresholds`); below the first the first."""
     keys = sorted(table)
     if concurrency in table:
         return tuple(int(x) for x in table[concurrency])
@@ -134,9 +133,8 @@ class Policy:
 
 
 class SyncGate:
-    """Global launch gate for the synchronous baselines, shared by every subserver of one deployment; it decides
-    from what the subservers report, so it is as pure as they are. A step-sync round forms when nothing runs; each
-    member launches once it has received the messages sent to it before then (its `bar`)."""
+    """Global launch gate for the synchronous baselines, shared by every subserver (pure: it decides from what they
+    report). A step-sync round forms when nothing runs; a member launches once the messages sent before (`bar`) land."""
 
     def __init__(self, kind: PolicyKind | str, num_models: int) -> None:
         kind = parse_kind(kind)

@@ -14,9 +14,8 @@ from tokenrouter.core.request import Request
 
 @runtime_checkable
 class DeviceRouter(Protocol):
-    """The part of a router that runs inside the engine's step (captured in its CUDA graph): from the sampled
-    tokens (and, when asked for, final-norm hidden states and logits) one absolute destination per row, a device
-    integer tensor. No host sync, no data-dependent shapes, no allocation outliving the call; padding rows ignored."""
+    """The part of a router that runs inside the engine's step (in its CUDA graph): sampled tokens (hidden states,
+    logits when asked) -> one destination per row: no host sync, data-dependent shape or allocation outliving it."""
 
     needs_logits: bool
     needs_hidden: bool

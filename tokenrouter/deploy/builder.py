@@ -30,9 +30,8 @@ Runs = Sequence[tuple[int, int]]
 
 @dataclass(slots=True)
 class Deployment:
-    """A built deployment; index i is model i everywhere. The driver carries each `Send` to `deliver` (order kept
-    per link), hands `Emit`/`Finish` to clients, and after any call that changed subserver i asks `schedule()`
-    again on every subserver in `wakes(i)`."""
+    """A built deployment; index i is model i everywhere. The driver carries each `Send` to `deliver` (order kept per
+    link) and, after any call that changed subserver i, asks `schedule()` again on every subserver in `wakes(i)`."""
 
     config: DeploymentConfig
     schedulers: list[Scheduler]

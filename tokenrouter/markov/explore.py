@@ -229,9 +229,8 @@ def _route_completions(completing: np.ndarray, b: np.ndarray,
 
 def _rewards(parent: np.ndarray, w: np.ndarray, ck: np.ndarray, cb: np.ndarray, completing: np.ndarray,
              done_size: np.ndarray, commit_mean: np.ndarray) -> np.ndarray:  # fmt: skip
-    """Per-source expected rewards of one BFS level, one row per frontier state: tokens, tau, busy[M], queue[M],
-    running[M], done[M], done_size[M]. `w` is each child's probability times its holding time; (ck, cb) is the
-    post-launch state, constant until the next completion, so its time integrals are weighted sums."""
+    """Per-source expected rewards of one BFS level: tokens, tau, busy[M], queue[M], running[M], done[M],
+    done_size[M]. `w`: each child's probability x holding time, over which the post-launch (ck, cb) is constant."""
     nf, m = completing.shape
     cols = [np.bincount(parent, weights=w, minlength=nf)]
     for arr in (cb > 0, ck, cb):

@@ -15,9 +15,8 @@ from tokenrouter.routers.learned.score_gate import ScoreGate
 
 @runtime_checkable
 class Calibratable(Protocol):
-    """A router whose threshold is set from its own scores on warm-up steps before serving (`random` weights: a
-    target hop rate instead of a trained cut): `LearnedRouter`. `needs_calibration` stays True until the bound
-    model's gate has seen `calibration_rows` scored rows through `observe`, which returns True then."""
+    """A router whose threshold is set from its own scores on warm-up steps before serving (`LearnedRouter`):
+    `needs_calibration` stays True until `observe` has fed the bound gate `calibration_rows` rows (it returns True)."""
 
     model: int
     calibration_rows: int
