@@ -37,9 +37,8 @@ _COMPARE = (("output throughput tok/s", "output_throughput_tok_s", 1),
 
 
 def live_summary(out) -> dict[str, Any]:
-    """The collector's summary with the per-model busy fraction (the union of its step intervals: <= 100%) and mean
-    batch size from the server's counters. NaN (shown as `-`) is what a live bench cannot observe (batch
-    percentiles; busy without the server's counter; both when no step ran between the polls)."""
+    """The collector's summary with the per-model busy fraction (the union of its step intervals) and mean batch size
+    from the server's counters; NaN (shown as `-`) for what a live bench cannot observe (batch percentiles, ...)."""
     window = (0.0, out.exhausted_at) if out.exhausted_at else None  # the simulator's steady window (closed loop)
     s = out.metrics.summary(window=window)
     for i, name in enumerate(out.model_names):

@@ -14,7 +14,6 @@ from rich.progress import TaskID
 from rich.table import Table
 
 from tokenrouter.calibration.fit_quality import poor_fits
-from tokenrouter.calibration.profile import ProfileError
 from tokenrouter.calibration.resolve import load_profile
 from tokenrouter.cli.common import (
     CPU_PROFILE,
@@ -116,14 +115,11 @@ def _plan(models: list[str], pair: list[str] | None, sm_splits: str | None, rout
         sm_splits = DEFAULT_SPLITS if kw.get("device", "cuda") == "cuda" else "100/100"
     splits = [(100, 100), *(s for s in parse_sm_splits(sm_splits) if s != (100, 100))] if pairs else [(100, 100)]
     router_list = [] if routers.strip().lower() == "none" else parse_list(routers, str, "--routers")
-    try:
-        plan = Plan(models=names, pairs=pairs, splits=splits, routers=router_list,
-                    corun_batches_a=parse_list(corun_small, int, "--corun-small"),
-                    corun_batches_b=parse_list(corun_large, int, "--corun-large"),
-                    arrangements=[] if arrangements == "none" else parse_list(arrangements, str, "--arrangements"),
-                    **kw)  # fmt: skip
-    except ValueError as e:
-        raise CliError(str(e)) from None
+    plan = Plan(models=names, pairs=pairs, splits=splits, routers=router_list,
+                corun_batches_a=parse_list(corun_small, int, "--corun-small"),
+                corun_batches_b=parse_list(corun_large, int, "--corun-large"),
+                arrangements=[] if arrangements == "none" else parse_list(arrangements, str, "--arrangements"),
+                **kw)  # fmt: skip
     if plan.quick:
         plan.corun_batches_a, plan.corun_batches_b, plan.corun_held = [1, 2], [1, 2], [(1, 2)]
         plan.corun_context = 32
@@ -145,9 +141,8 @@ def _partial(out: Path) -> dict[str, Any]:
 
 
 def _measure(cal: Calibration, console: Console) -> None:
-    """Run the calibration with one progress bar per task (lines when not on a terminal) and print the tasks that
-    failed; exit 3 when tasks are left (the measured ones stay in the partial file, for the same command to
-    resume)."""
+    """Run the calibration with one progress bar per task and print the tasks that failed; exit 3 when tasks are
+    left (the measured ones stay in the partial file, for the same command to resume)."""
     with progress_bar(console, *counted("{task.description}")) as bar:
         bars: dict[str, TaskID] = {}
 
@@ -186,9 +181,8 @@ def _check_flags(placement: str, device: str) -> None:
 
 
 def _require_cuda() -> None:
-    """Stop at once, with one line, on a machine without a CUDA device: every task would fail in its worker and
-    the run would end asking to be resumed, which cannot help. Counts devices without creating a context (the
-    workers are spawned, so this process may touch the driver)."""
+    """Stop at once, with one line, on a machine without a CUDA device (every task would fail in its worker). Counts
+    devices without creating a context (the workers are spawned, so this process may touch the driver)."""
     import torch
 
     if not torch.backends.cuda.is_built():
@@ -221,10 +215,7 @@ def _with_link(profile, address: str | None):  # type: ignore[no-untyped-def]
     require_extras("calibrate --link", ("serve",), ("zmq",))
     from tokenrouter.calibration.profiler.link import apply_link, measure_link
 
-    try:
-        result = measure_link(address)
-    except TimeoutError as e:
-        raise CliError(str(e)) from None
+    result = measure_link(address)  # a TimeoutError is an OSError: one line, exit 2 (`run_app`)
     Console(stderr=True).print(f"link to {address}: {result['latency_ms']:.3f} ms one way (median round trip "
                                f"{result['rtt_ms_median']:.3f} ms), {result['bandwidth_gbps']:.2f} Gbit/s")  # fmt: skip
     return apply_link(profile, result)
@@ -235,11 +226,7 @@ def _link_only(address: str, out: Path, base: str | None) -> None:
     if base is None and not out.exists():
         raise CliError(f"--link without --model updates a profile: {out} does not exist (give --link-base h200 "
                        "or a file to start from)")  # fmt: skip
-    try:
-        profile = load_profile(source)
-    except (ProfileError, FileNotFoundError) as e:
-        raise CliError(str(e)) from None
-    prof = _with_link(profile, address)
+    prof = _with_link(load_profile(source), address)  # ProfileError, OSError: one line, exit 2 (`run_app`)
     prof.save(out)
     Console().print(f"wrote {out}: link {prof.link.latency_ms} ms, {prof.link.bandwidth_gbps} Gbit/s")
 

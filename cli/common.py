@@ -113,8 +113,7 @@ def new_app(name: str, help: str) -> typer.Typer:
 
 def run_app(app: typer.Typer, prog: str, argv: list[str] | None = None) -> None:
     """Run a typer app so every user error (click's usage errors, our ValueErrors) is one line on stderr with exit
-    code 2, never a traceback. Output to a pipe or file is PIPE_WIDTH columns wide (rich's 80 breaks summary lines
-    mid-phrase); COLUMNS, when set, wins."""
+    code 2, never a traceback. Output to a pipe or file is PIPE_WIDTH columns wide unless COLUMNS is set."""
     piped = "COLUMNS" not in os.environ and not sys.stdout.isatty()
     if piped:
         os.environ["COLUMNS"] = str(PIPE_WIDTH)  # rich reads it at every print

@@ -1,7 +1,5 @@
-"""`trsim profile`: a profile estimated for a GPU kind the user does not have (`calibration.estimate`, docs/cli.md):
-the ESTIMATED label, then each model's decode pass (one row, no context) on the anchor and estimated, and whether it
-fits the GPU's memory alone.
-"""
+"""`trsim profile`: a profile estimated for a GPU kind the user does not have (`calibration.estimate`, docs/cli.md),
+and each model's decode pass on the anchor and estimated."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""`trsim model`: the Markov-chain throughput model from the command line (docs/markov.md, docs/cli.md).
-
-With `--thresholds` the last line printed is T(B) in tok/s; without, a table over the feasible set sorted by
-T, and the last line is `B*=<B> T=<tok/s>`. Bad input exits with code 2 and one line on stderr.
-"""
+"""`trsim model`: the Markov-chain throughput model from the command line (docs/markov.md, docs/cli.md): the last line
+is T(B) in tok/s with `--thresholds`, else `B*=<B> T=<tok/s>` under a table over the feasible set."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
 """Shared command-line options: each flag is declared once, with one help text, for every command (docs/cli.md).
-
-Deployment flags (`DeploymentOverrides`) come from the `deployment_flags()` decorator into a `deploy:
-DeploymentFlags` parameter, whose `resolve()` is the one path to the `DeploymentConfig`; with `axes=True` (`trsim
-sweep`) every flag is a grid axis instead. Run flags (workload, concurrency, ...) are plain `Annotated` aliases.
+`deployment_flags()` adds the deployment flags as a `deploy: DeploymentFlags` parameter (`axes=True`: sweep axes);
+run flags (workload, concurrency, ...) are plain `Annotated` aliases.
 """
 
 from __future__ import annotations
@@ -229,9 +227,8 @@ def point_flags(config: Path | None, point: dict[str, str]) -> DeploymentFlags:
 
 
 def parse_run_args(argv: list[str]) -> tuple[DeploymentFlags, dict[str, Any]]:
-    """`trsim run`'s `--config`, deployment flags and run flags in `argv` (as a live-results cell records them),
-    parsed without a command: the flags, and the run flags given, as keyword arguments of `sim_config`.
-    ValueError (click's wording) for an unknown flag, a missing value or a value of the wrong type."""
+    """`trsim run`'s `--config`, deployment flags and run flags in `argv` (a live-results cell), parsed without a
+    command: the flags, and the run flags as `sim_config` keywords. ValueError (click's wording) for bad input."""
     opts: dict[str, tuple[str, Callable[[str], Any] | bool]] = {"--config": ("config", Path), **RUN_ARGS}
     # trsim run's outputs: taken as a run takes them, not part of the cell
     opts.update({"--json": ("", str), "--csv": ("", str), "--plot": ("", str), "--dry-run": ("", True)})

@@ -20,9 +20,8 @@ HEARTBEAT_S = 10.0  # a redirected run prints its state at least this often
 
 @contextmanager
 def progress_bar(console: Console, *columns: ProgressColumn, every_s: float = HEARTBEAT_S) -> Iterator[Progress]:
-    """A `Progress` with `columns`, used as usual (add_task, update, advance). On a terminal it draws the bar; on
-    anything else it draws nothing and a thread prints a line per task when it ends and every `every_s` seconds
-    the tasks still running, each line the text columns of that task (the bar itself left out)."""
+    """A `Progress` with `columns`, used as usual. On a terminal it draws the bar; elsewhere a thread prints a line per
+    task (its text columns) when it ends, and every `every_s` seconds the tasks still running."""
     terminal = console.is_terminal and not console.is_dumb_terminal
     bar = Progress(*columns, console=console, disable=not terminal)
     lines = None if terminal else ProgressLines(bar, console, every_s)

@@ -14,7 +14,7 @@ from tokenrouter.cli.common import CliError, Interrupted, RunFailed, check_outpu
 from tokenrouter.cli.options import DeploymentFlags, DryRun, deployment_flags
 from tokenrouter.core.config import DeploymentConfig
 from tokenrouter.deploy.overrides import DeploymentOverrides
-from tokenrouter.runtime.preflight import PreflightError, check_launch, preflight
+from tokenrouter.runtime.preflight import check_launch, preflight
 
 if TYPE_CHECKING:
     from tokenrouter.runtime.launcher import Server
@@ -69,7 +69,7 @@ def serve(deploy: DeploymentFlags, device: Device = "cuda", host: Host = "127.0.
     """Serve a deployment: one process per model, OpenAI-compatible HTTP in front. The deployment is --config
     (what `trsim tune` writes) with the flags applied, or --small/--large with defaults. --baseline (or --policy
     std-serving) serves a baseline of the same deployment on the same engine instead."""
-    _check_launch(None, device, restart_on_failure)
+    check_launch(None, device, restart_on_failure)  # a PreflightError is a user error: one line, exit 2
     from tokenrouter.runtime.logs import configure_logging
 
     try:
@@ -83,7 +83,7 @@ def serve(deploy: DeploymentFlags, device: Device = "cuda", host: Host = "127.0.
         raise CliError("--thresholds auto is for the simulator; serving takes B per model (e.g. 1,7) or a config")
     cfg = deploy.resolve()
     baseline = _baseline(cfg, baseline, restart_on_failure)
-    _check_launch(cfg, device, restart_on_failure)
+    check_launch(cfg, device, restart_on_failure)
     if shutdown_timeout < 0:
         raise CliError(f"--shutdown-timeout must be >= 0, got {shutdown_timeout}")
     if not dry_run:
@@ -116,13 +116,6 @@ def serve(deploy: DeploymentFlags, device: Device = "cuda", host: Host = "127.0.
                    heartbeat_timeout_s=heartbeat_timeout)  # fmt: skip
     if server.failure is not None:  # a subserver died: exit non-zero so a supervisor restarts the server
         raise typer.Exit(1)
-
-
-def _check_launch(cfg: DeploymentConfig | None, device: str, restart_on_failure: bool) -> None:
-    try:
-        check_launch(cfg, device, restart_on_failure)
-    except PreflightError as e:
-        raise CliError(str(e)) from None
 
 
 def _baseline(cfg: DeploymentConfig, baseline: str | None, restart_on_failure: bool) -> str | None:
@@ -174,9 +167,8 @@ def _server(cfg: DeploymentConfig, baseline: str | None, config_path: Path | Non
 
 def _on_device(cfg: DeploymentConfig, ov: DeploymentOverrides, device: str, kv_tokens: int,
                baseline: str | None) -> tuple[DeploymentConfig, DeploymentConfig]:  # fmt: skip
-    """The deployment on `device` and what runs (the baseline's deployment when one runs). A flag that would
-    change nothing is refused (--autotune beside a baseline, which has no B to tune) or, GPU-only ones on CPU,
-    named in one warning line."""
+    """The deployment on `device` and what runs (a baseline's deployment when one runs). A flag that would change
+    nothing is refused (--autotune beside a baseline) or, GPU-only ones on CPU, named in one warning line."""
     from tokenrouter.baselines.modes import baseline_config
     from tokenrouter.runtime.launcher import with_cpu_kv_tokens
 

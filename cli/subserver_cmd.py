@@ -1,7 +1,5 @@
-"""`tokenrouter subserver`: run one model's subserver on this host, for a launcher on another host that waits for
-it (the model has `external: true` in the deployment; docs/cluster.md). It serves until the launcher sends Shutdown
-or the connection to it drops; Ctrl-C or SIGTERM stops it, and the launcher then reports the model failed.
-"""
+"""`tokenrouter subserver`: one model's subserver (`external: true`) for a launcher on another host (docs/cluster.md);
+it serves until the launcher sends Shutdown or the connection drops."""
 
 from __future__ import annotations
 
@@ -30,16 +28,13 @@ def subserver(
     log_level: Annotated[str, Opt(help="debug | info | warning | error.")] = "info",
 ) -> None:  # fmt: skip
     """Run one model's subserver here and join a launcher on another host (a model with external: true)."""
-    from tokenrouter.core.config import ConfigError, load_config
+    from tokenrouter.core.config import load_config
 
     require_extras("subserver", ("serve", "engine"))
     from tokenrouter.runtime.addresses import SUBSERVER_OFFSET, Addresses, route_address, split_tcp, tcp_endpoint
     from tokenrouter.runtime.build import SubserverSpec
 
-    try:
-        cfg = load_config(config)
-    except ConfigError as e:
-        raise CliError(str(e)) from None
+    cfg = load_config(config)  # a ConfigError is a user error: one line, exit 2 (`run_app`)
     names = [m.name for m in cfg.models]
     i = _model_index(model, names)
     mc = cfg.models[i]

@@ -1,7 +1,4 @@
-"""`trsim sweep`: run a grid of simulations (any axis given as a list) to CSV + PNG.
-
-Every flag of `trsim run` that sets the deployment or the run is an axis here (output files are not).
-"""
+"""`trsim sweep`: a grid of simulations (every deployment and run flag of `trsim run` is an axis) to CSV + PNG."""
 
 from __future__ import annotations
 

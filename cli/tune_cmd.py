@@ -198,10 +198,8 @@ def _print_candidates(candidates: list[Candidate], best: Candidate, compare_n: i
 
 
 def candidates_table(candidates: list[Candidate], best: Candidate, n: int | None, goal: TuneObjective) -> Table:
-    """Each candidate at the N it was compared at (`n`, or with `n` None its sustained N: the "priced at N"
-    column): tok/s, per GPU, USD per million output tokens (with prices), TPOT, the chosen B; each number resting
-    on an estimate is marked * ESTIMATED (what was estimated is printed below the tables). A candidate that meets
-    the SLO at no N is shown at its smallest N and marked."""
+    """Each candidate at the N it was compared at (`n`; None: its sustained N, the "priced at N" column), numbers
+    resting on an estimate marked * ESTIMATED; one that meets the SLO at no N shown at its smallest N, marked."""
     slo = best.slo_tpot_ms
     ns = sorted({p.concurrency for c in candidates for p in c.points})
     t = Table(title=f"candidates {comparison_rule(n, slo, ns)}; each with its own tuned B; chosen by {goal}")

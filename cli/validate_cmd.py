@@ -25,9 +25,8 @@ FILE_SUFFIXES = (".yaml", ".yml", ".json", ".jsonl", ".csv")
 
 
 def cell_path(flag: str, value: str, base: Path) -> str:
-    """One rule for the files a cell names: a relative `--config` is relative to the CSV's folder (`base`), never
-    to where the command runs; so is a `--profile`, `--trace` or `--workload` that is a path (has a folder or a
-    file suffix); otherwise the value is a name (a bundled profile, a named workload) and stays as it is."""
+    """One rule for the files a cell names: a relative `--config`, or a `--profile`, `--trace` or `--workload` that is
+    a path (a folder or a file suffix), is relative to the CSV's folder (`base`); a name stays as it is."""
     p = Path(value)
     if p.is_absolute():
         return value

@@ -1,16 +1,6 @@
-"""Serving metrics, defined as SGLang's ``bench_serving`` defines them, for simulator and runtime runs.
-
-Definitions: docs/simulator.md#metrics. The driver's hooks (``on_arrival``, ``on_tokens``, ``on_finish``,
-``on_batch``, ``on_queue``, times in seconds) only append; ``summary()`` and ``to_frame()`` do the arithmetic at the
-end (summary latencies in ms), over completed requests (as bench_serving counts only successful ones).
-
-- ITL: tokens committed at one instant form one chunk; each chunk after the first contributes its gap to the
-  previous one as k entries of gap / k, so ITL sums to E2E - TTFT per request, and a 4-token return from a peer is
-  not three 0 ms gaps and one long one. Percentiles are numpy's linear ones (as bench_serving); empty: NaN.
-- Hops: consecutive chunks from different models (``on_finish`` may pass the scheduler's count instead, which also
-  sees hops that commit no token).
-- ``summary(window=(t0, t1))`` adds steady-state figures over (t0, t1]: tokens committed in it (finished or not)
-  and requests finished in it per second, and per-model busy fraction.
+"""Serving metrics, defined as SGLang's ``bench_serving`` defines them (docs/simulator.md#metrics), for simulator
+and runtime runs. The driver's hooks only append; ``summary()`` and ``to_frame()`` do the arithmetic at the end
+(latencies in ms), over completed requests. ITL spreads each chunk's gap over its k tokens, so it sums to E2E - TTFT.
 """
 
 from __future__ import annotations
@@ -68,9 +58,7 @@ class _ModelTrace:
 
 class MetricsCollector:
     """Collects per-request token commits and per-model steps/queues during a run; summarizes at the end.
-
-    ``num_models`` makes per-model keys appear for every model even if one never ran; more models are
-    picked up as they appear."""
+    ``num_models`` models get per-model keys even if one never ran; more are picked up as they appear."""
 
     def __init__(self, num_models: int = 0) -> None:
         self.records: dict[str, RequestRecord] = {}
@@ -154,14 +142,11 @@ class MetricsCollector:
         dur = self.duration()
         out_tokens = sum(r.output_len for r in done)
         s: dict[str, float] = {
-            "requests_completed": float(len(done)),
-            "requests_unfinished": float(len(self.records) - len(done)),
-            "duration_s": dur,
-            "total_input_tokens": float(sum(r.prompt_len for r in done)),
-            "total_output_tokens": float(out_tokens),
-            "request_throughput_req_s": _ratio(len(done), dur),
+            "requests_completed": float(len(done)), "requests_unfinished": float(len(self.records) - len(done)),
+            "duration_s": dur, "total_input_tokens": float(sum(r.prompt_len for r in done)),
+            "total_output_tokens": float(out_tokens), "request_throughput_req_s": _ratio(len(done), dur),
             "output_throughput_tok_s": _ratio(out_tokens, dur),
-        }
+        }  # fmt: skip
         ttft = np.array([r.ttft for r in done], float)
         e2e = np.array([r.e2e for r in done], float)
         n_out = np.array([r.output_len for r in done], float)
@@ -182,17 +167,17 @@ class MetricsCollector:
         start, end, size = self.batch_series(i)
         t0 = min((r.arrival for r in done), default=float("nan"))
         q_t, q_n = self.queue_series(i)
+        ran, nan = len(size) > 0, float("nan")
+        busy = busy_time(start, end, t0, t0 + dur)
         return {
-            f"tokens_model{i}": float(tokens),
-            f"token_frac_model{i}": _ratio(tokens, out_tokens),
-            f"steps_model{i}": float(len(size)),
-            f"busy_frac_model{i}": _ratio(busy_time(start, end, t0, t0 + dur), dur),
-            f"batch_mean_model{i}": float(size.mean()) if len(size) else float("nan"),
-            f"batch_p50_model{i}": float(np.percentile(size, 50)) if len(size) else float("nan"),
-            f"batch_p99_model{i}": float(np.percentile(size, 99)) if len(size) else float("nan"),
-            f"batch_max_model{i}": float(size.max()) if len(size) else float("nan"),
+            f"tokens_model{i}": float(tokens), f"token_frac_model{i}": _ratio(tokens, out_tokens),
+            f"steps_model{i}": float(len(size)), f"busy_frac_model{i}": _ratio(busy, dur),
+            f"batch_mean_model{i}": float(size.mean()) if ran else nan,
+            f"batch_p50_model{i}": float(np.percentile(size, 50)) if ran else nan,
+            f"batch_p99_model{i}": float(np.percentile(size, 99)) if ran else nan,
+            f"batch_max_model{i}": float(size.max()) if ran else nan,
             f"queue_mean_model{i}": time_weighted_mean(q_t, q_n, t0, t0 + dur),
-        }
+        }  # fmt: skip
 
     def _window_summary(self, window: tuple[float, float]) -> dict[str, float]:
         t0, t1 = window
@@ -222,17 +207,12 @@ class MetricsCollector:
         rows = []
         for r in self.records.values():
             row = {
-                "rid": r.rid,
-                "arrival_s": r.arrival,
-                "finish_s": r.finish if r.finish is not None else float("nan"),
-                "completed": r.finish is not None,
-                "prompt_len": r.prompt_len,
-                "output_len": r.output_len,
-                "ttft_s": r.ttft,
-                "e2e_s": r.e2e,
+                "rid": r.rid, "arrival_s": r.arrival, "finish_s": r.finish if r.finish is not None else float("nan"),
+                "completed": r.finish is not None, "prompt_len": r.prompt_len, "output_len": r.output_len,
+                "ttft_s": r.ttft, "e2e_s": r.e2e,
                 "tpot_s": (r.e2e - r.ttft) / (r.output_len - 1) if r.output_len > 1 else float("nan"),
                 "num_hops": r.num_hops,
-            }
+            }  # fmt: skip
             for i in models:
                 row[f"tokens_model{i}"] = r.model_tokens.get(i, 0)
             rows.append(row)

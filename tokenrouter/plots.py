@@ -1,7 +1,6 @@
-"""Run plots a person can read, shared by `trsim run --plot` and `tr bench --plot` (live and simulated overlaid;
-the panels: docs/simulator.md, Metrics). A run becomes a `RunSeries` first (from a simulator `MetricsCollector`, or
-from a bench outcome whose per-model figures come from the server's polled counters), so the drawing code has one
-input whatever the source. matplotlib's object API (no pyplot state), imported lazily.
+"""Run plots shared by `trsim run --plot` and `tr bench --plot` (panels: docs/simulator.md, Metrics). A run becomes a
+`RunSeries` first (from a simulator collector or a bench outcome), so the drawing has one input; matplotlib's object
+API, imported lazily.
 """
 
 from __future__ import annotations
@@ -22,21 +21,12 @@ if TYPE_CHECKING:
 
     from tokenrouter.metrics import MetricsCollector
 
-__all__ = [
-    "RunCell",
-    "RunSeries",
-    "cdf_axis_rule",
-    "plot_bench",
-    "plot_run",
-    "plot_series",
-    "plot_sweep",
-    "series_from_collector",
-]
+__all__ = ["RunCell", "RunSeries", "cdf_axis_rule", "plot_bench", "plot_run", "plot_series", "plot_sweep",
+    "series_from_collector"]  # fmt: skip
 
 BINS = 40
-# A latency CDF whose largest value is more than TAIL times its median would leave the median in the first
-# fifth of a linear axis, the bulk of the requests squeezed against it: such a CDF gets a log x axis (or, with
-# values <= 0, which a log axis cannot show, a linear one cut at p99 with the tail written on the panel).
+# A latency CDF whose largest value is more than TAIL times its median would squeeze the bulk of the requests into the
+# first fifth of a linear axis: such a CDF gets a log x axis, or with values <= 0 a linear one cut at p99.
 TAIL = 5.0
 
 
@@ -65,14 +55,10 @@ class RunCell:
         """A simulated run's cell: thresholds as resolved for its N (`auto` filled in); `models` overrides the
         names (a bench names the server's models)."""
         dep, cfg = res.config.deployment, res.config
+        names = list(models) if models is not None else [m.name for m in dep.models]
+        n = None if cfg.arrival_rate else cfg.concurrency
         return cls(
-            models=list(models) if models is not None else [m.name for m in dep.models],
-            router=dep.router.name,
-            hop_rate=dep.router.hop_rate,
-            policy=dep.policy_label,
-            thresholds=tuple(res.thresholds),
-            concurrency=None if cfg.arrival_rate else cfg.concurrency,
-            arrival_rate=cfg.arrival_rate,
+            names, dep.router.name, dep.router.hop_rate, dep.policy_label, tuple(res.thresholds), n, cfg.arrival_rate
         )
 
     def title(self, head: str, unknown: str = "not known") -> str:
@@ -198,9 +184,8 @@ def _cdf(ax, x: np.ndarray, **kw) -> bool:
 
 
 def cdf_axis_rule(values_ms: np.ndarray) -> str:
-    """How a CDF panel shows `values_ms` (every run drawn on it): "linear"; "log" when the largest value is more
-    than `TAIL` times the median and all are positive; "p99" (linear, cut at the 99th percentile) when such a
-    tail comes with values <= 0."""
+    """How a CDF panel shows `values_ms` (every run drawn on it): "linear"; "log" when the largest value is more than
+    `TAIL` times the median and all are positive; "p99" (linear, cut there) when such a tail comes with values <= 0."""
     x = values_ms[np.isfinite(values_ms)]
     if len(x) < 2:
         return "linear"
@@ -306,13 +291,8 @@ def _tokens_bars(ax, runs: list[RunSeries], names: list[str], colors: dict[str, 
     ax.set_xticks(np.arange(len(names)) + width * (len(runs) - 1) / 2, names)
 
 
-def plot_run(
-    collector: MetricsCollector,
-    path: str | os.PathLike[str],
-    title: str | None = None,
-    names: list[str] | None = None,
-    marks: list[tuple[float, str]] | None = None,
-) -> str:
+def plot_run(collector: MetricsCollector, path: str | os.PathLike[str], title: str | None = None,
+             names: list[str] | None = None, marks: list[tuple[float, str]] | None = None) -> str:  # fmt: skip
     """`trsim run --plot`: one simulated run; `marks` (time s, label) are drawn on the throughput axis."""
     names = names or [f"model {i}" for i in collector.models]
     series = series_from_collector(collector, names, "sim")
@@ -320,9 +300,8 @@ def plot_run(
     return plot_series([series], path, title)
 
 
-def plot_bench(
-    out: Any, path: str | os.PathLike[str], sim: MetricsCollector | None = None, cell: RunCell | None = None
-) -> str:
+def plot_bench(out: Any, path: str | os.PathLike[str], sim: MetricsCollector | None = None,
+               cell: RunCell | None = None) -> str:  # fmt: skip
     """`tr bench --plot`: the live run, with the simulator's run of the same cell dashed when given. `cell` names
     what ran in the title (default: only the server's models are known)."""
     runs = [series_from_bench(out)]
@@ -333,15 +312,8 @@ def plot_bench(
     return plot_series(runs, path, title=cell.title(head, unknown="not reported by the server (--sim gives them)"))
 
 
-def plot_sweep(
-    df: pd.DataFrame,
-    x: str,
-    y: str,
-    hue: str | None,
-    path: str | os.PathLike[str],
-    title: str | None = None,
-    logx: bool = False,
-) -> str:
+def plot_sweep(df: pd.DataFrame, x: str, y: str, hue: str | None, path: str | os.PathLike[str],
+               title: str | None = None, logx: bool = False) -> str:  # fmt: skip
     """Line plot of ``y`` against ``x``, one line per value of ``hue`` (or one line if None); rows with the
     same (hue, x) are averaged. Returns the path written."""
     missing = [c for c in (x, y, hue) if c is not None and c not in df.columns]

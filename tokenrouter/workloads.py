@@ -1,21 +1,8 @@
 """Benchmark workloads: request length distributions, user JSONL files and hop traces.
 
-The synthetic workloads, the request JSONL keys and seeding are in docs/simulator.md#workloads, the hop trace
-format in docs/routers.md#hop-trace-format, phases in docs/autotune.md#shifting-workloads-phases. Invariants:
-
-* Every synthetic workload is seeded and prefix-stable. Prompt lengths, output lengths and arrival gaps come
-  from three independent streams, ``numpy.random.default_rng([seed, stream])``, so adding ``arrival_rate``
-  never changes the lengths. ``mean:P,O[,S]``: every prompt P tokens, outputs lognormal of mean O and sigma S
-  (default 0.6), clip [1, 8 O] (autotune's trials: what serving measured of the outputs).
-* ``arrival_rate=None`` leaves ``arrival`` None (closed loop); ``arrival_rate=r`` gives Poisson arrivals, the
-  first at t = 0 (as bench_serving sends its first at once), replacing any arrival times in a file.
-* JSONL: ``prompt`` counts round(1.3 * whitespace words), at least 1; ``arrival`` is on every line or none
-  (requests are then sorted by arrival, stably); ``id`` defaults to ``r<line index>`` and must be unique.
-  Unknown keys are errors, so a typo such as ``output_length`` cannot silently fall back to a default.
-  ``num_requests`` caps a file (no cycling, so no request is duplicated).
-* Hop traces: ``output_len``, if given, must equal the sum of the runs; consecutive runs on one model are
-  merged (a trace cut and re-joined stays valid); ``max_output`` truncates the runs.
-* Every file error is a ``WorkloadError`` whose one-line message starts with ``file:line:``.
+The synthetic workloads are in docs/simulator.md#workloads, the rules for files (JSONL keys, arrivals, seeding)
+in docs/cli.md#workload-files, the hop trace format in docs/routers.md#hop-trace-format, phases in
+docs/autotune.md#shifting-workloads-phases. Every file error is a one-line `WorkloadError` starting `file:line:`.
 """
 
 from __future__ import annotations
@@ -32,16 +19,8 @@ import numpy as np
 
 from tokenrouter.core.hop_law import check_prob
 
-__all__ = [
-    "WORKLOADS",
-    "Phase",
-    "RequestSpec",
-    "WorkloadError",
-    "load_hop_trace",
-    "load_jsonl",
-    "load_phases",
-    "make_workload",
-]
+__all__ = ["WORKLOADS", "Phase", "RequestSpec", "WorkloadError", "load_hop_trace", "load_jsonl", "load_phases",
+    "make_workload"]  # fmt: skip
 
 
 class WorkloadError(ValueError):
@@ -100,19 +79,10 @@ _PHASE_KEYS = frozenset({"at_s", "hop_rate", "concurrency"})
 _SPEC_KEYS = frozenset({"workload", "phases"})
 
 
-def make_workload(
-    name_or_path: str,
-    num_requests: int,
-    seed: int = 0,
-    *,
-    arrival_rate: float | None = None,
-    max_output: int | None = None,
-) -> list[RequestSpec]:
-    """Build ``num_requests`` requests from a workload name (see ``WORKLOADS``) or a JSONL path.
-
-    ``arrival_rate`` (req/s) assigns Poisson arrivals; ``max_output`` caps every output length. A file
-    yields at most ``num_requests`` requests (fewer if it is shorter).
-    """
+def make_workload(name_or_path: str, num_requests: int, seed: int = 0, *, arrival_rate: float | None = None,
+                  max_output: int | None = None) -> list[RequestSpec]:  # fmt: skip
+    """``num_requests`` requests from a workload name (``WORKLOADS``) or a file (at most that many); ``arrival_rate``
+    (req/s) assigns Poisson arrivals, ``max_output`` caps every output length."""
     if isinstance(num_requests, bool) or not isinstance(num_requests, int) or num_requests < 1:
         raise WorkloadError(f"num_requests must be an int >= 1, got {num_requests!r}")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
@@ -160,9 +130,8 @@ def request_ids(spec: RequestSpec, seed: int, vocab: int = 1000) -> list[int]:
 
 
 def request_seed(spec: RequestSpec, seed: int) -> int:
-    """The sampling seed a client sends with `spec` (OpenAI's `seed`): distinct per request id and workload seed,
-    so a seeded server repeats each request's samples and synthetic hops (`routers.synthetic`) run after run,
-    and the simulator, given the same seed, draws the same hops as the live server."""
+    """The sampling seed a client sends with `spec` (OpenAI's `seed`), distinct per request id and workload seed, so
+    a seeded server repeats each request's samples and hops, and the simulator draws the same hops."""
     return (seed & 0x7FFFFFFF) << 32 | zlib.crc32(spec.rid.encode())  # fits OpenAI's signed 64-bit seed
 
 
@@ -229,11 +198,7 @@ def load_hop_trace(path: str | os.PathLike[str]) -> list[RequestSpec]:
 
 def load_jsonl(path: str | os.PathLike[str], *, require_runs: bool = False) -> list[RequestSpec]:
     """Read a request JSONL file (format in the module docstring); raises ``WorkloadError`` on bad input."""
-    name = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise WorkloadError(f"{name}: cannot read: {e}") from None
+    name, text = str(path), _read(path)
     specs: list[RequestSpec] = []
     seen: dict[str, int] = {}
     timed: bool | None = None  # whether lines carry `arrival`; must agree across the file
@@ -266,9 +231,7 @@ def _parse_line(line: str, where: str, index: int, require_runs: bool) -> Reques
         raise WorkloadError(f"{where}: invalid JSON: {e.msg} at column {e.colno}") from None
     if not isinstance(obj, dict):
         raise WorkloadError(f"{where}: expected a JSON object, got {type(obj).__name__}")
-    unknown = sorted(set(obj) - _KEYS)
-    if unknown:
-        raise WorkloadError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(_KEYS))}")
+    _check_keys(obj, _KEYS, where)
 
     rid = obj.get("id", f"r{index}")
     if not isinstance(rid, str | int) or isinstance(rid, bool):
@@ -364,11 +327,7 @@ def load_phases(name_or_path: str) -> list[Phase]:
         return []
     if str(name_or_path).endswith(".json"):
         return _load_spec(name_or_path)[1]
-    name = str(name_or_path)
-    try:
-        text = Path(name_or_path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise WorkloadError(f"{name}: cannot read: {e}") from None
+    name, text = str(name_or_path), _read(name_or_path)
     found: list[Phase] | None = None
     for lineno, line in enumerate(text.splitlines(), start=1):
         stripped = line.strip()
@@ -384,6 +343,19 @@ def load_phases(name_or_path: str) -> list[Phase]:
     return found or []
 
 
+def _read(path: str | os.PathLike[str]) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise WorkloadError(f"{path}: cannot read: {e}") from None
+
+
+def _check_keys(obj: dict[str, Any], allowed: frozenset[str], where: str) -> None:
+    unknown = sorted(set(obj) - allowed)
+    if unknown:
+        raise WorkloadError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
+
+
 def _is_phases_line(line: str) -> bool:
     if not line.startswith("{") or '"phases"' not in line:
         return False
@@ -397,16 +369,12 @@ def _is_phases_line(line: str) -> bool:
 def _load_spec(path: str) -> tuple[str, list[Phase]]:
     """A `.json` workload spec: (where the requests come from, its phases)."""
     try:
-        obj = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as e:
-        raise WorkloadError(f"{path}: cannot read: {e}") from None
+        obj = json.loads(_read(path))
     except json.JSONDecodeError as e:
         raise WorkloadError(f"{path}:{e.lineno}: invalid JSON: {e.msg} at column {e.colno}") from None
     if not isinstance(obj, dict) or "workload" not in obj:
         raise WorkloadError(f"{path}: a workload spec is a JSON object with 'workload' (and 'phases')")
-    unknown = sorted(set(obj) - _SPEC_KEYS)
-    if unknown:
-        raise WorkloadError(f"{path}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(_SPEC_KEYS))}")
+    _check_keys(obj, _SPEC_KEYS, path)
     source = obj["workload"]
     if not isinstance(source, str) or not source:
         raise WorkloadError(f"{path}: 'workload' must be a workload name or a JSONL path")
@@ -426,9 +394,7 @@ def parse_phases(raw: Any, where: str) -> list[Phase]:
         at = f"{where}: phases[{k}]"
         if not isinstance(ph, dict):
             raise WorkloadError(f"{at} must be an object")
-        unknown = sorted(set(ph) - _PHASE_KEYS)
-        if unknown:
-            raise WorkloadError(f"{at}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(_PHASE_KEYS))}")
+        _check_keys(ph, _PHASE_KEYS, at)
         t = ph.get("at_s")
         if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t) or t < 0:
             raise WorkloadError(f"{at}: 'at_s' must be a finite number of seconds >= 0, got {t!r}")

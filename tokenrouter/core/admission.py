@@ -1,11 +1,6 @@
-"""Admission at the entry: a request goes live only when every model's KV pool has room for it (docs/core.md).
-
-The entry cannot see peers' pools in real time, so it keeps a ledger against the pool sizes the deployment
-announces: every live request reserves, on every model, its length as the entry last saw it plus `growth_tokens`
-of headroom, capped at `prompt_len + max_tokens`. vLLM's watermark made per request and per model: preemptions stay
-rare, while admission does not assume every request reaches `max_tokens`. Clients beyond what fits wait here in
-order (the live N is the admitted N). With no request live every reservation is gone, so a request that fits every
-pool alone always gets in.
+"""Admission at the entry: a request goes live only when every model's KV pool has room for it (docs/core.md). Each
+live request reserves on every model its length as the entry last saw it plus `growth_tokens`, capped at
+`prompt_len + max_tokens`; with none live a request that fits every pool alone always gets in.
 """
 
 from __future__ import annotations
@@ -29,9 +24,8 @@ class PoolSize:
 
 @dataclass(slots=True)
 class Admission:
-    """Reservation ledger kept by the entry. Invariant: `reserved[i]` is the sum of the live requests'
-    reservations on model i; admission never takes it past `capacities[i].pages` (growth of what is already
-    live may)."""
+    """Reservation ledger kept by the entry. Invariant: `reserved[i]` is the sum of the live requests' reservations on
+    model i; admission never takes it past `capacities[i].pages` (growth of what is already live may)."""
 
     capacities: Sequence[PoolSize]
     growth_tokens: int | None = 256

@@ -1,15 +1,7 @@
 """Autotune: re-solve the delayed-batching thresholds B while serving, from the counters the subservers export
-(docs/autotune.md). A B tuned offline for one hop rate and one N is wrong once the workload shifts.
-
-Its parts live beside it: the counters (`core.autotune_counters`), the estimates made from them
-(`core.autotune_estimate`) and what serving measured over a stretch of time (`core.autotune_rates`). This module
-holds the decisions: when to solve (`Solve`, injected: the simulator's decider, which the core does not import),
-whether to change B (hysteresis: a gain of `min_gain`, a change `hold_s` old, so two near-equal B never alternate)
-and whether a change stays (a trial against the old B's measured rate, reverted when slower under one workload: the
-solve can rank two B wrongly, and a wrong change would cost for as long as the workload stays).
-
-Pure and clock-free: the driver passes snapshots and its clock, runs the controller where a solve does not stall
-serving, applies a `Decision` as an operator's change (`Scheduler.set_policy`) and reports it back (`applied`).
+(docs/autotune.md). This module holds the decisions: when to solve (`Solve`, injected: the core does not import the
+decider), whether to change B (hysteresis) and whether a change stays (a trial against the old B's measured rate).
+Pure and clock-free: the driver passes snapshots and its clock and applies a `Decision` (`Scheduler.set_policy`).
 """
 
 from __future__ import annotations
@@ -80,8 +72,7 @@ class Trial:
 
 class AutotuneController:
     """Estimator + solve + hysteresis + trials. The driver calls `observe` every `config.observe_s`, applies a
-    returned `Decision` and calls `applied` (if it did not, the old B stays); `reset` follows an operator's change.
-    `status`: one line on what the last `observe` did, for logs; `notices`: warnings worth one log line each."""
+    returned `Decision` and calls `applied`; `reset` follows an operator's change. `status`, `notices`: for logs."""
 
     def __init__(self, config: AutotuneConfig, policy: Policy, solve: Solve, drops_token: Sequence[bool]) -> None:
         if policy.is_sync:

@@ -1,9 +1,5 @@
-"""Autotune's counters: what a subserver counts for the controller, and the snapshot the controller reads.
-
-The runtime (`runtime/stats.py`) and the simulator (`sim/subserver.py`) count into these types, so one controller
-serves both. Every counter is cumulative; one that went backwards marks a restart. Step times are counted per
-batch-size bucket, not as totals: under one B the mean batch size barely moves, so totals cannot tell a step's fixed
-cost from its cost per row. Plain data, so the counting side imports neither the estimator nor the controller.
+"""Autotune's counters: what a subserver counts for the controller (the runtime and the simulator alike) and the
+snapshot it reads. Cumulative (one that went backwards marks a restart); step times per batch-size bucket.
 """
 
 from __future__ import annotations
@@ -27,10 +23,8 @@ def batch_bucket(rows: int) -> int:
 
 @dataclass(slots=True)
 class BatchTimes:
-    """Cumulative step counters per batch-size bucket (`batch_bucket`): steps, their rows, and their own busy
-    time in ms. A step's own time is the part of the model's timeline it alone accounts for: from its launch, or
-    from the end of the step before it if that ended later (overlap: two steps in flight), to its end. Summed
-    over the buckets it is the model's busy time (the union of the steps' intervals)."""
+    """Cumulative step counters per batch-size bucket (`batch_bucket`): steps, rows, and each step's own busy time in
+    ms (from its launch, or the previous step's end if later, to its end: summed, the model's busy time)."""
 
     steps: list[int] = field(default_factory=lambda: [0] * NUM_BATCH_BUCKETS)
     rows: list[int] = field(default_factory=lambda: [0] * NUM_BATCH_BUCKETS)

@@ -1,12 +1,5 @@
-"""Autotune's estimates: what the Markov throughput model needs, from cumulative counter snapshots (each estimate,
-its source and why it is made that way: docs/autotune.md, "Estimates").
-
-`Estimator` differences the counters (`core.autotune_counters`) between snapshots and sums the changes with
-exponential decay in the driver's clock (passed with each snapshot). A hop probability's denominator is the
-router's decisions, not rows: a hand-off that drops its token is a decision without a token (`drops_token`), and
-prefill chunks or rows prepared for a request that then left decide nothing. Step times are a line fitted to
-per-batch-size buckets, because the model needs L at batch sizes the B in force never runs. `Estimates` is a
-value the controller compares (`moved_from`, `workload_moved_from`).
+"""Autotune's estimates for the Markov throughput model, from cumulative counter snapshots differenced and decayed
+in the driver's clock (each estimate and why: docs/autotune.md, "What it estimates, from which counters").
 """
 
 from __future__ import annotations
@@ -41,9 +34,8 @@ class StepLine:
 
 
 def fit_step_line(points: Sequence[tuple[float, float, float]]) -> StepLine | None:
-    """Weighted least squares of ms on rows over (mean rows, mean ms, weight) points, both coefficients >= 0: a
-    negative slope is noise, and a negative intercept (a convex curve's chord) would price a small batch below
-    zero, so the line then goes through the origin. None without points."""
+    """Weighted least squares of ms on rows over (mean rows, mean ms, weight) points, both coefficients >= 0 (a
+    negative slope is noise; a negative intercept puts the line through the origin). None without points."""
     pts = [(r, m, w) for r, m, w in points if w > 0]
     if not pts:
         return None
@@ -100,9 +92,8 @@ class Estimates:
         return None
 
     def workload_moved_from(self, old: Estimates, tolerance: float) -> str | None:
-        """What of the workload (N, hop probabilities) moved by more than `tolerance` since `old`, or None. Step
-        times move with B itself, so they cannot tell whether two B saw one workload; the mean output is the
-        noisiest estimate and moves a closed loop's rate little."""
+        """What of the workload (N, hop probabilities) moved by more than `tolerance` since `old`, or None; not the
+        step times (they move with B itself) nor the mean output (noisy, and it moves a closed loop's rate little)."""
         if self.concurrency != old.concurrency:
             return f"N {old.concurrency} -> {self.concurrency}"
         for i, (p, q) in enumerate(zip(self.hop_prob, old.hop_prob, strict=True)):
@@ -117,13 +108,10 @@ class Estimates:
         return f"N={self.concurrency}, hop {hop}, step ms {step}, mean output {out}"
 
     def as_dict(self) -> dict[str, object]:
-        return {
-            "concurrency": self.concurrency,
-            "hop_prob": list(self.hop_prob),
-            "step_intercept_ms": [None if s is None else s.intercept_ms for s in self.step],
-            "step_per_row_ms": [None if s is None else s.per_row_ms for s in self.step],
-            "mean_output": self.mean_output,
-        }
+        return {"concurrency": self.concurrency, "hop_prob": list(self.hop_prob),
+                "step_intercept_ms": [None if s is None else s.intercept_ms for s in self.step],
+                "step_per_row_ms": [None if s is None else s.per_row_ms for s in self.step],
+                "mean_output": self.mean_output}  # fmt: skip
 
 
 class Estimator:

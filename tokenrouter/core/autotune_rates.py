@@ -15,10 +15,8 @@ from tokenrouter.core.autotune_counters import CounterSnapshot
 
 @dataclass(slots=True, frozen=True)
 class Window:
-    """What one stretch of serving measured on its own: the committed-token rate, each model's hop probability
-    (hand-offs over decisions in the window; None where it decided nothing), the median live count, and whether
-    the live count held (`steady`: every sample within one request, or 10%, of the median; a closed loop dips by
-    one for a moment at each finish, a ramp leaves samples far from it)."""
+    """What one stretch of serving measured on its own: the committed-token rate, each model's hop probability (None
+    where it decided nothing), the median live count, and whether it held (`steady`: within one request or 10%)."""
 
     tok_s: float
     hop_prob: tuple[float | None, ...]
@@ -26,9 +24,8 @@ class Window:
     steady: bool = True
 
     def same_workload(self, other: Window, tolerance: float) -> bool:
-        """The two windows served one workload: the same median N, hop probabilities within `tolerance` (relative
-        to the larger of the probability and 0.1). Own values: decayed estimates on each side of a shift could
-        look alike."""
+        """The two windows served one workload: the same median N, hop probabilities within `tolerance` (relative to
+        the larger of the probability and 0.1); own values, as decayed estimates either side of a shift look alike."""
         if self.live != other.live or not (self.steady and other.steady):
             return False
         for p, q in zip(self.hop_prob, other.hop_prob, strict=True):

@@ -1,9 +1,6 @@
-"""What a subserver launches (`Batch`) and what the executor returns (`StepResult`).
-
-The engine consumes a `Batch` directly: for each row it feeds `input_ids` at positions
-`start .. start + num_tokens - 1`, writes their KV into the pages of `req.pages`, and samples one token
-per row with `sample=True` (a partial prefill chunk has `sample=False`). The rows of `graph_rows` run in a
-CUDA graph and the others in the same step's eager pass (`tokenrouter.core.graph_rule`).
+"""What a subserver launches (`Batch`) and what the executor returns (`StepResult`). For each row the engine feeds
+`input_ids` at positions `start .. start + num_tokens - 1`, writes their KV into `req.pages` and samples one token
+when `sample` (a partial prefill chunk does not); `graph_rows` run in a CUDA graph, the rest in an eager pass.
 """
 
 from __future__ import annotations
@@ -76,9 +73,8 @@ class Batch:
 
 @dataclass(frozen=True, slots=True)
 class TokenLogprobs:
-    """One sampled token's log-probability and the `k` most likely tokens of its row, from the log-softmax of the
-    raw logits (temperature 1, before top-k/top-p): `top` is (token id, logprob) sorted by logprob descending,
-    length k. A value (no device tensors), so it can travel in `Emit` and over the wire."""
+    """One sampled token's log-probability and its row's `top` k (token id, logprob), descending, from the raw
+    logits' log-softmax (temperature 1, before top-k/top-p). A value, so it can travel in `Emit` and over the wire."""
 
     logprob: float
     top: tuple[tuple[int, float], ...]
@@ -86,9 +82,8 @@ class TokenLogprobs:
 
 @dataclass(slots=True)
 class StepResult:
-    """Per-row outputs of one step, in batch row order: a token for every row (ignored where `sample=False`);
-    `logits` and `hidden` only when the router asked, maybe device tensors (nothing here forces a host sync);
-    `destinations` when the router's device part ran inside the step (`Router.device`)."""
+    """Per-row outputs of one step, in batch row order: a token per row (ignored where `sample=False`); `logits` and
+    `hidden` when the router asked (maybe device tensors); `destinations` when its device part ran in the step."""
 
     next_token_ids: Sequence[int] | Any
     logits: Any | None = None

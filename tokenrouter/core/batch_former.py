@@ -1,9 +1,5 @@
-"""Forming one subserver's next batch: which rows go in, their KV pages, and the graph/eager split.
-
-Rows come in order: the continuations of the batch in flight (`from_prev`), then the ready queue. A row that
-cannot get pages is skipped (later rows may fit); pages are taken from younger requests only when that frees
-enough (`victims`). Once the graph part is full, a short row waits rather than opening an eager pass. The split is
-recorded on the batch (`Batch.graph_rows`), so engine and cost model run and price the same parts.
+"""Forming one subserver's next batch: which rows go in (continuations first, then the ready queue), their KV pages,
+and the graph/eager split (docs/core.md, "The graph rule"); a row that cannot get pages is skipped.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""Deployment config: what `trsim tune` writes and `tr serve --config` reads (YAML; every field: docs/config.md).
-
-One schema for the simulator and the runtime, so a tuned configuration deploys unchanged. Validation
-goes through msgspec (types) plus the checks below (meaning); every problem is a one-line ConfigError.
+"""Deployment config: what `trsim tune` writes and `tr serve --config` reads (YAML; every field: docs/config.md). One
+schema for the simulator and the runtime; msgspec checks types, `validate` meaning; every problem is a ConfigError.
 """
 
 from __future__ import annotations
@@ -77,9 +75,8 @@ class PlacementConfig:
 
 @dataclass(slots=True)
 class AutotuneConfig:
-    """`policy.autotune`: re-solve B while serving (`core.autotune`; every field is described in
-    docs/autotune.md). Rates and thresholds are relative, times in seconds; `half_life_s` forgets hop probabilities
-    and N, the slower `step_half_life_s` step times and outputs (properties of the hardware and the prompts)."""
+    """`policy.autotune`: re-solve B while serving (`core.autotune`; every field: docs/autotune.md). Rates and
+    thresholds are relative, times in seconds."""
 
     observe_s: float = 1.0
     interval_s: float = 5.0
@@ -96,14 +93,11 @@ class AutotuneConfig:
     slo_tpot_ms: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("observe_s", "interval_s", "half_life_s", "step_half_life_s", "search_s"):
-            v = getattr(self, name)
-            if not (isinstance(v, int | float) and math.isfinite(v) and v > 0):
-                raise ConfigError(f"policy.autotune.{name} must be a number > 0, got {v!r}")
-        for name in ("tolerance", "min_gain", "hold_s", "verify_s", "verify_margin"):
-            v = getattr(self, name)
-            if not (isinstance(v, int | float) and math.isfinite(v) and v >= 0):
-                raise ConfigError(f"policy.autotune.{name} must be a number >= 0, got {v!r}")
+        positive = ("observe_s", "interval_s", "half_life_s", "step_half_life_s", "search_s")
+        for name in (*positive, "tolerance", "min_gain", "hold_s", "verify_s", "verify_margin"):
+            v, strict = getattr(self, name), name in positive
+            if not (isinstance(v, int | float) and math.isfinite(v) and (v > 0 if strict else v >= 0)):
+                raise ConfigError(f"policy.autotune.{name} must be a number {'>' if strict else '>='} 0, got {v!r}")
         for name, lo in (("min_steps", 1), ("max_states", 100)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
@@ -115,9 +109,8 @@ class AutotuneConfig:
 
 @dataclass(slots=True, frozen=True)
 class PolicyConfig:
-    """The batching policy, the one carrier of B above the core (YAML, the flags' result, the admin endpoint's
-    state, `SetPolicy`); `build()` gives the core's `Policy`. Checked when made (`check`; the number of models
-    where it is known). Never changed once made: `with_thresholds` and `dataclasses.replace` give a new one."""
+    """The batching policy, the one carrier of B above the core (docs/core.md); `build()` gives the core's `Policy`.
+    Checked when made (`check`), never changed: `with_thresholds` and `dataclasses.replace` give a new one."""
 
     kind: PolicyKind = PolicyKind.DELAYED
     thresholds: list[int] = field(default_factory=list)
@@ -149,12 +142,9 @@ class PolicyConfig:
 
     def build(self) -> Policy:
         """The core policy."""
-        return Policy(
-            self.kind,
-            thresholds=tuple(self.thresholds),
-            table={int(n): tuple(b) for n, b in self.table.items()},
-            max_wait=None if self.max_wait_ms is None else self.max_wait_ms / 1000.0,
-        )
+        max_wait = None if self.max_wait_ms is None else self.max_wait_ms / 1000.0
+        table = {int(n): tuple(b) for n, b in self.table.items()}
+        return Policy(self.kind, thresholds=tuple(self.thresholds), table=table, max_wait=max_wait)
 
 
 @dataclass(slots=True)
@@ -331,9 +321,8 @@ def migrate(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_keys(raw: Any, cls: type, where: str) -> None:
-    """Refuse a key the schema lacks, at any depth: msgspec ignores unknown keys of a dataclass, so a typo
-    (`threshold:`, `polcy:`) would otherwise load as the default it meant to replace. `where` is the path in
-    msgspec's notation (`$.policy`). Values of the wrong shape are left to msgspec, which names them."""
+    """Refuse a key the schema lacks, at any depth (msgspec ignores them, so a typo would load as the default it
+    meant to replace); `where` is the path in msgspec's notation (`$.policy`). Wrong shapes are msgspec's."""
     if not isinstance(raw, dict):
         return
     hints = typing.get_type_hints(cls)

@@ -1,7 +1,5 @@
 """The one rule for which rows of a step run inside a CUDA graph (docs/core.md, "The graph rule"), shared by the
-scheduler (batches are formed to fit it), the cost model (parts are priced apart) and the engine.
-
-Why one rule: a row the graph cannot take must not drag the whole batch off the graph (the "eager cliff").
+scheduler, the cost model and the engine, so a row the graph cannot take never drags the batch off it.
 """
 
 from __future__ import annotations
@@ -20,9 +18,8 @@ DEFAULT_GRAPH_MAX_ROW_TOKENS = 8
 
 @dataclass(frozen=True, slots=True)
 class GraphRule:
-    """Which rows of a step run in a graph. Invariant: the graph part's tokens never exceed `max_tokens`.
-    `allow_split=False` (default) keeps a step on one path (one varlen pass when any row does not fit): each part
-    of a split step streams the weights, so one pass is cheaper for a weight-bound model."""
+    """Which rows of a step run in a graph; the graph part's tokens never exceed `max_tokens`. `allow_split=False`
+    keeps a step on one path (each part of a split step streams the weights, so one pass is cheaper)."""
 
     enabled: bool = True
     buckets: tuple[int, ...] = DEFAULT_GRAPH_BUCKETS

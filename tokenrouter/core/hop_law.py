@@ -1,16 +1,9 @@
 """Hop laws: each router's transition law, the one source for the synthetic routers and the Markov model.
 
-A law is (P, C) over the models, model 0 the entry (small) model: P[i][j] is the probability that a request leaving
-a step on model i goes to model j (j = i: it stays), C[i][j] whether the token sampled on that route is committed
-(False: it is dropped and the destination regenerates it).
-
-| router | small -> large | large does | hands back |
-| r2r, citer, co-llm | hop w.p. p, small token dropped | regenerates one token (committed) | after 1 token |
-| r-stitch | hop w.p. p, small token dropped | keeps writing (committed) | w.p. q per token (geometric run) |
-| markov | as r-stitch with p = 1/mean_small_run, q = 1/mean_large_run |
-| me | every token visits models 0..M-1 in turn; only the last commits (it combines the logits) |
-
-A trace router replays recorded hops and has no law. Pure Python, so the core's config can check names and rates.
+A law is (P, C) over the models, model 0 the entry (small) one: P[i][j] the probability that a request leaving a
+step on model i goes to j (j = i: it stays), C[i][j] whether the token sampled on that route is committed (False:
+the destination regenerates it). Each router's law: docs/markov.md, "Routers as (P, C)"; a trace router has none.
+Pure Python, so the core's config can check names and rates.
 """
 
 from __future__ import annotations
@@ -66,15 +59,8 @@ def ensemble(num_models: int) -> HopLaw:
     return HopLaw(routing, commit)
 
 
-def hop_law(
-    name: str,
-    num_models: int = 2,
-    *,
-    hop_rate: float = 0.1,
-    return_prob: float = 1.0,
-    mean_small_run: float | None = None,
-    mean_large_run: float | None = None,
-) -> HopLaw:
+def hop_law(name: str, num_models: int = 2, *, hop_rate: float = 0.1, return_prob: float = 1.0,
+            mean_small_run: float | None = None, mean_large_run: float | None = None) -> HopLaw:  # fmt: skip
     """The law of router `name` over `num_models` models (`return_prob` counts for r-stitch only, the mean runs for
     markov only). ValueError for a router without a law or for a two-model router over another number of models."""
     key = str(name).lower()

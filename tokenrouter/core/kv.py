@@ -1,6 +1,5 @@
 """KV page accounting: the one book of which pages a request owns (the scheduler allocates, the engine reads
-`Request.pages` as the page table). Pages stay while a request is PENDING on a peer (handoff-resume depends on it).
-Page 0 is the null page that padded CUDA-graph rows write into, never handed out.
+`Request.pages` as the page table). Page 0 is the null page that padded CUDA-graph rows write into, never handed out.
 """
 
 from __future__ import annotations
@@ -9,10 +8,8 @@ from collections import deque
 
 
 class KVPool:
-    """Fixed-size pool of KV pages of `page_size` tokens each.
-
-    Invariant: every page id in 1..num_pages-1 is either in the free list or in exactly one request's
-    page list; `num_free + sum(len(r.pages)) == num_pages - 1`."""
+    """Fixed-size pool of KV pages of `page_size` tokens each. Invariant: every page id in 1..num_pages-1 is free
+    or in exactly one request's page list."""
 
     __slots__ = ("_free", "num_pages", "page_size")
 

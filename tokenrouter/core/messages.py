@@ -1,8 +1,5 @@
-"""Messages between subservers (`PeerReq`, `LiveCount`) and the actions a scheduler asks its driver to carry out.
-
-The scheduler never does I/O: `add()`, `resume()`, `abort()` and `complete()` return `Send`, `Emit` and
-`Finish` actions and the driver (simpy process or runtime event loop) delivers them. A message is a value:
-it shares no mutable object with the sender's state (`tokenrouter.core.wire` encodes it for the runtime).
+"""Messages between subservers (`PeerReq`, `LiveCount`) and the actions a scheduler asks its driver to carry out
+(`Send`, `Emit`, `Finish`). A message is a value: it shares no mutable object with the sender's state.
 """
 
 from __future__ import annotations
@@ -16,9 +13,8 @@ from tokenrouter.core.request import SamplingParams
 
 @dataclass(slots=True)
 class PeerReq:
-    """A request handed to a peer, or its finish (`finished`: free its KV). `tokens` is the suffix the destination
-    has not seen, from position `loc` (the whole sequence on a first visit, with what the peer needs to build its
-    `Request`). `active`/`epoch` piggyback the live count (`LiveCount`)."""
+    """A request handed to a peer, or its finish (`finished`: free its KV). `tokens`: the suffix the destination has
+    not seen, from `loc` (all of it on a first visit); `active`/`epoch` piggyback the live count (`LiveCount`)."""
 
     rid: str
     src: int

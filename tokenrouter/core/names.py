@@ -1,7 +1,5 @@
-"""Names users type at the CLI and in the deployment config, as enums.
-
-str-valued (`StrEnum`), so a member compares equal to its spelling ("r-stitch" == RouterName.R_STITCH), YAML
-and JSON keep writing the plain string, and an unknown name fails in one place with the list of known ones.
+"""Names users type at the CLI and in the deployment config, as `StrEnum`s: a member equals its spelling, YAML and
+JSON write the plain string, and an unknown name fails in one place with the list of known ones.
 """
 
 from __future__ import annotations
@@ -33,10 +31,8 @@ class Placement(StrEnum):
 
 
 class Layout(StrEnum):
-    """A small/large pair laid out on G GPUs, as `trsim tune --placements` compares them: both on GPU 0 under MPS
-    (`mps`, 1 GPU), one GPU each (`separate`, 2 GPUs), or the large model tensor-parallel over all G GPUs with the
-    small one co-located on GPU 0 under MPS (`tp`, G GPUs). The first two are the `Placement` modes of the same
-    name; `tp` is placement `mps` with the large model at tp = G."""
+    """A small/large pair laid out on G GPUs (`trsim tune --placements`): the `Placement` modes `mps` and `separate`,
+    or `tp`: placement `mps` with the large model tensor-parallel over all G GPUs."""
 
     MPS = "mps"
     SEPARATE = "separate"

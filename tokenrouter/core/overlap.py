@@ -1,8 +1,5 @@
-"""When an overlapping subserver forms step k+1: the one rule the simulator and the runtime share.
-
-Formed right after step k's launch, step k+1 would miss every peer return that lands during k (a whole extra step
-per hop); formed `host_s` before k ends, it catches them and the GPU still runs back to back. The simulator knows
-k's end exactly; the runtime estimates it (`runtime.step_clock.StepClock`).
+"""When an overlapping subserver forms step k+1 (docs/core.md, Overlap): `host_s` before step k ends, so returns
+landing during k still join it and the GPU runs back to back. The runtime estimates k's end (`StepClock`).
 """
 
 from __future__ import annotations

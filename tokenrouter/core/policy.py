@@ -1,13 +1,6 @@
-"""Batching policies: when a subserver may launch its ready requests.
-
-Asynchronous policies decide from local state alone: `eager` launches whatever is ready (B_i = 1); `delayed`
-launches when at least B_i requests are ready, B possibly a table keyed by the live concurrency N and clamped so
-the deadlock guard sum_i (B_i - 1) < N holds (`core.live_count` says why it holds while peers' views of N lag).
-Standard serving is not a policy but the deployment's `baseline`, a mode of its driver; its schedulers run eager.
-
-The synchronous baselines (`step-sync`: rounds behind a global barrier; `model-sync`: one model at a time,
-round-robin over models with work) share a `SyncGate`. A model waits only for the messages addressed to it: that
-is what a lockstep coordinator can enforce at one round trip per step (`runtime.sync_coordinator`).
+"""Batching policies: when a subserver may launch its ready requests (docs/core.md, "Batching policies"): `eager`,
+`delayed` (B clamped so the deadlock guard sum_i (B_i - 1) < N holds) and the synchronous baselines, which share a
+`SyncGate`. Standard serving is not a policy but the deployment's `baseline`.
 """
 
 from __future__ import annotations
@@ -50,9 +43,8 @@ def guard_holds(thresholds: Sequence[int], concurrency: int) -> bool:
 
 def check_policy(thresholds: Sequence[int], table: Mapping[int, Sequence[int]], max_wait: float | None = None,
                  num_models: int | None = None, concurrency: int | None = None) -> None:  # fmt: skip
-    """The one check of a policy that every entry runs: one value per model when `num_models` is known (empty flat
-    thresholds: all 1), every B_i >= 1, the deadlock guard on table rows (keyed by N) and, given `concurrency`, on
-    the flat thresholds, and a finite max_wait >= 0. A one-line ValueError naming the first problem."""
+    """The one check of a policy every entry runs (a one-line ValueError): one value per model when `num_models` is
+    known, every B_i >= 1, the deadlock guard on table rows and at `concurrency`, a finite max_wait >= 0."""
     rows = [("thresholds", concurrency, thresholds), *((f"table row {n}", n, b) for n, b in table.items())]
     for what, n, b in rows:
         if num_models is not None and (b or what != "thresholds") and len(b) != num_models:
@@ -78,19 +70,15 @@ def clamp_thresholds(thresholds: Sequence[int], concurrency: int) -> tuple[int, 
 
 
 def scale_thresholds(thresholds: Sequence[int], from_n: int, to_n: int) -> tuple[int, ...]:
-    """B tuned for `from_n` requests carried to `to_n`: each B_i > 1 scaled by to_n / from_n and rounded (half up),
-    entries of 1 kept (an eager model stays eager), then clamped for `to_n`. B grows about in proportion to N: both
-    the queue a batch waits for and the requests that fill it do."""
+    """B tuned for `from_n` requests carried to `to_n` (B grows about in proportion to N): each B_i > 1 scaled by
+    to_n / from_n and rounded half up, entries of 1 kept (an eager model stays eager), then clamped for `to_n`."""
     b = [1 if int(x) == 1 else max(1, math.floor(int(x) * to_n / from_n + 0.5)) for x in thresholds]
     return clamp_thresholds(b, to_n)
 
 
 def table_thresholds(table: Mapping[int, Sequence[int]], concurrency: int) -> tuple[int, ...]:
-    """B for live N from a table tuned at some N (`trsim tune`'s B(N)), before the guard's clamp:
-    - N a row: that row;
-    - N between rows k1 < N < k2: each B_i interpolated linearly in N between the two rows, rounded half up;
-    - N above the last row: the last row scaled to N (`scale_thresholds`); below the first row: the first row.
-    Never a row tuned for a much smaller N as it is: at N = 7 between rows 1 and 8, B is close to row 8's."""
+    """B for live N from a table B(N), before the guard's clamp: a row's N its row; between rows each B_i linear in N
+    (rounded half up); above the last row that row scaled to N (`scale_thresholds`); below the first the first."""
     keys = sorted(table)
     if concurrency in table:
         return tuple(int(x) for x in table[concurrency])
@@ -106,9 +94,8 @@ def table_thresholds(table: Mapping[int, Sequence[int]], concurrency: int) -> tu
 
 @dataclass(slots=True)
 class Policy:
-    """Batching policy of a deployment; thresholds per model index. `table`: N -> thresholds (`table_thresholds`).
-    `max_wait` (seconds, the clock of `now`) lets a delayed subserver launch under its threshold once its oldest
-    ready request has waited that long."""
+    """Batching policy of a deployment; thresholds per model index, `table`: N -> thresholds. `max_wait` (s) lets a
+    delayed subserver launch under its threshold once its oldest ready request has waited that long."""
 
     kind: PolicyKind = PolicyKind.EAGER
     thresholds: tuple[int, ...] = ()
@@ -146,13 +133,8 @@ class Policy:
 
 
 class SyncGate:
-    """Global launch gate for the synchronous baselines, shared by every subserver of one deployment. It decides
-    from the launches, completions and messages the subservers report, so it is as pure as the schedulers.
-
-    Step-sync rounds: a round forms when nothing runs; its members are the models with work (ready requests or
-    messages in flight to them), and each member's `bar` is the number of messages sent to it so far: it launches
-    once it has received that many. Messages sent while the round runs (by members that already completed) are
-    the next round's: they do not hold a member back, though one that landed before it launched joins its batch."""
+    """Global launch gate for the synchronous baselines, shared by every subserver (pure: it decides from what they
+    report). A step-sync round forms when nothing runs; a member launches once the messages sent before (`bar`) land."""
 
     def __init__(self, kind: PolicyKind | str, num_models: int) -> None:
         kind = parse_kind(kind)

@@ -1,9 +1,6 @@
-"""Request lifecycle as one subserver sees it.
-
-`token_ids` is the sequence (prompt + committed output) as known here; `num_computed` how many leading tokens have
-KV in this pool. A step feeds `token_ids[num_computed:]` and samples one token: a decode is a 1-token row, a return
-from a peer an extend row of the tokens the peer wrote. Status: WAITING -> RUNNING -> WAITING (stays) or PENDING
-(the peer owns the next step; KV kept) -> WAITING (returned) ... -> FINISHED.
+"""Request lifecycle as one subserver sees it (docs/core.md, "The driver contract"): `token_ids` is the sequence as
+known here, `num_computed` how many leading tokens have KV in this pool. Status: WAITING -> RUNNING -> WAITING
+(stays) or PENDING (a peer owns the next step; KV kept) -> WAITING (returned) ... -> FINISHED.
 """
 
 from __future__ import annotations
@@ -57,9 +54,8 @@ class Request:
     num_computed: int = 0
     status: ReqStatus = ReqStatus.WAITING
     pages: list[int] = field(default_factory=list)
-    # Admission order, given by the entry and carried to every peer: lower is older. Victims of KV
-    # preemption are always younger than the request that needs the pages, so no two requests can keep
-    # evicting each other.
+    # Admission order, given by the entry and carried to every peer: lower is older. KV victims are always younger
+    # than the request that needs the pages, so no two requests can keep evicting each other.
     seq: int = -1
     # Bumped whenever the request leaves this subserver (hop, finish): rows of an already prepared batch
     # that carry an older version are stale and their results are ignored.

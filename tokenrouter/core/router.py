@@ -1,7 +1,6 @@
-"""Router API, one instance per subserver: `route` gives one absolute destination per row of a step (the local
-model index: stay); `keep_token` whether the token just sampled is committed when the row hops (R2R, CITER, Co-LLM
-and R-Stitch drop it so the peer regenerates that position); `send`/`receive` convert a `Request` to and from the
-`PeerReq` on the wire."""
+"""Router API, one instance per subserver (docs/core.md, "Router API"): `route` gives one absolute destination per
+row of a step; `keep_token` whether the token just sampled is committed when the row hops; `send`/`receive`
+convert a `Request` to and from the `PeerReq` on the wire."""
 
 from __future__ import annotations
 
@@ -15,13 +14,8 @@ from tokenrouter.core.request import Request
 
 @runtime_checkable
 class DeviceRouter(Protocol):
-    """The part of a router that runs inside the engine's step (captured in its CUDA graph), so destinations come
-    back with the tokens in one device-to-host copy.
-
-    Called once per step with the sampled tokens of the logit rows (batch order) and, when asked for, their
-    final-norm hidden states and logits; returns one absolute destination per row, an integer tensor on the same
-    device. Invariants: no host sync, no data-dependent shapes, no allocation that outlives the call (it is
-    replayed inside a graph); padding rows may hold garbage and their destinations are ignored."""
+    """The part of a router that runs inside the engine's step (in its CUDA graph): sampled tokens (hidden states,
+    logits when asked) -> one destination per row: no host sync, data-dependent shape or allocation outliving it."""
 
     needs_logits: bool
     needs_hidden: bool
@@ -48,9 +42,8 @@ class Router:
         return self
 
     def select_tokens(self, batch: Batch, result: StepResult) -> Sequence[int] | Any:
-        """The token each row commits (or drops, per `keep_token`), asked by `Scheduler.complete` before `route`:
-        by default the one sampled. The ensemble overrides it (its weighted choice) and may stash per-row state
-        for `route`/`extras` of the same call."""
+        """The token each row commits (or drops, per `keep_token`), asked before `route`: by default the one sampled;
+        the ensemble's weighted choice (it may stash per-row state for `route`/`extras` of the same call)."""
         return result.next_token_ids
 
     def route(self, batch: Batch, result: StepResult) -> Sequence[int]:
@@ -72,27 +65,17 @@ class Router:
         """Build the message for `dst`: the suffix `dst` has not seen, plus extras."""
         loc = req.seen[dst]
         first = loc == 0
-        return PeerReq(
-            rid=req.rid,
-            src=self.model,
-            dst=dst,
-            tokens=req.token_ids[loc:],
-            loc=loc,
-            prompt_len=req.prompt_len,
-            seen=list(req.seen),
-            sampling=req.sampling if first else None,
-            eos_token_ids=req.eos_token_ids if first else (),
-            num_hops=req.num_hops,
-            extras=self.extras(req, dst),
-        )
+        return PeerReq(rid=req.rid, src=self.model, dst=dst, tokens=req.token_ids[loc:], loc=loc,
+                       prompt_len=req.prompt_len, seen=list(req.seen), sampling=req.sampling if first else None,
+                       eos_token_ids=req.eos_token_ids if first else (), num_hops=req.num_hops,
+                       extras=self.extras(req, dst))  # fmt: skip
 
     def extras(self, req: Request, dst: int) -> dict[str, Any] | None:
         return None
 
     def receive(self, msg: PeerReq, req: Request) -> None:
-        """Merge an arriving request into the local one (default: commit every returned token). Called for every
-        handover, the first visit included, so a router sees each message's `extras`. Invariant: `msg.loc <=
-        len(req.token_ids)`; local tokens past `msg.loc` were never committed (a dropped sample) and are replaced."""
+        """Merge an arriving request into the local one (every handover, the first visit included). Invariant:
+        `msg.loc <= len(req.token_ids)`; local tokens past `msg.loc` were never committed and are replaced."""
         if msg.loc > len(req.token_ids):
             raise ValueError(f"{req.rid}: peer sent tokens from {msg.loc} but only {len(req.token_ids)} are known here")
         del req.token_ids[msg.loc :]

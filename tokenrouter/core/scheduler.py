@@ -1,24 +1,8 @@
 """Per-subserver scheduler: a state machine driven from outside, shared by the simulator and the runtime.
 
-Driver contract (the simpy process and the runtime loop both follow it):
-    acts = sched.add(req, now)          # a client request arrives at the entry subserver
-    acts = sched.resume(msg, now)       # a message from a peer arrives (PeerReq or LiveCount)
-    batch = sched.schedule(now)         # launch? (None: policy says wait, or nothing is ready)
-    ...run batch on the executor...
-    acts = sched.complete(batch, result, now)
-and it delivers the returned actions (`Send`, `Emit`, `Finish`), then asks `schedule` again: after every
-delivered message and every completed step (the deadlock-freedom argument in `live_count` rests on it).
-The scheduler never sleeps, reads a clock or does I/O.
-
-KV pages are allocated in `schedule`, kept while a request is PENDING on a peer, freed at finish/abort. With the
-entry's `Admission` ledger requests go live only when every model's pool can hold them; without one, pages are
-taken back from younger parked or queued requests (`victims`), which recompute later. Never dropped for lack of
-pages.
-
-Overlap (`prepares_ahead`): `schedule` may form a batch while one is in flight; its sampling rows continue with
-`from_prev=True` (the executor feeds the token the previous step samples, without a host round trip). If the
-earlier batch's `complete` sends such a request away or finishes it, its version changes and the prepared row's
-result is ignored.
+Driver contract, KV pages and overlap: docs/core.md. The driver delivers the returned actions (`Send`, `Emit`,
+`Finish`) and asks `schedule` again after every delivered message and every completed step (the deadlock-freedom
+argument rests on it). The scheduler never sleeps, reads a clock or does I/O; no request is dropped for lack of pages.
 """
 
 from __future__ import annotations
@@ -47,23 +31,10 @@ class RequestTooLong(ValueError):
 
 
 class Scheduler:
-    def __init__(
-        self,
-        model: int,
-        num_models: int,
-        *,
-        kv: KVPool,
-        router: Router,
-        policy: Policy | None = None,
-        entry: int = 0,
-        max_batch_size: int = 256,
-        max_batch_tokens: int = 16384,
-        gate: SyncGate | None = None,
-        overlap: bool = False,
-        graph_rule: GraphRule | None = None,
-        admission: Admission | None = None,
-        max_context_len: int | None = None,
-    ) -> None:
+    def __init__(self, model: int, num_models: int, *, kv: KVPool, router: Router, policy: Policy | None = None,
+                 entry: int = 0, max_batch_size: int = 256, max_batch_tokens: int = 16384, gate: SyncGate | None = None,
+                 overlap: bool = False, graph_rule: GraphRule | None = None, admission: Admission | None = None,
+                 max_context_len: int | None = None) -> None:  # fmt: skip
         if not 0 <= model < num_models:
             raise ValueError(f"model index {model} out of range for {num_models} models")
         self.model = model
@@ -125,9 +96,8 @@ class Scheduler:
 
     @property
     def prepares_ahead(self) -> bool:
-        """Whether `schedule` may form step k+1 while step k is in flight: the one overlap rule every driver
-        reads. Never with a sync gate: its barrier waits for step k's results anyway, and a step formed ahead
-        would hold `from_prev` rows that skip the routing decision the round exists to synchronize."""
+        """Whether `schedule` may form step k+1 while step k is in flight: the one overlap rule every driver reads.
+        Never with a sync gate: a step formed ahead would skip the routing decision the round synchronizes."""
         return self.overlap and self.gate is None
 
     @property
@@ -179,18 +149,9 @@ class Scheduler:
                 return []  # the request ended while this message was on its way
             if msg.loc != 0 or msg.sampling is None:
                 raise ValueError(f"{msg.rid}: first message at model {self.model} must carry the whole sequence")
-            req = Request(
-                rid=msg.rid,
-                token_ids=list(msg.tokens),
-                prompt_len=msg.prompt_len,
-                sampling=msg.sampling,
-                num_models=self.num_models,
-                entry=self.entry,
-                eos_token_ids=msg.eos_token_ids,
-                seen=list(msg.seen),
-                num_hops=msg.num_hops,
-                seq=msg.seq,
-            )
+            req = Request(rid=msg.rid, token_ids=list(msg.tokens), prompt_len=msg.prompt_len, sampling=msg.sampling,
+                          num_models=self.num_models, entry=self.entry, eos_token_ids=msg.eos_token_ids,
+                          seen=list(msg.seen), num_hops=msg.num_hops, seq=msg.seq)  # fmt: skip
             try:
                 self._check_fits(req)
             except RequestTooLong:
@@ -218,9 +179,8 @@ class Scheduler:
         return self._finish(req, "abort", now)
 
     def on_peer_restart(self, peer: int, now: float = 0.0) -> list[Action]:
-        """Subserver `peer` died and comes back empty. Every request here ends with "error" (it may be parked on
-        the dead peer or wait for a message it took along; the front-end fails them all anyway). No peer is told:
-        each survivor gets the same call. A restarted entry counts from epoch 0 again, so its count is forgotten."""
+        """Subserver `peer` died and comes back empty: every request here ends with "error" (it may depend on the
+        dead peer). No peer is told (each survivor gets the same call); a restarted entry's count is forgotten."""
         actions: list[Action] = []
         for rid in list(self.admit_queue):
             del self.admit_queue[rid]

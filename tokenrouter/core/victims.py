@@ -1,8 +1,5 @@
-"""Which requests give their KV pages back when a subserver's pool runs short (without admission only).
-
-Parked requests first (their pages are idle), then queued ones, youngest (highest `seq`) first. Only requests
-younger than the requester are taken, so work is never thrown away in a loop: the oldest live request can always
-take what it needs. RUNNING rows are never victims; a victim recomputes its prefix when it next runs here.
+"""Which requests give their KV pages back when a subserver's pool runs short (without admission only): parked ones
+first, then queued ones, youngest first, only those younger than the requester, never RUNNING ones (docs/core.md).
 """
 
 from __future__ import annotations

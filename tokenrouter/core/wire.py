@@ -1,8 +1,5 @@
-"""Wire format of peer messages: msgpack via msgspec, the encoding the runtime sends over ZeroMQ.
-
-A frame is a two-item array `[kind, payload]`; the kind names the message type so the payload decodes into
-the right dataclass (msgspec decodes one dataclass type per union). Decoding builds fresh objects, so a
-received message never shares state with its sender.
+"""Wire format of peer messages: msgpack via msgspec, the encoding the runtime sends over ZeroMQ. A frame is
+`[kind, payload]`; the kind names the dataclass the payload decodes into (msgspec decodes one type per union).
 """
 
 from __future__ import annotations

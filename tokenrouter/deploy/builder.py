@@ -1,8 +1,6 @@
-"""Deployment config -> everything a driver runs: routers, KV pools, schedulers, sync gate, graph rules,
-admission, engine settings, and the wiring that routes peer messages between subservers.
-
-The simulator and every runtime subserver call `build_deployment`; only the driver differs
-(who carries messages, who keeps time, what executes a batch). Nothing here imports simpy, asyncio or torch.
+"""Deployment config -> everything a driver runs: routers, KV pools, schedulers, sync gate, graph rules, admission,
+engine settings and the peer-message wiring (docs/core.md, "The deployment builder"). Nothing here imports simpy,
+asyncio or torch: the simulator and every runtime subserver call `build_deployment`; only the driver differs.
 """
 
 from __future__ import annotations
@@ -32,13 +30,8 @@ Runs = Sequence[tuple[int, int]]
 
 @dataclass(slots=True)
 class Deployment:
-    """A built deployment. Index i is model i everywhere; `schedulers[entry]` admits client requests.
-
-    Driver duties (what `build_deployment` cannot do for it): carry each `Send` to `deliver` on the
-    destination (any delay, order kept per link), hand `Emit`/`Finish` to clients, and after any call that
-    changed subserver i (a delivery, a completed step, an admission), ask `schedule()` again on every
-    subserver in `wakes(i)`.
-    """
+    """A built deployment; index i is model i everywhere. The driver carries each `Send` to `deliver` (order kept per
+    link) and, after any call that changed subserver i, asks `schedule()` again on every subserver in `wakes(i)`."""
 
     config: DeploymentConfig
     schedulers: list[Scheduler]
@@ -70,9 +63,8 @@ class Deployment:
         return range(self.num_models) if self.gate is not None else (model,)
 
     def set_router(self, model: int, router: Router) -> None:
-        """Give subserver `model` another router (the runtime's learned routers need the engine, which needs
-        this deployment's KV pool). Call it before any request reaches the scheduler: the router is bound
-        here and no request state refers to the old one yet."""
+        """Give subserver `model` another router (the runtime's learned routers need the engine, which needs this
+        deployment's KV pool), before any request reaches the scheduler."""
         sched = self.schedulers[model]
         if sched.reqs or sched.admit_queue or sched.inflight:
             raise RuntimeError("set_router after requests reached the scheduler")
@@ -95,8 +87,7 @@ def build_router(rc: RouterConfig, num_models: int, seed: int, traces: Mapping[s
 
 def max_context_len(cfg: DeploymentConfig) -> int:
     """The longest request every model can run: the smallest `max_position_embeddings`, or the scheduler's
-    `max_model_len` when set (a request may visit every model). ValueError for a `max_model_len` longer than a
-    model's context, which would be served at the shorter length without a word."""
+    `max_model_len` when set; ValueError for a `max_model_len` longer than a model's context."""
     limits = {m.name: load_spec(m.path or m.name).max_position_embeddings for m in cfg.models}
     name, limit = min(limits.items(), key=lambda kv: kv[1])
     mml = cfg.scheduler.max_model_len
@@ -107,14 +98,8 @@ def max_context_len(cfg: DeploymentConfig) -> int:
     return limit if mml is None else mml
 
 
-def build_deployment(
-    cfg: DeploymentConfig,
-    *,
-    gpu_memory_gb: float,
-    seed: int = 0,
-    traces: Mapping[str, Runs] | None = None,
-    gate: SyncGate | None = None,
-) -> Deployment:
+def build_deployment(cfg: DeploymentConfig, *, gpu_memory_gb: float, seed: int = 0,
+                     traces: Mapping[str, Runs] | None = None, gate: SyncGate | None = None) -> Deployment:  # fmt: skip
     """Build every subserver of `cfg`. `gpu_memory_gb`: one GPU's memory (sizes the KV pools); `seed`: routers
     and dummy weights; `traces`: hop runs per request id for the trace router (else `cfg.router.trace`);
     `gate`: for a sync policy, an object with `SyncGate`'s interface to use instead of a local `SyncGate` (the
@@ -132,29 +117,10 @@ def build_deployment(
     admission = Admission(sizes, sc.kv_growth_tokens) if sc.kv_admission else None
     context = max_context_len(cfg)
     rules = [mc.graph_rule() for mc in cfg.models]
-    schedulers = [
-        Scheduler(
-            i,
-            m,
-            kv=pools[i],
-            router=build_router(cfg.router, m, seed, traces),
-            policy=policy,
-            entry=cfg.entry,
-            max_batch_size=sc.max_batch_size,
-            max_batch_tokens=sc.max_batch_tokens,
-            gate=gate,
-            overlap=cfg.overlaps(i),
-            graph_rule=rules[i],
-            admission=admission if i == cfg.entry else None,
-            max_context_len=context,
-        )
-        for i, mc in enumerate(cfg.models)
-    ]
-    return Deployment(
-        config=cfg,
-        schedulers=schedulers,
-        graph_rules=rules,
-        kv_tokens=caps,
-        gate=gate,
-        engine_args=[engine_kwargs(cfg, i, pools[i].num_pages, seed) for i in range(m)],
-    )
+    schedulers = [Scheduler(i, m, kv=pools[i], router=build_router(cfg.router, m, seed, traces), policy=policy,
+                            entry=cfg.entry, max_batch_size=sc.max_batch_size, max_batch_tokens=sc.max_batch_tokens,
+                            gate=gate, overlap=cfg.overlaps(i), graph_rule=rules[i],
+                            admission=admission if i == cfg.entry else None, max_context_len=context)
+                  for i in range(m)]  # fmt: skip
+    engine_args = [engine_kwargs(cfg, i, pools[i].num_pages, seed) for i in range(m)]
+    return Deployment(cfg, schedulers, rules, caps, gate, engine_args)

@@ -1,7 +1,4 @@
-"""How many KV tokens each model of a deployment gets: the one place that decides memory splits.
-
-Serving engines leave headroom: an engine may use `MEM_FRACTION` of its GPUs' memory for weights and KV.
-"""
+"""How many KV tokens each model of a deployment gets: the one place that decides memory splits."""
 
 from __future__ import annotations
 
@@ -23,19 +20,9 @@ class NoRoom(ValueError):
     """A model gets less than one KV page: its weights (or its GPU neighbours' with them) leave no room."""
 
 
-def joint_kv_tokens(free_bytes: float, kv_bytes_per_token: list[int]) -> int:
-    """Token capacity T that every co-located model gets when they split `free_bytes` of KV memory.
-
-    Giving each model the same capacity (rather than the same bytes) keeps a request that fits on one
-    model from being preempted on its peer: T * sum(kv_bytes_per_token) = free_bytes.
-    """
-    return max(0, int(free_bytes // max(1, sum(kv_bytes_per_token))))
-
-
 def kv_capacity_tokens(dep: DeploymentConfig, gpu_memory_gb: float) -> list[int]:
-    """Token capacity per model. Co-located models (mps) split the free memory so each gets the same
-    capacity; a model on its own GPUs gets what its weights leave, unless `kv_budget_gb` is given.
-    `gpu_memory_gb` is one GPU's memory (the profile's in the simulator, the device's at runtime)."""
+    """Token capacity per model: co-located models (mps) split the free memory for the same capacity, a model on its
+    own GPUs gets what its weights leave, unless `kv_budget_gb` is given. `gpu_memory_gb`: one GPU's memory."""
     specs = [load_spec(m.name) for m in dep.models]
     gpu_bytes = gpu_memory_gb * 1e9 * MEM_FRACTION
     caps: list[int] = []
@@ -43,13 +30,14 @@ def kv_capacity_tokens(dep: DeploymentConfig, gpu_memory_gb: float) -> list[int]
         if m.kv_budget_gb is not None:
             caps.append(int(m.kv_budget_gb * 1e9 // spec.kv_bytes_per_token))
         elif dep.placement.mode == "mps":
+            # The same token capacity T for every co-located model (not the same bytes), so a request that fits one
+            # model is not preempted on its peer: T * sum(kv_bytes_per_token) = free bytes.
             sharing = [s for mm, s in zip(dep.models, specs, strict=True) if set(mm.gpus) & set(m.gpus)]
-            free = gpu_bytes * len(m.gpus) - sum(
-                s.weight_bytes / max(1, len(mm.gpus)) * len(m.gpus)
-                for mm, s in zip(dep.models, specs, strict=True)
-                if s in sharing
-            )
-            caps.append(joint_kv_tokens(free, [s.kv_bytes_per_token for s in sharing]))
+            weights = [
+                s.weight_bytes / max(1, len(mm.gpus)) for mm, s in zip(dep.models, specs, strict=True) if s in sharing
+            ]
+            free = gpu_bytes * len(m.gpus) - sum(w * len(m.gpus) for w in weights)
+            caps.append(max(0, int(free // max(1, sum(s.kv_bytes_per_token for s in sharing)))))
         else:
             caps.append(int((gpu_bytes * len(m.gpus) - spec.weight_bytes) // spec.kv_bytes_per_token))
     if any(c < dep.scheduler.page_size for c in caps):

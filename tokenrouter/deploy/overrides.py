@@ -1,11 +1,6 @@
-"""One path from command-line flags to a deployment: a config (or a default pair) with overrides applied.
-
-Every CLI that builds a deployment (`trsim run | sweep | tune`, `tr serve`, `tr bench --sim`) fills a
-`DeploymentOverrides` with the flags the user gave (None = not given) and calls `resolve_deployment`, so the
-same config and the same flags give the same `DeploymentConfig` everywhere, and a flag given beside
-`--config` is always applied (never dropped). What each flag sets: docs/cli.md#deployment-flags; besides those,
-autotune on sets `policy.autotune` (the config's settings if it has them, else the defaults) and off clears it.
-Every deployment resolved is checked by `placement.check_gpus`.
+"""One path from command-line flags to a deployment (docs/cli.md#deployment-flags): every CLI fills a
+`DeploymentOverrides` with the flags given (None = not given) and calls `resolve_deployment`, so a flag beside
+`--config` is never dropped; every deployment resolved passes `check_gpus`.
 """
 
 from __future__ import annotations
@@ -179,13 +174,9 @@ def _router(rc: RouterConfig, ov: DeploymentOverrides) -> RouterConfig:
         check_prob(ov.hop_rate, "--hop-rate")
     if ov.return_prob is not None:
         check_prob(ov.return_prob, "--return-prob")
-    given = {
-        "name": parse_config_name(RouterName, ov.router, "router") if ov.router is not None else None,
-        "hop_rate": ov.hop_rate,
-        "return_prob": ov.return_prob,
-        "trace": ov.trace,
-        "weights": ov.router_model,
-    }
+    name = parse_config_name(RouterName, ov.router, "router") if ov.router is not None else None
+    given = {"name": name, "hop_rate": ov.hop_rate, "return_prob": ov.return_prob, "trace": ov.trace,
+             "weights": ov.router_model}  # fmt: skip
     changes = {k: v for k, v in given.items() if v is not None}
     return replace(rc, **changes) if changes else rc
 

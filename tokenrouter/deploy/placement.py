@@ -1,15 +1,5 @@
-"""GPU accounting: which GPUs each model occupies, which models share one, how many GPUs a deployment uses, and
-the layouts `trsim tune --placements` compares on one GPU kind (`layout`; the placements across GPU kinds are
-`sim.tune_layouts`', which prices them from the cost model: deploy imports nothing of `calibration`).
-
-Invariants (checked by `check_gpus`, which the resolver applies to every deployment a CLI builds):
-- a model at tensor-parallel degree tp occupies exactly tp distinct GPUs; `gpus` lists them in rank order;
-- tp divides the model's attention heads, KV heads and MLP width (the engine shards each evenly), so the simulator
-  never prices a layout the runtime cannot run;
-- under `separate` no two models share a GPU; under `cross-host` each model has its own host, so GPU ids are per
-  host and may repeat across models;
-- under `mps`, models whose GPU lists intersect are co-located: their passes slow each other down (a model at
-  tp = k that shares one of its k GPUs is slowed as a whole, since its ranks meet at every all-reduce).
+"""GPU accounting: which GPUs each model occupies, which share one, how many a deployment uses, and the layouts
+`trsim tune --placements` compares (`layout`); `check_gpus` holds the invariants of docs/config.md#placement.
 """
 
 from __future__ import annotations
@@ -24,9 +14,8 @@ from tokenrouter.models.tp_rules import tp_split_error
 
 
 def default_gpus(mode: Placement | str, tps: Sequence[int]) -> list[list[int]]:
-    """GPUs per model when only the placement and tp are known: under mps every model starts at GPU 0 (so all share
-    GPU 0; a model at tp = k spans GPUs 0..k-1); otherwise consecutive blocks, model i after model i-1 (tp = 1:
-    model i on GPU i)."""
+    """GPUs per model when only the placement and tp are known: under mps every model starts at GPU 0 (a model at
+    tp = k spans GPUs 0..k-1); otherwise consecutive blocks, model i after model i-1."""
     if str(mode) == Placement.MPS:
         return [list(range(t)) for t in tps]
     out, nxt = [], 0
@@ -69,9 +58,8 @@ def with_layout(cfg: DeploymentConfig, mode: Placement, tps: Sequence[int]) -> D
 
 
 def check_gpus(cfg: DeploymentConfig, device: str = "cuda") -> None:
-    """One-line ConfigError unless every model's `tp` splits its heads evenly and, on CUDA, every model has tp
-    distinct GPUs (rank r runs on `gpus[r]`) and `separate` models share none. On CPU `gpus` means nothing and is
-    not checked. The resolver applies it to every deployment a CLI builds, the launcher to what it is given."""
+    """One-line ConfigError unless every model's `tp` splits its heads evenly and, on CUDA (on CPU `gpus` means
+    nothing), every model has tp distinct GPUs (rank r on `gpus[r]`) and `separate` models share none."""
     for m in cfg.models:
         if m.tp < 1:
             raise ConfigError(f"model {m.name}: tp must be >= 1, got {m.tp}")
@@ -95,9 +83,8 @@ def check_gpus(cfg: DeploymentConfig, device: str = "cuda") -> None:
 
 
 def check_tp_divides(model: str, tp: int, name: str | None = None) -> None:
-    """One-line ConfigError when `tp` does not divide the attention heads, KV heads and MLP width of `model` (a
-    bundled name or an HF directory; `name` labels it). A shape that cannot be loaded is left to whoever loads it
-    (an unknown model is its own error there)."""
+    """One-line ConfigError when `tp` does not divide the attention heads, KV heads and MLP width of `model` (`name`
+    labels it). A shape that cannot be loaded is left to whoever loads it."""
     try:
         spec = load_spec(model)
     except (ValueError, OSError):

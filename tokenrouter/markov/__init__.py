@@ -1,7 +1,5 @@
-"""Markov-chain throughput model of delayed batching and the threshold search (defined in docs/markov.md).
-
-Analysis, not scheduling: the simulator and `trsim tune` use it to choose B; the core never imports it.
-"""
+"""Markov-chain throughput model of delayed batching and the threshold search (docs/markov.md). Analysis, not
+scheduling: the simulator and `trsim tune` use it to choose B; the core never imports it."""
 
 from __future__ import annotations
 
@@ -11,17 +9,6 @@ from tokenrouter.markov.search import evaluate_thresholds, search_thresholds
 from tokenrouter.markov.solve import stationary_distribution
 from tokenrouter.markov.steps import feasible_thresholds, quantize_steps
 
-__all__ = [
-    "MarkovModel",
-    "ThroughputResult",
-    "evaluate_thresholds",
-    "feasible_thresholds",
-    "me_preset",
-    "quantize_steps",
-    "r2r_preset",
-    "router_matrices",
-    "rstitch_preset",
-    "search_thresholds",
-    "stationary_distribution",
-    "throughput",
-]
+__all__ = ["MarkovModel", "ThroughputResult", "evaluate_thresholds", "feasible_thresholds", "me_preset",
+    "quantize_steps", "r2r_preset", "router_matrices", "rstitch_preset", "search_thresholds",
+    "stationary_distribution", "throughput"]  # fmt: skip

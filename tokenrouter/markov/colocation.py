@@ -1,12 +1,6 @@
-"""Co-located models in the Markov model: T(B) at the co-location fixed point of that B.
-
-Two models sharing a GPU (MPS) slow each other only while both run, so a model's mean step time depends on how often
-its peer is busy, and that depends on B: holding the large model for fuller batches keeps it busy less often and
-leaves the small model alone more. Step times taken at one B (one load) misprice every other B. Here each B is
-solved at its own load: the chain gives each peer's busy fraction and tokens per pass, the steps are re-priced at
-that load, and the two are iterated (damped by halves) until no busy fraction moves by more than `tol`.
-`trsim tune` (step times from the profile) and autotune (step times measured live, de-mixed with the profile's
-factors) share this solve.
+"""Co-located models in the Markov model: T(B) at the co-location fixed point of that B (docs/markov.md,
+"Co-located models"): the chain's busy fractions re-price the steps, iterated (damped by halves) until no busy
+fraction moves by more than `tol`. `trsim tune` and autotune share this solve.
 """
 
 from __future__ import annotations

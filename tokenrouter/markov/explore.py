@@ -1,14 +1,6 @@
-"""Reachable-state search for the Markov throughput model (docs/markov.md), on plain integer arrays.
-
-Embedded chain: states at batch-completion instants, *just before* the completing batches are routed. Per model
-a state holds (k waiting, b running, r residual), residuals shifted so the completing models have r = 0. One
-transition routes every completing batch (independent multinomials), launches every idle model whose queue
-reached its threshold (all its waiting requests, residual d_i(b_i)), then advances to the next completion (tau =
-min running residual). Renewal-reward gives the post-launch chain's throughput with fewer states: a lone running
-model's residual is forgotten. Per-state rewards are expectations over the state's outgoing transitions.
-
-All thresholds of a search are explored in one level-synchronous BFS (the threshold index is part of the state
-key), so numpy's per-call overhead is paid once per level, not once per level and per B.
+"""Reachable-state search for the Markov throughput model on plain integer arrays: the pre-completion chain of
+docs/markov.md ("A smaller chain"). All thresholds of a search are explored in one level-synchronous BFS (the
+threshold index is part of the state key), so numpy's per-call overhead is paid once per level, not per B.
 """
 
 from __future__ import annotations
@@ -39,12 +31,10 @@ class StateSpaceTooLarge(ValueError):
 
 @dataclass(slots=True)
 class ExploredChains:
-    """Reachable pre-completion states and transitions for a list of threshold vectors (block-diagonal: vector g's
-    states are `offsets[g]:offsets[g+1]`). Invariants: every state has at least one completing model (a running model
-    with residual 0); `src` rows' probabilities sum to 1 per state (duplicates (src, dst) are possible and must be
-    summed). Per-state rewards are expectations over the next transition, in quanta and requests: `tokens` committed by
-    the completions, `tau` time to the next completion, `done` batches completed and `done_size` requests in them, and
-    time integrals `busy`, `queue`, `running` (per model) over that interval."""
+    """Reachable pre-completion states and transitions for a list of threshold vectors (vector g's states are
+    `offsets[g]:offsets[g+1]`). Every state has a completing model (running, residual 0); `src` rows' probabilities
+    sum to 1 per state (duplicate (src, dst) edges must be summed). Rewards are expectations over the next
+    transition, in quanta and requests (`done`: batches completed, `done_size`: requests in them)."""
 
     k: np.ndarray  # (n, M) waiting requests
     b: np.ndarray  # (n, M) running batch size (0 = idle)
@@ -139,24 +129,13 @@ class _KeyIndex:
         return got[inverse], first[fresh]
 
 
-def explore(
-    quanta: np.ndarray,
-    routing: np.ndarray,
-    commit_mean: np.ndarray,
-    concurrency: int,
-    thresholds: np.ndarray,
-    max_states: int = DEFAULT_MAX_STATES,
-    finish: np.ndarray | None = None,
-    entry: int = 0,
-) -> ExploredChains:
-    """BFS over reachable pre-completion states, for every row of `thresholds` (G, M) at once. `quanta[i, b]`: model
-    i's step in quanta at batch size b (column 0 unused); `commit_mean[i]` = sum_j c_ij p_ij. Start: all requests
-    waiting at model 0, launch rule applied, time advanced to the first completion. Thresholds must be feasible
-    (the deadlock guard), so some model is always running.
-
-    `finish[i, j]` (optional, (M, M)): probability that a request routed i -> j has just committed its last token;
-    its replacement arrives at `entry` *after* this instant's launches (`_destinations`), which is what breaks
-    lockstep under deterministic routing. With `finish` None or zero the chain has no completions."""
+def explore(quanta: np.ndarray, routing: np.ndarray, commit_mean: np.ndarray, concurrency: int, thresholds: np.ndarray,
+            max_states: int = DEFAULT_MAX_STATES, finish: np.ndarray | None = None,
+            entry: int = 0) -> ExploredChains:  # fmt: skip
+    """BFS over reachable pre-completion states, for every row of feasible `thresholds` (G, M) at once.
+    `quanta[i, b]`: model i's step in quanta at batch size b; `commit_mean[i]` = sum_j c_ij p_ij. `finish[i, j]`
+    (optional): probability that a request routed i -> j has just committed its last token; its replacement
+    arrives at `entry` *after* this instant's launches (`_destinations`), which breaks lockstep."""
     m, n = routing.shape[0], concurrency
     thr = np.asarray(thresholds, dtype=np.int64).reshape(-1, m)
     n_groups = len(thr)
@@ -177,17 +156,9 @@ def explore(
         g, k, b, r = front[:, 0], front[:, 1 : 1 + m], front[:, 1 + m : 1 + 2 * m], front[:, 1 + 2 * m :]
         completing = (b > 0) & (r == 0)
         parent, arrivals, prob = _route_completions(completing, b, outcomes)
-        ck, cb, cr, ctau, cg = _launch_and_advance(
-            k[parent] + arrivals[:, :m],
-            np.where(completing, 0, b)[parent],
-            r[parent],
-            g[parent],
-            thr,
-            quanta,
-            thr_live,
-            late=arrivals[:, m],
-            entry=entry,
-        )
+        ck, cb, cr, ctau, cg = _launch_and_advance(k[parent] + arrivals[:, :m], np.where(completing, 0, b)[parent],
+                                                   r[parent], g[parent], thr, quanta, thr_live, late=arrivals[:, m],
+                                                   entry=entry)  # fmt: skip
         child_rows = np.column_stack([cg, ck, cb, cr])
         if len(child_rows) > 8 * max_states + 100_000:  # one level would cost more than the cap is meant to allow
             raise StateSpaceTooLarge(max_states, m, n)
@@ -206,9 +177,8 @@ def explore(
 
 
 def _destinations(routing: np.ndarray, finish: np.ndarray | None, entry: int) -> np.ndarray:
-    """(M, M + 1) where a completing request goes: model j, or column M, "finished: replaced by a new request at
-    the entry" (a late arrival, `explore`). On the entry itself the next request is queued before the entry
-    launches again, so a request finishing there is no late arrival: it counts as routed to the entry."""
+    """(M, M + 1) where a completing request goes: model j, or column M, "finished: replaced by a late arrival at the
+    entry". A request finishing on the entry is no late arrival (its successor queues before the entry launches)."""
     m = routing.shape[0]
     h = np.zeros((m, m)) if finish is None else np.asarray(finish, dtype=float)
     replaced = (routing * h).sum(axis=1)
@@ -220,9 +190,8 @@ def _destinations(routing: np.ndarray, finish: np.ndarray | None, entry: int) ->
 
 def _start_states(index: _KeyIndex, m: int, n: int, thr: np.ndarray, quanta: np.ndarray,
                   thr_live: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-    """Per threshold vector its first embedded state's id, and the distinct start rows (g, k, b, r), the BFS's
-    first frontier: (N, 0, ..) waiting and nothing running, then the launch rule advances to the first
-    completion. The start-up interval is transient and carries no reward, hence its tau is dropped."""
+    """Per threshold vector its first embedded state's id, and the distinct start rows (g, k, b, r): all N waiting
+    at model 0, advanced by the launch rule to the first completion (a transient interval: its tau is dropped)."""
     n_groups = len(thr)
     k0 = np.zeros((n_groups, m), dtype=np.int64)
     k0[:, 0] = n
@@ -236,9 +205,8 @@ def _start_states(index: _KeyIndex, m: int, n: int, thr: np.ndarray, quanta: np.
 
 def _route_completions(completing: np.ndarray, b: np.ndarray,
                        outcomes: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
-    """Route every completing batch of the frontier: each state expanded by the product of its completing
-    models' outcome sets (`multinomial_outcomes`). Returns per child its parent's frontier row, the requests
-    arriving at each destination (M + 1 columns, the last the late arrivals) and its probability."""
+    """Route every completing batch of the frontier (the product of its completing models' outcome sets). Per child:
+    its parent's frontier row, the arrivals per destination (M + 1 columns, the last late) and its probability."""
     out_counts, out_probs, out_start, out_count = outcomes
     n_front, m = completing.shape
     parent = np.arange(n_front)
@@ -261,9 +229,8 @@ def _route_completions(completing: np.ndarray, b: np.ndarray,
 
 def _rewards(parent: np.ndarray, w: np.ndarray, ck: np.ndarray, cb: np.ndarray, completing: np.ndarray,
              done_size: np.ndarray, commit_mean: np.ndarray) -> np.ndarray:  # fmt: skip
-    """Per-source expected rewards of one BFS level, one row per frontier state: tokens, tau, busy[M], queue[M],
-    running[M], done[M], done_size[M]. `w` is each child's probability times its holding time; (ck, cb) is the
-    post-launch state, constant until the next completion, so its time integrals are weighted sums."""
+    """Per-source expected rewards of one BFS level: tokens, tau, busy[M], queue[M], running[M], done[M],
+    done_size[M]. `w`: each child's probability x holding time, over which the post-launch (ck, cb) is constant."""
     nf, m = completing.shape
     cols = [np.bincount(parent, weights=w, minlength=nf)]
     for arr in (cb > 0, ck, cb):
@@ -274,10 +241,8 @@ def _rewards(parent: np.ndarray, w: np.ndarray, ck: np.ndarray, cb: np.ndarray, 
 
 def _renumbered(states: np.ndarray, rew: np.ndarray, transitions: tuple[np.ndarray, np.ndarray, np.ndarray],
                 start: np.ndarray, quanta: np.ndarray, n_groups: int) -> ExploredChains:  # fmt: skip
-    """The explored chains with states renumbered: each threshold vector's states contiguous, and inside a block
-    by increasing total residual (then the slowest model's residual, ...). Time only flows down residuals between
-    launches, so in this order (I - T) is close to triangular and sparse LU with the natural ordering has little
-    fill-in."""
+    """The explored chains renumbered: each threshold vector's states contiguous, inside a block by increasing
+    total residual (then the slowest model's, ...), so (I - T) is near triangular and sparse LU has little fill-in."""
     src, dst, prob = transitions
     m = (states.shape[1] - 1) // 3  # a state row is (g, k[M], b[M], r[M])
     slow_first = np.argsort(-quanta.max(axis=1), kind="stable")
@@ -288,42 +253,19 @@ def _renumbered(states: np.ndarray, rew: np.ndarray, transitions: tuple[np.ndarr
     states, rew = states[order], rew[order]
     offsets = np.searchsorted(states[:, 0], np.arange(n_groups + 1))
     # Reward columns, as `_rewards` lays them out: tokens, tau, busy[M], queue[M], running[M], done[M], done_size[M].
-    per_model = [rew[:, 2 + j * m : 2 + (j + 1) * m] for j in range(5)]
-    return ExploredChains(
-        k=states[:, 1 : 1 + m],
-        b=states[:, 1 + m : 1 + 2 * m],
-        r=states[:, 1 + 2 * m :],
-        offsets=offsets,
-        start=new_id[start],
-        src=new_id[src],
-        dst=new_id[dst],
-        prob=prob,
-        tokens=rew[:, 0],
-        tau=rew[:, 1],
-        busy=per_model[0],
-        queue=per_model[1],
-        running=per_model[2],
-        done=per_model[3],
-        done_size=per_model[4],
-    )
+    names = ("busy", "queue", "running", "done", "done_size")
+    per_model = {name: rew[:, 2 + j * m : 2 + (j + 1) * m] for j, name in enumerate(names)}
+    return ExploredChains(k=states[:, 1 : 1 + m], b=states[:, 1 + m : 1 + 2 * m], r=states[:, 1 + 2 * m :],
+                          offsets=offsets, start=new_id[start], src=new_id[src], dst=new_id[dst], prob=prob,
+                          tokens=rew[:, 0], tau=rew[:, 1], **per_model)  # fmt: skip
 
 
-def _launch_and_advance(
-    k: np.ndarray,
-    b: np.ndarray,
-    r: np.ndarray,
-    g: np.ndarray,
-    thr: np.ndarray,
-    quanta: np.ndarray,
-    thr_live: np.ndarray,
-    late: np.ndarray | None = None,
-    entry: int = 0,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Launch rule then advance to the next completion, from states right after routing. Every idle model with k_i >=
-    B_i takes all k_i waiting requests (residual quanta[i, k_i]), with B the thresholds for the live count (N minus the
-    `late` replacements still to come); then the `late` requests (new ones, see `explore`) join the entry's queue and
-    the rule is applied once more with B for N; then tau = min running residual and all running residuals drop by tau.
-    Returns (k, b, r, tau, g)."""
+def _launch_and_advance(k: np.ndarray, b: np.ndarray, r: np.ndarray, g: np.ndarray, thr: np.ndarray, quanta: np.ndarray,
+                        thr_live: np.ndarray, late: np.ndarray | None = None,
+                        entry: int = 0) -> tuple[np.ndarray, ...]:  # fmt: skip
+    """Launch rule, then advance to the next completion: idle models with k_i >= B_i (B for N minus the `late`
+    replacements still to come) take all k_i waiting; the `late` requests join the entry's queue and the rule runs
+    again with B for N; then every running residual drops by tau = the smallest. Returns (k, b, r, tau, g)."""
     if late is None or not late.any():
         k, b, r = _launch(k, b, r, thr[g], quanta)
     else:
@@ -340,9 +282,8 @@ def _launch_and_advance(
     return k, b, r, tau, g
 
 
-def _launch(
-    k: np.ndarray, b: np.ndarray, r: np.ndarray, thr: np.ndarray, quanta: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _launch(k: np.ndarray, b: np.ndarray, r: np.ndarray, thr: np.ndarray,
+            quanta: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
     launch = (b == 0) & (k >= thr) & (k > 0)
     b = np.where(launch, k, b)
     r = np.where(launch, quanta[np.arange(k.shape[1]), k], r)

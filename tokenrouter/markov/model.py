@@ -1,11 +1,6 @@
-"""Markov-chain throughput model of delayed batching: the definition, its throughput T(B), completions and the
-assumptions are in docs/markov.md (TokenRouter paper, appendix D).
-
-T(B) is computed on the pre-completion chain of `explore.py`; with several closed classes (degenerate routing
-only) the result is each class's ratio weighted by its absorption probability from the start state. Feasible B,
-the guard, the clamp and the check are the core's (`core.policy`), never copies. With `mean_output` each
-committed token ends its request with probability q = 1 / mean_output; a replacement finished off the entry
-arrives after that instant's launches, which see the live count N - L (`steps.live_thresholds`).
+"""Markov-chain throughput model of delayed batching: the definition, T(B), completions and the assumptions are in
+docs/markov.md (TokenRouter paper, appendix D). T(B) is computed on the pre-completion chain of `explore.py`;
+feasible B, the guard, the clamp and the check are the core's (`core.policy`), never copies.
 """
 
 from __future__ import annotations
@@ -23,6 +18,7 @@ from tokenrouter.markov.solve import class_distributions
 from tokenrouter.markov.steps import StepQuanta, StepSpec, feasible_thresholds, quantize_steps, quantize_table
 
 _ROW_TOL = 1e-9
+Matrix = np.ndarray | Sequence[Sequence[float]]
 
 
 @dataclass(slots=True)
@@ -81,15 +77,8 @@ class MarkovModel:
     completion: float = 0.0
 
     @classmethod
-    def create(
-        cls,
-        step_ms: Sequence[StepSpec],
-        routing: np.ndarray | Sequence[Sequence[float]],
-        commit: np.ndarray | Sequence[Sequence[float]],
-        concurrency: int,
-        delta_ms: float = 0.1,
-        mean_output: float | None = None,
-    ) -> MarkovModel:
+    def create(cls, step_ms: Sequence[StepSpec], routing: Matrix, commit: Matrix, concurrency: int,
+               delta_ms: float = 0.1, mean_output: float | None = None) -> MarkovModel:  # fmt: skip
         """`mean_output`: mean output tokens per request (>= 1); None = requests never finish."""
         p = np.asarray(routing, dtype=float)
         c = np.asarray(commit, dtype=float)
@@ -225,26 +214,20 @@ class MarkovModel:
             return tuple(float(v) for v in x)
 
         return ThroughputResult(
-            thresholds=b,
-            throughput_tok_s=float(tokens * per_s),
-            mean_batch=tup(mean_batch),
-            busy_fraction=tup(busy),
-            mean_queue=tup(queue),
-            mean_running=tup(running),
-            batches_per_s=tup(done * per_s),
+            b,
+            float(tokens * per_s),
+            tup(mean_batch),
+            tup(busy),
+            tup(queue),
+            tup(running),
+            tup(done * per_s),
             n_states=hi - lo,
             delta_eff_ms=self.step.delta_eff_ms,
         )
 
 
-def throughput(
-    step_ms: Sequence[StepSpec],
-    routing: np.ndarray | Sequence[Sequence[float]],
-    commit: np.ndarray | Sequence[Sequence[float]],
-    thresholds: Sequence[int],
-    concurrency: int,
-    delta_ms: float = 0.1,
-    mean_output: float | None = None,
-) -> ThroughputResult:
+def throughput(step_ms: Sequence[StepSpec], routing: Matrix, commit: Matrix, thresholds: Sequence[int],
+               concurrency: int, delta_ms: float = 0.1,
+               mean_output: float | None = None) -> ThroughputResult:  # fmt: skip
     """T(B) and extras for one threshold vector; see the module docstring for the semantics."""
     return MarkovModel.create(step_ms, routing, commit, concurrency, delta_ms, mean_output).throughput(thresholds)

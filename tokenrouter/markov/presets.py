@@ -1,7 +1,5 @@
-"""Routing presets (P, C) for the Markov model, as arrays: the routers' hop laws (`tokenrouter.core.hop_law`).
-
-P[i, j]: probability that a request leaving a step on model i goes to model j (j = i: it stays);
-C[i, j]: tokens committed on that route. Model 0 is the entry (small) model.
+"""Routing presets (P, C) for the Markov model as arrays, from the routers' hop laws (`tokenrouter.core.hop_law`):
+P[i, j] the probability of route i -> j, C[i, j] the tokens committed on it; model 0 is the entry (small) model.
 """
 
 from __future__ import annotations

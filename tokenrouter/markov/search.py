@@ -1,10 +1,6 @@
-"""Threshold search within a state budget, with fallbacks instead of a crash (docs/markov.md, "A budgeted search").
-
-`state_bounds` bounds the state count before anything is enumerated; within the budget the search is exact.
-Otherwise: (1) every feasible B, explored with the budget as a hard cap, on coarser quanta that round no step by
-more than `MAX_ROUNDING` (exploring is cheap next to solving and stops at the cap, so a failed try costs little);
-(2) the same on a grid of thresholds (every B_i a power of two or N); (3) the search at N/2, its B* scaled by 2
-(B* grows about in proportion to N). The outcome's `note` says which one happened.
+"""Threshold search within a state budget, with fallbacks instead of a crash (docs/markov.md, "A budgeted search"):
+exact within the budget (`state_bounds`), else coarser quanta (no step rounded by more than `MAX_ROUNDING`), then
+a grid of thresholds, then the search at N/2 with B* scaled by 2. The outcome's `note` says which one happened.
 """
 
 from __future__ import annotations
@@ -29,9 +25,8 @@ MAX_ROUNDING = 0.02  # a coarser quantum may round a step time by at most this f
 
 @dataclass(slots=True)
 class SearchOutcome:
-    """What a budgeted search found; `thresholds` is feasible for the model's N. `ranked`: evaluated candidates,
-    best first; `model`: the one they were evaluated with (maybe a coarser quantum); `exact`: every feasible B at
-    the quantum asked for; `note`: what was reduced and why ("" when exact)."""
+    """What a budgeted search found (`thresholds` feasible for the model's N): `ranked` best first, under `model`
+    (maybe a coarser quantum); `exact`: every feasible B at the quantum asked for; `note`: what was reduced."""
 
     thresholds: tuple[int, ...]
     throughput_tok_s: float | None
@@ -42,11 +37,9 @@ class SearchOutcome:
 
 
 def state_bound(model: MarkovModel, thresholds: Sequence[int]) -> float:
-    """Number of states (k, b, r) the constraints allow: sum_i (k_i + b_i) = N, an idle model holds fewer than
-    B_i waiting, a running one holds b_i >= B_i with residual r_i in 0..d_i(b_i) - 1, and some running model completes
-    (r_i = 0): an upper bound on the chain's size. Counted as the coefficient of x^N of prod_i (idle_i + run_i)(x) minus
-    the same product with no model at r_i = 0, where idle_i(x) = sum_{k < B_i} x^k and run_i(x) = sum_{b >= B_i, k >= 0}
-    (residuals) x^(b + k). In floating point: exact below 2^53, an estimate beyond."""
+    """An upper bound on the chain's states (k, b, r): the coefficient of x^N of prod_i (idle_i + run_i)(x) minus the
+    same product with no model completing, idle_i(x) = sum_{k < B_i} x^k, run_i(x) = sum_{b >= B_i, k >= 0}
+    (residuals d_i(b)) x^(b + k). In floating point: exact below 2^53, an estimate beyond."""
     return float(state_bounds(model, [model.check_thresholds(thresholds)])[0])
 
 

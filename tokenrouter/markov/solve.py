@@ -11,9 +11,8 @@ _DENSE_LIMIT = 400  # below this many states a dense solve beats SuperLU's setup
 
 
 def class_distributions(t: sp.csr_matrix, start: int) -> list[tuple[float, np.ndarray]]:
-    """Stationary distribution of each closed class reachable from `start`, with its absorption probability.
-
-    Usually there is one closed class (weight 1). Transient states get probability 0."""
+    """Stationary distribution of each closed class reachable from `start`, with its absorption probability (usually
+    one class, weight 1); transient states get probability 0."""
     n = t.shape[0]
     n_comp, lab = connected_components(t, directed=True, connection="strong")
     if n_comp == 1:
@@ -48,14 +47,10 @@ def class_distributions(t: sp.csr_matrix, start: int) -> list[tuple[float, np.nd
 
 
 def stationary_distribution(t: sp.spmatrix, natural_order: bool = False) -> np.ndarray:
-    """pi with pi T = pi, sum 1, for an irreducible stochastic matrix (periodic chains are fine).
-
-    Direct solve: fix pi_ref = 1 for a state that a few lazy power steps suggest is likely, and solve the
-    other equations of (I - T)^T pi = 0; this stays sparse (unlike replacing an equation by a dense row of ones)
-    and is a nonsingular M-matrix, so LU needs no pivoting. `natural_order=True` keeps the given state order
-    for the factorization (use it when states are numbered along time, as `explore` does); otherwise SuperLU
-    orders by minimum degree. Falls back to power iteration on the lazy chain (I + T) / 2 (same pi,
-    aperiodic) if the direct solution is not accurate."""
+    """pi with pi T = pi, sum 1, for an irreducible stochastic matrix (periodic chains are fine). Fixes pi_ref = 1 for
+    a likely state and solves the other equations of (I - T)^T pi = 0 (sparse, a nonsingular M-matrix: LU without
+    pivoting; `natural_order` keeps the given state order, as `explore` numbers them). Falls back to power
+    iteration on the lazy chain (I + T) / 2 if the direct solution is not accurate."""
     n = t.shape[0]
     if n == 1:
         return np.ones(1)

@@ -1,8 +1,5 @@
-"""Step times of the Markov model: quantization onto a common time grid, and the feasible thresholds.
-
-d_i(b) = max(1, round(L_i(b) / delta)) quanta (half up): multiples of delta are exact, others off by at most delta/2
-(`max_step_error_ms`). The gcd of all d_i(b) is factored out: exact, since every event time is an integer
-combination of step times, so only the state count shrinks.
+"""Step times of the Markov model: quantization onto a common time grid (d_i(b) = max(1, round(L_i(b) / delta)),
+the exact gcd of all d_i(b) factored out: docs/markov.md), and the feasible thresholds.
 """
 
 from __future__ import annotations
@@ -103,7 +100,6 @@ def feasible_thresholds(num_models: int, concurrency: int) -> list[tuple[int, ..
 
 
 def live_thresholds(thresholds: Sequence[int], live: int) -> tuple[int, ...]:
-    """The B a scheduler applies while only `live` requests are in the system: the core's clamp
-    (`core.policy.clamp_thresholds`) itself, so the model sees what the schedulers do between a request's finish
-    and its replacement's admission."""
+    """The B a scheduler applies while only `live` requests are in the system: the core's clamp itself, so the model
+    sees what the schedulers do between a request's finish and its replacement's admission."""
     return policy.clamp_thresholds(thresholds, live)

@@ -1,8 +1,5 @@
-"""Algorithm presets: each routing algorithm's hand-back semantics (its hop law, `tokenrouter.core.hop_law`) with a
-synthetic hop signal.
-
-The learned routers (`tokenrouter.routers.learned`: R2R's MLP, CITER's confidence, Co-LLM's deferral head,
-R-Stitch's entropy) replace the synthetic draw with their signal; the semantics stay.
+"""Algorithm presets: each routing algorithm's hop law (`tokenrouter.core.hop_law`) with a synthetic hop signal;
+the learned routers (`tokenrouter.routers.learned`) replace the draw with their signal, the semantics stay.
 """
 
 from __future__ import annotations

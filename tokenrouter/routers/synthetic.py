@@ -35,18 +35,15 @@ def hop_key(req: Request, seed: int) -> int:
 
 
 def hop_uniform(key: int, model: int, index: int, revisit: int = 0) -> float:
-    """The uniform draw in [0, 1) of model `model` deciding after output token `index` of the request `key`.
-    `revisit` counts this model's earlier decisions at the same index (a hop that drops its token hands the index
-    on, and a drop back returns it): each return is a new draw, or two models dropping to each other would repeat
-    the same decisions forever."""
+    """The uniform draw in [0, 1) of model `model` deciding after output token `index` of the request `key`; each
+    `revisit` of the index is a new draw, or two models dropping to each other would repeat the same decisions."""
     x = key + 0x9E3779B97F4A7C15 * (index + 1) + 0xD1B54A32D192ED03 * (model + 1) + 0x8CB92BA72F3D8DD7 * revisit
     return (_mix64(x & _MASK64) >> 11) * (1.0 / (1 << 53))
 
 
 def _revisit(req: Request, model: int) -> int:
-    """How many times `model` decided at the request's current output index before, counting a new visit only
-    when the request hopped in between (a row computed again without a hop, e.g. after a preemption, draws the
-    same). Kept in the router's part of the request (`Request.extras`) of this subserver."""
+    """How many times `model` decided at the request's current output index before, counting a new visit only when
+    the request hopped in between (a row recomputed after a preemption draws the same); kept in `Request.extras`."""
     index, hops = req.num_output, req.num_hops
     visits = req.extras.setdefault("hop_visits", {})
     last = visits.get(model)
@@ -57,12 +54,8 @@ def _revisit(req: Request, model: int) -> int:
 
 class ProbRouter(Router):
     """Row from model i goes to model j with probability P[i][j]; on a hop i->j the sampled token is committed iff
-    keep[i][j] (the Markov model's C).
-
-    Each decision is a draw keyed by (request, output index, model, return to that index) (`hop_uniform`), not a
-    stream: a request's hops do not depend on its batch or on event order, so the simulator and a live server
-    running the same seeded requests see the same hops, and an A/B of two configurations compares them on the
-    same hops."""
+    keep[i][j] (the Markov model's C). Each decision is a keyed draw (`hop_uniform`), not a stream, so a request's
+    hops do not depend on its batch or on event order (docs/routers.md, "Hop draws")."""
 
     name = "prob"
 

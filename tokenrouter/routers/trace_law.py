@@ -1,9 +1,6 @@
-"""What a trace router replays on a workload, and the hop law the Markov model takes for it.
-
-A trace router replays recorded runs by request id: the workload's own `runs`, else the trace file's runs for the
-workload's ids; a trace none of whose ids the workload has is refused (it would run without hops). Replayed with
-R2R semantics a trace moves like the `markov` router, so `law_router` estimates its p and q from the replayed runs
-and `--thresholds auto` can choose B for a replay.
+"""What a trace router replays on a workload (docs/routers.md#hop-trace-format), and the hop law the Markov model
+takes for it: replayed with R2R semantics a trace moves like the `markov` router, whose p and q `law_router`
+estimates from the replayed runs, so `--thresholds auto` can choose B for a replay.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""Warm-up calibration of a `random` learned router on its own model runner, before serving.
-
-The router's scores on warm-up steps fix its threshold (`LearnedRouter.observe` -> `ScoreGate.calibrate`):
-a short decode of seeded random prompts, sampled at temperature 1 so the states vary as real text does.
-The pages it takes are returned to the pool before it returns.
+"""Warm-up calibration of a `random` learned router on its own model runner, before serving: a short decode of
+seeded random prompts at temperature 1 fixes its threshold; the pages it takes go back to the pool.
 """
 
 from __future__ import annotations
@@ -18,9 +15,8 @@ from tokenrouter.routers.learned.score_gate import ScoreGate
 
 @runtime_checkable
 class Calibratable(Protocol):
-    """A router whose threshold is set from its own scores on warm-up steps before serving (`random` weights: a
-    target hop rate instead of a trained cut): `LearnedRouter`. `needs_calibration` stays True until the bound
-    model's gate has seen `calibration_rows` scored rows through `observe`, which returns True then."""
+    """A router whose threshold is set from its own scores on warm-up steps before serving (`LearnedRouter`):
+    `needs_calibration` stays True until `observe` has fed the bound gate `calibration_rows` rows (it returns True)."""
 
     model: int
     calibration_rows: int
@@ -34,15 +30,8 @@ class Calibratable(Protocol):
     def observe(self, token_ids: Any, hidden: Any, logits: Any) -> bool: ...
 
 
-def calibrate_on_runner(
-    router: Calibratable,
-    runner: ModelRunner,
-    *,
-    num_prompts: int = 16,
-    prompt_len: int = 16,
-    max_steps: int = 256,
-    seed: int = 0,
-) -> float | None:
+def calibrate_on_runner(router: Calibratable, runner: ModelRunner, *, num_prompts: int = 16, prompt_len: int = 16,
+                        max_steps: int = 256, seed: int = 0) -> float | None:  # fmt: skip
     """Run warm-up steps on `runner` until the bound router is calibrated; return the threshold it set
     (in score space), or None when the bound model's part needs no calibration."""
     gate = router.gate

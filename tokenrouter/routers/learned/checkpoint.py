@@ -1,9 +1,5 @@
-"""Router checkpoints: R2R's released format, which our own CITER / Co-LLM heads use as well.
-
-Format (a `torch.save`d dict, as R2R's `save_model` writes it): `model_type` (class name), `init_args`
-(constructor arguments passed explicitly), `common_args` (`threshold`: the cut in the algorithm's units,
-e.g. R2R's critical probability; `input_type`), `state_dict`; other keys (`model_specific_args`,
-`training`) are ignored. Files are read with `weights_only=True`: a checkpoint is data, never code.
+"""Router checkpoints: R2R's released format, which our own CITER / Co-LLM heads use as well (docs/routers.md,
+Learned routers). Files are read with `weights_only=True`: a checkpoint is data, never code.
 """
 
 from __future__ import annotations
@@ -34,12 +30,8 @@ class LoadedRouter:
     common_args: dict[str, Any] = field(default_factory=dict)
 
 
-def load_router_checkpoint(
-    src: str | Path | Mapping[str, Any],
-    *,
-    device: torch.device | str = "cpu",
-    embedding: torch.Tensor | None = None,
-) -> LoadedRouter:
+def load_router_checkpoint(src: str | Path | Mapping[str, Any], *, device: torch.device | str = "cpu",
+                           embedding: torch.Tensor | None = None) -> LoadedRouter:  # fmt: skip
     """Build the scorer a checkpoint describes and load its weights (strict: every key must match).
 
     `embedding`: the small model's input embedding table, used by reference when an R2R checkpoint omits
@@ -70,18 +62,10 @@ def save_router_checkpoint(scorer: nn.Module, path: str | Path, threshold: float
     name = type(scorer).__name__
     if name not in OWN_MODEL_TYPES:
         raise ValueError(f"save_router_checkpoint writes {', '.join(OWN_MODEL_TYPES)}, not {name}")
-    torch.save(
-        {
-            "model_type": name,
-            "init_args": dict(scorer.init_args),
-            "common_args": {
-                "threshold": None if threshold is None else float(threshold),
-                "input_type": ["hidden_states"],
-            },
-            "state_dict": {k: v.detach().cpu() for k, v in scorer.state_dict().items()},
-        },
-        Path(path),
-    )
+    common = {"threshold": None if threshold is None else float(threshold), "input_type": ["hidden_states"]}
+    state = {k: v.detach().cpu() for k, v in scorer.state_dict().items()}
+    torch.save({"model_type": name, "init_args": dict(scorer.init_args), "common_args": common, "state_dict": state},
+               Path(path))  # fmt: skip
 
 
 def _read(path: Path) -> Mapping[str, Any]:
@@ -96,13 +80,8 @@ def _read(path: Path) -> Mapping[str, Any]:
     return obj
 
 
-def _build_r2r(
-    model_type: str,
-    init_args: dict[str, Any],
-    state: dict[str, torch.Tensor],
-    device: torch.device | str,
-    embedding: torch.Tensor | None,
-) -> R2RClassifier:
+def _build_r2r(model_type: str, init_args: dict[str, Any], state: dict[str, torch.Tensor], device: torch.device | str,
+               embedding: torch.Tensor | None) -> R2RClassifier:  # fmt: skip
     dim = r2r_embedding_dim(model_type, init_args, state)
     if dim is None:
         return R2RClassifier(model_type, init_args, device=device)

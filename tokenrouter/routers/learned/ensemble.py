@@ -1,12 +1,5 @@
-"""ME: a weighted ensemble of M >= 2 models that writes every token together (docs/routers.md).
-
-Each output token visits the models in turn, 0 -> 1 -> ... -> M-1 -> 0. Model 0 sends its `top_k` candidate ids
-with their weighted log-probs in the `PeerReq` extras (its own sample dropped); each later model adds its own at
-the same ids (k ids and k floats travel, never a vocabulary-sized row); the last commits the best combined
-candidate (greedy) or samples among them with a generator seeded by (seed, request, position), so the text does not
-depend on batching. The last model commits the combined choice, not its own sample: `Router.select_tokens`. The
-exact argmax is found whenever it lies among model 0's top k. The work runs on the device after the step, not in
-the captured graph, because the carried scores are host data.
+"""ME: a weighted ensemble of M >= 2 models that writes every token together (docs/routers.md, "The ensemble"): only
+`top_k` ids and scores travel between models, and the last commits the combined choice (`Router.select_tokens`).
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
 """`make_learned_router`: what `tr serve --router NAME --router-model FILE|random` builds on each subserver
-(without `--router-model` the runtime keeps the synthetic presets).
-
-`model_file`: a checkpoint (R2R's release format, or our CITER / Co-LLM heads in it; threshold from the file unless
-`threshold` overrides it); "random": seeded random weights whose threshold stays at "never hop" until the warm-up
-sets it for `hop_rate`; None: the weightless routers (R-Stitch with a `threshold`; ME). `model` builds only that
-subserver's part (None: all), so the large model's process loads no classifier.
+(without `--router-model` the runtime keeps the synthetic presets). What `model_file` may be: docs/routers.md.
 """
 
 from __future__ import annotations
@@ -44,25 +39,12 @@ _GATE_RULE = {  # algorithm -> (router class, hop when the score is above the cu
 _CHECKPOINT_TYPES = {"r2r": tuple(R2R_INPUTS), "citer": ("ConfidenceMLP",), "co-llm": ("DeferralHead",)}
 
 
-def make_learned_router(
-    name: str,
-    model_file: str | Path | None,
-    hop_rate: float = 0.1,
-    hidden_size: int | None = None,
-    vocab_size: int | None = None,
-    device: torch.device | str = "cpu",
-    *,
-    model: int | None = None,
-    num_models: int = 2,
-    embedding: torch.Tensor | None = None,
-    threshold: float | None = None,
-    return_prob: float | None = None,
-    calibration_rows: int = 512,
-    seed: int = 0,
-    ensemble_weights: Sequence[float] | None = None,
-    ensemble_top_k: int = 16,
-    r2r_hidden_dims: Sequence[int] | None = None,
-) -> Router:
+def make_learned_router(name: str, model_file: str | Path | None, hop_rate: float = 0.1, hidden_size: int | None = None,
+                        vocab_size: int | None = None, device: torch.device | str = "cpu", *, model: int | None = None,
+                        num_models: int = 2, embedding: torch.Tensor | None = None, threshold: float | None = None,
+                        return_prob: float | None = None, calibration_rows: int = 512, seed: int = 0,
+                        ensemble_weights: Sequence[float] | None = None, ensemble_top_k: int = 16,
+                        r2r_hidden_dims: Sequence[int] | None = None) -> Router:  # fmt: skip
     """Build a learned router for one subserver (`model`) or for all (`model=None`). `hidden_size`, `vocab_size`
     and `embedding` (its input table, shared by reference with R2R's token input) describe the small model.
     `threshold` is in the algorithm's units (a probability; R-Stitch: an entropy fraction); `return_prob`: the
@@ -103,16 +85,9 @@ def make_learned_router(
     return cls(gate, hop_rate=rate, calibration_rows=calibration_rows)
 
 
-def _r_stitch(
-    model_file: str | Path | None,
-    is_random: bool,
-    hop_rate: float,
-    return_prob: float | None,
-    threshold: float | None,
-    device: torch.device | str,
-    model: int | None,
-    calibration_rows: int,
-) -> RStitchRouter:
+def _r_stitch(model_file: str | Path | None, is_random: bool, hop_rate: float, return_prob: float | None,
+              threshold: float | None, device: torch.device | str, model: int | None,
+              calibration_rows: int) -> RStitchRouter:  # fmt: skip
     if model_file is not None and not is_random:
         raise ValueError("R-Stitch has no weights: pass a threshold (--router-threshold) or 'random'")
     if not is_random and threshold is None:
@@ -131,15 +106,8 @@ def _r_stitch(
     return RStitchRouter(small, large, hop_rate=p, return_prob=q, calibration_rows=calibration_rows)
 
 
-def _random_scorer(
-    key: str,
-    hidden_size: int | None,
-    vocab_size: int | None,
-    embedding: torch.Tensor | None,
-    seed: int,
-    r2r_dims: Sequence[int] | None,
-    device: torch.device | str,
-) -> nn.Module:
+def _random_scorer(key: str, hidden_size: int | None, vocab_size: int | None, embedding: torch.Tensor | None, seed: int,
+                   r2r_dims: Sequence[int] | None, device: torch.device | str) -> nn.Module:  # fmt: skip
     if not hidden_size:
         raise ValueError("a random learned router needs the small model's hidden_size")
     with torch.random.fork_rng(devices=[]):

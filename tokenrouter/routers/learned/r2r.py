@@ -1,17 +1,8 @@
-"""R2R's router network (Roads to Rome, thu-nics/R2R), rebuilt so its released checkpoints load unchanged.
+"""R2R's router network (Roads to Rome, thu-nics/R2R), rebuilt so its released checkpoints load unchanged (format:
+docs/routers.md#learned-routers). The module names below are the checkpoint's state_dict keys: never rename them.
 
-The R2R project saves a router as a torch-pickled dict `{model_type, init_args, common_args, state_dict,
-...}`; `model_type` names one of its classifier classes, `init_args` holds only the constructor arguments
-that were passed explicitly (the rest take the class defaults, mirrored in `R2R_DEFAULTS`), and
-`common_args["threshold"]` is the probability above which a token is sent to the large model. The module
-names below (`token_embeddings`, `logits_projection`, `combined_projection`, `backbone.input_projection`,
-`backbone.blocks.N.{layer_norm,mlp.0,mlp.3,dim_change}`, `backbone.output_layer.{0,1}`, ...) are the
-checkpoint's state_dict keys, so they must not be renamed.
-
-Inputs (as R2R's serving code prepares them): the small model's final-norm hidden state of the row, the
-token it just sampled, and the `logits_size` largest raw logits in descending order, all in float32.
-The saved state_dict usually omits `token_embeddings.weight` (frozen: a copy of the small model's input
-embedding); then the engine's own embedding table is used by reference, without a copy.
+Inputs (as R2R's serving code prepares them): the small model's final-norm hidden state of the row, the token it
+just sampled, and the `logits_size` largest raw logits in descending order, all in float32.
 """
 
 from __future__ import annotations
@@ -81,24 +72,15 @@ class _Backbone(nn.Module):
 
 
 class R2RClassifier(nn.Module):
-    """One of R2R's classifiers (by `model_type`), scoring rows for the ScoreGate.
-
-    `score` is monotone in R2R's critical probability: the output logit (binary head) or the log-probability
-    of class 2 (multi-class head), so thresholds compare without sigmoid saturation ties; the checkpoint's
-    probability threshold maps to it with `score_of_threshold`."""
+    """One of R2R's classifiers (by `model_type`), scoring rows for the ScoreGate: the output logit (binary head) or
+    the log-probability of class 2 (multi-class), monotone in R2R's critical probability (`score_of_threshold`)."""
 
     needs_hidden: bool
     needs_logits: bool
 
-    def __init__(
-        self,
-        model_type: str,
-        init_args: Mapping[str, Any],
-        *,
-        embedding: torch.Tensor | None = None,
-        embedding_shape: tuple[int, int] | None = None,
-        device: torch.device | str = "cpu",
-    ) -> None:
+    def __init__(self, model_type: str, init_args: Mapping[str, Any], *, embedding: torch.Tensor | None = None,
+                 embedding_shape: tuple[int, int] | None = None,
+                 device: torch.device | str = "cpu") -> None:  # fmt: skip
         super().__init__()
         if model_type not in R2R_INPUTS:
             raise ValueError(f"unsupported R2R model_type {model_type!r}; supported: {', '.join(R2R_INPUTS)}")

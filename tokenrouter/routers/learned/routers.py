@@ -1,9 +1,6 @@
-"""Learned routers of two models (0 = small, 1 = large): R2R, CITER, Co-LLM, R-Stitch (docs/routers.md).
-
-Each is a core `Router` whose decision on each model is a `DeviceRouter` (`ScoreGate` or a constant hand-back) that
-the engine runs inside its step; the hand-back semantics (`keep`) are the synthetic presets'. One instance serves
-one subserver (`bind(model)` picks its part); it can be built with only that part, so the large model's process
-never holds the small model's classifier.
+"""Learned routers of two models (0 = small, 1 = large): R2R, CITER, Co-LLM, R-Stitch (docs/routers.md). Each is a
+core `Router` whose decision on each model is a `DeviceRouter` the engine runs inside its step; one instance serves
+one subserver (`bind(model)`) and can be built with only that part.
 """
 
 from __future__ import annotations
@@ -24,23 +21,14 @@ HANDBACK_KEEP = ((True, False), (True, True))  # row i -> j: is model i's token 
 
 
 class LearnedRouter(Router):
-    """A router whose per-model decision is a device part; `route` passes the engine's destinations through, or
-    runs the part on the step's outputs when the engine did not.
-
-    Calibration (`--router-model random`): `hop_rates[m]` is the fraction of model m's steps that should leave m;
-    after `calibration_rows` warm-up rows (`observe`) the bound gate's threshold is set to the matching quantile."""
+    """A router whose per-model decision is a device part (`route` runs it when the engine did not). Calibrated
+    (`random`): after `calibration_rows` warm-up rows the bound gate's cut is set so `hop_rates[m]` of them leave m."""
 
     name = "learned"
     keep: tuple[tuple[bool, ...], ...] = HANDBACK_KEEP
 
-    def __init__(
-        self,
-        parts: Mapping[int, DeviceRouter],
-        *,
-        num_models: int = 2,
-        hop_rates: Mapping[int, float] | None = None,
-        calibration_rows: int = 512,
-    ) -> None:
+    def __init__(self, parts: Mapping[int, DeviceRouter], *, num_models: int = 2,
+                 hop_rates: Mapping[int, float] | None = None, calibration_rows: int = 512) -> None:  # fmt: skip
         super().__init__(0, num_models)
         self.parts = dict(parts)
         self.hop_rates = dict(hop_rates or {})
@@ -146,22 +134,13 @@ class CoLLMRouter(OneTokenHandbackRouter):
 
 
 class RStitchRouter(LearnedRouter):
-    """R-Stitch: normalized entropy > tau on the small model drops its token and hops; the large model keeps
-    writing while its entropy is > tau and hands back (token kept) once it is <= tau. A given tau serves both
-    sides; calibrated (`random`), each side sets its own cut for its own rate (the preset's p and q), so no
-    threshold travels between processes."""
+    """R-Stitch: entropy > tau on the small model drops its token and hops; the large model writes while its entropy
+    is > tau and hands back (token kept) at <= tau. Calibrated, each side cuts for its own rate (p, q)."""
 
     name = RouterName.R_STITCH.value
 
-    def __init__(
-        self,
-        small_gate: ScoreGate | None,
-        large_gate: ScoreGate | None,
-        *,
-        hop_rate: float | None = None,
-        return_prob: float | None = None,
-        calibration_rows: int = 512,
-    ) -> None:
+    def __init__(self, small_gate: ScoreGate | None, large_gate: ScoreGate | None, *, hop_rate: float | None = None,
+                 return_prob: float | None = None, calibration_rows: int = 512) -> None:  # fmt: skip
         parts: dict[int, DeviceRouter] = {}
         if small_gate is not None:
             if (small_gate.stay, small_gate.hop, small_gate.hop_above) != (SMALL, LARGE, True):

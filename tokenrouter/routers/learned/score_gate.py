@@ -1,9 +1,6 @@
 """Device parts (`DeviceRouter`s) of the learned routers, and threshold calibration for a target hop rate.
-
-`ScoreGate` turns a scorer's per-row score into a destination by comparing it with a threshold held in a
-0-d device buffer: a captured CUDA graph reads the buffer at replay, so calibration can move the threshold
-in place (`set_threshold`) without recapturing. Everything in `forward` is elementwise or a fixed-shape
-reduction: no host sync, no data-dependent shapes or branches.
+`ScoreGate` compares a scorer's per-row score with a threshold in a 0-d device buffer, which a captured CUDA graph
+reads at replay, so calibration moves it in place (`set_threshold`) without recapturing.
 """
 
 from __future__ import annotations
@@ -18,22 +15,11 @@ from tokenrouter.core.hop_law import check_prob
 
 
 class ScoreGate(nn.Module):
-    """Row goes to `hop` when its score passes the threshold, else to `stay` (absolute model indices).
+    """Row goes to `hop` when its score passes the threshold (`hop_above`: exceeds it, else falls below; `inclusive`:
+    equality passes), else to `stay`; int64 destinations, one per row."""
 
-    `hop_above`: the score must exceed the threshold (else: fall below it); `inclusive`: equality counts as
-    passing. Destinations are int64, one per row of `token_ids`."""
-
-    def __init__(
-        self,
-        scorer: nn.Module,
-        threshold: float,
-        *,
-        stay: int,
-        hop: int,
-        hop_above: bool = True,
-        inclusive: bool = False,
-        device: torch.device | str | None = None,
-    ) -> None:
+    def __init__(self, scorer: nn.Module, threshold: float, *, stay: int, hop: int, hop_above: bool = True,
+                 inclusive: bool = False, device: torch.device | str | None = None) -> None:  # fmt: skip
         super().__init__()
         self.scorer = scorer
         self.stay, self.hop = int(stay), int(hop)
@@ -84,9 +70,8 @@ class ConstantDestination(nn.Module):
 
 
 def calibrate_threshold(scores: torch.Tensor, hop_rate: float, *, hop_above: bool = True) -> float:
-    """The threshold at which a fraction `hop_rate` of `scores` passes: the (1 - p) quantile when high scores
-    hop, the p quantile when low scores do. p = 0 and p = 1 give infinite cuts (never / always), so the
-    edge cases hold exactly rather than up to one sample."""
+    """The threshold at which a fraction `hop_rate` of `scores` passes: the (1 - p) quantile when high scores hop,
+    else the p quantile; p = 0 and p = 1 give infinite cuts, so the edge cases hold exactly."""
     p = check_prob(hop_rate, "hop rate")
     if p in (0.0, 1.0):
         never = math.inf if hop_above else -math.inf

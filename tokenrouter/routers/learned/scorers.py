@@ -1,10 +1,7 @@
 """Per-row signals of the learned routers other than R2R: CITER's confidence MLP, Co-LLM's deferral head,
-R-Stitch's normalized entropy.
-
-A scorer is an `nn.Module` called as `scorer(token_ids, hidden, logits) -> float32 [rows]` that names its inputs
-(`needs_hidden`, `needs_logits`) and maps a threshold in the algorithm's units into its score space
-(`score_of_threshold`). Scores stay in logit space where the algorithm uses a sigmoid, so saturated probabilities
-cannot tie at a threshold. Inference only, frozen, graph-capturable.
+R-Stitch's normalized entropy. A scorer is called as `scorer(token_ids, hidden, logits) -> float32 [rows]`, names
+its inputs (`needs_hidden`, `needs_logits`) and maps a threshold into score space (`score_of_threshold`); scores stay
+in logit space where the algorithm uses a sigmoid, so saturated probabilities cannot tie. Graph-capturable.
 """
 
 from __future__ import annotations
@@ -41,10 +38,8 @@ class _HiddenStateScorer(nn.Module):
 
 
 class ConfidenceMLP(_HiddenStateScorer):
-    """CITER: an MLP over the small model's final hidden state whose sigmoid is the confidence that the small
-    model's token is good enough; the router defers when the confidence is below tau.
-
-    Checkpoint keys: `net.{0,2,...}.{weight,bias}` (Linear layers, ReLU between them)."""
+    """CITER: an MLP over the small model's final hidden state whose sigmoid is the confidence in its token; the
+    router defers below tau. Checkpoint keys: `net.{0,2,...}.{weight,bias}` (Linear layers, ReLU between them)."""
 
     def __init__(self, hidden_size: int, hidden_dims: Sequence[int] = (512, 512), device: torch.device | str = "cpu"):
         super().__init__()
@@ -63,9 +58,8 @@ class ConfidenceMLP(_HiddenStateScorer):
 
 
 class DeferralHead(_HiddenStateScorer):
-    """Co-LLM: one extra logit over the small model's final hidden state; sigmoid > eta defers the token.
-
-    Checkpoint keys: `head.weight` [1, hidden], `head.bias` [1]."""
+    """Co-LLM: one extra logit over the small model's final hidden state; sigmoid > eta defers the token. Checkpoint
+    keys: `head.weight` [1, hidden], `head.bias` [1]."""
 
     def __init__(self, hidden_size: int, device: torch.device | str = "cpu"):
         super().__init__()
