@@ -1,16 +1,6 @@
-"""Triton kernels shared by paged decode and extend attention.
-
-One forward kernel serves both: a program owns one (row, KV head, query block, KV split); its M rows are
-`BLOCK_Q` query tokens x `GROUP_PAD` query heads sharing the KV head, so each K/V tile is loaded once per GQA
-group and QK^T / PV are `tl.dot`s. Decode is BLOCK_Q = 1 with the group padded to 16 rows.
-
-Split-KV: slices are sized in-kernel from the device-side `seq_lens`, so the grid depends only on shapes. Every
-program writes its partial output and base-2 log-sum-exp even for an empty slice (lse = -inf, output 0); with a
-single split the forward kernel writes the final output itself. Fused merge (FUSED_REDUCE): the last program of
-each (row, KV head) to arrive (an acq_rel GPU-scope counter after a CTA barrier) merges the active splits'
-partials with L1-bypassing loads and resets the counter, so the per-engine counter buffer is all zeros before
-and after every launch. USE_PDL: see `triton_ops`. Runtime-bound `range` loops need the interpreter patch of
-`triton_compat` (kept as loops for GPU software pipelining).
+"""Triton kernels of paged decode and extend attention: one forward kernel (a program per row, KV head, query
+block and KV split) and the split reduce (docs/engine.md, Kernels). Runtime-bound `range` loops need the
+interpreter patch of `triton_compat` (kept as loops for GPU software pipelining).
 """
 
 from __future__ import annotations
