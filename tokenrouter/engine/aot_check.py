@@ -1,11 +1,8 @@
 """Compile the Triton attention kernels for Hopper (sm_90) on a machine without a GPU.
 
-    python -m tokenrouter.engine.aot_check [--quick]
-
-The CPU interpreter checks semantics, not that the kernels compile, spill or keep software pipelining. This
-lowers the production variants through Triton's real pipeline to PTX and reads register and spill counts from
-the wheel's ptxas; exit status 1 if a variant fails to compile, spills, or (forward kernel) loses cp.async.
-Run it in a fresh process: Triton 3.6's interpreter leaves `triton.language` patched.
+`python -m tokenrouter.engine.aot_check [--quick]` lowers the production variants to PTX and reads registers and
+spills from the wheel's ptxas; exit status 1 if a variant fails to compile, spills or (forward kernel) loses
+cp.async. Run it in a fresh process: Triton 3.6's interpreter leaves `triton.language` patched.
 """
 
 from __future__ import annotations

@@ -9,8 +9,7 @@ class ModelLoadError(ValueError):
 
 
 class BatchError(ValueError):
-    """A batch the engine cannot run as given. `rids` names the requests whose rows are at fault, so a caller can
-    fail those and run the step without them; empty when the batch as a whole is at fault (docs/engine.md, Safety)."""
+    """A batch the engine cannot run as given; `rids`: the requests at fault, empty for the whole batch."""
 
     def __init__(self, message: str, rids: tuple[str, ...] = ()) -> None:
         super().__init__(message)
@@ -22,5 +21,5 @@ class EngineError(RuntimeError):
 
 
 class StepFailed(RuntimeError):
-    """A step's launch failed after validation (e.g. out of memory). The batch produced nothing usable; the
-    engine stays usable, and a later from_prev row that refers to this step is an error."""
+    """A step's launch failed after validation (e.g. out of memory): its batch produced nothing, the engine stays
+    usable."""

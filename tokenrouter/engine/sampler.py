@@ -1,16 +1,6 @@
-"""Sampling: greedy, temperature, top-k, top-p, seeded per request; the torch reference of the in-graph kernel
-(docs/engine.md, Sampling).
-
-Gumbel-max: token = argmax(x + g) over the allowed tokens, x = logits * (1 / temperature) (the reciprocal formed
-on the host), g = -log(-log u), u a counter-based hash of (seed, position, token id): a draw depends only on the
-seed, the position and the logits, with no device generator state and no host sync. Requests without a seed get
-one from the engine's host RNG per step. The hash keeps every int64 intermediate below 2^63, so CPU, CUDA and the
-kernel's uint32 arithmetic give bit-identical noise.
-
-Filters: allowed are the tokens with x >= max(t_k, t_p), t_k the k-th largest x, t_p the largest v whose tokens
-at or above it hold mass >= top_p (mass = normalized exp(x - max x)); ties with the threshold are allowed. NaN
-logits count as -inf everywhere (`no_nan`); +inf is an ordinary maximum. Log-probabilities: the fp32 log-softmax
-of the raw logits (temperature 1, before any filter), ties by token id ascending (`token_logprobs`).
+"""Sampling: greedy, temperature, top-k, top-p, seeded per request: the definition (docs/engine.md, Sampling and
+log-probabilities) and torch reference of the in-graph kernel. The hash keeps every int64 intermediate below 2^63,
+so CPU, CUDA and the kernel's uint32 arithmetic give bit-identical noise.
 """
 
 from __future__ import annotations
@@ -19,8 +9,8 @@ import torch
 
 _M32 = 0xFFFFFFFF
 MAX_LOGPROBS = 20  # most top log-probabilities a row may ask for (OpenAI's top_logprobs limit)
-# Words per logit row in the step output's log-probability region (`Engine.out_ids`): the sampled token's value,
-# then MAX_LOGPROBS token ids, then their values (floats as their int32 bit patterns).
+# Words per logit row of the step output's log-probability region: the sampled token's value, MAX_LOGPROBS ids,
+# their values (floats as int32 bits).
 LOGPROB_WORDS = 1 + 2 * MAX_LOGPROBS
 
 
