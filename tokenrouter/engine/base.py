@@ -1,6 +1,5 @@
 """`ModelRunner`: the boundary between a subserver and whatever executes its model (docs/engine.md, Why our own
-engine); the scheduler allocates pages through the shared `KVPool`, a runner reads `req.pages` as the page table.
-"""
+engine); the scheduler allocates pages through the shared `KVPool`, a runner reads `req.pages` as the page table."""
 
 from __future__ import annotations
 

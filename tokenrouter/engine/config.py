@@ -10,6 +10,7 @@ import torch
 
 from tokenrouter.core.graph_rule import DEFAULT_GRAPH_BUCKETS, DEFAULT_GRAPH_MAX_ROW_TOKENS, GraphRule
 from tokenrouter.engine.errors import ModelLoadError
+from tokenrouter.engine.varlen_shapes import default_buckets
 from tokenrouter.models.spec import ModelSpec
 
 _DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
@@ -113,8 +114,6 @@ class EngineConfig:
                          max_row_tokens=self.graph_max_row_tokens, allow_split=self.graph_split)  # fmt: skip
 
     def varlen_buckets(self) -> tuple[int, ...]:
-        from tokenrouter.engine.varlen_shapes import default_buckets
-
         if not self.varlen_graphs:
             return ()
         if self.varlen_graph_buckets is not None:

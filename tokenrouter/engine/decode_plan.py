@@ -1,7 +1,6 @@
 """Fast path of the host planner: every row a fresh single-token decode row whose request holds a page-table slot,
 all in one graph bucket. Its plan equals `step_plan.plan_step(..., fast=False)`'s; for any other row it returns
-None before touching any state, the RNG or the staging buffer (docs/engine.md, Host planning).
-"""
+None before touching any state, the RNG or the staging buffer (docs/engine.md, Host planning)."""
 
 from __future__ import annotations
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 
 class ModelLoadError(ValueError):
-    """The model cannot be built: bad or missing directory, config, weights, tensor names or shapes, or an
-    architecture/feature this engine does not implement."""
+    """The model cannot be built: bad directory, config, weights, names or shapes, or an unsupported feature."""
 
 
 class BatchError(ValueError):
@@ -21,5 +20,4 @@ class EngineError(RuntimeError):
 
 
 class StepFailed(RuntimeError):
-    """A step's launch failed after validation (e.g. out of memory): its batch produced nothing, the engine stays
-    usable."""
+    """A step's launch failed after validation (e.g. OOM): its batch produced nothing; the engine stays usable."""

@@ -1,7 +1,6 @@
 """Deliberate engine failures, for tests of the code that handles real ones (docs/engine.md, Safety). A failed step
 raises `InjectedFault` after the upload, before any pass, where an out-of-memory error would (`StepFailed`); a
-failed capture in the graph build (`EngineError`; with PDL after one retry without it, a second failure).
-"""
+failed capture in the graph build (`EngineError`; with PDL after one retry without it, a second failure)."""
 
 from __future__ import annotations
 

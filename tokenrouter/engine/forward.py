@@ -1,7 +1,6 @@
 """`StepForward`: the device side of one pass of a step (graph bodies and the eager pass): prologue -> forward ->
 logits -> sampling -> the router's device part. The graph part writes outputs at 0, the varlen part at
-`eager_out_base`; each touches only its own requests' slots, so their order within a step does not matter.
-"""
+`eager_out_base`; each touches only its own requests' slots, so their order within a step does not matter."""
 
 from __future__ import annotations
 
@@ -50,8 +49,7 @@ class StepForward:
             self.sample_route(v, hidden, logits, 0)
 
     def varlen_body(self, packed: torch.Tensor, layout: Layout, out: GraphOutputs, shape: VarlenShape) -> None:
-        """Everything a varlen graph replays (also run eagerly in emulation): the eager pass at a fixed padded
-        shape (`varlen_shapes`), attention in its two row groups, every logit row written into `out`."""
+        """What a varlen graph replays (or emulation runs): the eager pass at a padded shape, two attention groups."""
         v = self.views(packed, layout)
         self.prologue(v)
         n = layout.num_logit_rows

@@ -1,7 +1,6 @@
 """CUDA-graph runner: static buffers and one graph per token bucket (docs/engine.md, What runs in CUDA graphs). A
 step is one H2D copy into the static inputs and one replay; padding touches only the null page and slot. With
-`capture=False` the same padded path runs eagerly (CPU tests, emulation).
-"""
+`capture=False` the same padded path runs eagerly (CPU tests, emulation)."""
 
 from __future__ import annotations
 

@@ -12,8 +12,7 @@ from tokenrouter.engine.sampler import LOGPROB_WORDS, MAX_LOGPROBS
 
 
 class Staging:
-    """Two alternating host buffers for packed inputs (pinned on CUDA), one rewritten only after the copies that
-    read it finished: the host runs at most two steps ahead of the copies, never waiting on compute."""
+    """Two alternating host input buffers (pinned on CUDA), each rewritten only after the copies that read it."""
 
     def __init__(self, pinned: bool, capacity: int = 1 << 16) -> None:
         self.pinned = pinned
@@ -73,8 +72,7 @@ class StepHandle:
         self.destinations_on = False
         self.gpu_start: torch.cuda.Event | None = None
         self.gpu_end: torch.cuda.Event | None = None
-        self.prepare_s = 0.0
-        self.launch_s = 0.0
+        self.prepare_s = self.launch_s = 0.0
         self.num_tokens = 0
         self.graph_bucket: int | None = None
         self.graph_rows: list[int] = []  # batch rows that ran in the graph part

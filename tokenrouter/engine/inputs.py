@@ -1,10 +1,7 @@
-"""Packed step inputs: one int32 array per pass, uploaded with one H2D copy, read by the forward as views.
-
-Fields (listed and explained in docs/engine.md, Packed inputs) are int32, floats as their bit patterns, each
-starting at a multiple of ALIGN elements (16-byte aligned views: Triton never specializes on alignment).
+"""Packed step inputs: one int32 array per pass, uploaded with one H2D copy, read by the forward as views. Fields
+(docs/engine.md, Packed inputs) are int32, floats as bits, each at a multiple of ALIGN elements (16-byte aligned).
 Padding: token 0, position 0, KV slot 0 (the null page), seq_len 1, row slot 0, no prev (-1), logit row 0 sampled
-greedily into the null slot, updates writing 0 into the null slot.
-"""
+greedily into the null slot, updates writing 0 into the null slot."""
 
 from __future__ import annotations
 

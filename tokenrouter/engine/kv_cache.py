@@ -15,11 +15,6 @@ def kv_bytes_per_page(spec: ModelSpec, page_size: int, dtype: torch.dtype, tp: i
     return 2 * spec.num_layers * page_size * (spec.num_kv_heads // tp) * spec.head_dim * itemsize
 
 
-def num_pages_for_budget(spec: ModelSpec, budget_bytes: int, page_size: int, dtype: torch.dtype, tp: int = 1) -> int:
-    """Pages that fit in `budget_bytes` of one rank (at least 2: the null page and one usable page)."""
-    return max(2, budget_bytes // kv_bytes_per_page(spec, page_size, dtype, tp))
-
-
 class KVCache:
     """K/V pages of every layer, zero-filled (a kernel reading a whole page sees no NaN); this rank's KV heads."""
 

@@ -1,7 +1,6 @@
 """Count the device kernels one engine step launches, per decoder layer, on any device (CPU included): torch ops
 that launch a kernel on CUDA (via a dispatch mode) and Triton launches (by wrapping the launchers), attributed to
-the decoder layer running or to "step". `count_graph_body_launches(engine, batch).per_layer()`.
-"""
+the decoder layer running or to "step". `count_graph_body_launches(engine, batch).per_layer()`."""
 
 from __future__ import annotations
 
@@ -121,8 +120,7 @@ class LaunchCounter:
 
 
 def count_graph_body_launches(engine: Any, batch: Any) -> LaunchCounter:
-    """Kernels of the CUDA-graph body for `batch` (one replay): `engine.step(batch)` loads the static buffers
-    (uncounted), then the body runs eagerly under the counter (real graphs or `graph_emulation`)."""
+    """Kernels of one graph replay for `batch`: `engine.step` loads it (uncounted), the body then runs counted."""
     graphs = engine.graphs
     bucket = engine.graph_bucket_for(batch)
     if graphs is None or bucket is None:

@@ -1,7 +1,6 @@
 """Building blocks of the decoder: RMSNorm, rotary embedding, fused linear layers, SwiGLU. Parameters are allocated
 uninitialized on the target device; torch paths follow HF transformers op for op, Triton paths (`triton_ops`,
-`triton_gemv`) keep the same rounding points (docs/engine.md, Model).
-"""
+`triton_gemv`) keep the same rounding points (docs/engine.md, Model)."""
 
 from __future__ import annotations
 
@@ -104,9 +103,8 @@ class GemvState:
 
 
 class MergedLinear(nn.Module):
-    """Projections of one input (`shards`: checkpoint names and full tp=1 output sizes, in order) as one [sum(out),
-    in] weight. `parallel` along dim 0: column-parallel; along dim 1: row-parallel (the caller all-reduces the
-    partial sums; piece 0 adds the bias)."""
+    """Projections of one input (`shards`: checkpoint names, full output sizes) as one [sum(out), in] weight.
+    `parallel` dim 0: column-parallel; dim 1: row-parallel (the caller all-reduces; piece 0 adds the bias)."""
 
     def __init__(self, in_features: int, shards: list[tuple[str, int]], *, bias: bool, device: torch.device,
                  dtype: torch.dtype, parallel: Shard | None = None) -> None:  # fmt: skip

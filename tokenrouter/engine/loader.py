@@ -1,7 +1,6 @@
 """Model loading: spec resolution, HF safetensors checkpoints (single file or sharded), dummy weights. A model
 directory's fault is a one-line `ModelLoadError`. `CausalLM.checkpoint_params()` maps checkpoint names onto fused
-parameters; under tensor parallelism a rank reads only its pieces (`checkpoint_shards()`).
-"""
+parameters; under tensor parallelism a rank reads only its pieces (`checkpoint_shards()`)."""
 
 from __future__ import annotations
 
@@ -123,9 +122,8 @@ def _read(f, name: str, shape: tuple[int, ...], shard: Shard | None, file: str) 
 
 @torch.no_grad()
 def init_dummy_weights(model: CausalLM, seed: int) -> None:
-    """Random weights at the real shapes, drawn on the model's device: matrices ~ N(0, 1/fan_in), norms 1, biases
-    small (finite bf16 activations, O(1) logits). Split parameters are drawn whole and sliced, so tensor-parallel
-    ranks together hold exactly the model one engine with the same seed draws."""
+    """Random weights drawn on the model's device: matrices ~ N(0, 1/fan_in), norms 1, biases small; split
+    parameters drawn whole and sliced, so tensor-parallel ranks hold exactly one engine's model of that seed."""
     device = model.embed_tokens.device
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)

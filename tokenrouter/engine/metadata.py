@@ -1,7 +1,6 @@
 """`AttentionMetadata`: what every attention layer of one step needs, passed explicitly (no global context).
 Decode layout (`cu_seqlens_q is None`): one query per row (graph steps: one virtual decode row per token); extend
-layout: packed causal queries (`attention.extend_attention`). The step's K/V are stored before attention reads.
-"""
+layout: packed causal queries (`attention.extend_attention`). The step's K/V are stored before attention reads."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """Decoder-only causal LM: Qwen3 dense, with Qwen2 and Llama as configuration variants (docs/engine.md, Model).
-
-Invariants: every tensor of a forward is packed over the step's tokens ([T, ...]); the forward never syncs with
-the host and never allocates depending on tensor values (eager and CUDA-graph capture run the same code). The LM
-head is applied only to the rows a step samples.
-"""
+Invariants: every tensor of a forward is packed over the step's tokens ([T, ...]); the forward never syncs with the
+host nor allocates depending on tensor values (eager and graph capture run the same code); the LM head runs only on
+the rows a step samples."""
 
 from __future__ import annotations
 
@@ -183,8 +181,7 @@ class CausalLM(nn.Module):
     def forward_stream(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                        kv_layers: list[KVLayer], *,
                        fuse_embedding: bool = False) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-        """(last layer output, residual before it), summed by `compute_logits(x, residual, index)` in the final
-        norm. `fuse_embedding`: the first norm gathers the embedding rows (no lookup launch)."""
+        """(last layer output, residual before it); `fuse_embedding`: the first norm gathers the embedding rows."""
         if fuse_embedding:
             x, index = self.embed_tokens, input_ids
         else:
@@ -199,8 +196,7 @@ class CausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor, residual: torch.Tensor | None = None,
                        index: torch.Tensor | None = None, *, out_hidden: torch.Tensor | None = None,
                        out_logits: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-        """(final-norm hidden, logits in the model dtype) of the residual stream `hidden` (+ `residual`), rows
-        selected by `index` inside the norm; `out_*`: buffers to write into (a graph's static outputs)."""
+        """(final-norm hidden, logits) of `hidden` (+ `residual`), rows `index`; `out_*`: a graph's static outputs."""
         h, _ = self.norm(hidden, residual, index=index, store_sum=False, out=out_hidden)
         if out_logits is None:
             return h, F.linear(h, self.lm_head)
@@ -279,8 +275,7 @@ class CausalLM(nn.Module):
         return out
 
     def full_layouts(self) -> dict[int, tuple[tuple[int, ...], Callable[[torch.Tensor], torch.Tensor]]]:
-        """id(parameter) -> (full tp=1 shape, full -> this rank's part) of split parameters (dummy weights draw
-        whole tensors, so every tp draws the same model)."""
+        """id(split parameter) -> (full tp=1 shape, full -> this rank's part): every tp draws one dummy model."""
         out: dict[int, tuple[tuple[int, ...], Callable[[torch.Tensor], torch.Tensor]]] = {}
         if self.tp.size == 1:
             return out

@@ -1,10 +1,8 @@
-"""Device page tables with persistent row slots, changed incrementally (docs/engine.md, Host planning).
-
-Invariants: slot 0 is the null slot (all zeros). `written[s]` leading entries of slot s are on the device and equal
+"""Device page tables with persistent row slots, changed incrementally (docs/engine.md, Host planning). Invariants:
+slot 0 is the null slot (all zeros). `written[s]` leading entries of slot s are on the device and equal
 `owner[s].pages[:written[s]]` unless the pool took pages back, which a row starting at 0, the O(1) first/last page
 probe or `page_owner` detects. A page held by two live requests (unless `shared_pages`), page 0 or an id outside
-the cache is a BatchError; `plan` validates before `commit` changes any state.
-"""
+the cache is a BatchError; `plan` validates before `commit` changes any state."""
 
 from __future__ import annotations
 

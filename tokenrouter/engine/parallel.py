@@ -1,7 +1,6 @@
 """Tensor parallelism of one engine (docs/tensor-parallel.md): its ranks' process group (`TensorParallel`, a c10d
 backend on a store, never the default group, so two engines share a process) and a rank's shard of a full
-checkpoint tensor (`Shard`).
-"""
+checkpoint tensor (`Shard`)."""
 
 from __future__ import annotations
 

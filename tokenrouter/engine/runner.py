@@ -29,7 +29,8 @@ from tokenrouter.engine.gpu_sharing import check_mps, make_stream
 from tokenrouter.engine.graphs import GraphRunner
 from tokenrouter.engine.handles import HostExtras, OutputRing, Staging, StepHandle
 from tokenrouter.engine.inputs import Layout
-from tokenrouter.engine.kv_cache import KVCache, kv_bytes_per_page, num_pages_for_budget
+from tokenrouter.engine.kv_cache import KVCache, kv_bytes_per_page
+from tokenrouter.engine.layers import GemvState
 from tokenrouter.engine.loader import init_dummy_weights, load_safetensors, resolve_spec
 from tokenrouter.engine.memory import DeviceMemory, MemoryProfile, MemoryReport, kv_bytes_for_budget
 from tokenrouter.engine.model import CausalLM
@@ -186,10 +187,10 @@ class Engine(ModelRunner):
 
     def _make_pool(self) -> KVPool:
         c = self.config
+        per_page = kv_bytes_per_page(self.spec, c.page_size, self.dtype, self.tp.size)
         if self.budget is not None:
             prof = self.memory_profile = self._profile_memory()
             kv = kv_bytes_for_budget(self.budget, prof)
-            per_page = kv_bytes_per_page(self.spec, c.page_size, self.dtype, self.tp.size)
             # Every rank measured its own device; all take the smallest count, so page ids mean the same everywhere.
             pages = self.tp.min_int(max(0, kv) // per_page, self.device)
             if pages < 2:
@@ -200,8 +201,7 @@ class Engine(ModelRunner):
         if (c.kv_cache_bytes is None) == (c.num_pages is None):
             raise ValueError("set exactly one of EngineConfig.kv_cache_bytes, num_pages, memory_budget_bytes and "
                              "gpu_memory_utilization (or pass a KVPool)")  # fmt: skip
-        pages = c.num_pages or num_pages_for_budget(self.spec, c.kv_cache_bytes, c.page_size, self.dtype,
-                                                    self.tp.size)  # fmt: skip
+        pages = c.num_pages or max(2, c.kv_cache_bytes // per_page)  # at least the null page and one usable page
         return KVPool(pages, c.page_size)
 
     def _profile_memory(self) -> MemoryProfile:
@@ -220,8 +220,6 @@ class Engine(ModelRunner):
         """The skinny GEMM state for graph steps, with the Triton ops (`config.triton_gemv`: whether it starts on)."""
         if not self.use_triton_ops:
             return
-        from tokenrouter.engine.layers import GemvState
-
         c = self.config
         ops = importlib.import_module("tokenrouter.engine.triton_gemv")
         max_n = max(self.spec.hidden_size, self.model.layers[0].self_attn.qkv_proj.out_features,

@@ -1,7 +1,6 @@
 """Sampling: greedy, temperature, top-k, top-p, seeded per request: the definition (docs/engine.md, Sampling and
 log-probabilities) and torch reference of the in-graph kernel. The hash keeps every int64 intermediate below 2^63,
-so CPU, CUDA and the kernel's uint32 arithmetic give bit-identical noise.
-"""
+so CPU, CUDA and the kernel's uint32 arithmetic give bit-identical noise."""
 
 from __future__ import annotations
 
@@ -83,8 +82,7 @@ def filter_thresholds(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor)
 
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, k: int) -> tuple[torch.Tensor, ...]:
-    """The reference for rows that ask: (log-probability of `tokens` [R], top ids [R, k] int64, top values [R, k])
-    of logits [R, V], all fp32 (see the module doc: raw logits, ties by ascending id)."""
+    """The reference (fp32): (logprob of `tokens` [R], top ids [R, k] int64, top values [R, k]) of logits [R, V]."""
     lp = torch.log_softmax(no_nan(logits.float()), dim=-1)
     tok = lp.gather(1, tokens.long().view(-1, 1))[:, 0]
     k = min(k, lp.shape[-1])

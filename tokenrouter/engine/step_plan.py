@@ -1,7 +1,6 @@
 """Host side of one step: validate a `Batch`, split it into a graph and an eager part by the `GraphRule`, plan the
 page-table writes and pack each part (docs/engine.md, Host planning and Safety). Errors name the row before
-anything changes. Host cost is O(rows + fed tokens + new pages); seeds are drawn graph part first.
-"""
+anything changes. Host cost is O(rows + fed tokens + new pages); seeds are drawn graph part first."""
 
 from __future__ import annotations
 

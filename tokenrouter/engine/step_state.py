@@ -1,6 +1,5 @@
 """`StepState`: what `forward.StepForward` and `warmup` read from `runner.Engine`, at every pass (the engine
-replaces buffers, router and PDL while it lives). A protocol: naming `Engine` would close an import cycle.
-"""
+replaces buffers, router and PDL while it lives). A protocol: naming `Engine` would close an import cycle."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """What rank 0 of a tensor-parallel engine sends its followers, and the loop a follower runs (docs/tensor-parallel.md).
 A `StepDesc` is a planned step's packed inputs and how to run them; followers replay it through rank 0's launch code
-(`Engine.run_described`). Transport: `tokenrouter.runtime.tp_ranks`.
-"""
+(`Engine.run_described`). Transport: `tokenrouter.runtime.tp_ranks`."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Triton skinny GEMM for the linear layers of small decode steps: y[M, N] = x[M, K] @ W[N, K]^T (+ bias), M <= 16,
 optionally folding SwiGLU or residual add + RMSNorm into x. Grid and constexprs depend only on shapes (graph-safe);
-configs come from a table or a shape rule, never autotuning. Design: docs/engine.md, Kernels.
-"""
+configs come from a table or a shape rule, never autotuning. Design: docs/engine.md, Kernels."""
 
 from __future__ import annotations
 
@@ -91,8 +90,7 @@ def num_counters(max_n: int) -> int:
 
 
 def arrival_counters(max_n: int, device: torch.device | str) -> torch.Tensor:
-    """Zeroed int32 split-K arrival counters for weights of up to `max_n` rows; share only between launches of one
-    stream (the kernel leaves them zero)."""
+    """Zeroed int32 split-K arrival counters for weights of <= `max_n` rows (one stream; the kernel leaves 0)."""
     return torch.zeros(num_counters(max_n), dtype=torch.int32, device=device)
 
 
@@ -331,8 +329,7 @@ def kernel_constexprs(m: int, n: int, k: int, cfg: GemvConfig, *, silu: bool, bi
 
 
 def pre_tiles(k: int, cfg: GemvConfig, elem_size: int, max_bytes: int = PRELOAD_BYTES_PER_PROGRAM) -> int:
-    """Weight tiles a program loads before the PDL wait: its whole K slice when it fits `max_bytes` and
-    MAX_PRE_TILES, else none (part of a slice lengthened the step: docs/engine.md, Measured choices)."""
+    """Tiles a program loads before the PDL wait: its whole K slice if it fits `max_bytes` and MAX_PRE_TILES, else 0."""
     k_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
     tiles = triton.cdiv(k_split, cfg.block_k)
     fit = max_bytes // (cfg.block_n * cfg.block_k * elem_size)

@@ -1,7 +1,6 @@
 """Triton kernels for the decoder's elementwise stages, one launch each: `rms_norm`, `qk_norm_rope_store` and
 `silu_and_mul`, rounded as HF transformers. `pdl=True`: programmatic dependent launch (docs/engine.md, Kernels).
-Import only where kernels run (CUDA, or TRITON_INTERPRET=1): the decorators read the switch at import time.
-"""
+Import only where kernels run (CUDA, or TRITON_INTERPRET=1): the decorators read the switch at import time."""
 
 from __future__ import annotations
 
@@ -49,9 +48,8 @@ def _rms_norm_kernel(
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None, *,
              index: torch.Tensor | None = None, store_sum: bool | None = None, out: torch.Tensor | None = None,
              pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
-    """(y, s) with y = RMSNorm(s), s = x [+ residual] ([T, N], last dim contiguous); s only with `store_sum`
-    (default: with a residual), else None. `index` [R]: rows gathered first (an embedding lookup is
-    `rms_norm(table, w, eps, index=ids, store_sum=True)`). `out`: where to write y."""
+    """(y, s) with y = RMSNorm(s), s = x [+ residual] ([T, N]), s None unless `store_sum` (default: a residual).
+    `index` [R]: rows gathered first (embedding lookup: `index=ids, store_sum=True`). `out`: where y goes."""
     store = residual is not None if store_sum is None else store_sum
     rows = x.shape[0] if index is None else index.shape[0]
     n = x.shape[1]

@@ -1,7 +1,6 @@
 """Triton kernels at the two ends of a step, inside the CUDA graph: `step_prologue` (page-table writes, from_prev
 tokens) and `sample` (definitions and torch reference: `sampler`; docs/engine.md, Kernels). NaN logits count as -inf
-in every reduction. Import only where kernels run (CUDA, or TRITON_INTERPRET=1).
-"""
+in every reduction. Import only where kernels run (CUDA, or TRITON_INTERPRET=1)."""
 
 from __future__ import annotations
 
@@ -248,9 +247,8 @@ def sample(logits: torch.Tensor, inv_temp: torch.Tensor, top_p: torch.Tensor, to
            seed: torch.Tensor, pos: torch.Tensor, out_slot: torch.Tensor, out: torch.Tensor,
            slot_tokens: torch.Tensor, logprobs_k1: torch.Tensor, logprobs_out: torch.Tensor, *,
            pdl: bool = False, argmax_chunk: int = 0) -> None:  # fmt: skip
-    """Tokens of logits [L, V] into `out` [L] int32 and `slot_tokens[out_slot]`; log-probabilities of rows with
-    `logprobs_k1` > 0 into `logprobs_out` ([L * LOGPROB_WORDS] int32). `argmax_chunk` > 0: greedy argmax by our
-    chunked kernel, else by torch's reduction."""
+    """Tokens of logits [L, V] into `out` [L] int32 and `slot_tokens[out_slot]`, log-probabilities of rows with
+    `logprobs_k1` > 0 into `logprobs_out`. `argmax_chunk` > 0: greedy argmax by our chunked kernel, else torch's."""
     rows, vocab = logits.shape
     if rows == 0:
         return

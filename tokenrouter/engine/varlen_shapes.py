@@ -1,7 +1,6 @@
 """Shapes of the varlen CUDA graphs (docs/engine.md, What runs in CUDA graphs): a bucket of T tokens has
 `long_rows` rows of any length (attention with `max_q_len = T`) and `short_rows` rows of at most `short_q` tokens,
-two attention launches into one output, so the extend grid does not launch mostly empty programs.
-"""
+two attention launches into one output, so the extend grid does not launch mostly empty programs."""
 
 from __future__ import annotations
 
@@ -15,8 +14,7 @@ DEFAULT_SHORT_Q = 16  # longest row of the short group
 
 
 def default_buckets(max_tokens: int, smallest: int = 16) -> tuple[int, ...]:
-    """Powers of two from `smallest` and their 1.5x midpoints, up to and including `max_tokens`: a step pads by
-    less than half of its tokens (docs/engine.md, Measured choices)."""
+    """Powers of two from `smallest` and their 1.5x midpoints, up to `max_tokens` (docs/engine.md, Measured choices)."""
     out, b = [], smallest
     while b < max_tokens:
         out.append(b)

@@ -1,6 +1,5 @@
 """Start-up work of an engine besides loading: the memory profile pass and the warmup of every kernel variant
-(docs/engine.md, Start-up and memory). Everything reads the engine through `StepState`.
-"""
+(docs/engine.md, Start-up and memory). Everything reads the engine through `StepState`."""
 
 from __future__ import annotations
 
@@ -10,6 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from tokenrouter.engine.attention import resolve_backend
 from tokenrouter.engine.inputs import Layout, pack
 from tokenrouter.engine.memory import DeviceMemory, MemoryProfile
 
@@ -23,8 +23,7 @@ _SPLITS = (1, 2, 4, 8, 16, 32, 64)
 
 
 def padding_pass_inputs(rows: int, q: int, device: torch.device) -> tuple[torch.Tensor, Layout]:
-    """A varlen pass of `rows` rows of `q` tokens touching only the null page and slot; rows sample alternately
-    greedy and top-k/top-p (both branches)."""
+    """A varlen pass of `rows` x `q` tokens on the null page and slot; rows alternate greedy and top-k/top-p."""
     t = rows * q
     layout = Layout(t, rows, rows, 0, varlen=True)
     cu = np.arange(rows + 1, dtype=np.int64) * q
@@ -40,8 +39,6 @@ def padding_pass_inputs(rows: int, q: int, device: torch.device) -> tuple[torch.
 
 def has_variants(engine: StepState) -> bool:
     """Whether the engine launches compiled Triton kernels (the CPU interpreter compiles nothing)."""
-    from tokenrouter.engine.attention import resolve_backend
-
     if engine.device.type != "cuda":
         return False
     return engine.use_triton_ops or resolve_backend(engine.config.attention_backend, engine.device) == "triton"  # type: ignore[arg-type]
@@ -81,8 +78,7 @@ def profile_pass_shape(config: EngineConfig) -> tuple[int, int]:
 
 
 def profile_memory(engine: StepState, fwd: StepForward, weights_bytes: int) -> MemoryProfile:
-    """The activation peak of the largest eager pass (0 on CPU), run on the engine's current buffers: a throwaway
-    cache of a few pages (padding rows touch only the null slot)."""
+    """The largest eager pass's activation peak (0 on CPU) on the engine's buffers: a throwaway cache of a few pages."""
     c = engine.config
     rows, q = profile_pass_shape(c)
     mem = DeviceMemory(engine.device)

@@ -1,7 +1,6 @@
 """Incremental detokenization for streaming: text deltas as tokens arrive, never a broken character. A delta is a
 short window's decode minus the same window without the new tokens, held back while it ends in U+FFFD; the window
-starts where text was last released, so the cost per token stays constant however long the stream.
-"""
+starts where text was last released, so the cost per token stays constant however long the stream."""
 
 from __future__ import annotations
 

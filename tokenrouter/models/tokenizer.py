@@ -1,8 +1,7 @@
 """Tokenizers for serving (extra `serve`: `tokenizers`): the bundled `tiny` tokenizer, the one a bundled model's
 config names (`tokenizer` field), or a model directory's `tokenizer.json` and `tokenizer_config.json`. Chat prompts
 are rendered in Python in the Qwen format (`<|im_start|>role\\ncontent<|im_end|>\\n`, then
-`<|im_start|>assistant\\n`); a directory whose template is something else is refused for chat (`chat_format`).
-"""
+`<|im_start|>assistant\\n`); a directory whose template is something else is refused for chat (`chat_format`)."""
 
 from __future__ import annotations
 

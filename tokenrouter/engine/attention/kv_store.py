@@ -1,7 +1,6 @@
 """Writing new tokens' K/V into the paged cache. Layout: per layer `k_cache`, `v_cache` are contiguous
 `[num_pages, page_size, num_kv_heads, head_dim]`; position `pos` of a request lives at slot
-`block_table[pos // page_size] * page_size + pos % page_size`. Page 0 is the null page (padding; never read).
-"""
+`block_table[pos // page_size] * page_size + pos % page_size`. Page 0 is the null page (padding; never read)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Paged extend/prefill attention in Triton (causal, packed variable-length queries; docs/engine.md, Kernels).
-CUDA graphs pass `max_q_len` (the bucket's bound): grid and splits then depend only on shapes, no host sync.
-"""
+CUDA graphs pass `max_q_len` (the bucket's bound): grid and splits then depend only on shapes, no host sync."""
 
 from __future__ import annotations
 

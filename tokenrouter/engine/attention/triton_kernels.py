@@ -1,7 +1,6 @@
 """Triton kernels of paged decode and extend attention: one forward kernel (a program per row, KV head, query
 block and KV split) and the split reduce (docs/engine.md, Kernels). Runtime-bound `range` loops need the
-interpreter patch of `triton_compat` (kept as loops for GPU software pipelining).
-"""
+interpreter patch of `triton_compat` (kept as loops for GPU software pipelining)."""
 
 from __future__ import annotations
 
