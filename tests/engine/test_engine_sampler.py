@@ -3,15 +3,59 @@ pure function of (seed, position, token), so every check below is deterministic)
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
 import pytest
 import torch
 from engine_testlib import make_hf_checkpoint, tiny_engine
 
 from tokenrouter.core.batch import Batch, BatchRow
 from tokenrouter.core.request import Request, SamplingParams
-from tokenrouter.engine.sampler import SamplingInputs, gumbel_noise, sample, seed32
+from tokenrouter.engine.sampler import gumbel_noise, no_nan, sample_rows, seed32
 
 CPU = torch.device("cpu")
+
+
+@dataclass(slots=True)
+class SamplingInputs:
+    """Per-row sampling parameters of one step, as tensors, for `sample`."""
+
+    inv_temp: torch.Tensor  # [R] float32, 0 = greedy
+    top_p: torch.Tensor  # [R] float32
+    top_k: torch.Tensor  # [R] int64, <= 0 or >= vocab: off
+    seeds: torch.Tensor  # [R] int64 in [0, 2^32)
+    positions: torch.Tensor  # [R] int64: position of the token being sampled
+    all_greedy: bool
+    needs_filter: bool  # some sampled row uses top-k or top-p
+
+    @classmethod
+    def build(cls, params: list[SamplingParams], positions: list[int], vocab_size: int, fallback_seeds: list[int],
+              device: torch.device) -> SamplingInputs:  # fmt: skip
+        """`fallback_seeds[i]` is used when row i's request has no seed (drawn from the engine's RNG)."""
+        n = len(params)
+        temp = np.fromiter((p.temperature for p in params), np.float32, n)
+        inv = np.where(temp > 0, np.float32(1.0) / np.where(temp > 0, temp, np.float32(1.0)), np.float32(0.0))
+        top_p = np.fromiter((p.top_p for p in params), np.float32, n)
+        top_k = np.fromiter((p.top_k if 0 < p.top_k < vocab_size else 0 for p in params), np.int64, n)
+        seeds = np.fromiter((seed32(p.seed) if p.seed is not None else f
+                             for p, f in zip(params, fallback_seeds, strict=True)), np.int64, n)  # fmt: skip
+        sampled = temp > 0
+        needs_filter = bool(np.any(sampled & ((top_p < 1.0) | (top_k > 0))))
+
+        def t(a: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(np.ascontiguousarray(a)).to(device)
+
+        return cls(t(inv.astype(np.float32)), t(top_p), t(top_k), t(seeds), t(np.asarray(positions, np.int64)),
+                   not bool(sampled.any()), needs_filter)  # fmt: skip
+
+
+def sample(logits: torch.Tensor, s: SamplingInputs) -> torch.Tensor:
+    """Next token per row [R] int64 from logits [R, V] (the definition: `tokenrouter.engine.sampler`); all-greedy
+    rows take the first index of the maximum, NaN counting as -inf."""
+    if s.all_greedy:
+        return no_nan(logits).argmax(dim=-1)
+    return sample_rows(logits, s.inv_temp, s.top_p, s.top_k, s.seeds, s.positions).long()
 
 
 def _inputs(params, positions, vocab, fallback=None):

@@ -1,7 +1,4 @@
-"""The torch model executor: `Engine` (our `ModelRunner`), its config and errors.
-
-Exports are resolved lazily so importing a submodule (e.g. `tokenrouter.engine.attention`) stays cheap.
-"""
+"""The torch model executor: `Engine` (our `ModelRunner`), its config and errors (exports resolved lazily)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,8 @@
 """Compile the Triton attention kernels for Hopper (sm_90) on a machine without a GPU.
 
-    python -m tokenrouter.engine.aot_check [--quick]
-
-The CPU interpreter checks semantics, not that the kernels compile, spill or keep software pipelining. This
-lowers the production variants through Triton's real pipeline to PTX and reads register and spill counts from
-the wheel's ptxas; exit status 1 if a variant fails to compile, spills, or (forward kernel) loses cp.async.
-Run it in a fresh process: Triton 3.6's interpreter leaves `triton.language` patched.
-"""
+`python -m tokenrouter.engine.aot_check [--quick]` lowers the production variants to PTX and reads registers and
+spills from the wheel's ptxas; exit status 1 if a variant fails to compile, spills or (forward kernel) loses
+cp.async. Run it in a fresh process: Triton 3.6's interpreter leaves `triton.language` patched."""
 
 from __future__ import annotations
 
@@ -94,9 +90,8 @@ def variants(quick: bool) -> list[Variant]:
 
 
 def varlen_variants(quick: bool, max_tokens: int = 8192, max_rows: int = 256) -> list[Variant]:
-    """Every attention variant the varlen graphs launch (`varlen_shapes` defaults, PDL on as on the H200):
-    both row groups of every bucket, at the split counts `choose_num_splits` picks for them (KV width from a
-    4k to a 40k context, 8 KV heads), for the Qwen3 GQA groups 2 (0.6B/1.7B), 4 (4B/8B), 5 (14B), 8 (32B)."""
+    """Every attention variant the varlen graphs launch (`varlen_shapes` defaults, PDL on): both row groups of each
+    bucket at the splits `choose_num_splits` picks for 4k-40k contexts, 8 KV heads, Qwen3 GQA groups 2, 4, 5, 8."""
     from tokenrouter.engine.attention.triton_common import choose_num_splits
     from tokenrouter.engine.varlen_shapes import VarlenShapes, default_buckets
 

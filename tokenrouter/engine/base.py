@@ -1,7 +1,5 @@
 """`ModelRunner`: the boundary between a subserver and whatever executes its model (docs/engine.md, Why our own
-engine). Our `Engine` implements it with PyTorch + Triton; the scheduler owns page allocation through the shared
-`KVPool` (`kv_pool`), and a runner only reads `req.pages` as the page table.
-"""
+engine); the scheduler allocates pages through the shared `KVPool`, a runner reads `req.pages` as the page table."""
 
 from __future__ import annotations
 
@@ -13,12 +11,9 @@ from tokenrouter.models.spec import ModelSpec
 
 
 class ModelRunner(ABC):
-    """Executes one model's steps over a paged KV cache.
-
-    Invariants: `step` feeds each row's tokens at positions `row.start ..`, writes their KV into the row's
-    `req.pages`, and returns one next token per row (device tensor allowed) without a host sync the caller
-    did not ask for; logits [rows, vocab] and last hidden states [rows, hidden] only when requested.
-    """
+    """Executes one model's steps over a paged KV cache. `step` feeds each row's tokens at positions `row.start ..`,
+    writes their KV into `req.pages` and returns one next token per row without a host sync the caller did not ask
+    for; logits [rows, vocab] and last hidden states [rows, hidden] only when requested."""
 
     spec: ModelSpec
 

@@ -1,8 +1,5 @@
-"""Engine configuration (`EngineConfig`) and the architecture facts the modules need beyond `ModelSpec`.
-
-One `EngineConfig` describes one engine; nothing here is process-global, so two engines with different
-models and settings can live in one process.
-"""
+"""Engine configuration (`EngineConfig`, one per engine: nothing process-global) and the architecture facts the
+modules need beyond `ModelSpec`."""
 
 from __future__ import annotations
 
@@ -13,9 +10,8 @@ import torch
 
 from tokenrouter.core.graph_rule import DEFAULT_GRAPH_BUCKETS, DEFAULT_GRAPH_MAX_ROW_TOKENS, GraphRule
 from tokenrouter.engine.errors import ModelLoadError
+from tokenrouter.engine.varlen_shapes import default_buckets
 from tokenrouter.models.spec import ModelSpec
-
-__all__ = ["BASELINE_SWITCHES", "DEFAULT_GRAPH_BUCKETS", "ArchConfig", "EngineConfig", "arch_config"]
 
 _DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
            "half": torch.float16, "float32": torch.float32, "fp32": torch.float32, "float": torch.float32}  # fmt: skip
@@ -23,13 +19,9 @@ _DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.
 
 @dataclass(slots=True)
 class EngineConfig:
-    """Settings of one engine (docs/engine.md).
-
-    KV sizing: exactly one of `kv_cache_bytes`, `num_pages`, `memory_budget_bytes` (everything this engine may use
-    on its device; the KV gets what the measured rest leaves) and `gpu_memory_utilization` (that budget as a
-    fraction of the device), unless a `KVPool` is passed to the engine. `max_context_len` fixes the block-table
-    width graphs are captured with (default: the smaller of `max_position_embeddings` and what the pool holds).
-    """
+    """Settings of one engine (docs/engine.md, Start-up and memory). KV sizing: exactly one of `kv_cache_bytes`,
+    `num_pages`, `memory_budget_bytes` and `gpu_memory_utilization`, unless a `KVPool` is passed to the engine.
+    `max_context_len` fixes the block-table width (default: `max_position_embeddings` or what the pool holds)."""
 
     model: str  # bundled spec name ("qwen3-8b", dummy weights only) or a local HF directory
     load_format: str = "auto"  # "auto": safetensors when `model` is a directory, else dummy | "safetensors" | "dummy"
@@ -44,8 +36,7 @@ class EngineConfig:
     attention_backend: str = "auto"  # "auto" | "triton" | "torch" (see tokenrouter.engine.attention)
     decode_num_splits: int | None = None  # split-KV factor for decode attention; None lets the kernel choose
     ops_backend: str = "auto"  # norms, q-k-norm+RoPE+KV-store, SwiGLU: "auto" = Triton on CUDA, torch on CPU
-    # CUDA graphs (docs/engine.md, What runs in CUDA graphs); a failed capture is an error (cuda_graphs=False
-    # runs eagerly). Decode graphs take rows of <= graph_max_row_tokens tokens up to the largest bucket.
+    # CUDA graphs (docs/engine.md, What runs in CUDA graphs); a failed capture is an error.
     cuda_graphs: bool = True
     graph_buckets: tuple[int, ...] = DEFAULT_GRAPH_BUCKETS
     graph_max_row_tokens: int = DEFAULT_GRAPH_MAX_ROW_TOKENS
@@ -56,37 +47,32 @@ class EngineConfig:
     varlen_long_rows: int = 8
     varlen_short_q: int = 16
     varlen_max_pad_tokens: int | None = None  # None: estimated from the model's size (`max_pad_tokens`)
-    # Run the padded static-buffer (graph) path eagerly where graphs cannot be captured (CPU tests).
-    graph_emulation: bool = False
+    graph_emulation: bool = False  # run the padded graph path eagerly where graphs cannot be captured (CPU tests)
     # Speed switches (docs/engine.md, Start-up and memory; each is timed against `BASELINE_SWITCHES`).
     decode_fused_reduce: bool = True  # split-KV decode merges its splits in the attention kernel
     triton_pdl: bool = True  # programmatic dependent launch (sm_90+); capture retries without it on failure
-    # Embedding lookup in the first norm, final add + logit-row gather + norm in one kernel, outputs in place.
-    fuse_step_ops: bool = True
-    # Triton skinny GEMM (`triton_gemv`) for graph steps of up to `gemv_max_rows` tokens; needs the Triton ops.
-    triton_gemv: bool = True
+    fuse_step_ops: bool = True  # embedding lookup and final add + gather + norm inside norm kernels
+    triton_gemv: bool = True  # skinny GEMM for graph steps of up to `gemv_max_rows` tokens (needs the Triton ops)
     gemv_max_rows: int = 8  # 1..16
     # In graph steps of one row: `GemvState.preload`, `.fold_norm` and `.lm_head`.
     gemv_preload: bool = True
     gemv_fold_norm: bool = True
     gemv_lm_head: bool = False
     argmax_chunk: int = 1024  # greedy argmax by our chunked kernel over chunks of this many logits; 0: torch's
-    # Memory sizing (see the class doc); the eager pass's largest token count, which the start-up profile runs.
+    # Memory sizing (see the class doc); the eager pass's largest token count (the start-up profile runs it).
     memory_budget_bytes: int | None = None
     gpu_memory_utilization: float | None = None
     max_num_batched_tokens: int = 8192
-    # Device page-table slots, one per request holding KV; more requests evict the least recently used slot.
-    page_table_slots: int | None = None  # default 4 * max_batch_size + 1
-    # Pages held by several requests (a prefix cache: `tokenrouter.baselines`); the caller guarantees no step
-    # writes into a page another live request holds. Off, a page in two requests' lists is an error.
+    page_table_slots: int | None = None  # one per request holding KV (LRU eviction); default 4 * max_batch_size + 1
+    # Pages held by several requests (a prefix cache: `tokenrouter.baselines`; no step may write into a page
+    # another live request holds). Off, a page in two requests' lists is an error.
     shared_pages: bool = False
     warmup: bool = True  # compile every kernel variant serving can hit at start-up
-    # Co-location: stream priority (lower = higher), a green context of this many SMs, the MPS share the
-    # launcher sets (`mps_environment()`; the engine warns when it is not in effect).
+    # Co-location: stream priority (lower = higher), a green context of this many SMs, the launcher's MPS share.
     stream_priority: int = 0
     green_context_sms: int | None = None
     mps_active_thread_percentage: int | None = None
-    # Fault injection for tests (`faults.py`): these step ids fail (once each); the next graph builds fail.
+    # Fault injection for tests (`faults.py`).
     fail_step_ids: tuple[int, ...] = ()
     fail_captures: int = 0
 
@@ -128,8 +114,6 @@ class EngineConfig:
                          max_row_tokens=self.graph_max_row_tokens, allow_split=self.graph_split)  # fmt: skip
 
     def varlen_buckets(self) -> tuple[int, ...]:
-        from tokenrouter.engine.varlen_shapes import default_buckets
-
         if not self.varlen_graphs:
             return ()
         if self.varlen_graph_buckets is not None:
@@ -157,8 +141,7 @@ class EngineConfig:
         return _DTYPES[self.dtype]
 
 
-# Every launch-overhead switch off and cuBLAS for every projection, whatever the defaults are: the reference the
-# engine studies time each switch against (docs/engine.md, Measured choices).
+# Every launch-overhead switch off, cuBLAS for every projection: what the studies time each switch against.
 BASELINE_SWITCHES: dict[str, bool | int] = {"decode_fused_reduce": False, "triton_pdl": False, "fuse_step_ops": False,
                                             "triton_gemv": False, "argmax_chunk": 0}  # fmt: skip
 
@@ -189,8 +172,7 @@ def arch_config(spec: ModelSpec) -> ArchConfig:
         raise unsupported("mlp_bias=true")
     if raw.get("use_sliding_window"):
         raise unsupported("sliding-window attention")
-    # transformers 5 writes `rope_parameters` ({"rope_type", "rope_theta"}); 4.x wrote `rope_theta` and
-    # `rope_scaling`. Only plain RoPE is implemented.
+    # transformers 5 writes `rope_parameters`, 4.x `rope_theta` and `rope_scaling`; only plain RoPE is implemented.
     rope = raw.get("rope_parameters") or {}
     scaling = raw.get("rope_scaling") or {}
     for params in (rope, scaling):

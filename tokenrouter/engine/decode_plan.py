@@ -1,12 +1,6 @@
-"""Fast path of the host planner for the common serving step: every row a fresh single-token decode row whose
-request already holds a page-table slot, all fitting one graph bucket.
-
-The result equals `step_plan.plan_step(..., fast=False)`'s (a test compares them). For any other row (stale,
-several tokens, no slot yet, a slot to rewrite, a failed check, a from_prev row whose ledger does not match)
-`plan_decode` returns None before touching any state, the RNG or the staging buffer, and the general planner runs.
-Implied checks: existing pages by the PageTable invariant (new ones through `plan_pages`); a request in two rows
-by the slot count; the table width by max_context_len.
-"""
+"""Fast path of the host planner: every row a fresh single-token decode row whose request holds a page-table slot,
+all in one graph bucket. Its plan equals `step_plan.plan_step(..., fast=False)`'s; for any other row it returns
+None before touching any state, the RNG or the staging buffer (docs/engine.md, Host planning)."""
 
 from __future__ import annotations
 
@@ -20,13 +14,7 @@ from tokenrouter.core.request import Request
 from tokenrouter.engine.errors import BatchError
 from tokenrouter.engine.inputs import Layout, graph_layout
 from tokenrouter.engine.page_table import TablePlan
-from tokenrouter.engine.plan_types import (
-    PartPlan,
-    PlanContext,
-    StepPlan,
-    logprobs_asked,
-    write_requests,
-)
+from tokenrouter.engine.plan_types import PartPlan, PlanContext, StepPlan, logprobs_asked, write_requests
 
 
 @lru_cache(maxsize=128)

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 
 class ModelLoadError(ValueError):
-    """The model cannot be built: bad or missing directory, config, weights, tensor names or shapes, or an
-    architecture/feature this engine does not implement."""
+    """The model cannot be built: bad directory, config, weights, names or shapes, or an unsupported feature."""
 
 
 class BatchError(ValueError):
-    """A batch the engine cannot run as given. `rids` names the requests whose rows are at fault, so a caller can
-    fail those and run the step without them; empty when the batch as a whole is at fault (docs/engine.md, Safety)."""
+    """A batch the engine cannot run as given; `rids`: the requests at fault, empty for the whole batch."""
 
     def __init__(self, message: str, rids: tuple[str, ...] = ()) -> None:
         super().__init__(message)
@@ -22,5 +20,4 @@ class EngineError(RuntimeError):
 
 
 class StepFailed(RuntimeError):
-    """A step's launch failed after validation (e.g. out of memory). The batch produced nothing usable; the
-    engine stays usable, and a later from_prev row that refers to this step is an error."""
+    """A step's launch failed after validation (e.g. OOM): its batch produced nothing; the engine stays usable."""

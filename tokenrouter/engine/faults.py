@@ -1,10 +1,6 @@
-"""Deliberate engine failures, for tests of the code that handles real ones (docs/engine.md, Safety).
-
-Per engine, off by default (`EngineConfig.fail_step_ids` / `fail_captures`, or `Engine.faults` live). A failed
-step raises `InjectedFault` in `Engine.step` after the inputs were uploaded and before any pass runs, where an
-out-of-memory error would surface (the caller sees `StepFailed`). A failed capture raises it in the graph build
-(`EngineError`; on CUDA with PDL after its one retry without PDL, which consumes a second failure).
-"""
+"""Deliberate engine failures, for tests of the code that handles real ones (docs/engine.md, Safety). A failed step
+raises `InjectedFault` after the upload, before any pass, where an out-of-memory error would (`StepFailed`); a
+failed capture in the graph build (`EngineError`; with PDL after one retry without it, a second failure)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""`StepForward`: the device side of one pass of a step, shared by the graph bodies and the eager (varlen) pass.
-
-One pass = prologue (page-table writes, from_prev tokens) -> forward -> logits of the logit rows -> sampling
-(into the output buffer and the requests' slots) -> the router's device part. The graph part writes outputs at
-offset 0, the varlen part at `engine.eager_out_base`; each touches only its own requests' slots, so their order
-within a step does not matter. Prologue and sampling are one Triton kernel each with the Triton ops
-(`triton_step`), torch ops otherwise (`sampler`).
-"""
+"""`StepForward`: the device side of one pass of a step (graph bodies and the eager pass): prologue -> forward ->
+logits -> sampling -> the router's device part. The graph part writes outputs at 0, the varlen part at
+`eager_out_base`; each touches only its own requests' slots, so their order within a step does not matter."""
 
 from __future__ import annotations
 
@@ -33,9 +28,7 @@ class StepForward:
     def __init__(self, engine: StepState) -> None:
         self.e = engine
         self.ops = importlib.import_module("tokenrouter.engine.triton_step") if engine.use_triton_ops else None
-        # Some row of the step being launched asks for log-probabilities (set by the engine per step; only the
-        # torch path on CUDA reads it: the kernel and the CPU path see each row's own request).
-        self.logprobs_step = False
+        self.logprobs_step = False  # a row of this step asks for log-probabilities (read by the torch path on CUDA)
 
     @staticmethod
     def views(packed: torch.Tensor, layout: Layout) -> dict[str, torch.Tensor]:
@@ -56,8 +49,7 @@ class StepForward:
             self.sample_route(v, hidden, logits, 0)
 
     def varlen_body(self, packed: torch.Tensor, layout: Layout, out: GraphOutputs, shape: VarlenShape) -> None:
-        """Everything a varlen graph replays (also run eagerly in emulation): the eager pass at a fixed padded
-        shape (`varlen_shapes`), attention in its two row groups, every logit row written into `out`."""
+        """What a varlen graph replays (or emulation runs): the eager pass at a padded shape, two attention groups."""
         v = self.views(packed, layout)
         self.prologue(v)
         n = layout.num_logit_rows
@@ -141,10 +133,8 @@ class StepForward:
             e.out_ids[w + base : w + base + n].copy_(dst)
 
     def logprobs_torch(self, logits: torch.Tensor, tok: torch.Tensor, k1: torch.Tensor, lp_out: torch.Tensor) -> None:
-        """The torch path of the kernel's log-probabilities (`sampler.token_logprobs`), into `lp_out` as the kernel
-        lays it out. On CPU only the rows that ask are computed (the mask is host memory: no sync). On CUDA a
-        device mask would cost a host sync, so the pass computes every row when the step asks (and always in a
-        captured graph, which replays for any step): `ops_backend="torch"` on CUDA is an ablation path."""
+        """The torch path of the kernel's log-probabilities, laid out as the kernel does: on CPU the rows that ask;
+        on CUDA (an ablation path) every row when the step asks or in a capture (a device mask would sync)."""
         if logits.device.type == "cpu":
             rows: torch.Tensor | None = (k1 > 0).nonzero().flatten()
             if rows.numel() == 0:
@@ -167,7 +157,7 @@ class StepForward:
             region.index_copy_(0, rows, block)
 
     def table_writes(self, idx: np.ndarray, val: np.ndarray) -> None:
-        """Page-table writes beyond what a graph replay carries (a slot rewritten in full), before the replay."""
+        """Page-table writes beyond what a graph replay carries, before the replay."""
         t = self._to_device(np.stack([idx, val]).astype(np.int64))
         self.e.table.table.view(-1).index_copy_(0, t[0], t[1].to(torch.int32))
 

@@ -1,7 +1,5 @@
-"""Co-location options of one engine (docs/engine.md, Start-up and memory): its CUDA stream (priority, or a green
-context's SM partition) and the MPS share, which the launcher must set before CUDA starts
-(`EngineConfig.mps_environment()`); the engine only checks it.
-"""
+"""Co-location of one engine (docs/engine.md, Start-up and memory): its CUDA stream (priority, or a green context's
+SMs) and a check of the MPS share the launcher sets (`EngineConfig.mps_environment()`)."""
 
 from __future__ import annotations
 

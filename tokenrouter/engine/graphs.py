@@ -1,11 +1,6 @@
-"""CUDA-graph runner: static buffers and one captured graph per token bucket (the engine has two: decode graphs
-and varlen graphs, sharing one pool; docs/engine.md, What runs in CUDA graphs).
-
-Per step the host does one H2D copy of the packed inputs into the static buffer and one replay; padding reads and
-writes only the null page 0 and the null slot 0. Outputs land in static buffers and in the engine's output
-buffer, which the engine copies out on its stream before the next replay. Graph pool, capture stream and buffers
-are per instance. With `capture=False` the same padded path runs eagerly (CPU tests, emulation).
-"""
+"""CUDA-graph runner: static buffers and one graph per token bucket (docs/engine.md, What runs in CUDA graphs). A
+step is one H2D copy into the static inputs and one replay; padding touches only the null page and slot. With
+`capture=False` the same padded path runs eagerly (CPU tests, emulation)."""
 
 from __future__ import annotations
 
@@ -24,7 +19,6 @@ class GraphOutputs:
     logits: torch.Tensor  # [max logit rows, vocab] model dtype
 
 
-# forward(packed_int32_device, layout, outputs) runs the model and writes its results into `outputs`
 ForwardFn = Callable[[torch.Tensor, Layout, GraphOutputs], None]
 
 
@@ -32,8 +26,8 @@ class GraphRunner:
     def __init__(self, forward: ForwardFn, buckets: tuple[int, ...], *, hidden_size: int, vocab_size: int,
                  device: torch.device, dtype: torch.dtype, stream: torch.cuda.Stream | None, capture: bool,
                  layouts: dict[int, Layout] | None = None, pool: tuple | None = None) -> None:  # fmt: skip
-        """`layouts`: bucket -> packed layout (default: the decode `graph_layout`); `pool`: a graph memory pool
-        handle to share with another runner whose graphs never replay concurrently with these (one stream)."""
+        """`forward(packed, layout, outputs)` is the body; `layouts`: bucket -> layout (default `graph_layout`);
+        `pool`: a graph pool shared with a runner that never replays concurrently with this one."""
         if not buckets:
             raise ValueError("graph runner needs at least one bucket")
         self.forward = forward

@@ -1,10 +1,4 @@
-"""Host buffers of a step and its completion handle.
-
-`Staging`: two alternating host buffers for packed inputs (pinned on CUDA); one is rewritten only after the
-copies that read it finished, so the host runs at most two steps ahead of the copies, never waiting on compute.
-`OutputRing`: pinned slots receiving each step's outputs by one D2H copy; a slot is reused only after its handle
-read it out. `StepHandle`: what `Engine.step` returns; it waits on its own event only, never the engine stream.
-"""
+"""Host buffers of a step and its completion handle (docs/engine.md, Steps and handles)."""
 
 from __future__ import annotations
 
@@ -18,6 +12,8 @@ from tokenrouter.engine.sampler import LOGPROB_WORDS, MAX_LOGPROBS
 
 
 class Staging:
+    """Two alternating host input buffers (pinned on CUDA), each rewritten only after the copies that read it."""
+
     def __init__(self, pinned: bool, capacity: int = 1 << 16) -> None:
         self.pinned = pinned
         self.bufs = [self._alloc(capacity), self._alloc(capacity)]
@@ -46,15 +42,14 @@ class Staging:
 
 @dataclass(slots=True)
 class HostExtras:
-    """Device-to-host copies beyond the token/destination slot (logits, hidden), when the router asked."""
+    """Logits and hidden states copied to the host, when asked."""
 
     logits: torch.Tensor | None = None
     hidden: torch.Tensor | None = None
 
 
 class StepHandle:
-    """Completion of one step (docs/engine.md, Steps and handles): `ready()` polls, `wait()` blocks on this step's
-    event only, `result()` returns the host `StepResult` (`destinations` None without a router)."""
+    """Completion of one step: `ready()` polls, `wait()` blocks on its event only, `result()`: the `StepResult`."""
 
     __slots__ = ("_cache", "_event", "_extra", "_host", "_ring_slot", "batch", "destinations_on", "eager_tokens",
                  "gpu_end", "gpu_start", "graph_bucket", "graph_rows", "launch_s", "logprob_rows", "num_tokens",
@@ -77,8 +72,7 @@ class StepHandle:
         self.destinations_on = False
         self.gpu_start: torch.cuda.Event | None = None
         self.gpu_end: torch.cuda.Event | None = None
-        self.prepare_s = 0.0
-        self.launch_s = 0.0
+        self.prepare_s = self.launch_s = 0.0
         self.num_tokens = 0
         self.graph_bucket: int | None = None
         self.graph_rows: list[int] = []  # batch rows that ran in the graph part
@@ -133,8 +127,9 @@ class StepHandle:
 
 
 class OutputRing:
+    """Pinned slots of `size` int32 words receiving each step's outputs; a slot is reused after its handle read it."""
+
     def __init__(self, size: int, pinned: bool, slots: int = 4) -> None:
-        """`size`: int32 words of one step's outputs (`Engine.out_ids`)."""
         self.bufs = [torch.zeros(size, dtype=torch.int32, pin_memory=pinned) for _ in range(slots)]
         self.owner: list[StepHandle | None] = [None] * slots
         self.i = 0

@@ -1,18 +1,7 @@
-"""Packed step inputs: one int32 array per pass (the graph part or the eager part of a step), uploaded with one
-H2D copy into a device buffer whose fields the forward reads as views.
-
-Fields are int32 (floats travel as their bit patterns) and start at multiples of 4 elements, so every view is
-16-byte aligned and Triton never specializes a kernel on alignment. Per fed token [T]: `input_ids`, `positions`,
-`slot_mapping`, `prev` (page-table slot whose last sampled token this token takes, -1: none). Per attention row
-[A]: `seq_lens`, `row_slots`, and `cu_seqlens_q` [A+1] in the varlen layout. Per logit row [L]: `logits_indices`,
-`out_slot` (slot that keeps the sampled token; 0 = null), `inv_temp` (0 = greedy), `top_p`, `top_k` (<= 0: off),
-`seed`, `sample_pos`, `logprobs_k1` (k + 1, 0: none, so a zeroed row asks nothing). Page-table writes [U]:
-`upd_idx` (flat index into the [slots, width] table), `upd_val`.
-
-Graph layout (bucket B): T = A = L = B, each token its own virtual decode row (seq_len = position + 1), U =
-`graph_update_capacity(B)`. Padding: token 0, position 0, KV slot 0 (the null page), seq_len 1, row slot 0, no
-prev, logit row 0 sampled greedily into the null slot, updates writing 0 into the null slot. Varlen: real sizes.
-"""
+"""Packed step inputs: one int32 array per pass, uploaded with one H2D copy, read by the forward as views. Fields
+(docs/engine.md, Packed inputs) are int32, floats as bits, each at a multiple of ALIGN elements (16-byte aligned).
+Padding: token 0, position 0, KV slot 0 (the null page), seq_len 1, row slot 0, no prev (-1), logit row 0 sampled
+greedily into the null slot, updates writing 0 into the null slot."""
 
 from __future__ import annotations
 
@@ -49,7 +38,7 @@ class Layout:
         return out
 
     def offsets(self) -> dict[str, tuple[int, int]]:
-        """Field -> (offset, length) in the packed int32 array; offsets aligned to ALIGN elements."""
+        """Field -> (offset, length) in the packed int32 array."""
         out, off = {}, 0
         for name, n in self.fields():
             out[name] = (off, n)
@@ -69,8 +58,7 @@ _PAD = {"seq_lens": 1, "prev": -1}
 
 
 def pack(layout: Layout, fields: dict[str, np.ndarray], out: np.ndarray) -> np.ndarray:
-    """Write `fields` into `out[:layout.size]` at the layout's offsets, padding each field's tail (see module
-    doc); returns the packed view. Float fields are given as float32 arrays and stored as their bits."""
+    """Write `fields` (floats as float32 arrays) into `out[:layout.size]`, each field's tail padded; returns it."""
     packed = out[: layout.size]
     for name, (off, n) in layout.offsets().items():
         dst = packed[off : off + n]

@@ -1,8 +1,5 @@
-"""Paged KV storage of one engine, sized from an explicit byte budget.
-
-One allocation [num_layers, 2, num_pages, page_size, num_kv_heads, head_dim]; layer l uses `k = kv[l, 0]`,
-`v = kv[l, 1]` (layout: `attention.kv_store`). Page ids come from the shared `KVPool`; this class owns the memory.
-"""
+"""Paged KV storage of one engine: one allocation [layers, 2, pages, page_size, kv_heads, head_dim], layer l's
+`k = kv[l, 0]`, `v = kv[l, 1]` (layout: `attention.kv_store`); page ids come from the shared `KVPool`."""
 
 from __future__ import annotations
 
@@ -18,14 +15,8 @@ def kv_bytes_per_page(spec: ModelSpec, page_size: int, dtype: torch.dtype, tp: i
     return 2 * spec.num_layers * page_size * (spec.num_kv_heads // tp) * spec.head_dim * itemsize
 
 
-def num_pages_for_budget(spec: ModelSpec, budget_bytes: int, page_size: int, dtype: torch.dtype, tp: int = 1) -> int:
-    """Pages that fit in `budget_bytes` of one rank (at least 2: the null page and one usable page)."""
-    return max(2, budget_bytes // kv_bytes_per_page(spec, page_size, dtype, tp))
-
-
 class KVCache:
-    """K/V pages for every layer; zero-filled so a kernel that reads a whole page never sees NaN garbage. Under
-    tensor parallelism (`tp` ranks) this rank's KV heads only; page ids mean the same on every rank."""
+    """K/V pages of every layer, zero-filled (a kernel reading a whole page sees no NaN); this rank's KV heads."""
 
     def __init__(self, spec: ModelSpec, pool: KVPool, *, device: torch.device, dtype: torch.dtype,
                  tp: int = 1) -> None:  # fmt: skip

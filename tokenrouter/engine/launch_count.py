@@ -1,13 +1,6 @@
-"""Count the device kernels one engine step launches, per decoder layer, on any device (CPU included).
-
-A small graph decode step costs a few microseconds per kernel, so launches per layer are a first-order number.
-Counted: torch ops that launch a kernel on CUDA (not views or allocations; a matmul counts once) via a dispatch
-mode, and Triton launches (compiled or interpreted) by wrapping the launchers; attributed to the decoder layer
-running, or to "step". Host-side work (packing, the H2D copy) is not counted.
-
-    lc = count_graph_body_launches(engine, batch)  # what one graph replay of this batch launches
-    lc.per_layer()  # [kernels of layer 0, layer 1, ...]; lc.sections["step"] for the rest
-"""
+"""Count the device kernels one engine step launches, per decoder layer, on any device (CPU included): torch ops
+that launch a kernel on CUDA (via a dispatch mode) and Triton launches (by wrapping the launchers), attributed to
+the decoder layer running or to "step". `count_graph_body_launches(engine, batch).per_layer()`."""
 
 from __future__ import annotations
 
@@ -127,16 +120,13 @@ class LaunchCounter:
 
 
 def count_graph_body_launches(engine: Any, batch: Any) -> LaunchCounter:
-    """Kernels of the CUDA-graph body for `batch` (what one replay launches), counted by running the body
-    eagerly: `engine.step(batch)` first loads the batch into the static buffers (uncounted), then the body
-    runs once more under the counter. Works with real graphs (CUDA) and with `graph_emulation` (CPU)."""
+    """Kernels of one graph replay for `batch`: `engine.step` loads it (uncounted), the body then runs counted."""
     graphs = engine.graphs
     bucket = engine.graph_bucket_for(batch)
     if graphs is None or bucket is None:
         raise ValueError("the engine has no graph bucket for this batch")
     engine.step(batch)
-    # On the engine's stream, like a replay: the body must not overlap the step (they share the KV cache,
-    # the static buffers and the fused merge's arrival counters).
+    # On the engine's stream, like a replay: the body must not overlap the step (shared buffers and counters).
     with torch.no_grad(), engine.on_stream(), LaunchCounter(engine.model) as lc:
         graphs.run_eager(bucket)
     engine.synchronize()

@@ -1,10 +1,6 @@
-"""Building blocks of the decoder: RMSNorm, rotary embedding, fused linear layers, SwiGLU.
-
-Parameters are allocated uninitialized on the target device and dtype (a 32B model must not be built on the
-host first). The torch paths follow HF transformers op for op (fp32 outputs match HF to rounding); with
-`use_triton` the elementwise stages run as Triton kernels (`triton_ops`) with the same rounding points, and with a
-`GemvState` attached the linear layers of small graph steps run as the skinny GEMM (`triton_gemv`).
-"""
+"""Building blocks of the decoder: RMSNorm, rotary embedding, fused linear layers, SwiGLU. Parameters are allocated
+uninitialized on the target device; torch paths follow HF transformers op for op, Triton paths (`triton_ops`,
+`triton_gemv`) keep the same rounding points (docs/engine.md, Model)."""
 
 from __future__ import annotations
 
@@ -36,8 +32,7 @@ def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Ten
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm over the last dim, optionally fused with the residual add that precedes it and with a row
-    gather (embedding lookup, logit-row selection) before it."""
+    """RMSNorm over the last dim, optionally fused with the residual add and a row gather before it."""
 
     def __init__(self, dim: int, eps: float, *, device: torch.device, dtype: torch.dtype, use_triton: bool) -> None:
         super().__init__()
@@ -49,10 +44,7 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, *, index: torch.Tensor | None = None,
                 store_sum: bool | None = None,
                 out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
-        """(RMSNorm(s), s) with s = x + residual; without `residual`: (RMSNorm(x), None). x: [T, dim].
-
-        `index`: gather rows first (s = x[index] + residual[index]); `store_sum`: return s even without a
-        residual (True) or drop it (False); `out`: buffer for the normed rows. One launch on the Triton path."""
+        """(RMSNorm(s), s or None), s = x (+ residual), rows gathered by `index` first; as `triton_ops.rms_norm`."""
         if self._ops is not None:
             return self._ops.rms_norm(x, self.weight, self.eps, residual, index=index, store_sum=store_sum, out=out,
                                       pdl=self.pdl)  # fmt: skip
@@ -71,9 +63,8 @@ class RMSNorm(nn.Module):
 
 @dataclass(slots=True)
 class GemvState:
-    """Shared by every linear layer of one model: whether and for which inputs the Triton skinny GEMM replaces
-    cuBLAS. `active` is set only while a CUDA-graph body (or its emulation) runs, so eager steps keep cuBLAS;
-    inside, inputs of 1..max_rows rows use the kernel. `counters`: the engine's split-K arrival counters."""
+    """When the Triton skinny GEMM replaces cuBLAS, shared by a model's linear layers: inputs of 1..max_rows rows
+    while `active` (a graph body or its emulation runs). Limits measured on the H200 (docs/engine.md)."""
 
     ops: ModuleType  # tokenrouter.engine.triton_gemv
     counters: torch.Tensor
@@ -81,16 +72,11 @@ class GemvState:
     max_rows: int = 8
     pdl: bool = False
     active: bool = False
-    # The limits below are measured on the H200 (docs/engine.md, Measured choices).
-    prefetch: bool = False  # L2 prefetch of the first weight bytes before the PDL wait (slower at b=1)
-    silu_fold_max_k: int = 4096  # SiLU(gate)*up folded into the down projection up to this K (slower above)
-    # Weight tiles loaded into registers before the PDL wait (same arithmetic and order), only for inputs of up to
-    # `preload_max_rows` rows: faster on the FMA path, slower on the tensor-core path.
-    preload: bool = False
+    prefetch: bool = False  # L2 prefetch of the first weight bytes before the PDL wait
+    silu_fold_max_k: int = 4096  # SiLU(gate)*up folded into the down projection up to this K
+    preload: bool = False  # weight tiles in registers before the PDL wait, inputs of <= preload_max_rows rows
     preload_max_rows: int = 1
-    # Residual add + RMSNorm in the qkv and gate|up projections (every program recomputes the rows' RMS, cheap only
-    # while hidden size and rows are small): two launches fewer per layer.
-    fold_norm: bool = False
+    fold_norm: bool = False  # residual add + RMSNorm in the qkv and gate|up projections (each program: the RMS)
     norm_fold_max_k: int = 4096
     norm_fold_max_rows: int = 1
     lm_head: bool = False  # the LM head of graph steps of up to `preload_max_rows` rows through the skinny GEMM
@@ -117,12 +103,8 @@ class GemvState:
 
 
 class MergedLinear(nn.Module):
-    """Several projections that read the same input, stored as one [sum(out), in] weight: one matmul.
-
-    `shards` names the checkpoint projections in output order (e.g. q, k, v) with their full (tp=1) output sizes.
-    `parallel`: None keeps the whole layer; a `Shard` along dim 0 makes it column-parallel (this rank's piece of
-    every projection's rows), along dim 1 row-parallel (a partial sum the caller all-reduces; piece 0 adds the bias).
-    """
+    """Projections of one input (`shards`: checkpoint names, full output sizes) as one [sum(out), in] weight.
+    `parallel` dim 0: column-parallel; dim 1: row-parallel (the caller all-reduces; piece 0 adds the bias)."""
 
     def __init__(self, in_features: int, shards: list[tuple[str, int]], *, bias: bool, device: torch.device,
                  dtype: torch.dtype, parallel: Shard | None = None) -> None:  # fmt: skip
@@ -184,8 +166,7 @@ class MergedLinear(nn.Module):
         return F.linear(x, self.weight, self.live_bias)
 
     def forward_norm(self, norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(this layer applied to norm(x + residual), x + residual): one launch where the skinny GEMM folds the
-        norm (`GemvState.folds_norm`), else the norm kernel and this layer."""
+        """(this layer of norm(x + residual), x + residual): one launch where `GemvState.folds_norm`."""
         if self.gemv is None or not self.gemv.folds_norm(x):
             h, s = norm(x, residual)
             return self(h), s
@@ -195,8 +176,7 @@ class MergedLinear(nn.Module):
         return y, s
 
     def forward_silu(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """This layer applied to SiLU(gate) * up of a fused gate|up activation [T, 2 * in_features], in one
-        skinny GEMM launch (only where `GemvState.folds_silu`)."""
+        """This layer of SiLU(gate) * up of gate|up [T, 2 * in_features], one launch (where `folds_silu`)."""
         assert self.gemv is not None and self.gemv.folds_silu(gate_up)
         return self.gemv.linear(gate_up, self.weight, self.live_bias, silu=True)
 

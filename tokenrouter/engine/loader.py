@@ -1,10 +1,6 @@
-"""Model loading: spec resolution, HF safetensors checkpoints (single file or sharded), dummy weights.
-
-Every failure that is the model directory's fault raises `ModelLoadError` with one line naming the culprit.
-Weights land in the fused parameters of `CausalLM` (q|k|v and gate|up are copied into row slices), so the
-checkpoint layout and the runtime layout are decoupled by `CausalLM.checkpoint_params()` alone. Under tensor
-parallelism a rank reads only its piece of each split tensor (`CausalLM.checkpoint_shards()`, safetensors slices).
-"""
+"""Model loading: spec resolution, HF safetensors checkpoints (single file or sharded), dummy weights. A model
+directory's fault is a one-line `ModelLoadError`. `CausalLM.checkpoint_params()` maps checkpoint names onto fused
+parameters; under tensor parallelism a rank reads only its pieces (`checkpoint_shards()`)."""
 
 from __future__ import annotations
 
@@ -109,8 +105,7 @@ def load_safetensors(model: CausalLM, directory: Path) -> None:
 
 
 def _read(f, name: str, shape: tuple[int, ...], shard: Shard | None, file: str) -> torch.Tensor:
-    """Tensor `name` of an open safetensors file, or only this rank's piece of it (`shard`), checked against the
-    `shape` its destination has."""
+    """Tensor `name` of an open safetensors file (or this rank's piece, `shard`), checked against `shape`."""
     if shard is None:
         tensor = f.get_tensor(name)
         if tuple(tensor.shape) != shape:
@@ -127,13 +122,8 @@ def _read(f, name: str, shape: tuple[int, ...], shard: Shard | None, file: str) 
 
 @torch.no_grad()
 def init_dummy_weights(model: CausalLM, seed: int) -> None:
-    """Random weights at the real shapes, generated on the model's device (no host copy of a large model).
-
-    Matrices ~ N(0, 1/fan_in) keep every projection's output at unit scale, norms are 1 and biases small,
-    so activations stay finite in bf16 through any depth and logits have O(1) spread. Under tensor parallelism
-    each split parameter is drawn whole (its tp=1 shape, same generator stream) and this rank keeps its part, so
-    the ranks together hold exactly the model a single engine with the same seed draws.
-    """
+    """Random weights drawn on the model's device: matrices ~ N(0, 1/fan_in), norms 1, biases small; split
+    parameters drawn whole and sliced, so tensor-parallel ranks hold exactly one engine's model of that seed."""
     device = model.embed_tokens.device
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)

@@ -1,10 +1,5 @@
-"""Memory sizing from measurement and the engine's memory report (docs/engine.md, Start-up and memory).
-
-An engine gets a byte budget; at start-up it measures what it needs besides the KV cache (weights, the
-activation peak of the largest eager pass, the graph pool, static buffers) and the KV cache gets the rest less a
-margin. Measurement reads the caching allocator's counters of the device, so engines of one process must be
-built one after another (constructors are synchronous).
-"""
+"""Memory sizing from measurement and the engine's memory report (docs/engine.md, Start-up and memory). It reads
+the device's caching-allocator counters, so engines of one process are built one after another."""
 
 from __future__ import annotations
 
@@ -26,8 +21,7 @@ class MemoryProfile:
 
 
 def kv_bytes_for_budget(budget: int, profile: MemoryProfile, margin_frac: float = 0.02) -> int:
-    """KV bytes that fit `budget` next to the profile's needs (the graph pool ~ one activation peak, which
-    the eager pass's transient peak reuses once the caching allocator holds it)."""
+    """KV bytes that fit `budget` next to the profile's needs, less a margin."""
     margin = int(margin_frac * budget) + 64 * MIB
     return budget - profile.weights - profile.activation_peak - profile.graph_pool - profile.static - margin
 

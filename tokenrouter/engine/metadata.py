@@ -1,10 +1,6 @@
 """`AttentionMetadata`: what every attention layer of one step needs, passed explicitly (no global context).
-
-Decode layout (`cu_seqlens_q is None`): one query per attention row; graph steps run small extend rows this way,
-one "virtual decode" row per token (seq_len = position + 1), so every graph stays on the graph-safe decode kernel.
-Extend layout: packed causal variable-length queries, query i of row b at position `seq_lens[b] - q_len_b + i`.
-The step's own K/V are stored through `slot_mapping` before attention reads the cache.
-"""
+Decode layout (`cu_seqlens_q is None`): one query per row (graph steps: one virtual decode row per token); extend
+layout: packed causal queries (`attention.extend_attention`). The step's K/V are stored before attention reads."""
 
 from __future__ import annotations
 
@@ -22,14 +18,12 @@ class AttentionMetadata:
     max_q_len: int = 1
     num_splits: int | None = None
     backend: str = "auto"
-    # Triton decode: zeroed per-engine arrival counters ([rows * Hkv] int32) turn on the fused split merge.
-    split_counters: torch.Tensor | None = None
+    split_counters: torch.Tensor | None = None  # Triton decode: the fused split merge's zeroed arrival counters
     pdl: bool = False  # Triton attention launches with programmatic dependent launch
-    # [R] int32: attention row r reads page-table row `row_slots[r]` of `block_tables` (the engine's persistent
-    # per-request slots); None: row r reads row r.
+    # [R] int32: attention row r reads page-table row `row_slots[r]` of `block_tables`; None: row r.
     row_slots: torch.Tensor | None = None
-    # Varlen graphs (extend layout, see `varlen_shapes`): rows 0..long_rows-1 attend with `max_q_len`, the rest
-    # (at most `short_q_len` queries each) in a second launch with `short_q_len`. None: one launch.
+    # Varlen graphs (`varlen_shapes`): rows 0..long_rows-1 attend with `max_q_len`, the rest in a second launch with
+    # `short_q_len`. None: one launch.
     long_rows: int | None = None
     short_q_len: int = 1
 

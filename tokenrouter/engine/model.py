@@ -1,16 +1,7 @@
-"""Decoder-only causal LM: Qwen3 dense, with Qwen2 and Llama as configuration variants.
-
-Layer: x -> RMSNorm -> fused qkv -> (q/k RMSNorm, Qwen3) -> RoPE -> paged KV store -> paged attention -> o_proj
--> +residual -> RMSNorm -> fused gate|up -> SiLU(gate)*up -> down -> +residual. Each residual add is fused into
-the RMSNorm after it; with the Triton ops q/k-norm + RoPE + KV store is one kernel, the skinny GEMM
-(`attach_gemv`, graph bodies) folds SwiGLU and, for one-row steps, the norms into the projections
-(`MergedLinear.forward_norm`); `forward_stream` + `compute_logits(hidden, residual, index)` fold the embedding
-lookup and the final add + logit-row gather + norm into norm kernels.
-
-Invariants: every tensor of a forward is packed over the step's tokens ([T, ...]); the forward never syncs with
-the host and never allocates depending on tensor values (eager and CUDA-graph capture run the same code). The LM
-head is applied only to the rows a step samples.
-"""
+"""Decoder-only causal LM: Qwen3 dense, with Qwen2 and Llama as configuration variants (docs/engine.md, Model).
+Invariants: every tensor of a forward is packed over the step's tokens ([T, ...]); the forward never syncs with the
+host nor allocates depending on tensor values (eager and graph capture run the same code); the LM head runs only on
+the rows a step samples."""
 
 from __future__ import annotations
 
@@ -42,8 +33,7 @@ KVLayer = tuple[torch.Tensor, torch.Tensor]  # (k_cache, v_cache), each [num_pag
 
 
 class DecoderAttention(nn.Module):
-    """Self-attention over this rank's heads (all of them at tp=1): q/k/v column-parallel, o_proj row-parallel and
-    all-reduced (`engine.parallel`)."""
+    """Self-attention over this rank's heads: q/k/v column-parallel, o_proj row-parallel and all-reduced."""
 
     def __init__(self, spec: ModelSpec, arch: ArchConfig, rope: RotaryEmbedding, tp: TensorParallel, *, device,
                  dtype, use_triton) -> None:  # fmt: skip
@@ -110,8 +100,7 @@ class DecoderAttention(nn.Module):
 
 
 class DecoderMLP(nn.Module):
-    """SwiGLU MLP over this rank's share of the intermediate size: gate/up column-parallel, down row-parallel and
-    all-reduced."""
+    """SwiGLU MLP over this rank's share: gate/up column-parallel, down row-parallel and all-reduced."""
 
     def __init__(self, spec: ModelSpec, tp: TensorParallel, *, device, dtype, use_triton) -> None:
         super().__init__()
@@ -144,9 +133,8 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor, meta: AttentionMetadata,
                 kv: KVLayer, index: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-        """(layer output, residual stream): the residual add is fused into the next norm, so the stream after
-        this layer is `output + residual` (None on entry to the first layer: the stream is the embedding).
-        First layer only: with `index`, `x` is the embedding table and the norm gathers the rows itself."""
+        """(output, residual): the stream after this layer is their sum (the add is fused into the next norm;
+        `residual` None: `x` is the embedding). `index` (first layer): `x` is the table, the norm gathers rows."""
         attn, mlp = self.self_attn, self.mlp
         if index is not None:
             h, residual = self.input_layernorm(x, index=index, store_sum=True)
@@ -162,8 +150,7 @@ class DecoderLayer(nn.Module):
 
 
 class CausalLM(nn.Module):
-    """Qwen3ForCausalLM / Qwen2ForCausalLM / LlamaForCausalLM, selected by `ArchConfig` switches; with `tp`, this
-    rank's shard of it."""
+    """Qwen3 / Qwen2 / Llama ForCausalLM by `ArchConfig` switches; with `tp`, this rank's shard of it."""
 
     def __init__(
         self, spec: ModelSpec, arch: ArchConfig, max_positions: int, *, device, dtype, use_triton: bool = False,
@@ -194,9 +181,7 @@ class CausalLM(nn.Module):
     def forward_stream(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                        kv_layers: list[KVLayer], *,
                        fuse_embedding: bool = False) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-        """(last layer output, residual stream before it): the stream after the last layer is their sum, which
-        `compute_logits(x, residual, index)` forms inside the final norm. `fuse_embedding`: the first layer's
-        norm gathers the embedding rows (no separate lookup launch)."""
+        """(last layer output, residual before it); `fuse_embedding`: the first norm gathers the embedding rows."""
         if fuse_embedding:
             x, index = self.embed_tokens, input_ids
         else:
@@ -211,9 +196,7 @@ class CausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor, residual: torch.Tensor | None = None,
                        index: torch.Tensor | None = None, *, out_hidden: torch.Tensor | None = None,
                        out_logits: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-        """(final-norm hidden, logits in the model dtype) of rows [R, hidden]: `hidden` is the residual stream, or
-        with `residual` the last layer's output to add to it; `index` selects the rows inside the norm; `out_*`:
-        buffers to write into (a CUDA graph's static outputs)."""
+        """(final-norm hidden, logits) of `hidden` (+ `residual`), rows `index`; `out_*`: a graph's static outputs."""
         h, _ = self.norm(hidden, residual, index=index, store_sum=False, out=out_hidden)
         if out_logits is None:
             return h, F.linear(h, self.lm_head)
@@ -281,8 +264,7 @@ class CausalLM(nn.Module):
             yield p + "mlp.", layer.mlp.down_proj
 
     def checkpoint_shards(self) -> dict[str, Shard]:
-        """HF checkpoint tensor name -> the piece of it this rank holds, for the tensors tensor parallelism splits
-        (empty at tp=1); `checkpoint_params` gives where that piece goes."""
+        """HF checkpoint tensor name -> the piece of it this rank holds, for the tensors tensor parallelism splits."""
         out: dict[str, Shard] = {}
         for prefix, mod in self.merged_layers():
             for name, _ in mod.full_shards:
@@ -293,8 +275,7 @@ class CausalLM(nn.Module):
         return out
 
     def full_layouts(self) -> dict[int, tuple[tuple[int, ...], Callable[[torch.Tensor], torch.Tensor]]]:
-        """id(parameter) -> (its full tp=1 shape, full tensor -> this rank's part), for the parameters tensor
-        parallelism splits: the dummy initializer draws the whole tensor so every tp draws the same model."""
+        """id(split parameter) -> (full tp=1 shape, full -> this rank's part): every tp draws one dummy model."""
         out: dict[int, tuple[tuple[int, ...], Callable[[torch.Tensor], torch.Tensor]]] = {}
         if self.tp.size == 1:
             return out

@@ -1,19 +1,8 @@
-"""Device page tables with persistent row slots, changed incrementally (docs/engine.md, Host planning).
-
-Each request gets a slot: a row of a device int32 table [num_slots, width] holding its KV page ids; a step
-uploads only the pages a slot lacks, as (flat index, page) pairs the step's prologue scatters on the device.
-
-Invariants:
-- Slot 0 is the null slot: all zeros (page 0), used by graph padding and as the dump target of updates.
-- `written[s]` leading entries of slot s are on the device and equal `owner[s].pages[:written[s]]` unless the
-  pool took pages back, detected cheaply: a row starting at position 0 rewrites its slot; other rows check the
-  slot's first and last written page (O(1)); a page that moved to another request (`page_owner`) invalidates the
-  old slot.
-- A page held by two live requests, page 0, or a page id outside the cache is an error naming the rows; `plan`
-  validates before `commit` changes any state. With `shared_pages` (a prefix cache) a page may be in several
-  requests' lists at the same column.
-Per-slot state is plain Python lists (cheap scalar access); victims are sorted only when free slots run out.
-"""
+"""Device page tables with persistent row slots, changed incrementally (docs/engine.md, Host planning). Invariants:
+slot 0 is the null slot (all zeros). `written[s]` leading entries of slot s are on the device and equal
+`owner[s].pages[:written[s]]` unless the pool took pages back, which a row starting at 0, the O(1) first/last page
+probe or `page_owner` detects. A page held by two live requests (unless `shared_pages`), page 0 or an id outside
+the cache is a BatchError; `plan` validates before `commit` changes any state."""
 
 from __future__ import annotations
 
@@ -71,9 +60,7 @@ class PageTable:
 
     # ---- planning (no state change) -------------------------------------------------------------------
     def plan(self, reqs: list[Request], starts: list[int], n_pages: list[int], name: Callable[[int], str]) -> TablePlan:
-        """Slots and page writes for rows (one request each; the caller rejects a request in two rows) that
-        need `n_pages[i]` pages; raises BatchError naming the row (`name(i)`) for a bad page, before anything
-        changes."""
+        """Slots and page writes for rows (one request each) needing `n_pages[i]` pages; BatchError names the row."""
         slots: list[int] = []
         plan = TablePlan(slots)
         slot_of, owner, written, first, last = self.slot_index, self.owner, self.written, self.first, self.last
@@ -84,8 +71,7 @@ class PageTable:
             s = slot_of.get(id(req))
             if s is not None and owner[s] is req:
                 done = written[s]
-                # Fast path: the slot holds every page the row needs and the O(1) probes agree (see the module
-                # invariants). Its pages were validated when written and page_owner still maps them to s.
+                # Fast path: the slot holds every page the row needs and the probes agree.
                 if done >= need and start and need and len(pages) >= done and pages[0] == first[s] \
                         and pages[done - 1] == last[s]:  # fmt: skip
                     slots.append(s)
@@ -145,8 +131,7 @@ class PageTable:
                 if other is not None and other is not req and len(other.pages) > c2 and other.pages[c2] == p:
                     k = next((k for k, r in enumerate(reqs) if r is other), None)
                     who = name(k) if k is not None else f"request {other.rid} (not in this batch)"
-                    # Only the row here is failed: the other request is not in this batch (its own rows meet
-                    # the same check while the page stays doubly held).
+                    # Only this row fails: the other request is not in the batch.
                     raise BatchError(f"{name(i)} and {who}: both hold KV page {p}", (req.rid,))
             plan.upd_idx.append(s * width + col)
             plan.upd_val.append(p)

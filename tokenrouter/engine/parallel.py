@@ -1,11 +1,6 @@
-"""Tensor parallelism of one engine (docs/tensor-parallel.md): its ranks' process group (`TensorParallel`) and how
-a full checkpoint tensor maps onto one rank's shard (`Shard`).
-
-Megatron-style: q/k/v and gate/up column-parallel, o_proj and down_proj row-parallel and all-reduced; embedding,
-LM head, norms and RoPE replicated, row-parallel biases added on rank 0 only, so everything after the last
-all-reduce computes the same values on every rank. No module-level state: the group is a c10d backend built on a
-store (gloo on CPU, NCCL on CUDA), never `torch.distributed`'s default group, so two engines share a process.
-"""
+"""Tensor parallelism of one engine (docs/tensor-parallel.md): its ranks' process group (`TensorParallel`, a c10d
+backend on a store, never the default group, so two engines share a process) and a rank's shard of a full
+checkpoint tensor (`Shard`)."""
 
 from __future__ import annotations
 
@@ -30,8 +25,7 @@ def check_divides(spec: ModelSpec, size: int) -> None:
 
 @dataclass(frozen=True, slots=True)
 class Shard:
-    """This rank's piece of a full (tp=1) checkpoint tensor: `parts` equal pieces along `dim` (0: output rows of a
-    column-parallel layer; 1: input columns of a row-parallel one), piece `index`."""
+    """Piece `index` of `parts` equal pieces of a full (tp=1) tensor along `dim` (0: column-, 1: row-parallel)."""
 
     dim: int
     parts: int
@@ -48,8 +42,7 @@ class Shard:
 
 @dataclass(eq=False, slots=True)
 class TensorParallel:
-    """One engine's rank in its tensor-parallel group. `group` is None for a single rank (every collective is then
-    a no-op), else a c10d backend spanning exactly the engine's ranks; rank 0 leads (schedules, samples for real)."""
+    """One engine's rank in its group (`group` None: one rank, collectives are no-ops); rank 0 leads."""
 
     rank: int = 0
     size: int = 1
@@ -61,8 +54,7 @@ class TensorParallel:
         return self.rank == 0
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        """Sum `x` over the ranks, in place; returns `x`. On CUDA the wait only orders the current stream after the
-        collective (no host sync), so it may sit inside a captured CUDA graph."""
+        """Sum `x` over the ranks in place; on CUDA the wait only orders the stream (graph-capturable)."""
         if self.group is not None:
             self.group.allreduce([x]).wait()
         return x
@@ -95,17 +87,15 @@ class TensorParallel:
     @staticmethod
     def connect(rank: int, size: int, host: str, port: int, device: torch.device, *, store: Any = None,
                 timeout_s: float = 300.0) -> TensorParallel:  # fmt: skip
-        """Join the group whose store rank 0 serves at `host:port` (`serve_store`; rank 0 passes that store as
-        `store`). Blocks until every rank has joined. gloo on CPU, NCCL (NVLS off) on CUDA; the NCCL communicator
-        is set up here by one all-reduce, so CUDA-graph capture never creates it."""
+        """Join the group whose store rank 0 serves at `host:port` (`serve_store`; rank 0 passes it as `store`);
+        blocks until all joined. gloo on CPU, NCCL on CUDA, set up here by one all-reduce (never in a capture)."""
         import torch.distributed as dist
 
         timeout = datetime.timedelta(seconds=timeout_s)
         if store is None:
             store = dist.TCPStore(host, port, size, False, timeout=timeout)
         if device.type == "cuda":
-            # The one place NCCL's environment is set: every rank, whichever way it started, passes here
-            # before its communicator exists (NCCL reads it then).
+            # The one place NCCL's environment is set: every rank passes here before its communicator exists.
             os.environ.update(NCCL_ENV)
             torch.cuda.set_device(device)
             opts = dist.ProcessGroupNCCL.Options()

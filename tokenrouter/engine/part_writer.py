@@ -1,10 +1,6 @@
-"""Packing one part of a step (`step_plan`) into its share of the staging buffer, as `inputs.Layout` lays it out.
-
-The graph part is `virtual` (one decode attention row per token); the varlen part has one attention row per batch
-row, logit rows for sampled rows only, and -1 in its row list for a varlen graph's padding rows. Token fields of
-short rows (up to `_SMALL` tokens) queue in Python lists flushed with one numpy conversion per field; a longer row
-flushes the queue first and goes in as numpy slices, so the buffer fills in token order. Greedy rows touch no
-sampling field (the zeroed buffer says greedy). Errors name the row (BatchError)."""
+"""Packing one part of a step (`step_plan`) into its share of the staging buffer (`inputs.Layout`). Short rows
+queue in Python lists flushed with one numpy conversion per field; longer rows go in as numpy slices after a flush,
+so the buffer fills in token order. Greedy rows touch no sampling field. Errors name the row (BatchError)."""
 
 from __future__ import annotations
 
@@ -20,15 +16,12 @@ from tokenrouter.engine.errors import BatchError
 from tokenrouter.engine.inputs import Layout
 from tokenrouter.engine.plan_types import PlanContext, write_requests
 
-__all__ = ["CheckedRows", "Part", "PlanRows", "write_part"]
-
 _SMALL = 16  # rows up to this many tokens are packed through Python lists, longer ones through numpy
 
 
 @dataclass(frozen=True, slots=True)
 class CheckedRows:
-    """The batch's live rows after validation, as parallel lists indexed by live position k (the planner's
-    row index from here on)."""
+    """The batch's live rows after validation, as parallel lists indexed by live position k."""
 
     live: list[int]  # batch row index of each live row
     reqs: list[Request]
@@ -68,8 +61,7 @@ class Part:
 
 
 def write_part(known: PlanRows, p: Part) -> int:
-    """Write the fields of one part (rows `p.part`, indices into the live lists) into `p.packed`, padded as
-    `inputs` documents (zeroed first; prev -1 and seq_len 1 set here); returns the part's longest row."""
+    """Write one part's fields into `p.packed`, padded as `inputs` documents; returns the part's longest row."""
     off = offsets(p.layout)
 
     def view(f: str) -> np.ndarray:
@@ -94,8 +86,7 @@ def write_part(known: PlanRows, p: Part) -> int:
 
 
 class _Tokens:
-    """Token-level fields (input_ids, positions, slot_mapping; row_slots in a graph part) of the tokens written so
-    far: `t` tokens in all, those before `flushed` already in the buffer, the rest queued in the lists."""
+    """Token fields written so far: `t` tokens, those before `flushed` in the buffer, the rest queued in lists."""
 
     __slots__ = ("flushed", "ids", "ids_v", "known", "part", "pos", "pos_v", "prev_at", "prev_src", "ps", "rsl",
                  "rsl_v", "smap", "smap_v", "t", "virtual")  # fmt: skip
@@ -181,8 +172,7 @@ class _Tokens:
 
 
 class _Rows:
-    """Row-level fields of the rows written so far: attention rows (a varlen part's cu_seqlens, seq_lens and row
-    slots) and logit rows (last token, out slot, sample position; sampling and log-probability requests)."""
+    """Attention-row and logit-row fields of the rows written so far."""
 
     __slots__ = ("cu", "li", "lpk", "oslot", "qmax", "rsl", "samp", "seqs", "spos")
 
@@ -204,8 +194,8 @@ class _Rows:
         self.rsl.append(0)
 
     def add(self, row: BatchRow, req: Request, end: int, m: int, sl: int, t: int, virtual: bool, vocab: int) -> None:
-        """A live row of m tokens ending at position `end` and token t of the part (both exclusive); a graph part
-        gives every row a logit row (out slot 0 when it does not sample), a varlen part only the sampled ones."""
+        """A live row of m tokens ending at position `end` and token t (exclusive); every row of a graph part has a
+        logit row (out slot 0 when it does not sample), of a varlen part only the sampled ones."""
         self.cu.append(t)
         self.qmax = m if m > self.qmax else self.qmax
         if not virtual:
@@ -246,8 +236,7 @@ def _pack_rows(known: PlanRows, p: Part, view: Callable[[str], np.ndarray]) -> t
 
 
 def _write_attention_rows(view: Callable[[str], np.ndarray], toks: _Tokens, rows: _Rows, virtual: bool) -> None:
-    """seq_lens (and a varlen part's row slots and cu_seqlens): a graph part has one virtual decode row per token;
-    a varlen graph's padding rows past the list keep seq_len 1, slot 0 and zero queries."""
+    """seq_lens (a varlen part: row slots, cu_seqlens; its padding rows keep seq_len 1, slot 0, no queries)."""
     t = toks.t
     if virtual:
         pos_v = toks.pos_v
@@ -269,7 +258,7 @@ def _write_logit_rows(view: Callable[[str], np.ndarray], rows: _Rows) -> None:
 
 
 def _bad_token(known: PlanRows, part: list[int]) -> None:
-    """Slow path after a packed token id failed the vocabulary check: find the first bad one and name its row."""
+    """After a packed token id failed the vocabulary check: name the first bad one's row."""
     vocab = known.ctx.vocab_size
     c = known.checked
     for k in part:

@@ -59,8 +59,7 @@ class PlanContext:
 
 
 def logprobs_asked(req: Request) -> int | None:
-    """k of a sampled row whose request asks for log-probabilities, None when it does not; -1 when k is outside
-    0..MAX_LOGPROBS (the general planner names the row in a BatchError)."""
+    """k of a request that asks for log-probabilities, None if none, -1 when outside 0..MAX_LOGPROBS."""
     k = req.sampling.logprobs
     if k is None:
         return None
@@ -69,9 +68,8 @@ def logprobs_asked(req: Request) -> int | None:
 
 def write_requests(view: Callable[[str], np.ndarray], n_logit: int, samp: list, lpk: list[tuple[int, int]],
                    upd: tuple[list[int], list[int]], ctx: PlanContext) -> None:  # fmt: skip
-    """The fields rows' requests set: top_p 1.0 on the `n_logit` logit rows; the sampling fields of `samp`, the
-    (logit row, SamplingParams) of rows with temperature > 0 (greedy rows keep the zeroed defaults; seeds drawn
-    from `ctx.rng` in order); `logprobs_k1` of `lpk` ((logit row, k) pairs); the page-table writes `upd`."""
+    """The fields requests set: top_p 1.0 on `n_logit` rows, sampling of `samp` ((logit row, params) with
+    temperature > 0; seeds from `ctx.rng` in order), `logprobs_k1` of `lpk` ((logit row, k)), page writes `upd`."""
     top_p = view("top_p").view(np.float32)
     top_p[:n_logit] = 1.0
     if samp:

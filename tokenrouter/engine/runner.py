@@ -1,10 +1,6 @@
-"""`Engine`: our PyTorch + Triton `ModelRunner` (one model, one paged KV cache, CUDA graphs).
-
-Step flow (docs/engine.md): plan on the host (`step_plan`) -> H2D copies from pinned staging -> graph replay of
-the graph part -> the eager part, launched while the GPU runs the replay -> one D2H copy of tokens + destinations
-into a pinned ring slot -> an event. Nothing here syncs with the device; the caller waits on the handle's event.
-Per-engine state only (stream, graph pool, page table, buffers, RNG), so several engines share a process and a GPU.
-"""
+"""`Engine`: our PyTorch + Triton `ModelRunner` (docs/engine.md, Steps and handles). A step: host plan -> H2D copy
+-> graph replay, then the eager part -> one D2H copy into a pinned ring slot -> an event; nothing here syncs with
+the device. All state is per engine, so several engines share a process and a GPU."""
 
 from __future__ import annotations
 
@@ -33,7 +29,8 @@ from tokenrouter.engine.gpu_sharing import check_mps, make_stream
 from tokenrouter.engine.graphs import GraphRunner
 from tokenrouter.engine.handles import HostExtras, OutputRing, Staging, StepHandle
 from tokenrouter.engine.inputs import Layout
-from tokenrouter.engine.kv_cache import KVCache, kv_bytes_per_page, num_pages_for_budget
+from tokenrouter.engine.kv_cache import KVCache, kv_bytes_per_page
+from tokenrouter.engine.layers import GemvState
 from tokenrouter.engine.loader import init_dummy_weights, load_safetensors, resolve_spec
 from tokenrouter.engine.memory import DeviceMemory, MemoryProfile, MemoryReport, kv_bytes_for_budget
 from tokenrouter.engine.model import CausalLM
@@ -49,15 +46,11 @@ log = logging.getLogger(__name__)
 
 
 class Engine(ModelRunner):
-    """Executes one model. The constructor loads weights, sizes and allocates the KV cache, captures the graphs
-    and warms every kernel variant up (`startup_s`, `memory_report()`).
+    """One model. The constructor loads weights, sizes the KV cache, captures the graphs and warms every kernel up.
 
-    `kv_pool`: pass the scheduler's pool to share it, or leave None and the engine builds one (then hand
-    `engine.kv_pool` to the scheduler). `router`: a router's device part, run inside every step.
-
-    Tensor parallelism (docs/tensor-parallel.md): `tp` is this engine's rank. Every rank builds its engine with the
-    same config and pages at the same time (construction runs collectives). Rank 0 takes batches and publishes each
-    planned step to its `followers` before launching it; ranks 1..tp-1 run `tp_step.follow`.
+    `kv_pool`: the scheduler's pool, or None to build one (`engine.kv_pool`). `router`: a router's device part, run
+    inside every step. `tp` (docs/tensor-parallel.md): this engine's rank; all ranks construct together (collectives);
+    rank 0 takes batches and publishes each planned step to its `followers`, the others run `tp_step.follow`.
     """
 
     def __init__(self, config: EngineConfig, kv_pool: KVPool | None = None, *, router: DeviceRouter | None = None,
@@ -101,7 +94,6 @@ class Engine(ModelRunner):
                     and torch.cuda.get_device_capability(self.device) >= (9, 0))  # fmt: skip
         self.synchronize()
         base = self.mem.allocated()
-        # Progress for whoever serves this engine (`tr serve` prints these while a GPU start takes minutes).
         log.info("%s: loading %s weights on %s", self.spec.name, "dummy" if fmt == "dummy" else "safetensors",
                  self.device)  # fmt: skip
         with torch.no_grad(), self.on_stream():
@@ -195,10 +187,10 @@ class Engine(ModelRunner):
 
     def _make_pool(self) -> KVPool:
         c = self.config
+        per_page = kv_bytes_per_page(self.spec, c.page_size, self.dtype, self.tp.size)
         if self.budget is not None:
             prof = self.memory_profile = self._profile_memory()
             kv = kv_bytes_for_budget(self.budget, prof)
-            per_page = kv_bytes_per_page(self.spec, c.page_size, self.dtype, self.tp.size)
             # Every rank measured its own device; all take the smallest count, so page ids mean the same everywhere.
             pages = self.tp.min_int(max(0, kv) // per_page, self.device)
             if pages < 2:
@@ -209,13 +201,11 @@ class Engine(ModelRunner):
         if (c.kv_cache_bytes is None) == (c.num_pages is None):
             raise ValueError("set exactly one of EngineConfig.kv_cache_bytes, num_pages, memory_budget_bytes and "
                              "gpu_memory_utilization (or pass a KVPool)")  # fmt: skip
-        pages = c.num_pages or num_pages_for_budget(self.spec, c.kv_cache_bytes, c.page_size, self.dtype,
-                                                    self.tp.size)  # fmt: skip
+        pages = c.num_pages or max(2, c.kv_cache_bytes // per_page)  # at least the null page and one usable page
         return KVPool(pages, c.page_size)
 
     def _profile_memory(self) -> MemoryProfile:
-        """`warmup.profile_memory` on buffers for a throwaway pool of a few pages (before the real KV cache
-        exists: its size is what the profile decides)."""
+        """`warmup.profile_memory` on buffers for a throwaway pool of a few pages (before the real KV cache)."""
         c = self.config
         _, q = warm.profile_pass_shape(c)
         self._pool = KVPool(2 + -(-q // c.page_size), c.page_size)  # rows read the null slot; width covers q
@@ -227,12 +217,9 @@ class Engine(ModelRunner):
             del self._pool
 
     def _attach_gemv(self) -> None:
-        """The Triton skinny GEMM state for graph steps, attached with the Triton ops (`triton_gemv` only decides
-        whether it starts enabled: `set_triton_gemv`)."""
+        """The skinny GEMM state for graph steps, with the Triton ops (`config.triton_gemv`: whether it starts on)."""
         if not self.use_triton_ops:
             return
-        from tokenrouter.engine.layers import GemvState
-
         c = self.config
         ops = importlib.import_module("tokenrouter.engine.triton_gemv")
         max_n = max(self.spec.hidden_size, self.model.layers[0].self_attn.qkv_proj.out_features,
@@ -284,9 +271,8 @@ class Engine(ModelRunner):
                 setattr(self, name, None)
 
     def _build_graphs(self) -> None:
-        """Decode graphs and varlen graphs, one shared graph memory pool (both replay on the engine's stream,
-        never concurrently; every output they keep lives in static buffers outside the pool). The varlen
-        graphs (largest activations) are captured first so the decode graphs reuse their pool memory."""
+        """Decode and varlen graphs in one memory pool (one stream: never concurrent; kept outputs live in static
+        buffers). Varlen graphs (largest activations) are captured first; the decode graphs reuse their memory."""
         c = self.config
         capture = c.cuda_graphs and self.device.type == "cuda"
         if not (capture or c.graph_emulation):
@@ -389,10 +375,8 @@ class Engine(ModelRunner):
 
     @torch.no_grad()
     def step(self, batch: Batch, *, return_logits: bool = False, return_hidden: bool = False) -> StepHandle:
-        """Launch one step; see the module doc. Raises BatchError (nothing launched, nothing changed) for a
-        batch that cannot run, StepFailed when the launch failed (the batch's rows must be treated as failed;
-        from_prev rows that refer to it are errors; the engine stays usable; under tensor parallelism an
-        EngineError instead: the engine is not usable)."""
+        """Launch one step. BatchError: nothing launched or changed. StepFailed: the launch failed, its rows count as
+        failed, the engine stays usable (under tensor parallelism an EngineError: it is not; docs/engine.md, Safety)."""
         if self.closed:
             raise EngineError("engine is closed")
         if not self.tp.leader:
@@ -410,8 +394,7 @@ class Engine(ModelRunner):
         return handle
 
     def _launch_or_fail(self, batch: Batch, plan: StepPlan, want_logits: bool, want_hidden: bool) -> StepHandle:
-        """Launch on the engine's stream; a failed launch forgets the batch's slots (`_fail`), commits nothing and
-        raises StepFailed, or EngineError under tensor parallelism (the followers already run the step)."""
+        """Launch on the engine's stream; on failure forget the batch's slots (`_fail`), commit nothing and raise."""
         try:
             with self.on_stream():
                 return self._launch(batch, plan, want_logits, want_hidden)
@@ -424,8 +407,7 @@ class Engine(ModelRunner):
             raise StepFailed(f"step {batch.step_id} failed: {type(e).__name__}: {why}") from e
 
     def _commit_plan(self, plan: StepPlan, step_id: int) -> None:
-        """After a launch: the page table takes the plan, and every sampled slot records this step in the from_prev
-        ledger (after commit every live row's request holds its planned slot)."""
+        """After a launch: the page table takes the plan; every sampled slot records this step (from_prev ledger)."""
         self.table.commit(plan.table)
         ledger = self.slot_token_step
         for s in plan.sampled_slots:
@@ -444,7 +426,7 @@ class Engine(ModelRunner):
         g_out, e_out, vg = self._run_passes(batch.step_id, plan.graph, plan.eager, bool(plan.logprobs))
         ev = plan.eager
         ring_i, host = self._ring.take()
-        # One D2H copy: the log-probability region only when a row of the step asked (most steps: 2 words a row).
+        # One D2H copy; the log-probability region only when a row asked.
         n = self.out_ids.numel() if plan.logprobs else 2 * self.out_width
         host[:n].copy_(self.out_ids[:n], non_blocking=cuda)
         want = (want_logits or want_hidden) and plan.sampled
@@ -477,9 +459,8 @@ class Engine(ModelRunner):
             self._reset_device_state()
 
     def _run_passes(self, step_id: int, graph: PartPlan | None, eager: PartPlan | None, logprobs: bool):
-        """Upload a step's packed inputs (`self._staged`: the graph pass, then the varlen pass) and run its passes;
-        returns (graph outputs, varlen outputs, the varlen graph runner or None). Every rank of a tensor-parallel
-        engine runs exactly this for every step (rank 0 from its plan, the others from its description)."""
+        """Upload `self._staged` (graph pass, then varlen pass) and run the passes; returns (graph outputs, varlen
+        outputs, varlen graph runner or None). Every tensor-parallel rank runs exactly this for every step."""
         staged, fwd, g = self._staged, self.fwd, self.graphs
         g_out = e_out = e_dev = None
         vg = self.vgraphs if eager is not None and eager.bucket is not None else None

@@ -1,31 +1,15 @@
-"""Sampling: greedy, temperature, top-k, top-p, seeded per request; the torch reference of the in-graph kernel
-(docs/engine.md, Sampling).
-
-Gumbel-max: token = argmax(x + g) over the allowed tokens, x = logits * (1 / temperature) (the reciprocal formed
-on the host), g = -log(-log u), u a counter-based hash of (seed, position, token id): a draw depends only on the
-seed, the position and the logits, with no device generator state and no host sync. Requests without a seed get
-one from the engine's host RNG per step. The hash keeps every int64 intermediate below 2^63, so CPU, CUDA and the
-kernel's uint32 arithmetic give bit-identical noise.
-
-Filters: allowed are the tokens with x >= max(t_k, t_p), t_k the k-th largest x, t_p the largest v whose tokens
-at or above it hold mass >= top_p (mass = normalized exp(x - max x)); ties with the threshold are allowed. NaN
-logits count as -inf everywhere (`no_nan`); +inf is an ordinary maximum. Log-probabilities: the fp32 log-softmax
-of the raw logits (temperature 1, before any filter), ties by token id ascending (`token_logprobs`).
-"""
+"""Sampling: greedy, temperature, top-k, top-p, seeded per request: the definition (docs/engine.md, Sampling and
+log-probabilities) and torch reference of the in-graph kernel. The hash keeps every int64 intermediate below 2^63,
+so CPU, CUDA and the kernel's uint32 arithmetic give bit-identical noise."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import numpy as np
 import torch
-
-from tokenrouter.core.request import SamplingParams
 
 _M32 = 0xFFFFFFFF
 MAX_LOGPROBS = 20  # most top log-probabilities a row may ask for (OpenAI's top_logprobs limit)
-# Words per logit row in the step output's log-probability region (`Engine.out_ids`): the sampled token's value,
-# then MAX_LOGPROBS token ids, then their values (floats as their int32 bit patterns).
+# Words per logit row of the step output's log-probability region: the sampled token's value, MAX_LOGPROBS ids,
+# their values (floats as int32 bits).
 LOGPROB_WORDS = 1 + 2 * MAX_LOGPROBS
 
 
@@ -59,54 +43,9 @@ def gumbel_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) 
     return -torch.log(-torch.log(u))
 
 
-@dataclass(slots=True)
-class SamplingInputs:
-    """Per-row sampling parameters of one step, as tensors (tests and the torch path)."""
-
-    inv_temp: torch.Tensor  # [R] float32, 0 = greedy
-    top_p: torch.Tensor  # [R] float32
-    top_k: torch.Tensor  # [R] int64, <= 0 or >= vocab: off
-    seeds: torch.Tensor  # [R] int64 in [0, 2^32)
-    positions: torch.Tensor  # [R] int64: position of the token being sampled
-    all_greedy: bool
-    needs_filter: bool  # some sampled row uses top-k or top-p
-
-    @classmethod
-    def build(cls, params: list[SamplingParams], positions: list[int], vocab_size: int, fallback_seeds: list[int],
-              device: torch.device) -> SamplingInputs:  # fmt: skip
-        """`fallback_seeds[i]` is used when row i's request has no seed (drawn from the engine's RNG)."""
-        n = len(params)
-        temp = np.fromiter((p.temperature for p in params), np.float32, n)
-        inv = np.where(temp > 0, np.float32(1.0) / np.where(temp > 0, temp, np.float32(1.0)), np.float32(0.0))
-        top_p = np.fromiter((p.top_p for p in params), np.float32, n)
-        top_k = np.fromiter((p.top_k if 0 < p.top_k < vocab_size else 0 for p in params), np.int64, n)
-        seeds = np.fromiter((seed32(p.seed) if p.seed is not None else f
-                             for p, f in zip(params, fallback_seeds, strict=True)), np.int64, n)  # fmt: skip
-        sampled = temp > 0
-        needs_filter = bool(np.any(sampled & ((top_p < 1.0) | (top_k > 0))))
-
-        def t(a: np.ndarray) -> torch.Tensor:
-            return torch.from_numpy(np.ascontiguousarray(a)).to(device)
-
-        return cls(t(inv.astype(np.float32)), t(top_p), t(top_k), t(seeds), t(np.asarray(positions, np.int64)),
-                   not bool(sampled.any()), needs_filter)  # fmt: skip
-
-
 def no_nan(logits: torch.Tensor) -> torch.Tensor:
     """`logits` with NaN replaced by -inf (infinities kept): what every sampling reduction reads."""
     return torch.nan_to_num(logits, nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
-
-
-def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
-    """Greedy token per row [R] int64: the first index of the maximum, NaN counting as -inf."""
-    return no_nan(logits).argmax(dim=-1)
-
-
-def sample(logits: torch.Tensor, s: SamplingInputs) -> torch.Tensor:
-    """Next token per row [R] int64 from logits [R, V] (see the module doc for the definition)."""
-    if s.all_greedy:
-        return greedy_tokens(logits)
-    return sample_rows(logits, s.inv_temp, s.top_p, s.top_k, s.seeds, s.positions).long()
 
 
 def sample_rows(logits: torch.Tensor, inv_temp: torch.Tensor, top_p: torch.Tensor, top_k: torch.Tensor,
@@ -143,8 +82,7 @@ def filter_thresholds(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor)
 
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, k: int) -> tuple[torch.Tensor, ...]:
-    """The reference for rows that ask: (log-probability of `tokens` [R], top ids [R, k] int64, top values [R, k])
-    of logits [R, V], all fp32 (see the module doc: raw logits, ties by ascending id)."""
+    """The reference (fp32): (logprob of `tokens` [R], top ids [R, k] int64, top values [R, k]) of logits [R, V]."""
     lp = torch.log_softmax(no_nan(logits.float()), dim=-1)
     tok = lp.gather(1, tokens.long().view(-1, 1))[:, 0]
     k = min(k, lp.shape[-1])

@@ -1,11 +1,6 @@
-"""Host side of one step: validate a core `Batch`, split it into a graph part and an eager part by the
-`GraphRule`, plan the page-table writes, and pack each part's inputs (`inputs.Layout`).
-
-Rows (errors name the row before anything is launched or changed; docs/engine.md, Safety): stale rows are skipped
-(token -1, destination = the batch's model); a `from_prev` row takes the token step_id - 1 sampled for its
-request, else it is an error, never an older token. Host cost is O(rows + fed tokens + new pages), independent
-of context length. Seeds are drawn graph part first, then the varlen part.
-"""
+"""Host side of one step: validate a `Batch`, split it into a graph and an eager part by the `GraphRule`, plan the
+page-table writes and pack each part (docs/engine.md, Host planning and Safety). Errors name the row before
+anything changes. Host cost is O(rows + fed tokens + new pages); seeds are drawn graph part first."""
 
 from __future__ import annotations
 
@@ -25,16 +20,13 @@ from tokenrouter.engine.plan_types import PartPlan, PlanContext, StepPlan, logpr
 from tokenrouter.engine.sampler import MAX_LOGPROBS
 from tokenrouter.engine.varlen_shapes import VarlenShape
 
-__all__ = ["PartPlan", "PlanContext", "StepPlan", "plan_step"]
-
 _Upd = tuple[list[int], list[int]]  # page-table writes of one part: (flat index slot * width + column, page)
 
 
 def plan_step(batch: Batch, ctx: PlanContext, staging: Callable[[int, int], np.ndarray], *,
               fast: bool = True) -> StepPlan:  # fmt: skip
-    """`staging(graph_size, eager_size)` returns an int32 host buffer of at least their sum (called once, after
-    every row validated and both layouts are known). `fast`: try `decode_plan.plan_decode` first (same plan,
-    see there); False is the reference for tests."""
+    """`staging(graph_size, eager_size)`: an int32 host buffer of at least their sum (called once, after every row
+    validated). `fast`: try `decode_plan.plan_decode` first (the same plan; False: the reference for tests)."""
     rows = batch.rows
     if not rows:
         raise BatchError("empty batch")
@@ -65,10 +57,8 @@ def plan_step(batch: Batch, ctx: PlanContext, staging: Callable[[int, int], np.n
 
 
 def _from_prev_slots(step_id: int, ctx: PlanContext, checked: CheckedRows, slots: list[int]) -> dict[int, int]:
-    """Live index of each from_prev row -> the slot holding its token. The source must be the previous step
-    (step_id - 1) and must have sampled this request into the slot the request holds now (the table plan never
-    moves a request that holds a slot); anything else (that step failed, skipped the row or never ran) is an
-    error, never an older token."""
+    """Live index of each from_prev row -> the slot holding its token: step step_id - 1 must have sampled the
+    request into the slot it holds now, else BatchError (never an older token)."""
     prev_slot: dict[int, int] = {}
     want, ledger, owner, reqs = step_id - 1, ctx.slot_token_step, ctx.table.owner, checked.reqs
     for k in checked.from_prev:
@@ -111,8 +101,7 @@ def _split_updates(table_plan: TablePlan, g_idx: list[int], e_idx: list[int], wi
 
 def _varlen_layout(rows: list[BatchRow], ctx: PlanContext, checked: CheckedRows, e_idx: list[int],
                    n_upd: int) -> tuple[Layout | None, VarlenShape | None, list[int]]:  # fmt: skip
-    """(layout, varlen graph shape or None, attention-row order with -1 for padding rows) of the eager part: a
-    varlen graph shape when one fits the rows, else an exact eager layout (None layout: no eager rows)."""
+    """(layout, varlen graph shape or None: eager, attention-row order with -1 for padding) of the eager part."""
     if not e_idx:
         return None, None, e_idx
     ntok = checked.ntok
@@ -139,8 +128,7 @@ def _graph_part(known: PlanRows, g_idx: list[int], layout: Layout, packed: np.nd
 
 def _varlen_part(known: PlanRows, e_part: list[int], layout: Layout, packed: np.ndarray, upd: _Upd,
                  shape: VarlenShape | None, out_index: list[int]) -> PartPlan:  # fmt: skip
-    """Pack the varlen part (a varlen graph's shape, or eager with `shape` None: its writes all go in the pass);
-    its sampled rows take output indices from `eager_out_base` on, in attention-row order."""
+    """Pack the varlen part; its sampled rows take output indices from `eager_out_base` on."""
     extra = None
     if shape is not None:
         upd, extra = _cap_updates(upd, layout.num_updates)

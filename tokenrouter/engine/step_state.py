@@ -1,9 +1,5 @@
-"""`StepState`: what `forward.StepForward` and `warmup` read from the engine that owns them (`runner.Engine`).
-
-A protocol, not the `Engine` type: naming `Engine` there would close an import cycle (runner -> forward ->
-runner). They read the state at every pass, never a copy: the engine replaces its buffers, router and PDL while
-it lives.
-"""
+"""`StepState`: what `forward.StepForward` and `warmup` read from `runner.Engine`, at every pass (the engine
+replaces buffers, router and PDL while it lives). A protocol: naming `Engine` would close an import cycle."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""What rank 0 of a tensor-parallel engine sends its followers (ranks 1..tp-1), and the loop a follower runs
-(docs/tensor-parallel.md).
-
-Rank 0 alone plans; a `StepDesc` is the plan's flat int32 device inputs plus how to run them (buckets or eager
-layout, extra page-table writes, step id, log-probabilities wanted), no `Request`. A follower replays it through
-rank 0's launch code (`Engine.run_described`) and samples into its own buffers: the all-reduced hidden states are
-equal on every rank, so its tokens equal rank 0's and from_prev rows read the same token everywhere. `Recapture`
-keeps the ranks' graphs alike; `Stop`: rank 0 closed. Transport is `tokenrouter.runtime.tp_ranks` (ZeroMQ).
-"""
+"""What rank 0 of a tensor-parallel engine sends its followers, and the loop a follower runs (docs/tensor-parallel.md).
+A `StepDesc` is a planned step's packed inputs and how to run them; followers replay it through rank 0's launch code
+(`Engine.run_described`). Transport: `tokenrouter.runtime.tp_ranks`."""
 
 from __future__ import annotations
 
@@ -25,10 +19,8 @@ log = logging.getLogger(__name__)
 
 
 class PartDesc(msgspec.Struct, array_like=True, frozen=True):
-    """One pass of a step. `size`: its int32 words in `StepDesc.packed` (the graph pass first). `bucket`: the decode
-    graph's bucket (graph pass) or the varlen graph's (varlen pass); None with `layout` (tokens, attention rows,
-    logit rows, updates) for an eager varlen pass. `extra_upd`: int64 [2, n] page-table writes (flat index, page)
-    scattered before a graph replay that cannot carry them all."""
+    """One pass: `size` int32 words of `StepDesc.packed`; `bucket` of its graph, or None with the eager `layout`
+    (tokens, attention rows, logit rows, updates); `extra_upd`: int64 [2, n] page writes before a replay."""
 
     size: int
     bucket: int | None
@@ -68,8 +60,7 @@ def decode(data: bytes) -> Message:
 
 
 class FollowerEngine(Protocol):
-    """What `follow` drives: `runner.Engine` on rank r > 0 (a protocol, so this module does not import the runner,
-    which imports it)."""
+    """`runner.Engine` on rank r > 0 (a protocol: the runner imports this module)."""
 
     tp: TensorParallel
 
@@ -114,8 +105,7 @@ def extra_updates(part: PartDesc) -> tuple[np.ndarray, np.ndarray] | None:
 
 
 def follow(engine: FollowerEngine, recv: Callable[[], bytes]) -> int:
-    """A follower's loop: run every message rank 0 sends until `Stop`; returns the steps run. Errors propagate
-    (the follower's process dies, and its leader's supervision fails the whole model)."""
+    """A follower's loop: run every message until `Stop`; returns the steps run. Errors propagate."""
     steps = 0
     while True:
         msg = decode(recv())

@@ -1,6 +1,4 @@
-"""Work-arounds for Triton's CPU interpreter, used only where kernels run under TRITON_INTERPRET=1 (tests and
-the studies' --smoke modes): production GPU runs never touch them.
-"""
+"""Work-arounds for Triton's CPU interpreter (TRITON_INTERPRET=1: tests, the studies' --smoke modes)."""
 
 from __future__ import annotations
 
@@ -9,11 +7,8 @@ from typing import Any
 
 
 def squeeze_index(original: Callable[[Any, Any], None]) -> Callable[[Any, Any], None]:
-    """Wrap the interpreter's `_patch_lang_tensor` so size-1 tensors convert with `__index__` again.
-
-    Triton 3.6's interpreter calls int() on 1-D size-1 arrays, which numpy >= 2.4 rejects; that breaks
-    `range()` over runtime bounds in every kernel (triton-lang/triton#9171).
-    """
+    """Wrap the interpreter's `_patch_lang_tensor` so size-1 tensors convert with `__index__` again (Triton 3.6 calls
+    int() on 1-D size-1 arrays, which numpy >= 2.4 rejects, breaking runtime-bound `range()`: triton#9171)."""
 
     def patched(tensor: Any, scope: Any) -> None:
         original(tensor, scope)

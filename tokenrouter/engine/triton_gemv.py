@@ -1,20 +1,6 @@
-"""Triton skinny GEMM for the linear layers of small decode steps: y[M, N] = x[M, K] @ W[N, K]^T (+ bias).
-
-Why: at decode the projections stream their weights once per step, and a GEMV we own beat cuBLAS there
-(docs/engine.md, Measured choices); it also folds SwiGLU into the down projection and residual add + RMSNorm into
-the projections after them, with programmatic dependent launch throughout.
-
-Design (one launch per projection, graph-safe: grid and constexprs depend only on shapes):
-- Grid (cdiv(N, BLOCK_N), split_k): a program owns BLOCK_N weight rows and a K slice and applies each weight tile
-  to all M <= 16 rows (every weight byte read once), fp32 accumulation; FMA on CUDA cores for M <= FMA_MAX_ROWS,
-  else `tl.dot` on tensor cores with rows padded to 16.
-- split_k > 1: partials go to a workspace; the last arrival at the tile's counter (acq_rel, GPU scope, after a CTA
-  barrier) sums them in split order (deterministic), adds the bias and resets the counter (zero before and after).
-- `silu` / `norm`: x is SiLU(gate) * up, or RMSNorm(x (+ residual)), rounded as `silu_and_mul` / `rms_norm` do.
-- `pdl`: weights do not depend on the previous kernel, so `prefetch` (L2) or `preload` (registers, applied in the
-  loop's order: bit-identical) fetches them before `griddepcontrol.wait`.
-Configs come from a table or a shape rule (`gemv_config`); no autotuning (graph capture needs fixed kernels).
-"""
+"""Triton skinny GEMM for the linear layers of small decode steps: y[M, N] = x[M, K] @ W[N, K]^T (+ bias), M <= 16,
+optionally folding SwiGLU or residual add + RMSNorm into x. Grid and constexprs depend only on shapes (graph-safe);
+configs come from a table or a shape rule, never autotuning. Design: docs/engine.md, Kernels."""
 
 from __future__ import annotations
 
@@ -68,8 +54,7 @@ def _pow2_floor(x: int) -> int:
 
 
 def choose_split_k(n_tiles: int, k: int, block_k: int, num_sms: int, max_split: int = 8) -> int:
-    """Smallest power-of-two split so that the grid covers the SMs once, keeping every split a whole number
-    of >= 2 K tiles (so the K loop needs no masks); 1 when the N tiles alone fill the chip."""
+    """Smallest power-of-two split whose grid covers the SMs once, every split >= 2 whole K tiles (no masks)."""
     split = 1
     while n_tiles * split < num_sms and split < max_split and k % (2 * split * block_k) == 0:
         if k // (2 * split) < 2 * block_k:
@@ -105,8 +90,7 @@ def num_counters(max_n: int) -> int:
 
 
 def arrival_counters(max_n: int, device: torch.device | str) -> torch.Tensor:
-    """Zeroed int32 split-K arrival counters for weights of up to `max_n` rows. Share a buffer only between
-    launches that run one after another (one stream); the kernel leaves it all zero."""
+    """Zeroed int32 split-K arrival counters for weights of <= `max_n` rows (one stream; the kernel leaves 0)."""
     return torch.zeros(num_counters(max_n), dtype=torch.int32, device=device)
 
 
@@ -345,8 +329,7 @@ def kernel_constexprs(m: int, n: int, k: int, cfg: GemvConfig, *, silu: bool, bi
 
 
 def pre_tiles(k: int, cfg: GemvConfig, elem_size: int, max_bytes: int = PRELOAD_BYTES_PER_PROGRAM) -> int:
-    """Weight tiles a program loads before the PDL wait: all of its K slice's tiles when they fit `max_bytes` and
-    MAX_PRE_TILES, else none (all or nothing: part of a slice lengthened the step; docs/engine.md)."""
+    """Tiles a program loads before the PDL wait: its whole K slice if it fits `max_bytes` and MAX_PRE_TILES, else 0."""
     k_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
     tiles = triton.cdiv(k_split, cfg.block_k)
     fit = max_bytes // (cfg.block_n * cfg.block_k * elem_size)
@@ -354,8 +337,7 @@ def pre_tiles(k: int, cfg: GemvConfig, elem_size: int, max_bytes: int = PRELOAD_
 
 
 def prefetch_lines_per_row(k: int, cfg: GemvConfig, elem_size: int) -> int:
-    """128-byte lines per weight row to prefetch into L2 before the PDL wait: this program's first K elements,
-    PREFETCH_BYTES_PER_PROGRAM per program at most (a power of two, >= 1 unless the split is under a line)."""
+    """128-byte lines per weight row prefetched into L2 before the PDL wait (a power of two, or 0)."""
     lines = min(k // cfg.split_k * elem_size, PREFETCH_BYTES_PER_PROGRAM // cfg.block_n) // 128
     return _pow2_floor(lines) if lines >= 1 else 0
 
@@ -365,13 +347,11 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
                 pdl: bool = False, prefetch: bool = True, preload: bool = False, pre_tiles_override: int | None = None,
                 num_sms: int | None = None, norm: tuple[torch.Tensor, float] | None = None,
                 residual: torch.Tensor | None = None, sum_out: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
-    """y = x @ weight.T (+ bias) for x [M, K] with M <= 16, weight [N, K] (rows contiguous), fp32 accumulation.
+    """y = x @ weight.T (+ bias) for x [M <= 16, K], weight [N, K] (rows contiguous), fp32 accumulation.
 
-    `silu`: x is a fused gate|up activation [M, 2K], y = (SiLU(gate) * up) @ weight.T. `counters`: zeroed split-K
-    arrival counters (`arrival_counters`; else a zeroed buffer is allocated: one memset launch). `config`: override
-    `gemv_config`. `prefetch` / `preload` (`pre_tiles`): see the module doc; `pre_tiles_override`: exactly that many
-    (tests and ablations). `norm` = (norm weight [K], eps): y = RMSNorm(s) @ weight.T with s = x (+ `residual`);
-    with a residual, s is written to `sum_out` ([M, K], not x or residual)."""
+    `silu`: x is gate|up [M, 2K], y = (SiLU(gate) * up) @ weight.T. `counters`: zeroed split-K arrival counters
+    (None: one memset launch). `pre_tiles_override`: exactly that many pre-loaded tiles (tests, ablations). `norm` =
+    (weight [K], eps): y = RMSNorm(s) @ weight.T, s = x (+ `residual`, then s goes to `sum_out` [M, K])."""
     m = x.shape[0]
     n, k = weight.shape
     _check_operands(x, weight, silu=silu, norm=norm is not None, residual=residual, sum_out=sum_out)
@@ -411,8 +391,7 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 
 def _check_operands(x: torch.Tensor, weight: torch.Tensor, *, silu: bool, norm: bool, residual: torch.Tensor | None,
                     sum_out: torch.Tensor | None) -> None:  # fmt: skip
-    """Raise ValueError for operands `skinny_gemm` cannot take (before anything is allocated or launched): the
-    kernel indexes every last dim with stride 1 and holds at most MAX_ROWS rows."""
+    """ValueError for operands `skinny_gemm` cannot take (last dims of stride 1, at most MAX_ROWS rows)."""
     m, k = x.shape[0], weight.shape[1]
     if x.dim() != 2 or x.shape[1] != (2 * k if silu else k):
         raise ValueError(f"x {tuple(x.shape)} does not match weight {tuple(weight.shape)} (silu={silu})")
@@ -428,8 +407,8 @@ def _check_operands(x: torch.Tensor, weight: torch.Tensor, *, silu: bool, norm: 
 
 
 def _preloaded_tiles(k: int, cfg: GemvConfig, elem_size: int, preload: bool, override: int | None) -> int:
-    """PRE_TILES of a launch: `pre_tiles` with `preload`, else 0; an override (0..MAX_PRE_TILES) wins, capped at
-    the K slice's tiles: unmasked (EVEN_K) loads past the slice would read the next split's columns."""
+    """PRE_TILES of a launch; an override wins, capped at the K slice's tiles (unmasked EVEN_K loads past the
+    slice would read the next split's columns)."""
     pre = pre_tiles(k, cfg, elem_size) if preload else 0
     if override is not None:
         if not 0 <= override <= MAX_PRE_TILES:

@@ -1,12 +1,6 @@
-"""Triton kernels for the decoder's small elementwise stages, one launch per stage where torch takes many:
-`rms_norm` ((residual add +) RMSNorm, optionally gathering its rows through an index), `qk_norm_rope_store`
-(q/k RMSNorm, NeoX RoPE and the paged K/V write) and `silu_and_mul`. Rounding follows HF transformers; launch
-parameters depend only on shapes (graph-capturable).
-
-`pdl=True`: programmatic dependent launch (Hopper+): a kernel waits (`griddepcontrol.wait`) before its first
-memory access, so only launch latency overlaps, never data; every kernel signals its dependents at entry.
-Import only where kernels run (CUDA, or TRITON_INTERPRET=1): the decorators read the switch at import time.
-"""
+"""Triton kernels for the decoder's elementwise stages, one launch each: `rms_norm`, `qk_norm_rope_store` and
+`silu_and_mul`, rounded as HF transformers. `pdl=True`: programmatic dependent launch (docs/engine.md, Kernels).
+Import only where kernels run (CUDA, or TRITON_INTERPRET=1): the decorators read the switch at import time."""
 
 from __future__ import annotations
 
@@ -54,12 +48,8 @@ def _rms_norm_kernel(
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None, *,
              index: torch.Tensor | None = None, store_sum: bool | None = None, out: torch.Tensor | None = None,
              pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
-    """y = RMSNorm(s) with s = x [+ residual]; returns (y, s), s only when `store_sum` (default: when a
-    residual is given), else (y, None). x, residual: [T, N], last dim contiguous.
-
-    `index` ([R] int32/int64): rows are gathered first, s[r] = x[index[r]] [+ residual[index[r]]], and y, s
-    have R rows (an embedding lookup is `rms_norm(table, w, eps, index=ids, store_sum=True)`). `out`: where
-    to write y ([R, N], last dim contiguous)."""
+    """(y, s) with y = RMSNorm(s), s = x [+ residual] ([T, N]), s None unless `store_sum` (default: a residual).
+    `index` [R]: rows gathered first (embedding lookup: `index=ids, store_sum=True`). `out`: where y goes."""
     store = residual is not None if store_sum is None else store_sum
     rows = x.shape[0] if index is None else index.shape[0]
     n = x.shape[1]
@@ -133,10 +123,8 @@ def qk_norm_rope_store(qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torc
                        norm_weight: torch.Tensor | None, eps: float, k_cache: torch.Tensor, v_cache: torch.Tensor,
                        slot_mapping: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int, *,
                        pdl: bool = False) -> torch.Tensor:  # fmt: skip
-    """From fused qkv [T, (Hq + 2 Hkv) * D]: return rotated (and q-normed) q [T, Hq, D]; write rotated
-    (k-normed) k and v into the paged caches at `slot_mapping`. `norm_weight` is [2, D] (q_norm; k_norm)
-    or None (no q/k norm). `cos_sin` is the float32 [max_pos, D] table (cos | sin halves). `slot_mapping` may
-    be int32 or int64."""
+    """From fused qkv [T, (Hq + 2 Hkv) * D]: return rotated (q-normed) q [T, Hq, D]; write rotated (k-normed) k and
+    v into the caches at `slot_mapping`. `norm_weight`: [2, D] (q_norm; k_norm) or None; `cos_sin`: fp32 [pos, D]."""
     t = qkv.shape[0]
     if head_dim % 2:
         raise ValueError(f"RoPE needs an even head_dim, got {head_dim}")

@@ -1,16 +1,6 @@
-"""Triton kernels at the two ends of a step, so both stay inside the CUDA graph.
-
-- `step_prologue`: scatters the step's page-table writes and resolves `from_prev` tokens (input id = the token
-  the previous step sampled into the request's slot).
-- `sample`: per logit row, greedy (argmax of the raw logits) or Gumbel-max over the tokens passing top-k and top-p
-  (thresholds by radix select over order-preserving keys); the token goes to the step's output and the request's
-  slot, then rows with `logprobs_k1` > 0 compute their log-probabilities in the same program. Definitions and
-  torch references: `sampler` (same uint32 hash).
-
-NaN logits count as -inf in every reduction: Triton's argmax combine compares with `>` and `==`, false for NaN,
-so a NaN could make the winner a masked lane past the vocabulary (docs/engine.md, Sampling). Launch parameters
-depend only on shapes. Import only where kernels run (CUDA, or TRITON_INTERPRET=1).
-"""
+"""Triton kernels at the two ends of a step, inside the CUDA graph: `step_prologue` (page-table writes, from_prev
+tokens) and `sample` (definitions and torch reference: `sampler`; docs/engine.md, Kernels). NaN logits count as -inf
+in every reduction. Import only where kernels run (CUDA, or TRITON_INTERPRET=1)."""
 
 from __future__ import annotations
 
@@ -257,10 +247,8 @@ def sample(logits: torch.Tensor, inv_temp: torch.Tensor, top_p: torch.Tensor, to
            seed: torch.Tensor, pos: torch.Tensor, out_slot: torch.Tensor, out: torch.Tensor,
            slot_tokens: torch.Tensor, logprobs_k1: torch.Tensor, logprobs_out: torch.Tensor, *,
            pdl: bool = False, argmax_chunk: int = 0) -> None:  # fmt: skip
-    """Tokens of logits [L, V] (last dim contiguous) into `out` [L] int32 and `slot_tokens[out_slot]`; for rows
-    with `logprobs_k1` > 0 their log-probabilities into `logprobs_out` (int32 [L * LOGPROB_WORDS], floats as bits,
-    the layout `sampler.LOGPROB_WORDS` describes). `argmax_chunk` > 0: the greedy argmax by our kernel over
-    chunks of that many logits (merged in the sampler), else by torch's reduction (and its memset)."""
+    """Tokens of logits [L, V] into `out` [L] int32 and `slot_tokens[out_slot]`, log-probabilities of rows with
+    `logprobs_k1` > 0 into `logprobs_out`. `argmax_chunk` > 0: greedy argmax by our chunked kernel, else torch's."""
     rows, vocab = logits.shape
     if rows == 0:
         return
@@ -277,8 +265,7 @@ def sample(logits: torch.Tensor, inv_temp: torch.Tensor, top_p: torch.Tensor, to
         )  # fmt: skip
         extra = {"PartV": part_v, "NCHUNK": nchunk, "NCHUNK_P2": triton.next_power_of_2(nchunk)}
     else:
-        # First index of the maximum, as the reference defines it; a row with NaN is redone in the sampler (torch
-        # takes NaN as the maximum): NaN-safe here would cost a launch over [rows, V] on every step.
+        # A row with NaN is redone in the sampler (torch takes NaN as the maximum; a NaN-safe pass costs a launch).
         greedy = logits.argmax(dim=-1)
     _sample_kernel[(rows,)](
         logits, logits.stride(0), greedy, inv_temp, top_p, top_k, seed, pos, out_slot, out, slot_tokens,

@@ -1,11 +1,5 @@
-"""Start-up work of an engine besides loading: the memory profile pass and the warmup of every kernel variant.
-
-Why warm up: Triton compiles a variant at its first launch (seconds, mid-serving). Graph capture compiles what the
-graph bodies launch; runtime ints are not specialized and packed fields are 16-byte aligned, so the eager pass's
-only other variants are the extend attention's query-block size (`extend_tiling`) and the reduce kernel's split
-padding. Warmup runs one padding eager pass per query-block class and the attention at every split padding.
-Everything reads the engine through `StepState` (the memory profile runs on a throwaway 2-page cache).
-"""
+"""Start-up work of an engine besides loading: the memory profile pass and the warmup of every kernel variant
+(docs/engine.md, Start-up and memory). Everything reads the engine through `StepState`."""
 
 from __future__ import annotations
 
@@ -15,6 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from tokenrouter.engine.attention import resolve_backend
 from tokenrouter.engine.inputs import Layout, pack
 from tokenrouter.engine.memory import DeviceMemory, MemoryProfile
 
@@ -28,8 +23,7 @@ _SPLITS = (1, 2, 4, 8, 16, 32, 64)
 
 
 def padding_pass_inputs(rows: int, q: int, device: torch.device) -> tuple[torch.Tensor, Layout]:
-    """A varlen pass of `rows` rows of `q` tokens that reads and writes only the null page / null slot; every
-    row samples (alternately greedy and top-k/top-p), so sampling runs its filtered branch too."""
+    """A varlen pass of `rows` x `q` tokens on the null page and slot; rows alternate greedy and top-k/top-p."""
     t = rows * q
     layout = Layout(t, rows, rows, 0, varlen=True)
     cu = np.arange(rows + 1, dtype=np.int64) * q
@@ -44,10 +38,7 @@ def padding_pass_inputs(rows: int, q: int, device: torch.device) -> tuple[torch.
 
 
 def has_variants(engine: StepState) -> bool:
-    """Whether the engine launches compiled Triton kernels (else there is nothing to compile). On CPU Triton runs
-    only under the interpreter, which compiles nothing and would spend minutes on the warmup passes."""
-    from tokenrouter.engine.attention import resolve_backend
-
+    """Whether the engine launches compiled Triton kernels (the CPU interpreter compiles nothing)."""
     if engine.device.type != "cuda":
         return False
     return engine.use_triton_ops or resolve_backend(engine.config.attention_backend, engine.device) == "triton"  # type: ignore[arg-type]
@@ -80,17 +71,14 @@ def warm_eager(engine: StepState, fwd: StepForward) -> None:
 
 
 def profile_pass_shape(config: EngineConfig) -> tuple[int, int]:
-    """(rows, tokens per row) of the largest eager pass: `max_num_batched_tokens` tokens over as many rows as
-    `max_batch_size` allows, every row sampling."""
+    """(rows, tokens per row) of the largest eager pass: `max_num_batched_tokens` over up to `max_batch_size` rows."""
     t = config.max_num_batched_tokens
     rows = max(1, min(config.max_batch_size, t))
     return rows, max(1, t // rows)
 
 
 def profile_memory(engine: StepState, fwd: StepForward, weights_bytes: int) -> MemoryProfile:
-    """Measure the activation peak of the largest eager pass (`profile_pass_shape`) on the buffers the engine
-    holds now, which must be a throwaway cache of a few pages: padding rows read and write the null slot only.
-    Weights are already loaded. On CPU the peak is unknown (0)."""
+    """The largest eager pass's activation peak (0 on CPU) on the engine's buffers: a throwaway cache of a few pages."""
     c = engine.config
     rows, q = profile_pass_shape(c)
     mem = DeviceMemory(engine.device)
@@ -111,8 +99,7 @@ def profile_memory(engine: StepState, fwd: StepForward, weights_bytes: int) -> M
     shapes = engine.varlen_shapes
     if shapes is not None:
         static += max(sh.rows for sh in shapes.shapes) * spec_hv(engine) * item + 4 * shapes.shapes[-1].layout.size
-        # The graph pool keeps the largest varlen bucket's intermediates (about the eager peak measured here,
-        # at most max_num_batched_tokens tokens); steps that fit no bucket still run eagerly outside the pool.
+        # The graph pool keeps about one eager peak; steps that fit no bucket still run eagerly outside it.
         pool = peak if c.cuda_graphs and engine.device.type == "cuda" else 0
     return MemoryProfile(weights=weights_bytes, activation_peak=peak, static=static, graph_pool=pool)
 

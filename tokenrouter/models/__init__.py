@@ -1,9 +1,5 @@
-"""Model shapes shared by the engine, the cost model and the simulator (pure: no torch), the bundled
-tokenizers and incremental detokenization for serving.
-
-`load_tokenizer` / `TextTokenizer` need the `tokenizers` library (extra `serve`) and are imported lazily, so
-`import tokenrouter.models` stays light for the simulator.
-"""
+"""Model shapes shared by the engine, the cost model and the simulator (pure: no torch), the bundled tokenizers
+(imported lazily: extra `serve`) and incremental detokenization for serving."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""Incremental detokenization for streaming: text deltas as tokens arrive, never a broken character.
-
-A byte-level BPE splits one multi-byte character (é, 东, 🚀) over several tokens, and a token's text can
-depend on its left neighbour (a leading space). So each delta is the difference between decoding a short
-window that ends at the new tokens and the same window without them; while the window's text ends in
-U+FFFD (an incomplete UTF-8 sequence) nothing is released. The window starts at the last point where text
-was released, so the cost per token stays constant however long the stream.
-"""
+"""Incremental detokenization for streaming: text deltas as tokens arrive, never a broken character. A delta is a
+short window's decode minus the same window without the new tokens, held back while it ends in U+FFFD; the window
+starts where text was last released, so the cost per token stays constant however long the stream."""
 
 from __future__ import annotations
 
@@ -17,11 +12,8 @@ REPLACEMENT = "\ufffd"
 
 @dataclass(slots=True)
 class IncrementalDetokenizer:
-    """Feed token ids in order (`push`); concatenating the returned deltas and `flush()` gives exactly
-    `decode(all_ids)` for decoders whose output on a prefix is a prefix of the whole (byte-level BPE).
-
-    `decode` maps ids to text (e.g. `TextTokenizer.decode`, which skips special tokens).
-    """
+    """Feed token ids in order (`push`); the deltas and `flush()` concatenate to exactly `decode(all_ids)` for
+    decoders whose output on a prefix is a prefix of the whole (byte-level BPE)."""
 
     decode: Callable[[Sequence[int]], str]
     ids: list[int] = field(default_factory=list)

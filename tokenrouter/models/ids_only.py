@@ -1,6 +1,5 @@
-"""`IdsOnlyTokenizer`: what a deployment of dummy-weight models without a tokenizer serves with (as vLLM's
-`skip_tokenizer_init`): prompts must be token ids, outputs come back as ids; text prompts and chat are refused
-with a clear error. Benchmarks of bundled shapes (`qwen3-32b`, random weights) need nothing more."""
+"""`IdsOnlyTokenizer`: what dummy-weight models without a tokenizer serve with (as vLLM's `skip_tokenizer_init`):
+token-id prompts and outputs only; text prompts and chat are refused with a clear error."""
 
 from __future__ import annotations
 
@@ -10,8 +9,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class IdsOnlyTokenizer:
-    """The `TextTokenizer` surface the front-end uses. `decode` renders ids as text (` <id>` each) so streamed
-    text stays readable; `eos_token_ids` is empty (dummy weights have no end-of-sequence meaning)."""
+    """The `TextTokenizer` surface the front-end uses; `decode` renders ` <id>` per token, no eos token."""
 
     vocab_size: int
     name: str = "ids-only"

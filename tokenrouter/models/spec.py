@@ -1,8 +1,5 @@
-"""`ModelSpec`: the shape facts of a decoder-only model, read from an HF `config.json`.
-
-The engine builds its modules from the same spec the analytic cost model counts bytes from, so the
-simulator's "bytes per step" and the executor's real tensors cannot drift apart.
-"""
+"""`ModelSpec`: the shape facts of a decoder-only model from an HF `config.json`, shared by the engine and the
+analytic cost model, so the simulator's bytes per step and the executor's tensors cannot drift apart."""
 
 from __future__ import annotations
 

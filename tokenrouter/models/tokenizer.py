@@ -1,13 +1,7 @@
-"""Tokenizers for serving: the bundled `tiny` tokenizer or a model directory's `tokenizer.json`.
-
-Needs the `tokenizers` library (extra `serve`); nothing here is imported by the simulator. A bundled model
-config names its tokenizer with a `tokenizer` field (the tiny models share `tiny`); an HF model directory
-holds `tokenizer.json` and `tokenizer_config.json` (eos token, chat template) itself.
-
-Chat prompts are rendered in Python in the Qwen format (`<|im_start|>role\\ncontent<|im_end|>\\n`, then
-`<|im_start|>assistant\\n` for the reply), the format the bundled template spells in Jinja; a directory
-whose template is something else is refused for chat rather than rendered wrongly (`chat_format`).
-"""
+"""Tokenizers for serving (extra `serve`: `tokenizers`): the bundled `tiny` tokenizer, the one a bundled model's
+config names (`tokenizer` field), or a model directory's `tokenizer.json` and `tokenizer_config.json`. Chat prompts
+are rendered in Python in the Qwen format (`<|im_start|>role\\ncontent<|im_end|>\\n`, then
+`<|im_start|>assistant\\n`); a directory whose template is something else is refused for chat (`chat_format`)."""
 
 from __future__ import annotations
 
@@ -24,8 +18,7 @@ IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 
 
 def _byte_level_alphabet() -> dict[str, int]:
-    """Character -> byte of byte-level BPE vocabularies: bytes printable in Latin-1 stand for themselves, the
-    others are shifted to U+0100 upwards in byte order, so every token string spells its bytes."""
+    """Character -> byte of byte-level BPE vocabularies (printable Latin-1 bytes stand for themselves)."""
     printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
     code = {b: b for b in printable}
     rest = (b for b in range(256) if b not in code)
@@ -38,11 +31,8 @@ _BYTE_OF = _byte_level_alphabet()
 
 @dataclass(slots=True)
 class TextTokenizer:
-    """A `tokenizers.Tokenizer` plus what serving needs around it: stop tokens and the chat format.
-
-    Invariant: `eos_token_ids` are ids of this vocabulary; `vocab_size` is the tokenizer's full size
-    (special tokens included), which must not exceed the model's embedding rows.
-    """
+    """A `tokenizers.Tokenizer` plus stop tokens and the chat format. `eos_token_ids` are ids of this vocabulary;
+    `vocab_size` (special tokens included) must not exceed the model's embedding rows."""
 
     tokenizer: Tokenizer
     eos_token: str
@@ -68,11 +58,8 @@ class TextTokenizer:
         return "chatml" if IM_START in t and IM_END in t else None
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of `text`; special-token strings in it become their ids (as HF tokenizers do).
-
-        Raises ValueError for text that is not valid Unicode (a lone surrogate, which JSON's `\\ud800` can
-        spell). Runs through `encode_batch`, which releases the GIL (`encode` holds it), so a long prompt
-        tokenized in a worker thread does not stall the thread that serves the other requests."""
+        """Token ids of `text` (special-token strings become their ids); ValueError for a lone surrogate. Through
+        `encode_batch`, which releases the GIL, so a long prompt does not stall the serving thread."""
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as e:
@@ -84,8 +71,7 @@ class TextTokenizer:
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def token_bytes(self, token_id: int) -> bytes:
-        """The bytes one token stands for: with a byte-level BPE possibly part of a UTF-8 character (which
-        `decode([token_id])` would show as U+FFFD); an added/special token gives its text."""
+        """The bytes one token stands for (with a byte-level BPE possibly part of a UTF-8 character)."""
         piece = self.tokenizer.id_to_token(token_id)
         if piece is None:
             return b""
@@ -117,8 +103,7 @@ def bundled_tokenizer_names() -> list[str]:
 
 
 def load_tokenizer(name_or_path: str | Path) -> TextTokenizer:
-    """A bundled tokenizer (`tiny`), a bundled model whose config names one (`tiny-small`), or a directory
-    with `tokenizer.json` (an HF model directory). Raises ValueError when none applies."""
+    """A bundled tokenizer (`tiny`), a bundled model whose config names one, or a directory with `tokenizer.json`."""
     p = Path(name_or_path)
     if p.is_dir():
         if not (p / "tokenizer.json").is_file():

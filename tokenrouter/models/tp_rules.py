@@ -10,8 +10,7 @@ NCCL_ENV = {"NCCL_NVLS_ENABLE": "0"}
 
 
 def tp_split_error(spec: ModelSpec, tp: int) -> str | None:
-    """Why `tp` ranks cannot split the model's attention heads, KV heads and MLP evenly (one line, starting with
-    the degree), or None when they can."""
+    """Why `tp` ranks cannot split the model's heads and MLP evenly (one line), or None when they can."""
     if tp < 1:
         return f"tensor-parallel size must be >= 1, got {tp}"
     for what, n in (("attention heads", spec.num_heads), ("KV heads", spec.num_kv_heads),

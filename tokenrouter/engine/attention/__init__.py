@@ -1,10 +1,7 @@
-"""Paged attention for the engine: KV store, decode and extend/prefill, with a torch oracle and Triton kernels.
-
-KV layout: see `kv_store`. Backends: "torch" (reference, runs anywhere, not graph-capturable), "triton" (GPU, or
-the CPU interpreter when TRITON_INTERPRET=1 was set before import), "auto" (triton for CUDA tensors, else torch
-unless TRITON_INTERPRET=1). The Triton modules are imported lazily; `python -m tokenrouter.engine.aot_check`
-compiles them for sm_90 without a GPU.
-"""
+"""Paged attention: KV store (layout: `kv_store`), decode and extend, a torch oracle and Triton kernels (imported
+lazily; `python -m tokenrouter.engine.aot_check` compiles them for sm_90 without a GPU). Backends: "torch" (runs
+anywhere, not graph-capturable), "triton" (GPU, or TRITON_INTERPRET=1 set before import), "auto" (see
+`resolve_backend`)."""
 
 from __future__ import annotations
 
@@ -23,13 +20,13 @@ __all__ = ["Backend", "decode_attention", "extend_attention", "resolve_backend",
 
 
 def split_counters(num_rows: int, num_kv_heads: int, device: torch.device | str) -> torch.Tensor:
-    """Zeroed arrival counters for the fused split-KV decode merge of up to `num_rows` rows (`decode_attention(...,
-    counters=)`). Share a buffer only between launches that cannot overlap (one stream); the kernel leaves it zero."""
+    """Zeroed arrival counters for the fused split-KV decode merge of up to `num_rows` rows; share only between
+    launches of one stream (the kernel leaves them zero)."""
     return torch.zeros(num_rows * num_kv_heads, dtype=torch.int32, device=device)
 
 
 def resolve_backend(backend: Backend, device: torch.device) -> Literal["torch", "triton"]:
-    """Map "auto" to a concrete backend for tensors on `device`."""
+    """Map "auto" to triton for CUDA tensors or under TRITON_INTERPRET=1, else torch."""
     if backend in ("torch", "triton"):
         return backend
     if backend != "auto":
@@ -45,10 +42,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      seq_lens: torch.Tensor, scale: float, *, out: torch.Tensor | None = None,
                      num_splits: int | None = None, backend: Backend = "auto", counters: torch.Tensor | None = None,
                      pdl: bool = False, row_slots: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
-    """One new query per row: q `[B, Hq, D]`, block_tables `[B, max_pages]` int32, seq_lens `[B]` int32 = KV length
-    including the token being decoded (its KV already stored); returns `[B, Hq, D]` (into `out` if given). Query
-    head h reads KV head h // (Hq // Hkv). Triton only: `num_splits` (None: from the shapes), `counters` (fused split
-    merge, `split_counters`), `pdl`. `row_slots` ([B] int32): row b reads `block_tables[row_slots[b]]`."""
+    """One new query per row: q `[B, Hq, D]`, seq_lens `[B]` int32 = KV length including it (its KV stored);
+    returns `[B, Hq, D]` (into `out`). Query head h reads KV head h // (Hq // Hkv). `row_slots` ([B] int32): row b
+    reads `block_tables[row_slots[b]]`. Triton only: `num_splits`, `counters` (`split_counters`), `pdl`."""
     if resolve_backend(backend, q.device) == "torch":
         bt = block_tables if row_slots is None else block_tables.index_select(0, row_slots.long())
         return decode_attention_torch(q, k_cache, v_cache, bt, seq_lens, scale, out=out)
@@ -64,12 +60,9 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, scale: float, *, max_q_len: int | None = None,
                      out: torch.Tensor | None = None, num_splits: int | None = None, backend: Backend = "auto",
                      pdl: bool = False, row_slots: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
-    """Causal attention for packed new tokens of B rows (prefill, extend after a prefix, or a mix).
-
-    q `[T, Hq, D]`; row b owns tokens `cu_seqlens_q[b]:cu_seqlens_q[b+1]`; seq_lens `[B]` is its total KV length
-    (new KV already stored); query i of row b sits at position `seq_lens[b] - q_len_b + i` and attends to keys up
-    to it. `max_q_len` (an upper bound on q_len_b) avoids a host sync (CUDA graphs). Tokens outside every row are
-    left untouched in `out` (a varlen graph launches two row groups into one output). `row_slots`: as in decode.
+    """Causal attention for packed new tokens q `[T, Hq, D]` of B rows: row b owns tokens `cu_seqlens_q[b]:[b+1]`,
+    seq_lens `[B]` its KV length (new KV stored); query i sits at `seq_lens[b] - q_len_b + i`. `max_q_len` (bound
+    on q_len_b) avoids a host sync. Tokens outside every row are left untouched in `out`. `row_slots`: as in decode.
     """
     if resolve_backend(backend, q.device) == "torch":
         bt = block_tables if row_slots is None else block_tables.index_select(0, row_slots.long())

@@ -1,10 +1,6 @@
-"""Writing new tokens' K/V into the paged cache.
-
-Layout contract (shared with the model code): per layer `k_cache`, `v_cache` are
-`[num_pages, page_size, num_kv_heads, head_dim]`, contiguous; a token at position `pos` of a request lives
-at slot `block_table[pos // page_size] * page_size + pos % page_size`. Page 0 is the null page: padded
-CUDA-graph rows map their slots there, so it holds garbage and is never read for a real row.
-"""
+"""Writing new tokens' K/V into the paged cache. Layout: per layer `k_cache`, `v_cache` are contiguous
+`[num_pages, page_size, num_kv_heads, head_dim]`; position `pos` of a request lives at slot
+`block_table[pos // page_size] * page_size + pos % page_size`. Page 0 is the null page (padding; never read)."""
 
 from __future__ import annotations
 
@@ -13,11 +9,8 @@ import torch
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:  # fmt: skip
-    """Write `k`, `v` (`[T, Hkv, D]`) into the caches at `slot_mapping` (`[T]`, slot = page * page_size + offset).
-
-    In place and free of host syncs, so it can be captured in a CUDA graph. Several padded rows may share
-    a null-page slot; which of them lands there is unspecified, which is fine because page 0 is never read.
-    """
+    """Write `k`, `v` (`[T, Hkv, D]`) into the caches at `slot_mapping` (`[T]`), in place, no host sync (graph-safe).
+    Padded rows sharing a null-page slot land there in any order (page 0 is never read)."""
     if k.shape != v.shape or k.dim() != 3:
         raise ValueError(f"k and v must both be [T, Hkv, D], got {tuple(k.shape)} and {tuple(v.shape)}")
     if k_cache.shape != v_cache.shape or k_cache.shape[2:] != k.shape[1:]:

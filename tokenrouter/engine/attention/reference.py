@@ -1,15 +1,9 @@
-"""Pure-torch paged attention: the oracle for the Triton kernels and the CPU execution path. Per row it gathers
-the pages into dense K/V and runs a float32 (float64 for float64 inputs) masked softmax; it reads `seq_lens` on
-the host, so it is not CUDA-graph capturable.
-"""
+"""Pure-torch paged attention: the oracle for the Triton kernels and the CPU path. A float32 (float64 for float64
+inputs) masked softmax over gathered pages; reads `seq_lens` on the host (not graph-capturable)."""
 
 from __future__ import annotations
 
 import torch
-
-
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def gather_kv(cache: torch.Tensor, block_table_row: torch.Tensor, seq_len: int) -> torch.Tensor:
@@ -31,7 +25,7 @@ def extend_attention_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     group = num_heads // num_kv_heads
     if out is None:
         out = torch.empty_like(q)
-    cdt = _compute_dtype(q.dtype)
+    cdt = torch.float64 if q.dtype == torch.float64 else torch.float32
     cu = cu_seqlens_q.tolist()
     lens = seq_lens.tolist()
     for b, seq_len in enumerate(lens):

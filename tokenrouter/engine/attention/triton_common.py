@@ -1,8 +1,5 @@
-"""Host side of the Triton paged-attention kernels: tile configuration, split heuristic, launch.
-
-Everything here depends only on tensor shapes/dtypes and explicit arguments, never on tensor values, so
-a launch can be captured in a CUDA graph and replayed with different `seq_lens`/`block_tables` contents.
-"""
+"""Host side of the Triton paged-attention kernels: tile configuration, split heuristic, launch. Everything here
+depends on shapes, dtypes and arguments only, never on tensor values (graph-capturable)."""
 
 from __future__ import annotations
 
@@ -20,8 +17,7 @@ MIN_DOT_DIM = 16  # tl.dot needs every dimension >= 16
 
 @dataclass(frozen=True)
 class KernelConfig:
-    """Tile sizes and launch knobs. `block_m` is the target number of (query token x group head) rows of an
-    extend tile; decode always uses one token and the group padded to >= 16 rows."""
+    """Tile sizes and launch knobs; `block_m`: target (query token x group head) rows of an extend tile."""
 
     block_n: int = 64
     block_m: int = 64
@@ -32,9 +28,7 @@ class KernelConfig:
 
 
 DECODE_CONFIG = KernelConfig(block_n=64, num_warps=4, num_stages=2)
-# Decode whose splits are short (at most SHORT_SPLIT_TILES key tiles even at full width): with no tiles to
-# pipeline, two warps and one stage cut the latency; long splits keep the pipelined tile, which stays faster
-# there (studies/engine/step_profile.py attn; docs/engine.md, Measured choices).
+# Decode splits of at most SHORT_SPLIT_TILES key tiles: nothing to pipeline (docs/engine.md, Measured choices).
 SHORT_DECODE_CONFIG = KernelConfig(block_n=64, num_warps=2, num_stages=1)
 SHORT_SPLIT_TILES = 4
 EXTEND_CONFIG = KernelConfig(block_n=64, block_m=64, num_warps=4, num_stages=2)
@@ -48,8 +42,8 @@ def num_sms(device: torch.device) -> int:
 
 def choose_num_splits(num_programs: int, max_kv_len: int, sm_count: int, *, min_split_tokens: int = 256,
                       max_splits: int = 64) -> int:  # fmt: skip
-    """KV splits for about 4 programs per SM, no split finer than `min_split_tokens`. `num_programs` (the grid
-    without splits) and `max_kv_len` (block-table width x page size) are shapes: stable across graph replays."""
+    """KV splits for about 4 programs per SM, none finer than `min_split_tokens`; from shapes only (the grid
+    without splits, block-table width x page size)."""
     if max_kv_len <= min_split_tokens or num_programs <= 0:
         return 1
     wanted = math.ceil(4 * sm_count / num_programs)
@@ -58,8 +52,7 @@ def choose_num_splits(num_programs: int, max_kv_len: int, sm_count: int, *, min_
 
 
 def decode_config(num_splits: int, max_kv_len: int) -> KernelConfig:
-    """The decode tile config for a launch whose rows hold up to `max_kv_len` keys in `num_splits` splits
-    (shapes only, so graph-stable)."""
+    """The decode tile config for rows of up to `max_kv_len` keys in `num_splits` splits."""
     tiles = math.ceil(max_kv_len / num_splits / DECODE_CONFIG.block_n)
     return SHORT_DECODE_CONFIG if tiles <= SHORT_SPLIT_TILES else DECODE_CONFIG
 
@@ -83,8 +76,8 @@ def fwd_constexprs(*, group: int, group_pad: int, block_q: int, block_n: int, he
 
 
 def merge_chunk(num_splits: int, group: int, head_dim: int, config: KernelConfig) -> int:
-    """Splits merged per load by the fused decode merge: a power of two, at most the split count, sized so a
-    [group, chunk, head_dim] fp32 tile holds about `config.merge_elems` elements."""
+    """Splits per load of the fused decode merge: a power of two, a [group, chunk, head_dim] fp32 tile of about
+    `config.merge_elems`."""
     per_split = triton.next_power_of_2(group) * block_d(head_dim)
     return max(1, min(triton.next_power_of_2(num_splits), config.merge_elems // per_split))
 
@@ -115,9 +108,8 @@ def launch_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            *, num_rows: int, block_q: int, group_pad: int, num_q_blocks: int, num_splits: int,
                            config: KernelConfig, counters: torch.Tensor | None = None, pdl: bool = False,
                            row_slots: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
-    """Launch the forward kernel (and the reduce when `num_splits > 1`); `cu_seqlens_q is None` = decode.
-    `counters` (decode only, `split_counters`): the forward kernel merges the splits itself, no reduce launch
-    (ignored for extend or with fewer than rows x Hkv entries). `row_slots`: as in `decode_attention`."""
+    """Launch the forward kernel (and the reduce when `num_splits > 1`); `cu_seqlens_q is None` = decode. `counters`
+    (decode, >= rows x Hkv entries, else ignored): the forward kernel merges the splits itself, no reduce launch."""
     _check_inputs(q, k_cache, v_cache, block_tables)
     if out.shape != q.shape or out.stride(2) != 1:
         raise ValueError(f"out must be {tuple(q.shape)} with a contiguous last dim")

@@ -1,10 +1,5 @@
-"""Split-KV ("flash-decoding") paged decode attention in Triton.
-
-Grid (B, Hkv, num_splits): a program takes one request, one KV head and one KV slice for all G = Hq / Hkv query
-heads (padded to 16 rows), so K/V are read once per group. Slices merge by log-sum-exp, in-kernel with arrival
-`counters`, else in a reduce kernel. Nothing reads a device tensor on the host: grid and `num_splits` depend only
-on (B, Hkv, block-table width), so a captured graph replays with any `seq_lens` and block-table contents.
-"""
+"""Split-KV ("flash-decoding") paged decode attention in Triton: grid (B, Hkv, num_splits), splits merged by
+log-sum-exp in-kernel (arrival `counters`) or in a reduce kernel; no host reads (docs/engine.md, Kernels)."""
 
 from __future__ import annotations
 
@@ -31,11 +26,8 @@ def decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                             num_splits: int | None = None, config: KernelConfig | None = None,
                             counters: torch.Tensor | None = None, pdl: bool = False,
                             row_slots: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
-    """q `[B, Hq, D]` at position `seq_lens[b] - 1` of row b; its own KV must already be in the cache.
-
-    `counters`: a zeroed int32 buffer of >= B * Hkv entries (`tokenrouter.engine.attention.split_counters`) turns on the
-    fused merge; it is zero again when the kernel ends. `pdl`: programmatic dependent launch. `config`: None picks
-    `decode_config` (by the longest split the block-table width allows)."""
+    """q `[B, Hq, D]` at position `seq_lens[b] - 1` of row b, its own KV already cached. `counters`: zeroed int32,
+    >= B * Hkv entries (`attention.split_counters`): the fused merge, zero again after. `config`: `decode_config`."""
     batch, num_heads, _ = q.shape
     num_kv_heads, page_size = k_cache.shape[2], k_cache.shape[1]
     if (row_slots is None and block_tables.shape[0] != batch) or seq_lens.shape != (batch,):

@@ -1,12 +1,5 @@
-"""Paged extend/prefill attention in Triton (causal, packed variable-length queries).
-
-A program owns (row, KV head, query block, KV split); its tile rows are BLOCK_Q query tokens x the G query heads
-of the KV head, so a 1-8 token extend (a peer model's tokens returning to a long prefix) still fills 16
-tensor-core rows. Only the diagonal band is causally masked; a small grid splits the KV range as in decode.
-Not `torch.nn.attention.varlen.varlen_attn`: it has no block table, so every step would gather each row's KV
-into a dense buffer. CUDA graphs: pass `max_q_len` (the bucket's bound); grid and splits then depend only on
-shapes and `max_q_len`, with no host sync.
-"""
+"""Paged extend/prefill attention in Triton (causal, packed variable-length queries; docs/engine.md, Kernels).
+CUDA graphs pass `max_q_len` (the bucket's bound): grid and splits then depend only on shapes, no host sync."""
 
 from __future__ import annotations
 
@@ -24,10 +17,7 @@ from tokenrouter.engine.attention.triton_common import (
 
 
 def extend_tiling(max_q_len: int, group: int, config: KernelConfig) -> tuple[int, int]:
-    """(BLOCK_Q, GROUP_PAD): query tokens per tile and the padded group, with BLOCK_Q * GROUP_PAD >= 16.
-
-    BLOCK_Q shrinks to the largest row's token count so a short extend does not pay for empty rows.
-    """
+    """(BLOCK_Q, GROUP_PAD): query tokens per tile (at most the largest row's) and the padded group, product >= 16."""
     group_pad = triton.next_power_of_2(group)
     min_q = max(1, MIN_DOT_DIM // group_pad)
     block_q = max(min_q, min(max(1, config.block_m // group_pad), triton.next_power_of_2(max(1, max_q_len))))

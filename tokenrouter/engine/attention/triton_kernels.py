@@ -1,17 +1,6 @@
-"""Triton kernels shared by paged decode and extend attention.
-
-One forward kernel serves both: a program owns one (row, KV head, query block, KV split); its M rows are
-`BLOCK_Q` query tokens x `GROUP_PAD` query heads sharing the KV head, so each K/V tile is loaded once per GQA
-group and QK^T / PV are `tl.dot`s. Decode is BLOCK_Q = 1 with the group padded to 16 rows.
-
-Split-KV: slices are sized in-kernel from the device-side `seq_lens`, so the grid depends only on shapes. Every
-program writes its partial output and base-2 log-sum-exp even for an empty slice (lse = -inf, output 0); with a
-single split the forward kernel writes the final output itself. Fused merge (FUSED_REDUCE): the last program of
-each (row, KV head) to arrive (an acq_rel GPU-scope counter after a CTA barrier) merges the active splits'
-partials with L1-bypassing loads and resets the counter, so the per-engine counter buffer is all zeros before
-and after every launch. USE_PDL: see `triton_ops`. Runtime-bound `range` loops need the interpreter patch of
-`triton_compat` (kept as loops for GPU software pipelining).
-"""
+"""Triton kernels of paged decode and extend attention: one forward kernel (a program per row, KV head, query
+block and KV split) and the split reduce (docs/engine.md, Kernels). Runtime-bound `range` loops need the
+interpreter patch of `triton_compat` (kept as loops for GPU software pipelining)."""
 
 from __future__ import annotations
 
@@ -22,32 +11,11 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 @triton.jit
 def _attend_tile(
-    acc,
-    m_i,
-    l_i,
-    q,
-    start,
-    hi,
-    q_pos,
-    bt_row,
-    K,
-    V,
-    kvh,
-    stride_kp,
-    stride_ks,
-    stride_kh,
-    stride_vp,
-    stride_vs,
-    stride_vh,
-    scale_log2,
-    offs_d,
-    PAGE_SIZE: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    MASKED: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
+    acc, m_i, l_i, q, start, hi, q_pos, bt_row, K, V, kvh,
+    stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, scale_log2, offs_d,
+    PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
     """One online-softmax step over keys `start .. start + BLOCK_N - 1` (base-2 exponent domain).
 
     MASKED tiles apply the causal mask and the split end `hi`; unmasked tiles are known to lie entirely
@@ -95,25 +63,11 @@ def _attend_tile(
 
 @triton.jit
 def _merge_group_splits(
-    MidO,
-    MidLse,
-    Out,
-    tok,
-    kvh,
-    n_active,
-    stride_mt,
-    stride_mh,
-    stride_ms,
-    stride_lt,
-    stride_lh,
-    stride_ot,
-    stride_oh,
-    GROUP: tl.constexpr,
-    GROUP_P2: tl.constexpr,
-    MERGE_CHUNK: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
+    MidO, MidLse, Out, tok, kvh, n_active,
+    stride_mt, stride_mh, stride_ms, stride_lt, stride_lh, stride_ot, stride_oh,
+    GROUP: tl.constexpr, GROUP_P2: tl.constexpr, MERGE_CHUNK: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
-):
+):  # fmt: skip
     """out[tok, h] = sum_s 2^lse_s o_s / sum_s 2^lse_s over splits 0..n_active-1 for the GROUP query heads of
     KV head `kvh` (same math as `split_reduce_kernel`), MERGE_CHUNK splits per [GROUP_P2, CHUNK, D] load."""
     offs_g = tl.arange(0, GROUP_P2)
@@ -133,12 +87,8 @@ def _merge_group_splits(
         ok = g_ok[:, None] & (s < n_active)[None, :]
         # .cg: read from L2, never from a stale L1 line; other SMs wrote these partials.
         lse = tl.load(lse_base + s[None, :], mask=ok, other=float("-inf"), cache_modifier=".cg")
-        o = tl.load(
-            o_base + s[None, :, None] * stride_ms,
-            mask=ok[:, :, None] & d_ok[None, None, :],
-            other=0.0,
-            cache_modifier=".cg",
-        )
+        o = tl.load(o_base + s[None, :, None] * stride_ms, mask=ok[:, :, None] & d_ok[None, None, :], other=0.0,
+                    cache_modifier=".cg")  # fmt: skip
         m_new = tl.maximum(m_run, tl.max(lse, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m_run - m_safe)
@@ -156,53 +106,16 @@ def _merge_group_splits(
 # would be another JIT compile in the middle of serving.
 @triton.jit(do_not_specialize=["num_splits", "num_q_blocks"])
 def paged_attention_fwd_kernel(
-    Q,
-    K,
-    V,
-    BlockTables,
-    SeqLens,
-    CuSeqlensQ,
-    Out,
-    MidO,
-    MidLse,
-    Counters,
-    RowSlots,
-    scale_log2,
-    num_splits,
-    num_q_blocks,
-    stride_qt,
-    stride_qh,
-    stride_kp,
-    stride_ks,
-    stride_kh,
-    stride_vp,
-    stride_vs,
-    stride_vh,
-    stride_bt,
-    stride_ot,
-    stride_oh,
-    stride_mt,
-    stride_mh,
-    stride_ms,
-    stride_lt,
-    stride_lh,
-    GROUP: tl.constexpr,
-    GROUP_PAD: tl.constexpr,
-    BLOCK_Q: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    PAGE_SIZE: tl.constexpr,
-    IS_DECODE: tl.constexpr,
-    SINGLE_SPLIT: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    FUSED_REDUCE: tl.constexpr,
-    GROUP_P2: tl.constexpr,
-    MERGE_CHUNK: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    Q, K, V, BlockTables, SeqLens, CuSeqlensQ, Out, MidO, MidLse, Counters, RowSlots,
+    scale_log2, num_splits, num_q_blocks,
+    stride_qt, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_bt,
+    stride_ot, stride_oh, stride_mt, stride_mh, stride_ms, stride_lt, stride_lh,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    IS_DECODE: tl.constexpr, SINGLE_SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    FUSED_REDUCE: tl.constexpr, GROUP_P2: tl.constexpr, MERGE_CHUNK: tl.constexpr, USE_PDL: tl.constexpr,
     HAS_SLOTS: tl.constexpr,
-):
+):  # fmt: skip
     """Grid (rows, Hkv * num_q_blocks, num_splits). Q/Out are `[T, Hq, D]`, MidO `[T, Hq, S, D]` fp32,
     MidLse `[T, Hq, S]` fp32; head_dim strides are 1. Decode passes IS_DECODE (token index = row).
     FUSED_REDUCE (decode with splits only): Counters is int32 `[rows * Hkv]`, all zero on entry and exit.
@@ -300,24 +213,10 @@ def paged_attention_fwd_kernel(
 
 @triton.jit(do_not_specialize=["num_splits", "cu_rows"])
 def split_reduce_kernel(
-    MidO,
-    MidLse,
-    Out,
-    CuSeqlensQ,
-    num_splits,
-    cu_rows,
-    stride_mt,
-    stride_mh,
-    stride_ms,
-    stride_lt,
-    stride_lh,
-    stride_ot,
-    stride_oh,
-    SPLITS_PAD: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    USE_PDL: tl.constexpr,
-):
+    MidO, MidLse, Out, CuSeqlensQ, num_splits, cu_rows,
+    stride_mt, stride_mh, stride_ms, stride_lt, stride_lh, stride_ot, stride_oh,
+    SPLITS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr,
+):  # fmt: skip
     """Grid (T, Hq): out = sum_s 2^(lse_s - m) o_s / sum_s 2^(lse_s - m). Empty splits (lse -inf) weigh 0;
     a token with no visible key at all (seq_len 0) gets 0, not NaN. Extend (`cu_rows` > 0): only the tokens
     `CuSeqlensQ[0] .. CuSeqlensQ[cu_rows] - 1` of this launch's rows; decode (`cu_rows` == 0): every token."""
