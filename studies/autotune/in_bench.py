@@ -87,13 +87,10 @@ def in_bench(st: Study, regimes: list[tuple[float, int]], cands: dict[tuple[floa
     lengths = [a.settle_s + len(window_plan(cands.get(r, []))) * (window + 1.5) + 3 for r in regimes]
     starts = [sum(lengths[:k]) for k in range(len(regimes))]
     total = sum(lengths) + 10
-    if st.left() < (0.0 if st.shared else st.startup_guess()) + total:
-        st.skip(f"{key} run")
-        return
-    got = st.server()
+    got = st.server_for(f"{key} run", total)
     if got is None:
         return
-    _, url, poller = got
+    url, poller = got
     hops, clients = [h for h, _ in regimes], [n for _, n in regimes]
     ramp = len(set(clients)) > 1
     i0 = len(poller.samples)  # before the marker: the bench's first phase shows as a change from it

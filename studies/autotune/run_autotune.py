@@ -331,6 +331,15 @@ class Study:
             self.shared = self.serve("autotune", autotune=True)
         return self.shared
 
+    def server_for(self, what: str, seconds: float) -> tuple[str, Poller] | None:
+        """The server's URL and poller for a step of `seconds` (plus start-up if the server is not up yet); None,
+        with `what` listed as skipped, when that does not fit before the deadline or the server did not start."""
+        if self.left() < (0.0 if self.shared else self.startup_guess()) + seconds:
+            self.skip(what)
+            return None
+        got = self.server()
+        return None if got is None else (got[1], got[2])
+
     def close_server(self) -> None:
         if self.shared is not None:
             proc, _, poller = self.shared
@@ -579,13 +588,10 @@ class Study:
         a = self.a
         window = a.warmup_s + a.static_s
         total = a.stable_settle_s + 2 * a.stable_rounds * window + 10
-        if self.left() < (0.0 if self.shared else self.startup_guess()) + total:
-            self.skip("stable autotune run")
-            return
-        got = self.server()
+        got = self.server_for("stable autotune run", total)
         if got is None:
             return
-        _, url, poller = got
+        url, poller = got
         best = self.summary.get("best_static", {}).get(f"{a.hop_stable:g}", {}).get("B")
         self.admin(url, {"autotune": True, **self.config_policy, "hop_rate": a.hop_stable})
         i0 = len(poller.samples)
