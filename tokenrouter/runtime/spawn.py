@@ -7,6 +7,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import signal
 import sys
+import threading
 import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -15,6 +16,8 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from tokenrouter.runtime.supervision import environ
+
+_DEFERRED = (signal.SIGINT, signal.SIGTERM)
 
 
 def start_spawned(target: Callable[..., Any], args: tuple[Any, ...], *, name: str | None = None,
@@ -46,9 +49,21 @@ def _main_hidden() -> Iterator[None]:
 
 @contextmanager
 def _sigint_blocked() -> Iterator[None]:
-    """SIGINT blocked in this thread; one that arrives meanwhile is delivered when the block ends, not lost."""
+    """SIGINT blocked in this thread (the child inherits the mask) and, in the main thread, SIGINT/SIGTERM only
+    noted until the block ends, then raised again: not lost, and never raised between the child's start and
+    `started`. The mask alone does not hold: a process-directed signal goes to any thread that does not block it
+    (OpenBLAS's pool, started by numpy's import), and Python then runs the handler in the main thread anyway."""
+    noted: list[int] = []
+    handlers = {}
+    if threading.current_thread() is threading.main_thread():  # signal.signal works there only; nor do handlers
+        mine = [s for s in _DEFERRED if signal.getsignal(s) is not None]  # None: a handler from C, left alone
+        handlers = {s: signal.signal(s, lambda signum, _frame: noted.append(signum)) for s in mine}
     old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)  # a SIGINT held by the mask runs the noting handler here
+        for s, h in handlers.items():
+            signal.signal(s, h)
+        for s in dict.fromkeys(noted):
+            signal.raise_signal(s)  # its own handler now: KeyboardInterrupt, or what the caller installed
