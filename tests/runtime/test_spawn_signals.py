@@ -22,6 +22,9 @@ SCRIPT = textwrap.dedent("""
     from tokenrouter.runtime.spawn import start_spawned
 
     sig = getattr(signal, sys.argv[1])
+    # A suite started in the background of a script inherits SIGINT ignored, and Python keeps it so: start from
+    # the handler a terminal's Python has.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     Server.install_signal_handlers()  # SIGTERM raises KeyboardInterrupt, as in `tr serve`
     # A thread that does not block SIGINT, as OpenBLAS's pool does once numpy is imported: a process-directed
     # signal may go to it while the main thread blocks SIGINT.

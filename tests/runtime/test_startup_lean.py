@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 from served import free_port
 
-from tokenrouter.bench.server import spawn
+from tokenrouter.runtime.parent_watch import term_when_parent_dies
 
 HERE = Path(__file__).resolve().parent
 # What a subserver never runs: the CLI (all its commands), the simulator and what only the simulator needs.
@@ -53,6 +53,19 @@ def test_a_subserver_does_not_import_the_cli_that_started_it(tmp_path):
         assert not loaded & set(NOT_RUN), sorted(loaded & set(NOT_RUN))
 
 
+def _spawn_with_default_sigint(cmd: list[str]) -> subprocess.Popen:
+    """`cmd` in a session of its own (signalled as a group), stopped with this process, with SIGINT at its default:
+    a suite started in the background of a script runs with SIGINT ignored and its children inherit that, which a
+    terminal's Ctrl-C never meets."""
+
+    def before_exec() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        term_when_parent_dies()
+
+    return subprocess.Popen(cmd, start_new_session=True, preexec_fn=before_exec, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+
 def _subservers(proc: psutil.Process) -> list[psutil.Process]:
     return [c for c in proc.children() if "spawn_main" in " ".join(c.cmdline())]
 
@@ -60,7 +73,7 @@ def _subservers(proc: psutil.Process) -> list[psutil.Process]:
 def test_ctrl_c_while_the_subservers_start_is_one_line(tmp_path):
     cmd = [sys.executable, "-m", "tokenrouter.cli.tr", "serve", "--small", "tiny-small", "--large", "tiny-large",
            "--device", "cpu", "--port", str(free_port())]  # fmt: skip
-    p = spawn(cmd)
+    p = _spawn_with_default_sigint(cmd)
     try:
         launcher = psutil.Process(p.pid)
         deadline = time.monotonic() + 60
