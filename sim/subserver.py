@@ -25,9 +25,11 @@ from tokenrouter.core.graph_rule import GraphRule
 from tokenrouter.core.messages import Action
 from tokenrouter.core.overlap import prepare_time
 from tokenrouter.core.scheduler import Scheduler
+from tokenrouter.runtime.step_clock import StepClock
 from tokenrouter.sim.gpu_share import GpuPass, SharedGpu
 
 EPS_S = 1e-9  # a nanosecond: below it a wait is done (float time must not spin on vanishing remainders)
+POLL_S = 0.002  # the runtime's wait for step k's end: message waits of at most 2 ms (`EngineLoop.wait_to_prepare`)
 
 if TYPE_CHECKING:
     from tokenrouter.calibration.cost import ModelStepCost
@@ -40,6 +42,7 @@ class _InFlight:
     gpu: GpuPass
     ready_s: float  # host work done: the pass may start on the GPU from here
     started_s: float | None = None
+    ended_s: float | None = None  # when the pass finished on the GPU (the loop may notice later)
     next_formed: bool = False  # overlap: the step after this one was formed (once per step, as the runtime does)
 
 
@@ -98,12 +101,21 @@ class SimSubserver:
         self._busy_until = float("-inf")
         self._wake: simpy.Event | None = None
         self._waiting: tuple[simpy.Process, float, float] | None = None  # a `_wait`: (process, wake time, lead)
+        # Overlap: when step k ends, as the runtime estimates it (its `StepClock`: a moving average of GPU times),
+        # and when the loop next looks at k's handle while it waits for the prepare time (POLL_S slices)
+        self.clock = StepClock()
+        self._poll_at: float | None = None
+        self._polling = False
         self.proc = env.process(self._run())
 
     def kick(self) -> None:
         """Something changed (a message arrived, a peer finished): re-evaluate the launch decision."""
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
+        elif self._polling and self._waiting is not None:  # a message ends the runtime's receive: it looks at k
+            w, self._waiting = self._waiting, None
+            self._poll_at = self.env.now
+            w[0].interrupt()
 
     def retime(self) -> None:
         """The running pass changed rate (a co-located pass started or ended): re-time the wait for its end.
@@ -130,6 +142,7 @@ class SimSubserver:
                 # Nothing runs: the host's work (and a sync policy's coordinator time) is on the critical path.
                 host_s = self.host_ms(len(batch.rows)) / 1000.0 + self.gate_s
                 inflight.append(self._prepare(batch, now + host_s))
+                self.clock.on_launch(now + host_s)
                 continue
             head = inflight[0]
             if head.started_s is None:  # a prepared pass whose host work is not done yet (nothing else runs)
@@ -137,19 +150,40 @@ class SimSubserver:
                 self._start(head)
                 continue
             wait = lead = 0.0
+            if head.ended_s is None and head.gpu.remaining_s(now) <= EPS_S:
+                self._gpu_end(head)
             if self.overlap and len(inflight) == 1 and not head.next_formed:
-                end = now + head.gpu.remaining_s(now)
                 margin = self.margin_ms if self.margin_ms is not None else self.host_ms(len(head.batch.rows))
-                at = prepare_time(end, margin / 1000.0)
+                # The runtime forms k+1 at its estimate of k's end less the margin (at once without an estimate),
+                # or when it sees k done: at the end of a 2 ms wait, or when a message comes.
+                at = now if self.clock.end is None else prepare_time(self.clock.end, margin / 1000.0)
+                if self._poll_at is None:
+                    self._poll_at = now + POLL_S
+                elif self._poll_at <= now + EPS_S:
+                    if head.ended_s is not None:
+                        at = now
+                    else:
+                        self._poll_at = now + POLL_S
                 if at - now > EPS_S:
-                    wait, lead = at - now, end - at
-                else:
-                    head.next_formed = True
-                    nxt = sched.schedule(now)
-                    if nxt is not None:  # the host works on it until now + host time, while step k still runs
-                        inflight.append(self._prepare(nxt, now + self.host_ms(len(nxt.rows)) / 1000.0))
+                    target = min(at, self._poll_at)
+                    if head.ended_s is None:
+                        target = min(target, now + head.gpu.remaining_s(now))
+                    self._waiting = (self.proc, target, 0.0)
+                    self._polling = True
+                    with contextlib.suppress(simpy.Interrupt):
+                        yield env.timeout(max(0.0, target - now))
+                    self._polling = False
+                    self._waiting = None
+                    continue
+                self._poll_at = None
+                head.next_formed = True
+                nxt = sched.schedule(now)
+                if nxt is not None:  # the host works on it until now + host time, while step k still runs
+                    ready = now + self.host_ms(len(nxt.rows)) / 1000.0
+                    inflight.append(self._prepare(nxt, ready))
+                    self.clock.on_launch(ready)
             if not wait:
-                left = head.gpu.remaining_s(now)
+                left = 0.0 if head.ended_s is not None else head.gpu.remaining_s(now)
                 wait = left if left > EPS_S else 0.0
             if wait:
                 # Sleep, or less when the running pass is re-timed so that the wait's target (`lead` before the
@@ -191,10 +225,19 @@ class SimSubserver:
         f.started_s = self.env.now
         self.gpu.start(f.gpu, self.env.now)
 
+    def _gpu_end(self, f: _InFlight) -> None:
+        """The pass is done on the GPU (its peers re-rate now), whether or not the loop has seen it yet."""
+        f.ended_s = self.env.now
+        self.gpu.end(f.gpu, self.env.now)
+        if f.started_s is not None:
+            self.clock.on_gpu_time(f.ended_s - f.started_s)
+
     def _complete(self, f: _InFlight) -> None:
         env, sched = self.env, self.sched
-        self.gpu.end(f.gpu, env.now)
+        if f.ended_s is None:
+            self._gpu_end(f)
         self.inflight.popleft()
+        self.clock.on_complete(env.now, bool(self.inflight))
         start = f.started_s if f.started_s is not None else env.now
         self.batches.add(len(f.batch.rows), (env.now - max(start, self._busy_until)) * 1000.0)
         self._busy_until = env.now
