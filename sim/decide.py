@@ -166,7 +166,7 @@ def scout(evaluate: Evaluate, start: Sequence[B], concurrency: int, num_models: 
         return trials, ""
     run([b for b in start if feasible(b, concurrency)] or [(1,) * num_models])
     best = max(trials.values(), key=objective.rank).thresholds
-    steps = [max(1, round(concurrency / 8))] * num_models
+    steps = [max(1, round(concurrency / 4))] * num_models
     while clock() - t0 <= budget_s:
         run([c for c in neighbours(best, steps, concurrency) if c not in trials])
         top = max(trials.values(), key=objective.rank).thresholds

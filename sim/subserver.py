@@ -23,13 +23,11 @@ from tokenrouter.core.autotune_counters import BatchTimes
 from tokenrouter.core.batch import Batch, StepResult
 from tokenrouter.core.graph_rule import GraphRule
 from tokenrouter.core.messages import Action
-from tokenrouter.core.overlap import prepare_time
+from tokenrouter.core.overlap import PREPARE_POLL_S, StepClock, prepare_time
 from tokenrouter.core.scheduler import Scheduler
-from tokenrouter.runtime.step_clock import StepClock
 from tokenrouter.sim.gpu_share import GpuPass, SharedGpu
 
 EPS_S = 1e-9  # a nanosecond: below it a wait is done (float time must not spin on vanishing remainders)
-POLL_S = 0.002  # the runtime's wait for step k's end: message waits of at most 2 ms (`EngineLoop.wait_to_prepare`)
 
 if TYPE_CHECKING:
     from tokenrouter.calibration.cost import ModelStepCost
@@ -102,7 +100,7 @@ class SimSubserver:
         self._wake: simpy.Event | None = None
         self._waiting: tuple[simpy.Process, float, float] | None = None  # a `_wait`: (process, wake time, lead)
         # Overlap: when step k ends, as the runtime estimates it (its `StepClock`: a moving average of GPU times),
-        # and when the loop next looks at k's handle while it waits for the prepare time (POLL_S slices)
+        # and when the loop next looks at k's handle while it waits for the prepare time (PREPARE_POLL_S slices)
         self.clock = StepClock()
         self._poll_at: float | None = None
         self._polling = False
@@ -158,12 +156,12 @@ class SimSubserver:
                 # or when it sees k done: at the end of a 2 ms wait, or when a message comes.
                 at = now if self.clock.end is None else prepare_time(self.clock.end, margin / 1000.0)
                 if self._poll_at is None:
-                    self._poll_at = now + POLL_S
+                    self._poll_at = now + PREPARE_POLL_S
                 elif self._poll_at <= now + EPS_S:
                     if head.ended_s is not None:
                         at = now
                     else:
-                        self._poll_at = now + POLL_S
+                        self._poll_at = now + PREPARE_POLL_S
                 if at - now > EPS_S:
                     target = min(at, self._poll_at)
                     if head.ended_s is None:

@@ -8,9 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from tokenrouter.core.overlap import prepare_time
+from tokenrouter.core.overlap import StepClock, prepare_time
 from tokenrouter.runtime.engine_loop import EngineLoop, InFlight
-from tokenrouter.runtime.step_clock import StepClock
 
 
 def test_no_estimate_until_a_gpu_time_is_known():

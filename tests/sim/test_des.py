@@ -264,3 +264,28 @@ def test_a_tune_table_runs_to_the_end_in_the_simulator(placement):
     )
     res = run_sim(SimConfig(dep, workload="fixed:16,60", num_requests=24, concurrency=8, seed=2))
     assert res.summary["requests_completed"] == 24
+
+
+@pytest.mark.parametrize("short_ms", [3.0, 2.5, 1.5])
+def test_overlap_sees_a_step_that_ends_before_its_estimate_at_the_next_poll_slice(short_ms):
+    """As the runtime: step k+1 is formed at the estimate of k's end (a moving average of GPU times), and a k that
+    ends earlier is seen at the next `PREPARE_POLL_S` slice of the wait that began when k started. Steps alternate
+    10 ms and `short_ms`: the average (about 6-7 ms) overshoots every short step, which is then seen at the first
+    slice boundary after its end, and undershoots every long one, after which the next runs back to back."""
+    import math
+
+    from tokenrouter.core.overlap import PREPARE_POLL_S
+
+    calls = []
+
+    def small(b: int) -> float:
+        calls.append(b)
+        return 10.0 if len(calls) % 2 else short_ms
+
+    cost = ConstantCost([small, 30.0])
+    res = run_sim(SimConfig(deployment(hop=0.0), workload="fixed:8,200", num_requests=8, concurrency=4, cost=cost))
+    starts, ends, _ = res.metrics.batch_series(0)
+    poll_ms = PREPARE_POLL_S * 1e3
+    seen_ms = math.ceil(short_ms / poll_ms) * poll_ms
+    assert len(starts) % 2 == 0
+    assert (ends[-1] - starts[0]) * 1e3 == pytest.approx(len(starts) // 2 * (10.0 + seen_ms), rel=1e-9)

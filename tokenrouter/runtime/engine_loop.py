@@ -13,12 +13,11 @@ from typing import Any
 
 from tokenrouter.core.batch import Batch, StepResult
 from tokenrouter.core.messages import Action
-from tokenrouter.core.overlap import prepare_time
+from tokenrouter.core.overlap import PREPARE_POLL_S, StepClock, prepare_time
 from tokenrouter.core.scheduler import Scheduler
 from tokenrouter.engine.errors import BatchError, StepFailed
 from tokenrouter.runtime.logs import JsonlLog
 from tokenrouter.runtime.stats import Counters
-from tokenrouter.runtime.step_clock import StepClock
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +129,7 @@ class EngineLoop(ABC):
             left = at - time.monotonic()
             if left <= 0:
                 return
-            self.receive(min(0.002, left))  # 2 ms slices: notice an early end of k soon enough
+            self.receive(min(PREPARE_POLL_S, left))  # slices: notice an early end of k soon enough
 
     def launch(self) -> bool:
         """Schedule and launch one step; False when `schedule` formed nothing."""
