@@ -82,9 +82,12 @@ def _line(xs: list[float], ys: list[float]) -> tuple[float, float]:
 
 def host_costs(raw: dict[str, Any], served: list[dict[str, Any]] | None = None,
                gate_ms: float = 0.0) -> HostCosts | None:  # fmt: skip
-    """The loop's host time per step without overlap (from the real server's `serving_gap` records when measured,
-    less the coordinator's round trips `gate_ms`; else from the bare loop) and what it adds with overlap, as a
-    fraction of the GPU time."""
+    """The loop's host time per step without overlap and what it adds with overlap, as a fraction of the GPU time.
+    Without overlap: the bare loop's line; with the real server's `serving_gap` records (less the coordinator's
+    round trips `gate_ms`), their level, steps-weighted, at the bare loop's slope per row when the bare loop has
+    two row counts. The served steps hold the server's per-step costs, but a server runs few steps of more than
+    one row under step-sync (7 and 8 rows, 93 steps, in the 2026-12-02 run), which do not fix a slope that holds
+    at 40-60 rows: theirs (0.031 ms/row) charged 1.75 ms at 40 rows where the bare loop's timers give 0.006."""
     recs = list(raw.get("host", {}).values())
     sync = [r for r in recs if not r["overlap"]]
     if not sync and not served:
@@ -103,7 +106,13 @@ def host_costs(raw: dict[str, Any], served: list[dict[str, Any]] | None = None,
                 return r["idle_ms"]
             return r["gap_ms"] + inside[0] + inside[1] * r["rows"]
 
-        c0, row = _line([r["rows"] for r in served], [max(0.0, idle_ms(r) - gate_ms) for r in served])
+        xs, ys = [r["rows"] for r in served], [max(0.0, idle_ms(r) - gate_ms) for r in served]
+        if len({r["rows"] for r in sync}) > 1:
+            row = _line([r["rows"] for r in sync], [host_ms(r) for r in sync])[1]
+            w = [r.get("steps", 1) for r in served]
+            c0 = max(0.0, sum(wi * (y - row * x) for wi, x, y in zip(w, xs, ys, strict=True)) / sum(w))
+        else:
+            c0, row = _line(xs, ys)
     else:
         c0, row = _line([r["rows"] for r in sync], [host_ms(r) for r in sync])
     fracs = [max(0.0, r["loop_ms"] / r["gpu_ms"] - 1.0) for r in recs if r["overlap"] and r.get("gpu_ms")]

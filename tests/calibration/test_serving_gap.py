@@ -57,6 +57,19 @@ def test_the_host_line_without_overlap_comes_from_the_served_idle_time_less_the_
     assert bare is not None and bare.c0_ms == pytest.approx(0.1) and bare.row_ms == 0.0
 
 
+def test_with_the_bare_loop_at_two_row_counts_the_slope_is_its_and_the_served_steps_set_the_level():
+    # Bare loop: 0.1 ms of host time at one row, 0.17 at eight (0.01 ms a row). Served: 0.9 ms idle at one row over
+    # 90 steps, 1.6 at eight over 10 (a slope of 0.1 between them, from few steps), 0.1 ms of round trips each.
+    one = {"rows": 1, "overlap": False, "loop_ms": 1.1, "gpu_ms": 1.0, "step_host_ms": 0.05}
+    raw = {"host": {"1": one, "8": {**one, "rows": 8, "loop_ms": 1.17}}}
+    served = [{"rows": 1, "gap_ms": 0.5, "idle_ms": 0.9, "steps": 90}, {"rows": 8, "gap_ms": 1.0, "idle_ms": 1.6,
+                                                                         "steps": 10}]  # fmt: skip
+    h = host_costs(raw, served, gate_ms=0.1)
+    assert h is not None and h.row_ms == pytest.approx(0.01)
+    # level: (90 * (0.8 - 0.01) + 10 * (1.5 - 0.08)) / 100
+    assert h.c0_ms == pytest.approx(0.853)
+
+
 def test_serving_gaps_gathers_finished_tasks_only():
     res = {"serving/a|b": {"complete": True, "gaps": {"a": [{"rows": 1, "gap_ms": 1.0, "steps": 30}]}},
            "serving/a|c": {"gaps": {"a": [{"rows": 2, "gap_ms": 9.0, "steps": 30}]}},  # cut short
