@@ -10,6 +10,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 import torch
@@ -388,10 +389,11 @@ def _aot_compile() -> int:
         if constexprs["USE_PDL"] != ("griddepcontrol.wait" in ptx):
             print(f"{fn.__name__} {constexprs}: griddepcontrol.wait misplaced", file=sys.stderr)
             return 1
-        path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"tr_{fn.__name__}.ptx")
-        with open(path, "w") as f:
-            f.write(ptx)
-        subprocess.run([ptxas, "--gpu-name", "sm_90a", path, "-o", os.devnull], check=True)
+        with tempfile.TemporaryDirectory() as tmp:  # a directory of this run's own: suites may run side by side
+            path = os.path.join(tmp, f"tr_{fn.__name__}.ptx")
+            with open(path, "w") as f:
+                f.write(ptx)
+            subprocess.run([ptxas, "--gpu-name", "sm_90a", path, "-o", os.devnull], check=True)
         print("ok", fn.__name__, constexprs)
     return 0
 
