@@ -3,9 +3,11 @@ installed (it is the optional extra `ray`; CI installs it)."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 
+import psutil
 import pytest
 from cluster_helpers import serve_prompts
 from rt_helpers import tiny_config
@@ -45,11 +47,21 @@ def test_tr_serve_ray_local_answers_and_stops_every_process(tmp_path):
 
 @pytest.fixture(scope="module")
 def ray():
-    """One local Ray head for the module (the tests' servers connect to it and leave it running)."""
+    """One local Ray head for the module (the tests' servers connect to it and leave it running). Its processes end
+    with the module: `ray.shutdown` once left the GCS server and raylet running after a suite on a loaded machine."""
     ray = pytest.importorskip("ray")
+    me = psutil.Process()
+    before = {c.pid for c in me.children(recursive=True)}
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
+    started = [c for c in me.children(recursive=True) if c.pid not in before]
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+        for c in started:
+            with contextlib.suppress(psutil.Error):
+                c.kill()
+        psutil.wait_procs(started, timeout=10)
 
 
 def actor_alive(ray, actor) -> bool:
