@@ -16,6 +16,7 @@ from tokenrouter.calibration.cost import CostModel
 from tokenrouter.calibration.passes import PassFn
 from tokenrouter.calibration.step_stats import StepStats
 from tokenrouter.core.graph_rule import GraphRule
+from tokenrouter.runtime.parent_watch import term_when_parent_dies
 
 pytestmark = pytest.mark.runtime  # worker processes
 
@@ -23,7 +24,8 @@ pytestmark = pytest.mark.runtime  # worker processes
 def calibrate(*args: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "tokenrouter.cli.tr", "calibrate", "-m", "tiny-small", "-m", "tiny-large",
            "--device", "cpu", "--quick", "--sm-splits", "100/100", "--routers", "r2r", *args]  # fmt: skip
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    # stopped with the test run, however it ends (a killed suite once left it measuring)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, preexec_fn=term_when_parent_dies)
 
 
 def test_calibrate_resumes_and_writes_a_profile_the_simulator_reads(tmp_path):
@@ -85,7 +87,7 @@ def test_on_cpu_the_pair_is_measured_at_one_split(tmp_path):
     for given, splits in (([], [[100, 100]]), (["--sm-splits", "100/100,40/60"], [[100, 100], [40, 60]])):
         out = tmp_path / f"p{len(given)}.json"
         cmd = [sys.executable, "-m", "tokenrouter.cli.tr", "calibrate", *base, *given, "-o", str(out)]
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, preexec_fn=term_when_parent_dies)
         assert p.returncode == 3, p.stderr  # cut by the deadline before any task: the plan is in the partial
         assert json.loads((tmp_path / f"{out.name}.partial.json").read_text())["plan"]["splits"] == splits
 
