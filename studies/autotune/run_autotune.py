@@ -843,6 +843,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tail-s", type=float, default=10.0, help="stop the shift bench this long after its last phase")
     p.add_argument("--inbench-hops", default="0.05,0.2,0.05",
                    help="the inbench step's hop rates, one phase each (in_bench.py)")  # fmt: skip
+    p.add_argument("--inbench-n", type=int, default=N,
+                   help="the inbench step's clients (its phases move the hop rate only)")  # fmt: skip
     a = p.parse_args(argv)
     a.out = a.out or str(ROOT / "studies/autotune/results" / dt.date.today().isoformat())
     steps = a.steps.split(",")
@@ -888,7 +890,9 @@ def main(argv: list[str] | None = None) -> int:
         "stable": st.stable,
         "nramp": lambda: st.shifting("n_ramp", [(a.hop_ramp, a.n_low), (a.hop_ramp, a.n_high), (a.hop_ramp, a.n_low)]),
         "nstatic": n_static,
-        "inbench": lambda: in_bench(st, [(h, N) for h in inbench_hops], {(h, N): cands.get(h, []) for h in cands}),
+        "inbench": lambda: in_bench(
+            st, [(h, a.inbench_n) for h in inbench_hops], {(h, a.inbench_n): cands.get(h, []) for h in cands}
+        ),
         "inbenchn": lambda: in_bench(
             st,
             [(a.hop_ramp, a.n_low), (a.hop_ramp, a.n_high), (a.hop_ramp, a.n_low)],
