@@ -101,11 +101,16 @@ def test_autotune_changes_b_while_requests_stream_and_no_token_is_lost(served):
     reverts = re.search(r"^tokenrouter_autotune_reverts_total (\S+)$", httpx.get(served.url + "/metrics").text, re.M)
     assert reverts and float(reverts.group(1)) == 0  # verification is off here
     # Two reads (the state above, the thresholds now) may straddle a later change under load: both must be B that
-    # autotune logged as applied, and neither the starting one.
-    applied = [[int(x) for x in b.split(",")] for b in re.findall(r"autotune: B \S+ -> (\S+) \(predicted", log)]
-    applied += [[int(x) for x in b.split(",")] for b in re.findall(
-        r"autotune: B \S+ -> (\S+) \(predicted", served.log.read_text())]  # fmt: skip
-    assert state["thresholds"] in applied and _thresholds(served.url) in applied
+    # autotune logged as applied, and neither the starting one. The front-end logs a change once the subservers
+    # took it, so /metrics can show a B a moment before its line is written: the log gets 10 s to catch up.
+    now_b, deadline = _thresholds(served.url), time.monotonic() + 10
+    while True:
+        applied = [[int(x) for x in b.split(",")] for b in re.findall(
+            r"autotune: B \S+ -> (\S+) \(predicted", served.log.read_text())]  # fmt: skip
+        if (state["thresholds"] in applied and now_b in applied) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert state["thresholds"] in applied and now_b in applied, (state["thresholds"], now_b, applied)
     assert "policy delayed thresholds " + str(new) in log  # each subserver logged what it applied
     # Every committed token counted once by the subserver that wrote it: the counters add up to what clients got.
     want = TOKENS * len(done)
