@@ -127,9 +127,8 @@ def feasible_set(num_models: int, concurrency: int, limit: int) -> list[B] | Non
 
 def neighbours(b: B, steps: Sequence[int], concurrency: int) -> list[B]:
     """The feasible compass moves: one step up and down per B_i, one step traded between two models (along the
-    deadlock guard's edge, where the best B often sits) and, for two models, both up or both down. A move up that
-    crosses the guard stops on its edge (`onto_edge`): with long steps at large N, dropping it instead left the
-    search in the interior (autotune at N = 62 settled 9.5% short, live, never having tried a B on the edge)."""
+    deadlock guard's edge, where the best B often sits), for two models both up or both down; a move over the edge
+    stops on it (`onto_edge`: dropped, long steps at large N kept autotune's search inside, 9.5% short live)."""
     out = []
     m = len(b)
     moves = [{i: d} for i, s in enumerate(steps) for d in (s, -s)]
@@ -147,10 +146,7 @@ def onto_edge(b: B, c: B, concurrency: int) -> B:
     """Move `b` -> `c` shortened until the deadlock guard holds: the raised B_i lowered one at a time, the one
     raised most first (the last on ties); `c` itself when it is feasible or no raised B_i is left to lower."""
     c = list(c)
-    while not guard_holds(c, concurrency):
-        up = [(c[k] - b[k], k) for k in range(len(c)) if c[k] > b[k]]
-        if not up:
-            break
+    while not guard_holds(c, concurrency) and (up := [(c[k] - b[k], k) for k in range(len(c)) if c[k] > b[k]]):
         c[max(up)[1]] -= 1
     return tuple(c)
 
