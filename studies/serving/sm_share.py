@@ -6,7 +6,8 @@
 One `tokenrouter serve --sm-percent SPLIT` per split and repeat (an MPS share is fixed when a subserver's CUDA
 context starts, so a split cannot change on a running server); the splits run in turn, their order reversed on
 every other repeat so a drift of the machine cancels. On each server every cell (N clients, the flat B named) runs
-one `tokenrouter bench --sim` of `--requests-per-n` x N requests, low-effort prompts, outputs 256. Writes
+one `tokenrouter bench` of `--requests-per-n` x N requests, low-effort prompts, outputs 256 (the server's B is the
+config's for N: name it in the cell; `--sim` beside it only at `--sim-splits`, the splits the profile measured). Writes
 sm_share.csv (one row per load: split, repeat, N, B, live and simulated tok/s, TPOT p50, each model's step time
 and rows per step) after every load and prints the mean per split and cell, with its gap to 100,100.
 """
@@ -59,6 +60,7 @@ def main() -> int:
     p.add_argument("--cells", default="8:3,6;64:23,42", help="N:B loads run on every server")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--requests-per-n", type=int, default=8)
+    p.add_argument("--sim-splits", default=BASE, help="splits to run `bench --sim` at (the profile's measured ones)")
     a = p.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -80,7 +82,8 @@ def main() -> int:
         for n, b in cells:
             if time.monotonic() - t0 > a.deadline - 20:
                 break
-            bench = ["--policy", "delayed", "--thresholds", b, "--sm-percent", split]
+            # The server runs the config's B for N; --sim prices only the SM splits the profile measured.
+            bench = ["--policy", "delayed", "--thresholds", b] if split in a.sim_splits.split(";") else []
             try:
                 rec, loops = bench_cell(url, a.config, names, out / "bench.json", n=n, requests=a.requests_per_n * n,
                                         workload="low-effort", max_output=max(8, int(256 * a.scale)),
