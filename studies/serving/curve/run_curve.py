@@ -75,11 +75,11 @@ def plot(rows: list[dict], path: Path) -> None:
     df = pd.DataFrame(rows)
     df = df[df.max_output == SHORT_OUTPUT]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    for server, g in df.groupby("server"):
-        g = g.sort_values("N")
-        ax1.plot(g.N, g.output_throughput_tok_s, "o-", label=f"{server} live")
-        ax1.plot(g.N, g.sim_output_throughput_tok_s, "x--", alpha=0.6, label=f"{server} sim")
-        ax2.plot(g.output_throughput_tok_s, g.tpot_ms_p50, "o-", label=server)
+    for i, (server, g) in enumerate(df.groupby("server")):
+        g, c = g.sort_values("N"), f"C{i}"  # one colour per server: its live line and its simulated one
+        ax1.plot(g.N, g.output_throughput_tok_s, "o-", color=c, label=f"{server} live")
+        ax1.plot(g.N, g.sim_output_throughput_tok_s, "x--", color=c, alpha=0.6, label=f"{server} sim")
+        ax2.plot(g.output_throughput_tok_s, g.tpot_ms_p50, "o-", color=c, label=server)
     ax1.set(xscale="log", xlabel="concurrency N", ylabel="output tok/s (whole run)")
     ax2.set(xlabel="output tok/s", ylabel="TPOT p50 ms")
     ax1.legend(fontsize=7)
