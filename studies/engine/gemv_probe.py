@@ -71,12 +71,13 @@ def op_shapes(spec) -> dict[str, tuple[int, int]]:
     return {"qkv": (q + 2 * kv, h), "o": (h, q), "gate_up": (2 * inter, h), "down": (h, inter), "down_silu": (h, inter)}
 
 
-def sweep_configs(G, m: int, n: int, k: int, num_sms: int) -> dict[str, Any]:
-    """Alternative tiles for (a'): FMA tiles where the register tile stays small, tensor-core tiles for any M
-    (split-K by the table's rule for that tile)."""
+def sweep_configs(G, m: int, n: int, k: int, num_sms: int, fma_rows: int = 4) -> dict[str, Any]:
+    """Alternative tiles for (a'): FMA tiles where the register tile stays small (M <= `fma_rows`; above M = 2 also
+    narrower K tiles, whose [M, N, K] accumulator fits the registers), tensor-core tiles for any M (split-K by the
+    table's rule for that tile)."""
     out: dict[str, Any] = {}
-    if m <= 4:
-        fma = [(4, 1024), (8, 512), (16, 512)] if m <= 2 else [(4, 1024), (8, 512)]
+    if m <= fma_rows:
+        fma = [(4, 1024), (8, 512), (16, 512)] if m <= 2 else [(4, 1024), (8, 512), (4, 512), (4, 256), (8, 256)]
         for bn, bk in fma:
             out[f"fma{bn}x{bk}"] = G.GemvConfig(dot=False, block_n=bn, block_k=min(bk, k), num_warps=4, num_stages=3)
     for bn, bk, st in ((64, 128, 4), (64, 256, 3), (128, 128, 3), (32, 128, 4)):
@@ -148,7 +149,7 @@ class GemvProbe(eb.Harness):
         gen = torch.Generator(device=dev).manual_seed(zlib.crc32(f"{model}/{op}".encode()))
         ws = [torch.randn(n, k, device=dev, dtype=dt, generator=gen) * k**-0.5 for _ in range(copies)]
         counters = G.arrival_counters(n, dev)
-        rows = ROWS if self.cuda else (1, 4)
+        rows = tuple(int(r) for r in self.args.rows.split(",")) if self.cuda else (1, 4)
         for m in rows:
             kx = 2 * k if silu else k
             x = torch.randn(m, kx, device=dev, dtype=dt, generator=gen)
@@ -157,21 +158,26 @@ class GemvProbe(eb.Harness):
             table = G.gemv_config(m, n, k, self.num_sms)
             base = {"model": self.label(model), "op": op, "m": m, "n": n, "k": k}
 
-            def ours(cfg, pdl=False, x=x, y=y):
-                return lambda: [G.skinny_gemm(x, w, silu=silu, counters=counters, config=cfg, out=y, pdl=pdl)
-                                for w in ws]  # fmt: skip
+            def ours(cfg, pdl=False, x=x, y=y, preload=False):
+                return lambda: [G.skinny_gemm(x, w, silu=silu, counters=counters, config=cfg, out=y, pdl=pdl,
+                                              preload=preload) for w in ws]  # fmt: skip
 
             if sweep:
-                alternatives = sweep_configs(G, m, n, k, self.num_sms)
+                alternatives = sweep_configs(G, m, n, k, self.num_sms, self.args.fma_rows)
                 if not self.cuda:  # smoke: one tile of each kind
                     alternatives = {n_: c for n_, c in alternatives.items() if n_ in ("fma8x512", "dot64x128s4")}
+                if self.args.sweep_pdl:  # the table's tile beside them, launched as the engine launches it
+                    alternatives = {"table": table, **alternatives}
                 for name, cfg in alternatives.items():
-                    if cfg == table:
+                    if cfg == table and name != "table":
                         continue
                     try:
                         err = self.check(x, ws[-1], silu, cfg, counters)
-                        us = self.time_us(ours(cfg), copies)
-                        self.out["sweep"].append({**base, "config": cfg_name(cfg), "us": us, "err": err})
+                        rec = {**base, "config": cfg_name(cfg) + (" (table)" if name == "table" else ""), "err": err}
+                        rec["us"] = self.time_us(ours(cfg), copies)
+                        if self.args.sweep_pdl and self.cuda:  # PDL, and FMA weight tiles loaded before its wait
+                            rec["us_pdl"] = self.time_us(ours(cfg, pdl=True, preload=not cfg.dot), copies)
+                        self.out["sweep"].append(rec)
                     except Exception as e:
                         self.error(f"sweep {self.label(model)} {op} M={m} {name}", e)
                 continue
@@ -418,6 +424,7 @@ class GemvProbe(eb.Harness):
                       f"{statistics.median(gains) if gains else 0:+.1%}; top: " + "; ".join(
                           f"{k[0].removeprefix('qwen3-')} {k[1]} M{k[2]} {s['config']} {s['us']:.1f} vs "
                           f"{cases[k]['ours_us']:.1f}" for k, s in top))[:170])  # fmt: skip
+            L += pdl_sweep_lines(o["sweep"])
         L.append(f"[b] decode ms (graph step/replay) ctx {CTX} | %copy b1 | launches/layer (skinny) | corr vs fp32 "
                  f"| on without L2 prefetch b1")  # fmt: skip
         nopf = {r["model"]: r for r in o["engine"] if r["variant"] == "on_nopf"}
@@ -446,6 +453,22 @@ class GemvProbe(eb.Harness):
         return L
 
 
+def pdl_sweep_lines(sweep: list[dict[str, Any]]) -> list[str]:
+    """--sweep-pdl: per (model, op, M), the table's tile against the fastest tile, both launched with PDL."""
+    by: dict[tuple, list[dict]] = {}
+    for s in sweep:
+        if s.get("us_pdl") is not None:
+            by.setdefault((s["model"], s["op"], s["m"]), []).append(s)
+    lines = []
+    for (model, op, m), rs in by.items():
+        table = next((r for r in rs if r["config"].endswith("(table)")), None)
+        best = min(rs, key=lambda r: r["us_pdl"])
+        t = f"{table['us_pdl']:.2f}" if table else "-"
+        lines.append(f"  [a' pdl] {model.removeprefix('qwen3-')} {op} M{m}: table {t} us, best {best['config']} "
+                     f"{best['us_pdl']:.2f} us")  # fmt: skip
+    return lines
+
+
 def few_rows_scenario(eng, seed: int, long_prompts: bool, forced: dict | None = None) -> dict[str, Any]:
     """Decode steps of one and two rows (graph buckets 1 and 2: the FMA path), which perf_probe's scenario never
     has: two prompts prefilled (eager), 4 decodes of the first alone, 4 of both. Tokens appended after each step
@@ -468,6 +491,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--deadline", type=float, default=225.0,
                    help="s; work that would end after this is skipped (and listed)")  # fmt: skip
     p.add_argument("--skip-sweep", action="store_true")
+    p.add_argument("--skip-engine", action="store_true", help="no (b): kernels and sweep only")
+    p.add_argument("--rows", default=",".join(map(str, ROWS)), help="M values of (a) and (a')")
+    p.add_argument("--fma-rows", type=int, default=4, help="(a'): FMA tiles up to this M")
+    p.add_argument(
+        "--sweep-pdl",
+        action="store_true",
+        help="(a'): also time each tile with PDL (+ FMA weight pre-load), the table's tile included",
+    )
     args = p.parse_args(argv)
     if args.smoke and args.ops == ",".join(OPS):
         args.ops = "qkv,down_silu"
@@ -485,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
     # (b) first: the engine numbers decide the switch; then (a) and, with the time left, (a').
     for model in probe.models():
         est = ENGINE_SECONDS.get(model, 30) if probe.cuda else 0
-        if probe.elapsed() + est > args.deadline:
+        if args.skip_engine or probe.elapsed() + est > args.deadline:
             probe.out["skipped"].append(f"engine {probe.label(model)}")
             continue
         probe.guarded(f"engine {model}", probe.engine_model, model)
