@@ -38,8 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import step_profile as sp
 
-OFF = {"gemv_preload": False, "gemv_fold_norm": False, "gemv_lm_head": False, "argmax_chunk": 0}
-DEFAULT = {"gemv_preload": True, "gemv_fold_norm": True, "gemv_lm_head": False, "argmax_chunk": 1024}
+OFF = {"gemv_preload": False, "gemv_fold_norm": False, "gemv_lm_head": False, "argmax_chunk": 0, "small_m_table": False}
+DEFAULT = {"gemv_preload": True, "gemv_fold_norm": True, "gemv_lm_head": False, "argmax_chunk": 1024,
+           "small_m_table": True}  # fmt: skip
 VARIANTS: list[tuple[str, dict[str, Any]]] = [
     ("base", OFF),
     ("preload", {**OFF, "gemv_preload": True}),
@@ -48,14 +49,19 @@ VARIANTS: list[tuple[str, dict[str, Any]]] = [
     ("lm_head", {**DEFAULT, "gemv_lm_head": True}),
     ("base_again", OFF),
     ("default_again", DEFAULT),
+    # the measured tiles for 2..8 rows (triton_gemv.SMALL_M_TABLE) off: the rule's tensor-core tiles, as before
+    ("no_small_m", {**DEFAULT, "small_m_table": False}),
+    ("no_small_m_again", {**DEFAULT, "small_m_table": False}),
 ]
 MODELS = {"qwen3-0.6b": (1, 8), "qwen3-32b": (1, 8)}
+SMALL_M_TABLE = None  # the engine's measured table, saved before any variant empties it
 
 
 def apply(eng, sw: dict[str, Any]) -> None:
     """Set the switches on a built engine and recapture its graphs."""
     g = eng.model.gemv
     g.preload, g.fold_norm, g.lm_head = sw["gemv_preload"], sw["gemv_fold_norm"], sw["gemv_lm_head"]
+    g.ops.SMALL_M_TABLE = SMALL_M_TABLE if sw["small_m_table"] else {}  # read by gemv_config at capture
     eng.config.argmax_chunk = sw["argmax_chunk"]
     eng.recapture()
 
@@ -128,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variants", default="", help="comma list (default: all)")
     p.add_argument("--steps", type=int, default=32, help="greedy decode steps per comparison")
     p.add_argument("--budget", type=float, default=330.0, help="seconds; later models/variants are skipped")
+    p.add_argument("--batches", default="", help="batch sizes on the GPU (default 1,8; graphs captured for each)")
     p.add_argument("--rows", action="store_true", help="only the large model's 9-16 token rows (rows_study)")
     p.add_argument("--rows-eager", dest="rows_varlen", action="store_false",
                    help="rows study without varlen graphs (the limit-8 path runs eagerly)")  # fmt: skip
@@ -154,8 +161,15 @@ def main(argv: list[str] | None = None) -> int:
         for e in res["errors"]:
             print("ERROR", e)
         return 0
-    variants = [v for v in VARIANTS if not args.variants or v[0] in args.variants.split(",")]
-    models = {"tiny-small": (1, 4)} if not cuda else {m: MODELS[m] for m in args.models.split(",")}
+    global SMALL_M_TABLE
+    from tokenrouter.engine import triton_gemv
+
+    SMALL_M_TABLE = triton_gemv.SMALL_M_TABLE
+    named = dict(VARIANTS)
+    # in the order given (the first is the reference of the greedy comparison)
+    variants = [(n, named[n]) for n in args.variants.split(",")] if args.variants else VARIANTS
+    batches_arg = tuple(int(b) for b in args.batches.split(",")) if args.batches else None
+    models = {"tiny-small": (1, 4)} if not cuda else {m: batches_arg or MODELS[m] for m in args.models.split(",")}
     for model, batches in models.items():
         if prof.elapsed() > args.budget:
             prof.out["errors"].append(f"{model}: skipped (time budget)")
@@ -165,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
             t = time.perf_counter()
             kw = {"ops_backend": "triton", "attention_backend": "triton"} if not cuda else {}
             eng = prof.engine(model, num_pages=8 * 80 + sp.WIDTH // 16 + 64 if cuda else 400,
-                              max_context_len=sp.WIDTH if cuda else 256, graph_buckets=(1, 8), **kw)  # fmt: skip
+                              max_context_len=sp.WIDTH if cuda else 256, graph_buckets=tuple(sorted({1, 8, *batches})),
+                              **kw)  # fmt: skip
             prof.log(f"{model}: built in {time.perf_counter() - t:.1f}s")
             g = torch.Generator().manual_seed(5)
             lo, hi = (100, 900) if cuda else (5, 40)
@@ -180,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
                     continue  # no fold at hidden 5120; the LM head switch is for small models
                 try:
                     apply(eng, sw)
-                    rec: dict[str, Any] = {"model": model, "variant": name, **sw}
+                    rec: dict[str, Any] = {"model": model, "variant": name, "batches": batches, **sw}
                     for b in batches:
                         greedy = sp.greedy_run(eng, prompts[:b], args.steps if cuda else 3)
                         if b not in ref:
@@ -218,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
           "(ms: step back to back / replay; kernels; greedy rows identical to the first variant)")  # fmt: skip
     for r in rows:
         parts = []
-        for b in MODELS.get(r["model"], (1, 4)):
+        for b in r.get("batches", MODELS.get(r["model"], (1, 4))):
             if f"b{b}_step_ms" in r:
                 parts.append(f"b{b} {r[f'b{b}_step_ms']:.3f}/{r.get(f'b{b}_replay_ms', 0):.3f} "
                              f"k{r.get(f'b{b}_kernels', '-')} same {r[f'b{b}_rows_identical']}/{b} "

@@ -42,17 +42,27 @@ def test_skinny_gemm_compiles_for_sm90():
     _run_self("--aot", interpret=False)
 
 
+def _measured_tile(G, m: int, n: int, k: int) -> tuple[bool, int, int] | None:
+    """(dot, block_n, block_k) the small-M table names for M rows of an [n, k] weight, None where the rule holds."""
+    return next(((dot, bn, bk) for rows, dot, bn, bk, _ in G.SMALL_M_TABLE.get((n, k), ()) if m <= rows), None)
+
+
 def test_configs_for_qwen3_shapes():
-    """Shape-only configs: FMA for 1-2 rows, tensor cores above; every split a whole number of K tiles (no K
-    masks on real shapes), and enough programs to cover the H200's 132 SMs unless the split cap is hit."""
+    """Shape-only configs: FMA for one row, tensor cores above, except where the measured small-M table names a tile
+    (then exactly that tile); every split a whole number of K tiles (no K masks on real shapes), and by the rule
+    enough programs to cover the H200's 132 SMs unless the split cap is hit."""
     from tokenrouter.engine import triton_gemv as G
 
     for shapes in QWEN3_SHAPES.values():
         for n, k in shapes:
-            for m in (1, 2, 3, 8, 16):
+            for m in (1, 2, 3, 4, 5, 8, 16):
                 cfg = G.gemv_config(m, n, k, 132)
-                assert cfg.dot == (m > G.FMA_MAX_ROWS)
                 assert k % (cfg.split_k * cfg.block_k) == 0, (m, n, k, cfg)
+                measured = _measured_tile(G, m, n, k) if m > G.FMA_MAX_ROWS else None
+                if measured is not None:
+                    assert (cfg.dot, cfg.block_n, cfg.block_k) == measured, (m, n, k, cfg)
+                    continue
+                assert cfg.dot == (m > G.FMA_MAX_ROWS)
                 programs = -(-n // cfg.block_n) * cfg.split_k
                 assert programs >= 128 or cfg.split_k == 8, (m, n, k, cfg)
                 if not cfg.dot:
@@ -133,6 +143,7 @@ def _check_preload(G):
     fewer tiles than pre-load slots (the last split's); the policy pre-loads whole K slices or nothing."""
     C = G.GemvConfig
     cases = [(C(dot=False, block_n=4, block_k=16), 1), (C(dot=False, block_n=8, block_k=16, split_k=3), 1),
+             (C(dot=False, block_n=4, block_k=16), 3),  # FMA over several rows: the small-M table's tiles
              (C(dot=True, block_n=16, block_k=16), 3), (C(dot=True, block_n=32, block_k=16, split_k=2), 5)]  # fmt: skip
     g = torch.Generator().manual_seed(31)
     for cfg, m in cases:
@@ -345,6 +356,9 @@ def aot_variants():
         ("0.6b norm+qkv M=1 pdl preload", 1, 4096, 1024, False, True, True, True),
         ("0.6b norm+gate_up M=1 pdl preload", 1, 6144, 1024, False, True, True, True),
         ("0.6b norm+gate_up M=8 pdl preload", 8, 6144, 1024, False, True, True, True),
+        ("0.6b qkv M=2 pdl preload (measured FMA tile)", 2, 4096, 1024, False, True, True, False),
+        ("0.6b o M=4 pdl preload (measured FMA tile)", 4, 1024, 2048, False, True, True, False),
+        ("0.6b down+silu M=2 pdl preload (measured FMA tile)", 2, 1024, 3072, True, True, True, False),
     ]
 
 
@@ -413,3 +427,25 @@ def _aot_compile() -> int:
 if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     sys.exit(_interpret() if sys.argv[1:] == ["--interpret"] else _aot_compile())
+
+
+def test_engine_preloads_fma_tiles_at_any_rows_and_tensor_core_tiles_only_at_one(monkeypatch):
+    """GemvState.linear: the config it launches is `gemv_config`'s, and weight tiles are pre-loaded for FMA tiles
+    (Qwen3-0.6B's qkv at 2 rows: the measured table) but not for tensor-core tiles (8 rows), which lose from it."""
+    from types import SimpleNamespace
+
+    from tokenrouter.engine import triton_gemv as G
+    from tokenrouter.engine.layers import GemvState
+
+    calls = []
+    ops = SimpleNamespace(gemv_config=G.gemv_config, device_sms=G.device_sms,
+                          skinny_gemm=lambda *a, **kw: calls.append(kw))  # fmt: skip
+    state = GemvState(ops=ops, counters=torch.zeros(1), enabled=True, active=True, preload=True)
+    w = torch.empty(4096, 1024, device="meta")
+    for m in (1, 2, 8):
+        state.linear(torch.empty(m, 1024, device="meta"), w, None)
+    assert [kw["config"].dot for kw in calls] == [False, False, True]
+    assert [kw["preload"] for kw in calls] == [True, True, False]
+    state.preload = False
+    state.linear(torch.empty(2, 1024, device="meta"), w, None)
+    assert calls[-1]["preload"] is False
