@@ -21,9 +21,10 @@ from served import Served, fast_autotune_config, stream_completion, terminate
 KEY = "tune-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 TOKENS = 40
+LONG_TOKENS = 200  # client 0's requests: one is in flight whenever autotune's change lands (others may be between)
 CLIENTS = 6
 BENCH_TOKENS = 16
-RESULTS: dict[str, int] = {}  # what the tests before the last one sent (the last one checks the emit logs)
+RESULTS: dict[str, object] = {}  # what the tests before the last one sent (the last one checks the emit logs)
 
 
 @pytest.fixture(scope="module")
@@ -49,11 +50,12 @@ def _thresholds(url: str) -> list[int]:
 
 
 async def _load_until_b_changes(url: str, deadline_s: float = 240.0):
-    """CLIENTS streaming clients; a monitor polls /metrics. Returns (requests, (t_before, t_seen)) where the first
-    change happened in (t_before, t_seen]; clients run two more requests each after it."""
+    """CLIENTS streaming clients (client 0 asks LONG_TOKENS a request, the others TOKENS); a monitor polls /metrics.
+    Returns (requests as (start, end, stream, tokens asked), (t_before, t_seen)) where the first change happened in
+    (t_before, t_seen]; clients run two more requests each after it."""
     t0 = time.monotonic()
     now = lambda: time.monotonic() - t0  # noqa: E731
-    done: list[tuple[float, float, object]] = []
+    done: list[tuple[float, float, object, int]] = []
     seen: dict[str, float] = {}
     async with httpx.AsyncClient(timeout=120) as client:
 
@@ -68,11 +70,11 @@ async def _load_until_b_changes(url: str, deadline_s: float = 240.0):
                 await asyncio.sleep(0.2)
 
         async def worker(k: int) -> None:
-            after = 0
+            after, tokens = 0, LONG_TOKENS if k == 0 else TOKENS
             while after < 2 and now() < deadline_s:
                 start = now()
-                s = await stream_completion(client, url, [10 + k, 20 + len(done) % 50, 30], TOKENS)
-                done.append((start, now(), s))
+                s = await stream_completion(client, url, [10 + k, 20 + len(done) % 50, 30], tokens)
+                done.append((start, now(), s, tokens))
                 if "t_seen" in seen and start > seen["t_seen"]:
                     after += 1
 
@@ -85,9 +87,9 @@ def test_autotune_changes_b_while_requests_stream_and_no_token_is_lost(served):
     done, seen = asyncio.run(_load_until_b_changes(served.url))
     log = served.log.read_text()
     assert "t_seen" in seen, f"autotune never changed B:\n{log[-3000:]}"
-    for _, _, s in done:
+    for _, _, s, n in done:
         assert s.error is None and s.done, s.error
-        assert s.finish_reason == "length" and len(s.models) == TOKENS and s.usage["completion_tokens"] == TOKENS
+        assert s.finish_reason == "length" and len(s.models) == n and s.usage["completion_tokens"] == n
     # The change landed while requests were running: a subserver applied it with requests live. (Read from the
     # server's log, not client timestamps: on a loaded machine one /metrics poll can outlast every request.)
     live = [int(n) for n in re.findall(r"policy delayed thresholds \[[\d, ]+\] \((\d+) requests live\)", log)]
@@ -113,7 +115,7 @@ def test_autotune_changes_b_while_requests_stream_and_no_token_is_lost(served):
     assert state["thresholds"] in applied and now_b in applied, (state["thresholds"], now_b, applied)
     assert "policy delayed thresholds " + str(new) in log  # each subserver logged what it applied
     # Every committed token counted once by the subserver that wrote it: the counters add up to what clients got.
-    want = TOKENS * len(done)
+    want = sum(n for *_, n in done)
     deadline = time.monotonic() + 10
     while True:
         text = httpx.get(served.url + "/metrics", timeout=10).text
@@ -122,7 +124,7 @@ def test_autotune_changes_b_while_requests_stream_and_no_token_is_lost(served):
             break
         time.sleep(0.2)
     assert got == want
-    RESULTS["streamed"] = len(done)
+    RESULTS["streamed"] = [n for *_, n in done]
 
 
 def test_bench_hop_rate_phases_go_through_the_admin_endpoint(served, tmp_path):
@@ -155,4 +157,4 @@ def test_the_emit_logs_hold_every_token_once(served):
     assert RESULTS.get("streamed") and RESULTS.get("bench"), "runs after the two tests above"
     terminate(served)
     sums = [sum(n for _, n in json.loads(line)["runs"]) for line in served.hops.read_text().splitlines()]
-    assert sorted(sums) == sorted([BENCH_TOKENS] * RESULTS["bench"] + [TOKENS] * RESULTS["streamed"])
+    assert sorted(sums) == sorted([BENCH_TOKENS] * RESULTS["bench"] + RESULTS["streamed"])
