@@ -1,7 +1,6 @@
 """Run plots shared by `trsim run --plot` and `tr bench --plot` (panels: docs/simulator.md, Metrics). A run becomes a
 `RunSeries` first (from a simulator collector or a bench outcome), so the drawing has one input; matplotlib's object
-API, imported lazily.
-"""
+API, imported lazily."""
 
 from __future__ import annotations
 

@@ -3,8 +3,7 @@
 A law is (P, C) over the models, model 0 the entry (small) one: P[i][j] the probability that a request leaving a
 step on model i goes to j (j = i: it stays), C[i][j] whether the token sampled on that route is committed (False:
 the destination regenerates it). Each router's law: docs/markov.md, "Routers as (P, C)"; a trace router has none.
-Pure Python, so the core's config can check names and rates.
-"""
+Pure Python, so the core's config can check names and rates."""
 
 from __future__ import annotations
 

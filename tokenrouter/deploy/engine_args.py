@@ -1,6 +1,5 @@
 """A model's engine settings, derived from the deployment config, as keyword arguments for the engine's
-`EngineConfig` (a plain dict, so building a deployment needs no torch).
-"""
+`EngineConfig` (a plain dict, so building a deployment needs no torch)."""
 
 from __future__ import annotations
 

@@ -74,9 +74,7 @@ class GemvState:
     active: bool = False
     prefetch: bool = False  # L2 prefetch of the first weight bytes before the PDL wait
     silu_fold_max_k: int = 4096  # SiLU(gate)*up folded into the down projection up to this K
-    # Weight tiles in registers before the PDL wait: FMA tiles at any M, tensor-core tiles (which lose from it) only
-    # for inputs of <= preload_max_rows rows.
-    preload: bool = False
+    preload: bool = False  # weights in registers before the PDL wait: FMA tiles, tensor-core ones <= preload_max_rows
     preload_max_rows: int = 1
     fold_norm: bool = False  # residual add + RMSNorm in the qkv and gate|up projections (each program: the RMS)
     norm_fold_max_k: int = 4096
@@ -98,11 +96,10 @@ class GemvState:
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, silu: bool = False, **kw):
         """`skinny_gemm` with this state's switches; `kw`: the norm fold's arguments, `out`."""
-        m, (n, k) = x.shape[0], weight.shape
-        cfg = self.ops.gemv_config(m, n, k, self.ops.device_sms(x.device))
+        cfg = self.ops.gemv_config(x.shape[0], *weight.shape, self.ops.device_sms(x.device))
         return self.ops.skinny_gemm(
             x, weight, bias, silu=silu, counters=self.counters, config=cfg, pdl=self.pdl, prefetch=self.prefetch,
-            preload=self.preload and (m <= self.preload_max_rows or not cfg.dot), **kw,
+            preload=self.preload and (x.shape[0] <= self.preload_max_rows or not cfg.dot), **kw,
         )  # fmt: skip
 
 

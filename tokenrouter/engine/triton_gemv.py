@@ -40,15 +40,11 @@ FMA_TABLE: dict[tuple[int, int], tuple[int, int]] = {(6144, 4096): (16, 512), (4
                                                      (24576, 4096): (16, 512), (4096, 12288): (4, 1024),
                                                      (4096, 1024): (4, 1024), (1024, 2048): (4, 1024),
                                                      (6144, 1024): (16, 512), (1024, 3072): (4, 1024)}  # fmt: skip
-# Tiles for 2..8 rows per (N, K), measured launched as the engine launches them (PDL, FMA tiles pre-loaded;
-# `gemv_probe.py --sweep-pdl`, H200, studies/engine/results/2026-12-04-h200-gemv-small-m) and kept where they beat
-# the rule by > 3%: Qwen3-0.6B's qkv and o, and its down projection at M = 2. Each entry is (largest M, dot, block_n,
-# block_k, num_stages), ascending in M; an M above the last entry, or a shape not listed, follows `dot_config`.
+# Tiles for 2..8 rows measured as the engine launches them (gemv_probe --sweep-pdl, H200; docs/engine.md, Measured
+# choices), kept where > 3% faster than the rule: (N, K) -> ((largest M, dot, block_n, block_k, stages), ...) ascending.
 SMALL_M_TABLE: dict[tuple[int, int], tuple[tuple[int, bool, int, int, int], ...]] = {
-    (4096, 1024): ((2, False, 16, 512, 3), (8, True, 64, 256, 3)),
-    (1024, 2048): ((2, False, 4, 1024, 3), (4, False, 4, 512, 3), (8, True, 64, 256, 3)),
-    (1024, 3072): ((2, False, 4, 1024, 3),),
-}
+    (4096, 1024): ((2, False, 16, 512, 3), (8, True, 64, 256, 3)), (1024, 3072): ((2, False, 4, 1024, 3),),
+    (1024, 2048): ((2, False, 4, 1024, 3), (4, False, 4, 512, 3), (8, True, 64, 256, 3))}  # fmt: skip
 
 
 def _fma_rule(n: int, k: int) -> tuple[int, int]:
@@ -79,9 +75,8 @@ def gemv_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS) -> GemvC
         return GemvConfig(dot=False, block_n=bn, block_k=bk, split_k=1, num_warps=4, num_stages=3)
     for rows, dot, bn, bk, stages in SMALL_M_TABLE.get((n, k), ()):
         if m <= rows:
-            if dot:
-                return dot_config(n, k, num_sms, block_n=bn, block_k=bk, num_stages=stages)
-            return GemvConfig(dot=False, block_n=bn, block_k=min(bk, k), split_k=1, num_warps=4, num_stages=stages)
+            return (dot_config(n, k, num_sms, bn, bk, stages) if dot else
+                    GemvConfig(dot=False, block_n=bn, block_k=min(bk, k), num_stages=stages))  # fmt: skip
     return dot_config(n, k, num_sms)
 
 

@@ -1,7 +1,6 @@
 """Co-located models in the Markov model: T(B) at the co-location fixed point of that B (docs/markov.md,
 "Co-located models"): the chain's busy fractions re-price the steps, iterated (damped by halves) until no busy
-fraction moves by more than `tol`. `trsim tune` and autotune share this solve.
-"""
+fraction moves by more than `tol`. `trsim tune` and autotune share this solve."""
 
 from __future__ import annotations
 

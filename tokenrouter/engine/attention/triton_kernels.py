@@ -19,8 +19,7 @@ def _attend_tile(
     """One online-softmax step over keys `start .. start + BLOCK_N - 1` (base-2 exponent domain).
 
     MASKED tiles apply the causal mask and the split end `hi`; unmasked tiles are known to lie entirely
-    below every query's position and inside the split, so they skip both (and the page-table bound).
-    """
+    below every query's position and inside the split, so they skip both (and the page-table bound)."""
     offs_n = start + tl.arange(0, BLOCK_N)
     if MASKED:
         n_ok = offs_n < hi

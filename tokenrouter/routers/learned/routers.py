@@ -1,7 +1,6 @@
 """Learned routers of two models (0 = small, 1 = large): R2R, CITER, Co-LLM, R-Stitch (docs/routers.md). Each is a
 core `Router` whose decision on each model is a `DeviceRouter` the engine runs inside its step; one instance serves
-one subserver (`bind(model)`) and can be built with only that part.
-"""
+one subserver (`bind(model)`) and can be built with only that part."""
 
 from __future__ import annotations
 
