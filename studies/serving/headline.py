@@ -98,6 +98,23 @@ def bench_cell(
     return rec, {m: small_loop(before, after, m) for m in names}
 
 
+def start_study_server(
+    a: argparse.Namespace, serve_args: list[str], log: Path
+) -> tuple[subprocess.Popen, str, float | None, list[str]]:
+    """`tokenrouter serve --config --device` plus `serve_args` on `a.port`, its log at `log`: (process, URL, startup
+    seconds or None when it did not come up, the served model names; empty when it did not)."""
+    proc, url, up = start_server(["--config", a.config, "--device", a.device, *serve_args], a.port, log, timeout_s=300)
+    if up is None:
+        print(f"{log.stem}: server did not come up: {log.read_text()[-600:] if log.exists() else ''}")
+        return proc, url, None, []
+    return proc, url, up, _get(url + "/v1/models")["data"][0]["id"].split("+")
+
+
+def loop_columns(loops: dict[str, dict]) -> dict[str, float | None]:
+    """Each model's `MODEL_step_ms` and `MODEL_rows_per_step` over a cell (`bench_cell`'s loop counters)."""
+    return {f"{m}_{k}": lp[k] for m, lp in loops.items() for k in ("step_ms", "rows_per_step")}
+
+
 def study_args(doc: str | None, servers: str, port: int) -> argparse.ArgumentParser:
     """The flags every live serving study here takes (the `--servers` groups it runs, a port to start them from)."""
     p = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
@@ -133,15 +150,10 @@ def main() -> int:
         if time.monotonic() - t_start > a.deadline - 60:
             print(f"skip {tag}: deadline")
             continue
-        log = out / f"serve_{tag}.log"
-        proc, url, up = start_server(["--config", a.config, "--device", a.device, *serve_args], a.port, log,
-                                     timeout_s=300)  # fmt: skip
+        proc, url, up, names = start_study_server(a, serve_args, out / f"serve_{tag}.log")
         raw["servers"][tag] = {"startup_s": up}
         if up is None:
-            print(f"{tag}: server did not come up: {log.read_text()[-600:]}")
             continue
-        models = [m["id"] for m in _get(url + "/v1/models")["data"]]
-        names = models[0].split("+")
         for c in cells:
             if time.monotonic() - t_start > a.deadline - 20:
                 print(f"skip {tag} {c.key}: deadline")
@@ -163,9 +175,8 @@ def main() -> int:
                    "steady_output_throughput_tok_s": rec.get("steady_output_throughput_tok_s"),
                    "sim_output_throughput_tok_s": rec.get("sim_output_throughput_tok_s"),
                    "sim_steady_output_throughput_tok_s": rec.get("sim_steady_output_throughput_tok_s")}  # fmt: skip
-            for m, lp in loops.items():
-                row[f"{m}_step_ms"], row[f"{m}_rows_per_step"] = lp["step_ms"], lp["rows_per_step"]
-                row[f"{m}_overhead_frac"] = lp["overhead_frac"]
+            row.update(loop_columns(loops))
+            row.update({f"{m}_overhead_frac": lp["overhead_frac"] for m, lp in loops.items()})
             rows.append(row)
             if c.key.endswith("_tok_s"):
                 headline[c.key] = live

@@ -23,9 +23,9 @@ from pathlib import Path
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from headline import _f, _get, _gpu_name, bench_cell, study_args
+from headline import _f, _gpu_name, bench_cell, loop_columns, start_study_server, study_args
 
-from tokenrouter.bench.server import start_server, stop_server
+from tokenrouter.bench.server import stop_server
 
 BASE = "100,100"
 
@@ -73,12 +73,9 @@ def main() -> int:
             print(f"skip split {split} repeat {rep}: deadline")
             continue
         log = out / f"serve_{split.replace(',', '_')}_{rep}.log"
-        proc, url, up = start_server(["--config", a.config, "--device", a.device, "--sm-percent", split], a.port, log,
-                                     timeout_s=300)  # fmt: skip
+        proc, url, up, names = start_study_server(a, ["--sm-percent", split], log)
         if up is None:
-            print(f"split {split}: server did not come up ({log})")
             continue
-        names = next(m["id"] for m in _get(url + "/v1/models")["data"]).split("+")
         for n, b in cells:
             if time.monotonic() - t0 > a.deadline - 20:
                 break
@@ -94,8 +91,7 @@ def main() -> int:
             row = {"split": split, "repeat": rep, "N": n, "B": b, "tok_s": rec.get("output_throughput_tok_s"),
                    "sim_tok_s": rec.get("sim_output_throughput_tok_s"), "tpot_ms_p50": rec.get("tpot_ms_p50"),
                    "failed": rec.get("requests_failed")}  # fmt: skip
-            for m, lp in loops.items():
-                row[f"{m}_step_ms"], row[f"{m}_rows_per_step"] = lp["step_ms"], lp["rows_per_step"]
+            row.update(loop_columns(loops))
             rows.append(row)
             pd.DataFrame(rows).to_csv(out / "sm_share.csv", index=False)
             print(f"split {split} rep {rep} N={n} B {b}: live {_f(row['tok_s'])} tok/s, sim {_f(row['sim_tok_s'])}",

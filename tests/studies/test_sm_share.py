@@ -37,3 +37,12 @@ def test_gap_is_each_splits_mean_against_the_uncapped_mean_of_the_same_cell(sm):
     assert g.loc[(8, "100,80"), "vs_base"] == pytest.approx(1530.0 / 1510.0 - 1.0)
     assert g.loc[(8, "100,100"), "count"] == 2
     assert pd.isna(g.loc[(64, "100,80"), "vs_base"])
+
+
+def test_loop_columns_name_each_models_step_and_rows(sm):
+    from headline import loop_columns  # sm_share's shared helper (studies/serving/headline.py)
+
+    loops = {"a": {"step_ms": 1.5, "rows_per_step": 4.0, "overhead_frac": 0.1}, "b": {"step_ms": 20.0,
+             "rows_per_step": None}}  # fmt: skip
+    assert loop_columns(loops) == {"a_step_ms": 1.5, "a_rows_per_step": 4.0, "b_step_ms": 20.0,
+                                   "b_rows_per_step": None}  # fmt: skip

@@ -24,10 +24,10 @@ from pathlib import Path
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from headline import _f, _get, _gpu_name, bench_cell, study_args
+from headline import _f, _gpu_name, bench_cell, loop_columns, start_study_server, study_args
 from run_serving import KEYS
 
-from tokenrouter.bench.server import start_server, stop_server
+from tokenrouter.bench.server import stop_server
 
 # tag -> (serve args beyond --config/--device, bench args, largest N)
 SERVERS: dict[str, tuple[list[str], list[str], int]] = {
@@ -113,13 +113,10 @@ def main() -> int:
         if time.monotonic() - t_start > a.deadline - 60:
             print(f"skip {tag}: deadline")
             continue
-        proc, url, up = start_server(["--config", a.config, "--device", a.device, *serve_args], a.port,
-                                     out / f"serve_{tag}.log", timeout_s=300)  # fmt: skip
+        proc, url, up, names = start_study_server(a, serve_args, out / f"serve_{tag}.log")
         raw["servers"][tag] = {"startup_s": up}
         if up is None:
-            print(f"{tag}: server did not come up")
             continue
-        names = next(m["id"] for m in _get(url + "/v1/models")["data"]).split("+")
         for n, max_out in cells:
             if time.monotonic() - t_start > a.deadline - 20:
                 print(f"skip {tag} N={n} out={max_out}: deadline")
@@ -138,8 +135,7 @@ def main() -> int:
             row = {"server": tag, "N": n, "max_output": max_out, "requests": reqs,
                    **{k: rec.get(k) for k in (*KEYS, *EXTRA)},
                    **{f"sim_{k}": rec.get(f"sim_{k}") for k in ("output_throughput_tok_s", *EXTRA)}}  # fmt: skip
-            for m, lp in loops.items():
-                row[f"{m}_step_ms"], row[f"{m}_rows_per_step"] = lp["step_ms"], lp["rows_per_step"]
+            row.update(loop_columns(loops))
             rows.append(row)
             save()
             live, sim = _f(row["output_throughput_tok_s"]), _f(row["sim_output_throughput_tok_s"])
