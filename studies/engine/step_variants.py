@@ -10,7 +10,9 @@ Switches (`EngineConfig` fields; toggled on one built engine, graphs recaptured 
 - `gemv_fold_norm`: residual add + RMSNorm ride in the qkv and gate|up projections (two launches fewer a layer;
   one row, hidden <= 4096);
 - `gemv_lm_head`: the LM head of one-row graph steps through the skinny GEMM instead of cuBLAS;
-- `argmax_chunk`: the greedy argmax by our chunked kernel, merged in the sampler (not torch's reduction).
+- `argmax_chunk`: the greedy argmax by our chunked kernel, merged in the sampler (not torch's reduction);
+- `small_m_table`: the measured skinny-GEMM tiles for 2-8 rows (`triton_gemv.SMALL_M_TABLE`);
+- `norm_fold_rows`: the largest step (rows) whose norms fold into the projections (`GemvState.norm_fold_max_rows`).
 
 Per model (Qwen3-0.6B, then Qwen3-32B while the time budget lasts), per variant, in the order given (the
 first variant is the reference; `base` and `all` are repeated at the end, so A/B/A/B shows the spread):
@@ -38,9 +40,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import step_profile as sp
 
-OFF = {"gemv_preload": False, "gemv_fold_norm": False, "gemv_lm_head": False, "argmax_chunk": 0, "small_m_table": False}
+OFF = {"gemv_preload": False, "gemv_fold_norm": False, "gemv_lm_head": False, "argmax_chunk": 0, "small_m_table": False,
+       "norm_fold_rows": 1}  # fmt: skip
 DEFAULT = {"gemv_preload": True, "gemv_fold_norm": True, "gemv_lm_head": False, "argmax_chunk": 1024,
-           "small_m_table": True}  # fmt: skip
+           "small_m_table": True, "norm_fold_rows": 1}  # fmt: skip
 VARIANTS: list[tuple[str, dict[str, Any]]] = [
     ("base", OFF),
     ("preload", {**OFF, "gemv_preload": True}),
@@ -52,6 +55,10 @@ VARIANTS: list[tuple[str, dict[str, Any]]] = [
     # the measured tiles for 2..8 rows (triton_gemv.SMALL_M_TABLE) off: the rule's tensor-core tiles, as before
     ("no_small_m", {**DEFAULT, "small_m_table": False}),
     ("no_small_m_again", {**DEFAULT, "small_m_table": False}),
+    # the residual add + RMSNorm folded into the qkv and gate|up projections at up to 8 rows, not only at one
+    # (slower at 2-8 rows on 2026-12-04, also with the RMS over the real rows only: its fold_rows.patch)
+    ("fold_rows8", {**DEFAULT, "norm_fold_rows": 8}),
+    ("fold_rows8_again", {**DEFAULT, "norm_fold_rows": 8}),
 ]
 MODELS = {"qwen3-0.6b": (1, 8), "qwen3-32b": (1, 8)}
 SMALL_M_TABLE = None  # the engine's measured table, saved before any variant empties it
@@ -62,6 +69,7 @@ def apply(eng, sw: dict[str, Any]) -> None:
     g = eng.model.gemv
     g.preload, g.fold_norm, g.lm_head = sw["gemv_preload"], sw["gemv_fold_norm"], sw["gemv_lm_head"]
     g.ops.SMALL_M_TABLE = SMALL_M_TABLE if sw["small_m_table"] else {}  # read by gemv_config at capture
+    g.norm_fold_max_rows = sw["norm_fold_rows"]
     eng.config.argmax_chunk = sw["argmax_chunk"]
     eng.recapture()
 

@@ -278,7 +278,8 @@ def _check_engine_speed_switches(G):
     """The engine with the decode-step switches on (weight tiles before the wait, norms folded into the qkv and
     gate|up projections, older keys before the wait, the chunked greedy argmax) and off (emulated graphs,
     Triton ops and attention): the same greedy tokens and logits to fp32 rounding through the whole scenario,
-    both against HF; two launches fewer per decode layer (one in the first, whose norm gathers the embedding)."""
+    both against HF; two launches fewer per decode layer (one in the first, whose norm gathers the embedding), in
+    steps of one row and of three."""
     from pathlib import Path
 
     from engine_testlib import Scenario, check_against_hf, make_hf_checkpoint, rel_err, tiny_engine
@@ -299,17 +300,20 @@ def _check_engine_speed_switches(G):
             scn.finish()
             check_against_hf(scn, hf, tol=1e-4)
             runs.append(scn.records)
-            req = Request("x", list(range(1, 21)), 20)
-            assert eng.kv_pool.grow(req.pages, 21)
-            eng.step(Batch(0, 0, [BatchRow(req, 0, 20)]))
-            req.num_computed = 20
-            req.token_ids.append(5)
-            lc = count_graph_body_launches(eng, Batch(0, 1, [BatchRow(req, 20, 1)]))
-            counts.append((lc.per_layer(), len(lc.sections["step"])))
+            reqs = [Request(f"x{i}", list(range(1 + i, 21 + i)), 20) for i in range(3)]
+            for i, req in enumerate(reqs):
+                assert eng.kv_pool.grow(req.pages, 21)
+                eng.step(Batch(0, i, [BatchRow(req, 0, 20)]))
+                req.num_computed = 20
+                req.token_ids.append(5)
+            # decode steps of one row and of three (the norms fold only into one-row steps: `norm_fold_max_rows`)
+            for rows in (1, 3):
+                lc = count_graph_body_launches(eng, Batch(0, 9, [BatchRow(r, 20, 1) for r in reqs[:rows]]))
+                counts.append((rows, lc.per_layer(), len(lc.sections["step"])))
             assert eng.model.gemv.counters.eq(0).all() and eng.split_counters.eq(0).all()
         for a, b in zip(*runs, strict=True):
             assert a.token == b.token and rel_err(a.logits, b.logits) < 1e-5, (a.rid, a.pos)
-        assert counts == [([7, 6], 5), ([8, 8], 5)], counts
+        assert counts == [(1, [7, 6], 5), (3, [8, 8], 5), (1, [8, 8], 5), (3, [8, 8], 5)], counts
 
 
 def _interpret() -> int:
