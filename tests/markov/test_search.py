@@ -126,6 +126,18 @@ def test_scaled_fallback_never_raises_and_explores_little(monkeypatch: pytest.Mo
     assert sum(explored) <= 20 * 5_000
 
 
+def test_scaled_fallback_predicts_its_b_when_that_chain_fits_the_budget() -> None:
+    """The search at N = 16 does not fit 2,000 states, so B comes scaled from N = 8; the chain of that one B fits
+    on a coarser quantum, and the outcome carries its throughput (what `trsim tune` prints as Markov tok/s) rather
+    than none: the same value `evaluate_thresholds` gives for that B within the same budget."""
+    model = r2r(16)
+    out = search_thresholds(model, max_states=2_000)
+    assert "scaled from the search at N=8" in out.note
+    res, _, _ = evaluate_thresholds(model, out.thresholds, 2_000)
+    assert out.throughput_tok_s is not None and out.throughput_tok_s == pytest.approx(res.throughput_tok_s)
+    assert [r.thresholds for r in out.ranked] == [out.thresholds]
+
+
 @pytest.mark.parametrize(
     ("b", "frm", "to", "want"),
     [((3, 4), 16, 64, (12, 16)), ((1, 4), 8, 16, (1, 8)), ((16, 1, 1), 16, 32, (32, 1, 1)), ((5, 5), 8, 16, (9, 8))],
