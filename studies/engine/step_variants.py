@@ -12,7 +12,8 @@ Switches (`EngineConfig` fields; toggled on one built engine, graphs recaptured 
 - `gemv_lm_head`: the LM head of one-row graph steps through the skinny GEMM instead of cuBLAS;
 - `argmax_chunk`: the greedy argmax by our chunked kernel, merged in the sampler (not torch's reduction);
 - `small_m_table`: the measured skinny-GEMM tiles for 2-8 rows (`triton_gemv.SMALL_M_TABLE`);
-- `norm_fold_rows`: the largest step (rows) whose norms fold into the projections (`GemvState.norm_fold_max_rows`).
+- `norm_fold_rows`: the largest step (rows) whose norms fold into the projections (`GemvState.norm_fold_max_rows`);
+- `decode_splits`: decode attention's KV split count (`decode_num_splits`; None: the kernel chooses per batch).
 
 Per model (Qwen3-0.6B, then Qwen3-32B while the time budget lasts), per variant, in the order given (the
 first variant is the reference; `base` and `all` are repeated at the end, so A/B/A/B shows the spread):
@@ -41,9 +42,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import step_profile as sp
 
 OFF = {"gemv_preload": False, "gemv_fold_norm": False, "gemv_lm_head": False, "argmax_chunk": 0, "small_m_table": False,
-       "norm_fold_rows": 1}  # fmt: skip
+       "norm_fold_rows": 1, "decode_splits": None}  # fmt: skip
 DEFAULT = {"gemv_preload": True, "gemv_fold_norm": True, "gemv_lm_head": False, "argmax_chunk": 1024,
-           "small_m_table": True, "norm_fold_rows": 1}  # fmt: skip
+           "small_m_table": True, "norm_fold_rows": 1, "decode_splits": None}  # fmt: skip
 VARIANTS: list[tuple[str, dict[str, Any]]] = [
     ("base", OFF),
     ("preload", {**OFF, "gemv_preload": True}),
@@ -59,6 +60,10 @@ VARIANTS: list[tuple[str, dict[str, Any]]] = [
     # (slower at 2-8 rows on 2026-12-04, also with the RMS over the real rows only: its fold_rows.patch)
     ("fold_rows8", {**DEFAULT, "norm_fold_rows": 8}),
     ("fold_rows8_again", {**DEFAULT, "norm_fold_rows": 8}),
+    # decode attention in 17 KV splits at every batch (the kernel's choice at width 8,256: 33 at b = 1, 9 at b = 8):
+    # 64-key splits at 1k context for b = 8 too, twice the programs of its 128-key splits
+    ("splits17", {**DEFAULT, "decode_splits": 17}),
+    ("splits17_again", {**DEFAULT, "decode_splits": 17}),
 ]
 MODELS = {"qwen3-0.6b": (1, 8), "qwen3-32b": (1, 8)}
 SMALL_M_TABLE = None  # the engine's measured table, saved before any variant empties it
@@ -70,6 +75,7 @@ def apply(eng, sw: dict[str, Any]) -> None:
     g.preload, g.fold_norm, g.lm_head = sw["gemv_preload"], sw["gemv_fold_norm"], sw["gemv_lm_head"]
     g.ops.SMALL_M_TABLE = SMALL_M_TABLE if sw["small_m_table"] else {}  # read by gemv_config at capture
     g.norm_fold_max_rows = sw["norm_fold_rows"]
+    eng.config.decode_num_splits = sw["decode_splits"]  # None: the kernel's own choice per batch
     eng.config.argmax_chunk = sw["argmax_chunk"]
     eng.recapture()
 
