@@ -178,8 +178,10 @@ def _print_points(dep: DeploymentConfig, best: Candidate, workload: str) -> None
         t.add_row(str(p.concurrency), format_b(mb), "-" if mtok != mtok else f"{mtok:,.0f}",
                   "-" if at_mb is None else f"{at_mb:,.0f}", chosen, f"{p.best_throughput:,.0f}",
                   f"{p.tpot_ms[1]:.2f}", str(len(p.choice.scouted)))  # fmt: skip
-    if slo is not None:
-        t.caption = f"B of highest simulated steady tok/s whose TPOT p99 <= {slo:g} ms"
+    notes = [f"B of highest simulated steady tok/s whose TPOT p99 <= {slo:g} ms"] if slo is not None else []
+    if any(p.markov[1] != p.markov[1] for p in best.points):  # nan: no prediction
+        notes.append("Markov tok/s -: the chain of its B* does not fit the proposal budget at that N")
+    t.caption = "; ".join(notes) or None
     Console().print(t)
     for p in best.points:
         if p.choice.note:

@@ -328,3 +328,17 @@ def test_no_placement_meeting_the_slo_is_said_and_the_lowest_tpot_is_written(cap
     low = min(by.values(), key=lambda c: (c["tpot_ms_p50_p99"][1], c["gpus"]))
     assert note["chosen"] == low["candidate"] and note["slo_tpot_ms_p99"] == 0.5
     assert "ranked last" in text and "no candidate meets TPOT p99 <= 0.5 ms at any N" in text
+
+
+def test_the_tune_table_says_why_a_markov_prediction_is_missing(capsys, tmp_path):
+    """N = 16's chain does not fit the proposal budget (its B* is scaled from N = 8 without a prediction): the
+    table prints '-' for it and a caption saying why; N = 2 alone gets a number and no caption."""
+    out = {}
+    for n in ("2", "2,16"):
+        rc, text, _ = call(["tune", *FAST, "-n", n, "-o", str(tmp_path / "t.yaml")], capsys)
+        assert rc == 0
+        out[n] = text
+    why = "Markov tok/s -: the chain of its B* does not fit the proposal budget"
+    assert why not in out["2"] and why in " ".join(out["2,16"].split())
+    row16 = next(line for line in out["2,16"].splitlines() if line.strip("│ ").startswith("16 "))
+    assert row16.split("│")[3].strip() == "-"
