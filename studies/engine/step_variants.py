@@ -13,7 +13,9 @@ Switches (`EngineConfig` fields; toggled on one built engine, graphs recaptured 
 - `argmax_chunk`: the greedy argmax by our chunked kernel, merged in the sampler (not torch's reduction);
 - `small_m_table`: the measured skinny-GEMM tiles for 2-8 rows (`triton_gemv.SMALL_M_TABLE`);
 - `norm_fold_rows`: the largest step (rows) whose norms fold into the projections (`GemvState.norm_fold_max_rows`);
-- `decode_splits`: decode attention's KV split count (`decode_num_splits`; None: the kernel chooses per batch).
+- `decode_splits`: decode attention's KV split count (`decode_num_splits`; None: the kernel chooses per batch);
+- `split_programs`: the programs an SM the kernel's split choice aims at (`triton_decode.DECODE_PROGRAMS_PER_SM`);
+- `short_config`: (num_warps, num_stages) of decode splits of at most 4 key tiles (`SHORT_DECODE_CONFIG`).
 
 Per model (Qwen3-0.6B, then Qwen3-32B while the time budget lasts), per variant, in the order given (the
 first variant is the reference; `base` and `all` are repeated at the end, so A/B/A/B shows the spread):
@@ -41,10 +43,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import step_profile as sp
 
+from tokenrouter.engine.attention import triton_common, triton_decode
+
 OFF = {"gemv_preload": False, "gemv_fold_norm": False, "gemv_lm_head": False, "argmax_chunk": 0, "small_m_table": False,
-       "norm_fold_rows": 1, "decode_splits": None}  # fmt: skip
+       "norm_fold_rows": 1, "decode_splits": None, "split_programs": 4, "short_config": (2, 1)}  # fmt: skip
 DEFAULT = {"gemv_preload": True, "gemv_fold_norm": True, "gemv_lm_head": False, "argmax_chunk": 1024,
-           "small_m_table": True, "norm_fold_rows": 1, "decode_splits": None}  # fmt: skip
+           "small_m_table": True, "norm_fold_rows": 1, "decode_splits": None, "split_programs": 4,
+           "short_config": (2, 1)}  # fmt: skip
 VARIANTS: list[tuple[str, dict[str, Any]]] = [
     ("base", OFF),
     ("preload", {**OFF, "gemv_preload": True}),
@@ -64,6 +69,15 @@ VARIANTS: list[tuple[str, dict[str, Any]]] = [
     # 64-key splits at 1k context for b = 8 too, twice the programs of its 128-key splits
     ("splits17", {**DEFAULT, "decode_splits": 17}),
     ("splits17_again", {**DEFAULT, "decode_splits": 17}),
+    # fewer decode splits (17 were slower at b = 8 on 2026-12-04): the split choice aiming at 2 or 1 programs an SM,
+    # b = 1 / 2 / 4 / 8 at width 8,256: 17 / 9 / 5 / 3 (1 an SM) and 33 / 17 / 9 / 5 (2) instead of 33 / 33 / 17 / 9
+    ("programs2", {**DEFAULT, "split_programs": 2}),
+    ("programs2_again", {**DEFAULT, "split_programs": 2}),
+    ("programs1", {**DEFAULT, "split_programs": 1}),
+    ("programs1_again", {**DEFAULT, "split_programs": 1}),
+    # short decode splits (<= 4 key tiles) with 4 warps instead of 2
+    ("short_w4", {**DEFAULT, "short_config": (4, 1)}),
+    ("short_w4_again", {**DEFAULT, "short_config": (4, 1)}),
 ]
 MODELS = {"qwen3-0.6b": (1, 8), "qwen3-32b": (1, 8)}
 SMALL_M_TABLE = None  # the engine's measured table, saved before any variant empties it
@@ -76,6 +90,10 @@ def apply(eng, sw: dict[str, Any]) -> None:
     g.ops.SMALL_M_TABLE = SMALL_M_TABLE if sw["small_m_table"] else {}  # read by gemv_config at capture
     g.norm_fold_max_rows = sw["norm_fold_rows"]
     eng.config.decode_num_splits = sw["decode_splits"]  # None: the kernel's own choice per batch
+    # both read at each launch, so the recapture below takes them
+    triton_decode.DECODE_PROGRAMS_PER_SM = sw["split_programs"]
+    warps, stages = sw["short_config"]
+    triton_common.SHORT_DECODE_CONFIG = triton_common.KernelConfig(block_n=64, num_warps=warps, num_stages=stages)
     eng.config.argmax_chunk = sw["argmax_chunk"]
     eng.recapture()
 
@@ -148,6 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variants", default="", help="comma list (default: all)")
     p.add_argument("--steps", type=int, default=32, help="greedy decode steps per comparison")
     p.add_argument("--budget", type=float, default=330.0, help="seconds; later models/variants are skipped")
+    p.add_argument("--ctx", type=int, default=1024, help="context tokens of every row in the timed steps (GPU)")
+    p.add_argument("--width", type=int, default=sp.WIDTH,
+                   help="block-table width in tokens (GPU; sets the decode split count; serving: the model's context)")  # fmt: skip
     p.add_argument("--batches", default="", help="batch sizes on the GPU (default 1,8; graphs captured for each)")
     p.add_argument("--rows", action="store_true", help="only the large model's 9-16 token rows (rows_study)")
     p.add_argument("--rows-eager", dest="rows_varlen", action="store_false",
@@ -192,9 +213,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             t = time.perf_counter()
             kw = {"ops_backend": "triton", "attention_backend": "triton"} if not cuda else {}
-            eng = prof.engine(model, num_pages=8 * 80 + sp.WIDTH // 16 + 64 if cuda else 400,
-                              max_context_len=sp.WIDTH if cuda else 256, graph_buckets=tuple(sorted({1, 8, *batches})),
-                              **kw)  # fmt: skip
+            eng = prof.engine(model, num_pages=8 * 80 + args.width // 16 + 64 if cuda else 400,
+                              max_context_len=args.width if cuda else 256,
+                              graph_buckets=tuple(sorted({1, 8, *batches})), **kw)  # fmt: skip
             prof.log(f"{model}: built in {time.perf_counter() - t:.1f}s")
             g = torch.Generator().manual_seed(5)
             lo, hi = (100, 900) if cuda else (5, 40)
@@ -218,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
                         rec[f"b{b}_rows_identical"] = c["rows_identical"]
                         rec[f"b{b}_first_divergence"] = c["first_divergence"]
                         rec[f"b{b}_logit_rel"] = c["first_step_logit_rel"]
-                        m = prof.measure(eng, f"{model}_{name}_b{b}", b, 1024 if cuda else 30)
+                        m = prof.measure(eng, f"{model}_{name}_b{b}", b, args.ctx if cuda else 30)
                         for k in ("step_ms", "step_wait_ms", "replay_ms", "floor_ms", "kernels", "busy_us", "span_us"):
                             if k in m:
                                 rec[f"b{b}_{k}"] = m[k]

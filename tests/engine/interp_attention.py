@@ -99,6 +99,23 @@ def test_triton_decode_fused_merge(
         assert counters.eq(0).all()
 
 
+def test_fused_merge_on_a_grid_much_wider_than_the_rows(tri, monkeypatch) -> None:
+    """A graph's grid is sized for the block table's width: at 64 splits, a 20-key row holds keys in 2 splits of
+    16 and 62 splits of its KV head are empty; the merge must weigh only the 2 and leave the counters at zero."""
+    lens = [20, 1, 0, 3]
+    case = make_case(lens, 2, 16, 4, seed=17)
+    q = torch.randn(len(lens), 4, 16, generator=torch.Generator().manual_seed(18))
+    args = (q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens, 0.25)
+    counters = split_counters(len(lens), 2, "cpu")
+    monkeypatch.setattr(tri.common, "split_reduce_kernel", _NoReduce())
+    cfg = tri.common.KernelConfig(**SMALL)
+    for _ in range(2):
+        out = tri.decode.decode_attention_triton(*args, out=nan_like(q), num_splits=64, config=cfg, counters=counters)
+        assert not out.isnan().any() and out[2].eq(0).all()
+        assert rel_err(out, oracle(q, case, [1] * len(lens), 0.25)) < 1e-4
+        assert counters.eq(0).all()
+
+
 def test_fused_merge_falls_back_to_reduce_kernel(tri) -> None:
     """Counters too small for the batch, or one split: the reduce-kernel / single-pass paths, same result."""
     case = make_case([30, 9], 2, 16, 4, seed=15)

@@ -41,12 +41,12 @@ def num_sms(device: torch.device) -> int:
 
 
 def choose_num_splits(num_programs: int, max_kv_len: int, sm_count: int, *, min_split_tokens: int = 256,
-                      max_splits: int = 64) -> int:  # fmt: skip
-    """KV splits for about 4 programs per SM, none finer than `min_split_tokens`; from shapes only (the grid
-    without splits, block-table width x page size)."""
+                      max_splits: int = 64, programs_per_sm: int = 4) -> int:  # fmt: skip
+    """KV splits for about `programs_per_sm` programs per SM, none finer than `min_split_tokens`; from shapes only
+    (the grid without splits, block-table width x page size)."""
     if max_kv_len <= min_split_tokens or num_programs <= 0:
         return 1
-    wanted = math.ceil(4 * sm_count / num_programs)
+    wanted = math.ceil(programs_per_sm * sm_count / num_programs)
     useful = math.ceil(max_kv_len / min_split_tokens)
     return max(1, min(wanted, useful, max_splits))
 

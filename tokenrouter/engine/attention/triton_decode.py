@@ -15,10 +15,14 @@ from tokenrouter.engine.attention.triton_common import (
     num_sms,
 )
 
+# The programs an SM the split choice aims at; read at each launch, so a study can change it between captures.
+DECODE_PROGRAMS_PER_SM = 4
+
 
 def decode_num_splits(batch: int, num_kv_heads: int, max_pages: int, page_size: int, device: torch.device) -> int:
     """The split count `decode_attention_triton` uses when none is given (exposed for benchmarks/graphs)."""
-    return choose_num_splits(batch * num_kv_heads, max_pages * page_size, num_sms(device))
+    return choose_num_splits(batch * num_kv_heads, max_pages * page_size, num_sms(device),
+                             programs_per_sm=DECODE_PROGRAMS_PER_SM)  # fmt: skip
 
 
 def decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
