@@ -167,8 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=32, help="greedy decode steps per comparison")
     p.add_argument("--budget", type=float, default=330.0, help="seconds; later models/variants are skipped")
     p.add_argument("--ctx", type=int, default=1024, help="context tokens of every row in the timed steps (GPU)")
-    p.add_argument("--width", type=int, default=sp.WIDTH,
-                   help="block-table width in tokens (GPU; sets the decode split count; serving: the model's context)")  # fmt: skip
+    p.add_argument("--width", type=int, default=sp.WIDTH, help="block-table width, tokens (GPU; fixes decode splits)")
     p.add_argument("--batches", default="", help="batch sizes on the GPU (default 1,8; graphs captured for each)")
     p.add_argument("--rows", action="store_true", help="only the large model's 9-16 token rows (rows_study)")
     p.add_argument("--rows-eager", dest="rows_varlen", action="store_false",
