@@ -98,7 +98,35 @@ def apply(eng, sw: dict[str, Any]) -> None:
     eng.recapture()
 
 
-ROW_CASES = [(1, 10), (4, 10), (8, 10), (8, 16), (16, 10)]  # (rows, tokens a row) of a large model's steps
+ROW_CASES = [(1, 10), (4, 10), (8, 10), (8, 16), (16, 10), (24, 10)]  # (rows, tokens a row) of a large model's steps
+
+
+def profile_step(prof: sp.Profiler, eng, bat, label: str) -> dict[str, dict[str, float]]:
+    """torch.profiler over one step of `bat` (after two unprofiled ones): its GPU kernels in launch order, written
+    as kernels_<label>.csv, and their count and busy us per class (`step_profile.classify`)."""
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(2):
+        eng.step(bat).result()
+    prof.sync()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as tp:
+        eng.step(bat).result()
+        prof.sync()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        tp.export_chrome_trace(str(path))
+        events = json.loads(path.read_text())["traceEvents"]
+    kernels = sorted(({"name": e["name"], "ts": float(e["ts"]), "dur": float(e.get("dur", 0))} for e in events
+                      if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")), key=lambda k: k["ts"])  # fmt: skip
+    t0 = kernels[0]["ts"] if kernels else 0.0
+    for k in kernels:
+        k["off"] = k["ts"] - t0
+    res = sp.classify(kernels, eng.spec.num_layers)
+    prof.write_kernels(label, kernels)
+    return {"span_us": res["span_us"], "busy_us": res["busy_us"], "kernels": res["kernels"],
+            **{c: v for c, v in res["classes"].items() if v["count"]}}  # fmt: skip
 
 
 def rows_study(prof: sp.Profiler, args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -142,6 +170,8 @@ def rows_study(prof: sp.Profiler, args: argparse.Namespace) -> list[dict[str, An
                     prof.sync()
                     rec[f"limit{limit}_path"] = path
                     rec[f"limit{limit}_ms"] = (time.perf_counter() - t0) / n * 1e3
+                    if cuda and args.rows_profile and limit == 8:
+                        rec["limit8_classes"] = profile_step(prof, eng, bat, f"{model}_rows{b}x{t}_limit8")
                     h = eng.step(bat, return_logits=True)
                     logits[limit] = h.result().logits.float()
                     rec[f"limit{limit}_varlen_bucket"] = getattr(h, "varlen_bucket", None)
@@ -170,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--width", type=int, default=sp.WIDTH, help="block-table width, tokens (GPU; fixes decode splits)")
     p.add_argument("--batches", default="", help="batch sizes on the GPU (default 1,8; graphs captured for each)")
     p.add_argument("--rows", action="store_true", help="only the large model's 9-16 token rows (rows_study)")
+    p.add_argument("--rows-profile", action="store_true",
+                   help="rows study: also the kernels of one limit-8 (varlen) step per case, by class")  # fmt: skip
     p.add_argument("--rows-eager", dest="rows_varlen", action="store_false",
                    help="rows study without varlen graphs (the limit-8 path runs eagerly)")  # fmt: skip
     args = p.parse_args(argv)
@@ -188,6 +220,11 @@ def main(argv: list[str] | None = None) -> int:
         (out / "step_variants.json").write_text(json.dumps(res, indent=1, default=str))
         print("ROWS (ms per step, result waited; limit 8: the default rule, limit 16: rows in the decode graphs)")
         for r in rows:
+            if "limit8_classes" in r:
+                cl = r["limit8_classes"]
+                print(f"  {r['rows']:2d} x {r['tokens']:2d} limit-8 kernels: span {cl['span_us'] / 1e3:.2f} ms, "
+                      + " ".join(f"{c} {v['count']}:{v['us'] / 1e3:.2f}" for c, v in cl.items()
+                                 if isinstance(v, dict)))  # fmt: skip
             print(f"  {r['model']} {r['rows']:2d} x {r['tokens']:2d}: limit 8 {r['limit8_ms']:.3f} "
                   f"({r['limit8_path']}, varlen bucket {r['limit8_varlen_bucket']}) "
                   f"limit 16 {r['limit16_ms']:.3f} ({r['limit16_path']}) logits rel {r['logit_rel']:.1e} "
