@@ -129,6 +129,46 @@ def profile_step(prof: sp.Profiler, eng, bat, label: str) -> dict[str, dict[str,
             **{c: v for c, v in res["classes"].items() if v["count"]}}  # fmt: skip
 
 
+def rows_wide_gemv(prof: sp.Profiler, eng, args: argparse.Namespace, out: list[dict[str, Any]], model: str,
+                   ctx: int) -> None:  # fmt: skip
+    """The rows study's varlen path again with its passes of up to `args.rows_gemv` tokens through the skinny GEMM's
+    tensor-core tiles (`gemv_varlen_max_rows`; one recapture): `limit8_gemv_ms` (and kernels) per case. Fresh
+    requests (the context KV is uninitialized memory), so no logit comparison: the tests check the values."""
+    import engine_bench as eb
+
+    from tokenrouter.core.batch import Batch, BatchRow
+
+    eng.config.graph_max_row_tokens = 8
+    eng._rules.clear()
+    eng.model.gemv.varlen_max_rows = args.rows_gemv
+    eng.recapture()
+    try:
+        for rec in out:
+            b, t = rec["rows"], rec["tokens"]
+            if prof.elapsed() > args.budget:
+                prof.out["errors"].append(f"rows {b}x{t} gemv: skipped (time budget)")
+                continue
+            reqs = eb.make_requests(eng, b, ctx)
+            try:
+                bat = Batch(0, 0, [BatchRow(r, ctx - t, t) for r in reqs])
+                for _ in range(3 if prof.cuda else 1):
+                    eng.step(bat).result()
+                prof.sync()
+                t0 = time.perf_counter()
+                n = 20 if prof.cuda else 1
+                for _ in range(n):
+                    eng.step(bat).result()
+                prof.sync()
+                rec["limit8_gemv_ms"] = (time.perf_counter() - t0) / n * 1e3
+                if prof.cuda and args.rows_profile:
+                    rec["limit8_gemv_classes"] = profile_step(prof, eng, bat, f"{model}_rows{b}x{t}_limit8_gemv")
+                prof.log(f"rows {b}x{t} gemv: {rec['limit8_gemv_ms']:.3f} ms (cuBLAS {rec['limit8_ms']:.3f})")
+            finally:
+                eb.release(eng, reqs)
+    finally:
+        eng.model.gemv.varlen_max_rows = 0
+
+
 def rows_study(prof: sp.Profiler, args: argparse.Namespace) -> list[dict[str, Any]]:
     """A large model's steps whose rows carry 9-16 tokens (the small model's run since its last visit): in the
     decode graphs (every token a virtual decode row; graph_max_row_tokens 16) against the varlen path (the
@@ -182,6 +222,8 @@ def rows_study(prof: sp.Profiler, args: argparse.Namespace) -> list[dict[str, An
                 prof.log(f"rows {b}x{t}: " + json.dumps(rec))
             finally:
                 eb.release(eng, reqs)
+        if args.rows_gemv and eng.model.gemv is not None:
+            rows_wide_gemv(prof, eng, args, out, model, ctx)
     finally:
         eng.config.graph_max_row_tokens = 16
         eng.close()
@@ -200,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--width", type=int, default=sp.WIDTH, help="block-table width, tokens (GPU; fixes decode splits)")
     p.add_argument("--batches", default="", help="batch sizes on the GPU (default 1,8; graphs captured for each)")
     p.add_argument("--rows", action="store_true", help="only the large model's 9-16 token rows (rows_study)")
+    p.add_argument("--rows-gemv", type=int, default=0,
+                   help="rows study: then varlen passes of up to N tokens via the skinny GEMM (0: not)")  # fmt: skip
     p.add_argument("--rows-profile", action="store_true",
                    help="rows study: also the kernels of one limit-8 (varlen) step per case, by class")  # fmt: skip
     p.add_argument("--rows-eager", dest="rows_varlen", action="store_false",
@@ -220,11 +264,15 @@ def main(argv: list[str] | None = None) -> int:
         (out / "step_variants.json").write_text(json.dumps(res, indent=1, default=str))
         print("ROWS (ms per step, result waited; limit 8: the default rule, limit 16: rows in the decode graphs)")
         for r in rows:
-            if "limit8_classes" in r:
-                cl = r["limit8_classes"]
-                print(f"  {r['rows']:2d} x {r['tokens']:2d} limit-8 kernels: span {cl['span_us'] / 1e3:.2f} ms, "
-                      + " ".join(f"{c} {v['count']}:{v['us'] / 1e3:.2f}" for c, v in cl.items()
-                                 if isinstance(v, dict)))  # fmt: skip
+            for key, what in (("limit8_classes", "limit-8"), ("limit8_gemv_classes", "limit-8 skinny")):
+                if key in r:
+                    cl = r[key]
+                    print(f"  {r['rows']:2d} x {r['tokens']:2d} {what} kernels: span {cl['span_us'] / 1e3:.2f} ms, "
+                          + " ".join(f"{c} {v['count']}:{v['us'] / 1e3:.2f}" for c, v in cl.items()
+                                     if isinstance(v, dict)))  # fmt: skip
+            if "limit8_gemv_ms" in r:
+                print(f"  {r['rows']:2d} x {r['tokens']:2d} varlen: cuBLAS {r['limit8_ms']:.3f} ms, "
+                      f"skinny GEMM {r['limit8_gemv_ms']:.3f} ms")  # fmt: skip
             print(f"  {r['model']} {r['rows']:2d} x {r['tokens']:2d}: limit 8 {r['limit8_ms']:.3f} "
                   f"({r['limit8_path']}, varlen bucket {r['limit8_varlen_bucket']}) "
                   f"limit 16 {r['limit16_ms']:.3f} ({r['limit16_path']}) logits rel {r['logit_rel']:.1e} "

@@ -120,6 +120,13 @@ def _check_kernels(G):
         for n, k in ((48, 64), (36, 96)):
             seed += 1
             _check_kernel(G, None, m, n, k, silu=m == 2, bias=False, seed=seed)
+    # more than 16 rows (varlen passes): one tensor-core row block of 32 / 64 rows, padded rows masked, split-K,
+    # and the heuristic's wide tiles
+    for cfg, m in ((C(dot=True, block_n=16, block_k=16), 17), (C(dot=True, block_n=16, block_k=32, split_k=2), 33),
+                   (None, 40)):  # fmt: skip
+        for i, (n, k) in enumerate(shapes[:2]):
+            seed += 1
+            _check_kernel(G, cfg, m, n, k, silu=i == 1, bias=i == 0, seed=seed)
     # bf16 plumbing on the FMA path (the interpreter truncates where GPUs round: loose tolerance). The
     # interpreter's tl.dot multiplies bf16 as raw uint16 (it stores bf16 that way), so the tensor-core path is
     # checked in fp32 here and in bf16 on the GPU (studies/engine/gemv_probe.py).
@@ -130,7 +137,10 @@ def _check_kernels(G):
         assert y.dtype == torch.bfloat16 and not G.gemv_config(m, 40, 64).dot
         ref = x.double() @ w.double().T
         assert float((y.double() - ref).abs().max() / ref.abs().max()) < 2e-2
-    for bad in (lambda: G.skinny_gemm(torch.randn(17, 64), torch.randn(8, 64)),
+    fma = C(dot=False, block_n=4, block_k=32)
+    for bad in (lambda: G.skinny_gemm(torch.randn(257, 64), torch.randn(8, 64)),
+                lambda: G.skinny_gemm(torch.randn(17, 64), torch.randn(8, 64), config=fma),
+                lambda: G.skinny_gemm(torch.randn(17, 64), torch.randn(8, 64), norm=(torch.ones(64), 1e-6)),
                 lambda: G.skinny_gemm(torch.randn(2, 63), torch.randn(8, 64)),
                 lambda: G.skinny_gemm(torch.randn(2, 64), torch.randn(8, 64), silu=True)):  # fmt: skip
         with pytest.raises(ValueError):
@@ -271,6 +281,44 @@ def _check_engine_matches_hf(G):
         assert eng.model.gemv.counters.eq(0).all()
 
 
+def _check_engine_varlen_wide_rows(G):
+    """`gemv_varlen_max_rows`: the varlen graph passes (emulated) of up to that many tokens take the skinny GEMM's
+    tensor-core tiles past 16 rows, decode graphs keep `gemv_max_rows`, eager passes cuBLAS; the scenario still
+    matches HF, and with 0 (the default) no varlen pass launches the skinny GEMM."""
+    from pathlib import Path
+
+    from engine_testlib import PLAN, Scenario, check_against_hf, make_hf_checkpoint, tiny_engine
+
+    # and a last step of 30 tokens (peer returns of 20 and 8 tokens): a varlen pass past 16 rows
+    plan = [*PLAN, [("a", None, True, list(range(1, 21))), ("b", None, True, list(range(30, 38)))]]
+    with tempfile.TemporaryDirectory() as tmp:
+        hf = make_hf_checkpoint(Path(tmp), seed=16)
+        real = G.skinny_gemm
+        for wide in (64, 0):
+            eng = tiny_engine(tmp, ops_backend="triton", graph_emulation=True, gemv_max_rows=4,
+                              gemv_fold_norm=False, gemv_varlen_max_rows=wide, max_num_batched_tokens=64)  # fmt: skip
+            calls: list[int] = []
+
+            def spy(x, *a, _calls=calls, **kw):
+                _calls.append(x.shape[0])
+                return real(x, *a, **kw)
+
+            G.skinny_gemm = spy
+            try:
+                scn = Scenario(eng, seed=16)
+                for _ in scn.run(plan):
+                    pass
+            finally:
+                G.skinny_gemm = real
+            check_against_hf(scn, hf, tol=1e-4)
+            big = sorted({m for m in calls if m > 4})
+            if wide:
+                assert big and max(big) <= wide and any(m > G.MAX_ROWS for m in big), sorted(set(calls))
+            else:
+                assert not big, sorted(set(calls))
+            assert eng.model.gemv.counters.eq(0).all()
+
+
 SPEED_SWITCHES = {"gemv_preload": True, "gemv_fold_norm": True, "gemv_lm_head": True, "argmax_chunk": 64}
 
 
@@ -328,7 +376,8 @@ def _interpret() -> int:
 
     patch_interpreter_for_numpy24()  # runtime-bound loops under numpy >= 2.4
     failed = 0
-    checks = (_check_kernels, _check_preload, _check_norm_fold, _check_engine_matches_hf, _check_engine_speed_switches)
+    checks = (_check_kernels, _check_preload, _check_norm_fold, _check_engine_matches_hf, _check_engine_speed_switches,
+              _check_engine_varlen_wide_rows)  # fmt: skip
     for fn in checks:
         try:
             fn(G)
@@ -363,6 +412,10 @@ def aot_variants():
         ("0.6b qkv M=2 pdl preload (measured FMA tile)", 2, 4096, 1024, False, True, True, False),
         ("0.6b o M=4 pdl preload (measured FMA tile)", 4, 1024, 2048, False, True, True, False),
         ("0.6b down+silu M=2 pdl preload (measured FMA tile)", 2, 1024, 3072, True, True, True, False),
+        ("0.6b down+silu M=48 pdl (wide rows)", 48, 1024, 3072, True, True, False, False),
+        ("32b qkv M=96 pdl (wide rows)", 96, 10240, 5120, False, True, False, False),
+        ("32b o M=256 pdl (wide rows, split-K)", 256, 5120, 8192, False, True, False, False),
+        ("32b down M=192 pdl (wide rows)", 192, 5120, 25600, False, True, False, False),
     ]
 
 

@@ -54,6 +54,9 @@ class EngineConfig:
     fuse_step_ops: bool = True  # embedding lookup and final add + gather + norm inside norm kernels
     triton_gemv: bool = True  # skinny GEMM for graph steps of up to `gemv_max_rows` tokens (needs the Triton ops)
     gemv_max_rows: int = 8  # 1..16
+    # Varlen graph passes of up to this many tokens through the skinny GEMM's tensor-core tiles (`wide_config`);
+    # 0: cuBLAS there (the default until measured faster: docs/engine.md, Measured choices). 0..256.
+    gemv_varlen_max_rows: int = 0
     # In graph steps of one row: `GemvState.preload`, `.fold_norm` and `.lm_head`.
     gemv_preload: bool = True
     gemv_fold_norm: bool = True
@@ -100,6 +103,8 @@ class EngineConfig:
             raise ValueError(f"mps_active_thread_percentage must be in 1..100, got {self.mps_active_thread_percentage}")
         if not 1 <= self.gemv_max_rows <= 16:
             raise ValueError(f"gemv_max_rows must be in 1..16, got {self.gemv_max_rows}")
+        if not 0 <= self.gemv_varlen_max_rows <= 256:
+            raise ValueError(f"gemv_varlen_max_rows must be in 0..256, got {self.gemv_varlen_max_rows}")
         if self.varlen_graph_buckets is not None and any(int(b) < 1 for b in self.varlen_graph_buckets):
             raise ValueError(f"varlen graph buckets must be >= 1, got {self.varlen_graph_buckets}")
         if self.varlen_long_rows < 4 or self.varlen_long_rows % 4 or self.varlen_short_q < 1:

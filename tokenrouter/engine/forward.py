@@ -50,12 +50,13 @@ class StepForward:
 
     def varlen_body(self, packed: torch.Tensor, layout: Layout, out: GraphOutputs, shape: VarlenShape) -> None:
         """What a varlen graph replays (or emulation runs): the eager pass at a padded shape, two attention groups."""
-        v = self.views(packed, layout)
-        self.prologue(v)
-        n = layout.num_logit_rows
-        hidden, logits = self.forward(v, layout, shape.tokens, out.hidden[:n], out.logits[:n],
-                                      groups=(shape.long_rows, shape.short_q))  # fmt: skip
-        self.sample_route(v, hidden, logits, self.e.eager_out_base)
+        with self.e.model.gemv_scope(varlen=True):
+            v = self.views(packed, layout)
+            self.prologue(v)
+            n = layout.num_logit_rows
+            hidden, logits = self.forward(v, layout, shape.tokens, out.hidden[:n], out.logits[:n],
+                                          groups=(shape.long_rows, shape.short_q))  # fmt: skip
+            self.sample_route(v, hidden, logits, self.e.eager_out_base)
 
     def eager_pass(self, packed: torch.Tensor, layout: Layout, max_q_len: int):
         """The rows outside the graph: one varlen forward; returns (hidden, logits) of its sampled rows."""

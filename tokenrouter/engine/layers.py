@@ -64,7 +64,8 @@ class RMSNorm(nn.Module):
 @dataclass(slots=True)
 class GemvState:
     """When the Triton skinny GEMM replaces cuBLAS, shared by a model's linear layers: inputs of 1..max_rows rows
-    while `active` (a graph body or its emulation runs). Limits measured on the H200 (docs/engine.md)."""
+    while `active` (a graph body or its emulation runs), 1..varlen_max_rows while `varlen` too (a varlen graph body;
+    0: cuBLAS there). Limits measured on the H200 (docs/engine.md)."""
 
     ops: ModuleType  # tokenrouter.engine.triton_gemv
     counters: torch.Tensor
@@ -72,6 +73,8 @@ class GemvState:
     max_rows: int = 8
     pdl: bool = False
     active: bool = False
+    varlen: bool = False
+    varlen_max_rows: int = 0  # <= triton_gemv.MAX_DOT_ROWS: the tensor-core tiles of `wide_config` past 16 rows
     prefetch: bool = False  # L2 prefetch of the first weight bytes before the PDL wait
     silu_fold_max_k: int = 4096  # SiLU(gate)*up folded into the down projection up to this K
     preload: bool = False  # weights in registers before the PDL wait: FMA tiles, tensor-core ones <= preload_max_rows
@@ -82,7 +85,8 @@ class GemvState:
     lm_head: bool = False  # the LM head of graph steps of up to `preload_max_rows` rows through the skinny GEMM
 
     def applies(self, x: torch.Tensor) -> bool:
-        return self.enabled and self.active and 0 < x.shape[0] <= self.max_rows
+        limit = self.varlen_max_rows if self.varlen else self.max_rows
+        return self.enabled and self.active and 0 < x.shape[0] <= limit
 
     def folds_silu(self, gate_up: torch.Tensor) -> bool:
         return self.applies(gate_up) and gate_up.shape[1] // 2 <= self.silu_fold_max_k

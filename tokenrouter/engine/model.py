@@ -222,16 +222,18 @@ class CausalLM(nn.Module):
                 m.gemv = state
 
     @contextlib.contextmanager
-    def gemv_scope(self) -> Iterator[None]:
-        """Inside (the engine's CUDA-graph bodies): linear layers of small inputs use the skinny GEMM if enabled."""
+    def gemv_scope(self, *, varlen: bool = False) -> Iterator[None]:
+        """Inside (the engine's CUDA-graph bodies): linear layers of small inputs use the skinny GEMM if enabled;
+        `varlen` (a varlen graph body): up to `GemvState.varlen_max_rows` rows instead of `max_rows`."""
         if self.gemv is None:
             yield
             return
-        prev, self.gemv.active = self.gemv.active, True
+        prev = self.gemv.active, self.gemv.varlen
+        self.gemv.active, self.gemv.varlen = True, varlen
         try:
             yield
         finally:
-            self.gemv.active = prev
+            self.gemv.active, self.gemv.varlen = prev
 
     def checkpoint_params(self) -> dict[str, tuple[nn.Parameter, slice | None]]:
         """HF checkpoint tensor name -> (our parameter, row slice inside it or None for the whole tensor)."""

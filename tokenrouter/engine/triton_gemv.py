@@ -15,7 +15,8 @@ from tokenrouter.engine.attention.triton_common import DEFAULT_NUM_SMS
 from tokenrouter.engine.attention.triton_common import num_sms as device_sms
 from tokenrouter.engine.triton_ops import pdl_kwargs
 
-MAX_ROWS = 16  # largest M the kernel takes (the DOT path pads rows to 16)
+MAX_ROWS = 16  # largest M of the FMA tiles and of the folds (norm), and of graph decode steps
+MAX_DOT_ROWS = 256  # largest M of the tensor-core tiles: one row block (padded to a power of two) per weight tile
 FMA_MAX_ROWS = 1  # rows up to this use CUDA-core FMAs, more use tensor cores (faster from M = 2: docs/engine.md)
 DOT_ROWS = 16  # token rows of a DOT-path tile (tl.dot needs >= 16)
 PREFETCH_BYTES_PER_PROGRAM = 32 * 1024  # L2 prefetch per program before the PDL wait
@@ -77,7 +78,24 @@ def gemv_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS) -> GemvC
         if m <= rows:
             return (dot_config(n, k, num_sms, bn, bk, stages) if dot else
                     GemvConfig(dot=False, block_n=bn, block_k=min(bk, k), num_stages=stages))  # fmt: skip
+    if m > MAX_ROWS:
+        return wide_config(m, n, k, num_sms)
     return dot_config(n, k, num_sms)
+
+
+def wide_config(m: int, n: int, k: int, num_sms: int = DEFAULT_NUM_SMS) -> GemvConfig:
+    """Tensor-core tiles for 17..MAX_DOT_ROWS rows (varlen passes): 64 weight rows x all token rows, so each weight
+    tile is read once; shorter K tiles, fewer stages and two warpgroups as the row block grows (shared memory and
+    registers: docs/engine.md, Kernels)."""
+    wide = m > 64
+    cfg = dot_config(n, k, num_sms, block_k=64 if wide else 128, num_stages=3 if wide else 4)
+    return GemvConfig(dot=True, block_n=cfg.block_n, block_k=cfg.block_k, split_k=cfg.split_k,
+                      num_warps=8 if wide else 4, num_stages=cfg.num_stages)  # fmt: skip
+
+
+def dot_rows(m: int) -> int:
+    """BLOCK_M of the tensor-core tiles: M padded to a power of two, at least 16 (tl.dot's minimum)."""
+    return max(DOT_ROWS, triton.next_power_of_2(m))
 
 
 def dot_config(n: int, k: int, num_sms: int = DEFAULT_NUM_SMS, block_n: int = 64, block_k: int = 128,
@@ -325,7 +343,7 @@ def kernel_constexprs(m: int, n: int, k: int, cfg: GemvConfig, *, silu: bool, bi
     """(constexprs of `skinny_gemm_kernel`, K elements per split) for one launch."""
     k_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
     even_k = k % cfg.split_k == 0 and (k // cfg.split_k) % cfg.block_k == 0
-    consts = {"BLOCK_M": DOT_ROWS if cfg.dot else triton.next_power_of_2(m), "BLOCK_N": cfg.block_n,
+    consts = {"BLOCK_M": dot_rows(m) if cfg.dot else triton.next_power_of_2(m), "BLOCK_N": cfg.block_n,
               "BLOCK_K": cfg.block_k, "USE_DOT": cfg.dot, "SILU": silu, "HAS_BIAS": bias, "SPLIT": cfg.split_k > 1,
               "EVEN_K": even_k, "DOT_PRECISION": "ieee" if dtype == torch.float32 else "tf32", "USE_PDL": pdl,
               "PREFETCH_LINES": prefetch_lines if pdl else 0, "PRE_TILES": pre_tiles, "NORM": norm,
@@ -352,7 +370,8 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
                 pdl: bool = False, prefetch: bool = True, preload: bool = False, pre_tiles_override: int | None = None,
                 num_sms: int | None = None, norm: tuple[torch.Tensor, float] | None = None,
                 residual: torch.Tensor | None = None, sum_out: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
-    """y = x @ weight.T (+ bias) for x [M <= 16, K], weight [N, K] (rows contiguous), fp32 accumulation.
+    """y = x @ weight.T (+ bias) for x [M, K], weight [N, K] (rows contiguous), fp32 accumulation; M <= 16, or up to
+    256 on the tensor-core tiles (`wide_config`) without the norm fold.
 
     `silu`: x is gate|up [M, 2K], y = (SiLU(gate) * up) @ weight.T. `counters`: zeroed split-K arrival counters
     (None: one memset launch). `pre_tiles_override`: exactly that many pre-loaded tiles (tests, ablations). `norm` =
@@ -368,6 +387,8 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     if config is None:
         config = gemv_config(m, n, k, num_sms if num_sms is not None else device_sms(x.device))
     cfg = config
+    if m > MAX_ROWS and not cfg.dot:
+        raise ValueError(f"FMA tiles take at most {MAX_ROWS} rows, got {m} (tensor-core tiles: {MAX_DOT_ROWS})")
     tiles = triton.cdiv(n, cfg.block_n)
     if cfg.split_k > 1:
         if counters is None:
@@ -405,8 +426,8 @@ def _check_operands(x: torch.Tensor, weight: torch.Tensor, *, silu: bool, norm: 
     for t in (residual, sum_out):
         if t is not None and (t.shape != x.shape or t.stride(1) != 1):
             raise ValueError(f"residual and sum_out must be [{m}, {k}] with a contiguous last dim")
-    if m > MAX_ROWS:
-        raise ValueError(f"skinny_gemm takes at most {MAX_ROWS} rows, got {m}")
+    if m > MAX_DOT_ROWS or (norm and m > MAX_ROWS):
+        raise ValueError(f"skinny_gemm takes at most {MAX_DOT_ROWS} rows ({MAX_ROWS} with the norm fold), got {m}")
     if x.stride(1) != 1 or weight.stride(1) != 1:
         raise ValueError("x and weight need a contiguous last dim")
 
