@@ -213,6 +213,24 @@ def _check_norm_fold(G):
         G.skinny_gemm(torch.randn(2, 64), torch.randn(8, 64), norm=(torch.ones(64), 1e-6), residual=torch.randn(2, 64))
 
 
+def _run_counting_rows(G, scn, plan):
+    """Run `plan` on the scenario; (the scenario, the row count of every `skinny_gemm` launch, in order)."""
+    calls: list[int] = []
+    real = G.skinny_gemm
+
+    def spy(x, *a, **kw):
+        calls.append(x.shape[0])
+        return real(x, *a, **kw)
+
+    G.skinny_gemm = spy
+    try:
+        for _ in scn.run(plan):
+            pass
+    finally:
+        G.skinny_gemm = real
+    return scn, calls
+
+
 def _check_engine_matches_hf(G):
     """The engine with `triton_gemv` on (graph path emulated on CPU, Triton elementwise ops) matches HF over the
     whole scenario, launching the skinny GEMM only in graph steps of <= gemv_max_rows tokens (eager steps and
@@ -232,13 +250,6 @@ def _check_engine_matches_hf(G):
             tmp, ops_backend="triton", graph_emulation=True, triton_gemv=True, gemv_max_rows=4, gemv_fold_norm=False
         )  # the SiLU fold alone here; the norm fold: _check_engine_speed_switches
         assert eng.gemv_enabled and eng.model.gemv.ops is G
-        calls: list[int] = []
-        real = G.skinny_gemm
-
-        def spy(x, *a, **kw):
-            calls.append(x.shape[0])
-            return real(x, *a, **kw)
-
         # graph buckets 1 and 2 (FMA path), 4 with a padding row and a 2-token extend row (tensor-core path)
         plan = [
             *PLAN[:4],
@@ -248,13 +259,7 @@ def _check_engine_matches_hf(G):
             [("c", None, True, [7]), ("d", 1, True, [])],
             [("a", 1, True, []), ("b", 1, True, []), ("c", 1, True, []), ("d", None, True, [1, 2, 3, 4, 5, 6])],
         ]
-        G.skinny_gemm = spy
-        try:
-            scn = Scenario(eng, seed=14)
-            for _ in scn.run(plan):
-                pass
-        finally:
-            G.skinny_gemm = real
+        scn, calls = _run_counting_rows(G, Scenario(eng, seed=14), plan)
         check_against_hf(scn, hf, tol=1e-4)
         assert calls and set(calls) == {1, 2, 4}, sorted(set(calls))  # graph buckets <= gemv_max_rows only
 
@@ -293,23 +298,10 @@ def _check_engine_varlen_wide_rows(G):
     plan = [*PLAN, [("a", None, True, list(range(1, 21))), ("b", None, True, list(range(30, 38)))]]
     with tempfile.TemporaryDirectory() as tmp:
         hf = make_hf_checkpoint(Path(tmp), seed=16)
-        real = G.skinny_gemm
         for wide in (64, 0):
             eng = tiny_engine(tmp, ops_backend="triton", graph_emulation=True, gemv_max_rows=4,
                               gemv_fold_norm=False, gemv_varlen_max_rows=wide, max_num_batched_tokens=64)  # fmt: skip
-            calls: list[int] = []
-
-            def spy(x, *a, _calls=calls, **kw):
-                _calls.append(x.shape[0])
-                return real(x, *a, **kw)
-
-            G.skinny_gemm = spy
-            try:
-                scn = Scenario(eng, seed=16)
-                for _ in scn.run(plan):
-                    pass
-            finally:
-                G.skinny_gemm = real
+            scn, calls = _run_counting_rows(G, Scenario(eng, seed=16), plan)
             check_against_hf(scn, hf, tol=1e-4)
             big = sorted({m for m in calls if m > 4})
             if wide:
