@@ -30,10 +30,12 @@ Writes OUT_DIR/step_variants.json, variants.csv, kernels_<model>_<variant>.csv; 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -129,42 +131,57 @@ def profile_step(prof: sp.Profiler, eng, bat, label: str) -> dict[str, dict[str,
             **{c: v for c, v in res["classes"].items() if v["count"]}}  # fmt: skip
 
 
+def row_cases(prof: sp.Profiler, eng, args: argparse.Namespace, cases: list[tuple[int, int]], ctx: int,
+              what: str) -> Iterator[tuple[int, int, Any]]:  # fmt: skip
+    """(rows, tokens a row, batch) per case while the time budget lasts: `rows` fresh requests at context `ctx`,
+    each feeding its last `tokens` tokens; their pages are released when the caller moves on (or closes this
+    generator: callers use `contextlib.closing`, so an error releases them before the engine closes)."""
+    import engine_bench as eb
+
+    from tokenrouter.core.batch import Batch, BatchRow
+
+    for b, t in cases:
+        if prof.elapsed() > args.budget:
+            prof.out["errors"].append(f"rows {b}x{t}{what}: skipped (time budget)")
+            continue
+        reqs = eb.make_requests(eng, b, ctx)
+        try:
+            yield b, t, Batch(0, 0, [BatchRow(r, ctx - t, t) for r in reqs])
+        finally:
+            eb.release(eng, reqs)
+
+
+def time_steps(prof: sp.Profiler, eng, bat) -> float:
+    """ms per step of `bat`, each result waited (3 warm-up steps, then 20 timed; one of each on CPU)."""
+    for _ in range(3 if prof.cuda else 1):
+        eng.step(bat).result()
+    prof.sync()
+    n = 20 if prof.cuda else 1
+    t0 = time.perf_counter()
+    for _ in range(n):
+        eng.step(bat).result()
+    prof.sync()
+    return (time.perf_counter() - t0) / n * 1e3
+
+
 def rows_wide_gemv(prof: sp.Profiler, eng, args: argparse.Namespace, out: list[dict[str, Any]], model: str,
                    ctx: int) -> None:  # fmt: skip
     """The rows study's varlen path again with its passes of up to `args.rows_gemv` tokens through the skinny GEMM's
     tensor-core tiles (`gemv_varlen_max_rows`; one recapture): `limit8_gemv_ms` (and kernels) per case. Fresh
     requests (the context KV is uninitialized memory), so no logit comparison: the tests check the values."""
-    import engine_bench as eb
-
-    from tokenrouter.core.batch import Batch, BatchRow
-
     eng.config.graph_max_row_tokens = 8
     eng._rules.clear()
     eng.model.gemv.varlen_max_rows = args.rows_gemv
     eng.recapture()
+    recs = {(r["rows"], r["tokens"]): r for r in out}
     try:
-        for rec in out:
-            b, t = rec["rows"], rec["tokens"]
-            if prof.elapsed() > args.budget:
-                prof.out["errors"].append(f"rows {b}x{t} gemv: skipped (time budget)")
-                continue
-            reqs = eb.make_requests(eng, b, ctx)
-            try:
-                bat = Batch(0, 0, [BatchRow(r, ctx - t, t) for r in reqs])
-                for _ in range(3 if prof.cuda else 1):
-                    eng.step(bat).result()
-                prof.sync()
-                t0 = time.perf_counter()
-                n = 20 if prof.cuda else 1
-                for _ in range(n):
-                    eng.step(bat).result()
-                prof.sync()
-                rec["limit8_gemv_ms"] = (time.perf_counter() - t0) / n * 1e3
+        with contextlib.closing(row_cases(prof, eng, args, list(recs), ctx, " gemv")) as cases:
+            for b, t, bat in cases:
+                rec = recs[b, t]
+                rec["limit8_gemv_ms"] = time_steps(prof, eng, bat)
                 if prof.cuda and args.rows_profile:
                     rec["limit8_gemv_classes"] = profile_step(prof, eng, bat, f"{model}_rows{b}x{t}_limit8_gemv")
                 prof.log(f"rows {b}x{t} gemv: {rec['limit8_gemv_ms']:.3f} ms (cuBLAS {rec['limit8_ms']:.3f})")
-            finally:
-                eb.release(eng, reqs)
     finally:
         eng.model.gemv.varlen_max_rows = 0
 
@@ -174,10 +191,6 @@ def rows_study(prof: sp.Profiler, args: argparse.Namespace) -> list[dict[str, An
     decode graphs (every token a virtual decode row; graph_max_row_tokens 16) against the varlen path (the
     default limit 8 sends them there: a varlen graph, or eager where padding would cost more). One engine, the
     rule switched between the two; ms per step (result waited each step) and the logits of the two paths."""
-    import engine_bench as eb
-
-    from tokenrouter.core.batch import Batch, BatchRow
-
     cuda = prof.cuda
     model, ctx = ("qwen3-32b", 1024) if cuda else ("tiny-small", 40)
     kw = {} if cuda else {"ops_backend": "triton", "attention_backend": "triton"}
@@ -187,29 +200,15 @@ def rows_study(prof: sp.Profiler, args: argparse.Namespace) -> list[dict[str, An
                       varlen_graphs=args.rows_varlen, **kw)  # fmt: skip
     out: list[dict[str, Any]] = []
     try:
-        for b, t in ROW_CASES if cuda else [(2, 10)]:
-            if prof.elapsed() > args.budget:
-                prof.out["errors"].append(f"rows {b}x{t}: skipped (time budget)")
-                continue
-            reqs = eb.make_requests(eng, b, ctx)
-            try:
-                bat = Batch(0, 0, [BatchRow(r, ctx - t, t) for r in reqs])
+        with contextlib.closing(row_cases(prof, eng, args, ROW_CASES if cuda else [(2, 10)], ctx, "")) as cases:
+            for b, t, bat in cases:
                 rec: dict[str, Any] = {"model": model, "rows": b, "tokens": t}
                 logits = {}
                 for limit in (8, 16):
                     eng.config.graph_max_row_tokens = limit
                     eng._rules.clear()
-                    path = "graph" if eng.graph_bucket_for(bat) is not None else "varlen"
-                    n = 20 if cuda else 1
-                    for _ in range(3):
-                        eng.step(bat).result()
-                    prof.sync()
-                    t0 = time.perf_counter()
-                    for _ in range(n):
-                        eng.step(bat).result()
-                    prof.sync()
-                    rec[f"limit{limit}_path"] = path
-                    rec[f"limit{limit}_ms"] = (time.perf_counter() - t0) / n * 1e3
+                    rec[f"limit{limit}_path"] = "graph" if eng.graph_bucket_for(bat) is not None else "varlen"
+                    rec[f"limit{limit}_ms"] = time_steps(prof, eng, bat)
                     if cuda and args.rows_profile and limit == 8:
                         rec["limit8_classes"] = profile_step(prof, eng, bat, f"{model}_rows{b}x{t}_limit8")
                     h = eng.step(bat, return_logits=True)
@@ -220,8 +219,6 @@ def rows_study(prof: sp.Profiler, args: argparse.Namespace) -> list[dict[str, An
                 rec["argmax_equal"] = bool((la.argmax(-1) == lb.argmax(-1)).all())
                 out.append(rec)
                 prof.log(f"rows {b}x{t}: " + json.dumps(rec))
-            finally:
-                eb.release(eng, reqs)
         if args.rows_gemv and eng.model.gemv is not None:
             rows_wide_gemv(prof, eng, args, out, model, ctx)
     finally:
