@@ -1,0 +1,52 @@
+"""studies/engine/extend_tiles.py on CPU: its smoke cases (varlen short rows behind padding rows, a prefill in the
+long group) under every tile config in Triton's interpreter, each output against the torch reference, in a child
+process (the interpreter must be chosen before Triton is imported)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "studies" / "engine" / "extend_tiles.py"
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
+
+
+def test_every_tile_config_matches_the_reference_in_the_interpreter(tmp_path: Path) -> None:
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--smoke"], capture_output=True,
+                          text=True, env=env, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = json.loads((tmp_path / "extend_tiles.json").read_text())
+    study = _load_study()
+    assert {r["case"] for r in rows} == {c[0] for c in study.SMOKE_CASES}
+    for case, *_ in study.SMOKE_CASES:
+        got = [r for r in rows if r["case"] == case]
+        assert [r["variant"] for r in got] == [v[0] for v in study.VARIANTS]
+        assert all("error" not in r for r in got) and max(r["err"] for r in got) < 1e-4
+    assert "EXTEND TILES" in proc.stdout
+
+
+def _load_study():
+    spec = importlib.util.spec_from_file_location("extend_tiles", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_without_a_gpu_the_script_asks_for_the_interpreter(tmp_path: Path) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the script would run the GPU study")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path)], capture_output=True, text=True,
+                          env=env, timeout=300)  # fmt: skip
+    assert proc.returncode == 2 and "TRITON_INTERPRET=1" in proc.stderr
