@@ -103,6 +103,17 @@ def apply(eng, sw: dict[str, Any]) -> None:
 ROW_CASES = [(1, 10), (4, 10), (8, 10), (8, 16), (16, 10), (24, 10)]  # (rows, tokens a row) of a large model's steps
 
 
+def parse_row_cases(text: str) -> list[tuple[int, int]]:
+    """`"1x10,2x10"` -> [(1, 10), (2, 10)]: (rows, tokens a row) of the rows study."""
+    out = []
+    for item in text.split(","):
+        rows, sep, tokens = item.strip().partition("x")
+        if not sep or not rows.isdigit() or not tokens.isdigit() or int(rows) < 1 or int(tokens) < 1:
+            raise SystemExit(f"--rows-cases: {item!r} is not ROWSxTOKENS (e.g. 2x10)")
+        out.append((int(rows), int(tokens)))
+    return out
+
+
 def profile_step(prof: sp.Profiler, eng, bat, label: str) -> dict[str, dict[str, float]]:
     """torch.profiler over one step of `bat` (after two unprofiled ones): its GPU kernels in launch order, written
     as kernels_<label>.csv, and their count and busy us per class (`step_profile.classify`)."""
@@ -200,7 +211,8 @@ def rows_study(prof: sp.Profiler, args: argparse.Namespace) -> list[dict[str, An
                       varlen_graphs=args.rows_varlen, **kw)  # fmt: skip
     out: list[dict[str, Any]] = []
     try:
-        with contextlib.closing(row_cases(prof, eng, args, ROW_CASES if cuda else [(2, 10)], ctx, "")) as cases:
+        cases_wanted = parse_row_cases(args.rows_cases) if args.rows_cases else ROW_CASES
+        with contextlib.closing(row_cases(prof, eng, args, cases_wanted if cuda else [(2, 10)], ctx, "")) as cases:
             for b, t, bat in cases:
                 rec: dict[str, Any] = {"model": model, "rows": b, "tokens": t}
                 logits = {}
@@ -241,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", action="store_true", help="only the large model's 9-16 token rows (rows_study)")
     p.add_argument("--rows-gemv", type=int, default=0,
                    help="rows study: then varlen passes of up to N tokens via the skinny GEMM (0: not)")  # fmt: skip
+    p.add_argument("--rows-cases", default="",
+                   help="rows study: ROWSxTOKENS cases on the GPU, e.g. 1x10,2x10 (default: ROW_CASES)")  # fmt: skip
     p.add_argument("--rows-profile", action="store_true",
                    help="rows study: also the kernels of one limit-8 (varlen) step per case, by class")  # fmt: skip
     p.add_argument("--rows-eager", dest="rows_varlen", action="store_false",
