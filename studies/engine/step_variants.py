@@ -203,12 +203,12 @@ def rows_study(prof: sp.Profiler, args: argparse.Namespace) -> list[dict[str, An
     default limit 8 sends them there: a varlen graph, or eager where padding would cost more). One engine, the
     rule switched between the two; ms per step (result waited each step) and the logits of the two paths."""
     cuda = prof.cuda
-    model, ctx = ("qwen3-32b", 1024) if cuda else ("tiny-small", 40)
+    model, ctx = (args.rows_model, 1024) if cuda else ("tiny-small", 40)
     kw = {} if cuda else {"ops_backend": "triton", "attention_backend": "triton"}
-    # varlen graphs on (the profiler's engines leave them off) up to 256 tokens: the default rule's path for these rows
+    # varlen graphs on (the profiler's engines leave them off) up to 256 tokens, cuBLAS there (`--rows-gemv` compares)
     eng = prof.engine(model, num_pages=16 * 80 + sp.WIDTH // 16 + 64 if cuda else 400, graph_max_row_tokens=16,
                       max_context_len=sp.WIDTH if cuda else 256, max_num_batched_tokens=256,
-                      varlen_graphs=args.rows_varlen, **kw)  # fmt: skip
+                      varlen_graphs=args.rows_varlen, gemv_varlen_max_rows=0, **kw)  # fmt: skip
     out: list[dict[str, Any]] = []
     try:
         cases_wanted = parse_row_cases(args.rows_cases) if args.rows_cases else ROW_CASES
@@ -253,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", action="store_true", help="only the large model's 9-16 token rows (rows_study)")
     p.add_argument("--rows-gemv", type=int, default=0,
                    help="rows study: then varlen passes of up to N tokens via the skinny GEMM (0: not)")  # fmt: skip
+    p.add_argument("--rows-model", default="qwen3-32b", help="rows study: the model (GPU)")
     p.add_argument("--rows-cases", default="",
                    help="rows study: ROWSxTOKENS cases on the GPU, e.g. 1x10,2x10 (default: ROW_CASES)")  # fmt: skip
     p.add_argument("--rows-profile", action="store_true",

@@ -246,9 +246,10 @@ def _check_engine_matches_hf(G):
     with tempfile.TemporaryDirectory() as tmp:
         hf = make_hf_checkpoint(Path(tmp), seed=14)
         # torch attention keeps the interpreter run short; only the projections change here
-        eng = tiny_engine(
-            tmp, ops_backend="triton", graph_emulation=True, triton_gemv=True, gemv_max_rows=4, gemv_fold_norm=False
-        )  # the SiLU fold alone here; the norm fold: _check_engine_speed_switches
+        # the SiLU fold alone here (the norm fold: _check_engine_speed_switches); decode graphs alone (varlen passes:
+        # _check_engine_varlen_wide_rows)
+        eng = tiny_engine(tmp, ops_backend="triton", graph_emulation=True, triton_gemv=True, gemv_max_rows=4,
+                          gemv_fold_norm=False, gemv_varlen_max_rows=0)  # fmt: skip
         assert eng.gemv_enabled and eng.model.gemv.ops is G
         # graph buckets 1 and 2 (FMA path), 4 with a padding row and a 2-token extend row (tensor-core path)
         plan = [

@@ -54,9 +54,10 @@ class EngineConfig:
     fuse_step_ops: bool = True  # embedding lookup and final add + gather + norm inside norm kernels
     triton_gemv: bool = True  # skinny GEMM for graph steps of up to `gemv_max_rows` tokens (needs the Triton ops)
     gemv_max_rows: int = 8  # 1..16
-    # Varlen graph passes of up to this many tokens through the skinny GEMM's tensor-core tiles (`wide_config`);
-    # 0: cuBLAS there (the default until measured faster: docs/engine.md, Measured choices). 0..256.
-    gemv_varlen_max_rows: int = 0
+    # Varlen graph passes of up to this many tokens through the skinny GEMM's tensor-core tiles (`wide_config`),
+    # cuBLAS above; 0: cuBLAS always. 0..256. 32: faster up to 32 tokens, slower from 48 (docs/engine.md, Measured
+    # choices).
+    gemv_varlen_max_rows: int = 32
     # In graph steps of one row: `GemvState.preload`, `.fold_norm` and `.lm_head`.
     gemv_preload: bool = True
     gemv_fold_norm: bool = True
