@@ -61,12 +61,13 @@ def test_another_model_is_refused(mod):
 
 
 def test_bundled_profile_prices_decode_steps_as_the_calibration_measured(mod, tmp_path):
-    """The 2026-12-04 calibration bundled into the profile: the cost model prices the 0.6B's and the 32B's one-row
-    decode graph steps within 5% of the times that run measured (its raw points, not its fit)."""
+    """The calibration bundled into the profile (2026-12-04, varlen passes of <= 32 tokens on the skinny GEMM): the
+    cost model prices the 0.6B's and the 32B's one-row decode graph steps within 5% of the times that run measured
+    (its raw points, not its fit)."""
     from calibration.cost import CostModel
     from calibration.step_stats import StepStats
 
-    source = ROOT / "studies/calibration/passes-2026-12-04/h200-passes.json"
+    source = ROOT / "studies/calibration/passes-2026-12-04-varlen32/h200-passes.json"
     src = json.loads(source.read_text())
     out = tmp_path / "bundled.json"
     out.write_text(json.dumps(mod.bundle(json.loads(BUNDLED.read_text()), src, "src.json")))
