@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from study_script import load_study
 
 SCRIPT = Path(__file__).resolve().parents[2] / "studies" / "engine" / "extend_tiles.py"
 
@@ -24,21 +25,13 @@ def test_every_tile_config_matches_the_reference_in_the_interpreter(tmp_path: Pa
                           text=True, env=env, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = json.loads((tmp_path / "extend_tiles.json").read_text())
-    study = _load_study()
+    study = load_study("studies/engine/extend_tiles.py")
     assert {r["case"] for r in rows} == {c[0] for c in study.SMOKE_CASES}
     for case, *_ in study.SMOKE_CASES:
         got = [r for r in rows if r["case"] == case]
         assert [r["variant"] for r in got] == [v[0] for v in study.VARIANTS]
         assert all("error" not in r for r in got) and max(r["err"] for r in got) < 1e-4
     assert "EXTEND TILES" in proc.stdout
-
-
-def _load_study():
-    spec = importlib.util.spec_from_file_location("extend_tiles", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_without_a_gpu_the_script_asks_for_the_interpreter(tmp_path: Path) -> None:

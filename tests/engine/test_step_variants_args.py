@@ -2,22 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "studies" / "engine" / "step_variants.py"
+from study_script import load_study
 
 
 @pytest.fixture(scope="module")
 def sv():
-    sys.path.insert(0, str(SCRIPT.parent))
-    spec = importlib.util.spec_from_file_location("step_variants", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_study("studies/engine/step_variants.py")
 
 
 def test_row_cases_parse_in_order(sv) -> None:
