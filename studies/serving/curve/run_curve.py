@@ -91,6 +91,11 @@ def plot(rows: list[dict], path: Path) -> None:
 def main() -> int:
     p = study_args(__doc__, ",".join(SERVERS), 8300)
     p.add_argument("--n", default="1,2,4,8,16,32,64,128", help="concurrency levels")
+    p.add_argument(
+        "--long-cells",
+        default=",".join(sorted(LONG_CELLS)),
+        help=f"servers that also run N = 8 with {LONG_OUTPUT}-token outputs (when 8 is in --n); '' for none",
+    )
     a = p.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -109,7 +114,7 @@ def main() -> int:
     for tag in a.servers.split(","):
         serve_args, bench_args, n_max = SERVERS[tag]
         cells = [(n, SHORT_OUTPUT) for n in ns if n <= n_max]
-        cells += [(8, LONG_OUTPUT)] if tag in LONG_CELLS and 8 in ns else []
+        cells += [(8, LONG_OUTPUT)] if tag in a.long_cells.split(",") and 8 in ns else []
         if time.monotonic() - t_start > a.deadline - 60:
             print(f"skip {tag}: deadline")
             continue
