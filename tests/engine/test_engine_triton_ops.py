@@ -81,7 +81,7 @@ def _check_rms_norm_gather(tops, dtype):
     _close(out, rms_norm_ref((table + r)[idx.long()], w, 1e-6), tol)
 
 
-def _check_qk_norm_rope_store(tops, dtype, head_dim, qk_norm):
+def _check_qk_norm_rope_store(tops, dtype, head_dim, qk_norm, heads_per_program=None):
     from tokenrouter.engine.attention import store_kv
     from tokenrouter.engine.layers import RotaryEmbedding, rms_norm_ref
 
@@ -93,7 +93,8 @@ def _check_qk_norm_rope_store(tops, dtype, head_dim, qk_norm):
     rope = RotaryEmbedding(head_dim, 1e6, 64, device=torch.device("cpu"))
     nw = (1 + 0.1 * torch.randn(2, head_dim, generator=g)).to(dtype) if qk_norm else None
     kc, vc = torch.zeros(2, 5, page, hkv, head_dim, dtype=dtype)
-    q = tops.qk_norm_rope_store(qkv, pos, rope.cos_sin, nw, 1e-6, kc, vc, slots, hq, hkv, head_dim)
+    q = tops.qk_norm_rope_store(qkv, pos, rope.cos_sin, nw, 1e-6, kc, vc, slots, hq, hkv, head_dim,
+                                heads_per_program=heads_per_program)  # fmt: skip
 
     rq = qkv[:, : hq * head_dim].view(t, hq, head_dim)
     rk = qkv[:, hq * head_dim : (hq + hkv) * head_dim].view(t, hkv, head_dim)
@@ -109,6 +110,21 @@ def _check_qk_norm_rope_store(tops, dtype, head_dim, qk_norm):
     _close(q, rq, tol)
     _close(kc, kr, tol)
     assert torch.equal(vc, vr)  # a plain copy
+
+
+def _check_rope_heads_rule(tops):
+    """Heads share a program only past ROPE_MAX_PROGRAMS programs: against a brute-force search of the rule."""
+    for heads in (24, 40, 72):  # Qwen3-0.6B, -8B, -32B: q + kv heads
+        for t in (1, 8, 16, 42, 43, 96, 512, 8192):
+            cap = tops.ROPE_MAX_HEADS
+            want = next((p for p in (1, 2, 4, 8, 16) if p == cap or t * -(-heads // p) <= tops.ROPE_MAX_PROGRAMS), cap)
+            assert tops.rope_heads_per_program(t, heads) == want, (t, heads)
+    assert tops.rope_heads_per_program(8, 24) == 1  # decode steps keep one head a program
+    with pytest.raises(ValueError, match="power of two"):
+        kc = torch.zeros(2, 4, 2, 16)
+        tops.qk_norm_rope_store(torch.zeros(1, 64), torch.zeros(1, dtype=torch.int32), torch.zeros(4, 16), None,
+                                1e-6, kc, kc.clone(), torch.zeros(1, dtype=torch.int64), 2, 1, 16,
+                                heads_per_program=3)  # fmt: skip
 
 
 def _check_silu_and_mul(tops, dtype):
@@ -130,6 +146,33 @@ def _check_model_matches_hf(tops):
         scn = Scenario(eng, seed=12)
         scn.finish()
         check_against_hf(scn, hf, tol=1e-4)
+
+
+def _check_warm_rope_heads(tops):
+    """The warmup launches the rope kernel once at every heads-a-program choice, on the null slot only."""
+    import tempfile
+    from pathlib import Path
+
+    from engine_testlib import make_hf_checkpoint, tiny_engine
+
+    from tokenrouter.engine import warmup
+
+    with tempfile.TemporaryDirectory() as tmp:
+        make_hf_checkpoint(Path(tmp), seed=3)
+        eng = tiny_engine(tmp, ops_backend="triton", graph_emulation=True)
+        seen, real = [], tops.qk_norm_rope_store
+
+        def spy(*a, **kw):
+            seen.append(kw["heads_per_program"])
+            assert int(a[7].max()) == 0  # slot_mapping: the null slot
+            return real(*a, **kw)
+
+        tops.qk_norm_rope_store = spy
+        try:
+            warmup.warm_rope_heads(eng)
+        finally:
+            tops.qk_norm_rope_store = real
+        assert seen == [1 << i for i in range(tops.ROPE_MAX_HEADS.bit_length())], seen
 
 
 def _check_switches_match_hf_and_count_kernels(tops):
@@ -314,10 +357,14 @@ def _interpret() -> int:
         for d in (torch.float32, torch.bfloat16)
         for hd, norm in ((16, True), (12, True), (16, False))
     ]
+    # Heads sharing a program: 6 heads as 2 x 4 (the second program's last two rows past the heads), 3 x 2, 1 x 8
+    checks += [(_check_qk_norm_rope_store, (torch.float32, 16, norm, hp)) for hp in (2, 4, 8) for norm in (True, False)]
+    checks.append((_check_rope_heads_rule, ()))
     checks += [(_check_silu_and_mul, (d,)) for d in (torch.float32, torch.bfloat16)]
     checks.append((_check_step_kernels, ()))
     checks.append((_check_attention_row_slots, ()))
     checks.append((_check_model_matches_hf, ()))
+    checks.append((_check_warm_rope_heads, ()))
     checks.append((_check_switches_match_hf_and_count_kernels, ()))
     checks.append((_check_varlen_graph_prefill_beside_decode_rows, ()))
     failed = 0
@@ -346,7 +393,7 @@ def _aot_compile() -> int:
     ptr = dict.fromkeys(["X", "R", "W", "Y", "RO", "QKV", "NormW", "Q", "KC", "VC"], "*bf16")
     ptr.update(Pos="*i32", CosSin="*fp32", Slots="*i64", Idx="*i32")
     norm = {"HAS_RES": True, "STORE_SUM": True, "GATHER": False, "BLOCK": 4096, "USE_PDL": False}
-    rope = {"NUM_Q": 32, "NUM_KV": 8, "HEAD_DIM": 128, "HALF": 64, "BLOCK_H": 64, "HAS_NORM": True}
+    rope = {"NUM_Q": 32, "NUM_KV": 8, "HEAD_DIM": 128, "HALF": 64, "BLOCK_H": 64, "HAS_NORM": True, "HEADS": 1}
     cases = [
         (T._rms_norm_kernel, norm, 16),
         (T._rms_norm_kernel, {**norm, "HAS_RES": False, "STORE_SUM": False, "BLOCK": 8192}, 16),
@@ -355,6 +402,7 @@ def _aot_compile() -> int:
         (T._rms_norm_kernel, {**norm, "STORE_SUM": False, "GATHER": True, "USE_PDL": True}, 16),
         (T._qk_norm_rope_store_kernel, {**rope, "USE_PDL": False}, 1),
         (T._qk_norm_rope_store_kernel, {**rope, "USE_PDL": True}, 1),
+        (T._qk_norm_rope_store_kernel, {**rope, "USE_PDL": True, "HEADS": 16}, 16),
         (T._silu_and_mul_kernel, {"BLOCK": 1024, "USE_PDL": False}, 4),
         (T._silu_and_mul_kernel, {"BLOCK": 1024, "USE_PDL": True}, 4),
     ]

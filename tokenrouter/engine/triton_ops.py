@@ -78,53 +78,74 @@ def _qk_norm_rope_store_kernel(
     stride_qkv, stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_cs,
     eps,
     NUM_Q: tl.constexpr, NUM_KV: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr,
-    BLOCK_H: tl.constexpr, HAS_NORM: tl.constexpr, USE_PDL: tl.constexpr,
+    BLOCK_H: tl.constexpr, HAS_NORM: tl.constexpr, USE_PDL: tl.constexpr, HEADS: tl.constexpr = 1,
 ):  # fmt: skip
+    """Grid (T, cdiv(NUM_Q + NUM_KV, HEADS)): token t, heads HEADS * pid1 .. + HEADS - 1 of q then k (each row of
+    the [HEADS, BLOCK_H] tile one head: its own norm, the same rotation; k heads also store their v)."""
     if USE_PDL:
         gdc_wait()
         gdc_launch_dependents()
     t = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1)
+    h = tl.program_id(1) * HEADS + tl.arange(0, HEADS)
     offs = tl.arange(0, BLOCK_H)
-    m = offs < HALF
+    h_ok = h < NUM_Q + NUM_KV
+    m = h_ok[:, None] & (offs < HALF)[None, :]
     dt = Q.dtype.element_ty
-    src = QKV + t * stride_qkv + h * HEAD_DIM
-    x1 = tl.load(src + offs, mask=m, other=0.0).to(tl.float32)
-    x2 = tl.load(src + HALF + offs, mask=m, other=0.0).to(tl.float32)
+    src = QKV + t * stride_qkv + h[:, None] * HEAD_DIM + offs[None, :]
+    x1 = tl.load(src, mask=m, other=0.0).to(tl.float32)
+    x2 = tl.load(src + HALF, mask=m, other=0.0).to(tl.float32)
     if HAS_NORM:
-        w_off = (h >= NUM_Q).to(tl.int32) * HEAD_DIM  # row 0: q_norm, row 1: k_norm
-        inv = tl.rsqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / HEAD_DIM + eps)
-        w1 = tl.load(NormW + w_off + offs, mask=m, other=0.0).to(tl.float32)
-        w2 = tl.load(NormW + w_off + HALF + offs, mask=m, other=0.0).to(tl.float32)
+        w_off = (h >= NUM_Q).to(tl.int32)[:, None] * HEAD_DIM + offs[None, :]  # row 0: q_norm, row 1: k_norm
+        inv = tl.rsqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / HEAD_DIM + eps)[:, None]
+        w1 = tl.load(NormW + w_off, mask=m, other=0.0).to(tl.float32)
+        w2 = tl.load(NormW + w_off + HALF, mask=m, other=0.0).to(tl.float32)
         x1 = ((x1 * inv).to(dt).to(tl.float32) * w1).to(dt).to(tl.float32)
         x2 = ((x2 * inv).to(dt).to(tl.float32) * w2).to(dt).to(tl.float32)
     pos = tl.load(Pos + t).to(tl.int64)
-    cos = tl.load(CosSin + pos * stride_cs + offs, mask=m, other=0.0).to(dt).to(tl.float32)
-    sin = tl.load(CosSin + pos * stride_cs + HALF + offs, mask=m, other=0.0).to(dt).to(tl.float32)
+    c_ok = offs < HALF
+    cos = tl.load(CosSin + pos * stride_cs + offs, mask=c_ok, other=0.0).to(dt).to(tl.float32)[None, :]
+    sin = tl.load(CosSin + pos * stride_cs + HALF + offs, mask=c_ok, other=0.0).to(dt).to(tl.float32)[None, :]
     o1 = (x1 * cos - x2 * sin).to(dt)
     o2 = (x2 * cos + x1 * sin).to(dt)
-    if h < NUM_Q:
-        dst = Q + t * stride_qt + h * stride_qh
-        tl.store(dst + offs, o1, mask=m)
-        tl.store(dst + HALF + offs, o2, mask=m)
-    else:
-        j = h - NUM_Q
+    is_q = (h < NUM_Q)[:, None]
+    q_dst = Q + t * stride_qt + tl.minimum(h, NUM_Q - 1)[:, None] * stride_qh + offs[None, :]
+    tl.store(q_dst, o1, mask=m & is_q)
+    tl.store(q_dst + HALF, o2, mask=m & is_q)
+    if (tl.program_id(1) + 1) * HEADS > NUM_Q:  # this program holds k heads: write them and their v to the caches
+        j = tl.maximum(h - NUM_Q, 0)[:, None]
+        kv_m = m & (h >= NUM_Q)[:, None]
         slot = tl.load(Slots + t).to(tl.int64)
-        kd = KC + slot * stride_ks + j * stride_kh
-        tl.store(kd + offs, o1, mask=m)
-        tl.store(kd + HALF + offs, o2, mask=m)
-        vs = QKV + t * stride_qkv + (NUM_Q + NUM_KV + j) * HEAD_DIM
-        vd = VC + slot * stride_vs + j * stride_vh
-        tl.store(vd + offs, tl.load(vs + offs, mask=m, other=0.0), mask=m)
-        tl.store(vd + HALF + offs, tl.load(vs + HALF + offs, mask=m, other=0.0), mask=m)
+        kd = KC + slot * stride_ks + j * stride_kh + offs[None, :]
+        tl.store(kd, o1, mask=kv_m)
+        tl.store(kd + HALF, o2, mask=kv_m)
+        vs = QKV + t * stride_qkv + (NUM_Q + NUM_KV + j) * HEAD_DIM + offs[None, :]
+        vd = VC + slot * stride_vs + j * stride_vh + offs[None, :]
+        tl.store(vd, tl.load(vs, mask=kv_m, other=0.0), mask=kv_m)
+        tl.store(vd + HALF, tl.load(vs + HALF, mask=kv_m, other=0.0), mask=kv_m)
+
+
+ROPE_MAX_PROGRAMS = 1024  # grid size above which heads share a program (CTA launches dominate tiny programs)
+ROPE_MAX_HEADS = 16
+
+
+def rope_heads_per_program(tokens: int, heads: int, max_programs: int | None = None) -> int:
+    """Heads of one program of `qk_norm_rope_store`: 1 (a one-warp program per head, the decode steps' grids)
+    until the grid would pass `max_programs` (None: ROPE_MAX_PROGRAMS, read at each launch so a study can change it
+    between captures), then doubled up to ROPE_MAX_HEADS (shape-only: graph-safe)."""
+    limit = ROPE_MAX_PROGRAMS if max_programs is None else max_programs
+    hp = 1
+    while hp < ROPE_MAX_HEADS and tokens * triton.cdiv(heads, hp) > limit:
+        hp *= 2
+    return hp
 
 
 def qk_norm_rope_store(qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
                        norm_weight: torch.Tensor | None, eps: float, k_cache: torch.Tensor, v_cache: torch.Tensor,
                        slot_mapping: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int, *,
-                       pdl: bool = False) -> torch.Tensor:  # fmt: skip
+                       pdl: bool = False, heads_per_program: int | None = None) -> torch.Tensor:  # fmt: skip
     """From fused qkv [T, (Hq + 2 Hkv) * D]: return rotated (q-normed) q [T, Hq, D]; write rotated (k-normed) k and
-    v into the caches at `slot_mapping`. `norm_weight`: [2, D] (q_norm; k_norm) or None; `cos_sin`: fp32 [pos, D]."""
+    v into the caches at `slot_mapping`. `norm_weight`: [2, D] (q_norm; k_norm) or None; `cos_sin`: fp32 [pos, D].
+    `heads_per_program` (a power of two): overrides `rope_heads_per_program` (studies, tests)."""
     t = qkv.shape[0]
     if head_dim % 2:
         raise ValueError(f"RoPE needs an even head_dim, got {head_dim}")
@@ -132,19 +153,23 @@ def qk_norm_rope_store(qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torc
         raise ValueError("qkv rows and cache head_dim must be contiguous")
     if any(c.stride(0) != c.shape[1] * c.stride(1) for c in (k_cache, v_cache)):
         raise ValueError("KV cache pages must be laid out back to back (slot = page * page_size + offset)")
+    heads = num_heads + num_kv_heads
+    hp = rope_heads_per_program(t, heads) if heads_per_program is None else heads_per_program
+    if hp < 1 or hp & (hp - 1):
+        raise ValueError(f"heads_per_program must be a power of two >= 1, got {hp}")
     q = torch.empty(t, num_heads, head_dim, device=qkv.device, dtype=qkv.dtype)
     if t == 0:
         return q
     half = head_dim // 2
     nw = norm_weight if norm_weight is not None else qkv
-    _qk_norm_rope_store_kernel[(t, num_heads + num_kv_heads)](
+    _qk_norm_rope_store_kernel[(t, triton.cdiv(heads, hp))](
         qkv, positions, cos_sin, nw, q, k_cache, v_cache, slot_mapping,
         qkv.stride(0), q.stride(0), q.stride(1), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(1), v_cache.stride(2), cos_sin.stride(0),
         eps,
         NUM_Q=num_heads, NUM_KV=num_kv_heads, HEAD_DIM=head_dim, HALF=half,
-        BLOCK_H=triton.next_power_of_2(half), HAS_NORM=norm_weight is not None, USE_PDL=pdl,
-        num_warps=1, **pdl_kwargs(pdl),
+        BLOCK_H=triton.next_power_of_2(half), HAS_NORM=norm_weight is not None, USE_PDL=pdl, HEADS=hp,
+        num_warps=hp, **pdl_kwargs(pdl),
     )  # fmt: skip
     return q
 

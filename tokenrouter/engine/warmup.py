@@ -57,6 +57,7 @@ def warm_eager(engine: StepState, fwd: StepForward) -> None:
         return
     from tokenrouter.engine.attention.triton_extend import extend_attention_triton
 
+    warm_rope_heads(engine)
     spec, dev, dt = engine.spec, engine.device, engine.dtype
     k_cache, v_cache = engine.kv_cache.layers[0]
     seq = torch.full((1,), 1, dtype=torch.int32, device=dev)
@@ -68,6 +69,27 @@ def warm_eager(engine: StepState, fwd: StepForward) -> None:
         for s in _SPLITS:
             extend_attention_triton(qt, k_cache, v_cache, engine.table.table, cu, seq, 1.0, max_q_len=q,
                                     num_splits=s, pdl=engine.pdl, row_slots=slots)  # fmt: skip
+
+
+def warm_rope_heads(engine: StepState) -> None:
+    """Compile every heads-a-program variant of the q/k-norm + RoPE + KV-store kernel (`rope_heads_per_program`
+    picks one from a pass's tokens, so an eager pass longer than the warm passes would compile mid-serving): one
+    token on the null slot each, with the layers' own operands."""
+    attn = engine.model.layers[0].self_attn
+    ops = attn._ops
+    if ops is None:
+        return
+    k_cache, v_cache = engine.kv_cache.layers[0]
+    dev = engine.device
+    qkv = torch.zeros(1, (attn.num_heads + 2 * attn.num_kv_heads) * attn.head_dim, device=dev, dtype=engine.dtype)
+    zero = torch.zeros(1, dtype=torch.int32, device=dev)  # position 0, slot 0: the null page's first slot
+    norm_w = None if attn.qk_norm_weight is None else attn.qk_norm_weight.view(2, attn.head_dim)
+    hp = 1
+    while hp <= ops.ROPE_MAX_HEADS:
+        ops.qk_norm_rope_store(qkv, zero, attn.rope.cos_sin, norm_w, attn.eps, k_cache, v_cache, zero,
+                               attn.num_heads, attn.num_kv_heads, attn.head_dim, pdl=attn.pdl,
+                               heads_per_program=hp)  # fmt: skip
+        hp *= 2
 
 
 def profile_pass_shape(config: EngineConfig) -> tuple[int, int]:

@@ -1,0 +1,33 @@
+"""studies/engine/rope_heads.py on CPU: its smoke shapes at every heads-a-program choice in Triton's interpreter, every
+output identical to one head a program, in a child process (the interpreter must be chosen before Triton is
+imported)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from study_script import load_study
+
+SCRIPT = Path(__file__).resolve().parents[2] / "studies" / "engine" / "rope_heads.py"
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
+
+
+def test_every_heads_choice_gives_the_same_outputs_in_the_interpreter(tmp_path: Path) -> None:
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--smoke"], capture_output=True,
+                          text=True, env=env, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = json.loads((tmp_path / "rope_heads.json").read_text())
+    study = load_study("studies/engine/rope_heads.py")
+    assert [r["tokens"] for r in out["kernel"]] == list(study.SMOKE_TOKENS)
+    for r in out["kernel"]:
+        assert all(r[f"hp{hp}_identical"] for hp in study.HP), r
+    assert out["passes"] == [] and out["errors"] == []
+    assert "ROPE HEADS" in proc.stdout
