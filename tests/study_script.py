@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -19,3 +21,11 @@ def load_study(path: str | Path) -> ModuleType:
     sys.modules[path.stem] = mod
     spec.loader.exec_module(mod)
     return mod
+
+
+def run_smoke(path: str | Path, out_dir: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+    """A kernel study (`studies/engine/x.py`) with `--smoke --out out_dir` in Triton's CPU interpreter, in a child
+    process: the interpreter must be chosen before Triton is imported."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    return subprocess.run([sys.executable, str(ROOT / path), "--out", str(out_dir), "--smoke"], capture_output=True,
+                          text=True, env=env, timeout=timeout)  # fmt: skip

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import time
 from dataclasses import replace
@@ -32,6 +31,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from kernel_device import kernel_device
 
 from tokenrouter.engine.attention import extend_attention
 from tokenrouter.engine.attention import triton_extend as te
@@ -145,12 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--budget", type=float, default=150.0, help="seconds; later cases are skipped")
     args = p.parse_args(argv)
-    cuda = torch.cuda.is_available() and not args.smoke
-    if not cuda and os.environ.get("TRITON_INTERPRET") != "1":
-        print("without a GPU, run with TRITON_INTERPRET=1 --smoke", file=sys.stderr)
+    where = kernel_device(args.smoke)
+    if where is None:
         return 2
-    dev = torch.device("cuda" if cuda else "cpu")
-    dt = torch.bfloat16 if cuda else torch.float32
+    cuda, dev, dt = where
     deadline = time.perf_counter() + args.budget
     rows: list[dict[str, Any]] = []
     for label, hq, hkv, busy, tokens, ctx in CASES if cuda else SMOKE_CASES:

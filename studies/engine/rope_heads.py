@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -33,6 +32,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from kernel_device import kernel_device
 
 HEADS = {"qwen3-0.6b": (16, 8), "qwen3-32b": (64, 8)}
 TOKENS = (1, 8, 16, 48, 96, 192, 256, 512, 1024, 2048)
@@ -114,18 +115,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget", type=float, default=240.0, help="seconds for the pass study's cases")
     p.add_argument("--no-passes", dest="passes", action="store_false", help="kernel part only")
     args = p.parse_args(argv)
-    cuda = torch.cuda.is_available() and not args.smoke
-    if not cuda and os.environ.get("TRITON_INTERPRET") != "1":
-        print("without a GPU, run with TRITON_INTERPRET=1 --smoke", file=sys.stderr)
+    where = kernel_device(args.smoke)
+    if where is None:
         return 2
+    cuda, dev, dt = where
     if not cuda:
         from tokenrouter.engine.triton_compat import patch_interpreter_for_numpy24
 
         patch_interpreter_for_numpy24()
     from tokenrouter.engine import triton_ops as tops
 
-    dev = torch.device("cuda" if cuda else "cpu")
-    dt = torch.bfloat16 if cuda else torch.float32
     out: dict[str, Any] = {"kernel": [], "passes": [], "errors": []}
     t0 = time.perf_counter()
     for model, (hq, hkv) in (HEADS if cuda else SMOKE_HEADS).items():

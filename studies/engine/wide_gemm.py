@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -32,6 +31,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from kernel_device import kernel_device
 
 from tokenrouter.engine import triton_gemv as tg
 from tokenrouter.engine.triton_ops import silu_and_mul
@@ -184,12 +185,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", default=",".join(map(str, ROWS)), help="token counts M")
     p.add_argument("--budget", type=float, default=200.0, help="seconds; later cases are skipped")
     args = p.parse_args(argv)
-    cuda = torch.cuda.is_available() and not args.smoke
-    if not cuda and os.environ.get("TRITON_INTERPRET") != "1":
-        print("without a GPU, run with TRITON_INTERPRET=1 --smoke", file=sys.stderr)
+    where = kernel_device(args.smoke)
+    if where is None:
         return 2
-    dev = torch.device("cuda" if cuda else "cpu")
-    dt = torch.bfloat16 if cuda else torch.float32
+    cuda, dev, dt = where
     sms = torch.cuda.get_device_properties(dev).multi_processor_count if cuda else 4
     shapes = {m: SHAPES[m] for m in args.models.split(",")} if cuda else SMOKE_SHAPES
     rows_m = tuple(int(v) for v in args.rows.split(",")) if cuda else SMOKE_ROWS

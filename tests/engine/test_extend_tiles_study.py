@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from study_script import load_study
+from study_script import load_study, run_smoke
 
 SCRIPT = Path(__file__).resolve().parents[2] / "studies" / "engine" / "extend_tiles.py"
 
@@ -20,9 +20,7 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reas
 
 
 def test_every_tile_config_matches_the_reference_in_the_interpreter(tmp_path: Path) -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--smoke"], capture_output=True,
-                          text=True, env=env, timeout=600)  # fmt: skip
+    proc = run_smoke("studies/engine/extend_tiles.py", tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = json.loads((tmp_path / "extend_tiles.json").read_text())
     study = load_study("studies/engine/extend_tiles.py")

@@ -6,23 +6,16 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from study_script import load_study
-
-SCRIPT = Path(__file__).resolve().parents[2] / "studies" / "engine" / "rope_heads.py"
+from study_script import load_study, run_smoke
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
 
 
 def test_every_heads_choice_gives_the_same_outputs_in_the_interpreter(tmp_path: Path) -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--smoke"], capture_output=True,
-                          text=True, env=env, timeout=600)  # fmt: skip
+    proc = run_smoke("studies/engine/rope_heads.py", tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = json.loads((tmp_path / "rope_heads.json").read_text())
     study = load_study("studies/engine/rope_heads.py")
