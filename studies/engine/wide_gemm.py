@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from kernel_device import kernel_device
+from tma_gemm import tma_gemm
 
 from tokenrouter.engine import triton_gemv as tg
 from tokenrouter.engine.triton_ops import silu_and_mul
@@ -57,6 +58,13 @@ TILES = [  # (name, block_n, block_k, stages, warps)
     ("n128k128s3w8", 128, 128, 3, 8),
 ]
 SMOKE_TILES = [("n16k16s2w4", 16, 16, 2, 4), ("n32k32s2w4", 32, 32, 2, 4)]
+TMA_TILES = [  # the same grid through `tma_gemm` (TMA loads; projections without SwiGLU folded)
+    ("tma_n64k64s6w4", 64, 64, 6, 4),
+    ("tma_n128k64s4w4", 128, 64, 4, 4),
+    ("tma_n128k64s4w8", 128, 64, 4, 8),
+    ("tma_n128k128s3w8", 128, 128, 3, 8),
+]
+SMOKE_TMA_TILES = [("tma_n16k16s2w4", 16, 16, 2, 4)]
 WAVES = (1, 2, 4)  # split-K until the grid holds this many programs per SM
 SMEM_LIMIT = 220 * 1024
 L2_MISS_BYTES = 200e6
@@ -77,6 +85,7 @@ def fits(m: int, bn: int, bk: int, stages: int, warps: int) -> bool:
 
 
 def candidates(m: int, n: int, k: int, sms: int, tiles: list) -> list[tuple[str, tg.GemvConfig]]:
+    """("engine", the engine's config), then every tile that fits at each split-K of WAVES (names `<tile>_s<split>`)."""
     out = [("engine", tg.gemv_config(m, n, k, sms))]
     for name, bn, bk, stages, warps in tiles:
         if not fits(m, bn, bk, stages, warps) or k % bk:
@@ -93,7 +102,8 @@ def candidates(m: int, n: int, k: int, sms: int, tiles: list) -> list[tuple[str,
 
 
 def time_shape(model: str, op: str, n: int, k: int, silu: bool, rows: tuple[int, ...], dev: torch.device,
-               dt: torch.dtype, sms: int, tiles: list, deadline: float) -> list[dict[str, Any]]:  # fmt: skip
+               dt: torch.dtype, sms: int, tiles: list, tma_tiles: list,
+               deadline: float) -> list[dict[str, Any]]:  # fmt: skip
     cuda = dev.type == "cuda"
     if cuda:
         import graph_timing as gt
@@ -120,17 +130,19 @@ def time_shape(model: str, op: str, n: int, k: int, silu: bool, rows: tuple[int,
         recs = [{**base, "variant": "cublas"}]
         if cuda:
             recs[0]["us"] = gt.capture_and_time(cublas, n=10, per=copies).median_us
-        for name, cfg in candidates(m, n, k, sms, tiles):
+        cands = candidates(m, n, k, sms, tiles)
+        cands += [] if silu else [c for c in candidates(m, n, k, sms, tma_tiles) if c[0] != "engine"]
+        for name, cfg in cands:
             rec = {**base, "variant": name, "block_n": cfg.block_n, "block_k": cfg.block_k, "split_k": cfg.split_k,
                    "stages": cfg.num_stages, "warps": cfg.num_warps, "dot": cfg.dot}  # fmt: skip
             try:
-                tg.skinny_gemm(x, ws[0], silu=silu, counters=counters, config=cfg, out=y, pdl=cuda)
+                launch(name, x, ws[0], y, cfg, silu, counters, pdl=cuda)
                 rec["err"] = float((y.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-6))
                 if cuda:
 
-                    def run(cfg: tg.GemvConfig = cfg, x: torch.Tensor = x, y: torch.Tensor = y) -> None:
+                    def run(name: str = name, cfg: tg.GemvConfig = cfg, x: torch.Tensor = x, y: torch.Tensor = y):
                         for w in ws:
-                            tg.skinny_gemm(x, w, silu=silu, counters=counters, config=cfg, out=y, pdl=True)
+                            launch(name, x, w, y, cfg, silu, counters, pdl=True)
 
                     rec["us"] = gt.capture_and_time(run, n=10, per=copies).median_us
             except Exception as e:  # a tile that does not compile or launch is a result, not a crash
@@ -144,6 +156,16 @@ def time_shape(model: str, op: str, n: int, k: int, silu: bool, rows: tuple[int,
         print(json.dumps({"model": model, "op": op, "m": m, "best": best(recs), "cublas": recs[0].get("us"),
                           "engine": recs[1].get("us")}), flush=True)  # fmt: skip
     return out
+
+
+def launch(name: str, x: torch.Tensor, w: torch.Tensor, y: torch.Tensor, cfg: tg.GemvConfig, silu: bool,
+           counters: torch.Tensor, pdl: bool) -> None:  # fmt: skip
+    """One candidate's launch: `tma_*` through `tma_gemm` (no PDL there), the rest through the skinny GEMM."""
+    if name.startswith("tma_"):
+        tma_gemm(x, w, block_n=cfg.block_n, block_k=cfg.block_k, split_k=cfg.split_k, num_warps=cfg.num_warps,
+                 num_stages=cfg.num_stages, counters=counters, out=y)  # fmt: skip
+    else:
+        tg.skinny_gemm(x, w, silu=silu, counters=counters, config=cfg, out=y, pdl=pdl)
 
 
 def best(recs: list[dict[str, Any]]) -> list:
@@ -184,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", default=",".join(SHAPES))
     p.add_argument("--rows", default=",".join(map(str, ROWS)), help="token counts M")
     p.add_argument("--budget", type=float, default=200.0, help="seconds; later cases are skipped")
+    p.add_argument("--no-tma", dest="tma", action="store_false", help="leave out the TMA kernel's tiles")
     args = p.parse_args(argv)
     where = kernel_device(args.smoke)
     if where is None:
@@ -193,11 +216,12 @@ def main(argv: list[str] | None = None) -> int:
     shapes = {m: SHAPES[m] for m in args.models.split(",")} if cuda else SMOKE_SHAPES
     rows_m = tuple(int(v) for v in args.rows.split(",")) if cuda else SMOKE_ROWS
     tiles = TILES if cuda else SMOKE_TILES
+    tma_tiles = (TMA_TILES if cuda else SMOKE_TMA_TILES) if args.tma else []
     deadline = time.perf_counter() + args.budget
     rows: list[dict[str, Any]] = []
     for model, ops in shapes.items():
         for op, n, k, silu in ops:
-            rows += time_shape(model, op, n, k, silu, rows_m, dev, dt, sms, tiles, deadline)
+            rows += time_shape(model, op, n, k, silu, rows_m, dev, dt, sms, tiles, tma_tiles, deadline)
             if cuda:
                 torch.cuda.empty_cache()
     rules = [t for model, ops in shapes.items() for t in rule_table(rows, model, [o[0] for o in ops])]
