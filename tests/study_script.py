@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -29,3 +30,10 @@ def run_smoke(path: str | Path, out_dir: Path, timeout: float = 600) -> subproce
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     return subprocess.run([sys.executable, str(ROOT / path), "--out", str(out_dir), "--smoke"], capture_output=True,
                           text=True, env=env, timeout=timeout)  # fmt: skip
+
+
+def smoke_result(path: str | Path, out_dir: Path) -> tuple[str, dict | list]:
+    """`run_smoke`, which must exit 0: (its stdout, the JSON it wrote, `<script stem>.json` in `out_dir`)."""
+    proc = run_smoke(path, out_dir)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout, json.loads((out_dir / f"{Path(path).stem}.json").read_text())

@@ -18,7 +18,6 @@ Writes OUT_DIR/extend_tiles.json and prints a table last.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -32,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from kernel_device import kernel_device
+from kernel_device import exit_status, kernel_args, kernel_device
 
 from tokenrouter.engine.attention import extend_attention
 from tokenrouter.engine.attention import triton_extend as te
@@ -141,10 +140,7 @@ def time_case(label: str, hq: int, hkv: int, busy: int, tokens: int, ctx: int, d
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", required=True)
-    p.add_argument("--smoke", action="store_true")
-    p.add_argument("--budget", type=float, default=150.0, help="seconds; later cases are skipped")
+    p = kernel_args(__doc__, 150.0)
     args = p.parse_args(argv)
     where = kernel_device(args.smoke)
     if where is None:
@@ -172,10 +168,7 @@ def main(argv: list[str] | None = None) -> int:
             cells.append((f"{r['us']:.1f}" if "us" in r else ("err" if "error" in r else "ok" if "err" in r else "-"))
                          + (f"/{r['err']:.0e}" if "err" in r else ""))  # fmt: skip
         print("  " + label.ljust(14) + "".join(c.rjust(13) for c in cells))
-    bad = [r for r in rows if "error" in r or r.get("err", 0) > 2e-2]
-    for r in bad[:5]:
-        print("  BAD", json.dumps(r)[:300])
-    return 1 if bad else 0
+    return exit_status(rows)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from kernel_device import kernel_device
+from kernel_device import kernel_args, kernel_device
 
 HEADS = {"qwen3-0.6b": (16, 8), "qwen3-32b": (64, 8)}
 TOKENS = (1, 8, 16, 48, 96, 192, 256, 512, 1024, 2048)
@@ -109,10 +109,7 @@ def pass_study(args: argparse.Namespace, out: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", required=True)
-    p.add_argument("--smoke", action="store_true")
-    p.add_argument("--budget", type=float, default=240.0, help="seconds for the pass study's cases")
+    p = kernel_args(__doc__, 240.0)  # --budget: seconds for the pass study's cases
     p.add_argument("--no-passes", dest="passes", action="store_false", help="kernel part only")
     args = p.parse_args(argv)
     where = kernel_device(args.smoke)

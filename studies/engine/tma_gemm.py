@@ -3,9 +3,10 @@
 y[M, N] = x[M, K] @ W[N, K]^T for the 17-256-token passes where cuBLAS streams the 32B's weights at 3.4-3.6 TB/s and
 the skinny GEMM's pointer loads fall behind it (`results/2026-12-04-h200-wide-gemm`). Same shape as the skinny
 GEMM's tensor-core path (a program owns BLOCK_N weight rows x all token rows, weights as the MMA's M side, split-K
-with the last arrival summing the partials in split order), but both operands come through host-built tensor
-descriptors: out-of-range rows and columns read as zeros (no masks, no clamped addresses) and the pipeline's loads
-are TMA copies instead of per-thread cp.async. A study kernel: the engine does not use it unless it wins.
+with the last arrival summing the partials in split order: the engine's `store_tile`), but both operands come
+through host-built tensor descriptors: out-of-range rows and columns read as zeros (no masks, no clamped
+addresses) and the pipeline's loads are TMA copies instead of per-thread cp.async. A study kernel: the engine does
+not use it unless it wins.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
+
+from tokenrouter.engine.triton_gemv import store_tile
 
 
 @triton.jit
@@ -32,26 +35,8 @@ def tma_gemm_kernel(
         w = w_desc.load([n0, k_lo + k])
         x = x_desc.load([0, k_lo + k])
         acc = tl.dot(w, tl.trans(x), acc)
-    out = tl.trans(acc)
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_n = n0 + tl.arange(0, BLOCK_N)
-    io_mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
-    if SPLIT:
-        part = Part + (pid_k * M + offs_m)[:, None].to(tl.int64) * N + offs_n[None, :]
-        tl.store(part, out, mask=io_mask)
-        tl.debug_barrier()  # every thread's partial stored before the arrival is published (release)
-        counter = Counters + pid_n
-        arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-        if arrived == tl.num_programs(1) - 1:
-            tl.debug_barrier()
-            total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-            for s in range(0, tl.num_programs(1)):
-                p = Part + (s * M + offs_m)[:, None].to(tl.int64) * N + offs_n[None, :]
-                total += tl.load(p, mask=io_mask, other=0.0, cache_modifier=".cg")
-            tl.store(Y + offs_m[:, None] * stride_ym + offs_n[None, :], total.to(Y.dtype.element_ty), mask=io_mask)
-            tl.store(counter, 0)
-    else:
-        tl.store(Y + offs_m[:, None] * stride_ym + offs_n[None, :], out.to(Y.dtype.element_ty), mask=io_mask)
+    store_tile(tl.trans(acc), Y, Part, Counters, Y, pid_n, pid_k, tl.arange(0, BLOCK_M), n0 + tl.arange(0, BLOCK_N),
+               M, N, stride_ym, SPLIT, False)  # fmt: skip
 
 
 def tma_gemm(x: torch.Tensor, weight: torch.Tensor, *, block_n: int, block_k: int, split_k: int, num_warps: int,

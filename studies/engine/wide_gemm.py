@@ -18,7 +18,6 @@ Writes OUT_DIR/wide_gemm.json and prints, per M, the best tile per projection an
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -32,7 +31,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from kernel_device import kernel_device
+from kernel_device import exit_status, kernel_args, kernel_device
 from tma_gemm import tma_gemm
 
 from tokenrouter.engine import triton_gemv as tg
@@ -200,12 +199,9 @@ def rule_table(rows: list[dict[str, Any]], model: str, ops: list[str]) -> list[d
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", required=True)
-    p.add_argument("--smoke", action="store_true")
+    p = kernel_args(__doc__, 200.0)
     p.add_argument("--models", default=",".join(SHAPES))
     p.add_argument("--rows", default=",".join(map(str, ROWS)), help="token counts M")
-    p.add_argument("--budget", type=float, default=200.0, help="seconds; later cases are skipped")
     p.add_argument("--no-tma", dest="tma", action="store_false", help="leave out the TMA kernel's tiles")
     args = p.parse_args(argv)
     where = kernel_device(args.smoke)
@@ -232,10 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         f = lambda v: f"{v:.1f}" if v is not None else "-"  # noqa: E731
         print(f"  {t['model']:11s} M={t['m']:4d} cublas {f(t['cublas'])} engine {f(t['engine'])} "
               f"per-op best {f(t['best_per_op'])} rules {t['top_rules']}")  # fmt: skip
-    bad = [r for r in rows if "error" in r or r.get("err", 0) > 2e-2]
-    for r in bad[:5]:
-        print("  BAD", json.dumps(r)[:300])
-    return 1 if bad else 0
+    return exit_status(rows)
 
 
 if __name__ == "__main__":

@@ -5,14 +5,13 @@ process (the interpreter must be chosen before Triton is imported)."""
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from study_script import load_study, run_smoke
+from study_script import load_study, smoke_result
 
 SCRIPT = Path(__file__).resolve().parents[2] / "studies" / "engine" / "extend_tiles.py"
 
@@ -20,16 +19,15 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reas
 
 
 def test_every_tile_config_matches_the_reference_in_the_interpreter(tmp_path: Path) -> None:
-    proc = run_smoke("studies/engine/extend_tiles.py", tmp_path)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    rows = json.loads((tmp_path / "extend_tiles.json").read_text())
+    stdout, data = smoke_result("studies/engine/extend_tiles.py", tmp_path)
+    rows = data
     study = load_study("studies/engine/extend_tiles.py")
     assert {r["case"] for r in rows} == {c[0] for c in study.SMOKE_CASES}
     for case, *_ in study.SMOKE_CASES:
         got = [r for r in rows if r["case"] == case]
         assert [r["variant"] for r in got] == [v[0] for v in study.VARIANTS]
         assert all("error" not in r for r in got) and max(r["err"] for r in got) < 1e-4
-    assert "EXTEND TILES" in proc.stdout
+    assert "EXTEND TILES" in stdout
 
 
 def test_without_a_gpu_the_script_asks_for_the_interpreter(tmp_path: Path) -> None:

@@ -5,19 +5,17 @@ interpreter must be chosen before Triton is imported); and its split-K and fit r
 from __future__ import annotations
 
 import importlib.util
-import json
 from pathlib import Path
 
 import pytest
-from study_script import load_study, run_smoke
+from study_script import load_study, smoke_result
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
 
 
 def test_every_tile_matches_torch_in_the_interpreter(tmp_path: Path) -> None:
-    proc = run_smoke("studies/engine/wide_gemm.py", tmp_path)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    rows = json.loads((tmp_path / "wide_gemm.json").read_text())["rows"]
+    stdout, data = smoke_result("studies/engine/wide_gemm.py", tmp_path)
+    rows = data["rows"]
     study = load_study("studies/engine/wide_gemm.py")
     ops = [op for op, *_ in study.SMOKE_SHAPES["tiny"]]
     for op in ops:
@@ -30,7 +28,7 @@ def test_every_tile_matches_torch_in_the_interpreter(tmp_path: Path) -> None:
             # the TMA kernel's tiles: only where no SwiGLU is folded into x
             tma = [r for r in tiles if r["variant"].startswith("tma_")]
             assert (len(tma) == 0) == (op == "down_silu"), names
-    assert "WIDE GEMM" in proc.stdout
+    assert "WIDE GEMM" in stdout
 
 
 def test_split_k_fills_the_programs_asked_for_with_whole_k_tiles() -> None:

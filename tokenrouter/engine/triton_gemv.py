@@ -310,8 +310,17 @@ def skinny_gemm_kernel(
         out = tl.sum(acc, axis=1)[None, :]
     else:
         out = tl.sum(acc, axis=2)
+    store_tile(out, Y, Part, Counters, Bias, pid_n, pid_k, offs_m, offs_n, M, N, stride_ym, SPLIT, HAS_BIAS)
+
+
+@triton.jit
+def store_tile(out, Y, Part, Counters, Bias, pid_n, pid_k, offs_m, offs_n, M, N, stride_ym,
+               SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr):  # fmt: skip
+    """Write a program's fp32 tile `out` [BLOCK_M, BLOCK_N] of y (+ bias). SPLIT: it is the partial of K slice
+    `pid_k`; it goes to Part [split_k, M, N] and the tile's last arrival at Counters[pid_n] sums every partial in
+    split order (deterministic), writes y and resets the counter to 0. Shared with studies/engine/tma_gemm.py."""
     n_mask = offs_n < N
-    io_mask = m_mask[:, None] & n_mask[None, :]
+    io_mask = (offs_m < M)[:, None] & n_mask[None, :]
     if SPLIT:
         part = Part + (pid_k * M + offs_m)[:, None].to(tl.int64) * N + offs_n[None, :]
         tl.store(part, out, mask=io_mask)
@@ -322,7 +331,7 @@ def skinny_gemm_kernel(
         arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
         if arrived == tl.num_programs(1) - 1:
             tl.debug_barrier()
-            total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            total = tl.zeros_like(out)  # fp32, as the tile
             for s in range(0, tl.num_programs(1)):
                 p = Part + (s * M + offs_m)[:, None].to(tl.int64) * N + offs_n[None, :]
                 total += tl.load(p, mask=io_mask, other=0.0, cache_modifier=".cg")
