@@ -15,6 +15,7 @@ from live_server import start
 
 from tokenrouter.models.tokenizer import TextTokenizer
 from tokenrouter.runtime import protocol as P
+from tokenrouter.runtime.frontend.params import MAX_CHOICES
 
 MODEL = "+".join(NAMES)
 JSON = {"content-type": "application/json"}
@@ -46,8 +47,11 @@ def assert_error(r: httpx.Response, status: int, param: str | None = None) -> No
         ({"model": MODEL, "prompt": [1, 2], "max_tokens": 600}, 400, "max_tokens"),  # beyond the large model's KV
         ({"model": MODEL, "prompt": [1, 2], "max_tokens": "many"}, 400, "max_tokens"),
         ({"model": MODEL, "prompt": 12}, 400, None),
-        ({"model": MODEL, "prompt": [1, 2], "n": 2}, 400, "n"),
-        ({"model": MODEL, "prompt": [[1], [2]]}, 400, "prompt"),
+        ({"model": MODEL, "prompt": [1, 2], "n": MAX_CHOICES + 1}, 400, "n"),
+        ({"model": MODEL, "prompt": [[1]] * 3, "n": MAX_CHOICES // 3 + 1}, 400, "prompt"),  # prompts x n
+        ({"model": MODEL, "prompt": [[1], []]}, 400, "prompt.1"),  # a batch names the prompt at fault
+        ({"model": MODEL, "prompt": [[1], [2, 5000]]}, 400, "prompt.1"),
+        ({"model": MODEL, "prompt": [[1], [1] * 600]}, 400, "prompt.1"),
         ({"model": MODEL, "prompt": [1, 2], "temperature": -1}, 400, "temperature"),
         ({"model": MODEL, "prompt": [1, 2], "stop": ""}, 400, "stop"),
         ({"model": MODEL, "prompt": [1, 2], "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),

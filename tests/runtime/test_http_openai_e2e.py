@@ -120,3 +120,26 @@ def test_chat_logprobs_streamed_and_not_from_both_models(client, model, served):
     assert streamed == pytest.approx([c.logprob for c in content], abs=1e-5)
     plain = client.chat.completions.create(model=model, messages=msgs, max_tokens=4, **GREEDY)
     assert plain.choices[0].logprobs is None
+
+
+def test_n_and_a_batch_of_prompts_answer_as_the_single_requests_do(client, model):
+    """At temperature 0 each choice is its prompt's greedy answer; sampled with a seed, choice j is the single
+    request with seed + j (the engine's noise is a function of seed, position and token, not of the batch)."""
+    prompts = [PROMPT, PROMPT[::-1]]
+    single = [client.completions.create(model=model, prompt=p, max_tokens=10, **GREEDY).choices[0].text
+              for p in prompts]  # fmt: skip
+    both = client.completions.create(model=model, prompt=prompts, n=2, max_tokens=10, **GREEDY)
+    assert [c.index for c in both.choices] == [0, 1, 2, 3]
+    assert [c.text for c in both.choices] == [single[0], single[0], single[1], single[1]]
+    assert both.usage.prompt_tokens == 2 * len(PROMPT) and both.usage.completion_tokens == 40
+    sampled = {"temperature": 1.0, "extra_body": {"ignore_eos": True}}
+    ref = [client.completions.create(model=model, prompt=PROMPT, max_tokens=10, seed=11 + j, **sampled).choices[0].text
+           for j in range(3)]  # fmt: skip
+    three = client.completions.create(model=model, prompt=PROMPT, max_tokens=10, seed=11, n=3, **sampled)
+    assert [c.text for c in three.choices] == ref
+    stream = client.completions.create(model=model, prompt=PROMPT, max_tokens=10, seed=11, n=3, stream=True, **sampled)
+    texts = ["", "", ""]
+    for chunk in stream:
+        for c in chunk.choices:
+            texts[c.index] += c.text
+    assert texts == ref

@@ -6,7 +6,7 @@ import pytest
 
 from tokenrouter.models.ids_only import IdsOnlyTokenizer
 from tokenrouter.runtime.frontend.errors import APIError
-from tokenrouter.runtime.frontend.params import completion_prompt
+from tokenrouter.runtime.frontend.params import completion_prompts
 from tokenrouter.runtime.frontend.schemas import CompletionRequest
 
 
@@ -21,10 +21,14 @@ def test_ids_only_tokenizer():
 
 def test_text_prompt_without_tokenizer_is_a_400_naming_the_prompt():
     tok = IdsOnlyTokenizer(1000)
-    assert completion_prompt(CompletionRequest(model="m", prompt=[1, 2, 3]), tok.encode) == [1, 2, 3]
+    assert completion_prompts(CompletionRequest(model="m", prompt=[1, 2, 3]), tok.encode) == [[1, 2, 3]]
+    assert completion_prompts(CompletionRequest(model="m", prompt=[[1], [2, 3]]), tok.encode) == [[1], [2, 3]]
     with pytest.raises(APIError) as e:
-        completion_prompt(CompletionRequest(model="m", prompt="hello"), tok.encode)
+        completion_prompts(CompletionRequest(model="m", prompt="hello"), tok.encode)
     assert e.value.status == 400 and e.value.param == "prompt"
+    with pytest.raises(APIError) as e:  # in a batch, the prompt at fault
+        completion_prompts(CompletionRequest(model="m", prompt=["1 2", "hello"]), tok.encode)
+    assert e.value.status == 400 and e.value.param == "prompt.0"
 
 
 def test_serve_falls_back_to_ids_only_for_dummy_weights_and_refuses_for_real_ones(tmp_path):

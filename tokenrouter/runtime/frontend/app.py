@@ -14,9 +14,10 @@ from contextlib import asynccontextmanager
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError, StarletteHTTPException
 from fastapi.responses import JSONResponse, Response
+from msgspec.structs import replace
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from tokenrouter.runtime.frontend import access, generate, params
+from tokenrouter.runtime.frontend import access, choices, generate, params
 from tokenrouter.runtime.frontend.admin import PolicyState, add_admin_routes
 from tokenrouter.runtime.frontend.autotune_task import AutotuneTask
 from tokenrouter.runtime.frontend.backend import Backend
@@ -91,16 +92,28 @@ class FrontendState:
                            "model_not_found")  # fmt: skip
         return model
 
-    def job(self, body: CompletionRequest | ChatRequest, ids: list[int], default_max: int | None) -> generate.Job:
+    def jobs(self, body: CompletionRequest | ChatRequest, prompts: list[list[int]],
+             default_max: int | None) -> list[generate.Job]:  # fmt: skip
+        """One job per choice: each prompt `n` times (choice j seeded seed + j), indexed prompt * n + j."""
         limits = params.Limits(self.server.vocab_size, self.backend.kv_capacity_tokens, self.server.max_context_len)
-        sp = params.sampling(body, ids, limits, default_max=default_max)
+        where = ["prompt"] if len(prompts) == 1 else [f"prompt.{i}" for i in range(len(prompts))]
+        sps = [params.sampling(body, ids, limits, default_max, w) for ids, w in zip(prompts, where, strict=True)]
         stop = params.stop_strings(body)
         chat = isinstance(body, ChatRequest)
         usage = bool(body.stream_options is not None and body.stream_options.include_usage)
-        return generate.Job(ids, sp, tuple(self.tokenizer.eos_token_ids), body.model, chat, bool(body.stream), stop,
-                            include_usage=usage)  # fmt: skip
+        n, eos, out = body.n or 1, tuple(self.tokenizer.eos_token_ids), []
+        for p, (ids, sp) in enumerate(zip(prompts, sps, strict=True)):
+            for j in range(n):
+                sp_j = sp if j == 0 else replace(sp, seed=params.choice_seed(sp.seed, j))
+                out.append(generate.Job(ids, sp_j, eos, body.model, chat, bool(body.stream), stop,
+                                        include_usage=usage, index=len(out), prompt_index=p))  # fmt: skip
+        if len(out) > 1:
+            for job in out[1:]:
+                job.response_id, job.created = out[0].rid, out[0].created
+            out[0].response_id = out[0].rid
+        return out
 
-    async def answer(self, job: generate.Job, request: Request):
+    async def answer(self, jobs: list[generate.Job], request: Request):
         """Counts the request in flight until its answer is complete (a stream's end) and its outcome once."""
         metrics = self.metrics
         counted = False
@@ -114,7 +127,9 @@ class FrontendState:
 
         metrics.in_flight.inc()
         try:
-            return await generate.run(job, self.backend, self.tokenizer, self.names, request, on_outcome)
+            if len(jobs) == 1:
+                return await generate.run(jobs[0], self.backend, self.tokenizer, self.names, request, on_outcome)
+            return await choices.run_many(jobs, self.backend, self.tokenizer, self.names, request, on_outcome)
         except APIError:
             if not counted:  # the APIError handler counts the outcome
                 counted = True
@@ -186,8 +201,8 @@ async def completions(body: CompletionRequest, request: Request):
     st = _state(request)
     st.check_model(body.model)
     # In a worker thread (the tokenizer releases the GIL): a long prompt must not stall the event loop.
-    ids = await asyncio.to_thread(params.completion_prompt, body, st.tokenizer.encode)
-    return await st.answer(st.job(body, ids, default_max=16), request)
+    prompts = await asyncio.to_thread(params.completion_prompts, body, st.tokenizer.encode)
+    return await st.answer(st.jobs(body, prompts, default_max=16), request)
 
 
 @router.post("/v1/chat/completions")
@@ -195,7 +210,7 @@ async def chat_completions(body: ChatRequest, request: Request):
     st = _state(request)
     st.check_model(body.model)
     ids = await asyncio.to_thread(params.chat_prompt, body, st.tokenizer)
-    return await st.answer(st.job(body, ids, default_max=None), request)
+    return await st.answer(st.jobs(body, [ids], default_max=None), request)
 
 
 @router.get("/v1/models")

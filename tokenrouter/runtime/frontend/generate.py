@@ -38,6 +38,9 @@ class Job:
     include_usage: bool = False  # stream_options.include_usage: a usage-only chunk before [DONE]
     rid: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
+    index: int = 0  # the answer's `choices[].index` (`n` > 1 or a batch of prompts: `choices.py`)
+    prompt_index: int = 0  # which prompt of a batch (usage counts each prompt once)
+    response_id: str | None = None  # the answer's id when several jobs make one answer; None: from `rid`
 
 
 @dataclass(slots=True)
@@ -101,21 +104,22 @@ class Output:
         return {"hops": hops, "tokens_per_model": dict(zip(self.names, self.per_model, strict=True))}
 
 
-def _envelope(job: Job, stream: bool) -> dict[str, Any]:
+def envelope(job: Job, stream: bool) -> dict[str, Any]:
     obj = ("chat.completion.chunk" if stream else "chat.completion") if job.chat else "text_completion"
     prefix = "chatcmpl-" if job.chat else "cmpl-"
-    return {"id": prefix + job.rid, "object": obj, "created": job.created, "model": job.model}
+    return {"id": prefix + (job.response_id or job.rid), "object": obj, "created": job.created, "model": job.model}
 
 
 def _choice(job: Job, text: str, finish: str | None, stream: bool, logprobs: dict | None,
             first: bool = False) -> dict[str, Any]:  # fmt: skip
+    i = job.index
     if not job.chat:
-        return {"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs}
+        return {"index": i, "text": text, "finish_reason": finish, "logprobs": logprobs}
     if stream:
         delta: dict[str, Any] = {"role": "assistant", "content": text} if first else {"content": text}
-        return {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
+        return {"index": i, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
     message = {"role": "assistant", "content": text}
-    return {"index": 0, "message": message, "finish_reason": finish, "logprobs": logprobs}
+    return {"index": i, "message": message, "finish_reason": finish, "logprobs": logprobs}
 
 
 OnOutcome = Callable[[str], None]
@@ -125,15 +129,8 @@ async def run(job: Job, backend: Backend, tokenizer, names: Sequence[str], reque
               on_outcome: OnOutcome) -> JSONResponse | StreamingResponse:  # fmt: skip
     """`tokenizer` decodes (`decode`) and spells tokens (`token_bytes`, for logprobs)."""
     stream = await backend.submit(P.Submit(job.rid, P.pack_ids(job.prompt_ids), job.sampling, job.eos_token_ids))
-    first_task = asyncio.ensure_future(stream.next())
-    try:
-        first = await _or_disconnect(first_task, request)
-    except BaseException:
-        first_task.cancel()
-        _abandon(backend, job.rid, on_outcome)
-        raise
+    first = await first_event(stream, backend, job.rid, request, on_outcome)
     if first is None:  # the client left before anything came back
-        _abandon(backend, job.rid, on_outcome)
         return error_response(499, "client closed the request")
     if isinstance(first, Outcome) and first.status is not None:
         backend.release(job.rid)
@@ -143,12 +140,28 @@ async def run(job: Job, backend: Backend, tokenizer, names: Sequence[str], reque
     if job.stream:
         gen = _sse(job, stream, first, backend, out, on_outcome)
         # A body never started (the client left first) never runs the generator's `finally`: clean up on collection.
-        weakref.finalize(gen, _abandon, backend, job.rid, on_outcome)
+        weakref.finalize(gen, abandon, backend, job.rid, on_outcome)
         return StreamingResponse(gen, media_type="text/event-stream")
     return await _whole(job, stream, first, backend, out, request, on_outcome)
 
 
-def _abandon(backend: Backend, rid: str, on_outcome: OnOutcome) -> None:
+async def first_event(stream: RequestStream, backend: Backend, rid: str, request: Request,
+                      on_outcome: OnOutcome) -> Chunk | Outcome | None:  # fmt: skip
+    """The request's first event, so that a rejection is still an HTTP error; None (request abandoned) if the client
+    left first."""
+    task = asyncio.ensure_future(stream.next())
+    try:
+        first = await _or_disconnect(task, request)
+    except BaseException:
+        task.cancel()
+        abandon(backend, rid, on_outcome)
+        raise
+    if first is None:
+        abandon(backend, rid, on_outcome)
+    return first
+
+
+def abandon(backend: Backend, rid: str, on_outcome: OnOutcome) -> None:
     """A request left without an answer: abort it on the subservers (a no-op once it ended) and count it."""
     backend.abort_nowait(rid)
     on_outcome("aborted")
@@ -165,8 +178,24 @@ async def _or_disconnect(task: asyncio.Future, request: Request, poll_s: float =
             return None
 
 
-async def _whole(job: Job, stream: RequestStream, first, backend: Backend, out: Output, request: Request,
-                 on_outcome: OnOutcome) -> JSONResponse:  # fmt: skip
+@dataclass(slots=True)
+class Final:
+    """One choice's last piece: its `choices[]` entry and its `tokenrouter` extension."""
+
+    choice: dict[str, Any]
+    ext: dict[str, Any]
+
+
+@dataclass(slots=True)
+class Failed:
+    status: int
+    message: str
+
+
+async def collect(job: Job, stream: RequestStream, first: Chunk | Outcome, backend: Backend, out: Output,
+                  request: Request) -> Final | Failed | None:  # fmt: skip
+    """One choice read to its end (released or aborted on the subservers); None if the client left first (the
+    caller abandons the request)."""
     text, ids, lps, offsets, ev = [], [], [], [], first
     while isinstance(ev, Chunk):
         piece = out.add(ev)
@@ -178,61 +207,93 @@ async def _whole(job: Job, stream: RequestStream, first, backend: Backend, out: 
             break
         ev = await _or_disconnect(asyncio.ensure_future(stream.next()), request)
         if ev is None:
-            _abandon(backend, job.rid, on_outcome)
-            return error_response(499, "client closed the request")
+            return None
     if out.stopped:
         backend.abort_nowait(job.rid)  # ends it on the subservers; the answer is complete
         outcome, reason = None, "stop"
     else:
         backend.release(job.rid)
         if ev.status is not None:
-            on_outcome("error")
-            return error_response(ev.status, ev.message)
+            return Failed(ev.status, ev.message)
         text.append(out.finish())
         outcome, reason = ev, ev.reason
     choice = _choice(job, "".join(text), reason, False, out.logprobs(Piece("", ids, [], lps, offsets)))
+    return Final(choice, out.extension(outcome))
+
+
+async def _whole(job: Job, stream: RequestStream, first, backend: Backend, out: Output, request: Request,
+                 on_outcome: OnOutcome) -> JSONResponse:  # fmt: skip
+    res = await collect(job, stream, first, backend, out, request)
+    if res is None:
+        abandon(backend, job.rid, on_outcome)
+        return error_response(499, "client closed the request")
+    if isinstance(res, Failed):
+        on_outcome("error")
+        return error_response(res.status, res.message)
     on_outcome("ok")
-    return JSONResponse({**_envelope(job, stream=False), "choices": [choice], "usage": out.usage(),
-                         "tokenrouter": out.extension(outcome)})  # fmt: skip
+    return JSONResponse({**envelope(job, stream=False), "choices": [res.choice], "usage": out.usage(),
+                         "tokenrouter": res.ext})  # fmt: skip
 
 
-def _sse_line(obj: dict[str, Any] | str) -> bytes:
+def sse_line(obj: dict[str, Any] | str) -> bytes:
     return f"data: {obj if isinstance(obj, str) else json.dumps(obj, separators=(',', ':'))}\n\n".encode()
+
+
+@dataclass(slots=True)
+class Delta:
+    """A streamed piece of one choice: its `choices[]` entry and the model of each of its tokens."""
+
+    choice: dict[str, Any]
+    models: list[int]
+
+
+async def choice_events(job: Job, stream: RequestStream, first: Chunk | Outcome, backend: Backend,
+                        out: Output) -> AsyncIterator[Delta | Final | Failed]:  # fmt: skip
+    """One choice as stream pieces: `Delta`s, then a `Final` (finish reason; the request released or aborted on the
+    subservers) or a `Failed`."""
+    ev, sent_first = first, False
+    while isinstance(ev, Chunk):
+        piece = out.add(ev)
+        if out.stopped:
+            break
+        yield Delta(_choice(job, piece.text, None, True, out.logprobs(piece), first=not sent_first), piece.models)
+        sent_first = True
+        ev = await stream.next()
+    if out.stopped:
+        backend.abort_nowait(job.rid)
+        outcome, reason, text = None, "stop", piece.text
+    else:
+        backend.release(job.rid)
+        if ev.status is not None:
+            yield Failed(ev.status, ev.message)
+            return
+        outcome, reason, text, piece = ev, ev.reason, out.finish(), Piece()
+    choice = _choice(job, text, reason, True, out.logprobs(piece), first=not sent_first)
+    yield Final(choice, {"models": piece.models} | out.extension(outcome))
 
 
 async def _sse(job: Job, stream: RequestStream, first, backend: Backend, out: Output,
                on_outcome: OnOutcome) -> AsyncIterator[bytes]:  # fmt: skip
     """One chunk per in-order run of tokens (with each token's model), a last chunk with the finish reason, `usage`
     and `tokenrouter`, with `include_usage` a usage-only chunk, then `[DONE]`."""
-    ev, done, sent_first = first, False, False
+    done = False
     try:
-        while isinstance(ev, Chunk):
-            piece = out.add(ev)
-            if out.stopped:
-                break
-            choice = _choice(job, piece.text, None, True, out.logprobs(piece), first=not sent_first)
-            yield _sse_line({**_envelope(job, True), "choices": [choice], "tokenrouter": {"models": piece.models}})
-            sent_first = True
-            ev = await stream.next()
-        done = True
-        if out.stopped:
-            backend.abort_nowait(job.rid)
-            outcome, reason, text = None, "stop", piece.text
-        else:
-            backend.release(job.rid)
-            if ev.status is not None:
+        async for ev in choice_events(job, stream, first, backend, out):
+            if isinstance(ev, Delta):
+                yield sse_line({**envelope(job, True), "choices": [ev.choice], "tokenrouter": {"models": ev.models}})
+                continue
+            done = True
+            if isinstance(ev, Failed):
                 on_outcome("error")
-                yield _sse_line(error_body(ev.status, ev.message))
-                yield _sse_line("[DONE]")
+                yield sse_line(error_body(ev.status, ev.message))
+                yield sse_line("[DONE]")
                 return
-            outcome, reason, text, piece = ev, ev.reason, out.finish(), Piece()
-        choice = _choice(job, text, reason, True, out.logprobs(piece), first=not sent_first)
-        ext = {"models": piece.models} | out.extension(outcome)
-        on_outcome("ok")
-        yield _sse_line({**_envelope(job, stream=True), "choices": [choice], "tokenrouter": ext, "usage": out.usage()})
-        if job.include_usage:  # OpenAI's shape: empty choices, the whole request's usage
-            yield _sse_line({**_envelope(job, stream=True), "choices": [], "usage": out.usage()})
-        yield _sse_line("[DONE]")
+            on_outcome("ok")
+            yield sse_line({**envelope(job, stream=True), "choices": [ev.choice], "tokenrouter": ev.ext,
+                            "usage": out.usage()})  # fmt: skip
+            if job.include_usage:  # OpenAI's shape: empty choices, the whole request's usage
+                yield sse_line({**envelope(job, stream=True), "choices": [], "usage": out.usage()})
+            yield sse_line("[DONE]")
     finally:
         if not done:  # closed early: the client disconnected (or the server is stopping)
-            _abandon(backend, job.rid, on_outcome)
+            abandon(backend, job.rid, on_outcome)

@@ -46,18 +46,32 @@ def refuse_unsupported(req: CompletionRequest | ChatRequest) -> None:
             raise APIError(400, f"{name} is not supported by this server (only {allowed} or omitted)", name)
 
 
-def completion_prompt(req: CompletionRequest, encode) -> list[int]:
+MAX_CHOICES = 256  # prompts x n of one request: each is a request on the subservers
+
+
+def check_n(req: CompletionRequest | ChatRequest) -> None:
+    if req.n is not None and req.n > MAX_CHOICES:
+        raise APIError(400, f"n must be at most {MAX_CHOICES}, got {req.n}", "n")
+
+
+def completion_prompts(req: CompletionRequest, encode) -> list[list[int]]:
+    """The prompt, or each prompt of a batch (a list of strings or of token-id lists), as token ids."""
     p = req.prompt
-    if isinstance(p, list) and p and isinstance(p[0], str | list):
-        if len(p) != 1:
-            raise APIError(400, "batched prompts are not supported: send one prompt per request", "prompt")
-        p = p[0]
-    if not isinstance(p, str):
-        return list(p)
-    try:
-        return encode(p)
-    except ValueError as e:  # e.g. a deployment without a tokenizer (dummy weights): ids only
-        raise APIError(400, str(e), "prompt") from None
+    batch = p if isinstance(p, list) and p and isinstance(p[0], str | list) else [p]
+    check_n(req)
+    if len(batch) * (req.n or 1) > MAX_CHOICES:
+        raise APIError(400, f"{len(batch)} prompts x n = {req.n or 1} make more than {MAX_CHOICES} choices", "prompt")
+    out = []
+    for i, one in enumerate(batch):
+        where = "prompt" if len(batch) == 1 else f"prompt.{i}"
+        if not isinstance(one, str):
+            out.append(list(one))
+            continue
+        try:
+            out.append(encode(one))
+        except ValueError as e:  # e.g. a deployment without a tokenizer (dummy weights): ids only
+            raise APIError(400, str(e), where) from None
+    return out
 
 
 def chat_prompt(req: ChatRequest, tokenizer) -> list[int]:
@@ -116,19 +130,21 @@ def logprobs(req: CompletionRequest | ChatRequest) -> int | None:
     return (req.top_logprobs or 0) if req.logprobs else None
 
 
-def sampling(req: CompletionRequest | ChatRequest, ids: list[int], lim: Limits, default_max: int | None) -> P.Sampling:
-    """Check the prompt and the sampling fields; `default_max` None means "up to the context length"."""
+def sampling(req: CompletionRequest | ChatRequest, ids: list[int], lim: Limits, default_max: int | None,
+             where: str = "prompt") -> P.Sampling:  # fmt: skip
+    """Check the prompt (`where`: its name in errors) and the sampling fields; `default_max` None means "up to the
+    context length"."""
     refuse_unsupported(req)
-    if req.n is not None and req.n != 1:
-        raise APIError(400, f"only n=1 is supported, got n={req.n}", "n")
+    check_n(req)
+    label = "the prompt" if where == "prompt" else f"prompt {where.removeprefix('prompt.')} of the batch"
     if not ids:
-        raise APIError(400, "the prompt is empty", "prompt")
+        raise APIError(400, f"{label} is empty", where)
     bad = next((t for t in ids if not 0 <= t < lim.vocab_size), None)
     if bad is not None:
-        raise APIError(400, f"token id {bad} is outside the vocabulary [0, {lim.vocab_size})", "prompt")
+        raise APIError(400, f"token id {bad} is outside the vocabulary [0, {lim.vocab_size})", where)
     if len(ids) >= lim.kv_capacity_tokens:
-        raise APIError(400, f"the prompt has {len(ids)} tokens; the KV capacity is {lim.kv_capacity_tokens} tokens "
-                       "(the smallest over the models)", "prompt", "context_length_exceeded")  # fmt: skip
+        raise APIError(400, f"{label} has {len(ids)} tokens; the KV capacity is {lim.kv_capacity_tokens} tokens "
+                       "(the smallest over the models)", where, "context_length_exceeded")  # fmt: skip
     # A request that cannot fit a model's whole KV pool could never finish there: the smaller bound wins.
     context = min(lim.max_context_len, lim.kv_capacity_tokens)
     room = context - len(ids)
@@ -138,7 +154,7 @@ def sampling(req: CompletionRequest | ChatRequest, ids: list[int], lim: Limits, 
     if max_tokens is None:
         max_tokens = room if default_max is None else min(default_max, room)
     if len(ids) + max_tokens > context:
-        raise APIError(400, f"prompt ({len(ids)}) + {field} ({max_tokens}) exceeds {context} tokens (the context "
+        raise APIError(400, f"{label} ({len(ids)}) + {field} ({max_tokens}) exceeds {context} tokens (the context "
                        f"length {lim.max_context_len} or the smallest KV capacity {lim.kv_capacity_tokens})", field,
                        "context_length_exceeded")  # fmt: skip
     top_k = -1 if req.top_k is None else req.top_k
@@ -150,3 +166,11 @@ def sampling(req: CompletionRequest | ChatRequest, ids: list[int], lim: Limits, 
     return P.Sampling(temperature=1.0 if req.temperature is None else req.temperature,
                       top_p=1.0 if req.top_p is None else req.top_p, top_k=top_k, seed=req.seed, max_tokens=max_tokens,
                       stop_token_ids=stops, ignore_eos=bool(req.ignore_eos), logprobs=logprobs(req))  # fmt: skip
+
+
+def choice_seed(seed: int | None, j: int) -> int | None:
+    """Choice j of `n`: seed + j, wrapped to a signed 64-bit value (equal seeds give equal samples, so the n
+    choices of a seeded request differ and repeat)."""
+    if seed is None:
+        return None
+    return (seed + j + 2**63) % 2**64 - 2**63

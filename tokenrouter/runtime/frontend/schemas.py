@@ -37,7 +37,9 @@ class _Sampling(_Strict):
     seed: Int64 | None = Field(
         None, description="Signed 64-bit, as OpenAI's: [-2**63, 2**63 - 1]. Equal seeds give equal samples."
     )
-    n: Annotated[int, Field(ge=1, le=INT64_MAX)] | None = None
+    n: Annotated[int, Field(ge=1, le=INT64_MAX)] | None = Field(
+        None, description="Choices per prompt, each its own request (choice j samples with seed + j); <= 256 in all."
+    )
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     stop: str | Annotated[list[str], Field(max_length=4)] | None = Field(
@@ -49,7 +51,7 @@ class _Sampling(_Strict):
 
 class CompletionRequest(_Sampling):
     prompt: str | list[int] | list[str] | list[list[int]] = Field(
-        ..., description="Text or token ids (a batch of one is accepted; larger batches are not)."
+        ..., description="Text or token ids, or a batch of either: one choice per prompt (times `n`)."
     )
     logprobs: Annotated[int, Field(ge=0, le=5)] | None = Field(
         None, description="Log-probabilities of the sampled tokens and the top `logprobs` alternatives (0..5)."
