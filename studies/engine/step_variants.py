@@ -13,6 +13,8 @@ Switches (`EngineConfig` fields; toggled on one built engine, graphs recaptured 
 - `argmax_chunk`: the greedy argmax by our chunked kernel, merged in the sampler (not torch's reduction);
 - `small_m_table`: the measured skinny-GEMM tiles for 2-8 rows (`triton_gemv.SMALL_M_TABLE`);
 - `norm_fold_rows`: the largest step (rows) whose norms fold into the projections (`GemvState.norm_fold_max_rows`);
+- `late_norm_rows`: steps of `norm_fold_rows` + 1 .. this many rows fold the norms with the RMS applied after the
+  product (`GemvState.late_norm_max_rows`, `gemv_late_norm_max_rows`; 0: off);
 - `decode_splits`: decode attention's KV split count (`decode_num_splits`; None: the kernel chooses per batch);
 - `split_programs`: the programs an SM the kernel's split choice aims at (`triton_decode.DECODE_PROGRAMS_PER_SM`);
 - `short_config`: (num_warps, num_stages) of decode splits of at most 4 key tiles (`SHORT_DECODE_CONFIG`).
@@ -48,9 +50,10 @@ import step_profile as sp
 from tokenrouter.engine.attention import triton_common, triton_decode
 
 OFF = {"gemv_preload": False, "gemv_fold_norm": False, "gemv_lm_head": False, "argmax_chunk": 0, "small_m_table": False,
-       "norm_fold_rows": 1, "decode_splits": None, "split_programs": 4, "short_config": (2, 1)}  # fmt: skip
+       "norm_fold_rows": 1, "late_norm_rows": 0, "decode_splits": None, "split_programs": 4,
+       "short_config": (2, 1)}  # fmt: skip
 DEFAULT = {"gemv_preload": True, "gemv_fold_norm": True, "gemv_lm_head": False, "argmax_chunk": 1024,
-           "small_m_table": True, "norm_fold_rows": 1, "decode_splits": None, "split_programs": 4,
+           "small_m_table": True, "norm_fold_rows": 1, "late_norm_rows": 0, "decode_splits": None, "split_programs": 4,
            "short_config": (2, 1)}  # fmt: skip
 VARIANTS: list[tuple[str, dict[str, Any]]] = [
     ("base", OFF),
@@ -67,6 +70,10 @@ VARIANTS: list[tuple[str, dict[str, Any]]] = [
     # (slower at 2-8 rows on 2026-12-04, also with the RMS over the real rows only: its fold_rows.patch)
     ("fold_rows8", {**DEFAULT, "norm_fold_rows": 8}),
     ("fold_rows8_again", {**DEFAULT, "norm_fold_rows": 8}),
+    # the same fold at 2-8 rows with the RMS applied after the product (no RMS pass before a program's first tile;
+    # each program sums s^2 over its K slice): not HF's rounding, so greedy tokens may part from `default`
+    ("late_norm8", {**DEFAULT, "late_norm_rows": 8}),
+    ("late_norm8_again", {**DEFAULT, "late_norm_rows": 8}),
     # decode attention in 17 KV splits at every batch (the kernel's choice at width 8,256: 33 at b = 1, 9 at b = 8):
     # 64-key splits at 1k context for b = 8 too, twice the programs of its 128-key splits
     ("splits17", {**DEFAULT, "decode_splits": 17}),
@@ -91,6 +98,7 @@ def apply(eng, sw: dict[str, Any]) -> None:
     g.preload, g.fold_norm, g.lm_head = sw["gemv_preload"], sw["gemv_fold_norm"], sw["gemv_lm_head"]
     g.ops.SMALL_M_TABLE = SMALL_M_TABLE if sw["small_m_table"] else {}  # read by gemv_config at capture
     g.norm_fold_max_rows = sw["norm_fold_rows"]
+    g.late_norm_max_rows = sw["late_norm_rows"]
     eng.config.decode_num_splits = sw["decode_splits"]  # None: the kernel's own choice per batch
     # both read at each launch, so the recapture below takes them
     triton_decode.DECODE_PROGRAMS_PER_SM = sw["split_programs"]

@@ -213,6 +213,48 @@ def _check_norm_fold(G):
         G.skinny_gemm(torch.randn(2, 64), torch.randn(8, 64), norm=(torch.ones(64), 1e-6), residual=torch.randn(2, 64))
 
 
+def _check_late_norm(G):
+    """`norm_late` (the RMS applied after the K loop) against RMSNorm + a float64 matmul on every tile path (FMA and
+    tensor cores, split-K, K tails, pre-loaded tiles), with and without a residual: in fp32 close to the reference,
+    in bf16 as close as the exact fold; the sum x + r written once, as the `rms_norm` kernel writes it (the
+    interpreter's bf16 casts are not torch's), never into x or r."""
+    from tokenrouter.engine import triton_ops
+    from tokenrouter.engine.layers import rms_norm_ref
+
+    C = G.GemvConfig
+    cases = [(C(dot=False, block_n=4, block_k=32), 2), (C(dot=False, block_n=8, block_k=16, split_k=3), 3),
+             (C(dot=True, block_n=16, block_k=16), 3), (C(dot=True, block_n=32, block_k=32, split_k=2), 5),
+             (C(dot=True, block_n=16, block_k=16, split_k=4), 8), (None, 4)]  # fmt: skip
+    g = torch.Generator().manual_seed(23)
+    for i, (cfg, m) in enumerate(cases):
+        for n, k in ((40, 64), (24, 80)):
+            res = i % 2 == 0
+            for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, None)):
+                x, r = torch.randn(m, k, generator=g).to(dtype), torch.randn(m, k, generator=g).to(dtype)
+                w, nw = torch.randn(n, k, generator=g).to(dtype), (torch.rand(k, generator=g) + 0.5).to(dtype)
+                x0, r0 = x.clone(), r.clone()
+                s_out = torch.full((m, k), float("nan"), dtype=dtype) if res else None
+                ctr = torch.zeros(G.num_counters(n), dtype=torch.int32)
+                for preload in (False, True):
+                    y = torch.full((m, n), float("nan"), dtype=dtype)
+                    G.skinny_gemm(x, w, config=cfg, counters=ctr, out=y, norm=(nw, 1e-6), residual=r if res else None,
+                                  sum_out=s_out, preload=preload, norm_late=True)  # fmt: skip
+                    s = (x.double() + r.double()).to(dtype) if res else x
+                    ref = rms_norm_ref(s.double(), nw.double(), 1e-6) @ w.double().T
+                    err = float((y.double() - ref).abs().max() / ref.abs().max())
+                    if tol is None:  # bf16: no worse than the exact fold's rounding (twice, for its other order)
+                        exact = G.skinny_gemm(x, w, config=cfg, counters=ctr, norm=(nw, 1e-6),
+                                              residual=r if res else None,
+                                              sum_out=torch.empty_like(x) if res else None)  # fmt: skip
+                        tol = 2 * float((exact.double() - ref).abs().max() / ref.abs().max()) + 1e-3
+                    assert not y.isnan().any() and err < tol, f"{cfg} m={m} n={n} k={k} {dtype}: rel err {err:.2e}"
+                    assert torch.equal(x, x0) and torch.equal(r, r0)
+                    if res:
+                        _, s2 = triton_ops.rms_norm(x, nw, 1e-6, r)
+                        assert torch.equal(s_out, s2), f"{cfg} m={m} {dtype}: sum not written exactly"
+                    assert ctr.eq(0).all()
+
+
 def _run_counting_rows(G, scn, plan):
     """Run `plan` on the scenario; (the scenario, the row count of every `skinny_gemm` launch, in order)."""
     calls: list[int] = []
@@ -357,6 +399,44 @@ def _check_engine_speed_switches(G):
         assert counts == [(1, [7, 6], 5), (3, [8, 8], 5), (1, [8, 8], 5), (3, [8, 8], 5)], counts
 
 
+def _check_engine_late_norm(G):
+    """`gemv_late_norm_max_rows`: the engine's steps of 2-8 rows fold their norms with the RMS applied last: the
+    same scenario as without it against HF (fp32: to rounding), the same greedy tokens, and two launches fewer per
+    layer in a step of three rows (the first layer's norm gathers the embedding: one fewer there); one-row steps as
+    before."""
+    from pathlib import Path
+
+    from engine_testlib import Scenario, check_against_hf, make_hf_checkpoint, rel_err, tiny_engine
+
+    from tokenrouter.core.batch import Batch, BatchRow
+    from tokenrouter.core.request import Request
+    from tokenrouter.engine.launch_count import count_graph_body_launches
+
+    with tempfile.TemporaryDirectory() as tmp:
+        hf = make_hf_checkpoint(Path(tmp), seed=16)
+        runs, counts = [], []
+        for late in (8, 0):
+            eng = tiny_engine(tmp, ops_backend="triton", attention_backend="triton", graph_emulation=True,
+                              decode_num_splits=3, gemv_late_norm_max_rows=late, **SPEED_SWITCHES)  # fmt: skip
+            scn = Scenario(eng, seed=16)
+            scn.finish()
+            check_against_hf(scn, hf, tol=1e-4)
+            runs.append(scn.records)
+            reqs = [Request(f"x{i}", list(range(2 + i, 22 + i)), 20) for i in range(3)]
+            for i, req in enumerate(reqs):
+                assert eng.kv_pool.grow(req.pages, 21)
+                eng.step(Batch(0, i, [BatchRow(req, 0, 20)]))
+                req.num_computed = 20
+                req.token_ids.append(5)
+            for rows in (1, 3):
+                lc = count_graph_body_launches(eng, Batch(0, 9, [BatchRow(r, 20, 1) for r in reqs[:rows]]))
+                counts.append((rows, lc.per_layer()))
+            assert eng.model.gemv.counters.eq(0).all()
+        for a, b in zip(*runs, strict=True):
+            assert a.token == b.token and rel_err(a.logits, b.logits) < 1e-4, (a.rid, a.pos)
+        assert counts == [(1, [7, 6]), (3, [7, 6]), (1, [7, 6]), (3, [8, 8])], counts
+
+
 def _interpret() -> int:
     from triton.runtime.interpreter import InterpretedFunction
 
@@ -369,8 +449,8 @@ def _interpret() -> int:
 
     patch_interpreter_for_numpy24()  # runtime-bound loops under numpy >= 2.4
     failed = 0
-    checks = (_check_kernels, _check_preload, _check_norm_fold, _check_engine_matches_hf, _check_engine_speed_switches,
-              _check_engine_varlen_wide_rows)  # fmt: skip
+    checks = (_check_kernels, _check_preload, _check_norm_fold, _check_late_norm, _check_engine_matches_hf,
+              _check_engine_speed_switches, _check_engine_late_norm, _check_engine_varlen_wide_rows)  # fmt: skip
     for fn in checks:
         try:
             fn(G)
@@ -384,8 +464,8 @@ def _interpret() -> int:
 # ---- ahead-of-time sm_90 compile -------------------------------------------------------------------------------
 def aot_variants():
     """(label, m, n, k, silu, pdl, preload, norm): one of each distinct kernel the engine compiles for Qwen3 (FMA
-    tiles at 1 and 2 rows, tensor-core tiles with and without split-K, the SiLU and norm folds, PDL with the L2
-    prefetch or with weight tiles pre-loaded before the wait)."""
+    tiles at 1 and 2 rows, tensor-core tiles with and without split-K, the SiLU and norm folds (norm "late": the
+    RMS applied last), PDL with the L2 prefetch or with weight tiles pre-loaded before the wait)."""
     return [
         ("0.6b qkv M=1", 1, 4096, 1024, False, False, False, False),
         ("8b gate_up M=1 pdl", 1, 24576, 4096, False, True, False, False),
@@ -402,6 +482,10 @@ def aot_variants():
         ("0.6b norm+qkv M=1 pdl preload", 1, 4096, 1024, False, True, True, True),
         ("0.6b norm+gate_up M=1 pdl preload", 1, 6144, 1024, False, True, True, True),
         ("0.6b norm+gate_up M=8 pdl preload", 8, 6144, 1024, False, True, True, True),
+        ("0.6b late norm+qkv M=2 pdl preload (FMA)", 2, 4096, 1024, False, True, True, "late"),
+        ("0.6b late norm+qkv M=8 pdl (split-K)", 8, 4096, 1024, False, True, False, "late"),
+        ("0.6b late norm+gate_up M=4 pdl (split-K)", 4, 6144, 1024, False, True, False, "late"),
+        ("8b late norm+gate_up M=8 pdl", 8, 24576, 4096, False, True, False, "late"),
         ("0.6b qkv M=2 pdl preload (measured FMA tile)", 2, 4096, 1024, False, True, True, False),
         ("0.6b o M=4 pdl preload (measured FMA tile)", 4, 1024, 2048, False, True, True, False),
         ("0.6b down+silu M=2 pdl preload (measured FMA tile)", 2, 1024, 3072, True, True, True, False),
@@ -426,7 +510,7 @@ def _aot_compile() -> int:
         return 2
     fn = G.skinny_gemm_kernel
     ptr = {"X": "*bf16", "W": "*bf16", "Bias": "*bf16", "Y": "*bf16", "Part": "*fp32", "Counters": "*i32",
-           "R": "*bf16", "NW": "*bf16", "RO": "*bf16", "eps": "fp32"}  # fmt: skip
+           "R": "*bf16", "NW": "*bf16", "RO": "*bf16", "SS": "*fp32", "eps": "fp32"}  # fmt: skip
     divisible = {"N", "K", "K_SPLIT", "stride_xm", "stride_wn", "stride_ym", "stride_rm", "stride_rom"}
     bad = 0
     for label, m, n, k, silu, pdl, preload, norm in aot_variants():
@@ -434,7 +518,8 @@ def _aot_compile() -> int:
         pf = G.prefetch_lines_per_row(k, cfg, 2) if pdl and not preload else 0
         pre = (G.pre_tiles(k, cfg, 2) or 2) if preload else 0  # the variant compiles the pre-load path either way
         consts, _ = G.kernel_constexprs(m, n, k, cfg, silu=silu, bias=False, dtype=torch.bfloat16, pdl=pdl,
-                                        prefetch_lines=pf, pre_tiles=pre, norm=norm, norm_res=norm)  # fmt: skip
+                                        prefetch_lines=pf, pre_tiles=pre, norm=bool(norm), norm_res=bool(norm),
+                                        norm_late=norm == "late")  # fmt: skip
         sig = {a: "constexpr" if a in consts else ptr.get(a, "i32") for a in fn.arg_names}
         attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(fn.arg_names)
                  if sig[a].startswith("*") or a in divisible}  # fmt: skip

@@ -61,6 +61,9 @@ class EngineConfig:
     # In graph steps of one row: `GemvState.preload`, `.fold_norm` and `.lm_head`.
     gemv_preload: bool = True
     gemv_fold_norm: bool = True
+    # Steps of 2 .. this many rows fold the norms too, the RMS applied after the product
+    # (`GemvState.late_norm_max_rows`, not HF's rounding); 0: off until a GPU measures it faster (docs/engine.md).
+    gemv_late_norm_max_rows: int = 0
     gemv_lm_head: bool = False
     argmax_chunk: int = 1024  # greedy argmax by our chunked kernel over chunks of this many logits; 0: torch's
     # Memory sizing (see the class doc); the eager pass's largest token count (the start-up profile runs it).
@@ -104,6 +107,8 @@ class EngineConfig:
             raise ValueError(f"mps_active_thread_percentage must be in 1..100, got {self.mps_active_thread_percentage}")
         if not 1 <= self.gemv_max_rows <= 16:
             raise ValueError(f"gemv_max_rows must be in 1..16, got {self.gemv_max_rows}")
+        if not 0 <= self.gemv_late_norm_max_rows <= 16:
+            raise ValueError(f"gemv_late_norm_max_rows must be in 0..16, got {self.gemv_late_norm_max_rows}")
         if not 0 <= self.gemv_varlen_max_rows <= 256:
             raise ValueError(f"gemv_varlen_max_rows must be in 0..256, got {self.gemv_varlen_max_rows}")
         if self.varlen_graph_buckets is not None and any(int(b) < 1 for b in self.varlen_graph_buckets):

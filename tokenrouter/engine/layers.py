@@ -82,6 +82,9 @@ class GemvState:
     fold_norm: bool = False  # residual add + RMSNorm in the qkv and gate|up projections (each program: the RMS)
     norm_fold_max_k: int = 4096
     norm_fold_max_rows: int = 1
+    # Steps of norm_fold_max_rows + 1 .. this many rows fold the norm with the RMS applied last (`norm_late`: no RMS
+    # pass before a program's first tile; not HF's rounding); 0: off.
+    late_norm_max_rows: int = 0
     lm_head: bool = False  # the LM head of graph steps of up to `preload_max_rows` rows through the skinny GEMM
 
     def applies(self, x: torch.Tensor) -> bool:
@@ -92,8 +95,12 @@ class GemvState:
         return self.applies(gate_up) and gate_up.shape[1] // 2 <= self.silu_fold_max_k
 
     def folds_norm(self, x: torch.Tensor) -> bool:
-        return (self.fold_norm and self.applies(x) and x.shape[0] <= self.norm_fold_max_rows
-                and x.shape[1] <= self.norm_fold_max_k)  # fmt: skip
+        rows = max(self.norm_fold_max_rows, self.late_norm_max_rows)
+        return self.fold_norm and self.applies(x) and x.shape[0] <= rows and x.shape[1] <= self.norm_fold_max_k
+
+    def late_norm(self, x: torch.Tensor) -> bool:
+        """Whether a folded norm of `x` takes the RMS last (rows past `norm_fold_max_rows`)."""
+        return x.shape[0] > self.norm_fold_max_rows
 
     def runs_lm_head(self, h: torch.Tensor) -> bool:
         return self.lm_head and self.applies(h) and h.shape[0] <= self.preload_max_rows
@@ -177,7 +184,7 @@ class MergedLinear(nn.Module):
             return self(h), s
         s = torch.empty_like(x)
         y = self.gemv.linear(x, self.weight, self.live_bias, norm=(norm.weight, norm.eps), residual=residual,
-                             sum_out=s)  # fmt: skip
+                             sum_out=s, norm_late=self.gemv.late_norm(x))  # fmt: skip
         return y, s
 
     def forward_silu(self, gate_up: torch.Tensor) -> torch.Tensor:

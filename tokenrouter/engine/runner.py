@@ -226,7 +226,8 @@ class Engine(ModelRunner):
                     2 * self.spec.intermediate_size) if len(self.model.layers) else 1  # fmt: skip
         state = GemvState(ops=ops, counters=ops.arrival_counters(max_n, self.device), enabled=c.triton_gemv,
                           max_rows=c.gemv_max_rows, varlen_max_rows=c.gemv_varlen_max_rows, pdl=self.pdl,
-                          preload=c.gemv_preload, fold_norm=c.gemv_fold_norm, lm_head=c.gemv_lm_head)  # fmt: skip
+                          preload=c.gemv_preload, fold_norm=c.gemv_fold_norm, lm_head=c.gemv_lm_head,
+                          late_norm_max_rows=c.gemv_late_norm_max_rows)  # fmt: skip
         self.model.attach_gemv(state)
 
     @property

@@ -196,16 +196,36 @@ def _load_normed(X, R, NW, offs_m, kk, mask, K, stride_xm, stride_rm, inv, HAS_R
 
 
 @triton.jit
-def _apply_tile(acc, w, X, R, NW, inv, kk, k_mask, m_mask, offs_m, K, stride_xm, stride_rm,
-                BLOCK_M: tl.constexpr, USE_DOT: tl.constexpr, SILU: tl.constexpr, EVEN_K: tl.constexpr,
-                NORM: tl.constexpr, NORM_RES: tl.constexpr, DOT_PRECISION: tl.constexpr):  # fmt: skip
-    """acc += this K tile's contribution: x[:, kk] (SiLU(gate) * up with SILU, RMSNorm(x (+ r)) with NORM) times
-    the weight tile `w` [BLOCK_N, BLOCK_K]."""
+def _load_scaled(X, R, NW, RO, offs_m, kk, mask, K, stride_xm, stride_rm, stride_rom, ss, store,
+                 HAS_RES: tl.constexpr):  # fmt: skip
+    """(s[:, kk] * norm weight rounded to the dtype, ss + the rows' sums of s^2 over kk) for the late norm (the RMS
+    scales the product after the K loop); s = x (+ r) rounded to the dtype, written to RO where `store`."""
+    dt = X.dtype.element_ty
+    s = tl.load(X + offs_m[:, None] * stride_xm + kk[None, :], mask=mask, other=0.0).to(tl.float32)
+    if HAS_RES:
+        r = tl.load(R + offs_m[:, None] * stride_rm + kk[None, :], mask=mask, other=0.0).to(tl.float32)
+        s = (s + r).to(dt).to(tl.float32)
+        tl.store(RO + offs_m[:, None] * stride_rom + kk[None, :], s.to(dt), mask=mask & store)
+    w = tl.load(NW + kk, mask=kk < K, other=0.0).to(tl.float32)
+    return (s * w[None, :]).to(dt), ss + tl.sum(s * s, axis=1)
+
+
+@triton.jit
+def _apply_tile(acc, ss, w, X, R, NW, RO, inv, kk, k_mask, m_mask, offs_m, K, stride_xm, stride_rm, stride_rom,
+                store_sum, BLOCK_M: tl.constexpr, USE_DOT: tl.constexpr, SILU: tl.constexpr, EVEN_K: tl.constexpr,
+                NORM: tl.constexpr, NORM_RES: tl.constexpr, NORM_LATE: tl.constexpr,
+                DOT_PRECISION: tl.constexpr):  # fmt: skip
+    """(acc, ss) after this K tile: acc += x[:, kk] (SiLU(gate) * up with SILU, RMSNorm(x (+ r)) with NORM, x (+ r)
+    times the norm weight with NORM_LATE, which also grows `ss`, the rows' sums of squares) times the weight tile
+    `w` [BLOCK_N, BLOCK_K]."""
     if EVEN_K:  # noqa: SIM108 - a constexpr branch
         x_mask = m_mask[:, None]  # no K mask: x loads stay 16-byte vectors
     else:
         x_mask = m_mask[:, None] & k_mask[None, :]
-    if NORM:
+    if NORM_LATE:
+        x, ss = _load_scaled(X, R, NW, RO, offs_m, kk, x_mask, K, stride_xm, stride_rm, stride_rom, ss, store_sum,
+                             NORM_RES)  # fmt: skip
+    elif NORM:
         x = _load_normed(X, R, NW, offs_m, kk, m_mask[:, None] & k_mask[None, :], K, stride_xm, stride_rm, inv,
                          NORM_RES)  # fmt: skip
     elif USE_DOT or BLOCK_M > 1:
@@ -218,18 +238,18 @@ def _apply_tile(acc, w, X, R, NW, inv, kk, k_mask, m_mask, offs_m, K, stride_xm,
         acc += w.to(tl.float32) * tl.reshape(x, [w.shape[1]]).to(tl.float32)[None, :]
     else:
         acc += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
-    return acc
+    return acc, ss
 
 
 @triton.jit
 def skinny_gemm_kernel(
-    X, W, Bias, Y, Part, Counters, R, NW, RO,
+    X, W, Bias, Y, Part, Counters, R, NW, RO, SS,
     M, N, K, K_SPLIT, eps,
     stride_xm, stride_wn, stride_ym, stride_rm, stride_rom,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     USE_DOT: tl.constexpr, SILU: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr, PRE_TILES: tl.constexpr,
-    NORM: tl.constexpr, NORM_RES: tl.constexpr, NORM_BLOCK: tl.constexpr,
+    NORM: tl.constexpr, NORM_RES: tl.constexpr, NORM_BLOCK: tl.constexpr, NORM_LATE: tl.constexpr = False,
 ):  # fmt: skip
     """y[:M, n-tile] = x[:M] @ W[n-tile]^T over this program's K slice [k_lo, k_lo + K_SPLIT) (see module doc).
 
@@ -238,7 +258,11 @@ def skinny_gemm_kernel(
     K_SPLIT of BLOCK_K (no K masks). PRE_TILES (0..4): the first K tiles of the slice are loaded before the PDL
     wait (weights never depend on the previous kernel) and applied first, in the loop's order. NORM: the
     kernel's x is RMSNorm(X (+ R with NORM_RES), weight NW) over all K (NORM_BLOCK = next power of two >= K):
-    every program takes the rows' RMS first; program (0, 0) writes the sum X + R to RO (never X or R)."""
+    every program takes the rows' RMS first; program (0, 0) writes the sum X + R to RO (never X or R).
+    NORM_LATE (instead of NORM): the same product with the RMS applied last, y = (s * NW) @ W^T / RMS(s), so no
+    program waits for the RMS before its first tile: each sums s^2 over its K slice as it goes (SS: fp32
+    [N tiles, split_k, BLOCK_M] partials, merged in split order by the tile's last arrival) and the programs of N
+    tile 0 write their slice of s = X + R to RO. Not HF's rounding (HF rounds s / RMS, then the weight product)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -271,6 +295,8 @@ def skinny_gemm_kernel(
                         NORM_BLOCK)  # fmt: skip
     else:
         inv = tl.zeros([BLOCK_M], dtype=tl.float32)
+    ss = tl.zeros([BLOCK_M], dtype=tl.float32)
+    store_sum = pid_n == 0
     n_iter = tl.cdiv(tl.maximum(k_hi - k_lo, 0), BLOCK_K)
 
     if USE_DOT:
@@ -281,27 +307,32 @@ def skinny_gemm_kernel(
         acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
     if PRE_TILES >= 1:
         kk = k_lo + offs_k
-        acc = _apply_tile(acc, w0, X, R, NW, inv, kk, kk < k_hi, m_mask, offs_m, K, stride_xm, stride_rm,
-                           BLOCK_M, USE_DOT, SILU, EVEN_K, NORM, NORM_RES, DOT_PRECISION)  # fmt: skip
+        acc, ss = _apply_tile(acc, ss, w0, X, R, NW, RO, inv, kk, kk < k_hi, m_mask, offs_m, K, stride_xm, stride_rm,
+                               stride_rom, store_sum, BLOCK_M, USE_DOT, SILU, EVEN_K, NORM, NORM_RES, NORM_LATE,
+                               DOT_PRECISION)  # fmt: skip
     if PRE_TILES >= 2:
         kk = k_lo + BLOCK_K + offs_k
-        acc = _apply_tile(acc, w1, X, R, NW, inv, kk, kk < k_hi, m_mask, offs_m, K, stride_xm, stride_rm,
-                           BLOCK_M, USE_DOT, SILU, EVEN_K, NORM, NORM_RES, DOT_PRECISION)  # fmt: skip
+        acc, ss = _apply_tile(acc, ss, w1, X, R, NW, RO, inv, kk, kk < k_hi, m_mask, offs_m, K, stride_xm, stride_rm,
+                               stride_rom, store_sum, BLOCK_M, USE_DOT, SILU, EVEN_K, NORM, NORM_RES, NORM_LATE,
+                               DOT_PRECISION)  # fmt: skip
     if PRE_TILES >= 3:
         kk = k_lo + 2 * BLOCK_K + offs_k
-        acc = _apply_tile(acc, w2, X, R, NW, inv, kk, kk < k_hi, m_mask, offs_m, K, stride_xm, stride_rm,
-                           BLOCK_M, USE_DOT, SILU, EVEN_K, NORM, NORM_RES, DOT_PRECISION)  # fmt: skip
+        acc, ss = _apply_tile(acc, ss, w2, X, R, NW, RO, inv, kk, kk < k_hi, m_mask, offs_m, K, stride_xm, stride_rm,
+                               stride_rom, store_sum, BLOCK_M, USE_DOT, SILU, EVEN_K, NORM, NORM_RES, NORM_LATE,
+                               DOT_PRECISION)  # fmt: skip
     if PRE_TILES >= 4:
         kk = k_lo + 3 * BLOCK_K + offs_k
-        acc = _apply_tile(acc, w3, X, R, NW, inv, kk, kk < k_hi, m_mask, offs_m, K, stride_xm, stride_rm,
-                           BLOCK_M, USE_DOT, SILU, EVEN_K, NORM, NORM_RES, DOT_PRECISION)  # fmt: skip
+        acc, ss = _apply_tile(acc, ss, w3, X, R, NW, RO, inv, kk, kk < k_hi, m_mask, offs_m, K, stride_xm, stride_rm,
+                               stride_rom, store_sum, BLOCK_M, USE_DOT, SILU, EVEN_K, NORM, NORM_RES, NORM_LATE,
+                               DOT_PRECISION)  # fmt: skip
     w_ptrs += PRE_TILES * BLOCK_K
     for i in range(PRE_TILES, n_iter):
         kk = k_lo + i * BLOCK_K + offs_k
         k_mask = kk < k_hi
         w = _load_w(w_ptrs, k_mask, EVEN_K)
-        acc = _apply_tile(acc, w, X, R, NW, inv, kk, k_mask, m_mask, offs_m, K, stride_xm, stride_rm,
-                           BLOCK_M, USE_DOT, SILU, EVEN_K, NORM, NORM_RES, DOT_PRECISION)  # fmt: skip
+        acc, ss = _apply_tile(acc, ss, w, X, R, NW, RO, inv, kk, k_mask, m_mask, offs_m, K, stride_xm, stride_rm,
+                               stride_rom, store_sum, BLOCK_M, USE_DOT, SILU, EVEN_K, NORM, NORM_RES, NORM_LATE,
+                               DOT_PRECISION)  # fmt: skip
         w_ptrs += BLOCK_K
 
     if USE_DOT:
@@ -310,20 +341,26 @@ def skinny_gemm_kernel(
         out = tl.sum(acc, axis=1)[None, :]
     else:
         out = tl.sum(acc, axis=2)
-    store_tile(out, Y, Part, Counters, Bias, pid_n, pid_k, offs_m, offs_n, M, N, stride_ym, SPLIT, HAS_BIAS)
+    store_tile(out, Y, Part, Counters, Bias, pid_n, pid_k, offs_m, offs_n, M, N, stride_ym, SPLIT, HAS_BIAS,
+               SS, ss, K, eps, NORM_LATE)  # fmt: skip
 
 
 @triton.jit
 def store_tile(out, Y, Part, Counters, Bias, pid_n, pid_k, offs_m, offs_n, M, N, stride_ym,
-               SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr):  # fmt: skip
+               SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, SS=None, ss=None, K=1, eps=0.0,
+               NORM_LATE: tl.constexpr = False):  # fmt: skip
     """Write a program's fp32 tile `out` [BLOCK_M, BLOCK_N] of y (+ bias). SPLIT: it is the partial of K slice
     `pid_k`; it goes to Part [split_k, M, N] and the tile's last arrival at Counters[pid_n] sums every partial in
-    split order (deterministic), writes y and resets the counter to 0. Shared with studies/engine/tma_gemm.py."""
+    split order (deterministic), writes y and resets the counter to 0. NORM_LATE: y is first scaled by each row's
+    1 / RMS from `ss`, its sums of squares over the K slice (with SPLIT, every slice's from SS, in split order).
+    Shared with studies/engine/tma_gemm.py."""
     n_mask = offs_n < N
     io_mask = (offs_m < M)[:, None] & n_mask[None, :]
     if SPLIT:
         part = Part + (pid_k * M + offs_m)[:, None].to(tl.int64) * N + offs_n[None, :]
         tl.store(part, out, mask=io_mask)
+        if NORM_LATE:
+            tl.store(SS + (pid_n * tl.num_programs(1) + pid_k) * out.shape[0] + offs_m, ss)
         # Every thread's partial is stored before this program's arrival is published (barrier + release);
         # the last arrival's acquire then sees all partials of the tile.
         tl.debug_barrier()
@@ -335,11 +372,19 @@ def store_tile(out, Y, Part, Counters, Bias, pid_n, pid_k, offs_m, offs_n, M, N,
             for s in range(0, tl.num_programs(1)):
                 p = Part + (s * M + offs_m)[:, None].to(tl.int64) * N + offs_n[None, :]
                 total += tl.load(p, mask=io_mask, other=0.0, cache_modifier=".cg")
+            if NORM_LATE:
+                ss_all = tl.zeros_like(ss)
+                for s in range(0, tl.num_programs(1)):
+                    ss_at = SS + (pid_n * tl.num_programs(1) + s) * out.shape[0] + offs_m
+                    ss_all += tl.load(ss_at, cache_modifier=".cg")
+                total = total * tl.rsqrt(ss_all / K + eps)[:, None]
             if HAS_BIAS:
                 total += tl.load(Bias + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
             tl.store(Y + offs_m[:, None] * stride_ym + offs_n[None, :], total.to(Y.dtype.element_ty), mask=io_mask)
             tl.store(counter, 0)
     else:
+        if NORM_LATE:
+            out = out * tl.rsqrt(ss / K + eps)[:, None]
         if HAS_BIAS:
             out += tl.load(Bias + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
         tl.store(Y + offs_m[:, None] * stride_ym + offs_n[None, :], out.to(Y.dtype.element_ty), mask=io_mask)
@@ -348,15 +393,16 @@ def store_tile(out, Y, Part, Counters, Bias, pid_n, pid_k, offs_m, offs_n, M, N,
 # ---- host side ---------------------------------------------------------------------------------------------
 def kernel_constexprs(m: int, n: int, k: int, cfg: GemvConfig, *, silu: bool, bias: bool, dtype: torch.dtype,
                       pdl: bool, prefetch_lines: int, pre_tiles: int = 0, norm: bool = False,
-                      norm_res: bool = False) -> tuple[dict, int]:  # fmt: skip
+                      norm_res: bool = False, norm_late: bool = False) -> tuple[dict, int]:  # fmt: skip
     """(constexprs of `skinny_gemm_kernel`, K elements per split) for one launch."""
     k_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
     even_k = k % cfg.split_k == 0 and (k // cfg.split_k) % cfg.block_k == 0
     consts = {"BLOCK_M": dot_rows(m) if cfg.dot else triton.next_power_of_2(m), "BLOCK_N": cfg.block_n,
               "BLOCK_K": cfg.block_k, "USE_DOT": cfg.dot, "SILU": silu, "HAS_BIAS": bias, "SPLIT": cfg.split_k > 1,
               "EVEN_K": even_k, "DOT_PRECISION": "ieee" if dtype == torch.float32 else "tf32", "USE_PDL": pdl,
-              "PREFETCH_LINES": prefetch_lines if pdl else 0, "PRE_TILES": pre_tiles, "NORM": norm,
-              "NORM_RES": norm_res, "NORM_BLOCK": triton.next_power_of_2(k) if norm else 1}  # fmt: skip
+              "PREFETCH_LINES": prefetch_lines if pdl else 0, "PRE_TILES": pre_tiles, "NORM": norm and not norm_late,
+              "NORM_RES": norm_res, "NORM_BLOCK": triton.next_power_of_2(k) if norm and not norm_late else 1,
+              "NORM_LATE": norm and norm_late}  # fmt: skip
     return consts, k_split
 
 
@@ -378,13 +424,15 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
                 counters: torch.Tensor | None = None, config: GemvConfig | None = None, out: torch.Tensor | None = None,
                 pdl: bool = False, prefetch: bool = True, preload: bool = False, pre_tiles_override: int | None = None,
                 num_sms: int | None = None, norm: tuple[torch.Tensor, float] | None = None,
-                residual: torch.Tensor | None = None, sum_out: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+                residual: torch.Tensor | None = None, sum_out: torch.Tensor | None = None,
+                norm_late: bool = False) -> torch.Tensor:  # fmt: skip
     """y = x @ weight.T (+ bias) for x [M, K], weight [N, K] (rows contiguous), fp32 accumulation; M <= 16, or up to
     256 on the tensor-core tiles (`wide_config`) without the norm fold.
 
     `silu`: x is gate|up [M, 2K], y = (SiLU(gate) * up) @ weight.T. `counters`: zeroed split-K arrival counters
     (None: one memset launch). `pre_tiles_override`: exactly that many pre-loaded tiles (tests, ablations). `norm` =
-    (weight [K], eps): y = RMSNorm(s) @ weight.T, s = x (+ `residual`, then s goes to `sum_out` [M, K])."""
+    (weight [K], eps): y = RMSNorm(s) @ weight.T, s = x (+ `residual`, then s goes to `sum_out` [M, K]); with
+    `norm_late`, y = (s * weight) @ W.T / RMS(s) instead (the kernel's NORM_LATE: no RMS pass before the tiles)."""
     m = x.shape[0]
     n, k = weight.shape
     _check_operands(x, weight, silu=silu, norm=norm is not None, residual=residual, sum_out=sum_out)
@@ -408,15 +456,18 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     else:
         part = y
         counters = counters if counters is not None else y
+    rows = dot_rows(m) if cfg.dot else triton.next_power_of_2(m)
+    late_split = norm is not None and norm_late and cfg.split_k > 1  # every K slice's sums of squares
+    ss = torch.empty(tiles * cfg.split_k * rows, device=x.device, dtype=torch.float32) if late_split else part
     pf = prefetch_lines_per_row(k, cfg, weight.element_size()) if (pdl and prefetch) else 0
     pre = _preloaded_tiles(k, cfg, weight.element_size(), preload, pre_tiles_override)
     consts, k_split = kernel_constexprs(m, n, k, cfg, silu=silu, bias=bias is not None, dtype=weight.dtype, pdl=pdl,
                                         prefetch_lines=pf, pre_tiles=pre, norm=norm is not None,
-                                        norm_res=residual is not None)  # fmt: skip
+                                        norm_res=residual is not None, norm_late=norm_late)  # fmt: skip
     r = residual if residual is not None else x
     ro = sum_out if sum_out is not None else x
     skinny_gemm_kernel[(tiles, cfg.split_k)](
-        x, weight, bias if bias is not None else weight, y, part, counters, r, norm[0] if norm else weight, ro,
+        x, weight, bias if bias is not None else weight, y, part, counters, r, norm[0] if norm else weight, ro, ss,
         m, n, k, k_split, norm[1] if norm else 0.0,
         x.stride(0), weight.stride(0), y.stride(0), r.stride(0), ro.stride(0),
         **consts, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_kwargs(pdl),
