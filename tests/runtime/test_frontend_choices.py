@@ -7,6 +7,7 @@ References come from the fake's token plan (`expected_output`) and the tokenizer
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import httpx
@@ -139,3 +140,28 @@ def test_a_client_leaving_a_stream_aborts_every_choice(srv):
     while not settled() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert settled()
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_dead_subserver_fails_a_several_choice_answer_within_seconds(stream):
+    own = start()  # this one dies
+    try:
+        body = {"model": MODEL, "prompt": [[3], [4]], "n": 2, "max_tokens": 50, "seed": HANG, "stream": stream}
+        t0 = time.monotonic()
+        if stream:
+            with httpx.stream("POST", own.url + "/v1/completions", json=body, timeout=10) as r:
+                assert r.status_code == 200
+                lines = r.iter_lines()
+                assert next(lines).startswith("data: ")
+                own.fake.die(1)
+                rest = [ln for ln in lines if ln.startswith("data: ")]
+            errors = [ln for ln in rest if '"error"' in ln]
+            assert len(errors) == 1 and "tiny-large" in errors[0] and rest[-1] == "data: [DONE]"
+        else:
+            threading.Timer(0.5, own.fake.die, args=(1,)).start()  # while every choice waits on its hung stream
+            r = httpx.post(own.url + "/v1/completions", json=body, timeout=10)
+            assert r.status_code == 503 and "tiny-large" in r.json()["error"]["message"]
+        assert time.monotonic() - t0 < 5
+        assert "tokenrouter_http_requests_in_flight 0.0" in httpx.get(own.url + "/metrics").text
+    finally:
+        own.close()
