@@ -205,6 +205,26 @@ def rows_wide_gemv(prof: sp.Profiler, eng, args: argparse.Namespace, out: list[d
         eng.model.gemv.varlen_max_rows = 0
 
 
+def rows_fused_extend(prof: sp.Profiler, eng, args: argparse.Namespace, out: list[dict[str, Any]], ctx: int) -> None:
+    """The rows study's varlen path with the extend splits merged in the attention kernel (`extend_fused_reduce`)
+    against the reduce kernel, A/B/A/B (a recapture each): `fused_ext_ms` / `reduce_ext_ms` lists per case."""
+    eng.config.graph_max_row_tokens = 8
+    eng._rules.clear()
+    recs = {(r["rows"], r["tokens"]): r for r in out}
+    try:
+        for fused in (False, True, False, True):
+            eng.config.extend_fused_reduce = fused
+            eng.recapture()
+            key = "fused_ext_ms" if fused else "reduce_ext_ms"
+            with contextlib.closing(row_cases(prof, eng, args, list(recs), ctx, f" {key}")) as cases:
+                for b, t, bat in cases:
+                    ms = time_steps(prof, eng, bat)
+                    recs[b, t].setdefault(key, []).append(ms)
+                    prof.log(f"rows {b}x{t} {key}: {ms:.3f} ms")
+    finally:
+        eng.config.extend_fused_reduce = False
+
+
 def rows_study(prof: sp.Profiler, args: argparse.Namespace) -> list[dict[str, Any]]:
     """A large model's steps whose rows carry 9-16 tokens (the small model's run since its last visit): in the
     decode graphs (every token a virtual decode row; graph_max_row_tokens 16) against the varlen path (the
@@ -241,6 +261,8 @@ def rows_study(prof: sp.Profiler, args: argparse.Namespace) -> list[dict[str, An
                 prof.log(f"rows {b}x{t}: " + json.dumps(rec))
         if args.rows_gemv and eng.model.gemv is not None:
             rows_wide_gemv(prof, eng, args, out, model, ctx)
+        if args.rows_fused_extend:
+            rows_fused_extend(prof, eng, args, out, ctx)
     finally:
         eng.config.graph_max_row_tokens = 16
         eng.close()
@@ -261,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", action="store_true", help="only the large model's 9-16 token rows (rows_study)")
     p.add_argument("--rows-gemv", type=int, default=0,
                    help="rows study: then varlen passes of up to N tokens via the skinny GEMM (0: not)")  # fmt: skip
+    p.add_argument("--rows-fused-extend", action="store_true",
+                   help="rows study: then the varlen passes with extend_fused_reduce off/on, A/B/A/B")  # fmt: skip
     p.add_argument("--rows-model", default="qwen3-32b", help="rows study: the model (GPU)")
     p.add_argument("--rows-cases", default="",
                    help="rows study: ROWSxTOKENS cases on the GPU, e.g. 1x10,2x10 (default: ROW_CASES)")  # fmt: skip

@@ -171,6 +171,49 @@ def test_triton_extend_matches_reference(
     assert rel_err(out, oracle(q, case, q_lens, scale)) < 1e-4
 
 
+@pytest.mark.parametrize(
+    ("num_heads", "num_kv_heads", "num_splits", "max_q_len", "merge_elems"),
+    [
+        (4, 2, 3, 9, 8192),  # group 2: 8-token query blocks, two blocks for the 9-token row
+        (8, 2, 5, 16, 64),  # group 4: 4-token blocks, a bucket bound above the real max, chunked merge
+        (16, 2, 2, None, 8192),  # group 8: 2-token blocks; max_q_len read from cu_seqlens_q
+    ],
+)
+def test_triton_extend_fused_merge(tri, monkeypatch, num_heads, num_kv_heads, num_splits, max_q_len,
+                                   merge_elems) -> None:  # fmt: skip
+    """Extend launches with counters and short query blocks merge their splits in the forward kernel (no reduce
+    launch): the reference's output for every token, a zero-query row untouched, counters back to zero for the
+    next launch (two launches in a row, as graph replays)."""
+    q_lens, lens = [9, 3, 1, 0, 6], [9, 33, 13, 7, 21]
+    case = make_case(lens, num_kv_heads, 16, 4, seed=31)
+    cfg = tri.common.KernelConfig(**SMALL, merge_elems=merge_elems)
+    counters = split_counters(len(lens) * 8, num_kv_heads, "cpu")  # rows x query blocks (5 at group 8)
+    monkeypatch.setattr(tri.common, "split_reduce_kernel", _NoReduce())
+    gen = torch.Generator().manual_seed(32)
+    for _ in range(2):
+        q = torch.randn(sum(q_lens), num_heads, 16, generator=gen)
+        args = (q, case.k_cache, case.v_cache, case.block_tables, cu_seqlens(q_lens), case.seq_lens, 0.25)
+        out = tri.extend.extend_attention_triton(*args, max_q_len=max_q_len, out=nan_like(q), num_splits=num_splits,
+                                                 config=cfg, counters=counters)  # fmt: skip
+        assert not out.isnan().any()
+        assert rel_err(out, oracle(q, case, q_lens, 0.25)) < 1e-4
+        assert counters.eq(0).all()
+
+
+def test_triton_extend_long_blocks_keep_the_reduce_kernel(tri) -> None:
+    """Query blocks longer than FUSED_EXTEND_MAX_Q (group 2 with 64-row tiles: 32 tokens) go through the reduce
+    kernel even with counters, which stay untouched."""
+    q_lens, lens = [20, 3], [40, 33]
+    case = make_case(lens, 2, 16, 4, seed=33)
+    q = torch.randn(sum(q_lens), 4, 16, generator=torch.Generator().manual_seed(34))
+    counters = split_counters(8, 2, "cpu")
+    args = (q, case.k_cache, case.v_cache, case.block_tables, cu_seqlens(q_lens), case.seq_lens, 0.25)
+    block_q, _ = tri.extend.extend_tiling(20, 2, tri.common.EXTEND_CONFIG)
+    assert block_q > tri.common.FUSED_EXTEND_MAX_Q
+    out = tri.extend.extend_attention_triton(*args, out=nan_like(q), num_splits=3, counters=counters)
+    assert rel_err(out, oracle(q, case, q_lens, 0.25)) < 1e-4 and counters.eq(0).all()
+
+
 def test_public_dispatch_runs_triton(tri) -> None:
     """`backend="triton"` through the package API, prefill + decode on the same cache (16-token pages)."""
     case = make_case([23, 4], 2, 16, 16, seed=11)
@@ -226,12 +269,15 @@ def test_triton_extend_row_groups_share_one_output(tri, small, long_splits, shor
     cu = torch.tensor([0, *torch.tensor(long_q + short_q).cumsum(0).tolist()], dtype=torch.int32)
     real = int(cu[-1])  # tokens real..bucket-1 are the bucket's padding: no row owns them
     config = tri.common.KernelConfig(**SMALL) if small else tri.common.EXTEND_CONFIG
-    out = torch.full_like(q, 7.0)
-    groups = ((0, n_long, bucket, long_splits), (n_long, len(lens), 16, short_splits))
-    for a, b, max_q, splits in groups:
-        tri.extend.extend_attention_triton(
-            q, case.k_cache, case.v_cache, case.block_tables[a:b], cu[a : b + 1], case.seq_lens[a:b], 0.25,
-            max_q_len=max_q, out=out, num_splits=splits, config=config,
-        )  # fmt: skip
-    assert rel_err(out[:real], oracle(q, case, long_q + short_q, 0.25)[:real]) < 1e-4
-    assert out[real:].eq(7.0).all()
+    counters = split_counters(bucket, 2, "cpu")  # the engine's: one buffer for both launches (fused where short)
+    for ctr in (None, counters):
+        out = torch.full_like(q, 7.0)
+        groups = ((0, n_long, bucket, long_splits), (n_long, len(lens), 16, short_splits))
+        for a, b, max_q, splits in groups:
+            tri.extend.extend_attention_triton(
+                q, case.k_cache, case.v_cache, case.block_tables[a:b], cu[a : b + 1], case.seq_lens[a:b], 0.25,
+                max_q_len=max_q, out=out, num_splits=splits, config=config, counters=ctr,
+            )  # fmt: skip
+        assert rel_err(out[:real], oracle(q, case, long_q + short_q, 0.25)[:real]) < 1e-4
+        assert out[real:].eq(7.0).all()
+        assert counters.eq(0).all()

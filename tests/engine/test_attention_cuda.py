@@ -42,3 +42,32 @@ def test_decode_attention_on_cuda_matches_oracle_with_and_without_pdl(num_splits
     assert not outs[True].isnan().any()
     assert rel_err(outs[True], ref) < 2e-2
     assert torch.equal(outs[True], outs[False])
+
+
+@cuda_only()
+@pytest.mark.parametrize("num_splits", [1, 3, 9])
+def test_extend_attention_on_cuda_merges_short_query_blocks_in_the_kernel(num_splits: int) -> None:
+    """The 32B's varlen rows (GQA 8: 8-token query blocks) with the engine's counters: splits merged in the forward
+    kernel, against the float64 oracle and within bf16 rounding of the reduce kernel's merge; counters left at 0."""
+    from tokenrouter.engine.attention import split_counters
+    from tokenrouter.engine.attention.triton_extend import extend_attention_triton
+
+    heads, kv_heads, dim, page = 64, 8, 128, 16
+    q_lens, lens = [10, 3, 1, 0, 16], [1034, 67, 65, 5, 130]
+    case = make_case(lens, kv_heads, dim, page, seed=5)
+    q = torch.randn(sum(q_lens), heads, dim, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    ref = oracle(q, case, q_lens, dim**-0.5)
+    dev = torch.device("cuda")
+    cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32, device=dev)
+    k, v = (c.to(dev, torch.bfloat16) for c in (case.k_cache, case.v_cache))
+    qb, tables, lens_d = q.to(dev, torch.bfloat16), case.block_tables.to(dev), case.seq_lens.to(dev)
+    outs = []
+    for counters in (split_counters(len(lens) * 4, kv_heads, dev), None):
+        out = torch.full_like(qb, float("nan"))
+        extend_attention_triton(qb, k, v, tables, cu, lens_d, dim**-0.5, max_q_len=16, out=out,
+                                num_splits=num_splits, counters=counters, pdl=True)  # fmt: skip
+        torch.cuda.synchronize()
+        assert counters is None or counters.eq(0).all()
+        outs.append(out.cpu())
+    assert not outs[0].isnan().any()
+    assert rel_err(outs[0], ref) < 2e-2 and rel_err(outs[0], outs[1]) < 1e-2

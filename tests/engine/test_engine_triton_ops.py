@@ -250,6 +250,45 @@ def _check_varlen_graph_prefill_beside_decode_rows(tops):
     _close(res.logits, ref.logits, 1e-4)
 
 
+def _check_varlen_extend_fused_merge(tops):
+    """`extend_fused_reduce` on a GQA-8 model (8-token query blocks, as the 32B's): the same varlen step as above
+    merges every split in the attention kernels (no reduce launch at all) and matches the torch path's eager pass."""
+    import tempfile
+    from pathlib import Path
+
+    from engine_testlib import decode_rows_beside_prefill, make_hf_checkpoint, tiny_engine
+
+    from tokenrouter.engine.attention import triton_common
+
+    kw = {"page_size": 16, "num_pages": 64, "max_batch_size": 8, "max_num_batched_tokens": 64}
+    launches = []
+    real = triton_common.split_reduce_kernel
+
+    class Counting:
+        def __getitem__(self, grid):
+            launches.append(grid)
+            return real[grid]
+
+    with tempfile.TemporaryDirectory() as tmp:
+        make_hf_checkpoint(Path(tmp), seed=32, max_position_embeddings=1024, num_attention_heads=8,
+                           num_key_value_heads=1)  # fmt: skip
+        _, ref = decode_rows_beside_prefill(tiny_engine(tmp, **kw), [3, 5, 2], 38)
+        for fused in (False, True):
+            eng = tiny_engine(tmp, attention_backend="triton", ops_backend="triton", graph_emulation=True,
+                              extend_fused_reduce=fused, **kw)  # fmt: skip
+            launches.clear()
+            triton_common.split_reduce_kernel = Counting()
+            try:
+                h, res = decode_rows_beside_prefill(eng, [3, 5, 2], 38)
+            finally:
+                triton_common.split_reduce_kernel = real
+            assert h.varlen_bucket == 48
+            assert (len(launches) == 0) == fused, (fused, len(launches))  # without: both row groups' reduces
+            assert res.next_token_ids.tolist() == ref.next_token_ids.tolist()
+            _close(res.logits, ref.logits, 1e-4)
+            assert eng.split_counters.eq(0).all()
+
+
 def _check_step_kernels(tops):
     """In-graph sampling (greedy, temperature, top-k, top-p, both; log-probabilities of the rows that ask) and the
     step prologue (page-table writes, from_prev tokens) against their torch definitions; vocab not a multiple of
@@ -367,6 +406,7 @@ def _interpret() -> int:
     checks.append((_check_warm_rope_heads, ()))
     checks.append((_check_switches_match_hf_and_count_kernels, ()))
     checks.append((_check_varlen_graph_prefill_beside_decode_rows, ()))
+    checks.append((_check_varlen_extend_fused_merge, ()))
     failed = 0
     for fn, args in checks:
         try:

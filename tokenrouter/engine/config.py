@@ -50,6 +50,8 @@ class EngineConfig:
     graph_emulation: bool = False  # run the padded graph path eagerly where graphs cannot be captured (CPU tests)
     # Speed switches (docs/engine.md, Start-up and memory; each is timed against `BASELINE_SWITCHES`).
     decode_fused_reduce: bool = True  # split-KV decode merges its splits in the attention kernel
+    # Extend launches of short query blocks merge their splits in the kernel too (off until a GPU measures it faster).
+    extend_fused_reduce: bool = False
     triton_pdl: bool = True  # programmatic dependent launch (sm_90+); capture retries without it on failure
     fuse_step_ops: bool = True  # embedding lookup and final add + gather + norm inside norm kernels
     triton_gemv: bool = True  # skinny GEMM for graph steps of up to `gemv_max_rows` tokens (needs the Triton ops)

@@ -79,7 +79,9 @@ class StepForward:
                                  block_tables=e.table.table, seq_lens=v["seq_lens"],
                                  cu_seqlens_q=v["cu_seqlens_q"] if layout.varlen else None, max_q_len=max_q_len,
                                  num_splits=c.decode_num_splits, backend=c.attention_backend,
-                                 split_counters=e.split_counters, pdl=e.pdl, row_slots=v["row_slots"],
+                                 split_counters=e.split_counters if c.decode_fused_reduce else None,
+                                 extend_counters=e.split_counters if c.extend_fused_reduce else None,
+                                 pdl=e.pdl, row_slots=v["row_slots"],
                                  long_rows=groups[0] if groups else None,
                                  short_q_len=groups[1] if groups else 1)  # fmt: skip
         model = e.model

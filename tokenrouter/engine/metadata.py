@@ -19,6 +19,7 @@ class AttentionMetadata:
     num_splits: int | None = None
     backend: str = "auto"
     split_counters: torch.Tensor | None = None  # Triton decode: the fused split merge's zeroed arrival counters
+    extend_counters: torch.Tensor | None = None  # the same for extend launches (`extend_fused_reduce`), or None
     pdl: bool = False  # Triton attention launches with programmatic dependent launch
     # [R] int32: attention row r reads page-table row `row_slots[r]` of `block_tables`; None: row r.
     row_slots: torch.Tensor | None = None

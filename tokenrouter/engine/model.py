@@ -86,6 +86,7 @@ class DecoderAttention(nn.Module):
             o = attention.extend_attention(
                 q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.seq_lens, self.scale,
                 max_q_len=meta.max_q_len, backend=meta.backend, pdl=meta.pdl, row_slots=meta.row_slots,
+                counters=meta.extend_counters,
             )  # fmt: skip
         else:  # varlen graph: long-row group, then short-row group, both writing their tokens of one output
             o = torch.empty_like(q)
@@ -94,7 +95,7 @@ class DecoderAttention(nn.Module):
             for a, b, mq in ((0, n, meta.max_q_len), (n, sl.shape[0], meta.short_q_len)):
                 attention.extend_attention(
                     q, k_cache, v_cache, meta.block_tables, cu[a : b + 1], sl[a:b], self.scale, max_q_len=mq,
-                    out=o, backend=meta.backend, pdl=meta.pdl, row_slots=rs[a:b],
+                    out=o, backend=meta.backend, pdl=meta.pdl, row_slots=rs[a:b], counters=meta.extend_counters,
                 )  # fmt: skip
         return self.tp.all_reduce(self.o_proj(o.reshape(t, self.q_size)))
 

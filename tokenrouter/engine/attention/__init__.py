@@ -59,10 +59,12 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                      cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, scale: float, *, max_q_len: int | None = None,
                      out: torch.Tensor | None = None, num_splits: int | None = None, backend: Backend = "auto",
-                     pdl: bool = False, row_slots: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+                     pdl: bool = False, row_slots: torch.Tensor | None = None,
+                     counters: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """Causal attention for packed new tokens q `[T, Hq, D]` of B rows: row b owns tokens `cu_seqlens_q[b]:[b+1]`,
     seq_lens `[B]` its KV length (new KV stored); query i sits at `seq_lens[b] - q_len_b + i`. `max_q_len` (bound
-    on q_len_b) avoids a host sync. Tokens outside every row are left untouched in `out`. `row_slots`: as in decode.
+    on q_len_b) avoids a host sync. Tokens outside every row are left untouched in `out`. `row_slots`, `counters`:
+    as in decode.
     """
     if resolve_backend(backend, q.device) == "torch":
         bt = block_tables if row_slots is None else block_tables.index_select(0, row_slots.long())
@@ -71,5 +73,5 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 
     return extend_attention_triton(
         q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale,
-        max_q_len=max_q_len, out=out, num_splits=num_splits, pdl=pdl, row_slots=row_slots,
+        max_q_len=max_q_len, out=out, num_splits=num_splits, pdl=pdl, row_slots=row_slots, counters=counters,
     )  # fmt: skip

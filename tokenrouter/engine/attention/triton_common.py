@@ -31,7 +31,11 @@ DECODE_CONFIG = KernelConfig(block_n=64, num_warps=4, num_stages=2)
 # Decode splits of at most SHORT_SPLIT_TILES key tiles: nothing to pipeline (docs/engine.md, Measured choices).
 SHORT_DECODE_CONFIG = KernelConfig(block_n=64, num_warps=2, num_stages=1)
 SHORT_SPLIT_TILES = 4
-EXTEND_CONFIG = KernelConfig(block_n=64, block_m=64, num_warps=4, num_stages=2)
+# merge_elems: the fused merge's chunk beside a 64-row tile's live state (8192 spills at group 8 on sm_90).
+EXTEND_CONFIG = KernelConfig(block_n=64, block_m=64, num_warps=4, num_stages=2, merge_elems=2048)
+# Extend launches with counters merge their splits in the forward kernel while a query block holds at most this many
+# tokens: the last arriving program merges them one by one (longer blocks: the reduce kernel's token x head grid).
+FUSED_EXTEND_MAX_Q = 8
 
 
 def num_sms(device: torch.device) -> int:
@@ -109,7 +113,8 @@ def launch_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            config: KernelConfig, counters: torch.Tensor | None = None, pdl: bool = False,
                            row_slots: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """Launch the forward kernel (and the reduce when `num_splits > 1`); `cu_seqlens_q is None` = decode. `counters`
-    (decode, >= rows x Hkv entries, else ignored): the forward kernel merges the splits itself, no reduce launch."""
+    (>= rows x Hkv x query blocks entries, else ignored; extend: query blocks of at most FUSED_EXTEND_MAX_Q tokens):
+    the forward kernel merges the splits itself, no reduce launch."""
     _check_inputs(q, k_cache, v_cache, block_tables)
     if out.shape != q.shape or out.stride(2) != 1:
         raise ValueError(f"out must be {tuple(q.shape)} with a contiguous last dim")
@@ -128,8 +133,9 @@ def launch_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         m_strides, l_strides = mid_o.stride()[:3], mid_lse.stride()[:2]
     is_decode = cu_seqlens_q is None
     group = num_heads // num_kv_heads
-    fused = (not single and is_decode and counters is not None and counters.dtype == torch.int32
-             and counters.numel() >= num_rows * num_kv_heads * num_q_blocks)  # fmt: skip
+    enough = counters is not None and counters.numel() >= num_rows * num_kv_heads * num_q_blocks
+    fused = (not single and (is_decode or block_q <= FUSED_EXTEND_MAX_Q) and enough
+             and counters.dtype == torch.int32)  # fmt: skip
     meta = fwd_constexprs(
         group=group, group_pad=group_pad, block_q=block_q, block_n=config.block_n,
         head_dim=head_dim, page_size=k_cache.shape[1], is_decode=is_decode, single_split=single, dtype=q.dtype,

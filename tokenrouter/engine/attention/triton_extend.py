@@ -28,9 +28,11 @@ def extend_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                             cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, scale: float, *,
                             max_q_len: int | None = None, out: torch.Tensor | None = None,
                             num_splits: int | None = None, config: KernelConfig = EXTEND_CONFIG, pdl: bool = False,
-                            row_slots: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+                            row_slots: torch.Tensor | None = None,
+                            counters: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """Packed q `[T, Hq, D]`; row b owns tokens `cu_seqlens_q[b]:cu_seqlens_q[b+1]`, the last of which sits at
-    position `seq_lens[b] - 1`. Tokens outside every row are left untouched in `out`."""
+    position `seq_lens[b] - 1`. Tokens outside every row are left untouched in `out`. `counters`: as in decode
+    (`attention.split_counters`), used where the query blocks are short (`launch_paged_attention`)."""
     num_rows = seq_lens.shape[0]
     num_heads, num_kv_heads = q.shape[1], k_cache.shape[2]
     if cu_seqlens_q.shape != (num_rows + 1,) or (row_slots is None and block_tables.shape[0] != num_rows):
@@ -56,4 +58,5 @@ def extend_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale, out,
         num_rows=num_rows, block_q=block_q, group_pad=group_pad,
         num_q_blocks=num_q_blocks, num_splits=num_splits, config=config, pdl=pdl, row_slots=row_slots,
+        counters=counters,
     )  # fmt: skip

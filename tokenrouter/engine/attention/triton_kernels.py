@@ -117,7 +117,8 @@ def paged_attention_fwd_kernel(
 ):  # fmt: skip
     """Grid (rows, Hkv * num_q_blocks, num_splits). Q/Out are `[T, Hq, D]`, MidO `[T, Hq, S, D]` fp32,
     MidLse `[T, Hq, S]` fp32; head_dim strides are 1. Decode passes IS_DECODE (token index = row).
-    FUSED_REDUCE (decode with splits only): Counters is int32 `[rows * Hkv]`, all zero on entry and exit.
+    FUSED_REDUCE (with splits): the last split of each (row, KV head, query block) to arrive merges the block's
+    tokens; Counters is int32 `[rows * Hkv * num_q_blocks]`, all zero on entry and exit.
     HAS_SLOTS: row r reads the page-table row `RowSlots[r]` of BlockTables."""
     if USE_PDL:
         gdc_wait()
@@ -202,12 +203,21 @@ def paged_attention_fwd_kernel(
             if arrived == num_splits - 1:
                 tl.debug_barrier()
                 tl.store(counter, 0)
-                n_active = tl.where(split_len > 0, tl.cdiv(kv_end, tl.maximum(split_len, 1)), 0)
-                _merge_group_splits(
-                    MidO, MidLse, Out, tok0, kvh, tl.minimum(n_active, num_splits),
-                    stride_mt, stride_mh, stride_ms, stride_lt, stride_lh, stride_ot, stride_oh,
-                    GROUP, GROUP_P2, MERGE_CHUNK, HEAD_DIM, BLOCK_D,
-                )  # fmt: skip
+                n_active = tl.minimum(tl.where(split_len > 0, tl.cdiv(kv_end, tl.maximum(split_len, 1)), 0), num_splits)
+                if IS_DECODE:
+                    _merge_group_splits(
+                        MidO, MidLse, Out, tok0, kvh, n_active,
+                        stride_mt, stride_mh, stride_ms, stride_lt, stride_lh, stride_ot, stride_oh,
+                        GROUP, GROUP_P2, MERGE_CHUNK, HEAD_DIM, BLOCK_D,
+                    )  # fmt: skip
+                else:  # every token of the query block (splits past a token's keys hold neutral partials)
+                    for t in tl.static_range(BLOCK_Q):
+                        if q_begin + t < q_len:
+                            _merge_group_splits(
+                                MidO, MidLse, Out, tok0 + q_begin + t, kvh, n_active,
+                                stride_mt, stride_mh, stride_ms, stride_lt, stride_lh, stride_ot, stride_oh,
+                                GROUP, GROUP_P2, MERGE_CHUNK, HEAD_DIM, BLOCK_D,
+                            )  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["num_splits", "cu_rows"])
