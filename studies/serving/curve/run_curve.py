@@ -6,10 +6,11 @@ one GPU, the simulator's prediction beside every cell, and the 8,192-token cells
 Servers (one `tokenrouter serve` each, cells `tokenrouter bench --sim`): routed (delayed, the config's tuned table),
 eager, std-serving (`--baseline std-serving`), step-sync (N <= 16 only: it is slowest and the issue asks no more);
 N in `--n` (1, 2, 4, 8, 16, 32, 64, 128), 4 N requests per cell, low-effort prompts, outputs 256; plus N = 8 with
-outputs 8,192 for routed and std-serving. Cells run server by server, N ascending, none past `--deadline`; the
-CSV/JSON are rewritten after every cell. Writes curve.csv, cells.json, curve.json (the issue's headline keys:
-`n8_tok_s`, `n64_tok_s`, `min_ratio_vs_std_4_64`, `long_output_ratio`) and curve.png (throughput against N; TPOT
-p50 against throughput). `small_b1_step_ms` comes from studies/engine/step_profile.py, not from here.
+outputs of exactly 8,192 tokens after 100-token prompts (`fixed:100,8192`) for routed and std-serving. Cells run
+server by server, N ascending, none past `--deadline`; the CSV/JSON are rewritten after every cell. Writes
+curve.csv, cells.json, curve.json (the issue's headline keys: `n8_tok_s`, `n64_tok_s`, `min_ratio_vs_std_4_64`,
+`long_output_ratio`) and curve.png (throughput against N; TPOT p50 against throughput). `small_b1_step_ms` comes from
+studies/engine/step_profile.py, not from here.
 CPU smoke: a config naming tiny-small/tiny-large with `--device cpu --scale 0.05 --n 1,2`.
 """
 
@@ -38,6 +39,17 @@ SERVERS: dict[str, tuple[list[str], list[str], int]] = {
 }
 LONG_CELLS = {"routed", "std-serving"}  # N = 8 with outputs LONG_OUTPUT beside the SHORT_OUTPUT cells
 SHORT_OUTPUT, LONG_OUTPUT = 256, 8192
+# The long cells' workload: every output exactly LONG_OUTPUT tokens after a prompt of low-effort's mean length. (Cells
+# before 2026-12-05 ran low-effort capped at LONG_OUTPUT: its outputs stop at 2,048, mean ~780 tokens.)
+LONG_PROMPT = 100
+
+
+def cell_workload(max_output: int, scale: float) -> tuple[str, int]:
+    """(workload, max_output) of a cell: low-effort capped at SHORT_OUTPUT, or fixed LONG_PROMPT + LONG_OUTPUT."""
+    out = max(8, int(max_output * scale))
+    return ("low-effort", out) if max_output == SHORT_OUTPUT else (f"fixed:{LONG_PROMPT},{out}", out)
+
+
 EXTRA = ("tpot_ms_p50", "tpot_ms_p99", "ttft_ms_p99")
 
 
@@ -128,16 +140,16 @@ def main() -> int:
                 continue
             reqs = max(2, round(4 * n * a.scale))
             t0 = time.monotonic()
+            workload, cap = cell_workload(max_out, a.scale)
             try:
                 rec, loops = bench_cell(url, a.config, names, out / f"bench_{tag}_{n}_{max_out}.json", n=n,
-                                        requests=reqs, workload="low-effort",
-                                        max_output=max(8, int(max_out * a.scale)), bench_args=bench_args,
+                                        requests=reqs, workload=workload, max_output=cap, bench_args=bench_args,
                                         timeout=max(60.0, a.deadline))  # fmt: skip
             except RuntimeError as e:
                 print(f"{tag} N={n}: {e}")
                 continue
             raw[f"{tag}/{n}/{max_out}"] = {"bench": rec, "loops": loops, "wall_s": time.monotonic() - t0}
-            row = {"server": tag, "N": n, "max_output": max_out, "requests": reqs,
+            row = {"server": tag, "N": n, "max_output": max_out, "workload": workload, "requests": reqs,
                    **{k: rec.get(k) for k in (*KEYS, *EXTRA)},
                    **{f"sim_{k}": rec.get(f"sim_{k}") for k in ("output_throughput_tok_s", *EXTRA)}}  # fmt: skip
             row.update(loop_columns(loops))
