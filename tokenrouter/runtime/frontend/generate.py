@@ -168,14 +168,18 @@ def abandon(backend: Backend, rid: str, on_outcome: OnOutcome) -> None:
 
 
 async def _or_disconnect(task: asyncio.Future, request: Request, poll_s: float = 0.25):
-    """`task`'s result, or None if the client disconnects first."""
-    while True:
-        done, _ = await asyncio.wait({task}, timeout=poll_s)
-        if done:
-            return task.result()
-        if await request.is_disconnected():
-            task.cancel()
-            return None
+    """`task`'s result, or None if the client disconnects first (`task` cancelled then, and if this is)."""
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=poll_s)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                task.cancel()
+                return None
+    except asyncio.CancelledError:
+        task.cancel()  # a several-choice answer ending its other choices
+        raise
 
 
 @dataclass(slots=True)
