@@ -357,6 +357,34 @@ def _check_engine_varlen_wide_rows(G):
 SPEED_SWITCHES = {"gemv_preload": True, "gemv_fold_norm": True, "gemv_lm_head": True, "argmax_chunk": 64}
 
 
+def _scenario_and_launches(tmp: str, hf, seed: int, **engine_kw):
+    """(engine, the scenario's records checked against HF, [(rows, launches per layer, launches outside the layers)]
+    of graph decode steps of one row and of three) for a tiny Triton engine with `engine_kw`."""
+    from engine_testlib import Scenario, check_against_hf, tiny_engine
+
+    from tokenrouter.core.batch import Batch, BatchRow
+    from tokenrouter.core.request import Request
+    from tokenrouter.engine.launch_count import count_graph_body_launches
+
+    eng = tiny_engine(tmp, ops_backend="triton", attention_backend="triton", graph_emulation=True,
+                      decode_num_splits=3, **engine_kw)  # fmt: skip
+    scn = Scenario(eng, seed=seed)
+    scn.finish()
+    check_against_hf(scn, hf, tol=1e-4)
+    reqs = [Request(f"x{i}", list(range(1 + i, 21 + i)), 20) for i in range(3)]
+    for i, req in enumerate(reqs):
+        assert eng.kv_pool.grow(req.pages, 21)
+        eng.step(Batch(0, i, [BatchRow(req, 0, 20)]))
+        req.num_computed = 20
+        req.token_ids.append(5)
+    counts = []
+    for rows in (1, 3):
+        lc = count_graph_body_launches(eng, Batch(0, 9, [BatchRow(r, 20, 1) for r in reqs[:rows]]))
+        counts.append((rows, lc.per_layer(), len(lc.sections["step"])))
+    assert eng.model.gemv.counters.eq(0).all() and eng.split_counters.eq(0).all()
+    return eng, scn.records, counts
+
+
 def _check_engine_speed_switches(G):
     """The engine with the decode-step switches on (weight tiles before the wait, norms folded into the qkv and
     gate|up projections, older keys before the wait, the chunked greedy argmax) and off (emulated graphs,
@@ -365,35 +393,17 @@ def _check_engine_speed_switches(G):
     steps of one row and of three."""
     from pathlib import Path
 
-    from engine_testlib import Scenario, check_against_hf, make_hf_checkpoint, rel_err, tiny_engine
-
-    from tokenrouter.core.batch import Batch, BatchRow
-    from tokenrouter.core.request import Request
-    from tokenrouter.engine.launch_count import count_graph_body_launches
+    from engine_testlib import make_hf_checkpoint, rel_err
 
     with tempfile.TemporaryDirectory() as tmp:
         hf = make_hf_checkpoint(Path(tmp), seed=15)
         runs, counts = [], []
         for on in (True, False):
             sw = SPEED_SWITCHES if on else dict.fromkeys(SPEED_SWITCHES, False) | {"argmax_chunk": 0}
-            eng = tiny_engine(tmp, ops_backend="triton", attention_backend="triton", graph_emulation=True,
-                              decode_num_splits=3, **sw)  # fmt: skip
+            eng, records, c = _scenario_and_launches(tmp, hf, 15, **sw)
             assert eng.model.gemv.fold_norm is on and eng.model.gemv.preload is on
-            scn = Scenario(eng, seed=15)
-            scn.finish()
-            check_against_hf(scn, hf, tol=1e-4)
-            runs.append(scn.records)
-            reqs = [Request(f"x{i}", list(range(1 + i, 21 + i)), 20) for i in range(3)]
-            for i, req in enumerate(reqs):
-                assert eng.kv_pool.grow(req.pages, 21)
-                eng.step(Batch(0, i, [BatchRow(req, 0, 20)]))
-                req.num_computed = 20
-                req.token_ids.append(5)
-            # decode steps of one row and of three (the norms fold only into one-row steps: `norm_fold_max_rows`)
-            for rows in (1, 3):
-                lc = count_graph_body_launches(eng, Batch(0, 9, [BatchRow(r, 20, 1) for r in reqs[:rows]]))
-                counts.append((rows, lc.per_layer(), len(lc.sections["step"])))
-            assert eng.model.gemv.counters.eq(0).all() and eng.split_counters.eq(0).all()
+            runs.append(records)
+            counts += c  # the norms fold only into one-row steps (`norm_fold_max_rows`)
         for a, b in zip(*runs, strict=True):
             assert a.token == b.token and rel_err(a.logits, b.logits) < 1e-5, (a.rid, a.pos)
         assert counts == [(1, [7, 6], 5), (3, [8, 8], 5), (1, [8, 8], 5), (3, [8, 8], 5)], counts
@@ -406,32 +416,15 @@ def _check_engine_late_norm(G):
     before."""
     from pathlib import Path
 
-    from engine_testlib import Scenario, check_against_hf, make_hf_checkpoint, rel_err, tiny_engine
-
-    from tokenrouter.core.batch import Batch, BatchRow
-    from tokenrouter.core.request import Request
-    from tokenrouter.engine.launch_count import count_graph_body_launches
+    from engine_testlib import make_hf_checkpoint, rel_err
 
     with tempfile.TemporaryDirectory() as tmp:
         hf = make_hf_checkpoint(Path(tmp), seed=16)
         runs, counts = [], []
         for late in (8, 0):
-            eng = tiny_engine(tmp, ops_backend="triton", attention_backend="triton", graph_emulation=True,
-                              decode_num_splits=3, gemv_late_norm_max_rows=late, **SPEED_SWITCHES)  # fmt: skip
-            scn = Scenario(eng, seed=16)
-            scn.finish()
-            check_against_hf(scn, hf, tol=1e-4)
-            runs.append(scn.records)
-            reqs = [Request(f"x{i}", list(range(2 + i, 22 + i)), 20) for i in range(3)]
-            for i, req in enumerate(reqs):
-                assert eng.kv_pool.grow(req.pages, 21)
-                eng.step(Batch(0, i, [BatchRow(req, 0, 20)]))
-                req.num_computed = 20
-                req.token_ids.append(5)
-            for rows in (1, 3):
-                lc = count_graph_body_launches(eng, Batch(0, 9, [BatchRow(r, 20, 1) for r in reqs[:rows]]))
-                counts.append((rows, lc.per_layer()))
-            assert eng.model.gemv.counters.eq(0).all()
+            _, records, c = _scenario_and_launches(tmp, hf, 16, gemv_late_norm_max_rows=late, **SPEED_SWITCHES)
+            runs.append(records)
+            counts += [(rows, per_layer) for rows, per_layer, _ in c]
         for a, b in zip(*runs, strict=True):
             assert a.token == b.token and rel_err(a.logits, b.logits) < 1e-4, (a.rid, a.pos)
         assert counts == [(1, [7, 6]), (3, [7, 6]), (1, [7, 6]), (3, [8, 8])], counts
