@@ -314,6 +314,10 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"  {r['rows']:2d} x {r['tokens']:2d} {what} kernels: span {cl['span_us'] / 1e3:.2f} ms, "
                           + " ".join(f"{c} {v['count']}:{v['us'] / 1e3:.2f}" for c, v in cl.items()
                                      if isinstance(v, dict)))  # fmt: skip
+            if "fused_ext_ms" in r:
+                print(f"  {r['rows']:2d} x {r['tokens']:2d} extend merge: reduce kernel "
+                      + " / ".join(f"{x:.3f}" for x in r["reduce_ext_ms"]) + " ms, in-kernel "
+                      + " / ".join(f"{x:.3f}" for x in r["fused_ext_ms"]) + " ms")  # fmt: skip
             if "limit8_gemv_ms" in r:
                 print(f"  {r['rows']:2d} x {r['tokens']:2d} varlen: cuBLAS {r['limit8_ms']:.3f} ms, "
                       f"skinny GEMM {r['limit8_gemv_ms']:.3f} ms")  # fmt: skip
