@@ -411,23 +411,17 @@ def _check_engine_speed_switches(G):
 
 def _check_engine_late_norm(G):
     """`gemv_late_norm_max_rows`: the engine's steps of 2-8 rows fold their norms with the RMS applied last: the
-    same scenario as without it against HF (fp32: to rounding), the same greedy tokens, and two launches fewer per
-    layer in a step of three rows (the first layer's norm gathers the embedding: one fewer there); one-row steps as
-    before."""
+    scenario against HF (fp32: to rounding) and two launches fewer per layer in a step of three rows (the first
+    layer's norm gathers the embedding: one fewer there); one-row steps as before. (The same engine without it is
+    `_check_engine_speed_switches`' first run: 8 launches a layer at three rows.)"""
     from pathlib import Path
 
-    from engine_testlib import make_hf_checkpoint, rel_err
+    from engine_testlib import make_hf_checkpoint
 
     with tempfile.TemporaryDirectory() as tmp:
         hf = make_hf_checkpoint(Path(tmp), seed=16)
-        runs, counts = [], []
-        for late in (8, 0):
-            _, records, c = _scenario_and_launches(tmp, hf, 16, gemv_late_norm_max_rows=late, **SPEED_SWITCHES)
-            runs.append(records)
-            counts += [(rows, per_layer) for rows, per_layer, _ in c]
-        for a, b in zip(*runs, strict=True):
-            assert a.token == b.token and rel_err(a.logits, b.logits) < 1e-4, (a.rid, a.pos)
-        assert counts == [(1, [7, 6]), (3, [7, 6]), (1, [7, 6]), (3, [8, 8])], counts
+        _, _, counts = _scenario_and_launches(tmp, hf, 16, gemv_late_norm_max_rows=8, **SPEED_SWITCHES)
+        assert [(rows, per_layer) for rows, per_layer, _ in counts] == [(1, [7, 6]), (3, [7, 6])], counts
 
 
 def _interpret() -> int:
