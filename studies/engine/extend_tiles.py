@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from kernel_device import exit_status, kernel_args, kernel_device
+from kernel_device import exit_status, kernel_args, kernel_setup
 
 from tokenrouter.engine.attention import extend_attention
 from tokenrouter.engine.attention import triton_extend as te
@@ -141,11 +141,10 @@ def time_case(label: str, hq: int, hkv: int, busy: int, tokens: int, ctx: int, d
 
 def main(argv: list[str] | None = None) -> int:
     p = kernel_args(__doc__, 150.0)
-    args = p.parse_args(argv)
-    where = kernel_device(args.smoke)
-    if where is None:
+    setup = kernel_setup(p, argv)
+    if setup is None:
         return 2
-    cuda, dev, dt = where
+    args, (cuda, dev, dt) = setup
     deadline = time.perf_counter() + args.budget
     rows: list[dict[str, Any]] = []
     for label, hq, hkv, busy, tokens, ctx in CASES if cuda else SMOKE_CASES:

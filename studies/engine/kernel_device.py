@@ -22,6 +22,16 @@ def kernel_device(smoke: bool) -> tuple[bool, torch.device, torch.dtype] | None:
     return cuda, torch.device("cuda" if cuda else "cpu"), torch.bfloat16 if cuda else torch.float32
 
 
+def kernel_setup(
+    p: argparse.ArgumentParser, argv: list[str] | None
+) -> tuple[argparse.Namespace, tuple[bool, torch.device, torch.dtype]] | None:
+    """(args, (cuda, device, dtype)) from `p` (built on `kernel_args`) and `kernel_device`; None: nowhere to run
+    (the caller exits 2)."""
+    args = p.parse_args(argv)
+    where = kernel_device(args.smoke)
+    return None if where is None else (args, where)
+
+
 def kernel_args(doc: str, budget: float) -> argparse.ArgumentParser:
     """A study's parser with `--out`, `--smoke` and `--budget` (seconds; later cases are skipped)."""
     p = argparse.ArgumentParser(description=doc.splitlines()[0])

@@ -33,7 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from kernel_device import kernel_args, kernel_device
+from kernel_device import kernel_args, kernel_setup
 
 HEADS = {"qwen3-0.6b": (16, 8), "qwen3-32b": (64, 8)}
 TOKENS = (1, 8, 16, 48, 96, 192, 256, 512, 1024, 2048)
@@ -111,11 +111,10 @@ def pass_study(args: argparse.Namespace, out: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = kernel_args(__doc__, 240.0)  # --budget: seconds for the pass study's cases
     p.add_argument("--no-passes", dest="passes", action="store_false", help="kernel part only")
-    args = p.parse_args(argv)
-    where = kernel_device(args.smoke)
-    if where is None:
+    setup = kernel_setup(p, argv)
+    if setup is None:
         return 2
-    cuda, dev, dt = where
+    args, (cuda, dev, dt) = setup
     if not cuda:
         from tokenrouter.engine.triton_compat import patch_interpreter_for_numpy24
 

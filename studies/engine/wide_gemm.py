@@ -31,7 +31,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from kernel_device import exit_status, kernel_args, kernel_device
+from kernel_device import exit_status, kernel_args, kernel_setup
 from tma_gemm import tma_gemm
 
 from tokenrouter.engine import triton_gemv as tg
@@ -203,11 +203,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", default=",".join(SHAPES))
     p.add_argument("--rows", default=",".join(map(str, ROWS)), help="token counts M")
     p.add_argument("--no-tma", dest="tma", action="store_false", help="leave out the TMA kernel's tiles")
-    args = p.parse_args(argv)
-    where = kernel_device(args.smoke)
-    if where is None:
+    setup = kernel_setup(p, argv)
+    if setup is None:
         return 2
-    cuda, dev, dt = where
+    args, (cuda, dev, dt) = setup
     sms = torch.cuda.get_device_properties(dev).multi_processor_count if cuda else 4
     shapes = {m: SHAPES[m] for m in args.models.split(",")} if cuda else SMOKE_SHAPES
     rows_m = tuple(int(v) for v in args.rows.split(",")) if cuda else SMOKE_ROWS
