@@ -32,6 +32,10 @@ AdminKey = Annotated[
         "thresholds and a synthetic router's hop rate while serving (live sweeps, controllers)."),
 ]  # fmt: skip
 RecordHops = Annotated[Path | None, Opt(help="Write the hop trace JSONL here on exit.")]
+StepLogs = Annotated[Path | None, Opt(help="Write every step of every model here as JSONL (steps<i>.jsonl: "
+                     "launch and done times on the host's monotonic clock, rows, tokens, context; std-serving also "
+                     "visits.jsonl), for timelines and for `trsim` comparisons. The directory must hold no step logs "
+                     "yet; lines are written as steps end and flushed when the server stops.")]  # fmt: skip
 KvTokens = Annotated[int, Opt(help="CPU only: KV capacity per model in tokens.")]
 Baseline = Annotated[str | None, Opt(help="Run a baseline on the same engine instead of the routed runtime: "
                      "std-serving (one continuous-batching server per model with prefix caching, and a dispatcher "
@@ -65,7 +69,7 @@ def serve(deploy: DeploymentFlags, device: Device = "cuda", host: Host = "127.0.
           restart_on_failure: RestartOnFailure = False, ray: Ray = None, ray_cpus: RayCpus = 1.0,
           heartbeat_timeout: HeartbeatTimeout = 10.0, join_timeout: JoinTimeout = 300.0,
           shutdown_timeout: ShutdownTimeout = 30.0, log_level: LogLevel = "info",
-          no_access_log: NoAccessLog = False) -> None:  # fmt: skip
+          no_access_log: NoAccessLog = False, step_logs: StepLogs = None) -> None:  # fmt: skip
     """Serve a deployment: one process per model, OpenAI-compatible HTTP in front. The deployment is --config
     (what `trsim tune` writes) with the flags applied, or --small/--large with defaults. --baseline (or --policy
     std-serving) serves a baseline of the same deployment on the same engine instead."""
@@ -88,6 +92,7 @@ def serve(deploy: DeploymentFlags, device: Device = "cuda", host: Host = "127.0.
         raise CliError(f"--shutdown-timeout must be >= 0, got {shutdown_timeout}")
     if not dry_run:
         check_output(record_hops, "--record-hops")  # written on exit: found unwritable now, not after the serving
+        _check_step_logs(step_logs, ray is not None or cfg.transport == "tcp")
     require_extras("serve", ("serve", "engine"))
     if ray is not None:
         if baseline is not None:
@@ -107,7 +112,7 @@ def serve(deploy: DeploymentFlags, device: Device = "cuda", host: Host = "127.0.
     tok = entry_tokenizer(served)
     Server.install_signal_handlers()
     # SIGINT/SIGTERM while starting: leave the `with`, which stops everything; once serving, serve_http drains.
-    server = _server(cfg, baseline, deploy.config, device=device, record_hops=record_hops,
+    server = _server(cfg, baseline, deploy.config, device=device, record_hops=record_hops, step_logs=step_logs,
                      restart_on_failure=restart_on_failure, ray=ray, ray_cpus=ray_cpus,
                      heartbeat_timeout=heartbeat_timeout, join_timeout=join_timeout)  # fmt: skip
     with _started(server), contextlib.suppress(KeyboardInterrupt):
@@ -138,7 +143,7 @@ def _baseline(cfg: DeploymentConfig, baseline: str | None, restart_on_failure: b
 
 def _server(cfg: DeploymentConfig, baseline: str | None, config_path: Path | None, *, device: str,
             record_hops: Path | None, restart_on_failure: bool, ray: str | None, ray_cpus: float,
-            heartbeat_timeout: float, join_timeout: float) -> Server:  # fmt: skip
+            heartbeat_timeout: float, join_timeout: float, step_logs: Path | None = None) -> Server:  # fmt: skip
     """The server to run (not started): the baseline's, or the routed runtime's (over a cluster with --ray or a
     tcp transport). What it refuses is one line."""
     from tokenrouter.runtime.cluster import ClusterOptions
@@ -149,7 +154,7 @@ def _server(cfg: DeploymentConfig, baseline: str | None, config_path: Path | Non
 
         try:
             return BaselineServer(cfg, baseline, device=device, record_hops=record_hops,
-                                  heartbeat_timeout_s=heartbeat_timeout)  # fmt: skip
+                                  heartbeat_timeout_s=heartbeat_timeout, step_logs=step_logs or False)  # fmt: skip
         except ValueError as e:
             raise CliError(f"--baseline {baseline}: {e}") from None
     cluster = None
@@ -159,10 +164,30 @@ def _server(cfg: DeploymentConfig, baseline: str | None, config_path: Path | Non
                                  config_path=str(config_path) if config_path else None)  # fmt: skip
     try:
         return Server(cfg, device=device, record_hops=record_hops, restart_on_failure=restart_on_failure,
-                      cluster=cluster, heartbeat_timeout_s=heartbeat_timeout)  # fmt: skip
+                      cluster=cluster, heartbeat_timeout_s=heartbeat_timeout, step_logs=step_logs or False)  # fmt: skip
     except (ValueError, ImportError, RuntimeError, ConnectionError) as e:
         # a deployment the cluster layer refuses (runtime.cluster), Ray missing, unreachable or too small
         raise CliError(str(e).splitlines()[0]) from None
+
+
+def _check_step_logs(step_logs: Path | None, remote: bool) -> None:
+    """--step-logs: a directory this host can write that holds no step logs yet; not over a cluster."""
+    if step_logs is None:
+        return
+    if remote:
+        raise CliError("--step-logs needs every subserver on this host (not --ray or a tcp transport)")
+    from tokenrouter.runtime.launcher import check_step_log_dir
+
+    try:
+        d = check_step_log_dir(step_logs)
+    except (ValueError, OSError) as e:
+        raise CliError(f"--step-logs: {e}") from None
+    probe = d / ".write-test"
+    try:
+        probe.touch()
+        probe.unlink()
+    except OSError as e:
+        raise CliError(f"--step-logs: cannot write in {d}: {e.strerror}") from None
 
 
 def _on_device(cfg: DeploymentConfig, ov: DeploymentOverrides, device: str, kv_tokens: int,

@@ -57,6 +57,8 @@ class SimConfig:
     trial: bool = False
     # The workload's phases, parsed when the config is made (None: not yet); a copy (`dataclasses.replace`) keeps them
     phases: tuple[Phase, ...] | None = None
+    # Keep every step's record (`tokenrouter.steplog`): SimResult.extra["step_logs"], per model
+    step_logs: bool = False
 
     def __post_init__(self) -> None:
         if self.num_requests < 1:
@@ -121,6 +123,8 @@ def simulate_config(cfg: SimConfig, make_controller: ControllerFactory | None = 
     profile, cost, specs, deployment = prepare_sim(cfg)
     analytic = cfg.cost is None and profile.kind == "analytic"
     run = _wire_up(deployment, cost, dep.policy.kind)
+    for s in run.subs if cfg.step_logs else ():
+        s.step_log = []
     phases = list(cfg.phases or ())
     first, n0 = initial_phase(phases), cfg.concurrency  # the phase at 0 s is in `cfg` already
     loader = _loader(run, cfg, specs, n0, deployment)
@@ -138,6 +142,8 @@ def simulate_config(cfg: SimConfig, make_controller: ControllerFactory | None = 
     n_end = next((p.concurrency for p in reversed(phases) if p.concurrency is not None), n0)
     extra = _extra(cost, first, driver, tuner, initial)
     subs = run.subs
+    if cfg.step_logs:
+        extra["step_logs"] = {i: s.step_log for i, s in enumerate(subs)}
     return SimResult(summary=summary, metrics=run.metrics, config=cfg,
                      thresholds=deployment.entry.policy.thresholds_for(n_end, deployment.num_models), analytic=analytic,
                      window=window, kv_tokens=deployment.kv_tokens, wall_s=time.perf_counter() - t_wall,

@@ -26,6 +26,7 @@ from tokenrouter.core.messages import Action
 from tokenrouter.core.overlap import PREPARE_POLL_S, StepClock, prepare_time
 from tokenrouter.core.scheduler import Scheduler
 from tokenrouter.sim.gpu_share import GpuPass, SharedGpu
+from tokenrouter.steplog import step_record
 
 EPS_S = 1e-9  # a nanosecond: below it a wait is done (float time must not spin on vanishing remainders)
 
@@ -42,6 +43,8 @@ class _InFlight:
     started_s: float | None = None
     ended_s: float | None = None  # when the pass finished on the GPU (the loop may notice later)
     next_formed: bool = False  # overlap: the step after this one was formed (once per step, as the runtime does)
+    formed_s: float = 0.0  # when the scheduler formed the batch (the runtime's `submitted`)
+    ahead: bool = False  # formed while the step before it ran (the runtime's `back_to_back`)
 
 
 class SimSubserver:
@@ -104,6 +107,7 @@ class SimSubserver:
         self.clock = StepClock()
         self._poll_at: float | None = None
         self._polling = False
+        self.step_log: list[dict] | None = None  # a list: every completed step's record (`tokenrouter.steplog`)
         self.proc = env.process(self._run())
 
     def kick(self) -> None:
@@ -178,7 +182,9 @@ class SimSubserver:
                 nxt = sched.schedule(now)
                 if nxt is not None:  # the host works on it until now + host time, while step k still runs
                     ready = now + self.host_ms(len(nxt.rows)) / 1000.0
-                    inflight.append(self._prepare(nxt, ready))
+                    f = self._prepare(nxt, ready)
+                    f.ahead = True
+                    inflight.append(f)
                     self.clock.on_launch(ready)
             if not wait:
                 left = 0.0 if head.ended_s is not None else head.gpu.remaining_s(now)
@@ -217,7 +223,7 @@ class SimSubserver:
         if self.overlap:
             work *= 1.0 + self.overlap_frac
         tokens = stats.graph.tokens + stats.eager.tokens
-        return _InFlight(batch, GpuPass(self.model, tokens, work, self.retime), ready_s)
+        return _InFlight(batch, GpuPass(self.model, tokens, work, self.retime), ready_s, formed_s=self.env.now)
 
     def _start(self, f: _InFlight) -> None:
         f.started_s = self.env.now
@@ -230,6 +236,13 @@ class SimSubserver:
         if f.started_s is not None:
             self.clock.on_gpu_time(f.ended_s - f.started_s)
 
+    def _log_step(self, f: _InFlight, start: float) -> None:
+        end = f.ended_s if f.ended_s is not None else self.env.now
+        rec = step_record(self.model, f.batch, launch=f.ready_s, done=self.env.now, gpu_ms=(end - start) * 1000.0,
+                          back_to_back=f.ahead, submitted=f.formed_s)  # fmt: skip
+        rec["gpu_start"], rec["gpu_end"] = start, end
+        self.step_log.append(rec)
+
     def _complete(self, f: _InFlight) -> None:
         env, sched = self.env, self.sched
         if f.ended_s is None:
@@ -240,6 +253,8 @@ class SimSubserver:
         self.batches.add(len(f.batch.rows), (env.now - max(start, self._busy_until)) * 1000.0)
         self._busy_until = env.now
         self.metrics.on_batch(self.model, start, env.now, len(f.batch.rows))
+        if self.step_log is not None:
+            self._log_step(f, start)
         # Rows whose request left (hop, finish) after the batch was prepared: computed, then thrown away.
         self.wasted_rows += sum(1 for r in f.batch.rows if r.version != r.req.version)
         actions = sched.complete(f.batch, StepResult([0] * len(f.batch.rows)), env.now)

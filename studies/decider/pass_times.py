@@ -3,7 +3,7 @@
 One server (the runtime's own client, no HTTP) with step logs; for each B in `--bs` the policy is set between
 loads (`SetPolicy`, as the admin endpoint does) and a closed loop of N clients runs `--requests` requests
 (prompt 100, outputs `--output` tokens, greedy, ignore EOS). Each logged step carries its rows' tokens and
-contexts (`runtime.engine_loop.step_record`), so `--summarize` rebuilds every pass, splits it with the model's
+contexts (`tokenrouter.steplog.step_record`), so `--summarize` rebuilds every pass, splits it with the model's
 `GraphRule` as the engine did, and prices it alone with the profile's cost model (`calibration.cost`): live GPU
 ms over the alone price is the co-run factor the simulator should have applied, per B and per size of pass.
 `--std-serving` serves the baseline instead (a model server per model and the dispatcher) for `--repeats` loads in

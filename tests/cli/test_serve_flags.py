@@ -66,3 +66,18 @@ def test_the_launcher_refuses_what_the_cli_refuses():
         Server(DeploymentConfig(models=pair), device="tpu")
     with pytest.raises(PreflightError, match=r"asynchronous policy .* not step-sync"):
         Server(DeploymentConfig(models=pair, policy=PolicyConfig("step-sync")), device="cpu", restart_on_failure=True)
+
+
+def test_step_logs_refused_before_loading(tmp_path):
+    """--step-logs: a directory holding another run's step logs, or a file, is one line (exit 2) before any
+    process starts; so is asking for them over a cluster, whose subservers write on other hosts."""
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "steps0.jsonl").write_text("{}\n")
+    (tmp_path / "f").write_text("")
+    port = ("--port", "18431")
+    for where, want in ((old, "already holds step logs"), (tmp_path / "f", "is a file")):
+        r = tr("serve", *PAIR, *port, "--step-logs", str(where))
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and want in r.stderr, r.stderr
+    r = tr("serve", *PAIR, *port, "--ray", "local", "--step-logs", str(tmp_path / "new"))
+    assert r.returncode == 2 and "--step-logs needs every subserver on this host" in r.stderr, r.stderr

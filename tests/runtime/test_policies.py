@@ -126,3 +126,28 @@ def test_loop_counters_count_back_to_back_steps(tmp_path, overlap):
     assert st.loop_steps == len(log) - 1 and st.loop_rows == len(log) - 1
     assert st.loop_ms == pytest.approx(1e3 * (log[-1]["done"] - log[0]["done"]), rel=1e-6)
     assert st.loop_gpu_ms == 0.0  # CPU: nothing timed
+
+
+def test_step_logs_in_a_directory_of_their_own_outlive_the_server(tmp_path):
+    """`step_logs=DIR` (`tr serve --step-logs`): the logs land in DIR and stay after stop while the run directory
+    goes; a DIR that already holds step logs is refused before anything starts."""
+    from tokenrouter.steplog import load_step_logs
+
+    logs = tmp_path / "logs"
+    srv = Server(tiny_config("eager"), step_logs=logs, stats_interval_s=600.0).start()
+    client = RuntimeClient(srv.addresses)
+    try:
+        for rid, p in PROMPTS.items():
+            client.submit(rid, p, GREEDY)
+        out = collect(client, set(PROMPTS), timeout_s=50)
+    finally:
+        client.close()
+        srv.stop()
+    assert len(out) == len(PROMPTS) and not srv.run_dir.exists()
+    back = load_step_logs(logs)
+    for k in (0, 1):  # every token a model wrote was sampled by a row of one of its logged steps
+        wrote = sum(1 for o in out.values() for _, m in o.tokens.values() if m == k)
+        assert wrote > 0 and sum(r["rows"] for r in back[k]) >= wrote
+        assert all(r["launch"] <= r["done"] and r["tokens"] == sum(r["row_tokens"]) for r in back[k])
+    with pytest.raises(ValueError, match="already holds step logs"):
+        Server(tiny_config("eager"), step_logs=logs)

@@ -28,3 +28,21 @@ def test_short_cells_and_the_cpu_scale(mod):
     assert mod.cell_workload(mod.SHORT_OUTPUT, 1.0) == ("low-effort", 256)
     assert mod.cell_workload(mod.LONG_OUTPUT, 0.05) == ("fixed:100,409", 409)
     assert mod.cell_workload(mod.SHORT_OUTPUT, 0.01) == ("low-effort", 8)
+
+
+def test_step_timeline_reads_committed_logs_and_cuts_the_cell(tmp_path):
+    """step_timeline.py: gzipped logs (as committed) read like plain ones; a cell keeps only the steps that ended
+    in its window, over their own span (a bench's simulated tail after the live run is not idle time)."""
+    import gzip
+    import json
+
+    tl_mod = load_study("studies/serving/curve/step_timeline.py")
+    recs = [{"model": 0, "step": k, "rows": 2, "launch": float(k), "done": k + 0.5, "gpu_ms": 0.0, "tokens": 2,
+             "ext_rows": 0, "ext_tokens": 0} for k in range(10)]  # fmt: skip
+    (tmp_path / "steps0.jsonl.gz").write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in recs).encode()))
+    logs = tl_mod.read_logs(tmp_path)
+    assert [r["step"] for r in logs[0]] == list(range(10))
+    tl = tl_mod.live_cell(logs, [2.2, 7.0])  # steps 2..6 end inside: span 2.0 .. 6.5
+    m = tl.models[0]
+    assert m.steps == 5 and tl.window_s == (2.0, 6.5)
+    assert m.busy_share == pytest.approx(2.5 / 4.5) and tl.idle_share == pytest.approx(2.0 / 4.5)

@@ -40,7 +40,7 @@ class BaselineServer(Server):
             self.addresses = replace(self.addresses, submit=f"ipc://{self.run_dir / 'dispatcher'}")
 
     def visit_log(self) -> Path:
-        return self.run_dir / "visits.jsonl"
+        return self.step_log_dir / "visits.jsonl"
 
     def subserver_target(self, spec: SubserverSpec) -> tuple[Callable[[Any], None], Any]:
         if self.mode == "std-serving":

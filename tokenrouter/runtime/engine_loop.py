@@ -18,6 +18,7 @@ from tokenrouter.core.scheduler import Scheduler
 from tokenrouter.engine.errors import BatchError, StepFailed
 from tokenrouter.runtime.logs import JsonlLog
 from tokenrouter.runtime.stats import Counters
+from tokenrouter.steplog import step_record
 
 log = logging.getLogger(__name__)
 
@@ -31,18 +32,6 @@ class InFlight:
     launched: float  # monotonic clock
     back_to_back: bool  # launched without the loop waiting for work since the previous completion
     submitted: float | None = None  # handed to the engine (before its planning): `Counters.batches` starts here
-
-
-def step_record(model: int, f: InFlight, rows: int, t_done: float, gpu_ms: float) -> dict[str, Any]:
-    """One step log line: when it ran and what it carried, so a study prices the same pass with the cost model."""
-    brs = f.batch.rows
-    ext = [r.num_tokens for r in brs if r.num_tokens > 1]
-    return {"model": model, "step": f.batch.step_id, "rows": rows, "launch": f.launched, "done": t_done,
-            "gpu_ms": gpu_ms, "back_to_back": f.back_to_back, "submitted": f.submitted,
-            "tokens": sum(r.num_tokens for r in brs), "ext_rows": len(ext), "ext_tokens": sum(ext),
-            "ctx": sum(r.start + r.num_tokens for r in brs), "row_tokens": [r.num_tokens for r in brs],
-            "row_ctx": [r.start + r.num_tokens for r in brs], "graph": getattr(f.handle, "graph_bucket", None),
-            "varlen": getattr(f.handle, "varlen_bucket", None)}  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -216,7 +205,10 @@ class EngineLoop(ABC):
             self.counters.loop_step(rows, t_done - self.last_done, gpu_ms)
         self.last_done = t_done
         if self.step_log.enabled:
-            self.step_log.write(step_record(self.model, f, rows, t_done, gpu_ms))
+            self.step_log.write(step_record(self.model, f.batch, launch=f.launched, done=t_done, gpu_ms=gpu_ms,
+                                            back_to_back=f.back_to_back, submitted=f.submitted,
+                                            graph=getattr(h, "graph_bucket", None),
+                                            varlen=getattr(h, "varlen_bucket", None)))  # fmt: skip
         t0 = time.perf_counter()
         self.before_complete(f.batch)
         self.deliver(self.sched.complete(f.batch, res, t_done))

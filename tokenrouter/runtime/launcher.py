@@ -55,6 +55,19 @@ def gpu_memory_gb(gpu: int) -> float:
     return float(out.stdout.strip().splitlines()[0]) * 1024**2 / 1e9
 
 
+def check_step_log_dir(path: str | Path) -> Path:
+    """`path` created, or ValueError when it already holds step logs (subservers append to theirs: two runs
+    would mix in one file)."""
+    d = Path(path)
+    if d.exists() and not d.is_dir():
+        raise ValueError(f"step logs go in a directory; {d} is a file")
+    old = sorted(d.glob("steps*.jsonl")) + sorted(d.glob("visits.jsonl")) if d.is_dir() else []
+    if old:
+        raise ValueError(f"{d} already holds step logs ({old[0].name}); give an empty or new directory")
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
 def heartbeat_timeout(timeout_s: float | None, stats_interval_s: float) -> float:
     """How long a ready subserver may be silent before it is hung: at least two Stats intervals (one late report is
     not a hang); by default 10 s, or 4 intervals if longer."""
@@ -67,22 +80,26 @@ def heartbeat_timeout(timeout_s: float | None, stats_interval_s: float) -> float
 class Server(Supervisor):
     def __init__(self, config: DeploymentConfig, *, device: str = "cpu", memory_gb: float | None = None,
                  run_dir: str | Path | None = None, seed: int = 0, record_hops: str | Path | None = None,
-                 step_logs: bool = False, engine_overrides: dict[str, Any] | None = None,
+                 step_logs: bool | str | Path = False, engine_overrides: dict[str, Any] | None = None,
                  ready_timeout_s: float = 300.0, stats_interval_s: float = 0.5, restart_on_failure: bool = False,
                  cluster: ClusterOptions | None = None, heartbeat_timeout_s: float | None = None) -> None:  # fmt: skip
-        """`cluster`: how a tcp deployment runs (defaults when None); `heartbeat_timeout_s`: see `heartbeat_timeout`."""
+        """`cluster`: how a tcp deployment runs (defaults when None); `heartbeat_timeout_s`: see `heartbeat_timeout`;
+        `step_logs`: each subserver writes a JSONL line per step (`step_log(i)`), in the run directory (True) or in
+        this directory (a path: kept after stop; refused when it already holds step logs, which would mix runs)."""
         check_launch(config, device, restart_on_failure)
         check_gpus(config, device)  # a config built without the CLI's resolver: tp splits, one GPU per rank
         self.config, self.device, self.num_models, self.entry = config, device, len(config.models), config.entry
         self.t0 = time.monotonic()
         self.restart_on_failure = restart_on_failure
+        log_dir = None if isinstance(step_logs, bool) else check_step_log_dir(step_logs)  # before anything is made
         self._own_dir = run_dir is None
         self.run_dir = create_run_dir() if run_dir is None else Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if memory_gb is None:
             memory_gb = gpu_memory_gb(config.models[0].gpus[0]) if device == "cuda" else 1.0
         self.memory_gb = memory_gb
-        self.seed, self.record_hops, self.step_logs = seed, record_hops, step_logs
+        self.seed, self.record_hops, self.step_logs = seed, record_hops, bool(step_logs)
+        self.step_log_dir = self.run_dir if log_dir is None else log_dir
         self.engine_overrides = engine_overrides or {}
         self.ready_timeout_s, self.stats_interval_s = ready_timeout_s, stats_interval_s
         self.heartbeat_timeout_s = heartbeat_timeout(heartbeat_timeout_s, stats_interval_s)
@@ -118,7 +135,7 @@ class Server(Supervisor):
         return self.run_dir / f"hops{model}.jsonl"
 
     def step_log(self, model: int) -> Path:
-        return self.run_dir / f"steps{model}.jsonl"
+        return self.step_log_dir / f"steps{model}.jsonl"
 
     def hop_logs(self) -> list[Path]:
         """The emit logs `record_hops` merges into the hop trace on stop (a hook)."""
@@ -274,7 +291,7 @@ class Server(Supervisor):
                 merge_hop_logs(self.hop_logs(), self.record_hops)
             self._pull.close()
             self._ctx.term()
-            if self._own_dir and not self.step_logs:
+            if self._own_dir and not (self.step_logs and self.step_log_dir == self.run_dir):
                 shutil.rmtree(self.run_dir, ignore_errors=True)
             log.info("stopped: every subserver has exited")
 

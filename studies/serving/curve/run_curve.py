@@ -108,6 +108,12 @@ def main() -> int:
         default=",".join(sorted(LONG_CELLS)),
         help=f"servers that also run N = 8 with {LONG_OUTPUT}-token outputs (when 8 is in --n); '' for none",
     )
+    p.add_argument(
+        "--step-logs",
+        action="store_true",
+        help="each server writes its step logs to OUT/steps_<server> (tr serve --step-logs); every cell's "
+        "monotonic-clock window goes in cells.json (curve/step_timeline.py reads both)",
+    )
     a = p.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -130,7 +136,8 @@ def main() -> int:
         if time.monotonic() - t_start > a.deadline - 60:
             print(f"skip {tag}: deadline")
             continue
-        proc, url, up, names = start_study_server(a, serve_args, out / f"serve_{tag}.log")
+        logs = ["--step-logs", str(out / f"steps_{tag}")] if a.step_logs else []
+        proc, url, up, names = start_study_server(a, [*serve_args, *logs], out / f"serve_{tag}.log")
         raw["servers"][tag] = {"startup_s": up}
         if up is None:
             continue
@@ -148,7 +155,8 @@ def main() -> int:
             except RuntimeError as e:
                 print(f"{tag} N={n}: {e}")
                 continue
-            raw[f"{tag}/{n}/{max_out}"] = {"bench": rec, "loops": loops, "wall_s": time.monotonic() - t0}
+            raw[f"{tag}/{n}/{max_out}"] = {"bench": rec, "loops": loops, "wall_s": time.monotonic() - t0,
+                                           "window": [t0, time.monotonic()], "max_output": cap}  # fmt: skip
             row = {"server": tag, "N": n, "max_output": max_out, "workload": workload, "requests": reqs,
                    **{k: rec.get(k) for k in (*KEYS, *EXTRA)},
                    **{f"sim_{k}": rec.get(f"sim_{k}") for k in ("output_throughput_tok_s", *EXTRA)}}  # fmt: skip
