@@ -56,6 +56,9 @@ def test_device_interval_prefers_the_measured_pass():
     assert device_interval(rec(0, 1.0, 2.0, gpu=(1.2, 1.7))) == (1.2, 1.7)
     live = {**rec(0, 1.0, 2.0), "gpu_ms": 400.0}  # the pass ended by the time the host saw it
     assert device_interval(live) == pytest.approx((1.6, 2.0))
+    # a pass that began while the host still enqueued it (launch = when the enqueue returned): from `submitted`
+    slow_enqueue = {**rec(0, 1.8, 2.0), "submitted": 1.0, "gpu_ms": 900.0}
+    assert device_interval(slow_enqueue) == pytest.approx((1.1, 2.0))
     assert device_interval(rec(0, 1.0, 2.0)) == (1.0, 2.0)  # CPU: no device time taken
 
 

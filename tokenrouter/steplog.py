@@ -65,12 +65,16 @@ def load_step_logs(d: str | Path) -> dict[int, list[dict[str, Any]]]:
 
 def device_interval(r: dict[str, Any]) -> tuple[float, float]:
     """When the step's pass ran on the device: the simulator's own interval; live, the `gpu_ms` that ended by
-    `done` (the loop sees a pass end after it ends), or the host's [launch, done] when no GPU time was taken."""
+    `done` (the loop sees a pass end after it ends), never before `submitted` (the pass may start while the host
+    still enqueues it: `launch` is when the enqueue returned); the host's [launch, done] when no GPU time was
+    taken (CPU)."""
     if "gpu_start" in r:
         return float(r["gpu_start"]), float(r["gpu_end"])
     done = float(r["done"])
     if r.get("gpu_ms"):
-        return max(float(r["launch"]), done - float(r["gpu_ms"]) / 1000.0), done
+        first = r.get("submitted")
+        first = float(r["launch"]) if first is None else float(first)
+        return max(first, done - float(r["gpu_ms"]) / 1000.0), done
     return float(r["launch"]), done
 
 
