@@ -111,7 +111,7 @@ def main() -> int:
     p.add_argument(
         "--step-logs",
         action="store_true",
-        help="each server writes its step logs to OUT/steps_<server> (tr serve --step-logs); every cell's "
+        help="each server writes its step logs to OUT/steps_<server> (tokenrouter serve --step-logs); every cell's "
         "monotonic-clock window goes in cells.json (curve/step_timeline.py reads both)",
     )
     a = p.parse_args()
