@@ -15,6 +15,9 @@ from tokenrouter.calibration.measured import PassPoint
 from tokenrouter.core.batch import Batch, BatchRow
 from tokenrouter.core.request import Request
 
+# Long-context points: the contexts 8,192-token outputs reach (the curve's long cells), which serving at 1k never tests
+LONG_CTX = 4096
+LONG_CTX_MAX_TOKENS = 128  # varlen buckets up to this many tokens (about ten returns) get a LONG_CTX point
 RETURN_ROW_TOKENS = 12  # a peer return as the 32B sees one at hop rate ~0.1: longer than a decode graph row
 
 
@@ -45,8 +48,13 @@ class Grid:
         ctxs = (256, 2048)
         decode = tuple((b, c) for b in dec for c in ctxs)
         decode_held = tuple((t, 1024) for t in (3, 12, 40) if t <= max_decode)
-        varlen = tuple((t, mix, 1024) for t in var for mix in ("returns", "prefill"))
-        varlen_held = tuple((t, "returns", 1024) for t in (20, 40, 100, 300, 700, 1300) if t <= max_tokens)
+        decode_held += ((8, 2 * LONG_CTX),) if max_decode >= 8 else ()
+        # Returns again at LONG_CTX in the buckets peer returns fill: within one knot the context then varies among
+        # rows like serving's, so the table's ctx slope is theirs (a prefill row's attention is another regime)
+        varlen = (*((t, mix, 1024) for t in var for mix in ("returns", "prefill")),
+                  *((t, "returns", LONG_CTX) for t in var if t <= LONG_CTX_MAX_TOKENS))  # fmt: skip
+        varlen_held = (*((t, "returns", 1024) for t in (20, 40, 100, 300, 700, 1300) if t <= max_tokens),
+                       *((t, "returns", 2 * LONG_CTX) for t in (40,) if t <= max_tokens))  # fmt: skip
         eager = (*((t, "decode", 1024) for t in (1, 4, 16, 64)),
                  *((t, "returns", 1024) for t in (32, 128, 512, max_tokens)))  # fmt: skip
         eager_held = ((8, "decode", 1024), (256, "returns", 1024))

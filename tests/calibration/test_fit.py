@@ -77,3 +77,39 @@ def test_rows_slope_is_fitted_where_the_grid_varies_rows():
 def test_no_points_is_an_error():
     with pytest.raises(ValueError, match="no measured points"):
         fit_passes([], round_up=True)
+
+
+def test_the_varlen_grid_identifies_the_context_slope_of_returns():
+    """The H200 grid measures peer returns at a second, long context in the buckets returns fill. On a pass whose
+    short rows pay more per context token than a prefill row does (their attention is another regime), the table
+    then recovers the returns' slopes and prices a held-out return at 8k context; without those points rows and
+    context move together in every small knot (returns at 1k a row), the row slope is lost and the 8k return is
+    mispriced: how the 8,192-token cells' long-context returns came out far too cheap."""
+    from tokenrouter.calibration.passes import PassFn
+    from tokenrouter.calibration.profiler.pass_timing import LONG_CTX, Grid, row_tokens
+
+    buckets = [16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 2048]
+    grid = Grid.default([1, 2, 4, 8], buckets)
+
+    def point(t: int, mix: str, c: int) -> PassPoint:
+        rows = row_tokens(t, mix)
+        ctx = sum(max(c, n) for n in rows)
+        short = sum(max(c, n) for n in rows if n <= 16)
+        ms = 18.0 + 0.01 * next(b for b in buckets if b >= t) + 0.15 * len(rows) + 4e-4 * short + 5e-5 * (ctx - short)
+        return PassPoint(tokens=t, rows=len(rows), context_tokens=ctx, ms=ms)
+
+    pts = [point(*v) for v in grid.varlen]
+    held = [point(*v) for v in grid.varlen_held]
+    long_held = [p for p, v in zip(held, grid.varlen_held, strict=True) if v[2] > LONG_CTX]
+    assert any(c == LONG_CTX for _, _, c in grid.varlen) and long_held
+
+    def long_error(t) -> float:
+        f = PassFn.of(t)
+        return max(abs(f(p.tokens, p.rows, p.context_tokens, 0) - p.ms) / p.ms for p in long_held)
+
+    new = fit_passes(pts, held, round_up=True, knots=buckets)
+    assert new.ctx_ms == pytest.approx(4e-4, rel=0.05) and new.row_ms == pytest.approx(0.15, rel=0.05)
+    assert long_error(new) < 0.02
+    old = fit_passes([p for p, v in zip(pts, grid.varlen, strict=True) if v[2] != LONG_CTX], held, round_up=True,
+                     knots=buckets)  # fmt: skip
+    assert old.row_ms == 0.0 and long_error(old) > 0.05
