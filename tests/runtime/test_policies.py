@@ -14,11 +14,12 @@ from tokenrouter.runtime.launcher import Server
 PROMPTS = {f"p{k}": [20 + k, 300, 301 + k, 5] for k in range(6)}
 
 
-def serve(tmp_path, cfg, prompts=PROMPTS, repeat: int = 1):
-    """Run `prompts` (each `repeat` times under distinct ids); returns ({rid: Outcome}, server)."""
+def serve(tmp_path, cfg, prompts=PROMPTS, repeat: int = 1, **server_kw):
+    """Run `prompts` (each `repeat` times under distinct ids); returns ({rid: Outcome}, server). `server_kw`
+    replaces the Server's arguments (default: run directory `tmp_path`, step logs in it)."""
     # A heartbeat far beyond the collect timeout: progress must never wait for it (a subserver that blocks in its
     # poll after its own completion made it launchable again would hang here).
-    srv = Server(cfg, run_dir=tmp_path, step_logs=True, stats_interval_s=600.0).start()
+    srv = Server(cfg, **{"run_dir": tmp_path, "step_logs": True, "stats_interval_s": 600.0, **server_kw}).start()
     client = RuntimeClient(srv.addresses)
     try:
         rids = set()
@@ -134,15 +135,7 @@ def test_step_logs_in_a_directory_of_their_own_outlive_the_server(tmp_path):
     from tokenrouter.steplog import load_step_logs
 
     logs = tmp_path / "logs"
-    srv = Server(tiny_config("eager"), step_logs=logs, stats_interval_s=600.0).start()
-    client = RuntimeClient(srv.addresses)
-    try:
-        for rid, p in PROMPTS.items():
-            client.submit(rid, p, GREEDY)
-        out = collect(client, set(PROMPTS), timeout_s=50)
-    finally:
-        client.close()
-        srv.stop()
+    out, srv = serve(tmp_path, tiny_config("eager"), run_dir=None, step_logs=logs)
     assert len(out) == len(PROMPTS) and not srv.run_dir.exists()
     back = load_step_logs(logs)
     for k in (0, 1):  # every token a model wrote was sampled by a row of one of its logged steps
