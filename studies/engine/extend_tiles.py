@@ -2,6 +2,7 @@
 """Extend attention of a varlen graph layer (and of prefills) under tile configs (issue 30).
 
     python studies/engine/extend_tiles.py --out OUT_DIR        # one H200: ~2 min
+    python studies/engine/extend_tiles.py --out OUT_DIR --cases 32b_6x10_4k --splits 1,4,16   # split counts
     TRITON_INTERPRET=1 python studies/engine/extend_tiles.py --out OUT_DIR --smoke   # CPU, checks the script
 
 A large model's varlen steps carry rows of ~10 tokens (the small model's run since the large one's last visit)
@@ -51,9 +52,13 @@ CASES = [  # (label, Hq, Hkv, busy rows, tokens a row, context)
     ("0.6b_32x2_1k", 16, 8, 32, 2, 1024),
     ("pf_32b_1x512", 64, 8, 1, 512, 512),
     ("pf_0.6b_4x256", 16, 8, 4, 256, 256),
+    # the 32B's return passes of an 8,192-token output (the curve's long cells): ~6 rows of ~10 tokens on long prefixes
+    ("32b_6x10_2k", 64, 8, 6, 10, 2048),
+    ("32b_6x10_4k", 64, 8, 6, 10, 4096),
+    ("32b_6x10_8k", 64, 8, 6, 10, 8192),
 ]
 SMOKE_CASES = [("smoke_2x5", 4, 2, 2, 5, 40), ("smoke_1x3", 4, 2, 1, 3, 70), ("smoke_pf_2x20", 4, 2, 2, 20, 20)]
-VARIANTS: list[tuple[str, KernelConfig]] = [
+VARIANTS: list[tuple[str, KernelConfig]] = [  # `--splits` adds ("s<n>", EXTEND_CONFIG) with n splits forced
     ("base", EXTEND_CONFIG),
     ("stages3", replace(EXTEND_CONFIG, num_stages=3)),
     ("warps8", replace(EXTEND_CONFIG, num_warps=8)),
@@ -97,16 +102,20 @@ def layer_inputs(hq: int, hkv: int, rows: int, tokens: int, ctx: int, page: int,
 
 
 def run_layer(x: dict[str, Any], kc: torch.Tensor, vc: torch.Tensor, out: torch.Tensor, cfg: KernelConfig,
-              pdl: bool) -> None:  # fmt: skip
-    """The two launches of one layer, as `model.attend` issues them in a varlen graph."""
+              pdl: bool, splits: int | None = None) -> None:  # fmt: skip
+    """The two launches of one layer, as `model.attend` issues them in a varlen graph; `splits`: the short group's
+    KV split count instead of the rule's (a study of long prefixes)."""
     n = LONG_ROWS
-    for a, b, mq in ((0, n, x["bucket"]), (n, x["seq"].shape[0], SHORT_Q)):
+    for a, b, mq, ns in ((0, n, x["bucket"], None), (n, x["seq"].shape[0], SHORT_Q, splits)):
         te.extend_attention_triton(x["q"], kc, vc, x["bt"][a:b], x["cu"][a : b + 1], x["seq"][a:b], x["scale"],
-                                   max_q_len=mq, out=out, config=cfg, pdl=pdl)  # fmt: skip
+                                   max_q_len=mq, out=out, config=cfg, pdl=pdl, num_splits=ns)  # fmt: skip
+
+
+Variant = tuple[str, KernelConfig, int | None]  # name, tile config, the short group's forced split count
 
 
 def time_case(label: str, hq: int, hkv: int, busy: int, tokens: int, ctx: int, dev: torch.device,
-              dt: torch.dtype) -> list[dict[str, Any]]:  # fmt: skip
+              dt: torch.dtype, variants: list[Variant]) -> list[dict[str, Any]]:  # fmt: skip
     """Every variant on one case: max relative error against the torch reference, and us per layer (GPU)."""
     cuda = dev.type == "cuda"
     if cuda:
@@ -118,17 +127,17 @@ def time_case(label: str, hq: int, hkv: int, busy: int, tokens: int, ctx: int, d
     ref = extend_attention(x["q"], kc0, vc0, x["bt"], x["cu"], x["seq"], x["scale"], backend="torch").float()
     real = x["real"]
     rows = []
-    for name, cfg in VARIANTS:
+    for name, cfg, splits in variants:
         out = torch.zeros_like(x["q"])
         rec: dict[str, Any] = {"case": label, "variant": name, "bucket": x["bucket"], "copies": copies}
         try:
-            run_layer(x, kc0, vc0, out, cfg, pdl=cuda)
+            run_layer(x, kc0, vc0, out, cfg, pdl=cuda, splits=splits)
             rec["err"] = float((out[:real].float() - ref[:real]).abs().max() / ref[:real].abs().max())
             if cuda:
 
-                def layer(cfg: KernelConfig = cfg, out: torch.Tensor = out) -> None:
+                def layer(cfg: KernelConfig = cfg, out: torch.Tensor = out, splits: int | None = splits) -> None:
                     for kc, vc in x["caches"]:
-                        run_layer(x, kc, vc, out, cfg, True)
+                        run_layer(x, kc, vc, out, cfg, True, splits)
 
                 rec["us"] = gt.capture_and_time(layer, n=20, per=copies).median_us
                 rec["kv_gbps"] = kv_bytes / rec["us"] / 1e3
@@ -141,25 +150,32 @@ def time_case(label: str, hq: int, hkv: int, busy: int, tokens: int, ctx: int, d
 
 def main(argv: list[str] | None = None) -> int:
     p = kernel_args(__doc__, 150.0)
+    p.add_argument("--cases", default="", help="comma list of case labels (default: all)")
+    p.add_argument("--variants", default="", help="comma list of tile variants (default: all; '' with --splits: base)")
+    p.add_argument("--splits", default="", help="comma list of split counts forced on the short group, as variants")
     setup = kernel_setup(p, argv)
     if setup is None:
         return 2
     args, (cuda, dev, dt) = setup
     deadline = time.perf_counter() + args.budget
+    want = [v for v in args.variants.split(",") if v] or (["base"] if args.splits else [n for n, _ in VARIANTS])
+    variants = [(n, c, None) for n, c in VARIANTS if n in want]
+    variants += [(f"s{k}", EXTEND_CONFIG, int(k)) for k in args.splits.split(",") if k]
+    cases = [c for c in (CASES if cuda else SMOKE_CASES) if not args.cases or c[0] in args.cases.split(",")]
     rows: list[dict[str, Any]] = []
-    for label, hq, hkv, busy, tokens, ctx in CASES if cuda else SMOKE_CASES:
+    for label, hq, hkv, busy, tokens, ctx in cases:
         if time.perf_counter() > deadline:
             rows.append({"case": label, "skipped": True})
             continue
-        rows += time_case(label, hq, hkv, busy, tokens, ctx, dev, dt)
+        rows += time_case(label, hq, hkv, busy, tokens, ctx, dev, dt, variants)
         if cuda:
             torch.cuda.empty_cache()
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "extend_tiles.json").write_text(json.dumps(rows, indent=1))
-    names = [v[0] for v in VARIANTS]
+    names = [v[0] for v in variants]
     print("EXTEND TILES (us per layer, both row groups; max rel err vs torch)")
     print("  " + "case".ljust(14) + "".join(n.rjust(13) for n in names))
-    for label, *_ in CASES if cuda else SMOKE_CASES:
+    for label, *_ in cases:
         got = {r["variant"]: r for r in rows if r.get("case") == label and "variant" in r}
         cells = []
         for n in names:
