@@ -345,7 +345,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             t = time.perf_counter()
             kw = {"ops_backend": "triton", "attention_backend": "triton"} if not cuda else {}
-            eng = prof.engine(model, num_pages=8 * 80 + args.width // 16 + 64 if cuda else 400,
+            # the greedy comparisons' 8 rows of up to ~1.3k tokens, or the timed steps' rows at --ctx if more
+            pages = max(8 * 80, max(batches) * -(-(args.ctx + 64) // 16)) + args.width // 16 + 64
+            eng = prof.engine(model, num_pages=pages if cuda else 400,
                               max_context_len=args.width if cuda else 256,
                               graph_buckets=tuple(sorted({1, 8, *batches})), **kw)  # fmt: skip
             prof.log(f"{model}: built in {time.perf_counter() - t:.1f}s")
