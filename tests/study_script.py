@@ -24,16 +24,17 @@ def load_study(path: str | Path) -> ModuleType:
     return mod
 
 
-def run_smoke(path: str | Path, out_dir: Path, timeout: float = 600) -> subprocess.CompletedProcess:
-    """A kernel study (`studies/engine/x.py`) with `--smoke --out out_dir` in Triton's CPU interpreter, in a child
-    process: the interpreter must be chosen before Triton is imported."""
+def run_smoke(path: str | Path, out_dir: Path, timeout: float = 600,
+              extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess:  # fmt: skip
+    """A kernel study (`studies/engine/x.py`) with `--smoke --out out_dir` (and `extra` arguments) in Triton's CPU
+    interpreter, in a child process: the interpreter must be chosen before Triton is imported."""
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    return subprocess.run([sys.executable, str(ROOT / path), "--out", str(out_dir), "--smoke"], capture_output=True,
-                          text=True, env=env, timeout=timeout)  # fmt: skip
+    return subprocess.run([sys.executable, str(ROOT / path), "--out", str(out_dir), "--smoke", *extra],
+                          capture_output=True, text=True, env=env, timeout=timeout)  # fmt: skip
 
 
-def smoke_result(path: str | Path, out_dir: Path) -> tuple[str, dict | list]:
+def smoke_result(path: str | Path, out_dir: Path, extra: tuple[str, ...] = ()) -> tuple[str, dict | list]:
     """`run_smoke`, which must exit 0: (its stdout, the JSON it wrote, `<script stem>.json` in `out_dir`)."""
-    proc = run_smoke(path, out_dir)
+    proc = run_smoke(path, out_dir, extra=extra)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout, json.loads((out_dir / f"{Path(path).stem}.json").read_text())

@@ -3,6 +3,7 @@
 
     python studies/engine/extend_tiles.py --out OUT_DIR        # one H200: ~2 min
     python studies/engine/extend_tiles.py --out OUT_DIR --cases 32b_6x10_4k --splits 1,4,16   # split counts
+    python studies/engine/extend_tiles.py --out OUT_DIR --dyn 1024,2048:4   # dynamic splits (`split_keys`)
     TRITON_INTERPRET=1 python studies/engine/extend_tiles.py --out OUT_DIR --smoke   # CPU, checks the script
 
 A large model's varlen steps carry rows of ~10 tokens (the small model's run since the large one's last visit)
@@ -34,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from kernel_device import exit_status, kernel_args, kernel_setup
 
-from tokenrouter.engine.attention import extend_attention
+from tokenrouter.engine.attention import extend_attention, split_counters
 from tokenrouter.engine.attention import triton_extend as te
 from tokenrouter.engine.attention.triton_common import EXTEND_CONFIG, KernelConfig
 from tokenrouter.engine.varlen_shapes import default_buckets
@@ -56,8 +57,15 @@ CASES = [  # (label, Hq, Hkv, busy rows, tokens a row, context)
     ("32b_6x10_2k", 64, 8, 6, 10, 2048),
     ("32b_6x10_4k", 64, 8, 6, 10, 4096),
     ("32b_6x10_8k", 64, 8, 6, 10, 8192),
+    ("32b_2x10_8k", 64, 8, 2, 10, 8192),
+    ("32b_24x10_4k", 64, 8, 24, 10, 4096),
 ]
-SMOKE_CASES = [("smoke_2x5", 4, 2, 2, 5, 40), ("smoke_1x3", 4, 2, 1, 3, 70), ("smoke_pf_2x20", 4, 2, 2, 20, 20)]
+SMOKE_CASES = [
+    ("smoke_2x5", 4, 2, 2, 5, 40),
+    ("smoke_1x3", 4, 2, 1, 3, 70),
+    ("smoke_pf_2x20", 4, 2, 2, 20, 20),
+    ("smoke_g8_2x5", 8, 1, 2, 5, 90),
+]  # group 8: short query blocks, so the dynamic splits apply
 VARIANTS: list[tuple[str, KernelConfig]] = [  # `--splits` adds ("s<n>", EXTEND_CONFIG) with n splits forced
     ("base", EXTEND_CONFIG),
     ("stages3", replace(EXTEND_CONFIG, num_stages=3)),
@@ -98,20 +106,23 @@ def layer_inputs(hq: int, hkv: int, rows: int, tokens: int, ctx: int, page: int,
     cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
     q = torch.randn(bucket, hq, d, generator=gen).to(dev, dt)
     return {"q": q, "caches": caches, "bt": bt.to(dev), "seq": seq.to(dev), "cu": cu.to(dev), "bucket": bucket,
-            "real": rows * tokens, "scale": d**-0.5}  # fmt: skip
+            "real": rows * tokens, "scale": d**-0.5, "counters": split_counters(n_rows * 4, hkv, dev)}  # fmt: skip
 
 
 def run_layer(x: dict[str, Any], kc: torch.Tensor, vc: torch.Tensor, out: torch.Tensor, cfg: KernelConfig,
-              pdl: bool, splits: int | None = None) -> None:  # fmt: skip
+              pdl: bool, splits: int | None = None, keys: int = 0) -> None:  # fmt: skip
     """The two launches of one layer, as `model.attend` issues them in a varlen graph; `splits`: the short group's
-    KV split count instead of the rule's (a study of long prefixes)."""
+    KV split count instead of the rule's (a study of long prefixes); `keys` > 0: the short group's dynamic splits
+    (`split_keys`, merged in the kernel with the layer's counters), `splits` then capping the grid."""
     n = LONG_ROWS
-    for a, b, mq, ns in ((0, n, x["bucket"], None), (n, x["seq"].shape[0], SHORT_Q, splits)):
+    for a, b, mq, ns, k in ((0, n, x["bucket"], None, 0), (n, x["seq"].shape[0], SHORT_Q, splits, keys)):
         te.extend_attention_triton(x["q"], kc, vc, x["bt"][a:b], x["cu"][a : b + 1], x["seq"][a:b], x["scale"],
-                                   max_q_len=mq, out=out, config=cfg, pdl=pdl, num_splits=ns)  # fmt: skip
+                                   max_q_len=mq, out=out, config=cfg, pdl=pdl, num_splits=ns,
+                                   counters=x["counters"] if k else None, split_keys=k)  # fmt: skip
 
 
-Variant = tuple[str, KernelConfig, int | None]  # name, tile config, the short group's forced split count
+# name, tile config, the short group's forced split count (or dynamic-split cap), its dynamic split keys (0: off)
+Variant = tuple[str, KernelConfig, int | None, int]
 
 
 def time_case(label: str, hq: int, hkv: int, busy: int, tokens: int, ctx: int, dev: torch.device,
@@ -127,17 +138,18 @@ def time_case(label: str, hq: int, hkv: int, busy: int, tokens: int, ctx: int, d
     ref = extend_attention(x["q"], kc0, vc0, x["bt"], x["cu"], x["seq"], x["scale"], backend="torch").float()
     real = x["real"]
     rows = []
-    for name, cfg, splits in variants:
+    for name, cfg, splits, keys in variants:
         out = torch.zeros_like(x["q"])
         rec: dict[str, Any] = {"case": label, "variant": name, "bucket": x["bucket"], "copies": copies}
         try:
-            run_layer(x, kc0, vc0, out, cfg, pdl=cuda, splits=splits)
+            run_layer(x, kc0, vc0, out, cfg, pdl=cuda, splits=splits, keys=keys)
             rec["err"] = float((out[:real].float() - ref[:real]).abs().max() / ref[:real].abs().max())
             if cuda:
 
-                def layer(cfg: KernelConfig = cfg, out: torch.Tensor = out, splits: int | None = splits) -> None:
+                def layer(cfg: KernelConfig = cfg, out: torch.Tensor = out, splits: int | None = splits,
+                          keys: int = keys) -> None:  # fmt: skip
                     for kc, vc in x["caches"]:
-                        run_layer(x, kc, vc, out, cfg, True, splits)
+                        run_layer(x, kc, vc, out, cfg, True, splits, keys)
 
                 rec["us"] = gt.capture_and_time(layer, n=20, per=copies).median_us
                 rec["kv_gbps"] = kv_bytes / rec["us"] / 1e3
@@ -153,14 +165,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cases", default="", help="comma list of case labels (default: all)")
     p.add_argument("--variants", default="", help="comma list of tile variants (default: all; '' with --splits: base)")
     p.add_argument("--splits", default="", help="comma list of split counts forced on the short group, as variants")
+    p.add_argument(
+        "--dyn",
+        default="",
+        help="comma list of KEYS or KEYS:CAP: the short group's dynamic splits (one per KEYS keys a row "
+        "sees, the grid capped at CAP splits; default cap: the engine's), as variants d<KEYS>[x<CAP>]",
+    )
     setup = kernel_setup(p, argv)
     if setup is None:
         return 2
     args, (cuda, dev, dt) = setup
     deadline = time.perf_counter() + args.budget
-    want = [v for v in args.variants.split(",") if v] or (["base"] if args.splits else [n for n, _ in VARIANTS])
-    variants = [(n, c, None) for n, c in VARIANTS if n in want]
-    variants += [(f"s{k}", EXTEND_CONFIG, int(k)) for k in args.splits.split(",") if k]
+    want = [v for v in args.variants.split(",") if v] or (
+        ["base"] if args.splits or args.dyn else [n for n, _ in VARIANTS]
+    )
+    variants: list[Variant] = [(n, c, None, 0) for n, c in VARIANTS if n in want]
+    variants += [(f"s{k}", EXTEND_CONFIG, int(k), 0) for k in args.splits.split(",") if k]
+    for d in (d for d in args.dyn.split(",") if d):
+        keys, _, cap = d.partition(":")
+        variants.append((f"d{keys}" + (f"x{cap}" if cap else ""), EXTEND_CONFIG, int(cap) if cap else None, int(keys)))
     cases = [c for c in (CASES if cuda else SMOKE_CASES) if not args.cases or c[0] in args.cases.split(",")]
     rows: list[dict[str, Any]] = []
     for label, hq, hkv, busy, tokens, ctx in cases:

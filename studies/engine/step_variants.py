@@ -205,24 +205,24 @@ def rows_wide_gemv(prof: sp.Profiler, eng, args: argparse.Namespace, out: list[d
         eng.model.gemv.varlen_max_rows = 0
 
 
-def rows_fused_extend(prof: sp.Profiler, eng, args: argparse.Namespace, out: list[dict[str, Any]], ctx: int) -> None:
-    """The rows study's varlen path with the extend splits merged in the attention kernel (`extend_fused_reduce`)
-    against the reduce kernel, A/B/A/B (a recapture each): `fused_ext_ms` / `reduce_ext_ms` lists per case."""
+def rows_extend_ab(prof: sp.Profiler, eng, args: argparse.Namespace, out: list[dict[str, Any]], ctx: int,
+                   field: str, values: tuple[Any, Any], keys: tuple[str, str]) -> None:  # fmt: skip
+    """The rows study's varlen path with `EngineConfig.<field>` at values[0] and values[1], A/B/A/B (a recapture
+    each): lists of ms per case under `keys[0]` / `keys[1]`; the field goes back to values[0] at the end."""
     eng.config.graph_max_row_tokens = 8
     eng._rules.clear()
     recs = {(r["rows"], r["tokens"]): r for r in out}
     try:
-        for fused in (False, True, False, True):
-            eng.config.extend_fused_reduce = fused
+        for i in (0, 1, 0, 1):
+            setattr(eng.config, field, values[i])
             eng.recapture()
-            key = "fused_ext_ms" if fused else "reduce_ext_ms"
-            with contextlib.closing(row_cases(prof, eng, args, list(recs), ctx, f" {key}")) as cases:
+            with contextlib.closing(row_cases(prof, eng, args, list(recs), ctx, f" {keys[i]}")) as cases:
                 for b, t, bat in cases:
                     ms = time_steps(prof, eng, bat)
-                    recs[b, t].setdefault(key, []).append(ms)
-                    prof.log(f"rows {b}x{t} {key}: {ms:.3f} ms")
+                    recs[b, t].setdefault(keys[i], []).append(ms)
+                    prof.log(f"rows {b}x{t} {keys[i]}: {ms:.3f} ms")
     finally:
-        eng.config.extend_fused_reduce = False
+        setattr(eng.config, field, values[0])
 
 
 def rows_study(prof: sp.Profiler, args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -231,15 +231,16 @@ def rows_study(prof: sp.Profiler, args: argparse.Namespace) -> list[dict[str, An
     default limit 8 sends them there: a varlen graph, or eager where padding would cost more). One engine, the
     rule switched between the two; ms per step (result waited each step) and the logits of the two paths."""
     cuda = prof.cuda
-    model, ctx = (args.rows_model, 1024) if cuda else ("tiny-small", 40)
+    model, ctx = (args.rows_model, args.rows_ctx) if cuda else ("tiny-small", 40)
     kw = {} if cuda else {"ops_backend": "triton", "attention_backend": "triton"}
+    cases_wanted = parse_row_cases(args.rows_cases) if args.rows_cases else ROW_CASES
+    pages = max(b for b, _ in cases_wanted) * -(-ctx // 16) + sp.WIDTH // 16 + 64 if cuda else 400
     # varlen graphs on (the profiler's engines leave them off) up to 256 tokens, cuBLAS there (`--rows-gemv` compares)
-    eng = prof.engine(model, num_pages=16 * 80 + sp.WIDTH // 16 + 64 if cuda else 400, graph_max_row_tokens=16,
+    eng = prof.engine(model, num_pages=max(pages, 16 * 80 + sp.WIDTH // 16 + 64), graph_max_row_tokens=16,
                       max_context_len=sp.WIDTH if cuda else 256, max_num_batched_tokens=256,
                       varlen_graphs=args.rows_varlen, gemv_varlen_max_rows=0, **kw)  # fmt: skip
     out: list[dict[str, Any]] = []
     try:
-        cases_wanted = parse_row_cases(args.rows_cases) if args.rows_cases else ROW_CASES
         with contextlib.closing(row_cases(prof, eng, args, cases_wanted if cuda else [(2, 10)], ctx, "")) as cases:
             for b, t, bat in cases:
                 rec: dict[str, Any] = {"model": model, "rows": b, "tokens": t}
@@ -262,7 +263,11 @@ def rows_study(prof: sp.Profiler, args: argparse.Namespace) -> list[dict[str, An
         if args.rows_gemv and eng.model.gemv is not None:
             rows_wide_gemv(prof, eng, args, out, model, ctx)
         if args.rows_fused_extend:
-            rows_fused_extend(prof, eng, args, out, ctx)
+            rows_extend_ab(prof, eng, args, out, ctx, "extend_fused_reduce", (False, True),
+                           ("reduce_ext_ms", "fused_ext_ms"))  # fmt: skip
+        if args.rows_split_keys:
+            rows_extend_ab(prof, eng, args, out, ctx, "extend_split_keys", (0, args.rows_split_keys),
+                           ("shape_splits_ms", "dyn_splits_ms"))  # fmt: skip
     finally:
         eng.config.graph_max_row_tokens = 16
         eng.close()
@@ -285,6 +290,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="rows study: then varlen passes of up to N tokens via the skinny GEMM (0: not)")  # fmt: skip
     p.add_argument("--rows-fused-extend", action="store_true",
                    help="rows study: then the varlen passes with extend_fused_reduce off/on, A/B/A/B")  # fmt: skip
+    p.add_argument(
+        "--rows-split-keys",
+        type=int,
+        default=0,
+        help="rows study: then the varlen passes with extend_split_keys 0 / this, A/B/A/B (0: not)",
+    )
+    p.add_argument("--rows-ctx", type=int, default=1024, help="rows study: context tokens of every row (GPU)")
     p.add_argument("--rows-model", default="qwen3-32b", help="rows study: the model (GPU)")
     p.add_argument("--rows-cases", default="",
                    help="rows study: ROWSxTOKENS cases on the GPU, e.g. 1x10,2x10 (default: ROW_CASES)")  # fmt: skip
@@ -314,10 +326,13 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"  {r['rows']:2d} x {r['tokens']:2d} {what} kernels: span {cl['span_us'] / 1e3:.2f} ms, "
                           + " ".join(f"{c} {v['count']}:{v['us'] / 1e3:.2f}" for c, v in cl.items()
                                      if isinstance(v, dict)))  # fmt: skip
-            if "fused_ext_ms" in r:
-                print(f"  {r['rows']:2d} x {r['tokens']:2d} extend merge: reduce kernel "
-                      + " / ".join(f"{x:.3f}" for x in r["reduce_ext_ms"]) + " ms, in-kernel "
-                      + " / ".join(f"{x:.3f}" for x in r["fused_ext_ms"]) + " ms")  # fmt: skip
+            for a, b, what in (
+                ("reduce_ext_ms", "fused_ext_ms", "extend merge: reduce kernel / in-kernel"),
+                ("shape_splits_ms", "dyn_splits_ms", "short-group splits: shape rule / dynamic"),
+            ):
+                if b in r:
+                    print(f"  {r['rows']:2d} x {r['tokens']:2d} {what}: " + " / ".join(f"{x:.3f}" for x in r[a])
+                          + " ms vs " + " / ".join(f"{x:.3f}" for x in r[b]) + " ms")  # fmt: skip
             if "limit8_gemv_ms" in r:
                 print(f"  {r['rows']:2d} x {r['tokens']:2d} varlen: cuBLAS {r['limit8_ms']:.3f} ms, "
                       f"skinny GEMM {r['limit8_gemv_ms']:.3f} ms")  # fmt: skip

@@ -281,3 +281,65 @@ def test_triton_extend_row_groups_share_one_output(tri, small, long_splits, shor
         assert rel_err(out[:real], oracle(q, case, long_q + short_q, 0.25)[:real]) < 1e-4
         assert out[real:].eq(7.0).all()
         assert counters.eq(0).all()
+
+
+class _SpyKernel:
+    """Wraps the forward kernel: records each launch's grid and constexprs, then runs it."""
+
+    def __init__(self, real) -> None:
+        self.real, self.launches = real, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.launches.append((grid, kwargs))
+            return self.real[grid](*args, **kwargs)
+
+        return launch
+
+
+def test_triton_extend_dynamic_splits(tri, monkeypatch) -> None:
+    """`split_keys`: one grid sized for the block table's width, each query block using one split per `split_keys`
+    keys it sees (capped by the grid): rows of 1, 2, 3 and (capped) 4 splits beside a padding row, all against the
+    float64 oracle, the merge in the kernel (no reduce launch), counters back to zero for a second launch, the
+    bucket's padding tokens untouched. A block left with one split writes out directly: bit-identical to a
+    one-split launch."""
+    q_lens, lens = [2, 3, 0, 1, 2], [15, 40, 1, 70, 200]  # 16-key splits: 1, 3, -, 5 -> capped 4, 13 -> 4
+    case = make_case(lens, 2, 16, 4, seed=41)
+    cfg = tri.common.KernelConfig(**SMALL)
+    counters = split_counters(len(lens) * 8, 2, "cpu")
+    monkeypatch.setattr(tri.common, "split_reduce_kernel", _NoReduce())
+    spy = _SpyKernel(tri.common.paged_attention_fwd_kernel)
+    monkeypatch.setattr(tri.common, "paged_attention_fwd_kernel", spy)
+    monkeypatch.setattr(tri.common, "EXTEND_MAX_DYN_SPLITS", 4)
+    monkeypatch.setattr(tri.extend, "EXTEND_MAX_DYN_SPLITS", 4)
+    gen = torch.Generator().manual_seed(42)
+    real = sum(q_lens)
+    for _ in range(2):
+        q = torch.randn(real + 3, 4, 16, generator=gen)  # 3 padding tokens past the rows
+        args = (q, case.k_cache, case.v_cache, case.block_tables, cu_seqlens(q_lens), case.seq_lens, 0.25)
+        out = torch.full_like(q, 7.0)
+        tri.extend.extend_attention_triton(*args, max_q_len=4, out=out, config=cfg, counters=counters, split_keys=16)
+        grid, kw = spy.launches[-1]
+        assert kw["DYN_SPLITS"] and kw["FUSED_REDUCE"] and grid[2] == 4  # width 200 keys / 16 -> 13, capped at 4
+        assert rel_err(out[:real], oracle(q, case, q_lens, 0.25)[:real]) < 1e-4
+        assert out[real:].eq(7.0).all() and counters.eq(0).all()
+        single = tri.extend.extend_attention_triton(*args, max_q_len=4, out=torch.full_like(q, 7.0), num_splits=1,
+                                                    config=cfg)  # fmt: skip
+        assert torch.equal(out[:2], single[:2])  # the 15-key row: one split, written directly
+
+
+def test_triton_extend_dynamic_splits_need_the_fused_merge(tri, monkeypatch) -> None:
+    """Without counters (or with query blocks too long to merge in the kernel) `split_keys` is ignored: the shape
+    rule's split count, the reduce kernel, the same result."""
+    q_lens, lens = [2, 1], [40, 90]
+    case = make_case(lens, 2, 16, 4, seed=43)
+    q = torch.randn(3, 4, 16, generator=torch.Generator().manual_seed(44))
+    args = (q, case.k_cache, case.v_cache, case.block_tables, cu_seqlens(q_lens), case.seq_lens, 0.25)
+    spy = _SpyKernel(tri.common.paged_attention_fwd_kernel)
+    monkeypatch.setattr(tri.common, "paged_attention_fwd_kernel", spy)
+    out = tri.extend.extend_attention_triton(*args, out=nan_like(q), config=tri.common.KernelConfig(**SMALL),
+                                             split_keys=16)  # fmt: skip
+    assert not spy.launches[-1][1]["DYN_SPLITS"]
+    assert rel_err(out, oracle(q, case, q_lens, 0.25)) < 1e-4
+    with pytest.raises(ValueError, match="split_keys"):
+        tri.extend.extend_attention_triton(*args, out=nan_like(q), split_keys=-1)

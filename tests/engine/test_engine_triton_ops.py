@@ -252,7 +252,8 @@ def _check_varlen_graph_prefill_beside_decode_rows(tops):
 
 def _check_varlen_extend_fused_merge(tops):
     """`extend_fused_reduce` on a GQA-8 model (8-token query blocks, as the 32B's): the same varlen step as above
-    merges every split in the attention kernels (no reduce launch at all) and matches the torch path's eager pass."""
+    merges every split in the attention kernels (no reduce launch at all) and matches the torch path's eager pass;
+    `extend_split_keys` likewise for the short-row group, whose splits then follow each row's context."""
     import tempfile
     from pathlib import Path
 
@@ -269,21 +270,39 @@ def _check_varlen_extend_fused_merge(tops):
             launches.append(grid)
             return real[grid]
 
+    fwd_kwargs: list[dict] = []
+    real_fwd = triton_common.paged_attention_fwd_kernel
+
+    class Recording:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                fwd_kwargs.append(kw)
+                return real_fwd[grid](*args, **kw)
+
+            return launch
+
     with tempfile.TemporaryDirectory() as tmp:
         make_hf_checkpoint(Path(tmp), seed=32, max_position_embeddings=1024, num_attention_heads=8,
                            num_key_value_heads=1)  # fmt: skip
         _, ref = decode_rows_beside_prefill(tiny_engine(tmp, **kw), [3, 5, 2], 38)
-        for fused in (False, True):
+        # (fused merge, dynamic split keys): keys 16 splits the short rows' ~40-token contexts on the device
+        for fused, keys in ((False, 0), (True, 0), (False, 16)):
             eng = tiny_engine(tmp, attention_backend="triton", ops_backend="triton", graph_emulation=True,
-                              extend_fused_reduce=fused, **kw)  # fmt: skip
+                              extend_fused_reduce=fused, extend_split_keys=keys, **kw)  # fmt: skip
             launches.clear()
+            fwd_kwargs.clear()
             triton_common.split_reduce_kernel = Counting()
+            triton_common.paged_attention_fwd_kernel = Recording()
             try:
                 h, res = decode_rows_beside_prefill(eng, [3, 5, 2], 38)
             finally:
                 triton_common.split_reduce_kernel = real
+                triton_common.paged_attention_fwd_kernel = real_fwd
             assert h.varlen_bucket == 48
-            assert (len(launches) == 0) == fused, (fused, len(launches))  # without: both row groups' reduces
+            # without: both row groups' reduces; dynamic short-group splits: only the long group's
+            # without either: both row groups' reduces; with keys the counters make every split merge in-kernel
+            assert (len(launches) == 0) == (fused or keys > 0), (fused, keys, len(launches))
+            assert any(kw["DYN_SPLITS"] for kw in fwd_kwargs) == (keys > 0)
             assert res.next_token_ids.tolist() == ref.next_token_ids.tolist()
             _close(res.logits, ref.logits, 1e-4)
             assert eng.split_counters.eq(0).all()

@@ -39,3 +39,15 @@ def test_without_a_gpu_the_script_asks_for_the_interpreter(tmp_path: Path) -> No
     proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path)], capture_output=True, text=True,
                           env=env, timeout=300)  # fmt: skip
     assert proc.returncode == 2 and "TRITON_INTERPRET=1" in proc.stderr
+
+
+def test_forced_and_dynamic_split_variants_match_the_reference(tmp_path: Path) -> None:
+    """`--splits` and `--dyn` add variants (forced split counts; dynamic splits with and without a grid cap) that
+    must match the reference too, the group-8 case's dynamic ones merged in the kernel."""
+    stdout, rows = smoke_result("studies/engine/extend_tiles.py", tmp_path, ("--splits", "3", "--dyn", "16,16:2"))
+    study = load_study("studies/engine/extend_tiles.py")
+    for case, *_ in study.SMOKE_CASES:
+        got = [r for r in rows if r["case"] == case]
+        assert [r["variant"] for r in got] == ["base", "s3", "d16", "d16x2"]
+        assert all("error" not in r for r in got) and max(r["err"] for r in got) < 1e-4
+    assert "d16x2" in stdout

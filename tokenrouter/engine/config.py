@@ -52,6 +52,9 @@ class EngineConfig:
     decode_fused_reduce: bool = True  # split-KV decode merges its splits in the attention kernel
     # Extend launches of short query blocks merge their splits in the kernel too (off until a GPU measures it faster).
     extend_fused_reduce: bool = False
+    # Varlen graphs' short-row group splits each row's keys on the device, one split per this many keys (0: the
+    # shape rule). Merges in the kernel (with the split counters) whatever `extend_fused_reduce` says.
+    extend_split_keys: int = 0
     triton_pdl: bool = True  # programmatic dependent launch (sm_90+); capture retries without it on failure
     fuse_step_ops: bool = True  # embedding lookup and final add + gather + norm inside norm kernels
     triton_gemv: bool = True  # skinny GEMM for graph steps of up to `gemv_max_rows` tokens (needs the Triton ops)
@@ -111,6 +114,8 @@ class EngineConfig:
             raise ValueError(f"gemv_max_rows must be in 1..16, got {self.gemv_max_rows}")
         if not 0 <= self.gemv_late_norm_max_rows <= 16:
             raise ValueError(f"gemv_late_norm_max_rows must be in 0..16, got {self.gemv_late_norm_max_rows}")
+        if self.extend_split_keys < 0:
+            raise ValueError(f"extend_split_keys must be >= 0 (0: off), got {self.extend_split_keys}")
         if not 0 <= self.gemv_varlen_max_rows <= 256:
             raise ValueError(f"gemv_varlen_max_rows must be in 0..256, got {self.gemv_varlen_max_rows}")
         if self.varlen_graph_buckets is not None and any(int(b) < 1 for b in self.varlen_graph_buckets):

@@ -80,7 +80,9 @@ class StepForward:
                                  cu_seqlens_q=v["cu_seqlens_q"] if layout.varlen else None, max_q_len=max_q_len,
                                  num_splits=c.decode_num_splits, backend=c.attention_backend,
                                  split_counters=e.split_counters if c.decode_fused_reduce else None,
-                                 extend_counters=e.split_counters if c.extend_fused_reduce else None,
+                                 extend_counters=(e.split_counters if c.extend_fused_reduce or c.extend_split_keys
+                                                  else None),
+                                 short_split_keys=c.extend_split_keys,
                                  pdl=e.pdl, row_slots=v["row_slots"],
                                  long_rows=groups[0] if groups else None,
                                  short_q_len=groups[1] if groups else 1)  # fmt: skip

@@ -27,6 +27,7 @@ class AttentionMetadata:
     # `short_q_len`. None: one launch.
     long_rows: int | None = None
     short_q_len: int = 1
+    short_split_keys: int = 0  # the short group's dynamic splits (`EngineConfig.extend_split_keys`; 0: shape rule)
 
     @property
     def is_decode(self) -> bool:

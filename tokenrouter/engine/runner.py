@@ -163,7 +163,7 @@ class Engine(ModelRunner):
             # tokens, destinations, then LOGPROB_WORDS per logit row for the rows that ask for log-probabilities
             self.out_ids = torch.zeros((2 + LOGPROB_WORDS) * self.out_width, dtype=torch.int32, device=self.device)
             rows = max(c.max_batch_size, top, c.max_num_batched_tokens, 1)
-            fused = c.decode_fused_reduce or c.extend_fused_reduce
+            fused = c.decode_fused_reduce or c.extend_fused_reduce or c.extend_split_keys > 0
             self.split_counters = (split_counters(rows, self.spec.num_kv_heads // self.tp.size, self.device)
                                     if fused and self.triton_attn else None)  # fmt: skip
         self.slot_token_step = [-1] * slots  # from_prev ledger (a list: cheap scalar access)

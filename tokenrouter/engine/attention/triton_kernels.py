@@ -103,23 +103,26 @@ def _merge_group_splits(
 
 # Runtime ints are not specialized (== 1, % 16): their values change with the batch, and each specialization
 # would be another JIT compile in the middle of serving.
-@triton.jit(do_not_specialize=["num_splits", "num_q_blocks"])
+@triton.jit(do_not_specialize=["num_splits", "num_q_blocks", "split_keys"])
 def paged_attention_fwd_kernel(
     Q, K, V, BlockTables, SeqLens, CuSeqlensQ, Out, MidO, MidLse, Counters, RowSlots,
-    scale_log2, num_splits, num_q_blocks,
+    scale_log2, num_splits, num_q_blocks, split_keys,
     stride_qt, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_bt,
     stride_ot, stride_oh, stride_mt, stride_mh, stride_ms, stride_lt, stride_lh,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE_SIZE: tl.constexpr,
     IS_DECODE: tl.constexpr, SINGLE_SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr,
     FUSED_REDUCE: tl.constexpr, GROUP_P2: tl.constexpr, MERGE_CHUNK: tl.constexpr, USE_PDL: tl.constexpr,
-    HAS_SLOTS: tl.constexpr,
+    HAS_SLOTS: tl.constexpr, DYN_SPLITS: tl.constexpr,
 ):  # fmt: skip
     """Grid (rows, Hkv * num_q_blocks, num_splits). Q/Out are `[T, Hq, D]`, MidO `[T, Hq, S, D]` fp32,
     MidLse `[T, Hq, S]` fp32; head_dim strides are 1. Decode passes IS_DECODE (token index = row).
     FUSED_REDUCE (with splits): the last split of each (row, KV head, query block) to arrive merges the block's
     tokens; Counters is int32 `[rows * Hkv * num_q_blocks]`, all zero on entry and exit.
-    HAS_SLOTS: row r reads the page-table row `RowSlots[r]` of BlockTables."""
+    HAS_SLOTS: row r reads the page-table row `RowSlots[r]` of BlockTables.
+    DYN_SPLITS (with FUSED_REDUCE): a query block seeing kv_end keys uses only min(num_splits, cdiv(kv_end,
+    split_keys)) >= 1 splits; the grid's other splits return at once, and a block left with one split writes Out
+    directly (no partials, no counter). Graphs size the grid for the longest row; short rows then cost nothing."""
     if USE_PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -154,7 +157,13 @@ def paged_attention_fwd_kernel(
 
     # Keys this query block can see end at its last query's position; slice that range into splits.
     kv_end = seq_len - q_len + tl.minimum(q_len, q_begin + BLOCK_Q)
-    split_len = tl.cdiv(tl.cdiv(kv_end, num_splits), BLOCK_N) * BLOCK_N
+    if DYN_SPLITS:
+        n_act = tl.minimum(tl.maximum(tl.cdiv(kv_end, split_keys), 1), num_splits)
+        if split >= n_act:
+            return
+    else:
+        n_act = num_splits
+    split_len = tl.cdiv(tl.cdiv(kv_end, n_act), BLOCK_N) * BLOCK_N
     lo = split * split_len
     hi = tl.minimum(lo + split_len, kv_end)
     # Whole tiles below the block's first query position need no causal mask. Clamped to >= lo so the
@@ -186,7 +195,12 @@ def paged_attention_fwd_kernel(
     # l_i == 0 means no visible key in this slice (or seq_len == 0): output 0, lse -inf (a neutral partial).
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     o = acc / l_safe[:, None]
-    if SINGLE_SPLIT:
+    # A constexpr branch, then a runtime one (Triton compiles only the taken constexpr side): DYN_SPLITS blocks
+    # left with one split write Out too; otherwise n_act == num_splits > 1 there.
+    if SINGLE_SPLIT:  # noqa: SIM114
+        out_ptrs = Out + tok[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
+        tl.store(out_ptrs, o.to(Out.dtype.element_ty), mask=io_mask)
+    elif n_act == 1:
         out_ptrs = Out + tok[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
         tl.store(out_ptrs, o.to(Out.dtype.element_ty), mask=io_mask)
     else:
@@ -200,10 +214,10 @@ def paged_attention_fwd_kernel(
             tl.debug_barrier()
             counter = Counters + row * tl.num_programs(1) + pid1
             arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-            if arrived == num_splits - 1:
+            if arrived == n_act - 1:
                 tl.debug_barrier()
                 tl.store(counter, 0)
-                n_active = tl.minimum(tl.where(split_len > 0, tl.cdiv(kv_end, tl.maximum(split_len, 1)), 0), num_splits)
+                n_active = tl.minimum(tl.where(split_len > 0, tl.cdiv(kv_end, tl.maximum(split_len, 1)), 0), n_act)
                 if IS_DECODE:
                     _merge_group_splits(
                         MidO, MidLse, Out, tok0, kvh, n_active,
