@@ -290,12 +290,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="rows study: then varlen passes of up to N tokens via the skinny GEMM (0: not)")  # fmt: skip
     p.add_argument("--rows-fused-extend", action="store_true",
                    help="rows study: then the varlen passes with extend_fused_reduce off/on, A/B/A/B")  # fmt: skip
-    p.add_argument(
-        "--rows-split-keys",
-        type=int,
-        default=0,
-        help="rows study: then the varlen passes with extend_split_keys 0 / this, A/B/A/B (0: not)",
-    )
+    p.add_argument("--rows-split-keys", type=int, default=0,
+                   help="rows study: the varlen passes with extend_split_keys 0 / N, A/B/A/B (0: off)")  # fmt: skip
     p.add_argument("--rows-ctx", type=int, default=1024, help="rows study: context tokens of every row (GPU)")
     p.add_argument("--rows-model", default="qwen3-32b", help="rows study: the model (GPU)")
     p.add_argument("--rows-cases", default="",
