@@ -3,7 +3,7 @@
 
     python studies/engine/extend_tiles.py --out OUT_DIR        # one H200: ~2 min
     python studies/engine/extend_tiles.py --out OUT_DIR --cases 32b_6x10_4k --splits 1,4,16   # split counts
-    python studies/engine/extend_tiles.py --out OUT_DIR --dyn 1024,2048:4   # dynamic splits (`split_keys`)
+    python studies/engine/extend_tiles.py --out OUT_DIR --dyn 1024,2048:4,1024@m128_w8   # dynamic splits (`split_keys`)
     TRITON_INTERPRET=1 python studies/engine/extend_tiles.py --out OUT_DIR --smoke   # CPU, checks the script
 
 A large model's varlen steps carry rows of ~10 tokens (the small model's run since the large one's last visit)
@@ -168,8 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--dyn",
         default="",
-        help="comma list of KEYS or KEYS:CAP: the short group's dynamic splits (one per KEYS keys a row "
-        "sees, the grid capped at CAP splits; default cap: the engine's), as variants d<KEYS>[x<CAP>]",
+        help="comma list of KEYS[:CAP][@TILE]: the short group's dynamic splits (one per KEYS keys a row "
+        "sees, the grid capped at CAP splits; default cap: the engine's) in the tile variant TILE (default base; "
+        "m128_w8: a row of up to 16 tokens in one query block at GQA 8), as variants d<KEYS>[x<CAP>][@TILE]",
     )
     setup = kernel_setup(p, argv)
     if setup is None:
@@ -181,9 +182,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     variants: list[Variant] = [(n, c, None, 0) for n, c in VARIANTS if n in want]
     variants += [(f"s{k}", EXTEND_CONFIG, int(k), 0) for k in args.splits.split(",") if k]
+    tiles = dict(VARIANTS)
     for d in (d for d in args.dyn.split(",") if d):
-        keys, _, cap = d.partition(":")
-        variants.append((f"d{keys}" + (f"x{cap}" if cap else ""), EXTEND_CONFIG, int(cap) if cap else None, int(keys)))
+        spec, _, tile = d.partition("@")
+        keys, _, cap = spec.partition(":")
+        if tile and tile not in tiles:
+            p.error(f"--dyn {d}: unknown tile variant {tile!r} (one of {', '.join(tiles)})")
+        name = f"d{keys}" + (f"x{cap}" if cap else "") + (f"@{tile}" if tile else "")
+        variants.append((name, tiles[tile] if tile else EXTEND_CONFIG, int(cap) if cap else None, int(keys)))
     cases = [c for c in (CASES if cuda else SMOKE_CASES) if not args.cases or c[0] in args.cases.split(",")]
     rows: list[dict[str, Any]] = []
     for label, hq, hkv, busy, tokens, ctx in cases:

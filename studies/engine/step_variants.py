@@ -268,6 +268,13 @@ def rows_study(prof: sp.Profiler, args: argparse.Namespace) -> list[dict[str, An
         if args.rows_split_keys:
             rows_extend_ab(prof, eng, args, out, ctx, "extend_split_keys", (0, args.rows_split_keys),
                            ("shape_splits_ms", "dyn_splits_ms"))  # fmt: skip
+        if args.rows_short_block_m:  # both sides with --rows-split-keys' dynamic splits (0: the shape rule)
+            eng.config.extend_split_keys = args.rows_split_keys
+            try:
+                rows_extend_ab(prof, eng, args, out, ctx, "extend_short_block_m", (0, args.rows_short_block_m),
+                               ("short_tile_default_ms", "short_tile_ms"))  # fmt: skip
+            finally:
+                eng.config.extend_split_keys = 0
     finally:
         eng.config.graph_max_row_tokens = 16
         eng.close()
@@ -292,6 +299,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="rows study: then the varlen passes with extend_fused_reduce off/on, A/B/A/B")  # fmt: skip
     p.add_argument("--rows-split-keys", type=int, default=0,
                    help="rows study: the varlen passes with extend_split_keys 0 / N, A/B/A/B (0: off)")  # fmt: skip
+    p.add_argument("--rows-short-block-m", type=int, default=0,
+                   help="rows study: the varlen passes with extend_short_block_m 0 / M, A/B/A/B, both with "
+                   "--rows-split-keys (0: off)")  # fmt: skip
     p.add_argument("--rows-ctx", type=int, default=1024, help="rows study: context tokens of every row (GPU)")
     p.add_argument("--rows-model", default="qwen3-32b", help="rows study: the model (GPU)")
     p.add_argument("--rows-cases", default="",
@@ -325,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
             for a, b, what in (
                 ("reduce_ext_ms", "fused_ext_ms", "extend merge: reduce kernel / in-kernel"),
                 ("shape_splits_ms", "dyn_splits_ms", "short-group splits: shape rule / dynamic"),
+                ("short_tile_default_ms", "short_tile_ms", "short-group tile: 64 rows / --rows-short-block-m"),
             ):
                 if b in r:
                     print(f"  {r['rows']:2d} x {r['tokens']:2d} {what}: " + " / ".join(f"{x:.3f}" for x in r[a])

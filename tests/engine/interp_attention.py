@@ -6,6 +6,7 @@ compilation); `TRITON_INTERPRET=1 python -m pytest tests/engine/interp_attention
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -326,6 +327,38 @@ def test_triton_extend_dynamic_splits(tri, monkeypatch) -> None:
         single = tri.extend.extend_attention_triton(*args, max_q_len=4, out=torch.full_like(q, 7.0), num_splits=1,
                                                     config=cfg)  # fmt: skip
         assert torch.equal(out[:2], single[:2])  # the 15-key row: one split, written directly
+
+
+def test_triton_extend_one_block_a_row(tri, monkeypatch) -> None:
+    """`extend_config(128)` at GQA 8: a row of up to 16 tokens is one query block (the grid's second axis is the KV
+    heads alone, so each row's keys are read once), its dynamic splits merged in the kernel. Rows of 16, 10, 9 and 1
+    tokens (one and two of the default 8-token blocks) against the float64 oracle and against the default tiles;
+    padding untouched, counters back to zero."""
+    q_lens, lens = [16, 10, 0, 9, 1], [16, 75, 1, 44, 130]  # 32-key splits: 1, 3, -, 2, 5 -> capped 4
+    case = make_case(lens, 1, 16, 4, seed=45)
+    small = {"block_n": 16}  # several key tiles a split
+    cfg = replace(tri.common.extend_config(128), **small)
+    assert (cfg.block_m, cfg.num_warps) == (128, 8)
+    counters = split_counters(len(lens) * 2, 1, "cpu")
+    monkeypatch.setattr(tri.common, "split_reduce_kernel", _NoReduce())
+    spy = _SpyKernel(tri.common.paged_attention_fwd_kernel)
+    monkeypatch.setattr(tri.common, "paged_attention_fwd_kernel", spy)
+    monkeypatch.setattr(tri.extend, "EXTEND_MAX_DYN_SPLITS", 4)
+    gen = torch.Generator().manual_seed(46)
+    real = sum(q_lens)
+    q = torch.randn(real + 2, 8, 16, generator=gen)
+    args = (q, case.k_cache, case.v_cache, case.block_tables, cu_seqlens(q_lens), case.seq_lens, 0.25)
+    outs = {}
+    for name, c in (("one", cfg), ("default", replace(tri.common.EXTEND_CONFIG, **small))):
+        out = torch.full_like(q, 7.0)
+        tri.extend.extend_attention_triton(*args, max_q_len=16, out=out, config=c, counters=counters, split_keys=32)
+        grid, kw = spy.launches[-1]
+        assert kw["DYN_SPLITS"] and kw["FUSED_REDUCE"]
+        assert (kw["BLOCK_Q"], grid[1]) == ((16, 1) if name == "one" else (8, 2))
+        assert rel_err(out[:real], oracle(q, case, q_lens, 0.25)[:real]) < 1e-4
+        assert out[real:].eq(7.0).all() and counters.eq(0).all()
+        outs[name] = out
+    assert rel_err(outs["one"][:real], outs["default"][:real]) < 1e-4
 
 
 def test_triton_extend_dynamic_splits_need_the_fused_merge(tri, monkeypatch) -> None:

@@ -71,3 +71,35 @@ def test_extend_attention_on_cuda_merges_short_query_blocks_in_the_kernel(num_sp
         outs.append(out.cpu())
     assert not outs[0].isnan().any()
     assert rel_err(outs[0], ref) < 2e-2 and rel_err(outs[0], outs[1]) < 1e-2
+
+
+@cuda_only()
+@pytest.mark.parametrize(("split_keys", "block_m"), [(256, 0), (256, 128), (1024, 128)])
+def test_extend_attention_on_cuda_dynamic_splits(split_keys: int, block_m: int) -> None:
+    """The varlen graphs' short group with `extend_split_keys` (each query block's split count from its own context,
+    merged in the kernel) in the default tiles and in `extend_short_block_m = 128` tiles (a 16-token row in one
+    block): against the float64 oracle, counters left at 0, padding tokens untouched."""
+    from tokenrouter.engine.attention import split_counters
+    from tokenrouter.engine.attention.triton_common import extend_config
+    from tokenrouter.engine.attention.triton_extend import extend_attention_triton
+
+    heads, kv_heads, dim, page = 64, 8, 128, 16
+    q_lens, lens = [10, 16, 1, 0, 9], [3001, 130, 65, 5, 1034]
+    case = make_case(lens, kv_heads, dim, page, seed=7, extra_cols=300)  # a wide table: the grid's 8 splits
+    q = torch.randn(sum(q_lens) + 4, heads, dim, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+    real = sum(q_lens)
+    ref = oracle(q[:real], case, q_lens, dim**-0.5)
+    dev = torch.device("cuda")
+    cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32, device=dev)
+    k, v = (c.to(dev, torch.bfloat16) for c in (case.k_cache, case.v_cache))
+    qb, tables, lens_d = q.to(dev, torch.bfloat16), case.block_tables.to(dev), case.seq_lens.to(dev)
+    counters = split_counters(len(lens) * 2, kv_heads, dev)
+    for _ in range(2):  # the second launch finds the counters at zero again
+        out = torch.full_like(qb, 7.0)
+        extend_attention_triton(qb, k, v, tables, cu, lens_d, dim**-0.5, max_q_len=16, out=out, counters=counters,
+                                split_keys=split_keys, config=extend_config(block_m), pdl=True)  # fmt: skip
+        torch.cuda.synchronize()
+        assert counters.eq(0).all()
+        got = out.cpu()
+        assert got[real:].eq(7.0).all()
+        assert rel_err(got[:real], ref) < 2e-2

@@ -28,6 +28,7 @@ from tokenrouter.engine.attention.triton_common import (
     FUSED_EXTEND_MAX_Q,
     MIN_DOT_DIM,
     decode_config,
+    extend_config,
     fwd_constexprs,
     merge_chunk,
     reduce_constexprs,
@@ -99,38 +100,43 @@ def varlen_variants(quick: bool, max_tokens: int = 8192, max_rows: int = 256) ->
 
     shapes = VarlenShapes.build(default_buckets(max_tokens), max_rows=max_rows, long_rows=8, short_q=16,
                                 page_size=16).shapes  # fmt: skip
-    fwd: set[tuple[int, int, int, bool]] = set()
-    fused: set[tuple[int, int, int, int, bool]] = set()
+    fwd: set[tuple[int, int, int, int, bool]] = set()
+    fused: set[tuple[int, int, int, int, int, bool]] = set()
     pads: set[int] = set()
     for group in (8,) if quick else (2, 4, 5, 8):
         for sh in shapes:
-            for rows, max_q in ((sh.long_rows, sh.tokens), (sh.short_rows, sh.short_q)):
-                block_q, group_pad = extend_tiling(max_q, group, EXTEND_CONFIG)
+            # the short group also in `extend_short_block_m = 128` tiles
+            for rows, max_q, bm in ((sh.long_rows, sh.tokens, 0), (sh.short_rows, sh.short_q, 0),
+                                    (sh.short_rows, sh.short_q, 128)):  # fmt: skip
+                cfg = extend_config(bm)
+                block_q, group_pad = extend_tiling(max_q, group, cfg)
                 blocks = -(-max_q // block_q)
                 for kv_len in (4096, 40960):
                     splits = choose_num_splits(rows * 8 * blocks, kv_len, 132)
-                    fwd.add((group, block_q, group_pad, splits == 1))
+                    fwd.add((bm, group, block_q, group_pad, splits == 1))
                     if splits > 1 and block_q <= FUSED_EXTEND_MAX_Q:
-                        fused.add((group, block_q, group_pad, merge_chunk(splits, group, 128, EXTEND_CONFIG), False))
+                        fused.add((bm, group, block_q, group_pad, merge_chunk(splits, group, 128, cfg), False))
                 if rows == sh.short_rows and block_q <= FUSED_EXTEND_MAX_Q:  # `extend_split_keys`: a full grid
-                    chunk = merge_chunk(EXTEND_MAX_DYN_SPLITS, group, 128, EXTEND_CONFIG)
-                    fused.add((group, block_q, group_pad, chunk, True))
+                    chunk = merge_chunk(EXTEND_MAX_DYN_SPLITS, group, 128, cfg)
+                    fused.add((bm, group, block_q, group_pad, chunk, True))
                     if splits > 1:
                         pads.add(triton.next_power_of_2(splits))
     out = []
-    for group, block_q, group_pad, single in sorted(fwd):
-        ext = fwd_constexprs(group=group, group_pad=group_pad, block_q=block_q, block_n=EXTEND_CONFIG.block_n,
+    for bm, group, block_q, group_pad, single in sorted(fwd):
+        cfg = extend_config(bm)
+        ext = fwd_constexprs(group=group, group_pad=group_pad, block_q=block_q, block_n=cfg.block_n,
                              head_dim=128, page_size=16, is_decode=False, single_split=single, dtype=torch.bfloat16,
                              use_pdl=True, has_slots=True)  # fmt: skip
-        out.append(Variant(f"varlen G={group} block_q={block_q} single={single} pdl", "paged_attention_fwd_kernel",
-                           ext, EXTEND_CONFIG.num_warps, EXTEND_CONFIG.num_stages))  # fmt: skip
-    for group, block_q, group_pad, chunk, dyn in sorted(fused):  # split, with the engine's counters: merged in-kernel
-        ext = fwd_constexprs(group=group, group_pad=group_pad, block_q=block_q, block_n=EXTEND_CONFIG.block_n,
+        out.append(Variant(f"varlen G={group} block_q={block_q} w{cfg.num_warps} single={single} pdl",
+                           "paged_attention_fwd_kernel", ext, cfg.num_warps, cfg.num_stages))  # fmt: skip
+    for bm, group, block_q, group_pad, chunk, dyn in sorted(fused):  # split, with the counters: merged in-kernel
+        cfg = extend_config(bm)
+        ext = fwd_constexprs(group=group, group_pad=group_pad, block_q=block_q, block_n=cfg.block_n,
                              head_dim=128, page_size=16, is_decode=False, single_split=False, dtype=torch.bfloat16,
                              fused_reduce=True, merge_chunk=chunk, use_pdl=True, has_slots=True,
                              dyn_splits=dyn)  # fmt: skip
-        label = f"varlen G={group} block_q={block_q} fused chunk={chunk}{' dynamic' if dyn else ''} pdl"
-        out.append(Variant(label, "paged_attention_fwd_kernel", ext, EXTEND_CONFIG.num_warps, EXTEND_CONFIG.num_stages))
+        label = f"varlen G={group} block_q={block_q} w{cfg.num_warps} fused chunk={chunk}{' dynamic' * dyn} pdl"
+        out.append(Variant(label, "paged_attention_fwd_kernel", ext, cfg.num_warps, cfg.num_stages))
     for pad in sorted(pads):
         out.append(Variant(f"varlen reduce S<={pad} pdl", "split_reduce_kernel", reduce_constexprs(pad, 128, True),
                            4, 1))  # fmt: skip

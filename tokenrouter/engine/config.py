@@ -55,6 +55,9 @@ class EngineConfig:
     # Varlen graphs' short-row group splits each row's keys on the device, one split per this many keys (0: the
     # shape rule). Merges in the kernel (with the split counters) whatever `extend_fused_reduce` says.
     extend_split_keys: int = 0
+    # Query rows (tokens x padded GQA group) of the short-row group's attention tile; 0: the extend default (64).
+    # 128 at GQA 8: one block per row of up to 16 tokens, so a row's KV is read once, not by two 8-token blocks.
+    extend_short_block_m: int = 0
     triton_pdl: bool = True  # programmatic dependent launch (sm_90+); capture retries without it on failure
     fuse_step_ops: bool = True  # embedding lookup and final add + gather + norm inside norm kernels
     triton_gemv: bool = True  # skinny GEMM for graph steps of up to `gemv_max_rows` tokens (needs the Triton ops)
@@ -114,6 +117,8 @@ class EngineConfig:
             raise ValueError(f"gemv_max_rows must be in 1..16, got {self.gemv_max_rows}")
         if not 0 <= self.gemv_late_norm_max_rows <= 16:
             raise ValueError(f"gemv_late_norm_max_rows must be in 0..16, got {self.gemv_late_norm_max_rows}")
+        if self.extend_short_block_m not in (0, 16, 32, 64, 128):
+            raise ValueError(f"extend_short_block_m must be 0, 16, 32, 64 or 128, got {self.extend_short_block_m}")
         if self.extend_split_keys < 0:
             raise ValueError(f"extend_split_keys must be >= 0 (0: off), got {self.extend_split_keys}")
         if not 0 <= self.gemv_varlen_max_rows <= 256:

@@ -28,6 +28,7 @@ class AttentionMetadata:
     long_rows: int | None = None
     short_q_len: int = 1
     short_split_keys: int = 0  # the short group's dynamic splits (`EngineConfig.extend_split_keys`; 0: shape rule)
+    short_block_m: int = 0  # the short group's tile query rows (`EngineConfig.extend_short_block_m`; 0: default)
 
     @property
     def is_decode(self) -> bool:

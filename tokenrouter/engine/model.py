@@ -94,14 +94,14 @@ class DecoderAttention(nn.Module):
             assert cu is not None and rs is not None
             # Only the short group splits by context: its rows are returns (~10 tokens) on long prefixes; the long
             # group's prefills already fill the GPU with query blocks.
-            for a, b, mq, keys in (
-                (0, n, meta.max_q_len, 0),
-                (n, sl.shape[0], meta.short_q_len, meta.short_split_keys),
+            for a, b, mq, keys, bm in (
+                (0, n, meta.max_q_len, 0, 0),
+                (n, sl.shape[0], meta.short_q_len, meta.short_split_keys, meta.short_block_m),
             ):
                 attention.extend_attention(
                     q, k_cache, v_cache, meta.block_tables, cu[a : b + 1], sl[a:b], self.scale, max_q_len=mq,
                     out=o, backend=meta.backend, pdl=meta.pdl, row_slots=rs[a:b], counters=meta.extend_counters,
-                    split_keys=keys,
+                    split_keys=keys, block_m=bm,
                 )  # fmt: skip
         return self.tp.all_reduce(self.o_proj(o.reshape(t, self.q_size)))
 

@@ -4,7 +4,7 @@ depends on shapes, dtypes and arguments only, never on tensor values (graph-capt
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -35,9 +35,20 @@ SHORT_SPLIT_TILES = 4
 EXTEND_CONFIG = KernelConfig(block_n=64, block_m=64, num_warps=4, num_stages=2, merge_elems=2048)
 # Extend launches with counters merge their splits in the forward kernel while a query block holds at most this many
 # tokens: the last arriving program merges them one by one (longer blocks: the reduce kernel's token x head grid).
-FUSED_EXTEND_MAX_Q = 8
+# 16: a varlen graph's short rows (<= 16 tokens) in one 128-row block at GQA 8 (`extend_config`).
+FUSED_EXTEND_MAX_Q = 16
 # Extend launches with `split_keys` (dynamic splits, fused merge only) size their grid for at most this many splits.
 EXTEND_MAX_DYN_SPLITS = 8
+
+
+def extend_config(block_m: int = 0) -> KernelConfig:
+    """The extend tile config with `block_m` query rows (0: EXTEND_CONFIG's 64). 128-row tiles take 8 warps: with 4
+    the fused merge's state spills on sm_90 (255 registers, 440 B), with 8 it fits (205, no spill)."""
+    if block_m == 0 or block_m == EXTEND_CONFIG.block_m:
+        return EXTEND_CONFIG
+    if block_m not in (16, 32, 128):
+        raise ValueError(f"extend block_m must be 0, 16, 32, 64 or 128, got {block_m}")
+    return replace(EXTEND_CONFIG, block_m=block_m, num_warps=8 if block_m == 128 else EXTEND_CONFIG.num_warps)
 
 
 def num_sms(device: torch.device) -> int:
