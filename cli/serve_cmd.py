@@ -58,6 +58,9 @@ JoinTimeout = Annotated[float, Opt(help="Over tcp: seconds start-up waits for ev
                         "external one is started by hand: `tokenrouter subserver --join ...`).")]  # fmt: skip
 ShutdownTimeout = Annotated[float, Opt(help="Seconds running requests get to finish on SIGTERM/SIGINT; "
                             "then they end with an error chunk.")]  # fmt: skip
+EngineOpts = Annotated[list[str] | None, Opt("--engine", help="KEY=VALUE: an EngineConfig switch for every model's "
+                       "engine (repeat for several), e.g. --engine extend_split_keys=1024; booleans take "
+                       "true/false. Keys the deployment sets (model, KV pool, graph rule) are refused.")]  # fmt: skip
 LogLevel = Annotated[str, Opt(help="debug | info | warning | error.")]
 NoAccessLog = Annotated[bool, Opt("--no-access-log", help="No log line per request.")]
 
@@ -69,7 +72,8 @@ def serve(deploy: DeploymentFlags, device: Device = "cuda", host: Host = "127.0.
           restart_on_failure: RestartOnFailure = False, ray: Ray = None, ray_cpus: RayCpus = 1.0,
           heartbeat_timeout: HeartbeatTimeout = 10.0, join_timeout: JoinTimeout = 300.0,
           shutdown_timeout: ShutdownTimeout = 30.0, log_level: LogLevel = "info",
-          no_access_log: NoAccessLog = False, step_logs: StepLogs = None) -> None:  # fmt: skip
+          no_access_log: NoAccessLog = False, step_logs: StepLogs = None,
+          engine: EngineOpts = None) -> None:  # fmt: skip
     """Serve a deployment: one process per model, OpenAI-compatible HTTP in front. The deployment is --config
     (what `trsim tune` writes) with the flags applied, or --small/--large with defaults. --baseline (or --policy
     std-serving) serves a baseline of the same deployment on the same engine instead."""
@@ -94,6 +98,12 @@ def serve(deploy: DeploymentFlags, device: Device = "cuda", host: Host = "127.0.
         check_output(record_hops, "--record-hops")  # written on exit: found unwritable now, not after the serving
         _check_step_logs(step_logs, ray is not None or cfg.transport == "tcp")
     require_extras("serve", ("serve", "engine"))
+    from tokenrouter.deploy.engine_args import parse_engine_overrides
+
+    try:
+        engine_overrides = parse_engine_overrides(engine or [])
+    except ValueError as e:
+        raise CliError(f"--engine: {e}") from None
     if ray is not None:
         if baseline is not None:
             raise CliError("--ray runs the routed subservers; a baseline runs on one host")
@@ -114,7 +124,8 @@ def serve(deploy: DeploymentFlags, device: Device = "cuda", host: Host = "127.0.
     # SIGINT/SIGTERM while starting: leave the `with`, which stops everything; once serving, serve_http drains.
     server = _server(cfg, baseline, deploy.config, device=device, record_hops=record_hops, step_logs=step_logs,
                      restart_on_failure=restart_on_failure, ray=ray, ray_cpus=ray_cpus,
-                     heartbeat_timeout=heartbeat_timeout, join_timeout=join_timeout)  # fmt: skip
+                     heartbeat_timeout=heartbeat_timeout, join_timeout=join_timeout,
+                     engine_overrides=engine_overrides)  # fmt: skip
     with _started(server), contextlib.suppress(KeyboardInterrupt):
         serve_http(server, host=host, port=port, api_key=api_key, tokenizer=tok, shutdown_timeout_s=shutdown_timeout,
                    access_log=not no_access_log, t0=server.t0, admin_key=admin_key,
@@ -143,7 +154,8 @@ def _baseline(cfg: DeploymentConfig, baseline: str | None, restart_on_failure: b
 
 def _server(cfg: DeploymentConfig, baseline: str | None, config_path: Path | None, *, device: str,
             record_hops: Path | None, restart_on_failure: bool, ray: str | None, ray_cpus: float,
-            heartbeat_timeout: float, join_timeout: float, step_logs: Path | None = None) -> Server:  # fmt: skip
+            heartbeat_timeout: float, join_timeout: float, step_logs: Path | None = None,
+            engine_overrides: dict | None = None) -> Server:  # fmt: skip
     """The server to run (not started): the baseline's, or the routed runtime's (over a cluster with --ray or a
     tcp transport). What it refuses is one line."""
     from tokenrouter.runtime.cluster import ClusterOptions
@@ -154,7 +166,8 @@ def _server(cfg: DeploymentConfig, baseline: str | None, config_path: Path | Non
 
         try:
             return BaselineServer(cfg, baseline, device=device, record_hops=record_hops,
-                                  heartbeat_timeout_s=heartbeat_timeout, step_logs=step_logs or False)  # fmt: skip
+                                  heartbeat_timeout_s=heartbeat_timeout, step_logs=step_logs or False,
+                                  engine_overrides=engine_overrides)  # fmt: skip
         except ValueError as e:
             raise CliError(f"--baseline {baseline}: {e}") from None
     cluster = None
@@ -164,7 +177,8 @@ def _server(cfg: DeploymentConfig, baseline: str | None, config_path: Path | Non
                                  config_path=str(config_path) if config_path else None)  # fmt: skip
     try:
         return Server(cfg, device=device, record_hops=record_hops, restart_on_failure=restart_on_failure,
-                      cluster=cluster, heartbeat_timeout_s=heartbeat_timeout, step_logs=step_logs or False)  # fmt: skip
+                      cluster=cluster, heartbeat_timeout_s=heartbeat_timeout, step_logs=step_logs or False,
+                      engine_overrides=engine_overrides)  # fmt: skip
     except (ValueError, ImportError, RuntimeError, ConnectionError) as e:
         # a deployment the cluster layer refuses (runtime.cluster), Ray missing, unreachable or too small
         raise CliError(str(e).splitlines()[0]) from None

@@ -81,3 +81,39 @@ def test_step_logs_refused_before_loading(tmp_path):
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and want in r.stderr, r.stderr
     r = tr("serve", *PAIR, *port, "--ray", "local", "--step-logs", str(tmp_path / "new"))
     assert r.returncode == 2 and "--step-logs needs every subserver on this host" in r.stderr, r.stderr
+
+
+def test_engine_options_are_typed_by_their_field_and_checked():
+    from tokenrouter.deploy.engine_args import parse_engine_overrides
+
+    got = parse_engine_overrides(["extend_split_keys=1024", "triton-pdl=off", "decode_num_splits=none",
+                                  "extend_short_block_m= 128"])  # fmt: skip
+    assert got == {"extend_split_keys": 1024, "triton_pdl": False, "decode_num_splits": None,
+                   "extend_short_block_m": 128}  # fmt: skip
+    assert parse_engine_overrides([]) == {}
+    bad_items = (("extend_split_key=3", "did you mean extend_split_keys"), ("model=qwen3-8b", "set by the deployment"),
+                 ("num_pages=9", "set by the deployment"), ("extend_split_keys", "KEY=VALUE"),
+                 ("gemv_max_rows=many", "not of type int"), ("triton_pdl=maybe", "not of type bool"),
+                 ("varlen_graph_buckets=1,2", "cannot be set"), ("extend_short_block_m=100", "64 or 128"),
+                 ("extend_split_keys=-1", ">= 0"))  # fmt: skip
+    for bad, msg in bad_items:
+        with pytest.raises(ValueError, match=msg):
+            parse_engine_overrides([bad])
+
+
+def test_engine_options_reach_the_server_or_are_one_line_errors():
+    import shutil
+
+    from tokenrouter.cli import serve_cmd
+
+    r = tr("serve", *PAIR, "--engine", "extend_split_key=1024", "--dry-run")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "--engine" in r.stderr, r.stderr
+    r = tr("serve", *PAIR, "--engine", "extend_split_keys=1024", "--dry-run")
+    assert r.returncode == 0, r.stderr
+    cfg = DeploymentConfig(models=[ModelConfig("tiny-small"), ModelConfig("tiny-large")])
+    for baseline in (None, "std-serving"):
+        srv = serve_cmd._server(cfg, baseline, None, device="cpu", record_hops=None, restart_on_failure=False, ray=None,
+                                ray_cpus=1.0, heartbeat_timeout=10.0, join_timeout=60.0,
+                                engine_overrides={"extend_split_keys": 64})  # fmt: skip
+        shutil.rmtree(srv.run_dir, ignore_errors=True)  # built, never started
+        assert srv.engine_overrides == {"extend_split_keys": 64}

@@ -114,6 +114,13 @@ def main() -> int:
         help="each server writes its step logs to OUT/steps_<server> (tokenrouter serve --step-logs); every cell's "
         "monotonic-clock window goes in cells.json (curve/step_timeline.py reads both)",
     )
+    p.add_argument(
+        "--engine",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an engine switch for every server (tokenrouter serve --engine; repeat for several)",
+    )
     a = p.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -122,7 +129,7 @@ def main() -> int:
     rows: list[dict] = []
     raw: dict = {"servers": {}}
     meta = {"gpu": _gpu_name(a.device), "date": dt.date.today().isoformat(),
-            "command": "python " + " ".join(sys.argv)}  # fmt: skip
+            "command": "python " + " ".join(sys.argv), "engine": a.engine}  # fmt: skip
 
     def save() -> None:
         pd.DataFrame(rows).to_csv(out / "curve.csv", index=False)
@@ -137,7 +144,8 @@ def main() -> int:
             print(f"skip {tag}: deadline")
             continue
         logs = ["--step-logs", str(out / f"steps_{tag}")] if a.step_logs else []
-        proc, url, up, names = start_study_server(a, [*serve_args, *logs], out / f"serve_{tag}.log")
+        engine = [x for kv in a.engine for x in ("--engine", kv)]
+        proc, url, up, names = start_study_server(a, [*serve_args, *logs, *engine], out / f"serve_{tag}.log")
         raw["servers"][tag] = {"startup_s": up}
         if up is None:
             continue
