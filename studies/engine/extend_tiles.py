@@ -3,7 +3,7 @@
 
     python studies/engine/extend_tiles.py --out OUT_DIR        # one H200: ~2 min
     python studies/engine/extend_tiles.py --out OUT_DIR --cases 32b_6x10_4k --splits 1,4,16   # split counts
-    python studies/engine/extend_tiles.py --out OUT_DIR --dyn 1024,2048:4,1024@m128_w8   # dynamic splits (`split_keys`)
+    python studies/engine/extend_tiles.py --out OUT_DIR --dyn 1024,2048:4,512/264@m128_w8   # dynamic splits
     TRITON_INTERPRET=1 python studies/engine/extend_tiles.py --out OUT_DIR --smoke   # CPU, checks the script
 
 A large model's varlen steps carry rows of ~10 tokens (the small model's run since the large one's last visit)
@@ -110,19 +110,22 @@ def layer_inputs(hq: int, hkv: int, rows: int, tokens: int, ctx: int, page: int,
 
 
 def run_layer(x: dict[str, Any], kc: torch.Tensor, vc: torch.Tensor, out: torch.Tensor, cfg: KernelConfig,
-              pdl: bool, splits: int | None = None, keys: int = 0) -> None:  # fmt: skip
+              pdl: bool, splits: int | None = None, keys: int = 0, progs: int = 0) -> None:  # fmt: skip
     """The two launches of one layer, as `model.attend` issues them in a varlen graph; `splits`: the short group's
     KV split count instead of the rule's (a study of long prefixes); `keys` > 0: the short group's dynamic splits
-    (`split_keys`, merged in the kernel with the layer's counters), `splits` then capping the grid."""
+    (`split_keys`, merged in the kernel with the layer's counters), `splits` then capping the grid and `progs` the
+    programs (`split_programs`)."""
     n = LONG_ROWS
     for a, b, mq, ns, k in ((0, n, x["bucket"], None, 0), (n, x["seq"].shape[0], SHORT_Q, splits, keys)):
         te.extend_attention_triton(x["q"], kc, vc, x["bt"][a:b], x["cu"][a : b + 1], x["seq"][a:b], x["scale"],
                                    max_q_len=mq, out=out, config=cfg, pdl=pdl, num_splits=ns,
-                                   counters=x["counters"] if k else None, split_keys=k)  # fmt: skip
+                                   counters=x["counters"] if k else None, split_keys=k,
+                                   split_programs=progs if k else 0)  # fmt: skip
 
 
-# name, tile config, the short group's forced split count (or dynamic-split cap), its dynamic split keys (0: off)
-Variant = tuple[str, KernelConfig, int | None, int]
+# name, tile config, the short group's forced split count (or dynamic-split cap), its dynamic split keys (0: off),
+# their program cap (0: none)
+Variant = tuple[str, KernelConfig, int | None, int, int]
 
 
 def time_case(label: str, hq: int, hkv: int, busy: int, tokens: int, ctx: int, dev: torch.device,
@@ -138,18 +141,18 @@ def time_case(label: str, hq: int, hkv: int, busy: int, tokens: int, ctx: int, d
     ref = extend_attention(x["q"], kc0, vc0, x["bt"], x["cu"], x["seq"], x["scale"], backend="torch").float()
     real = x["real"]
     rows = []
-    for name, cfg, splits, keys in variants:
+    for name, cfg, splits, keys, progs in variants:
         out = torch.zeros_like(x["q"])
         rec: dict[str, Any] = {"case": label, "variant": name, "bucket": x["bucket"], "copies": copies}
         try:
-            run_layer(x, kc0, vc0, out, cfg, pdl=cuda, splits=splits, keys=keys)
+            run_layer(x, kc0, vc0, out, cfg, pdl=cuda, splits=splits, keys=keys, progs=progs)
             rec["err"] = float((out[:real].float() - ref[:real]).abs().max() / ref[:real].abs().max())
             if cuda:
 
                 def layer(cfg: KernelConfig = cfg, out: torch.Tensor = out, splits: int | None = splits,
-                          keys: int = keys) -> None:  # fmt: skip
+                          keys: int = keys, progs: int = progs) -> None:  # fmt: skip
                     for kc, vc in x["caches"]:
-                        run_layer(x, kc, vc, out, cfg, True, splits, keys)
+                        run_layer(x, kc, vc, out, cfg, True, splits, keys, progs)
 
                 rec["us"] = gt.capture_and_time(layer, n=20, per=copies).median_us
                 rec["kv_gbps"] = kv_bytes / rec["us"] / 1e3
@@ -168,9 +171,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--dyn",
         default="",
-        help="comma list of KEYS[:CAP][@TILE]: the short group's dynamic splits (one per KEYS keys a row "
-        "sees, the grid capped at CAP splits; default cap: the engine's) in the tile variant TILE (default base; "
-        "m128_w8: a row of up to 16 tokens in one query block at GQA 8), as variants d<KEYS>[x<CAP>][@TILE]",
+        help="comma list of KEYS[:CAP][/PROGS][@TILE]: the short group's dynamic splits (one per KEYS keys a row "
+        "sees, the grid capped at CAP splits, default the engine's; at most about PROGS programs over the busy "
+        "rows, default no cap) in the tile variant TILE (default base; m128_w8: a row of up to 16 tokens in one "
+        "query block at GQA 8), as variants d<KEYS>[x<CAP>][p<PROGS>][@TILE]",
     )
     setup = kernel_setup(p, argv)
     if setup is None:
@@ -180,16 +184,18 @@ def main(argv: list[str] | None = None) -> int:
     want = [v for v in args.variants.split(",") if v] or (
         ["base"] if args.splits or args.dyn else [n for n, _ in VARIANTS]
     )
-    variants: list[Variant] = [(n, c, None, 0) for n, c in VARIANTS if n in want]
-    variants += [(f"s{k}", EXTEND_CONFIG, int(k), 0) for k in args.splits.split(",") if k]
+    variants: list[Variant] = [(n, c, None, 0, 0) for n, c in VARIANTS if n in want]
+    variants += [(f"s{k}", EXTEND_CONFIG, int(k), 0, 0) for k in args.splits.split(",") if k]
     tiles = dict(VARIANTS)
     for d in (d for d in args.dyn.split(",") if d):
         spec, _, tile = d.partition("@")
+        spec, _, progs = spec.partition("/")
         keys, _, cap = spec.partition(":")
         if tile and tile not in tiles:
             p.error(f"--dyn {d}: unknown tile variant {tile!r} (one of {', '.join(tiles)})")
-        name = f"d{keys}" + (f"x{cap}" if cap else "") + (f"@{tile}" if tile else "")
-        variants.append((name, tiles[tile] if tile else EXTEND_CONFIG, int(cap) if cap else None, int(keys)))
+        name = f"d{keys}" + (f"x{cap}" if cap else "") + (f"p{progs}" if progs else "") + (f"@{tile}" if tile else "")
+        variants.append((name, tiles[tile] if tile else EXTEND_CONFIG, int(cap) if cap else None, int(keys),
+                         int(progs) if progs else 0))  # fmt: skip
     cases = [c for c in (CASES if cuda else SMOKE_CASES) if not args.cases or c[0] in args.cases.split(",")]
     rows: list[dict[str, Any]] = []
     for label, hq, hkv, busy, tokens, ctx in cases:

@@ -265,6 +265,7 @@ def rows_study(prof: sp.Profiler, args: argparse.Namespace) -> list[dict[str, An
         if args.rows_fused_extend:
             rows_extend_ab(prof, eng, args, out, ctx, "extend_fused_reduce", (False, True),
                            ("reduce_ext_ms", "fused_ext_ms"))  # fmt: skip
+        eng.config.extend_split_programs = args.rows_split_programs  # the dynamic sides' program cap
         if args.rows_split_keys:
             rows_extend_ab(prof, eng, args, out, ctx, "extend_split_keys", (0, args.rows_split_keys),
                            ("shape_splits_ms", "dyn_splits_ms"))  # fmt: skip
@@ -299,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="rows study: then the varlen passes with extend_fused_reduce off/on, A/B/A/B")  # fmt: skip
     p.add_argument("--rows-split-keys", type=int, default=0,
                    help="rows study: the varlen passes with extend_split_keys 0 / N, A/B/A/B (0: off)")  # fmt: skip
+    p.add_argument("--rows-split-programs", type=int, default=0,
+                   help="rows study: extend_split_programs on the dynamic-split sides (0: no cap)")  # fmt: skip
     p.add_argument("--rows-short-block-m", type=int, default=0,
                    help="rows study: the varlen passes with extend_short_block_m 0 / M, A/B/A/B, both with "
                    "--rows-split-keys (0: off)")  # fmt: skip

@@ -329,6 +329,41 @@ def test_triton_extend_dynamic_splits(tri, monkeypatch) -> None:
         assert torch.equal(out[:2], single[:2])  # the 15-key row: one split, written directly
 
 
+def test_triton_extend_dynamic_splits_capped_by_busy_programs(tri, monkeypatch) -> None:
+    """`split_programs`: at most max(1, split_programs // (busy query blocks x KV heads)) splits, the busy blocks
+    counted on the device. Four busy rows of one query block each and 2 KV heads make 8 programs a split: a cap of
+    7 leaves one split everywhere (bit-identical to a one-split launch), 16 at most two, 10**6 none (bit-identical
+    to no cap); each against the float64 oracle, counters back to zero."""
+    q_lens, lens = [2, 3, 0, 1, 2], [15, 40, 1, 70, 200]  # 16-key splits: 1, 3, -, 5 -> 4, 13 -> 4
+    case = make_case(lens, 2, 16, 4, seed=47)
+    cfg = tri.common.KernelConfig(**SMALL)
+    counters = split_counters(len(lens) * 8, 2, "cpu")
+    monkeypatch.setattr(tri.common, "split_reduce_kernel", _NoReduce())
+    spy = _SpyKernel(tri.common.paged_attention_fwd_kernel)
+    monkeypatch.setattr(tri.common, "paged_attention_fwd_kernel", spy)
+    monkeypatch.setattr(tri.extend, "EXTEND_MAX_DYN_SPLITS", 4)
+    real = sum(q_lens)
+    q = torch.randn(real + 2, 4, 16, generator=torch.Generator().manual_seed(48))
+    args = (q, case.k_cache, case.v_cache, case.block_tables, cu_seqlens(q_lens), case.seq_lens, 0.25)
+    ref = oracle(q, case, q_lens, 0.25)[:real]
+    outs = {}
+    for cap in (0, 7, 16, 10**6):
+        out = torch.full_like(q, 7.0)
+        tri.extend.extend_attention_triton(*args, max_q_len=4, out=out, config=cfg, counters=counters, split_keys=16,
+                                           split_programs=cap)  # fmt: skip
+        grid, kw = spy.launches[-1]
+        assert kw["DYN_SPLITS"] and grid[2] == 4 and (kw["ROWS_P2"] == 8) == (cap > 0)
+        assert rel_err(out[:real], ref) < 1e-4 and out[real:].eq(7.0).all() and counters.eq(0).all()
+        outs[cap] = out
+    single = tri.extend.extend_attention_triton(*args, max_q_len=4, out=torch.full_like(q, 7.0), num_splits=1,
+                                                config=cfg)  # fmt: skip
+    assert torch.equal(outs[7], single)
+    assert torch.equal(outs[10**6], outs[0])
+    assert not torch.equal(outs[16], single) and not torch.equal(outs[16], outs[0])  # two splits: neither of them
+    with pytest.raises(ValueError, match="split_programs"):
+        tri.extend.extend_attention_triton(*args, out=nan_like(q), split_programs=-1)
+
+
 def test_triton_extend_one_block_a_row(tri, monkeypatch) -> None:
     """`extend_config(128)` at GQA 8: a row of up to 16 tokens is one query block (the grid's second axis is the KV
     heads alone, so each row's keys are read once), its dynamic splits merged in the kernel. Rows of 16, 10, 9 and 1

@@ -285,12 +285,14 @@ def _check_varlen_extend_fused_merge(tops):
         make_hf_checkpoint(Path(tmp), seed=32, max_position_embeddings=1024, num_attention_heads=8,
                            num_key_value_heads=1)  # fmt: skip
         _, ref = decode_rows_beside_prefill(tiny_engine(tmp, **kw), [3, 5, 2], 38)
-        # (fused merge, dynamic split keys, short tile rows): keys 16 splits the short rows' ~40-token contexts on the
-        # device; 128-row short tiles hold a whole row (up to 16 tokens at GQA 8) in one query block
-        for fused, keys, bm in ((False, 0, 0), (True, 0, 0), (False, 16, 0), (False, 16, 128)):
+        # (fused merge, dynamic split keys, short tile rows, program cap): keys 16 splits the short rows' ~40-token
+        # contexts on the device; 128-row short tiles hold a whole row (up to 16 tokens at GQA 8) in one query block;
+        # a program cap (counted on the device from the busy rows) may lower the split count, never the result
+        for fused, keys, bm, progs in ((False, 0, 0, 0), (True, 0, 0, 0), (False, 16, 0, 0), (False, 16, 128, 0),
+                                       (False, 16, 0, 24)):  # fmt: skip
             eng = tiny_engine(tmp, attention_backend="triton", ops_backend="triton", graph_emulation=True,
                               extend_fused_reduce=fused, extend_split_keys=keys, extend_short_block_m=bm,
-                              **kw)  # fmt: skip
+                              extend_split_programs=progs, **kw)  # fmt: skip
             launches.clear()
             fwd_kwargs.clear()
             triton_common.split_reduce_kernel = Counting()
@@ -306,6 +308,7 @@ def _check_varlen_extend_fused_merge(tops):
             assert (len(launches) == 0) == (fused or keys > 0), (fused, keys, len(launches))
             assert any(kw["DYN_SPLITS"] for kw in fwd_kwargs) == (keys > 0)
             assert any(kw["BLOCK_Q"] == 16 and kw["DYN_SPLITS"] for kw in fwd_kwargs) == (bm == 128)
+            assert any(kw["ROWS_P2"] > 1 for kw in fwd_kwargs) == (progs > 0)
             assert res.next_token_ids.tolist() == ref.next_token_ids.tolist()
             _close(res.logits, ref.logits, 1e-4)
             assert eng.split_counters.eq(0).all()

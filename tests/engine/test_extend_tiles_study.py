@@ -42,13 +42,14 @@ def test_without_a_gpu_the_script_asks_for_the_interpreter(tmp_path: Path) -> No
 
 
 def test_forced_and_dynamic_split_variants_match_the_reference(tmp_path: Path) -> None:
-    """`--splits` and `--dyn` add variants (forced split counts; dynamic splits with and without a grid cap, and in
-    128-row tiles) that must match the reference too, the group-8 case's dynamic ones merged in the kernel."""
+    """`--splits` and `--dyn` add variants (forced split counts; dynamic splits with and without a grid cap, in
+    128-row tiles, capped at 4 programs) that must match the reference too, the group-8 case's dynamic ones merged
+    in the kernel."""
     stdout, rows = smoke_result("studies/engine/extend_tiles.py", tmp_path,
-                                ("--splits", "3", "--dyn", "16,16:2,16@m128_w8"))  # fmt: skip
+                                ("--splits", "3", "--dyn", "16,16:2,16@m128_w8,16/4"))  # fmt: skip
     study = load_study("studies/engine/extend_tiles.py")
     for case, *_ in study.SMOKE_CASES:
         got = [r for r in rows if r["case"] == case]
-        assert [r["variant"] for r in got] == ["base", "s3", "d16", "d16x2", "d16@m128_w8"]
+        assert [r["variant"] for r in got] == ["base", "s3", "d16", "d16x2", "d16@m128_w8", "d16p4"]
         assert all("error" not in r for r in got) and max(r["err"] for r in got) < 1e-4
     assert "d16x2" in stdout

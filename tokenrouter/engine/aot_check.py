@@ -134,7 +134,7 @@ def varlen_variants(quick: bool, max_tokens: int = 8192, max_rows: int = 256) ->
         ext = fwd_constexprs(group=group, group_pad=group_pad, block_q=block_q, block_n=cfg.block_n,
                              head_dim=128, page_size=16, is_decode=False, single_split=False, dtype=torch.bfloat16,
                              fused_reduce=True, merge_chunk=chunk, use_pdl=True, has_slots=True,
-                             dyn_splits=dyn)  # fmt: skip
+                             dyn_splits=dyn, rows_p2=64 if dyn else 1)  # fmt: skip
         label = f"varlen G={group} block_q={block_q} w{cfg.num_warps} fused chunk={chunk}{' dynamic' * dyn} pdl"
         out.append(Variant(label, "paged_attention_fwd_kernel", ext, cfg.num_warps, cfg.num_stages))
     for pad in sorted(pads):

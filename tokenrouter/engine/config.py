@@ -55,6 +55,9 @@ class EngineConfig:
     # Varlen graphs' short-row group splits each row's keys on the device, one split per this many keys (0: the
     # shape rule). Merges in the kernel (with the split counters) whatever `extend_fused_reduce` says.
     extend_split_keys: int = 0
+    # ... and at most about this many programs over the busy rows' query blocks (counted on the device; 0: no cap):
+    # a few rows on long prefixes split, many rows (which fill the GPU already) do not.
+    extend_split_programs: int = 0
     # Query rows (tokens x padded GQA group) of the short-row group's attention tile; 0: the extend default (64).
     # 128 at GQA 8: one block per row of up to 16 tokens, so a row's KV is read once, not by two 8-token blocks.
     extend_short_block_m: int = 0
@@ -119,6 +122,8 @@ class EngineConfig:
             raise ValueError(f"gemv_late_norm_max_rows must be in 0..16, got {self.gemv_late_norm_max_rows}")
         if self.extend_short_block_m not in (0, 16, 32, 64, 128):
             raise ValueError(f"extend_short_block_m must be 0, 16, 32, 64 or 128, got {self.extend_short_block_m}")
+        if self.extend_split_programs < 0:
+            raise ValueError(f"extend_split_programs must be >= 0 (0: no cap), got {self.extend_split_programs}")
         if self.extend_split_keys < 0:
             raise ValueError(f"extend_split_keys must be >= 0 (0: off), got {self.extend_split_keys}")
         if not 0 <= self.gemv_varlen_max_rows <= 256:

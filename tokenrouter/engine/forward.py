@@ -83,6 +83,7 @@ class StepForward:
                                  extend_counters=(e.split_counters if c.extend_fused_reduce or c.extend_split_keys
                                                   else None),
                                  short_split_keys=c.extend_split_keys, short_block_m=c.extend_short_block_m,
+                                 short_split_programs=c.extend_split_programs,
                                  pdl=e.pdl, row_slots=v["row_slots"],
                                  long_rows=groups[0] if groups else None,
                                  short_q_len=groups[1] if groups else 1)  # fmt: skip

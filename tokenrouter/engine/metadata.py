@@ -28,6 +28,7 @@ class AttentionMetadata:
     long_rows: int | None = None
     short_q_len: int = 1
     short_split_keys: int = 0  # the short group's dynamic splits (`EngineConfig.extend_split_keys`; 0: shape rule)
+    short_split_programs: int = 0  # their cap in programs (`EngineConfig.extend_split_programs`; 0: none)
     short_block_m: int = 0  # the short group's tile query rows (`EngineConfig.extend_short_block_m`; 0: default)
 
     @property

@@ -101,7 +101,7 @@ class DecoderAttention(nn.Module):
                 attention.extend_attention(
                     q, k_cache, v_cache, meta.block_tables, cu[a : b + 1], sl[a:b], self.scale, max_q_len=mq,
                     out=o, backend=meta.backend, pdl=meta.pdl, row_slots=rs[a:b], counters=meta.extend_counters,
-                    split_keys=keys, block_m=bm,
+                    split_keys=keys, split_programs=meta.short_split_programs if keys else 0, block_m=bm,
                 )  # fmt: skip
         return self.tp.all_reduce(self.o_proj(o.reshape(t, self.q_size)))
 

@@ -60,13 +60,14 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, scale: float, *, max_q_len: int | None = None,
                      out: torch.Tensor | None = None, num_splits: int | None = None, backend: Backend = "auto",
                      pdl: bool = False, row_slots: torch.Tensor | None = None,
-                     counters: torch.Tensor | None = None, split_keys: int = 0,
+                     counters: torch.Tensor | None = None, split_keys: int = 0, split_programs: int = 0,
                      block_m: int = 0) -> torch.Tensor:  # fmt: skip
     """Causal attention for packed new tokens q `[T, Hq, D]` of B rows: row b owns tokens `cu_seqlens_q[b]:[b+1]`,
     seq_lens `[B]` its KV length (new KV stored); query i sits at `seq_lens[b] - q_len_b + i`. `max_q_len` (bound
     on q_len_b) avoids a host sync. Tokens outside every row are left untouched in `out`. `row_slots`, `counters`:
-    as in decode; Triton only: `split_keys` (splits from each row's context on the device, `extend_attention_triton`)
-    and `block_m` (query rows of a tile, `triton_common.extend_config`; 0: the default).
+    as in decode; Triton only: `split_keys` and `split_programs` (splits from each row's context and the busy rows,
+    on the device, `extend_attention_triton`) and `block_m` (query rows of a tile, `triton_common.extend_config`;
+    0: the default).
     """
     if resolve_backend(backend, q.device) == "torch":
         bt = block_tables if row_slots is None else block_tables.index_select(0, row_slots.long())
@@ -77,5 +78,5 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     return extend_attention_triton(
         q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale,
         max_q_len=max_q_len, out=out, num_splits=num_splits, pdl=pdl, row_slots=row_slots, counters=counters,
-        split_keys=split_keys, config=extend_config(block_m),
+        split_keys=split_keys, split_programs=split_programs, config=extend_config(block_m),
     )  # fmt: skip

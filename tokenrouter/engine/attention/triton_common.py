@@ -87,7 +87,7 @@ def block_d(head_dim: int) -> int:
 def fwd_constexprs(*, group: int, group_pad: int, block_q: int, block_n: int, head_dim: int, page_size: int,
                    is_decode: bool, single_split: bool, dtype: torch.dtype, fused_reduce: bool = False,
                    merge_chunk: int = 1, use_pdl: bool = False, has_slots: bool = False,
-                   dyn_splits: bool = False) -> dict[str, int | bool | str]:  # fmt: skip
+                   dyn_splits: bool = False, rows_p2: int = 1) -> dict[str, int | bool | str]:  # fmt: skip
     """Compile-time parameters of `paged_attention_fwd_kernel`, shared by launches and `aot_check`."""
     # fp32 caches (CPU tests, debugging) get exact fp32 products instead of TF32 (DOT_PRECISION); bf16 ignores it.
     return {"GROUP": group, "GROUP_PAD": group_pad, "BLOCK_Q": block_q, "BLOCK_M": block_q * group_pad,
@@ -95,7 +95,7 @@ def fwd_constexprs(*, group: int, group_pad: int, block_q: int, block_n: int, he
             "PAGE_SIZE": page_size, "IS_DECODE": is_decode, "SINGLE_SPLIT": single_split,
             "DOT_PRECISION": "ieee" if dtype == torch.float32 else "tf32", "FUSED_REDUCE": fused_reduce,
             "GROUP_P2": triton.next_power_of_2(group), "MERGE_CHUNK": merge_chunk, "USE_PDL": use_pdl,
-            "HAS_SLOTS": has_slots, "DYN_SPLITS": dyn_splits}  # fmt: skip
+            "HAS_SLOTS": has_slots, "DYN_SPLITS": dyn_splits, "ROWS_P2": rows_p2}  # fmt: skip
 
 
 def merge_chunk(num_splits: int, group: int, head_dim: int, config: KernelConfig) -> int:
@@ -130,11 +130,13 @@ def launch_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            seq_lens: torch.Tensor, cu_seqlens_q: torch.Tensor | None, scale: float, out: torch.Tensor,
                            *, num_rows: int, block_q: int, group_pad: int, num_q_blocks: int, num_splits: int,
                            config: KernelConfig, counters: torch.Tensor | None = None, pdl: bool = False,
-                           row_slots: torch.Tensor | None = None, split_keys: int = 0) -> torch.Tensor:  # fmt: skip
+                           row_slots: torch.Tensor | None = None, split_keys: int = 0,
+                           split_programs: int = 0) -> torch.Tensor:  # fmt: skip
     """Launch the forward kernel (and the reduce when `num_splits > 1`); `cu_seqlens_q is None` = decode. `counters`
     (>= rows x Hkv x query blocks entries, else ignored; extend: query blocks of at most FUSED_EXTEND_MAX_Q tokens):
     the forward kernel merges the splits itself, no reduce launch. `split_keys` > 0 (with that fused merge only):
-    each query block uses one split per `split_keys` keys it sees, at most `num_splits` (`DYN_SPLITS`)."""
+    each query block uses one split per `split_keys` keys it sees, at most `num_splits` (`DYN_SPLITS`), and with
+    `split_programs` > 0 at most about that many programs in all (counted on the device from the busy rows)."""
     _check_inputs(q, k_cache, v_cache, block_tables)
     if out.shape != q.shape or out.stride(2) != 1:
         raise ValueError(f"out must be {tuple(q.shape)} with a contiguous last dim")
@@ -158,14 +160,15 @@ def launch_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         group=group, group_pad=group_pad, block_q=block_q, block_n=config.block_n,
         head_dim=head_dim, page_size=k_cache.shape[1], is_decode=is_decode, single_split=single, dtype=q.dtype,
         fused_reduce=fused, merge_chunk=merge_chunk(num_splits, group, head_dim, config) if fused else 1,
-        use_pdl=pdl, has_slots=row_slots is not None, dyn_splits=fused and split_keys > 0,
+        use_pdl=pdl, has_slots=row_slots is not None, dyn_splits=(dyn := fused and split_keys > 0),
+        rows_p2=triton.next_power_of_2(num_rows) if dyn and split_programs > 0 else 1,
     )  # fmt: skip
     grid = (num_rows, num_kv_heads * num_q_blocks, num_splits)
     launch = {"num_warps": config.num_warps, "num_stages": config.num_stages, **({"launch_pdl": True} if pdl else {})}
     paged_attention_fwd_kernel[grid](
         q, k_cache, v_cache, block_tables, seq_lens, seq_lens if is_decode else cu_seqlens_q, out, mid_o, mid_lse,
         counters if fused else seq_lens, row_slots if row_slots is not None else seq_lens,
-        scale * math.log2(math.e), num_splits, num_q_blocks, max(split_keys, 1),
+        scale * math.log2(math.e), num_splits, num_q_blocks, max(split_keys, 1), split_programs if dyn else 0,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),

@@ -31,7 +31,7 @@ def extend_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                             max_q_len: int | None = None, out: torch.Tensor | None = None,
                             num_splits: int | None = None, config: KernelConfig = EXTEND_CONFIG, pdl: bool = False,
                             row_slots: torch.Tensor | None = None, counters: torch.Tensor | None = None,
-                            split_keys: int = 0) -> torch.Tensor:  # fmt: skip
+                            split_keys: int = 0, split_programs: int = 0) -> torch.Tensor:  # fmt: skip
     """Packed q `[T, Hq, D]`; row b owns tokens `cu_seqlens_q[b]:cu_seqlens_q[b+1]`, the last of which sits at
     position `seq_lens[b] - 1`. Tokens outside every row are left untouched in `out`. `counters`: as in decode
     (`attention.split_counters`), used where the query blocks are short (`launch_paged_attention`).
@@ -39,7 +39,8 @@ def extend_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     `split_keys` > 0 where the splits merge in the kernel (`counters`, short query blocks): the split count follows
     each query block's context on the device, one split per `split_keys` keys, the grid sized for the block table's
     width (at most EXTEND_MAX_DYN_SPLITS). The shape-only rule cannot: a varlen graph's short group has 64 row slots,
-    so it assumes 64 busy rows and walks a few long rows' 8k keys in one split each."""
+    so it assumes 64 busy rows and walks a few long rows' 8k keys in one split each. `split_programs` > 0 caps the
+    splits further, at about that many programs over the launch's busy query blocks (counted on the device)."""
     num_rows = seq_lens.shape[0]
     num_heads, num_kv_heads = q.shape[1], k_cache.shape[2]
     if cu_seqlens_q.shape != (num_rows + 1,) or (row_slots is None and block_tables.shape[0] != num_rows):
@@ -59,6 +60,8 @@ def extend_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     programs = num_rows * num_kv_heads * num_q_blocks
     if split_keys < 0:
         raise ValueError(f"split_keys must be >= 0, got {split_keys}")
+    if split_programs < 0:
+        raise ValueError(f"split_programs must be >= 0, got {split_programs}")
     dyn = split_keys > 0 and can_fuse_merge(counters, programs, False, block_q)
     if num_splits is None:
         max_kv_len = block_tables.shape[1] * k_cache.shape[1]
@@ -72,5 +75,5 @@ def extend_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, scale, out,
         num_rows=num_rows, block_q=block_q, group_pad=group_pad,
         num_q_blocks=num_q_blocks, num_splits=num_splits, config=config, pdl=pdl, row_slots=row_slots,
-        counters=counters, split_keys=split_keys if dyn else 0,
+        counters=counters, split_keys=split_keys if dyn else 0, split_programs=split_programs if dyn else 0,
     )  # fmt: skip

@@ -103,17 +103,17 @@ def _merge_group_splits(
 
 # Runtime ints are not specialized (== 1, % 16): their values change with the batch, and each specialization
 # would be another JIT compile in the middle of serving.
-@triton.jit(do_not_specialize=["num_splits", "num_q_blocks", "split_keys"])
+@triton.jit(do_not_specialize=["num_splits", "num_q_blocks", "split_keys", "split_programs"])
 def paged_attention_fwd_kernel(
     Q, K, V, BlockTables, SeqLens, CuSeqlensQ, Out, MidO, MidLse, Counters, RowSlots,
-    scale_log2, num_splits, num_q_blocks, split_keys,
+    scale_log2, num_splits, num_q_blocks, split_keys, split_programs,
     stride_qt, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_bt,
     stride_ot, stride_oh, stride_mt, stride_mh, stride_ms, stride_lt, stride_lh,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE_SIZE: tl.constexpr,
     IS_DECODE: tl.constexpr, SINGLE_SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr,
     FUSED_REDUCE: tl.constexpr, GROUP_P2: tl.constexpr, MERGE_CHUNK: tl.constexpr, USE_PDL: tl.constexpr,
-    HAS_SLOTS: tl.constexpr, DYN_SPLITS: tl.constexpr,
+    HAS_SLOTS: tl.constexpr, DYN_SPLITS: tl.constexpr, ROWS_P2: tl.constexpr,
 ):  # fmt: skip
     """Grid (rows, Hkv * num_q_blocks, num_splits). Q/Out are `[T, Hq, D]`, MidO `[T, Hq, S, D]` fp32,
     MidLse `[T, Hq, S]` fp32; head_dim strides are 1. Decode passes IS_DECODE (token index = row).
@@ -122,7 +122,10 @@ def paged_attention_fwd_kernel(
     HAS_SLOTS: row r reads the page-table row `RowSlots[r]` of BlockTables.
     DYN_SPLITS (with FUSED_REDUCE): a query block seeing kv_end keys uses only min(num_splits, cdiv(kv_end,
     split_keys)) >= 1 splits; the grid's other splits return at once, and a block left with one split writes Out
-    directly (no partials, no counter). Graphs size the grid for the longest row; short rows then cost nothing."""
+    directly (no partials, no counter). Graphs size the grid for the longest row; short rows then cost nothing.
+    With split_programs > 0 also at most max(1, split_programs // (busy query blocks x Hkv)) splits: the launch's busy
+    blocks are counted from CuSeqlensQ (ROWS_P2 >= rows), the same count in every program, so a few rows split and
+    many do not (the grid already fills the GPU)."""
     if USE_PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -159,6 +162,12 @@ def paged_attention_fwd_kernel(
     kv_end = seq_len - q_len + tl.minimum(q_len, q_begin + BLOCK_Q)
     if DYN_SPLITS:
         n_act = tl.minimum(tl.maximum(tl.cdiv(kv_end, split_keys), 1), num_splits)
+        if split_programs > 0:
+            r = tl.arange(0, ROWS_P2)
+            r_ok = r < tl.num_programs(0)
+            q_lens = tl.load(CuSeqlensQ + r + 1, mask=r_ok, other=0) - tl.load(CuSeqlensQ + r, mask=r_ok, other=0)
+            busy = tl.sum(tl.cdiv(q_lens, BLOCK_Q), axis=0) * (tl.num_programs(1) // num_q_blocks)
+            n_act = tl.minimum(n_act, tl.maximum(split_programs // tl.maximum(busy, 1), 1))
         if split >= n_act:
             return
     else:
