@@ -298,6 +298,19 @@ class _SpyKernel:
         return launch
 
 
+def _dynamic_split_setup(tri, monkeypatch, lens: list[int], *, seed: int):
+    """A 2-KV-head case of `lens`, small tiles, counters, a grid of at most 4 dynamic splits, no reduce kernel
+    allowed, and a spy on the forward kernel's launches."""
+    case = make_case(lens, 2, 16, 4, seed=seed)
+    counters = split_counters(len(lens) * 8, 2, "cpu")
+    monkeypatch.setattr(tri.common, "split_reduce_kernel", _NoReduce())
+    spy = _SpyKernel(tri.common.paged_attention_fwd_kernel)
+    monkeypatch.setattr(tri.common, "paged_attention_fwd_kernel", spy)
+    monkeypatch.setattr(tri.common, "EXTEND_MAX_DYN_SPLITS", 4)
+    monkeypatch.setattr(tri.extend, "EXTEND_MAX_DYN_SPLITS", 4)
+    return case, tri.common.KernelConfig(**SMALL), counters, spy
+
+
 def test_triton_extend_dynamic_splits(tri, monkeypatch) -> None:
     """`split_keys`: one grid sized for the block table's width, each query block using one split per `split_keys`
     keys it sees (capped by the grid): rows of 1, 2, 3 and (capped) 4 splits beside a padding row, all against the
@@ -305,14 +318,7 @@ def test_triton_extend_dynamic_splits(tri, monkeypatch) -> None:
     bucket's padding tokens untouched. A block left with one split writes out directly: bit-identical to a
     one-split launch."""
     q_lens, lens = [2, 3, 0, 1, 2], [15, 40, 1, 70, 200]  # 16-key splits: 1, 3, -, 5 -> capped 4, 13 -> 4
-    case = make_case(lens, 2, 16, 4, seed=41)
-    cfg = tri.common.KernelConfig(**SMALL)
-    counters = split_counters(len(lens) * 8, 2, "cpu")
-    monkeypatch.setattr(tri.common, "split_reduce_kernel", _NoReduce())
-    spy = _SpyKernel(tri.common.paged_attention_fwd_kernel)
-    monkeypatch.setattr(tri.common, "paged_attention_fwd_kernel", spy)
-    monkeypatch.setattr(tri.common, "EXTEND_MAX_DYN_SPLITS", 4)
-    monkeypatch.setattr(tri.extend, "EXTEND_MAX_DYN_SPLITS", 4)
+    case, cfg, counters, spy = _dynamic_split_setup(tri, monkeypatch, lens, seed=41)
     gen = torch.Generator().manual_seed(42)
     real = sum(q_lens)
     for _ in range(2):
@@ -335,13 +341,7 @@ def test_triton_extend_dynamic_splits_capped_by_busy_programs(tri, monkeypatch) 
     7 leaves one split everywhere (bit-identical to a one-split launch), 16 at most two, 10**6 none (bit-identical
     to no cap); each against the float64 oracle, counters back to zero."""
     q_lens, lens = [2, 3, 0, 1, 2], [15, 40, 1, 70, 200]  # 16-key splits: 1, 3, -, 5 -> 4, 13 -> 4
-    case = make_case(lens, 2, 16, 4, seed=47)
-    cfg = tri.common.KernelConfig(**SMALL)
-    counters = split_counters(len(lens) * 8, 2, "cpu")
-    monkeypatch.setattr(tri.common, "split_reduce_kernel", _NoReduce())
-    spy = _SpyKernel(tri.common.paged_attention_fwd_kernel)
-    monkeypatch.setattr(tri.common, "paged_attention_fwd_kernel", spy)
-    monkeypatch.setattr(tri.extend, "EXTEND_MAX_DYN_SPLITS", 4)
+    case, cfg, counters, spy = _dynamic_split_setup(tri, monkeypatch, lens, seed=47)
     real = sum(q_lens)
     q = torch.randn(real + 2, 4, 16, generator=torch.Generator().manual_seed(48))
     args = (q, case.k_cache, case.v_cache, case.block_tables, cu_seqlens(q_lens), case.seq_lens, 0.25)
