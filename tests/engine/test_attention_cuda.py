@@ -74,11 +74,13 @@ def test_extend_attention_on_cuda_merges_short_query_blocks_in_the_kernel(num_sp
 
 
 @cuda_only()
-@pytest.mark.parametrize(("split_keys", "block_m"), [(256, 0), (256, 128), (1024, 128)])
-def test_extend_attention_on_cuda_dynamic_splits(split_keys: int, block_m: int) -> None:
+@pytest.mark.parametrize(("split_keys", "block_m", "programs"), [(256, 0, 0), (256, 128, 0), (1024, 128, 0),
+                                                                  (256, 0, 40), (256, 128, 800)])  # fmt: skip
+def test_extend_attention_on_cuda_dynamic_splits(split_keys: int, block_m: int, programs: int) -> None:
     """The varlen graphs' short group with `extend_split_keys` (each query block's split count from its own context,
     merged in the kernel) in the default tiles and in `extend_short_block_m = 128` tiles (a 16-token row in one
-    block): against the float64 oracle, counters left at 0, padding tokens untouched."""
+    block), with and without a program cap (`extend_split_programs`): against the float64 oracle, counters left at
+    0, padding tokens untouched."""
     from tokenrouter.engine.attention import split_counters
     from tokenrouter.engine.attention.triton_common import extend_config
     from tokenrouter.engine.attention.triton_extend import extend_attention_triton
@@ -97,7 +99,8 @@ def test_extend_attention_on_cuda_dynamic_splits(split_keys: int, block_m: int) 
     for _ in range(2):  # the second launch finds the counters at zero again
         out = torch.full_like(qb, 7.0)
         extend_attention_triton(qb, k, v, tables, cu, lens_d, dim**-0.5, max_q_len=16, out=out, counters=counters,
-                                split_keys=split_keys, config=extend_config(block_m), pdl=True)  # fmt: skip
+                                split_keys=split_keys, split_programs=programs, config=extend_config(block_m),
+                                pdl=True)  # fmt: skip
         torch.cuda.synchronize()
         assert counters.eq(0).all()
         got = out.cpu()
