@@ -170,9 +170,11 @@ class EngineConfig:
         return _DTYPES[self.dtype]
 
 
-# Every launch-overhead switch off, cuBLAS for every projection: what the studies time each switch against.
+# Every launch-overhead switch off, cuBLAS for every projection, extend splits by the shape rule: what the studies
+# time each switch against.
 BASELINE_SWITCHES: dict[str, bool | int] = {"decode_fused_reduce": False, "triton_pdl": False, "fuse_step_ops": False,
-                                            "triton_gemv": False, "argmax_chunk": 0}  # fmt: skip
+                                            "triton_gemv": False, "argmax_chunk": 0,
+                                            "extend_split_keys": 0}  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
