@@ -51,10 +51,10 @@ from tokenrouter.engine.attention import triton_common, triton_decode
 
 OFF = {"gemv_preload": False, "gemv_fold_norm": False, "gemv_lm_head": False, "argmax_chunk": 0, "small_m_table": False,
        "norm_fold_rows": 1, "late_norm_rows": 0, "decode_splits": None, "split_programs": 4,
-       "short_config": (2, 1)}  # fmt: skip
+       "short_config": (2, 1), "fused_rope": False}  # fmt: skip
 DEFAULT = {"gemv_preload": True, "gemv_fold_norm": True, "gemv_lm_head": False, "argmax_chunk": 1024,
            "small_m_table": True, "norm_fold_rows": 1, "late_norm_rows": 0, "decode_splits": None, "split_programs": 4,
-           "short_config": (2, 1)}  # fmt: skip
+           "short_config": (2, 1), "fused_rope": False}  # fmt: skip
 VARIANTS: list[tuple[str, dict[str, Any]]] = [
     ("base", OFF),
     ("preload", {**OFF, "gemv_preload": True}),
@@ -87,6 +87,9 @@ VARIANTS: list[tuple[str, dict[str, Any]]] = [
     # short decode splits (<= 4 key tiles) with 4 warps instead of 2
     ("short_w4", {**DEFAULT, "short_config": (4, 1)}),
     ("short_w4_again", {**DEFAULT, "short_config": (4, 1)}),
+    # q/k norm + RoPE + KV write folded into decode attention (`EngineConfig.decode_fused_rope`): a launch a layer fewer
+    ("fused_rope", {**DEFAULT, "fused_rope": True}),
+    ("fused_rope_again", {**DEFAULT, "fused_rope": True}),
 ]
 MODELS = {"qwen3-0.6b": (1, 8), "qwen3-32b": (1, 8)}
 SMALL_M_TABLE = None  # the engine's measured table, saved before any variant empties it
@@ -105,6 +108,7 @@ def apply(eng, sw: dict[str, Any]) -> None:
     warps, stages = sw["short_config"]
     triton_common.SHORT_DECODE_CONFIG = triton_common.KernelConfig(block_n=64, num_warps=warps, num_stages=stages)
     eng.config.argmax_chunk = sw["argmax_chunk"]
+    eng.config.decode_fused_rope = sw["fused_rope"]  # read when each step's attention metadata is built
     eng.recapture()
 
 

@@ -5,6 +5,7 @@ compilation); `TRITON_INTERPRET=1 python -m pytest tests/engine/interp_attention
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import replace
 from types import SimpleNamespace
@@ -411,3 +412,129 @@ def test_triton_extend_dynamic_splits_need_the_fused_merge(tri, monkeypatch) -> 
     assert rel_err(out, oracle(q, case, q_lens, 0.25)) < 1e-4
     with pytest.raises(ValueError, match="split_keys"):
         tri.extend.extend_attention_triton(*args, out=nan_like(q), split_keys=-1)
+
+
+@pytest.fixture
+def reversed_grid():
+    """Programs run in reverse grid order (the interpreter otherwise runs rows in ascending order, so a row would
+    find the keys of a request's earlier rows already written by their own programs; a GPU runs them in any
+    order)."""
+    import triton.runtime.interpreter as interpreter
+
+    builder = type(interpreter.interpreter_builder)
+    if not hasattr(builder, "set_grid_idx"):
+        pytest.skip("this Triton's interpreter sets no grid index to reorder")
+    real = builder.set_grid_idx
+
+    def backwards(self, x, y, z):
+        nx, ny, nz = self.grid_dim
+        real(self, nx - 1 - x, ny - 1 - y, nz - 1 - z)
+
+    builder.set_grid_idx = backwards
+    yield
+    builder.set_grid_idx = real
+
+
+@pytest.fixture
+def bf16_dot():
+    """`tl.dot` of bf16 operands as a GPU computes it (exact products, float32 sums): the interpreter keeps bf16 as
+    uint16 bits and would multiply those integers."""
+    import numpy as np
+    import triton.language as tl
+    import triton.runtime.interpreter as interpreter
+
+    builder = type(interpreter.interpreter_builder)
+    if not hasattr(builder, "create_dot") or not hasattr(interpreter, "TensorHandle"):
+        pytest.skip("this Triton's interpreter has no dot builder to widen")
+    real = builder.create_dot
+
+    def widened(h):
+        if h.dtype.scalar != tl.bfloat16:
+            return h
+        return interpreter.TensorHandle((h.data.astype(np.uint32) << 16).view(np.float32), tl.float32)
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        return real(self, widened(a), widened(b), d, input_precision, max_num_imprecise_acc)
+
+    builder.create_dot = create_dot
+    yield
+    builder.create_dot = real
+
+
+# A request's 3 new tokens at positions 62-64 (as a graph lays out a 3-token row: three decode rows sharing its row
+# slot), a 1-token row, a 2-token row and two padding rows. With 2 splits of 64-key tiles the 65-key row splits at
+# key 64: its first split reads keys 62 and 63, the new keys of the two rows before it.
+ROPE_REQUESTS = [(62, 3), (20, 1), (5, 2)]
+
+
+@pytest.mark.parametrize(
+    ("dtype", "qk_norm", "num_heads", "num_kv_heads", "head_dim", "num_splits", "config", "fused_merge"),
+    [
+        (torch.bfloat16, True, 4, 2, 16, 2, "decode", True),  # the split at key 64; 4 warps: norms 4 heads a chunk
+        (torch.bfloat16, False, 4, 2, 16, 2, "decode", False),  # no q/k norm; the reduce kernel merges
+        (torch.bfloat16, True, 8, 2, 32, 3, "small", True),  # GQA 4; 32-key splits: 62-63 | 64 again
+        (torch.float32, True, 6, 2, 16, 2, "short", True),  # GQA 3 in 2-warp chunks of 2 heads (one half empty)
+        (torch.float32, False, 4, 1, 16, 1, "short", False),  # one KV head, one split
+        (torch.bfloat16, True, 16, 8, 32, 2, "short", True),  # Qwen3-0.6B's heads (16 / 8), 2 warps
+    ],
+)
+def test_fused_rope_decode_is_bit_identical(tri, reversed_grid, bf16_dot, dtype, qk_norm, num_heads, num_kv_heads,
+                                            head_dim, num_splits, config, fused_merge) -> None:  # fmt: skip
+    """`decode_attention_fused_rope_triton` (q/k norm, RoPE and the K/V write inside the decode kernel) against
+    `qk_norm_rope_store` + `decode_attention_triton`: output and both caches bit-identical, programs run in reverse
+    order so that each row must write the earlier new keys its splits read itself."""
+    from attention_cases import fused_rope_vs_unfused, rope_step
+
+    cfg = {"decode": tri.common.DECODE_CONFIG, "short": tri.common.SHORT_DECODE_CONFIG,
+           "small": tri.common.KernelConfig(block_n=16)}[config]  # fmt: skip
+    step = rope_step(ROPE_REQUESTS, num_heads, num_kv_heads, head_dim, 4, dtype=dtype, qk_norm=qk_norm, seed=51,
+                     padding=2)  # fmt: skip
+    if num_splits == 2 and config == "decode":  # the case the walk-back exists for: keys 62-63 | 64
+        assert math.ceil(math.ceil(65 / 2) / cfg.block_n) * cfg.block_n == 64  # the kernel's split length
+    counters = split_counters(len(step.seq_lens), num_kv_heads, "cpu") if fused_merge else None
+    for _ in range(2):  # counters back at zero for a second launch (a graph replay)
+        assert fused_rope_vs_unfused(step, max_row_tokens=8, num_splits=num_splits, config=cfg,
+                                     counters=counters) == []  # fmt: skip
+        assert counters is None or counters.eq(0).all()
+
+
+def test_fused_rope_decode_needs_the_walk_back(tri, reversed_grid, bf16_dot) -> None:
+    """Without the walk back over a request's earlier rows (`max_row_tokens=1`: each row writes only its own new
+    token), the 65-key row's first split reads keys 62-63 before their rows' programs write them (NaN in the
+    cache): the output differs. Guards the bit-identity test above against a walk that does nothing."""
+    from attention_cases import fused_rope_vs_unfused, rope_step
+
+    step = rope_step(ROPE_REQUESTS, 4, 2, 16, 4, dtype=torch.bfloat16, qk_norm=True, seed=52)
+    launch = {"num_splits": 2, "config": tri.common.DECODE_CONFIG}
+    assert fused_rope_vs_unfused(step, max_row_tokens=8, **launch) == []
+    assert fused_rope_vs_unfused(step, max_row_tokens=1, **launch) == ["out"]  # the caches are complete either way
+
+
+def test_fused_rope_decode_without_row_slots(tri, bf16_dot) -> None:
+    """Rows with page-table rows of their own (no row slots): one new token a row, bit-identical as well."""
+    from attention_cases import fused_rope_vs_unfused, rope_step
+
+    step = rope_step([(30, 1), (9, 1), (0, 1)], 4, 2, 16, 4, dtype=torch.bfloat16, qk_norm=True, seed=53)
+    assert fused_rope_vs_unfused(step, max_row_tokens=1, row_slots=False, num_splits=3,
+                                 config=tri.common.KernelConfig(block_n=16)) == []  # fmt: skip
+
+
+def test_fused_rope_decode_rejects_what_it_cannot_fuse(tri) -> None:
+    from tokenrouter.engine.attention import fused_rope_applies
+    from tokenrouter.engine.attention.triton_common import RopeStore
+
+    assert fused_rope_applies("triton", torch.device("cpu"), 128)
+    assert not fused_rope_applies("triton", torch.device("cpu"), 96)
+    assert not fused_rope_applies("torch", torch.device("cpu"), 128)
+    cache = torch.zeros(3, 4, 2, 12)
+    table, seq = torch.zeros(1, 2, dtype=torch.int32), torch.ones(1, dtype=torch.int32)
+    zero = torch.zeros(1, dtype=torch.int32)
+    rope = RopeStore(zero, torch.zeros(8, 12), None, 1e-6, zero)
+    with pytest.raises(ValueError, match="power-of-two head_dim"):
+        tri.decode.decode_attention_fused_rope_triton(torch.zeros(1, 8 * 12), rope, cache, cache.clone(), table, seq,
+                                                      1.0, 4)  # fmt: skip
+    cache = torch.zeros(3, 4, 2, 16)
+    rope = RopeStore(zero, torch.zeros(8, 16), None, 1e-6, zero)
+    with pytest.raises(ValueError, match="qkv must be"):
+        tri.decode.decode_attention_fused_rope_triton(torch.zeros(1, 7 * 16), rope, cache, cache.clone(), table, seq,
+                                                      1.0, 4)  # fmt: skip

@@ -1,13 +1,14 @@
 """Decode attention compiled on CUDA as the engine's graphs launch it (bf16, Qwen3-0.6B's heads, split-KV with the
 fused merge, page-table rows through row slots, programmatic dependent launch) against the float64 oracle, and
 bit-identical with and without PDL (a launch option must never change a value). A NaN-poisoned shuffled cache;
-rows shorter than one key tile, at tile edges and over many splits."""
+rows shorter than one key tile, at tile edges and over many splits. Decode with q/k norm, RoPE and the KV write
+folded in (`decode_fused_rope`) bit-identical to the two launches it replaces, eagerly and replayed in a CUDA graph."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from attention_cases import make_case, oracle, rel_err
+from attention_cases import bits, fused_rope_vs_unfused, make_case, oracle, rel_err, rope_step
 from cuda_marks import cuda_only
 
 SEQ_LENS = [1, 63, 64, 65, 130, 1024, 3001]
@@ -106,3 +107,79 @@ def test_extend_attention_on_cuda_dynamic_splits(split_keys: int, block_m: int, 
         got = out.cpu()
         assert got[real:].eq(7.0).all()
         assert rel_err(got[:real], ref) < 2e-2
+
+
+# A graph step's requests as (first new position, new tokens): rows of 3 and 8 tokens (virtual rows sharing a row
+# slot), one at a 64-key tile edge, long and short contexts, 24 one-token rows; then 3 padding rows.
+ROPE_REQUESTS = [(62, 3), (1000, 8), (4000, 1), (127, 2), (5, 1)] + [(p, 1) for p in range(200, 2600, 100)]
+
+
+@cuda_only()
+@pytest.mark.parametrize(
+    ("heads", "requests", "num_splits", "qk_norm", "pdl"),
+    [
+        ((16, 8), "mixed", None, True, True),  # Qwen3-0.6B at the engine's split choice (short splits: 2 warps)
+        ((16, 8), "mixed", 2, True, False),  # long splits: 4 warps, pipelined tiles
+        ((16, 8), "mixed", 33, False, True),  # no q/k norm (Llama, Qwen2); many splits
+        ((16, 8), "one", None, True, True),  # the b=1 decode step
+        ((32, 8), "mixed", 9, True, True),  # Qwen3-8B
+        ((64, 8), "mixed", 4, True, True),  # Qwen3-32B
+    ],
+)
+def test_decode_fused_rope_on_cuda_is_bit_identical(heads, requests, num_splits, qk_norm, pdl) -> None:
+    """`decode_attention_fused_rope_triton` against `qk_norm_rope_store` + `decode_attention_triton` with the fused
+    merge: output and both caches bit-identical, counters left at zero, twice (a second launch on the same caches)."""
+    from tokenrouter.engine.attention import split_counters
+
+    hq, hkv = heads
+    dev = torch.device("cuda")
+    reqs = ROPE_REQUESTS if requests == "mixed" else [(3000, 1)]
+    step = rope_step(reqs, hq, hkv, 128, 16, dtype=torch.bfloat16, qk_norm=qk_norm, seed=61, padding=3).to(dev)
+    counters = split_counters(len(step.seq_lens), hkv, dev)
+    for _ in range(2):
+        assert fused_rope_vs_unfused(step, max_row_tokens=8, num_splits=num_splits, counters=counters, pdl=pdl) == []
+        torch.cuda.synchronize()
+        assert counters.eq(0).all()
+
+
+@cuda_only()
+def test_decode_fused_rope_replays_in_a_cuda_graph() -> None:
+    """The fused launch captured once (Qwen3-0.6B heads, engine split choice, fused merge, PDL) and replayed on a
+    second step's inputs and caches copied into its static tensors: bit-identical to the unfused path run eagerly
+    on that step."""
+    from tokenrouter.engine import triton_ops
+    from tokenrouter.engine.attention import split_counters
+    from tokenrouter.engine.attention.triton_common import RopeStore
+    from tokenrouter.engine.attention.triton_decode import decode_attention_fused_rope_triton, decode_attention_triton
+
+    dev = torch.device("cuda")
+    a, b = (rope_step(ROPE_REQUESTS, 16, 8, 128, 16, dtype=torch.bfloat16, qk_norm=True, seed=s, padding=3).to(dev)
+            for s in (62, 63))  # fmt: skip
+    kf, vf = a.k_cache.clone(), a.v_cache.clone()
+    counters = split_counters(len(a.seq_lens), 8, dev)
+    out = torch.empty(len(a.seq_lens), 16, 128, device=dev, dtype=torch.bfloat16)
+    rope = RopeStore(a.positions, a.cos_sin, a.norm_weight, 1e-6, a.slot_mapping, 8)
+
+    def launch() -> None:
+        decode_attention_fused_rope_triton(a.qkv, rope, kf, vf, a.block_tables, a.seq_lens, 128**-0.5, 16, out=out,
+                                           counters=counters, pdl=True, row_slots=a.row_slots)  # fmt: skip
+
+    launch()  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        launch()
+    for name in ("qkv", "positions", "slot_mapping", "row_slots", "seq_lens", "block_tables", "norm_weight"):
+        getattr(a, name).copy_(getattr(b, name))
+    kf.copy_(b.k_cache)
+    vf.copy_(b.v_cache)
+    graph.replay()
+    torch.cuda.synchronize()
+    kr, vr = b.k_cache.clone(), b.v_cache.clone()
+    q = triton_ops.qk_norm_rope_store(b.qkv, b.positions, b.cos_sin, b.norm_weight, 1e-6, kr, vr, b.slot_mapping, 16,
+                                      8, 128)  # fmt: skip
+    ref = decode_attention_triton(q, kr, vr, b.block_tables, b.seq_lens, 128**-0.5, counters=counters,
+                                  row_slots=b.row_slots)  # fmt: skip
+    assert torch.equal(bits(out), bits(ref))
+    assert torch.equal(bits(kf), bits(kr)) and torch.equal(bits(vf), bits(vr))
+    assert counters.eq(0).all()

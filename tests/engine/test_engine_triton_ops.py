@@ -314,6 +314,47 @@ def _check_varlen_extend_fused_merge(tops):
             assert eng.split_counters.eq(0).all()
 
 
+def _check_decode_fused_rope(tops, arch):
+    """`decode_fused_rope` (q/k norm + RoPE + KV write inside decode attention) on the padded graph path: the whole
+    scenario (decode rows, returns of 2-8 tokens as virtual rows sharing a row slot, forced 3-way KV splits) gives
+    bit-identical logits, hidden states, tokens and KV caches to the unfused path, with one kernel a layer fewer."""
+    import tempfile
+    from pathlib import Path
+
+    from engine_testlib import Scenario, make_hf_checkpoint, tiny_engine
+
+    from tokenrouter.core.batch import Batch, BatchRow
+    from tokenrouter.core.request import Request
+    from tokenrouter.engine.launch_count import count_graph_body_launches
+
+    runs = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        make_hf_checkpoint(Path(tmp), arch, seed=14)
+        for fused in (False, True):
+            eng = tiny_engine(tmp, ops_backend="triton", attention_backend="triton", graph_emulation=True,
+                              decode_num_splits=3, decode_fused_rope=fused)  # fmt: skip
+            scn = Scenario(eng, seed=14)
+            scn.finish()
+            caches = [c.clone() for layer in eng.kv_cache.layers for c in layer]
+            req = Request("x", list(range(1, 21)), 20)
+            assert eng.kv_pool.grow(req.pages, 21)
+            eng.step(Batch(0, 0, [BatchRow(req, 0, 20)]))
+            req.num_computed = 20
+            req.token_ids.append(5)
+            lc = count_graph_body_launches(eng, Batch(0, 1, [BatchRow(req, 20, 1)]))
+            names = {n for s, ns in lc.sections.items() if s != "step" for n in ns}
+            assert ("triton._qk_norm_rope_store_kernel" in names) != fused, names
+            runs[fused] = (scn.records, caches, lc.per_layer())
+    (recs, caches, per_layer), (recs_f, caches_f, per_layer_f) = runs[False], runs[True]
+    assert [p - 1 for p in per_layer] == per_layer_f, (per_layer, per_layer_f)
+    assert len(recs) == len(recs_f) > 0
+    for a, b in zip(recs, recs_f, strict=True):
+        assert (a.rid, a.pos, a.token) == (b.rid, b.pos, b.token)
+        assert torch.equal(a.logits, b.logits) and torch.equal(a.hidden, b.hidden), (a.rid, a.pos)
+    for a, b in zip(caches, caches_f, strict=True):
+        assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+
 def _check_step_kernels(tops):
     """In-graph sampling (greedy, temperature, top-k, top-p, both; log-probabilities of the rows that ask) and the
     step prologue (page-table writes, from_prev tokens) against their torch definitions; vocab not a multiple of
@@ -432,6 +473,8 @@ def _interpret() -> int:
     checks.append((_check_switches_match_hf_and_count_kernels, ()))
     checks.append((_check_varlen_graph_prefill_beside_decode_rows, ()))
     checks.append((_check_varlen_extend_fused_merge, ()))
+    # Qwen3 (q/k norm) only: the kernel tests of interp_attention.py cover the no-norm path (about 30 s each here).
+    checks.append((_check_decode_fused_rope, ("qwen3",)))
     failed = 0
     for fn, args in checks:
         try:

@@ -37,7 +37,8 @@ from tokenrouter.engine.attention.triton_extend import extend_tiling
 
 FWD_POINTERS = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "Out": "*bf16", "BlockTables": "*i32",
                 "SeqLens": "*i32", "CuSeqlensQ": "*i32", "MidO": "*fp32", "MidLse": "*fp32",
-                "Counters": "*i32", "RowSlots": "*i32"}  # fmt: skip
+                "Counters": "*i32", "RowSlots": "*i32", "Positions": "*i32", "CosSin": "*fp32", "NormW": "*bf16",
+                "Slots": "*i32"}  # fmt: skip
 REDUCE_POINTERS = {"MidO": "*fp32", "MidLse": "*fp32", "Out": "*bf16", "CuSeqlensQ": "*i32"}
 
 
@@ -79,6 +80,12 @@ def variants(quick: bool) -> list[Variant]:
             fused = fwd_constexprs(**dec, single_split=False, fused_reduce=True, use_pdl=True,
                                    merge_chunk=merge_chunk(splits, group, dim, cfg))  # fmt: skip
             out.append(Variant(f"decode G={group} fused+pdl S={splits}", "paged_attention_fwd_kernel", fused,
+                               cfg.num_warps, cfg.num_stages))  # fmt: skip
+            # `decode_fused_rope`: q/k-norm + RoPE + the K/V write in the kernel, rows of up to 8 tokens (graphs)
+            rope = fwd_constexprs(**dec, single_split=False, fused_reduce=True, use_pdl=True,
+                                  merge_chunk=merge_chunk(splits, group, dim, cfg), fused_rope=True, has_norm=True,
+                                  row_tokens=8, num_warps=cfg.num_warps)  # fmt: skip
+            out.append(Variant(f"decode G={group} fused+pdl+rope S={splits}", "paged_attention_fwd_kernel", rope,
                                cfg.num_warps, cfg.num_stages))  # fmt: skip
         for max_q, single in ((2048, True),) if quick else ((2048, True), (8, False), (1, False)):
             block_q, group_pad = extend_tiling(max_q, group, EXTEND_CONFIG)
@@ -150,7 +157,7 @@ def _ptxas_path() -> str:
 def compile_variant(v: Variant) -> Report:
     fn = getattr(triton_kernels, v.kernel)
     pointers = FWD_POINTERS if v.kernel == "paged_attention_fwd_kernel" else REDUCE_POINTERS
-    scalars = {"scale_log2": "fp32"}
+    scalars = {"scale_log2": "fp32", "eps": "fp32"}
     sig = {n: "constexpr" if n in v.constexprs else pointers.get(n, scalars.get(n, "i32")) for n in fn.arg_names}
     # What the JIT's specialization gives real launches: 16-byte aligned pointers, strides divisible by 16
     # (true for head_dim 128 layouts).

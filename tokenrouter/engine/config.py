@@ -50,6 +50,9 @@ class EngineConfig:
     graph_emulation: bool = False  # run the padded graph path eagerly where graphs cannot be captured (CPU tests)
     # Speed switches (docs/engine.md, Start-up and memory; each is timed against `BASELINE_SWITCHES`).
     decode_fused_reduce: bool = True  # split-KV decode merges its splits in the attention kernel
+    # Decode (graph) steps fold the q/k-norm + RoPE + KV-write kernel into decode attention: one launch a layer fewer,
+    # bit-identical (needs Triton ops and attention, a power-of-two head_dim >= 16). Off until a GPU measures it.
+    decode_fused_rope: bool = False
     # Extend launches of short query blocks merge their splits in the kernel too (off until a GPU measures it faster).
     extend_fused_reduce: bool = False
     # Varlen graphs' short-row group splits each row's keys on the device, one split per this many keys (0: the

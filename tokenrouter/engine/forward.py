@@ -85,6 +85,8 @@ class StepForward:
                                  short_split_keys=c.extend_split_keys, short_block_m=c.extend_short_block_m,
                                  short_split_programs=c.extend_split_programs,
                                  pdl=e.pdl, row_slots=v["row_slots"],
+                                 fused_rope_rows=(c.graph_max_row_tokens if c.decode_fused_rope and e.use_triton_ops
+                                                  else 0),
                                  long_rows=groups[0] if groups else None,
                                  short_q_len=groups[1] if groups else 1)  # fmt: skip
         model = e.model

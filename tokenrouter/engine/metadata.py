@@ -21,6 +21,10 @@ class AttentionMetadata:
     split_counters: torch.Tensor | None = None  # Triton decode: the fused split merge's zeroed arrival counters
     extend_counters: torch.Tensor | None = None  # the same for extend launches (`extend_fused_reduce`), or None
     pdl: bool = False  # Triton attention launches with programmatic dependent launch
+    # `EngineConfig.decode_fused_rope`: decode attention norms, rotates and stores q/k/v itself from the raw qkv rows
+    # (`attention.decode_attention_fused_rope`), rows of up to this many tokens of one request sharing a row slot
+    # (`graph_max_row_tokens`); 0: off.
+    fused_rope_rows: int = 0
     # [R] int32: attention row r reads page-table row `row_slots[r]` of `block_tables`; None: row r.
     row_slots: torch.Tensor | None = None
     # Varlen graphs (`varlen_shapes`): rows 0..long_rows-1 attend with `max_q_len`, the rest in a second launch with

@@ -57,14 +57,31 @@ class DecoderAttention(nn.Module):
         self._ops = triton_ops_module(use_triton)
         self.pdl = False
 
+    def _norm_w(self) -> torch.Tensor | None:
+        """q_norm | k_norm weights as the Triton kernels take them ([2, head_dim]), or None."""
+        return None if self.qk_norm_weight is None else self.qk_norm_weight.view(2, self.head_dim)
+
+    def _fuses_rope(self, meta: AttentionMetadata, device: torch.device) -> bool:
+        """Decode attention does q/k norm, RoPE and the KV write itself (`EngineConfig.decode_fused_rope`): Triton
+        ops and attention, decode layout, a head_dim it takes."""
+        return (meta.fused_rope_rows > 0 and meta.is_decode and self._ops is not None
+                and attention.fused_rope_applies(meta.backend, device, self.head_dim))  # fmt: skip
+
     def attend(self, qkv: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, kv: KVLayer) -> torch.Tensor:
         """The layer after its qkv projection: q/k norm, RoPE, KV write, attention, o projection."""
         t = qkv.shape[0]
         k_cache, v_cache = kv
+        if self._fuses_rope(meta, qkv.device):
+            o = attention.decode_attention_fused_rope(
+                qkv, positions, self.rope.cos_sin, self._norm_w(), self.eps, k_cache, v_cache, meta.slot_mapping,
+                meta.block_tables, meta.seq_lens, self.scale, num_heads=self.num_heads, num_splits=meta.num_splits,
+                counters=meta.split_counters, pdl=meta.pdl, row_slots=meta.row_slots,
+                max_row_tokens=meta.fused_rope_rows,
+            )  # fmt: skip
+            return self.tp.all_reduce(self.o_proj(o.reshape(t, self.q_size)))
         if self._ops is not None:
-            norm_w = None if self.qk_norm_weight is None else self.qk_norm_weight.view(2, self.head_dim)
             q = self._ops.qk_norm_rope_store(
-                qkv, positions, self.rope.cos_sin, norm_w, self.eps, k_cache, v_cache, meta.slot_mapping,
+                qkv, positions, self.rope.cos_sin, self._norm_w(), self.eps, k_cache, v_cache, meta.slot_mapping,
                 self.num_heads, self.num_kv_heads, self.head_dim, pdl=self.pdl,
             )  # fmt: skip
         else:

@@ -16,7 +16,8 @@ from tokenrouter.engine.attention.reference import decode_attention_torch, exten
 
 Backend = Literal["auto", "torch", "triton"]
 
-__all__ = ["Backend", "decode_attention", "extend_attention", "resolve_backend", "split_counters", "store_kv"]
+__all__ = ["Backend", "decode_attention", "decode_attention_fused_rope", "extend_attention", "fused_rope_applies",
+           "resolve_backend", "split_counters", "store_kv"]  # fmt: skip
 
 
 def split_counters(num_rows: int, num_kv_heads: int, device: torch.device | str) -> torch.Tensor:
@@ -53,6 +54,35 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     return decode_attention_triton(
         q, k_cache, v_cache, block_tables, seq_lens, scale, out=out, num_splits=num_splits, counters=counters,
         pdl=pdl, row_slots=row_slots,
+    )  # fmt: skip
+
+
+def fused_rope_applies(backend: Backend, device: torch.device, head_dim: int) -> bool:
+    """Whether `decode_attention_fused_rope` serves this backend and head_dim (Triton; a power-of-two head_dim >= 16,
+    as `triton_decode.fused_rope_supported`, without importing Triton)."""
+    return resolve_backend(backend, device) == "triton" and head_dim >= 16 and head_dim & (head_dim - 1) == 0
+
+
+def decode_attention_fused_rope(qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
+                                norm_weight: torch.Tensor | None, eps: float, k_cache: torch.Tensor,
+                                v_cache: torch.Tensor, slot_mapping: torch.Tensor, block_tables: torch.Tensor,
+                                seq_lens: torch.Tensor, scale: float, *, num_heads: int,
+                                out: torch.Tensor | None = None, num_splits: int | None = None,
+                                counters: torch.Tensor | None = None, pdl: bool = False,
+                                row_slots: torch.Tensor | None = None,
+                                max_row_tokens: int = 1) -> torch.Tensor:  # fmt: skip
+    """`triton_ops.qk_norm_rope_store(qkv, positions, cos_sin, norm_weight, eps, k_cache, v_cache, slot_mapping, ...)`
+    then `decode_attention` on its q, in one Triton launch with the same bits (`EngineConfig.decode_fused_rope`).
+    `max_row_tokens`: with `row_slots`, the most tokens of one request in this launch, laid out as consecutive rows
+    sharing a row slot at consecutive positions (a graph step's rows of several tokens). Triton only
+    (`fused_rope_applies`)."""
+    from tokenrouter.engine.attention.triton_common import RopeStore
+    from tokenrouter.engine.attention.triton_decode import decode_attention_fused_rope_triton
+
+    rope = RopeStore(positions, cos_sin, norm_weight, eps, slot_mapping, max_row_tokens)
+    return decode_attention_fused_rope_triton(
+        qkv, rope, k_cache, v_cache, block_tables, seq_lens, scale, num_heads, out=out, num_splits=num_splits,
+        counters=counters, pdl=pdl, row_slots=row_slots,
     )  # fmt: skip
 
 

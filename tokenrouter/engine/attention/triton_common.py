@@ -51,6 +51,19 @@ def extend_config(block_m: int = 0) -> KernelConfig:
     return replace(EXTEND_CONFIG, block_m=block_m, num_warps=8 if block_m == 128 else EXTEND_CONFIG.num_warps)
 
 
+@dataclass(frozen=True)
+class RopeStore:
+    """Decode with the q/k RMSNorm, RoPE and K/V write folded in (`decode_attention_fused_rope`): the launch's q is
+    the q part of the raw qkv rows, these are the rest of `triton_ops.qk_norm_rope_store`'s operands."""
+
+    positions: torch.Tensor  # [T] int32/int64
+    cos_sin: torch.Tensor  # [max_positions, D] float32
+    norm_weight: torch.Tensor | None  # [2, D] q_norm | k_norm rows, contiguous; None: no q/k norm
+    eps: float
+    slot_mapping: torch.Tensor  # [T] int32/int64 cache slot of each token
+    row_tokens: int = 1  # the most tokens of one request in the launch (consecutive rows sharing a row slot)
+
+
 def num_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
@@ -87,15 +100,22 @@ def block_d(head_dim: int) -> int:
 def fwd_constexprs(*, group: int, group_pad: int, block_q: int, block_n: int, head_dim: int, page_size: int,
                    is_decode: bool, single_split: bool, dtype: torch.dtype, fused_reduce: bool = False,
                    merge_chunk: int = 1, use_pdl: bool = False, has_slots: bool = False,
-                   dyn_splits: bool = False, rows_p2: int = 1) -> dict[str, int | bool | str]:  # fmt: skip
-    """Compile-time parameters of `paged_attention_fwd_kernel`, shared by launches and `aot_check`."""
+                   dyn_splits: bool = False, rows_p2: int = 1, fused_rope: bool = False, has_norm: bool = False,
+                   row_tokens: int = 1, num_warps: int = 1) -> dict[str, int | bool | str]:  # fmt: skip
+    """Compile-time parameters of `paged_attention_fwd_kernel`, shared by launches and `aot_check`. Without
+    `fused_rope` the RoPE constexprs keep fixed values (`has_norm`, `row_tokens`, `num_warps` ignored), so the
+    unfused variants are the same for every model."""
+    if not fused_rope:
+        has_norm, row_tokens, num_warps = False, 1, 1
     # fp32 caches (CPU tests, debugging) get exact fp32 products instead of TF32 (DOT_PRECISION); bf16 ignores it.
     return {"GROUP": group, "GROUP_PAD": group_pad, "BLOCK_Q": block_q, "BLOCK_M": block_q * group_pad,
             "BLOCK_N": max(MIN_DOT_DIM, block_n), "HEAD_DIM": head_dim, "BLOCK_D": block_d(head_dim),
             "PAGE_SIZE": page_size, "IS_DECODE": is_decode, "SINGLE_SPLIT": single_split,
             "DOT_PRECISION": "ieee" if dtype == torch.float32 else "tf32", "FUSED_REDUCE": fused_reduce,
             "GROUP_P2": triton.next_power_of_2(group), "MERGE_CHUNK": merge_chunk, "USE_PDL": use_pdl,
-            "HAS_SLOTS": has_slots, "DYN_SPLITS": dyn_splits, "ROWS_P2": rows_p2}  # fmt: skip
+            "HAS_SLOTS": has_slots, "DYN_SPLITS": dyn_splits, "ROWS_P2": rows_p2, "FUSED_ROPE": fused_rope,
+            "HAS_NORM": has_norm, "ROW_TOKENS": row_tokens, "ROW_TOKENS_P2": triton.next_power_of_2(row_tokens),
+            "NORM_ROWS": num_warps}  # fmt: skip
 
 
 def merge_chunk(num_splits: int, group: int, head_dim: int, config: KernelConfig) -> int:
@@ -131,12 +151,13 @@ def launch_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            *, num_rows: int, block_q: int, group_pad: int, num_q_blocks: int, num_splits: int,
                            config: KernelConfig, counters: torch.Tensor | None = None, pdl: bool = False,
                            row_slots: torch.Tensor | None = None, split_keys: int = 0,
-                           split_programs: int = 0) -> torch.Tensor:  # fmt: skip
+                           split_programs: int = 0, rope: RopeStore | None = None) -> torch.Tensor:  # fmt: skip
     """Launch the forward kernel (and the reduce when `num_splits > 1`); `cu_seqlens_q is None` = decode. `counters`
     (>= rows x Hkv x query blocks entries, else ignored; extend: query blocks of at most FUSED_EXTEND_MAX_Q tokens):
     the forward kernel merges the splits itself, no reduce launch. `split_keys` > 0 (with that fused merge only):
     each query block uses one split per `split_keys` keys it sees, at most `num_splits` (`DYN_SPLITS`), and with
-    `split_programs` > 0 at most about that many programs in all (counted on the device from the busy rows)."""
+    `split_programs` > 0 at most about that many programs in all (counted on the device from the busy rows).
+    `rope` (decode): q is a view of the raw qkv rows, normed, rotated and stored with its K/V in the kernel."""
     _check_inputs(q, k_cache, v_cache, block_tables)
     if out.shape != q.shape or out.stride(2) != 1:
         raise ValueError(f"out must be {tuple(q.shape)} with a contiguous last dim")
@@ -162,17 +183,25 @@ def launch_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         fused_reduce=fused, merge_chunk=merge_chunk(num_splits, group, head_dim, config) if fused else 1,
         use_pdl=pdl, has_slots=row_slots is not None, dyn_splits=(dyn := fused and split_keys > 0),
         rows_p2=triton.next_power_of_2(num_rows) if dyn and split_programs > 0 else 1,
+        fused_rope=rope is not None, has_norm=rope is not None and rope.norm_weight is not None,
+        row_tokens=rope.row_tokens if rope is not None else 1, num_warps=config.num_warps,
     )  # fmt: skip
+    # Placeholders where there is no RoPE to fuse (never read).
+    r_ptrs, r_eps, r_stride = (seq_lens,) * 4, 0.0, 0
+    if rope is not None:
+        nw = q if rope.norm_weight is None else rope.norm_weight
+        r_ptrs = (rope.positions, rope.cos_sin, nw, rope.slot_mapping)
+        r_eps, r_stride = rope.eps, rope.cos_sin.stride(0)
     grid = (num_rows, num_kv_heads * num_q_blocks, num_splits)
     launch = {"num_warps": config.num_warps, "num_stages": config.num_stages, **({"launch_pdl": True} if pdl else {})}
     paged_attention_fwd_kernel[grid](
         q, k_cache, v_cache, block_tables, seq_lens, seq_lens if is_decode else cu_seqlens_q, out, mid_o, mid_lse,
-        counters if fused else seq_lens, row_slots if row_slots is not None else seq_lens,
-        scale * math.log2(math.e), num_splits, num_q_blocks, max(split_keys, 1), split_programs if dyn else 0,
+        counters if fused else seq_lens, row_slots if row_slots is not None else seq_lens, *r_ptrs,
+        scale * math.log2(math.e), num_splits, num_q_blocks, max(split_keys, 1), split_programs if dyn else 0, r_eps,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        block_tables.stride(0), out.stride(0), out.stride(1), *m_strides, *l_strides,
+        block_tables.stride(0), out.stride(0), out.stride(1), *m_strides, *l_strides, r_stride,
         **meta, **launch,
     )  # fmt: skip
     if not single and not fused:

@@ -101,19 +101,140 @@ def _merge_group_splits(
     tl.store(out_ptrs, res.to(Out.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
 
 
+@triton.jit
+def _head_sumsq(Src, off, ok, HEAD_DIM: tl.constexpr):
+    """[R] fp32 sums of squares of the heads at element offsets `off` of Src (rows not `ok`: 0), each half reduced on
+    its own and then added, as `triton_ops.qk_norm_rope_store` does. Called with as many rows as the program has
+    warps (one warp a row, that kernel's layout), so each row sums in its order: bit-identical norms."""
+    HALF: tl.constexpr = HEAD_DIM // 2
+    offs = tl.arange(0, HALF)
+    m = ok[:, None] & (offs < HALF)[None, :]
+    src = Src + off[:, None] + offs[None, :]
+    x1 = tl.load(src, mask=m, other=0.0).to(tl.float32)
+    x2 = tl.load(src + HALF, mask=m, other=0.0).to(tl.float32)
+    return tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)
+
+
+@triton.jit
+def _norm_rope_halves(
+    Src, off, ss, pos, ok, CosSin, stride_cs, NormW, eps,
+    HEAD_DIM: tl.constexpr, HAS_NORM: tl.constexpr, dt: tl.constexpr,
+):  # fmt: skip
+    """The two rotated halves ([R, HEAD_DIM // 2] in dt) of the heads at offsets `off` of Src at positions `pos`:
+    RMS-normed first (`ss`: their `_head_sumsq`; `NormW`: the weight row) where HAS_NORM, every step rounded and
+    written as `triton_ops.qk_norm_rope_store` writes it (same expressions: same FMA contraction)."""
+    HALF: tl.constexpr = HEAD_DIM // 2
+    offs = tl.arange(0, HALF)
+    m = ok[:, None] & (offs < HALF)[None, :]
+    src = Src + off[:, None] + offs[None, :]
+    x1 = tl.load(src, mask=m, other=0.0).to(tl.float32)
+    x2 = tl.load(src + HALF, mask=m, other=0.0).to(tl.float32)
+    if HAS_NORM:
+        inv = tl.rsqrt(ss / HEAD_DIM + eps)[:, None]
+        w1 = tl.load(NormW + offs).to(tl.float32)[None, :]
+        w2 = tl.load(NormW + HALF + offs).to(tl.float32)[None, :]
+        x1 = ((x1 * inv).to(dt).to(tl.float32) * w1).to(dt).to(tl.float32)
+        x2 = ((x2 * inv).to(dt).to(tl.float32) * w2).to(dt).to(tl.float32)
+    cs = CosSin + pos.to(tl.int64)[:, None] * stride_cs + offs[None, :]
+    cos = tl.load(cs, mask=m, other=0.0).to(dt).to(tl.float32)
+    sin = tl.load(cs + HALF, mask=m, other=0.0).to(dt).to(tl.float32)
+    return (x1 * cos - x2 * sin).to(dt), (x2 * cos + x1 * sin).to(dt)
+
+
+@triton.jit
+def _store_q(
+    QKV, Out, CosSin, NormW, eps, row, pos, kvh, stride_qt, stride_qh, stride_cs, stride_ot, stride_oh,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HAS_NORM: tl.constexpr, NORM_ROWS: tl.constexpr, dt: tl.constexpr,
+):  # fmt: skip
+    """Write the GROUP q heads of KV head `kvh` of token `row`, normed and rotated from its raw qkv row, into Out[row]
+    (a scratch the program then reads its q tile from, as the unfused kernel reads q: a q computed in the tile's
+    layout for the dot came out a bf16 ulp off in places on an H100). NORM_ROWS heads at a time, one warp a head,
+    as the K heads (`_store_step_kv`)."""
+    HALF: tl.constexpr = HEAD_DIM // 2
+    offs = tl.arange(0, HALF)
+    base = row.to(tl.int64) * stride_qt
+    dst_row = Out + row.to(tl.int64) * stride_ot
+    for c in tl.static_range(0, GROUP, NORM_ROWS):
+        g = c + tl.arange(0, NORM_ROWS)
+        ok = g < GROUP
+        head = kvh * GROUP + g
+        off = base + head * stride_qh
+        if HAS_NORM:  # noqa: SIM108 - a constexpr branch, kept as a statement for Triton
+            ss = _head_sumsq(QKV, off, ok, HEAD_DIM)
+        else:
+            ss = tl.zeros([NORM_ROWS], tl.float32)
+        q1, q2 = _norm_rope_halves(QKV, off, ss, tl.zeros([NORM_ROWS], tl.int32) + pos, ok, CosSin, stride_cs,
+                                   NormW, eps, HEAD_DIM, HAS_NORM, dt)  # fmt: skip
+        dst = (dst_row + head * stride_oh)[:, None] + offs[None, :]
+        m = ok[:, None] & (offs < HALF)[None, :]
+        tl.store(dst, q1, mask=m)
+        tl.store(dst + HALF, q2, mask=m)
+
+
+@triton.jit
+def _store_step_kv(
+    QKV, K, V, Positions, Slots, RowSlots, CosSin, NormW, eps, row, pos, slot_row, seq_len, lo, hi, kvh, num_q, num_kv,
+    stride_qt, stride_qh, stride_cs, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+    HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_NORM: tl.constexpr, HAS_SLOTS: tl.constexpr,
+    ROW_TOKENS: tl.constexpr, ROW_TOKENS_P2: tl.constexpr, NORM_ROWS: tl.constexpr, dt: tl.constexpr,
+):  # fmt: skip
+    """Write KV head `kvh` of this step's new tokens whose keys fall in [lo, hi) into the paged cache: the k-normed,
+    rotated key and the raw value from the qkv rows, at their `Slots`. The new tokens: this row's own (key
+    seq_len - 1) and, with row slots, the same request's earlier tokens of this step: a graph step lays a row of up
+    to ROW_TOKENS tokens out as consecutive decode rows sharing a row slot, positions rising by one. Every program
+    that reads such a key writes it itself (several write the same bits), so no program waits on another."""
+    n_new = 1
+    if HAS_SLOTS:
+        j = tl.arange(0, ROW_TOKENS_P2)
+        r = row - j
+        back = (j < ROW_TOKENS) & (r >= 0)
+        same = back & (tl.load(RowSlots + r, mask=back, other=-1) == slot_row)
+        same = same & (tl.load(Positions + r, mask=back, other=-1) == pos - j)
+        n_new = tl.min(tl.where(same, ROW_TOKENS, j), axis=0)  # the first row back that is not this request's
+    # Token j rows back holds key seq_len - 1 - j: inside [lo, hi) for j in [seq_len - hi, seq_len - lo).
+    j_end = tl.minimum(n_new, seq_len - lo)
+    HALF: tl.constexpr = HEAD_DIM // 2
+    offs = tl.arange(0, HALF)
+    offs_d = tl.arange(0, HEAD_DIM)
+    for j0 in range(tl.maximum(seq_len - hi, 0), j_end, NORM_ROWS):
+        jj = j0 + tl.arange(0, NORM_ROWS)
+        ok = jj < j_end
+        tok = (row - jj).to(tl.int64)
+        k_off = tok * stride_qt + (num_q + kvh) * stride_qh
+        if HAS_NORM:  # noqa: SIM108 - a constexpr branch, kept as a statement for Triton
+            ss = _head_sumsq(QKV, k_off, ok, HEAD_DIM)
+        else:
+            ss = tl.zeros([NORM_ROWS], tl.float32)
+        k1, k2 = _norm_rope_halves(QKV, k_off, ss, pos - jj, ok, CosSin, stride_cs, NormW + HEAD_DIM, eps, HEAD_DIM,
+                                   HAS_NORM, dt)  # fmt: skip
+        slot = tl.load(Slots + tok, mask=ok, other=0).to(tl.int64)
+        page, in_page = slot // PAGE_SIZE, slot % PAGE_SIZE
+        k_dst = (K + page * stride_kp + in_page * stride_ks + kvh * stride_kh)[:, None] + offs[None, :]
+        m = ok[:, None] & (offs < HALF)[None, :]
+        tl.store(k_dst, k1, mask=m)
+        tl.store(k_dst + HALF, k2, mask=m)
+        v_src = QKV + (k_off + num_kv * stride_qh)[:, None] + offs_d[None, :]
+        v_dst = (V + page * stride_vp + in_page * stride_vs + kvh * stride_vh)[:, None] + offs_d[None, :]
+        m_d = ok[:, None] & (offs_d < HEAD_DIM)[None, :]
+        tl.store(v_dst, tl.load(v_src, mask=m_d, other=0.0), mask=m_d)
+
+
 # Runtime ints are not specialized (== 1, % 16): their values change with the batch, and each specialization
 # would be another JIT compile in the middle of serving.
 @triton.jit(do_not_specialize=["num_splits", "num_q_blocks", "split_keys", "split_programs"])
 def paged_attention_fwd_kernel(
     Q, K, V, BlockTables, SeqLens, CuSeqlensQ, Out, MidO, MidLse, Counters, RowSlots,
-    scale_log2, num_splits, num_q_blocks, split_keys, split_programs,
+    Positions, CosSin, NormW, Slots,
+    scale_log2, num_splits, num_q_blocks, split_keys, split_programs, eps,
     stride_qt, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_bt,
-    stride_ot, stride_oh, stride_mt, stride_mh, stride_ms, stride_lt, stride_lh,
+    stride_ot, stride_oh, stride_mt, stride_mh, stride_ms, stride_lt, stride_lh, stride_cs,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE_SIZE: tl.constexpr,
     IS_DECODE: tl.constexpr, SINGLE_SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr,
     FUSED_REDUCE: tl.constexpr, GROUP_P2: tl.constexpr, MERGE_CHUNK: tl.constexpr, USE_PDL: tl.constexpr,
     HAS_SLOTS: tl.constexpr, DYN_SPLITS: tl.constexpr, ROWS_P2: tl.constexpr,
+    FUSED_ROPE: tl.constexpr, HAS_NORM: tl.constexpr, ROW_TOKENS: tl.constexpr, ROW_TOKENS_P2: tl.constexpr,
+    NORM_ROWS: tl.constexpr,
 ):  # fmt: skip
     """Grid (rows, Hkv * num_q_blocks, num_splits). Q/Out are `[T, Hq, D]`, MidO `[T, Hq, S, D]` fp32,
     MidLse `[T, Hq, S]` fp32; head_dim strides are 1. Decode passes IS_DECODE (token index = row).
@@ -125,7 +246,13 @@ def paged_attention_fwd_kernel(
     directly (no partials, no counter). Graphs size the grid for the longest row; short rows then cost nothing.
     With split_programs > 0 also at most max(1, split_programs // (busy query blocks x Hkv)) splits: the launch's busy
     blocks are counted from CuSeqlensQ (ROWS_P2 >= rows), the same count in every program, so a few rows split and
-    many do not (the grid already fills the GPU)."""
+    many do not (the grid already fills the GPU).
+    FUSED_ROPE (decode, HEAD_DIM a power of two): Q is the q part of the raw qkv rows (K and V heads follow at head
+    offsets num_q + h and num_q + num_kv + h of stride_qh); each program norms (HAS_NORM: NormW [2, D] q | k weights)
+    and rotates (CosSin [pos, D] fp32 at Positions) its q heads itself, through Out as a scratch (`_store_q`), and
+    writes the step's new K/V of its KV head and key range into the cache at Slots before it reads them
+    (`_store_step_kv`; ROW_TOKENS: a row's most tokens). NORM_ROWS = num_warps: one warp a head, the layout of
+    `triton_ops.qk_norm_rope_store`, so the norms sum in its order."""
     if USE_PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -156,7 +283,13 @@ def paged_attention_fwd_kernel(
     tok = tok0 + qi
     q_pos = seq_len - q_len + qi
     io_mask = row_ok[:, None] & (offs_d < HEAD_DIM)[None, :]
-    q = tl.load(Q + tok[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :], mask=io_mask, other=0.0)
+    if FUSED_ROPE:  # q goes through Out (read back below, after the barrier)
+        pos = tl.load(Positions + row)
+        _store_q(Q, Out, CosSin, NormW, eps, row, pos, kvh, stride_qt, stride_qh, stride_cs, stride_ot, stride_oh,
+                 GROUP, HEAD_DIM, HAS_NORM, NORM_ROWS, K.dtype.element_ty)  # fmt: skip
+    else:
+        q = tl.load(Q + tok[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :], mask=io_mask,
+                    other=0.0)  # fmt: skip
 
     # Keys this query block can see end at its last query's position; slice that range into splits.
     kv_end = seq_len - q_len + tl.minimum(q_len, q_begin + BLOCK_Q)
@@ -185,6 +318,16 @@ def paged_attention_fwd_kernel(
     else:
         bt_idx = row.to(tl.int64)
     bt_row = BlockTables + bt_idx * stride_bt
+    if FUSED_ROPE:
+        _store_step_kv(
+            Q, K, V, Positions, Slots, RowSlots, CosSin, NormW, eps, row, pos, bt_idx, seq_len, lo, hi, kvh,
+            GROUP * tl.num_programs(1), tl.num_programs(1),
+            stride_qt, stride_qh, stride_cs, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+            HEAD_DIM, PAGE_SIZE, HAS_NORM, HAS_SLOTS, ROW_TOKENS, ROW_TOKENS_P2, NORM_ROWS, K.dtype.element_ty,
+        )  # fmt: skip
+        tl.debug_barrier()  # this program's q and K/V stores before its loads of them, by any of its threads
+        q = tl.load(Out + tok[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :], mask=io_mask,
+                    other=0.0)  # fmt: skip
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
