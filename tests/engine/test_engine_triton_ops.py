@@ -175,6 +175,20 @@ def _check_warm_rope_heads(tops):
         assert seen == [1 << i for i in range(tops.ROPE_MAX_HEADS.bit_length())], seen
 
 
+def _decode_step_launches(eng):
+    """The graph body launches of a one-row decode step after a fresh 20-token prefill (`count_graph_body_launches`)."""
+    from tokenrouter.core.batch import Batch, BatchRow
+    from tokenrouter.core.request import Request
+    from tokenrouter.engine.launch_count import count_graph_body_launches
+
+    req = Request("x", list(range(1, 21)), 20)
+    assert eng.kv_pool.grow(req.pages, 21)
+    eng.step(Batch(0, 0, [BatchRow(req, 0, 20)]))
+    req.num_computed = 20
+    req.token_ids.append(5)
+    return count_graph_body_launches(eng, Batch(0, 1, [BatchRow(req, 20, 1)]))
+
+
 def _check_switches_match_hf_and_count_kernels(tops):
     """Triton elementwise ops + Triton attention (forced 3-way KV split) on the padded graph path: baseline
     and default switches match HF over the whole scenario (each switch alone is a subset of the default), and
@@ -185,10 +199,7 @@ def _check_switches_match_hf_and_count_kernels(tops):
 
     from engine_testlib import Scenario, check_against_hf, make_hf_checkpoint, tiny_engine
 
-    from tokenrouter.core.batch import Batch, BatchRow
-    from tokenrouter.core.request import Request
     from tokenrouter.engine.config import BASELINE_SWITCHES
-    from tokenrouter.engine.launch_count import count_graph_body_launches
 
     variants = {
         "baseline": (BASELINE_SWITCHES, 10, 11),
@@ -214,12 +225,7 @@ def _check_switches_match_hf_and_count_kernels(tops):
                 scn = Scenario(eng, seed=13)
                 scn.finish()
                 check_against_hf(scn, hf, tol=1e-4)
-            req = Request("x", list(range(1, 21)), 20)
-            assert eng.kv_pool.grow(req.pages, 21)
-            eng.step(Batch(0, 0, [BatchRow(req, 0, 20)]))
-            req.num_computed = 20
-            req.token_ids.append(5)
-            lc = count_graph_body_launches(eng, Batch(0, 1, [BatchRow(req, 20, 1)]))
+            lc = _decode_step_launches(eng)
             got = (lc.per_layer(), len(lc.sections["step"]))
             want = per_layer if isinstance(per_layer, list) else [per_layer] * 2
             assert got == (want, step), f"{name}: {got} {lc.sections}"
@@ -323,10 +329,6 @@ def _check_decode_fused_rope(tops, arch):
 
     from engine_testlib import Scenario, make_hf_checkpoint, tiny_engine
 
-    from tokenrouter.core.batch import Batch, BatchRow
-    from tokenrouter.core.request import Request
-    from tokenrouter.engine.launch_count import count_graph_body_launches
-
     runs = {}
     with tempfile.TemporaryDirectory() as tmp:
         make_hf_checkpoint(Path(tmp), arch, seed=14)
@@ -336,12 +338,7 @@ def _check_decode_fused_rope(tops, arch):
             scn = Scenario(eng, seed=14)
             scn.finish()
             caches = [c.clone() for layer in eng.kv_cache.layers for c in layer]
-            req = Request("x", list(range(1, 21)), 20)
-            assert eng.kv_pool.grow(req.pages, 21)
-            eng.step(Batch(0, 0, [BatchRow(req, 0, 20)]))
-            req.num_computed = 20
-            req.token_ids.append(5)
-            lc = count_graph_body_launches(eng, Batch(0, 1, [BatchRow(req, 20, 1)]))
+            lc = _decode_step_launches(eng)
             names = {n for s, ns in lc.sections.items() if s != "step" for n in ns}
             assert ("triton._qk_norm_rope_store_kernel" in names) != fused, names
             runs[fused] = (scn.records, caches, lc.per_layer())

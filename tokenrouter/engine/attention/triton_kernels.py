@@ -102,16 +102,21 @@ def _merge_group_splits(
 
 
 @triton.jit
-def _head_sumsq(Src, off, ok, HEAD_DIM: tl.constexpr):
-    """[R] fp32 sums of squares of the heads at element offsets `off` of Src (rows not `ok`: 0), each half reduced on
-    its own and then added, as `triton_ops.qk_norm_rope_store` does. Called with as many rows as the program has
-    warps (one warp a row, that kernel's layout), so each row sums in its order: bit-identical norms."""
+def _load_halves(Src, off, ok, HEAD_DIM: tl.constexpr):
+    """The two halves ([R, HEAD_DIM // 2] fp32) of the heads at element offsets `off` of Src (rows not `ok`: 0)."""
     HALF: tl.constexpr = HEAD_DIM // 2
     offs = tl.arange(0, HALF)
     m = ok[:, None] & (offs < HALF)[None, :]
     src = Src + off[:, None] + offs[None, :]
-    x1 = tl.load(src, mask=m, other=0.0).to(tl.float32)
-    x2 = tl.load(src + HALF, mask=m, other=0.0).to(tl.float32)
+    return tl.load(src, mask=m, other=0.0).to(tl.float32), tl.load(src + HALF, mask=m, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _head_sumsq(Src, off, ok, HEAD_DIM: tl.constexpr):
+    """[R] fp32 sums of squares of the heads at element offsets `off` of Src (rows not `ok`: 0), each half reduced on
+    its own and then added, as `triton_ops.qk_norm_rope_store` does. Called with as many rows as the program has
+    warps (one warp a row, that kernel's layout), so each row sums in its order: bit-identical norms."""
+    x1, x2 = _load_halves(Src, off, ok, HEAD_DIM)
     return tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)
 
 
@@ -126,9 +131,7 @@ def _norm_rope_halves(
     HALF: tl.constexpr = HEAD_DIM // 2
     offs = tl.arange(0, HALF)
     m = ok[:, None] & (offs < HALF)[None, :]
-    src = Src + off[:, None] + offs[None, :]
-    x1 = tl.load(src, mask=m, other=0.0).to(tl.float32)
-    x2 = tl.load(src + HALF, mask=m, other=0.0).to(tl.float32)
+    x1, x2 = _load_halves(Src, off, ok, HEAD_DIM)
     if HAS_NORM:
         inv = tl.rsqrt(ss / HEAD_DIM + eps)[:, None]
         w1 = tl.load(NormW + offs).to(tl.float32)[None, :]
