@@ -296,6 +296,8 @@ def test_max_model_len_bounds_requests_and_the_default_max_tokens(shared):
     url = shared.url
     card = httpx.get(url + "/v1/models").json()["data"][0]
     assert card["max_model_len"] == 256
+    caps = card["tokenrouter"]["kv_capacity_tokens"]  # one entry a model; the 256-token request below fits them all
+    assert sorted(caps) == sorted(card["tokenrouter"]["models"]) and min(caps.values()) >= 256, caps
     r = httpx.post(url + "/v1/completions", json={"model": MODEL, "prompt": [5] * 250, "max_tokens": 7})
     assert r.status_code == 400 and "256" in r.json()["error"]["message"], r.text
     body = {"model": MODEL, "prompt": [5] * 250, "max_tokens": 6, "ignore_eos": True}

@@ -46,3 +46,23 @@ def test_step_timeline_reads_committed_logs_and_cuts_the_cell(tmp_path):
     m = tl.models[0]
     assert m.steps == 5 and tl.window_s == (2.0, 6.5)
     assert m.busy_share == pytest.approx(2.5 / 4.5) and tl.idle_share == pytest.approx(2.0 / 4.5)
+
+
+def test_a_long_cell_the_kv_pool_cannot_hold_gives_no_ratio(mod):
+    """The 2026-12-05 H100 case: 27,200 KV tokens a model hold 3 of 8 requests of 100 + 8,192 tokens, so the long
+    cell measures the queue; its ratio is left out and the fit is said instead. A pool that holds all 8 keeps it."""
+    caps = {"qwen3-0.6b": 181_466, "qwen3-32b": 27_200}
+    assert mod.requests_that_fit(caps, mod.LONG_PROMPT, mod.LONG_OUTPUT) == 27_200 // 8_292 == 3
+    assert mod.requests_that_fit({}, mod.LONG_PROMPT, mod.LONG_OUTPUT) is None
+
+    def rows(fit):
+        short = {"server": "routed", "N": 8, "max_output": mod.SHORT_OUTPUT, "output_throughput_tok_s": 1500.0}
+        long = {"server": "routed", "N": 8, "max_output": mod.LONG_OUTPUT, "output_throughput_tok_s": 1200.0,
+                "kv_requests_fit": fit}  # fmt: skip
+        return [short, long]
+
+    bound = mod.headline_keys(rows(3))
+    assert "long_output_ratio" not in bound and bound["long_output_kv_requests_fit"] == 3
+    for fit in (8, 21, None):  # holds them all, or a server whose card does not say
+        keys = mod.headline_keys(rows(fit))
+        assert keys["long_output_ratio"] == pytest.approx(0.8) and "long_output_kv_requests_fit" not in keys

@@ -25,7 +25,7 @@ from pathlib import Path
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from headline import _f, _gpu_name, bench_cell, loop_columns, start_study_server, study_args
+from headline import _f, _get, _gpu_name, bench_cell, loop_columns, start_study_server, study_args
 from run_serving import KEYS
 
 from tokenrouter.bench.server import stop_server
@@ -53,6 +53,15 @@ def cell_workload(max_output: int, scale: float) -> tuple[str, int]:
 EXTRA = ("tpot_ms_p50", "tpot_ms_p99", "ttft_ms_p99")
 
 
+def requests_that_fit(kv_capacity_tokens: dict[str, int], prompt: int, output: int) -> int | None:
+    """How many requests of `prompt` + `output` tokens the smallest KV pool (a request visits every model) holds at
+    once, from the server's model card; None when the card does not say. A long cell with fewer than N of them
+    measures the queue, not the engine (an H100 holds 3 of the 8,192-token cell's 8 beside the 32B's weights)."""
+    if not kv_capacity_tokens:
+        return None
+    return min(kv_capacity_tokens.values()) // (prompt + output)
+
+
 def headline_keys(rows: list[dict]) -> dict[str, float]:
     """The issue's keys from the cells measured so far (absent when a cell is missing)."""
     df = pd.DataFrame(rows)
@@ -72,8 +81,13 @@ def headline_keys(rows: list[dict]) -> dict[str, float]:
               if tok("routed", n) and tok("std-serving", n)]  # fmt: skip
     if ratios:
         out["min_ratio_vs_std_4_64"] = min(ratios)
-    long = tok("routed", 8, df[df.max_output == LONG_OUTPUT])
-    if long and tok("routed", 8):
+    long_rows = df[df.max_output == LONG_OUTPUT]
+    long = tok("routed", 8, long_rows)
+    fit = long_rows[long_rows.server == "routed"].get("kv_requests_fit")
+    bound = fit is not None and len(fit) and pd.notna(fit.iloc[0]) and fit.iloc[0] < 8
+    if bound:  # no ratio from a queue: say why it is missing
+        out["long_output_kv_requests_fit"] = int(fit.iloc[0])
+    elif long and tok("routed", 8):
         out["long_output_ratio"] = long / tok("routed", 8)
     return out
 
@@ -98,6 +112,17 @@ def plot(rows: list[dict], path: Path) -> None:
     ax2.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+
+
+def kv_capacities(url: str) -> dict[str, int]:
+    """model name -> KV capacity in tokens, from the server's model card (empty when the card has none)."""
+    import httpx
+
+    try:
+        card = _get(url + "/v1/models")["data"][0]
+    except (httpx.HTTPError, ValueError, KeyError, IndexError):
+        return {}
+    return {str(k): int(v) for k, v in card.get("tokenrouter", {}).get("kv_capacity_tokens", {}).items()}
 
 
 def main() -> int:
@@ -149,6 +174,8 @@ def main() -> int:
         raw["servers"][tag] = {"startup_s": up}
         if up is None:
             continue
+        caps = kv_capacities(url)
+        raw["servers"][tag]["kv_capacity_tokens"] = caps
         for n, max_out in cells:
             if time.monotonic() - t_start > a.deadline - 20:
                 print(f"skip {tag} N={n} out={max_out}: deadline")
@@ -169,6 +196,11 @@ def main() -> int:
                    **{k: rec.get(k) for k in (*KEYS, *EXTRA)},
                    **{f"sim_{k}": rec.get(f"sim_{k}") for k in ("output_throughput_tok_s", *EXTRA)}}  # fmt: skip
             row.update(loop_columns(loops))
+            if max_out == LONG_OUTPUT:
+                row["kv_requests_fit"] = fit = requests_that_fit(caps, LONG_PROMPT, cap)
+                if fit is not None and fit < n:
+                    print(f"warning: {tag} N={n} out={max_out}: the KV pool ({min(caps.values()):,} tokens) holds "
+                          f"{fit} of the {n} requests at once: this cell measures the queue", flush=True)  # fmt: skip
             rows.append(row)
             save()
             live, sim = _f(row["output_throughput_tok_s"]), _f(row["sim_output_throughput_tok_s"])

@@ -140,9 +140,11 @@ class FrontendState:
             raise
 
     def model_card(self, model_id: str) -> dict:
+        # kv_capacity_tokens: what a client needs to size a load (how many requests' KV fits at once)
+        ours = {"models": self.names, "entry": self.server.entry,
+                "kv_capacity_tokens": {m.name: m.kv_capacity_tokens for m in self.backend.models}}  # fmt: skip
         return {"id": model_id, "object": "model", "created": int(time.time()), "owned_by": "tokenrouter",
-                "max_model_len": self.server.max_context_len,
-                "tokenrouter": {"models": self.names, "entry": self.server.entry}}  # fmt: skip
+                "max_model_len": self.server.max_context_len, "tokenrouter": ours}  # fmt: skip
 
 
 def _state(request: Request) -> FrontendState:
