@@ -10,19 +10,13 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
 @triton.jit
-def _attend_tile(
-    acc, m_i, l_i, q, start, hi, q_pos, bt_row, K, V, kvh,
-    stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, scale_log2, offs_d,
-    PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr,
-):  # fmt: skip
-    """One online-softmax step over keys `start .. start + BLOCK_N - 1` (base-2 exponent domain).
-
-    MASKED tiles apply the causal mask and the split end `hi`; unmasked tiles are known to lie entirely
-    below every query's position and inside the split, so they skip both (and the page-table bound)."""
+def _tile_offsets(start, hi, bt_row, kvh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+                  PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
+    """Keys `start .. start + BLOCK_N - 1`: their indices, which lie below the split end `hi` (all of them unless
+    MASKED), and the element offsets of their K and V rows of KV head `kvh` in the paged caches."""
     offs_n = start + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < hi
     if MASKED:
-        n_ok = offs_n < hi
         # Out-of-range keys read the null page instead of past the end of the block table.
         page = tl.load(bt_row + offs_n // PAGE_SIZE, mask=n_ok, other=0)
     else:
@@ -31,20 +25,14 @@ def _attend_tile(
     page = page.to(tl.int64)
     tok = offs_n % PAGE_SIZE
     k_off = page * stride_kp + tok * stride_ks + kvh * stride_kh
-    v_off = page * stride_vp + tok * stride_vs + kvh * stride_vh
-    if MASKED:
-        # Masked loads, not just masked scores: the null page may hold NaN/inf garbage and 0 * NaN = NaN.
-        kv_mask = n_ok[:, None] & (offs_d < HEAD_DIM)[None, :]
-        k = tl.load(K + k_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(V + v_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-    elif HEAD_DIM == BLOCK_D:
-        k = tl.load(K + k_off[:, None] + offs_d[None, :])
-        v = tl.load(V + v_off[:, None] + offs_d[None, :])
-    else:
-        d_mask = (offs_d < HEAD_DIM)[None, :]
-        k = tl.load(K + k_off[:, None] + offs_d[None, :], mask=d_mask, other=0.0)
-        v = tl.load(V + v_off[:, None] + offs_d[None, :], mask=d_mask, other=0.0)
+    return offs_n, n_ok, k_off, page * stride_vp + tok * stride_vs + kvh * stride_vh
 
+
+@triton.jit
+def _attend_kv(acc, m_i, l_i, q, k, v, offs_n, n_ok, q_pos, scale_log2, MASKED: tl.constexpr,
+               DOT_PRECISION: tl.constexpr):  # fmt: skip
+    """One online-softmax step over the loaded key tile `k`, `v` (base-2 exponent domain); MASKED applies the
+    causal mask and `n_ok`."""
     qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
     if MASKED:
         visible = (offs_n[None, :] <= q_pos[:, None]) & n_ok[None, :]
@@ -58,6 +46,34 @@ def _attend_tile(
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     return acc, m_new, l_i
+
+
+@triton.jit
+def _attend_tile(
+    acc, m_i, l_i, q, start, hi, q_pos, bt_row, K, V, kvh,
+    stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, scale_log2, offs_d,
+    PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """One online-softmax step over keys `start .. start + BLOCK_N - 1` (base-2 exponent domain).
+
+    MASKED tiles apply the causal mask and the split end `hi`; unmasked tiles are known to lie entirely
+    below every query's position and inside the split, so they skip both (and the page-table bound)."""
+    offs_n, n_ok, k_off, v_off = _tile_offsets(start, hi, bt_row, kvh, stride_kp, stride_ks, stride_kh, stride_vp,
+                                               stride_vs, stride_vh, PAGE_SIZE, BLOCK_N, MASKED)  # fmt: skip
+    if MASKED:
+        # Masked loads, not just masked scores: the null page may hold NaN/inf garbage and 0 * NaN = NaN.
+        kv_mask = n_ok[:, None] & (offs_d < HEAD_DIM)[None, :]
+        k = tl.load(K + k_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(V + v_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+    elif HEAD_DIM == BLOCK_D:
+        k = tl.load(K + k_off[:, None] + offs_d[None, :])
+        v = tl.load(V + v_off[:, None] + offs_d[None, :])
+    else:
+        d_mask = (offs_d < HEAD_DIM)[None, :]
+        k = tl.load(K + k_off[:, None] + offs_d[None, :], mask=d_mask, other=0.0)
+        v = tl.load(V + v_off[:, None] + offs_d[None, :], mask=d_mask, other=0.0)
+    return _attend_kv(acc, m_i, l_i, q, k, v, offs_n, n_ok, q_pos, scale_log2, MASKED, DOT_PRECISION)
 
 
 @triton.jit
@@ -185,7 +201,8 @@ def _store_step_kv(
     rotated key and the raw value from the qkv rows, at their `Slots`. The new tokens: this row's own (key
     seq_len - 1) and, with row slots, the same request's earlier tokens of this step: a graph step lays a row of up
     to ROW_TOKENS tokens out as consecutive decode rows sharing a row slot, positions rising by one. Every program
-    that reads such a key writes it itself (several write the same bits), so no program waits on another."""
+    that reads such a key writes it itself (several write the same bits), so no program waits on another. Returns
+    the number of the request's new tokens (keys seq_len - n_new .. seq_len - 1), 1 without row slots."""
     n_new = 1
     if HAS_SLOTS:
         j = tl.arange(0, ROW_TOKENS_P2)
@@ -220,6 +237,7 @@ def _store_step_kv(
         v_dst = (V + page * stride_vp + in_page * stride_vs + kvh * stride_vh)[:, None] + offs_d[None, :]
         m_d = ok[:, None] & (offs_d < HEAD_DIM)[None, :]
         tl.store(v_dst, tl.load(v_src, mask=m_d, other=0.0), mask=m_d)
+    return n_new
 
 
 # Runtime ints are not specialized (== 1, % 16): their values change with the batch, and each specialization
@@ -237,7 +255,7 @@ def paged_attention_fwd_kernel(
     FUSED_REDUCE: tl.constexpr, GROUP_P2: tl.constexpr, MERGE_CHUNK: tl.constexpr, USE_PDL: tl.constexpr,
     HAS_SLOTS: tl.constexpr, DYN_SPLITS: tl.constexpr, ROWS_P2: tl.constexpr,
     FUSED_ROPE: tl.constexpr, HAS_NORM: tl.constexpr, ROW_TOKENS: tl.constexpr, ROW_TOKENS_P2: tl.constexpr,
-    NORM_ROWS: tl.constexpr,
+    NORM_ROWS: tl.constexpr, EARLY_K: tl.constexpr = False,
 ):  # fmt: skip
     """Grid (rows, Hkv * num_q_blocks, num_splits). Q/Out are `[T, Hq, D]`, MidO `[T, Hq, S, D]` fp32,
     MidLse `[T, Hq, S]` fp32; head_dim strides are 1. Decode passes IS_DECODE (token index = row).
@@ -255,7 +273,9 @@ def paged_attention_fwd_kernel(
     and rotates (CosSin [pos, D] fp32 at Positions) its q heads itself, through Out as a scratch (`_store_q`), and
     writes the step's new K/V of its KV head and key range into the cache at Slots before it reads them
     (`_store_step_kv`; ROW_TOKENS: a row's most tokens). NORM_ROWS = num_warps: one warp a head, the layout of
-    `triton_ops.qk_norm_rope_store`, so the norms sum in its order."""
+    `triton_ops.qk_norm_rope_store`, so the norms sum in its order. EARLY_K (with FUSED_ROPE): the split's first key
+    tile's page entries and K rows are loaded before that q and K/V work, off its latency chain; after the barrier
+    only the keys this program wrote (the request's new tokens) are read again, with the tile's V rows."""
     if USE_PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -286,11 +306,7 @@ def paged_attention_fwd_kernel(
     tok = tok0 + qi
     q_pos = seq_len - q_len + qi
     io_mask = row_ok[:, None] & (offs_d < HEAD_DIM)[None, :]
-    if FUSED_ROPE:  # q goes through Out (read back below, after the barrier)
-        pos = tl.load(Positions + row)
-        _store_q(Q, Out, CosSin, NormW, eps, row, pos, kvh, stride_qt, stride_qh, stride_cs, stride_ot, stride_oh,
-                 GROUP, HEAD_DIM, HAS_NORM, NORM_ROWS, K.dtype.element_ty)  # fmt: skip
-    else:
+    if not FUSED_ROPE:  # fused: q goes through Out (written and read back below)
         q = tl.load(Q + tok[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :], mask=io_mask,
                     other=0.0)  # fmt: skip
 
@@ -321,8 +337,22 @@ def paged_attention_fwd_kernel(
     else:
         bt_idx = row.to(tl.int64)
     bt_row = BlockTables + bt_idx * stride_bt
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    first = lo  # the loops' first key
     if FUSED_ROPE:
-        _store_step_kv(
+        if EARLY_K:  # only keys cached before this step are final now; the new ones are re-read after the barrier
+            offs_n0, n_ok0, k_off0, v_off0 = _tile_offsets(
+                lo, hi, bt_row, kvh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+                PAGE_SIZE, BLOCK_N, True,
+            )  # fmt: skip
+            kv_mask0 = n_ok0[:, None] & (offs_d < HEAD_DIM)[None, :]
+            k0 = tl.load(K + k_off0[:, None] + offs_d[None, :], mask=kv_mask0, other=0.0)
+        pos = tl.load(Positions + row)
+        _store_q(Q, Out, CosSin, NormW, eps, row, pos, kvh, stride_qt, stride_qh, stride_cs, stride_ot, stride_oh,
+                 GROUP, HEAD_DIM, HAS_NORM, NORM_ROWS, K.dtype.element_ty)  # fmt: skip
+        n_new = _store_step_kv(
             Q, K, V, Positions, Slots, RowSlots, CosSin, NormW, eps, row, pos, bt_idx, seq_len, lo, hi, kvh,
             GROUP * tl.num_programs(1), tl.num_programs(1),
             stride_qt, stride_qh, stride_cs, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
@@ -331,16 +361,22 @@ def paged_attention_fwd_kernel(
         tl.debug_barrier()  # this program's q and K/V stores before its loads of them, by any of its threads
         q = tl.load(Out + tok[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :], mask=io_mask,
                     other=0.0)  # fmt: skip
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for start in range(lo, full_end, BLOCK_N):
+        if EARLY_K:
+            # The new keys: written by this program above (others write the same bits, maybe not yet).
+            fresh = kv_mask0 & (offs_n0 >= seq_len - n_new)[:, None]
+            k0 = tl.where(fresh, tl.load(K + k_off0[:, None] + offs_d[None, :], mask=fresh, other=0.0), k0)
+            v0 = tl.load(V + v_off0[:, None] + offs_d[None, :], mask=kv_mask0, other=0.0)
+            # Masked: a no-op on a tile the unmasked loop would take (all keys visible), so the same bits.
+            acc, m_i, l_i = _attend_kv(acc, m_i, l_i, q, k0, v0, offs_n0, n_ok0, q_pos, scale_log2, True,
+                                       DOT_PRECISION)  # fmt: skip
+            first = lo + BLOCK_N
+    for start in range(first, full_end, BLOCK_N):
         acc, m_i, l_i = _attend_tile(
             acc, m_i, l_i, q, start, hi, q_pos, bt_row, K, V, kvh,
             stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, scale_log2, offs_d,
             PAGE_SIZE, BLOCK_N, HEAD_DIM, BLOCK_D, False, DOT_PRECISION,
         )  # fmt: skip
-    for start in range(full_end, hi, BLOCK_N):
+    for start in range(tl.maximum(full_end, first), hi, BLOCK_N):
         acc, m_i, l_i = _attend_tile(
             acc, m_i, l_i, q, start, hi, q_pos, bt_row, K, V, kvh,
             stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, scale_log2, offs_d,
