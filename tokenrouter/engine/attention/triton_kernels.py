@@ -10,10 +10,9 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
 @triton.jit
-def _tile_offsets(start, hi, bt_row, kvh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-                  PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
+def _tile_pages(start, hi, bt_row, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
     """Keys `start .. start + BLOCK_N - 1`: their indices, which lie below the split end `hi` (all of them unless
-    MASKED), and the element offsets of their K and V rows of KV head `kvh` in the paged caches."""
+    MASKED), and their pages (int64; the null page 0 past `hi`)."""
     offs_n = start + tl.arange(0, BLOCK_N)
     n_ok = offs_n < hi
     if MASKED:
@@ -22,10 +21,13 @@ def _tile_offsets(start, hi, bt_row, kvh, stride_kp, stride_ks, stride_kh, strid
     else:
         page = tl.load(bt_row + offs_n // PAGE_SIZE)
     # int64: page * stride overflows int32 once a per-layer cache passes 2^31 elements.
-    page = page.to(tl.int64)
-    tok = offs_n % PAGE_SIZE
-    k_off = page * stride_kp + tok * stride_ks + kvh * stride_kh
-    return offs_n, n_ok, k_off, page * stride_vp + tok * stride_vs + kvh * stride_vh
+    return offs_n, n_ok, page.to(tl.int64)
+
+
+@triton.jit
+def _kv_offsets(offs_n, page, kvh, stride_p, stride_s, stride_h, PAGE_SIZE: tl.constexpr):
+    """Element offsets of keys `offs_n` (on `page`) of KV head `kvh` in a paged cache of these strides."""
+    return page * stride_p + (offs_n % PAGE_SIZE) * stride_s + kvh * stride_h
 
 
 @triton.jit
@@ -59,8 +61,10 @@ def _attend_tile(
 
     MASKED tiles apply the causal mask and the split end `hi`; unmasked tiles are known to lie entirely
     below every query's position and inside the split, so they skip both (and the page-table bound)."""
-    offs_n, n_ok, k_off, v_off = _tile_offsets(start, hi, bt_row, kvh, stride_kp, stride_ks, stride_kh, stride_vp,
-                                               stride_vs, stride_vh, PAGE_SIZE, BLOCK_N, MASKED)  # fmt: skip
+    offs_n, n_ok, page = _tile_pages(start, hi, bt_row, PAGE_SIZE, BLOCK_N, MASKED)
+    tok = offs_n % PAGE_SIZE
+    k_off = page * stride_kp + tok * stride_ks + kvh * stride_kh
+    v_off = page * stride_vp + tok * stride_vs + kvh * stride_vh
     if MASKED:
         # Masked loads, not just masked scores: the null page may hold NaN/inf garbage and 0 * NaN = NaN.
         kv_mask = n_ok[:, None] & (offs_d < HEAD_DIM)[None, :]
@@ -191,26 +195,44 @@ def _store_q(
 
 
 @triton.jit
-def _store_step_kv(
-    QKV, K, V, Positions, Slots, RowSlots, CosSin, NormW, eps, row, pos, slot_row, seq_len, lo, hi, kvh, num_q, num_kv,
-    stride_qt, stride_qh, stride_cs, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-    HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_NORM: tl.constexpr, HAS_SLOTS: tl.constexpr,
-    ROW_TOKENS: tl.constexpr, ROW_TOKENS_P2: tl.constexpr, NORM_ROWS: tl.constexpr, dt: tl.constexpr,
-):  # fmt: skip
-    """Write KV head `kvh` of this step's new tokens whose keys fall in [lo, hi) into the paged cache: the k-normed,
-    rotated key and the raw value from the qkv rows, at their `Slots`. The new tokens: this row's own (key
-    seq_len - 1) and, with row slots, the same request's earlier tokens of this step: a graph step lays a row of up
-    to ROW_TOKENS tokens out as consecutive decode rows sharing a row slot, positions rising by one. Every program
-    that reads such a key writes it itself (several write the same bits), so no program waits on another. Returns
-    the number of the request's new tokens (keys seq_len - n_new .. seq_len - 1), 1 without row slots."""
+def _step_window(RowSlots, Positions, row, HAS_SLOTS: tl.constexpr, ROW_TOKENS: tl.constexpr,
+                 ROW_TOKENS_P2: tl.constexpr):  # fmt: skip
+    """The row slots and positions of rows `row`, `row` - 1, .. (ROW_TOKENS of them, -1 past the first row), read for
+    `_step_tokens`; loaded apart from it so the loads go out with the kernel's first ones."""
+    if HAS_SLOTS:
+        r = row - tl.arange(0, ROW_TOKENS_P2)
+        back = (tl.arange(0, ROW_TOKENS_P2) < ROW_TOKENS) & (r >= 0)
+        return tl.load(RowSlots + r, mask=back, other=-1), tl.load(Positions + r, mask=back, other=-1)
+    else:
+        return 0, 0
+
+
+@triton.jit
+def _step_tokens(win_slot, win_pos, pos, slot_row, HAS_SLOTS: tl.constexpr, ROW_TOKENS: tl.constexpr,
+                 ROW_TOKENS_P2: tl.constexpr):  # fmt: skip
+    """How many of this step's tokens the row's request has up to and including its own (1 without row slots): a
+    graph step lays a row of up to ROW_TOKENS tokens out as consecutive decode rows sharing a row slot, positions
+    rising by one, so they are the rows back from it (`_step_window`) with its slot and positions pos - j."""
     n_new = 1
     if HAS_SLOTS:
         j = tl.arange(0, ROW_TOKENS_P2)
-        r = row - j
-        back = (j < ROW_TOKENS) & (r >= 0)
-        same = back & (tl.load(RowSlots + r, mask=back, other=-1) == slot_row)
-        same = same & (tl.load(Positions + r, mask=back, other=-1) == pos - j)
+        same = (j < ROW_TOKENS) & (win_slot == slot_row) & (win_pos == pos - j)
         n_new = tl.min(tl.where(same, ROW_TOKENS, j), axis=0)  # the first row back that is not this request's
+    return n_new
+
+
+@triton.jit
+def _store_step_kv(
+    QKV, K, V, Slots, CosSin, NormW, eps, row, pos, n_new, seq_len, lo, hi, kvh, num_q, num_kv,
+    stride_qt, stride_qh, stride_cs, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+    HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_NORM: tl.constexpr, NORM_ROWS: tl.constexpr,
+    dt: tl.constexpr,
+):  # fmt: skip
+    """Write KV head `kvh` of this step's new tokens whose keys fall in [lo, hi) into the paged cache: the k-normed,
+    rotated key and the raw value from the qkv rows, at their `Slots`. The new tokens: the `n_new` rows back from
+    `row` (`_step_tokens`: this row's own token, key seq_len - 1, and the same request's earlier tokens of this
+    step). Every program that reads such a key writes it itself (several write the same bits), so no program waits
+    on another."""
     # Token j rows back holds key seq_len - 1 - j: inside [lo, hi) for j in [seq_len - hi, seq_len - lo).
     j_end = tl.minimum(n_new, seq_len - lo)
     HALF: tl.constexpr = HEAD_DIM // 2
@@ -237,7 +259,6 @@ def _store_step_kv(
         v_dst = (V + page * stride_vp + in_page * stride_vs + kvh * stride_vh)[:, None] + offs_d[None, :]
         m_d = ok[:, None] & (offs_d < HEAD_DIM)[None, :]
         tl.store(v_dst, tl.load(v_src, mask=m_d, other=0.0), mask=m_d)
-    return n_new
 
 
 # Runtime ints are not specialized (== 1, % 16): their values change with the batch, and each specialization
@@ -286,6 +307,15 @@ def paged_attention_fwd_kernel(
     q_blk = pid1 % num_q_blocks
 
     seq_len = tl.load(SeqLens + row)
+    if FUSED_ROPE:
+        # The loads that need nothing loaded go out together: at small batches this kernel's time is its chain of
+        # dependent loads (a warp stalls at the first instruction that needs a load's value, so order matters).
+        pos = tl.load(Positions + row)
+        if HAS_SLOTS:  # noqa: SIM108 - a constexpr branch, kept as a statement for Triton
+            bt_idx = tl.load(RowSlots + row).to(tl.int64)
+        else:
+            bt_idx = row.to(tl.int64)
+        win_slot, win_pos = _step_window(RowSlots, Positions, row, HAS_SLOTS, ROW_TOKENS, ROW_TOKENS_P2)
     if IS_DECODE:
         tok0 = row
         q_len = 1
@@ -332,31 +362,34 @@ def paged_attention_fwd_kernel(
     full_hi = tl.maximum(tl.minimum(hi, seq_len - q_len + q_begin + 1), lo)
     full_end = lo + ((full_hi - lo) // BLOCK_N) * BLOCK_N
 
-    if HAS_SLOTS:  # noqa: SIM108 - a constexpr branch, kept as a statement for Triton
-        bt_idx = tl.load(RowSlots + row).to(tl.int64)
-    else:
-        bt_idx = row.to(tl.int64)
+    if not FUSED_ROPE:  # fused: loaded at the top
+        if HAS_SLOTS:  # noqa: SIM108 - a constexpr branch, kept as a statement for Triton
+            bt_idx = tl.load(RowSlots + row).to(tl.int64)
+        else:
+            bt_idx = row.to(tl.int64)
     bt_row = BlockTables + bt_idx * stride_bt
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     first = lo  # the loops' first key
     if FUSED_ROPE:
-        if EARLY_K:  # only keys cached before this step are final now; the new ones are re-read after the barrier
-            offs_n0, n_ok0, k_off0, v_off0 = _tile_offsets(
-                lo, hi, bt_row, kvh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-                PAGE_SIZE, BLOCK_N, True,
-            )  # fmt: skip
-            kv_mask0 = n_ok0[:, None] & (offs_d < HEAD_DIM)[None, :]
-            k0 = tl.load(K + k_off0[:, None] + offs_d[None, :], mask=kv_mask0, other=0.0)
-        pos = tl.load(Positions + row)
+        # Order: the first tile's pages, then the q work (its loads in flight with them), then the tile's K rows,
+        # then the new K/V. Only keys cached before this step are final before the barrier: the new ones are
+        # re-read after it.
+        if EARLY_K:
+            offs_n0, n_ok0, page0 = _tile_pages(lo, hi, bt_row, PAGE_SIZE, BLOCK_N, True)
         _store_q(Q, Out, CosSin, NormW, eps, row, pos, kvh, stride_qt, stride_qh, stride_cs, stride_ot, stride_oh,
                  GROUP, HEAD_DIM, HAS_NORM, NORM_ROWS, K.dtype.element_ty)  # fmt: skip
-        n_new = _store_step_kv(
-            Q, K, V, Positions, Slots, RowSlots, CosSin, NormW, eps, row, pos, bt_idx, seq_len, lo, hi, kvh,
+        if EARLY_K:
+            k_off0 = _kv_offsets(offs_n0, page0, kvh, stride_kp, stride_ks, stride_kh, PAGE_SIZE)
+            kv_mask0 = n_ok0[:, None] & (offs_d < HEAD_DIM)[None, :]
+            k0 = tl.load(K + k_off0[:, None] + offs_d[None, :], mask=kv_mask0, other=0.0)
+        n_new = _step_tokens(win_slot, win_pos, pos, bt_idx, HAS_SLOTS, ROW_TOKENS, ROW_TOKENS_P2)
+        _store_step_kv(
+            Q, K, V, Slots, CosSin, NormW, eps, row, pos, n_new, seq_len, lo, hi, kvh,
             GROUP * tl.num_programs(1), tl.num_programs(1),
             stride_qt, stride_qh, stride_cs, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
-            HEAD_DIM, PAGE_SIZE, HAS_NORM, HAS_SLOTS, ROW_TOKENS, ROW_TOKENS_P2, NORM_ROWS, K.dtype.element_ty,
+            HEAD_DIM, PAGE_SIZE, HAS_NORM, NORM_ROWS, K.dtype.element_ty,
         )  # fmt: skip
         tl.debug_barrier()  # this program's q and K/V stores before its loads of them, by any of its threads
         q = tl.load(Out + tok[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :], mask=io_mask,
@@ -365,6 +398,7 @@ def paged_attention_fwd_kernel(
             # The new keys: written by this program above (others write the same bits, maybe not yet).
             fresh = kv_mask0 & (offs_n0 >= seq_len - n_new)[:, None]
             k0 = tl.where(fresh, tl.load(K + k_off0[:, None] + offs_d[None, :], mask=fresh, other=0.0), k0)
+            v_off0 = _kv_offsets(offs_n0, page0, kvh, stride_vp, stride_vs, stride_vh, PAGE_SIZE)
             v0 = tl.load(V + v_off0[:, None] + offs_d[None, :], mask=kv_mask0, other=0.0)
             # Masked: a no-op on a tile the unmasked loop would take (all keys visible), so the same bits.
             acc, m_i, l_i = _attend_kv(acc, m_i, l_i, q, k0, v0, offs_n0, n_ok0, q_pos, scale_log2, True,
@@ -376,7 +410,11 @@ def paged_attention_fwd_kernel(
             stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, scale_log2, offs_d,
             PAGE_SIZE, BLOCK_N, HEAD_DIM, BLOCK_D, False, DOT_PRECISION,
         )  # fmt: skip
-    for start in range(tl.maximum(full_end, first), hi, BLOCK_N):
+    if FUSED_ROPE and EARLY_K:  # noqa: SIM108 - a constexpr branch, kept as a statement for Triton
+        masked_from = tl.maximum(full_end, first)
+    else:
+        masked_from = full_end
+    for start in range(masked_from, hi, BLOCK_N):
         acc, m_i, l_i = _attend_tile(
             acc, m_i, l_i, q, start, hi, q_pos, bt_row, K, V, kvh,
             stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, scale_log2, offs_d,
