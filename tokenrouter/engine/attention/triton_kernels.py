@@ -373,9 +373,10 @@ def paged_attention_fwd_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     first = lo  # the loops' first key
     if FUSED_ROPE:
-        # Order: the first tile's pages, then the q work (its loads in flight with them), then the tile's K rows,
-        # then the new K/V. Only keys cached before this step are final before the barrier: the new ones are
-        # re-read after it.
+        # Order: the first tile's pages, then the q work (its loads in flight with them), then the tile's K rows (and
+        # V rows with 4+ warps: at 2 both tiles spill), then the new K/V. Only keys cached before this step are final
+        # before the barrier: the new ones are re-read after it.
+        EARLY_V: tl.constexpr = EARLY_K and NORM_ROWS >= 4
         if EARLY_K:
             offs_n0, n_ok0, page0 = _tile_pages(lo, hi, bt_row, PAGE_SIZE, BLOCK_N, True)
         _store_q(Q, Out, CosSin, NormW, eps, row, pos, kvh, stride_qt, stride_qh, stride_cs, stride_ot, stride_oh,
@@ -384,6 +385,9 @@ def paged_attention_fwd_kernel(
             k_off0 = _kv_offsets(offs_n0, page0, kvh, stride_kp, stride_ks, stride_kh, PAGE_SIZE)
             kv_mask0 = n_ok0[:, None] & (offs_d < HEAD_DIM)[None, :]
             k0 = tl.load(K + k_off0[:, None] + offs_d[None, :], mask=kv_mask0, other=0.0)
+            v_off0 = _kv_offsets(offs_n0, page0, kvh, stride_vp, stride_vs, stride_vh, PAGE_SIZE)
+            if EARLY_V:
+                v0 = tl.load(V + v_off0[:, None] + offs_d[None, :], mask=kv_mask0, other=0.0)
         n_new = _step_tokens(win_slot, win_pos, pos, bt_idx, HAS_SLOTS, ROW_TOKENS, ROW_TOKENS_P2)
         _store_step_kv(
             Q, K, V, Slots, CosSin, NormW, eps, row, pos, n_new, seq_len, lo, hi, kvh,
@@ -398,8 +402,10 @@ def paged_attention_fwd_kernel(
             # The new keys: written by this program above (others write the same bits, maybe not yet).
             fresh = kv_mask0 & (offs_n0 >= seq_len - n_new)[:, None]
             k0 = tl.where(fresh, tl.load(K + k_off0[:, None] + offs_d[None, :], mask=fresh, other=0.0), k0)
-            v_off0 = _kv_offsets(offs_n0, page0, kvh, stride_vp, stride_vs, stride_vh, PAGE_SIZE)
-            v0 = tl.load(V + v_off0[:, None] + offs_d[None, :], mask=kv_mask0, other=0.0)
+            if EARLY_V:
+                v0 = tl.where(fresh, tl.load(V + v_off0[:, None] + offs_d[None, :], mask=fresh, other=0.0), v0)
+            else:
+                v0 = tl.load(V + v_off0[:, None] + offs_d[None, :], mask=kv_mask0, other=0.0)
             # Masked: a no-op on a tile the unmasked loop would take (all keys visible), so the same bits.
             acc, m_i, l_i = _attend_kv(acc, m_i, l_i, q, k0, v0, offs_n0, n_ok0, q_pos, scale_log2, True,
                                        DOT_PRECISION)  # fmt: skip
