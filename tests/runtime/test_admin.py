@@ -90,3 +90,23 @@ def test_a_hop_rate_alone_keeps_the_policy_in_force(served):
         r = _set(served.url, body)
         assert r.status_code == 400 and "without 'policy'" in r.text, r.text
     assert httpx.get(served.url + "/admin/policy", headers=AUTH, timeout=10).json() == got
+
+
+def test_the_policy_in_force_names_the_default_thresholds():
+    """A delayed policy configured without thresholds runs B = 1 for every model: GET /admin/policy says [1, 1],
+    as the start-up banner does, so that the body can be posted back as it is; other kinds have none."""
+    from dataclasses import replace
+
+    from rt_helpers import tiny_config
+
+    from tokenrouter.core.config import PolicyConfig
+    from tokenrouter.core.policy import PolicyKind
+    from tokenrouter.runtime.frontend.admin import PolicyState
+
+    cfg = tiny_config()
+    delayed = PolicyState(None, 2, replace(cfg, policy=PolicyConfig(PolicyKind.DELAYED)))
+    assert delayed.describe()["thresholds"] == [1, 1]
+    assert delayed.policy.build().nominal_thresholds(8, 2) == (1, 1)  # what the scheduler runs
+    given = PolicyState(None, 2, replace(cfg, policy=PolicyConfig(PolicyKind.DELAYED, [2, 7])))
+    assert given.describe()["thresholds"] == [2, 7]
+    assert PolicyState(None, 2, replace(cfg, policy=PolicyConfig(PolicyKind.EAGER))).describe()["thresholds"] == []

@@ -45,3 +45,14 @@ def test_the_small_models_router_gets_its_embedding(tmp_path, monkeypatch, entry
     small, large = entry, 1 - entry
     assert seen[large] is None and seen[small] is not None
     assert seen[small].shape[0] == 1024  # the tiny vocabulary: an embedding table
+
+
+def test_cpu_subservers_split_the_hosts_cores_unless_omp_says():
+    from tokenrouter.runtime.build import cpu_threads
+
+    assert cpu_threads(2, env={}, cores=2) == 1  # two subservers on a 2-core laptop: one thread each, not two
+    assert cpu_threads(2, env={}, cores=16) == 8
+    assert cpu_threads(3, env={}, cores=16) == 5
+    assert cpu_threads(4, env={}, cores=2) == 1  # never zero
+    assert cpu_threads(2, env={"OMP_NUM_THREADS": "4"}, cores=16) is None  # the user's choice stands
+    assert cpu_threads(2, env={"OMP_NUM_THREADS": ""}, cores=16) == 8

@@ -83,6 +83,8 @@ def test_models_openapi_and_health(live):
     assert r.json()["data"][0]["id"] == MODEL
     assert "/v1/chat/completions" in httpx.get(live.url + "/openapi.json").json()["paths"]
     assert httpx.get(live.url + "/health").json()["status"] == "ok"
+    head = httpx.head(live.url + "/health")
+    assert head.status_code == 200 and head.content == b""
 
 
 def test_metrics_come_from_stats(live):

@@ -253,6 +253,7 @@ def test_dead_subserver_fails_in_flight_requests_and_health():
         assert rest[-1] == "data: [DONE]"
         h = httpx.get(srv.url + "/health")
         assert h.status_code == 503 and "tiny-large" in h.json()["models"]
+        assert httpx.head(srv.url + "/health").status_code == 503
         r = httpx.post(srv.url + "/v1/completions", json={"model": MODEL, "prompt": [3], "max_tokens": 2}, timeout=5)
         assert_error(r, 503)
     finally:
@@ -266,3 +267,16 @@ def test_missing_heartbeat_counts_as_dead():
         assert _wait(lambda: httpx.get(srv.url + "/health").status_code == 503, 3)
     finally:
         srv.close()
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        ({"stop": ["a", "b", "c", "d", "e"]}, "stop: List should have at most 4 items"),  # its limit, not "no type"
+        ({"stop": 5}, "stop: has none of the accepted types"),  # neither a string nor a list
+        ({"max_tokens": "4"}, "max_tokens: "),
+    ],
+)
+def test_a_union_parameter_says_which_limit_it_broke(small_kv, body, needle):
+    r = httpx.post(small_kv.url + "/v1/completions", json={"model": MODEL, "prompt": [1, 2], **body})
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith(needle), r.text

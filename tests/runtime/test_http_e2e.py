@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
+import socket
 import time
 
 import httpx
@@ -142,6 +144,28 @@ def test_client_disconnect_aborts_and_frees_pages(shared):
                 break  # leave mid-stream: the connection closes with the `with`
     used = wait_pages_free(shared)
     assert used and all(u == 0 for u in used), used
+
+
+def test_client_leaving_a_non_streamed_answer_aborts_it(shared):
+    """A client that closes its connection while its (non-streamed) answer is still being written: nothing has been
+    sent to it yet, so only the route's disconnect poll can notice. The request is aborted (counted so) and its
+    pages return long before its 3,000 tokens could have been written (the 401-checking middleware once hid the
+    disconnect from that poll: the request ran to the end and counted as a success)."""
+    model = httpx.get(shared.url + "/v1/models").json()["data"][0]["id"]
+    key = 'tokenrouter_http_requests_total{outcome="aborted"}'
+    before = shared.metrics().get(key, 0.0)
+    body = json.dumps({"model": model, "prompt": [9] * 30, "max_tokens": 3000, "ignore_eos": True}).encode()
+    url = httpx.URL(shared.url)
+    with socket.create_connection((url.host, url.port), timeout=30) as sock:
+        head = (f"POST /v1/completions HTTP/1.1\r\nHost: {url.host}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n").encode()  # fmt: skip
+        sock.sendall(head + body)
+        deadline = time.monotonic() + 20
+        while not any(shared.kv_pages_used()) and time.monotonic() < deadline:  # admitted: it holds pages
+            time.sleep(0.05)
+    used = wait_pages_free(shared, timeout_s=5.0)
+    assert used and all(u == 0 for u in used), used
+    assert shared.metrics().get(key, 0.0) == before + 1
 
 
 def test_64_concurrent_clients_all_complete_and_pages_return(shared):

@@ -22,7 +22,7 @@ from tokenrouter.engine.errors import EngineError
 from tokenrouter.routers.presets import set_hop_rate
 from tokenrouter.runtime import protocol as P
 from tokenrouter.runtime.addresses import is_tcp
-from tokenrouter.runtime.build import SubserverSpec, build_part
+from tokenrouter.runtime.build import SubserverSpec, build_part, cpu_threads
 from tokenrouter.runtime.engine_loop import EngineLoop
 from tokenrouter.runtime.join import Joined, Left, join_launcher
 from tokenrouter.runtime.logs import JsonlLog
@@ -279,6 +279,10 @@ def serve(spec: SubserverSpec, joined: Joined | None = None, *, watch_launcher: 
     `watch_launcher`: exit when the link to the launcher drops. On an error: `Failed`, then `os._exit(1)`."""
     sub: Subserver | None = None
     try:
+        if spec.device == "cpu" and (threads := cpu_threads(len(spec.config.models))) is not None:
+            import torch  # this process's intra-op threads, before its engine loads
+
+            torch.set_num_threads(threads)
         if joined is None and is_tcp(spec.addresses.launcher):
             joined = join_launcher(spec.addresses, spec.model, spec.config.models[spec.model].name)
             if joined is None:

@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from tokenrouter.core.config import DeploymentConfig, PolicyConfig
+from tokenrouter.core.policy import PolicyKind
 from tokenrouter.runtime.frontend.errors import APIError
 
 Threshold = Annotated[int, Field(strict=True, ge=1, le=1_000_000)]
@@ -68,7 +69,9 @@ class PolicyState:
         if pc is None:
             return {}
         table = {str(n): list(b) for n, b in pc.table.items()}
-        return {"policy": str(self.baseline or pc.kind), "thresholds": list(pc.thresholds), "table": table,
+        # delayed without thresholds runs B = 1 for every model (`PolicyConfig.nominal_thresholds`): say so
+        flat = list(pc.thresholds) or ([1] * self.num_models if pc.kind is PolicyKind.DELAYED else [])
+        return {"policy": str(self.baseline or pc.kind), "thresholds": flat, "table": table,
                 "max_wait_ms": pc.max_wait_ms, "hop_rate": self.hop_rate}  # fmt: skip
 
     async def apply(self, policy: PolicyConfig | None, hop_rate: float | None = None,

@@ -16,6 +16,7 @@ from fastapi.exceptions import RequestValidationError, StarletteHTTPException
 from fastapi.responses import JSONResponse, Response
 from msgspec.structs import replace
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tokenrouter.runtime.frontend import access, choices, generate, params
 from tokenrouter.runtime.frontend.admin import PolicyState, add_admin_routes
@@ -38,14 +39,22 @@ def validation_message(errors: list[dict]) -> tuple[str, str | None]:
     if not errors:
         return "invalid request", None
     first = errors[0]
-    raw = [x for x in first.get("loc", ()) if x != "body"]
-    loc = [str(x) for x in raw if isinstance(x, int) or (_FIELD.fullmatch(str(x)) and x not in _TYPE_TAGS)]
-    union = len(loc) < len(raw)
+    loc, union = _param_path(first)
     param = ".".join(loc) or None
-    msg = "has none of the accepted types" if union else str(first.get("msg", "invalid value"))
+    msg = str(first.get("msg", "invalid value"))
+    if union:  # a member whose type the value had but whose limit it broke says more than "no type fits"
+        broken = [e for e in errors if _param_path(e)[0] == loc and not str(e.get("type", "")).endswith("_type")]
+        msg = str(broken[0].get("msg", msg)) if broken else "has none of the accepted types"
     if first.get("type") == "json_invalid":
         return "the body is not valid JSON", None
     return (f"{param}: {msg}" if param else msg), param
+
+
+def _param_path(error: dict) -> tuple[list[str], bool]:
+    """The error's parameter path without "body" and pydantic's union member tags, and whether it had such tags."""
+    raw = [x for x in error.get("loc", ()) if x != "body"]
+    loc = [str(x) for x in raw if isinstance(x, int) or (_FIELD.fullmatch(str(x)) and x not in _TYPE_TAGS)]
+    return loc, len(loc) < len(raw)
 
 
 def served_model_name(handle: ServerHandle) -> str:
@@ -66,7 +75,7 @@ def create_app(
     app = FastAPI(title="TokenRouter", version="0.1.0", lifespan=lifespan)
     app.state.backend, app.state.metrics, app.state.policy, app.state.autotune = backend, metrics, policy, tuner
     app.state.frontend = FrontendState(server, tokenizer, backend, metrics, api_key)
-    app.middleware("http")(auth)
+    app.add_middleware(AuthMiddleware)
     app.add_exception_handler(APIError, api_error)
     app.add_exception_handler(RequestValidationError, invalid)
     app.add_exception_handler(StarletteHTTPException, http_error)
@@ -165,19 +174,42 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await backend.close()
 
 
-async def auth(request: Request, call_next):
-    api_key = _state(request).api_key
-    path = request.url.path
-    if api_key is not None and path not in _OPEN_PATHS and not path.startswith("/admin/"):  # admin: own key
-        got = request.headers.get("authorization", "")
-        if not hmac.compare_digest(got.encode(), f"Bearer {api_key}".encode()):
-            return error_response(401, "missing or invalid API key (Authorization: Bearer KEY)", None,
-                                  "invalid_api_key")  # fmt: skip
-    try:
-        return await call_next(request)
-    except Exception:  # a bug still answers in OpenAI's shape, and the client's keep-alive connection stays usable
-        log.exception("unhandled error in %s %s", request.method, request.url.path)
-        return error_response(500, "internal server error")
+class AuthMiddleware:
+    """The API key check, and a last-resort 500 in OpenAI's shape for a bug (the client's keep-alive connection stays
+    usable). Plain ASGI, not `app.middleware("http")`: under Starlette's BaseHTTPMiddleware a route never sees the
+    client leave (`Request.is_disconnected` stays False), and the routes poll it to abort abandoned requests."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope)
+        api_key = _state(request).api_key
+        path = request.url.path
+        if api_key is not None and path not in _OPEN_PATHS and not path.startswith("/admin/"):  # admin: own key
+            got = request.headers.get("authorization", "")
+            if not hmac.compare_digest(got.encode(), f"Bearer {api_key}".encode()):
+                answer = error_response(401, "missing or invalid API key (Authorization: Bearer KEY)", None,
+                                        "invalid_api_key")  # fmt: skip
+                await answer(scope, receive, send)
+                return
+        started = False
+
+        async def send_watched(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_watched)
+        except Exception:
+            log.exception("unhandled error in %s %s", request.method, path)
+            if started:  # too late for another answer: the server closes the connection
+                raise
+            await error_response(500, "internal server error")(scope, receive, send)
 
 
 async def api_error(request: Request, e: APIError) -> JSONResponse:
@@ -240,6 +272,12 @@ async def health(request: Request) -> JSONResponse:
     if bad:
         return JSONResponse({"status": "unhealthy", "models": bad}, status_code=503)
     return JSONResponse({"status": "ok", "models": {n: "ok" for n in _state(request).names}})
+
+
+@router.head("/health", include_in_schema=False)
+async def health_head(request: Request) -> JSONResponse:
+    """GET /health's status for probes that send HEAD (the server leaves the body out)."""
+    return await health(request)
 
 
 @router.get("/metrics")

@@ -168,18 +168,33 @@ def abandon(backend: Backend, rid: str, on_outcome: OnOutcome) -> None:
 
 
 async def _or_disconnect(task: asyncio.Future, request: Request, poll_s: float = 0.25):
-    """`task`'s result, or None if the client disconnects first (`task` cancelled then, and if this is)."""
+    """`task`'s result, or None if the client disconnects first (`task` cancelled then, and if this is). The client
+    is asked at least every `poll_s` of the request's life, also while events come faster than that: a non-streamed
+    answer sends nothing before its end, so only this notices a client that left it."""
     try:
         while True:
-            done, _ = await asyncio.wait({task}, timeout=poll_s)
-            if done:
-                return task.result()
+            wait = _until_check(request, poll_s)
+            if wait > 0:
+                done, _ = await asyncio.wait({task}, timeout=wait)
+                if done:
+                    return task.result()
+                continue
+            request.state.disconnect_checked = time.monotonic()
             if await request.is_disconnected():
                 task.cancel()
                 return None
     except asyncio.CancelledError:
         task.cancel()  # a several-choice answer ending its other choices
         raise
+
+
+def _until_check(request: Request, poll_s: float) -> float:
+    """Seconds until the request's next disconnect check (0: due), shared by all of its choices."""
+    now = time.monotonic()
+    last = getattr(request.state, "disconnect_checked", None)
+    if last is None:
+        request.state.disconnect_checked = last = now
+    return max(0.0, last + poll_s - now)
 
 
 @dataclass(slots=True)
