@@ -56,3 +56,17 @@ def test_cpu_subservers_split_the_hosts_cores_unless_omp_says():
     assert cpu_threads(4, env={}, cores=2) == 1  # never zero
     assert cpu_threads(2, env={"OMP_NUM_THREADS": "4"}, cores=16) is None  # the user's choice stands
     assert cpu_threads(2, env={"OMP_NUM_THREADS": ""}, cores=16) == 8
+
+
+def test_the_thread_count_reaches_torch_and_zero_is_refused():
+    torch = pytest.importorskip("torch")
+    from tokenrouter.engine.host_threads import set_intra_op_threads
+
+    before = torch.get_num_threads()
+    try:
+        set_intra_op_threads(1)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    with pytest.raises(ValueError, match="threads"):
+        set_intra_op_threads(0)

@@ -280,9 +280,9 @@ def serve(spec: SubserverSpec, joined: Joined | None = None, *, watch_launcher: 
     sub: Subserver | None = None
     try:
         if spec.device == "cpu" and (threads := cpu_threads(len(spec.config.models))) is not None:
-            import torch  # this process's intra-op threads, before its engine loads
+            from tokenrouter.engine.host_threads import set_intra_op_threads  # torch: before this process's engine
 
-            torch.set_num_threads(threads)
+            set_intra_op_threads(threads)
         if joined is None and is_tcp(spec.addresses.launcher):
             joined = join_launcher(spec.addresses, spec.model, spec.config.models[spec.model].name)
             if joined is None:
