@@ -51,10 +51,10 @@ from tokenrouter.engine.attention import triton_common, triton_decode
 
 OFF = {"gemv_preload": False, "gemv_fold_norm": False, "gemv_lm_head": False, "argmax_chunk": 0, "small_m_table": False,
        "norm_fold_rows": 1, "late_norm_rows": 0, "decode_splits": None, "split_programs": 4,
-       "short_config": (2, 1), "fused_rope": False, "early_k": True}  # fmt: skip
+       "short_config": (2, 1), "fused_rope": False}  # fmt: skip
 DEFAULT = {"gemv_preload": True, "gemv_fold_norm": True, "gemv_lm_head": False, "argmax_chunk": 1024,
            "small_m_table": True, "norm_fold_rows": 1, "late_norm_rows": 0, "decode_splits": None, "split_programs": 4,
-           "short_config": (2, 1), "fused_rope": False, "early_k": True}  # fmt: skip
+           "short_config": (2, 1), "fused_rope": False}  # fmt: skip
 VARIANTS: list[tuple[str, dict[str, Any]]] = [
     ("base", OFF),
     ("preload", {**OFF, "gemv_preload": True}),
@@ -90,9 +90,6 @@ VARIANTS: list[tuple[str, dict[str, Any]]] = [
     # q/k norm + RoPE + KV write folded into decode attention (`EngineConfig.decode_fused_rope`): a launch a layer fewer
     ("fused_rope", {**DEFAULT, "fused_rope": True}),
     ("fused_rope_again", {**DEFAULT, "fused_rope": True}),
-    # the fused kernel as first measured (2026-12-05): its split's first K tile loaded after the q and K/V work
-    ("fused_rope_late_k", {**DEFAULT, "fused_rope": True, "early_k": False}),
-    ("fused_rope_late_k_again", {**DEFAULT, "fused_rope": True, "early_k": False}),
 ]
 MODELS = {"qwen3-0.6b": (1, 8), "qwen3-32b": (1, 8)}
 SMALL_M_TABLE = None  # the engine's measured table, saved before any variant empties it
@@ -106,9 +103,8 @@ def apply(eng, sw: dict[str, Any]) -> None:
     g.norm_fold_max_rows = sw["norm_fold_rows"]
     g.late_norm_max_rows = sw["late_norm_rows"]
     eng.config.decode_num_splits = sw["decode_splits"]  # None: the kernel's own choice per batch
-    # read at each launch, so the recapture below takes them
+    # both read at each launch, so the recapture below takes them
     triton_decode.DECODE_PROGRAMS_PER_SM = sw["split_programs"]
-    triton_common.FUSED_ROPE_EARLY_K = sw["early_k"]
     warps, stages = sw["short_config"]
     triton_common.SHORT_DECODE_CONFIG = triton_common.KernelConfig(block_n=64, num_warps=warps, num_stages=stages)
     eng.config.argmax_chunk = sw["argmax_chunk"]

@@ -498,15 +498,12 @@ def test_fused_rope_decode_is_bit_identical(tri, reversed_grid, bf16_dot, dtype,
         assert counters is None or counters.eq(0).all()
 
 
-@pytest.mark.parametrize("early_k", [True, False])
-def test_fused_rope_decode_needs_the_walk_back(tri, reversed_grid, bf16_dot, monkeypatch, early_k) -> None:
+def test_fused_rope_decode_needs_the_walk_back(tri, reversed_grid, bf16_dot) -> None:
     """Without the walk back over a request's earlier rows (`max_row_tokens=1`: each row writes only its own new
     token), the 65-key row's first split reads keys 62-63 before their rows' programs write them (NaN in the
-    cache): the output differs. Guards the bit-identity test above against a walk that does nothing. Both ways of
-    loading a split's first K tile (before the q work and re-reading the new keys, or after: `FUSED_ROPE_EARLY_K`)."""
+    cache): the output differs. Guards the bit-identity test above against a walk that does nothing."""
     from attention_cases import fused_rope_vs_unfused, rope_step
 
-    monkeypatch.setattr(tri.common, "FUSED_ROPE_EARLY_K", early_k)
     step = rope_step(ROPE_REQUESTS, 4, 2, 16, 4, dtype=torch.bfloat16, qk_norm=True, seed=52)
     launch = {"num_splits": 2, "config": tri.common.DECODE_CONFIG}
     assert fused_rope_vs_unfused(step, max_row_tokens=8, **launch) == []

@@ -116,25 +116,21 @@ ROPE_REQUESTS = [(62, 3), (1000, 8), (4000, 1), (127, 2), (5, 1)] + [(p, 1) for 
 
 @cuda_only()
 @pytest.mark.parametrize(
-    ("heads", "requests", "num_splits", "qk_norm", "pdl", "early_k"),
+    ("heads", "requests", "num_splits", "qk_norm", "pdl"),
     [
-        ((16, 8), "mixed", None, True, True, True),  # Qwen3-0.6B at the engine's split choice (short splits: 2 warps)
-        ((16, 8), "mixed", 2, True, False, True),  # long splits: 4 warps (first V tile early too), pipelined tiles
-        ((16, 8), "mixed", 33, False, True, True),  # no q/k norm (Llama, Qwen2); many splits
-        ((16, 8), "one", None, True, True, True),  # the b=1 decode step
-        ((32, 8), "mixed", 9, True, True, True),  # Qwen3-8B
-        ((64, 8), "mixed", 4, True, True, True),  # Qwen3-32B
-        ((16, 8), "mixed", None, True, True, False),  # the first K tile read after the barrier (FUSED_ROPE_EARLY_K)
-        ((16, 8), "mixed", 2, True, True, False),
+        ((16, 8), "mixed", None, True, True),  # Qwen3-0.6B at the engine's split choice (short splits: 2 warps)
+        ((16, 8), "mixed", 2, True, False),  # long splits: 4 warps, pipelined tiles
+        ((16, 8), "mixed", 33, False, True),  # no q/k norm (Llama, Qwen2); many splits
+        ((16, 8), "one", None, True, True),  # the b=1 decode step
+        ((32, 8), "mixed", 9, True, True),  # Qwen3-8B
+        ((64, 8), "mixed", 4, True, True),  # Qwen3-32B
     ],
 )
-def test_decode_fused_rope_on_cuda_is_bit_identical(monkeypatch, heads, requests, num_splits, qk_norm, pdl,
-                                                    early_k) -> None:  # fmt: skip
+def test_decode_fused_rope_on_cuda_is_bit_identical(heads, requests, num_splits, qk_norm, pdl) -> None:
     """`decode_attention_fused_rope_triton` against `qk_norm_rope_store` + `decode_attention_triton` with the fused
     merge: output and both caches bit-identical, counters left at zero, twice (a second launch on the same caches)."""
-    from tokenrouter.engine.attention import split_counters, triton_common
+    from tokenrouter.engine.attention import split_counters
 
-    monkeypatch.setattr(triton_common, "FUSED_ROPE_EARLY_K", early_k)
     hq, hkv = heads
     dev = torch.device("cuda")
     reqs = ROPE_REQUESTS if requests == "mixed" else [(3000, 1)]

@@ -39,9 +39,6 @@ EXTEND_CONFIG = KernelConfig(block_n=64, block_m=64, num_warps=4, num_stages=2, 
 FUSED_EXTEND_MAX_Q = 16
 # Extend launches with `split_keys` (dynamic splits, fused merge only) size their grid for at most this many splits.
 EXTEND_MAX_DYN_SPLITS = 8
-# Fused-RoPE decode loads its split's first K tile before the q work (`paged_attention_fwd_kernel`, EARLY_K); read at
-# each launch, so a study can compare both between captures.
-FUSED_ROPE_EARLY_K = True
 
 
 def extend_config(block_m: int = 0) -> KernelConfig:
@@ -104,13 +101,12 @@ def fwd_constexprs(*, group: int, group_pad: int, block_q: int, block_n: int, he
                    is_decode: bool, single_split: bool, dtype: torch.dtype, fused_reduce: bool = False,
                    merge_chunk: int = 1, use_pdl: bool = False, has_slots: bool = False,
                    dyn_splits: bool = False, rows_p2: int = 1, fused_rope: bool = False, has_norm: bool = False,
-                   row_tokens: int = 1, num_warps: int = 1,
-                   early_k: bool = True) -> dict[str, int | bool | str]:  # fmt: skip
+                   row_tokens: int = 1, num_warps: int = 1) -> dict[str, int | bool | str]:  # fmt: skip
     """Compile-time parameters of `paged_attention_fwd_kernel`, shared by launches and `aot_check`. Without
-    `fused_rope` the RoPE constexprs keep fixed values (`has_norm`, `row_tokens`, `num_warps`, `early_k` ignored), so
-    the unfused variants are the same for every model."""
+    `fused_rope` the RoPE constexprs keep fixed values (`has_norm`, `row_tokens`, `num_warps` ignored), so the
+    unfused variants are the same for every model."""
     if not fused_rope:
-        has_norm, row_tokens, num_warps, early_k = False, 1, 1, False
+        has_norm, row_tokens, num_warps = False, 1, 1
     # fp32 caches (CPU tests, debugging) get exact fp32 products instead of TF32 (DOT_PRECISION); bf16 ignores it.
     return {"GROUP": group, "GROUP_PAD": group_pad, "BLOCK_Q": block_q, "BLOCK_M": block_q * group_pad,
             "BLOCK_N": max(MIN_DOT_DIM, block_n), "HEAD_DIM": head_dim, "BLOCK_D": block_d(head_dim),
@@ -119,7 +115,7 @@ def fwd_constexprs(*, group: int, group_pad: int, block_q: int, block_n: int, he
             "GROUP_P2": triton.next_power_of_2(group), "MERGE_CHUNK": merge_chunk, "USE_PDL": use_pdl,
             "HAS_SLOTS": has_slots, "DYN_SPLITS": dyn_splits, "ROWS_P2": rows_p2, "FUSED_ROPE": fused_rope,
             "HAS_NORM": has_norm, "ROW_TOKENS": row_tokens, "ROW_TOKENS_P2": triton.next_power_of_2(row_tokens),
-            "NORM_ROWS": num_warps, "EARLY_K": early_k}  # fmt: skip
+            "NORM_ROWS": num_warps}  # fmt: skip
 
 
 def merge_chunk(num_splits: int, group: int, head_dim: int, config: KernelConfig) -> int:
@@ -189,7 +185,6 @@ def launch_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         rows_p2=triton.next_power_of_2(num_rows) if dyn and split_programs > 0 else 1,
         fused_rope=rope is not None, has_norm=rope is not None and rope.norm_weight is not None,
         row_tokens=rope.row_tokens if rope is not None else 1, num_warps=config.num_warps,
-        early_k=FUSED_ROPE_EARLY_K,
     )  # fmt: skip
     # Placeholders where there is no RoPE to fuse (never read).
     r_ptrs, r_eps, r_stride = (seq_lens,) * 4, 0.0, 0

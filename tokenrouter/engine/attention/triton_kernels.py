@@ -10,47 +10,6 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
 @triton.jit
-def _tile_pages(start, hi, bt_row, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
-    """Keys `start .. start + BLOCK_N - 1`: their indices, which lie below the split end `hi` (all of them unless
-    MASKED), and their pages (int64; the null page 0 past `hi`)."""
-    offs_n = start + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < hi
-    if MASKED:
-        # Out-of-range keys read the null page instead of past the end of the block table.
-        page = tl.load(bt_row + offs_n // PAGE_SIZE, mask=n_ok, other=0)
-    else:
-        page = tl.load(bt_row + offs_n // PAGE_SIZE)
-    # int64: page * stride overflows int32 once a per-layer cache passes 2^31 elements.
-    return offs_n, n_ok, page.to(tl.int64)
-
-
-@triton.jit
-def _kv_offsets(offs_n, page, kvh, stride_p, stride_s, stride_h, PAGE_SIZE: tl.constexpr):
-    """Element offsets of keys `offs_n` (on `page`) of KV head `kvh` in a paged cache of these strides."""
-    return page * stride_p + (offs_n % PAGE_SIZE) * stride_s + kvh * stride_h
-
-
-@triton.jit
-def _attend_kv(acc, m_i, l_i, q, k, v, offs_n, n_ok, q_pos, scale_log2, MASKED: tl.constexpr,
-               DOT_PRECISION: tl.constexpr):  # fmt: skip
-    """One online-softmax step over the loaded key tile `k`, `v` (base-2 exponent domain); MASKED applies the
-    causal mask and `n_ok`."""
-    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
-    if MASKED:
-        visible = (offs_n[None, :] <= q_pos[:, None]) & n_ok[None, :]
-        qk = tl.where(visible, qk, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(qk, 1))
-    # A row may have seen no key yet (padding row, or a query below this split): keep it at exactly 0
-    # instead of exp2(-inf - -inf) = NaN.
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp2(m_i - m_safe)
-    p = tl.exp2(qk - m_safe[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-    return acc, m_new, l_i
-
-
-@triton.jit
 def _attend_tile(
     acc, m_i, l_i, q, start, hi, q_pos, bt_row, K, V, kvh,
     stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, scale_log2, offs_d,
@@ -61,7 +20,15 @@ def _attend_tile(
 
     MASKED tiles apply the causal mask and the split end `hi`; unmasked tiles are known to lie entirely
     below every query's position and inside the split, so they skip both (and the page-table bound)."""
-    offs_n, n_ok, page = _tile_pages(start, hi, bt_row, PAGE_SIZE, BLOCK_N, MASKED)
+    offs_n = start + tl.arange(0, BLOCK_N)
+    if MASKED:
+        n_ok = offs_n < hi
+        # Out-of-range keys read the null page instead of past the end of the block table.
+        page = tl.load(bt_row + offs_n // PAGE_SIZE, mask=n_ok, other=0)
+    else:
+        page = tl.load(bt_row + offs_n // PAGE_SIZE)
+    # int64: page * stride overflows int32 once a per-layer cache passes 2^31 elements.
+    page = page.to(tl.int64)
     tok = offs_n % PAGE_SIZE
     k_off = page * stride_kp + tok * stride_ks + kvh * stride_kh
     v_off = page * stride_vp + tok * stride_vs + kvh * stride_vh
@@ -77,7 +44,20 @@ def _attend_tile(
         d_mask = (offs_d < HEAD_DIM)[None, :]
         k = tl.load(K + k_off[:, None] + offs_d[None, :], mask=d_mask, other=0.0)
         v = tl.load(V + v_off[:, None] + offs_d[None, :], mask=d_mask, other=0.0)
-    return _attend_kv(acc, m_i, l_i, q, k, v, offs_n, n_ok, q_pos, scale_log2, MASKED, DOT_PRECISION)
+
+    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
+    if MASKED:
+        visible = (offs_n[None, :] <= q_pos[:, None]) & n_ok[None, :]
+        qk = tl.where(visible, qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    # A row may have seen no key yet (padding row, or a query below this split): keep it at exactly 0
+    # instead of exp2(-inf - -inf) = NaN.
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(qk - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return acc, m_new, l_i
 
 
 @triton.jit
@@ -276,7 +256,7 @@ def paged_attention_fwd_kernel(
     FUSED_REDUCE: tl.constexpr, GROUP_P2: tl.constexpr, MERGE_CHUNK: tl.constexpr, USE_PDL: tl.constexpr,
     HAS_SLOTS: tl.constexpr, DYN_SPLITS: tl.constexpr, ROWS_P2: tl.constexpr,
     FUSED_ROPE: tl.constexpr, HAS_NORM: tl.constexpr, ROW_TOKENS: tl.constexpr, ROW_TOKENS_P2: tl.constexpr,
-    NORM_ROWS: tl.constexpr, EARLY_K: tl.constexpr = False,
+    NORM_ROWS: tl.constexpr,
 ):  # fmt: skip
     """Grid (rows, Hkv * num_q_blocks, num_splits). Q/Out are `[T, Hq, D]`, MidO `[T, Hq, S, D]` fp32,
     MidLse `[T, Hq, S]` fp32; head_dim strides are 1. Decode passes IS_DECODE (token index = row).
@@ -294,9 +274,8 @@ def paged_attention_fwd_kernel(
     and rotates (CosSin [pos, D] fp32 at Positions) its q heads itself, through Out as a scratch (`_store_q`), and
     writes the step's new K/V of its KV head and key range into the cache at Slots before it reads them
     (`_store_step_kv`; ROW_TOKENS: a row's most tokens). NORM_ROWS = num_warps: one warp a head, the layout of
-    `triton_ops.qk_norm_rope_store`, so the norms sum in its order. EARLY_K (with FUSED_ROPE): the split's first key
-    tile's page entries and K rows are loaded before that q and K/V work, off its latency chain; after the barrier
-    only the keys this program wrote (the request's new tokens) are read again, with the tile's V rows."""
+    `triton_ops.qk_norm_rope_store`, so the norms sum in its order. The loads that need nothing loaded (position,
+    row slot, the walk-back window) go out with seq_len's, before any of them is waited on."""
     if USE_PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -368,26 +347,9 @@ def paged_attention_fwd_kernel(
         else:
             bt_idx = row.to(tl.int64)
     bt_row = BlockTables + bt_idx * stride_bt
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    first = lo  # the loops' first key
     if FUSED_ROPE:
-        # Order: the first tile's pages, then the q work (its loads in flight with them), then the tile's K rows (and
-        # V rows with 4+ warps: at 2 both tiles spill), then the new K/V. Only keys cached before this step are final
-        # before the barrier: the new ones are re-read after it.
-        EARLY_V: tl.constexpr = EARLY_K and NORM_ROWS >= 4
-        if EARLY_K:
-            offs_n0, n_ok0, page0 = _tile_pages(lo, hi, bt_row, PAGE_SIZE, BLOCK_N, True)
         _store_q(Q, Out, CosSin, NormW, eps, row, pos, kvh, stride_qt, stride_qh, stride_cs, stride_ot, stride_oh,
                  GROUP, HEAD_DIM, HAS_NORM, NORM_ROWS, K.dtype.element_ty)  # fmt: skip
-        if EARLY_K:
-            k_off0 = _kv_offsets(offs_n0, page0, kvh, stride_kp, stride_ks, stride_kh, PAGE_SIZE)
-            kv_mask0 = n_ok0[:, None] & (offs_d < HEAD_DIM)[None, :]
-            k0 = tl.load(K + k_off0[:, None] + offs_d[None, :], mask=kv_mask0, other=0.0)
-            v_off0 = _kv_offsets(offs_n0, page0, kvh, stride_vp, stride_vs, stride_vh, PAGE_SIZE)
-            if EARLY_V:
-                v0 = tl.load(V + v_off0[:, None] + offs_d[None, :], mask=kv_mask0, other=0.0)
         n_new = _step_tokens(win_slot, win_pos, pos, bt_idx, HAS_SLOTS, ROW_TOKENS, ROW_TOKENS_P2)
         _store_step_kv(
             Q, K, V, Slots, CosSin, NormW, eps, row, pos, n_new, seq_len, lo, hi, kvh,
@@ -398,29 +360,16 @@ def paged_attention_fwd_kernel(
         tl.debug_barrier()  # this program's q and K/V stores before its loads of them, by any of its threads
         q = tl.load(Out + tok[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :], mask=io_mask,
                     other=0.0)  # fmt: skip
-        if EARLY_K:
-            # The new keys: written by this program above (others write the same bits, maybe not yet).
-            fresh = kv_mask0 & (offs_n0 >= seq_len - n_new)[:, None]
-            k0 = tl.where(fresh, tl.load(K + k_off0[:, None] + offs_d[None, :], mask=fresh, other=0.0), k0)
-            if EARLY_V:
-                v0 = tl.where(fresh, tl.load(V + v_off0[:, None] + offs_d[None, :], mask=fresh, other=0.0), v0)
-            else:
-                v0 = tl.load(V + v_off0[:, None] + offs_d[None, :], mask=kv_mask0, other=0.0)
-            # Masked: a no-op on a tile the unmasked loop would take (all keys visible), so the same bits.
-            acc, m_i, l_i = _attend_kv(acc, m_i, l_i, q, k0, v0, offs_n0, n_ok0, q_pos, scale_log2, True,
-                                       DOT_PRECISION)  # fmt: skip
-            first = lo + BLOCK_N
-    for start in range(first, full_end, BLOCK_N):
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for start in range(lo, full_end, BLOCK_N):
         acc, m_i, l_i = _attend_tile(
             acc, m_i, l_i, q, start, hi, q_pos, bt_row, K, V, kvh,
             stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, scale_log2, offs_d,
             PAGE_SIZE, BLOCK_N, HEAD_DIM, BLOCK_D, False, DOT_PRECISION,
         )  # fmt: skip
-    if FUSED_ROPE and EARLY_K:  # noqa: SIM108 - a constexpr branch, kept as a statement for Triton
-        masked_from = tl.maximum(full_end, first)
-    else:
-        masked_from = full_end
-    for start in range(masked_from, hi, BLOCK_N):
+    for start in range(full_end, hi, BLOCK_N):
         acc, m_i, l_i = _attend_tile(
             acc, m_i, l_i, q, start, hi, q_pos, bt_row, K, V, kvh,
             stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, scale_log2, offs_d,
